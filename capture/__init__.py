@@ -1,0 +1,1 @@
+"""graphrt-capture: build, capture and verify a decode runtime from a YAML config."""

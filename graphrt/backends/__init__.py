@@ -1,0 +1,27 @@
+"""Attention backends behind one interface (see base.py); FlashInfer ones import it lazily."""
+from __future__ import annotations
+
+from .base import AttentionBackend
+
+
+def make_backend(config, kv_cache, device, *, name: str | None = None) -> AttentionBackend:
+    """Backend named `name` (default: config.backend). 'auto' must be resolved before this."""
+    name = name or config.backend
+    if name == "reference":
+        from .reference import ReferenceBackend
+        return ReferenceBackend(config, kv_cache, device)
+    if name in ("flashinfer", "flashinfer-hostplan"):
+        from .flashinfer import FlashInferBackend
+        planner = "host" if name == "flashinfer-hostplan" else config.planner
+        return FlashInferBackend(config, kv_cache, device, planner=planner)
+    if name == "torch-splitkv":
+        from .torch_splitkv import TorchSplitKVBackend
+        return TorchSplitKVBackend(config, kv_cache, device)
+    if name == "xqa":
+        from .xqa import XqaBackend
+        return XqaBackend(config, kv_cache, device)
+    raise ValueError(f"backend: {name!r} is not one of ['reference', 'flashinfer', "
+                     f"'flashinfer-hostplan', 'xqa', 'torch-splitkv'] ('auto' is resolved by graphrt-capture)")
+
+
+__all__ = ["AttentionBackend", "make_backend"]

@@ -1,0 +1,56 @@
+"""The attention-backend interface: the graph lifecycle made explicit.
+
+    setup(views)         capture time, outside any graph: per-bucket state for all buckets at once
+                         (wrappers, one host plan each, parity checks) before the first capture
+    host_prepare(...)    every step, on the host before replay (only host-planned backends use it)
+    prepare(view)        every step, inside the graph: metadata fill (+ device plan), one launch
+    run(view)            every step, inside the graph: attention from view.query into view.output
+
+A backend owns its workspaces and library objects; the BucketView owns the per-step buffers.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from ..buffers import BucketView
+from ..config import RuntimeConfig
+from ..kernels import PrepareLaunch
+from ..kvcache import PagedKVCache
+
+
+class AttentionBackend(ABC):
+    name: str = "?"
+    capturable: bool = True          # False: the runtime runs it eagerly (never in a graph)
+    needs_host_inputs: bool = False  # True: host_prepare needs CPU copies of seq_lens/block_table
+
+    def __init__(self, config: RuntimeConfig, kv_cache: PagedKVCache, device: torch.device):
+        self.config = config
+        self.kv_cache = kv_cache
+        self.device = device
+        self.sm_scale = config.head_dim ** -0.5
+        self._prepare: dict[int, PrepareLaunch] = {}
+
+    def setup(self, views: list[BucketView]) -> None:
+        """Capture time, all buckets. Default: the metadata-only prepare launch per bucket."""
+        for view in views:
+            self._prepare[view.size] = self._metadata_launch(view)
+
+    def _metadata_launch(self, view: BucketView, **plan) -> PrepareLaunch:
+        c = self.config
+        return PrepareLaunch(view, c.page_size, c.max_context_len, self.kv_cache.num_pages, **plan)
+
+    def host_prepare(self, view: BucketView, n: int, block_table_cpu, seq_lens_cpu) -> None:
+        """Host work before replay; device-planned backends do nothing here."""
+
+    def prepare(self, view: BucketView) -> None:
+        self._prepare[view.size]()
+
+    @abstractmethod
+    def run(self, view: BucketView) -> None:
+        """Attention for all rows of the bucket: view.query -> view.output."""
+
+    def describe(self, size: int) -> dict:
+        """What this backend does for a bucket (planner in use, plan info) for reports."""
+        return {"backend": self.name}

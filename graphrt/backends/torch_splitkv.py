@@ -1,0 +1,49 @@
+"""Torch split-KV backend: the device planner's schedule, executed in float32 torch. Eager only.
+
+It runs the same prepare launch (metadata + plan) as the FlashInfer backend, for the plan layout
+FlashInfer would use on a nominal H200 (flashinfer_layout.nominal_spec), then executes the planned
+tiles and merges them with `reference.split_kv_decode`. On a CPU this is the end-to-end check of
+the device planner: every KV token must be covered exactly once to match `reference_decode`.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import flashinfer_layout as layout
+from ..buffers import BucketView
+from ..reference import split_kv_decode
+from .base import AttentionBackend
+
+
+class TorchSplitKVBackend(AttentionBackend):
+    name = "torch-splitkv"
+    capturable = False  # reads the plan back to the host
+
+    def __init__(self, config, kv_cache, device):
+        super().__init__(config, kv_cache, device)
+        self.specs: dict[int, layout.PlanSpec] = {}
+        self.int_workspace: dict[int, torch.Tensor] = {}
+
+    def setup(self, views: list[BucketView]) -> None:
+        c = self.config
+        for view in views:
+            spec = layout.nominal_spec(c.decode_kernel, view.size, c.page_size, c.num_kv_heads)
+            ws = torch.zeros(spec.int_workspace_bytes + 16, dtype=torch.uint8, device=self.device)
+            self.specs[view.size], self.int_workspace[view.size] = spec, ws
+            self._prepare[view.size] = self._metadata_launch(view, spec=spec, int_workspace=ws)
+
+    def run(self, view: BucketView) -> None:
+        plan = layout.read_plan(self.specs[view.size], self.int_workspace[view.size])
+        k, v = self.kv_cache.as_tuple()
+        out = split_kv_decode(
+            view.query, k, v, indptr=view.paged_kv_indptr, indices=view.paged_kv_indices,
+            last_page_len=view.paged_kv_last_page_len, request_indices=plan["request_indices"],
+            kv_tile_indices=plan["kv_tile_indices"], o_indptr=plan["o_indptr"],
+            kv_chunk_size=int(plan["kv_chunk_size"]), layout=self.config.kv_layout,
+            sm_scale=self.sm_scale)
+        view.output.copy_(out)
+
+    def describe(self, size: int) -> dict:
+        s = self.specs.get(size)
+        return {"backend": self.name, "planner": "device (nominal H200 layout)",
+                "padded_batch_size": s.padded_batch_size if s else None}

@@ -1,0 +1,33 @@
+"""FlashInfer's plan-free XQA decode (`trtllm_batch_decode_with_kv_cache(backend="xqa")`, Hopper).
+
+Reads the bucket's block_table and seq_lens directly; the grid depends only on static shapes, so
+the graph needs no plan. The prepare launch still runs first: it sanitises seq_lens/page ids in
+place (the input guard) and fills the CSR metadata for parity with the other backends.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..buffers import BucketView
+from .base import AttentionBackend
+
+XQA_WORKSPACE_MB = 128  # the first 8 MB are semaphores: zeroed once at allocation
+
+
+class XqaBackend(AttentionBackend):
+    name = "xqa"
+    capturable = True
+
+    def __init__(self, config, kv_cache, device):
+        super().__init__(config, kv_cache, device)
+        if device.type != "cuda":
+            raise RuntimeError(f"backend 'xqa' runs on CUDA (Hopper) only, not on {device}")
+        from flashinfer.decode import trtllm_batch_decode_with_kv_cache  # lazy
+        self._decode = trtllm_batch_decode_with_kv_cache
+        self.workspace = torch.zeros(XQA_WORKSPACE_MB << 20, dtype=torch.uint8, device=device)
+
+    def run(self, view: BucketView) -> None:
+        self._decode(view.query, self.kv_cache.as_tuple(), self.workspace, view.block_table,
+                     view.seq_lens, self.config.max_context_len, bmm1_scale=self.sm_scale,
+                     bmm2_scale=1.0, out=view.output, kv_layout=self.config.kv_layout,
+                     backend="xqa")

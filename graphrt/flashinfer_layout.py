@@ -1,0 +1,202 @@
+"""FlashInfer's private plan layout, as graphrt depends on it. The only module that knows it.
+
+FlashInfer's host `plan()` for batch decode writes a schedule into the wrapper's int workspace
+(a uint8 device tensor) at byte offsets that it returns as a "plan info" int64 vector. graphrt's
+device planner writes the same arrays at the same offsets inside the graph. This module:
+
+- names the FlashInfer versions whose layout it knows (`KNOWN_VERSIONS`);
+- parses plan-info vectors of both decode paths into a `PlanSpec`;
+- models FlashInfer's aligned allocation so the offsets can be predicted on a CPU and the
+  parsed offsets checked against the model at capture (a mismatch = unknown layout = refuse);
+- reads the meaningful ranges of a workspace back for byte-level parity checks.
+
+Sources: FlashInfer 0.7.4 `include/flashinfer/attention/scheduler.cuh` (DecodePlanInfo,
+PrefillPlanInfo, DecodePlanImpl, PrefillPlanImpl, PrefillSplitQOKVIndptr).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, asdict
+
+import torch
+
+KNOWN_VERSIONS = ("0.7.4",)
+TENSOR_CORE = "tensor-core"
+CUDA_CORE = "cuda-core"
+ABSENT = -1
+
+# Nominal device used to model plans on a CPU (H200: 132 SMs). On a GPU the values come from
+# FlashInfer's own capture-time plan() instead.
+NOMINAL_NUM_SMS = 132
+NOMINAL_CUDA_CORE_BLOCKS_PER_SM = 9
+
+
+class LayoutMismatch(RuntimeError):
+    """FlashInfer's plan info differs from the layout graphrt knows: device planning refused."""
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    """Everything the device planner needs for one bucket; fixed once the graph is captured.
+
+    Offsets are byte offsets into the int workspace (ABSENT = -1 when the array is not used).
+    `budget` is the most work tiles a split schedule may use (0 = no split: one tile per request).
+    `min_chunk_pages` is the lower bound of the chunk-size search; `empty_counts_one` says whether
+    the search counts an empty request as one tile (tensor-core path) or zero (CUDA-core path).
+    """
+
+    kind: str
+    batch_size: int
+    page_size: int
+    padded_batch_size: int
+    split_kv: bool
+    budget: int
+    min_chunk_pages: int
+    empty_counts_one: bool
+    request_indices: int
+    qo_tile_indices: int
+    kv_tile_indices: int
+    o_indptr: int
+    merge_indptr: int
+    kv_chunk_size: int
+    total_num_rows: int
+    block_valid_mask: int
+    int_workspace_bytes: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def min_chunk_pages(page_size: int) -> int:
+    return max(128 // page_size, 1)
+
+
+class _Aligned:
+    """FlashInfer's AlignedAllocator offset arithmetic (offsets only, no memory)."""
+
+    def __init__(self) -> None:
+        self.used = 0
+
+    def alloc(self, nbytes: int, align: int) -> int:
+        off = -(-self.used // align) * align
+        self.used = off + nbytes
+        return off
+
+
+def model_spec(kind: str, batch_size: int, page_size: int, padded_batch_size: int,
+               split_kv: bool) -> PlanSpec:
+    """Layout FlashInfer 0.7.4 uses in CUDA-graph mode, given the padded size and split flag."""
+    a, i32 = _Aligned(), 4
+    p, b = padded_batch_size, batch_size
+    if kind == TENSOR_CORE:
+        req = a.alloc(i32 * p, 16)
+        qo = a.alloc(i32 * p, 16)
+        kv = a.alloc(i32 * p, 16)
+        o = a.alloc(i32 * (b + 1), 16)
+        chunk = a.alloc(i32, 1)
+        rows = a.alloc(4, 16)  # total_num_rows, CUDA-graph mode only
+        merge = a.alloc(i32 * (b + 1), 16) if split_kv else ABSENT
+        mask = a.alloc(p, 16)  # CUDA-graph mode: always
+        empty_one, min_chunk = True, min_chunk_pages(page_size)
+    elif kind == CUDA_CORE:
+        req = a.alloc(i32 * p, 16)
+        kv = a.alloc(i32 * p, 16)
+        o = a.alloc(i32 * (p + 1), 16)
+        chunk = a.alloc(i32, 1)
+        mask = a.alloc(p, 16) if split_kv else ABSENT
+        qo = rows = merge = ABSENT
+        empty_one = False
+        min_chunk = min_chunk_pages(page_size) if split_kv else 1
+    else:
+        raise ValueError(f"plan kind: {kind!r} is not one of {[TENSOR_CORE, CUDA_CORE]}")
+    return PlanSpec(kind=kind, batch_size=b, page_size=page_size, padded_batch_size=p,
+                    split_kv=split_kv, budget=p if split_kv else 0, min_chunk_pages=min_chunk,
+                    empty_counts_one=empty_one, request_indices=req, qo_tile_indices=qo,
+                    kv_tile_indices=kv, o_indptr=o, merge_indptr=merge, kv_chunk_size=chunk,
+                    total_num_rows=rows, block_valid_mask=mask, int_workspace_bytes=a.used)
+
+
+def nominal_spec(kind: str, batch_size: int, page_size: int, num_kv_heads: int,
+                 num_sms: int = NOMINAL_NUM_SMS) -> PlanSpec:
+    """The spec FlashInfer would produce on a device with `num_sms` SMs (CPU testing)."""
+    if kind == TENSOR_CORE:
+        budget = (2 * num_sms) // num_kv_heads
+        split = batch_size <= budget
+        padded = max(budget, batch_size)
+    else:
+        max_grid = NOMINAL_CUDA_CORE_BLOCKS_PER_SM * num_sms
+        split = batch_size * num_kv_heads < max_grid
+        padded = max_grid // num_kv_heads if split else batch_size
+    return model_spec(kind, batch_size, page_size, padded, split)
+
+
+def parse_plan_info(kind: str, info: list[int], batch_size: int, page_size: int,
+                    group_size: int) -> PlanSpec:
+    """Turn FlashInfer's plan-info vector into a PlanSpec, refusing layouts graphrt does not know."""
+    info = [int(x) for x in info]
+    if kind == TENSOR_CORE:
+        if len(info) != 15:
+            raise LayoutMismatch(f"tensor-core plan info has {len(info)} fields, expected 15")
+        (padded, total_rows, rows_off, cta_tile_q, req, qo, kv, merge, o, chunk, _v, _s, mask,
+         graph, split) = info
+        if not graph:
+            raise LayoutMismatch("tensor-core plan info: enable_cuda_graph is false")
+        if total_rows != batch_size:
+            raise LayoutMismatch(f"tensor-core total_num_rows {total_rows} != batch size {batch_size}")
+        if cta_tile_q < group_size:
+            raise LayoutMismatch(f"cta_tile_q {cta_tile_q} < GQA group {group_size}: several query "
+                                 "tiles per request are not modelled")
+        got = dict(request_indices=req, qo_tile_indices=qo, kv_tile_indices=kv, o_indptr=o,
+                   merge_indptr=merge if split else ABSENT, kv_chunk_size=chunk,
+                   total_num_rows=rows_off, block_valid_mask=mask)
+    elif kind == CUDA_CORE:
+        if len(info) != 10:
+            raise LayoutMismatch(f"CUDA-core plan info has {len(info)} fields, expected 10")
+        padded, _v, _s, req, kv, o, mask, chunk, graph, split = info
+        if not graph:
+            raise LayoutMismatch("CUDA-core plan info: enable_cuda_graph is false")
+        got = dict(request_indices=req, qo_tile_indices=ABSENT, kv_tile_indices=kv, o_indptr=o,
+                   merge_indptr=ABSENT, kv_chunk_size=chunk, total_num_rows=ABSENT,
+                   block_valid_mask=mask if split else ABSENT)
+    else:
+        raise ValueError(f"plan kind: {kind!r}")
+    spec = model_spec(kind, batch_size, page_size, padded, bool(split))
+    want = {k: getattr(spec, k) for k in got}
+    if got != want:
+        diff = {k: (got[k], want[k]) for k in got if got[k] != want[k]}
+        raise LayoutMismatch(f"{kind} plan-info offsets differ from the known layout "
+                             f"(field: (flashinfer, graphrt)) {diff}")
+    return spec
+
+
+def read_plan(spec: PlanSpec, int_workspace: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The meaningful ranges of a planned int workspace, as CPU tensors (for parity and tests).
+
+    Tile arrays are cut to the number of valid tiles (FlashInfer leaves stale bytes past it).
+    """
+    ws = int_workspace.detach().to("cpu")
+
+    def i32(off: int, n: int) -> torch.Tensor:
+        return ws[off: off + 4 * n].view(torch.int32).clone()
+
+    b, p = spec.batch_size, spec.padded_batch_size
+    out = {"o_indptr": i32(spec.o_indptr, b + 1), "kv_chunk_size": i32(spec.kv_chunk_size, 1)}
+    n_tiles = min(int(out["o_indptr"][-1]), p)
+    out["request_indices"] = i32(spec.request_indices, n_tiles)
+    out["kv_tile_indices"] = i32(spec.kv_tile_indices, n_tiles)
+    if spec.qo_tile_indices != ABSENT:
+        out["qo_tile_indices"] = i32(spec.qo_tile_indices, n_tiles)
+    if spec.merge_indptr != ABSENT:
+        out["merge_indptr"] = i32(spec.merge_indptr, b + 1)
+    if spec.total_num_rows != ABSENT:
+        out["total_num_rows"] = i32(spec.total_num_rows, 1)
+    if spec.block_valid_mask != ABSENT:
+        out["block_valid_mask"] = ws[spec.block_valid_mask: spec.block_valid_mask + p].clone()
+    return out
+
+
+def check_version(version: str) -> None:
+    """Raise LayoutMismatch unless `version` is one whose plan layout graphrt knows."""
+    base = version.split("+")[0]
+    if base not in KNOWN_VERSIONS:
+        raise LayoutMismatch(f"FlashInfer {version}: graphrt's device planner knows the plan layout "
+                             f"of {list(KNOWN_VERSIONS)} only")

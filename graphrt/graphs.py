@@ -1,0 +1,69 @@
+"""CUDA graph capture and replay per bucket: the mechanism (which bucket is decided elsewhere).
+
+Buckets are captured largest first into one shared memory pool, each after a labelled warm-up
+on a side stream (JIT compilation, workspace first-touch and allocator growth stay out of the
+graph). Capture time and the pool memory each capture added are recorded per bucket.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+WARMUP_STEPS = 2
+
+
+@dataclass(frozen=True)
+class CaptureStats:
+    bucket: int
+    capture_ms: float     # warm-up excluded
+    warmup_ms: float
+    graph_bytes: int      # growth of the shared pool's reserved memory during this capture
+
+
+class GraphManager:
+    """Owns the captured graphs and their shared memory pool, keyed by bucket size."""
+
+    def __init__(self, device: torch.device):
+        if device.type != "cuda":
+            raise RuntimeError(f"CUDA graphs need a CUDA device, got {device}")
+        self.device = device
+        self._pool = None
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.stats: dict[int, CaptureStats] = {}
+
+    def __contains__(self, bucket: int) -> bool:
+        return bucket in self._graphs
+
+    def capture(self, bucket: int, step: Callable[[], None]) -> CaptureStats:
+        """Warm `step` up on a side stream, then capture it as bucket's graph."""
+        if bucket in self._graphs:
+            raise RuntimeError(f"bucket {bucket}: already captured")
+        torch.cuda.synchronize(self.device)
+        t0 = time.perf_counter()
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_STEPS):  # warm-up: compile, first-touch, allocator growth
+                step()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        torch.cuda.synchronize(self.device)
+        t1 = time.perf_counter()
+        reserved0 = torch.cuda.memory_reserved(self.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            step()
+        torch.cuda.synchronize(self.device)
+        t2 = time.perf_counter()
+        if self._pool is None:
+            self._pool = graph.pool()
+        self._graphs[bucket] = graph
+        stats = CaptureStats(bucket, (t2 - t1) * 1e3, (t1 - t0) * 1e3,
+                             torch.cuda.memory_reserved(self.device) - reserved0)
+        self.stats[bucket] = stats
+        return stats
+
+    def replay(self, bucket: int) -> None:
+        self._graphs[bucket].replay()
