@@ -35,9 +35,10 @@ class PagedKVCache:
     def allocate(cls, config: RuntimeConfig, num_pages: int, device, *, seed: int | None = None):
         """Random (not zero) pages: zeros hide indexing bugs."""
         shape = expected_shape(config, num_pages)
-        gen = torch.Generator(device="cpu").manual_seed(config.seed if seed is None else seed)
-        k = torch.randn(shape, generator=gen, dtype=torch.float32).to(device=device, dtype=config.torch_dtype)
-        v = torch.randn(shape, generator=gen, dtype=torch.float32).to(device=device, dtype=config.torch_dtype)
+        device = torch.device(device)
+        gen = torch.Generator(device=device).manual_seed(config.seed if seed is None else seed)
+        k = torch.randn(shape, generator=gen, device=device, dtype=config.torch_dtype)
+        v = torch.randn(shape, generator=gen, device=device, dtype=config.torch_dtype)
         return cls(k, v, config.kv_layout)
 
     def check(self, config: RuntimeConfig, device: torch.device) -> None:

@@ -42,6 +42,10 @@ def reference_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             continue
         n_pages = -(-max_len // page_size)
         pages = block_table[rows, :n_pages].long()                       # [b', n_pages]
+        # gather only each row's own pages: columns past a row's length may hold anything
+        row_pages = (lens[rows] + page_size - 1) // page_size
+        live = torch.arange(n_pages)[None, :] < row_pages[:, None]
+        pages = pages.masked_fill(~live.to(pages.device), 0)
         k = kc[pages].flatten(1, 2)[:, :max_len].float()                  # [b', T, Hkv, D]
         v = vc[pages].flatten(1, 2)[:, :max_len].float()
         qg = q[rows].float().view(-1, hkv, group, d)                      # [b', Hkv, G, D]

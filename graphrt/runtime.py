@@ -74,6 +74,8 @@ class DecodeRuntime:
         for view in _progress(views, progress, f"capturing {self.backend.name}"):
             view.block_table.zero_()        # warm-up/capture inputs: 1-token requests on page 0
             view.seq_lens.fill_(1)
+            if self.backend.needs_host_inputs:  # host planner: the workspace must hold this plan
+                self.backend.host_prepare(view, view.size, view.block_table.cpu(), view.seq_lens.cpu())
             self.graphs.capture(view.size, lambda v=view: self._step(v))
             view.seq_lens.zero_()
         return dict(self.graphs.stats)
@@ -125,8 +127,8 @@ class DecodeRuntime:
         if q.device != self.device:
             raise ValueError(f"q: on {q.device}, runtime device is {self.device}")
         n = q.shape[0]
-        if n > c.max_batch:
-            pick_bucket(c.buckets, n)  # raises BatchTooLargeError naming the largest bucket
+        # raises BatchTooLargeError naming the largest bucket, ValueError for an empty batch
+        pick_bucket(c.buckets, n)
         for name, t in (("block_table", block_table), ("seq_lens", seq_lens)):
             if t.dtype != torch.int32:
                 raise ValueError(f"{name}: dtype {t.dtype}, expected torch.int32")

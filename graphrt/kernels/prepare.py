@@ -57,6 +57,10 @@ def _prepare_kernel(
     mine = rb == pid
     # sanitise in place so that every backend (xqa reads seq_lens/block_table directly) is safe
     tl.store(seq_lens_ptr + rb, rb * 0, mask=mine & bad_seq)
+    # flag from the program that owns (and rewrites) the row: another program may already see the
+    # rewritten 0 (program order is unspecified), so program 0 alone could miss it
+    if tl.sum((mine & bad_seq).to(tl.int32), 0) > 0:
+        tl.atomic_or(error_ptr, 1)
     my_pages = tl.sum(tl.where(mine, pages, 0), 0)
     my_start = tl.sum(tl.where(mine, page_end - pages, 0), 0)
     n_bad_ids = my_pages * 0
@@ -76,8 +80,6 @@ def _prepare_kernel(
         tl.store(indptr_ptr + 1 + rb, page_end, mask=in_b)
         last = tl.where(pages == 0, 0, seq - (pages - 1) * page_size)
         tl.store(last_page_len_ptr + rb, last, mask=in_b)
-        if tl.sum(bad_seq.to(tl.int32), 0) > 0:
-            tl.atomic_or(error_ptr, 1)
 
         if PLAN:
             # chunk-size binary search (FlashInfer: PrefillBinarySearchKVChunkSize for the

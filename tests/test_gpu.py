@@ -1,0 +1,153 @@
+"""GPU tests (H200 + FlashInfer): capture, replay correctness, planner parity, no host syncs.
+
+Run on the GPU machine: bash .device/bootstrap.sh python -m pytest -m gpu -q
+"""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from graphrt import DecodeRuntime, PagedKVCache, load_config
+from graphrt.reference import reference_decode
+from graphrt.verify import rel_error
+
+pytestmark = pytest.mark.gpu
+CONFIG = "configs/llama-3.1-8b.yaml"
+BF16_TOL = 2e-2
+
+
+def _runtime(backend="flashinfer", pool_pages=4096, **changes):
+    cfg = load_config(CONFIG)
+    if changes:
+        cfg = cfg.replace(**changes)
+    kv = PagedKVCache.allocate(cfg, pool_pages, "cuda")
+    return DecodeRuntime(cfg, kv, "cuda", backend=backend)
+
+
+def _batch(rt, n, gen, *, max_len=None, pad_tail=0):
+    c = rt.config
+    max_len = max_len or c.max_context_len
+    q = torch.randn((n, c.num_qo_heads, c.head_dim), generator=gen).to("cuda", c.torch_dtype)
+    table = torch.randint(0, rt.kv_cache.num_pages, (n, c.max_pages_per_seq), generator=gen,
+                          dtype=torch.int32).cuda()
+    lens = torch.randint(1, max_len + 1, (n,), generator=gen, dtype=torch.int32)
+    lens[torch.randint(0, n, (1,), generator=gen)] = max_len
+    return q, table, lens.cuda()
+
+
+def _check_steps(rt, steps, seed, *, sizes=None):
+    gen = torch.Generator().manual_seed(seed)
+    sizes = sizes or rt.config.buckets
+    worst = 0.0
+    for i in range(steps):
+        n = int(sizes[i % len(sizes)]) - (i % 2)  # bucket sizes and one less (padding rows)
+        n = max(n, 1)
+        max_len = [16, 1000, 4096, rt.config.max_context_len][i % 4]
+        q, table, lens = _batch(rt, n, gen, max_len=max_len)
+        out = rt.decode(q, table, lens).clone()
+        k, v = rt.kv_cache.as_tuple()
+        ref = reference_decode(q, k, v, table, lens, layout=rt.config.kv_layout)
+        err = rel_error(out, ref)
+        assert err < BF16_TOL, f"step {i}: n={n} max_len={max_len} rel err {err}"
+        worst = max(worst, err)
+    return worst
+
+
+def test_capture_all_buckets_tensor_core_device_plan():
+    rt = _runtime()
+    stats = rt.capture()
+    assert sorted(stats) == list(rt.config.buckets) and len(stats) == 35
+    assert rt.backend.planner == "device", rt.backend.fallback_reason
+    assert all(rt.backend.parity_sets[b] >= 4 for b in rt.config.buckets)
+    graph_mb = sum(s.graph_bytes for s in stats.values()) / 2**20
+    assert graph_mb < 100, graph_mb
+    _check_steps(rt, 20, seed=1, sizes=[1, 2, 3, 8, 16, 33, 34, 64, 100, 128, 200, 256])
+
+
+@pytest.mark.parametrize("kernel", ["tensor-core", "cuda-core"])
+def test_replay_has_no_host_sync(kernel):
+    rt = _runtime(decode_kernel=kernel, buckets=[1, 4, 16, 64])
+    rt.capture()
+    gen = torch.Generator().manual_seed(2)
+    batches = [_batch(rt, n, gen, max_len=ml) for n, ml in ((1, 32768), (3, 100), (16, 5000), (64, 2048))]
+    outs = []
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for q, table, lens in batches:  # decode(): copies + one replay, all device-side
+            outs.append(rt.decode(q, table, lens).clone())
+        view = rt.static_inputs(4)       # zero-copy path
+        q, table, lens = batches[1]
+        view.query[:3].copy_(q)
+        view.block_table[:3].copy_(table)
+        view.seq_lens[:3].copy_(lens)
+        view.seq_lens[3:].fill_(0)
+        outs.append(rt.replay(view)[:3].clone())
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    k, v = rt.kv_cache.as_tuple()
+    for (q, table, lens), out in zip(batches + [batches[1]], outs):
+        ref = reference_decode(q, k, v, table, lens)
+        assert rel_error(out, ref) < BF16_TOL
+
+
+@pytest.mark.parametrize("kernel", ["tensor-core", "cuda-core"])
+def test_device_planner_parity_with_flashinfer_plan(kernel):
+    from graphrt.backends.flashinfer import check_parity
+    buckets = [1, 2, 4, 8, 16, 32, 33, 40, 64, 128, 256]
+    rt = _runtime(decode_kernel=kernel, buckets=buckets)
+    rt.setup()
+    assert rt.backend.planner == "device", rt.backend.fallback_reason
+    total = 0
+    for b in buckets:
+        total += check_parity(rt.backend, rt.buffers.view(b), rt.backend.specs[b], 12, seed=100 + b)
+    assert total >= 100
+
+
+@pytest.mark.parametrize("kernel", ["tensor-core", "cuda-core"])
+def test_cuda_core_and_tensor_core_replay_correct(kernel):
+    rt = _runtime(decode_kernel=kernel, buckets=[1, 2, 4, 8, 16, 32, 64, 128])
+    rt.capture()
+    assert rt.backend.planner == "device"
+    _check_steps(rt, 16, seed=3)
+
+
+def test_hostplan_backend_replay_correct():
+    rt = _runtime(backend="flashinfer-hostplan", buckets=[1, 4, 16, 64])
+    rt.capture()
+    assert rt.backend.planner == "host"
+    _check_steps(rt, 8, seed=4)
+
+
+def test_xqa_backend_replay_correct():
+    rt = _runtime(backend="xqa", buckets=[1, 4, 16, 64])
+    rt.capture()
+    _check_steps(rt, 8, seed=5)
+
+
+def test_unknown_flashinfer_version_falls_back_loudly():
+    rt = _runtime(buckets=[1, 8])
+    rt.backend.version = "0.6.9"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rt.capture()
+    assert any("0.6.9" in str(w.message) for w in caught)
+    assert rt.backend.planner == "host"
+    _check_steps(rt, 4, seed=6)
+
+
+def test_device_guard_flags_bad_device_inputs():
+    from graphrt import DeviceInputError
+    rt = _runtime(buckets=[1, 4])
+    rt.capture()
+    gen = torch.Generator().manual_seed(7)
+    q, table, lens = _batch(rt, 4, gen, max_len=100)
+    lens[1] = rt.config.max_context_len + 5
+    table[2, 0] = rt.kv_cache.num_pages + 3
+    out = rt.decode(q, table, lens)
+    assert torch.isfinite(out[0]).all()
+    with pytest.raises(DeviceInputError, match="seq_lens.*block_table"):
+        rt.check_device_errors()
+    rt.check_device_errors()  # cleared
