@@ -29,9 +29,12 @@ class ConfigError(ValueError):
 
 
 def bucket_rule(max_batch: int) -> tuple[int, ...]:
-    """vLLM's capture sizes: [1, 2, 4] then every multiple of 8 up to `max_batch` (inclusive)."""
-    base = [b for b in (1, 2, 4) if b <= max_batch]
-    return tuple(base + list(range(8, max_batch + 1, 8)))
+    """vLLM's capture sizes: [1, 2, 4] then every multiple of 8 up to `max_batch`; `max_batch`
+    itself is always the largest bucket (so {max: 12} serves batches of 12)."""
+    sizes = [b for b in (1, 2, 4) if b <= max_batch] + list(range(8, max_batch + 1, 8))
+    if sizes[-1] != max_batch:
+        sizes.append(max_batch)
+    return tuple(sizes)
 
 
 def _positive_int(key: str, value: Any) -> int:
@@ -48,7 +51,7 @@ def _choice(key: str, value: Any, allowed: tuple) -> Any:
     return value
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RuntimeConfig:
     """What one decode runtime serves. Keyword-only; validated on construction.
 

@@ -75,7 +75,7 @@ class DecodeRuntime:
             view.block_table.zero_()        # warm-up/capture inputs: 1-token requests on page 0
             view.seq_lens.fill_(1)
             if self.backend.needs_host_inputs:  # host planner: the workspace must hold this plan
-                self.backend.host_prepare(view, view.size, view.block_table.cpu(), view.seq_lens.cpu())
+                self.backend.host_prepare(view, view.seq_lens.cpu())
             self.graphs.capture(view.size, lambda v=view: self._step(v))
             view.seq_lens.zero_()
         return dict(self.graphs.stats)
@@ -112,7 +112,7 @@ class DecodeRuntime:
         if block_table.shape[1] < self.config.max_pages_per_seq:
             view.block_table[:n, block_table.shape[1]:].fill_(-1)  # stale columns: invalid ids
         if self.backend.needs_host_inputs:
-            self.backend.host_prepare(view, n, block_table.cpu(), seq_lens.cpu())
+            self.backend.host_prepare(view, seq_lens.cpu())  # a sync if seq_lens is on the GPU
         return self.replay(view)[:n]
 
     def _check_inputs(self, q, block_table, seq_lens) -> int:

@@ -37,7 +37,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="configs/llama-3.1-8b.yaml")
     p.add_argument("--buckets", default="1,2,4,8,16,32,64,128")
-    p.add_argument("--contexts", default="512,4096,32768")
+    p.add_argument("--contexts", default="512,1024,4096,32768")
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--steps", type=int, default=100, help="steps per host-timing burst")
     p.add_argument("--repeats", type=int, default=5, help="bursts per measurement (median taken)")
@@ -93,6 +93,21 @@ def copy_bandwidth(torch) -> float:
     return 2 * src.numel() * 4 / (ms * 1e-3)
 
 
+def replay_floor(torch, args):
+    """Host and device µs of replaying a graph that holds one 1-element kernel."""
+    x = torch.zeros(1, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        x.add_(1)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        x.add_(1)
+    host = _median_burst(g.replay, args.steps, args.repeats, torch.cuda.synchronize)
+    return host, _device_us(g.replay, torch)
+
+
 def run(args) -> dict:
     import torch
 
@@ -109,6 +124,9 @@ def run(args) -> dict:
     kv = PagedKVCache.allocate(base, pool, "cuda")
     bw = copy_bandwidth(torch)
     print(f"device {torch.cuda.get_device_name()} | D2D copy {bw / 1e12:.2f} TB/s | pool {pool} pages",
+          file=sys.stderr)
+    floor_host, floor_dev = replay_floor(torch, args)
+    print(f"graph-replay floor (one 1-element kernel): host {floor_host:.1f} us, device {floor_dev:.1f} us",
           file=sys.stderr)
     runtimes = {}
     for name in variants:
@@ -136,7 +154,7 @@ def run(args) -> dict:
                 err = rel_error(out, ref)
                 if rt.backend.needs_host_inputs:
                     def step(rt=rt, view=view):
-                        rt.backend.host_prepare(view, bs, table_cpu, lens_cpu)
+                        rt.backend.host_prepare(view, lens_cpu)
                         rt.replay(view)
                     decode_us = None
                 else:
@@ -152,11 +170,15 @@ def run(args) -> dict:
                                  kv_bw_frac=kv_bytes / (dev_us * 1e-6) / bw, rel_err=err,
                                  planner=getattr(rt.backend, "planner", "none")))
     return {"device": torch.cuda.get_device_name(), "copy_bw_bytes_per_s": bw,
+            "replay_floor_host_us": floor_host, "replay_floor_device_us": floor_dev,
             "config": base.to_dict(), "rows": rows}
 
 
 def print_table(result: dict) -> None:
     rows = result["rows"]
+    if "replay_floor_host_us" in result:
+        print(f"graph-replay floor: host {result['replay_floor_host_us']:.1f} us, device "
+              f"{result['replay_floor_device_us']:.1f} us; D2D copy {result['copy_bw_bytes_per_s'] / 1e12:.2f} TB/s")
     print(f"{'variant':<12} {'bs':>4} {'ctx':>6} {'host us':>8} {'decode us':>9} {'device us':>9} "
           f"{'sync us':>8} {'kv bw':>6} {'rel err':>8}")
     for r in rows:

@@ -23,7 +23,7 @@ from ..kvcache import PagedKVCache
 class AttentionBackend(ABC):
     name: str = "?"
     capturable: bool = True          # False: the runtime runs it eagerly (never in a graph)
-    needs_host_inputs: bool = False  # True: host_prepare needs CPU copies of seq_lens/block_table
+    needs_host_inputs: bool = False  # True: host_prepare needs seq_lens on the CPU
 
     def __init__(self, config: RuntimeConfig, kv_cache: PagedKVCache, device: torch.device):
         self.config = config
@@ -41,8 +41,9 @@ class AttentionBackend(ABC):
         c = self.config
         return PrepareLaunch(view, c.page_size, c.max_context_len, self.kv_cache.num_pages, **plan)
 
-    def host_prepare(self, view: BucketView, n: int, block_table_cpu, seq_lens_cpu) -> None:
-        """Host work before replay; device-planned backends do nothing here."""
+    def host_prepare(self, view: BucketView, seq_lens_cpu: torch.Tensor) -> None:
+        """Host work before replay (seq_lens_cpu: [n] int32 CPU, rows n.. are padding).
+        Device-planned backends do nothing here."""
 
     def prepare(self, view: BucketView) -> None:
         self._prepare[view.size]()

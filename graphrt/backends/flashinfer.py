@@ -6,13 +6,15 @@ inside the graph. Before any capture, the device planner is checked byte-for-byt
 twin wrapper's host plan() on random length sets; any difference (or an unknown FlashInfer
 version / plan layout) falls back to host planning for the whole config, with a warning.
 
-planner="host": the engines' pattern (the baseline): build the CSR on the host and call
-plan() before every replay; the graph holds run() only.
+planner="host": the engines' pattern (the baseline): indptr/last_page_len built with numpy in
+pinned host buffers, plan() on them before every replay; the graph packs the page indices on the
+device (as engines do with a Triton kernel) and runs attention.
 """
 from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import torch
 
 from .. import flashinfer_layout as layout
@@ -63,6 +65,7 @@ class FlashInferBackend(AttentionBackend):
         self.specs: dict[int, layout.PlanSpec] = {}
         self.plan_info: dict[int, list[int]] = {}
         self.parity_sets: dict[int, int] = {}
+        self._pinned: dict[int, _PinnedCSR] = {}
 
     # ---- capture-time -----------------------------------------------------------------
     def _wrapper(self, indptr, indices, last_page_len, int_workspace=None):
@@ -103,10 +106,13 @@ class FlashInferBackend(AttentionBackend):
                               "falling back to host plan() before every replay", RuntimeWarning)
                 self.planner = "host"
                 self.name = self.name.replace("deviceplan", "hostplan(fallback)")
-        if self.planner == "device":
-            for view in views:
+        for view in views:
+            if self.planner == "device":
                 self._prepare[view.size] = self._metadata_launch(
                     view, spec=self.specs[view.size], int_workspace=self.int_workspace)
+            else:  # host planner: the graph only packs indices (plan() copies indptr/last)
+                self._prepare[view.size] = self._metadata_launch(view)
+                self._pinned[view.size] = _PinnedCSR(view.size)
 
     def _setup_device_plan(self, view: BucketView) -> None:
         b, c = view.size, self.config
@@ -115,18 +121,15 @@ class FlashInferBackend(AttentionBackend):
         self.parity_sets[b] = check_parity(self, view, spec, PARITY_SETS_PER_BUCKET, seed=c.seed + b)
 
     # ---- per step ---------------------------------------------------------------------
-    def host_prepare(self, view: BucketView, n: int, block_table_cpu, seq_lens_cpu) -> None:
+    def host_prepare(self, view: BucketView, seq_lens_cpu: torch.Tensor) -> None:
         if self.planner == "host":
-            csr = host_csr(seq_lens_cpu, block_table_cpu, view.size, self.config.page_size)
-            self._plan(self._wrappers[view.size], *csr)
+            pin = self._pinned[view.size]
+            total = pin.fill(seq_lens_cpu, self.config.page_size)
+            self._plan(self._wrappers[view.size], pin.indptr, view.paged_kv_indices[:total], pin.last)
 
     @property
     def needs_host_inputs(self) -> bool:  # type: ignore[override]
         return self.planner == "host"
-
-    def prepare(self, view: BucketView) -> None:
-        if self.planner == "device":
-            self._prepare[view.size]()
 
     def run(self, view: BucketView) -> None:
         self._wrappers[view.size].run(view.query, self.kv_cache.as_tuple(), out=view.output)
@@ -139,6 +142,26 @@ class FlashInferBackend(AttentionBackend):
         if self.fallback_reason:
             d["fallback_reason"] = self.fallback_reason
         return d
+
+
+class _PinnedCSR:
+    """Pinned host indptr [B+1] / last_page_len [B] (int32) for host planning, filled with numpy."""
+
+    def __init__(self, size: int):
+        self.indptr = torch.zeros(size + 1, dtype=torch.int32).pin_memory()
+        self.last = torch.zeros(size, dtype=torch.int32).pin_memory()
+        self.lens = np.zeros(size, dtype=np.int32)
+        self._indptr_np, self._last_np = self.indptr.numpy(), self.last.numpy()
+
+    def fill(self, seq_lens_cpu: torch.Tensor, page_size: int) -> int:
+        """Host CSR for these lengths (rows past them are padding); returns the total pages."""
+        n = seq_lens_cpu.shape[0]
+        self.lens[:n] = seq_lens_cpu.numpy()
+        self.lens[n:] = 0
+        pages = (self.lens + page_size - 1) // page_size
+        np.cumsum(pages, out=self._indptr_np[1:])
+        np.copyto(self._last_np, np.where(pages > 0, self.lens - (pages - 1) * page_size, 0))
+        return int(self._indptr_np[-1])
 
 
 def check_parity(backend: FlashInferBackend, view: BucketView, spec: layout.PlanSpec,

@@ -11,8 +11,9 @@ From the bucket's block_table and seq_lens (device), it writes
   fit the captured grid. Offending inputs are rewritten in place, so no backend reads out of
   bounds; the runtime raises on the flag when it checks (`DecodeRuntime.check_device_errors`).
 
-Grid: one program per bucket row (each packs its row of page ids); program 0 also writes
-indptr, last_page_len and the plan. No host reads; capturable in a CUDA graph. Runs on CPU
+Grid: (B + tile blocks, page blocks). Row programs pack BLOCK_P page ids each, in parallel;
+tile programs each repeat the (register-only) chunk search and write BLOCK_T work tiles; the
+first of them also writes indptr, last_page_len and the plan scalars. No host reads; capturable in a CUDA graph. Runs on CPU
 tensors under TRITON_INTERPRET=1.
 """
 from __future__ import annotations
@@ -28,6 +29,8 @@ from ..flashinfer_layout import ABSENT, PlanSpec
 ERR_SEQ_LEN = 1
 ERR_PAGE_ID = 2
 ERR_GRID = 4
+BLOCK_P = 256  # page ids per packing program
+BLOCK_T = 8    # work tiles per planning program
 
 
 @triton.jit(do_not_specialize=["B", "page_size", "max_context_len", "num_pool_pages", "padded",
@@ -44,7 +47,10 @@ def _prepare_kernel(
     PLAN: tl.constexpr, EMPTY_ONE: tl.constexpr, HAS_QO: tl.constexpr,
     HAS_MERGE: tl.constexpr, HAS_ROWS: tl.constexpr, HAS_MASK: tl.constexpr,
 ):
+    # grid (B + n_tile_blocks, n_page_blocks): program (r < B, c) packs page block c of row r;
+    # program (B + k, 0) writes tile block k of the plan, and (B, 0) also indptr/last_page_len.
     pid = tl.program_id(0)
+    pcol = tl.program_id(1)
     rb = tl.arange(0, BLOCK_B)
     in_b = rb < B
     seq = tl.load(seq_lens_ptr + rb, mask=in_b, other=0)
@@ -53,37 +59,35 @@ def _prepare_kernel(
     pages = (seq + page_size - 1) // page_size          # [BLOCK_B], 0 for padding rows
     page_end = tl.cumsum(pages, 0)
 
-    # --- every program: pack its own block-table row into indices ---------------------------
-    mine = rb == pid
-    # sanitise in place so that every backend (xqa reads seq_lens/block_table directly) is safe
-    tl.store(seq_lens_ptr + rb, rb * 0, mask=mine & bad_seq)
-    # flag from the program that owns (and rewrites) the row: another program may already see the
-    # rewritten 0 (program order is unspecified), so program 0 alone could miss it
-    if tl.sum((mine & bad_seq).to(tl.int32), 0) > 0:
-        tl.atomic_or(error_ptr, 1)
-    my_pages = tl.sum(tl.where(mine, pages, 0), 0)
-    my_start = tl.sum(tl.where(mine, page_end - pages, 0), 0)
-    n_bad_ids = my_pages * 0
-    for p0 in range(0, my_pages, BLOCK_P):
-        rp = p0 + tl.arange(0, BLOCK_P)
+    if pid < B:
+        mine = rb == pid
+        if pcol == 0:
+            # sanitise in place so every backend (xqa reads seq_lens directly) is safe; flag from
+            # the row's owner (another program may already see the rewritten 0)
+            tl.store(seq_lens_ptr + rb, rb * 0, mask=mine & bad_seq)
+            if tl.sum((mine & bad_seq).to(tl.int32), 0) > 0:
+                tl.atomic_or(error_ptr, 1)
+        my_pages = tl.sum(tl.where(mine, pages, 0), 0)
+        my_start = tl.sum(tl.where(mine, page_end - pages, 0), 0)
+        rp = pcol * BLOCK_P + tl.arange(0, BLOCK_P)
         m = rp < my_pages
         ids = tl.load(block_table_ptr + pid * bt_stride + rp, mask=m, other=0)
         oob = m & ((ids < 0) | (ids >= num_pool_pages))
-        n_bad_ids += tl.sum(oob.to(tl.int32), 0)
         tl.store(indices_ptr + my_start + rp, tl.where(oob, 0, ids), mask=m)
-        tl.store(block_table_ptr + pid * bt_stride + rp, rp * 0, mask=oob)
-    if n_bad_ids > 0:
-        tl.atomic_or(error_ptr, 2)
-
-    if pid == 0:
-        tl.store(indptr_ptr + rb * 0, rb * 0, mask=rb == 0)
-        tl.store(indptr_ptr + 1 + rb, page_end, mask=in_b)
-        last = tl.where(pages == 0, 0, seq - (pages - 1) * page_size)
-        tl.store(last_page_len_ptr + rb, last, mask=in_b)
-
+        if tl.sum(oob.to(tl.int32), 0) > 0:
+            tl.store(block_table_ptr + pid * bt_stride + rp, rp * 0, mask=oob)
+            tl.atomic_or(error_ptr, 2)
+    elif pcol == 0:
+        tile_block = pid - B
+        if tile_block == 0:
+            tl.store(indptr_ptr + rb * 0, rb * 0, mask=rb == 0)
+            tl.store(indptr_ptr + 1 + rb, page_end, mask=in_b)
+            last = tl.where(pages == 0, 0, seq - (pages - 1) * page_size)
+            tl.store(last_page_len_ptr + rb, last, mask=in_b)
         if PLAN:
             # chunk-size binary search (FlashInfer: PrefillBinarySearchKVChunkSize for the
-            # tensor-core path, PartitionPagedKVCacheBinarySearchMinNumPagePerBatch for CUDA-core)
+            # tensor-core path, PartitionPagedKVCacheBinarySearchMinNumPagePerBatch for CUDA-core);
+            # every tile program repeats it (registers only) instead of waiting for one another
             if EMPTY_ONE:
                 count_pages = tl.where(in_b, tl.maximum(pages, 1), 0)
             else:
@@ -101,30 +105,30 @@ def _prepare_kernel(
             tiles = tl.where(in_b, (tl.maximum(pages, 1) + chunk - 1) // chunk, 0)
             tile_end = tl.cumsum(tiles, 0)
             n_valid = tl.sum(tiles, 0)
-            tl.store(ws_i32_ptr + off_o + rb * 0, rb * 0, mask=rb == 0)
-            tl.store(ws_i32_ptr + off_o + 1 + rb, tile_end, mask=in_b)
-            if HAS_MERGE:
-                tl.store(ws_i32_ptr + off_merge + rb * 0, rb * 0, mask=rb == 0)
-                tl.store(ws_i32_ptr + off_merge + 1 + rb, tile_end, mask=in_b)
-            tl.store(ws_i32_ptr + off_chunk + rb * 0, rb * 0 + chunk * page_size, mask=rb == 0)
-            if HAS_ROWS:
-                tl.store(ws_i32_ptr + off_rows + rb * 0, rb * 0 + B, mask=rb == 0)
-            last_real_end = tl.max(tl.where(in_b & (pages > 0), tile_end, 0), 0)
-            if last_real_end > padded:
-                tl.atomic_or(error_ptr, 4)
-            for t0 in range(0, padded, BLOCK_T):
-                t = t0 + tl.arange(0, BLOCK_T)
-                inside = t < padded
-                before = (tile_end[None, :] <= t[:, None]) & in_b[None, :]   # [BLOCK_T, BLOCK_B]
-                req = tl.sum(before.to(tl.int32), 1)
-                first_tile = tl.sum(tl.where(before, tiles[None, :], 0), 1)
-                live = t < n_valid
-                tl.store(ws_i32_ptr + off_req + t, tl.where(live, req, 0), mask=inside)
-                tl.store(ws_i32_ptr + off_kv + t, tl.where(live, t - first_tile, 0), mask=inside)
-                if HAS_QO:
-                    tl.store(ws_i32_ptr + off_qo + t, t * 0, mask=inside)
-                if HAS_MASK:
-                    tl.store(ws_u8_ptr + off_mask + t, live.to(tl.uint8), mask=inside)
+            if tile_block == 0:
+                tl.store(ws_i32_ptr + off_o + rb * 0, rb * 0, mask=rb == 0)
+                tl.store(ws_i32_ptr + off_o + 1 + rb, tile_end, mask=in_b)
+                if HAS_MERGE:
+                    tl.store(ws_i32_ptr + off_merge + rb * 0, rb * 0, mask=rb == 0)
+                    tl.store(ws_i32_ptr + off_merge + 1 + rb, tile_end, mask=in_b)
+                tl.store(ws_i32_ptr + off_chunk + rb * 0, rb * 0 + chunk * page_size, mask=rb == 0)
+                if HAS_ROWS:
+                    tl.store(ws_i32_ptr + off_rows + rb * 0, rb * 0 + B, mask=rb == 0)
+                last_real_end = tl.max(tl.where(in_b & (pages > 0), tile_end, 0), 0)
+                if last_real_end > padded:
+                    tl.atomic_or(error_ptr, 4)
+            t = tile_block * BLOCK_T + tl.arange(0, BLOCK_T)
+            inside = t < padded
+            before = (tile_end[None, :] <= t[:, None]) & in_b[None, :]   # [BLOCK_T, BLOCK_B]
+            req = tl.sum(before.to(tl.int32), 1)
+            first_tile = tl.sum(tl.where(before, tiles[None, :], 0), 1)
+            live = t < n_valid
+            tl.store(ws_i32_ptr + off_req + t, tl.where(live, req, 0), mask=inside)
+            tl.store(ws_i32_ptr + off_kv + t, tl.where(live, t - first_tile, 0), mask=inside)
+            if HAS_QO:
+                tl.store(ws_i32_ptr + off_qo + t, t * 0, mask=inside)
+            if HAS_MASK:
+                tl.store(ws_u8_ptr + off_mask + t, live.to(tl.uint8), mask=inside)
 
 
 @dataclass(frozen=True)
@@ -165,11 +169,13 @@ class PrepareLaunch:
                          HAS_QO=o.qo_tile_indices != ABSENT, HAS_MERGE=o.merge_indptr != ABSENT,
                          HAS_ROWS=o.total_num_rows != ABSENT,
                          HAS_MASK=o.block_valid_mask != ABSENT)
-        _prepare_kernel[(b,)](
+        n_tile_blocks = triton.cdiv(plan_args[0], BLOCK_T) if spec is not None else 1
+        n_page_blocks = triton.cdiv(v.block_table.shape[1], BLOCK_P)
+        _prepare_kernel[(b + n_tile_blocks, n_page_blocks)](
             v.block_table, v.block_table.stride(0), v.seq_lens,
             v.paged_kv_indptr, v.paged_kv_indices, v.paged_kv_last_page_len, v.device_error,
             ws_i32, ws_u8,
             b, self.page_size, self.max_context_len, self.num_pool_pages,
             *plan_args,
-            BLOCK_B=block_b, BLOCK_P=128, BLOCK_T=32, num_warps=4, **flags,
+            BLOCK_B=block_b, BLOCK_P=BLOCK_P, BLOCK_T=BLOCK_T, num_warps=1, **flags,
         )

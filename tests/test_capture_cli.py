@@ -1,0 +1,65 @@
+"""graphrt-capture (capture.cli) on the tiny preset: eager on CPU, verified against the reference."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from capture.cli import main
+from graphrt import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ROOT / "configs" / "tiny.yaml"
+
+
+def test_tiny_capture_and_verify(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the documented invocation: a config path relative to the repo root
+    out = tmp_path / "r.json"
+    assert main(["--config", "configs/tiny.yaml", "--no-progress", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    cfg = load_config(TINY)
+    rows = report["rows"]
+    assert [r["bucket"] for r in rows] == list(cfg.buckets) == [1, 2, 4, 8]
+    for r in rows:
+        assert math.isfinite(r["rel_err"]) and 0 <= r["rel_err"] < 1e-4, r
+        assert r["buffer_bytes"] > 0
+        assert r["backend"] == "torch-splitkv"
+    assert report["config"]["name"] == "tiny" and report["config"]["buckets"] == [1, 2, 4, 8]
+    assert report["mode"] == "eager"  # torch-splitkv is never captured (it reads the plan back)
+    text = capsys.readouterr().out
+    assert "all buckets verified" in text and "config tiny" in text
+
+
+def test_unknown_key_raises_config_error(tmp_path):
+    data = yaml.safe_load(TINY.read_text())
+    data["bogus_option"] = 3
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    out = tmp_path / "r.json"
+    with pytest.raises(ConfigError, match=r"unknown key.*bogus_option"):
+        main(["--config", str(bad), "--no-progress", "--json", str(out)])
+    assert not out.exists()  # failed before writing a report
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        main(["--config", str(tmp_path / "none.yaml"), "--no-progress"])
+
+
+def test_config_flag_required(capsys):
+    with pytest.raises(SystemExit) as info:
+        main([])
+    assert info.value.code == 2
+    assert "--config" in capsys.readouterr().err
+
+
+def test_module_help():
+    proc = subprocess.run([sys.executable, "-m", "capture", "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "graphrt-capture" in proc.stdout and "--config" in proc.stdout
