@@ -1,7 +1,13 @@
-"""graphrt-capture --config configs/X.yaml: capture every bucket, verify it, print a table.
+"""graphrt-capture: turn a YAML config into captured, verified, timed buckets (and a graph cache).
 
-On a machine without CUDA it runs the same pipeline eagerly with the reference backend (Triton
-kernels through the interpreter) and says so.
+    graphrt-capture --config configs/llama-3.1-8b.yaml --out cache/llama8b   build a graph cache
+    graphrt-capture --check cache/llama8b                                     verify a cache
+
+Builds every kernel the config needs, captures every bucket (largest first), verifies each
+bucket against float32 reference attention at lengths 1, a page boundary and the maximum, times
+it (host and device µs per step), records graph memory and capture time, and with `backend: auto`
+picks the fastest backend per bucket. Without CUDA it runs the same pipeline eagerly with the
+torch split-KV backend (device planner + torch executor) and says so.
 """
 from __future__ import annotations
 
@@ -9,13 +15,16 @@ import argparse
 import json
 import os
 import sys
-import time
+from pathlib import Path
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="graphrt-capture", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", required=True, help="YAML runtime config (see configs/)")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--config", help="YAML runtime config (see configs/)")
+    what.add_argument("--check", metavar="DIR", help="verify a graph cache against this machine")
+    p.add_argument("--out", metavar="DIR", help="write a graph cache here (must be new or empty)")
     p.add_argument("--device", default="auto", help="cuda, cpu or auto (cuda when available)")
     p.add_argument("--backend", default=None, help="override the config's backend")
     p.add_argument("--steps", type=int, default=1, help="verification batches per bucket")
@@ -26,52 +35,76 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.check:
+        return check(Path(args.check))
     import torch
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # before graphrt imports triton kernels
-    from graphrt import DecodeRuntime, PagedKVCache, load_config
-    from graphrt.verify import TOLERANCE, verify_bucket
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before graphrt imports its kernels
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        if out.exists() and any(out.iterdir()):
+            print(f"graphrt-capture: --out {out} exists and is not empty", file=sys.stderr)
+            return 2
+        out.mkdir(parents=True, exist_ok=True)
+        os.environ["TRITON_CACHE_DIR"] = str((out / "triton").resolve())  # before any compile
+    from graphrt import load_config
+    from graphrt.verify import TOLERANCE
+    from .build import build
 
     config = load_config(args.config)
     backend = args.backend or config.backend
-    if device == "cpu" and backend not in ("reference", "torch-splitkv"):
+    if device == "cpu" and backend not in ("reference", "torch-splitkv", "auto"):
         print(f"graphrt-capture: no CUDA device: running eagerly with the torch-splitkv backend "
               f"(the device planner's schedule executed in torch; config backend {backend!r} "
               f"needs a GPU)")
         backend = "torch-splitkv"
-    if backend == "auto":
-        backend = "flashinfer"
-    kv = PagedKVCache.allocate(config, config.pool_pages, device)
-    t0 = time.perf_counter()
-    rt = DecodeRuntime(config, kv, device, backend=backend)
-    rt.capture(progress=not args.no_progress)
-    setup_s = time.perf_counter() - t0
-    mode = "CUDA graphs" if rt.uses_graphs else "eager"
+    rt, rows, setup_s = build(config, torch.device(device), backend=backend, steps=args.steps,
+                              progress=not args.no_progress, out_dir=out)
     tol = TOLERANCE[config.dtype]
-    rows, failed = rt.report(), []
-    for row in rows:
-        row["rel_err"] = verify_bucket(rt, row["bucket"], seed=config.seed + row["bucket"], steps=args.steps)
-        if not row["rel_err"] <= tol:
-            failed.append(row["bucket"])
-    print(f"\nconfig {config.name} ({args.config}) | backend {rt.backend.name} | {mode} on {rt.device} "
-          f"| setup+capture {setup_s:.2f} s | tolerance {tol:g}")
-    print(f"{'bucket':>6} {'capture ms':>10} {'graph MB':>9} {'buffers KB':>10} {'rel err':>9}  planner")
-    for r in rows:
-        cap = f"{r['capture_ms']:.1f}" if r["capture_ms"] is not None else "-"
-        mb = f"{r['graph_bytes'] / 2**20:.2f}" if r["graph_bytes"] is not None else "-"
-        print(f"{r['bucket']:>6} {cap:>10} {mb:>9} {r['buffer_bytes'] / 1024:>10.1f} "
-              f"{r['rel_err']:>9.2e}  {r.get('planner', '-')}")
-    total_graph = sum(r["graph_bytes"] or 0 for r in rows)
-    print(f"graph memory, all buckets: {total_graph / 2**20:.2f} MB; static buffers: "
-          f"{rt.buffers.nbytes() / 2**20:.2f} MB")
+    failed = [r["bucket"] for r in rows if not r["rel_err"] <= tol]
+    print_table(config, args.config, rt, rows, setup_s, tol)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"config": config.to_dict(), "mode": mode, "rows": rows}, f, indent=1)
+        mode = "CUDA graphs" if rt.uses_graphs else "eager"
+        Path(args.json).write_text(json.dumps({"config": config.to_dict(), "mode": mode, "rows": rows},
+                                              indent=1))
+    if out is not None:
+        print(f"graph cache written to {out} (load: DecodeRuntime.from_cache({str(out)!r}, kv_cache=...))")
     if failed:
         print(f"FAILED verification: buckets {failed} above tolerance {tol:g}", file=sys.stderr)
         return 1
     print("all buckets verified against the float32 reference")
+    return 0
+
+
+def print_table(config, path, rt, rows, setup_s, tol) -> None:
+    mode = "CUDA graphs" if rt.uses_graphs else "eager"
+    print(f"\nconfig {config.name} ({path}) | {mode} on {rt.device} | setup+capture {setup_s:.2f} s "
+          f"| tolerance {tol:g}")
+    print(f"{'bucket':>6} {'backend':<22} {'capture ms':>10} {'graph MB':>9} {'buffers KB':>10} "
+          f"{'host us':>8} {'device us':>9} {'rel err':>9}")
+    for r in rows:
+        cap = f"{r['capture_ms']:.1f}" if r["capture_ms"] is not None else "-"
+        mb = f"{r['graph_bytes'] / 2**20:.2f}" if r["graph_bytes"] is not None else "-"
+        dev = f"{r['device_us']:.1f}" if r["device_us"] is not None else "-"
+        print(f"{r['bucket']:>6} {r['backend']:<22} {cap:>10} {mb:>9} {r['buffer_bytes'] / 1024:>10.1f} "
+              f"{r['host_us']:>8.1f} {dev:>9} {r['rel_err']:>9.2e}")
+    total_graph = sum(r["graph_bytes"] or 0 for r in rows)
+    print(f"graph memory, all buckets: {total_graph / 2**20:.2f} MB; static buffers: "
+          f"{rt.buffers.nbytes() / 2**20:.2f} MB")
+
+
+def check(cache_dir: Path) -> int:
+    from graphrt.cache import CacheMismatchError, check_cache
+    try:
+        m = check_cache(cache_dir)
+    except CacheMismatchError as e:
+        print(f"graphrt-capture --check: {e}", file=sys.stderr)
+        return 1
+    d = m.data
+    print(f"graph cache {cache_dir}: OK | config {d['config'].get('name')} ({d['config_digest']}) | "
+          f"{len(d['buckets'])} buckets | {len(d['artifacts'])} artifacts | built {d['created']} "
+          f"on {d['environment']['gpu']}")
     return 0

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import torch
 
-from .backends import make_backend
+from .backends import AttentionBackend, make_backend
 from .buckets import pick_bucket
 from .buffers import BucketView, StaticBuffers
 from .config import RuntimeConfig
 from .graphs import GraphManager
+from .inputs import check_inputs
 from .kernels import ERR_GRID, ERR_PAGE_ID, ERR_SEQ_LEN
 from .kvcache import PagedKVCache
 
@@ -37,8 +38,16 @@ def _device(device) -> torch.device:
 
 
 class DecodeRuntime:
+    """Decode attention over per-bucket static buffers, replayed as CUDA graphs where possible.
+
+    backend: one backend name for every bucket (default config.backend); bucket_backends: a
+    name per bucket instead (graphrt-capture's `auto` choice). lazy=True captures a bucket on its
+    first use (verified against the reference first) instead of in capture().
+    """
+
     def __init__(self, config: RuntimeConfig, kv_cache: PagedKVCache, device="cuda", *,
-                 backend: str | None = None):
+                 backend: str | None = None, bucket_backends: dict[int, str] | None = None,
+                 lazy: bool = False):
         if not isinstance(config, RuntimeConfig):
             raise TypeError(f"config: expected RuntimeConfig, got {type(config).__name__}")
         self.config = config
@@ -46,14 +55,37 @@ class DecodeRuntime:
         kv_cache.check(config, self.device)
         self.kv_cache = kv_cache
         self.buffers = StaticBuffers(config, self.device)
-        self.backend = make_backend(config, kv_cache, self.device, name=backend)
+        names = _bucket_backend_names(config, backend, bucket_backends)
+        self.backends = {name: make_backend(config, kv_cache, self.device, name=name)
+                         for name in sorted(set(names.values()))}
+        self._backend_of = {b: self.backends[names[b]] for b in config.buckets}
+        self.lazy = lazy
         self.graphs: GraphManager | None = None
         self._set_up = False
 
+    @classmethod
+    def from_cache(cls, cache_dir, *, kv_cache: PagedKVCache, device="cuda", lazy: bool = False,
+                   progress: bool = False) -> "DecodeRuntime":
+        """Open a graph cache built by graphrt-capture: no compilation, then capture (or lazy)."""
+        from .cache import open_cache
+        return open_cache(cls, cache_dir, kv_cache=kv_cache, device=device, lazy=lazy,
+                          progress=progress)
+
     # ---- capture ------------------------------------------------------------------------
     @property
+    def backend(self) -> AttentionBackend:
+        """The backend of the largest bucket (the only one unless bucket_backends was given)."""
+        return self._backend_of[self.config.max_batch]
+
+    def backend_for(self, bucket: int) -> AttentionBackend:
+        return self._backend_of[bucket]
+
+    @property
     def uses_graphs(self) -> bool:
-        return self.device.type == "cuda" and self.backend.capturable
+        return self.device.type == "cuda" and any(b.capturable for b in self.backends.values())
+
+    def _captures(self, bucket: int) -> bool:
+        return self.device.type == "cuda" and self._backend_of[bucket].capturable
 
     def _views_largest_first(self) -> list[BucketView]:
         return [self.buffers.view(b) for b in reversed(self.config.buckets)]
@@ -61,28 +93,51 @@ class DecodeRuntime:
     def setup(self) -> None:
         """Per-bucket backend state (idempotent); capture() calls it."""
         if not self._set_up:
-            self.backend.setup(self._views_largest_first())
+            views = self._views_largest_first()
+            for backend in self.backends.values():
+                backend.setup([v for v in views if self._backend_of[v.size] is backend])
             self._set_up = True
 
     def capture(self, *, progress: bool = False) -> dict:
-        """Capture every bucket (largest first, one pool). Returns per-bucket CaptureStats."""
+        """Capture every bucket (largest first, one pool); with lazy=True only set up.
+
+        Returns per-bucket CaptureStats of the buckets captured so far."""
         self.setup()
         if not self.uses_graphs:
             return {}
         self.graphs = self.graphs or GraphManager(self.device)
-        views = [v for v in self._views_largest_first() if v.size not in self.graphs]
-        for view in _progress(views, progress, f"capturing {self.backend.name}"):
-            view.block_table.zero_()        # warm-up/capture inputs: 1-token requests on page 0
-            view.seq_lens.fill_(1)
-            if self.backend.needs_host_inputs:  # host planner: the workspace must hold this plan
-                self.backend.host_prepare(view, view.seq_lens.cpu())
-            self.graphs.capture(view.size, lambda v=view: self._step(v))
-            view.seq_lens.zero_()
+        if not self.lazy:
+            todo = [v for v in self._views_largest_first()
+                    if self._captures(v.size) and v.size not in self.graphs]
+            for view in _progress(todo, progress, "capturing"):
+                self._capture_bucket(view)
         return dict(self.graphs.stats)
 
+    def _capture_bucket(self, view: BucketView) -> None:
+        backend = self._backend_of[view.size]
+        view.block_table.zero_()        # warm-up/capture inputs: 1-token requests on page 0
+        view.seq_lens.fill_(1)
+        if backend.needs_host_inputs:   # host planner: the workspace must hold this plan
+            backend.host_prepare(view, view.seq_lens.cpu())
+        self.graphs.capture(view.size, lambda: self._step(view))
+        view.seq_lens.zero_()
+
+    def _capture_lazily(self, view: BucketView) -> None:
+        """First use of a bucket under lazy=True: verify eagerly, capture, keep the user's inputs."""
+        from .verify import TOLERANCE, verify_bucket
+        saved = [t.clone() for t in (view.query, view.block_table, view.seq_lens)]
+        self._capture_bucket(view)
+        err = verify_bucket(self, view.size, seed=self.config.seed + view.size)
+        for dst, src in zip((view.query, view.block_table, view.seq_lens), saved):
+            dst.copy_(src)
+        if not err <= TOLERANCE[self.config.dtype]:
+            raise RuntimeError(f"bucket {view.size}: lazily captured graph failed verification "
+                               f"(rel err {err:.2e})")
+
     def _step(self, view: BucketView) -> None:
-        self.backend.prepare(view)
-        self.backend.run(view)
+        backend = self._backend_of[view.size]
+        backend.prepare(view)
+        backend.run(view)
 
     # ---- per step -------------------------------------------------------------------------
     def static_inputs(self, n: int) -> BucketView:
@@ -91,8 +146,13 @@ class DecodeRuntime:
 
     def replay(self, view: BucketView) -> torch.Tensor:
         """One step over the whole bucket as it stands in its static buffers; returns view.output."""
-        self.setup()
         if self.graphs is not None and view.size in self.graphs:
+            self.graphs.replay(view.size)
+            return view.output
+        self.setup()
+        if self.lazy and self._captures(view.size):
+            self.graphs = self.graphs or GraphManager(self.device)
+            self._capture_lazily(view)
             self.graphs.replay(view.size)
         else:
             self._step(view)
@@ -105,60 +165,16 @@ class DecodeRuntime:
         seq_lens [n] int32, on the runtime device or the CPU (CPU values are checked on the host;
         device values by the prepare kernel, see check_device_errors). Returns a [n, Hq, D] view.
         """
-        n = self._check_inputs(q, block_table, seq_lens)
+        n = check_inputs(self.config, self.device, self.kv_cache.num_pages, q, block_table, seq_lens)
         view = self.buffers.view(pick_bucket(self.config.buckets, n))
         view.load_inputs(q, block_table.to(self.device, non_blocking=True),
                          seq_lens.to(self.device, non_blocking=True))
         if block_table.shape[1] < self.config.max_pages_per_seq:
             view.block_table[:n, block_table.shape[1]:].fill_(-1)  # stale columns: invalid ids
-        if self.backend.needs_host_inputs:
-            self.backend.host_prepare(view, seq_lens.cpu())  # a sync if seq_lens is on the GPU
+        backend = self._backend_of[view.size]
+        if backend.needs_host_inputs:
+            backend.host_prepare(view, seq_lens.cpu())  # a sync if seq_lens is on the GPU
         return self.replay(view)[:n]
-
-    def _check_inputs(self, q, block_table, seq_lens) -> int:
-        c = self.config
-        for name, t in (("q", q), ("block_table", block_table), ("seq_lens", seq_lens)):
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        if q.dim() != 3 or tuple(q.shape[1:]) != (c.num_qo_heads, c.head_dim):
-            raise ValueError(f"q: shape {tuple(q.shape)}, expected [n, {c.num_qo_heads}, {c.head_dim}]")
-        if q.dtype != c.torch_dtype:
-            raise ValueError(f"q: dtype {q.dtype}, config dtype is {c.torch_dtype}")
-        if q.device != self.device:
-            raise ValueError(f"q: on {q.device}, runtime device is {self.device}")
-        n = q.shape[0]
-        # raises BatchTooLargeError naming the largest bucket, ValueError for an empty batch
-        pick_bucket(c.buckets, n)
-        for name, t in (("block_table", block_table), ("seq_lens", seq_lens)):
-            if t.dtype != torch.int32:
-                raise ValueError(f"{name}: dtype {t.dtype}, expected torch.int32")
-            if t.device not in (self.device, torch.device("cpu")):
-                raise ValueError(f"{name}: on {t.device}, expected {self.device} or cpu")
-        if block_table.dim() != 2 or block_table.shape[0] != n or not 1 <= block_table.shape[1] <= c.max_pages_per_seq:
-            raise ValueError(f"block_table: shape {tuple(block_table.shape)}, expected [{n}, w] with "
-                             f"1 <= w <= max_pages_per_seq={c.max_pages_per_seq}")
-        if tuple(seq_lens.shape) != (n,):
-            raise ValueError(f"seq_lens: shape {tuple(seq_lens.shape)}, expected [{n}]")
-        if seq_lens.device.type == "cpu":
-            self._check_host_values(block_table, seq_lens)
-        return n
-
-    def _check_host_values(self, block_table, seq_lens) -> None:
-        c = self.config
-        lo, hi = int(seq_lens.min()), int(seq_lens.max())
-        if lo < 0 or hi > c.max_context_len:
-            raise ValueError(f"seq_lens: values in [{lo}, {hi}], allowed [0, max_context_len="
-                             f"{c.max_context_len}]")
-        need = -(-hi // c.page_size)
-        if need > block_table.shape[1]:
-            raise ValueError(f"block_table: {block_table.shape[1]} columns, seq_lens needs {need} pages")
-        if block_table.device.type == "cpu" and need:
-            used = block_table[:, :need]
-            pages = (seq_lens + c.page_size - 1) // c.page_size
-            live = used[torch.arange(need)[None, :] < pages[:, None]]
-            if live.numel() and (int(live.min()) < 0 or int(live.max()) >= self.kv_cache.num_pages):
-                raise ValueError(f"block_table: page ids in [{int(live.min())}, {int(live.max())}], "
-                                 f"KV pool has {self.kv_cache.num_pages} pages")
 
     def check_device_errors(self) -> None:
         """Synchronise, read and clear the prepare kernel's sticky flags; raise if any was set."""
@@ -185,8 +201,19 @@ class DecodeRuntime:
             rows.append({"bucket": b, "buffer_bytes": per_bucket[b],
                          "capture_ms": s.capture_ms if s else None,
                          "graph_bytes": s.graph_bytes if s else None,
-                         **self.backend.describe(b)})
+                         **self._backend_of[b].describe(b)})
         return rows
+
+
+def _bucket_backend_names(config, backend, bucket_backends) -> dict[int, str]:
+    if bucket_backends is None:
+        return {b: backend or config.backend for b in config.buckets}
+    if backend is not None:
+        raise ValueError("backend / bucket_backends: give one of the two")
+    if set(bucket_backends) != set(config.buckets):
+        raise ValueError(f"bucket_backends: keys {sorted(bucket_backends)} must be the config's "
+                         f"buckets {list(config.buckets)}")
+    return dict(bucket_backends)
 
 
 def _progress(items, enabled: bool, desc: str):

@@ -151,3 +151,60 @@ def test_device_guard_flags_bad_device_inputs():
     with pytest.raises(DeviceInputError, match="seq_lens.*block_table"):
         rt.check_device_errors()
     rt.check_device_errors()  # cleared
+
+
+def _run(args, **kw):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, **kw)
+
+
+def test_graph_cache_auto_backend_build_check_and_warm_load(tmp_path):
+    import json
+
+    import yaml
+    cfg = yaml.safe_load(open(CONFIG))
+    cfg.update(buckets=[1, 8, 64], backend="auto", kv_pool_pages=2048)
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    cache = tmp_path / "cache"
+    built = _run(["-m", "capture", "--config", str(path), "--out", str(cache), "--no-progress"])
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    manifest = json.loads((cache / "manifest.json").read_text())
+    assert set(manifest["bucket_backends"].values()) <= {"flashinfer", "xqa"}
+    arts = manifest["artifacts"]
+    assert any(a.startswith("flashinfer/") and a.endswith(".so") for a in arts)
+    assert any(a.startswith("triton/") for a in arts)
+    assert sum(r["graph_bytes"] for r in manifest["rows"]) < 100 * 2**20
+    assert _run(["-m", "capture", "--check", str(cache)]).returncode == 0
+    # warm load in a fresh process: JIT disabled, no Triton compile, correct output
+    code = (
+        "import torch; from graphrt import *; from graphrt.verify import verify_bucket\n"
+        f"cfg = load_config({str(path)!r}); kv = PagedKVCache.allocate(cfg, 2048, 'cuda')\n"
+        f"rt = DecodeRuntime.from_cache({str(cache)!r}, kv_cache=kv)\n"
+        "assert sorted(rt.graphs.stats) == [1, 8, 64]\n"
+        "print('ERR', max(verify_bucket(rt, b, seed=b) for b in (1, 8, 64)))\n")
+    warm = _run(["-c", code])
+    assert warm.returncode == 0, warm.stderr[-3000:]
+    err = float(warm.stdout.split("ERR")[-1])
+    assert err < BF16_TOL
+    # a damaged artifact is refused before anything loads
+    so = next(a for a in arts if a.endswith(".so"))
+    with open(cache / so, "r+b") as f:
+        f.seek(100)
+        f.write(b"\0\0\0\0")
+    bad = _run(["-c", code])
+    assert bad.returncode != 0 and "checksum mismatch" in bad.stderr
+
+
+def test_lazy_capture_captures_on_first_use():
+    cfg = load_config(CONFIG).replace(buckets=[1, 4, 16])
+    kv = PagedKVCache.allocate(cfg, 1024, "cuda")
+    rt = DecodeRuntime(cfg, kv, "cuda", lazy=True)
+    assert rt.capture() == {}
+    gen = torch.Generator().manual_seed(9)
+    q, table, lens = _batch(rt, 3, gen, max_len=3000)
+    out = rt.decode(q, table, lens).clone()
+    assert sorted(rt.graphs.stats) == [4]
+    k, v = kv.as_tuple()
+    assert rel_error(out, reference_decode(q, k, v, table, lens)) < BF16_TOL

@@ -1,0 +1,126 @@
+"""The capture pipeline: build kernels, capture every bucket, verify, time, pick backends, write a cache."""
+from __future__ import annotations
+
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from graphrt import DecodeRuntime, PagedKVCache
+from graphrt.cache import FLASHINFER_DIR, build_manifest, collect_artifacts, loaded_flashinfer_modules
+from graphrt.config import XQA_PAGE_SIZES
+from graphrt.verify import random_batch, verify_bucket, verify_lengths
+
+
+def candidate_backends(config, device: torch.device) -> list[str]:
+    """What `backend: auto` chooses among on this device."""
+    if device.type != "cuda":
+        return ["torch-splitkv"]
+    out = ["flashinfer"]
+    if torch.cuda.get_device_capability(device) == (9, 0) and config.page_size in XQA_PAGE_SIZES:
+        out.append("xqa")
+    return out
+
+
+def time_bucket(rt: DecodeRuntime, size: int, *, steps: int = 30) -> tuple[float, float | None]:
+    """(host µs, device µs) per step of a full bucket of verification-length requests.
+
+    host: mean over a burst of replays without sync; device: CUDA events over replays (None on
+    CPU, where the step runs eagerly and host time is the step time)."""
+    gen = torch.Generator().manual_seed(size)
+    q, table, lens = random_batch(rt, size, verify_lengths(rt.config), gen)
+    rt.decode(q, table, lens)
+    view = rt.buffers.view(size)
+    backend = rt.backend_for(size)
+    lens_cpu = lens.cpu()
+    steps = steps if rt.device.type == "cuda" else 2
+
+    def step():
+        if backend.needs_host_inputs:
+            backend.host_prepare(view, lens_cpu)
+        rt.replay(view)
+
+    sync = torch.cuda.synchronize if rt.device.type == "cuda" else (lambda: None)
+    step()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    host_us = (time.perf_counter() - t0) / steps * 1e6
+    sync()
+    if rt.device.type != "cuda":
+        return host_us, None
+    times = []
+    for _ in range(3):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(steps):
+            rt.replay(view)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / steps)
+    return host_us, statistics.median(times)
+
+
+def pick_backends(config, kv, device, candidates: list[str], progress: bool) -> dict[int, str]:
+    """Per bucket, the candidate with the lowest device time (host time where no device time)."""
+    best: dict[int, tuple[float, str]] = {}
+    for name in candidates:
+        rt = DecodeRuntime(config, kv, device, backend=name)
+        rt.capture(progress=progress)
+        for b in config.buckets:
+            host_us, dev_us = time_bucket(rt, b)
+            cost = dev_us if dev_us is not None else host_us
+            if b not in best or cost < best[b][0]:
+                best[b] = (cost, name)
+        del rt
+    return {b: name for b, (_, name) in best.items()}
+
+
+def build(config, device: torch.device, *, backend: str, steps: int, progress: bool,
+          out_dir: Path | None = None) -> tuple[DecodeRuntime, list[dict], float]:
+    """Capture + verify + time every bucket. Returns (runtime, per-bucket rows, setup seconds)."""
+    kv = PagedKVCache.allocate(config, config.pool_pages, device)
+    t0 = time.perf_counter()
+    if backend == "auto":
+        choice = pick_backends(config, kv, device, candidate_backends(config, device), progress)
+        rt = DecodeRuntime(config, kv, device, bucket_backends=choice)
+    else:
+        rt = DecodeRuntime(config, kv, device, backend=backend)
+    rt.capture(progress=progress)
+    setup_s = time.perf_counter() - t0
+    rows = rt.report()
+    for row in rows:
+        b = row["bucket"]
+        row["backend_name"] = _backend_name(rt, b)
+        row["rel_err"] = verify_bucket(rt, b, seed=config.seed + b, steps=steps)
+        row["host_us"], row["device_us"] = time_bucket(rt, b)
+    if out_dir is not None:
+        write_cache(rt, rows, Path(out_dir))
+    return rt, rows, setup_s
+
+
+def _backend_name(rt: DecodeRuntime, bucket: int) -> str:
+    backend = rt.backend_for(bucket)
+    for name, b in rt.backends.items():
+        if b is backend:
+            return name
+    raise KeyError(bucket)
+
+
+def write_cache(rt: DecodeRuntime, rows: list[dict], out_dir: Path) -> None:
+    """Copy the FlashInfer modules this process loaded into out_dir, hash everything, write the manifest.
+
+    The Triton cache was pointed at out_dir/triton by the CLI before any kernel compiled."""
+    import sys
+    env_mod = sys.modules.get("flashinfer.jit.env")
+    for so in loaded_flashinfer_modules():
+        rel = so.relative_to(Path(env_mod.FLASHINFER_BASE_DIR).resolve())
+        dst = out_dir / FLASHINFER_DIR / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(so, dst)
+    mode = "CUDA graphs" if rt.uses_graphs else "eager"
+    manifest = build_manifest(rt.config, rows, collect_artifacts(out_dir), mode=mode)
+    manifest.write(out_dir)

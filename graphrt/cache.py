@@ -1,0 +1,191 @@
+"""Graph caches: a directory that lets a server start in seconds with zero compilation.
+
+    DIR/manifest.json          config (+ digest), buckets, backend per bucket, per-bucket timings,
+                               graph memory, verification error, versions, GPU, creation time,
+                               every artifact with its sha256
+    DIR/flashinfer/.cache/...  the FlashInfer JIT modules (.so) this config loaded
+    DIR/triton/...             the Triton kernel cache (graphrt's prepare kernel)
+
+CUDA graphs themselves cannot be serialised (they hold device addresses of one process), so a
+cache stores what makes re-capture fast: compiled kernels. Loading points FlashInfer
+(FLASHINFER_WORKSPACE_BASE, FLASHINFER_DISABLE_JIT=1) and Triton (TRITON_CACHE_DIR) at the cache
+before either compiles anything, then captures. Any difference in GPU, library versions, config
+or artifact bytes raises CacheMismatchError naming it, before anything is loaded.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+MANIFEST = "manifest.json"
+FORMAT = 1
+FLASHINFER_DIR = "flashinfer"
+TRITON_DIR = "triton"
+
+
+class CacheMismatchError(RuntimeError):
+    """The graph cache does not fit this process (or is damaged); the message says how to rebuild."""
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def environment() -> dict:
+    """Versions and device facts a cache is only valid for."""
+    import torch
+    import triton
+
+    import graphrt
+    env = {"graphrt": graphrt.__version__, "torch": torch.__version__, "triton": triton.__version__,
+           "cuda": torch.version.cuda, "python": platform.python_version(), "gpu": None,
+           "compute_capability": None, "flashinfer": None}
+    try:
+        from importlib.metadata import version
+        env["flashinfer"] = version("flashinfer-python")
+    except Exception:  # noqa: BLE001 - not installed: caches then hold no FlashInfer modules
+        pass
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name()
+        env["compute_capability"] = "%d.%d" % torch.cuda.get_device_capability()
+    return env
+
+
+def point_compilers_at(cache_dir: Path, *, disable_jit: bool) -> None:
+    """Direct FlashInfer's JIT cache and Triton's cache into `cache_dir` (this process).
+
+    Must run before FlashInfer is imported; raises CacheMismatchError if it already was with
+    another workspace (its cache location is fixed at import).
+    """
+    fi_base = (cache_dir / FLASHINFER_DIR).resolve()
+    env_mod = sys.modules.get("flashinfer.jit.env")
+    if env_mod is not None and Path(env_mod.FLASHINFER_BASE_DIR).resolve() != fi_base:
+        raise CacheMismatchError(
+            f"FlashInfer was imported before the graph cache was opened (its JIT cache is "
+            f"{env_mod.FLASHINFER_BASE_DIR}); open the cache first, in a fresh process")
+    os.environ["FLASHINFER_WORKSPACE_BASE"] = str(fi_base)
+    os.environ["TRITON_CACHE_DIR"] = str((cache_dir / TRITON_DIR).resolve())
+    if disable_jit:
+        os.environ["FLASHINFER_DISABLE_JIT"] = "1"
+
+
+def loaded_flashinfer_modules() -> list[Path]:
+    """FlashInfer JIT .so files mapped into this process (Linux /proc/self/maps)."""
+    env_mod = sys.modules.get("flashinfer.jit.env")
+    if env_mod is None:
+        return []
+    root = Path(env_mod.FLASHINFER_CACHE_DIR).resolve()
+    found = set()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            path = line.split()[-1] if line.strip() else ""
+            if path.endswith(".so") and str(Path(path)).startswith(str(root)):
+                found.add(Path(path))
+    return sorted(found)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    data: dict
+
+    @classmethod
+    def read(cls, cache_dir: Path) -> "Manifest":
+        path = Path(cache_dir) / MANIFEST
+        if not path.is_file():
+            raise CacheMismatchError(f"{cache_dir}: no {MANIFEST}; not a graph cache "
+                                     "(build one with graphrt-capture --config X --out DIR)")
+        data = json.loads(path.read_text())
+        if data.get("format") != FORMAT:
+            raise CacheMismatchError(f"{path}: format {data.get('format')}, this graphrt reads {FORMAT}")
+        return cls(data)
+
+    def write(self, cache_dir: Path) -> None:
+        (Path(cache_dir) / MANIFEST).write_text(json.dumps(self.data, indent=1, sort_keys=True))
+
+
+def collect_artifacts(cache_dir: Path) -> dict[str, str]:
+    """sha256 of every file under the cache's artifact folders, keyed by relative path."""
+    out = {}
+    for sub in (FLASHINFER_DIR, TRITON_DIR):
+        root = Path(cache_dir) / sub
+        for p in sorted(root.rglob("*")) if root.exists() else []:
+            if p.is_file() and not p.name.endswith(".lock"):
+                out[str(p.relative_to(cache_dir))] = sha256(p)
+    return out
+
+
+def build_manifest(config, rows: list[dict], artifacts: dict[str, str], *, mode: str) -> Manifest:
+    return Manifest({
+        "format": FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "mode": mode, "config": config.to_dict(), "config_digest": config.digest(),
+        "buckets": list(config.buckets),
+        "bucket_backends": {str(r["bucket"]): r["backend_name"] for r in rows},
+        "rows": rows, "environment": environment(), "artifacts": artifacts,
+    })
+
+
+def check_cache(cache_dir: Path, *, config=None) -> Manifest:
+    """Verify a cache against this process: environment, config, artifact checksums.
+
+    Raises CacheMismatchError listing every difference; returns the manifest when it fits.
+    """
+    from .config import config_from_dict
+    cache_dir = Path(cache_dir)
+    m = Manifest.read(cache_dir)
+    problems = []
+    here = environment()
+    for key, want in m.data["environment"].items():
+        if key == "python":
+            continue
+        if here.get(key) != want:
+            problems.append(f"{key}: cache built with {want!r}, this process has {here.get(key)!r}")
+    cached_config = config_from_dict(m.data["config"], source=f"{cache_dir}/{MANIFEST}")
+    if cached_config.digest() != m.data["config_digest"]:
+        problems.append("config: manifest config does not match its digest (edited by hand?)")
+    if config is not None and config.digest() != m.data["config_digest"]:
+        problems.append(f"config: cache is for {m.data['config_digest']}, asked for {config.digest()}")
+    for rel, digest in m.data["artifacts"].items():
+        p = cache_dir / rel
+        if not p.is_file():
+            problems.append(f"artifact missing: {rel}")
+        elif sha256(p) != digest:
+            problems.append(f"artifact checksum mismatch: {rel}")
+    if problems:
+        raise CacheMismatchError(
+            f"graph cache {cache_dir} does not fit:\n  - " + "\n  - ".join(problems) +
+            f"\nrebuild it: graphrt-capture --config <your config.yaml> --out {cache_dir}")
+    return m
+
+
+def open_cache(runtime_cls, cache_dir, *, kv_cache, device, lazy: bool, progress: bool):
+    """Check a cache, point the compilers at it (JIT disabled), build and capture the runtime.
+
+    Raises CacheMismatchError before loading anything if the cache does not fit, and after
+    capture if Triton had to compile a kernel the cache lacks (the runtime is then dropped).
+    """
+    from .config import config_from_dict
+    cache_dir = Path(cache_dir)
+    manifest = check_cache(cache_dir)
+    if manifest.data["mode"] != "CUDA graphs" and str(device) != "cpu":
+        raise CacheMismatchError(f"{cache_dir}: built in {manifest.data['mode']!r} mode on a machine "
+                                 f"without CUDA; rebuild it on the GPU that will serve")
+    point_compilers_at(cache_dir, disable_jit=True)
+    config = config_from_dict(manifest.data["config"], source=str(cache_dir / MANIFEST))
+    backends = {int(k): v for k, v in manifest.data["bucket_backends"].items()}
+    rt = runtime_cls(config, kv_cache, device, bucket_backends=backends, lazy=lazy)
+    rt.capture(progress=progress)
+    new = sorted(set(collect_artifacts(cache_dir)) - set(manifest.data["artifacts"]))
+    if new:
+        raise CacheMismatchError(f"{cache_dir}: kernels were compiled while loading ({new[:3]}...); "
+                                 "the cache is incomplete, rebuild it with graphrt-capture --out")
+    return rt
