@@ -1,7 +1,6 @@
 """The capture pipeline: build kernels, capture every bucket, verify, time, pick backends, write a cache."""
 from __future__ import annotations
 
-import shutil
 import statistics
 import time
 from pathlib import Path
@@ -9,7 +8,7 @@ from pathlib import Path
 import torch
 
 from graphrt import DecodeRuntime, PagedKVCache
-from graphrt.cache import FLASHINFER_DIR, build_manifest, collect_artifacts, loaded_flashinfer_modules
+from graphrt.cache import build_manifest, collect_artifacts, copy_flashinfer_modules
 from graphrt.config import XQA_PAGE_SIZES
 from graphrt.verify import random_batch, verify_bucket, verify_lengths
 
@@ -114,13 +113,7 @@ def write_cache(rt: DecodeRuntime, rows: list[dict], out_dir: Path) -> None:
     """Copy the FlashInfer modules this process loaded into out_dir, hash everything, write the manifest.
 
     The Triton cache was pointed at out_dir/triton by the CLI before any kernel compiled."""
-    import sys
-    env_mod = sys.modules.get("flashinfer.jit.env")
-    for so in loaded_flashinfer_modules():
-        rel = so.relative_to(Path(env_mod.FLASHINFER_BASE_DIR).resolve())
-        dst = out_dir / FLASHINFER_DIR / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(so, dst)
+    copy_flashinfer_modules(out_dir)
     mode = "CUDA graphs" if rt.uses_graphs else "eager"
     manifest = build_manifest(rt.config, rows, collect_artifacts(out_dir), mode=mode)
     manifest.write(out_dir)

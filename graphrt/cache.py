@@ -3,13 +3,15 @@
     DIR/manifest.json          config (+ digest), buckets, backend per bucket, per-bucket timings,
                                graph memory, verification error, versions, GPU, creation time,
                                every artifact with its sha256
-    DIR/flashinfer/.cache/...  the FlashInfer JIT modules (.so) this config loaded
+    DIR/flashinfer/.cache/...  the FlashInfer JIT modules this config loaded (.so, objects,
+                               build.ninja, generated sources)
     DIR/triton/...             the Triton kernel cache (graphrt's prepare kernel)
 
 CUDA graphs themselves cannot be serialised (they hold device addresses of one process), so a
 cache stores what makes re-capture fast: compiled kernels. Loading points FlashInfer
-(FLASHINFER_WORKSPACE_BASE, FLASHINFER_DISABLE_JIT=1) and Triton (TRITON_CACHE_DIR) at the cache
-before either compiles anything, then captures. Any difference in GPU, library versions, config
+(FLASHINFER_WORKSPACE_BASE) and Triton (TRITON_CACHE_DIR) at the cache
+before either compiles anything, then captures; zero compilation is checked by the artifacts'
+checksums being unchanged afterwards. Any difference in GPU, library versions, config
 or artifact bytes raises CacheMismatchError naming it, before anything is loaded.
 """
 from __future__ import annotations
@@ -50,22 +52,39 @@ def environment() -> dict:
     env = {"graphrt": graphrt.__version__, "torch": torch.__version__, "triton": triton.__version__,
            "cuda": torch.version.cuda, "python": platform.python_version(), "gpu": None,
            "compute_capability": None, "flashinfer": None}
-    try:
-        from importlib.metadata import version
-        env["flashinfer"] = version("flashinfer-python")
-    except Exception:  # noqa: BLE001 - not installed: caches then hold no FlashInfer modules
-        pass
+    env["flashinfer"] = flashinfer_version()
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name()
         env["compute_capability"] = "%d.%d" % torch.cuda.get_device_capability()
     return env
 
 
-def point_compilers_at(cache_dir: Path, *, disable_jit: bool) -> None:
-    """Direct FlashInfer's JIT cache and Triton's cache into `cache_dir` (this process).
+def flashinfer_version() -> str | None:
+    """FlashInfer's version without importing it (importing fixes its JIT cache location)."""
+    import importlib.util
+    import re
+    spec = importlib.util.find_spec("flashinfer")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    meta = Path(list(spec.submodule_search_locations)[0]) / "_build_meta.py"
+    found = re.search(r'__version__\s*=\s*"([^"]+)"', meta.read_text()) if meta.is_file() else None
+    if found:
+        return found.group(1)
+    try:
+        from importlib.metadata import version
+        return version("flashinfer-python")
+    except Exception:  # noqa: BLE001 - no metadata either
+        return None
+
+
+def point_compilers_at(cache_dir: Path) -> None:
+    """Direct FlashInfer's JIT workspace and Triton's cache into `cache_dir` (this process).
 
     Must run before FlashInfer is imported; raises CacheMismatchError if it already was with
-    another workspace (its cache location is fixed at import).
+    another workspace (its cache location is fixed at import). FlashInfer 0.7.4 still runs ninja
+    over a cached JIT module (a no-op when the cached build is complete); FLASHINFER_DISABLE_JIT
+    would refuse even a complete JIT cache, so zero compilation is proven instead by the
+    artifacts' checksums being unchanged after loading (see open_cache).
     """
     fi_base = (cache_dir / FLASHINFER_DIR).resolve()
     env_mod = sys.modules.get("flashinfer.jit.env")
@@ -75,12 +94,13 @@ def point_compilers_at(cache_dir: Path, *, disable_jit: bool) -> None:
             f"{env_mod.FLASHINFER_BASE_DIR}); open the cache first, in a fresh process")
     os.environ["FLASHINFER_WORKSPACE_BASE"] = str(fi_base)
     os.environ["TRITON_CACHE_DIR"] = str((cache_dir / TRITON_DIR).resolve())
-    if disable_jit:
-        os.environ["FLASHINFER_DISABLE_JIT"] = "1"
 
 
 def loaded_flashinfer_modules() -> list[Path]:
-    """FlashInfer JIT .so files mapped into this process (Linux /proc/self/maps)."""
+    """FlashInfer JIT .so files mapped into this process (Linux /proc/self/maps).
+
+    Each lives in <FLASHINFER_CACHE_DIR>/<version>/<arch>/cached_ops/<module>/<module>.so; its
+    build folder (objects, build.ninja, ninja state) and generated sources go with it."""
     env_mod = sys.modules.get("flashinfer.jit.env")
     if env_mod is None:
         return []
@@ -113,15 +133,37 @@ class Manifest:
         (Path(cache_dir) / MANIFEST).write_text(json.dumps(self.data, indent=1, sort_keys=True))
 
 
+STATE_FILES = (".lock", ".ninja_log", ".ninja_deps")  # build-tool state: carried, not hashed
+
+
 def collect_artifacts(cache_dir: Path) -> dict[str, str]:
     """sha256 of every file under the cache's artifact folders, keyed by relative path."""
     out = {}
     for sub in (FLASHINFER_DIR, TRITON_DIR):
         root = Path(cache_dir) / sub
         for p in sorted(root.rglob("*")) if root.exists() else []:
-            if p.is_file() and not p.name.endswith(".lock"):
+            if p.is_file() and not p.name.endswith(STATE_FILES):
                 out[str(p.relative_to(cache_dir))] = sha256(p)
     return out
+
+
+def copy_flashinfer_modules(out_dir: Path) -> int:
+    """Copy every FlashInfer JIT module this process loaded (build folder + generated sources,
+    mtimes kept so ninja finds them up to date) into out_dir/flashinfer. Returns modules copied."""
+    import shutil
+    env_mod = sys.modules.get("flashinfer.jit.env")
+    if env_mod is None:
+        return 0
+    base = Path(env_mod.FLASHINFER_BASE_DIR).resolve()
+    mods = loaded_flashinfer_modules()
+    for so in mods:
+        build_dir = so.parent
+        arch_dir = build_dir.parent.parent                      # .../<version>/<arch>
+        for src in (build_dir, arch_dir / "generated" / build_dir.name):
+            if src.is_dir():
+                shutil.copytree(src, out_dir / FLASHINFER_DIR / src.relative_to(base),
+                                dirs_exist_ok=True, copy_function=shutil.copy2)
+    return len(mods)
 
 
 def build_manifest(config, rows: list[dict], artifacts: dict[str, str], *, mode: str) -> Manifest:
@@ -179,13 +221,14 @@ def open_cache(runtime_cls, cache_dir, *, kv_cache, device, lazy: bool, progress
     if manifest.data["mode"] != "CUDA graphs" and str(device) != "cpu":
         raise CacheMismatchError(f"{cache_dir}: built in {manifest.data['mode']!r} mode on a machine "
                                  f"without CUDA; rebuild it on the GPU that will serve")
-    point_compilers_at(cache_dir, disable_jit=True)
+    point_compilers_at(cache_dir)
     config = config_from_dict(manifest.data["config"], source=str(cache_dir / MANIFEST))
     backends = {int(k): v for k, v in manifest.data["bucket_backends"].items()}
     rt = runtime_cls(config, kv_cache, device, bucket_backends=backends, lazy=lazy)
     rt.capture(progress=progress)
-    new = sorted(set(collect_artifacts(cache_dir)) - set(manifest.data["artifacts"]))
-    if new:
-        raise CacheMismatchError(f"{cache_dir}: kernels were compiled while loading ({new[:3]}...); "
-                                 "the cache is incomplete, rebuild it with graphrt-capture --out")
+    after = collect_artifacts(cache_dir)
+    changed = sorted(k for k in after if manifest.data["artifacts"].get(k) != after[k])
+    if changed:
+        raise CacheMismatchError(f"{cache_dir}: kernels were (re)compiled while loading "
+                                 f"({changed[:3]}...); rebuild it with graphrt-capture --out")
     return rt

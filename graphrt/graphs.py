@@ -51,6 +51,7 @@ class GraphManager:
         torch.cuda.current_stream(self.device).wait_stream(side)
         torch.cuda.synchronize(self.device)
         t1 = time.perf_counter()
+        torch.cuda.empty_cache()  # release cached blocks so the pool's growth is all we count
         reserved0 = torch.cuda.memory_reserved(self.device)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):

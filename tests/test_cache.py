@@ -18,14 +18,14 @@ TINY = str(ROOT / "configs" / "tiny.yaml")
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    for name in ("FLASHINFER_WORKSPACE_BASE", "FLASHINFER_DISABLE_JIT", "TRITON_CACHE_DIR"):
+    for name in ("FLASHINFER_WORKSPACE_BASE", "TRITON_CACHE_DIR"):
         monkeypatch.delenv(name, raising=False)  # restored after the test
 
 
 @pytest.fixture(scope="module")
 def built_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
-        for name in ("FLASHINFER_WORKSPACE_BASE", "FLASHINFER_DISABLE_JIT", "TRITON_CACHE_DIR"):
+        for name in ("FLASHINFER_WORKSPACE_BASE", "TRITON_CACHE_DIR"):
             mp.delenv(name, raising=False)
         out = tmp_path_factory.mktemp("built") / "gc"
         assert capture_main(["--config", TINY, "--out", str(out), "--no-progress"]) == 0

@@ -3,7 +3,7 @@
 Each start runs in a fresh subprocess and reports seconds from process start to the first
 verified replay:
   cold   empty FlashInfer JIT and Triton caches: compile every kernel, capture every bucket
-  warm   DecodeRuntime.from_cache(DIR): compilation disabled, kernels loaded, buckets captured
+  warm   DecodeRuntime.from_cache(DIR): cached kernels loaded (checked unchanged), buckets captured
   lazy   from_cache(DIR, lazy=True): buckets captured on first use (first replay = bucket 1)
 
     python tools/bench_startup.py --config configs/llama-3.1-8b.yaml --cache /tmp/gc --out startup.json
