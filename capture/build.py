@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from graphrt import DecodeRuntime, PagedKVCache
-from graphrt.cache import build_manifest, collect_artifacts, copy_flashinfer_modules
+from graphrt.cache import build_manifest, collect_artifacts
 from graphrt.config import XQA_PAGE_SIZES
 from graphrt.verify import random_batch, verify_bucket, verify_lengths
 
@@ -110,10 +110,9 @@ def _backend_name(rt: DecodeRuntime, bucket: int) -> str:
 
 
 def write_cache(rt: DecodeRuntime, rows: list[dict], out_dir: Path) -> None:
-    """Copy the FlashInfer modules this process loaded into out_dir, hash everything, write the manifest.
-
-    The Triton cache was pointed at out_dir/triton by the CLI before any kernel compiled."""
-    copy_flashinfer_modules(out_dir)
+    """Hash every artifact and write the manifest. The CLI pointed FlashInfer's JIT workspace and
+    Triton's cache at out_dir before anything compiled, so the kernels were built there."""
     mode = "CUDA graphs" if rt.uses_graphs else "eager"
     manifest = build_manifest(rt.config, rows, collect_artifacts(out_dir), mode=mode)
+    manifest.data["path"] = str(out_dir.resolve())
     manifest.write(out_dir)

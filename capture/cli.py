@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"graphrt-capture: --out {out} exists and is not empty", file=sys.stderr)
             return 2
         out.mkdir(parents=True, exist_ok=True)
-        os.environ["TRITON_CACHE_DIR"] = str((out / "triton").resolve())  # before any compile
+        from graphrt.cache import point_compilers_at
+        point_compilers_at(out)  # FlashInfer JIT + Triton build into the cache, before any compile
     from graphrt import load_config
     from graphrt.verify import TOLERANCE
     from .build import build

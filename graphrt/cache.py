@@ -3,8 +3,8 @@
     DIR/manifest.json          config (+ digest), buckets, backend per bucket, per-bucket timings,
                                graph memory, verification error, versions, GPU, creation time,
                                every artifact with its sha256
-    DIR/flashinfer/.cache/...  the FlashInfer JIT modules this config loaded (.so, objects,
-                               build.ninja, generated sources)
+    DIR/flashinfer/.cache/...  the FlashInfer JIT workspace the modules of this config were
+                               built in (.so, objects, build.ninja, generated sources)
     DIR/triton/...             the Triton kernel cache (graphrt's prepare kernel)
 
 CUDA graphs themselves cannot be serialised (they hold device addresses of one process), so a
@@ -80,11 +80,13 @@ def flashinfer_version() -> str | None:
 def point_compilers_at(cache_dir: Path) -> None:
     """Direct FlashInfer's JIT workspace and Triton's cache into `cache_dir` (this process).
 
+    Used by graphrt-capture --out (the modules are built inside the cache) and by open_cache.
     Must run before FlashInfer is imported; raises CacheMismatchError if it already was with
-    another workspace (its cache location is fixed at import). FlashInfer 0.7.4 still runs ninja
-    over a cached JIT module (a no-op when the cached build is complete); FLASHINFER_DISABLE_JIT
-    would refuse even a complete JIT cache, so zero compilation is proven instead by the
-    artifacts' checksums being unchanged after loading (see open_cache).
+    another workspace (its cache location is fixed at import). FlashInfer 0.7.4 runs ninja over
+    a JIT module even when it is cached (a no-op when the build folder is complete and at the
+    same absolute path: its build files record absolute paths, so a cache is bound to where it
+    was built); FLASHINFER_DISABLE_JIT would refuse even a complete JIT cache, so zero
+    compilation is proven instead by the artifacts' checksums being unchanged after loading.
     """
     fi_base = (cache_dir / FLASHINFER_DIR).resolve()
     env_mod = sys.modules.get("flashinfer.jit.env")
@@ -94,24 +96,6 @@ def point_compilers_at(cache_dir: Path) -> None:
             f"{env_mod.FLASHINFER_BASE_DIR}); open the cache first, in a fresh process")
     os.environ["FLASHINFER_WORKSPACE_BASE"] = str(fi_base)
     os.environ["TRITON_CACHE_DIR"] = str((cache_dir / TRITON_DIR).resolve())
-
-
-def loaded_flashinfer_modules() -> list[Path]:
-    """FlashInfer JIT .so files mapped into this process (Linux /proc/self/maps).
-
-    Each lives in <FLASHINFER_CACHE_DIR>/<version>/<arch>/cached_ops/<module>/<module>.so; its
-    build folder (objects, build.ninja, ninja state) and generated sources go with it."""
-    env_mod = sys.modules.get("flashinfer.jit.env")
-    if env_mod is None:
-        return []
-    root = Path(env_mod.FLASHINFER_CACHE_DIR).resolve()
-    found = set()
-    with open("/proc/self/maps") as f:
-        for line in f:
-            path = line.split()[-1] if line.strip() else ""
-            if path.endswith(".so") and str(Path(path)).startswith(str(root)):
-                found.add(Path(path))
-    return sorted(found)
 
 
 @dataclass(frozen=True)
@@ -147,32 +131,13 @@ def collect_artifacts(cache_dir: Path) -> dict[str, str]:
     return out
 
 
-def copy_flashinfer_modules(out_dir: Path) -> int:
-    """Copy every FlashInfer JIT module this process loaded (build folder + generated sources,
-    mtimes kept so ninja finds them up to date) into out_dir/flashinfer. Returns modules copied."""
-    import shutil
-    env_mod = sys.modules.get("flashinfer.jit.env")
-    if env_mod is None:
-        return 0
-    base = Path(env_mod.FLASHINFER_BASE_DIR).resolve()
-    mods = loaded_flashinfer_modules()
-    for so in mods:
-        build_dir = so.parent
-        arch_dir = build_dir.parent.parent                      # .../<version>/<arch>
-        for src in (build_dir, arch_dir / "generated" / build_dir.name):
-            if src.is_dir():
-                shutil.copytree(src, out_dir / FLASHINFER_DIR / src.relative_to(base),
-                                dirs_exist_ok=True, copy_function=shutil.copy2)
-    return len(mods)
-
-
 def build_manifest(config, rows: list[dict], artifacts: dict[str, str], *, mode: str) -> Manifest:
     return Manifest({
         "format": FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "mode": mode, "config": config.to_dict(), "config_digest": config.digest(),
         "buckets": list(config.buckets),
         "bucket_backends": {str(r["bucket"]): r["backend_name"] for r in rows},
-        "rows": rows, "environment": environment(), "artifacts": artifacts,
+        "rows": rows, "environment": environment(), "artifacts": artifacts, "path": None,
     })
 
 
@@ -230,5 +195,6 @@ def open_cache(runtime_cls, cache_dir, *, kv_cache, device, lazy: bool, progress
     changed = sorted(k for k in after if manifest.data["artifacts"].get(k) != after[k])
     if changed:
         raise CacheMismatchError(f"{cache_dir}: kernels were (re)compiled while loading "
-                                 f"({changed[:3]}...); rebuild it with graphrt-capture --out")
+                                 f"({changed[:3]}...): the cache is incomplete or was moved from "
+                                 f"{manifest.data.get('path')}; rebuild it with graphrt-capture --out")
     return rt
