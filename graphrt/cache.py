@@ -117,18 +117,37 @@ class Manifest:
         (Path(cache_dir) / MANIFEST).write_text(json.dumps(self.data, indent=1, sort_keys=True))
 
 
+LOAD_PARITY_SETS = 1
 STATE_FILES = (".lock", ".ninja_log", ".ninja_deps")  # build-tool state: carried, not hashed
 
 
-def collect_artifacts(cache_dir: Path) -> dict[str, str]:
-    """sha256 of every file under the cache's artifact folders, keyed by relative path."""
-    out = {}
+INTERMEDIATE = (".o",)  # object files: ninja needs them present, nothing loads them
+
+
+def fingerprint(path: Path) -> str:
+    """sha256 of a file that gets loaded or read; size only for build intermediates."""
+    if path.name.endswith(INTERMEDIATE):
+        return f"size:{path.stat().st_size}"
+    return sha256(path)
+
+
+def _artifact_files(cache_dir: Path):
     for sub in (FLASHINFER_DIR, TRITON_DIR):
         root = Path(cache_dir) / sub
         for p in sorted(root.rglob("*")) if root.exists() else []:
             if p.is_file() and not p.name.endswith(STATE_FILES):
-                out[str(p.relative_to(cache_dir))] = sha256(p)
-    return out
+                yield p
+
+
+def collect_artifacts(cache_dir: Path) -> dict[str, str]:
+    """Fingerprint of every file under the cache's artifact folders, keyed by relative path."""
+    return {str(p.relative_to(cache_dir)): fingerprint(p) for p in _artifact_files(cache_dir)}
+
+
+def stat_snapshot(cache_dir: Path) -> dict[str, tuple[int, int]]:
+    """(size, mtime_ns) of every artifact file: a rebuild while loading changes it (cheap)."""
+    return {str(p.relative_to(cache_dir)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in _artifact_files(cache_dir)}
 
 
 def build_manifest(config, rows: list[dict], artifacts: dict[str, str], *, mode: str) -> Manifest:
@@ -165,7 +184,7 @@ def check_cache(cache_dir: Path, *, config=None) -> Manifest:
         p = cache_dir / rel
         if not p.is_file():
             problems.append(f"artifact missing: {rel}")
-        elif sha256(p) != digest:
+        elif fingerprint(p) != digest:
             problems.append(f"artifact checksum mismatch: {rel}")
     if problems:
         raise CacheMismatchError(
@@ -175,24 +194,34 @@ def check_cache(cache_dir: Path, *, config=None) -> Manifest:
 
 
 def open_cache(runtime_cls, cache_dir, *, kv_cache, device, lazy: bool, progress: bool):
-    """Check a cache, point the compilers at it (JIT disabled), build and capture the runtime.
+    """Check a cache, point the compilers at it, build and capture the runtime.
 
     Raises CacheMismatchError before loading anything if the cache does not fit, and after
-    capture if Triton had to compile a kernel the cache lacks (the runtime is then dropped).
+    capture if any kernel had to be (re)compiled (the runtime is then dropped). The device
+    planner's parity with FlashInfer's plan() was checked at build time on 4 length sets per
+    bucket; loading re-checks LOAD_PARITY_SETS per bucket.
     """
     from .config import config_from_dict
+    t0 = time.perf_counter()
     cache_dir = Path(cache_dir)
     manifest = check_cache(cache_dir)
     if manifest.data["mode"] != "CUDA graphs" and str(device) != "cpu":
         raise CacheMismatchError(f"{cache_dir}: built in {manifest.data['mode']!r} mode on a machine "
                                  f"without CUDA; rebuild it on the GPU that will serve")
+    t_checked = time.perf_counter()
     point_compilers_at(cache_dir)
+    before = stat_snapshot(cache_dir)
     config = config_from_dict(manifest.data["config"], source=str(cache_dir / MANIFEST))
     backends = {int(k): v for k, v in manifest.data["bucket_backends"].items()}
-    rt = runtime_cls(config, kv_cache, device, bucket_backends=backends, lazy=lazy)
+    rt = runtime_cls(config, kv_cache, device, bucket_backends=backends, lazy=lazy,
+                     parity_sets=LOAD_PARITY_SETS)
+    t_built = time.perf_counter()
     rt.capture(progress=progress)
-    after = collect_artifacts(cache_dir)
-    changed = sorted(k for k in after if manifest.data["artifacts"].get(k) != after[k])
+    t_captured = time.perf_counter()
+    rt.startup_s = {"check": t_checked - t0, "construct": t_built - t_checked,
+                    "setup_and_capture": t_captured - t_built}
+    after = stat_snapshot(cache_dir)
+    changed = sorted(k for k in after if before.get(k) != after[k])
     if changed:
         raise CacheMismatchError(f"{cache_dir}: kernels were (re)compiled while loading "
                                  f"({changed[:3]}...): the cache is incomplete or was moved from "

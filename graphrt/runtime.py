@@ -42,12 +42,14 @@ class DecodeRuntime:
 
     backend: one backend name for every bucket (default config.backend); bucket_backends: a
     name per bucket instead (graphrt-capture's `auto` choice). lazy=True captures a bucket on its
-    first use (verified against the reference first) instead of in capture().
+    first use (verified against the reference first) instead of in capture(). parity_sets:
+    random length sets per bucket on which the device planner is checked against FlashInfer's
+    plan() before the first capture (default 4).
     """
 
     def __init__(self, config: RuntimeConfig, kv_cache: PagedKVCache, device="cuda", *,
                  backend: str | None = None, bucket_backends: dict[int, str] | None = None,
-                 lazy: bool = False):
+                 lazy: bool = False, parity_sets: int | None = None):
         if not isinstance(config, RuntimeConfig):
             raise TypeError(f"config: expected RuntimeConfig, got {type(config).__name__}")
         self.config = config
@@ -56,10 +58,12 @@ class DecodeRuntime:
         self.kv_cache = kv_cache
         self.buffers = StaticBuffers(config, self.device)
         names = _bucket_backend_names(config, backend, bucket_backends)
-        self.backends = {name: make_backend(config, kv_cache, self.device, name=name)
+        self.backends = {name: make_backend(config, kv_cache, self.device, name=name,
+                                            parity_sets=parity_sets)
                          for name in sorted(set(names.values()))}
         self._backend_of = {b: self.backends[names[b]] for b in config.buckets}
         self.lazy = lazy
+        self.startup_s: dict[str, float] = {}
         self.graphs: GraphManager | None = None
         self._set_up = False
 

@@ -53,7 +53,7 @@ def child(mode: str, config_path: str, cache: str) -> dict:
     return {"mode": mode, "import_s": t_import, "kv_alloc_s": t_kv - t_import,
             "ready_s": t_ready, "first_replay_s": t_first,
             "to_first_replay_excl_kv_alloc_s": t_first - (t_kv - t_import),
-            "buckets_captured": captured, "rel_err": err}
+            "buckets_captured": captured, "rel_err": err, "breakdown_s": rt.startup_s}
 
 
 def main(argv=None) -> int:
@@ -85,7 +85,8 @@ def main(argv=None) -> int:
           f"{'captured':>8} {'rel err':>8}")
     for r in results:
         print(f"{r['mode']:<6} {r['import_s']:>8.2f} {r['ready_s']:>8.2f} {r['first_replay_s']:>12.2f} "
-              f"{r['to_first_replay_excl_kv_alloc_s']:>14.2f} {r['buckets_captured']:>8} {r['rel_err']:>8.1e}")
+              f"{r['to_first_replay_excl_kv_alloc_s']:>14.2f} {r['buckets_captured']:>8} {r['rel_err']:>8.1e}"
+              f"  {({k: round(v, 2) for k, v in r['breakdown_s'].items()})}")
     return 0
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 from .base import AttentionBackend
 
 
-def make_backend(config, kv_cache, device, *, name: str | None = None) -> AttentionBackend:
-    """Backend named `name` (default: config.backend). 'auto' must be resolved before this."""
+def make_backend(config, kv_cache, device, *, name: str | None = None,
+                 parity_sets: int | None = None) -> AttentionBackend:
+    """Backend named `name` (default: config.backend). 'auto' must be resolved before this.
+    parity_sets: device-planner parity checks per bucket (FlashInfer; default 4)."""
     name = name or config.backend
     if name == "reference":
         from .reference import ReferenceBackend
@@ -13,7 +15,8 @@ def make_backend(config, kv_cache, device, *, name: str | None = None) -> Attent
     if name in ("flashinfer", "flashinfer-hostplan"):
         from .flashinfer import FlashInferBackend
         planner = "host" if name == "flashinfer-hostplan" else config.planner
-        return FlashInferBackend(config, kv_cache, device, planner=planner)
+        extra = {} if parity_sets is None else {"parity_sets": parity_sets}
+        return FlashInferBackend(config, kv_cache, device, planner=planner, **extra)
     if name == "torch-splitkv":
         from .torch_splitkv import TorchSplitKVBackend
         return TorchSplitKVBackend(config, kv_cache, device)

@@ -47,7 +47,8 @@ def host_csr(seq_lens: torch.Tensor, block_table: torch.Tensor, size: int, page_
 class FlashInferBackend(AttentionBackend):
     capturable = True
 
-    def __init__(self, config, kv_cache, device, *, planner: str = "device"):
+    def __init__(self, config, kv_cache, device, *, planner: str = "device",
+                 parity_sets: int = PARITY_SETS_PER_BUCKET):
         super().__init__(config, kv_cache, device)
         import flashinfer  # lazy: imports on CPU, runs on GPU only
         if device.type != "cuda":
@@ -65,6 +66,7 @@ class FlashInferBackend(AttentionBackend):
         self.specs: dict[int, layout.PlanSpec] = {}
         self.plan_info: dict[int, list[int]] = {}
         self.parity_sets: dict[int, int] = {}
+        self.parity_sets_per_bucket = parity_sets
         self._pinned: dict[int, _PinnedCSR] = {}
 
     # ---- capture-time -----------------------------------------------------------------
@@ -118,7 +120,8 @@ class FlashInferBackend(AttentionBackend):
         b, c = view.size, self.config
         spec = layout.parse_plan_info(self.kind, self.plan_info[b], b, c.page_size, c.group_size)
         self.specs[b] = spec
-        self.parity_sets[b] = check_parity(self, view, spec, PARITY_SETS_PER_BUCKET, seed=c.seed + b)
+        self.parity_sets[b] = check_parity(self, view, spec, self.parity_sets_per_bucket,
+                                           seed=c.seed + b)
 
     # ---- per step ---------------------------------------------------------------------
     def host_prepare(self, view: BucketView, seq_lens_cpu: torch.Tensor) -> None:
