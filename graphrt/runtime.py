@@ -23,6 +23,7 @@ from .config import RuntimeConfig
 from .graphs import GraphManager
 from .inputs import check_inputs
 from .kernels import ERR_GRID, ERR_PAGE_ID, ERR_SEQ_LEN
+from .kernels.append_kv import ERR_KV_SLOT
 from .kvcache import PagedKVCache
 
 
@@ -182,18 +183,7 @@ class DecodeRuntime:
 
     def check_device_errors(self) -> None:
         """Synchronise, read and clear the prepare kernel's sticky flags; raise if any was set."""
-        flags = int(self.buffers.device_error.item())
-        if not flags:
-            return
-        self.buffers.device_error.zero_()
-        why = []
-        if flags & ERR_SEQ_LEN:
-            why.append(f"seq_lens outside [0, max_context_len={self.config.max_context_len}] (rows set empty)")
-        if flags & ERR_PAGE_ID:
-            why.append(f"block_table page ids outside [0, {self.kv_cache.num_pages}) (set to page 0)")
-        if flags & ERR_GRID:
-            why.append("a request's KV tiles did not fit the captured grid")
-        raise DeviceInputError("device input guard: " + "; ".join(why))
+        raise_device_errors(self.buffers.device_error, self.config, self.kv_cache.num_pages)
 
     # ---- reports ----------------------------------------------------------------------------
     def report(self) -> list[dict]:
@@ -207,6 +197,25 @@ class DecodeRuntime:
                          "graph_bytes": s.graph_bytes if s else None,
                          **self._backend_of[b].describe(b)})
         return rows
+
+
+def raise_device_errors(device_error: torch.Tensor, config: RuntimeConfig, num_pages: int) -> None:
+    """Read (one sync) and clear the sticky device-guard flags; raise DeviceInputError if set."""
+    flags = int(device_error.item())
+    if not flags:
+        return
+    device_error.zero_()
+    why = []
+    if flags & ERR_SEQ_LEN:
+        why.append(f"seq_lens outside [0, max_context_len={config.max_context_len}] (rows set empty)")
+    if flags & ERR_PAGE_ID:
+        why.append(f"block_table page ids outside [0, {num_pages}) (set to page 0)")
+    if flags & ERR_GRID:
+        why.append("a request's KV tiles did not fit the captured grid")
+    if flags & ERR_KV_SLOT:
+        why.append("block_table: a new token's K/V slot fell past the block table's width "
+                   "(it must hold pages for every decoded token; K/V not written)")
+    raise DeviceInputError("device input guard: " + "; ".join(why))
 
 
 def _bucket_backend_names(config, backend, bucket_backends) -> dict[int, str]:

@@ -208,3 +208,67 @@ def test_lazy_capture_captures_on_first_use():
     assert sorted(rt.graphs.stats) == [4]
     k, v = kv.as_tuple()
     assert rel_error(out, reference_decode(q, k, v, table, lens)) < BF16_TOL
+
+
+def _tiny_hf_llama(seed=0):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=512, intermediate_size=1024,
+                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                   max_position_embeddings=4096, tie_word_embeddings=False)
+    return transformers.LlamaForCausalLM(cfg).eval().to("cuda", torch.bfloat16)
+
+
+def _model_runtime(hf, k=1, backend="flashinfer"):
+    from graphrt import RuntimeConfig
+    from graphrt.model_runtime import ModelRuntime
+    from graphrt.models import LlamaDecoder
+    cfg = RuntimeConfig(num_qo_heads=4, num_kv_heads=2, head_dim=128, page_size=16,
+                        max_context_len=2048, buckets=[1, 4, 8], dtype="bfloat16",
+                        backend=backend, kv_pool_pages=1024)
+    return ModelRuntime(LlamaDecoder.from_hf(hf, dtype=torch.bfloat16, device="cuda"), cfg, "cuda",
+                        steps_per_graph=k)
+
+
+def test_model_graph_decode_matches_hf_bf16():
+    hf = _tiny_hf_llama()
+    mrt = _model_runtime(hf)
+    mrt.capture()
+    gen = torch.Generator().manual_seed(0)
+    lens = [5, 100, 700]
+    prompts = [torch.randint(0, 512, (n,), generator=gen).cuda() for n in lens]
+    table = torch.randperm(1024, generator=gen)[: 3 * 64].to(torch.int32).view(3, 64).cuda()
+    mrt.prefill(prompts, table)
+    seqs, seq_lens = list(prompts), torch.tensor(lens, dtype=torch.int32).cuda()
+    for _ in range(8):
+        cur = torch.randint(0, 512, (3,), generator=gen).cuda()
+        seq_lens = seq_lens + 1
+        mrt.decode(cur, table, seq_lens)
+        seqs = [torch.cat([s, cur[i:i + 1]]) for i, s in enumerate(seqs)]
+        with torch.no_grad():
+            ref = torch.stack([hf(s[None]).logits[0, -1].float() for s in seqs])
+        assert rel_error(mrt.last_logits(3), ref) < 3e-2
+
+
+def test_model_multi_step_graph_equals_single_steps_without_host_sync():
+    hf = _tiny_hf_llama(1)
+    one, eight = _model_runtime(hf, 1), _model_runtime(hf, 8)
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 512, (n,), generator=gen).cuda() for n in (9, 300, 31, 64)]
+    table = torch.randperm(1024, generator=gen)[: 4 * 64].to(torch.int32).view(4, 64).cuda()
+    for rt in (one, eight):
+        rt.prefill(prompts, table)
+        rt.capture()
+    first = torch.randint(0, 512, (4,), generator=gen).cuda()
+    seq_lens = torch.tensor([10, 301, 32, 65], dtype=torch.int32).cuda()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        multi = eight.decode(first, table, seq_lens).clone()   # 8 steps, one replay
+        singles, cur = [], first
+        for step in range(8):
+            cur = one.decode(cur, table, seq_lens + step)[0].clone()
+            singles.append(cur)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert multi.tolist() == torch.stack(singles).tolist()

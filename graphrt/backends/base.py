@@ -5,6 +5,7 @@
     host_prepare(...)    every step, on the host before replay (only host-planned backends use it)
     prepare(view)        every step, inside the graph: metadata fill (+ device plan), one launch
     run(view)            every step, inside the graph: attention from view.query into view.output
+    attend(view, q, kv, out)  the same for any query / layer KV cache (model code, see context.py)
 
 A backend owns its workspaces and library objects; the BucketView owns the per-step buffers.
 """
@@ -48,9 +49,16 @@ class AttentionBackend(ABC):
     def prepare(self, view: BucketView) -> None:
         self._prepare[view.size]()
 
-    @abstractmethod
     def run(self, view: BucketView) -> None:
-        """Attention for all rows of the bucket: view.query -> view.output."""
+        """Attention for all rows of the bucket: view.query -> view.output (the runtime's KV)."""
+        self.attend(view, view.query, self.kv_cache, view.output)
+
+    @abstractmethod
+    def attend(self, view: BucketView, q: torch.Tensor, kv: PagedKVCache, out: torch.Tensor) -> None:
+        """Attention of q [B, Hq, D] over `kv` with the bucket's prepared metadata into out.
+
+        Any layer's KV cache may be passed: the metadata (and plan) prepared once per step is
+        shared by all layers, since they share block tables and lengths."""
 
     def describe(self, size: int) -> dict:
         """What this backend does for a bucket (planner in use, plan info) for reports."""

@@ -134,8 +134,8 @@ class FlashInferBackend(AttentionBackend):
     def needs_host_inputs(self) -> bool:  # type: ignore[override]
         return self.planner == "host"
 
-    def run(self, view: BucketView) -> None:
-        self._wrappers[view.size].run(view.query, self.kv_cache.as_tuple(), out=view.output)
+    def attend(self, view: BucketView, q, kv, out) -> None:
+        self._wrappers[view.size].run(q, kv.as_tuple(), out=out)
 
     def describe(self, size: int) -> dict:
         d = {"backend": self.name, "planner": self.planner, "flashinfer": self.version,

@@ -10,8 +10,7 @@ class ReferenceBackend(AttentionBackend):
     name = "reference"
     capturable = False  # reads seq_lens on the host to size its gather
 
-    def run(self, view: BucketView) -> None:
-        k, v = self.kv_cache.as_tuple()
-        out = reference_decode(view.query, k, v, view.block_table, view.seq_lens,
-                               layout=self.config.kv_layout, sm_scale=self.sm_scale)
-        view.output.copy_(out)
+    def attend(self, view: BucketView, q, kv, out) -> None:
+        k, v = kv.as_tuple()
+        out.copy_(reference_decode(q, k, v, view.block_table, view.seq_lens,
+                                   layout=self.config.kv_layout, sm_scale=self.sm_scale))

@@ -32,16 +32,16 @@ class TorchSplitKVBackend(AttentionBackend):
             self.specs[view.size], self.int_workspace[view.size] = spec, ws
             self._prepare[view.size] = self._metadata_launch(view, spec=spec, int_workspace=ws)
 
-    def run(self, view: BucketView) -> None:
+    def attend(self, view: BucketView, q, kv, out) -> None:
         plan = layout.read_plan(self.specs[view.size], self.int_workspace[view.size])
-        k, v = self.kv_cache.as_tuple()
-        out = split_kv_decode(
-            view.query, k, v, indptr=view.paged_kv_indptr, indices=view.paged_kv_indices,
+        k, v = kv.as_tuple()
+        result = split_kv_decode(
+            q, k, v, indptr=view.paged_kv_indptr, indices=view.paged_kv_indices,
             last_page_len=view.paged_kv_last_page_len, request_indices=plan["request_indices"],
             kv_tile_indices=plan["kv_tile_indices"], o_indptr=plan["o_indptr"],
             kv_chunk_size=int(plan["kv_chunk_size"]), layout=self.config.kv_layout,
             sm_scale=self.sm_scale)
-        view.output.copy_(out)
+        out.copy_(result)
 
     def describe(self, size: int) -> dict:
         s = self.specs.get(size)

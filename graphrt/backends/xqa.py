@@ -26,8 +26,7 @@ class XqaBackend(AttentionBackend):
         self._decode = trtllm_batch_decode_with_kv_cache
         self.workspace = torch.zeros(XQA_WORKSPACE_MB << 20, dtype=torch.uint8, device=device)
 
-    def run(self, view: BucketView) -> None:
-        self._decode(view.query, self.kv_cache.as_tuple(), self.workspace, view.block_table,
-                     view.seq_lens, self.config.max_context_len, bmm1_scale=self.sm_scale,
-                     bmm2_scale=1.0, out=view.output, kv_layout=self.config.kv_layout,
-                     backend="xqa")
+    def attend(self, view: BucketView, q, kv, out) -> None:
+        self._decode(q, kv.as_tuple(), self.workspace, view.block_table, view.seq_lens,
+                     self.config.max_context_len, bmm1_scale=self.sm_scale, bmm2_scale=1.0,
+                     out=out, kv_layout=self.config.kv_layout, backend="xqa")

@@ -1,0 +1,148 @@
+"""Whole-model decode through graphrt: a user's step function captured per bucket, K steps a graph.
+
+    mrt = ModelRuntime(model, config, device="cuda", steps_per_graph=4)
+    mrt.prefill(prompts, block_table)                      # eager; fills every layer's cache
+    mrt.capture()
+    tokens = mrt.decode(tokens, block_table, seq_lens)     # [K, n] greedy tokens, K steps, 1 replay
+
+A graph runs K decode steps: each step prepares the metadata + plan on the device (once for all
+layers), runs the model, takes the greedy argmax on the device, feeds it back and advances
+seq_lens on the device. seq_lens count the token being decoded (its K/V go to slot seq_len - 1).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .backends import make_backend
+from .buckets import pick_bucket
+from .buffers import BucketView, StaticBuffers
+from .config import RuntimeConfig
+from .context import AttentionContext
+from .graphs import GraphManager
+from .inputs import check_host_values, check_inputs
+from .kvcache import PagedKVCache
+from .runtime import _device, raise_device_errors
+
+
+@dataclass(frozen=True)
+class StepBuffers:
+    """Per-bucket static model I/O. tokens [B] int64 (input, then the last step's token);
+    out_tokens [K, B] int64 (greedy token of each of the K steps); logits [B, vocab] float32
+    of the last step."""
+    tokens: torch.Tensor
+    out_tokens: torch.Tensor
+    logits: torch.Tensor
+
+
+class ModelRuntime:
+    def __init__(self, model, config: RuntimeConfig, device="cuda", *, backend: str | None = None,
+                 steps_per_graph: int = 1, num_pages: int | None = None):
+        s = model.spec
+        want = (s.num_heads, s.num_kv_heads, s.head_dim)
+        got = (config.num_qo_heads, config.num_kv_heads, config.head_dim)
+        if want != got:
+            raise ValueError(f"config: (num_qo_heads, num_kv_heads, head_dim) {got} do not match the "
+                             f"model's {want}")
+        if steps_per_graph < 1:
+            raise ValueError(f"steps_per_graph: must be >= 1, got {steps_per_graph}")
+        if steps_per_graph > 1 and (backend or config.backend) == "flashinfer-hostplan":
+            raise ValueError("steps_per_graph: a host-planned backend re-plans on the host every "
+                             "step, so it cannot run several steps in one graph; use 1")
+        self.model, self.config, self.k = model, config, steps_per_graph
+        self.device = _device(device)
+        pages = num_pages or config.pool_pages
+        self.kv_caches = [PagedKVCache.allocate(config, pages, self.device, seed=config.seed + i)
+                          for i in range(s.num_layers)]
+        self.buffers = StaticBuffers(config, self.device)
+        self.backend = make_backend(config, self.kv_caches[0], self.device, name=backend)
+        b = config.max_batch
+        tokens = torch.zeros(b, dtype=torch.int64, device=self.device)
+        out = torch.zeros((steps_per_graph, b), dtype=torch.int64, device=self.device)
+        logits = torch.zeros((b, s.vocab_size), dtype=torch.float32, device=self.device)
+        self._io = {size: StepBuffers(tokens[:size], out[:, :size], logits[:size])
+                    for size in config.buckets}
+        self.graphs: GraphManager | None = None
+        self.backend.setup([self.buffers.view(x) for x in reversed(config.buckets)])
+
+    @property
+    def num_pages(self) -> int:
+        return self.kv_caches[0].num_pages
+
+    def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor) -> torch.Tensor:
+        """Eager prefill of each prompt into rows of block_table; returns last-token logits."""
+        return self.model.prefill(prompts, self.kv_caches, block_table)
+
+    def _steps(self, view: BucketView, io: StepBuffers) -> None:
+        """K decode steps over the bucket (pure device work: capturable)."""
+        ctx = AttentionContext(self.backend, view, self.kv_caches)
+        for step in range(self.k):
+            ctx.prepare()
+            logits = self.model.decode_step(ctx, io.tokens)
+            nxt = torch.argmax(logits, dim=-1)
+            io.out_tokens[step].copy_(nxt)
+            io.tokens.copy_(nxt)
+            if step + 1 == self.k:
+                io.logits.copy_(logits)
+            else:
+                view.seq_lens.add_((view.seq_lens > 0).to(view.seq_lens.dtype))
+
+    def capture(self) -> dict:
+        if self.device.type != "cuda" or not self.backend.capturable:
+            return {}
+        self.graphs = self.graphs or GraphManager(self.device)
+        for size in reversed(self.config.buckets):
+            view, io = self.buffers.view(size), self._io[size]
+            view.block_table.zero_()
+            view.seq_lens.fill_(1)
+            io.tokens.zero_()
+            if self.backend.needs_host_inputs:  # host planner: the workspace must hold a plan
+                self.backend.host_prepare(view, view.seq_lens.cpu())
+            self.graphs.capture(size, lambda v=view, i=io: self._steps(v, i))
+            view.seq_lens.zero_()
+        return dict(self.graphs.stats)
+
+    def decode(self, tokens: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+        """K greedy decode steps for n requests; returns [K, n] int64 tokens (a view).
+
+        tokens [n] int64: each row's current token; seq_lens [n] int32 include it; block_table
+        [n, w] int32 must already hold pages for K more tokens (checked on the host for CPU
+        seq_lens, by the device guard otherwise). Leaves the caches holding the K new K/V.
+        """
+        n = tokens.shape[0]
+        c = self.config
+        if tokens.dtype != torch.int64 or tokens.dim() != 1:
+            raise ValueError(f"tokens: expected [n] int64, got {tuple(tokens.shape)} {tokens.dtype}")
+        q_like = torch.empty((n, c.num_qo_heads, c.head_dim), dtype=c.torch_dtype, device=self.device)
+        check_inputs(c, self.device, self.num_pages, q_like, block_table, seq_lens)
+        if seq_lens.device.type == "cpu":
+            last = seq_lens + (seq_lens > 0).to(seq_lens.dtype) * (self.k - 1)
+            if int(last.max()) > c.max_context_len:
+                raise ValueError(f"seq_lens: K={self.k} steps reach {int(last.max())} tokens, "
+                                 f"beyond max_context_len={c.max_context_len}")
+            check_host_values(c, self.num_pages, block_table, last)  # pages for all K tokens
+        size = pick_bucket(c.buckets, n)
+        view, io = self.buffers.view(size), self._io[size]
+        width = block_table.shape[1]
+        view.block_table[:n, :width].copy_(block_table, non_blocking=True)
+        if width < c.max_pages_per_seq:
+            view.block_table[:n, width:].fill_(-1)
+        view.seq_lens[:n].copy_(seq_lens, non_blocking=True)
+        view.seq_lens[n:].fill_(0)
+        io.tokens[:n].copy_(tokens, non_blocking=True)
+        if self.backend.needs_host_inputs:  # the engines' pattern: plan() on the host, then replay
+            self.backend.host_prepare(view, seq_lens.cpu())
+        if self.graphs is not None and size in self.graphs:
+            self.graphs.replay(size)
+        else:
+            self._steps(view, io)
+        return io.out_tokens[:, :n]
+
+    def last_logits(self, n: int) -> torch.Tensor:
+        """[n, vocab] float32 logits of the last decode step of the bucket serving n rows."""
+        return self._io[pick_bucket(self.config.buckets, n)].logits[:n]
+
+    def check_device_errors(self) -> None:
+        """Raise DeviceInputError if the prepare or K/V-append kernels flagged bad device inputs."""
+        raise_device_errors(self.buffers.device_error, self.config, self.num_pages)

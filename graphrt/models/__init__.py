@@ -1,0 +1,4 @@
+"""Model families that decode through graphrt's AttentionContext."""
+from .llama import LlamaDecoder, LlamaSpec
+
+__all__ = ["LlamaDecoder", "LlamaSpec"]
