@@ -10,17 +10,14 @@ import torch
 from graphrt import DecodeRuntime, PagedKVCache
 from graphrt.cache import build_manifest, collect_artifacts
 from graphrt.config import XQA_PAGE_SIZES
-from graphrt.verify import random_batch, verify_bucket, verify_lengths
+from graphrt.verify import TOLERANCE, random_batch, verify_bucket, verify_lengths
 
 
 def candidate_backends(config, device: torch.device) -> list[str]:
-    """What `backend: auto` chooses among on this device."""
-    if device.type != "cuda":
+    """What `backend: auto` chooses among on this device (each is tried; failures are skipped)."""
+    if device.type != "cuda" or config.dtype == "float32":
         return ["torch-splitkv"]
-    out = ["flashinfer"]
-    if torch.cuda.get_device_capability(device) == (9, 0) and config.page_size in XQA_PAGE_SIZES:
-        out.append("xqa")
-    return out
+    return ["flashinfer", "xqa"] if config.page_size in XQA_PAGE_SIZES else ["flashinfer"]
 
 
 def time_bucket(rt: DecodeRuntime, size: int, *, steps: int = 30) -> tuple[float, float | None]:
@@ -67,14 +64,24 @@ def pick_backends(config, kv, device, candidates: list[str], progress: bool) -> 
     """Per bucket, the candidate with the lowest device time (host time where no device time)."""
     best: dict[int, tuple[float, str]] = {}
     for name in candidates:
-        rt = DecodeRuntime(config, kv, device, backend=name)
-        rt.capture(progress=progress)
+        try:
+            rt = DecodeRuntime(config, kv, device, backend=name)
+            rt.capture(progress=progress)
+            worst = max(verify_bucket(rt, b, seed=config.seed + b) for b in config.buckets)
+        except Exception as e:  # noqa: BLE001 - a backend this GPU/library cannot run: skip it
+            print(f"graphrt-capture: backend {name!r} skipped: {type(e).__name__}: {e}")
+            continue
+        if not worst <= TOLERANCE[config.dtype]:
+            print(f"graphrt-capture: backend {name!r} skipped: rel err {worst:.2e} above tolerance")
+            continue
         for b in config.buckets:
             host_us, dev_us = time_bucket(rt, b)
             cost = dev_us if dev_us is not None else host_us
             if b not in best or cost < best[b][0]:
                 best[b] = (cost, name)
         del rt
+    if not best:
+        raise RuntimeError(f"backend auto: none of {candidates} ran on {device}")
     return {b: name for b, (_, name) in best.items()}
 
 

@@ -92,7 +92,7 @@ class RuntimeConfig:
         _choice("backend", self.backend, BACKENDS)
         _choice("decode_kernel", self.decode_kernel, DECODE_KERNELS)
         _choice("planner", self.planner, PLANNERS)
-        if self.dtype == "float32" and self.backend not in ("reference", "torch-splitkv"):
+        if self.dtype == "float32" and self.backend not in ("reference", "torch-splitkv", "auto"):
             raise ConfigError(f"dtype: float32 runs only on the torch backends, got {self.backend!r}")
         if self.backend == "xqa":
             _choice("page_size (backend xqa)", self.page_size, XQA_PAGE_SIZES)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from capture.cli import main
@@ -63,3 +64,15 @@ def test_module_help():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "graphrt-capture" in proc.stdout and "--config" in proc.stdout
+
+
+def test_auto_backend_skips_candidates_that_cannot_run(capsys):
+    from capture.build import candidate_backends, pick_backends
+    from graphrt import PagedKVCache, RuntimeConfig
+    cfg = RuntimeConfig(num_qo_heads=4, num_kv_heads=2, head_dim=64, page_size=16, max_context_len=64,
+                        buckets=[1, 2], dtype="float32", backend="auto", kv_pool_pages=16)
+    assert candidate_backends(cfg, torch.device("cpu")) == ["torch-splitkv"]
+    kv = PagedKVCache.allocate(cfg, 16, "cpu")
+    choice = pick_backends(cfg, kv, torch.device("cpu"), ["xqa", "torch-splitkv"], progress=False)
+    assert choice == {1: "torch-splitkv", 2: "torch-splitkv"}
+    assert "backend 'xqa' skipped" in capsys.readouterr().out

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
+
+from benchlib import copy_bandwidth, device_us, median_burst, median_sync_step, pyplot
 
 VARIANTS = {  # name: (backend, decode_kernel)
     "graphrt-tc": ("flashinfer", "tensor-core"),
@@ -47,52 +47,6 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def _median_burst(fn, steps, repeats, sync):
-    """Median over `repeats` bursts of the mean host time per call, in µs."""
-    per = []
-    for _ in range(repeats):
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            fn()
-        per.append((time.perf_counter() - t0) / steps * 1e6)
-    sync()
-    return statistics.median(per)
-
-
-def _median_sync_step(fn, steps, sync):
-    ts = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        ts.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(ts)
-
-
-def _device_us(replay, torch, reps=50, repeats=5):
-    out = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(reps):
-            replay()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) * 1e3 / reps)
-    return statistics.median(out)
-
-
-def copy_bandwidth(torch) -> float:
-    """Device-to-device copy bandwidth in bytes/s (bytes read + written), 2 GiB buffers."""
-    src = torch.randn(512 << 20, device="cuda")  # 2 GiB fp32
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    ms = _device_us(lambda: dst.copy_(src), torch, reps=10, repeats=3) / 1e3
-    return 2 * src.numel() * 4 / (ms * 1e-3)
-
-
 def replay_floor(torch, args):
     """Host and device µs of replaying a graph that holds one 1-element kernel."""
     x = torch.zeros(1, device="cuda")
@@ -104,8 +58,8 @@ def replay_floor(torch, args):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         x.add_(1)
-    host = _median_burst(g.replay, args.steps, args.repeats, torch.cuda.synchronize)
-    return host, _device_us(g.replay, torch)
+    host = median_burst(g.replay, args.steps, args.repeats, torch.cuda.synchronize)
+    return host, device_us(g.replay, torch)
 
 
 def run(args) -> dict:
@@ -160,11 +114,11 @@ def run(args) -> dict:
                 else:
                     def step(rt=rt, view=view):
                         rt.replay(view)
-                    decode_us = _median_burst(lambda rt=rt: rt.decode(q, table, lens), args.steps,
+                    decode_us = median_burst(lambda rt=rt: rt.decode(q, table, lens), args.steps,
                                               args.repeats, sync)
-                host_us = _median_burst(step, args.steps, args.repeats, sync)
-                sync_us = _median_sync_step(step, args.steps, sync)
-                dev_us = _device_us(lambda rt=rt, view=view: rt.replay(view), torch)
+                host_us = median_burst(step, args.steps, args.repeats, sync)
+                sync_us = median_sync_step(step, args.steps, sync)
+                dev_us = device_us(lambda rt=rt, view=view: rt.replay(view), torch)
                 rows.append(dict(variant=name, bucket=bs, context=ctx, host_us=host_us,
                                  decode_us=decode_us, device_us=dev_us, sync_us=sync_us,
                                  kv_bw_frac=kv_bytes / (dev_us * 1e-6) / bw, rel_err=err,
@@ -196,12 +150,8 @@ def print_table(result: dict) -> None:
 
 
 def plot(result: dict, png: str) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no PNG (pip install matplotlib, then --plot-from)", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return
     rows = result["rows"]
     contexts = sorted({r["context"] for r in rows})

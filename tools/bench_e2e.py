@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchlib import copy_bandwidth, pyplot
+
 SHAPES = {  # hidden, intermediate, layers, q heads, kv heads, head_dim, vocab, tied
     "llama-3.2-1b": (2048, 8192, 16, 32, 8, 64, 128256, True),
     "llama-3.1-8b": (4096, 14336, 32, 32, 8, 128, 128256, False),
@@ -101,8 +103,6 @@ def run(args) -> dict:
 
     from graphrt import RuntimeConfig
     from graphrt.model_runtime import ModelRuntime
-    sys.path.insert(0, str(Path(__file__).parent))
-    from bench_attention import copy_bandwidth
     bw = copy_bandwidth(torch)
     rows = []
     for name in args.models.split(","):
@@ -143,12 +143,8 @@ def print_table(result: dict) -> None:
 
 
 def plot(result: dict, png: str) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no PNG", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return
     rows = result["rows"]
     keys = sorted({(r["model"], r["context"]) for r in rows})
