@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         mode = "CUDA graphs" if rt.uses_graphs else "eager"
         Path(args.json).write_text(json.dumps({"config": config.to_dict(), "mode": mode, "rows": rows},
                                               indent=1))
-    if out is not None:
+    if out is not None and not failed:
         print(f"graph cache written to {out} (load: DecodeRuntime.from_cache({str(out)!r}, kv_cache=...))")
     if failed:
         print(f"FAILED verification: buckets {failed} above tolerance {tol:g}", file=sys.stderr)

@@ -24,6 +24,7 @@ class BucketView:
     """The static buffers of one bucket of `size` rows (all on the runtime device).
 
     block_table            [B, max_pages]   int32  page ids per request (input)
+    block_table_checked    [B, max_pages]   int32  its used columns with bad ids -> page 0 (xqa)
     seq_lens               [B]              int32  KV tokens per request, 0 = padding (input)
     query                  [B, Hq, D]       dtype  (input)
     output                 [B, Hq, D]       dtype  (written by attention)
@@ -35,6 +36,7 @@ class BucketView:
 
     size: int
     block_table: torch.Tensor
+    block_table_checked: torch.Tensor
     seq_lens: torch.Tensor
     query: torch.Tensor
     output: torch.Tensor
@@ -74,6 +76,7 @@ class StaticBuffers:
         b, p = config.max_batch, config.max_pages_per_seq
         hq, d = config.num_qo_heads, config.head_dim
         self.block_table = torch.zeros((b, p), dtype=INT, device=device)
+        self.block_table_checked = torch.zeros((b, p), dtype=INT, device=device)
         self.seq_lens = torch.zeros((b,), dtype=INT, device=device)
         self.query = torch.zeros((b, hq, d), dtype=config.torch_dtype, device=device)
         self.output = torch.zeros((b, hq, d), dtype=config.torch_dtype, device=device)
@@ -88,6 +91,7 @@ class StaticBuffers:
         return BucketView(
             size=size,
             block_table=self.block_table[:size],
+            block_table_checked=self.block_table_checked[:size],
             seq_lens=self.seq_lens[:size],
             query=self.query[:size],
             output=self.output[:size],

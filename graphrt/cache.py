@@ -199,7 +199,8 @@ def open_cache(runtime_cls, cache_dir, *, kv_cache, device, lazy: bool, progress
     Raises CacheMismatchError before loading anything if the cache does not fit, and after
     capture if any kernel had to be (re)compiled (the runtime is then dropped). The device
     planner's parity with FlashInfer's plan() was checked at build time on 4 length sets per
-    bucket; loading re-checks LOAD_PARITY_SETS per bucket.
+    bucket; loading re-checks LOAD_PARITY_SETS per bucket. With lazy=True the recompilation check
+    covers only what capture() touched (setup: every FlashInfer module and the planning kernel).
     """
     from .config import config_from_dict
     t0 = time.perf_counter()
@@ -221,7 +222,7 @@ def open_cache(runtime_cls, cache_dir, *, kv_cache, device, lazy: bool, progress
     rt.startup_s = {"check": t_checked - t0, "construct": t_built - t_checked,
                     "setup_and_capture": t_captured - t_built}
     after = stat_snapshot(cache_dir)
-    changed = sorted(k for k in after if before.get(k) != after[k])
+    changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
     if changed:
         raise CacheMismatchError(f"{cache_dir}: kernels were (re)compiled while loading "
                                  f"({changed[:3]}...): the cache is incomplete or was moved from "

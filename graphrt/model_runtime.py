@@ -47,9 +47,6 @@ class ModelRuntime:
                              f"model's {want}")
         if steps_per_graph < 1:
             raise ValueError(f"steps_per_graph: must be >= 1, got {steps_per_graph}")
-        if steps_per_graph > 1 and (backend or config.backend) == "flashinfer-hostplan":
-            raise ValueError("steps_per_graph: a host-planned backend re-plans on the host every "
-                             "step, so it cannot run several steps in one graph; use 1")
         self.model, self.config, self.k = model, config, steps_per_graph
         self.device = _device(device)
         pages = num_pages or config.pool_pages
@@ -65,6 +62,10 @@ class ModelRuntime:
                     for size in config.buckets}
         self.graphs: GraphManager | None = None
         self.backend.setup([self.buffers.view(x) for x in reversed(config.buckets)])
+        if steps_per_graph > 1 and self.backend.needs_host_inputs:  # after setup: fallback too
+            raise ValueError("steps_per_graph: backend plans on the host (planner 'host' or a "
+                             "device-planner fallback), which cannot run several steps in one "
+                             "graph; use steps_per_graph=1")
 
     @property
     def num_pages(self) -> int:
@@ -89,9 +90,21 @@ class ModelRuntime:
                 view.seq_lens.add_((view.seq_lens > 0).to(view.seq_lens.dtype))
 
     def capture(self) -> dict:
+        """Capture every bucket. The warm-up steps write K/V into page 0 of every layer (their
+        block table is all zeros); page 0 is saved before and restored after."""
         if self.device.type != "cuda" or not self.backend.capturable:
             return {}
         self.graphs = self.graphs or GraphManager(self.device)
+        saved = [(c.k[0].clone(), c.v[0].clone()) for c in self.kv_caches]
+        try:
+            self._capture_all()
+        finally:
+            for c, (k0, v0) in zip(self.kv_caches, saved):
+                c.k[0].copy_(k0)
+                c.v[0].copy_(v0)
+        return dict(self.graphs.stats)
+
+    def _capture_all(self) -> None:
         for size in reversed(self.config.buckets):
             view, io = self.buffers.view(size), self._io[size]
             view.block_table.zero_()
@@ -101,7 +114,6 @@ class ModelRuntime:
                 self.backend.host_prepare(view, view.seq_lens.cpu())
             self.graphs.capture(size, lambda v=view, i=io: self._steps(v, i))
             view.seq_lens.zero_()
-        return dict(self.graphs.stats)
 
     def decode(self, tokens: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
         """K greedy decode steps for n requests; returns [K, n] int64 tokens (a view).
@@ -112,8 +124,13 @@ class ModelRuntime:
         """
         n = tokens.shape[0]
         c = self.config
-        if tokens.dtype != torch.int64 or tokens.dim() != 1:
-            raise ValueError(f"tokens: expected [n] int64, got {tuple(tokens.shape)} {tokens.dtype}")
+        if tokens.dtype != torch.int64 or tokens.dim() != 1 or n < 1:
+            raise ValueError(f"tokens: expected [n >= 1] int64, got {tuple(tokens.shape)} {tokens.dtype}")
+        if tokens.device not in (self.device, torch.device("cpu")):
+            raise ValueError(f"tokens: on {tokens.device}, expected {self.device} or cpu")
+        if tokens.device.type == "cpu" and not 0 <= int(tokens.min()) <= int(tokens.max()) < self.model.spec.vocab_size:
+            raise ValueError(f"tokens: ids in [{int(tokens.min())}, {int(tokens.max())}], vocabulary "
+                             f"has {self.model.spec.vocab_size}")
         q_like = torch.empty((n, c.num_qo_heads, c.head_dim), dtype=c.torch_dtype, device=self.device)
         check_inputs(c, self.device, self.num_pages, q_like, block_table, seq_lens)
         if seq_lens.device.type == "cpu":

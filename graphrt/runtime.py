@@ -149,15 +149,22 @@ class DecodeRuntime:
         """The static buffers of the bucket that serves a batch of n (zero-copy path)."""
         return self.buffers.view(pick_bucket(self.config.buckets, n))
 
-    def replay(self, view: BucketView) -> torch.Tensor:
-        """One step over the whole bucket as it stands in its static buffers; returns view.output."""
-        if self.graphs is not None and view.size in self.graphs:
-            self.graphs.replay(view.size)
-            return view.output
-        self.setup()
-        if self.lazy and self._captures(view.size):
-            self.graphs = self.graphs or GraphManager(self.device)
-            self._capture_lazily(view)
+    def replay(self, view: BucketView, *, seq_lens_cpu: torch.Tensor | None = None) -> torch.Tensor:
+        """One step over the whole bucket as it stands in its static buffers; returns view.output.
+
+        A host-planned backend (planner 'host', or a device-planner fallback) plans here first,
+        from seq_lens_cpu if given, else from a copy of view.seq_lens (a device sync)."""
+        graphed = self.graphs is not None and view.size in self.graphs
+        if not graphed:
+            self.setup()
+            if self.lazy and self._captures(view.size):
+                self.graphs = self.graphs or GraphManager(self.device)
+                self._capture_lazily(view)  # restores the inputs it found
+                graphed = True
+        backend = self._backend_of[view.size]
+        if backend.needs_host_inputs:
+            backend.host_prepare(view, view.seq_lens.cpu() if seq_lens_cpu is None else seq_lens_cpu)
+        if graphed:
             self.graphs.replay(view.size)
         else:
             self._step(view)
@@ -176,10 +183,8 @@ class DecodeRuntime:
                          seq_lens.to(self.device, non_blocking=True))
         if block_table.shape[1] < self.config.max_pages_per_seq:
             view.block_table[:n, block_table.shape[1]:].fill_(-1)  # stale columns: invalid ids
-        backend = self._backend_of[view.size]
-        if backend.needs_host_inputs:
-            backend.host_prepare(view, seq_lens.cpu())  # a sync if seq_lens is on the GPU
-        return self.replay(view)[:n]
+        host_lens = seq_lens.cpu() if self._backend_of[view.size].needs_host_inputs else None
+        return self.replay(view, seq_lens_cpu=host_lens)[:n]  # .cpu(): a sync for GPU seq_lens
 
     def check_device_errors(self) -> None:
         """Synchronise, read and clear the prepare kernel's sticky flags; raise if any was set."""
@@ -209,7 +214,8 @@ def raise_device_errors(device_error: torch.Tensor, config: RuntimeConfig, num_p
     if flags & ERR_SEQ_LEN:
         why.append(f"seq_lens outside [0, max_context_len={config.max_context_len}] (rows set empty)")
     if flags & ERR_PAGE_ID:
-        why.append(f"block_table page ids outside [0, {num_pages}) (set to page 0)")
+        why.append(f"block_table page ids outside [0, {num_pages}), or a table narrower than the "
+                   f"lengths need (read as page 0, K/V not written)")
     if flags & ERR_GRID:
         why.append("a request's KV tiles did not fit the captured grid")
     if flags & ERR_KV_SLOT:

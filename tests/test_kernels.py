@@ -70,9 +70,12 @@ def test_guard_rewrites_bad_rows_and_flags():
     view.block_table.copy_(torch.arange(32, dtype=torch.int32).view(4, 8))
     view.seq_lens.copy_(torch.tensor([5, cfg.max_context_len + 1, -3, 40], dtype=torch.int32))
     view.block_table[3, 1] = 1000                   # page id outside a 64-page pool
-    PrepareLaunch(view, 16, cfg.max_context_len, 64)()
+    view.block_table_checked.fill_(-5)
+    PrepareLaunch(view, 16, cfg.max_context_len, 64, checked_table=True)()
     assert int(view.device_error) == ERR_SEQ_LEN | ERR_PAGE_ID
     assert view.seq_lens.tolist() == [5, 0, 0, 40]  # bad rows neutralised in place
-    assert int(view.block_table[3, 1]) == 0
+    assert int(view.block_table[3, 1]) == 1000      # the input keeps the bad id (K/V append skips it)
+    assert view.block_table_checked[3, :3].tolist() == [24, 0, 26]  # the copy xqa reads: page 0
+    assert view.block_table_checked[0, 0].tolist() == 0 and int(view.block_table_checked[0, 1]) == -5
     assert view.paged_kv_indptr.tolist() == [0, 1, 1, 1, 4]
     assert view.paged_kv_indices[:4].tolist() == [0, 24, 0, 26]

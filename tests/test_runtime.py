@@ -347,7 +347,8 @@ def test_device_guard(rt, kv):
     msg = str(info.value)
     assert f"max_context_len={CTX}" in msg and f"[0, {POOL})" in msg
     assert int(view.seq_lens[1]) == 0                     # offending row set empty
-    assert int(view.block_table[2, 2]) == 0               # offending page id set to page 0
+    assert int(view.block_table[2, 2]) == table[2, 2]     # input kept (K/V append skips it)...
+    assert int(view.paged_kv_indices[int(view.paged_kv_indptr[2]) + 2]) == 0  # ...read as page 0
     assert torch.equal(view.seq_lens[[0, 2, 3]], lens[[0, 2, 3]])   # other rows untouched
     rt.check_device_errors()                              # flags were cleared: no second raise
     assert int(rt.buffers.device_error) == 0
@@ -383,7 +384,8 @@ def test_device_guard_negative_values(rt):
     rt.replay(view)
     with pytest.raises(DeviceInputError, match=r"seq_lens.*block_table"):
         rt.check_device_errors()
-    assert int(view.seq_lens[1]) == 0 and int(view.block_table[2, 2]) == 0
+    assert int(view.seq_lens[1]) == 0 and int(view.block_table[2, 2]) == -1
+    assert int(view.paged_kv_indices[int(view.paged_kv_indptr[2]) + 2]) == 0
 
 
 def test_device_guard_is_sticky_across_steps(rt, kv):

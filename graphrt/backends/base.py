@@ -25,6 +25,7 @@ class AttentionBackend(ABC):
     name: str = "?"
     capturable: bool = True          # False: the runtime runs it eagerly (never in a graph)
     needs_host_inputs: bool = False  # True: host_prepare needs seq_lens on the CPU
+    reads_block_table: bool = False  # True: reads view.block_table_checked (the sanitised copy)
 
     def __init__(self, config: RuntimeConfig, kv_cache: PagedKVCache, device: torch.device):
         self.config = config
@@ -40,7 +41,8 @@ class AttentionBackend(ABC):
 
     def _metadata_launch(self, view: BucketView, **plan) -> PrepareLaunch:
         c = self.config
-        return PrepareLaunch(view, c.page_size, c.max_context_len, self.kv_cache.num_pages, **plan)
+        return PrepareLaunch(view, c.page_size, c.max_context_len, self.kv_cache.num_pages,
+                             checked_table=self.reads_block_table, **plan)
 
     def host_prepare(self, view: BucketView, seq_lens_cpu: torch.Tensor) -> None:
         """Host work before replay (seq_lens_cpu: [n] int32 CPU, rows n.. are padding).

@@ -9,8 +9,9 @@ from .base import AttentionBackend
 class ReferenceBackend(AttentionBackend):
     name = "reference"
     capturable = False  # reads seq_lens on the host to size its gather
+    reads_block_table = True
 
     def attend(self, view: BucketView, q, kv, out) -> None:
         k, v = kv.as_tuple()
-        out.copy_(reference_decode(q, k, v, view.block_table, view.seq_lens,
+        out.copy_(reference_decode(q, k, v, view.block_table_checked, view.seq_lens,
                                    layout=self.config.kv_layout, sm_scale=self.sm_scale))

@@ -1,8 +1,9 @@
 """FlashInfer's plan-free XQA decode (`trtllm_batch_decode_with_kv_cache(backend="xqa")`, Hopper).
 
-Reads the bucket's block_table and seq_lens directly; the grid depends only on static shapes, so
-the graph needs no plan. The prepare launch still runs first: it sanitises seq_lens/page ids in
-place (the input guard) and fills the CSR metadata for parity with the other backends.
+Reads the bucket's seq_lens and block table directly; the grid depends only on static shapes, so
+the graph needs no plan. The prepare launch still runs first: the input guard (bad seq_lens
+rewritten to 0 in place) and a sanitised copy of the used block-table columns
+(view.block_table_checked, bad page ids read as page 0), which is what XQA reads.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ XQA_WORKSPACE_MB = 128  # the first 8 MB are semaphores: zeroed once at allocati
 class XqaBackend(AttentionBackend):
     name = "xqa"
     capturable = True
+    reads_block_table = True
 
     def __init__(self, config, kv_cache, device):
         super().__init__(config, kv_cache, device)
@@ -27,6 +29,6 @@ class XqaBackend(AttentionBackend):
         self.workspace = torch.zeros(XQA_WORKSPACE_MB << 20, dtype=torch.uint8, device=device)
 
     def attend(self, view: BucketView, q, kv, out) -> None:
-        self._decode(q, kv.as_tuple(), self.workspace, view.block_table, view.seq_lens,
+        self._decode(q, kv.as_tuple(), self.workspace, view.block_table_checked, view.seq_lens,
                      self.config.max_context_len, bmm1_scale=self.sm_scale, bmm2_scale=1.0,
                      out=out, kv_layout=self.config.kv_layout, backend="xqa")

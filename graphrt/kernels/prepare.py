@@ -6,10 +6,12 @@ From the bucket's block_table and seq_lens (device), it writes
 - with a PlanSpec: the arrays FlashInfer's host plan() would write into the int workspace
   (request_indices, qo_tile_indices, kv_tile_indices, o_indptr, merge_indptr, kv_chunk_size,
   total_num_rows, block_valid_mask), with the same chunk-size binary search.
-- device_error flags: 1 = a seq_len outside [0, max_context_len] (row set to empty),
-  2 = a page id outside the KV pool (set to page 0), 4 = a non-empty request's work tiles did not
-  fit the captured grid. Offending inputs are rewritten in place, so no backend reads out of
-  bounds; the runtime raises on the flag when it checks (`DecodeRuntime.check_device_errors`).
+- device_error flags: 1 = a seq_len outside [0, max_context_len] (the row is rewritten to 0 in
+  place: an empty request for every later kernel), 2 = a page id outside the KV pool (read as
+  page 0 through indices / block_table_checked; block_table itself is left alone, so the K/V
+  append kernel sees the bad id and skips the write), 4 = a non-empty request's work tiles did
+  not fit the captured grid. No backend reads out of bounds; the runtime raises on the flag when
+  it checks (`DecodeRuntime.check_device_errors`).
 
 Grid: (B + tile blocks, page blocks). Row programs pack BLOCK_P page ids each, in parallel;
 tile programs each repeat the (register-only) chunk search and write BLOCK_T work tiles; the
@@ -37,7 +39,7 @@ BLOCK_T = 8    # work tiles per planning program
                                "budget", "min_chunk", "off_req", "off_qo", "off_kv", "off_o",
                                "off_merge", "off_chunk", "off_rows", "off_mask", "bt_stride"])
 def _prepare_kernel(
-    block_table_ptr, bt_stride, seq_lens_ptr,
+    block_table_ptr, bt_stride, seq_lens_ptr, checked_table_ptr,
     indptr_ptr, indices_ptr, last_page_len_ptr, error_ptr,
     ws_i32_ptr, ws_u8_ptr,
     B, page_size, max_context_len, num_pool_pages,
@@ -46,6 +48,7 @@ def _prepare_kernel(
     BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_T: tl.constexpr,
     PLAN: tl.constexpr, EMPTY_ONE: tl.constexpr, HAS_QO: tl.constexpr,
     HAS_MERGE: tl.constexpr, HAS_ROWS: tl.constexpr, HAS_MASK: tl.constexpr,
+    CHECKED_TABLE: tl.constexpr,
 ):
     # grid (B + n_tile_blocks, n_page_blocks): program (r < B, c) packs page block c of row r;
     # program (B + k, 0) writes tile block k of the plan, and (B, 0) also indptr/last_page_len.
@@ -73,9 +76,11 @@ def _prepare_kernel(
         m = rp < my_pages
         ids = tl.load(block_table_ptr + pid * bt_stride + rp, mask=m, other=0)
         oob = m & ((ids < 0) | (ids >= num_pool_pages))
-        tl.store(indices_ptr + my_start + rp, tl.where(oob, 0, ids), mask=m)
+        safe_ids = tl.where(oob, 0, ids)
+        tl.store(indices_ptr + my_start + rp, safe_ids, mask=m)
+        if CHECKED_TABLE:  # a sanitised dense copy for backends that read the table (xqa)
+            tl.store(checked_table_ptr + pid * bt_stride + rp, safe_ids, mask=m)
         if tl.sum(oob.to(tl.int32), 0) > 0:
-            tl.store(block_table_ptr + pid * bt_stride + rp, rp * 0, mask=oob)
             tl.atomic_or(error_ptr, 2)
     elif pcol == 0:
         tile_block = pid - B
@@ -136,7 +141,8 @@ class PrepareLaunch:
     """A prepared launch for one bucket: call it (inside or outside a graph) once per step.
 
     view: the bucket's BucketView; spec/int_workspace: the plan to write (None = metadata only);
-    int_workspace is FlashInfer's uint8 int workspace on the same device as the view.
+    int_workspace is FlashInfer's uint8 int workspace on the same device as the view;
+    checked_table=True also writes view.block_table_checked (for backends reading the table).
     """
 
     view: object
@@ -145,6 +151,7 @@ class PrepareLaunch:
     num_pool_pages: int
     spec: PlanSpec | None = None
     int_workspace: torch.Tensor | None = None
+    checked_table: bool = False
 
     def __call__(self) -> None:
         v, spec = self.view, self.spec
@@ -172,10 +179,11 @@ class PrepareLaunch:
         n_tile_blocks = triton.cdiv(plan_args[0], BLOCK_T) if spec is not None else 1
         n_page_blocks = triton.cdiv(v.block_table.shape[1], BLOCK_P)
         _prepare_kernel[(b + n_tile_blocks, n_page_blocks)](
-            v.block_table, v.block_table.stride(0), v.seq_lens,
+            v.block_table, v.block_table.stride(0), v.seq_lens, v.block_table_checked,
             v.paged_kv_indptr, v.paged_kv_indices, v.paged_kv_last_page_len, v.device_error,
             ws_i32, ws_u8,
             b, self.page_size, self.max_context_len, self.num_pool_pages,
             *plan_args,
-            BLOCK_B=block_b, BLOCK_P=BLOCK_P, BLOCK_T=BLOCK_T, num_warps=1, **flags,
+            BLOCK_B=block_b, BLOCK_P=BLOCK_P, BLOCK_T=BLOCK_T, num_warps=1,
+            CHECKED_TABLE=self.checked_table, **flags,
         )
