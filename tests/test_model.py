@@ -134,3 +134,18 @@ def test_device_guard_reports_kv_slot_overflow():
     view.device_error.fill_(8)
     with pytest.raises(DeviceInputError, match="K/V slot"):
         mrt.check_device_errors()
+
+
+def test_model_runtime_bad_arguments():
+    hf = _hf("llama")
+    with pytest.raises(ValueError, match="steps_per_graph"):
+        _runtime(hf, k=0)
+    mrt = _runtime(hf)
+    table = torch.zeros((1, 8), dtype=torch.int32)
+    lens = torch.tensor([3], dtype=torch.int32)
+    with pytest.raises(ValueError, match="tokens: ids in"):
+        mrt.decode(torch.tensor([160]), table, lens)          # vocabulary has 160 ids
+    with pytest.raises(ValueError, match="tokens: ids in"):
+        mrt.decode(torch.tensor([-1]), table, lens)
+    with pytest.raises(ValueError, match="tokens"):
+        mrt.decode(torch.zeros(0, dtype=torch.int64), table[:0], lens[:0])

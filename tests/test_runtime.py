@@ -442,3 +442,19 @@ def test_report(rt, cfg):
     for r in rows:
         assert r["backend"] == rt.backend.name
         assert r["capture_ms"] is None and r["graph_bytes"] is None  # eager on CPU
+
+
+def test_bucket_backends_argument_is_checked(kv):
+    cfg = RuntimeConfig(num_qo_heads=HQ, num_kv_heads=2, head_dim=D, page_size=16, max_context_len=CTX,
+                        buckets=[1, 2, 4, 8], dtype="float32", backend="torch-splitkv")
+    with pytest.raises(ValueError, match="bucket_backends: keys"):
+        DecodeRuntime(cfg, kv, "cpu", bucket_backends={1: "reference"})
+    with pytest.raises(ValueError, match="backend / bucket_backends"):
+        DecodeRuntime(cfg, kv, "cpu", backend="reference",
+                      bucket_backends={b: "reference" for b in cfg.buckets})
+    with pytest.raises(ValueError, match="backend: 'nope'"):
+        DecodeRuntime(cfg, kv, "cpu", bucket_backends={1: "nope", 2: "reference", 4: "reference",
+                                                       8: "reference"})
+    mixed = DecodeRuntime(cfg, kv, "cpu", bucket_backends={1: "reference", 2: "reference",
+                                                           4: "torch-splitkv", 8: "torch-splitkv"})
+    assert mixed.backend_for(1).name == "reference" and mixed.backend_for(8).name == "torch-splitkv"
