@@ -9,9 +9,8 @@ from .buckets import pick_bucket
 def check_inputs(config, device, num_pool_pages: int, q, block_table, seq_lens) -> int:
     """Validate one decode call's inputs; returns n. Raises naming the field and the limit."""
     c = config
-    for name, t in (("q", q), ("block_table", block_table), ("seq_lens", seq_lens)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"q: expected a torch.Tensor, got {type(q).__name__}")
     if q.dim() != 3 or tuple(q.shape[1:]) != (c.num_qo_heads, c.head_dim):
         raise ValueError(f"q: shape {tuple(q.shape)}, expected [n, {c.num_qo_heads}, {c.head_dim}]")
     if q.dtype != c.torch_dtype:
@@ -19,6 +18,16 @@ def check_inputs(config, device, num_pool_pages: int, q, block_table, seq_lens) 
     if q.device != device:
         raise ValueError(f"q: on {q.device}, runtime device is {device}")
     n = q.shape[0]
+    check_tables(c, device, num_pool_pages, n, block_table, seq_lens)
+    return n
+
+
+def check_tables(config, device, num_pool_pages: int, n: int, block_table, seq_lens) -> None:
+    """Validate block_table [n, w] / seq_lens [n] (int32, runtime device or CPU) for n rows."""
+    c = config
+    for name, t in (("block_table", block_table), ("seq_lens", seq_lens)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     # raises BatchTooLargeError naming the largest bucket, ValueError for an empty batch
     pick_bucket(c.buckets, n)
     for name, t in (("block_table", block_table), ("seq_lens", seq_lens)):
@@ -33,7 +42,6 @@ def check_inputs(config, device, num_pool_pages: int, q, block_table, seq_lens) 
         raise ValueError(f"seq_lens: shape {tuple(seq_lens.shape)}, expected [{n}]")
     if seq_lens.device.type == "cpu":
         check_host_values(c, num_pool_pages, block_table, seq_lens)
-    return n
 
 
 def check_host_values(config, num_pool_pages: int, block_table, seq_lens) -> None:

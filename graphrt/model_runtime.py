@@ -21,7 +21,7 @@ from .buffers import BucketView, StaticBuffers
 from .config import RuntimeConfig
 from .context import AttentionContext
 from .graphs import GraphManager
-from .inputs import check_host_values, check_inputs
+from .inputs import check_host_values, check_tables
 from .kvcache import PagedKVCache
 from .runtime import _device, raise_device_errors
 
@@ -131,8 +131,7 @@ class ModelRuntime:
         if tokens.device.type == "cpu" and not 0 <= int(tokens.min()) <= int(tokens.max()) < self.model.spec.vocab_size:
             raise ValueError(f"tokens: ids in [{int(tokens.min())}, {int(tokens.max())}], vocabulary "
                              f"has {self.model.spec.vocab_size}")
-        q_like = torch.empty((n, c.num_qo_heads, c.head_dim), dtype=c.torch_dtype, device=self.device)
-        check_inputs(c, self.device, self.num_pages, q_like, block_table, seq_lens)
+        check_tables(c, self.device, self.num_pages, n, block_table, seq_lens)
         if seq_lens.device.type == "cpu":
             last = seq_lens + (seq_lens > 0).to(seq_lens.dtype) * (self.k - 1)
             if int(last.max()) > c.max_context_len:
