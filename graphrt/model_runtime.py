@@ -48,6 +48,9 @@ class ModelRuntime:
         if steps_per_graph < 1:
             raise ValueError(f"steps_per_graph: must be >= 1, got {steps_per_graph}")
         self.model, self.config, self.k = model, config, steps_per_graph
+        if num_pages is not None and (isinstance(num_pages, bool) or not isinstance(num_pages, int)
+                                      or num_pages < 1):
+            raise ValueError(f"num_pages: must be an int >= 1, got {num_pages!r}")
         self.device = _device(device)
         pages = num_pages or config.pool_pages
         self.kv_caches = [PagedKVCache.allocate(config, pages, self.device, seed=config.seed + i)

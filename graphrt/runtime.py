@@ -53,6 +53,12 @@ class DecodeRuntime:
                  lazy: bool = False, parity_sets: int | None = None):
         if not isinstance(config, RuntimeConfig):
             raise TypeError(f"config: expected RuntimeConfig, got {type(config).__name__}")
+        if not isinstance(lazy, bool):
+            raise TypeError(f"lazy: expected a bool, got {lazy!r}")
+        if parity_sets is not None and (isinstance(parity_sets, bool) or not isinstance(parity_sets, int)
+                                        or parity_sets < 1):
+            raise ValueError(f"parity_sets: must be an int >= 1 (the device planner is never used "
+                             f"unchecked), got {parity_sets!r}")
         self.config = config
         self.device = _device(device)
         kv_cache.check(config, self.device)

@@ -76,3 +76,10 @@ def test_auto_backend_skips_candidates_that_cannot_run(capsys):
     choice = pick_backends(cfg, kv, torch.device("cpu"), ["xqa", "torch-splitkv"], progress=False)
     assert choice == {1: "torch-splitkv", 2: "torch-splitkv"}
     assert "backend 'xqa' skipped" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("extra, words", [(["--steps", "0"], "--steps"), (["--device", "tpu"], "--device")])
+def test_bad_cli_arguments_are_refused(extra, words, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--config", str(TINY), *extra])
+    assert info.value.code == 2 and words in capsys.readouterr().err

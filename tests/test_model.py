@@ -149,3 +149,12 @@ def test_model_runtime_bad_arguments():
         mrt.decode(torch.tensor([-1]), table, lens)
     with pytest.raises(ValueError, match="tokens"):
         mrt.decode(torch.zeros(0, dtype=torch.int64), table[:0], lens[:0])
+
+
+@pytest.mark.parametrize("pages", [0, -3, 2.5])
+def test_model_runtime_num_pages_is_checked(pages):
+    model = LlamaDecoder.from_hf(_hf("llama"))
+    cfg = RuntimeConfig(num_qo_heads=2, num_kv_heads=1, head_dim=64, page_size=PAGE, max_context_len=64,
+                        buckets=[1], dtype="float32", backend="reference")
+    with pytest.raises(ValueError, match="num_pages"):
+        ModelRuntime(model, cfg, "cpu", num_pages=pages)

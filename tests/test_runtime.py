@@ -458,3 +458,12 @@ def test_bucket_backends_argument_is_checked(kv):
     mixed = DecodeRuntime(cfg, kv, "cpu", bucket_backends={1: "reference", 2: "reference",
                                                            4: "torch-splitkv", 8: "torch-splitkv"})
     assert mixed.backend_for(1).name == "reference" and mixed.backend_for(8).name == "torch-splitkv"
+
+
+@pytest.mark.parametrize("kwargs, err, words", [
+    ({"parity_sets": 0}, ValueError, "parity_sets"), ({"parity_sets": True}, ValueError, "parity_sets"),
+    ({"parity_sets": 2.0}, ValueError, "parity_sets"), ({"lazy": "yes"}, TypeError, "lazy"),
+])
+def test_runtime_keyword_arguments_are_checked(cfg, kv, kwargs, err, words):
+    with pytest.raises(err, match=words):
+        DecodeRuntime(cfg, kv, "cpu", **kwargs)
