@@ -10,6 +10,18 @@ device planner writes the same arrays at the same offsets inside the graph. This
   parsed offsets checked against the model at capture (a mismatch = unknown layout = refuse);
 - reads the meaningful ranges of a workspace back for byte-level parity checks.
 
+Deliberate deviation from FlashInfer's host plan (graphrt issue 12): FlashInfer's CUDA-core
+planner (`PartitionPagedKVCacheBinarySearchMinNumPagePerBatch`) searches the chunk size counting
+an empty request as 0 tiles, then `DecodeSplitKVIndptr` gives it one tile. With empty rows in
+the batch (padding, or an engine's idle slots) the tile list can exceed `padded_batch_size`; the
+kernel's grid holds only the first `padded_batch_size` tiles, so a request whose tiles lie past
+it returns wrong attention (measured on the H200: rel. err. 0.3-0.8 for `[0]*15 + [32768]`).
+graphrt's device planner counts every row as the tiles it gets, so its schedule always fits;
+where FlashInfer's own plan fits, both are byte-identical (checked at capture,
+`backends.flashinfer.check_parity`); where it does not, graphrt's chunk is the smallest that
+fits. FlashInfer's host plan() (planner "host") is refused before the step when it overflows
+(`host_plan_overflow`).
+
 Sources: FlashInfer 0.7.4 `include/flashinfer/attention/scheduler.cuh` (DecodePlanInfo,
 PrefillPlanInfo, DecodePlanImpl, PrefillPlanImpl, PrefillSplitQOKVIndptr).
 """
@@ -192,6 +204,17 @@ def read_plan(spec: PlanSpec, int_workspace: torch.Tensor) -> dict[str, torch.Te
     if spec.block_valid_mask != ABSENT:
         out["block_valid_mask"] = ws[spec.block_valid_mask: spec.block_valid_mask + p].clone()
     return out
+
+
+def host_plan_overflow(spec: PlanSpec, staged_int_workspace: torch.Tensor, num_rows: int) -> int:
+    """Tiles of rows [0, num_rows) beyond the grid in a plan FlashInfer's plan() just staged.
+
+    staged_int_workspace: the wrapper's pinned host copy of the int workspace (plan() writes the
+    whole schedule there before one copy to the device), so this costs no device sync. Returns
+    o_indptr[num_rows] - padded_batch_size when positive, else 0.
+    """
+    o_end = staged_int_workspace[spec.o_indptr + 4 * num_rows: spec.o_indptr + 4 * num_rows + 4]
+    return max(int(o_end.view(torch.int32)[0]) - spec.padded_batch_size, 0)
 
 
 def check_version(version: str) -> None:

@@ -4,8 +4,13 @@ The device planner itself is the PLAN branch of `kernels.prepare._prepare_kernel
 per step that also fills the paged-KV metadata. This module holds what surrounds it:
 
 - `host_plan`: FlashInfer 0.7.4's host planning semantics in numpy (chunk-size binary search,
-  tile lists, o/merge indptr, block_valid_mask) for a PlanSpec. CPU tests compare the Triton
-  planner with it; GPU tests compare both with FlashInfer's own `plan()`.
+  tile lists, o/merge indptr, block_valid_mask) for a PlanSpec, including its one flaw: the
+  CUDA-core search counts empty rows as 0 tiles but gives each one tile, so the tile list can
+  overflow the captured grid (`plan_fits` says when) and drop real requests' tiles.
+- `graphrt_plan`: what graphrt's device planner writes: the same, except that the search counts
+  every row as the tiles it gets, so the tile list always fits the grid. Where FlashInfer's plan
+  fits, the two are byte-identical (the search's predicate only grows, so its minimum is the
+  same); where it does not, graphrt picks the smallest chunk that fits.
 - `compare_plans`: field-by-field parity of two plans read with `flashinfer_layout.read_plan`.
 """
 from __future__ import annotations
@@ -24,13 +29,28 @@ def host_plan(spec: PlanSpec, seq_lens) -> dict[str, torch.Tensor]:
     """The plan FlashInfer's host planner writes for these lengths, cut to its meaningful ranges.
 
     seq_lens: [spec.batch_size] ints (0 = padding row). Returns int32 CPU tensors keyed like
-    `flashinfer_layout.read_plan`.
+    `flashinfer_layout.read_plan`. May overflow the grid (CUDA-core, empty rows): `plan_fits`.
     """
+    return _plan(spec, seq_lens, empty_counts_one=spec.empty_counts_one)
+
+
+def graphrt_plan(spec: PlanSpec, seq_lens) -> dict[str, torch.Tensor]:
+    """The plan graphrt's device planner writes (never overflows the grid); see module doc."""
+    return _plan(spec, seq_lens, empty_counts_one=True)
+
+
+def plan_fits(spec: PlanSpec, plan: dict[str, torch.Tensor], num_rows: int | None = None) -> bool:
+    """True if every tile of rows [0, num_rows) (default: all) lies inside the padded grid."""
+    n = spec.batch_size if num_rows is None else num_rows
+    return int(plan["o_indptr"][n]) <= spec.padded_batch_size
+
+
+def _plan(spec: PlanSpec, seq_lens, *, empty_counts_one: bool) -> dict[str, torch.Tensor]:
     lens = np.asarray(seq_lens, dtype=np.int64)
     if lens.shape != (spec.batch_size,):
         raise ValueError(f"seq_lens: shape {lens.shape}, expected ({spec.batch_size},)")
     pages = _cdiv(lens, spec.page_size)
-    count = np.maximum(pages, 1) if spec.empty_counts_one else pages
+    count = np.maximum(pages, 1) if empty_counts_one else pages
     lo, hi = spec.min_chunk_pages, int(count.max())
     while lo < hi:
         mid = (lo + hi) // 2

@@ -114,6 +114,41 @@ def test_cuda_core_and_tensor_core_replay_correct(kernel):
     _check_steps(rt, 16, seed=3)
 
 
+# issue 12: measured wrong (rel err 0.3-0.8) with FlashInfer's CUDA-core plan before the fix
+EMPTY_FIRST = [[0] * 15 + [32768], [0] * 15 + [18944], [0, 32768, 0, 0, 20000, 0, 1, 0] * 2,
+               [0] * 63 + [32768], [0, 32768] * 32]
+
+
+@pytest.mark.parametrize("kernel", ["tensor-core", "cuda-core"])
+def test_empty_rows_before_long_rows_are_correct(kernel):
+    rt = _runtime(decode_kernel=kernel, buckets=[16, 64], pool_pages=8192)
+    rt.capture()
+    assert rt.backend.planner == "device", rt.backend.fallback_reason
+    c, gen = rt.config, torch.Generator().manual_seed(12)
+    for lens in EMPTY_FIRST:
+        n = len(lens)
+        q = torch.randn((n, c.num_qo_heads, c.head_dim), generator=gen).to("cuda", c.torch_dtype)
+        table = torch.randint(0, 8192, (n, c.max_pages_per_seq), generator=gen,
+                              dtype=torch.int32).cuda()
+        seq = torch.tensor(lens, dtype=torch.int32)
+        out = rt.decode(q, table, seq.cuda()).clone()
+        rt.check_device_errors()
+        k, v = rt.kv_cache.as_tuple()
+        ref = reference_decode(q, k, v, table, seq.cuda(), layout=c.kv_layout)
+        err = rel_error(out, ref)
+        assert err < BF16_TOL, f"{kernel} n={n}: rel err {err}"
+
+
+def test_hostplan_cuda_core_refuses_an_overflowing_plan():
+    rt = _runtime(backend="flashinfer-hostplan", decode_kernel="cuda-core", buckets=[16])
+    rt.capture()
+    c = rt.config
+    q = torch.randn((16, c.num_qo_heads, c.head_dim), device="cuda").to(c.torch_dtype)
+    table = torch.randint(0, 4096, (16, c.max_pages_per_seq), dtype=torch.int32).cuda()
+    with pytest.raises(ValueError, match="seq_lens: .*past the captured grid"):
+        rt.decode(q, table, torch.tensor([0] * 15 + [32768], dtype=torch.int32))
+
+
 def test_hostplan_backend_replay_correct():
     rt = _runtime(backend="flashinfer-hostplan", buckets=[1, 4, 16, 64])
     rt.capture()

@@ -130,3 +130,25 @@ def test_host_planned_backend_plans_every_replay_once(monkeypatch):
     q = torch.randn(3, 4, 64)
     rt.decode(q, torch.zeros((3, 4), dtype=torch.int32), torch.tensor([1, 2, 3], dtype=torch.int32))
     assert len(backend.plans) == n_before + 1 and backend.plans[-1].tolist() == [1, 2, 3]
+
+
+def test_cuda_core_empty_rows_before_a_long_row_decode_correctly_on_cpu():
+    # issue 12: on the nominal H200 spec (148-tile CUDA-core grid, 8 kv heads) FlashInfer's plan for
+    # 15 idle slots before an 18944-token request drops that request's tiles; the torch split-KV
+    # executor over graphrt's device plan ended in an IndexError. It must equal the reference.
+    from graphrt import DecodeRuntime
+    from graphrt.reference import reference_decode
+    cfg = RuntimeConfig(num_qo_heads=8, num_kv_heads=8, head_dim=64, page_size=16,
+                        max_pages_per_seq=1184, buckets=[16], dtype="float32",
+                        backend="torch-splitkv", decode_kernel="cuda-core")
+    kv = PagedKVCache.allocate(cfg, 1200, "cpu", seed=3)
+    rt = DecodeRuntime(cfg, kv, "cpu")
+    gen = torch.Generator().manual_seed(0)
+    lens = torch.tensor([0] * 15 + [18944], dtype=torch.int32)
+    table = torch.randperm(1200, generator=gen)[:16 * 1184].reshape(1, -1).repeat(16, 1)[:, :1184]
+    table = table.to(torch.int32).contiguous()
+    q = torch.randn(16, 8, 64, generator=gen)
+    out = rt.decode(q, table, lens).clone()
+    rt.check_device_errors()
+    ref = reference_decode(q, kv.k, kv.v, table, lens, layout=cfg.kv_layout)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)

@@ -19,11 +19,11 @@ import torch
 
 from .. import flashinfer_layout as layout
 from ..buffers import BucketView
-from ..planner import compare_plans
+from ..planner import compare_plans, graphrt_plan, plan_fits
 from .base import AttentionBackend
 
 INT_WORKSPACE_BYTES = 8 * 1024 * 1024
-PARITY_SETS_PER_BUCKET = 4
+PARITY_SETS_PER_BUCKET = 5
 
 
 def host_csr(seq_lens: torch.Tensor, block_table: torch.Tensor, size: int, page_size: int):
@@ -68,6 +68,7 @@ class FlashInferBackend(AttentionBackend):
         self.parity_sets: dict[int, int] = {}
         self.parity_sets_per_bucket = parity_sets
         self._pinned: dict[int, _PinnedCSR] = {}
+        self._host_specs: dict[int, layout.PlanSpec] = {}
 
     # ---- capture-time -----------------------------------------------------------------
     def _wrapper(self, indptr, indices, last_page_len, int_workspace=None):
@@ -115,6 +116,13 @@ class FlashInferBackend(AttentionBackend):
             else:  # host planner: the graph only packs indices (plan() copies indptr/last)
                 self._prepare[view.size] = self._metadata_launch(view)
                 self._pinned[view.size] = _PinnedCSR(view.size)
+                try:  # known layout: plan() overflow is checked per step (host_prepare)
+                    self._host_specs[view.size] = layout.parse_plan_info(
+                        self.kind, self.plan_info[view.size], view.size, self.config.page_size,
+                        self.config.group_size)
+                except layout.LayoutMismatch:
+                    warnings.warn(f"graphrt: FlashInfer {self.version}: unknown plan layout; host "
+                                  "plan() cannot be checked for grid overflow", RuntimeWarning)
 
     def _setup_device_plan(self, view: BucketView) -> None:
         b, c = view.size, self.config
@@ -125,10 +133,24 @@ class FlashInferBackend(AttentionBackend):
 
     # ---- per step ---------------------------------------------------------------------
     def host_prepare(self, view: BucketView, seq_lens_cpu: torch.Tensor) -> None:
+        """Host planner: plan() for these lengths. Raises ValueError, before anything runs, when
+        FlashInfer's plan drops tiles of rows [0, n) off the captured grid (CUDA-core kernel with
+        empty rows: its output would be wrong; see flashinfer_layout)."""
         if self.planner == "host":
             pin = self._pinned[view.size]
             total = pin.fill(seq_lens_cpu, self.config.page_size)
-            self._plan(self._wrappers[view.size], pin.indptr, view.paged_kv_indices[:total], pin.last)
+            wrapper = self._wrappers[view.size]
+            self._plan(wrapper, pin.indptr, view.paged_kv_indices[:total], pin.last)
+            spec = self._host_specs.get(view.size)
+            if spec is not None:
+                lost = layout.host_plan_overflow(spec, wrapper._pin_memory_int_workspace_buffer,
+                                                 seq_lens_cpu.shape[0])
+                if lost:
+                    raise ValueError(
+                        f"seq_lens: FlashInfer {self.version}'s {self.kind} plan() for these lengths "
+                        f"puts {lost} work tiles past the captured grid of {spec.padded_batch_size} "
+                        f"(empty rows before long ones): its output would be wrong. Use graphrt's "
+                        f"device planner or the tensor-core kernel")
 
     @property
     def needs_host_inputs(self) -> bool:  # type: ignore[override]
@@ -172,8 +194,10 @@ def check_parity(backend: FlashInferBackend, view: BucketView, spec: layout.Plan
     """Device planner vs FlashInfer's own plan() on `n_sets` random length sets for one bucket.
 
     A twin wrapper (own buffers and workspace) plans on the host; the prepare kernel plans on the
-    device from the same inputs. Raises LayoutMismatch on any differing plan-info field or plan
-    byte. Leaves the view's inputs as empty requests. Returns the number of sets compared.
+    device from the same inputs. Where FlashInfer's plan fits the grid the two must be
+    byte-identical; where it overflows (CUDA-core, empty rows) the device plan must equal
+    `planner.graphrt_plan` and fit. Raises LayoutMismatch on any differing plan-info field or
+    plan byte. Leaves the view's inputs as empty requests. Returns the number of sets compared.
     """
     c, b, dev = backend.config, view.size, view.block_table.device
     twin_buffers = (torch.zeros(b + 1, dtype=torch.int32, device=dev),
@@ -195,18 +219,23 @@ def check_parity(backend: FlashInferBackend, view: BucketView, spec: layout.Plan
         if twin_info != backend.plan_info[b]:
             raise layout.LayoutMismatch(f"bucket {b}: plan info changed with the lengths "
                                         f"({backend.plan_info[b]} -> {twin_info})")
-        diff = compare_plans(layout.read_plan(spec, scratch_ws),
-                             layout.read_plan(spec, twin._int_workspace_buffer))
+        theirs = layout.read_plan(spec, twin._int_workspace_buffer)
+        if plan_fits(spec, theirs):
+            want, source = theirs, "plan()"
+        else:  # FlashInfer's own plan drops tiles: graphrt's deliberate deviation applies
+            want, source = graphrt_plan(spec, lens.tolist()), "graphrt_plan"
+        diff = compare_plans(layout.read_plan(spec, scratch_ws), want)
         if diff:
-            raise layout.LayoutMismatch(f"bucket {b}: device plan differs from plan() in {diff}")
+            raise layout.LayoutMismatch(f"bucket {b}: device plan differs from {source} in {diff}")
     view.seq_lens.zero_()
     return n_sets
 
 
 def random_lengths(b: int, max_len: int, gen: torch.Generator, *, kind: int = 0) -> torch.Tensor:
-    """Length sets that exercise the planner: 0 ragged, 1 all-max, 2 one long + short, 3 padded."""
+    """Length sets that exercise the planner: 0 ragged, 1 all-max, 2 one long + short, 3 padded,
+    4 empty rows first then long ones (FlashInfer's CUDA-core plan overflows there)."""
     lens = torch.randint(1, max_len + 1, (b,), generator=gen, dtype=torch.int32)
-    k = kind % 4
+    k = kind % 5
     if k == 1:
         lens.fill_(max_len)
     elif k == 2:
@@ -214,4 +243,7 @@ def random_lengths(b: int, max_len: int, gen: torch.Generator, *, kind: int = 0)
         lens[0] = max_len
     elif k == 3 and b > 1:
         lens[b // 2 + 1:] = 0  # padding tail
+    elif k == 4 and b > 1:
+        lens[: b - 1 - b // 4] = 0  # idle slots before long requests
+        lens[b - 1 - b // 4:] = max_len
     return lens

@@ -10,8 +10,15 @@ From the bucket's block_table and seq_lens (device), it writes
   place: an empty request for every later kernel), 2 = a page id outside the KV pool (read as
   page 0 through indices / block_table_checked; block_table itself is left alone, so the K/V
   append kernel sees the bad id and skips the write), 4 = a non-empty request's work tiles did
-  not fit the captured grid. No backend reads out of bounds; the runtime raises on the flag when
-  it checks (`DecodeRuntime.check_device_errors`).
+  not fit the captured grid (unreachable by construction, see below: kept as a guard). No
+  backend reads out of bounds; the runtime raises on the flag when it checks
+  (`DecodeRuntime.check_device_errors`).
+
+Chunk-size search: it counts each row as the tiles it will get, max(pages, 1), also for empty
+rows (FlashInfer's CUDA-core planner counts them as 0 but still gives them one tile, so its plan
+can overflow the grid and drop a real request's tiles: wrong attention). The search therefore
+finds the smallest chunk whose tile list fits the grid; where FlashInfer's plan fits, it finds
+the same chunk (byte parity), see `planner.graphrt_plan` and `flashinfer_layout`.
 
 Grid: (B + tile blocks, page blocks). Row programs pack BLOCK_P page ids each, in parallel;
 tile programs each repeat the (register-only) chunk search and write BLOCK_T work tiles; the
@@ -46,7 +53,7 @@ def _prepare_kernel(
     padded, budget, min_chunk,
     off_req, off_qo, off_kv, off_o, off_merge, off_chunk, off_rows, off_mask,
     BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_T: tl.constexpr,
-    PLAN: tl.constexpr, EMPTY_ONE: tl.constexpr, HAS_QO: tl.constexpr,
+    PLAN: tl.constexpr, HAS_QO: tl.constexpr,
     HAS_MERGE: tl.constexpr, HAS_ROWS: tl.constexpr, HAS_MASK: tl.constexpr,
     CHECKED_TABLE: tl.constexpr,
 ):
@@ -91,12 +98,10 @@ def _prepare_kernel(
             tl.store(last_page_len_ptr + rb, last, mask=in_b)
         if PLAN:
             # chunk-size binary search (FlashInfer: PrefillBinarySearchKVChunkSize for the
-            # tensor-core path, PartitionPagedKVCacheBinarySearchMinNumPagePerBatch for CUDA-core);
-            # every tile program repeats it (registers only) instead of waiting for one another
-            if EMPTY_ONE:
-                count_pages = tl.where(in_b, tl.maximum(pages, 1), 0)
-            else:
-                count_pages = tl.where(in_b, pages, 0)
+            # tensor-core path, PartitionPagedKVCacheBinarySearchMinNumPagePerBatch for CUDA-core),
+            # counting every row as the tiles it gets (empty rows too: the grid always holds the
+            # work); every tile program repeats it (registers only) instead of waiting
+            count_pages = tl.where(in_b, tl.maximum(pages, 1), 0)
             hi = tl.max(count_pages, 0)
             lo = hi * 0 + min_chunk
             while lo < hi:
@@ -160,7 +165,7 @@ class PrepareLaunch:
         if spec is None:
             ws_i32 = ws_u8 = v.paged_kv_indptr  # unused pointers
             plan_args = (0, 0, 1) + (0,) * 8
-            flags = dict(PLAN=False, EMPTY_ONE=False, HAS_QO=False, HAS_MERGE=False,
+            flags = dict(PLAN=False, HAS_QO=False, HAS_MERGE=False,
                          HAS_ROWS=False, HAS_MASK=False)
         else:
             ws_i32, ws_u8 = self.int_workspace.view(torch.int32), self.int_workspace
@@ -172,9 +177,8 @@ class PrepareLaunch:
                          el(o.request_indices), el(o.qo_tile_indices), el(o.kv_tile_indices),
                          el(o.o_indptr), el(o.merge_indptr), el(o.kv_chunk_size),
                          el(o.total_num_rows), max(o.block_valid_mask, 0))
-            flags = dict(PLAN=True, EMPTY_ONE=o.empty_counts_one,
-                         HAS_QO=o.qo_tile_indices != ABSENT, HAS_MERGE=o.merge_indptr != ABSENT,
-                         HAS_ROWS=o.total_num_rows != ABSENT,
+            flags = dict(PLAN=True, HAS_QO=o.qo_tile_indices != ABSENT,
+                         HAS_MERGE=o.merge_indptr != ABSENT, HAS_ROWS=o.total_num_rows != ABSENT,
                          HAS_MASK=o.block_valid_mask != ABSENT)
         n_tile_blocks = triton.cdiv(plan_args[0], BLOCK_T) if spec is not None else 1
         n_page_blocks = triton.cdiv(v.block_table.shape[1], BLOCK_P)

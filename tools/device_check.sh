@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# One device call (see docs/DEVELOPING.md): GPU tests + the benchmarks named in $BENCH, logs under $OUT.
+#   bash .device/bootstrap.sh bash tools/device_check.sh [pytest -k expr]
+set -uo pipefail
+OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$OUT/gpu.txt" 2>&1
+rc=0
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  python -m pytest -m gpu -q -x --durations=15 ${1:+-k "$1"} 2>&1 | tee "$OUT/pytest_gpu.log" | tail -40
+  rc=${PIPESTATUS[0]}
+fi
+for b in ${BENCH:-}; do
+  case $b in
+    gemv) (cd tools && python bench_gemv.py --out "$OUT/bench_gemv.json") 2>"$OUT/bench_gemv.err" | tee "$OUT/bench_gemv.log" ;;
+    e2e) (cd tools && python bench_e2e.py --out "$OUT/bench_e2e.json" --png "$OUT/bench_e2e.png" ${E2E_ARGS:-}) 2>"$OUT/bench_e2e.err" | tee "$OUT/bench_e2e.log" ;;
+  esac
+done
+exit $rc
