@@ -8,8 +8,13 @@ Per configuration and variant:
   idle         GPU idle fraction between steps: 1 - device_us / step_us
   launches     host graph launches (or eager steps) per token
 Variants: eager (no graphs, device planner), hostplan (FlashInfer host plan() + graph replay, the
-engines' pattern), graphrt (device-planned graph, 1 step), graphrt-k4 / -k8 (4 / 8 steps a graph).
-The floor is (weight bytes + KV bytes) / measured D2D copy bandwidth.
+engines' pattern), graphrt (device-planned graph, 1 step), graphrt-k4 / -k8 (4 / 8 steps a graph),
+gemm-only (a graph of the step's weight GEMMs alone, cuBLAS, fused qkv / gate_up + LM head: the
+ceiling of any design that keeps these GEMMs). The floor is (weight bytes + KV bytes) / measured
+D2D copy bandwidth; each row gives device/floor, device/gemm-only and the achieved bandwidth
+(bytes over device time, TB/s and % of copy bandwidth). Prefill rows: 1 x 4k and 8 x 4k prompts
+through ModelRuntime.prefill, tokens/s and MFU against the measured bf16 matmul rate and 790
+TFLOP/s (FLOPs = 2 x matmul params x tokens + causal attention 2 x 2 x L x Hq x D x T^2 / 2).
 
     python tools/bench_e2e.py --out bench_e2e.json --png bench_e2e.png
 """
@@ -40,35 +45,107 @@ def parse_args(argv=None):
     p.add_argument("--contexts", default="1024,8192")
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--steps", type=int, default=32, help="timed decode steps per measurement")
+    p.add_argument("--no-prefill", dest="prefill", action="store_false", help="skip prefill rows")
     p.add_argument("--out", default="bench_e2e.json")
     p.add_argument("--png", default=None)
     return p.parse_args(argv)
 
 
 def random_model(name: str, torch):
+    """A random bf16 LlamaDecoder of the named shape, built straight into the fused layout."""
     from graphrt.models import LlamaDecoder, LlamaSpec
+    from graphrt.models.weights import LayerWeights, ModelWeights
     h, inter, layers, hq, hkv, d, vocab, tied = SHAPES[name]
     spec = LlamaSpec(vocab_size=vocab, hidden_size=h, intermediate_size=inter, num_layers=layers,
                      num_heads=hq, num_kv_heads=hkv, head_dim=d, rms_norm_eps=1e-5,
-                     rope_theta=500000.0, tie_word_embeddings=tied, attention_bias=False)
+                     rope_theta=500000.0, tie_word_embeddings=tied, attention_bias=False,
+                     max_position_embeddings=16384)
     gen = torch.Generator(device="cuda").manual_seed(0)
 
     def rnd(*shape):
-        return (torch.randn(shape, generator=gen, device="cuda", dtype=torch.bfloat16) * 0.02)
-    sd = {"embed_tokens.weight": rnd(vocab, h), "norm.weight": torch.ones(h, device="cuda")}
-    if not tied:
-        sd["lm_head.weight"] = rnd(vocab, h)
-    for i in range(layers):
-        p = f"layers.{i}."
-        sd.update({p + "self_attn.q_proj.weight": rnd(hq * d, h), p + "self_attn.k_proj.weight": rnd(hkv * d, h),
-                   p + "self_attn.v_proj.weight": rnd(hkv * d, h), p + "self_attn.o_proj.weight": rnd(h, hq * d),
-                   p + "mlp.gate_proj.weight": rnd(inter, h), p + "mlp.up_proj.weight": rnd(inter, h),
-                   p + "mlp.down_proj.weight": rnd(h, inter),
-                   p + "input_layernorm.weight": torch.ones(h, device="cuda"),
-                   p + "post_attention_layernorm.weight": torch.ones(h, device="cuda")})
-    model = LlamaDecoder(spec, sd, dtype=torch.bfloat16, device="cuda")
-    weight_bytes = sum(t.numel() * t.element_size() for t in sd.values())
+        return torch.randn(shape, generator=gen, device="cuda", dtype=torch.bfloat16) * 0.02
+
+    def ones(n):
+        return torch.ones(n, device="cuda", dtype=torch.bfloat16)
+    embed = rnd(vocab, h)
+    lw = tuple(LayerWeights(input_norm=ones(h), post_attn_norm=ones(h), qkv=rnd((hq + 2 * hkv) * d, h),
+                            qkv_bias=None, q_norm=None, k_norm=None, o=rnd(h, hq * d),
+                            gate_up=rnd(2 * inter, h), down=rnd(h, inter)) for _ in range(layers))
+    weights = ModelWeights(embed=embed, final_norm=ones(h), lm_head=embed if tied else rnd(vocab, h),
+                           layers=lw)
+    model = LlamaDecoder(spec, weights)
+    # bytes a decode step must read: every matmul weight once (the embedding row is negligible)
+    weight_bytes = sum(t.numel() * 2 for x in lw for t in (x.qkv, x.o, x.gate_up, x.down))
+    weight_bytes += weights.lm_head.numel() * 2
     return model, weight_bytes
+
+
+def gemm_only_us(model, n: int, torch) -> float:
+    """Device µs of one graph holding only the step's weight GEMMs (cuBLAS) at batch n."""
+    from benchlib import device_us
+    w, h = model.weights, model.spec.hidden_size
+    x = torch.randn(n, h, device="cuda", dtype=torch.bfloat16)
+    a = torch.randn(n, model.spec.num_heads * model.spec.head_dim, device="cuda", dtype=torch.bfloat16)
+    m = torch.randn(n, model.spec.intermediate_size, device="cuda", dtype=torch.bfloat16)
+
+    def step():
+        for layer in w.layers:
+            torch.nn.functional.linear(x, layer.qkv)
+            torch.nn.functional.linear(a, layer.o)
+            torch.nn.functional.linear(x, layer.gate_up)
+            torch.nn.functional.linear(m, layer.down)
+        torch.nn.functional.linear(x, w.lm_head)
+    step()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    return device_us(g.replay, torch, reps=10, repeats=5)
+
+
+def matmul_tflops(torch) -> float:
+    """Measured dense bf16 matmul rate (8192^3, random data), TFLOP/s."""
+    from benchlib import device_us
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    us = device_us(lambda: a @ b, torch, reps=20, repeats=5)
+    return 2 * 8192 ** 3 / (us * 1e-6) / 1e12
+
+
+def prefill_rows(name, model, torch, peak_tflops):
+    """Prefill 1 x 4k and 8 x 4k prompts: tokens/s and MFU."""
+    from graphrt import RuntimeConfig
+    from graphrt.model_runtime import ModelRuntime
+    s, rows = model.spec, []
+    for n, t in ((1, 4096), (8, 4096)):
+        pages = t // 16 + 1
+        cfg = RuntimeConfig(num_qo_heads=s.num_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim,
+                            page_size=16, max_pages_per_seq=pages, buckets=[n], dtype="bfloat16",
+                            backend="flashinfer", kv_pool_pages=n * pages + 1)
+        mrt = ModelRuntime(model, cfg, "cuda")
+        table = torch.arange(n * pages, dtype=torch.int32).view(n, pages).cuda()
+        prompts = [torch.randint(0, s.vocab_size, (t,), device="cuda") for _ in range(n)]
+        mrt.prefill(prompts, table)                                  # warm-up (plans, compiles)
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(3):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            mrt.prefill(prompts, table)
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / 1e3)
+        sec = statistics.median(times)
+        params = sum(x.numel() for layer in model.weights.layers
+                     for x in (layer.qkv, layer.o, layer.gate_up, layer.down))
+        flops = 2 * params * n * t + 2 * 2 * s.num_layers * s.num_heads * s.head_dim * t * t / 2 * n
+        flops += 2 * model.weights.lm_head.numel() * n                  # last-token logits
+        rows.append(dict(model=name, prompts=n, prompt_len=t, seconds=sec, tok_s=n * t / sec,
+                         tflops=flops / sec / 1e12, mfu_measured=flops / sec / 1e12 / peak_tflops,
+                         mfu_790=flops / sec / 1e12 / 790))
+        print(rows[-1], file=sys.stderr)
+        del mrt
+        torch.cuda.empty_cache()
+    return rows
 
 
 def measure(mrt, n, ctx, steps, torch):
@@ -104,10 +181,14 @@ def run(args) -> dict:
     from graphrt import RuntimeConfig
     from graphrt.model_runtime import ModelRuntime
     bw = copy_bandwidth(torch)
-    rows = []
+    peak = matmul_tflops(torch)
+    rows, prefill = [], []
     for name in args.models.split(","):
         model, weight_bytes = random_model(name, torch)
         s = model.spec
+        gemm = {n: gemm_only_us(model, n, torch) for n in [int(x) for x in args.batches.split(",")]}
+        if args.prefill:
+            prefill += prefill_rows(name, model, torch, peak)
         for ctx in [int(x) for x in args.contexts.split(",")]:
             for n in [int(x) for x in args.batches.split(",")]:
                 pages = -(-(ctx + args.steps * 8 + 16) // 16)
@@ -122,24 +203,38 @@ def run(args) -> dict:
                         mrt.capture()
                     step_us, dev_us, launches = measure(mrt, n, ctx, args.steps, torch)
                     kv_bytes = s.num_layers * n * ctx * s.num_kv_heads * s.head_dim * 2 * 2
+                    floor = (weight_bytes + kv_bytes) / bw * 1e6
                     rows.append(dict(model=name, variant=variant, batch=n, context=ctx, step_us=step_us,
                                      tok_s=n / step_us * 1e6, device_us=dev_us,
                                      idle=max(0.0, 1 - dev_us / step_us), launches_per_token=launches,
-                                     floor_us=(weight_bytes + kv_bytes) / bw * 1e6))
+                                     floor_us=floor, gemm_only_us=gemm[n],
+                                     device_over_floor=dev_us / floor,
+                                     device_over_gemm_only=dev_us / gemm[n],
+                                     achieved_tb_s=(weight_bytes + kv_bytes) / dev_us / 1e6,
+                                     pct_copy_bw=(weight_bytes + kv_bytes) / (dev_us * 1e-6) / bw * 100))
                     print(rows[-1], file=sys.stderr)
                     del mrt
                     torch.cuda.empty_cache()
         del model
-    return {"device": torch.cuda.get_device_name(), "copy_bw_bytes_per_s": bw, "rows": rows}
+    return {"device": torch.cuda.get_device_name(), "copy_bw_bytes_per_s": bw,
+            "matmul_tflops": peak, "rows": rows, "prefill": prefill}
 
 
 def print_table(result: dict) -> None:
+    print(f"copy bandwidth {result['copy_bw_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul "
+          f"{result['matmul_tflops']:.0f} TFLOP/s ({result['device']})")
     print(f"{'model':<13} {'variant':<11} {'bs':>3} {'ctx':>5} {'step us':>8} {'tok/s':>8} "
-          f"{'device us':>9} {'idle':>5} {'floor us':>8} {'launch/tok':>10}")
+          f"{'device us':>9} {'idle':>5} {'floor us':>8} {'x floor':>7} {'gemm us':>8} {'x gemm':>6} "
+          f"{'TB/s':>5} {'%bw':>4}")
     for r in result["rows"]:
         print(f"{r['model']:<13} {r['variant']:<11} {r['batch']:>3} {r['context']:>5} {r['step_us']:>8.1f} "
               f"{r['tok_s']:>8.0f} {r['device_us']:>9.1f} {r['idle']:>5.2f} {r['floor_us']:>8.1f} "
-              f"{r['launches_per_token']:>10.3f}")
+              f"{r['device_over_floor']:>7.2f} {r['gemm_only_us']:>8.1f} {r['device_over_gemm_only']:>6.2f} "
+              f"{r['achieved_tb_s']:>5.2f} {r['pct_copy_bw']:>4.0f}")
+    for r in result.get("prefill", []):
+        print(f"prefill {r['model']:<13} {r['prompts']} x {r['prompt_len']}: {r['seconds'] * 1e3:.1f} ms, "
+              f"{r['tok_s']:.0f} tok/s, {r['tflops']:.0f} TFLOP/s, MFU {r['mfu_790'] * 100:.0f}% of 790 "
+              f"({r['mfu_measured'] * 100:.0f}% of measured)")
 
 
 def plot(result: dict, png: str) -> None:
