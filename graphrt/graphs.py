@@ -68,3 +68,11 @@ class GraphManager:
 
     def replay(self, bucket: int) -> None:
         self._graphs[bucket].replay()
+
+    def drop(self, bucket: int) -> None:
+        """Forget bucket's graph (and its stats), e.g. after it failed verification; no-op if
+        absent. Its memory stays in the shared pool for the next capture."""
+        graph = self._graphs.pop(bucket, None)
+        self.stats.pop(bucket, None)
+        if graph is not None:
+            graph.reset()
