@@ -185,14 +185,13 @@ def _model(seed=0) -> LlamaDecoder:
                      rope_theta=10000.0, tie_word_embeddings=True, attention_bias=False)
     gen = torch.Generator().manual_seed(seed)
     shapes = {"embed_tokens.weight": (VOCAB, 64), "norm.weight": (64,)}
+    layer = {"self_attn.q_proj": (HQ * D, 64), "self_attn.k_proj": (HKV * D, 64),
+             "self_attn.v_proj": (HKV * D, 64), "self_attn.o_proj": (64, HQ * D),
+             "mlp.gate_proj": (96, 64), "mlp.up_proj": (96, 64), "mlp.down_proj": (64, 96),
+             "input_layernorm": (64,), "post_attention_layernorm": (64,)}
     for i in range(spec.num_layers):
-        p = f"layers.{i}."
-        shapes.update({p + "self_attn.q_proj.weight": (HQ * D, 64), p + "self_attn.k_proj.weight": (HKV * D, 64),
-                       p + "self_attn.v_proj.weight": (HKV * D, 64), p + "self_attn.o_proj.weight": (64, HQ * D),
-                       p + "mlp.gate_proj.weight": (96, 64), p + "mlp.up_proj.weight": (96, 64),
-                       p + "mlp.down_proj.weight": (64, 96), p + "input_layernorm.weight": (64,),
-                       p + "post_attention_layernorm.weight": (64,)})
-    sd = {k: (torch.randn(s, generator=gen) * 0.2 if len(s) == 2 else 1 + 0.1 * torch.randn(s, generator=gen))
+        shapes.update({f"layers.{i}.{name}.weight": shape for name, shape in layer.items()})
+    sd = {k: (0.2 * torch.randn(s, generator=gen) if len(s) == 2 else 1 + 0.1 * torch.randn(s, generator=gen))
           for k, s in shapes.items()}
     return LlamaDecoder(spec, sd)
 
@@ -218,7 +217,7 @@ def _caches(mrt):
 
 def _prefill_case(mutate):
     gen = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(0, VOCAB, (20,), generator=gen), torch.randint(0, VOCAB, (5,), generator=gen)]
+    prompts = [torch.randint(0, VOCAB, (n,), generator=gen) for n in (20, 5)]
     table = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32)
     return mutate(prompts, table)
 
@@ -229,15 +228,20 @@ def _set(t, idx, value):
     return t
 
 
-PREFILL_BAD = [
-    ("page-id-minus-one", lambda p, t: (p, _set(t, (0, 1), -1)), r"block_table: page ids in \[-1, 3\], KV pool has 40"),
-    ("page-id-past-pool", lambda p, t: (p, _set(t, (1, 0), POOL)), r"block_table: page ids in \[0, 40\], KV pool has 40"),
+_WIDE = torch.arange(16, dtype=torch.int32).view(2, 8)
+PREFILL_BAD = [  # (case, (prompts, table) -> bad (prompts, table), error pattern)
+    ("page-id-minus-one", lambda p, t: (p, _set(t, (0, 1), -1)),
+     r"block_table: page ids in \[-1, 3\], KV pool has 40"),
+    ("page-id-past-pool", lambda p, t: (p, _set(t, (1, 0), POOL)),
+     r"block_table: page ids in \[0, 40\], KV pool has 40"),
     ("table-too-narrow", lambda p, t: (p, t[:, :1]), r"block_table: 1 columns, prompt lengths needs 2 pages"),
-    ("prompt-too-long", lambda p, t: ([torch.zeros(CTX + 1, dtype=torch.int64), p[1]], torch.arange(16, dtype=torch.int32).view(2, 8)),
+    ("prompt-too-long", lambda p, t: ([torch.zeros(CTX + 1, dtype=torch.int64), p[1]], _WIDE),
      r"prompts\[0\]: length 129, allowed \[1, max_context_len=128\]"),
     ("prompt-empty", lambda p, t: ([p[0], p[1][:0]], t), r"prompts\[1\]: length 0"),
-    ("prompt-int32", lambda p, t: ([p[0].int(), p[1]], t), r"prompts\[0\]: .*torch.int32.*expected \[T\] torch.int64"),
-    ("prompt-ids-past-vocab", lambda p, t: ([p[0], _set(p[1], 2, VOCAB)], t), r"prompts\[1\]: ids in \[.*64\], vocabulary has 64"),
+    ("prompt-int32", lambda p, t: ([p[0].int(), p[1]], t),
+     r"prompts\[0\]: .*torch.int32.*expected \[T\] torch.int64"),
+    ("prompt-ids-past-vocab", lambda p, t: ([p[0], _set(p[1], 2, VOCAB)], t),
+     r"prompts\[1\]: ids in \[.*64\], vocabulary has 64"),
     ("table-int64", lambda p, t: (p, t.long()), r"block_table: dtype torch.int64, expected torch.int32"),
     ("table-rows", lambda p, t: (p, t[:1]), r"block_table: shape \(1, 3\), expected \[2, w\]"),
     ("table-too-wide", lambda p, t: (p, torch.zeros((2, WIDTH + 1), dtype=torch.int32)), r"max_pages_per_seq=8"),
@@ -307,7 +311,7 @@ def test_model_decode_checks_every_page_the_k_steps_write():
 
 
 # ---- concurrent use ----------------------------------------------------------------------------
-def _race(step_owner, pause_in_step, call_a, call_b):
+def _race(pause_in_step, call_a, call_b):
     """Run call_a in thread A and call_b in thread B, with B starting while A is inside its step
     (pause_in_step waits there up to 1 s for B to finish). Returns (result_a, result_b)."""
     in_step, b_done = threading.Event(), threading.Event()
@@ -354,7 +358,7 @@ def test_decode_runtime_threads_serialise(monkeypatch):
         monkeypatch.setattr(rt.backend, "run", paused_run)
 
     out_a, out_b = torch.empty_like(qa), torch.empty_like(qb)
-    got_a, got_b = _race(rt, hook, lambda: rt.decode(qa, ta, la, out=out_a),
+    got_a, got_b = _race(hook, lambda: rt.decode(qa, ta, la, out=out_a),
                          lambda: rt.decode(qb, tb, lb, out=out_b))
     assert got_a is out_a and got_b is out_b
     assert _rel(out_a, _reference(rt.kv_cache, qa, ta, la)) < 1e-4
@@ -400,7 +404,7 @@ def test_model_runtime_threads_serialise(monkeypatch):
         monkeypatch.setattr(mrt.model, "decode_step", paused_step)
 
     out_a, out_b = torch.empty_like(want_a), torch.empty_like(want_b)
-    _race(mrt, hook, lambda: mrt.decode(xa, ta, la, out=out_a), lambda: mrt.decode(xb, tb, lb, out=out_b))
+    _race(hook, lambda: mrt.decode(xa, ta, la, out=out_a), lambda: mrt.decode(xb, tb, lb, out=out_b))
     assert torch.equal(out_a, want_a) and torch.equal(out_b, want_b)
     assert all(torch.equal(a, b) for a, b in zip(_caches(mrt), _caches(solo)))
 
