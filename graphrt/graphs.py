@@ -68,3 +68,13 @@ class GraphManager:
 
     def replay(self, bucket: int) -> None:
         self._graphs[bucket].replay()
+
+    def drop(self, bucket: int) -> None:
+        """Forget bucket's graph (and its stats), e.g. after it failed verification; no-op if
+        absent. Its memory returns to the shared pool (released with the last graph)."""
+        graph = self._graphs.pop(bucket, None)
+        self.stats.pop(bucket, None)
+        if graph is not None:
+            graph.reset()
+        if not self._graphs:
+            self._pool = None  # the next capture starts a fresh pool

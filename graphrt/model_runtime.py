@@ -8,9 +8,15 @@
 A graph runs K decode steps: each step prepares the metadata + plan on the device (once for all
 layers), runs the model, takes the greedy argmax on the device, feeds it back and advances
 seq_lens on the device. seq_lens count the token being decoded (its K/V go to slot seq_len - 1).
+
+Threads: prefill(), capture() and decode() hold `mrt.lock` (reentrant) for the whole call, so
+concurrent calls serialise. decode() returns a view of static buffers that the next call
+rewrites: threads pass `out=` (copied under the lock) or hold `mrt.lock` while reading it (and
+last_logits()). All calls must use one CUDA stream.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -21,7 +27,7 @@ from .buffers import BucketView, StaticBuffers
 from .config import RuntimeConfig
 from .context import AttentionContext
 from .graphs import GraphManager
-from .inputs import check_host_values, check_tables
+from .inputs import check_exclusive_writes, check_host_values, check_prefill, check_tables
 from .kvcache import PagedKVCache
 from .runtime import _device, raise_device_errors
 
@@ -64,6 +70,7 @@ class ModelRuntime:
         self._io = {size: StepBuffers(tokens[:size], out[:, :size], logits[:size])
                     for size in config.buckets}
         self.graphs: GraphManager | None = None
+        self.lock = threading.RLock()  # held for a whole call: see the module docstring
         self.backend.setup([self.buffers.view(x) for x in reversed(config.buckets)])
         if steps_per_graph > 1 and self.backend.needs_host_inputs:  # after setup: fallback too
             raise ValueError("steps_per_graph: backend plans on the host (planner 'host' or a "
@@ -74,9 +81,20 @@ class ModelRuntime:
     def num_pages(self) -> int:
         return self.kv_caches[0].num_pages
 
+    @property
+    def uses_graphs(self) -> bool:
+        return self.device.type == "cuda" and self.backend.capturable
+
     def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor) -> torch.Tensor:
-        """Eager prefill of each prompt into rows of block_table; returns last-token logits."""
-        return self.model.prefill(prompts, self.kv_caches, block_table)
+        """Eager prefill of each prompt into rows of block_table; returns [n, vocab] float32
+        last-token logits. prompts: n [T_i] int64 tensors (1 <= T_i <= max_context_len);
+        block_table [n, w] int32 with pages for every prompt token, ids in the pool, no page in
+        two rows (each row writes all its pages). Runtime device or CPU; checked before writing."""
+        check_prefill(self.config, self.device, self.num_pages, self.model.spec.vocab_size,
+                      prompts, block_table)
+        prompts = [p.to(self.device) for p in prompts]
+        with self.lock:
+            return self.model.prefill(prompts, self.kv_caches, block_table.to(self.device))
 
     def _steps(self, view: BucketView, io: StepBuffers) -> None:
         """K decode steps over the bucket (pure device work: capturable)."""
@@ -93,22 +111,27 @@ class ModelRuntime:
                 view.seq_lens.add_((view.seq_lens > 0).to(view.seq_lens.dtype))
 
     def capture(self) -> dict:
-        """Capture every bucket. The warm-up steps write K/V into page 0 of every layer (their
-        block table is all zeros); page 0 is saved before and restored after."""
-        if self.device.type != "cuda" or not self.backend.capturable:
+        """Capture every bucket not yet captured (idempotent, like DecodeRuntime.capture);
+        returns the CaptureStats of every captured bucket ({} on CPU). The warm-up steps write
+        K/V into page 0 of every layer (their block table is all zeros); page 0 is saved before
+        and restored after."""
+        if not self.uses_graphs:
             return {}
-        self.graphs = self.graphs or GraphManager(self.device)
-        saved = [(c.k[0].clone(), c.v[0].clone()) for c in self.kv_caches]
-        try:
-            self._capture_all()
-        finally:
-            for c, (k0, v0) in zip(self.kv_caches, saved):
-                c.k[0].copy_(k0)
-                c.v[0].copy_(v0)
-        return dict(self.graphs.stats)
+        with self.lock:
+            self.graphs = self.graphs or GraphManager(self.device)
+            saved = [(c.k[0].clone(), c.v[0].clone()) for c in self.kv_caches]
+            try:
+                self._capture_all()
+            finally:
+                for c, (k0, v0) in zip(self.kv_caches, saved):
+                    c.k[0].copy_(k0)
+                    c.v[0].copy_(v0)
+            return dict(self.graphs.stats)
 
     def _capture_all(self) -> None:
         for size in reversed(self.config.buckets):
+            if size in self.graphs:
+                continue
             view, io = self.buffers.view(size), self._io[size]
             view.block_table.zero_()
             view.seq_lens.fill_(1)
@@ -118,14 +141,24 @@ class ModelRuntime:
             self.graphs.capture(size, lambda v=view, i=io: self._steps(v, i))
             view.seq_lens.zero_()
 
-    def decode(self, tokens: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
-        """K greedy decode steps for n requests; returns [K, n] int64 tokens (a view).
+    def decode(self, tokens: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, *,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+        """K greedy decode steps for n requests; returns [K, n] int64 tokens (a view of a static
+        buffer, valid until the next call; with out= [K, n] int64 on the runtime device, copied
+        there under mrt.lock and out returned).
 
         tokens [n] int64: each row's current token; seq_lens [n] int32 include it; block_table
         [n, w] int32 must already hold pages for K more tokens (checked on the host for CPU
         seq_lens, by the device guard otherwise). Leaves the caches holding the K new K/V.
+
+        Forked requests (copy-on-write contract): rows may share read-only prefix pages, but the
+        pages a row writes (those holding slots seq_len - 1 .. seq_len + K - 2) must be its own.
+        With a CPU block_table and seq_lens this is checked (ValueError naming the rows and the
+        page); for a device-resident table the caller must copy a shared partly filled page first.
         """
-        n = tokens.shape[0]
+        if not isinstance(tokens, torch.Tensor):
+            raise TypeError(f"tokens: expected a torch.Tensor, got {type(tokens).__name__}")
+        n = tokens.shape[0] if tokens.dim() else 0
         c = self.config
         if tokens.dtype != torch.int64 or tokens.dim() != 1 or n < 1:
             raise ValueError(f"tokens: expected [n >= 1] int64, got {tuple(tokens.shape)} {tokens.dtype}")
@@ -141,6 +174,19 @@ class ModelRuntime:
                 raise ValueError(f"seq_lens: K={self.k} steps reach {int(last.max())} tokens, "
                                  f"beyond max_context_len={c.max_context_len}")
             check_host_values(c, self.num_pages, block_table, last)  # pages for all K tokens
+            if block_table.device.type == "cpu":
+                check_exclusive_writes(c, block_table, (seq_lens - 1).clamp_min(0), last)
+        if out is not None and (not isinstance(out, torch.Tensor) or out.dtype != torch.int64
+                                or tuple(out.shape) != (self.k, n) or out.device != self.device):
+            got = (f"{list(out.shape)} {out.dtype} on {out.device}" if isinstance(out, torch.Tensor)
+                   else type(out).__name__)
+            raise ValueError(f"out: expected [{self.k}, {n}] torch.int64 on {self.device}, got {got}")
+        with self.lock:
+            rows = self._decode(tokens, block_table, seq_lens)
+            return rows if out is None else out.copy_(rows)
+
+    def _decode(self, tokens, block_table, seq_lens) -> torch.Tensor:
+        n, c = tokens.shape[0], self.config
         size = pick_bucket(c.buckets, n)
         view, io = self.buffers.view(size), self._io[size]
         width = block_table.shape[1]

@@ -3,6 +3,7 @@
     rt = DecodeRuntime(config, kv_cache, device="cuda")
     rt.capture()                                   # every bucket, largest first
     out = rt.decode(q, block_table, seq_lens)      # [n, Hq, D] view, valid until the next step
+    rt.decode(q, block_table, seq_lens, out=mine)  # or copied into the caller's buffer (threads)
 
 Zero-copy serving loop (no input copies by the runtime: the host work is one replay):
 
@@ -11,8 +12,17 @@ Zero-copy serving loop (no input copies by the runtime: the host work is one rep
     out = rt.replay(view)[:n]
 
 On a CPU device (or with the eager-only reference backend) the same path runs eagerly.
+
+Threads: decode() and replay() hold `rt.lock` (a reentrant lock) for the whole step (input copy,
+replay, output copy into `out=`), so concurrent calls serialise instead of mixing their inputs.
+The returned view is the bucket's static output, rewritten by the next step from any thread:
+threads sharing a runtime pass `out=` (copied under the lock) or hold `rt.lock` themselves while
+they read the view; the zero-copy path must hold `rt.lock` from writing the static inputs to
+reading the output. All calls must use one CUDA stream (the graph's replays are ordered on it).
 """
 from __future__ import annotations
+
+import threading
 
 import torch
 
@@ -21,7 +31,7 @@ from .buckets import pick_bucket
 from .buffers import BucketView, StaticBuffers
 from .config import RuntimeConfig
 from .graphs import GraphManager
-from .inputs import check_inputs
+from .inputs import check_exclusive_writes, check_inputs
 from .kernels import ERR_GRID, ERR_PAGE_ID, ERR_SEQ_LEN
 from .kernels.append_kv import ERR_KV_SLOT
 from .kvcache import PagedKVCache
@@ -45,16 +55,19 @@ class DecodeRuntime:
     name per bucket instead (graphrt-capture's `auto` choice). lazy=True captures a bucket on its
     first use (verified against the reference first) instead of in capture(). parity_sets:
     random length sets per bucket on which the device planner is checked against FlashInfer's
-    plan() before the first capture (default 4).
+    plan() before the first capture (default 4). check_forks=True: refuse (ValueError) host-known
+    batches in which a row's newest page (holding slot seq_len - 1, which the caller wrote this
+    step) is used by another row; off by default since this runtime only reads the cache.
     """
 
     def __init__(self, config: RuntimeConfig, kv_cache: PagedKVCache, device="cuda", *,
                  backend: str | None = None, bucket_backends: dict[int, str] | None = None,
-                 lazy: bool = False, parity_sets: int | None = None):
+                 lazy: bool = False, parity_sets: int | None = None, check_forks: bool = False):
         if not isinstance(config, RuntimeConfig):
             raise TypeError(f"config: expected RuntimeConfig, got {type(config).__name__}")
-        if not isinstance(lazy, bool):
-            raise TypeError(f"lazy: expected a bool, got {lazy!r}")
+        for name, flag in (("lazy", lazy), ("check_forks", check_forks)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name}: expected a bool, got {flag!r}")
         if parity_sets is not None and (isinstance(parity_sets, bool) or not isinstance(parity_sets, int)
                                         or parity_sets < 1):
             raise ValueError(f"parity_sets: must be an int >= 1 (the device planner is never used "
@@ -70,6 +83,8 @@ class DecodeRuntime:
                          for name in sorted(set(names.values()))}
         self._backend_of = {b: self.backends[names[b]] for b in config.buckets}
         self.lazy = lazy
+        self.check_forks = check_forks
+        self.lock = threading.RLock()  # held for a whole step: see the module docstring
         self.startup_s: dict[str, float] = {}
         self.graphs: GraphManager | None = None
         self._set_up = False
@@ -112,17 +127,19 @@ class DecodeRuntime:
     def capture(self, *, progress: bool = False) -> dict:
         """Capture every bucket (largest first, one pool); with lazy=True only set up.
 
-        Returns per-bucket CaptureStats of the buckets captured so far."""
-        self.setup()
-        if not self.uses_graphs:
-            return {}
-        self.graphs = self.graphs or GraphManager(self.device)
-        if not self.lazy:
-            todo = [v for v in self._views_largest_first()
-                    if self._captures(v.size) and v.size not in self.graphs]
-            for view in _progress(todo, progress, "capturing"):
-                self._capture_bucket(view)
-        return dict(self.graphs.stats)
+        Idempotent: buckets already captured are skipped. Returns per-bucket CaptureStats of the
+        buckets captured so far."""
+        with self.lock:
+            self.setup()
+            if not self.uses_graphs:
+                return {}
+            self.graphs = self.graphs or GraphManager(self.device)
+            if not self.lazy:
+                todo = [v for v in self._views_largest_first()
+                        if self._captures(v.size) and v.size not in self.graphs]
+                for view in _progress(todo, progress, "capturing"):
+                    self._capture_bucket(view)
+            return dict(self.graphs.stats)
 
     def _capture_bucket(self, view: BucketView) -> None:
         backend = self._backend_of[view.size]
@@ -134,16 +151,25 @@ class DecodeRuntime:
         view.seq_lens.zero_()
 
     def _capture_lazily(self, view: BucketView) -> None:
-        """First use of a bucket under lazy=True: verify eagerly, capture, keep the user's inputs."""
+        """First use of a bucket under lazy=True: capture, verify the replay against the
+        reference, and restore the user's static inputs whatever happens. A graph that failed
+        (capture or verification raised, or the error is over tolerance) is dropped, so the next
+        use of the bucket captures and verifies again instead of replaying it."""
         from .verify import TOLERANCE, verify_bucket
-        saved = [t.clone() for t in (view.query, view.block_table, view.seq_lens)]
-        self._capture_bucket(view)
-        err = verify_bucket(self, view.size, seed=self.config.seed + view.size)
-        for dst, src in zip((view.query, view.block_table, view.seq_lens), saved):
-            dst.copy_(src)
-        if not err <= TOLERANCE[self.config.dtype]:
-            raise RuntimeError(f"bucket {view.size}: lazily captured graph failed verification "
-                               f"(rel err {err:.2e})")
+        inputs = (view.query, view.block_table, view.seq_lens)
+        saved = [t.clone() for t in inputs]
+        try:
+            self._capture_bucket(view)
+            err = verify_bucket(self, view.size, seed=self.config.seed + view.size)
+            if not err <= TOLERANCE[self.config.dtype]:
+                raise RuntimeError(f"bucket {view.size}: lazily captured graph failed "
+                                   f"verification (rel err {err:.2e}); graph dropped")
+        except BaseException:
+            self.graphs.drop(view.size)
+            raise
+        finally:
+            for dst, src in zip(inputs, saved):
+                dst.copy_(src)
 
     def _step(self, view: BucketView) -> None:
         backend = self._backend_of[view.size]
@@ -159,7 +185,12 @@ class DecodeRuntime:
         """One step over the whole bucket as it stands in its static buffers; returns view.output.
 
         A host-planned backend (planner 'host', or a device-planner fallback) plans here first,
-        from seq_lens_cpu if given, else from a copy of view.seq_lens (a device sync)."""
+        from seq_lens_cpu if given, else from a copy of view.seq_lens (a device sync). Holds
+        rt.lock for the step; threads must hold it across their input writes too."""
+        with self.lock:
+            return self._replay(view, seq_lens_cpu)
+
+    def _replay(self, view: BucketView, seq_lens_cpu: torch.Tensor | None) -> torch.Tensor:
         graphed = self.graphs is not None and view.size in self.graphs
         if not graphed:
             self.setup()
@@ -176,21 +207,37 @@ class DecodeRuntime:
             self._step(view)
         return view.output
 
-    def decode(self, q: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+    def decode(self, q: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, *,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         """Attention for n decode requests. Validates everything before writing anything.
 
         q [n, Hq, D] (config dtype, runtime device); block_table [n, <=max_pages] int32 and
         seq_lens [n] int32, on the runtime device or the CPU (CPU values are checked on the host;
-        device values by the prepare kernel, see check_device_errors). Returns a [n, Hq, D] view.
+        device values by the prepare kernel, see check_device_errors). Returns a [n, Hq, D] view
+        of the static output, valid until the next step; with out= ([n, Hq, D], q's dtype and
+        device) the rows are copied into out under rt.lock and out is returned (thread-safe).
+
+        Forked requests: rows may share read-only prefix pages, but the page holding a row's
+        slot seq_len - 1 (its newest token, written by the caller) must be the row's own. The
+        caller keeps that copy-on-write contract; with check_forks=True and a CPU block_table
+        and seq_lens, decode refuses a batch that breaks it (ValueError naming rows and page).
         """
         n = check_inputs(self.config, self.device, self.kv_cache.num_pages, q, block_table, seq_lens)
+        if out is not None and (not isinstance(out, torch.Tensor) or out.shape != q.shape
+                                or out.dtype != q.dtype or out.device != q.device):
+            raise ValueError(f"out: expected a [{n}, {q.shape[1]}, {q.shape[2]}] {q.dtype} tensor "
+                             f"on {q.device}, got {_describe(out)}")
+        if self.check_forks and block_table.device.type == "cpu" and seq_lens.device.type == "cpu":
+            check_exclusive_writes(self.config, block_table, (seq_lens - 1).clamp_min(0), seq_lens)
         view = self.buffers.view(pick_bucket(self.config.buckets, n))
-        view.load_inputs(q, block_table.to(self.device, non_blocking=True),
-                         seq_lens.to(self.device, non_blocking=True))
-        if block_table.shape[1] < self.config.max_pages_per_seq:
-            view.block_table[:n, block_table.shape[1]:].fill_(-1)  # stale columns: invalid ids
-        host_lens = seq_lens.cpu() if self._backend_of[view.size].needs_host_inputs else None
-        return self.replay(view, seq_lens_cpu=host_lens)[:n]  # .cpu(): a sync for GPU seq_lens
+        with self.lock:
+            view.load_inputs(q, block_table.to(self.device, non_blocking=True),
+                             seq_lens.to(self.device, non_blocking=True))
+            if block_table.shape[1] < self.config.max_pages_per_seq:
+                view.block_table[:n, block_table.shape[1]:].fill_(-1)  # stale columns: invalid ids
+            host_lens = seq_lens.cpu() if self._backend_of[view.size].needs_host_inputs else None
+            rows = self._replay(view, host_lens)[:n]  # .cpu(): a sync for GPU seq_lens
+            return rows if out is None else out.copy_(rows)
 
     def check_device_errors(self) -> None:
         """Synchronise, read and clear the prepare kernel's sticky flags; raise if any was set."""
@@ -228,6 +275,12 @@ def raise_device_errors(device_error: torch.Tensor, config: RuntimeConfig, num_p
         why.append("block_table: a new token's K/V slot fell past the block table's width "
                    "(it must hold pages for every decoded token; K/V not written)")
     raise DeviceInputError("device input guard: " + "; ".join(why))
+
+
+def _describe(t) -> str:
+    if isinstance(t, torch.Tensor):
+        return f"{list(t.shape)} {t.dtype} on {t.device}"
+    return type(t).__name__
 
 
 def _bucket_backend_names(config, backend, bucket_backends) -> dict[int, str]:

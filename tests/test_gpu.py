@@ -307,3 +307,74 @@ def test_model_multi_step_graph_equals_single_steps_without_host_sync():
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert multi.tolist() == torch.stack(singles).tolist()
+
+
+# ---- reliability (issue 12): guards only a GPU can observe --------------------------------------
+def test_stale_block_table_columns_are_flagged():
+    """Device seq_lens are not host-checked: a table narrower than the lengths need must read the
+    -1 written past its width (flagged), never the previous batch's page ids (read silently)."""
+    from graphrt import DeviceInputError
+    rt = _runtime(buckets=[4])
+    rt.capture()
+    gen = torch.Generator().manual_seed(12)
+    q, wide, lens = _batch(rt, 4, gen, max_len=200)
+    rt.decode(q, wide, lens)
+    rt.check_device_errors()                                   # a valid step: nothing flagged
+    page = rt.config.page_size
+    short = torch.full((4,), 3 * page + 1, dtype=torch.int32).cuda()  # needs 4 pages, table has 2
+    rt.decode(q, wide[:, :2].contiguous(), short)
+    with pytest.raises(DeviceInputError, match="block_table page ids outside"):
+        rt.check_device_errors()
+
+
+def test_lazy_capture_failed_verification_keeps_no_graph(monkeypatch):
+    import graphrt.verify as verify
+    cfg = load_config(CONFIG).replace(buckets=[1, 4])
+    kv = PagedKVCache.allocate(cfg, 1024, "cuda")
+    rt = DecodeRuntime(cfg, kv, "cuda", lazy=True)
+    rt.capture()
+    gen = torch.Generator().manual_seed(13)
+    q, table, lens = _batch(rt, 4, gen, max_len=3000)
+    view = rt.static_inputs(4)                                 # zero-copy path
+    view.query.copy_(q), view.block_table.copy_(table), view.seq_lens.copy_(lens)
+    monkeypatch.setattr(verify, "verify_bucket", lambda rt, size, seed: float("inf"))
+    for _ in range(2):                                         # never a silent replay of it
+        with pytest.raises(RuntimeError, match="failed verification"):
+            rt.replay(view)
+        assert 4 not in rt.graphs
+        assert torch.equal(view.query, q) and torch.equal(view.seq_lens, lens)
+    monkeypatch.undo()
+    out = rt.replay(view).clone()                              # retry without rewriting inputs
+    assert 4 in rt.graphs
+    k, v = kv.as_tuple()
+    assert rel_error(out, reference_decode(q, k, v, table, lens)) < BF16_TOL
+
+
+def test_decode_from_two_threads_with_out():
+    import threading
+    rt = _runtime(buckets=[1, 4, 16])
+    rt.capture()
+    errors, wrong = [], []
+
+    def worker(seed):
+        try:
+            gen = torch.Generator().manual_seed(seed)
+            for i in range(30):
+                q, table, lens = _batch(rt, 1 + (i + seed) % 16, gen, max_len=2000)
+                out = torch.empty_like(q)
+                rt.decode(q, table, lens, out=out)
+                k, v = rt.kv_cache.as_tuple()
+                if rel_error(out, reference_decode(q, k, v, table, lens)) >= BF16_TOL:
+                    wrong.append((seed, i))
+        except BaseException as e:
+            errors.append(e)
+    threads = [threading.Thread(target=worker, args=(s,)) for s in (1, 2)]
+    [t.start() for t in threads], [t.join(300) for t in threads]
+    assert not errors and not wrong, (errors, wrong)
+
+
+def test_model_capture_twice_returns_the_same_stats():
+    mrt = _model_runtime(_tiny_hf_llama())
+    first = mrt.capture()
+    assert sorted(first) == [1, 4, 8]
+    assert mrt.capture() == first
