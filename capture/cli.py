@@ -157,5 +157,5 @@ def check(cache_dir: Path) -> int:
     d = m.data
     print(f"graph cache {cache_dir}: OK | config {d['config'].get('name')} ({d['config_digest']}) | "
           f"{len(d['buckets'])} buckets | {len(d['artifacts'])} artifacts | built {d['created']} "
-          f"on {d['environment']['gpu']}")
+          f"on {d['environment']['gpu'] or 'a CPU (eager)'}")
     return 0
