@@ -10,7 +10,8 @@ import torch
 from graphrt import DecodeRuntime, PagedKVCache
 from graphrt.cache import build_manifest, collect_artifacts
 from graphrt.config import XQA_PAGE_SIZES
-from graphrt.verify import TOLERANCE, random_batch, verify_bucket, verify_lengths
+from graphrt.verify import (TOLERANCE, VerifyPlan, full_plan, random_batch, verify_bucket,
+                            verify_lengths)
 
 
 def candidate_backends(config, device: torch.device) -> list[str]:
@@ -20,13 +21,15 @@ def candidate_backends(config, device: torch.device) -> list[str]:
     return ["flashinfer", "xqa"] if config.page_size in XQA_PAGE_SIZES else ["flashinfer"]
 
 
-def time_bucket(rt: DecodeRuntime, size: int, *, steps: int = 30) -> tuple[float, float | None]:
-    """(host µs, device µs) per step of a full bucket of verification-length requests.
+def time_bucket(rt: DecodeRuntime, size: int, *, steps: int = 30,
+                lengths: tuple[int, ...] | None = None) -> tuple[float, float | None]:
+    """(host µs, device µs) per step of a full bucket of requests cycling through `lengths`
+    (default: the verification lengths).
 
     host: mean over a burst of replays without sync; device: CUDA events over replays (None on
     CPU, where the step runs eagerly and host time is the step time)."""
     gen = torch.Generator().manual_seed(size)
-    q, table, lens = random_batch(rt, size, verify_lengths(rt.config), gen)
+    q, table, lens = random_batch(rt, size, list(lengths or verify_lengths(rt.config)), gen)
     rt.decode(q, table, lens)
     view = rt.buffers.view(size)
     backend = rt.backend_for(size)
@@ -84,8 +87,13 @@ def pick_backends(config, kv, device, candidates: list[str], progress: bool) -> 
 
 
 def build(config, device: torch.device, *, backend: str, steps: int, progress: bool,
-          out_dir: Path | None = None) -> tuple[DecodeRuntime, list[dict], float]:
-    """Capture + verify + time every bucket. Returns (runtime, per-bucket rows, setup seconds)."""
+          out_dir: Path | None = None,
+          plan: VerifyPlan | None = None) -> tuple[DecodeRuntime, list[dict], float]:
+    """Capture every bucket; verify + time the plan's buckets (default: all, standard lengths).
+
+    Returns (runtime, per-bucket rows, setup seconds). Rows of buckets outside the plan have
+    rel_err / host_us / device_us None; verified rows record their `verify_lengths`."""
+    plan = plan or full_plan(config)
     kv = PagedKVCache.allocate(config, config.pool_pages, device)
     t0 = time.perf_counter()
     if backend == "auto":
@@ -99,9 +107,14 @@ def build(config, device: torch.device, *, backend: str, steps: int, progress: b
     for row in rows:
         b = row["bucket"]
         row["backend_name"] = _backend_name(rt, b)
-        row["rel_err"] = verify_bucket(rt, b, seed=config.seed + b, steps=steps)
-        row["host_us"], row["device_us"] = time_bucket(rt, b)
-    if out_dir is not None and all(r["rel_err"] <= TOLERANCE[config.dtype] for r in rows):
+        row["rel_err"] = row["host_us"] = row["device_us"] = row["verify_lengths"] = None
+        if b in plan.buckets:
+            row["rel_err"] = verify_bucket(rt, b, seed=config.seed + b, steps=steps,
+                                           lengths=plan.lengths)
+            row["host_us"], row["device_us"] = time_bucket(rt, b, lengths=plan.lengths)
+            row["verify_lengths"] = list(plan.lengths)
+    tol = TOLERANCE[config.dtype]
+    if out_dir is not None and all(r["rel_err"] is None or r["rel_err"] <= tol for r in rows):
         write_cache(rt, rows, Path(out_dir))  # no manifest (not a cache) if verification failed
     return rt, rows, setup_s
 

@@ -7,7 +7,8 @@ Builds every kernel the config needs, captures every bucket (largest first), ver
 bucket against float32 reference attention at lengths 1, a page boundary and the maximum, times
 it (host and device µs per step), records graph memory and capture time, and with `backend: auto`
 picks the fastest backend per bucket. Without CUDA it runs the same pipeline eagerly with the
-torch split-KV backend (device planner + torch executor) and says so.
+torch split-KV backend (device planner + torch executor), verifies the buckets and lengths that
+fit a CPU budget (--verify-buckets / --verify-lengths choose), and says which.
 """
 from __future__ import annotations
 
@@ -29,8 +30,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default=None, help="override the config's backend")
     p.add_argument("--steps", type=int, default=1, help="verification batches per bucket")
     p.add_argument("--json", default=None, help="write the per-bucket report here")
+    p.add_argument("--verify-buckets", type=_int_list, default=None, metavar="B1,B2,..",
+                   help="verify (and time) only these buckets (default: all; a subset on CPU)")
+    p.add_argument("--verify-lengths", type=_int_list, default=None, metavar="L1,L2,..",
+                   help="request lengths to verify at (default: 1, page, page+1, max; "
+                        "max capped on CPU)")
     p.add_argument("--no-progress", action="store_true")
     return p
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one integer")
+    return values
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,8 +62,31 @@ def main(argv: list[str] | None = None) -> int:
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        print(f"graphrt-capture: --device {device}: this machine has no CUDA device (torch "
+              f"{torch.__version__}); use --device cpu (eager) or run on a GPU machine", file=sys.stderr)
+        return 2
     if device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before graphrt imports its kernels
+    from graphrt import load_config
+    from graphrt.verify import make_plan
+    from .cpu import CpuRefusal, check_memory, choose_plan, cpu_backend, plan_summary
+
+    config = load_config(args.config)
+    backend, note = args.backend or config.backend, None
+    try:
+        if device == "cpu":  # decided before anything is allocated or written
+            backend, note = cpu_backend(config.backend, args.backend)
+            check_memory(config)
+            plan = choose_plan(config, buckets=args.verify_buckets, lengths=args.verify_lengths)
+        else:
+            plan = make_plan(config, buckets=args.verify_buckets, lengths=args.verify_lengths)
+    except CpuRefusal as e:
+        print(f"graphrt-capture: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:  # make_plan: "buckets: ..." / "lengths: ..."
+        print(f"graphrt-capture: --verify-{e}", file=sys.stderr)
+        return 2
     out = Path(args.out) if args.out else None
     if out is not None:
         if out.exists() and any(out.iterdir()):
@@ -56,21 +95,19 @@ def main(argv: list[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         from graphrt.cache import point_compilers_at
         point_compilers_at(out)  # FlashInfer JIT + Triton build into the cache, before any compile
-    from graphrt import load_config
     from graphrt.verify import TOLERANCE
     from .build import build
 
-    config = load_config(args.config)
-    backend = args.backend or config.backend
-    if device == "cpu" and backend not in ("reference", "torch-splitkv", "auto"):
-        print(f"graphrt-capture: no CUDA device: running eagerly with the torch-splitkv backend "
-              f"(the device planner's schedule executed in torch; config backend {backend!r} "
-              f"needs a GPU)")
-        backend = "torch-splitkv"
+    if note:
+        print(note)
+    full = plan.is_full(config)
+    if not full:
+        print(f"graphrt-capture: verifying buckets {list(plan.buckets)} of {len(config.buckets)} "
+              f"with lengths {list(plan.lengths)}")
     rt, rows, setup_s = build(config, torch.device(device), backend=backend, steps=args.steps,
-                              progress=not args.no_progress, out_dir=out)
+                              progress=not args.no_progress, out_dir=out, plan=plan)
     tol = TOLERANCE[config.dtype]
-    failed = [r["bucket"] for r in rows if not r["rel_err"] <= tol]
+    failed = [r["bucket"] for r in rows if r["rel_err"] is not None and not r["rel_err"] <= tol]
     print_table(config, args.config, rt, rows, setup_s, tol)
     if args.json:
         mode = "CUDA graphs" if rt.uses_graphs else "eager"
@@ -84,7 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     if any(r["backend"] == "reference" for r in rows):
         print("note: buckets on the 'reference' backend are the oracle itself (their error is a "
               "self-check); use torch-splitkv on a CPU to verify the device planner")
-    print("all buckets verified against the float32 reference")
+    if full:
+        print("all buckets verified against the float32 reference")
+    else:
+        print(plan_summary(config, plan, on_cpu=device == "cpu", config_path=args.config))
     return 0
 
 
@@ -98,8 +138,10 @@ def print_table(config, path, rt, rows, setup_s, tol) -> None:
         cap = f"{r['capture_ms']:.1f}" if r["capture_ms"] is not None else "-"
         mb = f"{r['graph_bytes'] / 2**20:.2f}" if r["graph_bytes"] is not None else "-"
         dev = f"{r['device_us']:.1f}" if r["device_us"] is not None else "-"
+        host = f"{r['host_us']:.1f}" if r["host_us"] is not None else "-"
+        err = f"{r['rel_err']:.2e}" if r["rel_err"] is not None else "unverified"
         print(f"{r['bucket']:>6} {r['backend']:<22} {cap:>10} {mb:>9} {r['buffer_bytes'] / 1024:>10.1f} "
-              f"{r['host_us']:>8.1f} {dev:>9} {r['rel_err']:>9.2e}")
+              f"{host:>8} {dev:>9} {err:>9}")
     total_graph = sum(r["graph_bytes"] or 0 for r in rows)
     print(f"graph memory, all buckets: {total_graph / 2**20:.2f} MB; static buffers: "
           f"{rt.buffers.nbytes() / 2**20:.2f} MB")
@@ -115,5 +157,5 @@ def check(cache_dir: Path) -> int:
     d = m.data
     print(f"graph cache {cache_dir}: OK | config {d['config'].get('name')} ({d['config_digest']}) | "
           f"{len(d['buckets'])} buckets | {len(d['artifacts'])} artifacts | built {d['created']} "
-          f"on {d['environment']['gpu']}")
+          f"on {d['environment']['gpu'] or 'a CPU (eager)'}")
     return 0

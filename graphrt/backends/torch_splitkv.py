@@ -15,6 +15,17 @@ from ..reference import split_kv_decode
 from .base import AttentionBackend
 
 
+# FlashInfer allocates its int workspace in 16-byte-aligned chunks; the prepare kernel views it as
+# int32, so its size must be a multiple of 4. The plan's used bytes end at a 1-byte array (the
+# block-valid mask), so they often are not: round up.
+INT_WORKSPACE_ALIGN = 16
+
+
+def int_workspace_nbytes(spec: layout.PlanSpec) -> int:
+    """Bytes to allocate for a plan's int workspace: its used bytes rounded up to 16."""
+    return -(-spec.int_workspace_bytes // INT_WORKSPACE_ALIGN) * INT_WORKSPACE_ALIGN
+
+
 class TorchSplitKVBackend(AttentionBackend):
     name = "torch-splitkv"
     capturable = False  # reads the plan back to the host
@@ -28,7 +39,7 @@ class TorchSplitKVBackend(AttentionBackend):
         c = self.config
         for view in views:
             spec = layout.nominal_spec(c.decode_kernel, view.size, c.page_size, c.num_kv_heads)
-            ws = torch.zeros(spec.int_workspace_bytes + 16, dtype=torch.uint8, device=self.device)
+            ws = torch.zeros(int_workspace_nbytes(spec), dtype=torch.uint8, device=self.device)
             self.specs[view.size], self.int_workspace[view.size] = spec, ws
             self._prepare[view.size] = self._metadata_launch(view, spec=spec, int_workspace=ws)
 
