@@ -49,6 +49,17 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
+def console_main(argv: list[str] | None = None) -> int:
+    """The `graphrt-capture` console script: `main`, with a bad config reported as one line
+    (the file, the key and the limit) and exit status 2 instead of a traceback."""
+    from graphrt import ConfigError
+    try:
+        return main(argv)
+    except ConfigError as e:
+        print(f"graphrt-capture: {e}", file=sys.stderr)
+        return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)

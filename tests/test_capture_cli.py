@@ -52,6 +52,13 @@ def test_missing_config_file(tmp_path):
         main(["--config", str(tmp_path / "none.yaml"), "--no-progress"])
 
 
+def test_console_script_reports_a_bad_config_in_one_line(tmp_path, capsys):
+    from capture.cli import console_main
+    assert console_main(["--config", str(tmp_path / "none.yaml"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no such file" in err[0] and "Traceback" not in err[0]
+
+
 def test_config_flag_required(capsys):
     with pytest.raises(SystemExit) as info:
         main([])

@@ -12,6 +12,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from graphrt import flashinfer_layout as fl
+from graphrt.backends.torch_splitkv import int_workspace_nbytes
 from graphrt.buffers import StaticBuffers
 from graphrt.config import RuntimeConfig
 from graphrt.kernels import PrepareLaunch
@@ -76,7 +77,7 @@ def _device_plan(kind, size, lens, page_size, max_pages, num_kv_heads=2, seed=0)
                         buckets=sorted({1, size}), dtype="float32", backend="reference")
     view = StaticBuffers(cfg, torch.device("cpu")).view(size)
     spec = fl.nominal_spec(kind, size, page_size, num_kv_heads, num_sms=8)
-    ws = torch.full((spec.int_workspace_bytes + 16,), 0xAB, dtype=torch.uint8)  # poison
+    ws = torch.full((int_workspace_nbytes(spec),), 0xAB, dtype=torch.uint8)  # poison
     g = torch.Generator().manual_seed(seed)
     pool = 64
     view.block_table.copy_(torch.randint(0, pool, view.block_table.shape, generator=g, dtype=torch.int32))
