@@ -94,8 +94,6 @@ def loading_from(cache_dir: Path, built_at: str | None = None):
             f"is incomplete or was moved from {built_at}; rebuild it with graphrt-capture --out")
 
 
-
-
 _SCHEMA = {"format": int, "created": str, "mode": str, "config": dict, "config_digest": str,
            "buckets": list, "bucket_backends": dict, "rows": list, "environment": dict,
            "artifacts": dict, "path": (str, type(None))}
@@ -103,7 +101,7 @@ _SCHEMA = {"format": int, "created": str, "mode": str, "config": dict, "config_d
 
 def _manifest_problems(data: dict, config, where: str) -> list[str]:
     """Schema, environment and config of a parsed manifest; `where` names the file."""
-    from .config import BACKENDS, ConfigError, RuntimeConfig, config_from_dict
+    from .config import BACKENDS, ConfigError, config_from_dict
     problems = [f"{where}: {key!r} missing or not {getattr(t, '__name__', 'str or null')}"
                 for key, t in _SCHEMA.items() if not isinstance(data.get(key), t)]
     if problems:
@@ -135,8 +133,6 @@ def _manifest_problems(data: dict, config, where: str) -> list[str]:
         problems.append(f"{where}: bucket_backends {data['bucket_backends']} must name a backend "
                         f"for each bucket {list(cached.buckets)}")
     if config is not None:
-        if not isinstance(config, RuntimeConfig):
-            raise TypeError(f"config: expected a RuntimeConfig, got {type(config).__name__}")
         want, have = config.to_dict(), cached.to_dict()
         diff = {k: (have.get(k), want.get(k)) for k in sorted(set(want) | set(have))
                 if have.get(k) != want.get(k)}
@@ -153,14 +149,20 @@ def _artifact_problems(cache_dir: Path, listed: dict, present: tuple[str, ...]) 
             bad = f"artifact entry {rel!r}: {digest!r} is not a sha256 (64 hex digits)"
         if bad:
             problems.append(f"{MANIFEST}: {bad}")
-    valid = {rel: d for rel, d in listed.items() if not entry_problem(rel)}
+    valid = {rel: d for rel, d in listed.items() if not entry_problem(rel)}  # paths we may open
     on_disk = set(present)
     for rel in sorted(set(valid) - on_disk):
         problems.append(f"{rel}: listed in the manifest but missing (or not a regular file)")
     for rel in sorted(on_disk - set(valid)):
         problems.append(f"{rel}: present but not listed in the manifest")
     for rel in sorted(set(valid) & on_disk):
-        actual = sha256(cache_dir / rel)
+        if not (isinstance(valid[rel], str) and HEX64.fullmatch(valid[rel])):
+            continue  # reported above
+        try:
+            actual = sha256(cache_dir / rel)
+        except OSError as e:  # e.g. replaced by a symlink since the walk
+            problems.append(f"{rel}: cannot be read ({e.strerror})")
+            continue
         if actual != valid[rel]:
             problems.append(f"{rel}: checksum mismatch: sha256 {actual[:16]}... on disk, manifest "
                             f"lists {str(valid[rel])[:16]}...")
@@ -183,6 +185,9 @@ def check_cache(cache_dir: Path, *, config=None, expect_digest: str | None = Non
                                           and HEX64.fullmatch(expect_digest)):
         raise ValueError(f"expect_digest: expected the manifest's sha256 as 64 lowercase hex "
                          f"digits (printed by graphrt-capture), got {expect_digest!r}")
+    from .config import RuntimeConfig
+    if config is not None and not isinstance(config, RuntimeConfig):
+        raise TypeError(f"config: expected a RuntimeConfig, got {type(config).__name__}")
     if not isinstance(trust_unsafe_permissions, bool):
         raise TypeError(f"trust_unsafe_permissions: expected a bool, got {trust_unsafe_permissions!r}")
     if not cache_dir.is_dir():

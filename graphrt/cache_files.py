@@ -31,9 +31,9 @@ UNSAFE_MODE = stat.S_IWGRP | stat.S_IWOTH
 
 
 def sha256(path: Path) -> str:
-    """sha256 (hex) of a file's bytes."""
+    """sha256 (hex) of a file's bytes; refuses (OSError) to follow a symlink to it."""
     h = hashlib.sha256()
-    with Path(path).open("rb") as f:
+    with os.fdopen(os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)), "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()

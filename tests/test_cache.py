@@ -25,13 +25,29 @@ def clean_env(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def built_cache(tmp_path_factory):
+def build_run(tmp_path_factory):
+    """graphrt-capture --out, once, under a umask that makes group-writable files: (cache dir,
+    its stdout, the compiler variables after it returned)."""
+    import contextlib
+    import io
     with pytest.MonkeyPatch.context() as mp:
         for name in ("FLASHINFER_WORKSPACE_BASE", "TRITON_CACHE_DIR"):
             mp.delenv(name, raising=False)
         out = tmp_path_factory.mktemp("built") / "gc"
-        assert capture_main(["--config", TINY, "--out", str(out), "--no-progress"]) == 0
-    return out
+        old, stdout = os.umask(0o002), io.StringIO()
+        try:
+            with contextlib.redirect_stdout(stdout):
+                assert capture_main(["--config", TINY, "--out", str(out), "--no-progress"]) == 0
+        finally:
+            os.umask(old)
+        env_after = {name: os.environ.get(name) for name in ("FLASHINFER_WORKSPACE_BASE",
+                                                             "TRITON_CACHE_DIR")}
+    return out, stdout.getvalue(), env_after
+
+
+@pytest.fixture(scope="module")
+def built_cache(build_run):
+    return build_run[0]
 
 
 @pytest.fixture
@@ -360,17 +376,12 @@ def test_cache_owned_by_another_user_is_refused(art_cache, monkeypatch):
     check_cache(art_cache, trust_unsafe_permissions=True)
 
 
-def test_capture_writes_a_cache_others_cannot_write(tmp_path, clean_env, capsys):
+def test_capture_writes_a_cache_others_cannot_write(build_run):
     import stat
-    old = os.umask(0o002)  # a umask that makes group-writable files
-    try:
-        out = tmp_path / "gc"
-        assert capture_main(["--config", TINY, "--out", str(out), "--no-progress"]) == 0
-    finally:
-        os.umask(old)
+    out, stdout, _ = build_run  # built under umask 002
     for p in [out, *out.rglob("*")]:
         assert not stat.S_IMODE(p.lstat().st_mode) & 0o022, p
-    assert f"manifest sha256 {_digest(out)}" in capsys.readouterr().out
+    assert f"manifest sha256 {_digest(out)}" in stdout
 
 
 # ---- the compilers point at the cache only while it loads -----------------------------------------
@@ -424,9 +435,8 @@ def test_compile_scope_refuses_a_compilation_and_restores(art_cache, clean_env):
     assert DecodeRuntime(load_config(TINY), kv, "cpu").compile_scope is not None
 
 
-def test_capture_out_restores_the_compiler_environment(tmp_path, clean_env):
-    assert capture_main(["--config", TINY, "--out", str(tmp_path / "gc"), "--no-progress"]) == 0
-    assert _env() == {name: None for name in ENV}
+def test_capture_out_restores_the_compiler_environment(build_run):
+    assert build_run[2] == {name: None for name in ENV}
 
 
 @pytest.mark.gpu
