@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from graphrt import DecodeRuntime, PagedKVCache
-from graphrt.cache import build_manifest, collect_artifacts
+from graphrt.cache import write_cache_manifest
 from graphrt.config import XQA_PAGE_SIZES
 from graphrt.verify import (TOLERANCE, VerifyPlan, full_plan, random_batch, verify_bucket,
                             verify_lengths)
@@ -127,10 +127,9 @@ def _backend_name(rt: DecodeRuntime, bucket: int) -> str:
     raise KeyError(bucket)
 
 
-def write_cache(rt: DecodeRuntime, rows: list[dict], out_dir: Path) -> None:
-    """Hash every artifact and write the manifest. The CLI pointed FlashInfer's JIT workspace and
-    Triton's cache at out_dir before anything compiled, so the kernels were built there."""
+def write_cache(rt: DecodeRuntime, rows: list[dict], out_dir: Path) -> str:
+    """Hash every file and write the manifest; returns its sha256 (the digest to pin). The CLI
+    pointed FlashInfer's JIT workspace and Triton's cache at out_dir before anything compiled, so
+    the kernels were built there."""
     mode = "CUDA graphs" if rt.uses_graphs else "eager"
-    manifest = build_manifest(rt.config, rows, collect_artifacts(out_dir), mode=mode)
-    manifest.data["path"] = str(out_dir.resolve())
-    manifest.write(out_dir)
+    return write_cache_manifest(out_dir, rt.config, rows, mode=mode)

@@ -2,6 +2,7 @@
 
     graphrt-capture --config configs/llama-3.1-8b.yaml --out cache/llama8b   build a graph cache
     graphrt-capture --check cache/llama8b                                     verify a cache
+    graphrt-capture --check cache/llama8b --expect-digest <sha256>            ... and pin it
 
 Builds every kernel the config needs, captures every bucket (largest first), verifies each
 bucket against float32 reference attention at lengths 1, a page boundary and the maximum, times
@@ -36,6 +37,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="request lengths to verify at (default: 1, page, page+1, max; "
                         "max capped on CPU)")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--expect-digest", metavar="SHA256", default=None,
+                   help="with --check: refuse unless manifest.json has this sha256")
+    p.add_argument("--trust-unsafe-permissions", action="store_true",
+                   help="accept a cache that other users can write or that another user owns "
+                        "(README: Graph cache trust model)")
     return p
 
 
@@ -67,8 +73,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--steps: must be >= 1 (verification batches per bucket), got {args.steps}")
     if args.device not in ("auto", "cpu") and not args.device.startswith("cuda"):
         parser.error(f"--device: {args.device!r} is not one of auto, cpu, cuda, cuda:N")
+    if args.expect_digest is not None and not args.check:
+        parser.error("--expect-digest: only with --check DIR")
     if args.check:
-        return check(Path(args.check))
+        return check(Path(args.check), expect_digest=args.expect_digest,
+                     trust_unsafe_permissions=args.trust_unsafe_permissions)
     import torch
     device = args.device
     if device == "auto":
@@ -104,8 +113,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"graphrt-capture: --out {out} exists and is not empty", file=sys.stderr)
             return 2
         out.mkdir(parents=True, exist_ok=True)
-        from graphrt.cache import point_compilers_at
-        point_compilers_at(out)  # FlashInfer JIT + Triton build into the cache, before any compile
+    from contextlib import nullcontext
+
+    from graphrt.cache import compilers_at
     from graphrt.verify import TOLERANCE
     from .build import build
 
@@ -115,8 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     if not full:
         print(f"graphrt-capture: verifying buckets {list(plan.buckets)} of {len(config.buckets)} "
               f"with lengths {list(plan.lengths)}")
-    rt, rows, setup_s = build(config, torch.device(device), backend=backend, steps=args.steps,
-                              progress=not args.no_progress, out_dir=out, plan=plan)
+    # FlashInfer JIT + Triton build into the cache (set before any compile, restored after)
+    with compilers_at(out) if out is not None else nullcontext():
+        rt, rows, setup_s = build(config, torch.device(device), backend=backend, steps=args.steps,
+                                  progress=not args.no_progress, out_dir=out, plan=plan)
     tol = TOLERANCE[config.dtype]
     failed = [r["bucket"] for r in rows if r["rel_err"] is not None and not r["rel_err"] <= tol]
     print_table(config, args.config, rt, rows, setup_s, tol)
@@ -125,7 +137,11 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps({"config": config.to_dict(), "mode": mode, "rows": rows},
                                               indent=1))
     if out is not None and not failed:
-        print(f"graph cache written to {out} (load: DecodeRuntime.from_cache({str(out)!r}, kv_cache=...))")
+        status = check(out, trust_unsafe_permissions=args.trust_unsafe_permissions)
+        if status:
+            return status
+        print(f"graph cache written to {out} (load: DecodeRuntime.from_cache({str(out)!r}, "
+              f"kv_cache=..., expect_digest=<the manifest sha256 above>))")
     if failed:
         print(f"FAILED verification: buckets {failed} above tolerance {tol:g}", file=sys.stderr)
         return 1
@@ -158,15 +174,21 @@ def print_table(config, path, rt, rows, setup_s, tol) -> None:
           f"{rt.buffers.nbytes() / 2**20:.2f} MB")
 
 
-def check(cache_dir: Path) -> int:
+def check(cache_dir: Path, *, expect_digest: str | None = None,
+          trust_unsafe_permissions: bool = False) -> int:
+    """graphrt-capture --check: one line of verdict, then the manifest sha256 to pin."""
     from graphrt.cache import CacheMismatchError, check_cache
     try:
-        m = check_cache(cache_dir)
-    except CacheMismatchError as e:
-        print(f"graphrt-capture --check: {e}", file=sys.stderr)
+        m = check_cache(cache_dir, expect_digest=expect_digest,
+                        trust_unsafe_permissions=trust_unsafe_permissions)
+    except (CacheMismatchError, ValueError) as e:
+        lines = [line.strip().removeprefix("- ") for line in str(e).splitlines() if line.strip()]
+        print(f"graphrt-capture --check: {'; '.join(lines)}", file=sys.stderr)
         return 1
     d = m.data
     print(f"graph cache {cache_dir}: OK | config {d['config'].get('name')} ({d['config_digest']}) | "
           f"{len(d['buckets'])} buckets | {len(d['artifacts'])} artifacts | built {d['created']} "
           f"on {d['environment']['gpu'] or 'a CPU (eager)'}")
+    print(f"manifest sha256 {m.digest}  (pin it: from_cache(..., expect_digest=...) or "
+          f"--check DIR --expect-digest ...)")
     return 0

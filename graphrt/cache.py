@@ -2,229 +2,257 @@
 
     DIR/manifest.json          config (+ digest), buckets, backend per bucket, per-bucket timings,
                                graph memory, verification error, versions, GPU, creation time,
-                               every artifact with its sha256
+                               the sha256 of every other file in DIR
     DIR/flashinfer/.cache/...  the FlashInfer JIT workspace the modules of this config were
                                built in (.so, objects, build.ninja, generated sources)
     DIR/triton/...             the Triton kernel cache (graphrt's prepare kernel)
 
 CUDA graphs themselves cannot be serialised (they hold device addresses of one process), so a
 cache stores what makes re-capture fast: compiled kernels. Loading points FlashInfer
-(FLASHINFER_WORKSPACE_BASE) and Triton (TRITON_CACHE_DIR) at the cache
-before either compiles anything, then captures; zero compilation is checked by the artifacts'
-checksums being unchanged afterwards. Any difference in GPU, library versions, config
-or artifact bytes raises CacheMismatchError naming it, before anything is loaded.
+(FLASHINFER_WORKSPACE_BASE) and Triton (TRITON_CACHE_DIR) at the cache only while it loads (and
+while a lazy bucket is captured), then captures; zero compilation is checked by the files being
+unchanged afterwards. Before anything is loaded, check_cache refuses (CacheMismatchError naming
+the file and what differs) any difference in GPU, library versions or config, any file whose
+sha256 differs from the manifest, unlisted or missing files, symlinks, manifest paths outside
+the cache, and (unless trust_unsafe_permissions) a cache another user could write: see README
+"Graph cache trust model" and cache_files.py. Pins: expect_digest (sha256 of manifest.json, which
+graphrt-capture prints) and config.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import platform
-import sys
+import re
 import time
-from dataclasses import dataclass
+from contextlib import contextmanager
 from pathlib import Path
 
-MANIFEST = "manifest.json"
-FORMAT = 1
+from .cache_files import MANIFEST, entry_problem, sha256, stat_snapshot, walk
+from .cache_manifest import (FORMAT, CacheMismatchError, Manifest, build_manifest, environment,
+                             flashinfer_version, same_environment, write_cache_manifest)
+
+__all__ = ["CacheMismatchError", "Manifest", "check_cache", "open_cache", "compilers_at",
+           "build_manifest", "write_cache_manifest", "environment", "flashinfer_version",
+           "sha256", "FORMAT"]
+
 FLASHINFER_DIR = "flashinfer"
 TRITON_DIR = "triton"
+MODES = ("CUDA graphs", "eager")
+COMPILER_ENV = ("FLASHINFER_WORKSPACE_BASE", "TRITON_CACHE_DIR")
+MAX_LISTED = 20  # problems listed in one error; the rest are counted
+HEX64 = re.compile(r"[0-9a-f]{64}")
+LOAD_PARITY_SETS = 1
 
 
-class CacheMismatchError(RuntimeError):
-    """The graph cache does not fit this process (or is damaged); the message says how to rebuild."""
+@contextmanager
+def compilers_at(cache_dir: Path):
+    """Point FlashInfer's JIT workspace and Triton's cache at `cache_dir` inside the block only.
 
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def environment() -> dict:
-    """Versions and device facts a cache is only valid for."""
-    import torch
-    import triton
-
-    import graphrt
-    env = {"graphrt": graphrt.__version__, "torch": torch.__version__, "triton": triton.__version__,
-           "cuda": torch.version.cuda, "python": platform.python_version(), "gpu": None,
-           "compute_capability": None, "flashinfer": None}
-    env["flashinfer"] = flashinfer_version()
-    if torch.cuda.is_available():
-        env["gpu"] = torch.cuda.get_device_name()
-        env["compute_capability"] = "%d.%d" % torch.cuda.get_device_capability()
-    return env
-
-
-def flashinfer_version() -> str | None:
-    """FlashInfer's version without importing it (importing fixes its JIT cache location)."""
-    import importlib.util
-    import re
-    spec = importlib.util.find_spec("flashinfer")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    meta = Path(list(spec.submodule_search_locations)[0]) / "_build_meta.py"
-    found = re.search(r'__version__\s*=\s*"([^"]+)"', meta.read_text()) if meta.is_file() else None
-    if found:
-        return found.group(1)
-    try:
-        from importlib.metadata import version
-        return version("flashinfer-python")
-    except Exception:  # noqa: BLE001 - no metadata either
-        return None
-
-
-def point_compilers_at(cache_dir: Path) -> None:
-    """Direct FlashInfer's JIT workspace and Triton's cache into `cache_dir` (this process).
-
-    Used by graphrt-capture --out (the modules are built inside the cache) and by open_cache.
-    Must run before FlashInfer is imported; raises CacheMismatchError if it already was with
-    another workspace (its cache location is fixed at import). FlashInfer 0.7.4 runs ninja over
-    a JIT module even when it is cached (a no-op when the build folder is complete and at the
-    same absolute path: its build files record absolute paths, so a cache is bound to where it
-    was built); FLASHINFER_DISABLE_JIT would refuse even a complete JIT cache, so zero
-    compilation is proven instead by the artifacts' checksums being unchanged after loading.
+    Sets FLASHINFER_WORKSPACE_BASE and TRITON_CACHE_DIR and restores their previous values (or
+    absence) on exit, also when the block raises. Triton reads TRITON_CACHE_DIR each time it looks
+    a kernel up, so the block must hold every launch that may compile (capture, lazy capture).
+    FlashInfer reads its variable once, when it is imported, and then keeps the cache's workspace
+    for the rest of the process: enter this before FlashInfer is imported; raises
+    CacheMismatchError if it already was with another workspace. FlashInfer 0.7.4 runs ninja over
+    a JIT module even when it is cached (a no-op when the build folder is complete and at the same
+    absolute path: its build files record absolute paths, so a cache is bound to where it was
+    built); FLASHINFER_DISABLE_JIT would refuse even a complete JIT cache, so zero compilation is
+    proven instead by the files being unchanged after loading (`loading_from`).
+    The variables are process-wide: another thread compiling meanwhile would also use the cache.
     """
-    fi_base = (cache_dir / FLASHINFER_DIR).resolve()
+    import sys
+    fi_base = (Path(cache_dir) / FLASHINFER_DIR).resolve()
     env_mod = sys.modules.get("flashinfer.jit.env")
     if env_mod is not None and Path(env_mod.FLASHINFER_BASE_DIR).resolve() != fi_base:
         raise CacheMismatchError(
             f"FlashInfer was imported before the graph cache was opened (its JIT cache is "
             f"{env_mod.FLASHINFER_BASE_DIR}); open the cache first, in a fresh process")
+    saved = {name: os.environ.get(name) for name in COMPILER_ENV}
     os.environ["FLASHINFER_WORKSPACE_BASE"] = str(fi_base)
-    os.environ["TRITON_CACHE_DIR"] = str((cache_dir / TRITON_DIR).resolve())
+    os.environ["TRITON_CACHE_DIR"] = str((Path(cache_dir) / TRITON_DIR).resolve())
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
-@dataclass(frozen=True)
-class Manifest:
-    data: dict
-
-    @classmethod
-    def read(cls, cache_dir: Path) -> "Manifest":
-        path = Path(cache_dir) / MANIFEST
-        if not path.is_file():
-            raise CacheMismatchError(f"{cache_dir}: no {MANIFEST}; not a graph cache "
-                                     "(build one with graphrt-capture --config X --out DIR)")
-        data = json.loads(path.read_text())
-        if data.get("format") != FORMAT:
-            raise CacheMismatchError(f"{path}: format {data.get('format')}, this graphrt reads {FORMAT}")
-        return cls(data)
-
-    def write(self, cache_dir: Path) -> None:
-        (Path(cache_dir) / MANIFEST).write_text(json.dumps(self.data, indent=1, sort_keys=True))
-
-
-LOAD_PARITY_SETS = 1
-STATE_FILES = (".lock", ".ninja_log", ".ninja_deps")  # build-tool state: carried, not hashed
-
-
-INTERMEDIATE = (".o",)  # object files: ninja needs them present, nothing loads them
-
-
-def fingerprint(path: Path) -> str:
-    """sha256 of a file that gets loaded or read; size only for build intermediates."""
-    if path.name.endswith(INTERMEDIATE):
-        return f"size:{path.stat().st_size}"
-    return sha256(path)
-
-
-def _artifact_files(cache_dir: Path):
-    for sub in (FLASHINFER_DIR, TRITON_DIR):
-        root = Path(cache_dir) / sub
-        for p in sorted(root.rglob("*")) if root.exists() else []:
-            if p.is_file() and not p.name.endswith(STATE_FILES):
-                yield p
-
-
-def collect_artifacts(cache_dir: Path) -> dict[str, str]:
-    """Fingerprint of every file under the cache's artifact folders, keyed by relative path."""
-    return {str(p.relative_to(cache_dir)): fingerprint(p) for p in _artifact_files(cache_dir)}
-
-
-def stat_snapshot(cache_dir: Path) -> dict[str, tuple[int, int]]:
-    """(size, mtime_ns) of every artifact file: a rebuild while loading changes it (cheap)."""
-    return {str(p.relative_to(cache_dir)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in _artifact_files(cache_dir)}
-
-
-def build_manifest(config, rows: list[dict], artifacts: dict[str, str], *, mode: str) -> Manifest:
-    return Manifest({
-        "format": FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "mode": mode, "config": config.to_dict(), "config_digest": config.digest(),
-        "buckets": list(config.buckets),
-        "bucket_backends": {str(r["bucket"]): r["backend_name"] for r in rows},
-        "rows": rows, "environment": environment(), "artifacts": artifacts, "path": None,
-    })
-
-
-def check_cache(cache_dir: Path, *, config=None) -> Manifest:
-    """Verify a cache against this process: environment, config, artifact checksums.
-
-    Raises CacheMismatchError listing every difference; returns the manifest when it fits.
-    """
-    from .config import config_from_dict
-    cache_dir = Path(cache_dir)
-    m = Manifest.read(cache_dir)
-    problems = []
-    here = environment()
-    for key, want in m.data["environment"].items():
-        if key == "python":
-            continue
-        if here.get(key) != want:
-            problems.append(f"{key}: cache built with {want!r}, this process has {here.get(key)!r}")
-    cached_config = config_from_dict(m.data["config"], source=f"{cache_dir}/{MANIFEST}")
-    if cached_config.digest() != m.data["config_digest"]:
-        problems.append("config: manifest config does not match its digest (edited by hand?)")
-    if config is not None and config.digest() != m.data["config_digest"]:
-        problems.append(f"config: cache is for {m.data['config_digest']}, asked for {config.digest()}")
-    for rel, digest in m.data["artifacts"].items():
-        p = cache_dir / rel
-        if not p.is_file():
-            problems.append(f"artifact missing: {rel}")
-        elif fingerprint(p) != digest:
-            problems.append(f"artifact checksum mismatch: {rel}")
-    if problems:
+@contextmanager
+def loading_from(cache_dir: Path, built_at: str | None = None):
+    """compilers_at(cache_dir), and refuse (CacheMismatchError) if the block (re)compiled anything:
+    any file of the cache created, changed or removed, build-tool state files aside."""
+    with compilers_at(cache_dir):
+        before = stat_snapshot(cache_dir)
+        yield
+        after = stat_snapshot(cache_dir)
+    changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+    if changed:
         raise CacheMismatchError(
-            f"graph cache {cache_dir} does not fit:\n  - " + "\n  - ".join(problems) +
-            f"\nrebuild it: graphrt-capture --config <your config.yaml> --out {cache_dir}")
+            f"{cache_dir}: kernels were (re)compiled while loading ({changed[:3]}...): the cache "
+            f"is incomplete or was moved from {built_at}; rebuild it with graphrt-capture --out")
+
+
+_SCHEMA = {"format": int, "created": str, "mode": str, "config": dict, "config_digest": str,
+           "buckets": list, "bucket_backends": dict, "rows": list, "environment": dict,
+           "artifacts": dict, "path": (str, type(None))}
+
+
+def _manifest_problems(data: dict, config, where: str) -> list[str]:
+    """Schema, environment and config of a parsed manifest; `where` names the file."""
+    from .config import BACKENDS, ConfigError, config_from_dict
+    problems = [f"{where}: {key!r} missing or not {getattr(t, '__name__', 'str or null')}"
+                for key, t in _SCHEMA.items() if not isinstance(data.get(key), t)]
+    if problems:
+        return problems
+    if data["mode"] not in MODES:
+        problems.append(f"{where}: mode {data['mode']!r} is not one of {list(MODES)}")
+    here, built = environment(), data["environment"]
+    for key in sorted(set(here) | set(built)):
+        if key not in built:
+            problems.append(f"{where}: environment.{key} missing (this process has "
+                            f"{here[key]!r}); every environment key is required")
+        elif key not in here:
+            problems.append(f"{where}: environment.{key} is not a key this graphrt records")
+        elif not same_environment(key, built[key], here[key]):
+            problems.append(f"{where}: environment.{key}: cache built with {built[key]!r}, this "
+                            f"process has {here[key]!r}")
+    try:
+        cached = config_from_dict(data["config"], source=f"{where} config")
+    except (ConfigError, TypeError) as e:
+        return problems + [f"{where}: config invalid: {e}"]
+    if cached.digest() != data["config_digest"]:
+        problems.append(f"{where}: config does not match its config_digest "
+                        f"{data['config_digest']!r} (edited by hand?)")
+    if data["buckets"] != list(cached.buckets):
+        problems.append(f"{where}: buckets {data['buckets']} are not the config's "
+                        f"{list(cached.buckets)}")
+    if sorted(data["bucket_backends"]) != sorted(str(b) for b in cached.buckets) or any(
+            v not in BACKENDS or v == "auto" for v in data["bucket_backends"].values()):
+        problems.append(f"{where}: bucket_backends {data['bucket_backends']} must name a backend "
+                        f"for each bucket {list(cached.buckets)}")
+    if config is not None:
+        want, have = config.to_dict(), cached.to_dict()
+        diff = {k: (have.get(k), want.get(k)) for k in sorted(set(want) | set(have))
+                if have.get(k) != want.get(k)}
+        if diff:
+            problems.append(f"{where}: config differs from the pinned one (cache, pinned): {diff}")
+    return problems
+
+
+def _artifact_problems(cache_dir: Path, listed: dict, present: tuple[str, ...]) -> list[str]:
+    problems = []
+    for rel, digest in listed.items():
+        bad = entry_problem(rel)
+        if bad is None and not (isinstance(digest, str) and HEX64.fullmatch(digest)):
+            bad = f"artifact entry {rel!r}: {digest!r} is not a sha256 (64 hex digits)"
+        if bad:
+            problems.append(f"{MANIFEST}: {bad}")
+    valid = {rel: d for rel, d in listed.items() if not entry_problem(rel)}  # paths we may open
+    on_disk = set(present)
+    for rel in sorted(set(valid) - on_disk):
+        problems.append(f"{rel}: listed in the manifest but missing (or not a regular file)")
+    for rel in sorted(on_disk - set(valid)):
+        problems.append(f"{rel}: present but not listed in the manifest")
+    for rel in sorted(set(valid) & on_disk):
+        if not (isinstance(valid[rel], str) and HEX64.fullmatch(valid[rel])):
+            continue  # reported above
+        try:
+            actual = sha256(cache_dir / rel)
+        except OSError as e:  # e.g. replaced by a symlink since the walk
+            problems.append(f"{rel}: cannot be read ({e.strerror})")
+            continue
+        if actual != valid[rel]:
+            problems.append(f"{rel}: checksum mismatch: sha256 {actual[:16]}... on disk, manifest "
+                            f"lists {str(valid[rel])[:16]}...")
+    return problems
+
+
+def check_cache(cache_dir: Path, *, config=None, expect_digest: str | None = None,
+                trust_unsafe_permissions: bool = False) -> Manifest:
+    """Verify a cache against this process before anything of it is loaded.
+
+    Refuses, in one CacheMismatchError naming each file and what differs: group/other-writable
+    or foreign-owned files, folders or parent folders (unless trust_unsafe_permissions), symlinks,
+    a manifest other than `expect_digest` (sha256 hex of manifest.json), invalid JSON, a missing
+    or different environment key, a config that does not match its digest or differs from
+    `config` (a RuntimeConfig), manifest paths outside the artifact folders, listed files missing,
+    unlisted files, and any file whose sha256 differs. Returns the manifest when all fit.
+    """
+    cache_dir = Path(cache_dir)
+    if expect_digest is not None and not (isinstance(expect_digest, str)
+                                          and HEX64.fullmatch(expect_digest)):
+        raise ValueError(f"expect_digest: expected the manifest's sha256 as 64 lowercase hex "
+                         f"digits (printed by graphrt-capture), got {expect_digest!r}")
+    from .config import RuntimeConfig
+    if config is not None and not isinstance(config, RuntimeConfig):
+        raise TypeError(f"config: expected a RuntimeConfig, got {type(config).__name__}")
+    if not isinstance(trust_unsafe_permissions, bool):
+        raise TypeError(f"trust_unsafe_permissions: expected a bool, got {trust_unsafe_permissions!r}")
+    if not cache_dir.is_dir():
+        raise CacheMismatchError(f"{cache_dir}: no such directory; not a graph cache "
+                                 "(build one with graphrt-capture --config X --out DIR)")
+    found = walk(cache_dir, trust_unsafe_permissions=trust_unsafe_permissions)
+    if found.problems:  # nothing in the folder is read before it is known to be trusted
+        _refuse(cache_dir, list(found.problems))
+    m = Manifest.read(cache_dir, expect_digest=expect_digest)
+    problems = _manifest_problems(m.data, config, MANIFEST)
+    if isinstance(m.data.get("artifacts"), dict):
+        problems += _artifact_problems(cache_dir, m.data["artifacts"], found.files)
+    if problems:
+        _refuse(cache_dir, problems)
     return m
 
 
-def open_cache(runtime_cls, cache_dir, *, kv_cache, device, lazy: bool, progress: bool):
-    """Check a cache, point the compilers at it, build and capture the runtime.
+def _refuse(cache_dir: Path, problems: list[str]):
+    shown = problems[:MAX_LISTED]
+    more = [f"... and {len(problems) - MAX_LISTED} more"] if len(problems) > MAX_LISTED else []
+    hint = ""
+    if any("owned by uid" in p or "writable by group/others" in p for p in problems):
+        hint = ("\nif every user who can write it is trusted, pass trust_unsafe_permissions=True "
+                "(graphrt-capture --trust-unsafe-permissions)")
+    raise CacheMismatchError(
+        f"graph cache {cache_dir} refused ({len(problems)} problem(s)):\n  - " +
+        "\n  - ".join(shown + more) + hint +
+        f"\nrebuild it: graphrt-capture --config <your config.yaml> --out {cache_dir}")
+
+
+def open_cache(runtime_cls, cache_dir, *, kv_cache, device, lazy: bool, progress: bool,
+               config=None, expect_digest: str | None = None,
+               trust_unsafe_permissions: bool = False):
+    """Check a cache (check_cache, with the pins given), then build and capture the runtime with
+    the compilers pointed at the cache for the duration only.
 
     Raises CacheMismatchError before loading anything if the cache does not fit, and after
     capture if any kernel had to be (re)compiled (the runtime is then dropped). The device
     planner's parity with FlashInfer's plan() was checked at build time on 4 length sets per
-    bucket; loading re-checks LOAD_PARITY_SETS per bucket. With lazy=True the recompilation check
-    covers only what capture() touched (setup: every FlashInfer module and the planning kernel).
+    bucket; loading re-checks LOAD_PARITY_SETS per bucket. With lazy=True the runtime's
+    compile_scope re-enters the cache (and the recompilation check) for each lazy capture.
+    FLASHINFER_WORKSPACE_BASE and TRITON_CACHE_DIR hold their previous values when this returns
+    or raises.
     """
+    from functools import partial
+
     from .config import config_from_dict
     t0 = time.perf_counter()
     cache_dir = Path(cache_dir)
-    manifest = check_cache(cache_dir)
+    manifest = check_cache(cache_dir, config=config, expect_digest=expect_digest,
+                           trust_unsafe_permissions=trust_unsafe_permissions)
     if manifest.data["mode"] != "CUDA graphs" and str(device) != "cpu":
         raise CacheMismatchError(f"{cache_dir}: built in {manifest.data['mode']!r} mode on a machine "
                                  f"without CUDA; rebuild it on the GPU that will serve")
     t_checked = time.perf_counter()
-    point_compilers_at(cache_dir)
-    before = stat_snapshot(cache_dir)
-    config = config_from_dict(manifest.data["config"], source=str(cache_dir / MANIFEST))
-    backends = {int(k): v for k, v in manifest.data["bucket_backends"].items()}
-    rt = runtime_cls(config, kv_cache, device, bucket_backends=backends, lazy=lazy,
-                     parity_sets=LOAD_PARITY_SETS)
-    t_built = time.perf_counter()
-    rt.capture(progress=progress)
-    t_captured = time.perf_counter()
+    scope = partial(loading_from, cache_dir, manifest.data.get("path"))
+    with scope():
+        cfg = config_from_dict(manifest.data["config"], source=str(cache_dir / MANIFEST))
+        backends = {int(k): v for k, v in manifest.data["bucket_backends"].items()}
+        rt = runtime_cls(cfg, kv_cache, device, bucket_backends=backends, lazy=lazy,
+                         parity_sets=LOAD_PARITY_SETS)
+        t_built = time.perf_counter()
+        rt.capture(progress=progress)
+        t_captured = time.perf_counter()
+    rt.compile_scope = scope
     rt.startup_s = {"check": t_checked - t0, "construct": t_built - t_checked,
                     "setup_and_capture": t_captured - t_built}
-    after = stat_snapshot(cache_dir)
-    changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
-    if changed:
-        raise CacheMismatchError(f"{cache_dir}: kernels were (re)compiled while loading "
-                                 f"({changed[:3]}...): the cache is incomplete or was moved from "
-                                 f"{manifest.data.get('path')}; rebuild it with graphrt-capture --out")
     return rt

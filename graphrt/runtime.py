@@ -23,6 +23,8 @@ reading the output. All calls must use one CUDA stream (the graph's replays are 
 from __future__ import annotations
 
 import threading
+from contextlib import nullcontext
+from typing import Callable, ContextManager
 
 import torch
 
@@ -86,16 +88,26 @@ class DecodeRuntime:
         self.check_forks = check_forks
         self.lock = threading.RLock()  # held for a whole step: see the module docstring
         self.startup_s: dict[str, float] = {}
+        # entered around each lazy capture; from_cache points the compilers at the cache there
+        self.compile_scope: Callable[[], ContextManager] = nullcontext
         self.graphs: GraphManager | None = None
         self._set_up = False
 
     @classmethod
     def from_cache(cls, cache_dir, *, kv_cache: PagedKVCache, device="cuda", lazy: bool = False,
-                   progress: bool = False) -> "DecodeRuntime":
-        """Open a graph cache built by graphrt-capture: no compilation, then capture (or lazy)."""
+                   progress: bool = False, expect_digest: str | None = None,
+                   config: RuntimeConfig | None = None,
+                   trust_unsafe_permissions: bool = False) -> "DecodeRuntime":
+        """Open a graph cache built by graphrt-capture: no compilation, then capture (or lazy).
+
+        expect_digest: the manifest's sha256 (graphrt-capture prints it) and config: the
+        RuntimeConfig the cache must hold; both pin the cache against edits (README "Graph cache
+        trust model"). trust_unsafe_permissions: accept a cache other users can write (or that
+        another user owns). Raises CacheMismatchError naming each file and what differs."""
         from .cache import open_cache
         return open_cache(cls, cache_dir, kv_cache=kv_cache, device=device, lazy=lazy,
-                          progress=progress)
+                          progress=progress, expect_digest=expect_digest, config=config,
+                          trust_unsafe_permissions=trust_unsafe_permissions)
 
     # ---- capture ------------------------------------------------------------------------
     @property
@@ -196,7 +208,8 @@ class DecodeRuntime:
             self.setup()
             if self.lazy and self._captures(view.size):
                 self.graphs = self.graphs or GraphManager(self.device)
-                self._capture_lazily(view)  # restores the inputs it found
+                with self.compile_scope():
+                    self._capture_lazily(view)  # restores the inputs it found
                 graphed = True
         backend = self._backend_of[view.size]
         if backend.needs_host_inputs:
