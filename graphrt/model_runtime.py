@@ -4,10 +4,12 @@
     mrt.prefill(prompts, block_table)                      # eager; fills every layer's cache
     mrt.capture()
     tokens = mrt.decode(tokens, block_table, seq_lens)     # [K, n] greedy tokens, K steps, 1 replay
+    tokens = mrt.decode(..., sampling=SamplingInputs(...))  # sampled (sampling=True captures these)
 
 A graph runs K decode steps: each step prepares the metadata + plan on the device (once for all
-layers), runs the model, takes the greedy argmax on the device, feeds it back and advances
-seq_lens on the device. seq_lens count the token being decoded (its K/V go to slot seq_len - 1).
+layers), runs the model, takes the greedy argmax (or, with per-row SamplingInputs, samples: see
+sampling.py) on the device, feeds it back and advances seq_lens on the device. seq_lens count the
+token being decoded (its K/V go to slot seq_len - 1).
 
 Threads: prefill(), capture() and decode() hold `mrt.lock` (reentrant) for the whole call, so
 concurrent calls serialise. decode() returns a view of static buffers that the next call
@@ -30,21 +32,23 @@ from .graphs import GraphManager
 from .inputs import check_exclusive_writes, check_host_values, check_prefill, check_tables
 from .kvcache import PagedKVCache
 from .runtime import _device, raise_device_errors
+from .sampling import SamplingBuffers, SamplingInputs
 
 
 @dataclass(frozen=True)
 class StepBuffers:
     """Per-bucket static model I/O. tokens [B] int64 (input, then the last step's token);
-    out_tokens [K, B] int64 (greedy token of each of the K steps); logits [B, vocab] float32
-    of the last step."""
+    out_tokens [K, B] int64 (the token of each of the K steps); logits [B, vocab] float32
+    of the last step; sampling: the per-row sampling parameters [B] (read by sampled graphs)."""
     tokens: torch.Tensor
     out_tokens: torch.Tensor
     logits: torch.Tensor
+    sampling: SamplingBuffers
 
 
 class ModelRuntime:
     def __init__(self, model, config: RuntimeConfig, device="cuda", *, backend: str | None = None,
-                 steps_per_graph: int = 1, num_pages: int | None = None):
+                 steps_per_graph: int = 1, num_pages: int | None = None, sampling: bool = False):
         s = model.spec
         want = (s.num_heads, s.num_kv_heads, s.head_dim)
         got = (config.num_qo_heads, config.num_kv_heads, config.head_dim)
@@ -67,10 +71,13 @@ class ModelRuntime:
         tokens = torch.zeros(b, dtype=torch.int64, device=self.device)
         out = torch.zeros((steps_per_graph, b), dtype=torch.int64, device=self.device)
         logits = torch.zeros((b, s.vocab_size), dtype=torch.float32, device=self.device)
-        self._io = {size: StepBuffers(tokens[:size], out[:, :size], logits[:size])
+        samp = SamplingBuffers.allocate(b, self.device)
+        self._io = {size: StepBuffers(tokens[:size], out[:, :size], logits[:size], samp.view(size))
                     for size in config.buckets}
         self.graphs: GraphManager | None = None
         self.lock = threading.RLock()  # held for a whole call: see the module docstring
+        self.sampling = sampling  # capture() also captures the sampled graph of every bucket
+        self.sample_graphs: GraphManager | None = None
         self.backend.setup([self.buffers.view(x) for x in reversed(config.buckets)])
         if steps_per_graph > 1 and self.backend.needs_host_inputs:  # after setup: fallback too
             raise ValueError("steps_per_graph: backend plans on the host (planner 'host' or a "
@@ -96,14 +103,19 @@ class ModelRuntime:
         with self.lock:
             return self.model.prefill(prompts, self.kv_caches, block_table.to(self.device))
 
-    def _steps(self, view: BucketView, io: StepBuffers) -> None:
-        """K decode steps over the bucket (pure device work: capturable)."""
+    def _steps(self, view: BucketView, io: StepBuffers, sampled: bool = False) -> None:
+        """K decode steps over the bucket (pure device work: capturable). sampled: draw each
+        token with io.sampling's per-row parameters instead of the argmax."""
         ctx = AttentionContext(self.backend, view, self.kv_caches)
         for step in range(self.k):
             ctx.prepare()
             logits = self.model.decode_step(ctx, io.tokens)
-            nxt = torch.argmax(logits, dim=-1)
-            io.out_tokens[step].copy_(nxt)
+            if sampled:
+                io.sampling.sample(logits, io.out_tokens[step])
+                nxt = io.out_tokens[step]
+            else:
+                nxt = torch.argmax(logits, dim=-1)
+                io.out_tokens[step].copy_(nxt)
             io.tokens.copy_(nxt)
             if step + 1 == self.k:
                 io.logits.copy_(logits)
@@ -139,13 +151,18 @@ class ModelRuntime:
             if self.backend.needs_host_inputs:  # host planner: the workspace must hold a plan
                 self.backend.host_prepare(view, view.seq_lens.cpu())
             self.graphs.capture(size, lambda v=view, i=io: self._steps(v, i))
+            if self.sampling:
+                self.sample_graphs = self.sample_graphs or GraphManager(self.device)
+                self.sample_graphs.capture(size, lambda v=view, i=io: self._steps(v, i, True))
             view.seq_lens.zero_()
 
     def decode(self, tokens: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, *,
-               out: torch.Tensor | None = None) -> torch.Tensor:
-        """K greedy decode steps for n requests; returns [K, n] int64 tokens (a view of a static
+               out: torch.Tensor | None = None,
+               sampling: SamplingInputs | None = None) -> torch.Tensor:
+        """K decode steps for n requests; returns [K, n] int64 tokens (a view of a static
         buffer, valid until the next call; with out= [K, n] int64 on the runtime device, copied
-        there under mrt.lock and out returned).
+        there under mrt.lock and out returned). Greedy, or sampled with `sampling` ([n] per-row
+        parameters; needs sampling=True once captured).
 
         tokens [n] int64: each row's current token; seq_lens [n] int32 include it; block_table
         [n, w] int32 must already hold pages for K more tokens (checked on the host for CPU
@@ -168,6 +185,11 @@ class ModelRuntime:
             raise ValueError(f"tokens: ids in [{int(tokens.min())}, {int(tokens.max())}], vocabulary "
                              f"has {self.model.spec.vocab_size}")
         check_tables(c, self.device, self.num_pages, n, block_table, seq_lens)
+        if sampling is not None:
+            sampling.check(n, self.device)
+            if self.graphs is not None and self.sample_graphs is None:
+                raise ValueError("sampling: this ModelRuntime was captured with sampling=False "
+                                 "(argmax graphs only)")
         if seq_lens.device.type == "cpu":
             last = seq_lens + (seq_lens > 0).to(seq_lens.dtype) * (self.k - 1)
             if int(last.max()) > c.max_context_len:
@@ -182,10 +204,10 @@ class ModelRuntime:
                    else type(out).__name__)
             raise ValueError(f"out: expected [{self.k}, {n}] torch.int64 on {self.device}, got {got}")
         with self.lock:
-            rows = self._decode(tokens, block_table, seq_lens)
+            rows = self._decode(tokens, block_table, seq_lens, sampling)
             return rows if out is None else out.copy_(rows)
 
-    def _decode(self, tokens, block_table, seq_lens) -> torch.Tensor:
+    def _decode(self, tokens, block_table, seq_lens, sampling) -> torch.Tensor:
         n, c = tokens.shape[0], self.config
         size = pick_bucket(c.buckets, n)
         view, io = self.buffers.view(size), self._io[size]
@@ -196,12 +218,15 @@ class ModelRuntime:
         view.seq_lens[:n].copy_(seq_lens, non_blocking=True)
         view.seq_lens[n:].fill_(0)
         io.tokens[:n].copy_(tokens, non_blocking=True)
+        if sampling is not None:
+            io.sampling.load(sampling, n)
         if self.backend.needs_host_inputs:  # the engines' pattern: plan() on the host, then replay
             self.backend.host_prepare(view, seq_lens.cpu())
-        if self.graphs is not None and size in self.graphs:
-            self.graphs.replay(size)
+        graphs = self.graphs if sampling is None else self.sample_graphs
+        if graphs is not None and size in graphs:
+            graphs.replay(size)
         else:
-            self._steps(view, io)
+            self._steps(view, io, sampled=sampling is not None)
         return io.out_tokens[:, :n]
 
     def last_logits(self, n: int) -> torch.Tensor:

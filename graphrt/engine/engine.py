@@ -1,0 +1,266 @@
+"""The engine loop: requests in, prefill, K-step decode blocks, tokens streamed out.
+
+    engine = Engine(runtime, tokenizer, eos_token_ids=(...), max_model_len=4096)
+    stream = engine.add_request("Hello", SamplingParams(max_tokens=32))   # thread-safe
+    for delta in stream: ...                      # RequestOutput deltas; the last has finish_reason
+    engine.abort(stream.request_id)               # thread-safe; frees the pages in the loop
+
+One loop (`step`) drives everything; call it yourself (streams do, when iterated without a
+thread) or run it on a background thread (`start()` / `shutdown()`); callers only touch queues.
+
+Overlap (overlap=True, the default): a block is launched before the previous block's tokens are
+read. While the GPU runs block N+1 the host waits for block N's tokens (a non-blocking copy plus
+an event), detokenizes them, checks stops, streams deltas, frees finished requests' pages and
+admits (and prefills) new requests; block N+1 takes its input tokens from the device (the last
+step of block N), so it needs nothing from the host but seq_lens (known: +K) and pinned inputs
+staged in one of two buffers. The cost: a request that stops inside block N runs block N+1 too,
+and those tokens are discarded. Pages freed while a block is in flight are safe: every device op
+(decode blocks, prefills of the next owners) runs in order on one stream.
+Prefill is eager (ModelRuntime.prefill) and not chunked yet.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import queue
+import random
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from ..sampling import SamplingInputs, sample_eager
+from .detokenizer import TextState
+from .params import RequestOutput, SamplingParams
+from .scheduler import Request, Scheduler
+from .stream import RequestStream
+
+
+@dataclass
+class _Pending:
+    """A launched block's tokens: host tokens [steps, cols] (valid once `event` completed) and
+    (request, column) for each row."""
+    rows: list
+    tokens: torch.Tensor
+    event: object
+
+
+class _Staging:
+    """Pinned (CUDA) host copies of one block's inputs; reused only after `event` passed."""
+
+    def __init__(self, sched: Scheduler, device: torch.device):
+        pin = device.type == "cuda"
+        names = ("block_table", "seq_lens", "temperature", "top_k", "top_p", "seed", "step")
+        self.t = {n: torch.empty(getattr(sched, n).shape, dtype=getattr(sched, n).dtype, pin_memory=pin)
+                  for n in names}
+        self.event = torch.cuda.Event() if pin else None
+
+    def load(self, sched: Scheduler, n: int) -> dict:
+        if self.event is not None:
+            self.event.synchronize()           # the block that used these buffers has copied them
+        for name, t in self.t.items():
+            t[:n].copy_(getattr(sched, name)[:n])
+        return {name: t[:n] for name, t in self.t.items()}
+
+
+class Engine:
+    def __init__(self, runtime, tokenizer, *, eos_token_ids: tuple[int, ...], max_model_len: int,
+                 overlap: bool = True, seed: int | None = None):
+        c = runtime.config
+        if max_model_len + runtime.k > c.max_context_len:
+            raise ValueError(f"max_model_len: {max_model_len} + K={runtime.k} exceeds the runtime's "
+                             f"max_context_len {c.max_context_len}")
+        self.runtime, self.tokenizer, self.device = runtime, tokenizer, runtime.device
+        self.vocab_size, self.max_model_len, self.overlap = runtime.model.spec.vocab_size, max_model_len, overlap
+        self.scheduler = Scheduler(max_batch=c.max_batch, page_size=c.page_size,
+                                   max_pages_per_seq=c.max_pages_per_seq, num_pages=runtime.num_pages,
+                                   steps_per_graph=runtime.k, eos_token_ids=tuple(eos_token_ids))
+        self.next_tokens = torch.zeros(c.max_batch, dtype=torch.int64, device=self.device)  # device
+        self._staging = [_Staging(self.scheduler, self.device) for _ in range(2)]
+        self._flip = 0
+        self._pending: deque[_Pending] = deque()
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._requests: dict[str, Request] = {}       # loop thread only
+        self._ids = itertools.count()
+        self._rng = random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
+        self._lock = threading.Lock()                 # ids and seeds (add_request from any thread)
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+
+    # ---- requests (any thread) ----------------------------------------------------------------
+    def add_request(self, prompt, params: SamplingParams | None = None, *,
+                    request_id: str | None = None) -> RequestStream:
+        """Queue a prompt (a string or a list of token ids); returns its stream of deltas.
+        Raises ValueError naming the field for a bad prompt or parameters."""
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params: expected SamplingParams, got {type(params).__name__}")
+        ids = self._prompt_ids(prompt)
+        if len(ids) + params.max_tokens > self.max_model_len:
+            raise ValueError(f"prompt: {len(ids)} tokens + max_tokens {params.max_tokens} exceed "
+                             f"max_model_len {self.max_model_len}")
+        need = self.scheduler.pages_needed(len(ids), params.max_tokens)
+        if need > self.scheduler.allocator.num_pages:
+            raise ValueError(f"prompt: needs {need} KV pages, the pool has num_pages="
+                             f"{self.scheduler.allocator.num_pages}")
+        with self._lock:
+            rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+            seed = params.seed if params.seed is not None else self._rng.randrange(2**63)
+        stream = RequestStream(self, rid)
+        req = Request(rid, ids, params, seed, TextState(self.tokenizer, params.stop), stream.put)
+        self._inbox.put(("add", req))
+        self._wake.set()
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request (a no-op if it already finished); its stream ends with "abort"."""
+        self._inbox.put(("abort", request_id))
+        self._wake.set()
+
+    def _prompt_ids(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            ids = self.tokenizer(prompt).input_ids
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool)
+                                                       for t in prompt):
+            ids = list(prompt)
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"prompt: token id {bad[0]} outside the vocabulary [0, {self.vocab_size})")
+        else:
+            raise ValueError(f"prompt: expected a string or a list of token ids, got {type(prompt).__name__}")
+        if not ids:
+            raise ValueError("prompt: empty (at least one token is needed)")
+        return ids
+
+    # ---- the loop -----------------------------------------------------------------------------
+    def step(self) -> bool:
+        """One iteration: commands, admissions + prefill, one decode block, finished results.
+        Returns whether work remains."""
+        self._drain_inbox()
+        sched = self.scheduler
+        launched = False
+        admitted = sched.admit()
+        if admitted:
+            self._prefill(admitted)
+            launched = True
+        rows = sched.decode_rows()
+        if rows:
+            self._decode(rows)
+            launched = True
+        depth = 1 if self.overlap and launched else 0
+        while len(self._pending) > depth:
+            self._finish(self._pending.popleft())
+        if not self._requests:                 # idle: read (and drop) a block run after a stop
+            while self._pending:
+                self._finish(self._pending.popleft())
+        return sched.has_work or bool(self._pending) or not self._inbox.empty()
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                kind, item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                if item.request_id in self._requests:
+                    item.sink(ValueError(f"request_id: {item.request_id!r} is already running"))
+                    continue
+                self._requests[item.request_id] = item
+                self.scheduler.waiting.append(item)
+            else:
+                req = self._requests.pop(item, None)
+                if req is not None:
+                    req.sink(self.scheduler.abort(req))
+
+    def _prefill(self, reqs: list[Request]) -> None:
+        s, dev = self.scheduler, self.device
+        slots = torch.tensor([r.slot for r in reqs])
+        prompts = [torch.tensor(r.prompt, dtype=torch.int64, device=dev) for r in reqs]
+        logits = self.runtime.prefill(prompts, s.block_table[slots].to(dev))
+        inputs = SamplingInputs(s.temperature[slots], s.top_k[slots], s.top_p[slots], s.seed[slots],
+                                torch.zeros(len(reqs), dtype=torch.int32))
+        first = sample_eager(logits, inputs)                              # [m] device
+        self.next_tokens.index_copy_(0, slots.to(dev), first)
+        for r in reqs:
+            r.launched = 1
+        self._pending.append(self._to_host([(r, i) for i, r in enumerate(reqs)], first[None]))
+
+    def _decode(self, rows: list[Request]) -> None:
+        s = self.scheduler
+        n, sampled = s.prepare_block(rows)
+        staging = self._staging[self._flip]
+        self._flip ^= 1
+        t = staging.load(s, n)
+        sampling = (SamplingInputs(t["temperature"], t["top_k"], t["top_p"], t["seed"], t["step"])
+                    if sampled else None)
+        out = self.runtime.decode(self.next_tokens[:n], t["block_table"], t["seq_lens"], sampling=sampling)
+        self.next_tokens[:n].copy_(out[-1])
+        if staging.event is not None:
+            staging.event.record()
+        for r in rows:
+            r.launched += self.runtime.k
+        self._pending.append(self._to_host([(r, r.slot) for r in rows], out))
+
+    def _to_host(self, rows, tokens: torch.Tensor) -> _Pending:
+        if self.device.type != "cuda":
+            return _Pending(rows, tokens.clone(), None)
+        host = tokens.to("cpu", non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return _Pending(rows, host, event)
+
+    def _finish(self, block: _Pending) -> None:
+        """A block's tokens -> stop checks, deltas, finished requests' pages freed."""
+        if block.event is not None:
+            block.event.synchronize()
+        toks = block.tokens.tolist()
+        for req, col in block.rows:
+            if req.finish_reason is not None:
+                continue                              # finished or aborted: tokens discarded
+            delta = self.scheduler.accept(req, [row[col] for row in toks])
+            if delta is not None:
+                req.sink(delta)
+            if req.finish_reason is not None:
+                self.scheduler.release(req)
+                self._requests.pop(req.request_id, None)
+
+    # ---- background thread --------------------------------------------------------------------
+    def start(self) -> None:
+        """Run the loop on a background thread (streams then block instead of stepping)."""
+        if self._thread is not None:
+            raise RuntimeError("engine: already started")
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="graphrt-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._wake.set()
+        self._thread.join()
+        self._thread = None
+
+    @property
+    def threaded(self) -> bool:
+        return self._thread is not None
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                busy = self.step()
+            except BaseException as e:                # hand the error to every waiting stream
+                self._drain_inbox()
+                for req in list(self._requests.values()):
+                    req.sink(e)
+                self._requests.clear()
+                self._thread = None
+                return
+            if not busy:
+                self._wake.wait(0.05)
+                self._wake.clear()
+
+
+__all__ = ["Engine"]

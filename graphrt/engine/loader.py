@@ -1,0 +1,236 @@
+"""Load a local HF checkpoint straight into graphrt's fused weight layout on the target device.
+
+    ckpt = load_checkpoint("path/to/dir", device="cuda")   # Checkpoint: spec + fused weights
+    tok = load_tokenizer("path/to/dir")                     # transformers AutoTokenizer
+
+Reads config.json (architecture, shapes) and the safetensors file(s), single or sharded
+(model.safetensors.index.json). Each fused tensor is allocated once on the target device and the
+HF tensors are copied into its row slices one at a time: no transformers model, no second full
+copy in host memory (at most one HF tensor is materialised on the host at a time).
+
+Fused layout (per layer): input_norm [H], post_attn_norm [H], qkv [(Hq + 2 Hkv) D, H] (rows q, k, v),
+qkv_bias [(Hq + 2 Hkv) D] or None (Qwen2), q_norm / k_norm [D] or None (Qwen3), o [H, Hq D],
+gate_up [2 I, H] (rows gate, up), down [H, I]; global embed [V, H], final_norm [H], lm_head [V, H]
+(the same tensor as embed when tie_word_embeddings).
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..models.llama import LlamaSpec
+
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+FILE_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
+INDEX = "model.safetensors.index.json"
+
+
+class CheckpointError(ValueError):
+    """The checkpoint directory cannot be loaded; the message names the file and tensor."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A loaded checkpoint. weights: {"layers": [dict per layer (fused names)], "embed",
+    "final_norm", "lm_head"}, every tensor on `device` in `dtype`. eos_token_ids from
+    generation_config.json / config.json; nbytes and load_s describe the tensor copy."""
+
+    path: Path
+    arch: str
+    spec: LlamaSpec
+    qk_norm: bool
+    weights: dict
+    dtype: torch.dtype
+    device: torch.device
+    eos_token_ids: tuple[int, ...]
+    max_position_embeddings: int
+    nbytes: int
+    load_s: float
+
+
+def read_config(path: Path) -> tuple[dict, str]:
+    """config.json as a dict and the architecture family ('llama', 'qwen2', 'qwen3')."""
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint: {str(path)!r} is not a directory")
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise CheckpointError(f"{cfg_file}: missing (a HF checkpoint needs config.json)")
+    raw = json.loads(cfg_file.read_text())
+    archs = raw.get("architectures") or []
+    known = [ARCHITECTURES[a] for a in archs if a in ARCHITECTURES]
+    if not known:
+        raise CheckpointError(f"{cfg_file}: architectures {archs} not supported; graphrt loads "
+                              f"{sorted(ARCHITECTURES)}")
+    return raw, known[0]
+
+
+def _weight_files(path: Path) -> dict[str, Path]:
+    """HF tensor name -> the safetensors file holding it."""
+    from safetensors import safe_open
+    index = path / INDEX
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index}: no 'weight_map'")
+        out = {name: path / f for name, f in weight_map.items()}
+        for f in sorted(set(out.values())):
+            if not f.is_file():
+                raise CheckpointError(f"{f}: listed in {INDEX} but missing")
+        return out
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{path}: no *.safetensors file and no {INDEX}")
+    out = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as h:
+            out.update({name: f for name in h.keys()})
+    return out
+
+
+def _expected(spec: LlamaSpec, arch: str) -> dict[str, tuple[tuple[int, ...], tuple]]:
+    """HF tensor name -> (shape implied by config.json, (fused destination, row offset))."""
+    s = spec
+    h, d, inter = s.hidden_size, s.head_dim, s.intermediate_size
+    q, kv = s.num_heads * d, s.num_kv_heads * d
+    exp = {"model.embed_tokens.weight": ((s.vocab_size, h), ("embed", 0)),
+           "model.norm.weight": ((h,), ("final_norm", 0))}
+    if not s.tie_word_embeddings:
+        exp["lm_head.weight"] = ((s.vocab_size, h), ("lm_head", 0))
+    for i in range(s.num_layers):
+        p = f"model.layers.{i}."
+        exp |= {p + "input_layernorm.weight": ((h,), (i, "input_norm", 0)),
+                p + "post_attention_layernorm.weight": ((h,), (i, "post_attn_norm", 0)),
+                p + "self_attn.q_proj.weight": ((q, h), (i, "qkv", 0)),
+                p + "self_attn.k_proj.weight": ((kv, h), (i, "qkv", q)),
+                p + "self_attn.v_proj.weight": ((kv, h), (i, "qkv", q + kv)),
+                p + "self_attn.o_proj.weight": ((h, q), (i, "o", 0)),
+                p + "mlp.gate_proj.weight": ((inter, h), (i, "gate_up", 0)),
+                p + "mlp.up_proj.weight": ((inter, h), (i, "gate_up", inter)),
+                p + "mlp.down_proj.weight": ((h, inter), (i, "down", 0))}
+        if s.attention_bias:
+            exp |= {p + "self_attn.q_proj.bias": ((q,), (i, "qkv_bias", 0)),
+                    p + "self_attn.k_proj.bias": ((kv,), (i, "qkv_bias", q)),
+                    p + "self_attn.v_proj.bias": ((kv,), (i, "qkv_bias", q + kv))}
+        if arch == "qwen3":
+            exp |= {p + "self_attn.q_norm.weight": ((d,), (i, "q_norm", 0)),
+                    p + "self_attn.k_norm.weight": ((d,), (i, "k_norm", 0))}
+    return exp
+
+
+def _allocate(spec: LlamaSpec, arch: str, dtype, device) -> dict:
+    s = spec
+    h, d, inter = s.hidden_size, s.head_dim, s.intermediate_size
+    rows = (s.num_heads + 2 * s.num_kv_heads) * d
+
+    def e(*shape):
+        return torch.empty(shape, dtype=dtype, device=device)
+    layers = [{"input_norm": e(h), "post_attn_norm": e(h), "qkv": e(rows, h),
+               "qkv_bias": e(rows) if s.attention_bias else None,
+               "q_norm": e(d) if arch == "qwen3" else None, "k_norm": e(d) if arch == "qwen3" else None,
+               "o": e(h, s.num_heads * d), "gate_up": e(2 * inter, h), "down": e(h, inter)}
+              for _ in range(s.num_layers)]
+    embed = e(s.vocab_size, h)
+    return {"layers": layers, "embed": embed, "final_norm": e(h),
+            "lm_head": embed if s.tie_word_embeddings else e(s.vocab_size, h)}
+
+
+def _destination(weights: dict, where: tuple, rows: int) -> torch.Tensor:
+    if isinstance(where[0], int):
+        layer, name, off = where
+        return weights["layers"][layer][name][off:off + rows]
+    name, off = where
+    return weights[name][off:off + rows]
+
+
+def _eos_ids(path: Path, raw: dict) -> tuple[int, ...]:
+    gen = path / "generation_config.json"
+    eos = None
+    if gen.is_file():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+    if eos is None:
+        eos = raw.get("eos_token_id")
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, list) else (int(eos),)
+
+
+def file_dtype(path) -> torch.dtype:
+    """The dtype the checkpoint stores its embedding in (reads one header, no tensor data)."""
+    from safetensors import safe_open
+    path = Path(path)
+    read_config(path)
+    f = _weight_files(path).get("model.embed_tokens.weight")
+    if f is None:
+        raise CheckpointError(f"{path}: tensor 'model.embed_tokens.weight' missing from the safetensors files")
+    with safe_open(str(f), framework="pt") as h:
+        kind = h.get_slice("model.embed_tokens.weight").get_dtype()
+    if kind not in FILE_DTYPES:
+        raise CheckpointError(f"{f.name}: tensor 'model.embed_tokens.weight' has dtype {kind}; "
+                              f"supported {sorted(FILE_DTYPES)}")
+    return FILE_DTYPES[kind]
+
+
+def load_checkpoint(path, *, device="cpu", dtype: torch.dtype | None = None) -> Checkpoint:
+    """Read `path` (a local HF directory) into the fused layout on `device`.
+
+    dtype: the weights' dtype on the device (default: the checkpoint's, from its embedding).
+    Raises CheckpointError naming the file and tensor for a missing file or tensor, an
+    unsupported architecture or dtype, or a shape that does not match config.json.
+    """
+    from safetensors import safe_open
+    from transformers import AutoConfig
+    path = Path(path)
+    raw, arch = read_config(path)
+    spec = LlamaSpec.from_hf(AutoConfig.from_pretrained(str(path)))
+    files = _weight_files(path)
+    expected = _expected(spec, arch)
+    missing = [n for n in expected if n not in files]
+    if missing:
+        raise CheckpointError(f"{path}: tensor {missing[0]!r} missing from the safetensors files "
+                              f"({len(missing)} missing in all)")
+    by_file: dict[Path, list[str]] = {}
+    for name in expected:
+        by_file.setdefault(files[name], []).append(name)
+    # check every header (shapes, dtypes) before allocating device memory
+    for f, names in by_file.items():
+        with safe_open(str(f), framework="pt") as h:
+            for name in names:
+                sl = h.get_slice(name)
+                shape, kind = tuple(sl.get_shape()), sl.get_dtype()
+                if kind not in FILE_DTYPES:
+                    raise CheckpointError(f"{f.name}: tensor {name!r} has dtype {kind}; supported "
+                                          f"{sorted(FILE_DTYPES)}")
+                if shape != expected[name][0]:
+                    raise CheckpointError(f"{f.name}: tensor {name!r} has shape {list(shape)}, "
+                                          f"config.json implies {list(expected[name][0])}")
+                if name == "model.embed_tokens.weight" and dtype is None:
+                    dtype = FILE_DTYPES[kind]
+    device = torch.device(device)
+    weights = _allocate(spec, arch, dtype, device)
+    t0, nbytes = time.perf_counter(), 0
+    for f, names in by_file.items():
+        with safe_open(str(f), framework="pt") as h:
+            for name in names:
+                t = h.get_tensor(name)                    # one tensor on the host at a time
+                _destination(weights, expected[name][1], t.shape[0]).copy_(t)
+                nbytes += t.numel() * t.element_size()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return Checkpoint(path, arch, spec, arch == "qwen3", weights, dtype, device, _eos_ids(path, raw),
+                      int(raw.get("max_position_embeddings") or 0), nbytes, time.perf_counter() - t0)
+
+
+def load_tokenizer(path):
+    """transformers AutoTokenizer from the checkpoint directory (chat template included)."""
+    from transformers import AutoTokenizer
+    path = Path(path)
+    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        raise CheckpointError(f"{path}: no tokenizer files (tokenizer.json, tokenizer.model or vocab.json)")
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+__all__ = ["Checkpoint", "CheckpointError", "file_dtype", "load_checkpoint", "load_tokenizer", "read_config"]
