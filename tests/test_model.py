@@ -1,4 +1,4 @@
-"""Whole-model decode on CPU: graphrt's Llama/Qwen2 decoder vs HF transformers (select with -k hf),
+"""Whole-model decode on CPU: graphrt's Llama/Qwen2/Qwen3 decoder vs HF transformers (-k hf),
 multi-step graphs' tokens vs single steps, the K/V append kernel, and bad input."""
 from __future__ import annotations
 
@@ -23,16 +23,25 @@ def _hf(kind: str, seed: int = 0):
     if kind == "llama":
         cfg = transformers.LlamaConfig(tie_word_embeddings=False, **common)
         return transformers.LlamaForCausalLM(cfg).eval()
+    if kind == "llama3-scaled":  # Llama-3.x frequency scaling, in transformers' rope_parameters
+        rope = dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
+                    high_freq_factor=4.0, original_max_position_embeddings=32)
+        cfg = transformers.LlamaConfig(tie_word_embeddings=True, rope_parameters=rope, **common)
+        return transformers.LlamaForCausalLM(cfg).eval()
+    if kind == "qwen3":  # per-head q/k RMSNorm; head_dim 64 != hidden 96 / 2 heads; no qkv bias
+        common.update(hidden_size=96, head_dim=64)
+        cfg = transformers.Qwen3Config(tie_word_embeddings=False, **common)
+        return transformers.Qwen3ForCausalLM(cfg).eval()
     cfg = transformers.Qwen2Config(tie_word_embeddings=True, **common)
     return transformers.Qwen2ForCausalLM(cfg).eval()
 
 
-def _runtime(hf, *, k=1, backend="torch-splitkv", buckets=(1, 2, 4)):
+def _runtime(hf, *, k=1, backend="torch-splitkv", buckets=(1, 2, 4), keep_logits=False):
     model = LlamaDecoder.from_hf(hf)
     cfg = RuntimeConfig(num_qo_heads=2, num_kv_heads=1, head_dim=64, page_size=PAGE,
                         max_context_len=128, buckets=list(buckets), dtype="float32",
                         backend=backend, kv_pool_pages=48)
-    return ModelRuntime(model, cfg, "cpu", steps_per_graph=k)
+    return ModelRuntime(model, cfg, "cpu", steps_per_graph=k, keep_logits=keep_logits)
 
 
 def _tables(n, gen):
@@ -40,11 +49,13 @@ def _tables(n, gen):
     return torch.randperm(48, generator=gen)[: n * 8].to(torch.int32).view(n, 8)
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "llama3-scaled"])
 @pytest.mark.parametrize("lens", [[7], [5, 17, 33], [16, 1, 40, 31]])
 def test_logits_match_hf(kind, lens):
+    if kind == "llama3-scaled" and len(lens) != 3:
+        pytest.skip("one ragged batch is enough for the scaled-RoPE variant")
     hf = _hf(kind)
-    mrt = _runtime(hf)
+    mrt = _runtime(hf, keep_logits=True)
     gen = torch.Generator().manual_seed(len(lens))
     prompts = [torch.randint(0, 160, (n,), generator=gen) for n in lens]
     table = _tables(len(lens), gen)

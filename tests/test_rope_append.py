@@ -125,8 +125,9 @@ def test_decode_matches_reference(geo, b, data, seed):
     want_q, want_cache, flags = _reference(qkv, cos_sin, cache, table, pos, torch.arange(b),
                                            lens > 0, hq, qn, kn)
     err = torch.zeros(1, dtype=torch.int32)
+    bh = data.draw(st.sampled_from([1, 2, None]))   # 1: the GPU's decode choice; None: all heads
     q = rope_append_decode(qkv, cos_sin, cache, table, lens, err, num_q_heads=hq, q_norm=qn,
-                           k_norm=kn, eps=EPS)
+                           k_norm=kn, eps=EPS, heads_per_program=bh)
     assert q.shape == (b, hq, geo[0]) and q.dtype == dtype
     _check(q, cache, want_q, want_cache, dtype)
     assert int(err) == flags
@@ -139,7 +140,7 @@ def test_prefill_ragged_matches_reference(geo, data, seed):
     hq, dtype = geo[2], geo[6]
     n_req = data.draw(st.integers(1, 3))
     cache, cos_sin, table, _, qn, kn, max_len = _setup(geo, n_req, gen)
-    lens = data.draw(st.lists(st.integers(1, min(max_len, 20)), min_size=n_req, max_size=n_req))
+    lens = data.draw(st.lists(st.integers(1, max_len), min_size=n_req, max_size=n_req))
     pos = torch.cat([torch.arange(n) for n in lens] + [torch.zeros(2, dtype=torch.int64)])
     rows = torch.cat([torch.full((n,), r) for r, n in enumerate(lens)] + [torch.full((2,), -1)])
     order = torch.randperm(pos.shape[0], generator=gen)              # tokens in any order
@@ -150,7 +151,7 @@ def test_prefill_ragged_matches_reference(geo, data, seed):
                                            rows >= 0, hq, qn, kn)
     err = torch.zeros(1, dtype=torch.int32)
     q = rope_append_prefill(qkv, cos_sin, cache, table, pos, rows, err, num_q_heads=hq, q_norm=qn,
-                            k_norm=kn, eps=EPS)
+                            k_norm=kn, eps=EPS, heads_per_program=data.draw(st.sampled_from([1, 4, None])))
     _check(q, cache, want_q, want_cache, dtype)
     assert int(err) == flags == 0
 
@@ -188,6 +189,8 @@ def test_bad_arguments_name_the_field():
         rope_append_decode(qkv, cos_sin, cache, table.long(), lens, err, **call)
     with pytest.raises(ValueError, match="q_norm, k_norm"):
         rope_append_decode(qkv, cos_sin, cache, table, lens, err, q_norm=torch.ones(64), **call)
+    with pytest.raises(ValueError, match="heads_per_program"):
+        rope_append_decode(qkv, cos_sin, cache, table, lens, err, heads_per_program=3, **call)
     with pytest.raises(ValueError, match="k_norm"):
         rope_append_decode(qkv, cos_sin, cache, table, lens, err, q_norm=torch.ones(64),
                            k_norm=torch.ones(32), **call)

@@ -17,9 +17,10 @@ ERR_KV_SLOT; a page id outside the pool is skipped and flags ERR_PAGE_ID; a posi
 the cos/sin table is skipped (q written as zeros) and flags ERR_POSITION: never an
 out-of-bounds access. Same device_error contract as append_kv.
 
-Grid: (T, Hq + Hkv): program (t, h < Hq) rotates q head h; program (t, Hq + j) rotates k head j
-and writes k and v head j. num_warps=1 (D <= 256 elements per head). Capturable in a CUDA graph
-(no host reads); runs on CPU under TRITON_INTERPRET=1.
+Grid: (T, ceil(Hq / BH) + ceil(Hkv / BH)) for BH heads per program (`heads_per_program`: 1 on
+the GPU at decode sizes, i.e. Hq + Hkv single-warp programs per token): the first programs of a
+token rotate its q heads, the rest rotate its k heads and write k and v. Capturable in a CUDA
+graph (no host reads); runs on CPU under TRITON_INTERPRET=1 (with BH = all heads there).
 """
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ ERR_POSITION = 16
 
 @triton.jit
 def _rms_halves(x1, x2, w_ptr, j, mj, eps, D: tl.constexpr, HALF: tl.constexpr):
-    inv = tl.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / D + eps)
+    """Per-head RMSNorm of [BH, BLOCK] halves (one head per row)."""
+    inv = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / D + eps)[:, None]
     w1 = tl.load(w_ptr + j, mask=mj, other=0.0).to(tl.float32)
     w2 = tl.load(w_ptr + HALF + j, mask=mj, other=0.0).to(tl.float32)
     return x1 * inv * w1, x2 * inv * w2
@@ -46,11 +48,12 @@ def _rope_append_kernel(qkv_ptr, qkv_stride, q_ptr, cs_ptr, num_positions, qn_pt
                         k_cache_ptr, v_cache_ptr, bt_ptr, bt_stride, bt_rows, max_pages,
                         num_pool_pages, page_size, s_page, s_slot, s_head,
                         lens_ptr, pos_ptr, rows_ptr, error_ptr,
-                        HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+                        HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BH: tl.constexpr,
                         BLOCK: tl.constexpr, DECODE: tl.constexpr, QK_NORM: tl.constexpr):
     HALF: tl.constexpr = D // 2
+    NQB: tl.constexpr = (HQ + BH - 1) // BH          # programs 0..NQB-1: q heads, then k/v heads
     t = tl.program_id(0)
-    h = tl.program_id(1)
+    hb = tl.program_id(1)
     if DECODE:
         seq = tl.load(lens_ptr + t)
         live = seq > 0
@@ -61,23 +64,27 @@ def _rope_append_kernel(qkv_ptr, qkv_stride, q_ptr, cs_ptr, num_positions, qn_pt
         row = tl.load(rows_ptr + t)
         live = row >= 0
     ok_pos = (pos >= 0) & (pos < num_positions)
-    j = tl.arange(0, BLOCK)
-    mj = j < HALF
+    jj = tl.arange(0, BLOCK)
+    mj = (jj < HALF)[None, :]
+    j = jj[None, :]                                   # [1, BLOCK] column within a half
     cs_row = cs_ptr + tl.where(ok_pos, pos, 0).to(tl.int64) * D
     okf = ok_pos.to(tl.float32)  # outside the table: cos = sin = 0, q written as zeros
     c = tl.load(cs_row + j, mask=mj, other=0.0) * okf
     s = tl.load(cs_row + HALF + j, mask=mj, other=0.0) * okf
     src = qkv_ptr + t.to(tl.int64) * qkv_stride
-    if h < HQ:
-        x1 = tl.load(src + h * D + j, mask=mj, other=0.0).to(tl.float32)
-        x2 = tl.load(src + h * D + HALF + j, mask=mj, other=0.0).to(tl.float32)
+    if hb < NQB:
+        h = hb * BH + tl.arange(0, BH)[:, None]       # [BH, 1] q heads
+        m = (h < HQ) & mj
+        x1 = tl.load(src + h * D + j, mask=m, other=0.0).to(tl.float32)
+        x2 = tl.load(src + h * D + HALF + j, mask=m, other=0.0).to(tl.float32)
         if QK_NORM:
             x1, x2 = _rms_halves(x1, x2, qn_ptr, j, mj, eps, D, HALF)
         dst = q_ptr + (t.to(tl.int64) * HQ + h) * D
-        tl.store(dst + j, (x1 * c - x2 * s).to(q_ptr.dtype.element_ty), mask=mj)
-        tl.store(dst + HALF + j, (x2 * c + x1 * s).to(q_ptr.dtype.element_ty), mask=mj)
+        tl.store(dst + j, (x1 * c - x2 * s).to(q_ptr.dtype.element_ty), mask=m)
+        tl.store(dst + HALF + j, (x2 * c + x1 * s).to(q_ptr.dtype.element_ty), mask=m)
     else:
-        kh = h - HQ
+        kh = (hb - NQB) * BH + tl.arange(0, BH)[:, None]   # [BH, 1] kv heads
+        m = (kh < HKV) & mj
         if live & (ok_pos == 0):
             tl.atomic_or(error_ptr, 16)
         if live & ok_pos:
@@ -89,18 +96,18 @@ def _rope_append_kernel(qkv_ptr, qkv_stride, q_ptr, cs_ptr, num_positions, qn_pt
                 if (page < 0) | (page >= num_pool_pages):
                     tl.atomic_or(error_ptr, 2)
                 else:
-                    k1 = tl.load(src + (HQ + kh) * D + j, mask=mj, other=0.0).to(tl.float32)
-                    k2 = tl.load(src + (HQ + kh) * D + HALF + j, mask=mj, other=0.0).to(tl.float32)
+                    k1 = tl.load(src + (HQ + kh) * D + j, mask=m, other=0.0).to(tl.float32)
+                    k2 = tl.load(src + (HQ + kh) * D + HALF + j, mask=m, other=0.0).to(tl.float32)
                     if QK_NORM:
                         k1, k2 = _rms_halves(k1, k2, kn_ptr, j, mj, eps, D, HALF)
-                    v1 = tl.load(src + (HQ + HKV + kh) * D + j, mask=mj)
-                    v2 = tl.load(src + (HQ + HKV + kh) * D + HALF + j, mask=mj)
+                    v1 = tl.load(src + (HQ + HKV + kh) * D + j, mask=m)
+                    v2 = tl.load(src + (HQ + HKV + kh) * D + HALF + j, mask=m)
                     dst = page.to(tl.int64) * s_page + (pos % page_size) * s_slot + kh * s_head
                     ty = k_cache_ptr.dtype.element_ty
-                    tl.store(k_cache_ptr + dst + j, (k1 * c - k2 * s).to(ty), mask=mj)
-                    tl.store(k_cache_ptr + dst + HALF + j, (k2 * c + k1 * s).to(ty), mask=mj)
-                    tl.store(v_cache_ptr + dst + j, v1.to(ty), mask=mj)
-                    tl.store(v_cache_ptr + dst + HALF + j, v2.to(ty), mask=mj)
+                    tl.store(k_cache_ptr + dst + j, (k1 * c - k2 * s).to(ty), mask=m)
+                    tl.store(k_cache_ptr + dst + HALF + j, (k2 * c + k1 * s).to(ty), mask=m)
+                    tl.store(v_cache_ptr + dst + j, v1.to(ty), mask=m)
+                    tl.store(v_cache_ptr + dst + HALF + j, v2.to(ty), mask=m)
 
 
 def _need(cond: bool, msg: str) -> None:
@@ -108,8 +115,17 @@ def _need(cond: bool, msg: str) -> None:
         raise ValueError(msg)
 
 
+def heads_per_program(device: torch.device, tokens: int, max_heads: int) -> int:
+    """Heads per program: on a GPU 1 for decode-sized batches (most parallel programs, each a
+    single warp) and 4 past 64 tokens (fewer, fuller programs for prefill); in the CPU
+    interpreter, all heads (its cost is per program, not per element)."""
+    if device.type != "cuda":
+        return triton.next_power_of_2(max_heads)
+    return 1 if tokens <= 64 else min(4, triton.next_power_of_2(max_heads))
+
+
 def _launch(qkv, cos_sin, kv_cache, block_table, device_error, hq, lens, positions, rows,
-            q_norm, k_norm, eps, q_out):
+            q_norm, k_norm, eps, q_out, bh):
     kc, vc = kv_cache.as_tuple()
     nhd = kv_cache.layout == "NHD"
     hkv, d = (kc.shape[2], kc.shape[3]) if nhd else (kc.shape[1], kc.shape[3])
@@ -150,38 +166,45 @@ def _launch(qkv, cos_sin, kv_cache, block_table, device_error, hq, lens, positio
         return q_out
     decode = lens is not None
     dummy = lens if decode else positions
-    _rope_append_kernel[(t, hq + hkv)](
+    if bh is None:
+        bh = heads_per_program(qkv.device, t, max(hq, hkv))
+    _need(bh >= 1 and bh & (bh - 1) == 0, f"heads_per_program: must be a power of 2, got {bh}")
+    block = triton.next_power_of_2(d // 2)
+    grid = (t, triton.cdiv(hq, bh) + triton.cdiv(hkv, bh))
+    _rope_append_kernel[grid](
         qkv, qkv.stride(0), q_out, cos_sin, cos_sin.shape[0],
         q_norm if q_norm is not None else cos_sin, k_norm if k_norm is not None else cos_sin,
         float(eps), kc, vc, block_table, block_table.stride(0), block_table.shape[0],
         block_table.shape[1], kc.shape[0], page_size, s_page, s_slot, s_head,
         dummy, dummy if decode else positions, dummy if decode else rows, device_error,
-        HQ=hq, HKV=hkv, D=d, BLOCK=triton.next_power_of_2(d // 2), DECODE=decode,
-        QK_NORM=q_norm is not None, num_warps=1)
+        HQ=hq, HKV=hkv, D=d, BH=bh, BLOCK=block, DECODE=decode, QK_NORM=q_norm is not None,
+        num_warps=min(4, max(1, bh * block // 256)))
     return q_out
 
 
 def rope_append_decode(qkv: torch.Tensor, cos_sin: torch.Tensor, kv_cache, block_table: torch.Tensor,
                        seq_lens: torch.Tensor, device_error: torch.Tensor, *, num_q_heads: int,
                        q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None,
-                       eps: float = 1e-6, q_out: torch.Tensor | None = None) -> torch.Tensor:
+                       eps: float = 1e-6, q_out: torch.Tensor | None = None,
+                       heads_per_program: int | None = None) -> torch.Tensor:
     """Decode: qkv [B, (Hq + 2*Hkv) * D] (model dtype), seq_lens [B] int32 counting the new token,
     block_table [B, max_pages] int32 -> rotated q [B, Hq, D] (qkv's dtype unless `q_out`).
     Writes row b's rotated k and v at position seq_lens[b] - 1; see module docstring."""
     return _launch(qkv, cos_sin, kv_cache, block_table, device_error, num_q_heads, seq_lens,
-                   None, None, q_norm, k_norm, eps, q_out)
+                   None, None, q_norm, k_norm, eps, q_out, heads_per_program)
 
 
 def rope_append_prefill(qkv: torch.Tensor, cos_sin: torch.Tensor, kv_cache, block_table: torch.Tensor,
                         positions: torch.Tensor, rows: torch.Tensor, device_error: torch.Tensor, *,
                         num_q_heads: int, q_norm: torch.Tensor | None = None,
                         k_norm: torch.Tensor | None = None, eps: float = 1e-6,
-                        q_out: torch.Tensor | None = None) -> torch.Tensor:
+                        q_out: torch.Tensor | None = None,
+                        heads_per_program: int | None = None) -> torch.Tensor:
     """Prefill: qkv [T, (Hq + 2*Hkv) * D] of T tokens (any mix of requests), positions [T] and
     rows [T] (block-table row; < 0 = padding) int32/int64 -> rotated q [T, Hq, D]. Writes each
     token's rotated k and v at its position in its row's pages; see module docstring."""
     return _launch(qkv, cos_sin, kv_cache, block_table, device_error, num_q_heads, None,
-                   positions, rows, q_norm, k_norm, eps, q_out)
+                   positions, rows, q_norm, k_norm, eps, q_out, heads_per_program)
 
 
 __all__ = ["rope_append_decode", "rope_append_prefill", "ERR_POSITION", "ERR_KV_SLOT", "ERR_PAGE_ID"]

@@ -14,13 +14,16 @@ import torch
 
 
 def rope_inv_freq(spec) -> torch.Tensor:
-    """[head_dim / 2] float32 inverse frequencies (default, or Llama-3 frequency scaling)."""
+    """[head_dim / 2] float32 inverse frequencies (default, or Llama-3 frequency scaling).
+
+    Computed in float32 as HF transformers and Meta's reference code compute them (a float64
+    computation differs by an ulp, which is ~1e-3 rad of angle at position 32k)."""
     d = spec.head_dim
-    inv = 1.0 / (spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    inv = 1.0 / (spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
     s = spec.rope_scaling
     kind = (s or {}).get("rope_type", (s or {}).get("type", "default"))
     if kind == "default":
-        return inv.float()
+        return inv
     if kind != "llama3":
         raise ValueError(f"rope_scaling: type {kind!r} not supported (default, llama3)")
     factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
@@ -30,7 +33,7 @@ def rope_inv_freq(spec) -> torch.Tensor:
     smooth = (old / wavelen - low) / (high - low)
     scaled = torch.where(wavelen > low_wl, inv / factor, inv)
     mid = (wavelen <= low_wl) & (wavelen >= high_wl)
-    return torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled).float()
+    return torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
 
 
 def cos_sin_cache(spec, max_positions: int, device="cpu") -> torch.Tensor:
