@@ -36,11 +36,12 @@ def _hf(kind: str, seed: int = 0):
     return transformers.Qwen2ForCausalLM(cfg).eval()
 
 
-def _runtime(hf, *, k=1, backend="torch-splitkv", buckets=(1, 2, 4), keep_logits=False):
+def _runtime(hf, *, k=1, backend="torch-splitkv", buckets=(1, 2, 4), keep_logits=False,
+             layout="NHD"):
     model = LlamaDecoder.from_hf(hf)
     cfg = RuntimeConfig(num_qo_heads=2, num_kv_heads=1, head_dim=64, page_size=PAGE,
                         max_context_len=128, buckets=list(buckets), dtype="float32",
-                        backend=backend, kv_pool_pages=48)
+                        backend=backend, kv_pool_pages=48, kv_layout=layout)
     return ModelRuntime(model, cfg, "cpu", steps_per_graph=k, keep_logits=keep_logits)
 
 
@@ -169,3 +170,58 @@ def test_model_runtime_num_pages_is_checked(pages):
                         buckets=[1], dtype="float32", backend="reference")
     with pytest.raises(ValueError, match="num_pages"):
         ModelRuntime(model, cfg, "cpu", num_pages=pages)
+
+
+def test_hnd_cache_logits_match_hf():
+    hf = _hf("qwen3", seed=3)
+    mrt = _runtime(hf, keep_logits=True, layout="HND")
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 160, (n,), generator=gen) for n in (17, 4)]
+    table = _tables(2, gen)
+    with torch.no_grad():
+        torch.testing.assert_close(mrt.prefill(prompts, table),
+                                   torch.stack([hf(p[None]).logits[0, -1] for p in prompts]),
+                                   rtol=1e-4, atol=1e-4)
+        cur = torch.randint(0, 160, (2,), generator=gen)
+        mrt.decode(cur, table, torch.tensor([18, 5], dtype=torch.int32))
+        ref = torch.stack([hf(torch.cat([p, cur[i:i + 1]])[None]).logits[0, -1]
+                           for i, p in enumerate(prompts)])
+    torch.testing.assert_close(mrt.last_logits(2), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_logits_are_opt_in_and_tokens_do_not_need_them():
+    hf = _hf("qwen2", seed=2)
+    lean, full = _runtime(hf), _runtime(hf, keep_logits=True)
+    assert all(io.logits is None for io in lean._io.values())
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 160, (n,), generator=gen) for n in (6, 21, 2)]
+    table = _tables(3, gen)
+    cur = torch.randint(0, 160, (3,), generator=gen)
+    lens = torch.tensor([7, 22, 3], dtype=torch.int32)
+    for rt in (lean, full):
+        rt.prefill(prompts, table)
+    assert lean.decode(cur, table, lens).tolist() == full.decode(cur, table, lens).tolist()
+    assert full.decode(cur, table, lens)[0].tolist() == full.last_logits(3).argmax(-1).tolist()
+    with pytest.raises(ValueError, match="keep_logits"):
+        lean.last_logits(3)
+
+
+def test_rope_table_must_cover_max_context_len():
+    model = LlamaDecoder.from_hf(_hf("llama"), max_positions=100)   # config wants 128
+    cfg = RuntimeConfig(num_qo_heads=2, num_kv_heads=1, head_dim=64, page_size=PAGE,
+                        max_context_len=128, buckets=[1], dtype="float32", backend="reference")
+    with pytest.raises(ValueError, match="max_context_len=128.*max_positions=100"):
+        ModelRuntime(model, cfg, "cpu")
+
+
+def test_prefill_bad_input_is_named():
+    mrt = _runtime(_hf("llama"))
+    table = torch.arange(2, dtype=torch.int32).view(1, 2)             # 2 pages = 32 tokens
+    with pytest.raises(ValueError, match=r"prompts\[0\]: 33 tokens"):
+        mrt.prefill([torch.zeros(33, dtype=torch.int64)], table)
+    with pytest.raises(ValueError, match="block_table: row 0 uses page ids"):
+        mrt.prefill([torch.zeros(20, dtype=torch.int64)], torch.tensor([[0, 48]], dtype=torch.int32))
+    with pytest.raises(ValueError, match="block_table: expected"):
+        mrt.prefill([torch.zeros(3, dtype=torch.int64)] * 2, table)
+    with pytest.raises(ValueError, match=r"prompts\[0\]: expected"):
+        mrt.prefill([torch.zeros(3, dtype=torch.int32)], table)
