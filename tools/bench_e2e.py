@@ -66,7 +66,7 @@ def random_model(name: str, torch):
                    p + "mlp.down_proj.weight": rnd(h, inter),
                    p + "input_layernorm.weight": torch.ones(h, device="cuda"),
                    p + "post_attention_layernorm.weight": torch.ones(h, device="cuda")})
-    model = LlamaDecoder(spec, sd, dtype=torch.bfloat16, device="cuda")
+    model = LlamaDecoder.from_state_dict(spec, sd, dtype=torch.bfloat16, device="cuda")
     weight_bytes = sum(t.numel() * t.element_size() for t in sd.values())
     return model, weight_bytes
 
