@@ -43,7 +43,7 @@ def _rms_halves(x1, x2, w_ptr, j, mj, eps, D: tl.constexpr, HALF: tl.constexpr):
     return x1 * inv * w1, x2 * inv * w2
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["bt_rows", "max_pages", "num_pool_pages"])  # vary per bucket / pool
 def _rope_append_kernel(qkv_ptr, qkv_stride, q_ptr, cs_ptr, num_positions, qn_ptr, kn_ptr, eps,
                         k_cache_ptr, v_cache_ptr, bt_ptr, bt_stride, bt_rows, max_pages,
                         num_pool_pages, page_size, s_page, s_slot, s_head,
