@@ -146,6 +146,9 @@ def test_device_guard_reports_kv_slot_overflow():
     view.device_error.fill_(8)
     with pytest.raises(DeviceInputError, match="K/V slot"):
         mrt.check_device_errors()
+    view.device_error.fill_(16)                          # rope_append: position past the table
+    with pytest.raises(DeviceInputError, match="RoPE cos/sin table"):
+        mrt.check_device_errors()
 
 
 def test_model_runtime_bad_arguments():

@@ -194,3 +194,30 @@ def test_bad_arguments_name_the_field():
     with pytest.raises(ValueError, match="k_norm"):
         rope_append_decode(qkv, cos_sin, cache, table, lens, err, q_norm=torch.ones(64),
                            k_norm=torch.ones(32), **call)
+
+
+def test_context_rope_append_after_prepare_guards_the_cache():
+    """Through AttentionContext (decode_step's order): prepare(), then rope_append; a bad page id
+    is flagged and nothing is written (not redirected into page 0), padding rows write nothing."""
+    from graphrt import RuntimeConfig
+    from graphrt.backends import make_backend
+    from graphrt.buffers import StaticBuffers
+    from graphrt.context import AttentionContext
+    cfg = RuntimeConfig(num_qo_heads=4, num_kv_heads=2, head_dim=64, page_size=4, max_pages_per_seq=4,
+                        buckets=[3], dtype="float32", backend="reference")
+    kv = PagedKVCache.allocate(cfg, 8, "cpu")
+    view = StaticBuffers(cfg, torch.device("cpu")).view(3)
+    backend = make_backend(cfg, kv, torch.device("cpu"))
+    backend.setup([view])
+    view.block_table.copy_(torch.tensor([[1, 2, 3, 4], [5, 99, 6, 7], [0, 0, 0, 0]], dtype=torch.int32))
+    view.seq_lens.copy_(torch.tensor([3, 6, 0], dtype=torch.int32))   # row 1 -> page 99; row 2 padding
+    before = kv.k.clone()
+    ctx = AttentionContext(backend, view, [kv])
+    ctx.prepare()
+    angles = torch.rand(16, 32)
+    q = ctx.rope_append(0, torch.randn(3, 8 * 64), torch.cat((angles.cos(), angles.sin()), -1),
+                        num_q_heads=4)
+    assert q.shape == (3, 4, 64)
+    assert int(view.device_error) == ERR_PAGE_ID
+    changed = (kv.k != before).flatten(1).any(1).nonzero().flatten().tolist()
+    assert changed == [1]                                 # only row 0's page (pos 2 -> page 1)
