@@ -92,6 +92,8 @@ def test_spec_refuses_unsupported_configs():
     cfg.model_type = "mistral"
     with pytest.raises(ValueError, match="model_type"):
         LlamaSpec.from_hf(cfg)
+    with pytest.raises(ValueError, match="mlp_bias"):
+        LlamaSpec.from_hf(transformers.LlamaConfig(mlp_bias=True, **COMMON))
     with pytest.raises(ValueError, match="num_heads"):
         dataclasses.replace(LlamaSpec.from_hf(_hf("llama").config), num_heads=3)
     with pytest.raises(ValueError, match="head_dim"):

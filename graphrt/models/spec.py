@@ -51,6 +51,8 @@ class LlamaSpec:
         kind = getattr(cfg, "model_type", "")
         if kind not in ("llama", "qwen2", "qwen3"):
             raise ValueError(f"model_type: {kind!r} not supported (llama, qwen2, qwen3)")
+        if getattr(cfg, "mlp_bias", False):
+            raise ValueError("mlp_bias: MLP biases are not supported")
         if getattr(cfg, "use_sliding_window", False):
             raise ValueError("use_sliding_window: sliding-window attention is not supported")
         rope_params = getattr(cfg, "rope_parameters", None) or {}
