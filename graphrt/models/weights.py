@@ -26,6 +26,9 @@ H = hidden_size, V = vocab_size, I = intermediate_size, Hq / Hkv = num_heads / n
 D = head_dim (need not equal H / Hq). Every tensor: the model dtype (norm weights too), one
 device, contiguous. Within a q/k/v block, rows are head-major (head h owns rows h*D .. h*D+D-1),
 as in HF. `ModelWeights.check(spec)` validates all of this, naming the field.
+
+A loader builds `ModelWeights(embed=..., final_norm=..., lm_head=..., layers=(LayerWeights(
+input_norm=..., ...), ...))` and hands it to `LlamaDecoder(spec, weights)` (which calls check).
 """
 from __future__ import annotations
 
