@@ -3,8 +3,10 @@
     def step(ctx: AttentionContext, tokens):        # captured per bucket by ModelRuntime
         ctx.prepare()                               # metadata + device plan, once per step
         ...
-        ctx.write_kv(layer, k, v)                   # [B, Hkv, D] into the layer's paged cache
+        q = ctx.rope_append(layer, qkv, cos_sin)    # [B, Hq, D]; rotated k, v into the cache
         o = ctx.attention(layer, q)                 # [B, Hq, D]
+
+(`ctx.write_kv(layer, k, v)` appends already-rotated k, v [B, Hkv, D] instead of rope_append.)
 
 No global state: the context is an explicit argument; every layer shares the step's plan.
 """
@@ -15,6 +17,7 @@ import torch
 from .backends.base import AttentionBackend
 from .buffers import BucketView
 from .kernels.append_kv import append_kv
+from .kernels.rope_append import rope_append_decode
 from .kvcache import PagedKVCache
 
 
@@ -40,6 +43,16 @@ class AttentionContext:
         """k, v [B, Hkv, D]: the current token's K/V, written at slot seq_len - 1 of each row."""
         append_kv(k.contiguous(), v.contiguous(), self.kv_caches[layer], self.view.block_table,
                   self.view.seq_lens, self.view.device_error)
+
+    def rope_append(self, layer: int, qkv: torch.Tensor, cos_sin: torch.Tensor, *,
+                    num_q_heads: int, q_norm: torch.Tensor | None = None,
+                    k_norm: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+        """qkv [B, (Hq + 2*Hkv) * D] (fused GEMM output) -> rotated q [B, Hq, D]; rotated k and
+        v go to slot seq_len - 1 of each row in the layer's cache (kernels/rope_append.py).
+        cos_sin: [max_positions, D] float32 (models/rope.py); q_norm, k_norm: [D] (Qwen3)."""
+        return rope_append_decode(qkv, cos_sin, self.kv_caches[layer], self.view.block_table,
+                                  self.view.seq_lens, self.view.device_error,
+                                  num_q_heads=num_q_heads, q_norm=q_norm, k_norm=k_norm, eps=eps)
 
     def attention(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """q [B, Hq, D] -> [B, Hq, D], over the layer's cache with the step's shared plan."""

@@ -1,15 +1,16 @@
 """Whole-model decode through graphrt: a user's step function captured per bucket, K steps a graph.
 
-    mrt = ModelRuntime(model, config, device="cuda", steps_per_graph=4)
+    mrt = ModelRuntime(model, config, device="cuda", steps_per_graph=4)   # keep_logits=False
     mrt.prefill(prompts, block_table)                      # eager; fills every layer's cache
     mrt.capture()
     tokens = mrt.decode(tokens, block_table, seq_lens)     # [K, n] greedy tokens, K steps, 1 replay
     tokens = mrt.decode(..., sampling=SamplingInputs(...))  # sampled (sampling=True captures these)
 
 A graph runs K decode steps: each step prepares the metadata + plan on the device (once for all
-layers), runs the model, takes the greedy argmax (or, with per-row SamplingInputs, samples: see
-sampling.py) on the device, feeds it back and advances seq_lens on the device. seq_lens count the
-token being decoded (its K/V go to slot seq_len - 1).
+layers), runs the model, takes the greedy argmax of its model-dtype logits (or, with per-row
+SamplingInputs, samples: see sampling.py) on the device, feeds it back and advances seq_lens on
+the device. Float32 logits of the last step are copied out only with `keep_logits=True` (for
+`last_logits`). seq_lens count the token being decoded (its K/V go to slot seq_len - 1).
 
 Threads: prefill(), capture() and decode() hold `mrt.lock` (reentrant) for the whole call, so
 concurrent calls serialise. decode() returns a view of static buffers that the next call
@@ -39,25 +40,32 @@ from .sampling import SamplingBuffers, SamplingInputs
 class StepBuffers:
     """Per-bucket static model I/O. tokens [B] int64 (input, then the last step's token);
     out_tokens [K, B] int64 (the token of each of the K steps); logits [B, vocab] float32
-    of the last step; sampling: the per-row sampling parameters [B] (read by sampled graphs)."""
+    of the last step, or None unless the runtime keeps logits; sampling: the per-row sampling
+    parameters [B] (read by sampled graphs)."""
     tokens: torch.Tensor
     out_tokens: torch.Tensor
-    logits: torch.Tensor
+    logits: torch.Tensor | None
     sampling: SamplingBuffers
 
 
 class ModelRuntime:
     def __init__(self, model, config: RuntimeConfig, device="cuda", *, backend: str | None = None,
-                 steps_per_graph: int = 1, num_pages: int | None = None, sampling: bool = False):
+                 steps_per_graph: int = 1, num_pages: int | None = None, sampling: bool = False,
+                 keep_logits: bool = False):
         s = model.spec
         want = (s.num_heads, s.num_kv_heads, s.head_dim)
         got = (config.num_qo_heads, config.num_kv_heads, config.head_dim)
         if want != got:
             raise ValueError(f"config: (num_qo_heads, num_kv_heads, head_dim) {got} do not match the "
                              f"model's {want}")
+        rope_rows = getattr(model, "max_positions", None)
+        if rope_rows is not None and config.max_context_len > rope_rows:
+            raise ValueError(f"config: max_context_len={config.max_context_len} exceeds the model's "
+                             f"RoPE table of max_positions={rope_rows}")
         if steps_per_graph < 1:
             raise ValueError(f"steps_per_graph: must be >= 1, got {steps_per_graph}")
         self.model, self.config, self.k = model, config, steps_per_graph
+        self.keep_logits = bool(keep_logits)
         if num_pages is not None and (isinstance(num_pages, bool) or not isinstance(num_pages, int)
                                       or num_pages < 1):
             raise ValueError(f"num_pages: must be an int >= 1, got {num_pages!r}")
@@ -70,9 +78,11 @@ class ModelRuntime:
         b = config.max_batch
         tokens = torch.zeros(b, dtype=torch.int64, device=self.device)
         out = torch.zeros((steps_per_graph, b), dtype=torch.int64, device=self.device)
-        logits = torch.zeros((b, s.vocab_size), dtype=torch.float32, device=self.device)
+        logits = (torch.zeros((b, s.vocab_size), dtype=torch.float32, device=self.device)
+                  if self.keep_logits else None)
         samp = SamplingBuffers.allocate(b, self.device)
-        self._io = {size: StepBuffers(tokens[:size], out[:, :size], logits[:size], samp.view(size))
+        self._io = {size: StepBuffers(tokens[:size], out[:, :size],
+                                      None if logits is None else logits[:size], samp.view(size))
                     for size in config.buckets}
         self.graphs: GraphManager | None = None
         self.lock = threading.RLock()  # held for a whole call: see the module docstring
@@ -109,7 +119,7 @@ class ModelRuntime:
         ctx = AttentionContext(self.backend, view, self.kv_caches)
         for step in range(self.k):
             ctx.prepare()
-            logits = self.model.decode_step(ctx, io.tokens)
+            logits = self.model.decode_step(ctx, io.tokens)          # [B, vocab] model dtype
             if sampled:
                 io.sampling.sample(logits, io.out_tokens[step])
                 nxt = io.out_tokens[step]
@@ -118,7 +128,8 @@ class ModelRuntime:
                 io.out_tokens[step].copy_(nxt)
             io.tokens.copy_(nxt)
             if step + 1 == self.k:
-                io.logits.copy_(logits)
+                if io.logits is not None:
+                    io.logits.copy_(logits)                          # float32, only on request
             else:
                 view.seq_lens.add_((view.seq_lens > 0).to(view.seq_lens.dtype))
 
@@ -230,7 +241,11 @@ class ModelRuntime:
         return io.out_tokens[:, :n]
 
     def last_logits(self, n: int) -> torch.Tensor:
-        """[n, vocab] float32 logits of the last decode step of the bucket serving n rows."""
+        """[n, vocab] float32 logits of the last decode step of the bucket serving n rows
+        (needs ModelRuntime(..., keep_logits=True))."""
+        if not self.keep_logits:
+            raise ValueError("last_logits: this runtime was built with keep_logits=False; pass "
+                             "keep_logits=True to ModelRuntime to keep each step's float32 logits")
         return self._io[pick_bucket(self.config.buckets, n)].logits[:n]
 
     def check_device_errors(self) -> None:

@@ -36,6 +36,7 @@ from .graphs import GraphManager
 from .inputs import check_exclusive_writes, check_inputs
 from .kernels import ERR_GRID, ERR_PAGE_ID, ERR_SEQ_LEN
 from .kernels.append_kv import ERR_KV_SLOT
+from .kernels.rope_append import ERR_POSITION
 from .kvcache import PagedKVCache
 
 
@@ -287,6 +288,8 @@ def raise_device_errors(device_error: torch.Tensor, config: RuntimeConfig, num_p
     if flags & ERR_KV_SLOT:
         why.append("block_table: a new token's K/V slot fell past the block table's width "
                    "(it must hold pages for every decoded token; K/V not written)")
+    if flags & ERR_POSITION:
+        why.append("a token position fell outside the model's RoPE cos/sin table (K/V not written)")
     raise DeviceInputError("device input guard: " + "; ".join(why))
 
 

@@ -254,7 +254,17 @@ def _tiny_hf_llama(seed=0):
     return transformers.LlamaForCausalLM(cfg).eval().to("cuda", torch.bfloat16)
 
 
-def _model_runtime(hf, k=1, backend="flashinfer"):
+def _tiny_hf_qwen3(seed=0):
+    """Qwen3: per-head q/k RMSNorm, no qkv bias, head_dim 128 != hidden 384 / 4 heads."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(seed)
+    cfg = transformers.Qwen3Config(vocab_size=512, hidden_size=384, intermediate_size=1024,
+                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                   head_dim=128, max_position_embeddings=4096, tie_word_embeddings=False)
+    return transformers.Qwen3ForCausalLM(cfg).eval().to("cuda", torch.bfloat16)
+
+
+def _model_runtime(hf, k=1, backend="flashinfer", keep_logits=False):
     from graphrt import RuntimeConfig
     from graphrt.model_runtime import ModelRuntime
     from graphrt.models import LlamaDecoder
@@ -262,12 +272,13 @@ def _model_runtime(hf, k=1, backend="flashinfer"):
                         max_context_len=2048, buckets=[1, 4, 8], dtype="bfloat16",
                         backend=backend, kv_pool_pages=1024)
     return ModelRuntime(LlamaDecoder.from_hf(hf, dtype=torch.bfloat16, device="cuda"), cfg, "cuda",
-                        steps_per_graph=k)
+                        steps_per_graph=k, keep_logits=keep_logits)
 
 
-def test_model_graph_decode_matches_hf_bf16():
-    hf = _tiny_hf_llama()
-    mrt = _model_runtime(hf)
+@pytest.mark.parametrize("make_hf", [_tiny_hf_llama, _tiny_hf_qwen3], ids=["llama", "qwen3"])
+def test_model_graph_decode_matches_hf_bf16(make_hf):
+    hf = make_hf()
+    mrt = _model_runtime(hf, keep_logits=True)
     mrt.capture()
     gen = torch.Generator().manual_seed(0)
     lens = [5, 100, 700]
@@ -283,6 +294,7 @@ def test_model_graph_decode_matches_hf_bf16():
         with torch.no_grad():
             ref = torch.stack([hf(s[None]).logits[0, -1].float() for s in seqs])
         assert rel_error(mrt.last_logits(3), ref) < 3e-2
+    assert mrt.graphs is not None and sorted(mrt.graphs.stats) == [1, 4, 8]   # replayed, not eager
 
 
 def test_model_multi_step_graph_equals_single_steps_without_host_sync():

@@ -1,4 +1,4 @@
-"""Whole-model decode on CPU: graphrt's Llama/Qwen2 decoder vs HF transformers (select with -k hf),
+"""Whole-model decode on CPU: graphrt's Llama/Qwen2/Qwen3 decoder vs HF transformers (-k hf),
 multi-step graphs' tokens vs single steps, the K/V append kernel, and bad input."""
 from __future__ import annotations
 
@@ -23,16 +23,26 @@ def _hf(kind: str, seed: int = 0):
     if kind == "llama":
         cfg = transformers.LlamaConfig(tie_word_embeddings=False, **common)
         return transformers.LlamaForCausalLM(cfg).eval()
+    if kind == "llama3-scaled":  # Llama-3.x frequency scaling, in transformers' rope_parameters
+        rope = dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
+                    high_freq_factor=4.0, original_max_position_embeddings=32)
+        cfg = transformers.LlamaConfig(tie_word_embeddings=True, rope_parameters=rope, **common)
+        return transformers.LlamaForCausalLM(cfg).eval()
+    if kind == "qwen3":  # per-head q/k RMSNorm; head_dim 64 != hidden 96 / 2 heads; no qkv bias
+        common.update(hidden_size=96, head_dim=64)
+        cfg = transformers.Qwen3Config(tie_word_embeddings=False, **common)
+        return transformers.Qwen3ForCausalLM(cfg).eval()
     cfg = transformers.Qwen2Config(tie_word_embeddings=True, **common)
     return transformers.Qwen2ForCausalLM(cfg).eval()
 
 
-def _runtime(hf, *, k=1, backend="torch-splitkv", buckets=(1, 2, 4)):
+def _runtime(hf, *, k=1, backend="torch-splitkv", buckets=(1, 2, 4), keep_logits=False,
+             layout="NHD"):
     model = LlamaDecoder.from_hf(hf)
     cfg = RuntimeConfig(num_qo_heads=2, num_kv_heads=1, head_dim=64, page_size=PAGE,
                         max_context_len=128, buckets=list(buckets), dtype="float32",
-                        backend=backend, kv_pool_pages=48)
-    return ModelRuntime(model, cfg, "cpu", steps_per_graph=k)
+                        backend=backend, kv_pool_pages=48, kv_layout=layout)
+    return ModelRuntime(model, cfg, "cpu", steps_per_graph=k, keep_logits=keep_logits)
 
 
 def _tables(n, gen):
@@ -40,11 +50,13 @@ def _tables(n, gen):
     return torch.randperm(48, generator=gen)[: n * 8].to(torch.int32).view(n, 8)
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "llama3-scaled"])
 @pytest.mark.parametrize("lens", [[7], [5, 17, 33], [16, 1, 40, 31]])
 def test_logits_match_hf(kind, lens):
+    if kind == "llama3-scaled" and len(lens) != 3:
+        pytest.skip("one ragged batch is enough for the scaled-RoPE variant")
     hf = _hf(kind)
-    mrt = _runtime(hf)
+    mrt = _runtime(hf, keep_logits=True)
     gen = torch.Generator().manual_seed(len(lens))
     prompts = [torch.randint(0, 160, (n,), generator=gen) for n in lens]
     table = _tables(len(lens), gen)
@@ -134,6 +146,9 @@ def test_device_guard_reports_kv_slot_overflow():
     view.device_error.fill_(8)
     with pytest.raises(DeviceInputError, match="K/V slot"):
         mrt.check_device_errors()
+    view.device_error.fill_(16)                          # rope_append: position past the table
+    with pytest.raises(DeviceInputError, match="RoPE cos/sin table"):
+        mrt.check_device_errors()
 
 
 def test_model_runtime_bad_arguments():
@@ -158,3 +173,58 @@ def test_model_runtime_num_pages_is_checked(pages):
                         buckets=[1], dtype="float32", backend="reference")
     with pytest.raises(ValueError, match="num_pages"):
         ModelRuntime(model, cfg, "cpu", num_pages=pages)
+
+
+def test_hnd_cache_logits_match_hf():
+    hf = _hf("qwen3", seed=3)
+    mrt = _runtime(hf, keep_logits=True, layout="HND")
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 160, (n,), generator=gen) for n in (17, 4)]
+    table = _tables(2, gen)
+    with torch.no_grad():
+        torch.testing.assert_close(mrt.prefill(prompts, table),
+                                   torch.stack([hf(p[None]).logits[0, -1] for p in prompts]),
+                                   rtol=1e-4, atol=1e-4)
+        cur = torch.randint(0, 160, (2,), generator=gen)
+        mrt.decode(cur, table, torch.tensor([18, 5], dtype=torch.int32))
+        ref = torch.stack([hf(torch.cat([p, cur[i:i + 1]])[None]).logits[0, -1]
+                           for i, p in enumerate(prompts)])
+    torch.testing.assert_close(mrt.last_logits(2), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_logits_are_opt_in_and_tokens_do_not_need_them():
+    hf = _hf("qwen2", seed=2)
+    lean, full = _runtime(hf), _runtime(hf, keep_logits=True)
+    assert all(io.logits is None for io in lean._io.values())
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 160, (n,), generator=gen) for n in (6, 21, 2)]
+    table = _tables(3, gen)
+    cur = torch.randint(0, 160, (3,), generator=gen)
+    lens = torch.tensor([7, 22, 3], dtype=torch.int32)
+    for rt in (lean, full):
+        rt.prefill(prompts, table)
+    assert lean.decode(cur, table, lens).tolist() == full.decode(cur, table, lens).tolist()
+    assert full.decode(cur, table, lens)[0].tolist() == full.last_logits(3).argmax(-1).tolist()
+    with pytest.raises(ValueError, match="keep_logits"):
+        lean.last_logits(3)
+
+
+def test_rope_table_must_cover_max_context_len():
+    model = LlamaDecoder.from_hf(_hf("llama"), max_positions=100)   # config wants 128
+    cfg = RuntimeConfig(num_qo_heads=2, num_kv_heads=1, head_dim=64, page_size=PAGE,
+                        max_context_len=128, buckets=[1], dtype="float32", backend="reference")
+    with pytest.raises(ValueError, match="max_context_len=128.*max_positions=100"):
+        ModelRuntime(model, cfg, "cpu")
+
+
+def test_prefill_bad_input_is_named():
+    mrt = _runtime(_hf("llama"))
+    table = torch.arange(2, dtype=torch.int32).view(1, 2)             # 2 pages = 32 tokens
+    with pytest.raises(ValueError, match=r"prompts\[0\]: 33 tokens"):
+        mrt.prefill([torch.zeros(33, dtype=torch.int64)], table)
+    with pytest.raises(ValueError, match="block_table: row 0 uses page ids"):
+        mrt.prefill([torch.zeros(20, dtype=torch.int64)], torch.tensor([[0, 48]], dtype=torch.int32))
+    with pytest.raises(ValueError, match="block_table: expected"):
+        mrt.prefill([torch.zeros(3, dtype=torch.int64)] * 2, table)
+    with pytest.raises(ValueError, match=r"prompts\[0\]: expected"):
+        mrt.prefill([torch.zeros(3, dtype=torch.int32)], table)

@@ -15,7 +15,7 @@ from .config import EngineConfig
 from .engine import Engine
 from .loader import file_dtype, load_checkpoint, load_tokenizer
 from .params import RequestOutput, SamplingParams
-from .shim import build_model
+from .model import build_model
 
 
 class LLM:
@@ -38,7 +38,7 @@ class LLM:
         self.config = config
         max_len = config.resolve_max_model_len(ck.max_position_embeddings)
         rc = config.runtime_config(ck.spec, device_type=dev.type, dtype=dtype, max_model_len=max_len)
-        self.runtime = ModelRuntime(build_model(ck), rc, dev, steps_per_graph=config.steps_per_graph,
+        self.runtime = ModelRuntime(build_model(ck, max_positions=rc.max_context_len), rc, dev, steps_per_graph=config.steps_per_graph,
                                     sampling=True)
         if dev.type == "cuda" and config.capture:
             self.runtime.capture()

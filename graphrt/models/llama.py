@@ -1,193 +1,162 @@
-"""A Llama-family decoder (Llama, Qwen2) that decodes through graphrt's AttentionContext.
+"""A Llama-family decoder (Llama 3.x, Qwen2/2.5, Qwen3) that decodes through graphrt's AttentionContext.
 
-Weights come from a HF transformers `LlamaForCausalLM` / `Qwen2ForCausalLM` state dict. Decode
-(`decode_step`) is a pure tensor function of the context and the current tokens, so it can be
-captured in a CUDA graph per bucket; prefill (`prefill`) runs eagerly in torch and fills the paged
-KV caches. RMSNorm, RoPE (default or Llama-3 scaling) from device positions, GQA, SwiGLU, tied or
-untied LM head, q/k/v biases (Qwen2).
+Weights are the fused layout of `weights.py` (one qkv GEMM with the Qwen2 biases, one gate_up
+GEMM per layer). One decode step per layer is exactly:
+
+    add+RMSNorm -> qkv GEMM -> rope_append (q/k norm, RoPE, k/v into the paged cache)
+    -> attention -> o GEMM -> add+RMSNorm -> gate_up GEMM -> silu_mul -> down GEMM
+
+(the first layer's input norm is a plain RMSNorm of the embeddings; the last add+RMSNorm uses
+the final norm), then the LM head in the model dtype: `decode_step` returns [B, V] logits in the
+model dtype, never a float32 copy. `decode_step` is a pure tensor function of the context and
+the tokens, so it can be captured in a CUDA graph per bucket. RoPE reads one [max_positions, D]
+float32 cos/sin table built here at load (`rope.py`).
+
+`prefill` runs eagerly: the same GEMMs and kernels over all prompts' tokens at once (rope_append
+in prefill mode writes the paged cache), with attention per prompt in float32 torch over the
+K/V read back from the pages. It is the stand-in for a batch-prefill kernel.
 """
 from __future__ import annotations
-
-import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-
-@dataclass(frozen=True)
-class LlamaSpec:
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    tie_word_embeddings: bool
-    attention_bias: bool
-    rope_scaling: dict | None = None
-
-    @classmethod
-    def from_hf(cls, cfg) -> "LlamaSpec":
-        """From a transformers LlamaConfig / Qwen2Config."""
-        heads = cfg.num_attention_heads
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-        qwen = getattr(cfg, "model_type", "") == "qwen2"
-        rope_params = getattr(cfg, "rope_parameters", None) or {}
-        theta = getattr(cfg, "rope_theta", None) or rope_params.get("rope_theta", 10000.0)
-        scaling = getattr(cfg, "rope_scaling", None) or None
-        if scaling is None and rope_params.get("rope_type", "default") != "default":
-            scaling = dict(rope_params)
-        return cls(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-                   intermediate_size=cfg.intermediate_size, num_layers=cfg.num_hidden_layers,
-                   num_heads=heads, num_kv_heads=cfg.num_key_value_heads, head_dim=head_dim,
-                   rms_norm_eps=cfg.rms_norm_eps, rope_theta=float(theta),
-                   tie_word_embeddings=bool(cfg.tie_word_embeddings),
-                   attention_bias=qwen or bool(getattr(cfg, "attention_bias", False)),
-                   rope_scaling=scaling)
-
-
-def rope_inv_freq(spec: LlamaSpec) -> torch.Tensor:
-    """[head_dim / 2] float32 inverse frequencies (default, or Llama-3 frequency scaling)."""
-    d = spec.head_dim
-    inv = 1.0 / (spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
-    s = spec.rope_scaling
-    kind = (s or {}).get("rope_type", (s or {}).get("type", "default"))
-    if kind == "default":
-        return inv.float()
-    if kind != "llama3":
-        raise ValueError(f"rope_scaling: type {kind!r} not supported (default, llama3)")
-    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
-    old = s["original_max_position_embeddings"]
-    wavelen = 2 * math.pi / inv
-    low_wl, high_wl = old / low, old / high
-    smooth = (old / wavelen - low) / (high - low)
-    scaled = torch.where(wavelen > low_wl, inv / factor, inv)
-    mid = (wavelen <= low_wl) & (wavelen >= high_wl)
-    return torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled).float()
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat((-b, a), dim=-1)
+from ..kernels.activation import silu_mul
+from ..kernels.norm import add_rms_norm, rms_norm
+from ..kernels.rope_append import rope_append_prefill
+from .rope import cos_sin_cache
+from .spec import LlamaSpec
+from .weights import LayerWeights, ModelWeights, fuse_hf_state_dict
 
 
 class LlamaDecoder:
-    """Weights on one device in one dtype; no autograd. See module docstring."""
+    """Fused weights on one device in one dtype, plus the RoPE table; no autograd.
 
-    def __init__(self, spec: LlamaSpec, state_dict: dict, *, dtype=torch.float32, device="cpu"):
-        self.spec = spec
-        self.dtype = dtype
-        sd = {k.removeprefix("model."): v for k, v in state_dict.items()}
+    weights: ModelWeights (checked against spec); max_positions: rows of the cos/sin table
+    (default spec.max_position_embeddings); decoding needs max_context_len <= max_positions.
+    """
 
-        def w(name):
-            if name not in sd:
-                raise KeyError(f"state_dict: missing {name!r}")
-            return sd[name].to(device=device, dtype=dtype).contiguous()
-        self.embed = w("embed_tokens.weight")
-        self.norm = w("norm.weight")
-        self.lm_head = self.embed if spec.tie_word_embeddings else w("lm_head.weight")
-        self.layers = []
-        for i in range(spec.num_layers):
-            p = f"layers.{i}."
-            layer = {n: w(p + n + ".weight") for n in (
-                "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "input_layernorm",
-                "post_attention_layernorm")}
-            if spec.attention_bias:
-                for n in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
-                    layer[n + ".bias"] = w(p + n + ".bias")
-            self.layers.append(layer)
-        self.inv_freq = rope_inv_freq(spec).to(device)
+    def __init__(self, spec: LlamaSpec, weights: ModelWeights, *, max_positions: int | None = None):
+        weights.check(spec)
+        self.spec, self.weights = spec, weights
+        self.dtype = weights.dtype
+        self.max_positions = spec.max_position_embeddings if max_positions is None else max_positions
+        self.cos_sin = cos_sin_cache(spec, self.max_positions, weights.device)  # [P, D] float32
 
     @classmethod
-    def from_hf(cls, hf_model, *, dtype=torch.float32, device="cpu") -> "LlamaDecoder":
-        return cls(LlamaSpec.from_hf(hf_model.config), hf_model.state_dict(), dtype=dtype, device=device)
+    def from_state_dict(cls, spec: LlamaSpec, state_dict: dict, *, dtype=torch.float32, device="cpu",
+                        max_positions: int | None = None) -> "LlamaDecoder":
+        """From HF-named weights (see weights.fuse_hf_state_dict)."""
+        return cls(spec, fuse_hf_state_dict(spec, state_dict, dtype, device), max_positions=max_positions)
 
-    # ---- pieces -------------------------------------------------------------------------------
-    def _rms(self, x, weight):
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.spec.rms_norm_eps)
-        return weight * xf.to(self.dtype)
+    @classmethod
+    def from_hf(cls, hf_model, *, dtype=torch.float32, device="cpu",
+                max_positions: int | None = None) -> "LlamaDecoder":
+        """From a transformers LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM."""
+        return cls.from_state_dict(LlamaSpec.from_hf(hf_model.config), hf_model.state_dict(),
+                                   dtype=dtype, device=device, max_positions=max_positions)
 
-    def _rope(self, positions: torch.Tensor):
-        """positions [T] int64 -> cos, sin [T, 1, head_dim] in the model dtype."""
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
-        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+    # ---- pieces shared by decode and prefill --------------------------------------------------
+    def _next_norm(self, i: int) -> torch.Tensor:
+        layers = self.weights.layers
+        return layers[i + 1].input_norm if i + 1 < len(layers) else self.weights.final_norm
 
-    def _qkv(self, layer, h, positions):
-        """h [T, hidden] -> q [T, Hq, D], k/v [T, Hkv, D] with RoPE applied to q, k."""
-        s = self.spec
-        t = h.shape[0]
-        q = F.linear(h, layer["self_attn.q_proj"], layer.get("self_attn.q_proj.bias"))
-        k = F.linear(h, layer["self_attn.k_proj"], layer.get("self_attn.k_proj.bias"))
-        v = F.linear(h, layer["self_attn.v_proj"], layer.get("self_attn.v_proj.bias"))
-        q = q.view(t, s.num_heads, s.head_dim)
-        k = k.view(t, s.num_kv_heads, s.head_dim)
-        v = v.view(t, s.num_kv_heads, s.head_dim)
-        cos, sin = self._rope(positions)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+    def _mlp(self, layer: LayerWeights, h: torch.Tensor) -> torch.Tensor:
+        """h [T, H] normed -> [T, H]: down(silu(gate) * up), one gate_up GEMM."""
+        return F.linear(silu_mul(F.linear(h, layer.gate_up)), layer.down)
 
-    def _mlp(self, layer, x):
-        h = self._rms(x, layer["post_attention_layernorm"])
-        g = F.silu(F.linear(h, layer["mlp.gate_proj"])) * F.linear(h, layer["mlp.up_proj"])
-        return x + F.linear(g, layer["mlp.down_proj"])
+    def _qk_norm_args(self, layer: LayerWeights) -> dict:
+        return dict(num_q_heads=self.spec.num_heads, q_norm=layer.q_norm, k_norm=layer.k_norm,
+                    eps=self.spec.rms_norm_eps)
 
     # ---- decode (graph-capturable) ------------------------------------------------------------
     def decode_step(self, ctx, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens [B] int64 (device) -> logits [B, vocab] float32. ctx.prepare() must have run."""
-        b = tokens.shape[0]
-        positions = ctx.positions()
-        x = self.embed[tokens]
-        for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, self._rms(x, layer["input_layernorm"]), positions)
-            ctx.write_kv(i, k, v)
-            o = ctx.attention(i, q).reshape(b, -1)
-            x = x + F.linear(o, layer["self_attn.o_proj"])
-            x = self._mlp(layer, x)
-        return F.linear(self._rms(x, self.norm), self.lm_head).float()
+        """tokens [B] int64 (device) -> logits [B, vocab] in the model dtype.
+
+        ctx.prepare() must have run. Writes each row's K/V at slot seq_len - 1 of every layer."""
+        w, eps, b = self.weights, self.spec.rms_norm_eps, tokens.shape[0]
+        residual = w.embed[tokens]                                   # [B, H] (a copy)
+        h = rms_norm(residual, w.layers[0].input_norm, eps)
+        for i, layer in enumerate(w.layers):
+            qkv = F.linear(h, layer.qkv, layer.qkv_bias)             # [B, (Hq + 2Hkv) D]
+            q = ctx.rope_append(i, qkv, self.cos_sin, **self._qk_norm_args(layer))
+            o = ctx.attention(i, q)                                  # [B, Hq, D]
+            h = add_rms_norm(F.linear(o.view(b, -1), layer.o), residual, layer.post_attn_norm, eps)
+            h = add_rms_norm(self._mlp(layer, h), residual, self._next_norm(i), eps)
+        return F.linear(h, w.lm_head)
 
     # ---- prefill (eager) ----------------------------------------------------------------------
     @torch.no_grad()
     def prefill(self, prompts: list[torch.Tensor], kv_caches, block_table: torch.Tensor) -> torch.Tensor:
-        """Causal forward over each prompt (eager torch), K/V written into the paged caches.
+        """Causal forward over the prompts, K/V written into the paged caches (eager).
 
-        prompts: list of [T_i] int64 token tensors (row i of block_table); returns [n, vocab]
-        float32 logits of each prompt's last token.
+        prompts: list of [T_i] int64 token tensors, prompt i on row i of block_table ([n, w]
+        int32, on the weights' device); returns [n, vocab] float32 logits of each last token.
         """
+        lens = self._check_prefill(prompts, kv_caches, block_table)
+        dev = self.weights.device
+        w, eps = self.weights, self.spec.rms_norm_eps
+        tokens = torch.cat([p.to(dev) for p in prompts])
+        positions = torch.cat([torch.arange(n, dtype=torch.int32) for n in lens]).to(dev)
+        rows = torch.cat([torch.full((n,), r, dtype=torch.int32) for r, n in enumerate(lens)]).to(dev)
+        error = torch.zeros(1, dtype=torch.int32, device=dev)
+        residual = w.embed[tokens]                                   # [T, H]
+        h = rms_norm(residual, w.layers[0].input_norm, eps)
+        for i, layer in enumerate(w.layers):
+            qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+            q = rope_append_prefill(qkv, self.cos_sin, kv_caches[i], block_table, positions, rows,
+                                    error, **self._qk_norm_args(layer))
+            o = self._prompt_attention(q, kv_caches[i], block_table, lens)
+            h = add_rms_norm(F.linear(o, layer.o), residual, layer.post_attn_norm, eps)
+            h = add_rms_norm(self._mlp(layer, h), residual, self._next_norm(i), eps)
+        if int(error.item()):
+            raise RuntimeError(f"prefill: K/V append flagged device_error {int(error.item())}")
+        last = torch.tensor(lens, device=dev).cumsum(0) - 1
+        return F.linear(h[last], w.lm_head).float()
+
+    def _check_prefill(self, prompts, kv_caches, block_table) -> list[int]:
+        if len(kv_caches) != self.spec.num_layers:
+            raise ValueError(f"kv_caches: {len(kv_caches)} caches, model has {self.spec.num_layers} layers")
+        if block_table.dim() != 2 or block_table.dtype != torch.int32 or len(prompts) > block_table.shape[0]:
+            raise ValueError(f"block_table: expected [>= {len(prompts)}, w] int32, got "
+                             f"{tuple(block_table.shape)} {block_table.dtype}")
+        kc = kv_caches[0].k
+        page = kc.shape[1] if kv_caches[0].layout == "NHD" else kc.shape[2]
+        table = block_table.cpu()
+        lens = []
+        for r, p in enumerate(prompts):
+            if p.dim() != 1 or p.dtype != torch.int64 or p.numel() < 1:
+                raise ValueError(f"prompts[{r}]: expected [T >= 1] int64, got {tuple(p.shape)} {p.dtype}")
+            n = p.numel()
+            if n > min(self.max_positions, table.shape[1] * page):
+                raise ValueError(f"prompts[{r}]: {n} tokens, beyond max_positions={self.max_positions} "
+                                 f"or the block table's {table.shape[1]} pages of {page}")
+            used = table[r, : -(-n // page)]
+            if int(used.min()) < 0 or int(used.max()) >= kc.shape[0]:
+                raise ValueError(f"block_table: row {r} uses page ids outside [0, {kc.shape[0]})")
+            lens.append(n)
+        return lens
+
+    def _prompt_attention(self, q, cache, block_table, lens) -> torch.Tensor:
+        """q [T, Hq, D] of all prompts -> [T, Hq * D]: causal attention per prompt in float32
+        over the K/V read back from its pages."""
         s = self.spec
-        out = []
-        for row, toks in enumerate(prompts):
-            t = toks.shape[0]
-            positions = torch.arange(t, device=toks.device)
-            x = self.embed[toks]
-            for i, layer in enumerate(self.layers):
-                q, k, v = self._qkv(layer, self._rms(x, layer["input_layernorm"]), positions)
-                _write_prompt_kv(kv_caches[i], block_table[row], k, v)
-                rep = s.num_heads // s.num_kv_heads
-                attn = F.scaled_dot_product_attention(
-                    q.transpose(0, 1).float(), k.repeat_interleave(rep, 1).transpose(0, 1).float(),
-                    v.repeat_interleave(rep, 1).transpose(0, 1).float(), is_causal=True)
-                x = x + F.linear(attn.transpose(0, 1).reshape(t, -1).to(self.dtype),
-                                 layer["self_attn.o_proj"])
-                x = self._mlp(layer, x)
-            out.append(F.linear(self._rms(x[-1:], self.norm), self.lm_head).float()[0])
-        return torch.stack(out)
+        kc, vc = cache.as_tuple()
+        page = kc.shape[1] if cache.layout == "NHD" else kc.shape[2]
+        rep = s.num_heads // s.num_kv_heads
+        out, start = [], 0
+        for r, n in enumerate(lens):
+            pos = torch.arange(n, device=q.device)
+            pages, slots = block_table[r].long()[pos // page], pos % page
+            k, v = (kc[pages, slots], vc[pages, slots]) if cache.layout == "NHD" else \
+                   (kc[pages, :, slots], vc[pages, :, slots])        # [n, Hkv, D]
+            qf = q[start:start + n].transpose(0, 1).float()
+            kf = k.repeat_interleave(rep, 1).transpose(0, 1).float()
+            vf = v.repeat_interleave(rep, 1).transpose(0, 1).float()
+            o = F.scaled_dot_product_attention(qf, kf, vf, is_causal=True)
+            out.append(o.transpose(0, 1).reshape(n, -1).to(q.dtype))
+            start += n
+        return torch.cat(out)
 
 
-def _write_prompt_kv(cache, table_row: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """k, v [T, Hkv, D] -> token positions 0..T-1 of one request's pages."""
-    kc, vc = cache.as_tuple()
-    page_size = kc.shape[1] if cache.layout == "NHD" else kc.shape[2]
-    pos = torch.arange(k.shape[0], device=k.device)
-    pages, slots = table_row.long()[pos // page_size], pos % page_size
-    if cache.layout == "NHD":
-        kc[pages, slots] = k.to(kc.dtype)
-        vc[pages, slots] = v.to(vc.dtype)
-    else:
-        kc[pages, :, slots] = k.to(kc.dtype)
-        vc[pages, :, slots] = v.to(vc.dtype)
+__all__ = ["LlamaDecoder", "LlamaSpec"]

@@ -1,0 +1,19 @@
+"""The loaded checkpoint as graphrt's decoder: the loader's fused tensors, no copies."""
+from __future__ import annotations
+
+from dataclasses import fields
+
+from ..models.llama import LlamaDecoder
+from ..models.weights import LayerWeights, ModelWeights
+from .loader import Checkpoint
+
+
+def build_model(ckpt: Checkpoint, *, max_positions: int | None = None) -> LlamaDecoder:
+    """LlamaDecoder over ckpt.weights (the fused layout of models/weights.py, as the loader
+    allocated it on the device); max_positions: rows of the RoPE table (default: the spec's)."""
+    w = ckpt.weights
+    names = [f.name for f in fields(LayerWeights)]
+    layers = tuple(LayerWeights(**{n: layer[n] for n in names}) for layer in w["layers"])
+    weights = ModelWeights(embed=w["embed"], final_norm=w["final_norm"], lm_head=w["lm_head"],
+                           layers=layers)
+    return LlamaDecoder(ckpt.spec, weights, max_positions=max_positions)
