@@ -219,12 +219,15 @@ def test_rope_table_must_cover_max_context_len():
 
 def test_prefill_bad_input_is_named():
     mrt = _runtime(_hf("llama"))
+    # the model's own checks (ModelRuntime.prefill checks first: tests/test_reliability.py)
+    def prefill(prompts, table):
+        return mrt.model.prefill(prompts, mrt.kv_caches, table)
     table = torch.arange(2, dtype=torch.int32).view(1, 2)             # 2 pages = 32 tokens
     with pytest.raises(ValueError, match=r"prompts\[0\]: 33 tokens"):
-        mrt.prefill([torch.zeros(33, dtype=torch.int64)], table)
+        prefill([torch.zeros(33, dtype=torch.int64)], table)
     with pytest.raises(ValueError, match="block_table: row 0 uses page ids"):
-        mrt.prefill([torch.zeros(20, dtype=torch.int64)], torch.tensor([[0, 48]], dtype=torch.int32))
+        prefill([torch.zeros(20, dtype=torch.int64)], torch.tensor([[0, 48]], dtype=torch.int32))
     with pytest.raises(ValueError, match="block_table: expected"):
-        mrt.prefill([torch.zeros(3, dtype=torch.int64)] * 2, table)
+        prefill([torch.zeros(3, dtype=torch.int64)] * 2, table)
     with pytest.raises(ValueError, match=r"prompts\[0\]: expected"):
-        mrt.prefill([torch.zeros(3, dtype=torch.int32)], table)
+        prefill([torch.zeros(3, dtype=torch.int32)], table)
