@@ -33,6 +33,7 @@ from .graphs import GraphManager
 from .inputs import check_exclusive_writes, check_host_values, check_prefill, check_tables
 from .kvcache import PagedKVCache
 from .runtime import _device, raise_device_errors
+from .prefill import PrefillAttention
 from .sampling import SamplingBuffers, SamplingInputs
 
 
@@ -51,7 +52,7 @@ class StepBuffers:
 class ModelRuntime:
     def __init__(self, model, config: RuntimeConfig, device="cuda", *, backend: str | None = None,
                  steps_per_graph: int = 1, num_pages: int | None = None, sampling: bool = False,
-                 keep_logits: bool = False):
+                 keep_logits: bool = False, prefill_chunk_tokens: int = 8192):
         s = model.spec
         want = (s.num_heads, s.num_kv_heads, s.head_dim)
         got = (config.num_qo_heads, config.num_kv_heads, config.head_dim)
@@ -62,6 +63,9 @@ class ModelRuntime:
         if rope_rows is not None and config.max_context_len > rope_rows:
             raise ValueError(f"config: max_context_len={config.max_context_len} exceeds the model's "
                              f"RoPE table of max_positions={rope_rows}")
+        if isinstance(prefill_chunk_tokens, bool) or not isinstance(prefill_chunk_tokens, int) \
+                or prefill_chunk_tokens < 1:
+            raise ValueError(f"prefill_chunk_tokens: must be an int >= 1, got {prefill_chunk_tokens!r}")
         if steps_per_graph < 1:
             raise ValueError(f"steps_per_graph: must be >= 1, got {steps_per_graph}")
         self.model, self.config, self.k = model, config, steps_per_graph
@@ -86,6 +90,8 @@ class ModelRuntime:
                     for size in config.buckets}
         self.graphs: GraphManager | None = None
         self.lock = threading.RLock()  # held for a whole call: see the module docstring
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        self._prefill_attention: PrefillAttention | None = None  # built on first prefill
         self.sampling = sampling  # capture() also captures the sampled graph of every bucket
         self.sample_graphs: GraphManager | None = None
         self.backend.setup([self.buffers.view(x) for x in reversed(config.buckets)])
@@ -111,7 +117,11 @@ class ModelRuntime:
                       prompts, block_table)
         prompts = [p.to(self.device) for p in prompts]
         with self.lock:
-            return self.model.prefill(prompts, self.kv_caches, block_table.to(self.device))
+            if self._prefill_attention is None:
+                self._prefill_attention = PrefillAttention(self.config, self.device)
+            return self.model.prefill(prompts, self.kv_caches, block_table.to(self.device),
+                                      attention=self._prefill_attention,
+                                      max_tokens=self.prefill_chunk_tokens)
 
     def _steps(self, view: BucketView, io: StepBuffers, sampled: bool = False) -> None:
         """K decode steps over the bucket (pure device work: capturable). sampled: draw each

@@ -231,3 +231,27 @@ def test_prefill_bad_input_is_named():
         prefill([torch.zeros(3, dtype=torch.int64)] * 2, table)
     with pytest.raises(ValueError, match=r"prompts\[0\]: expected"):
         prefill([torch.zeros(3, dtype=torch.int32)], table)
+
+
+@pytest.mark.parametrize("chunk", [5, 16, 4096])
+def test_chunked_prefill_through_prefill_attention_equals_hf(chunk):
+    """ModelRuntime.prefill: ragged prompts in chunks of `chunk` tokens (a prompt split across
+    chunks, several prompts in one) through PrefillAttention; last-token logits == HF."""
+    hf = _hf("llama")
+    model = LlamaDecoder.from_hf(hf)
+    cfg = RuntimeConfig(num_qo_heads=model.spec.num_heads, num_kv_heads=model.spec.num_kv_heads,
+                        head_dim=model.spec.head_dim, page_size=PAGE, max_context_len=128,
+                        buckets=[1, 4], dtype="float32", backend="reference")
+    mrt = ModelRuntime(model, cfg, "cpu", prefill_chunk_tokens=chunk)
+    gen = torch.Generator().manual_seed(7)
+    lens = [11, 3, 37]
+    prompts = [torch.randint(0, model.spec.vocab_size, (n,), generator=gen) for n in lens]
+    pages = -(-128 // PAGE)
+    table = torch.arange(len(lens) * pages, dtype=torch.int32).view(len(lens), pages)
+    got = mrt.prefill(prompts, table)
+    for r, p in enumerate(prompts):
+        with torch.no_grad():
+            ref = hf(p[None]).logits[0, -1].float()
+        torch.testing.assert_close(got[r], ref, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="prefill_chunk_tokens"):
+        ModelRuntime(model, cfg, "cpu", prefill_chunk_tokens=0)

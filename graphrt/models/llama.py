@@ -87,32 +87,62 @@ class LlamaDecoder:
 
     # ---- prefill (eager) ----------------------------------------------------------------------
     @torch.no_grad()
-    def prefill(self, prompts: list[torch.Tensor], kv_caches, block_table: torch.Tensor) -> torch.Tensor:
+    def prefill(self, prompts: list[torch.Tensor], kv_caches, block_table: torch.Tensor, *,
+                attention=None, max_tokens: int | None = None) -> torch.Tensor:
         """Causal forward over the prompts, K/V written into the paged caches (eager).
 
         prompts: list of [T_i] int64 token tensors, prompt i on row i of block_table ([n, w]
         int32, on the weights' device); returns [n, vocab] float32 logits of each last token.
+        attention: a `graphrt.prefill.PrefillAttention` (FlashInfer batch prefill on CUDA, its
+        float32 paged reference on CPU); the prompts then run in chunks of at most `max_tokens`
+        tokens (default: all at once), ragged prompts together, so activation memory is bounded.
+        Without it: one pass, float32 torch attention per prompt (model-only use and tests).
         """
         lens = self._check_prefill(prompts, kv_caches, block_table)
         dev = self.weights.device
-        w, eps = self.weights, self.spec.rms_norm_eps
-        tokens = torch.cat([p.to(dev) for p in prompts])
-        positions = torch.cat([torch.arange(n, dtype=torch.int32) for n in lens]).to(dev)
-        rows = torch.cat([torch.full((n,), r, dtype=torch.int32) for r, n in enumerate(lens)]).to(dev)
+        prompts = [p.to(dev) for p in prompts]
         error = torch.zeros(1, dtype=torch.int32, device=dev)
+        if attention is None:
+            positions = torch.cat([torch.arange(n, dtype=torch.int32) for n in lens]).to(dev)
+            rows = torch.cat([torch.full((n,), r, dtype=torch.int32) for r, n in enumerate(lens)]).to(dev)
+            h = self._forward_tokens(torch.cat(prompts), positions, rows, kv_caches, block_table, error,
+                                     lambda i, q: self._prompt_attention(q, kv_caches[i], block_table, lens))
+            last = torch.tensor(lens, device=dev).cumsum(0) - 1
+            logits = F.linear(h[last], self.weights.lm_head).float()
+        else:
+            from ..prefill import plan_chunks
+            logits = torch.empty((len(lens), self.spec.vocab_size), dtype=torch.float32, device=dev)
+            for chunk in plan_chunks(lens, max_tokens=max_tokens or sum(lens)):
+                meta = attention.plan(chunk, block_table)
+                tokens = torch.cat([prompts[i][s: s + n] for i, s, n in
+                                    zip(chunk.seqs, chunk.starts, chunk.lens)])
+                h = self._forward_tokens(
+                    tokens, meta.positions, meta.rows, kv_caches, block_table, error,
+                    lambda i, q: attention.run(q, kv_caches[i]).view(q.shape[0], -1))
+                ends = torch.tensor(chunk.lens).cumsum(0) - 1
+                done = [j for j, (i, s, n) in enumerate(zip(chunk.seqs, chunk.starts, chunk.lens))
+                        if s + n == lens[i]]
+                if done:
+                    idx = torch.tensor([chunk.seqs[j] for j in done], device=dev)
+                    logits[idx] = F.linear(h[ends[done].to(dev)], self.weights.lm_head).float()
+        if int(error.item()):
+            raise RuntimeError(f"prefill: K/V append flagged device_error {int(error.item())}")
+        return logits
+
+    def _forward_tokens(self, tokens, positions, rows, kv_caches, block_table, error, attend):
+        """tokens [T] int64 at positions [T] of block-table rows [T] (int32) -> final-normed
+        hidden states [T, H]; each layer's K/V written by rope_append_prefill; attend(layer, q)
+        maps q [T, Hq, D] to [T, Hq * D]."""
+        w, eps = self.weights, self.spec.rms_norm_eps
         residual = w.embed[tokens]                                   # [T, H]
         h = rms_norm(residual, w.layers[0].input_norm, eps)
         for i, layer in enumerate(w.layers):
             qkv = F.linear(h, layer.qkv, layer.qkv_bias)
             q = rope_append_prefill(qkv, self.cos_sin, kv_caches[i], block_table, positions, rows,
                                     error, **self._qk_norm_args(layer))
-            o = self._prompt_attention(q, kv_caches[i], block_table, lens)
-            h = add_rms_norm(F.linear(o, layer.o), residual, layer.post_attn_norm, eps)
+            h = add_rms_norm(F.linear(attend(i, q), layer.o), residual, layer.post_attn_norm, eps)
             h = add_rms_norm(self._mlp(layer, h), residual, self._next_norm(i), eps)
-        if int(error.item()):
-            raise RuntimeError(f"prefill: K/V append flagged device_error {int(error.item())}")
-        last = torch.tensor(lens, device=dev).cumsum(0) - 1
-        return F.linear(h[last], w.lm_head).float()
+        return h
 
     def _check_prefill(self, prompts, kv_caches, block_table) -> list[int]:
         if len(kv_caches) != self.spec.num_layers:
