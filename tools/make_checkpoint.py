@@ -58,8 +58,9 @@ def build_tokenizer(out: Path, *, vocab_size: int, seed: int = 0):
     return fast
 
 
-def hf_config(shape: str, arch: str, vocab: int, dtype: str) -> dict:
+def hf_config(shape: str, arch: str, vocab: int, dtype: str, num_layers: int | None = None) -> dict:
     h, inter, layers, hq, hkv, d, _, tied, theta = SHAPES[shape]
+    layers = num_layers or layers
     cfg = {"architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                               "qwen3": "Qwen3ForCausalLM"}[arch]],
            "model_type": arch, "vocab_size": vocab, "hidden_size": h, "intermediate_size": inter,
@@ -100,8 +101,10 @@ def _tensors(cfg: dict, arch: str):
 
 
 def write_checkpoint(out, shape: str = "tiny", *, arch: str = "llama", dtype: str = "bfloat16",
-                     max_shard_mb: float | None = None, seed: int = 0, tokenizer_vocab: int = 384) -> Path:
-    """Write the checkpoint into `out` (created); returns its path."""
+                     max_shard_mb: float | None = None, seed: int = 0, tokenizer_vocab: int = 384,
+                     num_layers: int | None = None) -> Path:
+    """Write the checkpoint into `out` (created); returns its path. num_layers: fewer layers
+    than the shape's (a shape-like small model)."""
     from safetensors.torch import save_file
     if shape not in SHAPES:
         raise ValueError(f"shape: {shape!r} is not one of {sorted(SHAPES)}")
@@ -111,7 +114,7 @@ def write_checkpoint(out, shape: str = "tiny", *, arch: str = "llama", dtype: st
     out.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(out, vocab_size=tokenizer_vocab, seed=seed)
     vocab = SHAPES[shape][6] or len(tok)
-    cfg = hf_config(shape, arch, vocab, dtype)
+    cfg = hf_config(shape, arch, vocab, dtype, num_layers)
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}))
     gen = torch.Generator().manual_seed(seed)
@@ -146,12 +149,14 @@ def main(argv=None) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--max-shard-mb", type=float, default=4096.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--layers", type=int, default=None, help="fewer layers than the shape's")
     a = p.parse_args(argv)
     arch = a.arch or ("qwen3" if a.shape.startswith("qwen3") else "llama")
     if a.shape != "tiny" and arch != ("qwen3" if a.shape.startswith("qwen3") else "llama"):
         p.error(f"--arch {arch} does not fit --shape {a.shape}")
     out = write_checkpoint(a.dir, a.shape, arch=arch, dtype=a.dtype, max_shard_mb=a.max_shard_mb,
-                           seed=a.seed, tokenizer_vocab=384 if a.shape == "tiny" else 4096)
+                           seed=a.seed, tokenizer_vocab=384 if a.shape == "tiny" else 4096,
+                           num_layers=a.layers)
     print(f"wrote {out}")
 
 

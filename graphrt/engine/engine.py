@@ -151,6 +151,9 @@ class Engine:
         depth = 1 if self.overlap and launched else 0
         while len(self._pending) > depth:
             self._finish(self._pending.popleft())
+        if not self._requests:                 # idle: read (and drop) a block run after a stop
+            while self._pending:
+                self._finish(self._pending.popleft())
         return sched.has_work or bool(self._pending) or not self._inbox.empty()
 
     def _drain_inbox(self) -> None:

@@ -8,14 +8,12 @@
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from ..model_runtime import ModelRuntime
 from .config import EngineConfig
 from .engine import Engine
-from .loader import load_checkpoint, load_tokenizer, read_config
+from .loader import file_dtype, load_checkpoint, load_tokenizer
 from .params import RequestOutput, SamplingParams
 from .shim import build_model
 
@@ -33,14 +31,9 @@ class LLM:
         dev = torch.device(device)
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device: 'cuda' requested but CUDA is not available")
-        read_config(Path(path))                         # fail fast on a bad directory
-        dtype = config.dtype or ("float32" if dev.type == "cpu" else None)
-        self.checkpoint = load_checkpoint(path, device=dev, dtype=getattr(torch, dtype) if dtype else None)
-        ck = self.checkpoint
-        if dtype is None:                             # CUDA: the checkpoint's bf16/fp16
-            dtype = {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(ck.dtype, "bfloat16")
-            if ck.dtype != getattr(torch, dtype):
-                self.checkpoint = ck = load_checkpoint(path, device=dev, dtype=getattr(torch, dtype))
+        dtype = config.dtype or ("float32" if dev.type == "cpu" else
+                                 {torch.float16: "float16"}.get(file_dtype(path), "bfloat16"))
+        self.checkpoint = ck = load_checkpoint(path, device=dev, dtype=getattr(torch, dtype))
         self.tokenizer = load_tokenizer(path)
         self.config = config
         max_len = config.resolve_max_model_len(ck.max_position_embeddings)

@@ -158,6 +158,22 @@ def _eos_ids(path: Path, raw: dict) -> tuple[int, ...]:
     return tuple(eos) if isinstance(eos, list) else (int(eos),)
 
 
+def file_dtype(path) -> torch.dtype:
+    """The dtype the checkpoint stores its embedding in (reads one header, no tensor data)."""
+    from safetensors import safe_open
+    path = Path(path)
+    read_config(path)
+    f = _weight_files(path).get("model.embed_tokens.weight")
+    if f is None:
+        raise CheckpointError(f"{path}: tensor 'model.embed_tokens.weight' missing from the safetensors files")
+    with safe_open(str(f), framework="pt") as h:
+        kind = h.get_slice("model.embed_tokens.weight").get_dtype()
+    if kind not in FILE_DTYPES:
+        raise CheckpointError(f"{f.name}: tensor 'model.embed_tokens.weight' has dtype {kind}; "
+                              f"supported {sorted(FILE_DTYPES)}")
+    return FILE_DTYPES[kind]
+
+
 def load_checkpoint(path, *, device="cpu", dtype: torch.dtype | None = None) -> Checkpoint:
     """Read `path` (a local HF directory) into the fused layout on `device`.
 
@@ -217,4 +233,4 @@ def load_tokenizer(path):
     return AutoTokenizer.from_pretrained(str(path))
 
 
-__all__ = ["Checkpoint", "CheckpointError", "load_checkpoint", "load_tokenizer", "read_config"]
+__all__ = ["Checkpoint", "CheckpointError", "file_dtype", "load_checkpoint", "load_tokenizer", "read_config"]

@@ -1,0 +1,127 @@
+"""engine/engine.py + scheduler.py on CPU: stops inside K-step blocks, seeded sampling that does not
+depend on the batch or K, cancellation and out-of-pages waiting (pages back to full), streaming,
+the background thread, overlap on/off."""
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+
+import pytest
+
+from _checkpoints import write
+from graphrt import LLM, SamplingParams
+
+pytest.importorskip("transformers")
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+CPU = dict(device="cpu", backend="reference", max_model_len=48)  # reference: the cheapest on CPU
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory):
+    return write(tmp_path_factory, "eng", arch="llama", dtype="float32", seed=5)
+
+
+@pytest.fixture(scope="module")
+def llm(path):
+    return LLM(path, max_batch=4, steps_per_graph=3, **CPU)
+
+
+def _pages_back(llm):
+    alloc = llm.engine.scheduler.allocator
+    assert alloc.num_free == alloc.num_pages and not llm.engine._pending
+
+
+def test_stop_token_ids_and_eos_inside_a_block(llm, path, tmp_path):
+    full = llm.generate(["Hello world"], GREEDY)[0]
+    ids = full.token_ids
+    # token 0 comes from prefill, then blocks of K=3: a first occurrence not at a block's end,
+    # so the tokens after it in its block are discarded
+    first = next(i for i in range(1, len(ids)) if ids.index(ids[i]) == i and (i - 1) % 3 < 2)
+    stop_id = ids[first]
+    out = llm.generate(["Hello world"], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True,
+                                                       stop_token_ids=[stop_id]))[0]
+    assert out.token_ids == ids[:first + 1] and out.finish_reason == "stop"
+    # the same id as the model's end-of-sequence (generation_config.json), unless ignore_eos
+    d = tmp_path / "eos"
+    shutil.copytree(path, d)
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [stop_id]}))
+    eos_llm = LLM(d, max_batch=2, steps_per_graph=3, **CPU)
+    out = eos_llm.generate(["Hello world"], SamplingParams(max_tokens=8, temperature=0))[0]
+    assert out.token_ids == ids[:first + 1] and out.finish_reason == "stop"
+    assert eos_llm.generate(["Hello world"], GREEDY)[0].token_ids == ids
+    _pages_back(llm)
+
+
+def test_stop_strings_cut_the_text_and_are_never_streamed(llm):
+    full = llm.generate(["the graph"], GREEDY)[0]
+    text = full.text
+    assert len(text) > 6
+    stop = text[4:6]
+    cut = text.find(stop)
+    stream = llm.engine.add_request("the graph", SamplingParams(max_tokens=8, temperature=0,
+                                                                ignore_eos=True, stop=["@@never", stop]))
+    deltas = list(stream)
+    streamed = "".join(d.text for d in deltas)
+    assert streamed == text[:cut] and deltas[-1].finish_reason == "stop"
+    ids = [t for d in deltas for t in d.token_ids]
+    assert ids == full.token_ids[:len(ids)] and len(ids) < len(full.token_ids)
+    assert all(d.finish_reason is None for d in deltas[:-1])
+    _pages_back(llm)
+
+
+def test_seeded_sampling_same_tokens_whatever_the_batch_and_k(path, llm):
+    params = SamplingParams(max_tokens=6, temperature=0.9, top_p=0.95, top_k=40, seed=1234, ignore_eos=True)
+    together = llm.generate(["Hello world", "a b c", [7, 8, 9, 10, 11]],
+                            [SamplingParams(max_tokens=6, temperature=1.0, seed=1, ignore_eos=True),
+                             params, GREEDY])
+    k1 = LLM(path, max_batch=2, steps_per_graph=1, **CPU)
+    alone = k1.generate(["a b c"], params)[0]
+    assert together[1].token_ids == alone.token_ids
+    other = llm.generate(["a b c"], SamplingParams(max_tokens=6, temperature=0.9, top_p=0.95, top_k=40,
+                                                   seed=99, ignore_eos=True))[0]
+    assert other.token_ids != alone.token_ids       # the seed matters (6 draws)
+
+
+def test_cancel_frees_pages_and_waiting_requests_finish_later(path):
+    # pages for one request at a time: prompt 5 + max_tokens 10 + K 3 = 18 tokens = 2 pages of 16
+    small = LLM(path, max_batch=2, steps_per_graph=3, num_pages=3, **CPU)
+    params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+    alone = small.generate([[5, 6, 7, 8, 9]], params)[0]
+    eng = small.engine
+    a = eng.add_request([5, 6, 7, 8, 9], params)
+    b = eng.add_request([5, 6, 7, 8, 9], params)
+    eng.step()
+    assert [r.request_id for r in eng.scheduler.waiting] == [b.request_id]   # b waits for pages
+    first = next(iter(a))
+    assert first.finish_reason is None
+    eng.abort(a.request_id)
+    rest = list(a)
+    assert rest[-1].finish_reason == "abort"
+    out = b.result()                                 # b gets a's pages and finishes correctly
+    assert out.token_ids == alone.token_ids and out.finish_reason == "length"
+    eng.abort(b.request_id)                          # aborting a finished request: a no-op
+    eng.step()
+    _pages_back(small)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_background_thread_and_overlap_give_the_same_tokens(path, llm, overlap):
+    want = llm.generate(["Hello world", "the graph token"], GREEDY)
+    other = LLM(path, max_batch=4, steps_per_graph=2, overlap=overlap, **CPU)
+    other.engine.start()
+    try:
+        results = {}
+
+        def reader(i, prompt):
+            results[i] = other.engine.add_request(prompt, GREEDY).result()
+        threads = [threading.Thread(target=reader, args=(i, p))
+                   for i, p in enumerate(["Hello world", "the graph token"])]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert [results[i].token_ids for i in range(2)] == [w.token_ids for w in want]
+    finally:
+        other.engine.shutdown()
+    _pages_back(other)
