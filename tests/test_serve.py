@@ -28,7 +28,7 @@ from graphrt import LLM  # noqa: E402
 from graphrt.serve import ServeConfig, create_app  # noqa: E402
 
 NAME = "tiny-llama"
-GREEDY = dict(temperature=0.0, extra_body={"ignore_eos": True})
+GREEDY = dict(temperature=0.0, extra_body={"ignore_eos": True, "return_token_ids": True})
 
 
 @pytest.fixture(scope="module")
@@ -94,14 +94,16 @@ def test_models_and_health(live, client):
 def test_completion_greedy_equals_hf_streaming_and_not(llm, hf, client):
     prompt = "Hello world"
     ids = llm.tokenizer(prompt).input_ids
-    want = hf_text(llm, hf, ids, 6)
+    want_ids = hf_greedy(hf, ids, 6)
+    want = llm.tokenizer.decode(want_ids, skip_special_tokens=True)
     r = client.completions.create(model=NAME, prompt=prompt, max_tokens=6, **GREEDY)
+    assert r.choices[0].token_ids == want_ids
     assert r.choices[0].text == want and r.choices[0].finish_reason == "length"
     assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (len(ids), 6, len(ids) + 6)
     chunks = list(client.completions.create(model=NAME, prompt=ids, max_tokens=6, stream=True,
                                             stream_options={"include_usage": True}, **GREEDY))
     text = "".join(c.choices[0].text for c in chunks if c.choices)
-    assert text == want
+    assert text == want and sum((c.choices[0].token_ids for c in chunks if c.choices), []) == want_ids
     finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finals == ["length"]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
@@ -112,9 +114,11 @@ def test_chat_greedy_equals_hf_streaming_and_not(llm, hf, client):
     msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the graph token"}]
     ids = llm.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
     ids = llm.tokenizer(ids).input_ids
-    want = hf_text(llm, hf, ids, 5)
+    want_ids = hf_greedy(hf, ids, 5)
+    want = llm.tokenizer.decode(want_ids, skip_special_tokens=True)
     r = client.chat.completions.create(model=NAME, messages=msgs, max_tokens=5, **GREEDY)
     assert r.choices[0].message.role == "assistant" and r.choices[0].message.content == want
+    assert r.choices[0].token_ids == want_ids
     assert r.choices[0].finish_reason == "length" and r.usage.prompt_tokens == len(ids)
     assert r.usage.completion_tokens == 5
     chunks = list(client.chat.completions.create(model=NAME, messages=msgs, max_completion_tokens=5,
@@ -138,9 +142,11 @@ def test_stop_string_and_max_tokens(llm, hf, client):
                                             **GREEDY))
     assert "".join(c.choices[0].text for c in chunks) == full[:cut]
     assert chunks[-1].choices[0].finish_reason == "stop"
-    r = client.completions.create(model=NAME, prompt=prompt, max_tokens=3, **GREEDY)
+    r = client.completions.create(model=NAME, prompt=prompt, max_tokens=3, temperature=0.0,
+                                  extra_body={"ignore_eos": True})
     assert r.usage.completion_tokens == 3 and r.choices[0].finish_reason == "length"
     assert full.startswith(r.choices[0].text)
+    assert "token_ids" not in r.choices[0].model_dump()      # only with return_token_ids
 
 
 def test_four_concurrent_clients_get_their_own_tokens(llm, hf, live):
@@ -150,13 +156,15 @@ def test_four_concurrent_clients_get_their_own_tokens(llm, hf, live):
     def run(i):
         c = live.client()                              # one connection per client
         stream = c.completions.create(model=NAME, prompt=prompts[i], max_tokens=n[i], stream=True, **GREEDY)
-        return "".join(ch.choices[0].text for ch in stream)
+        chunks = list(stream)
+        return "".join(ch.choices[0].text for ch in chunks), sum((ch.choices[0].token_ids for ch in chunks), [])
 
     with ThreadPoolExecutor(4) as ex:
         got = list(ex.map(run, range(4)))
-    for p, k, g in zip(prompts, n, got):
+    for p, k, (text, ids_out) in zip(prompts, n, got):
         ids = p if isinstance(p, list) else llm.tokenizer(p).input_ids
-        assert g == hf_text(llm, hf, ids, k)
+        want = hf_greedy(hf, ids, k)
+        assert ids_out == want and text == llm.tokenizer.decode(want, skip_special_tokens=True)
     assert wait_for(lambda: pages_full(llm))
 
 

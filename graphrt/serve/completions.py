@@ -61,13 +61,14 @@ class Generation:
         rid, ds = self.bridge.submit(body.single_prompt(), params, kind="cmpl")
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            return _sse(self._completion_events(rid, ds, usage))
-        text = await _collect(ds, request)
-        if text is None:
+            return _sse(self._completion_events(rid, ds, usage, body.return_token_ids))
+        got = await _collect(ds, request)
+        if got is None:
             return Response(status_code=499)
-        t = ds.totals
+        (text, ids), t = got, ds.totals
         return _json(CompletionResponse(id=rid, model=self.model_name, usage=Usage.of(t.prompt_tokens, t.output_tokens),
-                                        choices=[CompletionChoice(text=text, finish_reason=t.finish_reason)]))
+                                        choices=[CompletionChoice(text=text, finish_reason=t.finish_reason,
+                                                                  token_ids=ids if body.return_token_ids else None)]))
 
     async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
         self._check(body)
@@ -87,31 +88,33 @@ class Generation:
             raise
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            return _sse(self._chat_events(rid, ds, usage))
-        text = await _collect(ds, request)
-        if text is None:
+            return _sse(self._chat_events(rid, ds, usage, body.return_token_ids))
+        got = await _collect(ds, request)
+        if got is None:
             return Response(status_code=499)
-        t = ds.totals
+        (text, ids), t = got, ds.totals
         return _json(ChatCompletionResponse(
             id=rid, model=self.model_name, usage=Usage.of(t.prompt_tokens, t.output_tokens),
-            choices=[ChatChoice(message=AssistantMessage(content=text), finish_reason=t.finish_reason)]))
+            choices=[ChatChoice(message=AssistantMessage(content=text), finish_reason=t.finish_reason,
+                                token_ids=ids if body.return_token_ids else None)]))
 
     # ---- streams ----------------------------------------------------------------------------------
-    async def _completion_events(self, rid: str, ds: DeltaStream, include_usage: bool):
-        def chunk(text, reason=None):
-            c = CompletionResponse(id=rid, model=self.model_name,
-                                   choices=[CompletionChoice(text=text, finish_reason=reason)])
+    async def _completion_events(self, rid: str, ds: DeltaStream, include_usage: bool, with_ids: bool):
+        def chunk(text, reason=None, ids=None):
+            c = CompletionResponse(id=rid, model=self.model_name, choices=[CompletionChoice(
+                text=text, finish_reason=reason, token_ids=ids if with_ids else None)])
             return f"data: {c.model_dump_json()}\n\n"
 
         async for event in _events(ds, chunk, include_usage,
                                    lambda u: CompletionResponse(id=rid, model=self.model_name, choices=[], usage=u)):
             yield event
 
-    async def _chat_events(self, rid: str, ds: DeltaStream, include_usage: bool):
-        def chunk(text, reason=None, role=None):
+    async def _chat_events(self, rid: str, ds: DeltaStream, include_usage: bool, with_ids: bool):
+        def chunk(text, reason=None, ids=None, role=None):
             c = ChatCompletionChunk(id=rid, model=self.model_name, choices=[ChatChunkChoice(
-                delta=ChatDelta(role=role, content=text if reason is None else None), finish_reason=reason)])
-            return f"data: {c.model_dump_json(exclude_none=False)}\n\n"
+                delta=ChatDelta(role=role, content=text if reason is None else None), finish_reason=reason,
+                token_ids=ids if with_ids else None)])
+            return f"data: {c.model_dump_json()}\n\n"
 
         yield chunk("", role="assistant")
         async for event in _events(ds, chunk, include_usage,
@@ -125,12 +128,10 @@ async def _events(ds: DeltaStream, chunk, include_usage: bool, usage_chunk):
         async for d in ds:
             if d.finish_reason == "abort":
                 raise APIError(503, "request aborted by the engine")
-            if d.finish_reason is not None and d.text:
-                yield chunk(d.text)
+            if d.text or d.token_ids:
+                yield chunk(d.text, None, list(d.token_ids))
             if d.finish_reason is not None:
-                yield chunk("", d.finish_reason)
-            elif d.text:
-                yield chunk(d.text)
+                yield chunk("", d.finish_reason, [])
         if include_usage:
             t = ds.totals
             yield f"data: {usage_chunk(Usage.of(t.prompt_tokens, t.output_tokens)).model_dump_json()}\n\n"
@@ -141,15 +142,17 @@ async def _events(ds: DeltaStream, chunk, include_usage: bool, usage_chunk):
     yield DONE
 
 
-async def _collect(ds: DeltaStream, request: Request) -> str | None:
-    """The whole text, or None if the client disconnected first (the request is then aborted)."""
+async def _collect(ds: DeltaStream, request: Request) -> tuple[str, list[int]] | None:
+    """(whole text, token ids), or None if the client disconnected first (the request is then
+    aborted)."""
     async def gather():
-        parts = []
+        parts, ids = [], []
         async for d in ds:
             if d.finish_reason == "abort":
                 raise APIError(503, "request aborted by the engine")
             parts.append(d.text)
-        return "".join(parts)
+            ids += d.token_ids
+        return "".join(parts), ids
 
     async def disconnected():
         while (await request.receive())["type"] != "http.disconnect":

@@ -3,7 +3,8 @@
 Requests forbid unknown fields and refuse, with a 400 naming the field, what the engine cannot do
 (n > 1, best_of, echo, suffix, logprobs, logit_bias, penalties, tools): a field accepted and
 ignored would silently change what the client asked for. graphrt's extensions follow vLLM's
-names: top_k, ignore_eos, stop_token_ids (the `openai` client sends them through `extra_body`).
+names: top_k, ignore_eos, stop_token_ids, return_token_ids (the `openai` client sends them through
+`extra_body`; token ids come back as `choices[i].token_ids`).
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ class _Request(BaseModel):
     top_k: int = 0
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
+    return_token_ids: bool = False             # add each choice's output token ids (vLLM's name)
 
     def refuse_unsupported(self) -> None:
         """Raise a 400 for each field the engine cannot honour (instead of ignoring it)."""
@@ -152,11 +154,15 @@ class Usage(BaseModel):
         return cls(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
+_OMIT_NONE = dict(default=None, exclude_if=lambda v: v is None)
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     logprobs: None = None
     finish_reason: Literal["stop", "length"] | None = None
+    token_ids: list[int] | None = Field(**_OMIT_NONE)
 
 
 class CompletionResponse(BaseModel):
@@ -179,6 +185,7 @@ class ChatChoice(BaseModel):
     message: AssistantMessage
     logprobs: None = None
     finish_reason: Literal["stop", "length"]
+    token_ids: list[int] | None = Field(**_OMIT_NONE)
 
 
 class ChatCompletionResponse(BaseModel):
@@ -200,6 +207,7 @@ class ChatChunkChoice(BaseModel):
     delta: ChatDelta
     logprobs: None = None
     finish_reason: Literal["stop", "length"] | None = None
+    token_ids: list[int] | None = Field(**_OMIT_NONE)
 
 
 class ChatCompletionChunk(BaseModel):
