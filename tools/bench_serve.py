@@ -140,7 +140,7 @@ class Server:
         if args.device == "cpu":
             env.setdefault("TRITON_INTERPRET", "1")
         cmd = [sys.executable, "-m", "graphrt.serve", "--model", str(args.model), "--device", args.device,
-               "--port", str(self.port), "--config", str(self.cfg_file), "--log-level", "warning"]
+               "--port", str(self.port), "--config", str(self.cfg_file), "--log-level", "info"]
         if args.graph_cache:
             cmd += ["--graph-cache", args.graph_cache]
         self.logf = log.open("w")
