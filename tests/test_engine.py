@@ -125,3 +125,17 @@ def test_background_thread_and_overlap_give_the_same_tokens(path, llm, overlap):
     finally:
         other.engine.shutdown()
     _pages_back(other)
+
+
+def test_async_iteration_with_the_engine_thread(llm):
+    import asyncio
+    want = llm.generate(["Hello world"], GREEDY)[0]
+    llm.engine.start()
+    try:
+        async def collect():
+            return [d async for d in llm.engine.add_request("Hello world", GREEDY)]
+        deltas = asyncio.run(collect())
+    finally:
+        llm.engine.shutdown()
+    assert [t for d in deltas for t in d.token_ids] == want.token_ids
+    assert "".join(d.text for d in deltas) == want.text and deltas[-1].finish_reason == "length"

@@ -68,10 +68,11 @@ def hf_config(shape: str, arch: str, vocab: int, dtype: str, num_layers: int | N
            "head_dim": d, "rms_norm_eps": 1e-5, "rope_theta": theta, "tie_word_embeddings": tied,
            "max_position_embeddings": 256 if shape == "tiny" else 131072, "hidden_act": "silu",
            "bos_token_id": 0, "eos_token_id": 1, "torch_dtype": dtype, "dtype": dtype}
-    if arch == "llama":
+    if arch == "llama":                       # Llama 3.x frequency scaling (tiny: a short original)
         cfg["attention_bias"] = False
-        if shape != "tiny":
-            cfg["rope_scaling"] = dict(LLAMA3_ROPE, factor=32.0 if shape == "llama-3.2-1b" else 8.0)
+        cfg["rope_scaling"] = dict(LLAMA3_ROPE, factor=32.0 if shape == "llama-3.2-1b" else 8.0)
+        if shape == "tiny":
+            cfg["rope_scaling"]["original_max_position_embeddings"] = 64
     return cfg
 
 

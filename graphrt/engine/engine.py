@@ -52,7 +52,8 @@ class _Staging:
     def __init__(self, sched: Scheduler, device: torch.device):
         pin = device.type == "cuda"
         names = ("block_table", "seq_lens", "temperature", "top_k", "top_p", "seed", "step")
-        self.t = {n: torch.empty_like(getattr(sched, n), pin_memory=pin) for n in names}
+        self.t = {n: torch.empty(getattr(sched, n).shape, dtype=getattr(sched, n).dtype, pin_memory=pin)
+                  for n in names}
         self.event = torch.cuda.Event() if pin else None
 
     def load(self, sched: Scheduler, n: int) -> dict:

@@ -1,6 +1,7 @@
 """A request's stream of RequestOutput deltas (an iterator; the engine fills it)."""
 from __future__ import annotations
 
+import asyncio
 import queue
 
 from .params import RequestOutput
@@ -36,6 +37,15 @@ class RequestStream:
     def __iter__(self):
         while not self._done:
             out = self._next()
+            self._done = out.finished
+            yield out
+
+    async def __aiter__(self):
+        """For asyncio servers: each wait runs in a worker thread (start() the engine first)."""
+        if not self.engine.threaded:
+            raise RuntimeError("stream: async iteration needs the engine's thread (engine.start())")
+        while not self._done:
+            out = await asyncio.to_thread(self._next)
             self._done = out.finished
             yield out
 
