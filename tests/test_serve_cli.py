@@ -83,6 +83,7 @@ def test_bench_serve_cpu_smoke(tmp_path_factory, tmp_path):
     saved = json.loads((tmp_path / "smoke.json").read_text())
     assert set(saved["variants"]) == {"graphrt", "graphrt-hostplan", "hf"}
     assert "| graphrt | 2 | 2 |" in (tmp_path / "smoke.md").read_text()
+    assert set(res["graph_step_ms"]) == {1, 2} and all(v > 0 for v in res["graph_step_ms"].values())
     log = (tmp_path / "smoke_graphrt.log").read_text()
     for line in ("loading ", "weights: llama torch.float32", "tokenizer + runtime + graph capture",
                  "engine: backend torch-splitkv", "serving 'bench'"):

@@ -12,8 +12,10 @@ Each server runs in a subprocess on 127.0.0.1; N client threads each send `--req
 completions back to back (token-id prompts of mixed lengths, ignore_eos so every request yields
 exactly --output-len tokens), bounded by --time-budget-s per point. Per request: TTFT (send ->
 first token) and TPOT ((last token - first token) / (tokens - 1)); per point: p50 / p99 over
-requests, and output tokens/s over the point's wall time. Writes NAME.json, NAME.md (table) and
-NAME.png under --out-dir.
+requests, and output tokens/s over the point's wall time; and, for reference, the model's graph
+step time at batch N (in this process, after the servers: tools/bench_engine.py's step_ms), with
+TPOT p50 / step (issue 10's targets: <= 1.05 at N=1, <= 1.08 at N=8). Writes NAME.json, NAME.md
+(table) and NAME.png under --out-dir.
 """
 from __future__ import annotations
 
@@ -223,6 +225,27 @@ def hf_points(args, workloads: dict[int, list[list[int]]]) -> dict:
     return out
 
 
+# ---- the model's graph step time (the targets' reference) ----------------------------------------
+def step_times(args) -> dict:
+    """Graph step time at batch N (tools/bench_engine.py's step_ms: K-step replays back to back,
+    time / K) for the graphrt variant's settings, at the workload's mean prompt length."""
+    import torch
+    from bench_engine import step_ms
+
+    from graphrt import LLM
+    max_len = max(args.prompt_lens) + args.output_len
+    llm = LLM(args.model, device=args.device, max_batch=max(args.concurrency), steps_per_graph=args.steps_per_graph,
+              max_model_len=max_len, backend="flashinfer" if args.device == "cuda" else "torch-splitkv")
+    prompt_len = round(statistics.fmean(args.prompt_lens))
+    reps = max(1, min(32, (max_len - prompt_len - 1) // args.steps_per_graph))
+    out = {n: step_ms(llm, n, prompt_len, torch, reps) for n in args.concurrency}
+    print(f"  graph step ms at N={list(out)}: {[round(v, 3) for v in out.values()]}", flush=True)
+    del llm
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
 # ---- driver ------------------------------------------------------------------------------------
 def workload(n: int, args, vocab: int) -> list[list[int]]:
     """n * --requests token-id prompts, lengths cycling through --prompt-lens (shuffled, seeded)."""
@@ -240,19 +263,22 @@ def fmt(r: dict) -> str:
 
 
 def table(res: dict) -> str:
-    head = ("| variant | N | requests | TTFT p50 (ms) | TTFT p99 (ms) | TPOT p50 (ms) | TPOT p99 (ms) | tokens/s |\n"
-            "|---|---|---|---|---|---|---|---|")
+    steps = res.get("graph_step_ms") or {}
+    head = ("| variant | N | requests | TTFT p50 (ms) | TTFT p99 (ms) | TPOT p50 (ms) | TPOT p99 (ms) | tokens/s "
+            "| TPOT p50 / graph step |\n|---|---|---|---|---|---|---|---|---|")
     rows = []
     for variant, points in res["variants"].items():
         if "skipped" in points:
-            rows.append(f"| {variant} | - | - | skipped: {points['skipped']} | | | | |")
+            rows.append(f"| {variant} | - | - | skipped: {points['skipped']} | | | | | |")
             continue
         for n, r in points.items():
             if r.get("tpot_p50_ms") is None:
-                rows.append(f"| {variant} | {n} | 0 | failed: {'; '.join(r.get('errors', []))[:80]} | | | | |")
+                rows.append(f"| {variant} | {n} | 0 | failed: {'; '.join(r.get('errors', []))[:80]} | | | | | |")
                 continue
+            ratio = (f"{r['tpot_p50_ms'] / steps[n]:.3f} (step {steps[n]:.3f} ms)"
+                     if n in steps and variant == "graphrt" else "-")
             rows.append(f"| {variant} | {n} | {r['requests']} | {r['ttft_p50_ms']:.1f} | {r['ttft_p99_ms']:.1f} | "
-                        f"{r['tpot_p50_ms']:.2f} | {r['tpot_p99_ms']:.2f} | {r['tokens_per_s']:.1f} |")
+                        f"{r['tpot_p50_ms']:.2f} | {r['tpot_p99_ms']:.2f} | {r['tokens_per_s']:.1f} | {ratio} |")
     return head + "\n" + "\n".join(rows) + "\n"
 
 
@@ -270,6 +296,9 @@ def plot(res: dict, path: Path) -> None:
         axes[0].plot(ns, get("tpot_p99_ms"), "x--", label=f"{variant} p99")
         axes[1].plot(ns, get("ttft_p50_ms"), "o-", label=f"{variant} p50")
         axes[2].plot(ns, get("tokens_per_s"), "o-", label=variant)
+    steps = res.get("graph_step_ms") or {}
+    if steps:
+        axes[0].plot(list(steps), list(steps.values()), "k:", label="graph step (K-step replay / K)")
     for ax, title in zip(axes, ("time per output token (ms)", "time to first token (ms)", "output tokens/s")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent streaming clients")
@@ -298,6 +327,7 @@ def parse_args(argv=None):
     p.add_argument("--steps-per-graph", type=int, default=4, help="K of the graphrt variant")
     p.add_argument("--time-budget-s", type=float, default=120.0, help="per (variant, N) point")
     p.add_argument("--startup-timeout-s", type=float, default=1200.0)
+    p.add_argument("--no-step-time", action="store_true", help="skip measuring the graph step time at each N")
     p.add_argument("--graph-cache", default=None, help="passed to the graphrt servers")
     p.add_argument("--out-dir", default="docs/results")
     p.add_argument("--name", default=None, help="output file stem (default bench_serve_<device>)")
@@ -318,6 +348,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.device == "cpu":                  # graphrt's Triton kernels, interpreted (before graphrt is imported)
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     if args.make:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from make_checkpoint import write_checkpoint
@@ -351,6 +383,9 @@ def main(argv=None) -> dict:
             res.setdefault("servers", {})[variant] = {"startup_s": server.startup_s, "config": server.config}
         finally:
             server.close()
+    if not args.no_step_time and "graphrt" in args.variants:
+        print("== graph step time", flush=True)
+        res["graph_step_ms"] = step_times(args)
     (out_dir / f"{stem}.json").write_text(json.dumps(res, indent=1, default=str))
     md = table(res)
     (out_dir / f"{stem}.md").write_text(f"# bench_serve: {args.model} on {args.device}\n\n{md}")
