@@ -335,3 +335,29 @@ def test_metrics_parse_and_count_what_was_served(llm, live, client):
     a = llm.engine.scheduler.allocator
     assert after["graphrt_kv_pages_free"] == a.num_pages and after["graphrt_kv_pages_used"] == 0
     assert after["graphrt_requests_running"] == 0 and after["graphrt_requests_waiting"] == 0
+
+
+def test_sse_response_closes_its_request_even_if_the_body_never_started():
+    """A client gone before the first event: the event generator never runs, on_close still does."""
+    import asyncio
+
+    from starlette.requests import ClientDisconnect
+
+    from graphrt.serve.completions import SSEResponse
+    started, closed = [], []
+
+    async def events():
+        started.append(1)
+        yield "data: x\n\n"
+
+    async def receive():
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        raise OSError("client gone")
+
+    resp = SSEResponse(events(), on_close=lambda: closed.append(1))
+    scope = {"type": "http", "asgi": {"spec_version": "2.4"}}
+    with pytest.raises(ClientDisconnect):
+        asyncio.run(resp(scope, receive, send))
+    assert closed == [1] and started == []

@@ -61,7 +61,7 @@ class Generation:
         rid, ds = self.bridge.submit(body.single_prompt(), params, kind="cmpl")
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            return _sse(self._completion_events(rid, ds, usage, body.return_token_ids))
+            return SSEResponse(self._completion_events(rid, ds, usage, body.return_token_ids), on_close=ds.close)
         got = await _collect(ds, request)
         if got is None:
             return Response(status_code=499)
@@ -88,7 +88,7 @@ class Generation:
             raise
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            return _sse(self._chat_events(rid, ds, usage, body.return_token_ids))
+            return SSEResponse(self._chat_events(rid, ds, usage, body.return_token_ids), on_close=ds.close)
         got = await _collect(ds, request)
         if got is None:
             return Response(status_code=499)
@@ -176,13 +176,25 @@ async def _collect(ds: DeltaStream, request: Request) -> tuple[str, list[int]] |
     return None
 
 
-def _sse(events) -> StreamingResponse:
-    return StreamingResponse(events, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+class SSEResponse(StreamingResponse):
+    """Server-sent events; `on_close` runs however the response ends (finished, client gone
+    before or during the body, error), so a request is aborted even if its event generator
+    never started."""
+
+    def __init__(self, events, *, on_close):
+        super().__init__(events, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
 
 
 def _json(model) -> Response:
     return Response(model.model_dump_json(), media_type="application/json")
 
 
-__all__ = ["Generation"]
+__all__ = ["Generation", "SSEResponse"]
