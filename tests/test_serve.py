@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from _checkpoints import write
-from _serve_live import LiveServer
+from _serve_live import LiveServer, parse_metrics
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
@@ -284,32 +284,6 @@ def test_queue_full_is_503_then_recovers(llm, hf):
 
 
 # ---- metrics -----------------------------------------------------------------------------------
-SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[a-zA-Z_][a-zA-Z0-9_]*="[^"\\]*"'
-                    r'(,[a-zA-Z_][a-zA-Z0-9_]*="[^"\\]*")*\})? (-?[0-9.eE+-]+|\+Inf|-Inf|NaN)$')
-META = re.compile(r"^# (HELP [a-zA-Z_:][a-zA-Z0-9_:]* .*|TYPE [a-zA-Z_:][a-zA-Z0-9_:]* "
-                  r"(counter|gauge|histogram|summary|untyped))$")
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Every line must be a HELP / TYPE comment or a sample; returns {name{labels}: value}."""
-    assert text.endswith("\n")
-    out, types = {}, {}
-    for line in text.splitlines():
-        if line.startswith("#"):
-            assert META.match(line), f"bad comment line: {line!r}"
-            if line.startswith("# TYPE"):
-                _, _, name, kind = line.split()
-                types[name] = kind
-            continue
-        m = SAMPLE.match(line)
-        assert m, f"bad sample line: {line!r}"
-        name = m.group(1)
-        base = re.sub(r"_(bucket|sum|count|total)$", "", name)
-        assert name in types or base in types or name.removesuffix("_total") in types, f"no TYPE for {name}"
-        out[name + (m.group(2) or "")] = float(m.group(4))
-    return out
-
-
 def _get_metrics(live) -> dict[str, float]:
     conn = http.client.HTTPConnection("127.0.0.1", live.port, timeout=10)
     conn.request("GET", "/metrics")

@@ -1,8 +1,9 @@
 """OpenAI API request and response bodies (pydantic), with OpenAI's field names.
 
-Requests forbid unknown fields and refuse, with a 400 naming the field, what the engine cannot do
-(n > 1, best_of, echo, suffix, logprobs, logit_bias, penalties, tools): a field accepted and
-ignored would silently change what the client asked for. graphrt's extensions follow vLLM's
+Requests are strict (no "yes" for true, no 2.0 for an int), forbid unknown fields, and refuse
+with a 400 naming the field what the engine cannot do (n > 1, best_of, echo, suffix, logprobs,
+logit_bias, penalties, tools): a field accepted and ignored would silently change what the client
+asked for. graphrt's extensions follow vLLM's
 names: top_k, ignore_eos, stop_token_ids, return_token_ids (the `openai` client sends them through
 `extra_body`; token ids come back as `choices[i].token_ids`).
 """
@@ -17,7 +18,7 @@ from .errors import APIError
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str
     max_tokens: int | None = None
@@ -53,7 +54,7 @@ class _Request(BaseModel):
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     include_usage: bool = False
 
 
@@ -92,13 +93,13 @@ class CompletionRequest(_Request):
 
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart]
     name: str | None = None
