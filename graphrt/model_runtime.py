@@ -8,7 +8,8 @@
 
 A graph runs K decode steps: each step prepares the metadata + plan on the device (once for all
 layers), runs the model, takes the greedy argmax (or, with per-row SamplingInputs, samples: see
-sampling.py) on the device, feeds it back and advances seq_lens on the device. seq_lens count the token being decoded (its K/V go to slot seq_len - 1).
+sampling.py) on the device, feeds it back and advances seq_lens on the device. seq_lens count the
+token being decoded (its K/V go to slot seq_len - 1).
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from .sampling import SamplingBuffers, SamplingInputs
 @dataclass(frozen=True)
 class StepBuffers:
     """Per-bucket static model I/O. tokens [B] int64 (input, then the last step's token);
-    out_tokens [K, B] int64 (greedy token of each of the K steps); logits [B, vocab] float32
+    out_tokens [K, B] int64 (the token of each of the K steps); logits [B, vocab] float32
     of the last step; sampling: the per-row sampling parameters [B] (read by sampled graphs)."""
     tokens: torch.Tensor
     out_tokens: torch.Tensor
