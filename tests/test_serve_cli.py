@@ -85,6 +85,24 @@ def test_bench_serve_cpu_smoke(tmp_path_factory, tmp_path):
     assert "| graphrt | 2 | 2 |" in (tmp_path / "smoke.md").read_text()
     assert set(res["graph_step_ms"]) == {1, 2} and all(v > 0 for v in res["graph_step_ms"].values())
     log = (tmp_path / "smoke_graphrt.log").read_text()
-    for line in ("loading ", "weights: llama torch.float32", "tokenizer + runtime + graph capture",
+    for line in ("loading ", "weights: llama torch.float32", "tokenizer + runtime: ",
                  "engine: backend torch-splitkv", "serving 'bench'"):
         assert line in log, log
+
+
+def test_capture_report_sums_the_runtime_capture_stats():
+    from types import SimpleNamespace
+
+    from graphrt.graphs import CaptureStats
+    from graphrt.serve.cli import capture_report
+    argmax = SimpleNamespace(stats={1: CaptureStats(1, 10.0, 500.0, 2**20), 2: CaptureStats(2, 20.0, 100.0, 2**20)})
+    sampled = SimpleNamespace(stats={1: CaptureStats(1, 30.0, 400.0, 2**21)})
+    llm = SimpleNamespace(runtime=SimpleNamespace(graphs=argmax, sample_graphs=sampled),
+                          checkpoint=SimpleNamespace(load_s=2.0))
+    assert capture_report(llm, 5.0) == [
+        "kernels (graph warm-up: compile or load from cache, first touch): 1.00 s",
+        "graph capture: 3 graphs (2 per bucket) in 0.06 s, 4.0 MiB",
+        "tokenizer + runtime construction: 1.94 s"]
+    eager = SimpleNamespace(runtime=SimpleNamespace(graphs=None, sample_graphs=None),
+                            checkpoint=SimpleNamespace(load_s=2.0))
+    assert capture_report(eager, 3.5) == ["tokenizer + runtime: 1.50 s (no CUDA graphs: eager decode)"]
