@@ -119,9 +119,10 @@ def capture_report(llm, total_s: float) -> list[str]:
 def main(argv=None, *, prog: str = "graphrt serve") -> None:
     args = build_parser(prog).parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from ..cache import CacheMismatchError
     try:
         llm, serve_cfg = load(args)
-    except ValueError as e:                        # bad flag, config or checkpoint: one clear line
+    except (ValueError, CacheMismatchError) as e:  # bad flag, config, checkpoint or cache: one clear line
         print(f"{prog}: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     import uvicorn
