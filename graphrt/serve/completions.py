@@ -57,7 +57,7 @@ class Generation:
     # ---- endpoints --------------------------------------------------------------------------------
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
         self._check(body)
-        params = self._params(body, body.max_tokens)
+        params = self._params(body, 16 if body.max_tokens is None else body.max_tokens)   # null: OpenAI's 16
         rid, ds = self.bridge.submit(body.single_prompt(), params, kind="cmpl")
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
