@@ -8,7 +8,7 @@ Variants: `graphrt` (device-planned graphs: backend flashinfer on CUDA, torch-sp
 K steps per replay), `graphrt-hostplan` (backend flashinfer-hostplan, K=1: FlashInfer's plan() on
 the host every step, the pattern of today's engines; CUDA only), `hf` (transformers generate on a
 left-padded batch of N prompts with a static cache, in this process: what a user would script).
-Each server runs in a subprocess on 127.0.0.1; N client threads each send `--requests` streaming
+Each server runs in a subprocess on 127.0.0.1; N client threads (tools/serve_load.py) each send `--requests` streaming
 completions back to back (token-id prompts of mixed lengths, ignore_eos so every request yields
 exactly --output-len tokens), bounded by --time-budget-s per point. Per request: TTFT (send ->
 first token) and TPOT ((last token - first token) / (tokens - 1)); per point: p50 / p99 over
@@ -23,98 +23,20 @@ import argparse
 import http.client
 import json
 import os
-import random
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import pyplot  # noqa: E402
+from serve_load import run_point, stream_request, summarize, workload  # noqa: E402
 
 VARIANTS = ("graphrt", "graphrt-hostplan", "hf")
 NAME = "bench"
-
-
-# ---- one streaming client ------------------------------------------------------------------------
-def stream_request(port: int, prompt: list[int], max_tokens: int, timeout: float) -> dict:
-    """POST a streaming completion; timestamps of each SSE event carrying text or tokens."""
-    body = json.dumps({"model": NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-                       "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    t0 = time.perf_counter()
-    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    if resp.status != 200:
-        raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:300]!r}")
-    t_first = t_last = None
-    tokens = None
-    for raw in resp:
-        line = raw.strip()
-        if not line.startswith(b"data: "):
-            continue
-        now = time.perf_counter()
-        data = line[6:]
-        if data == b"[DONE]":
-            break
-        ev = json.loads(data)
-        if "error" in ev:
-            raise RuntimeError(f"stream error: {ev['error']}")
-        if ev.get("usage"):
-            tokens = ev["usage"]["completion_tokens"]
-        elif ev["choices"] and ev["choices"][0]["finish_reason"] is None:
-            t_first = t_first or now        # an event with text: at least one new token
-            t_last = now
-    conn.close()
-    if tokens != max_tokens or t_first is None:
-        raise RuntimeError(f"expected {max_tokens} tokens, got {tokens}")
-    return {"ttft_s": t_first - t0, "tpot_s": (t_last - t_first) / max(tokens - 1, 1), "tokens": tokens}
-
-
-def run_point(port: int, prompts: list[list[int]], n: int, args) -> dict:
-    """n client threads; client i sends prompts[i::n] one after another (within the time budget)."""
-    results, errors, deadline = [], [], time.perf_counter() + args.time_budget_s
-    lock = threading.Lock()
-
-    def client(i):
-        for p in prompts[i::n]:
-            if time.perf_counter() > deadline:
-                return
-            try:
-                r = stream_request(port, p, args.output_len, timeout=args.time_budget_s + 60)
-            except Exception as e:  # noqa: BLE001 - reported in the results
-                with lock:
-                    errors.append(str(e))
-                return
-            with lock:
-                results.append(r)
-
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return summarize(results, time.perf_counter() - t0, errors)
-
-
-def summarize(results: list[dict], wall_s: float, errors: list[str]) -> dict:
-    def pct(key, q):
-        xs = sorted(r[key] for r in results)
-        if not xs:
-            return None
-        return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))] * 1e3     # nearest rank, ms
-    out = {"requests": len(results), "errors": errors[:5], "wall_s": wall_s,
-           "tokens_per_s": sum(r["tokens"] for r in results) / wall_s if results else None}
-    for key in ("ttft_s", "tpot_s"):
-        name = key[:-2]
-        out[f"{name}_p50_ms"], out[f"{name}_p99_ms"] = pct(key, 0.5), pct(key, 0.99)
-        out[f"{name}_mean_ms"] = statistics.fmean(r[key] for r in results) * 1e3 if results else None
-    return out
 
 
 # ---- servers -----------------------------------------------------------------------------------
@@ -247,14 +169,6 @@ def step_times(args) -> dict:
 
 
 # ---- driver ------------------------------------------------------------------------------------
-def workload(n: int, args, vocab: int) -> list[list[int]]:
-    """n * --requests token-id prompts, lengths cycling through --prompt-lens (shuffled, seeded)."""
-    rng = random.Random(1000 + n)
-    lens = [args.prompt_lens[i % len(args.prompt_lens)] for i in range(n * args.requests)]
-    rng.shuffle(lens)
-    return [[rng.randrange(10, vocab) for _ in range(k)] for k in lens]
-
-
 def fmt(r: dict) -> str:
     if not r or r.get("tpot_p50_ms") is None:
         return f"no result {r.get('errors') if r else ''}"
@@ -358,7 +272,7 @@ def main(argv=None) -> dict:
         args.model = str(write_checkpoint(out, args.make, dtype="float32" if args.device == "cpu" else "bfloat16"))
         print(f"wrote a random {args.make} checkpoint to {args.model} in {time.perf_counter() - t0:.1f} s")
     vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
-    workloads = {n: workload(n, args, vocab) for n in args.concurrency}
+    workloads = {n: workload(n, args.requests, args.prompt_lens, vocab) for n in args.concurrency}
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = args.name or f"bench_serve_{args.device}"
@@ -374,10 +288,11 @@ def main(argv=None) -> dict:
         server = Server(args, variant, out_dir / f"{stem}_{variant}.log")
         try:
             print(f"  ready in {server.startup_s:.1f} s ({server.config})", flush=True)
-            stream_request(server.port, workloads[args.concurrency[0]][0], args.output_len, 600)  # warm-up
+            stream_request(server.port, workloads[args.concurrency[0]][0], args.output_len, 600, model=NAME)  # warm-up
             points = {}
             for n in args.concurrency:
-                points[n] = run_point(server.port, workloads[n], n, args)
+                points[n] = run_point(server.port, workloads[n], n, output_len=args.output_len,
+                                      time_budget_s=args.time_budget_s, model=NAME)
                 print(f"  N={n}: {fmt(points[n])}", flush=True)
             res["variants"][variant] = points
             res.setdefault("servers", {})[variant] = {"startup_s": server.startup_s, "config": server.config}
