@@ -2,14 +2,15 @@
 same engine on host-planned FlashInfer graphs and with HF transformers `generate` (static cache).
 
     python tools/bench_serve.py --model DIR [--device cuda] [--concurrency 1,2,4,8,16]
-    python tools/bench_serve.py --make tiny --device cpu --concurrency 1,2 --output-len 8   # smoke
+    python tools/bench_serve.py --make tiny --device cpu --concurrency 1,2 --requests 2 \
+        --output-len 6 --prompt-lens 4,12 --out-dir /tmp/bench                       # CPU smoke
 
 Variants: `graphrt` (device-planned graphs: backend flashinfer on CUDA, torch-splitkv on CPU,
 K steps per replay), `graphrt-hostplan` (backend flashinfer-hostplan, K=1: FlashInfer's plan() on
 the host every step, the pattern of today's engines; CUDA only), `hf` (transformers generate on a
 left-padded batch of N prompts with a static cache, in this process: what a user would script).
-Each server runs in a subprocess on 127.0.0.1; N client threads (tools/serve_load.py) each send `--requests` streaming
-completions back to back (token-id prompts of mixed lengths, ignore_eos so every request yields
+Each server runs in a subprocess on 127.0.0.1; N client threads (tools/serve_load.py) each send
+`--requests` streaming completions back to back (token-id prompts of mixed lengths, ignore_eos so every request yields
 exactly --output-len tokens), bounded by --time-budget-s per point. Per request: TTFT (send ->
 first token) and TPOT ((last token - first token) / (tokens - 1)); per point: p50 / p99 over
 requests, and output tokens/s over the point's wall time; and, for reference, the model's graph
