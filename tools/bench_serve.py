@@ -10,13 +10,13 @@ K steps per replay), `graphrt-hostplan` (backend flashinfer-hostplan, K=1: Flash
 the host every step, the pattern of today's engines; CUDA only), `hf` (transformers generate on a
 left-padded batch of N prompts with a static cache, in this process: what a user would script).
 Each server runs in a subprocess on 127.0.0.1; N client threads (tools/serve_load.py) each send
-`--requests` streaming completions back to back (token-id prompts of mixed lengths, ignore_eos so every request yields
-exactly --output-len tokens), bounded by --time-budget-s per point. Per request: TTFT (send ->
-first token) and TPOT ((last token - first token) / (tokens - 1)); per point: p50 / p99 over
-requests, and output tokens/s over the point's wall time; and, for reference, the model's graph
-step time at batch N (in this process, after the servers: tools/bench_engine.py's step_ms), with
-TPOT p50 / step (issue 10's targets: <= 1.05 at N=1, <= 1.08 at N=8). Writes NAME.json, NAME.md
-(table) and NAME.png under --out-dir.
+`--requests` streaming completions back to back (token-id prompts of mixed lengths, ignore_eos so
+every request yields exactly --output-len tokens), bounded by --time-budget-s per point. Per
+request: TTFT (send -> first token) and TPOT ((last token - first token) / (tokens - 1)); per
+point: p50 / p99 over requests, and output tokens/s over the point's wall time; and, for
+reference, the model's graph step time at batch N (in this process, after the servers:
+tools/bench_engine.py's step_ms), with TPOT p50 / step (issue 10's targets: <= 1.05 at N=1, <=
+1.08 at N=8). Writes NAME.json, NAME.md (table) and NAME.png under --out-dir.
 """
 from __future__ import annotations
 
