@@ -85,6 +85,10 @@ def pages_full(llm) -> bool:
 # ---- generation --------------------------------------------------------------------------------
 def test_models_and_health(live, client):
     assert [m.id for m in client.models.list().data] == [NAME]
+    assert client.models.retrieve(NAME).id == NAME
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("other")
+    assert e.value.body["param"] == "model" and "not served here" in e.value.body["message"]
     conn = http.client.HTTPConnection("127.0.0.1", live.port, timeout=10)
     conn.request("GET", "/health")
     r = conn.getresponse()

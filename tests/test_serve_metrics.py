@@ -33,7 +33,9 @@ def test_histogram_bad_value(value):
 
 def test_render_counts_requests_and_parses():
     m = Metrics()
+    m.tokens_streamed(11)
     m.request_done(finish_reason="length", prompt_tokens=5, output_tokens=11, ttft_s=0.02, decode_s=0.1)
+    m.tokens_streamed(1)
     m.request_done(finish_reason="abort", prompt_tokens=3, output_tokens=1, ttft_s=None, decode_s=None)
     m.rejected += 2
     got = parse_metrics(m.render(EngineStats(running=1, waiting=2, pages_used=3, pages_free=4)))

@@ -4,8 +4,8 @@
     uvicorn.run(app, host="127.0.0.1", port=8000)
 
 Routes: POST /v1/completions, POST /v1/chat/completions (completions.py), GET /v1/models,
-GET /health, GET /metrics (metrics.py). The app starts the engine's background thread on
-start-up (unless it already runs) and stops it on shut-down if it started it.
+GET /v1/models/{id}, GET /health, GET /metrics (metrics.py). The app starts the engine's
+background thread on start-up (unless it already runs) and stops it on shut-down if it started it.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from .bridge import AsyncEngine
 from .completions import Generation
 from .config import ServeConfig
-from .errors import error_body, install_handlers
+from .errors import APIError, error_body, install_handlers
 from .metrics import Metrics
 from .protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 
@@ -60,6 +60,13 @@ def create_app(llm, config: ServeConfig | None = None, *, model_name: str | None
     @app.get("/v1/models")
     async def models():
         return ModelList(data=[ModelCard(id=name, max_model_len=engine.max_model_len)])
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        if model_id != name:
+            raise APIError(404, f"model: {model_id!r} is not served here; this server serves {name!r}",
+                           param="model")
+        return ModelCard(id=name, max_model_len=engine.max_model_len)
 
     @app.get("/health")
     async def health():

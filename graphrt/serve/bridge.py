@@ -111,6 +111,7 @@ class DeltaStream:
                     self._t_first = now
                 t.prompt_tokens = len(item.prompt_token_ids)
                 t.output_tokens += len(item.token_ids)
+                self.owner.metrics.tokens_streamed(len(item.token_ids))
                 if item.finish_reason is not None:
                     t.finish_reason = item.finish_reason
                     self._t_last = now

@@ -68,12 +68,15 @@ class Metrics:
         self.ttft = Histogram(TTFT_BUCKETS)
         self.tpot = Histogram(TPOT_BUCKETS)
 
+    def tokens_streamed(self, n: int) -> None:
+        """n output tokens reached a client (counted as they stream, not when the request ends)."""
+        self.generation_tokens += n
+
     def request_done(self, *, finish_reason: str, prompt_tokens: int, output_tokens: int,
                      ttft_s: float | None, decode_s: float | None) -> None:
         """One request's totals. decode_s: first output token -> last (TPOT = decode_s / (n - 1))."""
         self.finished[finish_reason] = self.finished.get(finish_reason, 0) + 1
         self.prompt_tokens += prompt_tokens
-        self.generation_tokens += output_tokens
         if ttft_s is not None:
             self.ttft.observe(ttft_s)
         if decode_s is not None and output_tokens >= 2:
@@ -95,7 +98,7 @@ class Metrics:
         metric("kv_pages_free", "gauge", "KV cache pages on the free list.", [f"{p}kv_pages_free {stats.pages_free}"])
         metric("prompt_tokens_total", "counter", "Prompt tokens of finished requests.",
                [f"{p}prompt_tokens_total {self.prompt_tokens}"])
-        metric("generation_tokens_total", "counter", "Output tokens of finished requests.",
+        metric("generation_tokens_total", "counter", "Output tokens streamed to clients.",
                [f"{p}generation_tokens_total {self.generation_tokens}"])
         metric("requests_finished_total", "counter", "Finished requests by finish reason.",
                [f'{p}requests_finished_total{{finish_reason="{k}"}} {v}' for k, v in sorted(self.finished.items())])
