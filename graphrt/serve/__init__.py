@@ -1,0 +1,11 @@
+"""`graphrt serve`: an OpenAI-compatible HTTP server over the generation engine.
+
+protocol.py (request / response bodies), errors.py (OpenAI error bodies), bridge.py (asyncio <->
+the engine's thread, admission), completions.py (the two generation endpoints, SSE), metrics.py
+(Prometheus text), config.py (ServeConfig, the --config YAML), app.py (create_app), cli.py
+(`graphrt serve`, start-up log). Needs the `serve` extra (fastapi, uvicorn).
+"""
+from .app import create_app
+from .config import ServeConfig
+
+__all__ = ["create_app", "ServeConfig"]

@@ -1,0 +1,4 @@
+"""`python -m graphrt.serve ...` = `graphrt serve ...`."""
+from .cli import main
+
+main()

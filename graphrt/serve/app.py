@@ -1,0 +1,84 @@
+"""The FastAPI application: routes, error handlers, and the engine's lifetime.
+
+    app = create_app(llm, ServeConfig(served_model_name="m"))   # llm: graphrt.LLM
+    uvicorn.run(app, host="127.0.0.1", port=8000)
+
+Routes: POST /v1/completions, POST /v1/chat/completions (completions.py), GET /v1/models,
+GET /v1/models/{id}, GET /health, GET /metrics (metrics.py). The app starts the engine's
+background thread on start-up (unless it already runs) and stops it on shut-down if it started it.
+"""
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from .bridge import AsyncEngine
+from .completions import Generation
+from .config import ServeConfig
+from .errors import APIError, error_body, install_handlers
+from .metrics import Metrics
+from .protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def create_app(llm, config: ServeConfig | None = None, *, model_name: str | None = None) -> FastAPI:
+    """llm: a graphrt.LLM (its engine, tokenizer and config). The served name is, in order,
+    config.served_model_name, model_name, the checkpoint directory's path."""
+    config = config or ServeConfig()
+    engine = llm.engine
+    name = config.served_model_name or model_name or str(llm.checkpoint.path)
+    metrics = Metrics()
+    bridge = AsyncEngine(engine, max_batch=llm.config.max_batch, max_waiting=config.max_waiting, metrics=metrics)
+    gen = Generation(bridge, llm.tokenizer, model_name=name, max_model_len=engine.max_model_len)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        started = not engine.threaded
+        if started:
+            engine.start()
+        try:
+            yield
+        finally:
+            if started:
+                engine.shutdown()
+
+    app = FastAPI(title="graphrt", lifespan=lifespan)
+    app.state.bridge, app.state.metrics, app.state.model_name = bridge, metrics, name
+    install_handlers(app)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        return await gen.completions(body, request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        return await gen.chat(body, request)
+
+    @app.get("/v1/models")
+    async def models():
+        return ModelList(data=[ModelCard(id=name, max_model_len=engine.max_model_len)])
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        if model_id != name:
+            raise APIError(404, f"model: {model_id!r} is not served here; this server serves {name!r}",
+                           param="model")
+        return ModelCard(id=name, max_model_len=engine.max_model_len)
+
+    @app.get("/health")
+    async def health():
+        if not bridge.healthy():
+            return JSONResponse(error_body(503, "engine: the engine loop is not running"), status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return PlainTextResponse(metrics.render(bridge.stats()), media_type=PROMETHEUS_TEXT)
+
+    return app
+
+
+__all__ = ["create_app"]

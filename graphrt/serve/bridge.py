@@ -1,0 +1,142 @@
+"""The boundary between the asyncio server and the engine's thread: a queue each way.
+
+The engine (graphrt.engine.Engine) runs its loop on its own thread; `add_request` returns a
+blocking iterator of RequestOutput deltas. `AsyncEngine.submit` turns that into an async
+iterator: one small pump thread per request blocks on the engine's stream and hands each delta
+to the event loop (`call_soon_threadsafe`). Leaving the async iterator early (client gone,
+server error) aborts the request so the engine frees its pages.
+
+Admission: at most max_batch (decode slots) + max_waiting requests are in flight; one more is
+refused with 503 before it reaches the engine.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+from .errors import APIError
+from .metrics import EngineStats, Metrics
+
+
+@dataclass
+class Finished:
+    """A request's totals, filled as its deltas arrive (read by the routes for `usage`)."""
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    finish_reason: str | None = None
+
+
+class AsyncEngine:
+    """engine: a started graphrt Engine (add_request / abort / scheduler); max_batch: its decode
+    slots; max_waiting: how many more requests may queue before 503."""
+
+    def __init__(self, engine, *, max_batch: int, max_waiting: int, metrics: Metrics):
+        if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 0:
+            raise ValueError(f"max_waiting: must be an int >= 0, got {max_waiting!r}")
+        self.engine, self.metrics = engine, metrics
+        self.capacity = max_batch + max_waiting
+        self.in_flight = 0                             # event-loop thread only
+
+    def stats(self) -> EngineStats:
+        """Read the engine's scheduler from this thread: ints and lengths, no locks (a snapshot
+        that may be one loop iteration stale)."""
+        sched = self.engine.scheduler
+        alloc = sched.allocator
+        running = sum(s is not None for s in list(sched.slots))
+        waiting = max(len(sched.waiting), self.in_flight - running)
+        free = alloc.num_free
+        return EngineStats(running=running, waiting=waiting, pages_used=alloc.num_pages - free, pages_free=free)
+
+    def healthy(self) -> bool:
+        return bool(getattr(self.engine, "threaded", True))
+
+    def submit(self, prompt, params, *, kind: str = "cmpl") -> tuple[str, "DeltaStream"]:
+        """Queue a prompt; returns (request id, async iterator of deltas). Raises APIError 503
+        when full, 400 (from the engine's ValueError) for a bad prompt or parameters."""
+        if not self.healthy():
+            raise APIError(503, "engine: the engine loop is not running")
+        if self.in_flight >= self.capacity:
+            self.metrics.rejected += 1
+            raise APIError(503, f"queue full: {self.in_flight} requests in flight, the limit is "
+                                f"max_batch + max_waiting = {self.capacity}; retry later")
+        rid = f"{kind}-{uuid.uuid4().hex}"
+        try:
+            stream = self.engine.add_request(prompt, params, request_id=rid)
+        except ValueError as e:
+            raise APIError.from_value_error(e) from None
+        self.in_flight += 1
+        return rid, DeltaStream(self, rid, stream, asyncio.get_running_loop())
+
+    def _release(self) -> None:
+        self.in_flight -= 1
+
+
+class DeltaStream:
+    """Async iterator over one request's RequestOutput deltas; `totals` is filled as it goes.
+    Close it (async for ... break, or aclose()) to abort the request if unfinished."""
+
+    def __init__(self, owner: AsyncEngine, request_id: str, stream, loop: asyncio.AbstractEventLoop):
+        self.owner, self.request_id, self.totals = owner, request_id, Finished()
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._t0 = time.perf_counter()
+        self._t_first: float | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._pump, args=(stream, loop), daemon=True,
+                                        name=f"graphrt-serve-{request_id[:12]}")
+        self._thread.start()
+
+    def _pump(self, stream, loop) -> None:          # pump thread: blocking reads of the engine's stream
+        try:
+            for delta in stream:
+                loop.call_soon_threadsafe(self._queue.put_nowait, delta)
+        except BaseException as e:                      # handed to the reader
+            loop.call_soon_threadsafe(self._queue.put_nowait, e)
+
+    def __aiter__(self):
+        return self._iterate()
+
+    async def _iterate(self):
+        t = self.totals
+        try:
+            while t.finish_reason is None:
+                item = await self._queue.get()
+                if isinstance(item, BaseException):
+                    t.finish_reason = "error"
+                    raise item
+                now = time.perf_counter()
+                if item.token_ids and self._t_first is None:
+                    self._t_first = now
+                t.prompt_tokens = len(item.prompt_token_ids)
+                t.output_tokens += len(item.token_ids)
+                self.owner.metrics.tokens_streamed(len(item.token_ids))
+                if item.finish_reason is not None:
+                    t.finish_reason = item.finish_reason
+                    self._t_last = now
+                yield item
+        finally:
+            self._close()
+
+    def close(self) -> None:
+        """Abort the request if unfinished and count it (idempotent; iteration's end calls it)."""
+        self._close()
+
+    def _close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        t = self.totals
+        if t.finish_reason is None:                     # left early: free the engine's pages
+            self.owner.engine.abort(self.request_id)
+            t.finish_reason = "abort"
+        self.owner._release()
+        ttft = self._t_first - self._t0 if self._t_first is not None else None
+        decode = (self._t_last - self._t_first
+                  if self._t_first is not None and t.finish_reason in ("stop", "length") else None)
+        self.owner.metrics.request_done(finish_reason=t.finish_reason, prompt_tokens=t.prompt_tokens,
+                                        output_tokens=t.output_tokens, ttft_s=ttft, decode_s=decode)
+
+
+__all__ = ["AsyncEngine", "DeltaStream", "Finished"]

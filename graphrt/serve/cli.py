@@ -1,0 +1,136 @@
+"""`graphrt serve --model DIR [--config YAML] [--graph-cache DIR] [--device cuda|cpu] [--host H] [--port P]`.
+
+Start-up logs what was loaded, from where, and how long each phase took: graph-cache check,
+weights (bytes, GB/s), kernels (graph warm-up), graph capture, tokenizer + runtime construction,
+and whether any kernel was compiled although a graph cache was given.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+log = logging.getLogger("graphrt.serve")
+
+
+def build_parser(prog: str = "graphrt serve") -> argparse.ArgumentParser:
+    from .config import DEFAULT_MAX_WAITING
+    p = argparse.ArgumentParser(prog=prog, description="OpenAI-compatible HTTP server over the graphrt engine.")
+    p.add_argument("--model", required=True, help="checkpoint directory in the HF layout")
+    p.add_argument("--config", default=None,
+                   help="YAML: EngineConfig fields (max_batch, steps_per_graph, backend, ...) and "
+                        "served_model_name, max_waiting")
+    p.add_argument("--graph-cache", default=None,
+                   help="graph cache directory (graphrt-capture --out): compiled kernels are taken from it")
+    p.add_argument("--device", default=None, choices=["cuda", "cpu"], help="default: cuda if available")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None, help="the `model` clients send (default: --model)")
+    p.add_argument("--max-waiting", type=int, default=None,
+                   help=f"queued requests beyond the decode slots before 503 (default {DEFAULT_MAX_WAITING})")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return p
+
+
+def resolve_configs(args):
+    """-> (EngineConfig, ServeConfig) from --config and the flags (flags win)."""
+    from ..engine import EngineConfig
+    from .config import ServeConfig, load_serve_yaml
+    engine_fields = tuple(f.name for f in dataclasses.fields(EngineConfig))
+    eng_kw, srv_kw = load_serve_yaml(args.config, engine_fields) if args.config else ({}, {})
+    if args.served_model_name is not None:
+        srv_kw["served_model_name"] = args.served_model_name
+    if args.max_waiting is not None:
+        srv_kw["max_waiting"] = args.max_waiting
+    srv_kw.setdefault("served_model_name", args.model)
+    return EngineConfig(**eng_kw), ServeConfig(**srv_kw)
+
+
+def load(args):
+    """Load the checkpoint and build the engine, logging each phase. -> (llm, ServeConfig)."""
+    import torch
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port: must be in [1, 65535], got {args.port}")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cpu" and not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        # graphrt's Triton kernels (the sampler) bind to the interpreter when imported, before this runs
+        raise ValueError("--device cpu on a machine without CUDA runs graphrt's Triton kernels through "
+                         "the interpreter: start the server with TRITON_INTERPRET=1 in the environment")
+    engine_cfg, serve_cfg = resolve_configs(args)
+    before, cache_dir = None, None
+    if args.graph_cache:
+        from ..cache import check_cache, point_compilers_at, stat_snapshot
+        t0 = time.perf_counter()
+        cache_dir = Path(args.graph_cache)
+        manifest = check_cache(cache_dir)          # environment + artifact checksums
+        point_compilers_at(cache_dir)              # before FlashInfer / Triton compile anything
+        before = stat_snapshot(cache_dir)
+        log.info("graph cache %s: %d artifacts verified in %.2f s", cache_dir.resolve(),
+                 len(manifest.data["artifacts"]), time.perf_counter() - t0)
+    from ..engine import LLM
+    log.info("loading %s on %s (%s)", Path(args.model).resolve(), device, engine_cfg)
+    t0 = time.perf_counter()
+    llm = LLM(args.model, device=device, config=engine_cfg)
+    total = time.perf_counter() - t0
+    ck = llm.checkpoint
+    log.info("weights: %s %s (%d layers, hidden %d) %.2f GB in %.2f s (%.2f GB/s) from %s", ck.arch, ck.dtype,
+             ck.spec.num_layers, ck.spec.hidden_size, ck.nbytes / 1e9, ck.load_s,
+             ck.nbytes / 1e9 / max(ck.load_s, 1e-9), ck.path)
+    for line in capture_report(llm, total):
+        log.info("%s", line)
+    rc = llm.runtime.config
+    log.info("engine: backend %s, max_batch %d, K=%d, page_size %d, %d KV pages, max_model_len %d; total %.2f s",
+             rc.backend, llm.config.max_batch, llm.config.steps_per_graph, rc.page_size, llm.runtime.num_pages,
+             llm.engine.max_model_len, total)
+    if cache_dir is not None:
+        from ..cache import stat_snapshot
+        after = stat_snapshot(cache_dir)
+        changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+        if changed:
+            log.warning("graph cache %s: %d kernel files were compiled or changed while loading (%s...); "
+                        "the cache does not cover this model's kernels", cache_dir, len(changed), changed[:3])
+        else:
+            log.info("graph cache %s: no kernel was compiled while loading", cache_dir)
+    return llm, serve_cfg
+
+
+def capture_report(llm, total_s: float) -> list[str]:
+    """Start-up phases after the weights: graph warm-up (kernel compilation / loading, first
+    touch) and capture, from the runtime's per-bucket CaptureStats; the rest is tokenizer and
+    runtime construction."""
+    managers = [m for m in (getattr(llm.runtime, "graphs", None), getattr(llm.runtime, "sample_graphs", None))
+                if m is not None]
+    stats = [st for m in managers for st in m.stats.values()]
+    rest = total_s - llm.checkpoint.load_s
+    if not stats:
+        return [f"tokenizer + runtime: {rest:.2f} s (no CUDA graphs: eager decode)"]
+    warm = sum(st.warmup_ms for st in stats) / 1e3
+    cap = sum(st.capture_ms for st in stats) / 1e3
+    mem = sum(st.graph_bytes for st in stats) / 2**20
+    return [f"kernels (graph warm-up: compile or load from cache, first touch): {warm:.2f} s",
+            f"graph capture: {len(stats)} graphs ({len(managers)} per bucket) in {cap:.2f} s, {mem:.1f} MiB",
+            f"tokenizer + runtime construction: {max(rest - warm - cap, 0.0):.2f} s"]
+
+
+def main(argv=None, *, prog: str = "graphrt serve") -> None:
+    args = build_parser(prog).parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from ..cache import CacheMismatchError
+    try:
+        llm, serve_cfg = load(args)
+    except (ValueError, CacheMismatchError) as e:  # bad flag, config, checkpoint or cache: one clear line
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    import uvicorn
+
+    from .app import create_app
+    app = create_app(llm, serve_cfg)
+    log.info("serving %r on http://%s:%d/v1", serve_cfg.served_model_name, args.host, args.port)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+
+
+__all__ = ["main", "build_parser", "load", "capture_report"]

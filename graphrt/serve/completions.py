@@ -1,0 +1,200 @@
+"""POST /v1/completions and /v1/chat/completions: request -> SamplingParams -> engine -> response.
+
+Streaming responses are server-sent events, `data: {chunk json}\\n\\n` ... `data: [DONE]\\n\\n`;
+an error after the headers were sent is one `data: {"error": ...}` event before [DONE]. A client
+that disconnects (streaming: Starlette cancels the body iterator; non-streaming: an
+`http.disconnect` on the ASGI channel) aborts its request so the engine frees its pages.
+"""
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from .bridge import AsyncEngine, DeltaStream
+from .errors import APIError, sse_error
+from .protocol import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
+                       ChatCompletionResponse, ChatDelta, CompletionChoice, CompletionRequest, CompletionResponse,
+                       Usage)
+
+DONE = "data: [DONE]\n\n"
+
+
+class Generation:
+    """What the routes need: the engine bridge, the tokenizer, the served name, the context limit."""
+
+    def __init__(self, bridge: AsyncEngine, tokenizer, *, model_name: str, max_model_len: int):
+        self.bridge, self.tokenizer = bridge, tokenizer
+        self.model_name, self.max_model_len = model_name, max_model_len
+
+    # ---- request -> engine ------------------------------------------------------------------------
+    def _check(self, body) -> None:
+        if body.model != self.model_name:
+            raise APIError.bad_request(f"model: {body.model!r} is not served here; this server serves "
+                                       f"{self.model_name!r}", param="model")
+        body.refuse_unsupported()
+
+    def _params(self, body, max_tokens: int):
+        from ..engine import SamplingParams              # the engine package is heavy; import on use
+        stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+        try:
+            return SamplingParams(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
+                                  top_k=body.top_k, seed=body.seed, stop=stop,
+                                  stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos)
+        except ValueError as e:
+            raise APIError.from_value_error(e) from None
+
+    def chat_prompt_ids(self, body: ChatCompletionRequest) -> list[int]:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise APIError.bad_request("messages: the model's tokenizer has no chat template", param="messages")
+        msgs = [{"role": m.role, "content": m.text()} for m in body.messages]
+        ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return list(ids)
+
+    # ---- endpoints --------------------------------------------------------------------------------
+    async def completions(self, body: CompletionRequest, request: Request) -> Response:
+        self._check(body)
+        params = self._params(body, 16 if body.max_tokens is None else body.max_tokens)   # null: OpenAI's 16
+        rid, ds = self.bridge.submit(body.single_prompt(), params, kind="cmpl")
+        if body.stream:
+            usage = bool(body.stream_options and body.stream_options.include_usage)
+            return SSEResponse(self._completion_events(rid, ds, usage, body.return_token_ids), on_close=ds.close)
+        got = await _collect(ds, request)
+        if got is None:
+            return Response(status_code=499)
+        (text, ids), t = got, ds.totals
+        return _json(CompletionResponse(id=rid, model=self.model_name, usage=Usage.of(t.prompt_tokens, t.output_tokens),
+                                        choices=[CompletionChoice(text=text, finish_reason=t.finish_reason,
+                                                                  token_ids=ids if body.return_token_ids else None)]))
+
+    async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
+        self._check(body)
+        ids = self.chat_prompt_ids(body)
+        limit = body.token_limit
+        if limit is None:                             # OpenAI: up to the context
+            limit = self.max_model_len - len(ids)
+            if limit < 1:
+                raise APIError.bad_request(f"messages: the conversation is {len(ids)} tokens, the context "
+                                           f"(max_model_len) is {self.max_model_len}", param="messages")
+        params = self._params(body, limit)
+        try:
+            rid, ds = self.bridge.submit(ids, params, kind="chatcmpl")
+        except APIError as e:
+            if e.param == "prompt":
+                e.param = "messages"
+            raise
+        if body.stream:
+            usage = bool(body.stream_options and body.stream_options.include_usage)
+            return SSEResponse(self._chat_events(rid, ds, usage, body.return_token_ids), on_close=ds.close)
+        got = await _collect(ds, request)
+        if got is None:
+            return Response(status_code=499)
+        (text, ids), t = got, ds.totals
+        return _json(ChatCompletionResponse(
+            id=rid, model=self.model_name, usage=Usage.of(t.prompt_tokens, t.output_tokens),
+            choices=[ChatChoice(message=AssistantMessage(content=text), finish_reason=t.finish_reason,
+                                token_ids=ids if body.return_token_ids else None)]))
+
+    # ---- streams ----------------------------------------------------------------------------------
+    async def _completion_events(self, rid: str, ds: DeltaStream, include_usage: bool, with_ids: bool):
+        def chunk(text, reason=None, ids=None):
+            c = CompletionResponse(id=rid, model=self.model_name, choices=[CompletionChoice(
+                text=text, finish_reason=reason, token_ids=ids if with_ids else None)])
+            return f"data: {c.model_dump_json()}\n\n"
+
+        async for event in _events(ds, chunk, include_usage,
+                                   lambda u: CompletionResponse(id=rid, model=self.model_name, choices=[], usage=u)):
+            yield event
+
+    async def _chat_events(self, rid: str, ds: DeltaStream, include_usage: bool, with_ids: bool):
+        def chunk(text, reason=None, ids=None, role=None):
+            c = ChatCompletionChunk(id=rid, model=self.model_name, choices=[ChatChunkChoice(
+                delta=ChatDelta(role=role, content=text if reason is None else None), finish_reason=reason,
+                token_ids=ids if with_ids else None)])
+            return f"data: {c.model_dump_json()}\n\n"
+
+        yield chunk("", role="assistant")
+        async for event in _events(ds, chunk, include_usage,
+                                   lambda u: ChatCompletionChunk(id=rid, model=self.model_name, choices=[], usage=u)):
+            yield event
+
+
+async def _events(ds: DeltaStream, chunk, include_usage: bool, usage_chunk):
+    """Deltas -> SSE events; the final event carries finish_reason; then usage (if asked), [DONE]."""
+    try:
+        async for d in ds:
+            if d.finish_reason == "abort":
+                raise APIError(503, "request aborted by the engine")
+            if d.text or d.token_ids:
+                yield chunk(d.text, None, list(d.token_ids))
+            if d.finish_reason is not None:
+                yield chunk("", d.finish_reason, [])
+        if include_usage:
+            t = ds.totals
+            yield f"data: {usage_chunk(Usage.of(t.prompt_tokens, t.output_tokens)).model_dump_json()}\n\n"
+    except APIError as e:
+        yield sse_error(e)
+    except Exception as e:                            # engine failure: tell the client, then close
+        yield sse_error(APIError(500, f"engine error: {type(e).__name__}: {e}"))
+    yield DONE
+
+
+async def _collect(ds: DeltaStream, request: Request) -> tuple[str, list[int]] | None:
+    """(whole text, token ids), or None if the client disconnected first (the request is then
+    aborted)."""
+    async def gather():
+        parts, ids = [], []
+        async for d in ds:
+            if d.finish_reason == "abort":
+                raise APIError(503, "request aborted by the engine")
+            parts.append(d.text)
+            ids += d.token_ids
+        return "".join(parts), ids
+
+    async def disconnected():
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    work, watch = asyncio.ensure_future(gather()), asyncio.ensure_future(disconnected())
+    try:
+        done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not work.done():
+            work.cancel()
+        ds.close()
+    if work in done:
+        try:
+            return work.result()
+        except APIError:
+            raise
+        except Exception as e:
+            raise APIError(500, f"engine error: {type(e).__name__}: {e}") from e
+    return None
+
+
+class SSEResponse(StreamingResponse):
+    """Server-sent events; `on_close` runs however the response ends (finished, client gone
+    before or during the body, error), so a request is aborted even if its event generator
+    never started."""
+
+    def __init__(self, events, *, on_close):
+        super().__init__(events, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
+
+
+def _json(model) -> Response:
+    return Response(model.model_dump_json(), media_type="application/json")
+
+
+__all__ = ["Generation", "SSEResponse"]

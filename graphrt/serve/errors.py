@@ -1,0 +1,88 @@
+"""Errors as OpenAI JSON bodies: {"error": {"message", "type", "param", "code"}}, HTTP status = code.
+
+400 bad request (unknown model, prompt longer than the context, bad sampling values, malformed
+JSON, unsupported fields), 404 unknown route, 503 queue full / engine down, 500 engine failure.
+A streaming response that fails after its headers were sent carries the same body as an SSE
+`data:` event (see `sse_error`).
+"""
+from __future__ import annotations
+
+import json
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
+         500: "internal_error", 503: "service_unavailable"}
+
+
+class APIError(Exception):
+    """An error the client gets as an OpenAI error body with HTTP `status`."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+    @classmethod
+    def bad_request(cls, message: str, *, param: str | None = None) -> "APIError":
+        return cls(400, message, param=param)
+
+    @classmethod
+    def from_value_error(cls, e: ValueError, *, param_map: dict | None = None) -> "APIError":
+        """The engine's ValueErrors start with the field they are about ("prompt: ...")."""
+        msg = str(e)
+        field = msg.split(":", 1)[0] if ":" in msg else None
+        if field is not None and not field.replace("_", "").isalnum():
+            field = None
+        if field is not None and param_map:
+            field = param_map.get(field, field)
+        return cls(400, msg, param=field)
+
+    def body(self) -> dict:
+        return error_body(self.status, self.message, param=self.param)
+
+
+def error_body(status: int, message: str, *, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": TYPES.get(status, "error"), "param": param,
+                      "code": status}}
+
+
+def sse_error(e: APIError) -> str:
+    return f"data: {json.dumps(e.body())}\n\n"
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    parts, param = [], None
+    for err in exc.errors():
+        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        if err.get("type") == "json_invalid":
+            return f"malformed JSON body: {err.get('msg')}", None
+        where = ".".join(loc) or "body"
+        if err.get("type") == "extra_forbidden":
+            parts.append(f"{where}: unsupported field")
+        else:
+            parts.append(f"{where}: {err.get('msg')}")
+        param = param or (loc[0] if loc else None)
+    return "; ".join(parts) or "invalid request", param
+
+
+def install_handlers(app: FastAPI) -> None:
+    """Every error leaves the server as an OpenAI error body."""
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError):
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError):
+        message, param = _validation_message(exc)
+        return JSONResponse(error_body(400, message, param=param), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code)
+
+
+__all__ = ["APIError", "error_body", "sse_error", "install_handlers"]

@@ -1,0 +1,238 @@
+"""OpenAI API request and response bodies (pydantic), with OpenAI's field names.
+
+Requests are strict (no "yes" for true, no 2.0 for an int), forbid unknown fields, and refuse
+with a 400 naming the field what the engine cannot do (n > 1, best_of, echo, suffix, logprobs,
+logit_bias, penalties, tools): a field accepted and ignored would silently change what the client
+asked for. graphrt's extensions follow vLLM's
+names: top_k, ignore_eos, stop_token_ids, return_token_ids (the `openai` client sends them through
+`extra_body`; token ids come back as `choices[i].token_ids`).
+"""
+from __future__ import annotations
+
+import time
+from typing import Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .errors import APIError
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    n: int = 1
+    stream: bool = False
+    stream_options: "StreamOptions | None" = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    user: str | None = None                    # metadata only; nothing to act on
+    logit_bias: dict[str, float] | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # extensions (vLLM names)
+    top_k: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    return_token_ids: bool = False             # add each choice's output token ids (vLLM's name)
+
+    def refuse_unsupported(self) -> None:
+        """Raise a 400 for each field the engine cannot honour (instead of ignoring it)."""
+        if self.n != 1:
+            raise APIError.bad_request(f"n: only n=1 is supported, got {self.n}", param="n")
+        if self.logit_bias:
+            raise APIError.bad_request("logit_bias: not supported", param="logit_bias")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) != 0:
+                raise APIError.bad_request(f"{name}: not supported (only 0), got {getattr(self, name)}",
+                                           param=name)
+        if self.stream_options is not None and not self.stream:
+            raise APIError.bad_request("stream_options: only allowed with stream=true", param="stream_options")
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    include_usage: bool = False
+
+
+class CompletionRequest(_Request):
+    """POST /v1/completions. prompt: a string, a list of token ids, or a one-element list of
+    either (one prompt per request; a batch of prompts is refused)."""
+
+    prompt: Union[str, list[int], list[str], list[list[int]]]
+    max_tokens: int | None = 16                # OpenAI's default for completions
+    best_of: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+    logprobs: int | None = None
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.best_of not in (None, 1):
+            raise APIError.bad_request(f"best_of: only 1 is supported, got {self.best_of}", param="best_of")
+        if self.echo:
+            raise APIError.bad_request("echo: not supported", param="echo")
+        if self.suffix:
+            raise APIError.bad_request("suffix: not supported", param="suffix")
+        if self.logprobs is not None:
+            raise APIError.bad_request("logprobs: not supported", param="logprobs")
+
+    def single_prompt(self) -> str | list[int]:
+        p = self.prompt
+        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
+            if len(p) != 1:
+                raise APIError.bad_request(f"prompt: one prompt per request is supported, got {len(p)}",
+                                           param="prompt")
+            p = p[0]
+        if len(p) == 0:
+            raise APIError.bad_request("prompt: empty", param="prompt")
+        return p
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class ChatCompletionRequest(_Request):
+    """POST /v1/chat/completions. max_tokens (or max_completion_tokens) None: up to the context."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list | None = None
+    tool_choice: str | dict | None = None
+    response_format: dict | None = None
+
+    @model_validator(mode="after")
+    def _one_limit(self):
+        if self.max_tokens is not None and self.max_completion_tokens is not None:
+            raise ValueError("give max_tokens or max_completion_tokens, not both")
+        return self
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_tokens if self.max_tokens is not None else self.max_completion_tokens
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.logprobs or self.top_logprobs is not None:
+            raise APIError.bad_request("logprobs: not supported", param="logprobs")
+        if self.tools or self.tool_choice not in (None, "none"):
+            raise APIError.bad_request("tools: tool calls are not supported", param="tools")
+        if self.response_format is not None and self.response_format.get("type") != "text":
+            raise APIError.bad_request("response_format: only {'type': 'text'} is supported",
+                                       param="response_format")
+
+
+_Request.model_rebuild()
+CompletionRequest.model_rebuild()
+ChatCompletionRequest.model_rebuild()
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+    @classmethod
+    def of(cls, prompt: int, completion: int) -> "Usage":
+        return cls(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+_OMIT_NONE = dict(default=None, exclude_if=lambda v: v is None)
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: Literal["stop", "length"] | None = None
+    token_ids: list[int] | None = Field(**_OMIT_NONE)
+
+
+class CompletionResponse(BaseModel):
+    """Both the whole response and (object "text_completion" too, as OpenAI does) a stream chunk."""
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: Literal["stop", "length"]
+    token_ids: list[int] | None = Field(**_OMIT_NONE)
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    logprobs: None = None
+    finish_reason: Literal["stop", "length"] | None = None
+    token_ids: list[int] | None = Field(**_OMIT_NONE)
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "graphrt"
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+__all__ = ["CompletionRequest", "ChatCompletionRequest", "ChatMessage", "Usage", "CompletionChoice",
+           "CompletionResponse", "ChatCompletionResponse", "ChatCompletionChunk", "ChatChunkChoice",
+           "ChatDelta", "ChatChoice", "AssistantMessage", "ModelCard", "ModelList", "StreamOptions"]
