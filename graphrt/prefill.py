@@ -89,13 +89,18 @@ class PrefillMeta:
 class PrefillAttention:
     """Causal paged prefill attention for one model: one FlashInfer wrapper, planned per chunk."""
 
-    def __init__(self, config: RuntimeConfig, device, *, workspace_mb: int = 256):
+    def __init__(self, config: RuntimeConfig, device, *, workspace_mb: int = 256,
+                 backend: str = "fa2"):
+        """backend: FlashInfer's prefill kernel family, "fa2" (default: the same family as the
+        tensor-core decode path; needs only FlashInfer's own headers) or "fa3" / "auto" (Hopper
+        kernels; FlashInfer's JIT then needs the CUTLASS headers of the full wheel)."""
         self.config, self.device = config, torch.device(device)
         self._wrapper = None
         if self.device.type == "cuda":
             import flashinfer  # lazy: runs on CUDA only
             ws = torch.empty(workspace_mb << 20, dtype=torch.uint8, device=self.device)
-            self._wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, config.kv_layout)
+            self._wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, config.kv_layout,
+                                                                           backend=backend)
         self._meta: PrefillMeta | None = None
 
     def plan(self, chunk: PrefillChunk, block_table: torch.Tensor, rows=None) -> PrefillMeta:
