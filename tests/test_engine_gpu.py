@@ -15,7 +15,7 @@ from graphrt.sampling import SamplingInputs, sample_eager
 
 pytestmark = pytest.mark.gpu
 transformers = pytest.importorskip("transformers")
-BF16_GAP = 2 ** -6     # HF's top-2 logits closer than this (relative to the top logit) count as a tie
+BF16_GAP = 2 ** -5     # a gap under this (relative to the top logit, ~4 bf16 ulps) counts as a tie
 
 
 @pytest.fixture(scope="module")

@@ -278,6 +278,7 @@ def _model_runtime(hf, k=1, backend="flashinfer", keep_logits=False):
 @pytest.mark.parametrize("make_hf", [_tiny_hf_llama, _tiny_hf_qwen3], ids=["llama", "qwen3"])
 def test_model_graph_decode_matches_hf_bf16(make_hf):
     hf = make_hf()
+    hf32 = make_hf().float()                   # same seed: the same weights, upcast
     mrt = _model_runtime(hf, keep_logits=True)
     mrt.capture()
     gen = torch.Generator().manual_seed(0)
@@ -292,8 +293,11 @@ def test_model_graph_decode_matches_hf_bf16(make_hf):
         mrt.decode(cur, table, seq_lens)
         seqs = [torch.cat([s, cur[i:i + 1]]) for i, s in enumerate(seqs)]
         with torch.no_grad():
-            ref = torch.stack([hf(s[None]).logits[0, -1].float() for s in seqs])
-        assert rel_error(mrt.last_logits(3), ref) < 3e-2
+            ref = torch.stack([hf32(s[None]).logits[0, -1] for s in seqs])      # float32 truth
+            hf_bf16 = torch.stack([hf(s[None]).logits[0, -1].float() for s in seqs])
+        # graphrt in bf16 must be about as close to float32 as HF's own bf16 forward is
+        ours, theirs = rel_error(mrt.last_logits(3), ref), rel_error(hf_bf16, ref)
+        assert ours < max(3e-2, 1.5 * theirs), f"graphrt bf16 {ours}, HF bf16 {theirs}"
     assert mrt.graphs is not None and sorted(mrt.graphs.stats) == [1, 4, 8]   # replayed, not eager
 
 

@@ -193,7 +193,7 @@ def _model(seed=0) -> LlamaDecoder:
         shapes.update({f"layers.{i}.{name}.weight": shape for name, shape in layer.items()})
     sd = {k: (0.2 * torch.randn(s, generator=gen) if len(s) == 2 else 1 + 0.1 * torch.randn(s, generator=gen))
           for k, s in shapes.items()}
-    return LlamaDecoder(spec, sd)
+    return LlamaDecoder.from_state_dict(spec, sd)
 
 
 def _mrt(k=1, **changes) -> ModelRuntime:

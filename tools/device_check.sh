@@ -10,7 +10,7 @@ if [ -d .whl ]; then  # packages the GPU image lacks (fastapi, uvicorn, openai, 
 fi
 rc=0
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  python -m pytest -m gpu -q --timeout 400 --durations=25 -p no:cacheprovider ${1:+-k "$1"} 2>&1 | tee "$OUT/pytest_gpu.log" | tail -40
+  python -m pytest -m gpu -q -rs --timeout 400 --durations=25 -p no:cacheprovider ${1:+-k "$1"} 2>&1 | tee "$OUT/pytest_gpu.log" | tail -40
   rc=${PIPESTATUS[0]}
 fi
 for b in ${BENCH:-}; do

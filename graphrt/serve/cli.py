@@ -63,18 +63,22 @@ def load(args):
     engine_cfg, serve_cfg = resolve_configs(args)
     before, cache_dir = None, None
     if args.graph_cache:
-        from ..cache import check_cache, point_compilers_at, stat_snapshot
+        from ..cache import check_cache, stat_snapshot
         t0 = time.perf_counter()
         cache_dir = Path(args.graph_cache)
-        manifest = check_cache(cache_dir)          # environment + artifact checksums
-        point_compilers_at(cache_dir)              # before FlashInfer / Triton compile anything
+        manifest = check_cache(cache_dir)          # trust model, environment, every file's sha256
         before = stat_snapshot(cache_dir)
         log.info("graph cache %s: %d artifacts verified in %.2f s", cache_dir.resolve(),
                  len(manifest.data["artifacts"]), time.perf_counter() - t0)
     from ..engine import LLM
     log.info("loading %s on %s (%s)", Path(args.model).resolve(), device, engine_cfg)
     t0 = time.perf_counter()
-    llm = LLM(args.model, device=device, config=engine_cfg)
+    from contextlib import nullcontext
+
+    from ..cache import compilers_at
+    # FlashInfer / Triton look kernels up in the cache while the engine loads and captures
+    with compilers_at(cache_dir) if cache_dir is not None else nullcontext():
+        llm = LLM(args.model, device=device, config=engine_cfg)
     total = time.perf_counter() - t0
     ck = llm.checkpoint
     log.info("weights: %s %s (%d layers, hidden %d) %.2f GB in %.2f s (%.2f GB/s) from %s", ck.arch, ck.dtype,
