@@ -56,7 +56,7 @@ def test_graphrt_command_dispatch(capsys):
     (["--model", "/nonexistent/ckpt", "--device", "cpu"], "checkpoint: '/nonexistent/ckpt' is not a directory"),
     (["--model", ".", "--device", "cpu", "--port", "0"], "--port: must be in [1, 65535]"),
     (["--model", ".", "--device", "cpu", "--max-waiting", "-2"], "max_waiting: must be an int >= 0"),
-    (["--model", ".", "--device", "cpu", "--graph-cache", "/nonexistent/cache"], "no manifest.json; not a graph cache"),
+    (["--model", ".", "--device", "cpu", "--graph-cache", "/nonexistent/cache"], "no such directory; not a graph cache"),
 ])
 def test_serve_cli_bad_arguments_exit_2_with_one_line(capsys, argv, text):
     with pytest.raises(SystemExit) as e:
