@@ -18,6 +18,8 @@ for b in ${BENCH:-}; do
     gemv) (cd tools && python bench_gemv.py --out "$OUT/bench_gemv.json") 2>"$OUT/bench_gemv.err" | tee "$OUT/bench_gemv.log" ;;
     serve) python tools/bench_serve.py ${SERVE_ARGS:-} --out-dir "$OUT" 2>"$OUT/bench_serve.err" | tee "$OUT/bench_serve.log" ;;
     engine) python tools/bench_engine.py ${ENGINE_ARGS:-} 2>"$OUT/bench_engine.err" | tee "$OUT/bench_engine.log" ;;
+    kernels) (cd tools && python bench_kernels.py --out "$OUT/bench_kernels.json") 2>"$OUT/bench_kernels.err" | tee "$OUT/bench_kernels.log" ;;
+    profile) (cd tools && for m in llama-3.1-8b llama-3.2-1b; do python profile_step.py --model $m --out "$OUT/profile_$m.json"; done) 2>"$OUT/profile.err" | tee "$OUT/profile.log" ;;
     e2e) (cd tools && python bench_e2e.py --out "$OUT/bench_e2e.json" --png "$OUT/bench_e2e.png" ${E2E_ARGS:-}) 2>"$OUT/bench_e2e.err" | tee "$OUT/bench_e2e.log" ;;
   esac
 done

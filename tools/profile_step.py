@@ -1,0 +1,87 @@
+"""Where a whole-model decode step's device time goes: torch.profiler over captured-graph replays.
+
+Random bf16 Llama-shaped model (tools/bench_e2e.py's), batch / context given, one step per graph;
+kernel time per step grouped by kernel family, the launch count, and device time per step.
+
+    python tools/profile_step.py --model llama-3.1-8b --batch 1 --context 1024 --out profile.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+
+from bench_e2e import random_model
+
+FAMILIES = [("gemm", r"nvjet|gemm|cutlass|sm90_xmma|splitK|Kernel2|gemv"), ("attention", r"BatchPrefill|BatchDecode|Decode|Prefill"),
+            ("merge", r"MergeStates|merge"), ("rope_append", r"rope_append"), ("norm", r"rms_norm"),
+            ("silu_mul", r"silu_mul"), ("prepare", r"prepare"), ("argmax/sample", r"argmax|sample|sort"),
+            ("embedding", r"index|gather|embedding")]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="llama-3.1-8b")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--replays", type=int, default=20)
+    p.add_argument("--out", default="profile_step.json")
+    args = p.parse_args(argv)
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from graphrt import RuntimeConfig
+    from graphrt.model_runtime import ModelRuntime
+    model, _ = random_model(args.model, torch)
+    s, n, ctx = model.spec, args.batch, args.context
+    pages = -(-(ctx + 64) // 16)
+    cfg = RuntimeConfig(num_qo_heads=s.num_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim,
+                        page_size=16, max_pages_per_seq=pages, buckets=[n], dtype="bfloat16",
+                        backend="flashinfer", kv_pool_pages=n * pages + 1)
+    mrt = ModelRuntime(model, cfg, "cuda")
+    mrt.capture()
+    table = torch.arange(n * pages, dtype=torch.int32, device="cuda").view(n, pages)
+    lens = torch.full((n,), ctx, dtype=torch.int32, device="cuda")
+    tokens = torch.zeros(n, dtype=torch.int64, device="cuda")
+    for _ in range(3):
+        mrt.decode(tokens, table, lens)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.replays):
+            mrt.decode(tokens, table, lens)
+        torch.cuda.synchronize()
+    fam_us, fam_n, names = defaultdict(float), defaultdict(int), defaultdict(float)
+    total_us, launches = 0.0, 0
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA or "Memcpy" in e.name or "Memset" in e.name:
+            continue
+        us = e.device_time / args.replays if hasattr(e, "device_time") else e.cuda_time / args.replays
+        fam = next((f for f, rx in FAMILIES if re.search(rx, e.name)), "other")
+        fam_us[fam] += us
+        fam_n[fam] += 1
+        names[e.name[:80]] += us
+        total_us += us
+        launches += 1
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(args.replays):
+        mrt.decode(tokens, table, lens)
+    b.record()
+    b.synchronize()
+    step_us = a.elapsed_time(b) * 1e3 / args.replays
+    out = {"model": args.model, "batch": n, "context": ctx, "device_us_per_step": step_us,
+           "kernel_us_per_step": total_us, "launches_per_step": launches / args.replays,
+           "families_us": dict(fam_us), "families_launches": {k: v / args.replays for k, v in fam_n.items()},
+           "top_kernels_us": dict(sorted(names.items(), key=lambda kv: -kv[1])[:25])}
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    print(f"{args.model} bs{n} ctx{ctx}: device {step_us:.0f} us/step, kernels {total_us:.0f} us in "
+          f"{launches / args.replays:.0f} launches (gaps {step_us - total_us:.0f} us)")
+    for f, us in sorted(fam_us.items(), key=lambda kv: -kv[1]):
+        print(f"  {f:<14} {us:8.1f} us  {fam_n[f] / args.replays:6.0f} launches")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
