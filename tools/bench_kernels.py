@@ -46,7 +46,8 @@ def main(argv=None) -> int:
     rows = []
     for name, (h, inter, hq, hkv, d) in SHAPES.items():
         for b in [int(x) for x in args.batches.split(",")]:
-            x, res, w = (torch.randn(b, h, device=dev, dtype=bf) for _ in range(3))
+            x, res = (torch.randn(b, h, device=dev, dtype=bf) for _ in range(2))
+            w = torch.randn(h, device=dev, dtype=bf)
             gu = torch.randn(b, 2 * inter, device=dev, dtype=bf)
             act = torch.empty(b, inter, device=dev, dtype=bf)
             t = {"add+rmsnorm": (graph_us(lambda: add_rms_norm(x, res, w, 1e-5), torch),
