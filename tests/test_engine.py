@@ -93,6 +93,8 @@ def test_cancel_frees_pages_and_waiting_requests_finish_later(path):
     b = eng.add_request([5, 6, 7, 8, 9], params)
     eng.step()
     assert [r.request_id for r in eng.scheduler.waiting] == [b.request_id]   # b waits for pages
+    st = eng.stats()
+    assert (st["running"], st["waiting"], st["pages_used"], st["pages_free"]) == (1, 1, 2, 1)
     first = next(iter(a))
     assert first.finish_reason is None
     eng.abort(a.request_id)
@@ -100,6 +102,10 @@ def test_cancel_frees_pages_and_waiting_requests_finish_later(path):
     assert rest[-1].finish_reason == "abort"
     out = b.result()                                 # b gets a's pages and finishes correctly
     assert out.token_ids == alone.token_ids and out.finish_reason == "length"
+    st = eng.stats()                                 # pages are back before the final delta arrives
+    assert (st["running"], st["pages_free"]) == (0, 3)
+    assert st["tokens_generated"] == len(alone.token_ids) * 2 + len(first.token_ids) + sum(
+        len(d.token_ids) for d in rest)
     eng.abort(b.request_id)                          # aborting a finished request: a no-op
     eng.step()
     _pages_back(small)

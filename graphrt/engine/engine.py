@@ -88,6 +88,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self._tokens_generated = 0                     # streamed tokens, all requests
 
     # ---- requests (any thread) ----------------------------------------------------------------
     def add_request(self, prompt, params: SamplingParams | None = None, *,
@@ -220,11 +221,22 @@ class Engine:
             if req.finish_reason is not None:
                 continue                              # finished or aborted: tokens discarded
             delta = self.scheduler.accept(req, [row[col] for row in toks])
-            if delta is not None:
-                req.sink(delta)
-            if req.finish_reason is not None:
+            if req.finish_reason is not None:         # pages back before the final delta is seen
                 self.scheduler.release(req)
                 self._requests.pop(req.request_id, None)
+            if delta is not None:
+                self._tokens_generated += len(delta.token_ids)
+                req.sink(delta)
+
+    def stats(self) -> dict:
+        """A snapshot for monitoring, safe to call from any thread (each count is read once; the
+        loop may move between reads): requests running / waiting, KV pages used / free, tokens
+        streamed so far."""
+        sched, alloc = self.scheduler, self.scheduler.allocator
+        free = alloc.num_free
+        return {"running": sum(r is not None for r in list(sched.slots)), "waiting": len(sched.waiting),
+                "pages_used": alloc.num_pages - free, "pages_free": free,
+                "tokens_generated": self._tokens_generated}
 
     # ---- background thread --------------------------------------------------------------------
     def start(self) -> None:
