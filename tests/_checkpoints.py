@@ -17,3 +17,23 @@ def make_checkpoint_module():
 def write(tmp_path_factory, name: str, **kw) -> Path:
     """Write a checkpoint (make_checkpoint.write_checkpoint kwargs) under a fresh tmp dir."""
     return make_checkpoint_module().write_checkpoint(tmp_path_factory.mktemp(name), **kw)
+
+
+BF16_GAP = 2 ** -5     # float32 truth's top-2 gap under this (relative to the top logit, ~4 bf16 ulps): a tie
+
+
+def assert_greedy_matches_hf(hf, prompt: list[int], out: list[int]) -> None:
+    """Greedy tokens `out` after `prompt`, token by token against HF's logits (GPU; `hf` should be
+    the float32 truth); a difference is allowed only at a top-2 tie (BF16_GAP), then it stops."""
+    import torch
+    seq = list(prompt)
+    for i, tok in enumerate(out):
+        with torch.no_grad():
+            logits = hf(torch.tensor([seq], device="cuda")).logits[0, -1].float()
+        top2 = torch.topk(logits, 2)
+        if tok != int(top2.indices[0]):
+            gap = float(top2.values[0] - logits[tok])
+            assert gap <= BF16_GAP * abs(float(top2.values[0])) + 1e-3, \
+                f"token {i}: graphrt {tok}, HF {int(top2.indices[0])}, gap {gap}"
+            return
+        seq.append(tok)

@@ -12,14 +12,13 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from _checkpoints import write
+from _checkpoints import assert_greedy_matches_hf, write
 from _serve_live import LiveServer
 from test_serve import GREEDY, NAME, _get_metrics, pages_full, wait_for
 
 pytestmark = pytest.mark.gpu
 openai = pytest.importorskip("openai")
 transformers = pytest.importorskip("transformers")
-BF16_GAP = 2 ** -5     # float32 truth's top-2 gap under this (relative to the top logit, ~4 bf16 ulps): a tie
 
 
 @pytest.fixture(scope="module")
@@ -44,21 +43,6 @@ def live(llm):
 @pytest.fixture(scope="module")
 def hf(path):
     return transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).cuda().eval()  # truth: bf16 weights, float32 math (and RoPE)
-
-
-def assert_greedy_matches_hf(hf, prompt: list[int], out: list[int]) -> None:
-    """Token by token against HF's logits; a difference is allowed only at an HF top-2 tie (then stop)."""
-    seq = list(prompt)
-    for i, tok in enumerate(out):
-        with torch.no_grad():
-            logits = hf(torch.tensor([seq], device="cuda")).logits[0, -1].float()
-        top2 = torch.topk(logits, 2)
-        if tok != int(top2.indices[0]):
-            gap = float(top2.values[0] - logits[tok])
-            assert gap <= BF16_GAP * abs(float(top2.values[0])) + 1e-3, \
-                f"token {i}: server {tok}, HF {int(top2.indices[0])}, gap {gap}"
-            return
-        seq.append(tok)
 
 
 def test_eight_concurrent_streaming_clients_equal_hf(llm, hf, live):
