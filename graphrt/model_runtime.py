@@ -54,11 +54,13 @@ class ModelRuntime:
                  steps_per_graph: int = 1, num_pages: int | None = None, sampling: bool = False,
                  keep_logits: bool = False, prefill_chunk_tokens: int = 8192):
         s = model.spec
-        want = (s.num_heads, s.num_kv_heads, s.head_dim)
+        heads = getattr(model, "local_spec", s)  # a tensor-parallel rank's model: its own heads
+        want = (heads.num_heads, heads.num_kv_heads, heads.head_dim)
         got = (config.num_qo_heads, config.num_kv_heads, config.head_dim)
         if want != got:
             raise ValueError(f"config: (num_qo_heads, num_kv_heads, head_dim) {got} do not match the "
-                             f"model's {want}")
+                             f"model's {want}" + ("" if heads is s else " (this tensor-parallel rank's "
+                             "heads: use graphrt.parallel.shard_runtime_config)"))
         rope_rows = getattr(model, "max_positions", None)
         if rope_rows is not None and config.max_context_len > rope_rows:
             raise ValueError(f"config: max_context_len={config.max_context_len} exceeds the model's "

@@ -1,0 +1,11 @@
+"""Tensor parallelism: one model across the GPUs of a host (torch.distributed; NCCL on GPU, gloo on CPU).
+
+    group.py     TensorParallel: rank, world size and the process group the model's collectives use
+    shard.py     which slice of every weight a rank owns; per-rank spec / runtime config
+    launch.py    one process per rank, process groups with timeouts, a watchdog (no hangs)
+    driver.py    rank 0 broadcasts each prefill / decode call; workers replay the same graphs
+"""
+from .group import TensorParallel
+from .shard import check_tp_size, shard_runtime_config, shard_spec, shard_weights
+
+__all__ = ["TensorParallel", "check_tp_size", "shard_runtime_config", "shard_spec", "shard_weights"]
