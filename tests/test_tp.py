@@ -222,3 +222,21 @@ def test_killed_rank_ends_the_run(ckpt):
     with pytest.raises(RankError, match=r"rank 1 died \(exit code -9\)"):
         launch(_dying_job, 2, args=(str(ckpt),), timeout_s=20, run_timeout_s=90)
     assert time.monotonic() - t0 < 60
+
+
+def test_random_weights_shards_are_slices_of_one_model():
+    import dataclasses
+    from graphrt.models.spec import LlamaSpec
+    from graphrt.parallel.random_weights import random_weights
+    spec = LlamaSpec(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
+                     num_kv_heads=2, head_dim=8, rms_norm_eps=1e-5, rope_theta=1e4,
+                     tie_word_embeddings=False, attention_bias=True)
+    full = random_weights(spec, dtype=torch.float32, device="cpu", seed=1)
+    for rank in range(2):
+        got = random_weights(spec, dtype=torch.float32, device="cpu", seed=1, rank=rank, world_size=2)
+        want = shard_weights(spec, full, rank, 2)
+        for a, b in zip(got.layers, want.layers):
+            for f in dataclasses.fields(a):
+                assert torch.equal(getattr(a, f.name), getattr(b, f.name)), f.name
+        assert torch.equal(got.embed, want.embed) and torch.equal(got.lm_head, want.lm_head)
+        assert got.layers[0].qkv.shape == (2 * 8 + 2 * 8, 32)     # 2 q heads + 1 k + 1 v head

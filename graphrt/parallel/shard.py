@@ -75,32 +75,40 @@ def _take(t: torch.Tensor, where) -> torch.Tensor:
     return t.narrow(d, a, b - a).contiguous()
 
 
-def shard_weights(spec: LlamaSpec, weights: ModelWeights, rank: int, world_size: int) -> ModelWeights:
-    """Rank's shard of full fused weights (tests, tools; the loader reads shards from disk)."""
+def shard_layer(spec: LlamaSpec, layer: LayerWeights, rank: int, world_size: int) -> LayerWeights:
+    """Rank's shard of one layer's full fused weights (see the module docstring)."""
     local = shard_spec(spec, world_size)
     d = spec.head_dim
     q, kv = spec.num_heads * d, spec.num_kv_heads * d
     lq, lkv = local.num_heads * d, local.num_kv_heads * d
     inter, li = spec.intermediate_size, local.intermediate_size
 
-    def blocks(t, sizes, local_sizes):   # rows split into blocks (q, k, v or gate, up), each sharded
+    def blocks(t, sizes, local_sizes):   # rows in blocks (q, k, v or gate, up), each sharded
         out, off = [], 0
         for size, ls in zip(sizes, local_sizes):
             out.append(t.narrow(0, off + rank * ls, ls))
             off += size
         return torch.cat(out).contiguous()
 
-    layers = []
-    for layer in weights.layers:
-        layers.append(LayerWeights(
-            input_norm=layer.input_norm, post_attn_norm=layer.post_attn_norm,
-            qkv=blocks(layer.qkv, (q, kv, kv), (lq, lkv, lkv)),
-            qkv_bias=None if layer.qkv_bias is None else blocks(layer.qkv_bias, (q, kv, kv), (lq, lkv, lkv)),
-            q_norm=layer.q_norm, k_norm=layer.k_norm,
-            o=_take(layer.o, owned_slice(tuple(layer.o.shape), (spec.hidden_size, lq), rank)),
-            gate_up=blocks(layer.gate_up, (inter, inter), (li, li)),
-            down=_take(layer.down, owned_slice(tuple(layer.down.shape), (spec.hidden_size, li), rank))))
-    vocab = owned_slice(tuple(weights.embed.shape), (local.vocab_size, spec.hidden_size), rank)
-    embed = _take(weights.embed, vocab)
-    lm_head = embed if spec.tie_word_embeddings else _take(weights.lm_head, vocab)
-    return ModelWeights(embed=embed, final_norm=weights.final_norm, lm_head=lm_head, layers=tuple(layers))
+    return LayerWeights(
+        input_norm=layer.input_norm, post_attn_norm=layer.post_attn_norm,
+        qkv=blocks(layer.qkv, (q, kv, kv), (lq, lkv, lkv)),
+        qkv_bias=None if layer.qkv_bias is None else blocks(layer.qkv_bias, (q, kv, kv), (lq, lkv, lkv)),
+        q_norm=layer.q_norm, k_norm=layer.k_norm,
+        o=_take(layer.o, owned_slice(tuple(layer.o.shape), (spec.hidden_size, lq), rank)),
+        gate_up=blocks(layer.gate_up, (inter, inter), (li, li)),
+        down=_take(layer.down, owned_slice(tuple(layer.down.shape), (spec.hidden_size, li), rank)))
+
+
+def shard_vocab(spec: LlamaSpec, t: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """Rank's rows [r*V/n, (r+1)*V/n) of a [V, H] embedding or LM head."""
+    local = shard_spec(spec, world_size)
+    return _take(t, owned_slice(tuple(t.shape), (local.vocab_size, spec.hidden_size), rank))
+
+
+def shard_weights(spec: LlamaSpec, weights: ModelWeights, rank: int, world_size: int) -> ModelWeights:
+    """Rank's shard of full fused weights (tests, tools; the loader reads shards from disk)."""
+    embed = shard_vocab(spec, weights.embed, rank, world_size)
+    lm_head = embed if spec.tie_word_embeddings else shard_vocab(spec, weights.lm_head, rank, world_size)
+    layers = tuple(shard_layer(spec, x, rank, world_size) for x in weights.layers)
+    return ModelWeights(embed=embed, final_norm=weights.final_norm, lm_head=lm_head, layers=layers)
