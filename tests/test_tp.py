@@ -241,3 +241,38 @@ def test_random_weights_shards_are_slices_of_one_model():
                 assert (x is None and y is None) or torch.equal(x, y), f.name
         assert torch.equal(got.embed, want.embed) and torch.equal(got.lm_head, want.lm_head)
         assert got.layers[0].qkv.shape == (2 * 8 + 2 * 8, 32)     # 2 q heads + 1 k + 1 v head
+
+
+def test_llm_tensor_parallel_matches_single_process(ckpt):
+    from graphrt.engine import LLM, SamplingParams
+    kw = dict(device="cpu", max_batch=4, steps_per_graph=2, max_model_len=64)
+    prompts = ["Hello world", [5, 6, 7, 8, 9], "the graph token"]
+    params = [SamplingParams(max_tokens=6, temperature=0.0), SamplingParams(max_tokens=6, temperature=0.0),
+              SamplingParams(max_tokens=6, temperature=0.9, seed=5)]
+    ref = [o.token_ids for o in LLM(ckpt, **kw).generate(prompts, params)]
+    with pytest.raises(ValueError, match=r"tensor_parallel: 4 does not divide num_kv_heads=2"):
+        LLM(ckpt, tensor_parallel=4, **kw)
+    llm = LLM(ckpt, tensor_parallel=2, tp_timeout_s=30, **kw)
+    try:
+        got = [o.token_ids for o in llm.generate(prompts, params)]
+        assert got == ref and all(len(t) == 6 for t in got)
+        assert llm.runtime.runtime.config.num_kv_heads == 1          # rank 0 holds one KV head
+    finally:
+        llm.shutdown()
+    assert all(p.exitcode == 0 for p in llm._workers.procs)
+
+
+def test_llm_dead_worker_raises_rank_error(ckpt):
+    from graphrt.engine import LLM, SamplingParams
+    llm = LLM(ckpt, device="cpu", tensor_parallel=2, tp_timeout_s=20, max_batch=2, steps_per_graph=2,
+              max_model_len=64)
+    try:
+        os.kill(llm._workers.procs[0].pid, signal.SIGKILL)
+        llm._workers.procs[0].join(10)
+        time.sleep(0.5)                                  # the watchdog polls every 0.2 s
+        t0 = time.monotonic()
+        with pytest.raises(RankError, match=r"rank 1 died \(exit code -9\)"):
+            llm.generate("Hello", SamplingParams(max_tokens=4, temperature=0.0))
+        assert time.monotonic() - t0 < 20
+    finally:
+        llm.shutdown()

@@ -45,30 +45,37 @@ class RankContext:
     control: object
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def join_group(rank: int, world_size: int, port: int, backend: str, timeout_s: float) -> RankContext:
+    """Join the run's process group (TCP on 127.0.0.1:port, collective timeout timeout_s) and a
+    gloo control group; rank r of an NCCL run uses cuda:r."""
+    import torch.distributed as dist
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+    timeout = timedelta(seconds=timeout_s)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world_size, timeout=timeout)
+    control = dist.new_group(backend="gloo", timeout=timeout)
+    return RankContext(rank, world_size, device, TensorParallel(rank, world_size, dist.group.WORLD),
+                       control)
 
 
 def _rank_main(rank, world_size, port, backend, timeout_s, fn, args, results):
     import torch.distributed as dist
     ok = False
     try:
-        device = torch.device("cpu")
-        if backend == "nccl":
-            device = torch.device("cuda", rank)
-            torch.cuda.set_device(device)
-        timeout = timedelta(seconds=timeout_s)
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world_size, timeout=timeout)
-        control = dist.new_group(backend="gloo", timeout=timeout)
-        ctx = RankContext(rank, world_size, device, TensorParallel(rank, world_size, dist.group.WORLD),
-                          control)
+        ctx = join_group(rank, world_size, port, backend, timeout_s)
         out = fn(ctx, *args)
         results.put((rank, "ok", pickle.dumps(out) if rank == 0 else None))  # by value
         ok = True
-        dist.barrier(group=control)
+        dist.barrier(group=ctx.control)
         dist.destroy_process_group()
     except BaseException:  # reported to the watchdog, which ends the other ranks
         results.put((rank, "error", traceback.format_exc()))
@@ -87,7 +94,7 @@ def _last_words(results) -> str:
     return f":\nrank {rank} reported {status}:\n{payload}" if status == "error" else ""
 
 
-def _stop(procs, grace_s: float = 3.0) -> None:
+def stop_processes(procs, grace_s: float = 3.0) -> None:
     for p in procs:
         if p.is_alive():
             p.terminate()
@@ -113,7 +120,7 @@ def launch(fn, world_size: int, *, args: tuple = (), backend: str = "gloo", time
         raise ValueError(f"world_size: {world_size} ranks need {world_size} GPUs, "
                          f"{torch.cuda.device_count()} visible")
     mp = torch.multiprocessing.get_context("spawn")
-    results, port = mp.Queue(), _free_port()
+    results, port = mp.Queue(), free_port()
     procs = [mp.Process(target=_rank_main, daemon=True, name=f"graphrt-tp-rank{r}",
                         args=(r, world_size, port, backend, timeout_s, fn, args, results))
              for r in range(world_size)]
@@ -149,5 +156,5 @@ def launch(fn, world_size: int, *, args: tuple = (), backend: str = "gloo", time
             p.join(max(0.0, end - time.monotonic()))
         return result
     finally:
-        _stop(procs)
+        stop_processes(procs)
         results.close()
