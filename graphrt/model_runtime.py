@@ -107,10 +107,10 @@ class ModelRuntime:
         return self.kv_caches[0].num_pages
 
     @property
-    def _capture_mode(self) -> str:
+    def _graph_options(self) -> dict:
         """A tensor-parallel model's graphs hold NCCL collectives: the process group's watchdog
-        thread queries CUDA events during capture, which "global" mode would refuse."""
-        return "global" if getattr(self.model, "tp", None) is None else "thread_local"
+        thread queries CUDA events during capture, which the default "global" mode would refuse."""
+        return {} if getattr(self.model, "tp", None) is None else {"capture_error_mode": "thread_local"}
 
     @property
     def uses_graphs(self) -> bool:
@@ -159,7 +159,7 @@ class ModelRuntime:
         if not self.uses_graphs:
             return {}
         with self.lock:
-            self.graphs = self.graphs or GraphManager(self.device, capture_error_mode=self._capture_mode)
+            self.graphs = self.graphs or GraphManager(self.device, **self._graph_options)
             saved = [(c.k[0].clone(), c.v[0].clone()) for c in self.kv_caches]
             try:
                 self._capture_all()
@@ -182,7 +182,7 @@ class ModelRuntime:
             self.graphs.capture(size, lambda v=view, i=io: self._steps(v, i))
             if self.sampling:
                 self.sample_graphs = self.sample_graphs or GraphManager(
-                    self.device, capture_error_mode=self._capture_mode)
+                    self.device, **self._graph_options)
                 self.sample_graphs.capture(size, lambda v=view, i=io: self._steps(v, i, True))
             view.seq_lens.zero_()
 
