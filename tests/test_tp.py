@@ -53,25 +53,26 @@ def _inputs():
 
 
 def _script(run):
-    """Prefill, then STEPS K-step greedy decode calls: (prefill logits, tokens [STEPS*K, n],
-    last-step logits [n, V]) through `run` (a ModelRuntime or a TPDriver)."""
+    """Prefill, then STEPS K-step greedy decode calls through `run` (a ModelRuntime or a
+    TPDriver, keep_logits=True): (prefill logits [n, V], tokens [STEPS*K, n], the last step's
+    logits of every call [STEPS, n, V])."""
     prompts, table = _inputs()
     logits = run.prefill(prompts, table)
     tokens = logits.argmax(-1)
     seq = torch.tensor([p.numel() + 1 for p in prompts], dtype=torch.int32)
-    out = []
+    out, last = [], []
     for _ in range(STEPS):
         step = run.decode(tokens, table, seq).clone()        # [K, n]
         out.append(step)
+        last.append(run.last_logits(len(prompts)).clone())
         tokens, seq = step[-1].clone(), seq + K
-    return logits, torch.cat(out), None
+    return logits, torch.cat(out), torch.stack(last)
 
 
 def _reference(path):
     ck = load_checkpoint(path)
     mrt = ModelRuntime(build_model(ck), _config(ck.spec), "cpu", steps_per_graph=K, keep_logits=True)
-    logits, tokens, _ = _script(mrt)
-    return logits, tokens, mrt.last_logits(3).clone()
+    return _script(mrt)
 
 
 def _tp_job(ctx, path):
@@ -84,10 +85,9 @@ def _tp_job(ctx, path):
     if ctx.rank == 0:
         drv = TPDriver(mrt, ctx.control)
         drv.capture()
-        logits, tokens, _ = _script(drv)
+        mine = _script(drv)
         drv.shutdown()
-        mine = (logits, tokens, mrt.last_logits(3).clone())
-        seen = [tokens]
+        seen = [mine[1]]
     else:
         follow(mrt, ctx.control, on_result=lambda name, out: seen.append(out.clone())
                if name == "decode" else None)

@@ -75,10 +75,11 @@ def _rank_main(rank, world_size, port, backend, timeout_s, fn, args, results):
         out = fn(ctx, *args)
         results.put((rank, "ok", pickle.dumps(out) if rank == 0 else None))  # by value
         ok = True
-        dist.barrier(group=ctx.control)
+        dist.barrier(group=ctx.control)   # teardown after the report: its errors end nothing
         dist.destroy_process_group()
     except BaseException:  # reported to the watchdog, which ends the other ranks
-        results.put((rank, "error", traceback.format_exc()))
+        if not ok:
+            results.put((rank, "error", traceback.format_exc()))
     finally:
         results.close()
         results.join_thread()
