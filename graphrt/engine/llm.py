@@ -75,7 +75,8 @@ class LLM:
             self.tokenizer = load_tokenizer(path)
             if dev.type == "cuda" and config.capture:
                 self.runtime.capture()
-            eos = ck.eos_token_ids or ((self.tokenizer.eos_token_id,) if self.tokenizer.eos_token_id is not None else ())
+            tok_eos = self.tokenizer.eos_token_id
+            eos = ck.eos_token_ids or ((tok_eos,) if tok_eos is not None else ())
             self.engine = Engine(self.runtime, self.tokenizer, eos_token_ids=eos, max_model_len=max_len,
                                  overlap=config.overlap, seed=config.seed)
         except BaseException:
