@@ -276,3 +276,13 @@ def test_llm_dead_worker_raises_rank_error(ckpt):
         assert time.monotonic() - t0 < 20
     finally:
         llm.shutdown()
+
+
+def test_serve_tensor_parallel_flag_refuses_bad_size(ckpt, capsys):
+    pytest.importorskip("fastapi")
+    from graphrt.serve.cli import build_parser, main
+    assert build_parser().parse_args(["--model", "m", "--tensor-parallel", "2"]).tensor_parallel == 2
+    with pytest.raises(SystemExit) as e:
+        main(["--model", str(ckpt), "--device", "cpu", "--tensor-parallel", "3"])
+    assert e.value.code == 2
+    assert "tensor_parallel: 3 does not divide num_kv_heads=2" in capsys.readouterr().err
