@@ -26,10 +26,15 @@ class CaptureStats:
 class GraphManager:
     """Owns the captured graphs and their shared memory pool, keyed by bucket size."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, *, capture_error_mode: str = "global"):
+        """capture_error_mode: torch.cuda.graph's; "thread_local" when other threads may touch
+        CUDA during capture (the NCCL process group's watchdog queries its events)."""
         if device.type != "cuda":
             raise RuntimeError(f"CUDA graphs need a CUDA device, got {device}")
-        self.device = device
+        if capture_error_mode not in ("global", "thread_local", "relaxed"):
+            raise ValueError(f"capture_error_mode: {capture_error_mode!r} is not 'global', "
+                             f"'thread_local' or 'relaxed'")
+        self.device, self.capture_error_mode = device, capture_error_mode
         self._pool = None
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.stats: dict[int, CaptureStats] = {}
@@ -54,7 +59,7 @@ class GraphManager:
         torch.cuda.empty_cache()  # release cached blocks so the pool's growth is all we count
         reserved0 = torch.cuda.memory_reserved(self.device)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode=self.capture_error_mode):
             step()
         torch.cuda.synchronize(self.device)
         t2 = time.perf_counter()

@@ -54,11 +54,13 @@ class ModelRuntime:
                  steps_per_graph: int = 1, num_pages: int | None = None, sampling: bool = False,
                  keep_logits: bool = False, prefill_chunk_tokens: int = 8192):
         s = model.spec
-        want = (s.num_heads, s.num_kv_heads, s.head_dim)
+        heads = getattr(model, "local_spec", s)  # a tensor-parallel rank's model: its own heads
+        want = (heads.num_heads, heads.num_kv_heads, heads.head_dim)
         got = (config.num_qo_heads, config.num_kv_heads, config.head_dim)
         if want != got:
             raise ValueError(f"config: (num_qo_heads, num_kv_heads, head_dim) {got} do not match the "
-                             f"model's {want}")
+                             f"model's {want}" + ("" if heads is s else " (this tensor-parallel rank's "
+                             "heads: use graphrt.parallel.shard_runtime_config)"))
         rope_rows = getattr(model, "max_positions", None)
         if rope_rows is not None and config.max_context_len > rope_rows:
             raise ValueError(f"config: max_context_len={config.max_context_len} exceeds the model's "
@@ -103,6 +105,12 @@ class ModelRuntime:
     @property
     def num_pages(self) -> int:
         return self.kv_caches[0].num_pages
+
+    @property
+    def _graph_options(self) -> dict:
+        """A tensor-parallel model's graphs hold NCCL collectives: the process group's watchdog
+        thread queries CUDA events during capture, which the default "global" mode would refuse."""
+        return {} if getattr(self.model, "tp", None) is None else {"capture_error_mode": "thread_local"}
 
     @property
     def uses_graphs(self) -> bool:
@@ -151,7 +159,7 @@ class ModelRuntime:
         if not self.uses_graphs:
             return {}
         with self.lock:
-            self.graphs = self.graphs or GraphManager(self.device)
+            self.graphs = self.graphs or GraphManager(self.device, **self._graph_options)
             saved = [(c.k[0].clone(), c.v[0].clone()) for c in self.kv_caches]
             try:
                 self._capture_all()
@@ -173,7 +181,8 @@ class ModelRuntime:
                 self.backend.host_prepare(view, view.seq_lens.cpu())
             self.graphs.capture(size, lambda v=view, i=io: self._steps(v, i))
             if self.sampling:
-                self.sample_graphs = self.sample_graphs or GraphManager(self.device)
+                self.sample_graphs = self.sample_graphs or GraphManager(
+                    self.device, **self._graph_options)
                 self.sample_graphs.capture(size, lambda v=view, i=io: self._steps(v, i, True))
             view.seq_lens.zero_()
 

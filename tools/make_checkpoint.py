@@ -25,6 +25,7 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|
 # hidden, intermediate, layers, q heads, kv heads, head_dim, vocab (None: tokenizer's), tied, theta
 SHAPES = {
     "tiny": (128, 256, 2, 2, 1, 64, None, False, 10000.0),
+    "tiny-gqa": (128, 256, 2, 4, 2, 64, 384, False, 10000.0),   # divisible by tensor_parallel=2
     "llama-3.2-1b": (2048, 8192, 16, 32, 8, 64, 128256, True, 500000.0),
     "llama-3.1-8b": (4096, 14336, 32, 32, 8, 128, 128256, False, 500000.0),
     "qwen3-8b": (4096, 12288, 36, 32, 8, 128, 151936, False, 1000000.0),
@@ -66,12 +67,12 @@ def hf_config(shape: str, arch: str, vocab: int, dtype: str, num_layers: int | N
            "model_type": arch, "vocab_size": vocab, "hidden_size": h, "intermediate_size": inter,
            "num_hidden_layers": layers, "num_attention_heads": hq, "num_key_value_heads": hkv,
            "head_dim": d, "rms_norm_eps": 1e-5, "rope_theta": theta, "tie_word_embeddings": tied,
-           "max_position_embeddings": 256 if shape == "tiny" else 131072, "hidden_act": "silu",
+           "max_position_embeddings": 256 if shape.startswith("tiny") else 131072, "hidden_act": "silu",
            "bos_token_id": 0, "eos_token_id": 1, "torch_dtype": dtype, "dtype": dtype}
     if arch == "llama":                       # Llama 3.x frequency scaling (tiny: a short original)
         cfg["attention_bias"] = False
         cfg["rope_scaling"] = dict(LLAMA3_ROPE, factor=32.0 if shape == "llama-3.2-1b" else 8.0)
-        if shape == "tiny":
+        if shape.startswith("tiny"):
             cfg["rope_scaling"]["original_max_position_embeddings"] = 64
     return cfg
 

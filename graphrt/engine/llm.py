@@ -5,24 +5,53 @@
     outs[0].text, outs[0].token_ids, outs[0].finish_reason
     llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(...))
     stream = llm.engine.add_request("Hi", params)          # streaming (see engine.py)
+    llm = LLM(path, tensor_parallel=2)                     # one process per GPU (graphrt/parallel)
+    llm.shutdown()                                         # ends the tensor-parallel workers
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
-from ..model_runtime import ModelRuntime
 from .config import EngineConfig
 from .engine import Engine
-from .loader import file_dtype, load_checkpoint, load_tokenizer
+from .loader import file_dtype, load_checkpoint, load_tokenizer, read_config
 from .params import RequestOutput, SamplingParams
 from .model import build_model
 
 
+def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None):
+    """Load (the rank's shard of) the checkpoint, build the rank's model and ModelRuntime
+    -> (Checkpoint, max_model_len, ModelRuntime)."""
+    from ..parallel.driver import rank_runtime
+    world, rank = (1, 0) if tp is None else (tp.world_size, tp.rank)
+    ck = load_checkpoint(path, device=device, dtype=getattr(torch, dtype), rank=rank, world_size=world)
+    max_len = config.resolve_max_model_len(ck.max_position_embeddings)
+    rc = config.runtime_config(ck.spec, device_type=device.type, dtype=dtype, max_model_len=max_len)
+    model = build_model(ck, max_positions=rc.max_context_len, tp=tp)
+    return ck, max_len, rank_runtime(model, rc, device, steps_per_graph=config.steps_per_graph,
+                                     sampling=True)
+
+
+def _tp_worker(ctx, path, config: EngineConfig, dtype: str) -> None:
+    """Ranks 1..n-1 of LLM(..., tensor_parallel=n): build the rank's runtime, follow rank 0."""
+    from ..parallel.driver import follow
+    _, _, runtime = _build_runtime(path, ctx.device, config, dtype, tp=ctx.tp)
+    follow(runtime, ctx.control)
+
+
 class LLM:
     """Loads a local HF checkpoint onto `device`, builds the runtime (graphs captured on CUDA)
-    and the engine. config: an EngineConfig, or its fields as keyword arguments."""
+    and the engine. config: an EngineConfig, or its fields as keyword arguments.
 
-    def __init__(self, path, device: str = "cuda", config: EngineConfig | None = None, **overrides):
+    tensor_parallel=n > 1: the model is sharded over n ranks (graphrt/parallel): rank 0 runs
+    here (cuda:0, or CPU with gloo), ranks 1..n-1 in spawned processes (cuda:r), each loading
+    only its slices; every prefill / decode is broadcast to them. A rank that dies makes the
+    next call raise RankError (collectives in flight end at tp_timeout_s). `shutdown()` ends them."""
+
+    def __init__(self, path, device: str = "cuda", config: EngineConfig | None = None, *,
+                 tensor_parallel: int = 1, tp_timeout_s: float = 120.0, **overrides):
         if config is not None and overrides:
             raise ValueError(f"config: give an EngineConfig or keyword fields, not both ({sorted(overrides)})")
         config = config or EngineConfig(**overrides)
@@ -33,18 +62,54 @@ class LLM:
             raise ValueError("device: 'cuda' requested but CUDA is not available")
         dtype = config.dtype or ("float32" if dev.type == "cpu" else
                                  {torch.float16: "float16"}.get(file_dtype(path), "bfloat16"))
-        self.checkpoint = ck = load_checkpoint(path, device=dev, dtype=getattr(torch, dtype))
-        self.tokenizer = load_tokenizer(path)
-        self.config = config
-        max_len = config.resolve_max_model_len(ck.max_position_embeddings)
-        rc = config.runtime_config(ck.spec, device_type=dev.type, dtype=dtype, max_model_len=max_len)
-        self.runtime = ModelRuntime(build_model(ck, max_positions=rc.max_context_len), rc, dev, steps_per_graph=config.steps_per_graph,
-                                    sampling=True)
-        if dev.type == "cuda" and config.capture:
-            self.runtime.capture()
-        eos = ck.eos_token_ids or ((self.tokenizer.eos_token_id,) if self.tokenizer.eos_token_id is not None else ())
-        self.engine = Engine(self.runtime, self.tokenizer, eos_token_ids=eos, max_model_len=max_len,
-                             overlap=config.overlap, seed=config.seed)
+        self.config, self._workers = config, None
+        if isinstance(tensor_parallel, bool) or not isinstance(tensor_parallel, int) or tensor_parallel < 1:
+            raise ValueError(f"tensor_parallel: expected an int >= 1, got {tensor_parallel!r}")
+        if tensor_parallel == 1:
+            self.checkpoint, max_len, self.runtime = _build_runtime(path, dev, config, dtype)
+        else:
+            ck, max_len = self._start_tensor_parallel(path, dev, config, dtype, tensor_parallel, tp_timeout_s)
+            self.checkpoint = ck
+        try:
+            ck = self.checkpoint
+            self.tokenizer = load_tokenizer(path)
+            if dev.type == "cuda" and config.capture:
+                self.runtime.capture()
+            tok_eos = self.tokenizer.eos_token_id
+            eos = ck.eos_token_ids or ((tok_eos,) if tok_eos is not None else ())
+            self.engine = Engine(self.runtime, self.tokenizer, eos_token_ids=eos, max_model_len=max_len,
+                                 overlap=config.overlap, seed=config.seed)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _start_tensor_parallel(self, path, dev, config, dtype, n: int, timeout_s: float):
+        from transformers import AutoConfig
+
+        from ..models.spec import LlamaSpec
+        from ..parallel import check_tp_size
+        from ..parallel.driver import TPDriver
+        from ..parallel.workers import WorkerGroup
+        read_config(Path(path))
+        check_tp_size(LlamaSpec.from_hf(AutoConfig.from_pretrained(str(path))), n)   # before spawning
+        if dev.index not in (None, 0):
+            raise ValueError(f"device: tensor_parallel uses cuda:0..cuda:{n - 1}, got {dev}")
+        self._workers = WorkerGroup.start(n, backend="nccl" if dev.type == "cuda" else "gloo",
+                                          timeout_s=timeout_s, target=_tp_worker,
+                                          args=(str(path), config, dtype))
+        try:
+            ctx = self._workers.ctx
+            ck, max_len, local = _build_runtime(path, ctx.device, config, dtype, tp=ctx.tp)
+            self.runtime = TPDriver(local, ctx.control, health=self._workers.failure)
+            return ck, max_len
+        except BaseException:
+            self._workers.close()
+            raise
+
+    def shutdown(self) -> None:
+        """End the tensor-parallel workers (no-op for tensor_parallel=1); idempotent."""
+        if self._workers is not None:
+            self._workers.close(self.runtime)
 
     def generate(self, prompts, sampling_params: SamplingParams | list | None = None) -> list[RequestOutput]:
         """prompts: a string, a list of token ids, or a list of those; sampling_params: one for

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from ..models.llama import LlamaSpec
+from ..parallel.shard import owned_slice, shard_spec
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 FILE_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
@@ -37,7 +38,9 @@ class CheckpointError(ValueError):
 class Checkpoint:
     """A loaded checkpoint. weights: {"layers": [dict per layer (fused names)], "embed",
     "final_norm", "lm_head"}, every tensor on `device` in `dtype`. eos_token_ids from
-    generation_config.json / config.json; nbytes and load_s describe the tensor copy."""
+    generation_config.json / config.json; nbytes and load_s describe the tensor copy. With
+    world_size > 1, `spec` is the whole model's and `weights` hold rank's tensor-parallel shard
+    (graphrt/parallel/shard.py), nbytes only the bytes that rank read."""
 
     path: Path
     arch: str
@@ -50,6 +53,8 @@ class Checkpoint:
     max_position_embeddings: int
     nbytes: int
     load_s: float
+    rank: int = 0
+    world_size: int = 1
 
 
 def read_config(path: Path) -> tuple[dict, str]:
@@ -174,10 +179,13 @@ def file_dtype(path) -> torch.dtype:
     return FILE_DTYPES[kind]
 
 
-def load_checkpoint(path, *, device="cpu", dtype: torch.dtype | None = None) -> Checkpoint:
+def load_checkpoint(path, *, device="cpu", dtype: torch.dtype | None = None, rank: int = 0,
+                    world_size: int = 1) -> Checkpoint:
     """Read `path` (a local HF directory) into the fused layout on `device`.
 
     dtype: the weights' dtype on the device (default: the checkpoint's, from its embedding).
+    rank, world_size: tensor parallelism; the rank reads only its slice of every sharded tensor
+    (safetensors get_slice) into the per-rank fused layout (graphrt/parallel/shard.py).
     Raises CheckpointError naming the file and tensor for a missing file or tensor, an
     unsupported architecture or dtype, or a shape that does not match config.json.
     """
@@ -186,6 +194,12 @@ def load_checkpoint(path, *, device="cpu", dtype: torch.dtype | None = None) -> 
     path = Path(path)
     raw, arch = read_config(path)
     spec = LlamaSpec.from_hf(AutoConfig.from_pretrained(str(path)))
+    for name, v in (("world_size", world_size), ("rank", rank)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"{name}: expected an int, got {v!r}")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank: {rank} is not in [0, world_size={world_size})")
+    local = spec if world_size == 1 else shard_spec(spec, world_size)
     files = _weight_files(path)
     expected = _expected(spec, arch)
     missing = [n for n in expected if n not in files]
@@ -210,18 +224,26 @@ def load_checkpoint(path, *, device="cpu", dtype: torch.dtype | None = None) -> 
                 if name == "model.embed_tokens.weight" and dtype is None:
                     dtype = FILE_DTYPES[kind]
     device = torch.device(device)
-    weights = _allocate(spec, arch, dtype, device)
+    weights = _allocate(local, arch, dtype, device)
+    placed = expected if world_size == 1 else _expected(local, arch)   # per-rank destinations
     t0, nbytes = time.perf_counter(), 0
     for f, names in by_file.items():
         with safe_open(str(f), framework="pt") as h:
             for name in names:
-                t = h.get_tensor(name)                    # one tensor on the host at a time
-                _destination(weights, expected[name][1], t.shape[0]).copy_(t)
+                cut = owned_slice(expected[name][0], placed[name][0], rank)
+                if cut is None:
+                    t = h.get_tensor(name)                # one tensor on the host at a time
+                else:                                     # only this rank's block is read
+                    dim, a, b = cut
+                    sl = h.get_slice(name)
+                    t = sl[a:b] if dim == 0 else sl[:, a:b]
+                _destination(weights, placed[name][1], t.shape[0]).copy_(t)
                 nbytes += t.numel() * t.element_size()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return Checkpoint(path, arch, spec, arch == "qwen3", weights, dtype, device, _eos_ids(path, raw),
-                      int(raw.get("max_position_embeddings") or 0), nbytes, time.perf_counter() - t0)
+                      int(raw.get("max_position_embeddings") or 0), nbytes, time.perf_counter() - t0,
+                      rank, world_size)
 
 
 def load_tokenizer(path):

@@ -34,10 +34,21 @@ class LlamaDecoder:
 
     weights: ModelWeights (checked against spec); max_positions: rows of the cos/sin table
     (default spec.max_position_embeddings); decoding needs max_context_len <= max_positions.
+    tp: a `graphrt.parallel.TensorParallel` (world_size > 1): `weights` are then this rank's
+    shard (`parallel/shard.py`, checked against `local_spec`), o / down outputs are all-reduced,
+    the embedding is vocab-parallel and the LM head's vocab slices are all-gathered, so
+    decode_step returns the full [B, V] logits on every rank. `spec` stays the whole model's.
     """
 
-    def __init__(self, spec: LlamaSpec, weights: ModelWeights, *, max_positions: int | None = None):
-        weights.check(spec)
+    def __init__(self, spec: LlamaSpec, weights: ModelWeights, *, max_positions: int | None = None,
+                 tp=None):
+        self.tp = tp if tp is not None and tp.world_size > 1 else None   # None: no collectives
+        if self.tp is None:
+            self.local_spec = spec
+        else:
+            from ..parallel.shard import shard_spec
+            self.local_spec = shard_spec(spec, tp.world_size)
+        weights.check(self.local_spec)
         self.spec, self.weights = spec, weights
         self.dtype = weights.dtype
         self.max_positions = spec.max_position_embeddings if max_positions is None else max_positions
@@ -63,10 +74,24 @@ class LlamaDecoder:
 
     def _mlp(self, layer: LayerWeights, h: torch.Tensor) -> torch.Tensor:
         """h [T, H] normed -> [T, H]: down(silu(gate) * up), one gate_up GEMM."""
-        return F.linear(silu_mul(F.linear(h, layer.gate_up)), layer.down)
+        return self._reduce(F.linear(silu_mul(F.linear(h, layer.gate_up)), layer.down))
+
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [T] int64 -> [T, H] embeddings (a copy)."""
+        w = self.weights
+        return w.embed[tokens] if self.tp is None else self.tp.embed(w.embed, tokens)
+
+    def _reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum of the ranks' partial o / down outputs (identity without TP)."""
+        return x if self.tp is None else self.tp.all_reduce(x)
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        """h [T, H] final-normed -> [T, V] logits in the model dtype (every rank: all of V)."""
+        local = F.linear(h, self.weights.lm_head)
+        return local if self.tp is None else self.tp.gather_logits(local)
 
     def _qk_norm_args(self, layer: LayerWeights) -> dict:
-        return dict(num_q_heads=self.spec.num_heads, q_norm=layer.q_norm, k_norm=layer.k_norm,
+        return dict(num_q_heads=self.local_spec.num_heads, q_norm=layer.q_norm, k_norm=layer.k_norm,
                     eps=self.spec.rms_norm_eps)
 
     # ---- decode (graph-capturable) ------------------------------------------------------------
@@ -75,15 +100,16 @@ class LlamaDecoder:
 
         ctx.prepare() must have run. Writes each row's K/V at slot seq_len - 1 of every layer."""
         w, eps, b = self.weights, self.spec.rms_norm_eps, tokens.shape[0]
-        residual = w.embed[tokens]                                   # [B, H] (a copy)
+        residual = self._embed(tokens)                               # [B, H] (a copy)
         h = rms_norm(residual, w.layers[0].input_norm, eps)
         for i, layer in enumerate(w.layers):
-            qkv = F.linear(h, layer.qkv, layer.qkv_bias)             # [B, (Hq + 2Hkv) D]
+            qkv = F.linear(h, layer.qkv, layer.qkv_bias)             # [B, (Hq + 2Hkv) D] (rank's heads)
             q = ctx.rope_append(i, qkv, self.cos_sin, **self._qk_norm_args(layer))
             o = ctx.attention(i, q)                                  # [B, Hq, D]
-            h = add_rms_norm(F.linear(o.view(b, -1), layer.o), residual, layer.post_attn_norm, eps)
+            attn = self._reduce(F.linear(o.view(b, -1), layer.o))    # [B, H]
+            h = add_rms_norm(attn, residual, layer.post_attn_norm, eps)
             h = add_rms_norm(self._mlp(layer, h), residual, self._next_norm(i), eps)
-        return F.linear(h, w.lm_head)
+        return self._logits(h)
 
     # ---- prefill (eager) ----------------------------------------------------------------------
     @torch.no_grad()
@@ -108,7 +134,7 @@ class LlamaDecoder:
             h = self._forward_tokens(torch.cat(prompts), positions, rows, kv_caches, block_table, error,
                                      lambda i, q: self._prompt_attention(q, kv_caches[i], block_table, lens))
             last = torch.tensor(lens, device=dev).cumsum(0) - 1
-            logits = F.linear(h[last], self.weights.lm_head).float()
+            logits = self._logits(h[last]).float()
         else:
             from ..prefill import plan_chunks
             logits = torch.empty((len(lens), self.spec.vocab_size), dtype=torch.float32, device=dev)
@@ -124,7 +150,7 @@ class LlamaDecoder:
                         if s + n == lens[i]]
                 if done:
                     idx = torch.tensor([chunk.seqs[j] for j in done], device=dev)
-                    logits[idx] = F.linear(h[ends[done].to(dev)], self.weights.lm_head).float()
+                    logits[idx] = self._logits(h[ends[done].to(dev)]).float()
         if int(error.item()):
             raise RuntimeError(f"prefill: K/V append flagged device_error {int(error.item())}")
         return logits
@@ -134,13 +160,14 @@ class LlamaDecoder:
         hidden states [T, H]; each layer's K/V written by rope_append_prefill; attend(layer, q)
         maps q [T, Hq, D] to [T, Hq * D]."""
         w, eps = self.weights, self.spec.rms_norm_eps
-        residual = w.embed[tokens]                                   # [T, H]
+        residual = self._embed(tokens)                               # [T, H]
         h = rms_norm(residual, w.layers[0].input_norm, eps)
         for i, layer in enumerate(w.layers):
             qkv = F.linear(h, layer.qkv, layer.qkv_bias)
             q = rope_append_prefill(qkv, self.cos_sin, kv_caches[i], block_table, positions, rows,
                                     error, **self._qk_norm_args(layer))
-            h = add_rms_norm(F.linear(attend(i, q), layer.o), residual, layer.post_attn_norm, eps)
+            h = add_rms_norm(self._reduce(F.linear(attend(i, q), layer.o)), residual,
+                             layer.post_attn_norm, eps)
             h = add_rms_norm(self._mlp(layer, h), residual, self._next_norm(i), eps)
         return h
 

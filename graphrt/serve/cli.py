@@ -27,6 +27,8 @@ def build_parser(prog: str = "graphrt serve") -> argparse.ArgumentParser:
     p.add_argument("--graph-cache", default=None,
                    help="graph cache directory (graphrt-capture --out): compiled kernels are taken from it")
     p.add_argument("--device", default=None, choices=["cuda", "cpu"], help="default: cuda if available")
+    p.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+                   help="shard the model over N GPUs, one process each (graphrt/parallel); default 1")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="the `model` clients send (default: --model)")
@@ -78,7 +80,7 @@ def load(args):
     from ..cache import compilers_at
     # FlashInfer / Triton look kernels up in the cache while the engine loads and captures
     with compilers_at(cache_dir) if cache_dir is not None else nullcontext():
-        llm = LLM(args.model, device=device, config=engine_cfg)
+        llm = LLM(args.model, device=device, config=engine_cfg, tensor_parallel=args.tensor_parallel)
     total = time.perf_counter() - t0
     ck = llm.checkpoint
     log.info("weights: %s %s (%d layers, hidden %d) %.2f GB in %.2f s (%.2f GB/s) from %s", ck.arch, ck.dtype,
@@ -134,7 +136,10 @@ def main(argv=None, *, prog: str = "graphrt serve") -> None:
     from .app import create_app
     app = create_app(llm, serve_cfg)
     log.info("serving %r on http://%s:%d/v1", serve_cfg.served_model_name, args.host, args.port)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    finally:
+        llm.shutdown()                             # tensor-parallel workers, if any
 
 
 __all__ = ["main", "build_parser", "load", "capture_report"]
