@@ -55,17 +55,6 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
-def console_main(argv: list[str] | None = None) -> int:
-    """The `graphrt-capture` console script: `main`, with a bad config reported as one line
-    (the file, the key and the limit) and exit status 2 instead of a traceback."""
-    from graphrt import ConfigError
-    try:
-        return main(argv)
-    except ConfigError as e:
-        print(f"graphrt-capture: {e}", file=sys.stderr)
-        return 2
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -88,11 +77,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before graphrt imports its kernels
-    from graphrt import load_config
+    from graphrt import ConfigError, load_config
     from graphrt.verify import make_plan
     from .cpu import CpuRefusal, check_memory, choose_plan, cpu_backend, plan_summary
 
-    config = load_config(args.config)
+    try:
+        config = load_config(args.config)
+    except ConfigError as e:  # one line naming the file, key and limit; never a traceback
+        print(f"graphrt-capture: {e}", file=sys.stderr)
+        return 2
     backend, note = args.backend or config.backend, None
     try:
         if device == "cpu":  # decided before anything is allocated or written
