@@ -29,6 +29,8 @@ import torch
 
 from .group import TensorParallel
 
+RANK_TEARDOWN_S = 5.0  # a finished rank waits this long for destroy_process_group, then exits
+
 
 class RankError(RuntimeError):
     """A rank raised, died or the run timed out; the message names the rank and why."""
@@ -76,7 +78,12 @@ def _rank_main(rank, world_size, port, backend, timeout_s, fn, args, results):
         results.put((rank, "ok", pickle.dumps(out) if rank == 0 else None))  # by value
         ok = True
         dist.barrier(group=ctx.control)   # teardown after the report: its errors end nothing
-        dist.destroy_process_group()
+        # destroy_process_group can hang on NCCL (docs: tensor-parallel facts): bounded, then
+        # os._exit below ends the rank with status 0 whatever the teardown thread is doing
+        import threading
+        ender = threading.Thread(target=dist.destroy_process_group, daemon=True)
+        ender.start()
+        ender.join(RANK_TEARDOWN_S)
     except BaseException:  # reported to the watchdog, which ends the other ranks
         if not ok:
             results.put((rank, "error", traceback.format_exc()))
