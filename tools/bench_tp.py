@@ -52,16 +52,8 @@ def _spec(name):
 
 
 def _events_us(fn, torch, reps, repeats=5):
-    out = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(reps):
-            fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) * 1e3 / reps)
-    return statistics.median(out)
+    from benchlib import device_us
+    return device_us(fn, torch, reps=reps, repeats=repeats)
 
 
 def _allreduce_us(ctx, n, hidden, torch):
