@@ -106,21 +106,22 @@ def check_exclusive_writes(config, block_table, first, end) -> None:
     the page holding a row's newest token must be the row's own. Vectorised (no batch loop).
     """
     p = config.page_size
-    n, w = block_table.shape
     first, end = first.long(), end.long()
+    w = min(block_table.shape[1], int(((end.max() + p - 1) // p).item()) if end.numel() else 0)
+    block_table = block_table[:, :w]                                    # only the columns read
+    n = block_table.shape[0]
     cols = torch.arange(w)[None, :]
     live = cols < ((end + p - 1) // p)[:, None]                         # [n, w] pages read
     writes = live & (end > first)[:, None] & (cols >= (first // p)[:, None])
+    written = block_table[writes].long()
     rows, pages = live.nonzero()[:, 0], block_table[live].long()
-    pairs = torch.unique(pages * n + rows)                              # (page, row), deduplicated
+    hit = torch.isin(pages, written)                                    # reads of a written page
+    pairs = torch.unique(pages[hit] * n + rows[hit])                    # (page, row), deduplicated
     used, count = torch.unique(pairs // n, return_counts=True)
-    shared = used[count > 1]
+    shared = used[count > 1]                                            # written pages in 2+ rows
     if not shared.numel():
         return
-    written = block_table[writes].long()
     clash = torch.isin(written, shared)
-    if not bool(clash.any()):
-        return
     page = int(written[clash][0])
     writer = int(writes.nonzero()[clash.nonzero()[0, 0], 0])
     users = sorted(set(rows[pages == page].tolist()))
