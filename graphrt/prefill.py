@@ -26,6 +26,8 @@ import torch
 
 from .config import RuntimeConfig
 
+PREFILL_BACKENDS = ("fa2", "fa3", "auto")  # FlashInfer's names for its prefill kernel families
+
 
 @dataclass(frozen=True)
 class PrefillChunk:
@@ -94,6 +96,10 @@ class PrefillAttention:
         """backend: FlashInfer's prefill kernel family, "fa2" (default: the same family as the
         tensor-core decode path; needs only FlashInfer's own headers) or "fa3" / "auto" (Hopper
         kernels; FlashInfer's JIT then needs the CUTLASS headers of the full wheel)."""
+        if backend not in PREFILL_BACKENDS:
+            raise ValueError(f"backend: {backend!r} is not one of {list(PREFILL_BACKENDS)}")
+        if isinstance(workspace_mb, bool) or not isinstance(workspace_mb, int) or workspace_mb < 1:
+            raise ValueError(f"workspace_mb: must be an int >= 1, got {workspace_mb!r}")
         self.config, self.device = config, torch.device(device)
         self._wrapper = None
         if self.device.type == "cuda":

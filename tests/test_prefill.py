@@ -86,6 +86,16 @@ def test_reference_prefill_chunked_equals_dense_causal(layout, max_tokens):
         torch.testing.assert_close(torch.cat(got[i]).double(), ref, rtol=1e-4, atol=1e-5)
 
 
+def test_prefill_attention_rejects_bad_arguments():
+    cfg = _setup("NHD")[0]
+    with pytest.raises(ValueError, match="backend: 'fa4' is not one of"):
+        PrefillAttention(cfg, "cpu", backend="fa4")
+    with pytest.raises(ValueError, match="workspace_mb"):
+        PrefillAttention(cfg, "cpu", workspace_mb=0)
+    with pytest.raises(RuntimeError, match="before plan"):
+        PrefillAttention(cfg, "cpu").run(torch.zeros(1, 8, 64), None)
+
+
 def test_plan_refuses_a_table_too_narrow_or_too_long_prompt():
     cfg, kv, table, *_ = _setup("NHD")
     attn = PrefillAttention(cfg, "cpu")
