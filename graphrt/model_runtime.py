@@ -71,7 +71,10 @@ class ModelRuntime:
         if steps_per_graph < 1:
             raise ValueError(f"steps_per_graph: must be >= 1, got {steps_per_graph}")
         self.model, self.config, self.k = model, config, steps_per_graph
-        self.keep_logits = bool(keep_logits)
+        for name, flag in (("keep_logits", keep_logits), ("sampling", sampling)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name}: expected a bool, got {flag!r}")
+        self.keep_logits = keep_logits
         if num_pages is not None and (isinstance(num_pages, bool) or not isinstance(num_pages, int)
                                       or num_pages < 1):
             raise ValueError(f"num_pages: must be an int >= 1, got {num_pages!r}")
