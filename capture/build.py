@@ -8,9 +8,9 @@ from pathlib import Path
 import torch
 
 from graphrt import DecodeRuntime, PagedKVCache
-from graphrt.cache import write_cache_manifest
+from graphrt.cache.load import write_cache_manifest
 from graphrt.config import XQA_PAGE_SIZES
-from graphrt.verify import (TOLERANCE, VerifyPlan, full_plan, random_batch, verify_bucket,
+from graphrt.attention.verify import (TOLERANCE, VerifyPlan, full_plan, random_batch, verify_bucket,
                             verify_lengths)
 
 

@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     if device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before graphrt imports its kernels
     from graphrt import ConfigError, load_config
-    from graphrt.verify import make_plan
+    from graphrt.attention.verify import make_plan
     from .cpu import CpuRefusal, check_memory, choose_plan, cpu_backend, plan_summary
 
     try:
@@ -108,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
     from contextlib import nullcontext
 
-    from graphrt.cache import compilers_at
-    from graphrt.verify import TOLERANCE
+    from graphrt.cache.load import compilers_at
+    from graphrt.attention.verify import TOLERANCE
     from .build import build
 
     if note:
@@ -170,7 +170,7 @@ def print_table(config, path, rt, rows, setup_s, tol) -> None:
 def check(cache_dir: Path, *, expect_digest: str | None = None,
           trust_unsafe_permissions: bool = False) -> int:
     """graphrt-capture --check: one line of verdict, then the manifest sha256 to pin."""
-    from graphrt.cache import CacheMismatchError, check_cache
+    from graphrt.cache.load import CacheMismatchError, check_cache
     try:
         m = check_cache(cache_dir, expect_digest=expect_digest,
                         trust_unsafe_permissions=trust_unsafe_permissions)

@@ -3,7 +3,7 @@
 On a CPU the pipeline runs eagerly: the Triton prepare kernel (metadata + device planner) under
 TRITON_INTERPRET=1 and the planned split-KV schedule executed by the torch-splitkv backend, each
 verified bucket checked against the float32 reference. Large presets (32k context, 256-row
-buckets) would take hours that way, so the CPU verifies a subset (graphrt.verify.cpu_plan) and
+buckets) would take hours that way, so the CPU verifies a subset (graphrt.attention.verify.cpu_plan) and
 says so. Everything here is decided before anything is allocated; a `CpuRefusal` carries the
 one-line reason and what to run instead.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from graphrt.verify import VerifyPlan, cpu_plan, cpu_step_cost, make_plan
+from graphrt.attention.verify import VerifyPlan, cpu_plan, cpu_step_cost, make_plan
 
 GPU_BACKENDS = ("flashinfer", "flashinfer-hostplan", "xqa")
 CPU_BACKEND = "torch-splitkv"

@@ -14,7 +14,7 @@ def main(argv=None) -> None:
               file=sys.stdout if argv and argv[0] in ("-h", "--help") else sys.stderr)
         raise SystemExit(0 if argv and argv[0] in ("-h", "--help") else 2)
     if argv[0] == "serve":
-        from .serve.cli import main as serve_main
+        from graphrt.serve.cli import main as serve_main
         serve_main(argv[1:], prog="graphrt serve")
 
 

@@ -17,7 +17,7 @@ import yaml
 
 from capture.cli import main
 from graphrt import load_config
-from graphrt.verify import (CPU_BUDGET, CPU_MAX_LEN, TOLERANCE, VerifyPlan, cpu_plan,
+from graphrt.attention.verify import (CPU_BUDGET, CPU_MAX_LEN, TOLERANCE, VerifyPlan, cpu_plan,
                             cpu_step_cost)
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -5,12 +5,12 @@ import pytest
 import torch
 
 from graphrt import RuntimeConfig
-from graphrt.backends import make_backend
-from graphrt.backends.base import AttentionBackend
-from graphrt.buffers import StaticBuffers
-from graphrt.context import AttentionContext
+from graphrt.attention.backends import make_backend
+from graphrt.attention.backends.base import AttentionBackend
+from graphrt.attention.buffers import StaticBuffers
+from graphrt.model.context import AttentionContext
 from graphrt.kernels import ERR_PAGE_ID
-from graphrt.kvcache import PagedKVCache
+from graphrt.attention.kvcache import PagedKVCache
 
 
 def test_bad_page_id_does_not_redirect_kv_write_into_page_0():
@@ -40,8 +40,8 @@ class _HostPlannedStub(AttentionBackend):
 
 
 def test_multi_step_refuses_every_host_planned_backend(monkeypatch):
-    import graphrt.model_runtime as mr
-    from graphrt.models.llama import LlamaSpec
+    import graphrt.model.runtime as mr
+    from graphrt.model.llama import LlamaSpec
 
     class _Model:
         spec = LlamaSpec(vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1,
@@ -59,9 +59,9 @@ def test_multi_step_refuses_every_host_planned_backend(monkeypatch):
 
 def test_model_capture_after_prefill_keeps_page_0(monkeypatch):
     transformers = pytest.importorskip("transformers")
-    import graphrt.model_runtime as mr
-    from graphrt.graphs import WARMUP_STEPS
-    from graphrt.models import LlamaDecoder
+    import graphrt.model.runtime as mr
+    from graphrt.attention.graphs import WARMUP_STEPS
+    from graphrt.model import LlamaDecoder
 
     class _WarmUpOnly:  # GraphManager.capture without CUDA: the warm-up runs `step` eagerly
         def __init__(self, device):
@@ -111,7 +111,7 @@ class _PlanRecorder(AttentionBackend):
 
 
 def test_host_planned_backend_plans_every_replay_once(monkeypatch):
-    import graphrt.runtime as runtime_mod
+    import graphrt.attention.runtime as runtime_mod
     from graphrt import DecodeRuntime
     monkeypatch.setattr(runtime_mod, "make_backend",
                         lambda config, kv, device, name=None, parity_sets=None:
@@ -137,7 +137,7 @@ def test_cuda_core_empty_rows_before_a_long_row_decode_correctly_on_cpu():
     # 15 idle slots before an 18944-token request drops that request's tiles; the torch split-KV
     # executor over graphrt's device plan ended in an IndexError. It must equal the reference.
     from graphrt import DecodeRuntime
-    from graphrt.reference import reference_decode
+    from graphrt.attention.reference import reference_decode
     cfg = RuntimeConfig(num_qo_heads=8, num_kv_heads=8, head_dim=64, page_size=16,
                         max_pages_per_seq=1184, buckets=[16], dtype="float32",
                         backend="torch-splitkv", decode_kernel="cuda-core")

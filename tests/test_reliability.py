@@ -13,16 +13,16 @@ import threading
 import pytest
 import torch
 
-import graphrt.model_runtime as model_runtime
-import graphrt.runtime as runtime
-import graphrt.verify as verify
+import graphrt.model.runtime as model_runtime
+import graphrt.attention.runtime as runtime
+import graphrt.attention.verify as verify
 from graphrt import DecodeRuntime, DeviceInputError, PagedKVCache, RuntimeConfig
-from graphrt.graphs import CaptureStats
+from graphrt.attention.graphs import CaptureStats
 from graphrt.kernels.append_kv import ERR_KV_SLOT, append_kv
-from graphrt.model_runtime import ModelRuntime
-from graphrt.models import LlamaDecoder
-from graphrt.models.llama import LlamaSpec
-from graphrt.reference import reference_decode
+from graphrt.model.runtime import ModelRuntime
+from graphrt.model import LlamaDecoder
+from graphrt.model.llama import LlamaSpec
+from graphrt.attention.reference import reference_decode
 
 HQ, HKV, D, PAGE, CTX, POOL = 4, 2, 64, 16, 128, 40
 WIDTH = CTX // PAGE  # 8

@@ -66,8 +66,8 @@ def run(args) -> dict:
     import torch
 
     from graphrt import DecodeRuntime, PagedKVCache, load_config
-    from graphrt.reference import reference_decode
-    from graphrt.verify import rel_error
+    from graphrt.attention.reference import reference_decode
+    from graphrt.attention.verify import rel_error
 
     buckets = [int(x) for x in args.buckets.split(",")]
     contexts = [int(x) for x in args.contexts.split(",")]

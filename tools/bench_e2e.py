@@ -53,8 +53,8 @@ def parse_args(argv=None):
 
 def random_model(name: str, torch):
     """A random bf16 LlamaDecoder of the named shape, built straight into the fused layout."""
-    from graphrt.models import LlamaDecoder, LlamaSpec
-    from graphrt.models.weights import LayerWeights, ModelWeights
+    from graphrt.model import LlamaDecoder, LlamaSpec
+    from graphrt.model.weights import LayerWeights, ModelWeights
     h, inter, layers, hq, hkv, d, vocab, tied = SHAPES[name]
     spec = LlamaSpec(vocab_size=vocab, hidden_size=h, intermediate_size=inter, num_layers=layers,
                      num_heads=hq, num_kv_heads=hkv, head_dim=d, rms_norm_eps=1e-5,
@@ -114,7 +114,7 @@ def matmul_tflops(torch) -> float:
 def prefill_rows(name, model, torch, peak_tflops):
     """Prefill 1 x 4k and 8 x 4k prompts: tokens/s and MFU."""
     from graphrt import RuntimeConfig
-    from graphrt.model_runtime import ModelRuntime
+    from graphrt.model.runtime import ModelRuntime
     s, rows = model.spec, []
     for n, t in ((1, 4096), (8, 4096)):
         pages = t // 16 + 1
@@ -179,7 +179,7 @@ def run(args) -> dict:
     import torch
 
     from graphrt import RuntimeConfig
-    from graphrt.model_runtime import ModelRuntime
+    from graphrt.model.runtime import ModelRuntime
     bw = copy_bandwidth(torch)
     peak = matmul_tflops(torch)
     rows, prefill = [], []

@@ -2,7 +2,7 @@
 
 Per (shape, batch): device µs per call (one CUDA graph of back-to-back calls, events, median),
 the weight floor (weight bytes / measured copy bandwidth) and each variant's ratio to it; the
-fastest is what `graphrt.linear.Linear.choose` would pick at capture.
+fastest is what `graphrt.model.linear.Linear.choose` would pick at capture.
 
     python tools/bench_gemv.py --out bench_gemv.json
 """
@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     import torch
 
-    from graphrt.linear import CUBLAS, Linear
+    from graphrt.model.linear import CUBLAS, Linear
     bw = copy_bandwidth(torch)
     rows = []
     batches = [int(b) for b in args.batches.split(",")]

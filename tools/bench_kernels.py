@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     from graphrt.kernels.activation import silu_mul
     from graphrt.kernels.norm import add_rms_norm
     from graphrt.kernels.rope_append import rope_append_decode
-    from graphrt.kvcache import PagedKVCache
+    from graphrt.attention.kvcache import PagedKVCache
     dev, bf = "cuda", torch.bfloat16
     rows = []
     for name, (h, inter, hq, hkv, d) in SHAPES.items():

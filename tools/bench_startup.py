@@ -39,8 +39,8 @@ def child(mode: str, config_path: str, cache: str) -> dict:
     import torch
 
     from graphrt import DecodeRuntime, PagedKVCache, load_config
-    from graphrt.reference import reference_decode
-    from graphrt.verify import random_batch, rel_error
+    from graphrt.attention.reference import reference_decode
+    from graphrt.attention.verify import random_batch, rel_error
     t_import = time.perf_counter() - T0
     config = load_config(config_path)
     kv = PagedKVCache.allocate(config, 1024, "cuda")

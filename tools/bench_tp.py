@@ -43,7 +43,7 @@ def parse_args(argv=None):
 
 
 def _spec(name):
-    from graphrt.models.spec import LlamaSpec
+    from graphrt.model.spec import LlamaSpec
     h, inter, layers, hq, hkv, d, vocab = SHAPES[name]
     return LlamaSpec(vocab_size=vocab, hidden_size=h, intermediate_size=inter, num_layers=layers,
                      num_heads=hq, num_kv_heads=hkv, head_dim=d, rms_norm_eps=1e-5, rope_theta=500000.0,
@@ -82,7 +82,7 @@ def _rank_bench(ctx, name, batches, contexts, reps):
     import torch
     from benchlib import copy_bandwidth
     from graphrt import RuntimeConfig
-    from graphrt.models.llama import LlamaDecoder
+    from graphrt.model.llama import LlamaDecoder
     from graphrt.parallel.driver import rank_runtime
     from graphrt.parallel.random_weights import random_weights
     t0 = time.perf_counter()

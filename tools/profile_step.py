@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     from graphrt import RuntimeConfig
-    from graphrt.model_runtime import ModelRuntime
+    from graphrt.model.runtime import ModelRuntime
     model, _ = random_model(args.model, torch)
     s, n, ctx = model.spec, args.batch, args.context
     pages = -(-(ctx + 64) // 16)

@@ -5,9 +5,9 @@ params.py (SamplingParams, RequestOutput), config.py (EngineConfig), allocator.p
 detokenizer.py (text and stop strings), scheduler.py (admission, slots, stops), stream.py,
 engine.py (the loop, overlap, background thread), llm.py (the offline API).
 """
-from .config import EngineConfig
-from .engine import Engine
-from .llm import LLM
-from .params import RequestOutput, SamplingParams
+from graphrt.engine.config import EngineConfig
+from graphrt.engine.engine import Engine
+from graphrt.engine.llm import LLM
+from graphrt.engine.params import RequestOutput, SamplingParams
 
 __all__ = ["LLM", "Engine", "EngineConfig", "SamplingParams", "RequestOutput"]

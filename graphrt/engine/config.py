@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import BACKENDS, RuntimeConfig
+from graphrt.config import BACKENDS, RuntimeConfig
 
 DEFAULT_MAX_MODEL_LEN = 8192
 

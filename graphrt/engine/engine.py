@@ -30,11 +30,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..sampling import SamplingInputs, sample_eager
-from .detokenizer import TextState
-from .params import RequestOutput, SamplingParams
-from .scheduler import Request, Scheduler
-from .stream import RequestStream
+from graphrt.model.sampling import SamplingInputs, sample_eager
+from graphrt.engine.detokenizer import TextState
+from graphrt.engine.params import RequestOutput, SamplingParams
+from graphrt.engine.scheduler import Request, Scheduler
+from graphrt.engine.stream import RequestStream
 
 
 @dataclass

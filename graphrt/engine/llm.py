@@ -14,17 +14,17 @@ from pathlib import Path
 
 import torch
 
-from .config import EngineConfig
-from .engine import Engine
-from .loader import file_dtype, load_checkpoint, load_tokenizer, read_config
-from .params import RequestOutput, SamplingParams
-from .model import build_model
+from graphrt.engine.config import EngineConfig
+from graphrt.engine.engine import Engine
+from graphrt.engine.loader import file_dtype, load_checkpoint, load_tokenizer, read_config
+from graphrt.engine.params import RequestOutput, SamplingParams
+from graphrt.engine.model import build_model
 
 
 def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None):
     """Load (the rank's shard of) the checkpoint, build the rank's model and ModelRuntime
     -> (Checkpoint, max_model_len, ModelRuntime)."""
-    from ..parallel.driver import rank_runtime
+    from graphrt.parallel.driver import rank_runtime
     world, rank = (1, 0) if tp is None else (tp.world_size, tp.rank)
     ck = load_checkpoint(path, device=device, dtype=getattr(torch, dtype), rank=rank, world_size=world)
     max_len = config.resolve_max_model_len(ck.max_position_embeddings)
@@ -36,7 +36,7 @@ def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None):
 
 def _tp_worker(ctx, path, config: EngineConfig, dtype: str) -> None:
     """Ranks 1..n-1 of LLM(..., tensor_parallel=n): build the rank's runtime, follow rank 0."""
-    from ..parallel.driver import follow
+    from graphrt.parallel.driver import follow
     _, _, runtime = _build_runtime(path, ctx.device, config, dtype, tp=ctx.tp)
     follow(runtime, ctx.control)
 
@@ -86,10 +86,10 @@ class LLM:
     def _start_tensor_parallel(self, path, dev, config, dtype, n: int, timeout_s: float):
         from transformers import AutoConfig
 
-        from ..models.spec import LlamaSpec
-        from ..parallel import check_tp_size
-        from ..parallel.driver import TPDriver
-        from ..parallel.workers import WorkerGroup
+        from graphrt.model.spec import LlamaSpec
+        from graphrt.parallel import check_tp_size
+        from graphrt.parallel.driver import TPDriver
+        from graphrt.parallel.workers import WorkerGroup
         read_config(Path(path))
         check_tp_size(LlamaSpec.from_hf(AutoConfig.from_pretrained(str(path))), n)   # before spawning
         if dev.index not in (None, 0):

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from ..models.llama import LlamaSpec
-from ..parallel.shard import owned_slice, shard_spec
+from graphrt.model.llama import LlamaSpec
+from graphrt.parallel.shard import owned_slice, shard_spec
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 FILE_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}

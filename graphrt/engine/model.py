@@ -3,13 +3,13 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from ..models.llama import LlamaDecoder
-from ..models.weights import LayerWeights, ModelWeights
-from .loader import Checkpoint
+from graphrt.model.llama import LlamaDecoder
+from graphrt.model.weights import LayerWeights, ModelWeights
+from graphrt.engine.loader import Checkpoint
 
 
 def build_model(ckpt: Checkpoint, *, max_positions: int | None = None, tp=None) -> LlamaDecoder:
-    """LlamaDecoder over ckpt.weights (the fused layout of models/weights.py, as the loader
+    """LlamaDecoder over ckpt.weights (the fused layout of model/weights.py, as the loader
     allocated it on the device); max_positions: rows of the RoPE table (default: the spec's).
     tp: the rank's `graphrt.parallel.TensorParallel` when ckpt holds a tensor-parallel shard."""
     if (tp.world_size if tp is not None else 1) != ckpt.world_size:

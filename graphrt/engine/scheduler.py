@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .allocator import PageAllocator
-from .detokenizer import TextState
-from .params import RequestOutput, SamplingParams
+from graphrt.engine.allocator import PageAllocator
+from graphrt.engine.detokenizer import TextState
+from graphrt.engine.params import RequestOutput, SamplingParams
 
 PAD_PAGE = -1  # block-table entries past a request's pages
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import queue
 
-from .params import RequestOutput
+from graphrt.engine.params import RequestOutput
 
 
 class RequestStream:

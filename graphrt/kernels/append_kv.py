@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .prepare import ERR_PAGE_ID
+from graphrt.kernels.prepare import ERR_PAGE_ID
 
 ERR_KV_SLOT = 8
 

@@ -5,7 +5,7 @@ At decode batch sizes the weight read is the whole cost, and cuBLAS pays a fixed
 [n * BLOCK_N, +BLOCK_N) of w in BLOCK_K-wide tiles (16-byte loads along K, the contiguous dim),
 multiplies them by all M rows of x and writes the [M, BLOCK_N] tile. No split-K (that needs a
 second launch or atomics); parallelism comes from small BLOCK_N. Whether it beats cuBLAS is
-measured per (shape, batch) at capture time by `graphrt.linear.Linear.choose`.
+measured per (shape, batch) at capture time by `graphrt.model.linear.Linear.choose`.
 
 Runs on CPU tensors under TRITON_INTERPRET=1 (tests compare it with float32 torch).
 """

@@ -3,7 +3,7 @@
 Input is the fused qkv GEMM output [T, (Hq + 2*Hkv) * D] (columns: q heads, k heads, v heads,
 each head D wide). Output: rotated q [T, Hq, D]; rotated k and v go straight into the layer's
 paged K/V cache (NHD or HND: strides are passed in). RoPE reads the [max_positions, D] float32
-cos/sin table built at model load (graphrt.models.rope: cos half, then sin half; HF rotate_half
+cos/sin table built at model load (graphrt.model.rope: cos half, then sin half; HF rotate_half
 convention). All math in float32, one rounding at each store.
 
 Two modes, one kernel:
@@ -28,8 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .append_kv import ERR_KV_SLOT
-from .prepare import ERR_PAGE_ID
+from graphrt.kernels.append_kv import ERR_KV_SLOT
+from graphrt.kernels.prepare import ERR_PAGE_ID
 
 ERR_POSITION = 16
 

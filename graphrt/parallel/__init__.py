@@ -7,7 +7,7 @@
     driver.py    rank 0 broadcasts each prefill / decode call; workers replay the same graphs
     random_weights.py  a random model built straight into one rank's shard (benchmarks, tests)
 """
-from .group import TensorParallel
-from .shard import check_tp_size, shard_runtime_config, shard_spec, shard_weights
+from graphrt.parallel.group import TensorParallel
+from graphrt.parallel.shard import check_tp_size, shard_runtime_config, shard_spec, shard_weights
 
 __all__ = ["TensorParallel", "check_tp_size", "shard_runtime_config", "shard_spec", "shard_weights"]

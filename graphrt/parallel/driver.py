@@ -25,7 +25,7 @@ from dataclasses import dataclass, fields
 import torch
 import torch.distributed as dist
 
-from ..sampling import SamplingInputs
+from graphrt.model.sampling import SamplingInputs
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ class TPDriver:
         return getattr(self.runtime, name)
 
     def _call(self, name: str, *args, **kwargs):
-        from .launch import RankError
+        from graphrt.parallel.launch import RankError
         failure = self.health() if self.health is not None else None
         if failure:
             raise RankError(failure)
@@ -173,8 +173,8 @@ def follow(runtime, control, *, on_result=None) -> int:
 def rank_runtime(model, config, device, **kwargs):
     """ModelRuntime of one rank: `config` is the whole model's RuntimeConfig; the rank's runtime
     gets its own heads (shard_runtime_config), its own KV pool and device plan."""
-    from ..model_runtime import ModelRuntime
-    from .shard import shard_runtime_config
+    from graphrt.model.runtime import ModelRuntime
+    from graphrt.parallel.shard import shard_runtime_config
     tp = getattr(model, "tp", None)
     world = 1 if tp is None else tp.world_size
     return ModelRuntime(model, shard_runtime_config(config, world), device, **kwargs)

@@ -27,7 +27,7 @@ from datetime import timedelta
 
 import torch
 
-from .group import TensorParallel
+from graphrt.parallel.group import TensorParallel
 
 RANK_TEARDOWN_S = 5.0  # a finished rank waits this long for destroy_process_group, then exits
 

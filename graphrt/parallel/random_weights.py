@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from ..models.spec import LlamaSpec
-from ..models.weights import LayerWeights, ModelWeights
-from .shard import shard_layer, shard_vocab
+from graphrt.model.spec import LlamaSpec
+from graphrt.model.weights import LayerWeights, ModelWeights
+from graphrt.parallel.shard import shard_layer, shard_vocab
 
 
 def random_weights(spec: LlamaSpec, *, dtype=torch.bfloat16, device="cuda", seed: int = 0,

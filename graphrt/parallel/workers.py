@@ -22,7 +22,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from .launch import RankContext, _rank_main, free_port, join_group, stop_processes
+from graphrt.parallel.launch import RankContext, _rank_main, free_port, join_group, stop_processes
 
 log = logging.getLogger("graphrt.parallel")
 

@@ -5,7 +5,7 @@ the engine's thread, admission), completions.py (the two generation endpoints, S
 (Prometheus text), config.py (ServeConfig, the --config YAML), app.py (create_app), cli.py
 (`graphrt serve`, start-up log). Needs the `serve` extra (fastapi, uvicorn).
 """
-from .app import create_app
-from .config import ServeConfig
+from graphrt.serve.app import create_app
+from graphrt.serve.config import ServeConfig
 
 __all__ = ["create_app", "ServeConfig"]

@@ -1,4 +1,4 @@
 """`python -m graphrt.serve ...` = `graphrt serve ...`."""
-from .cli import main
+from graphrt.serve.cli import main
 
 main()

@@ -14,12 +14,12 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from .bridge import AsyncEngine
-from .completions import Generation
-from .config import ServeConfig
-from .errors import APIError, error_body, install_handlers
-from .metrics import Metrics
-from .protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from graphrt.serve.bridge import AsyncEngine
+from graphrt.serve.completions import Generation
+from graphrt.serve.config import ServeConfig
+from graphrt.serve.errors import APIError, error_body, install_handlers
+from graphrt.serve.metrics import Metrics
+from graphrt.serve.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 

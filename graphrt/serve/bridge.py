@@ -17,8 +17,8 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from .errors import APIError
-from .metrics import EngineStats, Metrics
+from graphrt.serve.errors import APIError
+from graphrt.serve.metrics import EngineStats, Metrics
 
 
 @dataclass

@@ -18,7 +18,7 @@ log = logging.getLogger("graphrt.serve")
 
 
 def build_parser(prog: str = "graphrt serve") -> argparse.ArgumentParser:
-    from .config import DEFAULT_MAX_WAITING
+    from graphrt.serve.config import DEFAULT_MAX_WAITING
     p = argparse.ArgumentParser(prog=prog, description="OpenAI-compatible HTTP server over the graphrt engine.")
     p.add_argument("--model", required=True, help="checkpoint directory in the HF layout")
     p.add_argument("--config", default=None,
@@ -40,8 +40,8 @@ def build_parser(prog: str = "graphrt serve") -> argparse.ArgumentParser:
 
 def resolve_configs(args):
     """-> (EngineConfig, ServeConfig) from --config and the flags (flags win)."""
-    from ..engine import EngineConfig
-    from .config import ServeConfig, load_serve_yaml
+    from graphrt.engine import EngineConfig
+    from graphrt.serve.config import ServeConfig, load_serve_yaml
     engine_fields = tuple(f.name for f in dataclasses.fields(EngineConfig))
     eng_kw, srv_kw = load_serve_yaml(args.config, engine_fields) if args.config else ({}, {})
     if args.served_model_name is not None:
@@ -65,19 +65,19 @@ def load(args):
     engine_cfg, serve_cfg = resolve_configs(args)
     before, cache_dir = None, None
     if args.graph_cache:
-        from ..cache import check_cache, stat_snapshot
+        from graphrt.cache.load import check_cache, stat_snapshot
         t0 = time.perf_counter()
         cache_dir = Path(args.graph_cache)
         manifest = check_cache(cache_dir)          # trust model, environment, every file's sha256
         before = stat_snapshot(cache_dir)
         log.info("graph cache %s: %d artifacts verified in %.2f s", cache_dir.resolve(),
                  len(manifest.data["artifacts"]), time.perf_counter() - t0)
-    from ..engine import LLM
+    from graphrt.engine import LLM
     log.info("loading %s on %s (%s)", Path(args.model).resolve(), device, engine_cfg)
     t0 = time.perf_counter()
     from contextlib import nullcontext
 
-    from ..cache import compilers_at
+    from graphrt.cache.load import compilers_at
     # FlashInfer / Triton look kernels up in the cache while the engine loads and captures
     with compilers_at(cache_dir) if cache_dir is not None else nullcontext():
         llm = LLM(args.model, device=device, config=engine_cfg, tensor_parallel=args.tensor_parallel)
@@ -93,7 +93,7 @@ def load(args):
              rc.backend, llm.config.max_batch, llm.config.steps_per_graph, rc.page_size, llm.runtime.num_pages,
              llm.engine.max_model_len, total)
     if cache_dir is not None:
-        from ..cache import stat_snapshot
+        from graphrt.cache.load import stat_snapshot
         after = stat_snapshot(cache_dir)
         changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
         if changed:
@@ -125,7 +125,7 @@ def capture_report(llm, total_s: float) -> list[str]:
 def main(argv=None, *, prog: str = "graphrt serve") -> None:
     args = build_parser(prog).parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from ..cache import CacheMismatchError
+    from graphrt.cache.load import CacheMismatchError
     try:
         llm, serve_cfg = load(args)
     except (ValueError, CacheMismatchError) as e:  # bad flag, config, checkpoint or cache: one clear line
@@ -133,7 +133,7 @@ def main(argv=None, *, prog: str = "graphrt serve") -> None:
         raise SystemExit(2) from None
     import uvicorn
 
-    from .app import create_app
+    from graphrt.serve.app import create_app
     app = create_app(llm, serve_cfg)
     log.info("serving %r on http://%s:%d/v1", serve_cfg.served_model_name, args.host, args.port)
     try:

@@ -12,9 +12,9 @@ import asyncio
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from .bridge import AsyncEngine, DeltaStream
-from .errors import APIError, sse_error
-from .protocol import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
+from graphrt.serve.bridge import AsyncEngine, DeltaStream
+from graphrt.serve.errors import APIError, sse_error
+from graphrt.serve.protocol import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                        ChatCompletionResponse, ChatDelta, CompletionChoice, CompletionRequest, CompletionResponse,
                        Usage)
 
@@ -36,7 +36,7 @@ class Generation:
         body.refuse_unsupported()
 
     def _params(self, body, max_tokens: int):
-        from ..engine import SamplingParams              # the engine package is heavy; import on use
+        from graphrt.engine import SamplingParams              # the engine package is heavy; import on use
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
         try:
             return SamplingParams(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,

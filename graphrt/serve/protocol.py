@@ -14,7 +14,7 @@ from typing import Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .errors import APIError
+from graphrt.serve.errors import APIError
 
 
 class _Request(BaseModel):

@@ -1,0 +1,61 @@
+"""The attention context handed to model code: one bucket's prepared attention state for a step.
+
+    def step(ctx: AttentionContext, tokens):        # captured per bucket by ModelRuntime
+        ctx.prepare()                               # metadata + device plan, once per step
+        ...
+        q = ctx.rope_append(layer, qkv, cos_sin)    # [B, Hq, D]; rotated k, v into the cache
+        o = ctx.attention(layer, q)                 # [B, Hq, D]
+
+(`ctx.write_kv(layer, k, v)` appends already-rotated k, v [B, Hkv, D] instead of rope_append.)
+
+No global state: the context is an explicit argument; every layer shares the step's plan.
+"""
+from __future__ import annotations
+
+import torch
+
+from graphrt.attention.backends.base import AttentionBackend
+from graphrt.attention.buffers import BucketView
+from graphrt.kernels.append_kv import append_kv
+from graphrt.kernels.rope_append import rope_append_decode
+from graphrt.attention.kvcache import PagedKVCache
+
+
+class AttentionContext:
+    def __init__(self, backend: AttentionBackend, view: BucketView, kv_caches: list[PagedKVCache]):
+        self.backend = backend
+        self.view = view
+        self.kv_caches = kv_caches
+
+    @property
+    def size(self) -> int:
+        return self.view.size
+
+    def prepare(self) -> None:
+        """Once per step, before any layer: CSR metadata + split-KV plan on the device."""
+        self.backend.prepare(self.view)
+
+    def positions(self) -> torch.Tensor:
+        """[B] int64 position of each row's current token (seq_len - 1; 0 for padding rows)."""
+        return (self.view.seq_lens.long() - 1).clamp_min(0)
+
+    def write_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v [B, Hkv, D]: the current token's K/V, written at slot seq_len - 1 of each row."""
+        append_kv(k.contiguous(), v.contiguous(), self.kv_caches[layer], self.view.block_table,
+                  self.view.seq_lens, self.view.device_error)
+
+    def rope_append(self, layer: int, qkv: torch.Tensor, cos_sin: torch.Tensor, *,
+                    num_q_heads: int, q_norm: torch.Tensor | None = None,
+                    k_norm: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+        """qkv [B, (Hq + 2*Hkv) * D] (fused GEMM output) -> rotated q [B, Hq, D]; rotated k and
+        v go to slot seq_len - 1 of each row in the layer's cache (kernels/rope_append.py).
+        cos_sin: [max_positions, D] float32 (model/rope.py); q_norm, k_norm: [D] (Qwen3)."""
+        return rope_append_decode(qkv, cos_sin, self.kv_caches[layer], self.view.block_table,
+                                  self.view.seq_lens, self.view.device_error,
+                                  num_q_heads=num_q_heads, q_norm=q_norm, k_norm=k_norm, eps=eps)
+
+    def attention(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """q [B, Hq, D] -> [B, Hq, D], over the layer's cache with the step's shared plan."""
+        out = torch.empty_like(q)
+        self.backend.attend(self.view, q.contiguous(), self.kv_caches[layer], out)
+        return out
