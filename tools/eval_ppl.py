@@ -157,6 +157,8 @@ def bf16_ulp(x: float) -> float:
 def greedy_agreement(path, hf, seqs, device, *, prompts: int, prompt_tokens: int, gen_tokens: int) -> dict:
     from graphrt import LLM, SamplingParams
     cands = [s for s in seqs if len(s) >= prompt_tokens + 1][:prompts]
+    if not cands:
+        return {"prompts": 0, "skipped": f"no held-out file has {prompt_tokens + 1} tokens"}
     starts = [(len(s) - prompt_tokens) // 2 for s in cands]
     ps = [s[a: a + prompt_tokens] for s, a in zip(cands, starts)]
     cuda = device.type == "cuda"
@@ -220,6 +222,10 @@ def main(argv=None) -> int:
             return 2
     if a.decode_tokens < 0 or a.prompts < 0 or a.window < MIN_FILE_TOKENS:
         print(f"eval_ppl: --decode-tokens/--prompts must be >= 0 and --window >= {MIN_FILE_TOKENS}", file=sys.stderr)
+        return 2
+    if a.prompts and a.window <= a.prompt_tokens:
+        print(f"eval_ppl: --window {a.window} must exceed --prompt-tokens {a.prompt_tokens} (prompts are "
+              f"cut from the held-out windows)", file=sys.stderr)
         return 2
     if cuda and not torch.cuda.is_available():
         print("eval_ppl: --device cuda but CUDA is not available; use --device cpu", file=sys.stderr)
@@ -293,7 +299,7 @@ def report(r: dict) -> None:
         x = r["decode"]
         print(f"  decode (first {x['tokens']} tokens of {x['files']} files, graphs={x['graphs']}): HF float32 "
               f"{x['hf_fp32_ppl']:.4f} | graphrt decode {x['graphrt_decode_ppl']:.4f} | ratio {x['ratio']:.5f}")
-    if "greedy" in r:
+    if "greedy" in r and r["greedy"]["prompts"]:
         g = r["greedy"]
         print(f"  greedy: {g['identical']}/{g['prompts']} sequences identical to HF float32 for "
               f"{g['gen_tokens']} tokens; max divergence margin {g['max_margin_bf16_ulps']:.2f} bf16 ulps")
