@@ -71,7 +71,7 @@ SIZES = {
                        {"draft": ModelShape("llama", 256, 768, 4, 4, 2, True, 3e-3),
                         "target": ModelShape("llama", 768, 2048, 12, 12, 4, False, 1.5e-3),
                         "target-qwen3": ModelShape("qwen3", 768, 2048, 12, 12, 4, False, 1.5e-3)}),
-    "micro": SizePreset(512, 64, 8, 1 << 20, 1 << 20, 20,
+    "micro": SizePreset(512, 64, 8, 256 << 10, 512 << 10, 20,
                         {"draft": 10.0, "target": 10.0, "target-qwen3": 10.0},
                         {"draft": ModelShape("llama", 64, 128, 1, 1, 1, True, 3e-3),
                          "target": ModelShape("llama", 128, 256, 2, 2, 1, False, 3e-3),
@@ -183,7 +183,7 @@ class Windows:
 
 def loss_of(model, batch: torch.Tensor, autocast: bool) -> torch.Tensor:
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-        logits = model(input_ids=batch[:, :-1]).logits
+        logits = model(input_ids=batch[:, :-1], use_cache=False).logits
     return F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
 
 

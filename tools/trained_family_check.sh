@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Issue 18 on one GPU: train the draft/target family (tools/train_tiny.py, ~4 min on an H200), then
+# held-out perplexity / greedy agreement / draft agreement (tools/eval_ppl.py). Checkpoints go to
+# $GRAPHRT_TRAINED_DIR (default /tmp/trained, never under $OUT); what comes back goes to $OUT (8 files):
+#   train.log train.json loss_curves.png eval.log eval_target.json eval_target-qwen3.json eval_draft.json gpu.txt
+#   bash .device/bootstrap.sh bash tools/trained_family_check.sh
+# REUSE=1 skips training when $GRAPHRT_TRAINED_DIR already holds train.json.
+set -uo pipefail
+OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+DIR="${GRAPHRT_TRAINED_DIR:-/tmp/trained}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$OUT/gpu.txt" 2>&1
+t0=$(date +%s)
+rc=0
+if [ "${REUSE:-0}" = 1 ] && [ -f "$DIR/train.json" ]; then
+  echo "reusing $DIR" | tee "$OUT/train.log"
+else
+  rm -rf "$DIR"
+  timeout 420 python tools/train_tiny.py --out "$DIR" --size full --device cuda ${TRAIN_ARGS:-} 2>&1 \
+    | grep -v "Writing model shards" | tee "$OUT/train.log" || rc=1
+fi
+cp "$DIR/train.json" "$OUT/" 2>/dev/null; cp "$DIR/loss_curves.png" "$OUT/" 2>/dev/null
+echo "train: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/train.log"
+: > "$OUT/eval.log"
+for m in target target-qwen3 draft; do
+  [ -d "$DIR/$m" ] || { echo "missing $DIR/$m" | tee -a "$OUT/eval.log"; rc=1; continue; }
+  extra=""
+  [ "$m" = draft ] && extra="--prompts 0 --agree-with $DIR/target"
+  t1=$(date +%s)
+  timeout 240 python tools/eval_ppl.py "$DIR/$m" --device cuda --json "$OUT/eval_$m.json" $extra ${EVAL_ARGS:-} 2>&1 \
+    | grep -v "Loading weights" | tee -a "$OUT/eval.log" | tail -20
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  echo "eval $m: $(( $(date +%s) - t1 )) s" | tee -a "$OUT/eval.log"
+done
+echo "total: $(( $(date +%s) - t0 )) s, rc=$rc" | tee -a "$OUT/eval.log"
+exit $rc
