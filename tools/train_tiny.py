@@ -67,7 +67,7 @@ class SizePreset:
 
 SIZES = {
     "full": SizePreset(8192, 1024, 32, 12 << 20, None, None,
-                       {"draft": 30.0, "target": 85.0, "target-qwen3": 85.0},
+                       {"draft": 25.0, "target": 80.0, "target-qwen3": 80.0},
                        {"draft": ModelShape("llama", 256, 768, 4, 4, 2, True, 3e-3),
                         "target": ModelShape("llama", 768, 2048, 12, 12, 4, False, 1.5e-3),
                         "target-qwen3": ModelShape("qwen3", 768, 2048, 12, 12, 4, False, 1.5e-3)}),
@@ -206,7 +206,7 @@ def train_one(name: str, shape: ModelShape, preset: SizePreset, train: torch.Ten
     opt = torch.optim.AdamW(model.parameters(), lr=shape.lr, betas=(0.9, 0.95), weight_decay=0.1,
                             **({"fused": True} if cuda else {}))
     data = Windows(train, preset.seq_len, preset.batch, seed + 1)
-    warmup, probe = (min(30, max(1, (steps or 100) // 10)), 5)
+    warmup, probe = (30 if steps is None else min(30, max(1, steps // 10))), 5
     total = steps or 10**9
     curve, t0, t_probe = [], time.perf_counter(), None
     eval_every = None
@@ -287,6 +287,23 @@ def plot(summaries: list[dict], png: Path) -> str:
     return f"wrote {png}"
 
 
+def parse_budgets(text: str | None, names: list[str]) -> dict:
+    """'S' (every model) or 'NAME=S,...' -> {name: seconds > 0}; ValueError naming the problem."""
+    if text is None:
+        return {}
+    try:
+        if "=" not in text:
+            out = dict.fromkeys(names, float(text))
+        else:
+            out = {k.strip(): float(v) for k, v in (item.split("=", 1) for item in text.split(",") if item)}
+    except ValueError:
+        raise ValueError(f"{text!r} is not S or NAME=S,... with numbers") from None
+    bad = [k for k in out if k not in names] + [k for k, v in out.items() if not v > 0]
+    if bad:
+        raise ValueError(f"{bad}: unknown model or not > 0 (models {names})")
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True)
@@ -294,7 +311,8 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
     p.add_argument("--steps", type=int, default=None, help="steps per model (default: fit the time budget)")
     p.add_argument("--models", default="draft,target,target-qwen3")
-    p.add_argument("--time-budget-s", type=float, default=None, help="seconds per model (default: the size's)")
+    p.add_argument("--time-budget-s", default=None, help="seconds per model: S for all, or NAME=S,... "
+                   "(default: the size's, e.g. draft=25,target=80,target-qwen3=80)")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     preset = SIZES[a.size]
@@ -303,8 +321,14 @@ def main(argv=None) -> int:
     if not names or bad:
         print(f"train_tiny: --models {a.models!r}: unknown {bad}; choose from {sorted(preset.models)}", file=sys.stderr)
         return 2
-    if a.steps is not None and a.steps < 1 or a.time_budget_s is not None and a.time_budget_s <= 0:
-        print("train_tiny: --steps and --time-budget-s must be > 0", file=sys.stderr)
+    budgets = dict(preset.budget_s)
+    try:
+        budgets.update(parse_budgets(a.time_budget_s, list(preset.models)))
+    except ValueError as e:
+        print(f"train_tiny: --time-budget-s: {e}", file=sys.stderr)
+        return 2
+    if a.steps is not None and a.steps < 1:
+        print(f"train_tiny: --steps must be >= 1, got {a.steps}", file=sys.stderr)
         return 2
     if a.device == "cuda" and not torch.cuda.is_available():
         print("train_tiny: --device cuda but CUDA is not available; use --device cpu", file=sys.stderr)
@@ -330,7 +354,7 @@ def main(argv=None) -> int:
     summaries = []
     for i, name in enumerate(names):
         shape = preset.models[name]
-        budget = a.time_budget_s or preset.budget_s[name]
+        budget = budgets[name]
         model, summ = train_one(name, shape, preset, stream, val, device=device, steps=steps,
                                 budget_s=budget, seed=a.seed + 100 * i, log=log)
         save_model(model, tok, out / name)
