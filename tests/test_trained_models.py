@@ -43,8 +43,8 @@ def test_split_is_fixed_and_disjoint():
     held = [f for f in files if tt.is_heldout(f)]
     assert 0.02 < len(held) / len(files) < 0.09, (len(held), len(files))
     assert all(tt.is_heldout(f) for f in held) and not any("site-packages" in f.parts for f in files)
-    train_names = {n for n, _ in tt.read_split(False, max_bytes=1 << 20)}
-    held_names = {n for n, _ in tt.read_split(True, max_bytes=1 << 18)}
+    train_names = {n for n, _ in tt.read_split(False, max_bytes=1 << 18)}
+    held_names = {n for n, _ in tt.read_split(True, max_bytes=1 << 16)}
     assert train_names and held_names and not train_names & held_names
 
 
@@ -78,18 +78,19 @@ def test_llm_generates_like_hf(micro, name):
     prompt = tok("def read_file(path):\n    with open(", add_special_tokens=False)["input_ids"]
     llm = LLM(str(path), device="cpu", max_batch=2, steps_per_graph=2, max_model_len=64)
     try:
-        out = llm.generate([prompt], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))[0]
-        chat = llm.chat([{"role": "user", "content": "import os"}], SamplingParams(max_tokens=3, ignore_eos=True))
+        out = llm.generate([prompt], SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))[0]
+        if name == "target":                # the chat template: once is enough
+            chat = llm.chat([{"role": "user", "content": "import os"}], SamplingParams(max_tokens=2, ignore_eos=True))
+            assert len(chat.token_ids) == 2
     finally:
         llm.engine.shutdown()
     hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     seq = list(prompt)
     with torch.no_grad():
-        for _ in range(6):                  # HF greedy, not stopping at eos (like ignore_eos)
+        for _ in range(5):                  # HF greedy, not stopping at eos (like ignore_eos)
             seq.append(int(hf(torch.tensor([seq])).logits[0, -1].argmax()))
     want = seq[len(prompt):]
     assert list(out.token_ids) == want
-    assert len(chat.token_ids) == 3
 
 
 def test_eval_ppl_on_micro(micro, tmp_path):
@@ -125,13 +126,14 @@ def test_bad_arguments_exit_2(micro, tmp_path, capsys):
 def test_trained_family_quality_gates(tmp_path_factory):
     """Issue 18's gates on the full family: bf16 perplexity within 1% of HF float32 (prefill and
     decode), >= 58 of 64 greedy sequences identical with every divergence under 2 bf16 ulps, and
-    the draft at least 1.5x worse than the target. Trains (about 4 min) unless GRAPHRT_TRAINED_DIR
-    names a directory train_tiny.py wrote."""
+    the draft at least 1.5x worse than the target. Trains the draft and the Llama target (about
+    2 min on an H200) unless GRAPHRT_TRAINED_DIR names a directory train_tiny.py already wrote
+    (tools/trained_family_check.sh leaves one in /tmp/trained)."""
     root = os.environ.get("GRAPHRT_TRAINED_DIR")
     if root is None or not (Path(root) / "train.json").is_file():
         root = root or str(tmp_path_factory.mktemp("trained_full"))
         t0 = time.perf_counter()
-        assert _tool("train_tiny").main(["--out", root, "--device", "cuda"]) == 0
+        assert _tool("train_tiny").main(["--out", root, "--device", "cuda", "--models", "draft,target"]) == 0
         print(f"trained the family in {time.perf_counter() - t0:.0f} s into {root}")
     ev = _tool("eval_ppl")
     js = tmp_path_factory.mktemp("eval") / "target.json"

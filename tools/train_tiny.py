@@ -94,15 +94,16 @@ def is_heldout(rel: Path) -> bool:
 
 
 def read_split(heldout: bool, *, root: Path | None = None, max_bytes: int | None = None) -> list[tuple[str, str]]:
-    """(relative path, text) of the train (or held-out) files in path order, up to max_bytes."""
+    """(relative path, text) of the train (or held-out) files in path order; with max_bytes, the
+    files that fit in that many characters in all (taken in path order, skipping larger ones)."""
     root = Path(root or sysconfig.get_paths()["stdlib"])
     out, total = [], 0
     for rel in stdlib_files(root):
         if is_heldout(rel) != heldout:
             continue
         text = (root / rel).read_text(encoding="utf-8", errors="replace")
-        if max_bytes is not None and total + len(text) > max_bytes and out:
-            break
+        if max_bytes is not None and total + len(text) > max_bytes:
+            continue                                  # too big for what is left: try smaller files
         out.append((rel.as_posix(), text))
         total += len(text)
     return out

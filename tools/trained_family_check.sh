@@ -4,7 +4,9 @@
 # $GRAPHRT_TRAINED_DIR (default /tmp/trained, never under $OUT); what comes back goes to $OUT (8 files):
 #   train.log train.json loss_curves.png eval.log eval_target.json eval_target-qwen3.json eval_draft.json gpu.txt
 #   bash .device/bootstrap.sh bash tools/trained_family_check.sh
-# REUSE=1 skips training when $GRAPHRT_TRAINED_DIR already holds train.json.
+# REUSE=1 skips training when $GRAPHRT_TRAINED_DIR already holds train.json. CPU smoke run:
+#   OUT=/tmp/o GRAPHRT_TRAINED_DIR=/tmp/m SIZE=micro DEVICE=cpu TRAIN_ARGS="--steps 8" \
+#   EVAL_ARGS="--max-files 2 --window 24 --decode-tokens 4 --prompts 1 --prompt-tokens 8 --gen-tokens 4" bash tools/trained_family_check.sh
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 DIR="${GRAPHRT_TRAINED_DIR:-/tmp/trained}"
@@ -16,7 +18,7 @@ if [ "${REUSE:-0}" = 1 ] && [ -f "$DIR/train.json" ]; then
   echo "reusing $DIR" | tee "$OUT/train.log"
 else
   rm -rf "$DIR"
-  timeout 420 python tools/train_tiny.py --out "$DIR" --size full --device cuda ${TRAIN_ARGS:-} 2>&1 \
+  timeout 420 python tools/train_tiny.py --out "$DIR" --size "${SIZE:-full}" --device "${DEVICE:-cuda}" ${TRAIN_ARGS:-} 2>&1 \
     | grep -v "Writing model shards" | tee "$OUT/train.log" || rc=1
 fi
 cp "$DIR/train.json" "$OUT/" 2>/dev/null; cp "$DIR/loss_curves.png" "$OUT/" 2>/dev/null
@@ -27,10 +29,34 @@ for m in target target-qwen3 draft; do
   extra=""
   [ "$m" = draft ] && extra="--prompts 0 --agree-with $DIR/target"
   t1=$(date +%s)
-  timeout 240 python tools/eval_ppl.py "$DIR/$m" --device cuda --json "$OUT/eval_$m.json" $extra ${EVAL_ARGS:-} 2>&1 \
+  timeout 240 python tools/eval_ppl.py "$DIR/$m" --device "${DEVICE:-cuda}" --json "$OUT/eval_$m.json" $extra ${EVAL_ARGS:-} 2>&1 \
     | grep -v "Loading weights" | tee -a "$OUT/eval.log" | tail -20
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
   echo "eval $m: $(( $(date +%s) - t1 )) s" | tee -a "$OUT/eval.log"
 done
+python - "$OUT" <<'PY' 2>&1 | tee -a "$OUT/eval.log"
+import json, sys, pathlib
+out = pathlib.Path(sys.argv[1])
+def load(m):
+    f = out / f"eval_{m}.json"
+    return json.loads(f.read_text()) if f.is_file() else None
+print("issue 18 gates:")
+for m in ("target", "target-qwen3"):
+    r = load(m)
+    if r is None:
+        print(f"  {m}: no eval JSON"); continue
+    pr, dr = r["prefill_ratio"], r.get("decode", {}).get("ratio", float("nan"))
+    g = r.get("greedy", {})
+    print(f"  {m}: ppl prefill ratio {pr:.4f} [{'PASS' if abs(pr - 1) <= 0.01 else 'FAIL'}], decode ratio "
+          f"{dr:.4f} [{'PASS' if abs(dr - 1) <= 0.01 else 'FAIL'}], greedy {g.get('identical')}/{g.get('prompts')} "
+          f"max margin {g.get('max_margin_bf16_ulps', float('nan')):.2f} ulps "
+          f"[{'PASS' if g.get('identical', 0) >= 58 and g.get('max_margin_bf16_ulps', 9) < 2 else 'FAIL'}]")
+d = load("draft")
+if d and "agree_with" in d:
+    a = d["agree_with"]
+    print(f"  draft: ppl {d['hf_fp32_ppl']:.3f} vs target {a['target_hf_fp32_ppl']:.3f}, ratio "
+          f"{a['ppl_ratio_self_over_target']:.3f} [{'PASS' if a['ppl_ratio_self_over_target'] >= 1.5 else 'FAIL'}], "
+          f"top-1 agreement {a['top1_agreement']:.4f}")
+PY
 echo "total: $(( $(date +%s) - t0 )) s, rc=$rc" | tee -a "$OUT/eval.log"
 exit $rc
