@@ -10,7 +10,8 @@ is trained on the train split and shared by the family. Each model is a transfor
 LlamaForCausalLM / Qwen3ForCausalLM built from a config and trained with a plain torch loop
 (AdamW, linear warm-up then cosine, bf16 autocast on CUDA, gradient clipping, fixed seed; random
 windows of the concatenated train stream, each file `<bos> text <eos>`). Without --steps the step
-count is fitted to --time-budget-s from the measured time of the first steps.
+count is fitted to --time-budget-s from the measured time of the first steps (so it varies from
+run to run; --steps N makes a run repeatable up to CUDA's non-deterministic kernels).
 
 DIR gets tokenizer/ and one HF directory per model (config.json, generation_config.json,
 model.safetensors in bf16, tokenizer files with the chat template) that
@@ -274,10 +275,11 @@ def plot(summaries: list[dict], png: Path) -> str:
     except ImportError:
         return "matplotlib missing: no PNG written"
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for s in summaries:
+    for i, s in enumerate(summaries):
         xs = [c["step"] for c in s["curve"]]
-        ax.plot(xs, [c["train_loss"] for c in s["curve"]], "--", label=f"{s['name']} train")
-        ax.plot(xs, [c["heldout_loss"] for c in s["curve"]], "-o", ms=3, label=f"{s['name']} held-out")
+        ax.plot(xs, [c["train_loss"] for c in s["curve"]], "--", color=f"C{i}", label=f"{s['name']} train")
+        ax.plot(xs, [c["heldout_loss"] for c in s["curve"]], "-o", color=f"C{i}", ms=3,
+                label=f"{s['name']} held-out")
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats/token)")
     ax.set_title("train_tiny: Python stdlib corpus")
