@@ -68,7 +68,7 @@ class SizePreset:
 
 SIZES = {
     "full": SizePreset(8192, 1024, 32, 12 << 20, None, None,
-                       {"draft": 25.0, "target": 80.0, "target-qwen3": 80.0},
+                       {"draft": 15.0, "target": 85.0, "target-qwen3": 85.0},
                        {"draft": ModelShape("llama", 256, 768, 4, 4, 2, True, 3e-3),
                         "target": ModelShape("llama", 768, 2048, 12, 12, 4, False, 1.5e-3),
                         "target-qwen3": ModelShape("qwen3", 768, 2048, 12, 12, 4, False, 1.5e-3)}),
@@ -315,7 +315,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=None, help="steps per model (default: fit the time budget)")
     p.add_argument("--models", default="draft,target,target-qwen3")
     p.add_argument("--time-budget-s", default=None, help="seconds per model: S for all, or NAME=S,... "
-                   "(default: the size's, e.g. draft=25,target=80,target-qwen3=80)")
+                   "(default: the size's, e.g. draft=15,target=85,target-qwen3=85)")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     preset = SIZES[a.size]
