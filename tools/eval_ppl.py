@@ -237,6 +237,15 @@ def main(argv=None) -> int:
             return 2
     if not cuda:
         os.environ.setdefault("TRITON_INTERPRET", "1")   # before triton is imported (graphrt's kernels)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False    # the HF reference is true float32; restored on return
+    try:
+        return _evaluate(a, ckpt, cuda)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def _evaluate(a, ckpt: Path, cuda: bool) -> int:
     from transformers import AutoTokenizer
     device = torch.device(a.device)
     tok = AutoTokenizer.from_pretrained(str(ckpt))

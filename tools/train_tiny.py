@@ -336,9 +336,17 @@ def main(argv=None) -> int:
     if a.device == "cuda" and not torch.cuda.is_available():
         print("train_tiny: --device cuda but CUDA is not available; use --device cpu", file=sys.stderr)
         return 2
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True     # training only; restored on return
+    try:
+        return _train(a, preset, names, budgets)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def _train(a, preset: SizePreset, names: list[str], budgets: dict) -> int:
     device, out = torch.device(a.device), Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    torch.backends.cuda.matmul.allow_tf32 = True
     steps = a.steps or preset.default_steps
     log = lambda s: print(s, flush=True)  # noqa: E731
     t_all = time.perf_counter()
