@@ -16,7 +16,8 @@ after x_{j-1} (after the current token for j = 0).
   uses token field V (no token has that id). So a seeded request draws the same tokens whatever
   else is in the batch.
 
-Two launches: `judge` (grid B * Q: one vocabulary pass per row, all rows in parallel) writes
+Two launches: `judge` (one program per row of B * Q on the GPU: a vocabulary pass, all rows
+in parallel) writes
 accept [B, Q] and fallback [B, Q]; `advance` (grid B) takes the accepted prefix, clips it to
 the slot's token limit and writes the tokens into the slot's token buffer, moving num_tokens and
 step. No host sync: capturable. Runs on CPU under TRITON_INTERPRET=1.
@@ -30,82 +31,99 @@ import triton.language as tl
 BLOCK_V = 1024
 
 
-@triton.jit(do_not_specialize=["vocab"])
-def _judge_kernel(logits_ptr, vocab, prop_ptr, count_ptr, temp_ptr, seed_ptr, step_ptr,
-                  accept_ptr, fallback_ptr, Q: tl.constexpr, BLOCK: tl.constexpr):
-    r = tl.program_id(0)                               # r = b * Q + j
+@triton.jit(do_not_specialize=["vocab", "n_rows"])
+def _judge_kernel(logits_ptr, vocab, n_rows, prop_ptr, count_ptr, temp_ptr, seed_ptr, step_ptr,
+                  accept_ptr, fallback_ptr, Q: tl.constexpr, ROWS: tl.constexpr,
+                  BLOCK: tl.constexpr):
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # rows r = b * Q + j
+    live = r < n_rows
+    r = tl.where(live, r, 0)
     b = r // Q
     j = r % Q
-    row = logits_ptr + r.to(tl.int64) * vocab
+    row = logits_ptr + r.to(tl.int64)[:, None] * vocab
     count = tl.load(count_ptr + b)
     has_x = j < count
     x = tl.load(prop_ptr + b * (Q - 1) + tl.minimum(j, Q - 2))      # Q >= 2: always in bounds
     x = tl.where(has_x, x, -1).to(tl.int64)
     temp = tl.load(temp_ptr + b)
-    offs = tl.arange(0, BLOCK)
+    offs = tl.arange(0, BLOCK)[None, :]
     # greedy: argmax (first maximum), one pass
-    best = float("-inf")
-    best_tok = tl.full((), 0, tl.int64)
+    best = tl.full((ROWS,), float("-inf"), tl.float32)
+    best_tok = tl.zeros((ROWS,), tl.int64)
     for start in range(0, vocab, BLOCK):
         i = start + offs
         v = tl.load(row + i, mask=i < vocab, other=float("-inf")).to(tl.float32)
-        m = tl.max(v, axis=0)
-        tok = (tl.argmax(v, axis=0) + start).to(tl.int64)
-        if m > best:
-            best = m
-            best_tok = tok
+        m = tl.max(v, axis=1)
+        tok = (tl.argmax(v, axis=1) + start).to(tl.int64)
+        best_tok = tl.where(m > best, tok, best_tok)
+        best = tl.maximum(best, m)
     accept = has_x & (best_tok == x)
     fallback = best_tok
-    if temp > 0:
-        seed = tl.load(seed_ptr + b)
-        t = (tl.load(step_ptr + b) + j).to(tl.int64)
-        z = 0.0
-        g_best = float("-inf")
-        g_tok = tl.full((), 0, tl.int64)
+    if tl.max(tl.where(live, temp, 0.0), axis=0) > 0:  # some row samples
+        safe_t = tl.where(temp > 0, temp, 1.0)[:, None]
+        seed = tl.load(seed_ptr + b)[:, None]
+        t = (tl.load(step_ptr + b) + j).to(tl.int64)[:, None]
+        z = tl.zeros((ROWS,), tl.float32)
+        g_best = tl.full((ROWS,), float("-inf"), tl.float32)
+        g_tok = tl.zeros((ROWS,), tl.int64)
         for start in range(0, vocab, BLOCK):
             i = start + offs
             v = tl.load(row + i, mask=i < vocab, other=float("-inf")).to(tl.float32)
-            e = (v - best) / temp
-            z += tl.sum(tl.where(i < vocab, tl.exp(e), 0.0), axis=0)
+            e = (v - best[:, None]) / safe_t
+            z += tl.sum(tl.where(i < vocab, tl.exp(e), 0.0), axis=1)
             u = tl.rand(seed, (t << 32) | i.to(tl.int64))
-            score = tl.where((i < vocab) & (i != x), e - tl.log(-tl.log(u)), float("-inf"))
-            m = tl.max(score, axis=0)
-            tok = (tl.argmax(score, axis=0) + start).to(tl.int64)
-            if m > g_best:
-                g_best = m
-                g_tok = tok
-        lx = tl.load(row + tl.maximum(x, 0)).to(tl.float32)
-        p_x = tl.exp((lx - best) / temp) / z
-        u_acc = tl.rand(seed, (t << 32) | vocab)
-        accept = has_x & (u_acc < p_x)
-        fallback = g_tok                               # residual draw (x excluded) or the bonus
-    tl.store(accept_ptr + r, accept.to(tl.int32))
-    tl.store(fallback_ptr + r, fallback)
+            score = tl.where((i < vocab) & (i != x[:, None]), e - tl.log(-tl.log(u)),
+                             float("-inf"))
+            m = tl.max(score, axis=1)
+            tok = (tl.argmax(score, axis=1) + start).to(tl.int64)
+            g_tok = tl.where(m > g_best, tok, g_tok)
+            g_best = tl.maximum(g_best, m)
+        lx = tl.load(logits_ptr + r.to(tl.int64) * vocab + tl.maximum(x, 0)).to(tl.float32)
+        p_x = tl.exp((lx - best) / safe_t.reshape(ROWS)) / z
+        u_acc = tl.rand(seed.reshape(ROWS), (t.reshape(ROWS) << 32) | vocab)
+        sampled = temp > 0
+        accept = tl.where(sampled, has_x & (u_acc < p_x), accept)
+        fallback = tl.where(sampled, g_tok, fallback)  # residual draw (x excluded) or the bonus
+    tl.store(accept_ptr + r, accept.to(tl.int32), mask=live)
+    tl.store(fallback_ptr + r, fallback, mask=live)
 
 
-@triton.jit(do_not_specialize=["width"])
-def _advance_kernel(accept_ptr, fallback_ptr, prop_ptr, tok_ptr, tok_stride, width, num_ptr,
-                    limit_ptr, step_ptr, out_ptr, emitted_ptr, Q: tl.constexpr, QB: tl.constexpr):
-    b = tl.program_id(0)
-    j = tl.arange(0, QB)
-    inq = j < Q
+@triton.jit(do_not_specialize=["width", "n_rows"])
+def _advance_kernel(accept_ptr, fallback_ptr, prop_ptr, tok_ptr, tok_stride, width, n_rows,
+                    num_ptr, limit_ptr, step_ptr, out_ptr, emitted_ptr, Q: tl.constexpr,
+                    QB: tl.constexpr, ROWS: tl.constexpr):
+    b1 = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    live1 = b1 < n_rows
+    b1 = tl.where(live1, b1, 0)
+    b = b1[:, None]
+    live = live1[:, None]
+    j = tl.arange(0, QB)[None, :]
+    inq = (j < Q) & live
     acc = tl.load(accept_ptr + b * Q + j, mask=inq, other=0)
     # a = length of the accepted prefix: the first j that is not accepted
-    a = tl.min(tl.where(inq & (acc == 0), j, Q), axis=0)
-    a = tl.minimum(a, Q - 1)                           # position Q-1 is never a proposal
-    x = tl.load(prop_ptr + b * (Q - 1) + j, mask=j < a, other=0)
+    a = tl.min(tl.where((j < Q) & (acc == 0), j, Q), axis=1)
+    a = tl.minimum(a, Q - 1)[:, None]                  # position Q-1 is never a proposal
+    x = tl.load(prop_ptr + b * (Q - 1) + j, mask=(j < a) & live, other=0)
     fb = tl.load(fallback_ptr + b * Q + j, mask=inq, other=0)
     toks = tl.where(j < a, x, fb)
-    n = tl.load(num_ptr + b)
-    limit = tl.minimum(tl.load(limit_ptr + b), width)
+    n1 = tl.load(num_ptr + b1, mask=live1, other=0)
+    n = n1[:, None]
+    limit = tl.minimum(tl.load(limit_ptr + b, mask=live, other=0), width)
     emitted = tl.maximum(tl.minimum(a + 1, limit - n), 0)
     emitted = tl.where(n > 0, emitted, 0)              # an empty slot emits nothing
-    keep = j < emitted
+    keep = (j < emitted) & live
     tl.store(out_ptr + b * Q + j, tl.where(keep, toks, -1), mask=inq)
     tl.store(tok_ptr + b.to(tl.int64) * tok_stride + n + j, toks.to(tl.int32), mask=keep)
-    tl.store(num_ptr + b, n + emitted)
-    tl.store(step_ptr + b, tl.load(step_ptr + b) + emitted)
-    tl.store(emitted_ptr + b, emitted)
+    e1 = tl.sum(tl.where(j == 0, emitted, 0), axis=1)
+    tl.store(num_ptr + b1, n1 + e1, mask=live1)
+    tl.store(step_ptr + b1, tl.load(step_ptr + b1, mask=live1, other=0) + e1, mask=live1)
+    tl.store(emitted_ptr + b1, e1, mask=live1)
+
+
+def _rows_per_program(device: torch.device, n: int) -> int:
+    """1 row per program on the GPU (parallel programs); many in the CPU interpreter, whose cost
+    is per program."""
+    return 1 if device.type == "cuda" else min(64, triton.next_power_of_2(n))
 
 
 def _need(cond: bool, msg: str) -> None:
@@ -138,10 +156,13 @@ def judge(logits: torch.Tensor, proposals: torch.Tensor, count: torch.Tensor,
                         ("seed", seed, torch.int64), ("step", step, torch.int32)):
         _need(tuple(t.shape) == (b,) and t.dtype == dt, f"{name}: expected [{b}] {dt}, got "
               f"{tuple(t.shape)} {t.dtype}")
-    vocab = logits.shape[1]
-    _judge_kernel[(b * q,)](logits, vocab, proposals, count, temperature, seed, step, accept,
-                            fallback, Q=q, BLOCK=min(BLOCK_V, triton.next_power_of_2(vocab)),
-                            num_warps=4)
+    vocab, rows = logits.shape[1], _rows_per_program(logits.device, b * q)
+    block = min(BLOCK_V, triton.next_power_of_2(vocab))
+    if rows > 1:
+        block = min(block, max(16, 4096 // rows))
+    _judge_kernel[(triton.cdiv(b * q, rows),)](
+        logits, vocab, b * q, proposals, count, temperature, seed, step, accept, fallback,
+        Q=q, ROWS=rows, BLOCK=block, num_warps=4)
 
 
 def advance(accept: torch.Tensor, fallback: torch.Tensor, proposals: torch.Tensor,
@@ -165,9 +186,10 @@ def advance(accept: torch.Tensor, fallback: torch.Tensor, proposals: torch.Tenso
     _need(tuple(out_tokens.shape) == (b, q) and out_tokens.dtype == torch.int64
           and out_tokens.is_contiguous(), f"out_tokens: expected contiguous [{b}, {q}] int64, got "
           f"{tuple(out_tokens.shape)} {out_tokens.dtype}")
-    _advance_kernel[(b,)](accept, fallback, proposals, token_buf, token_buf.stride(0),
-                          token_buf.shape[1], num_tokens, limit, step, out_tokens, emitted,
-                          Q=q, QB=triton.next_power_of_2(q))
+    rows = _rows_per_program(accept.device, b)
+    _advance_kernel[(triton.cdiv(b, rows),)](
+        accept, fallback, proposals, token_buf, token_buf.stride(0), token_buf.shape[1], b,
+        num_tokens, limit, step, out_tokens, emitted, Q=q, QB=triton.next_power_of_2(q), ROWS=rows)
 
 
 __all__ = ["judge", "advance"]
