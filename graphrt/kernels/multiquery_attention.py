@@ -133,7 +133,7 @@ def multiquery_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor,
         raise ValueError(f"out: expected contiguous {tuple(q.shape)} {q.dtype}, got "
                          f"{tuple(out.shape)} {out.dtype}")
     block_m = max(16, triton.next_power_of_2(nq * (hq // hkv)))
-    block_n = block_n or (16 if q.device.type != "cuda" else 64)
+    block_n = block_n or 64
     split = splits > 1
     part = torch.empty((b * nq * hq, splits, d), dtype=torch.float32, device=q.device) if split else out
     lse = torch.empty((b * nq * hq, splits), dtype=torch.float32, device=q.device) if split else out
