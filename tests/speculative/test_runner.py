@@ -153,3 +153,38 @@ def test_bad_input(hf):
         runner.set_slot(0, [1, 2], limit=62 - 4, block_table=row[:2])
     with pytest.raises(ValueError, match="n:"):
         runner.run(3)
+
+
+def test_seeded_sampling_is_batch_invariant_and_clear_slot_stops(hf):
+    """A seeded sampled request draws the same tokens alone (slot 0 of bucket 1) and in slot 2 of
+    a batch of 3; a slot cleared by the host emits nothing afterwards."""
+    prompts, table = _prompts(), _table()
+    model = LlamaDecoder.from_hf(hf)
+
+    def run(slots, clear_after_first=None):
+        caches = [PagedKVCache.allocate(_config(), POOL, "cpu", seed=3 + i) for i in range(2)]
+        runner = SpeculativeRunner(model, caches, SpeculativeConfig(num_tokens=3), buckets=(1, 3),
+                                   max_len=128, page_size=PAGE, rounds=2)
+        for slot, i in enumerate(slots):
+            p = prompts[i]
+            model.prefill([p], caches, table[i:i + 1])
+            runner.set_slot(slot, p.tolist() + [7], limit=len(p) + 6, block_table=table[i],
+                            temperature=0.8, seed=1234 + i, step=1)
+        got = [[] for _ in slots]
+        for blk in range(6):
+            out, emitted = runner.run(len(slots))
+            if int(emitted.sum()) == 0:
+                break
+            for r in range(2):
+                for s in range(len(slots)):
+                    got[s] += out[r, s, : int(emitted[r, s])].tolist()
+            if blk == 0 and clear_after_first is not None:
+                runner.clear_slot(clear_after_first)
+                cleared_at = len(got[clear_after_first])
+        if clear_after_first is not None:
+            assert len(got[clear_after_first]) == cleared_at
+        return got
+
+    alone = run([0])[0]
+    batched = run([1, 2, 0], clear_after_first=0)
+    assert len(alone) == 5 and batched[2] == alone
