@@ -26,6 +26,8 @@ class SpecBuffers:
     accept [B, Q] int32, fallback [B, Q] int64: the judge's per-position verdicts (Q = k + 1);
     out_tokens [R, B, Q] int64: each round's emitted tokens (-1 past emitted);
     emitted [R, B] int32: tokens emitted per slot and round (0 once a slot is done or empty);
+    proposed [R, B] int32: proposals verified per slot and round (0 for inactive slots), so
+      accepted proposals = emitted - 1 where emitted > 0 (acceptance rate for the stats);
     device_error [1] int32: the K/V append's error flags.
     """
 
@@ -42,6 +44,7 @@ class SpecBuffers:
     fallback: torch.Tensor
     out_tokens: torch.Tensor
     emitted: torch.Tensor
+    proposed: torch.Tensor
     device_error: torch.Tensor
 
     @classmethod
@@ -56,6 +59,7 @@ class SpecBuffers:
                    proposals=z(max_batch, k, dt=torch.int64), count=z(max_batch),
                    accept=z(max_batch, q), fallback=z(max_batch, q, dt=torch.int64),
                    out_tokens=z(rounds, max_batch, q, dt=torch.int64), emitted=z(rounds, max_batch),
+                   proposed=z(rounds, max_batch),
                    device_error=z(1))
 
     def view(self, size: int) -> "SpecBuffers":
@@ -65,7 +69,7 @@ class SpecBuffers:
             t = getattr(self, f.name)
             if f.name == "device_error":
                 out[f.name] = t
-            elif f.name in ("out_tokens", "emitted"):
+            elif f.name in ("out_tokens", "emitted", "proposed"):
                 out[f.name] = t[:, :size]
             else:
                 out[f.name] = t[:size]

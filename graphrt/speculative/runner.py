@@ -5,7 +5,7 @@
     runner.set_slot(0, prompt + [first_token], limit=len(prompt) + max_tokens,
                     block_table=row)                  # after the target's prefill of `prompt`
     runner.capture()                                  # CUDA: one graph per bucket (R rounds)
-    out, emitted = runner.run(n)                      # [R, n, k+1] tokens, [R, n] counts
+    out, emitted, proposed = runner.run(n)            # [R, n, k+1] tokens, [R, n] counts
 
 A block of R rounds is a pure device function of the persistent SpecBuffers, captured per bucket
 on CUDA (the eager path is the same code, used on CPU): the n-gram kernel proposes from each
@@ -19,6 +19,8 @@ by the next round. Method "draft" is not implemented yet.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from graphrt.attention.buckets import pick_bucket
@@ -28,6 +30,14 @@ from graphrt.speculative.accept import advance, judge
 from graphrt.speculative.buffers import SpecBuffers
 from graphrt.speculative.config import SpeculativeConfig
 from graphrt.speculative.ngram import ngram_propose
+
+
+class BlockOutput(NamedTuple):
+    """Views of one block's outputs (valid until the next run), n slots: tokens [R, n, k + 1]
+    int64 (-1 past each round's emitted tokens), emitted [R, n] int32, proposed [R, n] int32."""
+    tokens: torch.Tensor
+    emitted: torch.Tensor
+    proposed: torch.Tensor
 
 
 class SpeculativeRunner:
@@ -61,16 +71,22 @@ class SpeculativeRunner:
 
     # ---- host side: slots ---------------------------------------------------------------------
     def set_slot(self, slot: int, tokens, *, limit: int, block_table: torch.Tensor,
-                 temperature: float = 0.0, seed: int = 0, step: int = 0) -> None:
-        """Admit a request into `slot`: tokens = prompt + tokens generated so far (>= 1; the K/V
-        of all but the last must be in the cache), limit = prompt + max_tokens, block_table [w]
-        int32 with pages for positions < limit + k - 1. temperature 0 = greedy; seed / step:
-        the request's Philox key and draw index (tokens it has sampled so far)."""
+                 temperature: float = 0.0, seed: int = 0, step: int = 0,
+                 append: torch.Tensor | None = None) -> None:
+        """Admit a request into `slot`: tokens = prompt + tokens generated so far (then `append`,
+        a one-element device tensor such as the prefill's sampled first token, copied on the
+        device without a sync); the K/V of all but the last token must be in the cache.
+        limit = prompt + max_tokens, block_table [w] int32 with pages for positions
+        < limit + k - 1. temperature 0 = greedy; seed / step: the request's Philox key and draw
+        index (tokens it has sampled so far)."""
         b, k = self.bufs, self.config.num_tokens
         if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < b.token_buf.shape[0]:
             raise ValueError(f"slot: must be an int in [0, {b.token_buf.shape[0]}), got {slot!r}")
         tokens = torch.as_tensor(tokens, dtype=torch.int32).reshape(-1)
-        n = tokens.numel()
+        extra = 0 if append is None else append.numel()
+        if extra not in (0, 1):
+            raise ValueError(f"append: expected one token, got {extra}")
+        n = tokens.numel() + extra
         if n < 1 or not n <= limit:
             raise ValueError(f"tokens: need 1 <= len(tokens)={n} <= limit={limit}")
         if limit + k > b.width:
@@ -83,7 +99,9 @@ class SpeculativeRunner:
                              f"{limit + k - 1} positions, got {tuple(block_table.shape)} {block_table.dtype}")
         if not temperature >= 0.0:
             raise ValueError(f"temperature: must be >= 0, got {temperature}")
-        b.token_buf[slot, :n].copy_(tokens)
+        b.token_buf[slot, : tokens.numel()].copy_(tokens)
+        if append is not None:
+            b.token_buf[slot, n - 1: n].copy_(append.reshape(1), non_blocking=True)
         b.num_tokens[slot] = n
         b.limit[slot] = limit
         b.block_table[slot].fill_(0)
@@ -113,6 +131,7 @@ class SpeculativeRunner:
         logits = self.model.verify_step(tokens, cache_lens, self.kv_caches, v.block_table,
                                         v.device_error, splits=splits)   # [B * (k + 1), V]
         judge(logits, v.proposals, v.count, v.temperature, v.seed, v.step, v.accept, v.fallback)
+        v.proposed[r].copy_(torch.where(active, v.count, 0))
         advance(v.accept, v.fallback, v.proposals, v.token_buf, v.num_tokens, v.limit, v.step,
                 v.out_tokens[r], v.emitted[r])
 
@@ -137,10 +156,9 @@ class SpeculativeRunner:
         self.bufs.num_tokens.copy_(saved["num_tokens"])
         self.bufs.limit.copy_(saved["limit"])
 
-    def run(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(self, n: int) -> BlockOutput:
         """One block of R rounds over slots [0, n) (the smallest bucket >= n; slots past n in it
-        must be empty). Returns views (valid until the next run): out_tokens [R, n, k + 1] int64
-        (-1 past each round's emitted tokens) and emitted [R, n] int32."""
+        must be empty). Returns a BlockOutput of views (valid until the next run)."""
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.buckets[-1]:
             raise ValueError(f"n: must be an int in [1, {self.buckets[-1]}], got {n!r}")
         size = pick_bucket(list(self.buckets), n)
@@ -148,7 +166,8 @@ class SpeculativeRunner:
             self.graphs.replay(size)
         else:
             self._block(size)
-        return self.bufs.out_tokens[:, :n], self.bufs.emitted[:, :n]
+        b = self.bufs
+        return BlockOutput(b.out_tokens[:, :n], b.emitted[:, :n], b.proposed[:, :n])
 
 
-__all__ = ["SpeculativeRunner"]
+__all__ = ["SpeculativeRunner", "BlockOutput"]

@@ -72,13 +72,16 @@ def _speculative(hf, prompts, max_tokens, table, k, rounds):
     runner = SpeculativeRunner(model, caches, SpeculativeConfig(num_tokens=k, ngram_min=1, ngram_max=3),
                                buckets=(1, 3), max_len=128, page_size=PAGE, rounds=rounds)
     for i, p in enumerate(prompts):
-        runner.set_slot(i, p.tolist() + [int(first[i])], limit=len(p) + max_tokens[i],
+        runner.set_slot(i, p.tolist(), append=first[i:i + 1], limit=len(p) + max_tokens[i],
                         block_table=table[i])
     got, rounds_run = [[int(t)] for t in first], [0, 0, 0]
     for _ in range(40):
-        out, emitted = runner.run(3)
+        out, emitted, proposed = runner.run(3)
         if int(emitted.sum()) == 0:
             break
+        accepted = (emitted - 1).clamp_min(0)
+        assert (accepted <= proposed).all() and proposed.le(k).all()
+        assert proposed[emitted == 0].eq(0).all()               # done slots verify nothing
         for r in range(rounds):
             for i in range(3):
                 e = int(emitted[r, i])
@@ -172,7 +175,7 @@ def test_seeded_sampling_is_batch_invariant_and_clear_slot_stops(hf):
                             temperature=0.8, seed=1234 + i, step=1)
         got = [[] for _ in slots]
         for blk in range(6):
-            out, emitted = runner.run(len(slots))
+            out, emitted, _ = runner.run(len(slots))
             if int(emitted.sum()) == 0:
                 break
             for r in range(2):

@@ -65,7 +65,7 @@ def test_graph_replay_matches_eager_and_never_syncs():
         got = []
         for _ in range(5):
             if replay:
-                out, emitted = runner.run(3)
+                out, emitted, _ = runner.run(3)
             else:
                 torch.cuda.synchronize()
                 torch.cuda.set_sync_debug_mode("error")     # any host sync inside a block raises
