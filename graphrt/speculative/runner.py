@@ -15,7 +15,7 @@ buffer and move num_tokens / step. The host reads `out`/`emitted` after the bloc
 do it asynchronously) and applies stop ids, stop strings and EOS; max_tokens is exact on the
 device (a slot never holds more than `limit` tokens). A slot the host stops is cleared with
 `clear_slot`. K/V written for rejected proposals lies past the slot's length and is overwritten
-by the next round. Method "draft" is not implemented yet.
+by the next round. Method "draft" takes a DraftProposer (draft.py) in place of the n-gram kernel.
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from graphrt.kernels.multiquery_attention import default_splits
 from graphrt.speculative.accept import advance, judge
 from graphrt.speculative.buffers import SpecBuffers
 from graphrt.speculative.config import SpeculativeConfig
+from graphrt.speculative.draft import DraftProposer
 from graphrt.speculative.ngram import ngram_propose
 
 
@@ -47,12 +48,18 @@ class SpeculativeRunner:
 
     def __init__(self, model, kv_caches, config: SpeculativeConfig, *, buckets, max_len: int,
                  page_size: int, max_pages: int | None = None, rounds: int = 1, device=None,
-                 splits: int | None = None):
+                 splits: int | None = None, draft: DraftProposer | None = None):
         if not isinstance(config, SpeculativeConfig):
             raise TypeError(f"config: expected a SpeculativeConfig, got {type(config).__name__}")
-        if config.method != "ngram":
-            raise ValueError(f"speculative.method: {config.method!r} is not implemented by "
-                             "SpeculativeRunner yet (only 'ngram')")
+        if (config.method == "draft") != (draft is not None):
+            raise ValueError(f"draft: method {config.method!r} needs "
+                             f"{'a DraftProposer' if config.method == 'draft' else 'no draft'}, "
+                             f"got {type(draft).__name__}")
+        if draft is not None and (draft.k != config.num_tokens
+                                  or draft.vocab_size != model.spec.vocab_size):
+            raise ValueError(f"draft: k={draft.k}, vocab {draft.vocab_size}; expected "
+                             f"num_tokens={config.num_tokens}, the target's vocab {model.spec.vocab_size}")
+        self.draft = draft
         buckets = tuple(buckets)
         if not buckets or list(buckets) != sorted(set(buckets)) or buckets[0] < 1:
             raise ValueError(f"buckets: expected sorted distinct ints >= 1, got {buckets}")
@@ -87,8 +94,9 @@ class SpeculativeRunner:
         if extra not in (0, 1):
             raise ValueError(f"append: expected one token, got {extra}")
         n = tokens.numel() + extra
-        if n < 1 or not n <= limit:
-            raise ValueError(f"tokens: need 1 <= len(tokens)={n} <= limit={limit}")
+        least = 2 if self.draft is not None else 1     # the draft re-reads the last two tokens
+        if n < least or not n <= limit:
+            raise ValueError(f"tokens: need {least} <= len(tokens)={n} <= limit={limit}")
         if limit + k > b.width:
             raise ValueError(f"limit: {limit} + num_tokens {k} exceeds the token buffer's max_len="
                              f"{b.width}")
@@ -121,9 +129,13 @@ class SpeculativeRunner:
     # ---- device side: the block of R rounds ----------------------------------------------------
     def _round(self, v: SpecBuffers, r: int, splits: int) -> None:
         c = self.config
-        ngram_propose(v.token_buf, v.num_tokens, v.proposals, v.count, min_n=c.ngram_min,
-                      max_n=c.ngram_max)
         active = (v.num_tokens > 0) & (v.num_tokens < v.limit)
+        if self.draft is not None:
+            self.draft.propose(v.token_buf, v.num_tokens, active, v.block_table, v.proposals,
+                               v.count, v.device_error)
+        else:
+            ngram_propose(v.token_buf, v.num_tokens, v.proposals, v.count, min_n=c.ngram_min,
+                          max_n=c.ngram_max)
         last = (v.num_tokens.long() - 1).clamp_min(0)[:, None]
         cur = v.token_buf.gather(1, last).long()                    # [B, 1] current tokens
         tokens = torch.cat([cur, v.proposals], dim=1)                # [B, k + 1]
