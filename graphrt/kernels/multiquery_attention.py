@@ -26,7 +26,8 @@ LOG2E = 1.4426950408889634
 def _mq_attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, bt_stride, lens_ptr, out_ptr, part_ptr,
                          lse_ptr, s_page, s_slot, s_head, page_size, splits, qk_scale,
                          Q: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr):
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+                         PREC: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
@@ -54,7 +55,7 @@ def _mq_attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, bt_stride, lens_ptr, out_p
         page = tl.load(bt_ptr + b.to(tl.int64) * bt_stride + pos // page_size, mask=key_ok, other=0)
         kv_off = page.to(tl.int64) * s_page + (pos % page_size) * s_slot + kvh * s_head
         k = tl.load(k_ptr + kv_off[:, None] + d[None, :], mask=key_ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k)).to(tl.float32) * qk_scale    # [BLOCK_M, BLOCK_N], log2 units
+        s = tl.dot(q, tl.trans(k), input_precision=PREC).to(tl.float32) * qk_scale    # [BLOCK_M, BLOCK_N], log2 units
         ok = key_ok[None, :] & (pos[None, :] <= qpos[:, None])
         s = tl.where(ok, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -62,7 +63,7 @@ def _mq_attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, bt_stride, lens_ptr, out_p
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_ptr + kv_off[:, None] + d[None, :], mask=key_ok[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC).to(tl.float32)
         m_i = m_new
     o_row = (b * Q + j) * HQ + h                       # flat (token, head) index
     if SPLIT:
@@ -141,7 +142,7 @@ def multiquery_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor,
         q, kc, vc, block_table, block_table.stride(0), kv_lens, out, part, lse,
         kc.stride(0), kc.stride(1 if nhd else 2), kc.stride(2 if nhd else 1), page_size, splits,
         d ** -0.5 * LOG2E, Q=nq, HQ=hq, HKV=hkv, D=d, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=split,
-        num_warps=4)
+        PREC="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4)   # float32: no tf32
     if split:
         _combine_kernel[(b * nq * hq,)](part, lse, out, splits, D=d,
                                         SB=triton.next_power_of_2(splits))
