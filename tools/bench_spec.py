@@ -11,7 +11,9 @@ every request at `--context` tokens. Per model x batch, side by side in one run:
 Attention alone (--attention): the Triton multi-query kernel vs FlashInfer XQA with
 q_len_per_req=q (sm_90), device µs per layer call and the max |difference| of the outputs
 (XQA's masking for q > 1 is reported, not assumed). Device time: CUDA events around graph
-replays, median of 5 bursts (tools/benchlib.device_us). Writes JSON (and a PNG if matplotlib).
+replays, median of 5 bursts (tools/benchlib.device_us). Part (3) is a labelled PROJECTION: an
+8B target with a 1B draft, from these measured step costs and assumed acceptance rates (part (2),
+trained models and measured acceptance, is not in this script yet). Writes JSON (and a PNG).
 
     python tools/bench_spec.py --out $OUT/bench_spec.json --png $OUT/bench_spec.png
 """
@@ -143,6 +145,33 @@ def bench_attention(batches, qs, ctx, torch):
     return rows
 
 
+def projection(rows, target="llama-3.1-8b", draft="llama-3.2-1b", accepts=(0.5, 0.6, 0.7, 0.8)):
+    """PROJECTION (not a measurement): speed-up of an 8B target with a 1B draft at each batch,
+    from the measured step costs: E[tokens/round] = (1 - a^(k+1)) / (1 - a) for per-token
+    acceptance a (i.i.d. model); round = k x t_draft(decode) + t_verify(k + 1);
+    speed-up = E x t_decode(target) / round. Returns rows {batch, a, k, speedup, t_draft/t_step}."""
+    by = {(r["model"], r["batch"]): r for r in rows}
+    out = []
+    for (model, n), t in sorted(by.items()):
+        d = by.get((draft, n))
+        if model != target or d is None:
+            continue
+        for a in accepts:
+            best = None
+            for q, verify in sorted(t["verify_us"].items()):
+                k = int(q) - 1
+                if k < 1:
+                    continue
+                e = (1 - a ** (k + 1)) / (1 - a)
+                speed = e * t["decode_us"] / (k * d["decode_us"] + verify)
+                if best is None or speed > best["speedup"]:
+                    best = {"batch": n, "a": a, "k": k, "speedup": speed,
+                            "draft_over_target": d["decode_us"] / t["decode_us"]}
+            if best:
+                out.append(best)
+    return out
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
@@ -154,6 +183,7 @@ def main(argv=None) -> int:
     for name in args.models.split(","):
         result["models"] += bench_model(name, batches, qs, args.context, args.round, torch)
         Path(args.out).write_text(json.dumps(result, indent=1))
+    result["projection_8b_with_1b_draft"] = projection(result["models"])
     if args.attention:
         result["attention"] = bench_attention(batches, [q for q in qs if q > 1], args.context, torch)
     Path(args.out).write_text(json.dumps(result, indent=1))
@@ -171,6 +201,12 @@ def main(argv=None) -> int:
         for a in result["attention"]:
             x = f"{a['xqa_us']:.1f} {a['max_abs_diff_vs_triton']:.3g}" if "xqa_us" in a else a.get("xqa_error", "")[:60]
             print(f"bs {a['batch']:>3} q {a['q']}: triton {a['triton_us']:.1f} (splits {a['splits']})  xqa {x}")
+    if result["projection_8b_with_1b_draft"]:
+        print("\nPROJECTION (arithmetic from the measured costs above, not measured): 8B target, "
+              "1B draft, best k per acceptance a")
+        for p in result["projection_8b_with_1b_draft"]:
+            print(f"bs {p['batch']:>3} a {p['a']:.1f}: k {p['k']}  {p['speedup']:.2f}x  "
+                  f"(t_1B / t_8B = {p['draft_over_target']:.2f})")
     plt = pyplot() if args.png else None
     if plt is not None:
         fig, axes = plt.subplots(1, len(args.models.split(",")), figsize=(12, 4), squeeze=False)
