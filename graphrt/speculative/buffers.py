@@ -21,7 +21,8 @@ class SpecBuffers:
     limit [B] int32: the most tokens the slot may hold (prompt + max_tokens); 0 = empty slot;
     block_table [B, P] int32: pages for positions < limit + k - 1 (verify writes k ahead);
     temperature [B] float32 (0 = greedy), seed [B] int64, step [B] int32 (draw index of the
-      next output token: tokens sampled so far), for the acceptance kernels;
+      next output token: tokens sampled so far), top_k [B] int32 (0 = off), top_p [B] float32
+      (1 = off; both read only by runners built with filtered=True), for the acceptance;
     proposals [B, k] int64, count [B] int32: the round's proposals;
     accept [B, Q] int32, fallback [B, Q] int64: the judge's per-position verdicts (Q = k + 1);
     out_tokens [R, B, Q] int64: each round's emitted tokens (-1 past emitted);
@@ -38,6 +39,8 @@ class SpecBuffers:
     temperature: torch.Tensor
     seed: torch.Tensor
     step: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
     proposals: torch.Tensor
     count: torch.Tensor
     accept: torch.Tensor
@@ -55,7 +58,8 @@ class SpecBuffers:
         q = k + 1
         return cls(token_buf=z(max_batch, width), num_tokens=z(max_batch), limit=z(max_batch),
                    block_table=z(max_batch, max_pages), temperature=z(max_batch, dt=torch.float32),
-                   seed=z(max_batch, dt=torch.int64), step=z(max_batch),
+                   seed=z(max_batch, dt=torch.int64), step=z(max_batch), top_k=z(max_batch),
+                   top_p=torch.ones(max_batch, dtype=torch.float32, device=device),
                    proposals=z(max_batch, k, dt=torch.int64), count=z(max_batch),
                    accept=z(max_batch, q), fallback=z(max_batch, q, dt=torch.int64),
                    out_tokens=z(rounds, max_batch, q, dt=torch.int64), emitted=z(rounds, max_batch),

@@ -30,6 +30,7 @@ from graphrt.speculative.accept import advance, judge
 from graphrt.speculative.buffers import SpecBuffers
 from graphrt.speculative.config import SpeculativeConfig
 from graphrt.speculative.draft import DraftProposer
+from graphrt.speculative.filter import filter_logits
 from graphrt.speculative.ngram import ngram_propose
 
 
@@ -44,11 +45,14 @@ class BlockOutput(NamedTuple):
 class SpeculativeRunner:
     """model: a LlamaDecoder; kv_caches: its per-layer PagedKVCache list (holding the prefilled
     prompts); buckets: sorted batch sizes captured; max_len: token-buffer width (>= the longest
-    limit + k); page_size / max_pages: the block-table geometry; rounds: R per block."""
+    limit + k); page_size / max_pages: the block-table geometry; rounds: R per block; draft: a
+    DraftProposer for method "draft"; filtered: apply per-slot top_k / top_p to the target
+    logits before acceptance (a sort per verified row; off: slots must not use them)."""
 
     def __init__(self, model, kv_caches, config: SpeculativeConfig, *, buckets, max_len: int,
                  page_size: int, max_pages: int | None = None, rounds: int = 1, device=None,
-                 splits: int | None = None, draft: DraftProposer | None = None):
+                 splits: int | None = None, draft: DraftProposer | None = None,
+                 filtered: bool = False):
         if not isinstance(config, SpeculativeConfig):
             raise TypeError(f"config: expected a SpeculativeConfig, got {type(config).__name__}")
         if (config.method == "draft") != (draft is not None):
@@ -59,7 +63,9 @@ class SpeculativeRunner:
                                   or draft.vocab_size != model.spec.vocab_size):
             raise ValueError(f"draft: k={draft.k}, vocab {draft.vocab_size}; expected "
                              f"num_tokens={config.num_tokens}, the target's vocab {model.spec.vocab_size}")
-        self.draft = draft
+        if not isinstance(filtered, bool):
+            raise TypeError(f"filtered: expected a bool, got {filtered!r}")
+        self.draft, self.filtered = draft, filtered
         buckets = tuple(buckets)
         if not buckets or list(buckets) != sorted(set(buckets)) or buckets[0] < 1:
             raise ValueError(f"buckets: expected sorted distinct ints >= 1, got {buckets}")
@@ -78,14 +84,15 @@ class SpeculativeRunner:
 
     # ---- host side: slots ---------------------------------------------------------------------
     def set_slot(self, slot: int, tokens, *, limit: int, block_table: torch.Tensor,
-                 temperature: float = 0.0, seed: int = 0, step: int = 0,
-                 append: torch.Tensor | None = None) -> None:
+                 temperature: float = 0.0, seed: int = 0, step: int = 0, top_k: int = 0,
+                 top_p: float = 1.0, append: torch.Tensor | None = None) -> None:
         """Admit a request into `slot`: tokens = prompt + tokens generated so far (then `append`,
         a one-element device tensor such as the prefill's sampled first token, copied on the
         device without a sync); the K/V of all but the last token must be in the cache.
         limit = prompt + max_tokens, block_table [w] int32 with pages for positions
         < limit + k - 1. temperature 0 = greedy; seed / step: the request's Philox key and draw
-        index (tokens it has sampled so far)."""
+        index (tokens it has sampled so far); top_k / top_p: as SamplingParams (runners built
+        with filtered=True only)."""
         b, k = self.bufs, self.config.num_tokens
         if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < b.token_buf.shape[0]:
             raise ValueError(f"slot: must be an int in [0, {b.token_buf.shape[0]}), got {slot!r}")
@@ -107,6 +114,12 @@ class SpeculativeRunner:
                              f"{limit + k - 1} positions, got {tuple(block_table.shape)} {block_table.dtype}")
         if not temperature >= 0.0:
             raise ValueError(f"temperature: must be >= 0, got {temperature}")
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+            raise ValueError(f"top_k: must be an int >= 0, got {top_k!r}")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p: must be in (0, 1], got {top_p}")
+        if not self.filtered and (top_k > 0 or top_p < 1.0):
+            raise ValueError(f"top_k, top_p: {top_k}, {top_p} need a runner built with filtered=True")
         b.token_buf[slot, : tokens.numel()].copy_(tokens)
         if append is not None:
             b.token_buf[slot, n - 1: n].copy_(append.reshape(1), non_blocking=True)
@@ -115,6 +128,7 @@ class SpeculativeRunner:
         b.block_table[slot].fill_(0)
         b.block_table[slot, : block_table.numel()].copy_(block_table)
         b.temperature[slot], b.seed[slot], b.step[slot] = float(temperature), int(seed), int(step)
+        b.top_k[slot], b.top_p[slot] = top_k, float(top_p)
 
     def clear_slot(self, slot: int) -> None:
         """Empty a slot (finished or aborted request): it emits nothing and writes no K/V."""
@@ -142,6 +156,10 @@ class SpeculativeRunner:
         cache_lens = torch.where(active, v.num_tokens - 1, -1).to(torch.int32)
         logits = self.model.verify_step(tokens, cache_lens, self.kv_caches, v.block_table,
                                         v.device_error, splits=splits)   # [B * (k + 1), V]
+        if self.filtered:
+            q = c.query_len
+            logits = filter_logits(logits, v.temperature.repeat_interleave(q),
+                                   v.top_k.repeat_interleave(q), v.top_p.repeat_interleave(q))
         judge(logits, v.proposals, v.count, v.temperature, v.seed, v.step, v.accept, v.fallback)
         v.proposed[r].copy_(torch.where(active, v.count, 0))
         advance(v.accept, v.fallback, v.proposals, v.token_buf, v.num_tokens, v.limit, v.step,

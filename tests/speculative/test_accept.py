@@ -8,7 +8,7 @@ import torch
 
 from graphrt.speculative.accept import advance, judge
 
-CHI2_999 = {3: 16.266, 7: 24.322, 15: 37.697}     # chi-square quantile 0.999 by degrees of freedom
+CHI2_999 = {2: 13.816, 3: 16.266, 7: 24.322, 15: 37.697}     # chi-square quantile 0.999 by degrees of freedom
 
 
 def _round(logits, props, count, temp, seed, step, token_buf, num, limit):

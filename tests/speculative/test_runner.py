@@ -191,3 +191,24 @@ def test_seeded_sampling_is_batch_invariant_and_clear_slot_stops(hf):
     alone = run([0])[0]
     batched = run([1, 2, 0], clear_after_first=0)
     assert len(alone) == 5 and batched[2] == alone
+
+
+def test_top_k_needs_a_filtered_runner(hf):
+    model = LlamaDecoder.from_hf(hf)
+    caches = [PagedKVCache.allocate(_config(), POOL, "cpu") for _ in range(2)]
+    row = torch.arange(4, dtype=torch.int32)
+    plain = SpeculativeRunner(model, caches, SpeculativeConfig(num_tokens=2), buckets=(1,),
+                              max_len=64, page_size=PAGE)
+    with pytest.raises(ValueError, match="filtered=True"):
+        plain.set_slot(0, [1, 2], limit=10, block_table=row, temperature=1.0, top_k=5)
+    filt = SpeculativeRunner(model, caches, SpeculativeConfig(num_tokens=2), buckets=(1,),
+                             max_len=64, page_size=PAGE, filtered=True)
+    with pytest.raises(ValueError, match="top_p"):
+        filt.set_slot(0, [1, 2], limit=10, block_table=row, temperature=1.0, top_p=0.0)
+    model.prefill([torch.tensor([3, 4, 3, 4])], caches, row[None])   # K/V of all but the last
+    filt.set_slot(0, [3, 4, 3, 4, 3], limit=9, block_table=row, temperature=1.0, top_k=1, seed=3)
+    out, emitted, _ = filt.run(1)                     # top_k = 1: sampling == greedy
+    seq = [3, 4, 3, 4, 3] + out[0, 0, : int(emitted[0, 0])].tolist()
+    with torch.no_grad():
+        for i in range(5, len(seq)):
+            assert seq[i] == int(hf(torch.tensor([seq[:i]])).logits[0, -1].argmax())
