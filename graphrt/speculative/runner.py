@@ -104,6 +104,10 @@ class SpeculativeRunner:
         least = 2 if self.draft is not None else 1     # the draft re-reads the last two tokens
         if n < least or not n <= limit:
             raise ValueError(f"tokens: need {least} <= len(tokens)={n} <= limit={limit}")
+        rope = getattr(self.model, "max_positions", None)
+        if rope is not None and limit + k - 1 > rope:
+            raise ValueError(f"limit: {limit} + num_tokens {k} - 1 positions exceed the model's "
+                             f"max_positions={rope}")
         if limit + k > b.width:
             raise ValueError(f"limit: {limit} + num_tokens {k} exceeds the token buffer's max_len="
                              f"{b.width}")
