@@ -110,6 +110,38 @@ class LlamaDecoder:
             h = add_rms_norm(self._mlp(layer, h), residual, self._next_norm(i), eps)
         return self._logits(h)
 
+    # ---- verify (graph-capturable): Q tokens per request, speculative decoding -----------------
+    def verify_step(self, tokens: torch.Tensor, cache_lens: torch.Tensor, kv_caches, block_table: torch.Tensor,
+                    error: torch.Tensor, *, splits: int = 1) -> torch.Tensor:
+        """tokens [B, Q] int64 (device): row b's current token then its proposals, at positions
+        cache_lens[b] + j; cache_lens [B] int32: K/V already in the cache (-1 = padding row: no
+        K/V written, its logits are garbage). Returns [B * Q, vocab] logits in the model dtype;
+        row (b, j) predicts the token after tokens[b, j].
+
+        Writes the Q tokens' K/V at positions cache_lens .. cache_lens + Q - 1 of every layer
+        (rope_append_prefill), then attends causally with the plan-free multi-query kernel
+        (kernels/multiquery_attention.py; `splits`: its static split-KV factor). block_table
+        [>= B, W] int32 must hold pages for them; error: [1] int32 device_error of the K/V
+        append. No host sync, fixed shapes: capturable per bucket."""
+        from graphrt.kernels.multiquery_attention import multiquery_attention
+        b, nq = tokens.shape
+        live = cache_lens >= 0
+        steps = torch.arange(nq, device=tokens.device, dtype=torch.int32)
+        positions = (cache_lens.clamp_min(0)[:, None] + steps[None, :]).reshape(-1)        # [B * Q]
+        rows = torch.where(live, torch.arange(b, device=tokens.device, dtype=torch.int32), -1)
+        rows = rows[:, None].expand(b, nq).reshape(-1).contiguous()                           # [B * Q]
+        kv_lens = torch.where(live, cache_lens + nq, 0).to(torch.int32)                      # [B]
+        hq, d = self.local_spec.num_heads, self.local_spec.head_dim
+
+        def attend(i, q):                                            # q [B * Q, Hq, D]
+            o = multiquery_attention(q.view(b, nq, hq, d), kv_caches[i], block_table, kv_lens,
+                                     splits=splits)
+            return o.view(b * nq, hq * d)
+
+        h = self._forward_tokens(tokens.reshape(-1), positions, rows, kv_caches, block_table, error,
+                                 attend)
+        return self._logits(h)
+
     # ---- prefill (eager) ----------------------------------------------------------------------
     @torch.no_grad()
     def prefill(self, prompts: list[torch.Tensor], kv_caches, block_table: torch.Tensor, *,

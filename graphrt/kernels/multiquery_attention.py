@@ -1,0 +1,152 @@
+"""Plan-free multi-query paged attention: Q new tokens per request over the paged KV cache.
+
+The verify step of speculative decoding runs Q = k + 1 query tokens per request: query j of
+row b sits at position kv_lens[b] - Q + j and attends keys 0 .. that position (causal within the
+new tokens, whose K/V are already in the cache). GQA: the G = Hq / Hkv query heads of one KV
+head and all Q query tokens form one [Q * G, D] tile, so each K/V page is read once per KV head.
+
+Grid: (B, Hkv, splits). Split s covers an equal share of the row's keys (by BLOCK_N blocks);
+with splits > 1 each program writes a partial output and its log-sum-exp and one combine launch
+merges them (split-KV for small batches at long context). Everything is read from device
+tensors (kv_lens, block_table) with a grid fixed by static shapes: no plan, no host sync, so it
+can be captured in a CUDA graph. Rows with kv_lens 0 (padding) produce zeros. Page ids are not
+checked here: the caller's block table must be valid for every position < kv_lens.
+Runs on CPU under TRITON_INTERPRET=1.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit(do_not_specialize=["bt_stride", "s_page", "s_slot", "s_head", "page_size", "splits"])
+def _mq_attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, bt_stride, lens_ptr, out_ptr, part_ptr,
+                         lse_ptr, s_page, s_slot, s_head, page_size, splits, qk_scale,
+                         Q: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+                         PREC: tl.constexpr):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    sp = tl.program_id(2)
+    G: tl.constexpr = HQ // HKV
+    m = tl.arange(0, BLOCK_M)
+    d = tl.arange(0, D)
+    j = m // G                                         # query token of tile row m
+    h = kvh * G + m % G                                # its query head
+    row_ok = m < Q * G
+    q_off = ((b * Q + j) * HQ + h).to(tl.int64) * D
+    q = tl.load(q_ptr + q_off[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
+    kv_len = tl.load(lens_ptr + b)
+    qpos = kv_len - Q + j                              # [BLOCK_M] absolute query positions
+    n_blocks = tl.cdiv(kv_len, BLOCK_N)
+    per = tl.cdiv(n_blocks, splits)
+    lo = sp * per * BLOCK_N
+    hi = tl.minimum(lo + per * BLOCK_N, kv_len)
+    m_i = tl.full((BLOCK_M,), -1.0e30, tl.float32)
+    l_i = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, D), tl.float32)
+    n = tl.arange(0, BLOCK_N)
+    for start in range(lo, hi, BLOCK_N):
+        pos = start + n                                # [BLOCK_N] key positions
+        key_ok = pos < hi
+        page = tl.load(bt_ptr + b.to(tl.int64) * bt_stride + pos // page_size, mask=key_ok, other=0)
+        kv_off = page.to(tl.int64) * s_page + (pos % page_size) * s_slot + kvh * s_head
+        k = tl.load(k_ptr + kv_off[:, None] + d[None, :], mask=key_ok[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC).to(tl.float32) * qk_scale    # [BLOCK_M, BLOCK_N], log2 units
+        ok = key_ok[None, :] & (pos[None, :] <= qpos[:, None])
+        s = tl.where(ok, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + kv_off[:, None] + d[None, :], mask=key_ok[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC).to(tl.float32)
+        m_i = m_new
+    o_row = (b * Q + j) * HQ + h                       # flat (token, head) index
+    if SPLIT:
+        part = (o_row.to(tl.int64) * splits + sp) * D
+        tl.store(part_ptr + part[:, None] + d[None, :], acc / tl.maximum(l_i, 1e-30)[:, None],
+                 mask=row_ok[:, None])
+        lse = tl.where(l_i > 0, m_i + tl.log2(tl.maximum(l_i, 1e-30)), float("-inf"))
+        tl.store(lse_ptr + o_row * splits + sp, lse, mask=row_ok)
+    else:
+        o = acc / tl.maximum(l_i, 1e-30)[:, None]
+        tl.store(out_ptr + o_row.to(tl.int64)[:, None] * D + d[None, :], o.to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None])
+
+
+@triton.jit(do_not_specialize=["splits"])
+def _combine_kernel(part_ptr, lse_ptr, out_ptr, splits, D: tl.constexpr, SB: tl.constexpr):
+    r = tl.program_id(0)                               # flat (token, head) row
+    s = tl.arange(0, SB)
+    d = tl.arange(0, D)
+    lse = tl.load(lse_ptr + r * splits + s, mask=s < splits, other=float("-inf"))
+    mx = tl.max(lse, axis=0)
+    w = tl.where(lse > float("-inf"), tl.exp2(lse - tl.maximum(mx, -1.0e30)), 0.0)
+    part = tl.load(part_ptr + (r.to(tl.int64) * splits + s[:, None]) * D + d[None, :],
+                   mask=(s < splits)[:, None], other=0.0)
+    o = tl.sum(part * w[:, None], axis=0) / tl.maximum(tl.sum(w, axis=0), 1e-30)
+    tl.store(out_ptr + r.to(tl.int64) * D + d, o.to(out_ptr.dtype.element_ty))
+
+
+def default_splits(device: torch.device, batch: int, num_kv_heads: int, max_kv_len: int,
+                   *, block_n: int = 64) -> int:
+    """Static split count: about two waves of programs on the GPU (132 SMs on an H200 assumed
+    from the device's count), at most one split per 4 key blocks; 1 on CPU."""
+    if device.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    want = triton.cdiv(2 * sms, max(1, batch * num_kv_heads))
+    return max(1, min(want, triton.cdiv(max_kv_len, 4 * block_n)))
+
+
+def multiquery_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor,
+                         kv_lens: torch.Tensor, *, splits: int = 1,
+                         out: torch.Tensor | None = None, block_n: int | None = None) -> torch.Tensor:
+    """q [B, Q, Hq, D] (cache dtype, contiguous) -> [B, Q, Hq, D] attention over the paged cache.
+
+    kv_cache: graphrt PagedKVCache (NHD or HND); block_table [B, W] int32; kv_lens [B] int32
+    keys of each row including its Q new tokens (0 = padding row, zeros out). splits: static
+    split-KV factor (see default_splits). Capturable in a CUDA graph.
+    """
+    kc, vc = kv_cache.as_tuple()
+    nhd = kv_cache.layout == "NHD"
+    hkv, d = (kc.shape[2], kc.shape[3]) if nhd else (kc.shape[1], kc.shape[3])
+    page_size = kc.shape[1] if nhd else kc.shape[2]
+    if q.dim() != 4 or q.shape[3] != d or q.shape[2] % hkv or not q.is_contiguous() or q.dtype != kc.dtype:
+        raise ValueError(f"q: expected contiguous [B, Q, Hq, {d}] {kc.dtype} with Hq a multiple of "
+                         f"{hkv}, got {tuple(q.shape)} {q.dtype}")
+    b, nq, hq, _ = q.shape
+    if block_table.dim() != 2 or block_table.shape[0] < b or block_table.dtype != torch.int32 \
+            or block_table.stride(1) != 1:
+        raise ValueError(f"block_table: expected [>= {b}, W] int32, got {tuple(block_table.shape)} "
+                         f"{block_table.dtype}")
+    if kv_lens.shape != (b,) or kv_lens.dtype != torch.int32:
+        raise ValueError(f"kv_lens: expected [{b}] int32, got {tuple(kv_lens.shape)} {kv_lens.dtype}")
+    if isinstance(splits, bool) or not isinstance(splits, int) or splits < 1:
+        raise ValueError(f"splits: must be an int >= 1, got {splits!r}")
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous():
+        raise ValueError(f"out: expected contiguous {tuple(q.shape)} {q.dtype}, got "
+                         f"{tuple(out.shape)} {out.dtype}")
+    block_m = max(16, triton.next_power_of_2(nq * (hq // hkv)))
+    block_n = block_n or 64
+    split = splits > 1
+    part = torch.empty((b * nq * hq, splits, d), dtype=torch.float32, device=q.device) if split else out
+    lse = torch.empty((b * nq * hq, splits), dtype=torch.float32, device=q.device) if split else out
+    _mq_attention_kernel[(b, hkv, splits)](
+        q, kc, vc, block_table, block_table.stride(0), kv_lens, out, part, lse,
+        kc.stride(0), kc.stride(1 if nhd else 2), kc.stride(2 if nhd else 1), page_size, splits,
+        d ** -0.5 * LOG2E, Q=nq, HQ=hq, HKV=hkv, D=d, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=split,
+        PREC="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4)   # float32: no tf32
+    if split:
+        _combine_kernel[(b * nq * hq,)](part, lse, out, splits, D=d,
+                                        SB=triton.next_power_of_2(splits))
+    return out
+
+
+__all__ = ["multiquery_attention", "default_splits"]

@@ -1,0 +1,67 @@
+"""The draft-model proposer: a smaller LlamaDecoder proposes k tokens greedily, on the device.
+
+The draft keeps its own paged KV caches, indexed by the target's block tables (same page ids,
+its own pool of at least as many pages), so it needs no page bookkeeping of its own. Each round,
+for a slot holding n tokens (the last one, at position n - 1, not yet in any cache):
+
+    step 1: draft forward over tokens [n-2, n-1] at positions n-2, n-1 -> d_1 = argmax
+    step j: draft forward over d_{j-1} at position n + j - 2            -> d_j = argmax (j = 2..k)
+
+Step 1 re-writes position n - 2: after a round in which all k proposals were accepted, that is
+the one position the draft has not seen (the last accepted proposal), and otherwise it rewrites
+the same K/V. Every position below n - 2 holds the K/V of accepted tokens, so rejected
+proposals need no rollback: their K/V lies past the new length and is overwritten. Fixed shapes,
+no host sync: it runs inside the runner's captured graph. Greedy proposals are point masses, so
+`accept.judge`'s rule (accept x with probability p(x)) keeps sampling exact.
+"""
+from __future__ import annotations
+
+import torch
+
+from graphrt.kernels.multiquery_attention import default_splits
+
+
+class DraftProposer:
+    """model: the draft LlamaDecoder (same vocabulary as the target); kv_caches: its per-layer
+    PagedKVCache list, with at least as many pages as the target's pool; k: proposals a round."""
+
+    def __init__(self, model, kv_caches, k: int, *, max_len: int, splits: int | None = None):
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k: must be an int >= 1, got {k!r}")
+        if len(kv_caches) != model.spec.num_layers:
+            raise ValueError(f"kv_caches: {len(kv_caches)} caches, the draft has "
+                             f"{model.spec.num_layers} layers")
+        self.model, self.kv_caches, self.k = model, kv_caches, k
+        self.device = kv_caches[0].device
+        self.splits = splits or default_splits(self.device, 1, model.local_spec.num_kv_heads, max_len)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.spec.vocab_size
+
+    def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor) -> None:
+        """Eager: the prompts' K/V into the draft's caches (rows of the target's block table)."""
+        self.model.prefill(prompts, self.kv_caches, block_table)
+
+    def propose(self, token_buf: torch.Tensor, num_tokens: torch.Tensor, active: torch.Tensor,
+                block_table: torch.Tensor, proposals: torch.Tensor, count: torch.Tensor,
+                error: torch.Tensor) -> None:
+        """token_buf [B, W] int32, num_tokens [B] int32 (>= 2 for active slots), active [B] bool,
+        block_table [B, P] int32 -> proposals [B, k] int64 (greedy draft tokens), count [B] int32
+        (k for active slots, 0 otherwise). error: [1] int32 device_error of the K/V appends."""
+        n = num_tokens.long()
+        idx = torch.stack([(n - 2).clamp_min(0), (n - 1).clamp_min(0)], dim=1)     # [B, 2]
+        toks = token_buf.gather(1, idx).long()
+        cache_lens = torch.where(active, num_tokens - 2, -1).to(torch.int32)
+        b = toks.shape[0]
+        for j in range(self.k):
+            logits = self.model.verify_step(toks, cache_lens, self.kv_caches, block_table, error,
+                                            splits=self.splits)          # [B * q, V]
+            d = logits.view(b, toks.shape[1], -1)[:, -1].argmax(dim=-1)  # [B]
+            proposals[:, j].copy_(d)
+            toks = d[:, None]
+            cache_lens = torch.where(active, num_tokens - 1 + j, -1).to(torch.int32)
+        count.copy_(torch.where(active, self.k, 0))
+
+
+__all__ = ["DraftProposer"]
