@@ -93,8 +93,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
 # Same streaming scheme; the weight tile is loaded as 1 byte/element and converted to the
 # activation dtype before tl.dot. Per-channel scales multiply the finished [BM, BN] tile once;
 # block scales ((bn, bk), e.g. 128 x 128) multiply each BLOCK_K tile's partial sum, so BLOCK_K
-# must divide bk. A second grid axis covers M > 16 in tiles of 16 rows (used at larger batch
-# when the weight is block-scaled; per-channel weights use torch._scaled_mm there).
+# must divide bk. The grid's first axis covers M > 16 in tiles of 16 rows (the tiles of one
+# weight tile are consecutive programs, so the weight is read from DRAM about once).
 FP8_CANDIDATES = (GemvConfig(16, 128, 4, 4), GemvConfig(32, 128, 4, 4), GemvConfig(16, 256, 4, 3),
                   GemvConfig(64, 128, 8, 4))
 
@@ -104,8 +104,8 @@ def _gemv_fp8_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_x, strid
                      stride_y, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, BLOCKWISE: tl.constexpr,
                      HAS_BIAS: tl.constexpr):
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
+    pid_m = tl.program_id(0)          # M tiles vary fastest: they share a weight tile in L2
+    pid_n = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rk = tl.arange(0, BLOCK_K)
@@ -162,7 +162,7 @@ def gemv_fp8(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.
         raise ValueError(f"bias: expected [{n}], got {tuple(bias.shape)}")
     y = out if out is not None else torch.empty((m, n), dtype=x.dtype, device=x.device)
     sbn, sbk = block if block is not None else (1, 1)
-    _gemv_fp8_kernel[(triton.cdiv(n, c.block_n), triton.cdiv(m, MAX_M))](
+    _gemv_fp8_kernel[(triton.cdiv(m, MAX_M), triton.cdiv(n, c.block_n))](
         x, w, scale, bias if bias is not None else scale, y, m, n, k, x.stride(0), w.stride(0),
         scale.stride(0), y.stride(0), BLOCK_M=MAX_M, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
         SCALE_BN=sbn, SCALE_BK=sbk, BLOCKWISE=block is not None, HAS_BIAS=bias is not None,

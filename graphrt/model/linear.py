@@ -11,9 +11,10 @@ captured, so every captured graph holds one fixed kernel. Without a choice (CPU,
 M > 16) the call is `torch.nn.functional.linear` (cuBLAS on CUDA).
 
 FP8 weights (`graphrt.model.quant.Fp8Weight`): on CPU the float32 dequantized weight (the
-reference path CI runs); on CUDA the FP8 GEMV (`gemv_fp8`, dequant in registers) for M <= 16,
+reference path CI runs); on CUDA the FP8 GEMV (`gemv_fp8`, dequant in registers) for M < 64,
 and above that `torch._scaled_mm` with per-token dynamic activation scales (per-channel
-weights) or the same Triton kernel tiled over M (block-scaled weights).
+weights) or, block-scaled, the same Triton kernel tiled over M (M < 256) / a dequantized bf16
+copy and cuBLAS (prefill-sized M); see SCALED_MM_MIN_M.
 """
 from __future__ import annotations
 
@@ -25,6 +26,12 @@ from graphrt.model.quant.fp8 import FP8, FP8_MAX, Fp8Weight
 
 CUBLAS = "cublas"
 L2_BYTES = 128 << 20  # > the H100/H200 L2 (50-60 MB) with margin
+# FP8 weights on CUDA by row count M: weight-only FP8 GEMV (exact vs the dequantized weight) below
+# SCALED_MM_MIN_M; per-channel at or above it: W8A8 torch._scaled_mm (activations rounded to
+# e4m3 per token: ~2-3% relative error per GEMM); block-scaled: the GEMV tiled over M below
+# PREFILL_DEQUANT_M, a dequantized copy + cuBLAS above. Retune from bench_e2e --fp8-kernels.
+SCALED_MM_MIN_M = 64
+PREFILL_DEQUANT_M = 256
 
 
 def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -43,20 +50,29 @@ def fp8_linear(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None, 
     if x.device.type != "cuda":          # CPU: float32 reference (dequantized weight)
         y = F.linear(x.float(), w.dequantize(torch.float32), None if bias is None else bias.float())
         return y.to(x.dtype)
-    if x.shape[0] <= MAX_M or w.block is not None:
+    m = x.shape[0]
+    if m < SCALED_MM_MIN_M or (w.block is not None and m < PREFILL_DEQUANT_M):
         return gemv_fp8(x, w.data, w.scale, bias, block=w.block,
                         config=config or FP8_CANDIDATES[0])
+    if w.block is not None:              # prefill-sized M: one dequantized copy, then cuBLAS
+        return F.linear(x, w.dequantize(x.dtype), bias)
     return scaled_mm_per_token(x, w, bias)
 
 
 def scaled_mm_per_token(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """CUDA, per-channel w: x quantized per row (dynamic amax / 448 scales) and one FP8
-    tensor-core GEMM with row-wise scales (torch._scaled_mm); [M, N] in x's dtype (bf16 / fp16)."""
+    tensor-core GEMM with row-wise scales (torch._scaled_mm, bf16 out); [M, N] in x's dtype.
+    Rows are padded to a multiple of 16 when needed (cuBLASLt FP8 operand alignment)."""
+    m = x.shape[0]
     xf = x.float()
     sx = (xf.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp(min=1e-12)       # [M, 1]
     xq = (xf / sx).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    if m % 16:
+        pad = 16 - m % 16
+        xq = F.pad(xq.view(torch.uint8), (0, 0, 0, pad)).view(FP8)
+        sx = F.pad(sx, (0, 0, 0, pad), value=1.0)
     y = torch._scaled_mm(xq, w.data.t(), scale_a=sx, scale_b=w.scale[None, :],
-                         out_dtype=x.dtype if x.dtype != torch.float32 else torch.bfloat16)
+                         out_dtype=torch.bfloat16)[:m]
     y = y.to(x.dtype)
     return y if bias is None else y + bias
 

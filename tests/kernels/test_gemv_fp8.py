@@ -46,6 +46,23 @@ def test_gemv_fp8_rejects_bad_input():
         gemv_fp8(x, w8.data, w8.scale, torch.randn(9))
 
 
+@pytest.mark.parametrize("m", [5, 32])
+def test_scaled_mm_per_token_close_to_weight_only(m):
+    """W8A8 path (per-token e4m3 activations, row-wise scales); runs wherever torch._scaled_mm
+    does (CUDA; recent CPU builds). Rows padded to 16 when m % 16."""
+    from graphrt.model.linear import scaled_mm_per_token
+    g = torch.Generator().manual_seed(m)
+    w8 = quantize_fp8(torch.randn(48, 128, generator=g) * 0.05)
+    x, b = torch.randn(m, 128, generator=g).bfloat16(), torch.randn(48, generator=g).bfloat16()
+    try:
+        y = scaled_mm_per_token(x, w8, b)
+    except (RuntimeError, NotImplementedError) as e:
+        pytest.skip(f"torch._scaled_mm unavailable here: {e}")
+    ref = _ref(x.float(), w8, b.float())
+    assert y.shape == (m, 48) and y.dtype == torch.bfloat16
+    assert float((y.double() - ref).norm() / ref.norm()) < 0.05
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 4, 16, 64])
 @pytest.mark.parametrize("strategy", ["channel", "block"])
