@@ -221,3 +221,12 @@ def test_llm_greedy_equals_hf_over_dequantized_weights(src, tmp_path):
             assert o.token_ids == ref
     with pytest.raises(ValueError, match="quantization: 'fp8' is not supported with tensor_parallel"):
         LLM(src, device="cpu", quantization="fp8", tensor_parallel=2)
+
+
+def test_serve_cli_quantization_flag():
+    from graphrt.serve.cli import build_parser
+    assert build_parser().parse_args(["--model", "m", "--quantization", "fp8"]).quantization == "fp8"
+    assert build_parser().parse_args(["--model", "m"]).quantization is None
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["--model", "m", "--quantization", "int4"])
+    assert e.value.code == 2
