@@ -95,8 +95,10 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
 # block scales ((bn, bk), e.g. 128 x 128) multiply each BLOCK_K tile's partial sum, so BLOCK_K
 # must divide bk. The grid's first axis covers M > 16 in tiles of 16 rows (the tiles of one
 # weight tile are consecutive programs, so the weight is read from DRAM about once).
+# (first: the default, valid for 128-column scale blocks; block_k 256 / 512: per-channel only
+# at bk = 128 -- Linear.choose filters them)
 FP8_CANDIDATES = (GemvConfig(16, 128, 4, 4), GemvConfig(32, 128, 4, 4), GemvConfig(16, 256, 4, 3),
-                  GemvConfig(64, 128, 8, 4))
+                  GemvConfig(64, 128, 8, 4), GemvConfig(16, 512, 4, 3), GemvConfig(32, 256, 8, 3))
 
 
 @triton.jit(do_not_specialize=["M"])
