@@ -97,3 +97,19 @@ def test_kv_scale_refusals():
         kv_scales(0.0)
     with pytest.raises(ValueError, match="x: expected"):
         dequantize_kv(torch.zeros(2), 1.0)
+
+
+def test_reference_decode_reads_fp8_pages_with_scales():
+    """The float32 decode oracle over fp8 pages + scales equals it over the dequantized pages."""
+    from graphrt.attention.reference import reference_decode
+    g = torch.Generator().manual_seed(5)
+    shape = (6, PAGE, HKV, D)
+    k8 = quantize_kv(torch.randn(shape, generator=g), 0.01)
+    v8 = quantize_kv(torch.randn(shape, generator=g), 0.02)
+    q = torch.randn(2, HQ, D, generator=g)
+    table = torch.tensor([[3, 1, 0], [2, 4, 5]], dtype=torch.int32)
+    lens = torch.tensor([20, 40], dtype=torch.int32)
+    got = reference_decode(q, k8, v8, table, lens, k_scale=0.01, v_scale=0.02)
+    ref = reference_decode(q, dequantize_kv(k8, 0.01), dequantize_kv(v8, 0.02), table, lens)
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    assert float(got.abs().sum()) > 0
