@@ -16,7 +16,15 @@ D2D copy bandwidth; each row gives device/floor, device/gemm-only and the achiev
 through ModelRuntime.prefill, tokens/s and MFU against the measured bf16 matmul rate and 790
 TFLOP/s (FLOPs = 2 x matmul params x tokens + causal attention 2 x 2 x L x Hq x D x T^2 / 2).
 
+FP8 weights (--weights bf16,fp8,fp8-block): the same random model with qkv / o / gate_up / down
+quantized to e4m3 (per-channel, or 128 x 128 block scales; the LM head stays bf16, as the FP8
+checkpoints ship it); its floor counts the bytes actually streamed (FP8 data + float32 scales +
+the bf16 LM head + KV), and its gemm-only graph runs the same `linear` calls the step makes
+(FP8 GEMV at batch <= 16, torch._scaled_mm above for per-channel).
+
     python tools/bench_e2e.py --out bench_e2e.json --png bench_e2e.png
+    python tools/bench_e2e.py --models llama-3.1-8b --weights bf16,fp8 --batches 1,16 \
+        --contexts 1024 --variants graphrt --no-prefill --fp8-kernels
 """
 from __future__ import annotations
 
@@ -46,6 +54,9 @@ def parse_args(argv=None):
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--steps", type=int, default=32, help="timed decode steps per measurement")
     p.add_argument("--no-prefill", dest="prefill", action="store_false", help="skip prefill rows")
+    p.add_argument("--weights", default="bf16", help="comma list of bf16, fp8, fp8-block")
+    p.add_argument("--fp8-kernels", action="store_true",
+                   help="per-shape table: bf16 cuBLAS / bf16 GEMV vs FP8 GEMV candidates / _scaled_mm")
     p.add_argument("--out", default="bench_e2e.json")
     p.add_argument("--png", default=None)
     return p.parse_args(argv)
@@ -74,15 +85,59 @@ def random_model(name: str, torch):
     weights = ModelWeights(embed=embed, final_norm=ones(h), lm_head=embed if tied else rnd(vocab, h),
                            layers=lw)
     model = LlamaDecoder(spec, weights)
-    # bytes a decode step must read: every matmul weight once (the embedding row is negligible)
-    weight_bytes = sum(t.numel() * 2 for x in lw for t in (x.qkv, x.o, x.gate_up, x.down))
-    weight_bytes += weights.lm_head.numel() * 2
-    return model, weight_bytes
+    return model, streamed_bytes(weights)
+
+
+def streamed_bytes(weights) -> int:
+    """Bytes a decode step must read: every matmul weight once (FP8: data + scales; the
+    embedding row is negligible)."""
+    def nbytes(t):
+        return t.nbytes if hasattr(t, "block") else t.numel() * t.element_size()
+    return (sum(nbytes(t) for x in weights.layers for t in (x.qkv, x.o, x.gate_up, x.down))
+            + nbytes(weights.lm_head))
+
+
+def with_weights(model, kind: str, torch):
+    """The model with its decoder linears as `kind` ("bf16": unchanged; "fp8": per-channel
+    e4m3; "fp8-block": 128 x 128 block scales) -> (model, streamed bytes)."""
+    from graphrt.model import LlamaDecoder
+    from graphrt.model.quant.weights import quantize_weights
+    if kind == "bf16":
+        return model, streamed_bytes(model.weights)
+    if kind not in ("fp8", "fp8-block"):
+        raise SystemExit(f"--weights: {kind!r} is not bf16, fp8 or fp8-block")
+    w8 = quantize_weights(model.weights, model.spec, "channel" if kind == "fp8" else "block")
+    return LlamaDecoder(model.spec, w8), streamed_bytes(w8)
+
+
+def fp8_kernel_rows(model, batches, torch) -> list[dict]:
+    """Per distinct decode GEMM shape: device µs of bf16 cuBLAS / bf16 GEMV configs and of the
+    FP8 GEMV configs / _scaled_mm (per-channel and block weights), from Linear.choose (CUDA
+    graph, weights rotated past the L2), with each one's bytes floor."""
+    from benchlib import copy_bandwidth
+    from graphrt.model.linear import Linear
+    from graphrt.model.quant import quantize_fp8
+    bw, rows, layer = copy_bandwidth(torch), [], model.weights.layers[0]
+    for name, w in (("qkv", layer.qkv), ("o", layer.o), ("gate_up", layer.gate_up),
+                    ("down", layer.down)):
+        for kind, lin in (("bf16", Linear(w)), ("fp8", Linear(quantize_fp8(w, "channel"))),
+                          ("fp8-block", Linear(quantize_fp8(w, "block")))):
+            lin.choose(batches)
+            nbytes = w.numel() * 2 if kind == "bf16" else lin.weight.nbytes
+            for m, times in lin.timings_us.items():
+                best = min(times, key=times.get)
+                rows.append(dict(shape=name, n=w.shape[0], k=w.shape[1], weights=kind, batch=m,
+                                 best=best, best_us=times[best], floor_us=nbytes / bw * 1e6,
+                                 best_over_floor=times[best] / (nbytes / bw * 1e6), times_us=times))
+                print(rows[-1], file=sys.stderr)
+    return rows
 
 
 def gemm_only_us(model, n: int, torch) -> float:
-    """Device µs of one graph holding only the step's weight GEMMs (cuBLAS) at batch n."""
+    """Device µs of one graph holding only the step's weight GEMMs at batch n (graphrt's
+    `linear`: cuBLAS for bf16 weights, the FP8 kernels for FP8 weights)."""
     from benchlib import device_us
+    from graphrt.model.linear import linear
     w, h = model.weights, model.spec.hidden_size
     x = torch.randn(n, h, device="cuda", dtype=torch.bfloat16)
     a = torch.randn(n, model.spec.num_heads * model.spec.head_dim, device="cuda", dtype=torch.bfloat16)
@@ -90,11 +145,11 @@ def gemm_only_us(model, n: int, torch) -> float:
 
     def step():
         for layer in w.layers:
-            torch.nn.functional.linear(x, layer.qkv)
-            torch.nn.functional.linear(a, layer.o)
-            torch.nn.functional.linear(x, layer.gate_up)
-            torch.nn.functional.linear(m, layer.down)
-        torch.nn.functional.linear(x, w.lm_head)
+            linear(x, layer.qkv)
+            linear(a, layer.o)
+            linear(x, layer.gate_up)
+            linear(m, layer.down)
+        linear(x, w.lm_head)
     step()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
@@ -111,7 +166,7 @@ def matmul_tflops(torch) -> float:
     return 2 * 8192 ** 3 / (us * 1e-6) / 1e12
 
 
-def prefill_rows(name, model, torch, peak_tflops):
+def prefill_rows(name, model, torch, peak_tflops, weights="bf16"):
     """Prefill 1 x 4k and 8 x 4k prompts: tokens/s and MFU."""
     from graphrt import RuntimeConfig
     from graphrt.model.runtime import ModelRuntime
@@ -135,11 +190,11 @@ def prefill_rows(name, model, torch, peak_tflops):
             b.synchronize()
             times.append(a.elapsed_time(b) / 1e3)
         sec = statistics.median(times)
-        params = sum(x.numel() for layer in model.weights.layers
+        params = sum(x.shape[0] * x.shape[1] for layer in model.weights.layers
                      for x in (layer.qkv, layer.o, layer.gate_up, layer.down))
         flops = 2 * params * n * t + 2 * 2 * s.num_layers * s.num_heads * s.head_dim * t * t / 2 * n
-        flops += 2 * model.weights.lm_head.numel() * n                  # last-token logits
-        rows.append(dict(model=name, prompts=n, prompt_len=t, seconds=sec, tok_s=n * t / sec,
+        flops += 2 * model.weights.lm_head.shape[0] * model.weights.lm_head.shape[1] * n                  # last-token logits
+        rows.append(dict(model=name, weights=weights, prompts=n, prompt_len=t, seconds=sec, tok_s=n * t / sec,
                          tflops=flops / sec / 1e12, mfu_measured=flops / sec / 1e12 / peak_tflops,
                          mfu_790=flops / sec / 1e12 / 790))
         print(rows[-1], file=sys.stderr)
@@ -182,13 +237,18 @@ def run(args) -> dict:
     from graphrt.model.runtime import ModelRuntime
     bw = copy_bandwidth(torch)
     peak = matmul_tflops(torch)
-    rows, prefill = [], []
-    for name in args.models.split(","):
-        model, weight_bytes = random_model(name, torch)
+    rows, prefill, kernels = [], [], []
+    for name, wkind in [(m, k) for m in args.models.split(",") for k in args.weights.split(",")]:
+        model, _ = random_model(name, torch)
+        if args.fp8_kernels and wkind == args.weights.split(",")[0]:
+            kernels += [dict(model=name, **r) for r in
+                        fp8_kernel_rows(model, [int(x) for x in args.batches.split(",")], torch)]
+        model, weight_bytes = with_weights(model, wkind, torch)
+        torch.cuda.empty_cache()
         s = model.spec
         gemm = {n: gemm_only_us(model, n, torch) for n in [int(x) for x in args.batches.split(",")]}
         if args.prefill:
-            prefill += prefill_rows(name, model, torch, peak)
+            prefill += prefill_rows(name, model, torch, peak, wkind)
         for ctx in [int(x) for x in args.contexts.split(",")]:
             for n in [int(x) for x in args.batches.split(",")]:
                 pages = -(-(ctx + args.steps * 8 + 16) // 16)
@@ -204,7 +264,7 @@ def run(args) -> dict:
                     step_us, dev_us, launches = measure(mrt, n, ctx, args.steps, torch)
                     kv_bytes = s.num_layers * n * ctx * s.num_kv_heads * s.head_dim * 2 * 2
                     floor = (weight_bytes + kv_bytes) / bw * 1e6
-                    rows.append(dict(model=name, variant=variant, batch=n, context=ctx, step_us=step_us,
+                    rows.append(dict(model=name, weights=wkind, variant=variant, batch=n, context=ctx, step_us=step_us,
                                      tok_s=n / step_us * 1e6, device_us=dev_us,
                                      idle=max(0.0, 1 - dev_us / step_us), launches_per_token=launches,
                                      floor_us=floor, gemm_only_us=gemm[n],
@@ -217,22 +277,26 @@ def run(args) -> dict:
                     torch.cuda.empty_cache()
         del model
     return {"device": torch.cuda.get_device_name(), "copy_bw_bytes_per_s": bw,
-            "matmul_tflops": peak, "rows": rows, "prefill": prefill}
+            "matmul_tflops": peak, "rows": rows, "prefill": prefill, "fp8_kernels": kernels}
 
 
 def print_table(result: dict) -> None:
     print(f"copy bandwidth {result['copy_bw_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul "
           f"{result['matmul_tflops']:.0f} TFLOP/s ({result['device']})")
-    print(f"{'model':<13} {'variant':<11} {'bs':>3} {'ctx':>5} {'step us':>8} {'tok/s':>8} "
+    print(f"{'model':<13} {'weights':<9} {'variant':<11} {'bs':>3} {'ctx':>5} {'step us':>8} {'tok/s':>8} "
           f"{'device us':>9} {'idle':>5} {'floor us':>8} {'x floor':>7} {'gemm us':>8} {'x gemm':>6} "
           f"{'TB/s':>5} {'%bw':>4}")
     for r in result["rows"]:
-        print(f"{r['model']:<13} {r['variant']:<11} {r['batch']:>3} {r['context']:>5} {r['step_us']:>8.1f} "
+        print(f"{r['model']:<13} {r.get('weights', 'bf16'):<9} {r['variant']:<11} {r['batch']:>3} {r['context']:>5} {r['step_us']:>8.1f} "
               f"{r['tok_s']:>8.0f} {r['device_us']:>9.1f} {r['idle']:>5.2f} {r['floor_us']:>8.1f} "
               f"{r['device_over_floor']:>7.2f} {r['gemm_only_us']:>8.1f} {r['device_over_gemm_only']:>6.2f} "
               f"{r['achieved_tb_s']:>5.2f} {r['pct_copy_bw']:>4.0f}")
+    for r in result.get("fp8_kernels", []):
+        print(f"gemm {r['model']:<13} {r['shape']:<8} {r['n']:>6}x{r['k']:<6} {r['weights']:<9} bs {r['batch']:>3}: "
+              f"best {r['best']:<28} {r['best_us']:>7.1f} us, floor {r['floor_us']:>6.1f} us, "
+              f"x{r['best_over_floor']:.2f}")
     for r in result.get("prefill", []):
-        print(f"prefill {r['model']:<13} {r['prompts']} x {r['prompt_len']}: {r['seconds'] * 1e3:.1f} ms, "
+        print(f"prefill {r['model']:<13} {r.get('weights', 'bf16'):<9} {r['prompts']} x {r['prompt_len']}: {r['seconds'] * 1e3:.1f} ms, "
               f"{r['tok_s']:.0f} tok/s, {r['tflops']:.0f} TFLOP/s, MFU {r['mfu_790'] * 100:.0f}% of 790 "
               f"({r['mfu_measured'] * 100:.0f}% of measured)")
 
@@ -245,15 +309,16 @@ def plot(result: dict, png: str) -> None:
     keys = sorted({(r["model"], r["context"]) for r in rows})
     fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4), squeeze=False)
     for ax, (model, ctx) in zip(axes[0], keys):
-        for variant in VARIANTS:
-            pts = sorted((r["batch"], r["step_us"]) for r in rows
-                         if r["model"] == model and r["context"] == ctx and r["variant"] == variant)
-            if pts:
-                ax.plot(*zip(*pts), marker="o", label=variant)
-        floor = sorted((r["batch"], r["floor_us"]) for r in rows if r["model"] == model
-                       and r["context"] == ctx and r["variant"] == "graphrt")
-        if floor:
-            ax.plot(*zip(*floor), "k--", label="floor")
+        for wk in sorted({r.get("weights", "bf16") for r in rows}):
+            for variant in VARIANTS:
+                pts = sorted((r["batch"], r["step_us"]) for r in rows if r["model"] == model and
+                             r["context"] == ctx and r["variant"] == variant and r.get("weights", "bf16") == wk)
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", label=f"{variant} {wk}")
+            floor = sorted((r["batch"], r["floor_us"]) for r in rows if r["model"] == model and
+                           r["context"] == ctx and r["variant"] == "graphrt" and r.get("weights", "bf16") == wk)
+            if floor:
+                ax.plot(*zip(*floor), "--", label=f"floor {wk}")
         ax.set(xscale="log", yscale="log", xlabel="batch", ylabel="us / token step", title=f"{model} ctx {ctx}")
         ax.grid(True, alpha=0.3)
     axes[0][0].legend()

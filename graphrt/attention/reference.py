@@ -21,11 +21,14 @@ def _token_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, layout: str):
 
 def reference_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      block_table: torch.Tensor, seq_lens: torch.Tensor, *, layout: str = "NHD",
-                     sm_scale: float | None = None, rows_per_chunk: int = 16) -> torch.Tensor:
+                     sm_scale: float | None = None, rows_per_chunk: int = 16,
+                     k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """Decode attention, one query token per request.
 
-    q [B, Hq, D]; k_cache/v_cache paged (layout NHD/HND); block_table [B, >=pages] int;
-    seq_lens [B] int (0 -> zero output row). Returns [B, Hq, D] in q.dtype, computed in float32.
+    q [B, Hq, D]; k_cache/v_cache paged (layout NHD/HND; any float dtype, float8_e4m3fn too);
+    block_table [B, >=pages] int; seq_lens [B] int (0 -> zero output row); k_scale / v_scale:
+    the caches' per-tensor scales (a stored k means k * k_scale; FP8 KV). Returns [B, Hq, D] in
+    q.dtype, computed in float32.
     Reads seq_lens on the host (an oracle, not a graph path).
     """
     b, hq, d = q.shape
@@ -46,8 +49,8 @@ def reference_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         row_pages = (lens[rows] + page_size - 1) // page_size
         live = torch.arange(n_pages)[None, :] < row_pages[:, None]
         pages = pages.masked_fill(~live.to(pages.device), 0)
-        k = kc[pages].flatten(1, 2)[:, :max_len].float()                  # [b', T, Hkv, D]
-        v = vc[pages].flatten(1, 2)[:, :max_len].float()
+        k = kc[pages].flatten(1, 2)[:, :max_len].float() * k_scale        # [b', T, Hkv, D]
+        v = vc[pages].flatten(1, 2)[:, :max_len].float() * v_scale
         qg = q[rows].float().view(-1, hkv, group, d)                      # [b', Hkv, G, D]
         s = torch.einsum("bhgd,bthd->bhgt", qg, k) * scale
         valid = torch.arange(max_len, device=q.device)[None, :] < lens[rows].to(q.device)[:, None]

@@ -7,6 +7,7 @@
     stream = llm.engine.add_request("Hi", params)          # streaming (see engine.py)
     llm = LLM(path, tensor_parallel=2)                     # one process per GPU (graphrt/parallel)
     llm.shutdown()                                         # ends the tensor-parallel workers
+    llm = LLM(path, quantization="fp8")                    # FP8 weights from a float checkpoint
 """
 from __future__ import annotations
 
@@ -21,12 +22,13 @@ from graphrt.engine.params import RequestOutput, SamplingParams
 from graphrt.engine.model import build_model
 
 
-def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None):
+def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None, quantization=None):
     """Load (the rank's shard of) the checkpoint, build the rank's model and ModelRuntime
     -> (Checkpoint, max_model_len, ModelRuntime)."""
     from graphrt.parallel.driver import rank_runtime
     world, rank = (1, 0) if tp is None else (tp.world_size, tp.rank)
-    ck = load_checkpoint(path, device=device, dtype=getattr(torch, dtype), rank=rank, world_size=world)
+    ck = load_checkpoint(path, device=device, dtype=getattr(torch, dtype), rank=rank, world_size=world,
+                         quantization=quantization)
     max_len = config.resolve_max_model_len(ck.max_position_embeddings)
     rc = config.runtime_config(ck.spec, device_type=device.type, dtype=dtype, max_model_len=max_len)
     model = build_model(ck, max_positions=rc.max_context_len, tp=tp)
@@ -48,10 +50,13 @@ class LLM:
     tensor_parallel=n > 1: the model is sharded over n ranks (graphrt/parallel): rank 0 runs
     here (cuda:0, or CPU with gloo), ranks 1..n-1 in spawned processes (cuda:r), each loading
     only its slices; every prefill / decode is broadcast to them. A rank that dies makes the
-    next call raise RankError (collectives in flight end at tp_timeout_s). `shutdown()` ends them."""
+    next call raise RankError (collectives in flight end at tp_timeout_s). `shutdown()` ends them.
+    quantization="fp8": a float checkpoint's linear layers as FP8 (per channel) while loading;
+    FP8 checkpoints load as FP8 without it (graphrt/engine/quant_loader.py)."""
 
     def __init__(self, path, device: str = "cuda", config: EngineConfig | None = None, *,
-                 tensor_parallel: int = 1, tp_timeout_s: float = 120.0, **overrides):
+                 tensor_parallel: int = 1, tp_timeout_s: float = 120.0,
+                 quantization: str | None = None, **overrides):
         if config is not None and overrides:
             raise ValueError(f"config: give an EngineConfig or keyword fields, not both ({sorted(overrides)})")
         config = config or EngineConfig(**overrides)
@@ -65,8 +70,11 @@ class LLM:
         self.config, self._workers = config, None
         if isinstance(tensor_parallel, bool) or not isinstance(tensor_parallel, int) or tensor_parallel < 1:
             raise ValueError(f"tensor_parallel: expected an int >= 1, got {tensor_parallel!r}")
+        if quantization is not None and tensor_parallel != 1:
+            raise ValueError(f"quantization: {quantization!r} is not supported with tensor_parallel > 1")
         if tensor_parallel == 1:
-            self.checkpoint, max_len, self.runtime = _build_runtime(path, dev, config, dtype)
+            self.checkpoint, max_len, self.runtime = _build_runtime(path, dev, config, dtype,
+                                                                    quantization=quantization)
         else:
             ck, max_len = self._start_tensor_parallel(path, dev, config, dtype, tensor_parallel, tp_timeout_s)
             self.checkpoint = ck

@@ -180,12 +180,15 @@ def file_dtype(path) -> torch.dtype:
 
 
 def load_checkpoint(path, *, device="cpu", dtype: torch.dtype | None = None, rank: int = 0,
-                    world_size: int = 1) -> Checkpoint:
+                    world_size: int = 1, quantization: str | None = None) -> Checkpoint:
     """Read `path` (a local HF directory) into the fused layout on `device`.
 
     dtype: the weights' dtype on the device (default: the checkpoint's, from its embedding).
     rank, world_size: tensor parallelism; the rank reads only its slice of every sharded tensor
     (safetensors get_slice) into the per-rank fused layout (graphrt/parallel/shard.py).
+    quantization: "fp8" quantizes a float checkpoint's linear layers while loading; FP8
+    checkpoints (config.json `quantization_config`) load as FP8 without it
+    (graphrt/engine/quant_loader.py).
     Raises CheckpointError naming the file and tensor for a missing file or tensor, an
     unsupported architecture or dtype, or a shape that does not match config.json.
     """
@@ -199,6 +202,10 @@ def load_checkpoint(path, *, device="cpu", dtype: torch.dtype | None = None, ran
             raise ValueError(f"{name}: expected an int, got {v!r}")
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank: {rank} is not in [0, world_size={world_size})")
+    if quantization is not None or raw.get("quantization_config") is not None:
+        from graphrt.engine.quant_loader import load_quantized   # FP8 (graphrt/model/quant)
+        return load_quantized(path, raw, arch, spec, quantization, device=device, dtype=dtype,
+                              rank=rank, world_size=world_size)
     local = spec if world_size == 1 else shard_spec(spec, world_size)
     files = _weight_files(path)
     expected = _expected(spec, arch)

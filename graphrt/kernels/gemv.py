@@ -87,3 +87,86 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
         BLOCK_M=MAX_M, BLOCK_N=c.block_n, BLOCK_K=c.block_k, HAS_BIAS=bias is not None,
         num_warps=c.num_warps, num_stages=c.num_stages)
     return y
+
+
+# ---- FP8 weights (e4m3), dequantized in registers ---------------------------------------------
+# Same streaming scheme; the weight tile is loaded as 1 byte/element and converted to the
+# activation dtype before tl.dot. Per-channel scales multiply the finished [BM, BN] tile once;
+# block scales ((bn, bk), e.g. 128 x 128) multiply each BLOCK_K tile's partial sum, so BLOCK_K
+# must divide bk. The grid's first axis covers M > 16 in tiles of 16 rows (the tiles of one
+# weight tile are consecutive programs, so the weight is read from DRAM about once).
+# (first: the default, valid for 128-column scale blocks; block_k 256 / 512: per-channel only
+# at bk = 128 -- Linear.choose filters them)
+FP8_CANDIDATES = (GemvConfig(16, 128, 4, 4), GemvConfig(32, 128, 4, 4), GemvConfig(16, 256, 4, 3),
+                  GemvConfig(64, 128, 8, 4), GemvConfig(16, 512, 4, 3), GemvConfig(32, 256, 8, 3))
+
+
+@triton.jit(do_not_specialize=["M"])
+def _gemv_fp8_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_x, stride_w, stride_s,
+                     stride_y, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, BLOCKWISE: tl.constexpr,
+                     HAS_BIAS: tl.constexpr):
+    pid_m = tl.program_id(0)          # M tiles vary fastest: they share a weight tile in L2
+    pid_n = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, BLOCK_K)
+    n_ok = rn < N
+    m_ok = rm < M
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = (k0 + rk) < K
+        w = tl.load(w_ptr + rn[:, None] * stride_w + (k0 + rk)[None, :],
+                    mask=n_ok[:, None] & k_ok[None, :], other=0.0)          # [BN, BK] fp8
+        x = tl.load(x_ptr + rm[:, None] * stride_x + (k0 + rk)[None, :],
+                    mask=m_ok[:, None] & k_ok[None, :], other=0.0)          # [BM, BK]
+        part = tl.dot(x, tl.trans(w.to(x.dtype)), out_dtype=tl.float32)
+        if BLOCKWISE:
+            s = tl.load(s_ptr + (rn // SCALE_BN) * stride_s + k0 // SCALE_BK, mask=n_ok, other=0.0)
+            acc += part * s[None, :]
+        else:
+            acc += part
+    if not BLOCKWISE:
+        acc = acc * tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + rm[:, None] * stride_y + rn[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=m_ok[:, None] & n_ok[None, :])
+
+
+def gemv_fp8(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
+             *, block: tuple[int, int] | None = None, config: GemvConfig = FP8_CANDIDATES[0],
+             out: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ (w * scale).T (+ bias) with FP8 weights dequantized in registers.
+
+    x [M, K] bfloat16 / float16 / float32; w [N, K] float8_e4m3fn row-major; scale float32 [N]
+    (per-channel, block=None) or [ceil(N/bn), ceil(K/bk)] (block=(bn, bk)); bias [N] or None.
+    Returns (or writes into `out`) [M, N] in x's dtype; float32 accumulation. Any M (grid
+    tiles of 16 rows); capturable.
+    """
+    m, k = x.shape
+    n = w.shape[0]
+    if w.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"w: expected torch.float8_e4m3fn, got {w.dtype}")
+    if m < 1:
+        raise ValueError(f"x: {m} rows, expected at least 1")
+    if w.dim() != 2 or w.shape[1] != k or w.stride(1) != 1 or x.stride(1) != 1:
+        raise ValueError(f"w: expected a row-major [N, {k}] weight, got {tuple(w.shape)} "
+                         f"strides {w.stride()}; x strides {x.stride()}")
+    want = (n,) if block is None else (-(-n // block[0]), -(-k // block[1]))
+    if scale.dtype != torch.float32 or tuple(scale.shape) != want or scale.stride(-1) != 1:
+        raise ValueError(f"scale: expected contiguous float32 {want}, got {scale.dtype} "
+                         f"{tuple(scale.shape)}")
+    c = config
+    if block is not None and block[1] % c.block_k:
+        raise ValueError(f"config: block_k={c.block_k} must divide the scale block's {block[1]} columns")
+    if bias is not None and bias.shape != (n,):
+        raise ValueError(f"bias: expected [{n}], got {tuple(bias.shape)}")
+    y = out if out is not None else torch.empty((m, n), dtype=x.dtype, device=x.device)
+    sbn, sbk = block if block is not None else (1, 1)
+    _gemv_fp8_kernel[(triton.cdiv(m, MAX_M), triton.cdiv(n, c.block_n))](
+        x, w, scale, bias if bias is not None else scale, y, m, n, k, x.stride(0), w.stride(0),
+        scale.stride(0), y.stride(0), BLOCK_M=MAX_M, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+        SCALE_BN=sbn, SCALE_BK=sbk, BLOCKWISE=block is not None, HAS_BIAS=bias is not None,
+        num_warps=c.num_warps, num_stages=c.num_stages)
+    return y

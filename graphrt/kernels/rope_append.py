@@ -17,6 +17,10 @@ ERR_KV_SLOT; a page id outside the pool is skipped and flags ERR_PAGE_ID; a posi
 the cos/sin table is skipped (q written as zeros) and flags ERR_POSITION: never an
 out-of-bounds access. Same device_error contract as append_kv.
 
+FP8 KV cache: when the cache tensors are float8_e4m3fn, `kv_scale` ([2] float32 on the device:
+k scale, v scale, per tensor) is required and k / v are stored as clamp(x / scale, +-448) in
+e4m3 (one rounding); the value a reader sees is stored * scale (graphrt/model/quant/kv.py).
+
 Grid: (T, ceil(Hq / BH) + ceil(Hkv / BH)) for BH heads per program (`heads_per_program`: 1 on
 the GPU at decode sizes, i.e. Hq + Hkv single-warp programs per token): the first programs of a
 token rotate its q heads, the rest rotate its k heads and write k and v. Capturable in a CUDA
@@ -47,9 +51,10 @@ def _rms_halves(x1, x2, w_ptr, j, mj, eps, D: tl.constexpr, HALF: tl.constexpr):
 def _rope_append_kernel(qkv_ptr, qkv_stride, q_ptr, cs_ptr, num_positions, qn_ptr, kn_ptr, eps,
                         k_cache_ptr, v_cache_ptr, bt_ptr, bt_stride, bt_rows, max_pages,
                         num_pool_pages, page_size, s_page, s_slot, s_head,
-                        lens_ptr, pos_ptr, rows_ptr, error_ptr,
+                        lens_ptr, pos_ptr, rows_ptr, error_ptr, kvs_ptr,
                         HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BH: tl.constexpr,
-                        BLOCK: tl.constexpr, DECODE: tl.constexpr, QK_NORM: tl.constexpr):
+                        BLOCK: tl.constexpr, DECODE: tl.constexpr, QK_NORM: tl.constexpr,
+                        KV_FP8: tl.constexpr):
     HALF: tl.constexpr = D // 2
     NQB: tl.constexpr = (HQ + BH - 1) // BH          # programs 0..NQB-1: q heads, then k/v heads
     t = tl.program_id(0)
@@ -104,8 +109,17 @@ def _rope_append_kernel(qkv_ptr, qkv_stride, q_ptr, cs_ptr, num_positions, qn_pt
                     v2 = tl.load(src + (HQ + HKV + kh) * D + HALF + j, mask=m)
                     dst = page.to(tl.int64) * s_page + (pos % page_size) * s_slot + kh * s_head
                     ty = k_cache_ptr.dtype.element_ty
-                    tl.store(k_cache_ptr + dst + j, (k1 * c - k2 * s).to(ty), mask=m)
-                    tl.store(k_cache_ptr + dst + HALF + j, (k2 * c + k1 * s).to(ty), mask=m)
+                    r1 = k1 * c - k2 * s
+                    r2 = k2 * c + k1 * s
+                    if KV_FP8:   # per-tensor scales: stored = clamp(x / scale, +-448) in e4m3
+                        ki = 1.0 / tl.load(kvs_ptr)
+                        vi = 1.0 / tl.load(kvs_ptr + 1)
+                        r1 = tl.minimum(tl.maximum(r1 * ki, -448.0), 448.0)
+                        r2 = tl.minimum(tl.maximum(r2 * ki, -448.0), 448.0)
+                        v1 = tl.minimum(tl.maximum(v1.to(tl.float32) * vi, -448.0), 448.0)
+                        v2 = tl.minimum(tl.maximum(v2.to(tl.float32) * vi, -448.0), 448.0)
+                    tl.store(k_cache_ptr + dst + j, r1.to(ty), mask=m)
+                    tl.store(k_cache_ptr + dst + HALF + j, r2.to(ty), mask=m)
                     tl.store(v_cache_ptr + dst + j, v1.to(ty), mask=m)
                     tl.store(v_cache_ptr + dst + HALF + j, v2.to(ty), mask=m)
 
@@ -125,8 +139,15 @@ def heads_per_program(device: torch.device, tokens: int, max_heads: int) -> int:
 
 
 def _launch(qkv, cos_sin, kv_cache, block_table, device_error, hq, lens, positions, rows,
-            q_norm, k_norm, eps, q_out, bh):
+            q_norm, k_norm, eps, q_out, bh, kv_scale=None):
     kc, vc = kv_cache.as_tuple()
+    fp8 = kc.dtype == torch.float8_e4m3fn
+    _need(fp8 == (kv_scale is not None), "kv_scale: give a [2] float32 (k, v) scale tensor exactly "
+          f"when the cache is float8_e4m3fn (cache dtype {kc.dtype})")
+    _need(kv_scale is None or (kv_scale.dtype == torch.float32 and kv_scale.shape == (2,)
+                               and kv_scale.device == kc.device),
+          f"kv_scale: expected [2] float32 on {kc.device}, got "
+          f"{None if kv_scale is None else (tuple(kv_scale.shape), kv_scale.dtype, str(kv_scale.device))}")
     nhd = kv_cache.layout == "NHD"
     hkv, d = (kc.shape[2], kc.shape[3]) if nhd else (kc.shape[1], kc.shape[3])
     page_size = kc.shape[1] if nhd else kc.shape[2]
@@ -177,7 +198,9 @@ def _launch(qkv, cos_sin, kv_cache, block_table, device_error, hq, lens, positio
         float(eps), kc, vc, block_table, block_table.stride(0), block_table.shape[0],
         block_table.shape[1], kc.shape[0], page_size, s_page, s_slot, s_head,
         dummy, dummy if decode else positions, dummy if decode else rows, device_error,
+        kv_scale if fp8 else cos_sin,
         HQ=hq, HKV=hkv, D=d, BH=bh, BLOCK=block, DECODE=decode, QK_NORM=q_norm is not None,
+        KV_FP8=fp8,
         num_warps=min(4, max(1, bh * block // 256)))
     return q_out
 
@@ -186,12 +209,13 @@ def rope_append_decode(qkv: torch.Tensor, cos_sin: torch.Tensor, kv_cache, block
                        seq_lens: torch.Tensor, device_error: torch.Tensor, *, num_q_heads: int,
                        q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None,
                        eps: float = 1e-6, q_out: torch.Tensor | None = None,
-                       heads_per_program: int | None = None) -> torch.Tensor:
+                       heads_per_program: int | None = None,
+                       kv_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Decode: qkv [B, (Hq + 2*Hkv) * D] (model dtype), seq_lens [B] int32 counting the new token,
     block_table [B, max_pages] int32 -> rotated q [B, Hq, D] (qkv's dtype unless `q_out`).
     Writes row b's rotated k and v at position seq_lens[b] - 1; see module docstring."""
     return _launch(qkv, cos_sin, kv_cache, block_table, device_error, num_q_heads, seq_lens,
-                   None, None, q_norm, k_norm, eps, q_out, heads_per_program)
+                   None, None, q_norm, k_norm, eps, q_out, heads_per_program, kv_scale)
 
 
 def rope_append_prefill(qkv: torch.Tensor, cos_sin: torch.Tensor, kv_cache, block_table: torch.Tensor,
@@ -199,12 +223,13 @@ def rope_append_prefill(qkv: torch.Tensor, cos_sin: torch.Tensor, kv_cache, bloc
                         num_q_heads: int, q_norm: torch.Tensor | None = None,
                         k_norm: torch.Tensor | None = None, eps: float = 1e-6,
                         q_out: torch.Tensor | None = None,
-                        heads_per_program: int | None = None) -> torch.Tensor:
+                        heads_per_program: int | None = None,
+                        kv_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Prefill: qkv [T, (Hq + 2*Hkv) * D] of T tokens (any mix of requests), positions [T] and
     rows [T] (block-table row; < 0 = padding) int32/int64 -> rotated q [T, Hq, D]. Writes each
     token's rotated k and v at its position in its row's pages; see module docstring."""
     return _launch(qkv, cos_sin, kv_cache, block_table, device_error, num_q_heads, None,
-                   positions, rows, q_norm, k_norm, eps, q_out, heads_per_program)
+                   positions, rows, q_norm, k_norm, eps, q_out, heads_per_program, kv_scale)
 
 
 __all__ = ["rope_append_decode", "rope_append_prefill", "ERR_POSITION", "ERR_KV_SLOT", "ERR_PAGE_ID"]

@@ -4,61 +4,134 @@
     lin.choose(batch_sizes)                    # on a GPU, at capture: times both per batch size
     y = lin(x)                                 # x [M, K] -> [M, N]; dispatch on M (host int)
 
+    y = linear(x, w, bias)                     # the model's call: w a tensor or an Fp8Weight
+
 The choice is a pure host-side decision keyed by the row count, made before any graph is
 captured, so every captured graph holds one fixed kernel. Without a choice (CPU, prefill rows,
 M > 16) the call is `torch.nn.functional.linear` (cuBLAS on CUDA).
+
+FP8 weights (`graphrt.model.quant.Fp8Weight`): on CPU the float32 dequantized weight (the
+reference path CI runs); on CUDA the FP8 GEMV (`gemv_fp8`, dequant in registers) for M < 64,
+and above that `torch._scaled_mm` with per-token dynamic activation scales (per-channel
+weights) or, block-scaled, the same Triton kernel tiled over M (M < 256) / a dequantized bf16
+copy and cuBLAS (prefill-sized M); see SCALED_MM_MIN_M.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from graphrt.kernels.gemv import CANDIDATES, MAX_M, GemvConfig, gemv
+from graphrt.kernels.gemv import CANDIDATES, FP8_CANDIDATES, MAX_M, GemvConfig, gemv, gemv_fp8
+from graphrt.model.quant.fp8 import FP8, FP8_MAX, Fp8Weight
 
 CUBLAS = "cublas"
 L2_BYTES = 128 << 20  # > the H100/H200 L2 (50-60 MB) with margin
+# FP8 weights on CUDA by row count M: weight-only FP8 GEMV (exact vs the dequantized weight) below
+# SCALED_MM_MIN_M; per-channel at or above it: W8A8 torch._scaled_mm (activations rounded to
+# e4m3 per token: ~2-3% relative error per GEMM); block-scaled: the GEMV tiled over M below
+# PREFILL_DEQUANT_M, a dequantized copy + cuBLAS above. Retune from bench_e2e --fp8-kernels.
+SCALED_MM_MIN_M = 64
+PREFILL_DEQUANT_M = 256
+
+
+def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] @ w.T (+ bias) -> [M, N] in x's dtype; w a [N, K] tensor (F.linear), an
+    Fp8Weight (see module docstring) or a `Linear`."""
+    if isinstance(w, Linear):
+        return w(x) if bias is None else w(x) + bias
+    if isinstance(w, Fp8Weight):
+        return fp8_linear(x, w, bias)
+    return F.linear(x, w, bias)
+
+
+def fp8_linear(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None, *,
+               config: GemvConfig | None = None) -> torch.Tensor:
+    """x [M, K] (bf16 / fp16 / fp32) times an FP8 weight [N, K] -> [M, N] in x's dtype."""
+    if x.device.type != "cuda":          # CPU: float32 reference (dequantized weight)
+        y = F.linear(x.float(), w.dequantize(torch.float32), None if bias is None else bias.float())
+        return y.to(x.dtype)
+    m = x.shape[0]
+    if m < SCALED_MM_MIN_M or (w.block is not None and m < PREFILL_DEQUANT_M):
+        return gemv_fp8(x, w.data, w.scale, bias, block=w.block,
+                        config=config or FP8_CANDIDATES[0])
+    if w.block is not None:              # prefill-sized M: one dequantized copy, then cuBLAS
+        return F.linear(x, w.dequantize(x.dtype), bias)
+    return scaled_mm_per_token(x, w, bias)
+
+
+def scaled_mm_per_token(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """CUDA, per-channel w: x quantized per row (dynamic amax / 448 scales) and one FP8
+    tensor-core GEMM with row-wise scales (torch._scaled_mm, bf16 out); [M, N] in x's dtype.
+    Rows are padded to a multiple of 16 when needed (cuBLASLt FP8 operand alignment)."""
+    m = x.shape[0]
+    xf = x.float()
+    sx = (xf.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp(min=1e-12)       # [M, 1]
+    xq = (xf / sx).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    if m % 16:
+        pad = 16 - m % 16
+        xq = F.pad(xq.view(torch.uint8), (0, 0, 0, pad)).view(FP8)
+        sx = F.pad(sx, (0, 0, 0, pad), value=1.0)
+    y = torch._scaled_mm(xq, w.data.t(), scale_a=sx, scale_b=w.scale[None, :],
+                         out_dtype=torch.bfloat16)[:m]
+    y = y.to(x.dtype)
+    return y if bias is None else y + bias
 
 
 class Linear:
     """One weight matrix [N, K] (+ bias [N]) with a per-batch-size kernel choice."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    def __init__(self, weight: torch.Tensor | Fp8Weight, bias: torch.Tensor | None = None):
         self.weight, self.bias = weight, bias
         self.choice: dict[int, GemvConfig | None] = {}   # rows -> config (None = cuBLAS)
         self.timings_us: dict[int, dict[str, float]] = {}
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         cfg = self.choice.get(x.shape[0])
+        if isinstance(self.weight, Fp8Weight):
+            if x.shape[0] in self.choice and cfg is None and x.device.type == "cuda":
+                return scaled_mm_per_token(x, self.weight, self.bias)   # measured faster
+            return fp8_linear(x, self.weight, self.bias, config=cfg)
         if cfg is None:
             return F.linear(x, self.weight, self.bias)
         return gemv(x, self.weight, self.bias, config=cfg)
 
     def choose(self, batch_sizes, *, reps: int = 20, repeats: int = 5) -> dict[int, str]:
-        """Time cuBLAS and each GEMV candidate per batch size and keep the fastest. CUDA only;
-        returns names. Timing: one CUDA graph of back-to-back calls rotating over copies of the
-        weight that together exceed the L2 (a decode step never finds its weights in L2), CUDA
-        events, median of `repeats`."""
+        """Time cuBLAS (FP8 weights: torch._scaled_mm, per-channel only) and each GEMV candidate
+        per batch size and keep the fastest. CUDA only; returns names. Timing: one CUDA graph of
+        back-to-back calls rotating over copies of the weight that together exceed the L2 (a
+        decode step never finds its weights in L2), CUDA events, median of `repeats`."""
+        w8 = self.weight if isinstance(self.weight, Fp8Weight) else None
         if self.weight.device.type != "cuda":
             return {}
-        w_bytes = self.weight.numel() * self.weight.element_size()
-        copies = [self.weight] + [self.weight.clone() for _ in range(min(15, L2_BYTES // w_bytes))]
+        if w8 is None:
+            w_bytes = self.weight.numel() * self.weight.element_size()
+            clone = torch.Tensor.clone
+            cands = [(CUBLAS, None, lambda x, w: F.linear(x, w, self.bias))] + [
+                (c.name, c, lambda x, w, c=c: gemv(x, w, self.bias, config=c)) for c in CANDIDATES]
+        else:
+            w_bytes = w8.nbytes
+
+            def clone(w):
+                return Fp8Weight(w.data.clone(), w.scale.clone(), w.block)
+            cands = [(c.name, c, lambda x, w, c=c: gemv_fp8(x, w.data, w.scale, self.bias,
+                                                            block=w.block, config=c))
+                     for c in FP8_CANDIDATES if w8.block is None or w8.block[1] % c.block_k == 0]
+            if w8.block is None:
+                cands.append((CUBLAS, None, lambda x, w: scaled_mm_per_token(x, w, self.bias)))
+        copies = [self.weight] + [clone(self.weight) for _ in range(min(15, L2_BYTES // w_bytes))]
+        dtype = self.weight.dtype if w8 is None else torch.bfloat16
         for m in batch_sizes:
             if m > MAX_M:
                 continue
-            x = torch.randn((m, self.weight.shape[1]), device=self.weight.device,
-                            dtype=self.weight.dtype)
+            x = torch.randn((m, self.weight.shape[1]), device=self.weight.device, dtype=dtype)
 
             def run(call):
                 for w in copies:
-                    call(w)
-            times = {CUBLAS: _graph_us(lambda: run(lambda w: F.linear(x, w, self.bias)), reps,
-                                       repeats) / len(copies)}
-            for c in CANDIDATES:
-                times[c.name] = _graph_us(
-                    lambda c=c: run(lambda w: gemv(x, w, self.bias, config=c)), reps,
-                    repeats) / len(copies)
+                    call(x, w)
+            times = {name: _graph_us(lambda call=call: run(call), reps, repeats) / len(copies)
+                     for name, _, call in cands}
             best = min(times, key=times.get)
-            self.choice[m] = next((c for c in CANDIDATES if c.name == best), None)
+            self.choice[m] = next(c for name, c, _ in cands if name == best)
             self.timings_us[m] = times
         return {m: (c.name if c else CUBLAS) for m, c in self.choice.items()}
 

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from graphrt.kernels.activation import silu_mul
 from graphrt.kernels.norm import add_rms_norm, rms_norm
 from graphrt.kernels.rope_append import rope_append_prefill
+from graphrt.model.linear import linear
 from graphrt.model.rope import cos_sin_cache
 from graphrt.model.spec import LlamaSpec, shard_spec
 from graphrt.model.weights import LayerWeights, ModelWeights, fuse_hf_state_dict
@@ -73,7 +74,7 @@ class LlamaDecoder:
 
     def _mlp(self, layer: LayerWeights, h: torch.Tensor) -> torch.Tensor:
         """h [T, H] normed -> [T, H]: down(silu(gate) * up), one gate_up GEMM."""
-        return self._reduce(F.linear(silu_mul(F.linear(h, layer.gate_up)), layer.down))
+        return self._reduce(linear(silu_mul(linear(h, layer.gate_up)), layer.down))
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [T] int64 -> [T, H] embeddings (a copy)."""
@@ -86,7 +87,7 @@ class LlamaDecoder:
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         """h [T, H] final-normed -> [T, V] logits in the model dtype (every rank: all of V)."""
-        local = F.linear(h, self.weights.lm_head)
+        local = linear(h, self.weights.lm_head)
         return local if self.tp is None else self.tp.gather_logits(local)
 
     def _qk_norm_args(self, layer: LayerWeights) -> dict:
@@ -102,10 +103,10 @@ class LlamaDecoder:
         residual = self._embed(tokens)                               # [B, H] (a copy)
         h = rms_norm(residual, w.layers[0].input_norm, eps)
         for i, layer in enumerate(w.layers):
-            qkv = F.linear(h, layer.qkv, layer.qkv_bias)             # [B, (Hq + 2Hkv) D] (rank's heads)
+            qkv = linear(h, layer.qkv, layer.qkv_bias)             # [B, (Hq + 2Hkv) D] (rank's heads)
             q = ctx.rope_append(i, qkv, self.cos_sin, **self._qk_norm_args(layer))
             o = ctx.attention(i, q)                                  # [B, Hq, D]
-            attn = self._reduce(F.linear(o.view(b, -1), layer.o))    # [B, H]
+            attn = self._reduce(linear(o.view(b, -1), layer.o))    # [B, H]
             h = add_rms_norm(attn, residual, layer.post_attn_norm, eps)
             h = add_rms_norm(self._mlp(layer, h), residual, self._next_norm(i), eps)
         return self._logits(h)
@@ -194,10 +195,10 @@ class LlamaDecoder:
         residual = self._embed(tokens)                               # [T, H]
         h = rms_norm(residual, w.layers[0].input_norm, eps)
         for i, layer in enumerate(w.layers):
-            qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+            qkv = linear(h, layer.qkv, layer.qkv_bias)
             q = rope_append_prefill(qkv, self.cos_sin, kv_caches[i], block_table, positions, rows,
                                     error, **self._qk_norm_args(layer))
-            h = add_rms_norm(self._reduce(F.linear(attend(i, q), layer.o)), residual,
+            h = add_rms_norm(self._reduce(linear(attend(i, q), layer.o)), residual,
                              layer.post_attn_norm, eps)
             h = add_rms_norm(self._mlp(layer, h), residual, self._next_norm(i), eps)
         return h

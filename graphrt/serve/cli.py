@@ -29,6 +29,8 @@ def build_parser(prog: str = "graphrt serve") -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, choices=["cuda", "cpu"], help="default: cuda if available")
     p.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
                    help="shard the model over N GPUs, one process each (graphrt/parallel); default 1")
+    p.add_argument("--quantization", default=None, choices=["fp8"],
+                   help="fp8: quantize a float checkpoint's linear layers to FP8 while loading")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="the `model` clients send (default: --model)")
@@ -80,7 +82,8 @@ def load(args):
     from graphrt.cache.load import compilers_at
     # FlashInfer / Triton look kernels up in the cache while the engine loads and captures
     with compilers_at(cache_dir) if cache_dir is not None else nullcontext():
-        llm = LLM(args.model, device=device, config=engine_cfg, tensor_parallel=args.tensor_parallel)
+        llm = LLM(args.model, device=device, config=engine_cfg, tensor_parallel=args.tensor_parallel,
+                  quantization=args.quantization)
     total = time.perf_counter() - t0
     ck = llm.checkpoint
     log.info("weights: %s %s (%d layers, hidden %d) %.2f GB in %.2f s (%.2f GB/s) from %s", ck.arch, ck.dtype,

@@ -1,0 +1,190 @@
+"""Load an FP8 checkpoint (or quantize a float one while loading) into the fused layout.
+
+    ck = load_checkpoint(path, device="cuda")                       # config.json says FP8
+    ck = load_checkpoint(path, device="cuda", quantization="fp8")   # float checkpoint -> FP8
+
+Reached from `graphrt.engine.loader.load_checkpoint` when config.json has a
+`quantization_config` or `quantization` is given; the formats are parsed by
+`graphrt.model.quant.formats`. The result is the loader's `Checkpoint` with the same fused
+weights dict, except that each linear field (qkv / o / gate_up / down, lm_head unless ignored)
+is a `graphrt.model.quant.Fp8Weight`: fused FP8 data [rows, K] plus float32 scales with every HF
+part's scale kept (per-tensor scales repeated per row; block scales concatenated by block rows).
+Each HF tensor is read once and copied into its rows on the device; per-tensor / per-channel
+scales arrive as [] / [1] / [N] / [N, 1] in float32 or the model dtype.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from graphrt.engine.loader import (FILE_DTYPES, Checkpoint, CheckpointError, _eos_ids, _expected,
+                                   _weight_files)
+from graphrt.model.quant.fp8 import FP8, Fp8Weight, quantize_fp8
+from graphrt.model.quant.formats import LINEAR_FIELDS, Fp8Format, parse_quantization
+from graphrt.model.spec import LlamaSpec
+
+F8_KIND = "F8_E4M3"
+
+
+def _key(where: tuple) -> tuple:
+    """(layer, field, offset) / (field, offset) -> the fused tensor's key (layer, field) / (field,)."""
+    return where[:-1]
+
+
+def _plan(fmt: Fp8Format, expected: dict) -> dict[tuple, dict]:
+    """Fused key -> {"rows", "cols", "parts": [(name, rows, off)], "fp8": bool}."""
+    plan: dict[tuple, dict] = {}
+    for name, (shape, where) in expected.items():
+        p = plan.setdefault(_key(where), {"shape": shape[1:], "rows": 0, "parts": [], "flags": set()})
+        p["parts"].append((name, shape[0], where[-1]))
+        p["rows"] += shape[0]
+        if where[-2] in LINEAR_FIELDS and name.endswith(".weight"):
+            p["flags"].add(fmt.quantized(name.removesuffix(".weight")))
+        else:
+            p["flags"].add(False)
+    for key, p in plan.items():
+        if len(p["flags"]) > 1:
+            raise ValueError(f"quantization_config.ignore: keeps only some parts of the fused "
+                             f"{'.'.join(map(str, key))} ({[n for n, _, _ in p['parts']]}) in float; "
+                             f"ignore all of them or none")
+        p["fp8"] = p["flags"].pop()
+        if p["fp8"] and fmt.block is not None:
+            for name, rows, off in p["parts"][:-1]:
+                if rows % fmt.block[0]:
+                    raise CheckpointError(f"tensor {name!r}: {rows} rows is not a multiple of the scale block "
+                                          f"rows {fmt.block[0]}; block scales of fused parts must align")
+    return plan
+
+
+def _scale_shape(fmt: Fp8Format, rows: int, cols: int) -> tuple[tuple[int, ...], ...]:
+    """Accepted on-disk shapes of one module's weight scale."""
+    if fmt.strategy == "tensor":
+        return ((), (1,))
+    if fmt.strategy == "channel":
+        return ((rows,), (rows, 1))
+    bn, bk = fmt.block
+    return ((-(-rows // bn), -(-cols // bk)),)
+
+
+class _Reader:
+    """Tensors by HF name across the checkpoint's files (handles kept open while loading)."""
+
+    def __init__(self, files: dict[str, Path]):
+        from safetensors import safe_open
+        self.files, self.handles, self.open = files, {}, safe_open
+
+    def handle(self, name: str):
+        if name not in self.files:
+            raise CheckpointError(f"tensor {name!r} missing from the safetensors files")
+        f = self.files[name]
+        if f not in self.handles:
+            h = self.open(str(f), framework="pt")
+            self.handles[f] = (h, set(h.keys()))
+        h, keys = self.handles[f]
+        if name not in keys:
+            raise CheckpointError(f"{f.name}: tensor {name!r} missing (the index lists it there)")
+        return f, h
+
+    def header(self, name: str) -> tuple[Path, tuple[int, ...], str]:
+        f, h = self.handle(name)
+        sl = h.get_slice(name)
+        return f, tuple(sl.get_shape()), sl.get_dtype()
+
+    def tensor(self, name: str) -> torch.Tensor:
+        return self.handle(name)[1].get_tensor(name)
+
+
+def _check_headers(fmt: Fp8Format, plan: dict, expected: dict, rd: _Reader) -> torch.dtype | None:
+    embed_dtype = None
+    for p in plan.values():
+        for name, rows, _ in p["parts"]:
+            f, shape, kind = rd.header(name)
+            if shape != expected[name][0]:
+                raise CheckpointError(f"{f.name}: tensor {name!r} has shape {list(shape)}, "
+                                      f"config.json implies {list(expected[name][0])}")
+            stored_fp8 = p["fp8"] and fmt.source != "quantize"
+            if stored_fp8 and kind != F8_KIND:
+                raise CheckpointError(f"{f.name}: tensor {name!r} has dtype {kind}; the "
+                                      f"quantization_config makes it {F8_KIND}")
+            if not stored_fp8 and kind not in FILE_DTYPES:
+                raise CheckpointError(f"{f.name}: tensor {name!r} has dtype {kind}; supported "
+                                      f"{sorted(FILE_DTYPES)}" + (" (listed in quantization_config."
+                                      "ignore)" if kind == F8_KIND else ""))
+            if stored_fp8:
+                sname = name.removesuffix("weight") + fmt.scale_suffix
+                sf, sshape, skind = rd.header(sname)
+                ok = _scale_shape(fmt, rows, shape[1])
+                if sshape not in ok or skind not in FILE_DTYPES:
+                    raise CheckpointError(f"{sf.name}: tensor {sname!r} is {skind} {list(sshape)}; "
+                                          f"a {fmt.strategy} scale is float of shape {list(ok[-1])}")
+            if name == "model.embed_tokens.weight":
+                embed_dtype = FILE_DTYPES[kind]
+    return embed_dtype
+
+
+def load_quantized(path: Path, raw: dict, arch: str, spec: LlamaSpec, quantization: str | None, *,
+                   device, dtype: torch.dtype | None, rank: int, world_size: int) -> Checkpoint:
+    """See the module docstring; arguments as `load_checkpoint`'s (raw: config.json)."""
+    fmt = parse_quantization(raw, quantization)
+    if fmt is None:
+        raise ValueError("quantization_config: null and quantization=None: not a quantized load")
+    if world_size != 1:
+        raise ValueError(f"quantization: FP8 weights are not supported with tensor parallelism "
+                         f"(world_size={world_size}); use world_size=1")
+    expected = _expected(spec, arch)
+    plan = _plan(fmt, expected)
+    rd = _Reader(_weight_files(path))
+    embed_dtype = _check_headers(fmt, plan, expected, rd)
+    dtype = dtype or embed_dtype
+    device = torch.device(device)
+    out: dict[tuple, object] = {}
+    t0, nbytes = time.perf_counter(), 0
+    for key, p in plan.items():
+        if key == ("lm_head",) and spec.tie_word_embeddings:
+            continue
+        rows, cols = p["rows"], p["shape"][0] if p["shape"] else None
+        if not p["fp8"]:
+            t = torch.empty((rows, *p["shape"]), dtype=dtype, device=device)
+            for name, n, off in p["parts"]:
+                t[off:off + n].copy_(rd.tensor(name))
+                nbytes += t[off:off + n].nbytes
+            out[key] = t
+            continue
+        data = torch.empty((rows, cols), dtype=FP8, device=device)
+        parts = []
+        for name, n, off in p["parts"]:
+            w = rd.tensor(name)
+            nbytes += w.nbytes
+            if fmt.source == "quantize":                 # float checkpoint: per channel on the device
+                q = quantize_fp8(w.to(device), "channel")
+                data[off:off + n].copy_(q.data)
+                parts.append(q.scale)
+                continue
+            data[off:off + n].copy_(w)
+            s = rd.tensor(name.removesuffix("weight") + fmt.scale_suffix).float()
+            nbytes += s.nbytes
+            parts.append(s.reshape(-1).expand(n) if fmt.strategy == "tensor" else
+                         s.reshape(n) if fmt.strategy == "channel" else s)
+        scale = torch.cat(parts).to(device).contiguous()
+        out[key] = Fp8Weight(data, scale, fmt.block if fmt.strategy == "block" else None)
+    weights = {"layers": [{} for _ in range(spec.num_layers)]}
+    for key, t in out.items():
+        if len(key) == 2:
+            weights["layers"][key[0]][key[1]] = t
+        else:
+            weights[key[0]] = t
+    for layer in weights["layers"]:
+        for f in ("qkv_bias", "q_norm", "k_norm"):
+            layer.setdefault(f, None)
+    if spec.tie_word_embeddings:
+        weights["lm_head"] = weights["embed"]
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return Checkpoint(path, arch, spec, arch == "qwen3", weights, dtype, device, _eos_ids(path, raw),
+                      int(raw.get("max_position_embeddings") or 0), nbytes, time.perf_counter() - t0,
+                      rank, world_size)
+
+
+__all__ = ["load_quantized"]

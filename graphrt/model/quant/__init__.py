@@ -1,0 +1,5 @@
+"""Quantized weights next to the model's linear layers: FP8 (e4m3) storage and scales
+(`fp8`), whole-model conversion (`weights`), checkpoint formats (`formats`)."""
+from graphrt.model.quant.fp8 import FP8, FP8_MAX, Fp8Weight, cat_rows, quantize_fp8
+
+__all__ = ["FP8", "FP8_MAX", "Fp8Weight", "cat_rows", "quantize_fp8"]

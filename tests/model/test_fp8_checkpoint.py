@@ -1,0 +1,232 @@
+"""FP8 checkpoints through engine/loader.py (graphrt/engine/quant_loader.py): compressed-tensors
+per-tensor / per-channel, transformers fp8 with block scales, `quantization="fp8"` on a float
+checkpoint. A test helper rewrites a random float checkpoint into each format's on-disk layout
+(F8_E4M3 weights, scale tensors, shards that split a weight from its scale, an `ignore` list);
+the loaded model's logits are compared with the float32 model over the independently
+dequantized weights (exact up to float32 rounding) and with the original weights (close).
+Unsupported configs are refused naming the field."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from _checkpoints import write
+from graphrt import RuntimeConfig
+from graphrt.engine.loader import CheckpointError, load_checkpoint
+from graphrt.engine.model import build_model
+from graphrt.model import LlamaDecoder
+from graphrt.model.quant import Fp8Weight
+from graphrt.model.runtime import ModelRuntime
+
+pytest.importorskip("transformers")
+LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+FP8_MAX = 448.0
+
+
+def _quantize(w: torch.Tensor, strategy: str, block, scale_dtype):
+    """Independent of graphrt: (fp8 data, on-disk scale, dequantized float32 weight)."""
+    w = w.float()
+    n, k = w.shape
+    if strategy == "block":
+        bn, bk = block
+        s = torch.stack([torch.stack([w[i:i + bn, j:j + bk].abs().max() for j in range(0, k, bk)])
+                         for i in range(0, n, bn)]) / FP8_MAX
+        full = s.repeat_interleave(bn, 0)[:n].repeat_interleave(bk, 1)[:, :k]
+    elif strategy == "channel":
+        s = (w.abs().amax(1, keepdim=True) / FP8_MAX).to(scale_dtype)            # [N, 1]
+        full = s.float().expand(n, k)
+    else:
+        s = (w.abs().max() / FP8_MAX).reshape(1).to(scale_dtype)                  # [1]
+        full = s.float().expand(n, k)
+    data = (w / full).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return data, s, data.float() * full
+
+
+def write_fp8(src, dst, kind: str, *, strategy="channel", block=(64, 64), ignore=("lm_head",),
+              shards=3, scale_dtype=torch.float32):
+    """Rewrite float checkpoint `src` as an FP8 checkpoint in `dst` (kind: "compressed-tensors"
+    or "fp8"), in `shards` files (each weight's scale goes to the next shard). Returns the
+    dequantized float32 state dict (the truth the loaded model must reproduce)."""
+    from safetensors.torch import load_file, save_file
+    dst.mkdir()
+    for f in src.iterdir():
+        if not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
+            shutil.copy(f, dst / f.name)
+    sd = {}
+    for f in sorted(src.glob("*.safetensors")):
+        sd |= load_file(str(f))
+    out, truth = {}, {}
+    for name, t in sd.items():
+        module = name.removesuffix(".weight")
+        if name.endswith(".weight") and (module.endswith(LINEAR) or module == "lm_head") \
+                and module not in ignore:
+            data, s, deq = _quantize(t, strategy, block, scale_dtype)
+            out[name] = data
+            out[module + (".weight_scale" if kind == "compressed-tensors" else ".weight_scale_inv")] = s
+            truth[name] = deq
+        else:
+            out[name], truth[name] = t, t.float()
+    names = list(out)
+    files = [{} for _ in range(shards)]
+    for i, name in enumerate(names):
+        files[(i + name.count("scale")) % shards][name] = out[name]   # a scale lands apart from its weight
+    weight_map = {}
+    for i, tensors in enumerate(files):
+        fname = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        save_file(tensors, str(dst / fname), metadata={"format": "pt"})
+        weight_map |= {n: fname for n in tensors}
+    (dst / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    cfg = json.loads((src / "config.json").read_text())
+    if kind == "compressed-tensors":
+        w = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": strategy, "dynamic": False}
+        if strategy == "block":
+            w["block_structure"] = list(block)
+        cfg["quantization_config"] = {
+            "quant_method": "compressed-tensors", "format": "float-quantized",
+            "quantization_status": "compressed", "kv_cache_scheme": None, "ignore": list(ignore),
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": w, "output_activations": None,
+                                          "input_activations": {"num_bits": 8, "type": "float",
+                                                                "strategy": "token", "dynamic": True}}}}
+    else:
+        cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                      "weight_block_size": list(block) if strategy == "block" else None,
+                                      "modules_to_not_convert": list(ignore)}
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return truth
+
+
+def _logits(model, steps=2):
+    cfg = RuntimeConfig(num_qo_heads=2, num_kv_heads=1, head_dim=64, page_size=16, max_context_len=64,
+                        buckets=[2], dtype="float32", backend="torch-splitkv", kv_pool_pages=8)
+    mrt = ModelRuntime(model, cfg, "cpu", keep_logits=True)
+    prompts = [torch.arange(6) * 5 % 300, torch.arange(13) * 7 % 300]
+    table = torch.arange(8, dtype=torch.int32).view(2, 4)
+    out = [mrt.prefill(prompts, table)]
+    lens = torch.tensor([6, 13], dtype=torch.int32)
+    for s in range(steps):
+        lens += 1
+        mrt.decode(torch.tensor([3 + s, 50 + s]), table, lens)
+        out.append(mrt.last_logits(2).clone())
+    return torch.stack(out)
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory):
+    return write(tmp_path_factory, "fp8src", arch="qwen3", dtype="bfloat16")
+
+
+@pytest.mark.parametrize("kind,strategy,ignore,scale_dtype", [
+    ("compressed-tensors", "channel", ("lm_head",), torch.bfloat16),
+    ("compressed-tensors", "tensor", (), torch.float32),
+    ("fp8", "block", ("lm_head",), torch.float32)])
+def test_fp8_checkpoint_logits(src, tmp_path, kind, strategy, ignore, scale_dtype):
+    truth = write_fp8(src, tmp_path / "q", kind, strategy=strategy, ignore=ignore, scale_dtype=scale_dtype)
+    ck = load_checkpoint(tmp_path / "q", dtype=torch.float32)
+    layer = ck.weights["layers"][0]
+    assert isinstance(layer["qkv"], Fp8Weight) and isinstance(layer["down"], Fp8Weight)
+    assert isinstance(ck.weights["lm_head"], Fp8Weight) == ("lm_head" not in ignore)
+    assert layer["qkv"].block == ((64, 64) if strategy == "block" else None)
+    assert ck.weights["embed"].dtype == torch.float32
+    got = _logits(build_model(ck))
+    ref = _logits(LlamaDecoder.from_state_dict(ck.spec, truth))
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    full = _logits(build_model(load_checkpoint(src, dtype=torch.float32)))
+    rel = float((got - full).norm() / full.norm())
+    assert 0 < rel < 0.1
+
+
+def test_quantize_while_loading_per_channel(src):
+    ck = load_checkpoint(src, dtype=torch.float32, quantization="fp8")
+    qkv = ck.weights["layers"][1]["qkv"]
+    assert isinstance(qkv, Fp8Weight) and qkv.block is None and qkv.scale.shape == (256,)
+    assert not isinstance(ck.weights["lm_head"], Fp8Weight)           # lm_head stays in float
+    f = load_checkpoint(src, dtype=torch.float32)
+    err = (qkv.dequantize() - f.weights["layers"][1]["qkv"]).abs()
+    assert float(err.max()) <= float(f.weights["layers"][1]["qkv"].abs().max()) * 2 ** -4
+    got, full = _logits(build_model(ck)), _logits(build_model(f))
+    assert 0 < float((got - full).norm() / full.norm()) < 0.1
+
+
+def _edit(path, fn):
+    cfg = json.loads((path / "config.json").read_text())
+    fn(cfg["quantization_config"])
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda q: q.update(quant_method="gptq"), r"quantization_config.quant_method: 'gptq'"),
+    (lambda q: q.update(format="pack-quantized"), r"quantization_config.format: 'pack-quantized'"),
+    (lambda q: q["config_groups"]["group_0"]["weights"].update(num_bits=4),
+     r"config_groups.group_0.weights.num_bits: 4"),
+    (lambda q: q["config_groups"]["group_0"]["weights"].update(type="int"),
+     r"config_groups.group_0.weights.type: 'int'"),
+    (lambda q: q["config_groups"]["group_0"]["weights"].update(strategy="group"),
+     r"config_groups.group_0.weights.strategy: 'group'"),
+    (lambda q: q.update(kv_cache_scheme={"num_bits": 8}), r"quantization_config.kv_cache_scheme"),
+    (lambda q: q.update(ignore=["model.layers.0.self_attn.k_proj", "lm_head"]), r"quantization_config.ignore"),
+])
+def test_unsupported_compressed_tensors_configs_are_refused(src, tmp_path, edit, match):
+    write_fp8(src, tmp_path / "q", "compressed-tensors", shards=1)
+    _edit(tmp_path / "q", edit)
+    with pytest.raises(ValueError, match=match):
+        load_checkpoint(tmp_path / "q")
+
+
+def test_other_refusals(src, tmp_path):
+    write_fp8(src, tmp_path / "b", "fp8", strategy="block", block=(128, 128), shards=1)
+    with pytest.raises(CheckpointError, match="k_proj.weight': 64 rows is not a multiple of the scale block rows 128"):
+        load_checkpoint(tmp_path / "b")
+    _edit(tmp_path / "b", lambda q: q.update(activation_scheme="static"))
+    with pytest.raises(ValueError, match="quantization_config.activation_scheme: 'static'"):
+        load_checkpoint(tmp_path / "b")
+    with pytest.raises(ValueError, match="quantization: 'int8' is not supported"):
+        load_checkpoint(src, quantization="int8")
+    with pytest.raises(ValueError, match="quantization: FP8 weights are not supported with tensor"):
+        load_checkpoint(src, quantization="fp8", rank=0, world_size=2)
+    write_fp8(src, tmp_path / "c", "compressed-tensors", shards=1)   # a weight stored in bf16
+    from safetensors.torch import load_file, save_file
+    f = tmp_path / "c" / "model-00001-of-00001.safetensors"
+    t = load_file(str(f))
+    t["model.layers.0.mlp.down_proj.weight"] = t["model.layers.0.mlp.down_proj.weight"].to(torch.bfloat16)
+    save_file(t, str(f))
+    with pytest.raises(CheckpointError, match="down_proj.weight' has dtype BF16; the quantization_config makes it F8_E4M3"):
+        load_checkpoint(tmp_path / "c")
+    del t["model.layers.0.mlp.down_proj.weight_scale"]
+    t["model.layers.0.mlp.down_proj.weight"] = t["model.layers.0.mlp.down_proj.weight"].to(torch.float8_e4m3fn)
+    save_file(t, str(f))
+    with pytest.raises(CheckpointError, match="down_proj.weight_scale' missing"):
+        load_checkpoint(tmp_path / "c")
+
+
+def test_llm_greedy_equals_hf_over_dequantized_weights(src, tmp_path):
+    """graphrt.LLM over an FP8 checkpoint and over `quantization="fp8"`: greedy tokens equal HF
+    transformers' generate with the dequantized weights loaded (float32, CPU)."""
+    import transformers
+    from graphrt import LLM, SamplingParams
+    truth = write_fp8(src, tmp_path / "q", "compressed-tensors", strategy="channel", shards=2)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32).eval()
+    hf.load_state_dict(truth, strict=False)
+    hf.generation_config.eos_token_id = None
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    for llm in (LLM(tmp_path / "q", device="cpu", max_batch=2),
+                LLM(src, device="cpu", max_batch=2, quantization="fp8")):
+        assert isinstance(llm.checkpoint.weights["layers"][0]["gate_up"], Fp8Weight)
+        outs = llm.generate(["Hello world", [5, 6, 7, 8, 9, 10, 11]], params)
+        for o in outs:
+            ref = hf.generate(torch.tensor([o.prompt_token_ids]), max_new_tokens=6, do_sample=False,
+                              pad_token_id=0)[0, len(o.prompt_token_ids):].tolist()
+            assert o.token_ids == ref
+    with pytest.raises(ValueError, match="quantization: 'fp8' is not supported with tensor_parallel"):
+        LLM(src, device="cpu", quantization="fp8", tensor_parallel=2)
+
+
+def test_serve_cli_quantization_flag():
+    from graphrt.serve.cli import build_parser
+    assert build_parser().parse_args(["--model", "m", "--quantization", "fp8"]).quantization == "fp8"
+    assert build_parser().parse_args(["--model", "m"]).quantization is None
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["--model", "m", "--quantization", "int4"])
+    assert e.value.code == 2

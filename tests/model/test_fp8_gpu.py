@@ -1,0 +1,63 @@
+"""GPU tests of FP8 weights (H200, bf16 activations, CUDA graphs, FlashInfer): an 8B-shaped
+2-layer checkpoint written as compressed-tensors per-channel and as transformers fp8 with
+128 x 128 blocks, and `quantization="fp8"` on the bf16 original; greedy tokens vs HF float32 with
+the dequantized weights (up to bf16 ties), batch 8 and batch 1 (the FP8 GEMV paths).
+
+Run on the GPU machine: python -m pytest -m gpu -q tests/model/test_fp8_gpu.py -s
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from _checkpoints import assert_greedy_matches_hf, write
+from graphrt import LLM, SamplingParams
+from graphrt.model.quant import Fp8Weight
+from test_fp8_checkpoint import write_fp8
+
+pytestmark = pytest.mark.gpu
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory):
+    return write(tmp_path_factory, "fp8gpu", shape="llama-3.1-8b", arch="llama", dtype="bfloat16",
+                 num_layers=2, max_shard_mb=1024, tokenizer_vocab=4096)
+
+
+def _prompts(n, gen):
+    """Total tokens < 64: prefill stays on the weight-only FP8 path (linear.SCALED_MM_MIN_M),
+    so the dequantized weights are the exact truth up to bf16 activations."""
+    lens = torch.randint(1, 8, (n,), generator=gen).tolist()
+    return [torch.randint(2, 128256, (m,), generator=gen).tolist() for m in lens]
+
+
+@pytest.mark.parametrize("kind,strategy", [("compressed-tensors", "channel"), ("fp8", "block"), ("quantize", None)])
+def test_fp8_greedy_equals_hf_over_dequantized_weights(src, tmp_path, kind, strategy):
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32).eval()
+    if kind == "quantize":
+        llm = LLM(src, device="cuda", max_batch=8, steps_per_graph=4, max_model_len=1024,
+                  quantization="fp8")
+        w = llm.checkpoint.weights
+        for i, layer in enumerate(w["layers"]):      # truth: graphrt's own per-channel weights
+            p = f"model.layers.{i}."
+            for field, names in (("qkv", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+                                 ("gate_up", ("mlp.gate_proj", "mlp.up_proj")), ("o", ("self_attn.o_proj",)),
+                                 ("down", ("mlp.down_proj",))):
+                deq = layer[field].dequantize().cpu()
+                parts = torch.split(deq, [hf.state_dict()[p + n + ".weight"].shape[0] for n in names])
+                for n, t in zip(names, parts):
+                    hf.state_dict()[p + n + ".weight"].copy_(t)
+    else:
+        truth = write_fp8(src, tmp_path / "q", kind, strategy=strategy, block=(128, 128), shards=2)
+        hf.load_state_dict(truth, strict=False)
+        llm = LLM(tmp_path / "q", device="cuda", max_batch=8, steps_per_graph=4, max_model_len=1024)
+    assert isinstance(llm.checkpoint.weights["layers"][0]["qkv"], Fp8Weight)
+    hf = hf.cuda()
+    prompts = _prompts(8, torch.Generator().manual_seed(0))
+    outs = llm.generate(prompts, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
+    for p, o in zip(prompts, outs):
+        assert len(o.token_ids) == 16
+        assert_greedy_matches_hf(hf, p, o.token_ids)
+    one = llm.generate([prompts[0]], SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))[0]
+    assert_greedy_matches_hf(hf, prompts[0], one.token_ids)      # bucket 1: the FP8 GEMV path

@@ -1,0 +1,125 @@
+"""FP8 weights (graphrt/model/quant): quantize / dequantize / fuse against float32 math, and the
+whole decoder with FP8 linear layers vs the float32 decoder over the dequantized weights
+(exact up to float32 rounding) and vs the original weights (close)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graphrt import RuntimeConfig
+from graphrt.model import LlamaDecoder
+from graphrt.model.linear import Linear, linear
+from graphrt.model.quant import FP8, FP8_MAX, Fp8Weight, cat_rows, quantize_fp8
+from graphrt.model.quant.weights import dequantize_weights, quantize_weights
+from graphrt.model.runtime import ModelRuntime
+from graphrt.model.spec import LlamaSpec
+from graphrt.model.weights import fuse_hf_state_dict
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.mark.parametrize("strategy", ["tensor", "channel", "block"])
+def test_quantize_roundtrip_error_is_bounded(strategy):
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(70, 200, generator=g) * torch.linspace(0.1, 3, 70)[:, None]
+    w8 = quantize_fp8(w, strategy, block=(32, 64))
+    assert w8.data.dtype == FP8 and w8.scale.dtype == torch.float32
+    assert w8.scale.shape == ((3, 4) if strategy == "block" else (70,))
+    err = (w8.dequantize() - w).abs()
+    # e4m3 has 3 mantissa bits: relative rounding error <= 2^-4 of the scaled value's magnitude
+    bound = w.abs() * 2.0 ** -4 + w8.dequantize().abs().max() / FP8_MAX * 2.0 ** -6
+    assert bool((err <= bound + 1e-7).all())
+    # the largest element of each scale group lands on +-448 exactly
+    assert float(w8.data.float().abs().max()) == FP8_MAX
+
+
+def test_per_tensor_scales_become_per_channel_on_fusion():
+    a, b = torch.randn(8, 16), 10 * torch.randn(4, 16)
+    fused = cat_rows([quantize_fp8(a, "tensor"), quantize_fp8(b, "tensor")])
+    assert fused.scale.shape == (12,)
+    assert len(set(fused.scale[:8].tolist())) == 1 and len(set(fused.scale[8:].tolist())) == 1
+    assert fused.scale[8] > fused.scale[0]                       # each part kept its own scale
+    ref = torch.cat([quantize_fp8(a, "tensor").dequantize(), quantize_fp8(b, "tensor").dequantize()])
+    torch.testing.assert_close(fused.dequantize(), ref, rtol=0, atol=0)
+
+
+def test_fp8_weight_and_fusion_refusals():
+    with pytest.raises(ValueError, match="data"):
+        Fp8Weight(torch.randn(4, 4), torch.ones(4))
+    with pytest.raises(ValueError, match="scale: shape"):
+        Fp8Weight(torch.zeros(4, 4, dtype=FP8), torch.ones(3))
+    with pytest.raises(ValueError, match="strategy"):
+        quantize_fp8(torch.randn(4, 4), "row")
+    q = quantize_fp8(torch.randn(40, 32), "block", block=(32, 32))
+    with pytest.raises(ValueError, match=r"parts\[0\]: 40 rows"):
+        cat_rows([q, q])
+    with pytest.raises(ValueError, match="mixed scale layouts"):
+        cat_rows([q, quantize_fp8(torch.randn(4, 32))])
+
+
+def test_linear_dispatch_on_cpu_uses_dequantized_weight():
+    w8 = quantize_fp8(torch.randn(24, 40), "channel")
+    x, b = torch.randn(3, 40), torch.randn(24)
+    ref = x @ w8.dequantize().T + b
+    torch.testing.assert_close(linear(x, w8, b), ref, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(Linear(w8, b)(x), ref, rtol=1e-6, atol=1e-5)
+    assert Linear(w8).choose([1, 2]) == {}                       # CPU: nothing to time
+
+
+def _hf(kind, seed=0):
+    torch.manual_seed(seed)
+    common = dict(vocab_size=160, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                  num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256)
+    if kind == "qwen3":
+        return transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
+            tie_word_embeddings=False, head_dim=64, **common)).eval()
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(tie_word_embeddings=False,
+                                                                  **common)).eval()
+
+
+def _logits(model, prompts, steps=4):
+    """Prefill logits then `steps` decode steps' logits [steps + 1, B, V] (fixed token feed)."""
+    cfg = RuntimeConfig(num_qo_heads=2, num_kv_heads=1, head_dim=64, page_size=16,
+                        max_context_len=64, buckets=[1, 2], dtype="float32",
+                        backend="torch-splitkv", kv_pool_pages=16)
+    mrt = ModelRuntime(model, cfg, "cpu", keep_logits=True)
+    table = torch.arange(8, dtype=torch.int32).view(2, 4)[: len(prompts)]
+    out = [mrt.prefill(prompts, table)]
+    lens = torch.tensor([len(p) for p in prompts], dtype=torch.int32)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        lens += 1
+        mrt.decode(torch.randint(0, 160, (len(prompts),), generator=gen), table, lens)
+        out.append(mrt.last_logits(len(prompts)).clone())
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("kind,strategy,lm_head", [("llama", "channel", False), ("llama", "tensor", True),
+                                                   ("qwen3", "block", False)])
+def test_fp8_decoder_matches_dequantized_reference(kind, strategy, lm_head):
+    hf = _hf(kind)
+    spec = LlamaSpec.from_hf(hf.config)
+    w = fuse_hf_state_dict(spec, hf.state_dict())
+    w8 = quantize_weights(w, spec, strategy, lm_head=lm_head, block=(64, 64))
+    assert isinstance(w8.layers[0].qkv, Fp8Weight)
+    assert isinstance(w8.lm_head, Fp8Weight) == lm_head
+    prompts = [torch.arange(5) * 7 % 160, torch.arange(11) * 3 % 160]
+    got = _logits(LlamaDecoder(spec, w8), prompts)
+    ref = _logits(LlamaDecoder(spec, dequantize_weights(w8)), prompts)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    full = _logits(LlamaDecoder(spec, w), prompts)
+    rel = (got - full).norm() / full.norm()
+    assert 0 < float(rel) < 0.1                                  # FP8 noise, not garbage
+
+
+def test_model_weights_check_names_bad_fp8_field():
+    hf = _hf("llama")
+    spec = LlamaSpec.from_hf(hf.config)
+    w8 = quantize_weights(fuse_hf_state_dict(spec, hf.state_dict()), spec)
+    from dataclasses import replace
+    bad = replace(w8, layers=(replace(w8.layers[0], o=w8.layers[0].qkv),) + w8.layers[1:])
+    with pytest.raises(ValueError, match=r"layers\[0\]\.o: FP8 weight of shape"):
+        LlamaDecoder(spec, bad)
+    bad = replace(w8, final_norm=quantize_fp8(torch.randn(1, 128)))
+    with pytest.raises(ValueError, match="final_norm"):
+        LlamaDecoder(spec, bad)
