@@ -3,11 +3,25 @@
 loader.py (HF directory -> fused weights), model.py (fused weights -> LlamaDecoder),
 params.py (SamplingParams, RequestOutput), config.py (EngineConfig), allocator.py (KV pages),
 detokenizer.py (text and stop strings), scheduler.py (admission, slots, stops), stream.py,
-engine.py (the loop, overlap, background thread), llm.py (the offline API).
-"""
-from graphrt.engine.config import EngineConfig
-from graphrt.engine.engine import Engine
-from graphrt.engine.llm import LLM
-from graphrt.engine.params import RequestOutput, SamplingParams
+engine.py (the loop, overlap, background thread), llm.py (the offline API), device.py (default
+device, Triton interpreter on CPU), hub.py (Hugging Face repo ids -> local snapshots).
 
-__all__ = ["LLM", "Engine", "EngineConfig", "SamplingParams", "RequestOutput"]
+Names resolve on first access (PEP 562): importing the package loads no Triton kernel.
+"""
+from importlib import import_module
+
+_EXPORTS = {"LLM": "graphrt.engine.llm", "Engine": "graphrt.engine.engine",
+            "EngineConfig": "graphrt.engine.config", "SamplingParams": "graphrt.engine.params",
+            "RequestOutput": "graphrt.engine.params"}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'graphrt.engine' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -1,6 +1,7 @@
 """`graphrt.LLM`: the offline API (vLLM's shape) over the engine.
 
-    llm = LLM("path/to/checkpoint", device="cuda")         # device="cpu": eager, float32
+    llm = LLM("path/to/checkpoint")                        # cuda if available, else cpu (eager, float32)
+    llm = LLM("Qwen/Qwen2.5-0.5B-Instruct", revision="main")   # a Hugging Face repo id (its cache)
     outs = llm.generate(["Hello", [1, 2, 3]], SamplingParams(max_tokens=64, temperature=0.0))
     outs[0].text, outs[0].token_ids, outs[0].finish_reason
     llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(...))
@@ -16,15 +17,19 @@ from pathlib import Path
 import torch
 
 from graphrt.engine.config import EngineConfig
-from graphrt.engine.engine import Engine
-from graphrt.engine.loader import file_dtype, load_checkpoint, load_tokenizer, read_config
+from graphrt.engine.device import resolve_device, select_triton_mode
+from graphrt.engine.hub import resolve_model
 from graphrt.engine.params import RequestOutput, SamplingParams
-from graphrt.engine.model import build_model
+
+# The engine, loader and model import graphrt's Triton kernels: they are imported inside the
+# functions below, after select_triton_mode (graphrt/engine/device.py) has chosen the mode.
 
 
 def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None, quantization=None):
     """Load (the rank's shard of) the checkpoint, build the rank's model and ModelRuntime
     -> (Checkpoint, max_model_len, ModelRuntime)."""
+    from graphrt.engine.loader import load_checkpoint
+    from graphrt.engine.model import build_model
     from graphrt.parallel.driver import rank_runtime
     world, rank = (1, 0) if tp is None else (tp.world_size, tp.rank)
     ck = load_checkpoint(path, device=device, dtype=getattr(torch, dtype), rank=rank, world_size=world,
@@ -39,13 +44,20 @@ def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None, q
 def _tp_worker(ctx, path, config: EngineConfig, dtype: str) -> None:
     """Ranks 1..n-1 of LLM(..., tensor_parallel=n): build the rank's runtime, follow rank 0."""
     from graphrt.parallel.driver import follow
+    select_triton_mode(ctx.device)                     # a spawned process: before its kernels load
     _, _, runtime = _build_runtime(path, ctx.device, config, dtype, tp=ctx.tp)
     follow(runtime, ctx.control)
 
 
 class LLM:
-    """Loads a local HF checkpoint onto `device`, builds the runtime (graphs captured on CUDA)
-    and the engine. config: an EngineConfig, or its fields as keyword arguments.
+    """Loads a HF checkpoint onto `device`, builds the runtime (graphs captured on CUDA) and the
+    engine. config: an EngineConfig, or its fields as keyword arguments.
+
+    path: a local checkpoint directory, or a Hugging Face repo id ("org/name") resolved through
+    huggingface_hub's cache (downloaded if missing; `HF_HUB_OFFLINE=1`: the cache only) at
+    `revision` (branch, tag or commit; default main); an existing directory always wins.
+    device: None (default) = cuda if available, else cpu; on cpu graphrt's Triton kernels run
+    through Triton's interpreter, selected here before they are imported (graphrt/engine/device.py).
 
     tensor_parallel=n > 1: the model is sharded over n ranks (graphrt/parallel): rank 0 runs
     here (cuda:0, or CPU with gloo), ranks 1..n-1 in spawned processes (cuda:r), each loading
@@ -54,17 +66,17 @@ class LLM:
     quantization="fp8": a float checkpoint's linear layers as FP8 (per channel) while loading;
     FP8 checkpoints load as FP8 without it (graphrt/engine/quant_loader.py)."""
 
-    def __init__(self, path, device: str = "cuda", config: EngineConfig | None = None, *,
-                 tensor_parallel: int = 1, tp_timeout_s: float = 120.0,
+    def __init__(self, path, device: str | None = None, config: EngineConfig | None = None, *,
+                 tensor_parallel: int = 1, tp_timeout_s: float = 120.0, revision: str | None = None,
                  quantization: str | None = None, **overrides):
         if config is not None and overrides:
             raise ValueError(f"config: give an EngineConfig or keyword fields, not both ({sorted(overrides)})")
         config = config or EngineConfig(**overrides)
-        if not isinstance(device, (str, torch.device)) or str(device).split(":")[0] not in ("cuda", "cpu"):
-            raise ValueError(f"device: {device!r} is not 'cuda' or 'cpu'")
-        dev = torch.device(device)
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError("device: 'cuda' requested but CUDA is not available")
+        dev = resolve_device(device)
+        select_triton_mode(dev)                        # before any kernel module is imported
+        path = resolve_model(path, revision=revision)  # local directory, or the hub snapshot's
+        from graphrt.engine.engine import Engine
+        from graphrt.engine.loader import file_dtype, load_tokenizer
         dtype = config.dtype or ("float32" if dev.type == "cpu" else
                                  {torch.float16: "float16"}.get(file_dtype(path), "bfloat16"))
         self.config, self._workers = config, None
@@ -94,6 +106,7 @@ class LLM:
     def _start_tensor_parallel(self, path, dev, config, dtype, n: int, timeout_s: float):
         from transformers import AutoConfig
 
+        from graphrt.engine.loader import read_config
         from graphrt.model.spec import LlamaSpec
         from graphrt.parallel import check_tp_size
         from graphrt.parallel.driver import TPDriver
@@ -119,9 +132,14 @@ class LLM:
         if self._workers is not None:
             self._workers.close(self.runtime)
 
-    def generate(self, prompts, sampling_params: SamplingParams | list | None = None) -> list[RequestOutput]:
+    def generate(self, prompts, sampling_params: SamplingParams | list | None = None, *,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
         """prompts: a string, a list of token ids, or a list of those; sampling_params: one for
-        all or one per prompt. Returns one finished RequestOutput per prompt, in order."""
+        all or one per prompt. Returns one finished RequestOutput per prompt, in order.
+        use_tqdm: a progress bar on stderr over the prompts (with prompt / output tokens per
+        second) while more than one prompt is generated; False turns it off."""
+        if not isinstance(use_tqdm, bool):
+            raise ValueError(f"use_tqdm: expected a bool, got {use_tqdm!r}")
         if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
                                         and all(isinstance(t, int) for t in prompts)):
             prompts = [prompts]
@@ -141,7 +159,7 @@ class LLM:
             for s in streams:
                 self.engine.abort(s.request_id)
             raise
-        return [s.result() for s in streams]
+        return _collect(streams, progress=use_tqdm and len(streams) > 1)
 
     def chat(self, messages, sampling_params: SamplingParams | None = None) -> RequestOutput:
         """One conversation (a list of {"role", "content"} dicts) through the tokenizer's chat
@@ -154,6 +172,26 @@ class LLM:
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return self.generate([list(ids)], sampling_params)[0]
+
+
+def _collect(streams, *, progress: bool) -> list[RequestOutput]:
+    """Each stream's whole output, in order; with progress, a tqdm bar advanced as each is read
+    (read in order: a request that finishes early is counted when its turn comes)."""
+    if not progress:
+        return [s.result() for s in streams]
+    import time
+
+    from tqdm.auto import tqdm
+    outs, n_in, n_out, t0 = [], 0, 0, time.perf_counter()
+    with tqdm(total=len(streams), desc="generate", unit="prompt", dynamic_ncols=True) as bar:
+        for s in streams:
+            out = s.result()
+            outs.append(out)
+            n_in, n_out = n_in + len(out.prompt_token_ids), n_out + len(out.token_ids)
+            dt = max(time.perf_counter() - t0, 1e-9)
+            bar.set_postfix_str(f"input {n_in / dt:.1f} tok/s, output {n_out / dt:.1f} tok/s", refresh=False)
+            bar.update(1)
+    return outs
 
 
 __all__ = ["LLM"]

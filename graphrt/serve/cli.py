@@ -1,15 +1,21 @@
-"""`graphrt serve --model DIR [--config YAML] [--graph-cache DIR] [--device cuda|cpu] [--host H] [--port P]`.
+"""`graphrt serve --model DIR|ORG/NAME [--config YAML] [--graph-cache DIR] [--device cuda|cpu] [--host H] [--port P]`.
+
+Before anything is loaded: the flags and --config are validated, the listening socket is bound
+(a busy port is one line and exit 2, not an error after minutes of loading), the device is chosen
+(cuda if available, else cpu with Triton's interpreter) and --model is resolved (a local
+directory, or a Hugging Face repo id through huggingface_hub's cache).
 
 Start-up logs what was loaded, from where, and how long each phase took: graph-cache check,
 weights (bytes, GB/s), kernels (graph warm-up), graph capture, tokenizer + runtime construction,
-and whether any kernel was compiled although a graph cache was given.
+and whether any kernel was compiled although a graph cache was given. While requests run, a
+stats line every --stats-interval seconds (graphrt/serve/stats_log.py).
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import logging
-import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -17,27 +23,76 @@ from pathlib import Path
 log = logging.getLogger("graphrt.serve")
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows "(default: X)" after every option that has a default; options whose default is
+    None say in their help what None means."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is argparse.SUPPRESS or action.required:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser(prog: str = "graphrt serve") -> argparse.ArgumentParser:
+    from graphrt import __version__
     from graphrt.serve.config import DEFAULT_MAX_WAITING
-    p = argparse.ArgumentParser(prog=prog, description="OpenAI-compatible HTTP server over the graphrt engine.")
-    p.add_argument("--model", required=True, help="checkpoint directory in the HF layout")
-    p.add_argument("--config", default=None,
+    p = argparse.ArgumentParser(prog=prog, formatter_class=_HelpFormatter,
+                                description="OpenAI-compatible HTTP server over the graphrt engine "
+                                            "(/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics).")
+    p.add_argument("--model", required=True, metavar="DIR|ORG/NAME",
+                   help="checkpoint: a local directory in the HF layout (Llama 3.x, Qwen2/2.5, Qwen3), or a "
+                        "Hugging Face repo id (org/name) taken from the HF cache or downloaded; a directory wins")
+    p.add_argument("--revision", default=None, metavar="REV",
+                   help="with a repo id: branch, tag or commit (default: main)")
+    p.add_argument("--config", default=None, metavar="YAML",
                    help="YAML: EngineConfig fields (max_batch, steps_per_graph, backend, ...) and "
-                        "served_model_name, max_waiting")
-    p.add_argument("--graph-cache", default=None,
-                   help="graph cache directory (graphrt-capture --out): compiled kernels are taken from it")
-    p.add_argument("--device", default=None, choices=["cuda", "cpu"], help="default: cuda if available")
+                        "served_model_name, max_waiting (default: none, the engine's defaults)")
+    p.add_argument("--graph-cache", default=None, metavar="DIR",
+                   help="graph cache directory (graphrt-capture --out): compiled kernels are taken from it "
+                        "(default: none, kernels compile on first use)")
+    p.add_argument("--device", default=None, choices=["cuda", "cpu"],
+                   help="default: cuda if available, else cpu (Triton kernels interpreted: slow, for tests)")
     p.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
-                   help="shard the model over N GPUs, one process each (graphrt/parallel); default 1")
+                   help="shard the model over N GPUs, one process each (graphrt/parallel)")
     p.add_argument("--quantization", default=None, choices=["fp8"],
-                   help="fp8: quantize a float checkpoint's linear layers to FP8 while loading")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--served-model-name", default=None, help="the `model` clients send (default: --model)")
-    p.add_argument("--max-waiting", type=int, default=None,
-                   help=f"queued requests beyond the decode slots before 503 (default {DEFAULT_MAX_WAITING})")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+                   help="fp8: quantize a float checkpoint's linear layers to FP8 while loading (default: none; FP8 checkpoints load as FP8 by themselves)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
+    p.add_argument("--served-model-name", default=None, metavar="NAME",
+                   help="the `model` clients send (default: --model as given)")
+    p.add_argument("--max-waiting", type=int, default=None, metavar="N",
+                   help=f"queued requests beyond the decode slots before 503 (default: {DEFAULT_MAX_WAITING}, "
+                        f"or max_waiting in --config)")
+    p.add_argument("--stats-interval", type=float, default=5.0, metavar="SECONDS",
+                   help="log a stats line this often while requests run (0: never)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="log level of graphrt and uvicorn")
+    p.add_argument("--version", action="version", version=f"graphrt {__version__}")
     return p
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind (not yet listen) the server's TCP socket before the model loads, so a port another
+    server listens on is reported at once; uvicorn listens on this socket once the model is up
+    (until then connections are refused, not queued). SO_REUSEADDR as uvicorn sets it: a port
+    whose old connections are in TIME_WAIT counts as free. Raises ValueError naming --port / --host."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise ValueError(f"--port: must be in [1, 65535], got {port}")
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                          flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError) as e:
+        raise ValueError(f"--host: cannot resolve {host!r} ({e})") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)     # as uvicorn: a TIME_WAIT port is free
+    try:
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        why = "is already in use" if e.errno in (98, 48, 10048) else f"cannot be bound ({e.strerror})"
+        raise ValueError(f"--port: {host}:{port} {why}; stop the other server or choose another --port") from None
+    return sock
 
 
 def resolve_configs(args):
@@ -50,21 +105,21 @@ def resolve_configs(args):
         srv_kw["served_model_name"] = args.served_model_name
     if args.max_waiting is not None:
         srv_kw["max_waiting"] = args.max_waiting
-    srv_kw.setdefault("served_model_name", args.model)
+    srv_kw.setdefault("served_model_name", str(args.model))
     return EngineConfig(**eng_kw), ServeConfig(**srv_kw)
 
 
 def load(args):
     """Load the checkpoint and build the engine, logging each phase. -> (llm, ServeConfig)."""
-    import torch
-    if not 0 < args.port < 65536:
-        raise ValueError(f"--port: must be in [1, 65535], got {args.port}")
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cpu" and not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        # graphrt's Triton kernels (the sampler) bind to the interpreter when imported, before this runs
-        raise ValueError("--device cpu on a machine without CUDA runs graphrt's Triton kernels through "
-                         "the interpreter: start the server with TRITON_INTERPRET=1 in the environment")
+    from graphrt.engine.device import resolve_device, select_triton_mode
+    from graphrt.engine.hub import resolve_model
+    device = resolve_device(args.device)
+    select_triton_mode(device)                     # cpu: Triton's interpreter, before any kernel loads
     engine_cfg, serve_cfg = resolve_configs(args)
+    revision = getattr(args, "revision", None)
+    model_dir = resolve_model(args.model, revision=revision)
+    if str(model_dir) != str(args.model):
+        log.info("model %s%s: snapshot %s", args.model, f" at {revision}" if revision else "", model_dir)
     before, cache_dir = None, None
     if args.graph_cache:
         from graphrt.cache.load import check_cache, stat_snapshot
@@ -75,14 +130,14 @@ def load(args):
         log.info("graph cache %s: %d artifacts verified in %.2f s", cache_dir.resolve(),
                  len(manifest.data["artifacts"]), time.perf_counter() - t0)
     from graphrt.engine import LLM
-    log.info("loading %s on %s (%s)", Path(args.model).resolve(), device, engine_cfg)
+    log.info("loading %s on %s (%s)", Path(model_dir).resolve(), device, engine_cfg)
     t0 = time.perf_counter()
     from contextlib import nullcontext
 
     from graphrt.cache.load import compilers_at
     # FlashInfer / Triton look kernels up in the cache while the engine loads and captures
     with compilers_at(cache_dir) if cache_dir is not None else nullcontext():
-        llm = LLM(args.model, device=device, config=engine_cfg, tensor_parallel=args.tensor_parallel,
+        llm = LLM(model_dir, device=device, config=engine_cfg, tensor_parallel=args.tensor_parallel,
                   quantization=args.quantization)
     total = time.perf_counter() - t0
     ck = llm.checkpoint
@@ -130,19 +185,36 @@ def main(argv=None, *, prog: str = "graphrt serve") -> None:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from graphrt.cache.load import CacheMismatchError
     try:
-        llm, serve_cfg = load(args)
-    except (ValueError, CacheMismatchError) as e:  # bad flag, config, checkpoint or cache: one clear line
+        if not args.stats_interval >= 0:
+            raise ValueError(f"--stats-interval: must be >= 0 seconds, got {args.stats_interval}")
+        sock = bind_socket(args.host, args.port)   # before the model loads: a busy port fails at once
+    except ValueError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    try:
+        llm, serve_cfg = load(args)
+    except (ValueError, CacheMismatchError) as e:  # bad flag, config, checkpoint or cache: one clear line
+        sock.close()
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except BaseException:
+        sock.close()
+        raise
     import uvicorn
 
     from graphrt.serve.app import create_app
+    from graphrt.serve.stats_log import StatsLogger
     app = create_app(llm, serve_cfg)
+    stats = StatsLogger(app.state.bridge, app.state.metrics, interval_s=args.stats_interval)
     log.info("serving %r on http://%s:%d/v1", serve_cfg.served_model_name, args.host, args.port)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+        stats.start()
+        server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level))
+        server.run(sockets=[sock])                 # listens on the socket bound above
     finally:
+        stats.stop()
+        sock.close()
         llm.shutdown()                             # tensor-parallel workers, if any
 
 
-__all__ = ["main", "build_parser", "load", "capture_report"]
+__all__ = ["main", "build_parser", "load", "capture_report", "bind_socket"]

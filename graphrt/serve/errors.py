@@ -8,12 +8,14 @@ A streaming response that fails after its headers were sent carries the same bod
 from __future__ import annotations
 
 import json
+import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+log = logging.getLogger("graphrt.serve")
 TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
          500: "internal_error", 503: "service_unavailable"}
 
@@ -68,16 +70,24 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return "; ".join(parts) or "invalid request", param
 
 
+def log_refusal(request: Request, status: int, message: str) -> None:
+    """One log line saying why a request was refused (503: warning, others: info)."""
+    log.log(logging.WARNING if status >= 500 else logging.INFO, "refused %s %s: %d %s",
+            request.method, request.url.path, status, message)
+
+
 def install_handlers(app: FastAPI) -> None:
-    """Every error leaves the server as an OpenAI error body."""
+    """Every error leaves the server as an OpenAI error body, and is logged with its reason."""
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
+        log_refusal(request, exc.status, exc.message)
         return JSONResponse(exc.body(), status_code=exc.status)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
         message, param = _validation_message(exc)
+        log_refusal(request, 400, message)
         return JSONResponse(error_body(400, message, param=param), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)

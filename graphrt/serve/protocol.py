@@ -199,8 +199,10 @@ class ChatCompletionResponse(BaseModel):
 
 
 class ChatDelta(BaseModel):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
+    """A stream chunk's delta: role only in the first chunk, content in the text chunks; unset
+    fields are left out of the JSON (never `"role": null`), so the last chunk's delta is {}."""
+    role: Literal["assistant"] | None = Field(**_OMIT_NONE)
+    content: str | None = Field(**_OMIT_NONE)
 
 
 class ChatChunkChoice(BaseModel):

@@ -1,9 +1,21 @@
-"""`graphrt serve` command line (graphrt/serve/cli.py, config.py, graphrt/cli.py) and the serving
-benchmark's CPU smoke run (tools/bench_serve.py starts the real CLI in a subprocess)."""
+"""`graphrt serve` command line (graphrt/serve/cli.py, config.py, graphrt/cli.py): help texts and
+defaults, --version, unknown commands, the port checked before the model loads, the real server
+started with no TRITON_INTERPRET (stream deltas without "role": null, the stats and refusal log
+lines, graphrt/serve/stats_log.py), and the serving benchmark's CPU smoke run (tools/bench_serve.py
+starts the real CLI in a subprocess)."""
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -19,6 +31,12 @@ from graphrt.serve.cli import main as serve_main  # noqa: E402
 from graphrt.serve.config import load_serve_yaml  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def test_serve_config_validates():
@@ -59,9 +77,173 @@ def test_graphrt_command_dispatch(capsys):
     (["--model", ".", "--device", "cpu", "--graph-cache", "/nonexistent/cache"], "no such directory; not a graph cache"),
 ])
 def test_serve_cli_bad_arguments_exit_2_with_one_line(capsys, argv, text):
+    if "--port" not in argv:
+        argv = argv + ["--port", str(_free_port())]      # not 8000: the machine is shared
     with pytest.raises(SystemExit) as e:
         serve_main(argv)
-    assert e.value.code == 2 and text in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and text in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_every_serve_option_has_help_and_shows_its_default():
+    from graphrt.serve.cli import build_parser
+    p = build_parser()
+    text = p.format_help()
+    options = [a for a in p._actions if not isinstance(a, (argparse._HelpAction, argparse._VersionAction))]
+    assert {"--model", "--host", "--port", "--log-level", "--device", "--revision"} <= \
+        {o for a in options for o in a.option_strings}
+    flat = " ".join(text.split())
+    for a in options:
+        assert a.help and len(a.help) > 10, a.option_strings
+        if a.required:
+            continue
+        if a.default is None:                          # None: the help says what the default is
+            assert "default" in a.help, a.option_strings
+        else:
+            assert f"(default: {a.default})" in flat, a.option_strings
+    for shown in ("(default: 127.0.0.1)", "(default: 8000)", "(default: info)", "(default: 1)"):
+        assert shown in flat, shown
+
+
+def test_version_and_unknown_command(capsys):
+    import graphrt
+    want = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert graphrt.__version__ == want
+    for argv in (["--version"], ["serve", "--version"]):
+        with pytest.raises(SystemExit) as e:
+            graphrt_cli.main(argv)
+        assert e.value.code == 0 and capsys.readouterr().out.strip() == f"graphrt {want}"
+    with pytest.raises(SystemExit) as e:
+        graphrt_cli.main(["srve", "--model", "x"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "graphrt: error: unknown command 'srve' (commands: serve" in err
+    with pytest.raises(SystemExit) as e:
+        graphrt_cli.main(["--bogus"])
+    assert e.value.code == 2 and "unknown option '--bogus'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        graphrt_cli.main(["--help"])
+    assert e.value.code == 0 and "serve" in capsys.readouterr().out
+
+
+def test_busy_port_fails_before_the_model_loads(tmp_path_factory, capsys, monkeypatch):
+    from graphrt.serve import cli as serve_cli
+    ckpt = write(tmp_path_factory, "busy", arch="llama", dtype="float32", seed=5)
+    calls = []
+    monkeypatch.setattr(serve_cli, "load", lambda args: calls.append(args))   # must not be reached
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        t0 = time.perf_counter()
+        with pytest.raises(SystemExit) as e:
+            serve_main(["--model", str(ckpt), "--device", "cpu", "--port", str(port)])
+        elapsed = time.perf_counter() - t0
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and calls == [] and elapsed < 5
+    assert err.strip() == (f"graphrt serve: error: --port: 127.0.0.1:{port} is already in use; stop the other "
+                           f"server or choose another --port")
+    with pytest.raises(SystemExit) as e:
+        serve_main(["--model", str(ckpt), "--port", str(_free_port()), "--stats-interval", "-1"])
+    assert e.value.code == 2 and "--stats-interval: must be >= 0 seconds, got -1.0" in capsys.readouterr().err
+
+
+def test_bind_socket_binds_the_address_uvicorn_serves():
+    """The socket bound before loading is the one uvicorn listens on: once listening, the port
+    is refused to another bind_socket; closed, it is free again."""
+    from graphrt.serve.cli import bind_socket
+    port = _free_port()
+    sock = bind_socket("127.0.0.1", port)
+    assert sock.getsockname() == ("127.0.0.1", port)
+    sock.listen()
+    try:
+        with pytest.raises(ValueError, match=f"^--port: 127.0.0.1:{port} is already in use"):
+            bind_socket("127.0.0.1", port)
+    finally:
+        sock.close()
+    bind_socket("127.0.0.1", port).close()              # free again
+    with pytest.raises(ValueError, match="^--host: cannot resolve 'no such host'"):
+        bind_socket("no such host", port)
+
+
+def test_chat_delta_leaves_out_unset_fields():
+    from graphrt.serve.protocol import ChatChunkChoice, ChatCompletionChunk, ChatDelta
+
+    def delta(**kw):
+        chunk = ChatCompletionChunk(id="x", model="m", choices=[ChatChunkChoice(delta=ChatDelta(**kw))])
+        return json.loads(chunk.model_dump_json())["choices"][0]["delta"]
+    assert delta(role="assistant", content="") == {"role": "assistant", "content": ""}
+    assert delta(content="hi") == {"content": "hi"}
+    assert delta() == {}
+
+
+def test_stats_line():
+    from graphrt.serve.stats_log import Sample, stats_line
+    a = Sample(10.0, 100, 50, 2, 1, 10, 30)
+    b = Sample(12.0, 612, 240, 3, 0, 16, 24)
+    assert stats_line(a, b) == ("stats: running 3, waiting 0 | prompt 256.0 tok/s, generation 95.0 tok/s | "
+                                "KV 40.0% used (16/40 pages)")
+    idle = Sample(14.0, 612, 240, 0, 0, 0, 40)
+    assert stats_line(b, idle) is None
+    assert stats_line(b, Sample(14.0, 612, 250, 0, 0, 0, 40)).startswith("stats: running 0, waiting 0 | "
+                                                                          "prompt 0.0 tok/s, generation 5.0")
+
+
+def _get(url: str, body: dict | None = None, timeout: float = 60.0):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the CPU default: a machine without CUDA")
+def test_serve_on_cpu_without_env_streams_logs_stats_and_refusals(tmp_path_factory, tmp_path):
+    """`graphrt serve --model DIR` as a user starts it on a CPU machine (no --device, no
+    TRITON_INTERPRET): it serves; streamed chat deltas carry the role only in the first chunk;
+    the log has a stats line while busy and says why a request was refused."""
+    ckpt = write(tmp_path_factory, "live", arch="llama", dtype="float32", seed=8)
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    log_file = tmp_path / "serve.log"
+    with open(log_file, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "graphrt.cli", "serve", "--model", str(ckpt),
+                                 "--served-model-name", "tiny", "--port", str(port), "--stats-interval", "0.2"],
+                                env=env, stdout=out, stderr=subprocess.STDOUT, cwd=str(tmp_path))
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if _get(base + "/health", timeout=2)[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert proc.poll() is None, log_file.read_text()[-3000:]
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.3)
+        status, text = _get(base + "/v1/chat/completions", {
+            "model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "stream": True,
+            "max_tokens": 12, "temperature": 0, "ignore_eos": True})
+        assert status == 200, text
+        events = [json.loads(line[6:]) for line in text.splitlines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+        deltas = [e["choices"][0]["delta"] for e in events]
+        assert deltas[0]["role"] == "assistant" and len(deltas) >= 3
+        assert all("role" not in d for d in deltas[1:]) and all(None not in d.values() for d in deltas)
+        assert '"role":null' not in text.replace(" ", "")
+        status, text = _get(base + "/v1/completions", {"model": "llama8b", "prompt": "Hi"})
+        assert status == 400 and "'tiny'" in text, text
+        time.sleep(0.5)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    log = log_file.read_text()
+    assert "on cpu" in log and "serving 'tiny'" in log, log[-3000:]
+    assert "stats: running " in log and " tok/s | KV " in log, log[-3000:]
+    assert "refused POST /v1/completions: 400 model: " in log, log[-3000:]
 
 
 def test_bench_serve_cpu_smoke(tmp_path_factory, tmp_path):
