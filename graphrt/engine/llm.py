@@ -10,6 +10,8 @@
 """
 from __future__ import annotations
 
+import logging
+import threading
 from pathlib import Path
 
 import torch
@@ -19,6 +21,8 @@ from graphrt.engine.engine import Engine
 from graphrt.engine.loader import file_dtype, load_checkpoint, load_tokenizer, read_config
 from graphrt.engine.params import RequestOutput, SamplingParams
 from graphrt.engine.model import build_model
+
+log = logging.getLogger("graphrt.engine")
 
 
 def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None):
@@ -73,6 +77,10 @@ class LLM:
         try:
             ck = self.checkpoint
             self.tokenizer = load_tokenizer(path)
+            if len(self.tokenizer) > ck.spec.vocab_size:   # HF loads it too; such ids are refused per request
+                log.warning("tokenizer: %d ids but the model's vocab_size is %d; prompts that tokenize to "
+                            "ids >= %d are refused (400 naming 'prompt')", len(self.tokenizer),
+                            ck.spec.vocab_size, ck.spec.vocab_size)
             if dev.type == "cuda" and config.capture:
                 self.runtime.capture()
             tok_eos = self.tokenizer.eos_token_id
