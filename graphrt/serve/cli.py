@@ -34,6 +34,8 @@ def build_parser(prog: str = "graphrt serve") -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", default=None, help="the `model` clients send (default: --model)")
     p.add_argument("--max-waiting", type=int, default=None,
                    help=f"queued requests beyond the decode slots before 503 (default {DEFAULT_MAX_WAITING})")
+    p.add_argument("--max-request-bytes", type=int, default=None, metavar="N",
+                   help="refuse request bodies larger than N bytes with 413 (default 4 MiB)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
@@ -48,6 +50,8 @@ def resolve_configs(args):
         srv_kw["served_model_name"] = args.served_model_name
     if args.max_waiting is not None:
         srv_kw["max_waiting"] = args.max_waiting
+    if getattr(args, "max_request_bytes", None) is not None:
+        srv_kw["max_request_bytes"] = args.max_request_bytes
     srv_kw.setdefault("served_model_name", args.model)
     return EngineConfig(**eng_kw), ServeConfig(**srv_kw)
 
@@ -136,10 +140,14 @@ def main(argv=None, *, prog: str = "graphrt serve") -> None:
     from graphrt.serve.app import create_app
     app = create_app(llm, serve_cfg)
     log.info("serving %r on http://%s:%d/v1", serve_cfg.served_model_name, args.host, args.port)
+    from graphrt.serve.supervise import serve_until_dead
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+        code = serve_until_dead(uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
+                                                              log_level=args.log_level)), llm.engine)
     finally:
         llm.shutdown()                             # tensor-parallel workers, if any
+    if code:                                       # the engine died: a supervisor restarts us
+        raise SystemExit(code)
 
 
 __all__ = ["main", "build_parser", "load", "capture_report"]

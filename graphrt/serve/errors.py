@@ -1,21 +1,24 @@
 """Errors as OpenAI JSON bodies: {"error": {"message", "type", "param", "code"}}, HTTP status = code.
 
 400 bad request (unknown model, prompt longer than the context, bad sampling values, malformed
-JSON, unsupported fields), 404 unknown route, 503 queue full / engine down, 500 engine failure.
+JSON, unsupported fields, text the tokenizer or chat template refuses), 404 unknown route, 413 body
+over --max-request-bytes, 503 queue full / engine down, 500 engine failure or any other error.
 A streaming response that fails after its headers were sent carries the same body as an SSE
 `data:` event (see `sse_error`).
 """
 from __future__ import annotations
 
 import json
+import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+log = logging.getLogger("graphrt.serve")
 TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
-         500: "internal_error", 503: "service_unavailable"}
+         413: "invalid_request_error", 500: "internal_error", 503: "service_unavailable"}
 
 
 class APIError(Exception):
@@ -83,6 +86,12 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
         return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):   # a bug: JSON 500, traceback logged
+        log.error("%s %s: unhandled %s", request.method, request.url.path, type(exc).__name__,
+                  exc_info=(type(exc), exc, exc.__traceback__))
+        return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}"), status_code=500)
 
 
 __all__ = ["APIError", "error_body", "sse_error", "install_handlers"]
