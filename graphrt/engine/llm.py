@@ -7,11 +7,15 @@
     stream = llm.engine.add_request("Hi", params)          # streaming (see engine.py)
     llm = LLM(path, tensor_parallel=2)                     # one process per GPU (graphrt/parallel)
     llm.shutdown()                                         # ends the tensor-parallel workers
+
+Thread-safe: generate / chat may be called from any number of threads; each caller's streams
+drive the engine's step (one step at a time, engine.step's lock) or wait on the engine's thread
+(llm.engine.start()); every caller gets the tokens it gets alone. If the engine dies (an error
+no single request caused, docs/engine.md), every caller raises EngineDeadError.
 """
 from __future__ import annotations
 
 import logging
-import threading
 from pathlib import Path
 
 import torch
