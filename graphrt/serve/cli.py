@@ -26,6 +26,8 @@ def build_parser(prog: str = "graphrt serve") -> argparse.ArgumentParser:
                         "served_model_name, max_waiting")
     p.add_argument("--graph-cache", default=None,
                    help="graph cache directory (graphrt-capture --out): compiled kernels are taken from it")
+    p.add_argument("--expect-digest", default=None, metavar="HEX",
+                   help="with --graph-cache: refuse a cache whose manifest sha256 is not HEX (graphrt-capture prints it)")
     p.add_argument("--device", default=None, choices=["cuda", "cpu"], help="default: cuda if available")
     p.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
                    help="shard the model over N GPUs, one process each (graphrt/parallel); default 1")
@@ -67,12 +69,16 @@ def load(args):
         raise ValueError("--device cpu on a machine without CUDA runs graphrt's Triton kernels through "
                          "the interpreter: start the server with TRITON_INTERPRET=1 in the environment")
     engine_cfg, serve_cfg = resolve_configs(args)
+    if getattr(args, "expect_digest", None) is not None and not args.graph_cache:
+        raise ValueError("--expect-digest: only meaningful with --graph-cache DIR")
     before, cache_dir = None, None
     if args.graph_cache:
         from graphrt.cache.load import check_cache, stat_snapshot
         t0 = time.perf_counter()
         cache_dir = Path(args.graph_cache)
-        manifest = check_cache(cache_dir)          # trust model, environment, every file's sha256
+        manifest = check_cache(cache_dir, expect_digest=args.expect_digest)   # trust, pin, every sha256
+        from graphrt.serve.cache_pin import check_geometry, model_runtime_config
+        check_geometry(cache_dir, manifest.data["config"], model_runtime_config(args.model, engine_cfg, device))
         before = stat_snapshot(cache_dir)
         log.info("graph cache %s: %d artifacts verified in %.2f s", cache_dir.resolve(),
                  len(manifest.data["artifacts"]), time.perf_counter() - t0)
