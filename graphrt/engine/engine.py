@@ -22,8 +22,9 @@ Failure policy (docs/engine.md): an exception raised by one request's work (its 
 tokens' stop checks and detokenization, its stream) fails that request only: its stream raises
 the exception, its slot and pages are freed, the loop goes on. Anything else (a decode block,
 admission, a CUDA error, a dead tensor-parallel rank) is unattributable: it is logged with its
-traceback, every request's stream raises EngineDeadError, `error` is set, `dead` fires, and
-every later step / add_request raises EngineDeadError.
+traceback, the step's caller gets the error itself, every request's stream raises
+EngineDeadError (its __cause__ is the error), `error` is set, `dead` fires, and every later
+step / add_request raises EngineDeadError.
 """
 from __future__ import annotations
 
@@ -182,15 +183,17 @@ class Engine:
     # ---- the loop -----------------------------------------------------------------------------
     def step(self) -> bool:
         """One iteration: commands, admissions + prefill, one decode block, finished results.
-        Returns whether work remains. Safe from several threads (one step at a time). Raises
-        EngineDeadError (after failing every request) on an unattributable error."""
+        Returns whether work remains. Safe from several threads (one step at a time). On an
+        unattributable error it fails every request (their streams raise EngineDeadError) and
+        re-raises the error itself (a RankError, a CUDA error) to its caller; later calls raise
+        EngineDeadError."""
         with self._step_lock:
             self._check_alive()
             try:
                 return self._step()
             except BaseException as e:
                 self._die(e)
-                raise self._dead_error() from e
+                raise
 
     def _step(self) -> bool:
         self._drain_inbox()
