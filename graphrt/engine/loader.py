@@ -23,11 +23,12 @@ import torch
 
 from graphrt.engine.hf_files import CheckpointError, check_config, eos_ids, read_json, reading
 from graphrt.model.llama import LlamaSpec
-from graphrt.parallel.shard import owned_slice, shard_spec
+from graphrt.parallel.shard import owned_slice, shard_spec, vocab_rows
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 FILE_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
 INDEX = "model.safetensors.index.json"
+VOCAB_TENSORS = ("model.embed_tokens.weight", "lm_head.weight")   # rows padded under tensor parallel
 
 
 @dataclass(frozen=True)
@@ -230,6 +231,15 @@ def load_checkpoint(path, *, device="cpu", dtype: torch.dtype | None = None, ran
     for f, names in by_file.items():
         with reading(f, "tensor data"), safe_open(str(f), framework="pt") as h:
             for name in names:
+                if name in VOCAB_TENSORS and world_size > 1:   # padded rows: zero, nothing read
+                    a, b = vocab_rows(spec.vocab_size, local.vocab_size, rank)
+                    dest = _destination(weights, placed[name][1], local.vocab_size)
+                    dest[b - a:].zero_()
+                    if b > a:
+                        t = h.get_slice(name)[a:b]
+                        dest[: b - a].copy_(t)
+                        nbytes += t.numel() * t.element_size()
+                    continue
                 cut = owned_slice(expected[name][0], placed[name][0], rank)
                 if cut is None:
                     t = h.get_tensor(name)                # one tensor on the host at a time
