@@ -48,6 +48,10 @@ class APIError(Exception):
 
 
 def error_body(status: int, message: str, *, param: str | None = None) -> dict:
+    # a lone surrogate echoed from the request must not make the error itself unencodable
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
+    if param is not None:
+        param = param.encode("utf-8", "backslashreplace").decode("utf-8")
     return {"error": {"message": message, "type": TYPES.get(status, "error"), "param": param,
                       "code": status}}
 

@@ -95,6 +95,7 @@ BAD = [  # (route, fields, status, param)
     ("c", dict(seed=2**64), 400, "seed"),
     ("c", dict(prompt="a\ud800"), 400, "prompt"),
     ("c", dict(prompt=[1, 2**40]), 400, "prompt"),
+    ("c", dict(model="m\ud800"), 400, "model"),
     ("h", dict(max_tokens=10**6), 400, "max_tokens"),
     ("h", dict(max_tokens=None, max_completion_tokens=10**6), 400, "max_completion_tokens"),
     ("h", dict(messages=[{"role": "user", "content": "x\udfff"}]), 400, "messages"),
@@ -128,6 +129,14 @@ def test_null_means_the_default(live):
     assert code == 200 and len(json.loads(body)["choices"][0]["token_ids"]) == 6
     err(cmpl(live, model=None), 400, "model")          # a required field stays required
     assert greedy_ids(live, "Hello") == want
+
+
+def test_lone_surrogate_stop_string_is_harmless(live, llm):
+    want = greedy_ids(live, "Hello")
+    code, _, body = cmpl(live, prompt="Hello", max_tokens=6, temperature=0, ignore_eos=True,
+                         return_token_ids=True, stop=["\udc80"])
+    assert code == 200 and json.loads(body)["choices"][0]["token_ids"] == want
+    assert llm.engine.error is None
 
 
 def test_raising_chat_template_is_a_json_400(live, llm):
