@@ -42,29 +42,12 @@ import torch
 
 from graphrt.model.sampling import SamplingInputs, sample_eager
 from graphrt.engine.detokenizer import TextState
+from graphrt.engine.failure import EngineDeadError, attributable
 from graphrt.engine.params import RequestOutput, SamplingParams
 from graphrt.engine.scheduler import Request, Scheduler
 from graphrt.engine.stream import RequestStream
 
 log = logging.getLogger("graphrt.engine")
-
-
-class EngineDeadError(RuntimeError):
-    """The engine stopped after an error it could not attribute to one request (the cause is
-    `__cause__`); every request in flight and every later call gets this."""
-
-
-def _attributable(e: BaseException) -> bool:
-    """Whether an exception raised by one request's own work may fail only that request: not a
-    device fault (CUDA errors are sticky), not a dead rank, not an interpreter-level error. A
-    CUDA out-of-memory error in a prefill is the prompt's (the context survives it)."""
-    if isinstance(e, torch.OutOfMemoryError):
-        return True
-    if not isinstance(e, Exception) or isinstance(e, (MemoryError, EngineDeadError)):
-        return False
-    if type(e).__name__ in ("RankError", "AcceleratorError") or "CUDA error" in str(e):
-        return False
-    return True
 
 
 @dataclass
@@ -238,7 +221,7 @@ class Engine:
             self._prefill(reqs)
             return True
         except BaseException as e:
-            if not _attributable(e):
+            if not attributable(e):
                 raise
             if len(reqs) == 1:
                 self._fail(reqs[0], e)
@@ -249,7 +232,7 @@ class Engine:
                 self._prefill([r])
                 launched = True
             except BaseException as e:
-                if not _attributable(e):
+                if not attributable(e):
                     raise
                 self._fail(r, e)
         return launched
@@ -277,7 +260,8 @@ class Engine:
             raise self._dead_error()
 
     def _die(self, e: BaseException) -> None:
-        """An unattributable failure: log it, fail every request, free their pages, fire `dead`."""
+        """An unattributable failure: log it, free every request's pages, fire `dead`, then fail
+        every request (so whoever sees the error also sees `dead`, `error`, not `threaded`)."""
         if self.error is not None:
             return
         self.error = e
@@ -288,16 +272,20 @@ class Engine:
             self._drain_inbox()
         except Exception:
             pass
-        for req in list(self._requests.values()):
+        reqs = list(self._requests.values())
+        for req in reqs:
             req.finish_reason = "error"
             try:
                 self.scheduler.release(req)
             except Exception:
                 pass
-            req.sink(err)
         self._requests.clear()
         self._pending.clear()
+        if self._thread is threading.current_thread():
+            self._thread = None                       # the loop ends; streams stop waiting on it
         self.dead.set()
+        for req in reqs:
+            req.sink(err)
 
     def _prefill(self, reqs: list[Request]) -> None:
         s, dev = self.scheduler, self.device
