@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         if out.exists() and any(out.iterdir()):
             print(f"graphrt-capture: --out {out} exists and is not empty", file=sys.stderr)
             return 2
-        out.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(out)
     from contextlib import nullcontext
 
     from graphrt.cache.load import compilers_at
@@ -146,6 +146,20 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(plan_summary(config, plan, on_cpu=device == "cpu", config_path=args.config))
     return 0
+
+
+def make_private_dirs(path: Path) -> None:
+    """mkdir -p with every folder it creates owner-only (0700, whatever the umask): the cache
+    check refuses group/other-writable folders above a cache, so parents made with umask 002
+    would make graphrt-capture refuse the cache it just built. Existing folders are untouched."""
+    missing = []
+    p = path.absolute()
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        d.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(d, 0o700)                  # mkdir's mode is filtered by the umask
 
 
 def print_table(config, path, rt, rows, setup_s, tol) -> None:

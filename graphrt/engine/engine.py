@@ -17,10 +17,20 @@ staged in one of two buffers. The cost: a request that stops inside block N runs
 and those tokens are discarded. Pages freed while a block is in flight are safe: every device op
 (decode blocks, prefills of the next owners) runs in order on one stream.
 Prefill is eager (ModelRuntime.prefill) and not chunked yet.
+
+Failure policy (docs/engine.md): an exception raised by one request's work (its prefill, its
+tokens' stop checks and detokenization, its stream) fails that request only: its stream raises
+the exception, its slot and pages are freed, the loop goes on. Anything else (a decode block,
+admission, a CUDA error, a dead tensor-parallel rank) is unattributable: it is logged with its
+traceback, the step's caller gets the error itself, every request's stream raises
+EngineDeadError (its __cause__ is the error), `error` is set, `dead` fires, and every later
+step / add_request raises EngineDeadError.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import logging
 import os
 import queue
 import random
@@ -32,9 +42,12 @@ import torch
 
 from graphrt.model.sampling import SamplingInputs, sample_eager
 from graphrt.engine.detokenizer import TextState
+from graphrt.engine.failure import EngineDeadError, attributable
 from graphrt.engine.params import RequestOutput, SamplingParams
 from graphrt.engine.scheduler import Request, Scheduler
 from graphrt.engine.stream import RequestStream
+
+log = logging.getLogger("graphrt.engine")
 
 
 @dataclass
@@ -89,6 +102,9 @@ class Engine:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._tokens_generated = 0                     # streamed tokens, all requests
+        self._step_lock = threading.Lock()             # one step at a time (streams on many threads)
+        self.error: BaseException | None = None         # set once, by an unattributable failure
+        self.dead = threading.Event()                   # fires with `error` (supervisors wait on it)
 
     # ---- requests (any thread) ----------------------------------------------------------------
     def add_request(self, prompt, params: SamplingParams | None = None, *,
@@ -98,10 +114,16 @@ class Engine:
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params: expected SamplingParams, got {type(params).__name__}")
+        self._check_alive()
         ids = self._prompt_ids(prompt)
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"prompt: {len(ids)} tokens leave no room to generate in max_model_len "
+                             f"{self.max_model_len}")
         if len(ids) + params.max_tokens > self.max_model_len:
-            raise ValueError(f"prompt: {len(ids)} tokens + max_tokens {params.max_tokens} exceed "
+            raise ValueError(f"max_tokens: {params.max_tokens} + the prompt's {len(ids)} tokens exceed "
                              f"max_model_len {self.max_model_len}")
+        if params.top_k > self.vocab_size:              # the same distribution; fits the int32 row
+            params = dataclasses.replace(params, top_k=self.vocab_size)
         need = self.scheduler.pages_needed(len(ids), params.max_tokens)
         if need > self.scheduler.allocator.num_pages:
             raise ValueError(f"prompt: needs {need} KV pages, the pool has num_pages="
@@ -113,6 +135,8 @@ class Engine:
         req = Request(rid, ids, params, seed, TextState(self.tokenizer, params.stop), stream.put)
         self._inbox.put(("add", req))
         self._wake.set()
+        if self.error is not None:                      # died meanwhile: the loop may never see it
+            stream.put(self._dead_error())
         return stream
 
     def abort(self, request_id: str) -> None:
@@ -123,6 +147,10 @@ class Engine:
     def _prompt_ids(self, prompt) -> list[int]:
         if isinstance(prompt, str):
             ids = self.tokenizer(prompt).input_ids
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"prompt: the tokenizer gives id {bad[0]}, outside the model's vocabulary "
+                                 f"[0, {self.vocab_size}) (tokenizer and checkpoint disagree)")
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool)
                                                        for t in prompt):
             ids = list(prompt)
@@ -138,14 +166,25 @@ class Engine:
     # ---- the loop -----------------------------------------------------------------------------
     def step(self) -> bool:
         """One iteration: commands, admissions + prefill, one decode block, finished results.
-        Returns whether work remains."""
+        Returns whether work remains. Safe from several threads (one step at a time). On an
+        unattributable error it fails every request (their streams raise EngineDeadError) and
+        re-raises the error itself (a RankError, a CUDA error) to its caller; later calls raise
+        EngineDeadError."""
+        with self._step_lock:
+            self._check_alive()
+            try:
+                return self._step()
+            except BaseException as e:
+                self._die(e)
+                raise
+
+    def _step(self) -> bool:
         self._drain_inbox()
         sched = self.scheduler
         launched = False
         admitted = sched.admit()
         if admitted:
-            self._prefill(admitted)
-            launched = True
+            launched = self._prefill_guarded(admitted)
         rows = sched.decode_rows()
         if rows:
             self._decode(rows)
@@ -174,6 +213,79 @@ class Engine:
                 req = self._requests.pop(item, None)
                 if req is not None:
                     req.sink(self.scheduler.abort(req))
+
+    def _prefill_guarded(self, reqs: list[Request]) -> bool:
+        """Prefill `reqs`; if that raises an attributable error, prefill each alone (a prefill
+        writes only its own requests' pages) and fail the ones that still raise. -> launched."""
+        try:
+            self._prefill(reqs)
+            return True
+        except BaseException as e:
+            if not attributable(e):
+                raise
+            if len(reqs) == 1:
+                self._fail(reqs[0], e)
+                return False
+        launched = False
+        for r in reqs:
+            try:
+                self._prefill([r])
+                launched = True
+            except BaseException as e:
+                if not attributable(e):
+                    raise
+                self._fail(r, e)
+        return launched
+
+    def _fail(self, req: Request, e: BaseException) -> None:
+        """Fail one request: its stream raises `e`; its slot and pages are freed (tokens of a
+        block still in flight for it are discarded: finish_reason is set)."""
+        log.warning("engine: request %s failed: %s: %s", req.request_id, type(e).__name__, e)
+        req.finish_reason = "error"
+        self.scheduler.release(req)
+        self._requests.pop(req.request_id, None)
+        try:
+            req.sink(e)
+        except Exception:                             # a broken sink must not take the loop down
+            log.exception("engine: request %s: its stream refused the error", req.request_id)
+
+    def _dead_error(self) -> EngineDeadError:
+        e = self.error
+        err = EngineDeadError(f"engine: stopped after an unrecoverable error: {type(e).__name__}: {e}")
+        err.__cause__ = e
+        return err
+
+    def _check_alive(self) -> None:
+        if self.error is not None:
+            raise self._dead_error()
+
+    def _die(self, e: BaseException) -> None:
+        """An unattributable failure: log it, free every request's pages, fire `dead`, then fail
+        every request (so whoever sees the error also sees `dead`, `error`, not `threaded`)."""
+        if self.error is not None:
+            return
+        self.error = e
+        log.error("engine: unrecoverable error; failing every request (%d in flight)", len(self._requests),
+                  exc_info=(type(e), e, e.__traceback__))
+        err = self._dead_error()
+        try:
+            self._drain_inbox()
+        except Exception:
+            pass
+        reqs = list(self._requests.values())
+        for req in reqs:
+            req.finish_reason = "error"
+            try:
+                self.scheduler.release(req)
+            except Exception:
+                pass
+        self._requests.clear()
+        self._pending.clear()
+        if self._thread is threading.current_thread():
+            self._thread = None                       # the loop ends; streams stop waiting on it
+        self.dead.set()
+        for req in reqs:
+            req.sink(err)
 
     def _prefill(self, reqs: list[Request]) -> None:
         s, dev = self.scheduler, self.device
@@ -220,13 +332,16 @@ class Engine:
         for req, col in block.rows:
             if req.finish_reason is not None:
                 continue                              # finished or aborted: tokens discarded
-            delta = self.scheduler.accept(req, [row[col] for row in toks])
-            if req.finish_reason is not None:         # pages back before the final delta is seen
-                self.scheduler.release(req)
-                self._requests.pop(req.request_id, None)
-            if delta is not None:
-                self._tokens_generated += len(delta.token_ids)
-                req.sink(delta)
+            try:
+                delta = self.scheduler.accept(req, [row[col] for row in toks])
+                if req.finish_reason is not None:     # pages back before the final delta is seen
+                    self.scheduler.release(req)
+                    self._requests.pop(req.request_id, None)
+                if delta is not None:
+                    self._tokens_generated += len(delta.token_ids)
+                    req.sink(delta)
+            except Exception as e:                    # this request's stop checks / text / stream
+                self._fail(req, e)                    # (release is idempotent)
 
     def stats(self) -> dict:
         """A snapshot for monitoring, safe to call from any thread (each count is read once; the
@@ -263,11 +378,7 @@ class Engine:
         while not self._stop.is_set():
             try:
                 busy = self.step()
-            except BaseException as e:                # hand the error to every waiting stream
-                self._drain_inbox()
-                for req in list(self._requests.values()):
-                    req.sink(e)
-                self._requests.clear()
+            except BaseException:                     # step() failed every request and logged it
                 self._thread = None
                 return
             if not busy:
@@ -275,4 +386,4 @@ class Engine:
                 self._wake.clear()
 
 
-__all__ = ["Engine"]
+__all__ = ["Engine", "EngineDeadError"]

@@ -9,9 +9,15 @@
     llm = LLM(path, tensor_parallel=2)                     # one process per GPU (graphrt/parallel)
     llm.shutdown()                                         # ends the tensor-parallel workers
     llm = LLM(path, quantization="fp8")                    # FP8 weights from a float checkpoint
+
+Thread-safe: generate / chat may be called from any number of threads; each caller's streams
+drive the engine's step (one step at a time, engine.step's lock) or wait on the engine's thread
+(llm.engine.start()); every caller gets the tokens it gets alone. If the engine dies (an error
+no single request caused, docs/engine.md), every caller raises EngineDeadError.
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
@@ -23,6 +29,8 @@ from graphrt.engine.params import RequestOutput, SamplingParams
 
 # The engine, loader and model import graphrt's Triton kernels: they are imported inside the
 # functions below, after select_triton_mode (graphrt/engine/device.py) has chosen the mode.
+
+log = logging.getLogger("graphrt.engine")
 
 
 def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None, quantization=None):
@@ -93,6 +101,10 @@ class LLM:
         try:
             ck = self.checkpoint
             self.tokenizer = load_tokenizer(path)
+            if len(self.tokenizer) > ck.spec.vocab_size:   # HF loads it too; such ids are refused per request
+                log.warning("tokenizer: %d ids but the model's vocab_size is %d; prompts that tokenize to "
+                            "ids >= %d are refused (400 naming 'prompt')", len(self.tokenizer),
+                            ck.spec.vocab_size, ck.spec.vocab_size)
             if dev.type == "cuda" and config.capture:
                 self.runtime.capture()
             tok_eos = self.tokenizer.eos_token_id

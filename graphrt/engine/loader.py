@@ -15,23 +15,20 @@ gate_up [2 I, H] (rows gate, up), down [H, I]; global embed [V, H], final_norm [
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from graphrt.engine.hf_files import CheckpointError, check_config, eos_ids, read_json, reading
 from graphrt.model.llama import LlamaSpec
-from graphrt.parallel.shard import owned_slice, shard_spec
+from graphrt.parallel.shard import owned_slice, shard_spec, vocab_rows
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 FILE_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
 INDEX = "model.safetensors.index.json"
-
-
-class CheckpointError(ValueError):
-    """The checkpoint directory cannot be loaded; the message names the file and tensor."""
+VOCAB_TENSORS = ("model.embed_tokens.weight", "lm_head.weight")   # rows padded under tensor parallel
 
 
 @dataclass(frozen=True)
@@ -64,12 +61,15 @@ def read_config(path: Path) -> tuple[dict, str]:
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise CheckpointError(f"{cfg_file}: missing (a HF checkpoint needs config.json)")
-    raw = json.loads(cfg_file.read_text())
+    raw = read_json(cfg_file)
     archs = raw.get("architectures") or []
+    if not isinstance(archs, list):
+        raise CheckpointError(f"{cfg_file}: architectures: expected a list of names, got {archs!r}")
     known = [ARCHITECTURES[a] for a in archs if a in ARCHITECTURES]
     if not known:
         raise CheckpointError(f"{cfg_file}: architectures {archs} not supported; graphrt loads "
                               f"{sorted(ARCHITECTURES)}")
+    check_config(raw, cfg_file)
     return raw, known[0]
 
 
@@ -78,9 +78,9 @@ def _weight_files(path: Path) -> dict[str, Path]:
     from safetensors import safe_open
     index = path / INDEX
     if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise CheckpointError(f"{index}: no 'weight_map'")
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+            raise CheckpointError(f"{index}: weight_map: expected an object of tensor name -> file name")
         out = {name: path / f for name, f in weight_map.items()}
         for f in sorted(set(out.values())):
             if not f.is_file():
@@ -91,7 +91,9 @@ def _weight_files(path: Path) -> dict[str, Path]:
         raise CheckpointError(f"{path}: no *.safetensors file and no {INDEX}")
     out = {}
     for f in files:
-        with safe_open(str(f), framework="pt") as h:
+        if not f.is_file():
+            raise CheckpointError(f"{f}: not a regular file")
+        with reading(f, "safetensors header"), safe_open(str(f), framework="pt") as h:
             out.update({name: f for name in h.keys()})
     return out
 
@@ -151,16 +153,14 @@ def _destination(weights: dict, where: tuple, rows: int) -> torch.Tensor:
     return weights[name][off:off + rows]
 
 
-def _eos_ids(path: Path, raw: dict) -> tuple[int, ...]:
+def _eos_ids(path: Path, raw: dict, vocab_size: int) -> tuple[int, ...]:
     gen = path / "generation_config.json"
-    eos = None
-    if gen.is_file():
-        eos = json.loads(gen.read_text()).get("eos_token_id")
-    if eos is None:
-        eos = raw.get("eos_token_id")
-    if eos is None:
-        return ()
-    return tuple(eos) if isinstance(eos, list) else (int(eos),)
+    if gen.exists():
+        eos = read_json(gen).get("eos_token_id")
+        if eos is not None:
+            return eos_ids(eos, gen, vocab_size)
+    eos = raw.get("eos_token_id")
+    return () if eos is None else eos_ids(eos, path / "config.json", vocab_size)
 
 
 def file_dtype(path) -> torch.dtype:
@@ -171,7 +171,7 @@ def file_dtype(path) -> torch.dtype:
     f = _weight_files(path).get("model.embed_tokens.weight")
     if f is None:
         raise CheckpointError(f"{path}: tensor 'model.embed_tokens.weight' missing from the safetensors files")
-    with safe_open(str(f), framework="pt") as h:
+    with reading(f, "safetensors header"), safe_open(str(f), framework="pt") as h:
         kind = h.get_slice("model.embed_tokens.weight").get_dtype()
     if kind not in FILE_DTYPES:
         raise CheckpointError(f"{f.name}: tensor 'model.embed_tokens.weight' has dtype {kind}; "
@@ -196,7 +196,8 @@ def load_checkpoint(path, *, device="cpu", dtype: torch.dtype | None = None, ran
     from transformers import AutoConfig
     path = Path(path)
     raw, arch = read_config(path)
-    spec = LlamaSpec.from_hf(AutoConfig.from_pretrained(str(path)))
+    with reading(path / "config.json"):
+        spec = LlamaSpec.from_hf(AutoConfig.from_pretrained(str(path)))
     for name, v in (("world_size", world_size), ("rank", rank)):
         if isinstance(v, bool) or not isinstance(v, int):
             raise ValueError(f"{name}: expected an int, got {v!r}")
@@ -218,7 +219,7 @@ def load_checkpoint(path, *, device="cpu", dtype: torch.dtype | None = None, ran
         by_file.setdefault(files[name], []).append(name)
     # check every header (shapes, dtypes) before allocating device memory
     for f, names in by_file.items():
-        with safe_open(str(f), framework="pt") as h:
+        with reading(f, "safetensors header"), safe_open(str(f), framework="pt") as h:
             for name in names:
                 sl = h.get_slice(name)
                 shape, kind = tuple(sl.get_shape()), sl.get_dtype()
@@ -235,8 +236,17 @@ def load_checkpoint(path, *, device="cpu", dtype: torch.dtype | None = None, ran
     placed = expected if world_size == 1 else _expected(local, arch)   # per-rank destinations
     t0, nbytes = time.perf_counter(), 0
     for f, names in by_file.items():
-        with safe_open(str(f), framework="pt") as h:
+        with reading(f, "tensor data"), safe_open(str(f), framework="pt") as h:
             for name in names:
+                if name in VOCAB_TENSORS and world_size > 1:   # padded rows: zero, nothing read
+                    a, b = vocab_rows(spec.vocab_size, local.vocab_size, rank)
+                    dest = _destination(weights, placed[name][1], local.vocab_size)
+                    dest[b - a:].zero_()
+                    if b > a:
+                        t = h.get_slice(name)[a:b]
+                        dest[: b - a].copy_(t)
+                        nbytes += t.numel() * t.element_size()
+                    continue
                 cut = owned_slice(expected[name][0], placed[name][0], rank)
                 if cut is None:
                     t = h.get_tensor(name)                # one tensor on the host at a time
@@ -248,7 +258,7 @@ def load_checkpoint(path, *, device="cpu", dtype: torch.dtype | None = None, ran
                 nbytes += t.numel() * t.element_size()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return Checkpoint(path, arch, spec, arch == "qwen3", weights, dtype, device, _eos_ids(path, raw),
+    return Checkpoint(path, arch, spec, arch == "qwen3", weights, dtype, device, _eos_ids(path, raw, spec.vocab_size),
                       int(raw.get("max_position_embeddings") or 0), nbytes, time.perf_counter() - t0,
                       rank, world_size)
 
@@ -259,7 +269,12 @@ def load_tokenizer(path):
     path = Path(path)
     if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
         raise CheckpointError(f"{path}: no tokenizer files (tokenizer.json, tokenizer.model or vocab.json)")
-    return AutoTokenizer.from_pretrained(str(path))
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (path / name).exists():
+            read_json(path / name)                     # one line naming the file, line and column
+    named = path / "tokenizer.json" if (path / "tokenizer.json").is_file() else path
+    with reading(named, "tokenizer"):
+        return AutoTokenizer.from_pretrained(str(path))
 
 
 __all__ = ["Checkpoint", "CheckpointError", "file_dtype", "load_checkpoint", "load_tokenizer", "read_config"]

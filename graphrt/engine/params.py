@@ -4,22 +4,37 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-MAX_SEED = 2**63 - 1
+MAX_SEED = 2**63 - 1        # seeds are int64 rows on the device
+MAX_TEMPERATURE = 1e4       # past this the distribution is uniform to float32 precision anyway
+
+
+def _short(value) -> str:
+    """repr, cut to 40 characters (a 400-digit int in an error message helps nobody)."""
+    r = repr(value)
+    return r if len(r) <= 40 else r[:37] + "..."
 
 
 def _int(name, value, lo, hi=None):
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name}: expected an int, got {value!r}")
+        raise ValueError(f"{name}: expected an int, got {_short(value)}")
     if value < lo or (hi is not None and value > hi):
-        raise ValueError(f"{name}: must be in [{lo}, {hi if hi is not None else 'inf'}], got {value}")
+        raise ValueError(f"{name}: must be in [{lo}, {hi if hi is not None else 'inf'}], got {_short(value)}")
     return value
+
+
+def _finite(v) -> bool:
+    try:
+        return math.isfinite(v)
+    except OverflowError:                              # an int past float's range
+        return False
 
 
 @dataclass(frozen=True, kw_only=True)
 class SamplingParams:
     """Per-request generation settings (vLLM's names and defaults); validated on construction.
 
-    max_tokens >= 1; temperature >= 0 (0 = greedy); top_k 0 or -1 = off, else >= 1; top_p in
+    max_tokens >= 1; temperature in [0, MAX_TEMPERATURE] (0 = greedy); top_k 0 or -1 = off,
+    else >= 1 (the engine clamps it to the vocabulary: the same distribution); top_p in
     (0, 1]; seed None (the engine draws one) or an int in [0, 2**63); stop: strings that end
     the output (not included in its text); stop_token_ids: ids that end it (kept in token_ids);
     ignore_eos: do not stop at the model's end-of-sequence ids.
@@ -39,10 +54,12 @@ class SamplingParams:
         _int("top_k", self.top_k, -1)
         for name in ("temperature", "top_p"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise ValueError(f"{name}: expected a finite number, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v):
+                raise ValueError(f"{name}: expected a finite number, got {_short(v)}")
         if self.temperature < 0:
             raise ValueError(f"temperature: must be >= 0, got {self.temperature}")
+        if self.temperature > MAX_TEMPERATURE:
+            raise ValueError(f"temperature: must be <= {MAX_TEMPERATURE:g}, got {self.temperature:g}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p: must be in (0, 1], got {self.top_p}")
         if self.seed is not None:
@@ -80,4 +97,4 @@ class RequestOutput:
         return self.finish_reason is not None
 
 
-__all__ = ["SamplingParams", "RequestOutput"]
+__all__ = ["SamplingParams", "RequestOutput", "MAX_TEMPERATURE", "MAX_SEED"]

@@ -88,7 +88,7 @@ class LlamaDecoder:
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         """h [T, H] final-normed -> [T, V] logits in the model dtype (every rank: all of V)."""
         local = linear(h, self.weights.lm_head)
-        return local if self.tp is None else self.tp.gather_logits(local)
+        return local if self.tp is None else self.tp.gather_logits(local, self.spec.vocab_size)
 
     def _qk_norm_args(self, layer: LayerWeights) -> dict:
         return dict(num_q_heads=self.local_spec.num_heads, q_norm=layer.q_norm, k_norm=layer.k_norm,

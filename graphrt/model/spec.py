@@ -72,20 +72,21 @@ class LlamaSpec:
 
 
 def check_tp_size(spec: LlamaSpec, world_size: int) -> None:
-    """ValueError naming both numbers when world_size does not divide the KV heads, the heads,
-    the MLP width or the vocabulary."""
+    """ValueError naming both numbers when world_size does not divide the KV heads, the heads
+    or the MLP width (the vocabulary is padded to a multiple of world_size: shard_spec)."""
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"tensor_parallel: expected an int >= 1, got {world_size!r}")
-    for name in ("num_kv_heads", "num_heads", "intermediate_size", "vocab_size"):
+    for name in ("num_kv_heads", "num_heads", "intermediate_size"):   # the vocabulary is padded
         v = getattr(spec, name)
         if v % world_size:
             raise ValueError(f"tensor_parallel: {world_size} does not divide {name}={v}")
 
 
 def shard_spec(spec: LlamaSpec, world_size: int) -> LlamaSpec:
-    """The geometry one rank holds: heads, KV heads, MLP width and vocabulary divided by n."""
+    """The geometry one rank holds: heads, KV heads, MLP width divided by n; vocabulary rows
+    ceil(V / n) (the last ranks' rows past V are zero padding, their logits are dropped)."""
     check_tp_size(spec, world_size)
     n = world_size
     return dataclasses.replace(spec, num_heads=spec.num_heads // n, num_kv_heads=spec.num_kv_heads // n,
                                intermediate_size=spec.intermediate_size // n,
-                               vocab_size=spec.vocab_size // n)
+                               vocab_size=-(-spec.vocab_size // n))   # padded: rows past V are zero

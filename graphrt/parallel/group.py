@@ -3,7 +3,7 @@
     tp = TensorParallel(rank=r, world_size=n, group=pg)     # pg: a torch.distributed ProcessGroup
     x = tp.all_reduce(x)                   # sum of the ranks' partial o_proj / down_proj outputs
     e = tp.embed(embed_shard, tokens)      # vocab-parallel embedding: mask + all-reduce
-    logits = tp.gather_logits(local)       # [B, V/n] per rank -> [B, V] on every rank
+    logits = tp.gather_logits(local, V)    # [B, ceil(V/n)] per rank -> [B, V] on every rank
 
 Every call is a plain torch.distributed collective on `group` (no default group, no global
 state), issued on the current stream: with NCCL it can be captured in a CUDA graph once the
@@ -51,12 +51,16 @@ class TensorParallel:
         out.masked_fill_(outside.unsqueeze(1), 0)
         return self.all_reduce(out)
 
-    def gather_logits(self, local: torch.Tensor) -> torch.Tensor:
-        """local [B, V/n] (this rank's vocab slice) -> [B, V] identical on every rank."""
+    def gather_logits(self, local: torch.Tensor, vocab_size: int | None = None) -> torch.Tensor:
+        """local [B, Vr] (this rank's vocab rows, Vr = ceil(V/n)) -> [B, V] identical on every
+        rank, contiguous; the columns of the padding rows (ids >= vocab_size) are dropped."""
         b, v = local.shape
         parts = torch.empty((self.world_size * b, v), dtype=local.dtype, device=local.device)
         _ALL_GATHER(parts, local.contiguous(), group=self.group)
-        return parts.view(self.world_size, b, v).transpose(0, 1).reshape(b, self.world_size * v)
+        full = parts.view(self.world_size, b, v).transpose(0, 1).reshape(b, self.world_size * v)
+        if vocab_size is None or vocab_size == full.shape[1]:
+            return full
+        return full[:, :vocab_size].contiguous()
 
     def warm_up(self, device) -> None:
         """One eager all-reduce and all-gather, so the communicator exists before graph capture."""

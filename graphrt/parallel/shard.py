@@ -9,11 +9,13 @@ With n ranks, rank r owns (Hq, Hkv, I, V: heads, KV heads, MLP width, vocabulary
              rows, so silu_mul stays local
     o, down  columns (the input dim): its heads' / its MLP slice; the partial outputs are summed
              by an all-reduce
-    embed, lm_head  rows [r*V/n, (r+1)*V/n) (vocab-parallel)
+    embed, lm_head  rows [r*Vr, (r+1)*Vr) with Vr = ceil(V/n) (vocab-parallel); rows past V are
+             zero padding (vLLM pads the same way): never looked up, their logits dropped
     norms, q_norm, k_norm  replicated
 
-Every sliced tensor is split along exactly one dim into n equal contiguous blocks, so a rank's
-slice of a HF tensor follows from the full and the local shapes alone (`owned_slice`).
+Every other sliced tensor is split along exactly one dim into n equal contiguous blocks, so a
+rank's slice of a HF tensor follows from the full and the local shapes alone (`owned_slice`);
+the vocabulary rows use `vocab_rows`.
 """
 from __future__ import annotations
 
@@ -46,6 +48,13 @@ def owned_slice(full: tuple[int, ...], local: tuple[int, ...], rank: int) -> tup
     if full[d] % local[d]:
         raise ValueError(f"shard: dim {d} of {list(full)} is not a multiple of {local[d]}")
     return d, rank * local[d], (rank + 1) * local[d]
+
+
+def vocab_rows(vocab_size: int, local_rows: int, rank: int) -> tuple[int, int]:
+    """[start, stop) of the real vocabulary rows rank holds (stop - start <= local_rows; the rest
+    of its local_rows are padding)."""
+    start = min(rank * local_rows, vocab_size)
+    return start, min(start + local_rows, vocab_size)
 
 
 def _take(t: torch.Tensor, where) -> torch.Tensor:
@@ -81,9 +90,12 @@ def shard_layer(spec: LlamaSpec, layer: LayerWeights, rank: int, world_size: int
 
 
 def shard_vocab(spec: LlamaSpec, t: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
-    """Rank's rows [r*V/n, (r+1)*V/n) of a [V, H] embedding or LM head."""
-    local = shard_spec(spec, world_size)
-    return _take(t, owned_slice(tuple(t.shape), (local.vocab_size, spec.hidden_size), rank))
+    """Rank's [ceil(V/n), H] block of a [V, H] embedding or LM head (zero rows past V)."""
+    rows = shard_spec(spec, world_size).vocab_size
+    a, b = vocab_rows(spec.vocab_size, rows, rank)
+    out = t.new_zeros((rows, t.shape[1]))
+    out[: b - a] = t[a:b]
+    return out
 
 
 def shard_weights(spec: LlamaSpec, weights: ModelWeights, rank: int, world_size: int) -> ModelWeights:

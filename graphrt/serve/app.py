@@ -4,7 +4,8 @@
     uvicorn.run(app, host="127.0.0.1", port=8000)
 
 Routes: POST /v1/completions, POST /v1/chat/completions (completions.py), GET /v1/models,
-GET /v1/models/{id}, GET /health, GET /metrics (metrics.py). The app starts the engine's
+GET /v1/models/{id}, GET /health, GET /metrics (metrics.py). Bodies over
+config.max_request_bytes are refused with 413 (limits.py); /health is 503 once the engine died. The app starts the engine's
 background thread on start-up (unless it already runs) and stops it on shut-down if it started it.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from graphrt.serve.bridge import AsyncEngine
 from graphrt.serve.completions import Generation
 from graphrt.serve.config import ServeConfig
 from graphrt.serve.errors import APIError, error_body, install_handlers
+from graphrt.serve.limits import BodyLimit
 from graphrt.serve.metrics import Metrics
 from graphrt.serve.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 
@@ -42,12 +44,14 @@ def create_app(llm, config: ServeConfig | None = None, *, model_name: str | None
         try:
             yield
         finally:
+            gen.close()
             if started:
                 engine.shutdown()
 
     app = FastAPI(title="graphrt", lifespan=lifespan)
     app.state.bridge, app.state.metrics, app.state.model_name = bridge, metrics, name
     install_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=config.max_request_bytes)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):

@@ -51,7 +51,8 @@ class AsyncEngine:
         return EngineStats(running=running, waiting=waiting, pages_used=alloc.num_pages - free, pages_free=free)
 
     def healthy(self) -> bool:
-        return bool(getattr(self.engine, "threaded", True))
+        """The engine's loop runs and has not died (engine.error: an unattributable failure)."""
+        return bool(getattr(self.engine, "threaded", True)) and getattr(self.engine, "error", None) is None
 
     def submit(self, prompt, params, *, kind: str = "cmpl") -> tuple[str, "DeltaStream"]:
         """Queue a prompt; returns (request id, async iterator of deltas). Raises APIError 503
@@ -67,6 +68,8 @@ class AsyncEngine:
             stream = self.engine.add_request(prompt, params, request_id=rid)
         except ValueError as e:
             raise APIError.from_value_error(e) from None
+        except RuntimeError as e:                      # EngineDeadError: it died since healthy()
+            raise APIError(503, f"engine: {e}") from None
         self.in_flight += 1
         return rid, DeltaStream(self, rid, stream, asyncio.get_running_loop())
 

@@ -50,6 +50,8 @@ def build_parser(prog: str = "graphrt serve") -> argparse.ArgumentParser:
     p.add_argument("--graph-cache", default=None, metavar="DIR",
                    help="graph cache directory (graphrt-capture --out): compiled kernels are taken from it "
                         "(default: none, kernels compile on first use)")
+    p.add_argument("--expect-digest", default=None, metavar="HEX",
+                   help="with --graph-cache: refuse a cache whose manifest sha256 is not HEX (graphrt-capture prints it)")
     p.add_argument("--device", default=None, choices=["cuda", "cpu"],
                    help="default: cuda if available, else cpu (Triton kernels interpreted: slow, for tests)")
     p.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
@@ -64,6 +66,8 @@ def build_parser(prog: str = "graphrt serve") -> argparse.ArgumentParser:
     p.add_argument("--max-waiting", type=int, default=None, metavar="N",
                    help=f"queued requests beyond the decode slots before 503 (default: {DEFAULT_MAX_WAITING}, "
                         f"or max_waiting in --config)")
+    p.add_argument("--max-request-bytes", type=int, default=None, metavar="N",
+                   help="refuse request bodies larger than N bytes with 413 (default: 4 MiB)")
     p.add_argument("--stats-interval", type=float, default=5.0, metavar="SECONDS",
                    help="log a stats line this often while requests run (0: never)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
@@ -105,6 +109,8 @@ def resolve_configs(args):
         srv_kw["served_model_name"] = args.served_model_name
     if args.max_waiting is not None:
         srv_kw["max_waiting"] = args.max_waiting
+    if getattr(args, "max_request_bytes", None) is not None:
+        srv_kw["max_request_bytes"] = args.max_request_bytes
     srv_kw.setdefault("served_model_name", str(args.model))
     return EngineConfig(**eng_kw), ServeConfig(**srv_kw)
 
@@ -116,6 +122,8 @@ def load(args):
     device = resolve_device(args.device)
     select_triton_mode(device)                     # cpu: Triton's interpreter, before any kernel loads
     engine_cfg, serve_cfg = resolve_configs(args)
+    if getattr(args, "expect_digest", None) is not None and not args.graph_cache:
+        raise ValueError("--expect-digest: only meaningful with --graph-cache DIR")
     revision = getattr(args, "revision", None)
     model_dir = resolve_model(args.model, revision=revision)
     if str(model_dir) != str(args.model):
@@ -125,7 +133,9 @@ def load(args):
         from graphrt.cache.load import check_cache, stat_snapshot
         t0 = time.perf_counter()
         cache_dir = Path(args.graph_cache)
-        manifest = check_cache(cache_dir)          # trust model, environment, every file's sha256
+        manifest = check_cache(cache_dir, expect_digest=args.expect_digest)   # trust, pin, every sha256
+        from graphrt.serve.cache_pin import check_geometry, model_runtime_config
+        check_geometry(cache_dir, manifest.data["config"], model_runtime_config(args.model, engine_cfg, device))
         before = stat_snapshot(cache_dir)
         log.info("graph cache %s: %d artifacts verified in %.2f s", cache_dir.resolve(),
                  len(manifest.data["artifacts"]), time.perf_counter() - t0)
@@ -207,14 +217,18 @@ def main(argv=None, *, prog: str = "graphrt serve") -> None:
     app = create_app(llm, serve_cfg)
     stats = StatsLogger(app.state.bridge, app.state.metrics, interval_s=args.stats_interval)
     log.info("serving %r on http://%s:%d/v1", serve_cfg.served_model_name, args.host, args.port)
+    from graphrt.serve.supervise import serve_until_dead
     try:
         stats.start()
-        server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level))
-        server.run(sockets=[sock])                 # listens on the socket bound above
+        code = serve_until_dead(uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
+                                                              log_level=args.log_level)), llm.engine,
+                                sockets=[sock])   # listens on the socket bound above
     finally:
         stats.stop()
         sock.close()
         llm.shutdown()                             # tensor-parallel workers, if any
+    if code:                                       # the engine died: a supervisor restarts us
+        raise SystemExit(code)
 
 
 __all__ = ["main", "build_parser", "load", "capture_report", "bind_socket"]

@@ -4,10 +4,17 @@ Streaming responses are server-sent events, `data: {chunk json}\\n\\n` ... `data
 an error after the headers were sent is one `data: {"error": ...}` event before [DONE]. A client
 that disconnects (streaming: Starlette cancels the body iterator; non-streaming: an
 `http.disconnect` on the ASGI channel) aborts its request so the engine frees its pages.
+
+Tokenization and chat templating run in a small thread pool, never on the event loop (a large
+prompt must not stall other streams or /health); text the tokenizer or the template refuses (a
+lone surrogate, a template's raise_exception) is a 400 naming the field. A request that fails in
+the engine: 400 if the engine refused its values (ValueError), 500 otherwise.
 """
 from __future__ import annotations
 
 import asyncio
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
@@ -24,9 +31,29 @@ DONE = "data: [DONE]\n\n"
 class Generation:
     """What the routes need: the engine bridge, the tokenizer, the served name, the context limit."""
 
-    def __init__(self, bridge: AsyncEngine, tokenizer, *, model_name: str, max_model_len: int):
+    def __init__(self, bridge: AsyncEngine, tokenizer, *, model_name: str, max_model_len: int,
+                 tokenizer_threads: int | None = None):
         self.bridge, self.tokenizer = bridge, tokenizer
         self.model_name, self.max_model_len = model_name, max_model_len
+        n = tokenizer_threads or min(4, os.cpu_count() or 1)   # HF fast tokenizers release the GIL
+        self._pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="graphrt-tokenize")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _off_loop(self, fn, arg, *, param: str):
+        """fn(arg) on the tokenizer pool; what it raises (other than an APIError) is a 400 naming
+        `param`: the text or conversation is what the tokenizer / template refused."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, fn, arg)
+        except APIError:
+            raise
+        except Exception as e:
+            raise APIError.bad_request(f"{param}: the tokenizer refused it: {type(e).__name__}: "
+                                       f"{_one_line(e)}", param=param) from None
+
+    def _tokenize(self, text: str) -> list[int]:
+        return list(self.tokenizer(text).input_ids)
 
     # ---- request -> engine ------------------------------------------------------------------------
     def _check(self, body) -> None:
@@ -58,7 +85,10 @@ class Generation:
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
         self._check(body)
         params = self._params(body, 16 if body.max_tokens is None else body.max_tokens)   # null: OpenAI's 16
-        rid, ds = self.bridge.submit(body.single_prompt(), params, kind="cmpl")
+        prompt = body.single_prompt()
+        if isinstance(prompt, str):
+            prompt = await self._off_loop(self._tokenize, prompt, param="prompt")
+        rid, ds = self.bridge.submit(prompt, params, kind="cmpl")
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
             return SSEResponse(self._completion_events(rid, ds, usage, body.return_token_ids), on_close=ds.close)
@@ -72,7 +102,7 @@ class Generation:
 
     async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
         self._check(body)
-        ids = self.chat_prompt_ids(body)
+        ids = await self._off_loop(self.chat_prompt_ids, body, param="messages")
         limit = body.token_limit
         if limit is None:                             # OpenAI: up to the context
             limit = self.max_model_len - len(ids)
@@ -85,6 +115,8 @@ class Generation:
         except APIError as e:
             if e.param == "prompt":
                 e.param = "messages"
+            elif e.param == "max_tokens" and body.max_completion_tokens is not None:
+                e.param = "max_completion_tokens"
             raise
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -138,7 +170,7 @@ async def _events(ds: DeltaStream, chunk, include_usage: bool, usage_chunk):
     except APIError as e:
         yield sse_error(e)
     except Exception as e:                            # engine failure: tell the client, then close
-        yield sse_error(APIError(500, f"engine error: {type(e).__name__}: {e}"))
+        yield sse_error(engine_error(e))
     yield DONE
 
 
@@ -172,8 +204,19 @@ async def _collect(ds: DeltaStream, request: Request) -> tuple[str, list[int]] |
         except APIError:
             raise
         except Exception as e:
-            raise APIError(500, f"engine error: {type(e).__name__}: {e}") from e
+            raise engine_error(e) from e
     return None
+
+
+def engine_error(e: Exception) -> APIError:
+    """A request's failure in the engine: 400 if the engine refused its values, else 500."""
+    if isinstance(e, ValueError):
+        return APIError.from_value_error(e)
+    return APIError(500, f"engine error: {type(e).__name__}: {_one_line(e)}")
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:500]
 
 
 class SSEResponse(StreamingResponse):

@@ -2,7 +2,8 @@
 
 The YAML file is one flat mapping: EngineConfig fields (max_batch, steps_per_graph, page_size,
 num_pages, max_model_len, backend, dtype, overlap, capture, seed) and ServeConfig fields
-(served_model_name, max_waiting). An unknown key is an error naming it.
+(served_model_name, max_waiting, max_request_bytes). An unknown key is an error naming it;
+invalid YAML is one line naming the file, line and column.
 """
 from __future__ import annotations
 
@@ -12,20 +13,27 @@ from pathlib import Path
 
 import yaml
 
+from graphrt.serve.limits import DEFAULT_MAX_REQUEST_BYTES
+
 DEFAULT_MAX_WAITING = 64
 
 
 @dataclass(frozen=True, kw_only=True)
 class ServeConfig:
     """served_model_name: the `model` clients must send (None: the --model argument as given);
-    max_waiting: requests that may queue beyond the engine's decode slots before 503."""
+    max_waiting: requests that may queue beyond the engine's decode slots before 503;
+    max_request_bytes: a larger request body is refused with 413 before it is parsed."""
 
     served_model_name: str | None = None
     max_waiting: int = DEFAULT_MAX_WAITING
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
 
     def __post_init__(self):
         if isinstance(self.max_waiting, bool) or not isinstance(self.max_waiting, int) or self.max_waiting < 0:
             raise ValueError(f"max_waiting: must be an int >= 0, got {self.max_waiting!r}")
+        mb = self.max_request_bytes
+        if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
+            raise ValueError(f"max_request_bytes: must be an int >= 1, got {mb!r}")
         name = self.served_model_name
         if name is not None and (not isinstance(name, str) or not name):
             raise ValueError(f"served_model_name: expected a non-empty string, got {name!r}")
@@ -36,7 +44,15 @@ def load_serve_yaml(path: str | Path, engine_fields: tuple[str, ...]) -> tuple[d
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"--config: no such file {str(path)!r}")
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or type(e).__name__
+        raise ValueError(f"{path}: invalid YAML{where}: {problem}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: cannot read: {e}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of settings, got {type(data).__name__}")
     serve_fields = tuple(f.name for f in dataclasses.fields(ServeConfig))

@@ -1,7 +1,8 @@
 """Errors as OpenAI JSON bodies: {"error": {"message", "type", "param", "code"}}, HTTP status = code.
 
 400 bad request (unknown model, prompt longer than the context, bad sampling values, malformed
-JSON, unsupported fields), 404 unknown route, 503 queue full / engine down, 500 engine failure.
+JSON, unsupported fields, text the tokenizer or chat template refuses), 404 unknown route, 413 body
+over --max-request-bytes, 503 queue full / engine down, 500 engine failure or any other error.
 A streaming response that fails after its headers were sent carries the same body as an SSE
 `data:` event (see `sse_error`).
 """
@@ -17,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("graphrt.serve")
 TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
-         500: "internal_error", 503: "service_unavailable"}
+         413: "invalid_request_error", 500: "internal_error", 503: "service_unavailable"}
 
 
 class APIError(Exception):
@@ -47,6 +48,10 @@ class APIError(Exception):
 
 
 def error_body(status: int, message: str, *, param: str | None = None) -> dict:
+    # a lone surrogate echoed from the request must not make the error itself unencodable
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
+    if param is not None:
+        param = param.encode("utf-8", "backslashreplace").decode("utf-8")
     return {"error": {"message": message, "type": TYPES.get(status, "error"), "param": param,
                       "code": status}}
 
@@ -93,6 +98,12 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
         return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):   # a bug: JSON 500, traceback logged
+        log.error("%s %s: unhandled %s", request.method, request.url.path, type(exc).__name__,
+                  exc_info=(type(exc), exc, exc.__traceback__))
+        return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}"), status_code=500)
 
 
 __all__ = ["APIError", "error_body", "sse_error", "install_handlers"]

@@ -6,6 +6,7 @@ logit_bias, penalties, tools): a field accepted and ignored would silently chang
 asked for. graphrt's extensions follow vLLM's
 names: top_k, ignore_eos, stop_token_ids, return_token_ids (the `openai` client sends them through
 `extra_body`; token ids come back as `choices[i].token_ids`).
+`null` for a field with a default means the default (OpenAI marks them nullable; vLLM does this).
 """
 from __future__ import annotations
 
@@ -19,6 +20,17 @@ from graphrt.serve.errors import APIError
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data):
+        """`"field": null` -> the field's default (a non-null default only; null stays an error
+        for required fields)."""
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {k: v for k, v in data.items()
+                if not (v is None and k in fields and not fields[k].is_required())}
 
     model: str
     max_tokens: int | None = None

@@ -68,8 +68,10 @@ def test_bad_sampling_params_name_the_field(kwargs, field):
 
 
 def test_bad_prompts_and_config_name_the_field(llm):
-    with pytest.raises(ValueError, match="prompt: 60 tokens \\+ max_tokens 16 exceed max_model_len 64"):
+    with pytest.raises(ValueError, match="max_tokens: 16 \\+ the prompt's 60 tokens exceed max_model_len 64"):
         llm.generate([[5] * 60])
+    with pytest.raises(ValueError, match="prompt: 64 tokens leave no room to generate in max_model_len 64"):
+        llm.generate([[5] * 64], SamplingParams(max_tokens=1))
     with pytest.raises(ValueError, match="prompt: empty"):
         llm.generate([[]])
     with pytest.raises(ValueError, match="prompt: token id 9999 outside the vocabulary"):

@@ -199,7 +199,8 @@ def test_non_streaming_disconnect_aborts(llm, live):
 # ---- errors ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kwargs,param,text", [
     (dict(model="nope"), "model", "not served here"),
-    (dict(prompt=[5] * 90, max_tokens=16), "prompt", "exceed max_model_len 96"),
+    (dict(prompt=[5] * 90, max_tokens=16), "max_tokens", "exceed max_model_len 96"),
+    (dict(prompt=[5] * 96, max_tokens=1), "prompt", "max_model_len 96"),
     (dict(temperature=-1.0), "temperature", "must be >= 0"),
     (dict(top_p=1.5), "top_p", "(0, 1]"),
     (dict(max_tokens=0), "max_tokens", "max_tokens"),

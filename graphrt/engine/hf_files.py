@@ -1,0 +1,96 @@
+"""A checkpoint directory's small files, read with one-line errors that name the file and field.
+
+config.json, generation_config.json, model.safetensors.index.json and the tokenizer files are
+user-supplied: a truncated download, a hand edit or a wrong path must end in one
+`CheckpointError` line ("<file>: <field>: <what is wrong>"), never a traceback from json,
+transformers or safetensors.
+"""
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from pathlib import Path
+
+
+class CheckpointError(ValueError):
+    """The checkpoint directory cannot be loaded; the message names the file and tensor / field."""
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:300] or type(e).__name__
+
+
+def read_json(file: Path, *, kind: type | None = dict):
+    """The JSON value in `file` (a `kind` when given); CheckpointError naming the file otherwise."""
+    if not file.is_file():
+        raise CheckpointError(f"{file}: not a regular file")
+    try:
+        value = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{file}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{file}: cannot read: {_one_line(e)}") from None
+    if kind is not None and not isinstance(value, kind):
+        raise CheckpointError(f"{file}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+# config.json fields LlamaSpec reads: required positive ints, optional ones, positive numbers
+_REQUIRED_INTS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+_OPTIONAL_INTS = ("num_key_value_heads", "head_dim", "max_position_embeddings")
+_NUMBERS = ("rms_norm_eps", "rope_theta")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_config(raw: dict, file: Path) -> None:
+    """Types and ranges of the config.json fields graphrt uses, before transformers sees them."""
+    for name in _REQUIRED_INTS + _OPTIONAL_INTS:
+        if name not in raw or (raw[name] is None and name in _OPTIONAL_INTS):
+            if name in _REQUIRED_INTS:
+                raise CheckpointError(f"{file}: {name}: missing")
+            continue
+        v = raw[name]
+        if not _is_int(v) or v < 1:
+            raise CheckpointError(f"{file}: {name}: expected an int >= 1, got {v!r}")
+    for name in _NUMBERS:
+        v = raw.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0
+                              or v == float("inf")):
+            raise CheckpointError(f"{file}: {name}: expected a finite number > 0, got {v!r}")
+    if "tie_word_embeddings" in raw and not isinstance(raw["tie_word_embeddings"], bool):
+        raise CheckpointError(f"{file}: tie_word_embeddings: expected true or false, got "
+                              f"{raw['tie_word_embeddings']!r}")
+    heads = raw["num_attention_heads"]
+    kv = raw.get("num_key_value_heads") or heads
+    if heads % kv:
+        raise CheckpointError(f"{file}: num_key_value_heads: {kv} does not divide num_attention_heads {heads}")
+    if not raw.get("head_dim") and raw["hidden_size"] % heads:
+        raise CheckpointError(f"{file}: hidden_size: {raw['hidden_size']} is not a multiple of "
+                              f"num_attention_heads {heads} (and no head_dim is given)")
+
+
+def eos_ids(value, file: Path, vocab_size: int) -> tuple[int, ...]:
+    """eos_token_id (an int or a list of ints, each in [0, vocab_size)) -> a tuple."""
+    ids = value if isinstance(value, list) else [value]
+    for i in ids:
+        if not _is_int(i) or not 0 <= i < vocab_size:
+            raise CheckpointError(f"{file}: eos_token_id: expected ids in [0, {vocab_size}), got {value!r}")
+    return tuple(ids)
+
+
+@contextmanager
+def reading(file: Path, what: str = ""):
+    """Turn any error raised while a library reads `file` into one CheckpointError line."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except Exception as e:                             # safetensors, transformers, tokenizers, OS
+        where = f"{what}: " if what else ""
+        raise CheckpointError(f"{file}: {where}{type(e).__name__}: {_one_line(e)}") from None
+
+
+__all__ = ["CheckpointError", "read_json", "check_config", "eos_ids", "reading"]
