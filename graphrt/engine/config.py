@@ -65,7 +65,7 @@ class EngineConfig:
         return RuntimeConfig(num_qo_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
                              head_dim=spec.head_dim, page_size=self.page_size, max_context_len=ctx,
                              buckets={"max": self.max_batch}, dtype=dtype, backend=backend,
-                             kv_pool_pages=self.num_pages or self.max_batch * pages_per_seq)
+                             kv_pool_pages=1 + (self.num_pages or self.max_batch * pages_per_seq))
 
 
 __all__ = ["EngineConfig"]

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 import torch
 
 from graphrt.model.sampling import SamplingInputs, sample_eager
-from graphrt.engine.detokenizer import TextState
+from graphrt.engine.detokenizer import TextState, make_decoder
+from graphrt.engine.input_batch import InputBatch
 from graphrt.engine.params import RequestOutput, SamplingParams
 from graphrt.engine.scheduler import Request, Scheduler
 from graphrt.engine.stream import RequestStream
@@ -40,28 +41,10 @@ from graphrt.engine.stream import RequestStream
 @dataclass
 class _Pending:
     """A launched block's tokens: host tokens [steps, cols] (valid once `event` completed) and
-    (request, column) for each row."""
+    (request, column, request epoch) for each row (a preempted request's rows are skipped)."""
     rows: list
     tokens: torch.Tensor
     event: object
-
-
-class _Staging:
-    """Pinned (CUDA) host copies of one block's inputs; reused only after `event` passed."""
-
-    def __init__(self, sched: Scheduler, device: torch.device):
-        pin = device.type == "cuda"
-        names = ("block_table", "seq_lens", "temperature", "top_k", "top_p", "seed", "step")
-        self.t = {n: torch.empty(getattr(sched, n).shape, dtype=getattr(sched, n).dtype, pin_memory=pin)
-                  for n in names}
-        self.event = torch.cuda.Event() if pin else None
-
-    def load(self, sched: Scheduler, n: int) -> dict:
-        if self.event is not None:
-            self.event.synchronize()           # the block that used these buffers has copied them
-        for name, t in self.t.items():
-            t[:n].copy_(getattr(sched, name)[:n])
-        return {name: t[:n] for name, t in self.t.items()}
 
 
 class Engine:
@@ -73,12 +56,16 @@ class Engine:
                              f"max_context_len {c.max_context_len}")
         self.runtime, self.tokenizer, self.device = runtime, tokenizer, runtime.device
         self.vocab_size, self.max_model_len, self.overlap = runtime.model.spec.vocab_size, max_model_len, overlap
+        self.batch = InputBatch(max_batch=c.max_batch, max_pages_per_seq=c.max_pages_per_seq,
+                                device=self.device)
         self.scheduler = Scheduler(max_batch=c.max_batch, page_size=c.page_size,
-                                   max_pages_per_seq=c.max_pages_per_seq, num_pages=runtime.num_pages,
-                                   steps_per_graph=runtime.k, eos_token_ids=tuple(eos_token_ids))
+                                   max_pages_per_seq=c.max_pages_per_seq, num_pages=runtime.num_pages - 1,
+                                   steps_per_graph=runtime.k, eos_token_ids=tuple(eos_token_ids),
+                                   batch=self.batch)
         self.next_tokens = torch.zeros(c.max_batch, dtype=torch.int64, device=self.device)  # device
-        self._staging = [_Staging(self.scheduler, self.device) for _ in range(2)]
-        self._flip = 0
+        # a ModelRuntime takes the batch as trusted inputs; other runtimes (TPDriver) get the
+        # public decode with the same device tensors (it broadcasts them to its ranks)
+        self._trusted = callable(getattr(type(runtime), "decode_trusted", None))
         self._pending: deque[_Pending] = deque()
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._requests: dict[str, Request] = {}       # loop thread only
@@ -89,6 +76,7 @@ class Engine:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._tokens_generated = 0                     # streamed tokens, all requests
+        self._decode_text = make_decoder(tokenizer)    # one per engine, shared by requests
 
     # ---- requests (any thread) ----------------------------------------------------------------
     def add_request(self, prompt, params: SamplingParams | None = None, *,
@@ -110,7 +98,8 @@ class Engine:
             rid = request_id if request_id is not None else f"req-{next(self._ids)}"
             seed = params.seed if params.seed is not None else self._rng.randrange(2**63)
         stream = RequestStream(self, rid)
-        req = Request(rid, ids, params, seed, TextState(self.tokenizer, params.stop), stream.put)
+        req = Request(rid, ids, params, seed,
+                      TextState(self.tokenizer, params.stop, decode=self._decode_text), stream.put)
         self._inbox.put(("add", req))
         self._wake.set()
         return stream
@@ -176,33 +165,50 @@ class Engine:
                     req.sink(self.scheduler.abort(req))
 
     def _prefill(self, reqs: list[Request]) -> None:
+        """Prefill admitted requests over their context (prompt, plus accepted tokens after a
+        preemption), draw each one's next token, and start its row in the input batch."""
         s, dev = self.scheduler, self.device
-        slots = torch.tensor([r.slot for r in reqs])
-        prompts = [torch.tensor(r.prompt, dtype=torch.int64, device=dev) for r in reqs]
-        logits = self.runtime.prefill(prompts, s.block_table[slots].to(dev))
-        inputs = SamplingInputs(s.temperature[slots], s.top_k[slots], s.top_p[slots], s.seed[slots],
-                                torch.zeros(len(reqs), dtype=torch.int32))
+        slots = [r.slot for r in reqs]
+        prompts = [torch.tensor(r.context, dtype=torch.int64, device=dev) for r in reqs]
+        table = torch.from_numpy(self.batch.block_table_host[slots])              # [m, W] host
+        logits = self.runtime.prefill(prompts, table)
+        ps = [r.params for r in reqs]
+        inputs = SamplingInputs(torch.tensor([0.0 if p.greedy else p.temperature for p in ps]),
+                                torch.tensor([max(p.top_k, 0) for p in ps], dtype=torch.int32),
+                                torch.tensor([p.top_p for p in ps], dtype=torch.float32),
+                                torch.tensor([r.seed for r in reqs], dtype=torch.int64),
+                                torch.tensor([r.launched for r in reqs], dtype=torch.int32))
         first = sample_eager(logits, inputs)                              # [m] device
-        self.next_tokens.index_copy_(0, slots.to(dev), first)
+        self.next_tokens.index_copy_(0, torch.tensor(slots, device=dev), first)
         for r in reqs:
-            r.launched = 1
-        self._pending.append(self._to_host([(r, i) for i, r in enumerate(reqs)], first[None]))
+            r.launched += 1
+            s.activate(r)
+        self._pending.append(self._to_host([(r, i, r.epoch) for i, r in enumerate(reqs)], first[None]))
 
     def _decode(self, rows: list[Request]) -> None:
-        s = self.scheduler
-        n, sampled = s.prepare_block(rows)
-        staging = self._staging[self._flip]
-        self._flip ^= 1
-        t = staging.load(s, n)
-        sampling = (SamplingInputs(t["temperature"], t["top_k"], t["top_p"], t["seed"], t["step"])
-                    if sampled else None)
-        out = self.runtime.decode(self.next_tokens[:n], t["block_table"], t["seq_lens"], sampling=sampling)
-        self.next_tokens[:n].copy_(out[-1])
-        if staging.event is not None:
-            staging.event.record()
+        """One K-step block over `rows`: pages for it (preempting if short), the batch's changes
+        flushed, one launch, the batch advanced on the device."""
+        s, batch, rt = self.scheduler, self.batch, self.runtime
+        rows = s.grow(rows)
+        if not rows:
+            return
+        batch.flush()
+        n, sampled = 0, False
         for r in rows:
-            r.launched += self.runtime.k
-        self._pending.append(self._to_host([(r, r.slot) for r in rows], out))
+            n = max(n, r.slot)
+            sampled = sampled or not r.params.greedy
+        n += 1
+        sampling = batch.sampling(n) if sampled else None
+        if self._trusted:
+            out = rt.decode_trusted(n, self.next_tokens, batch.block_table, batch.seq_lens,
+                                    sampling=sampling)
+        else:
+            out = rt.decode(self.next_tokens[:n], batch.block_table[:n], batch.seq_lens[:n],
+                            sampling=sampling)
+        self.next_tokens[:n].copy_(out[-1])
+        batch.advance(n)
+        s.launched_block(rows)
+        self._pending.append(self._to_host([(r, r.slot, r.epoch) for r in rows], out))
 
     def _to_host(self, rows, tokens: torch.Tensor) -> _Pending:
         if self.device.type != "cuda":
@@ -216,11 +222,11 @@ class Engine:
         """A block's tokens -> stop checks, deltas, finished requests' pages freed."""
         if block.event is not None:
             block.event.synchronize()
-        toks = block.tokens.tolist()
-        for req, col in block.rows:
-            if req.finish_reason is not None:
-                continue                              # finished or aborted: tokens discarded
-            delta = self.scheduler.accept(req, [row[col] for row in toks])
+        cols = block.tokens.t().tolist()              # [cols][steps]
+        for req, col, epoch in block.rows:
+            if req.finish_reason is not None or req.epoch != epoch:
+                continue                              # finished, aborted or preempted: discarded
+            delta = self.scheduler.accept(req, cols[col])
             if req.finish_reason is not None:         # pages back before the final delta is seen
                 self.scheduler.release(req)
                 self._requests.pop(req.request_id, None)

@@ -181,7 +181,7 @@ class ModelRuntime:
             view.seq_lens.fill_(1)
             io.tokens.zero_()
             if self.backend.needs_host_inputs:  # host planner: the workspace must hold a plan
-                self.backend.host_prepare(view, view.seq_lens.cpu())
+                self.backend.host_prepare(view, seq_lens.cpu())
             self.graphs.capture(size, lambda v=view, i=io: self._steps(v, i))
             if self.sampling:
                 self.sample_graphs = self.sample_graphs or GraphManager(
@@ -240,6 +240,25 @@ class ModelRuntime:
             rows = self._decode(tokens, block_table, seq_lens, sampling)
             return rows if out is None else out.copy_(rows)
 
+    def decode_trusted(self, n: int, tokens: torch.Tensor, block_table: torch.Tensor,
+                       seq_lens: torch.Tensor, *, sampling: SamplingInputs | None = None) -> torch.Tensor:
+        """decode() for an engine's persistent input batch, without the host checks: K steps over
+        rows [0, n); returns [K, n] int64 tokens (a view of a static buffer, valid until the next
+        call; hold mrt.lock to read it from another thread).
+
+        Trusted inputs, all on the runtime device and owned by the caller, who built them for
+        this runtime: tokens [>= n] int64, block_table [>= n, max_pages_per_seq] int32, seq_lens
+        [>= n] int32 (0 = padding row), sampling rows [n] (see SamplingInputs) or None (argmax).
+        Only rows [0, n) are read (device-to-device copies into the bucket's static buffers). The
+        device guard still neutralises bad rows and raises the sticky flag that
+        check_device_errors() reports; nothing is checked on the host and nothing syncs (except
+        a host-planning backend, which reads seq_lens on the host)."""
+        if sampling is not None and self.graphs is not None and self.sample_graphs is None:
+            raise ValueError("sampling: this ModelRuntime was captured with sampling=False "
+                             "(argmax graphs only)")
+        with self.lock:
+            return self._decode(tokens[:n], block_table[:n], seq_lens[:n], sampling)
+
     def _decode(self, tokens, block_table, seq_lens, sampling) -> torch.Tensor:
         n, c = tokens.shape[0], self.config
         size = pick_bucket(c.buckets, n)
@@ -249,7 +268,8 @@ class ModelRuntime:
         if width < c.max_pages_per_seq:
             view.block_table[:n, width:].fill_(-1)
         view.seq_lens[:n].copy_(seq_lens, non_blocking=True)
-        view.seq_lens[n:].fill_(0)
+        if n < size:
+            view.seq_lens[n:].fill_(0)
         io.tokens[:n].copy_(tokens, non_blocking=True)
         if sampling is not None:
             io.sampling.load(sampling, n)
