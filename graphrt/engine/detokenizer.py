@@ -5,8 +5,9 @@ ids[prefix:] that starts a few tokens back (so merges across the boundary come o
 the text of ids[prefix:read] is kept from the previous call, so the new text is the tail of
 one decode. The window's start moves forward every WINDOW tokens (one more call then). A
 window whose text ends in U+FFFD (a multi-byte character split across tokens) waits for the
-next tokens. When a stop string shows up in a block, the block is replayed token by token from
-the state before it, so the cut is the one the per-token rule gives.
+next tokens. When a stop string shows up in a block, or the block ends inside a character (so
+a token in it may have completed text the block did not show), the block is replayed token by
+token from the state before it: the cut is the one the per-token rule gives.
 """
 from __future__ import annotations
 
@@ -66,8 +67,8 @@ class TextState:
         saved = (len(self.ids), self.text, self._prefix, self._read, self._prefix_text)
         self.ids.extend(tokens)
         self._step()
-        if self._find_stop(max(0, len(saved[1]) - self._hold)) < 0:
-            return None
+        if self._read == len(self.ids) and self._find_stop(max(0, len(saved[1]) - self._hold)) < 0:
+            return None               # no stop string, and no token's text left pending
         n_ids, self.text, self._prefix, self._read, self._prefix_text = saved   # replay per token
         del self.ids[n_ids:]
         for i, tok in enumerate(tokens):
