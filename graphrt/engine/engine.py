@@ -33,6 +33,7 @@ import torch
 from graphrt.model.sampling import SamplingInputs, sample_eager
 from graphrt.engine.detokenizer import TextState, make_decoder
 from graphrt.engine.input_batch import InputBatch
+from graphrt.engine.token_bytes import token_bytes
 from graphrt.engine.params import RequestOutput, SamplingParams
 from graphrt.engine.scheduler import Request, Scheduler
 from graphrt.engine.stream import RequestStream
@@ -77,6 +78,7 @@ class Engine:
         self._wake = threading.Event()
         self._tokens_generated = 0                     # streamed tokens, all requests
         self._decode_text = make_decoder(tokenizer)    # one per engine, shared by requests
+        self._token_bytes = token_bytes(tokenizer, self.vocab_size)   # None: decode through the tokenizer
 
     # ---- requests (any thread) ----------------------------------------------------------------
     def add_request(self, prompt, params: SamplingParams | None = None, *,
@@ -99,7 +101,8 @@ class Engine:
             seed = params.seed if params.seed is not None else self._rng.randrange(2**63)
         stream = RequestStream(self, rid)
         req = Request(rid, ids, params, seed,
-                      TextState(self.tokenizer, params.stop, decode=self._decode_text), stream.put)
+                      TextState(self.tokenizer, params.stop, decode=self._decode_text,
+                                table=self._token_bytes), stream.put)
         self._inbox.put(("add", req))
         self._wake.set()
         return stream

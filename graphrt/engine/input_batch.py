@@ -35,24 +35,28 @@ TEMPERATURE, TOP_P = range(2)          # rows of `floats`
 
 
 class _Stage:
-    """Pinned host buffers for one flush (int64, int32, float32), grown on demand, reused only
-    after `event` (recorded behind the copies that read them) has passed."""
+    """Pinned host buffers for one flush (int64, int32, float32; numpy views of them), grown on
+    demand, reused only after `event` (recorded behind the copies that read them) has passed."""
 
     def __init__(self, pin: bool):
         self.pin = pin
-        self.i64 = self.i32 = self.f32 = None
+        self.bufs: dict = {}
         self.event = torch.cuda.Event() if pin else None
         self.used = False
 
     def take(self, n64: int, n32: int, nf: int):
+        """(tensor, numpy view) of n64 int64, n32 int32 and nf float32 elements."""
         if self.used and self.event is not None:
             self.event.synchronize()          # normally long past: the copies of a block ago
-        for name, n, dt in (("i64", n64, torch.int64), ("i32", n32, torch.int32), ("f32", nf, torch.float32)):
-            buf = getattr(self, name)
-            if buf is None or buf.numel() < n:
-                setattr(self, name, torch.empty(max(n, 1024), dtype=dt, pin_memory=self.pin))
+        out = []
+        for n, dt in ((n64, torch.int64), (n32, torch.int32), (nf, torch.float32)):
+            buf = self.bufs.get(dt)
+            if buf is None or buf[0].numel() < n:
+                t = torch.empty(max(2 * n, 1024), dtype=dt, pin_memory=self.pin)
+                buf = self.bufs[dt] = (t, t.numpy())
+            out.append((buf[0][:n], buf[1][:n]))
         self.used = True
-        return self.i64[:n64], self.i32[:n32], self.f32[:nf]
+        return out
 
 
 class InputBatch:
@@ -65,7 +69,7 @@ class InputBatch:
         self._floats = np.zeros((2, b), dtype=np.float32)
         self._floats[TOP_P] = 1.0
         self._seed = np.zeros(b, dtype=np.int64)
-        self._dirty_cells: list[np.ndarray] = []     # flat indices into block_table
+        self._dirty_cells: list[int] = []            # flat indices into block_table
         self._dirty_rows: set[int] = set()
         # device
         self.block_table = torch.full((b, w), PAD_PAGE, dtype=torch.int32, device=device)
@@ -97,7 +101,7 @@ class InputBatch:
             raise ValueError(f"pages: columns [{col}, {end}) exceed max_pages_per_seq={self.width}")
         self.block_table_host[slot, col:end] = pages
         start = slot * self.width
-        self._dirty_cells.append(np.arange(start + col, start + end, dtype=np.int64))
+        self._dirty_cells.extend(range(start + col, start + end))
 
     def clear_pages(self, slot: int) -> None:
         """Host mirror only: the row's entries back to PAD_PAGE (the device row is stale, unread)."""
@@ -128,22 +132,20 @@ class InputBatch:
         """Copy every recorded change to the device (stream-ordered, no sync)."""
         if not self.dirty:
             return
-        cells = (np.unique(np.concatenate(self._dirty_cells)) if self._dirty_cells
-                 else np.empty(0, dtype=np.int64))
+        cells = np.unique(np.array(self._dirty_cells, dtype=np.int64))
         rows = np.fromiter(self._dirty_rows, dtype=np.int64, count=len(self._dirty_rows))
         self._dirty_cells.clear()
         self._dirty_rows.clear()
         m, s = len(cells), len(rows)
         stage = self._stages[self._flip]
         self._flip ^= 1
-        i64, i32, f32 = stage.take(m + 2 * s, m + 4 * s, 2 * s)
-        n64, n32, nf = i64.numpy(), i32.numpy(), f32.numpy()
+        (i64, n64), (i32, n32), (f32, nf) = stage.take(m + 2 * s, m + 4 * s, 2 * s)
         n64[:m], n64[m:m + s], n64[m + s:] = cells, rows, self._seed[rows]
         n32[:m] = self.block_table_host.reshape(-1)[cells]
         n32[m:] = self._ints[:, rows].reshape(-1)
         nf[:] = self._floats[:, rows].reshape(-1)
         dev = self.device
-        d64, d32, df = (t.to(dev, non_blocking=True) for t in (i64, i32, f32))
+        d64, d32, df = (t.to(dev, non_blocking=True) for t in (i64, i32, f32))   # no-ops on CPU
         if stage.event is not None:
             stage.event.record()
         if m:

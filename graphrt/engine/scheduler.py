@@ -117,14 +117,26 @@ class Scheduler:
     def grow(self, rows: list[Request]) -> list[Request]:
         """Pages for the next block of every row (positions up to seq_len + K - 2), preempting
         the newest requests while the pool is short. Returns the rows that still decode."""
-        kv, k, plen = self.kv, self.k, len
-        short = [(r, kv.missing(r.pages, plen(r.prompt) + r.launched + k - 1)) for r in rows]
-        short = [(r, m) for r, m in short if m]
-        if sum(m for _, m in short) > kv.num_free:
+        ps, extra = self.page_size, self.k - 1
+        short, total = [], 0
+        for r in rows:                                  # the hot loop: ints only
+            tokens = len(r.prompt) + r.launched + extra
+            have = len(r.pages) * ps
+            if tokens > have:
+                m = -(-(tokens - have) // ps)
+                short.append((r, m))
+                total += m
+        if not short:
+            return rows
+        new = self.kv.allocator.allocate(total) if total <= self.kv.num_free else None
+        if new is None:
             return self._grow_preempting(rows)
-        for r, _ in short:
-            col = len(r.pages)
-            self.batch.set_pages(r.slot, col, kv.grow(r.pages, plen(r.prompt) + r.launched + k - 1))
+        i, batch = 0, self.batch
+        for r, m in short:
+            got = new[i:i + m]
+            i += m
+            batch.set_pages(r.slot, len(r.pages), got)
+            r.pages.extend(got)
         return rows
 
     def _grow_preempting(self, rows: list[Request]) -> list[Request]:

@@ -8,6 +8,7 @@ import pytest
 
 from _checkpoints import make_checkpoint_module
 from graphrt.engine.detokenizer import TextState
+from graphrt.engine.token_bytes import token_bytes
 
 pytest.importorskip("transformers")
 
@@ -32,7 +33,10 @@ def reference(tok, ids, stop):
     return None, tok.decode(ids, skip_special_tokens=True)
 
 
-def test_blocks_give_the_per_token_text_and_stop_cut(tok):
+@pytest.mark.parametrize("bytes_path", [False, True])
+def test_blocks_give_the_per_token_text_and_stop_cut(tok, bytes_path):
+    table = token_bytes(tok, len(tok) + 5) if bytes_path else None   # model vocab > tokenizer's
+    assert (table is not None) == bytes_path
     rng = random.Random(0)
     chars = list("abcdefgh ijk.,!\n") + ["é", "ß", "中", "文", "🙂", "→"]   # 1- to 4-byte characters
     for trial in range(60):
@@ -43,7 +47,7 @@ def test_blocks_give_the_per_token_text_and_stop_cut(tok):
             a = rng.randrange(len(full) - 2)
             stop = (full[a:a + rng.randint(1, 3)], "@@none")
         want_n, want_text = reference(tok, ids, stop)
-        st = TextState(tok, stop)
+        st = TextState(tok, stop, table=table)
         got_n, pos = None, 0
         while pos < len(ids) and got_n is None:
             k = rng.randint(1, 9)
@@ -74,3 +78,19 @@ def test_delta_holds_back_a_possible_stop_prefix(tok):
     ids = tok("abc xy").input_ids
     assert st.add_tokens(ids) is None
     assert st.delta(False) == st.text[:-2] and st.delta(True) == st.text[-2:]
+
+
+def test_byte_table_matches_decode_and_refuses_other_decoders(tok):
+    table = token_bytes(tok, len(tok))
+    rng = random.Random(5)
+    for _ in range(50):                             # random ids, invalid UTF-8 included
+        ids = [rng.randrange(len(tok)) for _ in range(rng.randint(1, 30))]
+        assert b"".join(table[i] for i in ids).decode("utf-8", "replace") == tok.decode(ids, skip_special_tokens=True)
+    assert table[tok.eos_token_id] == b""           # special tokens are skipped
+
+    class Plain:                                    # no byte-level backend: the decode path
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(chr(97 + i % 26) for i in ids)
+    assert token_bytes(Plain(), 10) is None
+    st = TextState(Plain(), ("cd",))
+    assert st.add_tokens([0, 1, 2, 3, 4]) == 4 and st.text == "ab"
