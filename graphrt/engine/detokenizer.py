@@ -50,7 +50,7 @@ class TextState:
     def _add_bytes(self, tokens: list[int]) -> None:
         """Byte path: the text of `tokens`, released when no character is left split."""
         table = self._table
-        self._held += self._utf8.decode(b"".join([table[t] for t in tokens]))
+        self._held += self._utf8.decode(b"".join(map(table.__getitem__, tokens)))
         if not self._utf8.getstate()[0] and self._held:
             self.text += self._held
             self._held = ""

@@ -196,11 +196,7 @@ class Engine:
         if not rows:
             return
         batch.flush()
-        n, sampled = 0, False
-        for r in rows:
-            n = max(n, r.slot)
-            sampled = sampled or not r.params.greedy
-        n += 1
+        n, sampled, launched = s.launch_block(rows)
         sampling = batch.sampling(n) if sampled else None
         if self._trusted:
             out = rt.decode_trusted(n, self.next_tokens, batch.block_table, batch.seq_lens,
@@ -210,8 +206,7 @@ class Engine:
                             sampling=sampling)
         self.next_tokens[:n].copy_(out[-1])
         batch.advance(n)
-        s.launched_block(rows)
-        self._pending.append(self._to_host([(r, r.slot, r.epoch) for r in rows], out))
+        self._pending.append(self._to_host(launched, out))
 
     def _to_host(self, rows, tokens: torch.Tensor) -> _Pending:
         if self.device.type != "cuda":
@@ -226,10 +221,11 @@ class Engine:
         if block.event is not None:
             block.event.synchronize()
         cols = block.tokens.t().tolist()              # [cols][steps]
+        accept = self.scheduler.accept
         for req, col, epoch in block.rows:
             if req.finish_reason is not None or req.epoch != epoch:
                 continue                              # finished, aborted or preempted: discarded
-            delta = self.scheduler.accept(req, cols[col])
+            delta = accept(req, cols[col])
             if req.finish_reason is not None:         # pages back before the final delta is seen
                 self.scheduler.release(req)
                 self._requests.pop(req.request_id, None)

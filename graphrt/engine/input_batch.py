@@ -132,20 +132,26 @@ class InputBatch:
         """Copy every recorded change to the device (stream-ordered, no sync)."""
         if not self.dirty:
             return
-        cells = np.unique(np.array(self._dirty_cells, dtype=np.int64))
+        cells = self._dirty_cells
+        if len(set(cells)) != len(cells):            # a cell written twice: once is enough
+            cells = sorted(set(cells))
+        cells = np.array(cells, dtype=np.int64)
         rows = np.fromiter(self._dirty_rows, dtype=np.int64, count=len(self._dirty_rows))
-        self._dirty_cells.clear()
+        self._dirty_cells = []
         self._dirty_rows.clear()
         m, s = len(cells), len(rows)
         stage = self._stages[self._flip]
         self._flip ^= 1
         (i64, n64), (i32, n32), (f32, nf) = stage.take(m + 2 * s, m + 4 * s, 2 * s)
-        n64[:m], n64[m:m + s], n64[m + s:] = cells, rows, self._seed[rows]
+        n64[:m] = cells
         n32[:m] = self.block_table_host.reshape(-1)[cells]
-        n32[m:] = self._ints[:, rows].reshape(-1)
-        nf[:] = self._floats[:, rows].reshape(-1)
+        if s:
+            n64[m:m + s], n64[m + s:] = rows, self._seed[rows]
+            n32[m:] = self._ints[:, rows].reshape(-1)
+            nf[:] = self._floats[:, rows].reshape(-1)
         dev = self.device
-        d64, d32, df = (t.to(dev, non_blocking=True) for t in (i64, i32, f32))   # no-ops on CPU
+        d64, d32 = i64.to(dev, non_blocking=True), i32.to(dev, non_blocking=True)   # no-ops on CPU
+        df = f32.to(dev, non_blocking=True) if s else None
         if stage.event is not None:
             stage.event.record()
         if m:

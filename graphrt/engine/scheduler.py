@@ -47,6 +47,7 @@ class Request:
     epoch: int = 0
     admitted_at: int = -1             # admission order: the newest is preempted first
     preemptions: int = 0
+    stop_ids: frozenset | None = None  # stop_token_ids + end-of-sequence ids (set on first use)
 
     @property
     def context(self) -> list[int]:
@@ -165,13 +166,22 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(req)
 
-    def launched_block(self, rows: list[Request]) -> None:
-        """A block over `rows` was launched: K more draws each; rows with none left stop decoding."""
+    def launch_block(self, rows: list[Request]) -> tuple[int, bool, list[tuple]]:
+        """A block over `rows` is about to launch (after the batch's flush): K more draws each;
+        rows with none left stop decoding from the next block. Returns (n: rows [0, n) the
+        block serves, whether any row samples, (request, slot, epoch) per row)."""
         k, batch = self.k, self.batch
-        for r in rows:
+        n, sampled, out = 0, False, []
+        for r in rows:                                   # the hot loop
+            slot = r.slot
+            n = slot if slot > n else n
+            p = r.params
+            sampled = sampled or not p.greedy
+            out.append((r, slot, r.epoch))
             r.launched += k
-            if r.launched >= r.params.max_tokens:
-                batch.deactivate(r.slot)
+            if r.launched >= p.max_tokens:
+                batch.deactivate(slot)
+        return n + 1, sampled, out
 
     # ---- tokens -------------------------------------------------------------------------------
     def accept(self, req: Request, tokens: list[int]) -> RequestOutput | None:
@@ -183,35 +193,33 @@ class Scheduler:
         room = p.max_tokens - len(req.token_ids)
         if len(tokens) >= room:
             tokens = tokens[:room]
-        stop_ids = p.stop_token_ids
+        stops = req.stop_ids
+        if stops is None:                               # stop ids, plus end-of-sequence unless ignored
+            stops = req.stop_ids = frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos else self.eos)
         end = None                                      # index of a stop / end-of-sequence id
-        if stop_ids or (not p.ignore_eos and self.eos):
-            for i, tok in enumerate(tokens):
-                if tok in stop_ids or (not p.ignore_eos and tok in self.eos):
-                    end = i
-                    break
-        text_tokens = tokens if end is None else tokens[:end]
-        cut = req.text.add_tokens(text_tokens)          # None, or tokens kept up to a stop string
+        if stops and not stops.isdisjoint(tokens):
+            end = next(i for i, tok in enumerate(tokens) if tok in stops)
+        text = req.text
+        cut = text.add_tokens(tokens if end is None else tokens[:end])   # None, or up to a stop string
         if cut is not None:
-            req.token_ids.extend(text_tokens[:cut])
+            kept = tokens[:cut]
             req.finish_reason = "stop"
+        elif end is not None:
+            kept = tokens[:end + 1]
+            req.finish_reason = "stop"                  # the stop token is kept, not its text
         else:
-            req.token_ids.extend(tokens if end is None else tokens[:end + 1])
-            if end is not None:
-                req.finish_reason = "stop"              # the stop token is kept, not its text
-            elif len(req.token_ids) >= p.max_tokens:
+            kept = tokens
+            if len(req.token_ids) + len(kept) >= p.max_tokens:
                 req.finish_reason = "length"
-        if req.finish_reason is not None and not req.text.stopped:
-            req.text.flush()
-        return self._delta(req)
-
-    def _delta(self, req: Request) -> RequestOutput | None:
+        req.token_ids.extend(kept)
+        req.sent_ids = len(req.token_ids)               # every accepted id goes out in this delta
         done = req.finish_reason is not None
-        text, ids = req.text.delta(done), req.token_ids[req.sent_ids:]
-        req.sent_ids = len(req.token_ids)
-        if not text and not ids and not done:
+        if done and not text.stopped:
+            text.flush()
+        new_text = text.delta(done)
+        if not new_text and not kept and not done:
             return None
-        return RequestOutput(req.request_id, req.prompt, text, ids, req.finish_reason)
+        return RequestOutput(req.request_id, req.prompt, new_text, kept, req.finish_reason)
 
     def _free_slot(self, req: Request) -> None:
         self.slots[req.slot] = None

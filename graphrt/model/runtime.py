@@ -83,6 +83,7 @@ class ModelRuntime:
         self.kv_caches = [PagedKVCache.allocate(config, pages, self.device, seed=config.seed + i)
                           for i in range(s.num_layers)]
         self.buffers = StaticBuffers(config, self.device)
+        self._views: dict = {}  # bucket -> BucketView (slices of self.buffers), filled on first use
         self.backend = make_backend(config, self.kv_caches[0], self.device, name=backend)
         b = config.max_batch
         tokens = torch.zeros(b, dtype=torch.int64, device=self.device)
@@ -262,7 +263,10 @@ class ModelRuntime:
     def _decode(self, tokens, block_table, seq_lens, sampling) -> torch.Tensor:
         n, c = tokens.shape[0], self.config
         size = pick_bucket(c.buckets, n)
-        view, io = self.buffers.view(size), self._io[size]
+        view = self._views.get(size)
+        if view is None:                    # the bucket's views of the static buffers, made once
+            view = self._views[size] = self.buffers.view(size)
+        io = self._io[size]
         width = block_table.shape[1]
         view.block_table[:n, :width].copy_(block_table, non_blocking=True)
         if width < c.max_pages_per_seq:
