@@ -79,3 +79,31 @@ def test_manager_never_hands_out_the_null_page_and_grows_per_page():
         KVCacheManager(pool_pages=1, page_size=4)
     with pytest.raises(ValueError, match="page_size"):
         KVCacheManager(pool_pages=4, page_size=0)
+
+
+def _spec_8b():
+    from graphrt.model.spec import LlamaSpec
+    return LlamaSpec(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
+                     num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, rope_theta=5e5,
+                     tie_word_embeddings=False, attention_bias=False)
+
+
+def test_pool_from_gpu_memory_fits_the_utilization_and_caps_at_the_slots():
+    from graphrt.engine.config import EngineConfig
+    spec, gib = _spec_8b(), 2**30
+    cfg = EngineConfig(max_batch=128, steps_per_graph=8, gpu_memory_utilization=0.9)
+    total, free = 139.8 * gib, 139.8 * gib - 16.6 * gib          # an H200 after the 8B weights
+    pages = cfg.pool_pages_from_memory(spec, max_model_len=8192, dtype_bytes=2, free_bytes=free, total_bytes=total)
+    page_bytes = 2 * 32 * 16 * 8 * 128 * 2                          # K and V, 32 layers, bf16: 2 MiB
+    used = (total - free) + (pages + 1) * page_bytes + cfg.reserve_bytes(spec, dtype_bytes=2)
+    assert used <= 0.9 * total < used + page_bytes                  # fills the budget to one page
+    assert pages < 128 * cfg.pages_per_seq(8192)                    # 128 x 8k would need ~138 GB
+    small = EngineConfig(max_batch=2, steps_per_graph=8)
+    assert small.pool_pages_from_memory(spec, max_model_len=8192, dtype_bytes=2, free_bytes=free,
+                                        total_bytes=total) == 2 * small.pages_per_seq(8192)   # the cap
+    with pytest.raises(ValueError, match="gpu_memory_utilization"):
+        EngineConfig(gpu_memory_utilization=0.12).pool_pages_from_memory(
+            spec, max_model_len=8192, dtype_bytes=2, free_bytes=free, total_bytes=total)
+    for bad in (0, 1.5, True, "0.9"):
+        with pytest.raises(ValueError, match="gpu_memory_utilization"):
+            EngineConfig(gpu_memory_utilization=bad)
