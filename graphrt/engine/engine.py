@@ -12,10 +12,12 @@ Overlap (overlap=True, the default): a block is launched before the previous blo
 read. While the GPU runs block N+1 the host waits for block N's tokens (a non-blocking copy plus
 an event), detokenizes them, checks stops, streams deltas, frees finished requests' pages and
 admits (and prefills) new requests; block N+1 takes its input tokens from the device (the last
-step of block N), so it needs nothing from the host but seq_lens (known: +K) and pinned inputs
-staged in one of two buffers. The cost: a request that stops inside block N runs block N+1 too,
-and those tokens are discarded. Pages freed while a block is in flight are safe: every device op
-(decode blocks, prefills of the next owners) runs in order on one stream.
+step of block N) and its rows from the persistent input batch (input_batch.py: only changes
+are staged; seq_lens advance by K on the device). The cost: a request that stops inside block
+N runs block N+1 too, and those tokens are discarded. Pages freed while a block is in flight
+are safe: every device op (decode blocks, prefills of the next owners) runs in order on one
+stream. A preempted request (scheduler.py) skips the tokens of its blocks still in flight (its
+epoch moved on) and is prefilled again later over prompt + its accepted tokens.
 Prefill is eager (ModelRuntime.prefill) and not chunked yet.
 """
 from __future__ import annotations
