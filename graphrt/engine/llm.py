@@ -37,7 +37,7 @@ def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None):
                                num_pages=pages)
     model = build_model(ck, max_positions=rc.max_context_len, tp=tp)
     return ck, max_len, rank_runtime(model, rc, device, steps_per_graph=config.steps_per_graph,
-                                     sampling=True)
+                                     sampling=True, fallback_to_one_step=True)
 
 
 def _tp_worker(ctx, path, config: EngineConfig, dtype: str) -> None:

@@ -12,6 +12,10 @@ SamplingInputs, samples: see sampling.py) on the device, feeds it back and advan
 the device. Float32 logits of the last step are copied out only with `keep_logits=True` (for
 `last_logits`). seq_lens count the token being decoded (its K/V go to slot seq_len - 1).
 
+FlashInfer versions whose plan layout the device planner does not know fall back to host
+planning, which cannot run K > 1 steps in one graph: ModelRuntime raises, or, with
+fallback_to_one_step=True (the engine's choice), warns and runs K = 1 (`mrt.k` says which).
+
 Threads: prefill(), capture() and decode() hold `mrt.lock` (reentrant) for the whole call, so
 concurrent calls serialise. decode() returns a view of static buffers that the next call
 rewrites: threads pass `out=` (copied under the lock) or hold `mrt.lock` while reading it (and
@@ -20,6 +24,7 @@ last_logits()). All calls must use one CUDA stream.
 from __future__ import annotations
 
 import threading
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -52,7 +57,8 @@ class StepBuffers:
 class ModelRuntime:
     def __init__(self, model, config: RuntimeConfig, device="cuda", *, backend: str | None = None,
                  steps_per_graph: int = 1, num_pages: int | None = None, sampling: bool = False,
-                 keep_logits: bool = False, prefill_chunk_tokens: int = 8192):
+                 keep_logits: bool = False, prefill_chunk_tokens: int = 8192,
+                 fallback_to_one_step: bool = False):
         s = model.spec
         heads = getattr(model, "local_spec", s)  # a tensor-parallel rank's model: its own heads
         want = (heads.num_heads, heads.num_kv_heads, heads.head_dim)
@@ -71,7 +77,8 @@ class ModelRuntime:
         if steps_per_graph < 1:
             raise ValueError(f"steps_per_graph: must be >= 1, got {steps_per_graph}")
         self.model, self.config, self.k = model, config, steps_per_graph
-        for name, flag in (("keep_logits", keep_logits), ("sampling", sampling)):
+        for name, flag in (("keep_logits", keep_logits), ("sampling", sampling),
+                           ("fallback_to_one_step", fallback_to_one_step)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name}: expected a bool, got {flag!r}")
         self.keep_logits = keep_logits
@@ -85,15 +92,6 @@ class ModelRuntime:
         self.buffers = StaticBuffers(config, self.device)
         self._views: dict = {}  # bucket -> BucketView (slices of self.buffers), filled on first use
         self.backend = make_backend(config, self.kv_caches[0], self.device, name=backend)
-        b = config.max_batch
-        tokens = torch.zeros(b, dtype=torch.int64, device=self.device)
-        out = torch.zeros((steps_per_graph, b), dtype=torch.int64, device=self.device)
-        logits = (torch.zeros((b, s.vocab_size), dtype=torch.float32, device=self.device)
-                  if self.keep_logits else None)
-        samp = SamplingBuffers.allocate(b, self.device)
-        self._io = {size: StepBuffers(tokens[:size], out[:, :size],
-                                      None if logits is None else logits[:size], samp.view(size))
-                    for size in config.buckets}
         self.graphs: GraphManager | None = None
         self.lock = threading.RLock()  # held for a whole call: see the module docstring
         self.prefill_chunk_tokens = prefill_chunk_tokens
@@ -102,9 +100,23 @@ class ModelRuntime:
         self.sample_graphs: GraphManager | None = None
         self.backend.setup([self.buffers.view(x) for x in reversed(config.buckets)])
         if steps_per_graph > 1 and self.backend.needs_host_inputs:  # after setup: fallback too
-            raise ValueError("steps_per_graph: backend plans on the host (planner 'host' or a "
-                             "device-planner fallback), which cannot run several steps in one "
-                             "graph; use steps_per_graph=1")
+            if not fallback_to_one_step:
+                raise ValueError("steps_per_graph: backend plans on the host (planner 'host' or a "
+                                 "device-planner fallback), which cannot run several steps in one "
+                                 "graph; use steps_per_graph=1")
+            reason = getattr(self.backend, "fallback_reason", None) or "host planning"
+            warnings.warn(f"graphrt: steps_per_graph={steps_per_graph} needs device planning ({reason}); "
+                          f"running 1 step per graph with host planning", stacklevel=2)
+            self.k = 1
+        b = config.max_batch
+        tokens = torch.zeros(b, dtype=torch.int64, device=self.device)
+        out = torch.zeros((self.k, b), dtype=torch.int64, device=self.device)
+        logits = (torch.zeros((b, s.vocab_size), dtype=torch.float32, device=self.device)
+                  if self.keep_logits else None)
+        samp = SamplingBuffers.allocate(b, self.device)
+        self._io = {size: StepBuffers(tokens[:size], out[:, :size],
+                                      None if logits is None else logits[:size], samp.view(size))
+                    for size in config.buckets}
 
     @property
     def num_pages(self) -> int:

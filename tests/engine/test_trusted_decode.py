@@ -67,3 +67,28 @@ def test_trusted_decode_matches_the_public_decode_in_graphs():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     _check("cuda")
+
+
+def test_host_planning_fallback_runs_one_step_per_graph_when_allowed(monkeypatch):
+    import graphrt.model.runtime as runtime_mod
+    real = runtime_mod.make_backend
+
+    def host_planned(*a, **kw):                       # what a FlashInfer version the planner does not know gives
+        backend = real(*a, **kw)
+        backend.needs_host_inputs = True
+        backend.fallback_reason = "FlashInfer 9.9: unknown plan layout"
+        return backend
+    monkeypatch.setattr(runtime_mod, "make_backend", host_planned)
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=160, hidden_size=128, intermediate_size=224, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False)
+    model = LlamaDecoder.from_hf(transformers.LlamaForCausalLM(cfg).eval())
+    rc = RuntimeConfig(num_qo_heads=2, num_kv_heads=1, head_dim=64, page_size=16, max_context_len=64,
+                       buckets=[1, 2], dtype="float32", backend="torch-splitkv", kv_pool_pages=8)
+    with pytest.raises(ValueError, match="steps_per_graph"):
+        ModelRuntime(model, rc, "cpu", steps_per_graph=4)
+    with pytest.warns(UserWarning, match="unknown plan layout"):
+        mrt = ModelRuntime(model, rc, "cpu", steps_per_graph=4, fallback_to_one_step=True)
+    assert mrt.k == 1
+    with pytest.raises(TypeError, match="fallback_to_one_step"):
+        ModelRuntime(model, rc, "cpu", fallback_to_one_step="yes")
