@@ -81,7 +81,7 @@ class Scheduler:
         first block; the caller prefills them and then calls `activate`."""
         out = []
         per_row = self.kv.pages_for(self.k)              # a row's most growth in one block
-        running = sum(r is not None for r in self.slots)
+        running = len(self.slots) - len(self._free_slots)
         while self.waiting and self._free_slots:
             req = self.waiting[0]
             need = self.kv.pages_for(len(req.prompt) + len(req.token_ids) + self.k)
