@@ -47,13 +47,19 @@ def test_block_launch_makes_no_host_sync(path):
                                                                        ignore_eos=True)) for i in range(6)]
     for _ in range(3):
         eng.step()                                   # admitted, prefilled, decoding
-    rows = eng.scheduler.decode_rows()
+    sched, batch = eng.scheduler, eng.batch
+    rows = sched.decode_rows()
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         for _ in range(6):                           # pages grow, rows are written and advanced
-            eng._decode(rows)
-            rows = eng.scheduler.decode_rows()
+            rows = sched.grow(rows)                  # the launch half of Engine._decode
+            batch.flush()
+            n, sampled, _ = sched.launch_block(rows)
+            out = llm.runtime.decode_trusted(n, eng.next_tokens, batch.block_table, batch.seq_lens,
+                                             sampling=batch.sampling(n) if sampled else None)
+            eng.next_tokens[:n].copy_(out[-1])
+            batch.advance(n)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
