@@ -1,10 +1,12 @@
 """The generation engine: checkpoint loading, page allocation, scheduling, streaming, `LLM`.
 
 loader.py (HF directory -> fused weights), model.py (fused weights -> LlamaDecoder),
-params.py (SamplingParams, RequestOutput), config.py (EngineConfig), allocator.py (KV pages),
-detokenizer.py (text and stop strings), scheduler.py (admission, slots, stops), stream.py,
-engine.py (the loop, overlap, background thread), llm.py (the offline API), device.py (default
-device, Triton interpreter on CPU), hub.py (Hugging Face repo ids -> local snapshots).
+params.py (SamplingParams, RequestOutput), config.py (EngineConfig, the pool from memory),
+allocator.py (refcounted KV pages), kv_manager.py (pages per request, the null page),
+input_batch.py (the persistent device batch), token_bytes.py + detokenizer.py (text and stop
+strings), scheduler.py (admission, growth, preemption, slots, stops), stream.py, engine.py
+(the loop, overlap, background thread), llm.py (the offline API),
+device.py (default device, Triton interpreter on CPU), hub.py (Hugging Face repo ids -> local snapshots).
 
 Names resolve on first access (PEP 562): importing the package loads no Triton kernel.
 """

@@ -19,7 +19,10 @@ def _pos_int(key, v, *, optional=False):
 class EngineConfig:
     """max_batch: concurrent requests (decode slots; buckets follow vLLM's rule up to it);
     steps_per_graph: K decode steps per graph replay; page_size: tokens per KV page;
-    num_pages: KV pool pages (default: every slot can hold max_model_len); max_model_len:
+    num_pages: KV pages requests can hold (the pool has one more, the null page; default on CUDA:
+    what gpu_memory_utilization leaves after the weights (pool_pages_from_memory), capped at
+    every slot holding max_model_len; on CPU: that cap); gpu_memory_utilization: the fraction
+    of the GPU's memory the process may use (weights, activations and the KV pool); max_model_len:
     prompt + max_tokens limit (default: min(max_position_embeddings, 8192)); backend: attention
     backend (default torch-splitkv on CPU, flashinfer on CUDA); dtype: weights and KV (default
     float32 on CPU, the checkpoint's bf16/fp16 on CUDA); overlap: launch block N+1 before reading
@@ -30,6 +33,7 @@ class EngineConfig:
     steps_per_graph: int = 4
     page_size: int = 16
     num_pages: int | None = None
+    gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None
     backend: str | None = None
     dtype: str | None = None
@@ -42,6 +46,9 @@ class EngineConfig:
             _pos_int(key, getattr(self, key))
         _pos_int("num_pages", self.num_pages, optional=True)
         _pos_int("max_model_len", self.max_model_len, optional=True)
+        u = self.gpu_memory_utilization
+        if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0 < u <= 1:
+            raise ValueError(f"gpu_memory_utilization: must be a number in (0, 1], got {u!r}")
         if self.backend is not None and self.backend not in BACKENDS or self.backend == "auto":
             raise ValueError(f"backend: {self.backend!r} is not one of {[b for b in BACKENDS if b != 'auto']}")
         if self.dtype not in (None, "bfloat16", "float16", "float32"):
@@ -57,15 +64,51 @@ class EngineConfig:
             raise ValueError(f"max_model_len: {want} exceeds the model's max_position_embeddings {limit}")
         return want
 
-    def runtime_config(self, spec, *, device_type: str, dtype: str, max_model_len: int) -> RuntimeConfig:
-        """The ModelRuntime's config: room for max_model_len + K tokens per sequence."""
+    def pages_per_seq(self, max_model_len: int) -> int:
+        """Pages of one sequence at max_model_len + K tokens."""
+        return -(-(max_model_len + self.steps_per_graph) // self.page_size)
+
+    def pool_pages_from_memory(self, spec, *, max_model_len: int, dtype_bytes: int, free_bytes: int,
+                               total_bytes: int, num_kv_heads: int | None = None) -> int:
+        """Pages requests can hold when the KV pool takes what gpu_memory_utilization leaves:
+        total * utilization - (total - free) [in use: weights, other processes] - a reserve for
+        activations (reserve_bytes), over the bytes of one page in every layer (K and V).
+        Capped at every slot holding max_model_len. ValueError naming gpu_memory_utilization
+        when the pool would not hold one sequence of max_model_len. Pure: tested on CPU."""
+        kv_heads = num_kv_heads or spec.num_kv_heads
+        page_bytes = 2 * spec.num_layers * self.page_size * kv_heads * spec.head_dim * dtype_bytes
+        budget = total_bytes * self.gpu_memory_utilization - (total_bytes - free_bytes) \
+            - self.reserve_bytes(spec, dtype_bytes=dtype_bytes)
+        per_seq = self.pages_per_seq(max_model_len)
+        pages = min(int(budget // page_bytes) - 1, self.max_batch * per_seq)   # - 1: the null page
+        if pages < per_seq:
+            raise ValueError(
+                f"gpu_memory_utilization: {self.gpu_memory_utilization} leaves {max(budget, 0) / 2**30:.2f} GiB "
+                f"for the KV pool ({free_bytes / 2**30:.1f} of {total_bytes / 2**30:.1f} GiB free), less than "
+                f"one sequence of max_model_len={max_model_len} needs ({per_seq} pages of "
+                f"{page_bytes / 2**20:.1f} MiB); raise it, lower max_model_len, or give num_pages")
+        return pages
+
+    def reserve_bytes(self, spec, *, dtype_bytes: int, prefill_tokens: int = 8192) -> int:
+        """Memory kept out of the KV pool for what runs beside it: a prefill chunk's activations
+        (hidden, qkv, gate_up per token), the decode's [B, vocab] float32 logits with the sampler's
+        sort (values and int64 indices), and 256 MiB for workspaces, graphs and the allocator."""
+        qkv = (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim
+        per_token = (4 * spec.hidden_size + qkv + 3 * spec.intermediate_size) * dtype_bytes
+        logits = self.max_batch * spec.vocab_size * (4 + 4 + 8)
+        return prefill_tokens * per_token + 2 * logits + (256 << 20)
+
+    def runtime_config(self, spec, *, device_type: str, dtype: str, max_model_len: int,
+                       num_pages: int | None = None) -> RuntimeConfig:
+        """The ModelRuntime's config: room for max_model_len + K tokens per sequence; a pool of
+        num_pages (default: self.num_pages, else every slot at max_model_len) + the null page."""
         ctx = max_model_len + self.steps_per_graph
-        pages_per_seq = -(-ctx // self.page_size)
+        pages = num_pages or self.num_pages or self.max_batch * self.pages_per_seq(max_model_len)
         backend = self.backend or ("flashinfer" if device_type == "cuda" else "torch-splitkv")
         return RuntimeConfig(num_qo_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
                              head_dim=spec.head_dim, page_size=self.page_size, max_context_len=ctx,
                              buckets={"max": self.max_batch}, dtype=dtype, backend=backend,
-                             kv_pool_pages=self.num_pages or self.max_batch * pages_per_seq)
+                             kv_pool_pages=1 + pages)
 
 
 __all__ = ["EngineConfig"]

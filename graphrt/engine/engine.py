@@ -12,10 +12,12 @@ Overlap (overlap=True, the default): a block is launched before the previous blo
 read. While the GPU runs block N+1 the host waits for block N's tokens (a non-blocking copy plus
 an event), detokenizes them, checks stops, streams deltas, frees finished requests' pages and
 admits (and prefills) new requests; block N+1 takes its input tokens from the device (the last
-step of block N), so it needs nothing from the host but seq_lens (known: +K) and pinned inputs
-staged in one of two buffers. The cost: a request that stops inside block N runs block N+1 too,
-and those tokens are discarded. Pages freed while a block is in flight are safe: every device op
-(decode blocks, prefills of the next owners) runs in order on one stream.
+step of block N) and its rows from the persistent input batch (input_batch.py: only changes
+are staged; seq_lens advance by K on the device). The cost: a request that stops inside block
+N runs block N+1 too, and those tokens are discarded. Pages freed while a block is in flight
+are safe: every device op (decode blocks, prefills of the next owners) runs in order on one
+stream. A preempted request (scheduler.py) skips the tokens of its blocks still in flight (its
+epoch moved on) and is prefilled again later over prompt + its accepted tokens.
 Prefill is eager (ModelRuntime.prefill) and not chunked yet.
 
 Failure policy (docs/engine.md): an exception raised by one request's work (its prefill, its
@@ -41,8 +43,10 @@ from dataclasses import dataclass
 import torch
 
 from graphrt.model.sampling import SamplingInputs, sample_eager
-from graphrt.engine.detokenizer import TextState
+from graphrt.engine.detokenizer import TextState, make_decoder
 from graphrt.engine.failure import EngineDeadError, attributable
+from graphrt.engine.input_batch import InputBatch
+from graphrt.engine.token_bytes import token_bytes
 from graphrt.engine.params import RequestOutput, SamplingParams
 from graphrt.engine.scheduler import Request, Scheduler
 from graphrt.engine.stream import RequestStream
@@ -53,28 +57,10 @@ log = logging.getLogger("graphrt.engine")
 @dataclass
 class _Pending:
     """A launched block's tokens: host tokens [steps, cols] (valid once `event` completed) and
-    (request, column) for each row."""
+    (request, column, request epoch) for each row (a preempted request's rows are skipped)."""
     rows: list
     tokens: torch.Tensor
     event: object
-
-
-class _Staging:
-    """Pinned (CUDA) host copies of one block's inputs; reused only after `event` passed."""
-
-    def __init__(self, sched: Scheduler, device: torch.device):
-        pin = device.type == "cuda"
-        names = ("block_table", "seq_lens", "temperature", "top_k", "top_p", "seed", "step")
-        self.t = {n: torch.empty(getattr(sched, n).shape, dtype=getattr(sched, n).dtype, pin_memory=pin)
-                  for n in names}
-        self.event = torch.cuda.Event() if pin else None
-
-    def load(self, sched: Scheduler, n: int) -> dict:
-        if self.event is not None:
-            self.event.synchronize()           # the block that used these buffers has copied them
-        for name, t in self.t.items():
-            t[:n].copy_(getattr(sched, name)[:n])
-        return {name: t[:n] for name, t in self.t.items()}
 
 
 class Engine:
@@ -86,12 +72,16 @@ class Engine:
                              f"max_context_len {c.max_context_len}")
         self.runtime, self.tokenizer, self.device = runtime, tokenizer, runtime.device
         self.vocab_size, self.max_model_len, self.overlap = runtime.model.spec.vocab_size, max_model_len, overlap
+        self.batch = InputBatch(max_batch=c.max_batch, max_pages_per_seq=c.max_pages_per_seq,
+                                device=self.device)
         self.scheduler = Scheduler(max_batch=c.max_batch, page_size=c.page_size,
-                                   max_pages_per_seq=c.max_pages_per_seq, num_pages=runtime.num_pages,
-                                   steps_per_graph=runtime.k, eos_token_ids=tuple(eos_token_ids))
+                                   max_pages_per_seq=c.max_pages_per_seq, num_pages=runtime.num_pages - 1,
+                                   steps_per_graph=runtime.k, eos_token_ids=tuple(eos_token_ids),
+                                   batch=self.batch)
         self.next_tokens = torch.zeros(c.max_batch, dtype=torch.int64, device=self.device)  # device
-        self._staging = [_Staging(self.scheduler, self.device) for _ in range(2)]
-        self._flip = 0
+        # a ModelRuntime takes the batch as trusted inputs; other runtimes (TPDriver) get the
+        # public decode with the same device tensors (it broadcasts them to its ranks)
+        self._trusted = callable(getattr(type(runtime), "decode_trusted", None))
         self._pending: deque[_Pending] = deque()
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._requests: dict[str, Request] = {}       # loop thread only
@@ -105,6 +95,8 @@ class Engine:
         self._step_lock = threading.Lock()             # one step at a time (streams on many threads)
         self.error: BaseException | None = None         # set once, by an unattributable failure
         self.dead = threading.Event()                   # fires with `error` (supervisors wait on it)
+        self._decode_text = make_decoder(tokenizer)    # one per engine, shared by requests
+        self._token_bytes = token_bytes(tokenizer, self.vocab_size)   # None: decode through the tokenizer
 
     # ---- requests (any thread) ----------------------------------------------------------------
     def add_request(self, prompt, params: SamplingParams | None = None, *,
@@ -132,7 +124,9 @@ class Engine:
             rid = request_id if request_id is not None else f"req-{next(self._ids)}"
             seed = params.seed if params.seed is not None else self._rng.randrange(2**63)
         stream = RequestStream(self, rid)
-        req = Request(rid, ids, params, seed, TextState(self.tokenizer, params.stop), stream.put)
+        req = Request(rid, ids, params, seed,
+                      TextState(self.tokenizer, params.stop, decode=self._decode_text,
+                                table=self._token_bytes), stream.put)
         self._inbox.put(("add", req))
         self._wake.set()
         if self.error is not None:                      # died meanwhile: the loop may never see it
@@ -288,33 +282,45 @@ class Engine:
             req.sink(err)
 
     def _prefill(self, reqs: list[Request]) -> None:
+        """Prefill admitted requests over their context (prompt, plus accepted tokens after a
+        preemption), draw each one's next token, and start its row in the input batch."""
         s, dev = self.scheduler, self.device
-        slots = torch.tensor([r.slot for r in reqs])
-        prompts = [torch.tensor(r.prompt, dtype=torch.int64, device=dev) for r in reqs]
-        logits = self.runtime.prefill(prompts, s.block_table[slots].to(dev))
-        inputs = SamplingInputs(s.temperature[slots], s.top_k[slots], s.top_p[slots], s.seed[slots],
-                                torch.zeros(len(reqs), dtype=torch.int32))
+        slots = [r.slot for r in reqs]
+        prompts = [torch.tensor(r.context, dtype=torch.int64, device=dev) for r in reqs]
+        table = torch.from_numpy(self.batch.block_table_host[slots])              # [m, W] host
+        logits = self.runtime.prefill(prompts, table)
+        ps = [r.params for r in reqs]
+        inputs = SamplingInputs(torch.tensor([0.0 if p.greedy else p.temperature for p in ps]),
+                                torch.tensor([max(p.top_k, 0) for p in ps], dtype=torch.int32),
+                                torch.tensor([p.top_p for p in ps], dtype=torch.float32),
+                                torch.tensor([r.seed for r in reqs], dtype=torch.int64),
+                                torch.tensor([r.launched for r in reqs], dtype=torch.int32))
         first = sample_eager(logits, inputs)                              # [m] device
-        self.next_tokens.index_copy_(0, slots.to(dev), first)
+        self.next_tokens.index_copy_(0, torch.tensor(slots, device=dev), first)
         for r in reqs:
-            r.launched = 1
-        self._pending.append(self._to_host([(r, i) for i, r in enumerate(reqs)], first[None]))
+            r.launched += 1
+            s.activate(r)
+        self._pending.append(self._to_host([(r, i, r.epoch) for i, r in enumerate(reqs)], first[None]))
 
     def _decode(self, rows: list[Request]) -> None:
-        s = self.scheduler
-        n, sampled = s.prepare_block(rows)
-        staging = self._staging[self._flip]
-        self._flip ^= 1
-        t = staging.load(s, n)
-        sampling = (SamplingInputs(t["temperature"], t["top_k"], t["top_p"], t["seed"], t["step"])
-                    if sampled else None)
-        out = self.runtime.decode(self.next_tokens[:n], t["block_table"], t["seq_lens"], sampling=sampling)
+        """One K-step block over `rows`: pages for it (preempting if short), the batch's changes
+        flushed, one launch, the batch advanced on the device."""
+        s, batch, rt = self.scheduler, self.batch, self.runtime
+        rows = s.grow(rows)
+        if not rows:
+            return
+        batch.flush()
+        n, sampled, launched = s.launch_block(rows)
+        sampling = batch.sampling(n) if sampled else None
+        if self._trusted:
+            out = rt.decode_trusted(n, self.next_tokens, batch.block_table, batch.seq_lens,
+                                    sampling=sampling)
+        else:
+            out = rt.decode(self.next_tokens[:n], batch.block_table[:n], batch.seq_lens[:n],
+                            sampling=sampling)
         self.next_tokens[:n].copy_(out[-1])
-        if staging.event is not None:
-            staging.event.record()
-        for r in rows:
-            r.launched += self.runtime.k
-        self._pending.append(self._to_host([(r, r.slot) for r in rows], out))
+        batch.advance(n)
+        self._pending.append(self._to_host(launched, out))
 
     def _to_host(self, rows, tokens: torch.Tensor) -> _Pending:
         if self.device.type != "cuda":
@@ -328,12 +334,13 @@ class Engine:
         """A block's tokens -> stop checks, deltas, finished requests' pages freed."""
         if block.event is not None:
             block.event.synchronize()
-        toks = block.tokens.tolist()
-        for req, col in block.rows:
-            if req.finish_reason is not None:
-                continue                              # finished or aborted: tokens discarded
+        cols = block.tokens.t().tolist()              # [cols][steps]
+        accept = self.scheduler.accept
+        for req, col, epoch in block.rows:
+            if req.finish_reason is not None or req.epoch != epoch:
+                continue                              # finished, aborted or preempted: discarded
             try:
-                delta = self.scheduler.accept(req, [row[col] for row in toks])
+                delta = accept(req, cols[col])
                 if req.finish_reason is not None:     # pages back before the final delta is seen
                     self.scheduler.release(req)
                     self._requests.pop(req.request_id, None)

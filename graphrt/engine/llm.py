@@ -43,10 +43,16 @@ def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None, q
     ck = load_checkpoint(path, device=device, dtype=getattr(torch, dtype), rank=rank, world_size=world,
                          quantization=quantization)
     max_len = config.resolve_max_model_len(ck.max_position_embeddings)
-    rc = config.runtime_config(ck.spec, device_type=device.type, dtype=dtype, max_model_len=max_len)
+    pages = None
+    if device.type == "cuda" and config.num_pages is None and tp is None:   # the pool from free memory
+        free, total = torch.cuda.mem_get_info(device)
+        pages = config.pool_pages_from_memory(ck.spec, max_model_len=max_len, free_bytes=free, total_bytes=total,
+                                              dtype_bytes=torch.empty(0, dtype=getattr(torch, dtype)).element_size())
+    rc = config.runtime_config(ck.spec, device_type=device.type, dtype=dtype, max_model_len=max_len,
+                               num_pages=pages)
     model = build_model(ck, max_positions=rc.max_context_len, tp=tp)
     return ck, max_len, rank_runtime(model, rc, device, steps_per_graph=config.steps_per_graph,
-                                     sampling=True)
+                                     sampling=True, fallback_to_one_step=True)
 
 
 def _tp_worker(ctx, path, config: EngineConfig, dtype: str) -> None:

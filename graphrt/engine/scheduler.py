@@ -1,32 +1,36 @@
-"""Admission, persistent decode slots, block inputs, and what each generated token does to a request.
+"""Admission, decode slots, KV growth and preemption, and what each generated token does.
 
-Host-only decisions and state (the engine runs the device work):
-- Admission (FIFO, no preemption): a waiting request is admitted only when a slot is free and the
-  free pages cover its prompt + max_tokens + K tokens (K: the steps of one graph, which may run
-  past max_tokens before the host sees the tokens), so a running request never runs out of pages.
-- Slots: an admitted request keeps decode row `slot` until it finishes; rows of empty slots are
-  padding (seq_len 0) in a block, and a block serves rows [0, max live slot].
+Host-only decisions (the engine runs the device work; kv_manager.py counts pages;
+input_batch.py holds the rows on the device):
+- Admission (FIFO): a waiting request is admitted when a slot is free and the free pages cover
+  its context (prompt, plus the tokens kept from before a preemption) and one block of K tokens,
+  with one block's growth left over for each running request.
+- Growth: before each block a row gets the pages its next K tokens need (`grow`). When the pool
+  is short, the newest running request is preempted (pages freed, back to the head of the
+  queue, in-flight tokens discarded) until the older rows fit; it is later prefilled again
+  over prompt + the tokens it had accepted ("recompute") and continues with the same tokens.
+- Slots: an admitted request keeps decode row `slot` until it finishes or is preempted; a
+  block serves rows [0, max decoding slot]; other rows are padding (seq_len 0).
 - Tokens: `accept` applies stop token ids / end-of-sequence / stop strings / max_tokens in order
   and discards whatever follows the stop inside a K-step block.
 """
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from dataclasses import dataclass, field
 
-import torch
-
-from graphrt.engine.allocator import PageAllocator
 from graphrt.engine.detokenizer import TextState
+from graphrt.engine.input_batch import InputBatch
+from graphrt.engine.kv_manager import KVCacheManager
 from graphrt.engine.params import RequestOutput, SamplingParams
-
-PAD_PAGE = -1  # block-table entries past a request's pages
 
 
 @dataclass(eq=False)
 class Request:
-    """A request's host state. launched: tokens whose draw has been launched on the device
-    (the prefill's first token, then K per block); token_ids: tokens accepted so far."""
+    """A request's host state. launched: draws launched on the device, counted over the whole
+    output (the prefill's draw, then K per block); token_ids: tokens accepted so far; epoch:
+    bumped by each preemption (blocks launched before it are discarded for this request)."""
 
     request_id: str
     prompt: list[int]
@@ -40,50 +44,70 @@ class Request:
     token_ids: list[int] = field(default_factory=list)
     sent_ids: int = 0
     finish_reason: str | None = None
+    epoch: int = 0
+    admitted_at: int = -1             # admission order: the newest is preempted first
+    preemptions: int = 0
+    stop_ids: frozenset | None = None  # stop_token_ids + end-of-sequence ids (set on first use)
+
+    @property
+    def context(self) -> list[int]:
+        """What a prefill runs over: the prompt, plus the accepted tokens after a preemption."""
+        return self.prompt + self.token_ids if self.token_ids else self.prompt
 
 
 class Scheduler:
-    """Owns the page allocator, the waiting queue, the slots and the per-slot host inputs:
-    block_table [B, max_pages] int32, seq_lens [B] int32, and the sampling rows
-    temperature / top_p [B] float32, top_k / step [B] int32, seed [B] int64 (CPU)."""
+    """Owns the KV cache manager, the waiting queue, the slots and the input batch's rows."""
 
     def __init__(self, *, max_batch: int, page_size: int, max_pages_per_seq: int, num_pages: int,
-                 steps_per_graph: int, eos_token_ids: tuple[int, ...]):
-        self.allocator = PageAllocator(num_pages)
+                 steps_per_graph: int, eos_token_ids: tuple[int, ...], batch: InputBatch):
+        self.kv = KVCacheManager(pool_pages=num_pages + 1, page_size=page_size)
+        self.allocator = self.kv.allocator
         self.page_size, self.k, self.eos = page_size, steps_per_graph, frozenset(eos_token_ids)
         self.max_pages_per_seq = max_pages_per_seq
+        self.batch = batch
         self.waiting: deque[Request] = deque()
         self.slots: list[Request | None] = [None] * max_batch
-        self.block_table = torch.full((max_batch, max_pages_per_seq), PAD_PAGE, dtype=torch.int32)
-        self.seq_lens = torch.zeros(max_batch, dtype=torch.int32)
-        self.temperature = torch.zeros(max_batch, dtype=torch.float32)
-        self.top_p = torch.ones(max_batch, dtype=torch.float32)
-        self.top_k = torch.zeros(max_batch, dtype=torch.int32)
-        self.step = torch.zeros(max_batch, dtype=torch.int32)
-        self.seed = torch.zeros(max_batch, dtype=torch.int64)
+        self._free_slots = list(range(max_batch))   # a heap: the lowest free slot first
+        self._admissions = 0
+        self.num_preemptions = 0
 
     # ---- admission ----------------------------------------------------------------------------
     def pages_needed(self, prompt_len: int, max_tokens: int) -> int:
-        return -(-(prompt_len + max_tokens + self.k) // self.page_size)
+        """Pages a request holds at most (its whole output and one block past it)."""
+        return self.kv.pages_for(prompt_len + max_tokens + self.k)
 
     def admit(self) -> list[Request]:
-        """Give waiting requests (FIFO) a slot and their pages while both are available."""
+        """Give waiting requests (FIFO, no overtaking) a slot and the pages of their prefill and
+        first block; the caller prefills them and then calls `activate`."""
         out = []
-        while self.waiting and None in self.slots:
+        per_row = self.kv.pages_for(self.k)              # a row's most growth in one block
+        running = len(self.slots) - len(self._free_slots)
+        while self.waiting and self._free_slots:
             req = self.waiting[0]
-            pages = self.allocator.allocate(self.pages_needed(len(req.prompt), req.params.max_tokens))
+            need = self.kv.pages_for(len(req.prompt) + len(req.token_ids) + self.k)
+            if need + running * per_row > self.kv.num_free and running:
+                break                                   # would be preempted at once: wait
+            pages = self.kv.allocator.allocate(need) if need <= self.kv.num_free else None
             if pages is None:
-                break                                   # waits for pages; no overtaking
+                break
             self.waiting.popleft()
-            slot = self.slots.index(None)
+            slot = heapq.heappop(self._free_slots)
             self.slots[slot], req.slot, req.pages = req, slot, pages
-            self.block_table[slot].fill_(PAD_PAGE)
-            self.block_table[slot, :len(pages)] = torch.tensor(pages, dtype=torch.int32)
-            p = req.params
-            self.temperature[slot] = 0.0 if p.greedy else p.temperature
-            self.top_k[slot], self.top_p[slot], self.seed[slot] = max(p.top_k, 0), p.top_p, req.seed
+            req.admitted_at, self._admissions = self._admissions, self._admissions + 1
+            self.batch.set_pages(slot, 0, pages)
+            running += 1
             out.append(req)
         return out
+
+    def activate(self, req: Request) -> None:
+        """After the prefill drew req's next token (req.launched counts it): its row decodes
+        from the next block, unless it has no tokens left to draw."""
+        if req.launched >= req.params.max_tokens:
+            return
+        p = req.params
+        self.batch.activate(req.slot, seq_len=len(req.prompt) + req.launched, step=req.launched,
+                            advance=self.k, temperature=0.0 if p.greedy else p.temperature,
+                            top_k=max(p.top_k, 0), top_p=p.top_p, seed=req.seed)
 
     # ---- decode blocks ------------------------------------------------------------------------
     def decode_rows(self) -> list[Request]:
@@ -91,16 +115,73 @@ class Scheduler:
         return [r for r in self.slots if r is not None and r.finish_reason is None
                 and 0 < r.launched < r.params.max_tokens]
 
-    def prepare_block(self, rows: list[Request]) -> tuple[int, bool]:
-        """Write seq_lens / step for a block over `rows`; returns (n rows, any row sampled).
-        Slots not in `rows` become padding (seq_len 0)."""
-        self.seq_lens.zero_()
-        sampled = False
-        for r in rows:
-            self.seq_lens[r.slot] = len(r.prompt) + r.launched
-            self.step[r.slot] = r.launched
-            sampled |= not r.params.greedy
-        return max(r.slot for r in rows) + 1, sampled
+    def grow(self, rows: list[Request]) -> list[Request]:
+        """Pages for the next block of every row (positions up to seq_len + K - 2), preempting
+        the newest requests while the pool is short. Returns the rows that still decode."""
+        ps, extra = self.page_size, self.k - 1
+        short, total = [], 0
+        for r in rows:                                  # the hot loop: ints only
+            tokens = len(r.prompt) + r.launched + extra
+            have = len(r.pages) * ps
+            if tokens > have:
+                m = -(-(tokens - have) // ps)
+                short.append((r, m))
+                total += m
+        if not short:
+            return rows
+        new = self.kv.allocator.allocate(total) if total <= self.kv.num_free else None
+        if new is None:
+            return self._grow_preempting(rows)
+        i, batch = 0, self.batch
+        for r, m in short:
+            got = new[i:i + m]
+            i += m
+            batch.set_pages(r.slot, len(r.pages), got)
+            r.pages.extend(got)
+        return rows
+
+    def _grow_preempting(self, rows: list[Request]) -> list[Request]:
+        kv, k = self.kv, self.k
+        for r in sorted(rows, key=lambda x: x.admitted_at):          # oldest first
+            if r.slot < 0:
+                continue                                              # preempted meanwhile
+            tokens = len(r.prompt) + r.launched + k - 1
+            while kv.missing(r.pages, tokens) > kv.num_free:
+                victim = max((x for x in self.slots if x is not None), key=lambda x: x.admitted_at)
+                self.preempt(victim)
+                if victim is r:
+                    break
+            if r.slot >= 0:
+                col = len(r.pages)
+                self.batch.set_pages(r.slot, col, kv.grow(r.pages, tokens))
+        return [r for r in rows if r.slot >= 0]
+
+    def preempt(self, req: Request) -> None:
+        """Free req's slot and pages and queue it first; tokens in flight are discarded and the
+        accepted ones are recomputed by its next prefill."""
+        self._free_slot(req)
+        req.launched = len(req.token_ids)
+        req.epoch += 1
+        req.preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def launch_block(self, rows: list[Request]) -> tuple[int, bool, list[tuple]]:
+        """A block over `rows` is about to launch (after the batch's flush): K more draws each;
+        rows with none left stop decoding from the next block. Returns (n: rows [0, n) the
+        block serves, whether any row samples, (request, slot, epoch) per row)."""
+        k, batch = self.k, self.batch
+        n, sampled, out = 0, False, []
+        for r in rows:                                   # the hot loop
+            slot = r.slot
+            n = slot if slot > n else n
+            p = r.params
+            sampled = sampled or not p.greedy
+            out.append((r, slot, r.epoch))
+            r.launched += k
+            if r.launched >= p.max_tokens:
+                batch.deactivate(slot)
+        return n + 1, sampled, out
 
     # ---- tokens -------------------------------------------------------------------------------
     def accept(self, req: Request, tokens: list[int]) -> RequestOutput | None:
@@ -109,36 +190,50 @@ class Scheduler:
         if req.finish_reason is not None:
             return None
         p = req.params
-        for tok in tokens:
-            req.token_ids.append(tok)
-            if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos):
-                req.finish_reason = "stop"              # the stop token is kept, not its text
-            elif req.text.add(tok):
-                req.finish_reason = "stop"
-            elif len(req.token_ids) >= p.max_tokens:
+        room = p.max_tokens - len(req.token_ids)
+        if len(tokens) >= room:
+            tokens = tokens[:room]
+        stops = req.stop_ids
+        if stops is None:                               # stop ids, plus end-of-sequence unless ignored
+            stops = req.stop_ids = frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos else self.eos)
+        end = None                                      # index of a stop / end-of-sequence id
+        if stops and not stops.isdisjoint(tokens):
+            end = next(i for i, tok in enumerate(tokens) if tok in stops)
+        text = req.text
+        cut = text.add_tokens(tokens if end is None else tokens[:end])   # None, or up to a stop string
+        if cut is not None:
+            kept = tokens[:cut]
+            req.finish_reason = "stop"
+        elif end is not None:
+            kept = tokens[:end + 1]
+            req.finish_reason = "stop"                  # the stop token is kept, not its text
+        else:
+            kept = tokens
+            if len(req.token_ids) + len(kept) >= p.max_tokens:
                 req.finish_reason = "length"
-            if req.finish_reason is not None:
-                break
-        if req.finish_reason is not None and not req.text.stopped:
-            req.text.flush()
-        return self._delta(req)
-
-    def _delta(self, req: Request) -> RequestOutput | None:
+        req.token_ids.extend(kept)
+        req.sent_ids = len(req.token_ids)               # every accepted id goes out in this delta
         done = req.finish_reason is not None
-        text, ids = req.text.delta(done), req.token_ids[req.sent_ids:]
-        req.sent_ids = len(req.token_ids)
-        if not text and not ids and not done:
+        if done and not text.stopped:
+            text.flush()
+        new_text = text.delta(done)
+        if not new_text and not kept and not done:
             return None
-        return RequestOutput(req.request_id, req.prompt, text, ids, req.finish_reason)
+        return RequestOutput(req.request_id, req.prompt, new_text, kept, req.finish_reason)
+
+    def _free_slot(self, req: Request) -> None:
+        self.slots[req.slot] = None
+        self.batch.deactivate(req.slot)
+        self.batch.clear_pages(req.slot)
+        heapq.heappush(self._free_slots, req.slot)
+        req.slot = -1
+        self.kv.release(req.pages)
+        req.pages = []
 
     def release(self, req: Request) -> None:
         """Free a running request's slot and pages (exactly once), or drop a waiting one."""
         if req.slot >= 0:
-            self.slots[req.slot] = None
-            self.seq_lens[req.slot] = 0
-            req.slot = -1
-            self.allocator.free(req.pages)
-            req.pages = []
+            self._free_slot(req)
         elif req in self.waiting:
             self.waiting.remove(req)
 
@@ -152,4 +247,4 @@ class Scheduler:
         return bool(self.waiting) or any(s is not None for s in self.slots)
 
 
-__all__ = ["Request", "Scheduler", "PAD_PAGE"]
+__all__ = ["Request", "Scheduler"]

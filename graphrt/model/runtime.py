@@ -12,6 +12,10 @@ SamplingInputs, samples: see sampling.py) on the device, feeds it back and advan
 the device. Float32 logits of the last step are copied out only with `keep_logits=True` (for
 `last_logits`). seq_lens count the token being decoded (its K/V go to slot seq_len - 1).
 
+FlashInfer versions whose plan layout the device planner does not know fall back to host
+planning, which cannot run K > 1 steps in one graph: ModelRuntime raises, or, with
+fallback_to_one_step=True (the engine's choice), warns and runs K = 1 (`mrt.k` says which).
+
 Threads: prefill(), capture() and decode() hold `mrt.lock` (reentrant) for the whole call, so
 concurrent calls serialise. decode() returns a view of static buffers that the next call
 rewrites: threads pass `out=` (copied under the lock) or hold `mrt.lock` while reading it (and
@@ -20,6 +24,7 @@ last_logits()). All calls must use one CUDA stream.
 from __future__ import annotations
 
 import threading
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -52,7 +57,8 @@ class StepBuffers:
 class ModelRuntime:
     def __init__(self, model, config: RuntimeConfig, device="cuda", *, backend: str | None = None,
                  steps_per_graph: int = 1, num_pages: int | None = None, sampling: bool = False,
-                 keep_logits: bool = False, prefill_chunk_tokens: int = 8192):
+                 keep_logits: bool = False, prefill_chunk_tokens: int = 8192,
+                 fallback_to_one_step: bool = False):
         s = model.spec
         heads = getattr(model, "local_spec", s)  # a tensor-parallel rank's model: its own heads
         want = (heads.num_heads, heads.num_kv_heads, heads.head_dim)
@@ -71,7 +77,8 @@ class ModelRuntime:
         if steps_per_graph < 1:
             raise ValueError(f"steps_per_graph: must be >= 1, got {steps_per_graph}")
         self.model, self.config, self.k = model, config, steps_per_graph
-        for name, flag in (("keep_logits", keep_logits), ("sampling", sampling)):
+        for name, flag in (("keep_logits", keep_logits), ("sampling", sampling),
+                           ("fallback_to_one_step", fallback_to_one_step)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name}: expected a bool, got {flag!r}")
         self.keep_logits = keep_logits
@@ -83,16 +90,8 @@ class ModelRuntime:
         self.kv_caches = [PagedKVCache.allocate(config, pages, self.device, seed=config.seed + i)
                           for i in range(s.num_layers)]
         self.buffers = StaticBuffers(config, self.device)
+        self._views: dict = {}  # bucket -> BucketView (slices of self.buffers), filled on first use
         self.backend = make_backend(config, self.kv_caches[0], self.device, name=backend)
-        b = config.max_batch
-        tokens = torch.zeros(b, dtype=torch.int64, device=self.device)
-        out = torch.zeros((steps_per_graph, b), dtype=torch.int64, device=self.device)
-        logits = (torch.zeros((b, s.vocab_size), dtype=torch.float32, device=self.device)
-                  if self.keep_logits else None)
-        samp = SamplingBuffers.allocate(b, self.device)
-        self._io = {size: StepBuffers(tokens[:size], out[:, :size],
-                                      None if logits is None else logits[:size], samp.view(size))
-                    for size in config.buckets}
         self.graphs: GraphManager | None = None
         self.lock = threading.RLock()  # held for a whole call: see the module docstring
         self.prefill_chunk_tokens = prefill_chunk_tokens
@@ -101,9 +100,23 @@ class ModelRuntime:
         self.sample_graphs: GraphManager | None = None
         self.backend.setup([self.buffers.view(x) for x in reversed(config.buckets)])
         if steps_per_graph > 1 and self.backend.needs_host_inputs:  # after setup: fallback too
-            raise ValueError("steps_per_graph: backend plans on the host (planner 'host' or a "
-                             "device-planner fallback), which cannot run several steps in one "
-                             "graph; use steps_per_graph=1")
+            if not fallback_to_one_step:
+                raise ValueError("steps_per_graph: backend plans on the host (planner 'host' or a "
+                                 "device-planner fallback), which cannot run several steps in one "
+                                 "graph; use steps_per_graph=1")
+            reason = getattr(self.backend, "fallback_reason", None) or "host planning"
+            warnings.warn(f"graphrt: steps_per_graph={steps_per_graph} needs device planning ({reason}); "
+                          f"running 1 step per graph with host planning", stacklevel=2)
+            self.k = 1
+        b = config.max_batch
+        tokens = torch.zeros(b, dtype=torch.int64, device=self.device)
+        out = torch.zeros((self.k, b), dtype=torch.int64, device=self.device)
+        logits = (torch.zeros((b, s.vocab_size), dtype=torch.float32, device=self.device)
+                  if self.keep_logits else None)
+        samp = SamplingBuffers.allocate(b, self.device)
+        self._io = {size: StepBuffers(tokens[:size], out[:, :size],
+                                      None if logits is None else logits[:size], samp.view(size))
+                    for size in config.buckets}
 
     @property
     def num_pages(self) -> int:
@@ -181,7 +194,7 @@ class ModelRuntime:
             view.seq_lens.fill_(1)
             io.tokens.zero_()
             if self.backend.needs_host_inputs:  # host planner: the workspace must hold a plan
-                self.backend.host_prepare(view, view.seq_lens.cpu())
+                self.backend.host_prepare(view, seq_lens.cpu())
             self.graphs.capture(size, lambda v=view, i=io: self._steps(v, i))
             if self.sampling:
                 self.sample_graphs = self.sample_graphs or GraphManager(
@@ -240,16 +253,39 @@ class ModelRuntime:
             rows = self._decode(tokens, block_table, seq_lens, sampling)
             return rows if out is None else out.copy_(rows)
 
+    def decode_trusted(self, n: int, tokens: torch.Tensor, block_table: torch.Tensor,
+                       seq_lens: torch.Tensor, *, sampling: SamplingInputs | None = None) -> torch.Tensor:
+        """decode() for an engine's persistent input batch, without the host checks: K steps over
+        rows [0, n); returns [K, n] int64 tokens (a view of a static buffer, valid until the next
+        call; hold mrt.lock to read it from another thread).
+
+        Trusted inputs, all on the runtime device and owned by the caller, who built them for
+        this runtime: tokens [>= n] int64, block_table [>= n, max_pages_per_seq] int32, seq_lens
+        [>= n] int32 (0 = padding row), sampling rows [n] (see SamplingInputs) or None (argmax).
+        Only rows [0, n) are read (device-to-device copies into the bucket's static buffers). The
+        device guard still neutralises bad rows and raises the sticky flag that
+        check_device_errors() reports; nothing is checked on the host and nothing syncs (except
+        a host-planning backend, which reads seq_lens on the host)."""
+        if sampling is not None and self.graphs is not None and self.sample_graphs is None:
+            raise ValueError("sampling: this ModelRuntime was captured with sampling=False "
+                             "(argmax graphs only)")
+        with self.lock:
+            return self._decode(tokens[:n], block_table[:n], seq_lens[:n], sampling)
+
     def _decode(self, tokens, block_table, seq_lens, sampling) -> torch.Tensor:
         n, c = tokens.shape[0], self.config
         size = pick_bucket(c.buckets, n)
-        view, io = self.buffers.view(size), self._io[size]
+        view = self._views.get(size)
+        if view is None:                    # the bucket's views of the static buffers, made once
+            view = self._views[size] = self.buffers.view(size)
+        io = self._io[size]
         width = block_table.shape[1]
         view.block_table[:n, :width].copy_(block_table, non_blocking=True)
         if width < c.max_pages_per_seq:
             view.block_table[:n, width:].fill_(-1)
         view.seq_lens[:n].copy_(seq_lens, non_blocking=True)
-        view.seq_lens[n:].fill_(0)
+        if n < size:
+            view.seq_lens[n:].fill_(0)
         io.tokens[:n].copy_(tokens, non_blocking=True)
         if sampling is not None:
             io.sampling.load(sampling, n)

@@ -84,13 +84,15 @@ def test_seeded_sampling_same_tokens_whatever_the_batch_and_k(path, llm):
 
 
 def test_cancel_frees_pages_and_waiting_requests_finish_later(path):
-    # pages for one request at a time: prompt 5 + max_tokens 10 + K 3 = 18 tokens = 2 pages of 16
+    # pages for one request at a time: its prefill + first block (prompt 20 + K 3 = 23 tokens) take
+    # 2 pages of 16, and a second request is admitted only with a block's growth left for the first
     small = LLM(path, max_batch=2, steps_per_graph=3, num_pages=3, **CPU)
     params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
-    alone = small.generate([[5, 6, 7, 8, 9]], params)[0]
+    prompt = list(range(5, 25))
+    alone = small.generate([prompt], params)[0]
     eng = small.engine
-    a = eng.add_request([5, 6, 7, 8, 9], params)
-    b = eng.add_request([5, 6, 7, 8, 9], params)
+    a = eng.add_request(prompt, params)
+    b = eng.add_request(prompt, params)
     eng.step()
     assert [r.request_id for r in eng.scheduler.waiting] == [b.request_id]   # b waits for pages
     st = eng.stats()

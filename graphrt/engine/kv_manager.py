@@ -1,0 +1,66 @@
+"""The KV cache manager: which pages hold which request's tokens, grown block by block.
+
+    kv = KVCacheManager(pool_pages=1 + 4096, page_size=16)   # page 0: the null page
+    new = kv.grow(req.pages, tokens=300)     # pages appended to req.pages, or None (pool short)
+    kv.release(req.pages)                    # one owner dropped per page
+
+Page NULL_PAGE (0) is reserved: it never holds a request's tokens, so a CUDA-graph capture may
+use it as scratch (the warm-up steps write K/V there) without saving and restoring anything.
+Pages are refcounted (`PageAllocator`): a page may be shared by requests (a cached prefix) and
+returns to the free list when its last owner releases it.
+
+Policy lives in the scheduler (admission, preemption); this module only counts pages.
+"""
+from __future__ import annotations
+
+from graphrt.engine.allocator import PageAllocator
+
+NULL_PAGE = 0  # never allocated; capture scratch
+
+
+class KVCacheManager:
+    """pool_pages: every page of the KV pool, the null page included (num_pages = pool_pages - 1
+    are handed out); page_size: tokens per page. Host only; owned by the engine loop."""
+
+    def __init__(self, *, pool_pages: int, page_size: int):
+        if isinstance(pool_pages, bool) or not isinstance(pool_pages, int) or pool_pages < 2:
+            raise ValueError(f"pool_pages: must be an int >= 2 (the null page and one more), got {pool_pages!r}")
+        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+            raise ValueError(f"page_size: must be an int >= 1, got {page_size!r}")
+        self.page_size = page_size
+        self.allocator = PageAllocator(pool_pages - 1, first=NULL_PAGE + 1)
+
+    @property
+    def num_pages(self) -> int:
+        """Pages requests can hold (the pool less the null page)."""
+        return self.allocator.num_pages
+
+    @property
+    def num_free(self) -> int:
+        return self.allocator.num_free
+
+    def pages_for(self, tokens: int) -> int:
+        """Pages that hold `tokens` tokens."""
+        return -(-tokens // self.page_size)
+
+    def missing(self, pages: list[int], tokens: int) -> int:
+        """Pages to add to `pages` so they hold `tokens` tokens (0 if they already do)."""
+        return max(0, -(-tokens // self.page_size) - len(pages))
+
+    def grow(self, pages: list[int], tokens: int) -> list[int] | None:
+        """Append pages to `pages` (in place) until they hold `tokens` tokens; returns the new
+        pages ([] if none were needed), or None (nothing taken) when the pool is short."""
+        need = self.missing(pages, tokens)
+        if need == 0:
+            return []
+        new = self.allocator.allocate(need)
+        if new is not None:
+            pages.extend(new)
+        return new
+
+    def release(self, pages: list[int]) -> None:
+        """Drop this owner of every page in `pages` (the list is left as is)."""
+        self.allocator.free(pages)
+
+
+__all__ = ["KVCacheManager", "NULL_PAGE"]

@@ -1,0 +1,75 @@
+"""engine/input_batch.py: the device rows equal a dense reference after random admissions,
+growths, deactivations and blocks; only what changed is staged."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+
+from graphrt.engine.input_batch import InputBatch
+
+
+def test_device_rows_follow_random_updates():
+    rng = random.Random(0)
+    b, w, k = 6, 8, 3
+    batch = InputBatch(max_batch=b, max_pages_per_seq=w, device=torch.device("cpu"))
+    table = np.full((b, w), -1, dtype=np.int64)      # reference, independent of the batch
+    seq = [0] * b
+    step = [0] * b
+    adv = [0] * b
+    samp = {}
+    used = [0] * b
+    for it in range(200):
+        op = rng.random()
+        slot = rng.randrange(b)
+        if op < 0.3:
+            pages = [rng.randrange(1, 100) for _ in range(rng.randint(1, 3))]
+            pages = pages[:w - used[slot]]
+            batch.set_pages(slot, used[slot], pages)
+            table[slot, used[slot]:used[slot] + len(pages)] = pages
+            used[slot] += len(pages)
+        elif op < 0.5:
+            s0, st = rng.randint(1, 50), rng.randint(0, 9)
+            row = dict(temperature=rng.random(), top_k=rng.randint(0, 5), top_p=rng.random() * 0.9 + 0.1,
+                       seed=rng.randrange(2**62))
+            batch.activate(slot, seq_len=s0, step=st, advance=k, **row)
+            seq[slot], step[slot], adv[slot], samp[slot] = s0, st, k, row
+        elif op < 0.6:
+            batch.deactivate(slot)
+            seq[slot] = adv[slot] = 0
+        elif op < 0.7:
+            batch.clear_pages(slot)
+            used[slot] = 0
+        else:
+            batch.flush()
+            n = rng.randint(1, b)
+            batch.advance(n)
+            for r in range(n):
+                seq[r] += adv[r]
+                step[r] += adv[r]
+            assert not batch.dirty
+        if it % 10 == 0:
+            batch.flush()
+            live = [r for r in range(b) if seq[r] > 0]
+            assert batch.seq_lens.tolist() == seq
+            for r in live:
+                assert batch.block_table[r, :used[r]].tolist() == table[r, :used[r]].tolist()
+                s = batch.sampling(b)
+                assert s.step[r].item() == step[r] and s.top_k[r].item() == samp[r]["top_k"]
+                assert s.seed[r].item() == samp[r]["seed"]
+                assert abs(s.temperature[r].item() - samp[r]["temperature"]) < 1e-6
+                assert abs(s.top_p[r].item() - samp[r]["top_p"]) < 1e-6
+
+
+def test_flush_without_changes_does_nothing_and_pages_past_the_row_are_refused():
+    batch = InputBatch(max_batch=2, max_pages_per_seq=3, device=torch.device("cpu"))
+    before = batch.block_table.clone()
+    batch.flush()
+    assert torch.equal(batch.block_table, before)
+    try:
+        batch.set_pages(0, 2, [5, 6])
+    except ValueError as e:
+        assert "max_pages_per_seq=3" in str(e)
+    else:
+        raise AssertionError("expected a ValueError")

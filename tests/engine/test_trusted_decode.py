@@ -1,0 +1,94 @@
+"""ModelRuntime.decode_trusted (the engine's persistent-batch entry) against the public decode:
+the same tokens and K/V from wider persistent tensors whose rows past n hold other requests;
+on a GPU with captured graphs too (-m gpu)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graphrt import RuntimeConfig
+from graphrt.model import LlamaDecoder
+from graphrt.model.runtime import ModelRuntime
+from graphrt.model.sampling import SamplingInputs
+
+transformers = pytest.importorskip("transformers")
+
+
+def _pair(device, k=2):
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=160, hidden_size=128, intermediate_size=224, num_hidden_layers=2,
+                                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                                   tie_word_embeddings=False)
+    hf = transformers.LlamaForCausalLM(cfg).eval()
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    rc = RuntimeConfig(num_qo_heads=2, num_kv_heads=1, head_dim=64, page_size=16, max_context_len=128,
+                       buckets=[1, 2, 4, 8], dtype="float32" if device == "cpu" else "bfloat16",
+                       backend="torch-splitkv" if device == "cpu" else "flashinfer", kv_pool_pages=40)
+    return [ModelRuntime(LlamaDecoder.from_hf(hf, dtype=dtype, device=device), rc, device, steps_per_graph=k,
+                         sampling=True) for _ in range(2)]
+
+
+def _check(device):
+    public, trusted = _pair(device)
+    for rt in (public, trusted):
+        rt.capture()
+    gen = torch.Generator().manual_seed(1)
+    n, b = 2, 5                                        # 2 rows served, 5 rows in the persistent batch
+    lens = [9, 33]
+    table = torch.randperm(39, generator=gen)[:b * 6].add(1).to(torch.int32).view(b, 6)
+    prompts = [torch.randint(0, 160, (x - 1,), generator=gen) for x in lens]
+    for rt in (public, trusted):
+        rt.prefill(prompts, table[:n])
+    cur = torch.randint(0, 160, (b,), generator=gen)
+    seq = torch.tensor(lens + [50, 0, 7], dtype=torch.int32)          # rows >= n: not read
+    samp = SamplingInputs(torch.tensor([0.0, 0.8]), torch.tensor([0, 5], dtype=torch.int32),
+                          torch.tensor([1.0, 0.9]), torch.tensor([1, 2]), torch.zeros(2, dtype=torch.int32))
+    dev = public.device
+    for sampling in (None, samp):
+        want = public.decode(cur[:n].clone(), table[:n], seq[:n],
+                             sampling=sampling).clone()
+        dsamp = None if sampling is None else SamplingInputs(
+            *(getattr(sampling, f).to(dev) for f in ("temperature", "top_k", "top_p", "seed", "step")))
+        got = trusted.decode_trusted(n, cur.to(dev), table.to(dev), seq.to(dev), sampling=dsamp).clone()
+        assert torch.equal(got.cpu(), want.cpu())
+        seq[:n] += public.k
+        cur[:n] = want[-1].cpu()
+    for a, b_ in zip(public.kv_caches, trusted.kv_caches):
+        assert torch.equal(a.k, b_.k) and torch.equal(a.v, b_.v)
+    trusted.check_device_errors()
+
+
+def test_trusted_decode_matches_the_public_decode_on_cpu():
+    _check("cpu")
+
+
+@pytest.mark.gpu
+def test_trusted_decode_matches_the_public_decode_in_graphs():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    _check("cuda")
+
+
+def test_host_planning_fallback_runs_one_step_per_graph_when_allowed(monkeypatch):
+    import graphrt.model.runtime as runtime_mod
+    real = runtime_mod.make_backend
+
+    def host_planned(*a, **kw):                       # what a FlashInfer version the planner does not know gives
+        backend = real(*a, **kw)
+        backend.needs_host_inputs = True
+        backend.fallback_reason = "FlashInfer 9.9: unknown plan layout"
+        return backend
+    monkeypatch.setattr(runtime_mod, "make_backend", host_planned)
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=160, hidden_size=128, intermediate_size=224, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False)
+    model = LlamaDecoder.from_hf(transformers.LlamaForCausalLM(cfg).eval())
+    rc = RuntimeConfig(num_qo_heads=2, num_kv_heads=1, head_dim=64, page_size=16, max_context_len=64,
+                       buckets=[1, 2], dtype="float32", backend="torch-splitkv", kv_pool_pages=8)
+    with pytest.raises(ValueError, match="steps_per_graph"):
+        ModelRuntime(model, rc, "cpu", steps_per_graph=4)
+    with pytest.warns(UserWarning, match="unknown plan layout"):
+        mrt = ModelRuntime(model, rc, "cpu", steps_per_graph=4, fallback_to_one_step=True)
+    assert mrt.k == 1
+    with pytest.raises(TypeError, match="fallback_to_one_step"):
+        ModelRuntime(model, rc, "cpu", fallback_to_one_step="yes")
