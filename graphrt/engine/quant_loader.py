@@ -182,7 +182,7 @@ def load_quantized(path: Path, raw: dict, arch: str, spec: LlamaSpec, quantizati
         weights["lm_head"] = weights["embed"]
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return Checkpoint(path, arch, spec, arch == "qwen3", weights, dtype, device, _eos_ids(path, raw),
+    return Checkpoint(path, arch, spec, arch == "qwen3", weights, dtype, device, _eos_ids(path, raw, spec.vocab_size),
                       int(raw.get("max_position_embeddings") or 0), nbytes, time.perf_counter() - t0,
                       rank, world_size)
 
