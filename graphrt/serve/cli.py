@@ -51,7 +51,7 @@ def build_parser(prog: str = "graphrt serve") -> argparse.ArgumentParser:
                    help="graph cache directory (graphrt-capture --out): compiled kernels are taken from it "
                         "(default: none, kernels compile on first use)")
     p.add_argument("--expect-digest", default=None, metavar="HEX",
-                   help="with --graph-cache: refuse a cache whose manifest sha256 is not HEX (graphrt-capture prints it)")
+                   help="with --graph-cache: refuse a cache whose manifest sha256 is not HEX (graphrt-capture prints it; default: none, no pin)")
     p.add_argument("--device", default=None, choices=["cuda", "cpu"],
                    help="default: cuda if available, else cpu (Triton kernels interpreted: slow, for tests)")
     p.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
@@ -135,7 +135,7 @@ def load(args):
         cache_dir = Path(args.graph_cache)
         manifest = check_cache(cache_dir, expect_digest=args.expect_digest)   # trust, pin, every sha256
         from graphrt.serve.cache_pin import check_geometry, model_runtime_config
-        check_geometry(cache_dir, manifest.data["config"], model_runtime_config(args.model, engine_cfg, device))
+        check_geometry(cache_dir, manifest.data["config"], model_runtime_config(model_dir, engine_cfg, device.type))
         before = stat_snapshot(cache_dir)
         log.info("graph cache %s: %d artifacts verified in %.2f s", cache_dir.resolve(),
                  len(manifest.data["artifacts"]), time.perf_counter() - t0)
