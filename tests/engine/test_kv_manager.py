@@ -107,3 +107,10 @@ def test_pool_from_gpu_memory_fits_the_utilization_and_caps_at_the_slots():
     for bad in (0, 1.5, True, "0.9"):
         with pytest.raises(ValueError, match="gpu_memory_utilization"):
             EngineConfig(gpu_memory_utilization=bad)
+
+
+@pytest.mark.parametrize("bad", [0, -0.5, 1.5, float("nan"), "0.9", True])
+def test_gpu_memory_utilization_out_of_range_names_the_field(bad):
+    from graphrt.engine.config import EngineConfig
+    with pytest.raises(ValueError, match="^gpu_memory_utilization: must be a number in \\(0, 1\\]"):
+        EngineConfig(gpu_memory_utilization=bad)

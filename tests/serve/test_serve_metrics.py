@@ -50,3 +50,10 @@ def test_render_counts_requests_and_parses():
     assert got['graphrt_time_per_output_token_seconds_bucket{le="0.01"}'] == 1
     assert got['graphrt_time_per_output_token_seconds_bucket{le="0.008"}'] == 0
     assert got["graphrt_time_to_first_token_seconds_count"] == 1
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "4096", True])
+def test_max_request_bytes_bad_values_name_the_field(bad):
+    from graphrt.serve.config import ServeConfig
+    with pytest.raises(ValueError, match="^max_request_bytes: must be an int >= 1"):
+        ServeConfig(max_request_bytes=bad)
