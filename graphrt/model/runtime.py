@@ -194,7 +194,7 @@ class ModelRuntime:
             view.seq_lens.fill_(1)
             io.tokens.zero_()
             if self.backend.needs_host_inputs:  # host planner: the workspace must hold a plan
-                self.backend.host_prepare(view, seq_lens.cpu())
+                self.backend.host_prepare(view, view.seq_lens.cpu())
             self.graphs.capture(size, lambda v=view, i=io: self._steps(v, i))
             if self.sampling:
                 self.sample_graphs = self.sample_graphs or GraphManager(
