@@ -128,6 +128,7 @@ class LLM:
         from graphrt.model.spec import LlamaSpec
         from graphrt.parallel import check_tp_size
         from graphrt.parallel.driver import TPDriver
+        from graphrt.parallel.launch import RankError
         from graphrt.parallel.workers import WorkerGroup
         read_config(Path(path))
         check_tp_size(LlamaSpec.from_hf(AutoConfig.from_pretrained(str(path))), n)   # before spawning
@@ -140,6 +141,8 @@ class LLM:
             ctx = self._workers.ctx
             ck, max_len, local = _build_runtime(path, ctx.device, config, dtype, tp=ctx.tp)
             self.runtime = TPDriver(local, ctx.control, health=self._workers.failure)
+            if self._workers.failure() is not None:      # a worker failed while building its rank
+                raise RankError(self._workers.failure())
             return ck, max_len
         except BaseException:
             self._workers.close()

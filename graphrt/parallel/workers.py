@@ -22,9 +22,41 @@ import threading
 import torch
 import torch.distributed as dist
 
-from graphrt.parallel.launch import RankContext, _rank_main, free_port, join_group, stop_processes
+from graphrt.parallel.launch import RankContext, RankError, rank_main, free_port, join_group, stop_processes
+from graphrt.parallel.spawn import start_detached_from_main
 
 log = logging.getLogger("graphrt.parallel")
+
+
+def _join_watching(procs, results, world_size, port, backend, timeout_s) -> RankContext:
+    """join_group as rank 0 while watching the workers: one that raises or dies before the group
+    forms is reported at once (RankError with its traceback), not after the store's timeout."""
+    box: dict = {}
+
+    def join():
+        try:
+            box["ctx"] = join_group(0, world_size, port, backend, timeout_s)
+        except BaseException as e:          # handed to the caller below
+            box["error"] = e
+
+    joiner = threading.Thread(target=join, name="graphrt-tp-join", daemon=True)
+    joiner.start()
+    while True:
+        joiner.join(0.1)
+        if not joiner.is_alive():
+            if "error" in box:
+                raise box["error"]
+            return box["ctx"]
+        try:
+            rank, status, payload = results.get_nowait()
+            if status == "error":
+                raise RankError(f"tensor parallel: rank {rank} failed while starting:\n{payload}")
+        except queue_mod.Empty:
+            pass
+        for r, p in enumerate(procs, start=1):
+            if p.exitcode not in (None, 0):
+                raise RankError(f"tensor parallel: rank {r} died while starting (exit code "
+                                f"{p.exitcode}) before joining the process group")
 
 
 class WorkerGroup:
@@ -48,13 +80,12 @@ class WorkerGroup:
                                "default process group; graphrt's tensor parallelism creates its own")
         mp = torch.multiprocessing.get_context("spawn")
         results, port = mp.Queue(), free_port()
-        procs = [mp.Process(target=_rank_main, daemon=True, name=f"graphrt-tp-rank{r}",
+        procs = [mp.Process(target=rank_main, daemon=True, name=f"graphrt-tp-rank{r}",
                             args=(r, world_size, port, backend, timeout_s, target, args, results))
                  for r in range(1, world_size)]
-        for p in procs:
-            p.start()
+        start_detached_from_main(procs)     # the caller's script is not re-run in the workers
         try:
-            ctx = join_group(0, world_size, port, backend, timeout_s)
+            ctx = _join_watching(procs, results, world_size, port, backend, timeout_s)
         except BaseException:
             stop_processes(procs)
             raise
