@@ -69,7 +69,8 @@ def join_group(rank: int, world_size: int, port: int, backend: str, timeout_s: f
                        control)
 
 
-def _rank_main(rank, world_size, port, backend, timeout_s, fn, args, results):
+def rank_main(rank, world_size, port, backend, timeout_s, fn, args, results):
+    """A rank process's body: join the group, run fn(ctx, *args), report on `results`, tear down."""
     import torch.distributed as dist
     ok = False
     try:
@@ -129,7 +130,7 @@ def launch(fn, world_size: int, *, args: tuple = (), backend: str = "gloo", time
                          f"{torch.cuda.device_count()} visible")
     mp = torch.multiprocessing.get_context("spawn")
     results, port = mp.Queue(), free_port()
-    procs = [mp.Process(target=_rank_main, daemon=True, name=f"graphrt-tp-rank{r}",
+    procs = [mp.Process(target=rank_main, daemon=True, name=f"graphrt-tp-rank{r}",
                         args=(r, world_size, port, backend, timeout_s, fn, args, results))
              for r in range(world_size)]
     for p in procs:

@@ -22,7 +22,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from graphrt.parallel.launch import RankContext, _rank_main, free_port, join_group, stop_processes
+from graphrt.parallel.launch import RankContext, rank_main, free_port, join_group, stop_processes
 
 log = logging.getLogger("graphrt.parallel")
 
@@ -48,7 +48,7 @@ class WorkerGroup:
                                "default process group; graphrt's tensor parallelism creates its own")
         mp = torch.multiprocessing.get_context("spawn")
         results, port = mp.Queue(), free_port()
-        procs = [mp.Process(target=_rank_main, daemon=True, name=f"graphrt-tp-rank{r}",
+        procs = [mp.Process(target=rank_main, daemon=True, name=f"graphrt-tp-rank{r}",
                             args=(r, world_size, port, backend, timeout_s, target, args, results))
                  for r in range(1, world_size)]
         for p in procs:
