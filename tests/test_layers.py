@@ -178,3 +178,17 @@ def test_no_import_circle():
     assert not new, f"import circles: {[sorted(c) for c in new]}"
     stale = [c for c in ALLOWED_CYCLES if c not in found]
     assert not stale, f"allow-listed circles that are gone (remove them): {[sorted(c) for c in stale]}"
+
+
+def test_no_test_module_imports_another():
+    # shared test code lives in helper modules (tests/_checkpoints.py, tests/_serve_live.py, ...)
+    # and fixtures in conftest.py; importing a test_*.py runs its module body twice under two names
+    tests = Path(__file__).resolve().parent
+    bad = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            bad += [f"{path.relative_to(tests)} imports {n}" for n in names
+                    if n.split(".")[-1].startswith(("test_", "conftest"))]
+    assert not bad, "\n".join(bad)

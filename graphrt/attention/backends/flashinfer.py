@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from graphrt.attention import flashinfer_layout as layout
+from graphrt.attention.flashinfer_import import import_flashinfer
 from graphrt.attention.buffers import BucketView
 from graphrt.attention.planner import compare_plans, graphrt_plan, plan_fits
 from graphrt.attention.backends.base import AttentionBackend
@@ -51,10 +52,10 @@ class FlashInferBackend(AttentionBackend):
     def __init__(self, config, kv_cache, device, *, planner: str = "device",
                  parity_sets: int = PARITY_SETS_PER_BUCKET):
         super().__init__(config, kv_cache, device)
-        import flashinfer  # lazy: imports on CPU, runs on GPU only
         if device.type != "cuda":
             raise RuntimeError(f"backend {config.backend!r}: FlashInfer runs on CUDA devices only; "
                                f"use backend 'reference' on {device}")
+        flashinfer = import_flashinfer(f"backend {config.backend!r}")   # lazy: CUDA only
         self._fi = flashinfer
         self.version = flashinfer.__version__
         self.kind = config.decode_kernel
