@@ -51,7 +51,7 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
 
 def model_path(args) -> str:
     """MODEL or --model (one of them, or both the same) -> the checkpoint as given."""
-    pos, flag = args.model_arg, args.model
+    pos, flag = getattr(args, "model_arg", None), getattr(args, "model", None)
     if pos is not None and flag is not None and pos != flag:
         raise ValueError(f"MODEL: given twice, {pos!r} and --model {flag!r}; give one")
     if pos is None and flag is None:
@@ -68,11 +68,12 @@ def engine_overrides(args, eng_kw: dict) -> dict:
                 raise ValueError(f"--config: {alias} ({out[alias]}) and {field} ({out[field]}) disagree; give one")
             out[field] = out.pop(alias)
     flags = {"max_model_len": args.max_model_len, "max_batch": args.max_num_seqs,
-             "gpu_memory_utilization": args.gpu_memory_utilization,
-             "dtype": None if args.dtype == "auto" else args.dtype}
+             "gpu_memory_utilization": args.gpu_memory_utilization}
     out |= {k: v for k, v in flags.items() if v is not None}
-    if args.dtype == "auto":
+    if args.dtype == "auto":                       # auto given: the device's default, whatever the file says
         out.pop("dtype", None)
+    elif args.dtype is not None:
+        out["dtype"] = args.dtype
     return out
 
 
