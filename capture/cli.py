@@ -20,29 +20,65 @@ import sys
 from pathlib import Path
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and "(default: X)" after every option that has one;
+    options whose default is None say in their help what None means."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is argparse.SUPPRESS or action.required \
+                or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="graphrt-capture", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    from graphrt import __version__
+    from graphrt.config import BACKENDS
+    p = argparse.ArgumentParser(prog="graphrt-capture", description=__doc__, formatter_class=_HelpFormatter)
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--config", help="YAML runtime config (see configs/)")
-    what.add_argument("--check", metavar="DIR", help="verify a graph cache against this machine")
-    p.add_argument("--out", metavar="DIR", help="write a graph cache here (must be new or empty)")
-    p.add_argument("--device", default="auto", help="cuda, cpu or auto (cuda when available)")
-    p.add_argument("--backend", default=None, help="override the config's backend")
-    p.add_argument("--steps", type=int, default=1, help="verification batches per bucket")
-    p.add_argument("--json", default=None, help="write the per-bucket report here")
+    what.add_argument("--config", metavar="YAML", help="YAML runtime config (see configs/)")
+    what.add_argument("--check", metavar="DIR", help="verify a graph cache against this host's GPU, "
+                                                      "versions and files")
+    p.add_argument("--out", metavar="DIR", help="write a graph cache here (must be new or empty; "
+                                                 "default: none, nothing written)")
+    p.add_argument("--device", default="auto", metavar="auto|cpu|cuda|cuda:N",
+                   help="where to capture and verify (auto: cuda when available, else cpu, eager)")
+    p.add_argument("--backend", default=None, choices=BACKENDS,
+                   help="override the config's backend (default: the config's)")
+    p.add_argument("--steps", type=int, default=1, metavar="N", help="verification batches per bucket")
+    p.add_argument("--json", default=None, metavar="FILE",
+                   help="write the per-bucket report here (default: none, the table only)")
     p.add_argument("--verify-buckets", type=_int_list, default=None, metavar="B1,B2,..",
                    help="verify (and time) only these buckets (default: all; a subset on CPU)")
     p.add_argument("--verify-lengths", type=_int_list, default=None, metavar="L1,L2,..",
                    help="request lengths to verify at (default: 1, page, page+1, max; "
                         "max capped on CPU)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar while buckets are captured and verified (default: a bar on stderr)")
     p.add_argument("--expect-digest", metavar="SHA256", default=None,
-                   help="with --check: refuse unless manifest.json has this sha256")
+                   help="with --check: refuse unless manifest.json has this sha256 (default: none, no pin)")
     p.add_argument("--trust-unsafe-permissions", action="store_true",
                    help="accept a cache that other users can write or that another user owns "
-                        "(README: Graph cache trust model)")
+                        "(docs/graph-cache.md: Trust model)")
+    p.add_argument("--version", action="version", version=f"graphrt-capture (graphrt) {__version__}")
     return p
+
+
+def _flashinfer_ok(backend: str | None, config_path: str) -> bool:
+    """False when the run needs FlashInfer (flashinfer*, xqa or auto, given or the config's) and it
+    is missing. Reads the config's backend without validating it (load_config does that next)."""
+    from graphrt.attention.flashinfer_import import flashinfer_installed
+    if flashinfer_installed():
+        return True
+    if backend is None:
+        import yaml
+
+        from graphrt.config import RuntimeConfig
+        try:
+            backend = (yaml.safe_load(Path(config_path).read_text()) or {}).get("backend", RuntimeConfig.backend)
+        except (OSError, yaml.YAMLError, AttributeError):
+            return True                               # load_config reports the file itself
+    return backend in ("reference", "torch-splitkv")
 
 
 def _int_list(text: str) -> list[int]:
@@ -72,8 +108,13 @@ def main(argv: list[str] | None = None) -> int:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
-        print(f"graphrt-capture: --device {device}: this machine has no CUDA device (torch "
-              f"{torch.__version__}); use --device cpu (eager) or run on a GPU machine", file=sys.stderr)
+        print(f"graphrt-capture: --device {device}: torch {torch.__version__} sees no CUDA device on "
+              f"this host; use --device cpu (eager) or run on a GPU host", file=sys.stderr)
+        return 2
+    if device.startswith("cuda") and not _flashinfer_ok(args.backend, args.config):
+        from graphrt.attention.flashinfer_import import install_line
+        print(f"graphrt-capture: backend {args.backend or 'of ' + args.config} on CUDA needs FlashInfer, "
+              f"which is not installed: {install_line()}", file=sys.stderr)
         return 2
     if device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before graphrt imports its kernels

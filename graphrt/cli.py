@@ -1,6 +1,6 @@
 """The `graphrt` command: subcommands dispatch to their packages (`graphrt serve ...`).
 
-    graphrt serve --model DIR|ORG/NAME ...     # graphrt/serve/cli.py
+    graphrt serve MODEL ...     # MODEL: DIR or ORG/NAME; graphrt/serve/cli.py
     graphrt --version
 """
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Test helpers: a live `graphrt serve` app (uvicorn) on 127.0.0.1, a free port, a background thread;
-a Prometheus text-format checker."""
+a Prometheus text-format checker; waiting for a condition; an engine whose pages are all free."""
 from __future__ import annotations
 
+import http.client
 import re
 import socket
 import threading
@@ -67,3 +68,28 @@ def parse_metrics(text: str) -> dict[str, float]:
         assert name in types or base in types or name.removesuffix("_total") in types, f"no TYPE for {name}"
         out[name + (m.group(2) or "")] = float(m.group(4))
     return out
+
+
+def get_metrics(live) -> dict[str, float]:
+    """GET /metrics from a LiveServer, checked and parsed (parse_metrics)."""
+    conn = http.client.HTTPConnection("127.0.0.1", live.port, timeout=10)
+    conn.request("GET", "/metrics")
+    r = conn.getresponse()
+    assert r.status == 200 and r.getheader("Content-Type").startswith("text/plain; version=0.0.4")
+    return parse_metrics(r.read().decode())
+
+
+def wait_for(cond, timeout=20.0) -> bool:
+    """Poll cond() every 20 ms until true (True) or `timeout` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def pages_full(llm) -> bool:
+    """Every KV page of the LLM's engine is back on the free list."""
+    a = llm.engine.scheduler.allocator
+    return a.num_free == a.num_pages

@@ -1,4 +1,5 @@
-"""Test setup: Triton kernels run through the interpreter on CPU-only machines; `gpu` tests skip there."""
+"""Test setup: Triton kernels run through the interpreter on CPU-only machines; `gpu` tests skip there;
+shared fixtures (`ckpt_8b`: the 8B-shaped random checkpoint of the GPU tests)."""
 import os
 
 import pytest
@@ -16,3 +17,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def ckpt_8b(tmp_path_factory):
+    """A random bf16 Llama-3.1-8B-shaped HF checkpoint with 2 layers (about 2.9 GB on disk, 4096-id
+    tokenizer), written once per session for the GPU tests that read it (never written to)."""
+    from _checkpoints import write
+    return write(tmp_path_factory, "llama8b", shape="llama-3.1-8b", arch="llama", dtype="bfloat16",
+                 num_layers=2, max_shard_mb=1024, tokenizer_vocab=4096)

@@ -86,3 +86,59 @@ def test_bad_cli_arguments_are_refused(extra, words, capsys):
     with pytest.raises(SystemExit) as info:
         main(["--config", str(TINY), *extra])
     assert info.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_version_and_help_with_defaults(capsys):
+    import graphrt
+    from capture.cli import build_parser
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])                            # no --config needed
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"graphrt-capture (graphrt) {graphrt.__version__}"
+    p = build_parser()
+    flat = " ".join(p.format_help().split())
+    for shown in ("--device auto|cpu|cuda|cuda:N", "(default: auto)", "(default: 1)",
+                  "override the config's backend (default: the config's)",
+                  "--json FILE write the per-bucket report here (default: none"):
+        assert shown in flat, shown
+    for a in p._actions:
+        if a.option_strings == ["-h", "--help"] or a.option_strings == ["--version"]:
+            continue
+        assert a.help and len(a.help) > 10, a.option_strings
+        if a.default not in (None, False):
+            assert f"(default: {a.default})" in flat, a.option_strings
+    assert "README:" not in flat
+    # the doc section the help points at exists
+    ref = re.search(r"\((docs/[\w.-]+\.md): ([^)]+)\)", flat)
+    assert ref, flat
+    assert f"## {ref.group(2)}" in (ROOT / ref.group(1)).read_text()
+
+
+def test_bad_backend_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--config", str(TINY), "--backend", "flashinfr"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "--backend: invalid choice: 'flashinfr'" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a host without CUDA")
+def test_cuda_without_cuda_is_one_line(capsys):
+    assert main(["--config", str(TINY), "--device", "cuda", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("graphrt-capture: --device cuda: torch ") \
+        and "use --device cpu" in err[0]
+
+
+@pytest.mark.parametrize("backend", ["flashinfer", "xqa", "auto", None])
+def test_flashinfer_missing_on_cuda_is_one_line_with_the_install(monkeypatch, capsys, tmp_path, backend):
+    # a CUDA host without FlashInfer, simulated: CUDA "available", the module hidden
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setitem(sys.modules, "flashinfer", None)
+    cfg = tmp_path / "fi.yaml"
+    data = yaml.safe_load(TINY.read_text()) | {"dtype": "bfloat16", "backend": "flashinfer"}
+    cfg.write_text(yaml.safe_dump(data))
+    extra = [] if backend is None else ["--backend", backend]
+    assert main(["--config", str(cfg), "--device", "cuda", "--no-progress", *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs FlashInfer, which is not installed" in err[0], err
+    assert 'pip install "graphrt[gpu]"' in err[0] and "flashinfer-python==0.7.4" in err[0]

@@ -5,12 +5,13 @@ FlashInfer's host `plan()` for batch decode writes a schedule into the wrapper's
 device planner writes the same arrays at the same offsets inside the graph. This module:
 
 - names the FlashInfer versions whose layout it knows (`KNOWN_VERSIONS`);
-- parses plan-info vectors of both decode paths into a `PlanSpec`;
+- parses plan-info vectors of both decode paths into a `PlanSpec` (graphrt's type,
+  `graphrt/kernels/plan_layout.py`);
 - models FlashInfer's aligned allocation so the offsets can be predicted on a CPU and the
   parsed offsets checked against the model at capture (a mismatch = unknown layout = refuse);
 - reads the meaningful ranges of a workspace back for byte-level parity checks.
 
-Deliberate deviation from FlashInfer's host plan (graphrt issue 12): FlashInfer's CUDA-core
+Deliberate deviation from FlashInfer's host plan: FlashInfer's CUDA-core
 planner (`PartitionPagedKVCacheBinarySearchMinNumPagePerBatch`) searches the chunk size counting
 an empty request as 0 tiles, then `DecodeSplitKVIndptr` gives it one tile. With empty rows in
 the batch (padding, or an engine's idle slots) the tile list can exceed `padded_batch_size`; the
@@ -27,14 +28,13 @@ PrefillPlanInfo, DecodePlanImpl, PrefillPlanImpl, PrefillSplitQOKVIndptr).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, asdict
-
 import torch
+
+from graphrt.kernels.plan_layout import ABSENT, PlanSpec  # graphrt's plan type (kernels level)
 
 KNOWN_VERSIONS = ("0.7.4",)
 TENSOR_CORE = "tensor-core"
 CUDA_CORE = "cuda-core"
-ABSENT = -1
 
 # Nominal device used to model plans on a CPU (H200: 132 SMs). On a GPU the values come from
 # FlashInfer's own capture-time plan() instead.
@@ -44,38 +44,6 @@ NOMINAL_CUDA_CORE_BLOCKS_PER_SM = 9
 
 class LayoutMismatch(RuntimeError):
     """FlashInfer's plan info differs from the layout graphrt knows: device planning refused."""
-
-
-@dataclass(frozen=True)
-class PlanSpec:
-    """Everything the device planner needs for one bucket; fixed once the graph is captured.
-
-    Offsets are byte offsets into the int workspace (ABSENT = -1 when the array is not used).
-    `budget` is the most work tiles a split schedule may use (0 = no split: one tile per request).
-    `min_chunk_pages` is the lower bound of the chunk-size search; `empty_counts_one` says whether
-    the search counts an empty request as one tile (tensor-core path) or zero (CUDA-core path).
-    """
-
-    kind: str
-    batch_size: int
-    page_size: int
-    padded_batch_size: int
-    split_kv: bool
-    budget: int
-    min_chunk_pages: int
-    empty_counts_one: bool
-    request_indices: int
-    qo_tile_indices: int
-    kv_tile_indices: int
-    o_indptr: int
-    merge_indptr: int
-    kv_chunk_size: int
-    total_num_rows: int
-    block_valid_mask: int
-    int_workspace_bytes: int
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def min_chunk_pages(page_size: int) -> int:

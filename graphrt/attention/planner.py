@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from graphrt.attention.flashinfer_layout import ABSENT, PlanSpec
+from graphrt.kernels.plan_layout import ABSENT, PlanSpec
 
 
 def _cdiv(a, b):

@@ -32,6 +32,19 @@ def resolve_device(device) -> torch.device:
     return dev
 
 
+def check_device_support(device: torch.device, dtype: str | None) -> None:
+    """What a device can run, checked before anything loads. CPU: float32 only (the interpreted
+    kernels and the torch references are float32; bf16 / fp16 there diverge from float32): a
+    ValueError naming dtype. CUDA: FlashInfer must be installed (FlashInferMissing, an
+    ImportError with the install line)."""
+    if device.type == "cpu" and dtype not in (None, "float32"):
+        raise ValueError(f"dtype: {dtype!r} on the CPU; graphrt runs float32 only there "
+                         f"(leave dtype out, or use device='cuda')")
+    if device.type == "cuda":
+        from graphrt.attention.flashinfer_import import require_flashinfer
+        require_flashinfer(f"device {str(device)!r}")
+
+
 def compiled_kernels_loaded() -> list[str]:
     """Names of modules already imported with Triton functions bound to a GPU driver (a
     JITFunction rather than the interpreter's): graphrt's kernel modules, and Triton's own
@@ -67,4 +80,4 @@ def select_triton_mode(device: torch.device) -> None:
     os.environ[INTERPRET_VAR] = "1"
 
 
-__all__ = ["resolve_device", "select_triton_mode", "compiled_kernels_loaded", "INTERPRET_VAR"]
+__all__ = ["resolve_device", "check_device_support", "select_triton_mode", "compiled_kernels_loaded", "INTERPRET_VAR"]

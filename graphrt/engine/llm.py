@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from graphrt.engine.config import EngineConfig
-from graphrt.engine.device import resolve_device, select_triton_mode
+from graphrt.engine.device import check_device_support, resolve_device, select_triton_mode
 from graphrt.engine.hub import resolve_model
 from graphrt.engine.params import RequestOutput, SamplingParams
 
@@ -71,7 +71,9 @@ class LLM:
     huggingface_hub's cache (downloaded if missing; `HF_HUB_OFFLINE=1`: the cache only) at
     `revision` (branch, tag or commit; default main); an existing directory always wins.
     device: None (default) = cuda if available, else cpu; on cpu graphrt's Triton kernels run
-    through Triton's interpreter, selected here before they are imported (graphrt/engine/device.py).
+    through Triton's interpreter, selected here before they are imported (graphrt/engine/device.py),
+    and the dtype is float32 (another dtype is a ValueError naming dtype). CUDA needs FlashInfer
+    (`pip install "graphrt[gpu]"`; ImportError with that line, before anything loads).
 
     tensor_parallel=n > 1: the model is sharded over n ranks (graphrt/parallel): rank 0 runs
     here (cuda:0, or CPU with gloo), ranks 1..n-1 in spawned processes (cuda:r), each loading
@@ -87,6 +89,7 @@ class LLM:
             raise ValueError(f"config: give an EngineConfig or keyword fields, not both ({sorted(overrides)})")
         config = config or EngineConfig(**overrides)
         dev = resolve_device(device)
+        check_device_support(dev, config.dtype)        # before anything loads: dtype, FlashInfer
         select_triton_mode(dev)                        # before any kernel module is imported
         path = resolve_model(path, revision=revision)  # local directory, or the hub snapshot's
         from graphrt.engine.engine import Engine

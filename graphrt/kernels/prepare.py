@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from graphrt.attention.flashinfer_layout import ABSENT, PlanSpec
+from graphrt.kernels.plan_layout import ABSENT, PlanSpec
 
 ERR_SEQ_LEN = 1
 ERR_PAGE_ID = 2

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from graphrt.attention.flashinfer_import import import_flashinfer
 from graphrt.config import RuntimeConfig
 
 PREFILL_BACKENDS = ("fa2", "fa3", "auto")  # FlashInfer's names for its prefill kernel families
@@ -103,7 +104,7 @@ class PrefillAttention:
         self.config, self.device = config, torch.device(device)
         self._wrapper = None
         if self.device.type == "cuda":
-            import flashinfer  # lazy: runs on CUDA only
+            flashinfer = import_flashinfer("prefill attention on CUDA")   # lazy: CUDA only
             ws = torch.empty(workspace_mb << 20, dtype=torch.uint8, device=self.device)
             self._wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, config.kv_layout,
                                                                            backend=backend)

@@ -70,6 +70,7 @@ def join_group(rank: int, world_size: int, port: int, backend: str, timeout_s: f
 
 
 def rank_main(rank, world_size, port, backend, timeout_s, fn, args, results):
+    """A rank process's body: join the group, run fn(ctx, *args), report on `results`, tear down."""
     import torch.distributed as dist
     ok = False
     try:

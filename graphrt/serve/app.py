@@ -5,7 +5,8 @@
 
 Routes: POST /v1/completions, POST /v1/chat/completions (completions.py), GET /v1/models,
 GET /v1/models/{id}, GET /health, GET /metrics (metrics.py). Bodies over
-config.max_request_bytes are refused with 413 (limits.py); /health is 503 once the engine died. The app starts the engine's
+config.max_request_bytes are refused with 413 (limits.py); with config.api_key every route but
+/health needs `Authorization: Bearer <key>` (401 otherwise, auth.py); /health is 503 once the engine died. The app starts the engine's
 background thread on start-up (unless it already runs) and stops it on shut-down if it started it.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from graphrt.serve.auth import ApiKeyAuth
 from graphrt.serve.bridge import AsyncEngine
 from graphrt.serve.completions import Generation
 from graphrt.serve.config import ServeConfig
@@ -28,9 +30,13 @@ PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 def create_app(llm, config: ServeConfig | None = None, *, model_name: str | None = None) -> FastAPI:
     """llm: a graphrt.LLM (its engine, tokenizer and config). The served name is, in order,
-    config.served_model_name, model_name, the checkpoint directory's path."""
+    config.served_model_name, model_name, the checkpoint directory's path. config.api_key: every
+    route but /health needs the bearer key (auth.py); config.chat_template replaces the LLM's
+    tokenizer's template (llm.chat uses it too)."""
     config = config or ServeConfig()
     engine = llm.engine
+    if config.chat_template is not None:           # the server's template (--chat-template) replaces the tokenizer's
+        llm.tokenizer.chat_template = config.chat_template
     name = config.served_model_name or model_name or str(llm.checkpoint.path)
     metrics = Metrics()
     bridge = AsyncEngine(engine, max_batch=llm.config.max_batch, max_waiting=config.max_waiting, metrics=metrics)
@@ -52,6 +58,8 @@ def create_app(llm, config: ServeConfig | None = None, *, model_name: str | None
     app.state.bridge, app.state.metrics, app.state.model_name = bridge, metrics, name
     install_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=config.max_request_bytes)
+    if config.api_key is not None:                 # added last: runs first, before the body is read
+        app.add_middleware(ApiKeyAuth, api_key=config.api_key)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):

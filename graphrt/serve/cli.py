@@ -1,9 +1,13 @@
-"""`graphrt serve --model DIR|ORG/NAME [--config YAML] [--graph-cache DIR] [--device cuda|cpu] [--host H] [--port P]`.
+"""`graphrt serve MODEL [--config YAML] [--graph-cache DIR] [--device cuda|cpu] [--host H] [--port P] ...`.
 
-Before anything is loaded: the flags and --config are validated, the listening socket is bound
-(a busy port is one line and exit 2, not an error after minutes of loading), the device is chosen
-(cuda if available, else cpu with Triton's interpreter) and --model is resolved (a local
-directory, or a Hugging Face repo id through huggingface_hub's cache).
+MODEL (or --model) is a directory or a Hugging Face repo id; the vLLM-named flags (--max-model-len,
+--max-num-seqs, --dtype, --gpu-memory-utilization, --api-key, --chat-template) are in flags.py.
+Before anything is loaded: the flags and --config are validated, the device is checked (CUDA
+asked for where there is none, FlashInfer missing on CUDA, a dtype the CPU cannot run: one line
+and exit 2), the listening socket is bound (a busy port is one line and exit 2, not an error
+after minutes of loading), the device is chosen (cuda if available, else cpu with Triton's
+interpreter) and the model is resolved (a local directory, or a Hugging Face repo id through
+huggingface_hub's cache).
 
 Start-up logs what was loaded, from where, and how long each phase took: graph-cache check,
 weights (bytes, GB/s), kernels (graph warm-up), graph capture, tokenizer + runtime construction,
@@ -36,17 +40,21 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def build_parser(prog: str = "graphrt serve") -> argparse.ArgumentParser:
     from graphrt import __version__
     from graphrt.serve.config import DEFAULT_MAX_WAITING
+    from graphrt.serve.flags import add_model_flags
     p = argparse.ArgumentParser(prog=prog, formatter_class=_HelpFormatter,
                                 description="OpenAI-compatible HTTP server over the graphrt engine "
                                             "(/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics).")
-    p.add_argument("--model", required=True, metavar="DIR|ORG/NAME",
+    p.add_argument("--model", default=None, metavar="DIR|ORG/NAME",
                    help="checkpoint: a local directory in the HF layout (Llama 3.x, Qwen2/2.5, Qwen3), or a "
-                        "Hugging Face repo id (org/name) taken from the HF cache or downloaded; a directory wins")
+                        "Hugging Face repo id (org/name) taken from the HF cache or downloaded; a directory wins "
+                        "(default: none; give it here or as MODEL)")
+    add_model_flags(p)                             # MODEL, --max-model-len, --max-num-seqs, --dtype, ...
     p.add_argument("--revision", default=None, metavar="REV",
                    help="with a repo id: branch, tag or commit (default: main)")
     p.add_argument("--config", default=None, metavar="YAML",
-                   help="YAML: EngineConfig fields (max_batch, steps_per_graph, backend, ...) and "
-                        "served_model_name, max_waiting (default: none, the engine's defaults)")
+                   help="YAML: EngineConfig fields (max_batch or max_num_seqs, steps_per_graph, backend, ...) and "
+                        "served_model_name, max_waiting, api_key, chat_template; flags given win "
+                        "(default: none, the engine's defaults)")
     p.add_argument("--graph-cache", default=None, metavar="DIR",
                    help="graph cache directory (graphrt-capture --out): compiled kernels are taken from it "
                         "(default: none, kernels compile on first use)")
@@ -103,15 +111,17 @@ def resolve_configs(args):
     """-> (EngineConfig, ServeConfig) from --config and the flags (flags win)."""
     from graphrt.engine import EngineConfig
     from graphrt.serve.config import ServeConfig, load_serve_yaml
+    from graphrt.serve.flags import engine_overrides, model_path, serve_overrides
     engine_fields = tuple(f.name for f in dataclasses.fields(EngineConfig))
     eng_kw, srv_kw = load_serve_yaml(args.config, engine_fields) if args.config else ({}, {})
+    eng_kw, srv_kw = engine_overrides(args, eng_kw), serve_overrides(args, srv_kw)
     if args.served_model_name is not None:
         srv_kw["served_model_name"] = args.served_model_name
     if args.max_waiting is not None:
         srv_kw["max_waiting"] = args.max_waiting
     if getattr(args, "max_request_bytes", None) is not None:
         srv_kw["max_request_bytes"] = args.max_request_bytes
-    srv_kw.setdefault("served_model_name", str(args.model))
+    srv_kw.setdefault("served_model_name", str(model_path(args)))
     return EngineConfig(**eng_kw), ServeConfig(**srv_kw)
 
 
@@ -119,15 +129,17 @@ def load(args):
     """Load the checkpoint and build the engine, logging each phase. -> (llm, ServeConfig)."""
     from graphrt.engine.device import resolve_device, select_triton_mode
     from graphrt.engine.hub import resolve_model
+    from graphrt.serve.flags import model_path
+    model = model_path(args)
     device = resolve_device(args.device)
     select_triton_mode(device)                     # cpu: Triton's interpreter, before any kernel loads
     engine_cfg, serve_cfg = resolve_configs(args)
     if getattr(args, "expect_digest", None) is not None and not args.graph_cache:
         raise ValueError("--expect-digest: only meaningful with --graph-cache DIR")
     revision = getattr(args, "revision", None)
-    model_dir = resolve_model(args.model, revision=revision)
-    if str(model_dir) != str(args.model):
-        log.info("model %s%s: snapshot %s", args.model, f" at {revision}" if revision else "", model_dir)
+    model_dir = resolve_model(model, revision=revision)
+    if str(model_dir) != str(model):
+        log.info("model %s%s: snapshot %s", model, f" at {revision}" if revision else "", model_dir)
     before, cache_dir = None, None
     if args.graph_cache:
         from graphrt.cache.load import check_cache, stat_snapshot
@@ -197,6 +209,9 @@ def main(argv=None, *, prog: str = "graphrt serve") -> None:
     try:
         if not args.stats_interval >= 0:
             raise ValueError(f"--stats-interval: must be >= 0 seconds, got {args.stats_interval}")
+        from graphrt.serve.flags import preflight
+        engine_cfg, _ = resolve_configs(args)      # MODEL, the flags and --config, validated
+        preflight(args, engine_cfg)                # device, FlashInfer, dtype: before anything loads
         sock = bind_socket(args.host, args.port)   # before the model loads: a busy port fails at once
     except ValueError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)

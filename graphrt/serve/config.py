@@ -1,14 +1,15 @@
 """ServeConfig (what the HTTP layer adds to the engine) and the `--config` YAML file.
 
-The YAML file is one flat mapping: EngineConfig fields (max_batch, steps_per_graph, page_size,
-num_pages, max_model_len, backend, dtype, overlap, capture, seed) and ServeConfig fields
-(served_model_name, max_waiting, max_request_bytes). An unknown key is an error naming it;
-invalid YAML is one line naming the file, line and column.
+The YAML file is one flat mapping: EngineConfig fields (max_batch or its vLLM name max_num_seqs,
+steps_per_graph, page_size, num_pages, gpu_memory_utilization, max_model_len, backend, dtype,
+overlap, capture, seed) and ServeConfig fields (served_model_name, max_waiting, max_request_bytes,
+api_key, chat_template: a file or the Jinja text). An unknown key is an error naming it; invalid
+YAML is one line naming the file, line and column. Flags given on the command line win.
 """
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -22,11 +23,15 @@ DEFAULT_MAX_WAITING = 64
 class ServeConfig:
     """served_model_name: the `model` clients must send (None: the --model argument as given);
     max_waiting: requests that may queue beyond the engine's decode slots before 503;
-    max_request_bytes: a larger request body is refused with 413 before it is parsed."""
+    max_request_bytes: a larger request body is refused with 413 before it is parsed;
+    api_key: when set, every endpoint but /health needs `Authorization: Bearer <api_key>` (401
+    otherwise, auth.py); chat_template: Jinja text that replaces the tokenizer's chat template."""
 
     served_model_name: str | None = None
     max_waiting: int = DEFAULT_MAX_WAITING
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    api_key: str | None = field(default=None, repr=False)   # a secret: not in logs
+    chat_template: str | None = None
 
     def __post_init__(self):
         if isinstance(self.max_waiting, bool) or not isinstance(self.max_waiting, int) or self.max_waiting < 0:
@@ -37,6 +42,11 @@ class ServeConfig:
         name = self.served_model_name
         if name is not None and (not isinstance(name, str) or not name):
             raise ValueError(f"served_model_name: expected a non-empty string, got {name!r}")
+        for key in ("api_key", "chat_template"):
+            v = getattr(self, key)
+            if v is not None and (not isinstance(v, str) or not v.strip()):
+                got = "an empty one" if isinstance(v, str) else type(v).__name__   # never echo the key
+                raise ValueError(f"{key}: expected a non-empty string, got {got}")
 
 
 def load_serve_yaml(path: str | Path, engine_fields: tuple[str, ...]) -> tuple[dict, dict]:
@@ -56,6 +66,7 @@ def load_serve_yaml(path: str | Path, engine_fields: tuple[str, ...]) -> tuple[d
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of settings, got {type(data).__name__}")
     serve_fields = tuple(f.name for f in dataclasses.fields(ServeConfig))
+    engine_fields = tuple(engine_fields) + ("max_num_seqs",) * ("max_batch" in engine_fields)   # vLLM's name
     unknown = sorted(set(data) - set(engine_fields) - set(serve_fields))
     if unknown:
         raise ValueError(f"{path}: unknown key(s) {unknown}; allowed: {sorted(engine_fields + serve_fields)}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _checkpoints import assert_greedy_matches_hf, write
+from _checkpoints import assert_greedy_matches_hf
 from graphrt import LLM, SamplingParams
 
 pytestmark = pytest.mark.gpu
@@ -17,9 +17,8 @@ transformers = pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
-def path(tmp_path_factory):
-    return write(tmp_path_factory, "core8b", shape="llama-3.1-8b", arch="llama", dtype="bfloat16",
-                 num_layers=2, max_shard_mb=1024, tokenizer_vocab=4096)
+def path(ckpt_8b):
+    return ckpt_8b
 
 
 def test_preempted_requests_finish_with_the_greedy_tokens(path):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _checkpoints import assert_greedy_matches_hf, write
+from _checkpoints import assert_greedy_matches_hf
 from graphrt import LLM, SamplingParams
 from graphrt.model.sampling import SamplingInputs, sample_eager
 
@@ -18,9 +18,8 @@ transformers = pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
-def path(tmp_path_factory):
-    return write(tmp_path_factory, "gpu8b", shape="llama-3.1-8b", arch="llama", dtype="bfloat16",
-                 num_layers=2, max_shard_mb=1024, tokenizer_vocab=4096)
+def path(ckpt_8b):
+    return ckpt_8b
 
 
 @pytest.fixture(scope="module")

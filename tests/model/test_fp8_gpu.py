@@ -10,19 +10,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _checkpoints import assert_greedy_matches_hf, write
+from _checkpoints import assert_greedy_matches_hf
+from _fp8_checkpoints import write_fp8
 from graphrt import LLM, SamplingParams
 from graphrt.model.quant import Fp8Weight
-from test_fp8_checkpoint import write_fp8
 
 pytestmark = pytest.mark.gpu
 transformers = pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
-def src(tmp_path_factory):
-    return write(tmp_path_factory, "fp8gpu", shape="llama-3.1-8b", arch="llama", dtype="bfloat16",
-                 num_layers=2, max_shard_mb=1024, tokenizer_vocab=4096)
+def src(ckpt_8b):
+    return ckpt_8b
 
 
 def _prompts(n, gen):

@@ -9,7 +9,6 @@ import http.client
 import json
 import re
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
@@ -17,7 +16,7 @@ import pytest
 import torch
 
 from _checkpoints import write
-from _serve_live import LiveServer, parse_metrics
+from _serve_live import LiveServer, get_metrics, pages_full, wait_for
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
@@ -66,20 +65,6 @@ def hf_greedy(hf, ids: list[int], n: int) -> list[int]:
 
 def hf_text(llm, hf, ids, n) -> str:
     return llm.tokenizer.decode(hf_greedy(hf, ids, n), skip_special_tokens=True)
-
-
-def wait_for(cond, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
-def pages_full(llm) -> bool:
-    a = llm.engine.scheduler.allocator
-    return a.num_free == a.num_pages
 
 
 # ---- generation --------------------------------------------------------------------------------
@@ -289,20 +274,12 @@ def test_queue_full_is_503_then_recovers(llm, hf):
 
 
 # ---- metrics -----------------------------------------------------------------------------------
-def _get_metrics(live) -> dict[str, float]:
-    conn = http.client.HTTPConnection("127.0.0.1", live.port, timeout=10)
-    conn.request("GET", "/metrics")
-    r = conn.getresponse()
-    assert r.status == 200 and r.getheader("Content-Type").startswith("text/plain; version=0.0.4")
-    return parse_metrics(r.read().decode())
-
-
 def test_metrics_parse_and_count_what_was_served(llm, live, client):
-    before = _get_metrics(live)
+    before = get_metrics(live)
     r = client.completions.create(model=NAME, prompt=[3, 4, 5, 6], max_tokens=3, **GREEDY)
     assert r.usage.completion_tokens == 3
     assert wait_for(lambda: pages_full(llm))            # the engine frees pages just after the last delta
-    after = _get_metrics(live)
+    after = get_metrics(live)
     assert after["graphrt_generation_tokens_total"] - before["graphrt_generation_tokens_total"] == 3
     assert after["graphrt_prompt_tokens_total"] - before["graphrt_prompt_tokens_total"] == 4
     assert after['graphrt_requests_finished_total{finish_reason="length"}'] - \

@@ -12,19 +12,19 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from _checkpoints import assert_greedy_matches_hf, write
-from _serve_live import LiveServer
-from test_serve import GREEDY, NAME, _get_metrics, pages_full, wait_for
+from _checkpoints import assert_greedy_matches_hf
+from _serve_live import LiveServer, get_metrics, pages_full, wait_for
 
 pytestmark = pytest.mark.gpu
 openai = pytest.importorskip("openai")
 transformers = pytest.importorskip("transformers")
+NAME = "llama-8b-shaped"
+GREEDY = dict(temperature=0.0, extra_body={"ignore_eos": True, "return_token_ids": True})
 
 
 @pytest.fixture(scope="module")
-def path(tmp_path_factory):
-    return write(tmp_path_factory, "serve8b", shape="llama-3.1-8b", arch="llama", dtype="bfloat16",
-                 num_layers=2, max_shard_mb=1024, tokenizer_vocab=4096)
+def path(ckpt_8b):
+    return ckpt_8b
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +87,6 @@ def test_disconnect_frees_pages_and_metrics_on_gpu(llm, live):
     next(iter(stream))
     stream.close()
     assert wait_for(lambda: pages_full(llm))
-    m = _get_metrics(live)
+    m = get_metrics(live)
     assert m['graphrt_requests_finished_total{finish_reason="abort"}'] >= 1
     assert m["graphrt_kv_pages_used"] == 0 and m["graphrt_time_per_output_token_seconds_count"] >= 8

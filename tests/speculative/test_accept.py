@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _spec_helpers import CHI2_999, chi2
 from graphrt.speculative.accept import advance, judge
-
-CHI2_999 = {2: 13.816, 3: 16.266, 7: 24.322, 15: 37.697}     # chi-square quantile 0.999 by degrees of freedom
 
 
 def _round(logits, props, count, temp, seed, step, token_buf, num, limit):
@@ -81,12 +80,6 @@ def _sampled(logits_row, x, n, *, rule="exact"):
     return out, emitted
 
 
-def _chi2(samples: torch.Tensor, probs: torch.Tensor) -> float:
-    counts = torch.bincount(samples, minlength=probs.numel()).double()
-    expect = probs.double() * samples.numel()
-    return float(((counts - expect) ** 2 / expect).sum())
-
-
 @pytest.mark.parametrize("rule", ["exact", "always-accept"])
 def test_rejection_sampling_preserves_distribution(rule):
     logits = torch.tensor([[0.3, -0.5, 1.2, 0.0], [1.0, 0.2, -0.7, 0.4]])
@@ -94,9 +87,9 @@ def test_rejection_sampling_preserves_distribution(rule):
     x = 2                                               # the proposal (point mass), p_0(x) ~ 0.5
     out, emitted = _sampled(logits, x, 3000, rule=rule)
     first = out[:, 0]
-    stat_first = _chi2(first, p[0])
+    stat_first = chi2(first, p[0])
     both = first == x                                   # accepted: the bonus token follows p_1
-    stat_bonus = _chi2(out[both, 1], p[1])
+    stat_bonus = chi2(out[both, 1], p[1])
     if rule == "exact":
         assert stat_first < CHI2_999[3], stat_first
         assert stat_bonus < CHI2_999[3], stat_bonus

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _spec_helpers import PAGE, POOL, VOCAB, hf_greedy, page_table, runtime_config, sample_prompts
 from graphrt.attention.kvcache import PagedKVCache
 from graphrt.model import LlamaDecoder
 from graphrt.speculative import DraftProposer, SpeculativeConfig, SpeculativeRunner
-from test_runner import PAGE, POOL, VOCAB, _config, _hf_greedy, _prompts, _table
 
 transformers = pytest.importorskip("transformers")
 
@@ -22,12 +22,12 @@ def _llama(seed, layers):
 
 
 def _run(target_hf, draft_hf, prompts, max_tokens, k):
-    table = _table()
+    table = page_table()
     target = LlamaDecoder.from_hf(target_hf)
-    caches = [PagedKVCache.allocate(_config(), POOL, "cpu", seed=i) for i in range(target.spec.num_layers)]
+    caches = [PagedKVCache.allocate(runtime_config(), POOL, "cpu", seed=i) for i in range(target.spec.num_layers)]
     first = target.prefill(prompts, caches, table).argmax(-1)
     dmodel = LlamaDecoder.from_hf(draft_hf)
-    dcaches = [PagedKVCache.allocate(_config(), POOL, "cpu", seed=50 + i) for i in range(dmodel.spec.num_layers)]
+    dcaches = [PagedKVCache.allocate(runtime_config(), POOL, "cpu", seed=50 + i) for i in range(dmodel.spec.num_layers)]
     draft = DraftProposer(dmodel, dcaches, k, max_len=128)
     draft.prefill(prompts, table)
     runner = SpeculativeRunner(target, caches, SpeculativeConfig(method="draft", draft_model="-", num_tokens=k),
@@ -50,16 +50,16 @@ def _run(target_hf, draft_hf, prompts, max_tokens, k):
 
 def test_different_draft_matches_plain_greedy():
     target, draft = _llama(0, 2), _llama(5, 1)
-    prompts, max_tokens = _prompts()[:2], [6, 4]
+    prompts, max_tokens = sample_prompts()[:2], [6, 4]
     got, _ = _run(target, draft, prompts, max_tokens, 2)
-    assert got == _hf_greedy(target, prompts, max_tokens)
+    assert got == hf_greedy(target, prompts, max_tokens)
 
 
 def test_self_draft_accepts_everything():
     target = _llama(0, 2)
-    prompts, max_tokens = _prompts()[:1], [10]
+    prompts, max_tokens = sample_prompts()[:1], [10]
     got, per_round = _run(target, target, prompts, max_tokens, 3)
-    assert got == _hf_greedy(target, prompts, max_tokens)
+    assert got == hf_greedy(target, prompts, max_tokens)
     emitted = torch.cat([e[:, 0] for e, _ in per_round])
     emitted = emitted[emitted > 0]
     # 1 + 4 + 4 + 1 (clipped by max_tokens): every round with room emits k + 1 = 4

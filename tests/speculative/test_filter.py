@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _spec_helpers import CHI2_999, chi2
 from graphrt.speculative.accept import advance, judge
 from graphrt.speculative.filter import filter_logits
-from test_accept import CHI2_999, _chi2
 
 
 def _kept(row, temp, k, p):
@@ -60,4 +60,4 @@ def test_rejection_sampling_over_filtered_logits():
     assert torch.isin(out[:, 0], kept0).all()                        # never outside the top 3
     remap = {int(t): i for i, t in enumerate(kept0)}
     first = torch.tensor([remap[int(t)] for t in out[:, 0]])
-    assert _chi2(first, p[0][kept0]) < CHI2_999[2]                   # 3 outcomes: df 2
+    assert chi2(first, p[0][kept0]) < CHI2_999[2]                   # 3 outcomes: df 2

@@ -5,34 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _spec_helpers import PAGE, multiquery_reference
 from graphrt.attention.kvcache import PagedKVCache
 from graphrt.kernels.multiquery_attention import multiquery_attention
-
-PAGE = 16
-
-
-def _reference(q, cache, table, lens):
-    b, nq, hq, d = q.shape
-    k_all, v_all = cache.as_tuple()
-    out = torch.zeros_like(q, dtype=torch.float32)
-    for r in range(b):
-        n = int(lens[r])
-        if n == 0:
-            continue
-        pos = torch.arange(n)
-        pages, slots = table[r].long()[pos // PAGE], pos % PAGE
-        if cache.layout == "NHD":
-            k, v = k_all[pages, slots], v_all[pages, slots]            # [n, Hkv, D]
-        else:
-            k, v = k_all[pages, :, slots], v_all[pages, :, slots]
-        rep = hq // k.shape[1]
-        k, v = k.repeat_interleave(rep, 1).float(), v.repeat_interleave(rep, 1).float()
-        s = torch.einsum("qhd,nhd->hqn", q[r].float(), k) / d ** 0.5
-        qpos = n - nq + torch.arange(nq)
-        s = s.masked_fill(pos[None, None, :] > qpos[None, :, None], float("-inf"))
-        out[r] = torch.einsum("hqn,nhd->qhd", torch.softmax(s, -1), v)
-    return out
-
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("splits,nq,hq,hkv", [(1, 3, 4, 2), (2, 5, 4, 2), (3, 2, 2, 2), (1, 1, 8, 2)])
@@ -45,7 +20,7 @@ def test_matches_reference(layout, splits, nq, hq, hkv):
     table = torch.randperm(pool, generator=gen)[:25].to(torch.int32).view(5, 5)
     q = torch.randn((5, nq, hq, d), generator=gen)
     got = multiquery_attention(q, cache, table, lens, splits=splits)
-    torch.testing.assert_close(got, _reference(q, cache, table, lens), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got, multiquery_reference(q, cache, table, lens), rtol=1e-4, atol=1e-4)
     assert got[1].eq(0).all()                              # padding row
 
 

@@ -6,14 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graphrt import RuntimeConfig
+from _spec_helpers import PAGE, POOL, VOCAB, hf_greedy, page_table, runtime_config, sample_prompts
 from graphrt.attention.kvcache import PagedKVCache
 from graphrt.model import LlamaDecoder
 from graphrt.model.runtime import ModelRuntime
 from graphrt.speculative import SpeculativeConfig, SpeculativeRunner
 
 transformers = pytest.importorskip("transformers")
-PAGE, POOL, VOCAB = 16, 48, 64
 
 
 @pytest.fixture(scope="module")
@@ -25,35 +24,9 @@ def hf():
     return transformers.LlamaForCausalLM(cfg).eval()
 
 
-def _config():
-    return RuntimeConfig(num_qo_heads=4, num_kv_heads=2, head_dim=64, page_size=PAGE,
-                         max_context_len=128, buckets=[1, 2, 4], dtype="float32",
-                         backend="torch-splitkv", kv_pool_pages=POOL)
-
-
-def _prompts():
-    gen = torch.Generator().manual_seed(1)
-    pattern = torch.randint(0, VOCAB, (6,), generator=gen)
-    return [torch.cat([pattern.repeat(3), torch.randint(0, VOCAB, (3,), generator=gen)]),
-            torch.randint(0, VOCAB, (9,), generator=gen),
-            torch.cat([torch.randint(0, VOCAB, (4,), generator=gen), pattern.repeat(2)])]
-
-
-def _hf_greedy(hf, prompts, max_tokens):
-    """Plain greedy decoding by full recomputation in HF transformers (float32)."""
-    outs = []
-    for p, m in zip(prompts, max_tokens):
-        seq = p.tolist()
-        with torch.no_grad():
-            for _ in range(m):
-                seq.append(int(hf(torch.tensor([seq])).logits[0, -1].argmax()))
-        outs.append(seq[len(p):])
-    return outs
-
-
 def _plain_greedy(hf, prompts, max_tokens, table):
     """graphrt's own non-speculative greedy decoding (ModelRuntime, one token per step)."""
-    mrt = ModelRuntime(LlamaDecoder.from_hf(hf), _config(), "cpu")
+    mrt = ModelRuntime(LlamaDecoder.from_hf(hf), runtime_config(), "cpu")
     first = mrt.prefill(prompts, table).argmax(-1)
     outs = [[int(t)] for t in first]
     cur, lens = first, torch.tensor([len(p) + 1 for p in prompts], dtype=torch.int32)
@@ -67,7 +40,7 @@ def _plain_greedy(hf, prompts, max_tokens, table):
 
 def _speculative(hf, prompts, max_tokens, table, k, rounds):
     model = LlamaDecoder.from_hf(hf)
-    caches = [PagedKVCache.allocate(_config(), POOL, "cpu", seed=7 + i) for i in range(2)]
+    caches = [PagedKVCache.allocate(runtime_config(), POOL, "cpu", seed=7 + i) for i in range(2)]
     first = model.prefill(prompts, caches, table).argmax(-1)
     runner = SpeculativeRunner(model, caches, SpeculativeConfig(num_tokens=k, ngram_min=1, ngram_max=3),
                                buckets=(1, 3), max_len=128, page_size=PAGE, rounds=rounds)
@@ -94,32 +67,28 @@ def _speculative(hf, prompts, max_tokens, table, k, rounds):
     return got, rounds_run
 
 
-def _table():
-    return torch.randperm(POOL, generator=torch.Generator().manual_seed(2))[:24].to(torch.int32).view(3, 8)
-
-
 @pytest.mark.parametrize("k,rounds", [(4, 2)])
 def test_greedy_matches_plain_decoding(hf, k, rounds):
-    prompts, max_tokens = _prompts(), [15, 4, 12]
-    want = _hf_greedy(hf, prompts, max_tokens)
-    got, rounds_run = _speculative(hf, prompts, max_tokens, _table(), k, rounds)
+    prompts, max_tokens = sample_prompts(), [15, 4, 12]
+    want = hf_greedy(hf, prompts, max_tokens)
+    got, rounds_run = _speculative(hf, prompts, max_tokens, page_table(), k, rounds)
     assert got == want                                           # max_tokens exact too
     assert sum(rounds_run) < sum(len(w) - 1 for w in want)       # proposals were accepted
 
 
 def test_greedy_matches_model_runtime(hf):
-    prompts, max_tokens = _prompts(), [5, 2, 4]
-    want = _plain_greedy(hf, prompts, max_tokens, _table())
-    got, _ = _speculative(hf, prompts, max_tokens, _table(), 3, 2)
+    prompts, max_tokens = sample_prompts(), [5, 2, 4]
+    want = _plain_greedy(hf, prompts, max_tokens, page_table())
+    got, _ = _speculative(hf, prompts, max_tokens, page_table(), 3, 2)
     assert got == want
 
 
 def test_verify_logits_match_decode_steps(hf):
     """verify_step over [cur, x1, x2] == three single-token decode steps' logits."""
     model = LlamaDecoder.from_hf(hf)
-    prompt = _prompts()[0]
+    prompt = sample_prompts()[0]
     table = torch.arange(8, dtype=torch.int32).view(1, 8)
-    caches = [PagedKVCache.allocate(_config(), POOL, "cpu", seed=i) for i in range(2)]
+    caches = [PagedKVCache.allocate(runtime_config(), POOL, "cpu", seed=i) for i in range(2)]
     model.prefill([prompt], caches, table)
     toks = torch.tensor([[5, 9, 33]])
     err = torch.zeros(1, dtype=torch.int32)
@@ -137,7 +106,7 @@ def test_verify_logits_match_decode_steps(hf):
 
 def test_bad_input(hf):
     model = LlamaDecoder.from_hf(hf)
-    caches = [PagedKVCache.allocate(_config(), POOL, "cpu") for _ in range(2)]
+    caches = [PagedKVCache.allocate(runtime_config(), POOL, "cpu") for _ in range(2)]
     with pytest.raises(ValueError, match="method"):
         SpeculativeRunner(model, caches, SpeculativeConfig(method="draft", draft_model="/x"),
                           buckets=(1,), max_len=64, page_size=PAGE)
@@ -161,11 +130,11 @@ def test_bad_input(hf):
 def test_seeded_sampling_is_batch_invariant_and_clear_slot_stops(hf):
     """A seeded sampled request draws the same tokens alone (slot 0 of bucket 1) and in slot 2 of
     a batch of 3; a slot cleared by the host emits nothing afterwards."""
-    prompts, table = _prompts(), _table()
+    prompts, table = sample_prompts(), page_table()
     model = LlamaDecoder.from_hf(hf)
 
     def run(slots, clear_after_first=None):
-        caches = [PagedKVCache.allocate(_config(), POOL, "cpu", seed=3 + i) for i in range(2)]
+        caches = [PagedKVCache.allocate(runtime_config(), POOL, "cpu", seed=3 + i) for i in range(2)]
         runner = SpeculativeRunner(model, caches, SpeculativeConfig(num_tokens=3), buckets=(1, 3),
                                    max_len=128, page_size=PAGE, rounds=2)
         for slot, i in enumerate(slots):
@@ -195,7 +164,7 @@ def test_seeded_sampling_is_batch_invariant_and_clear_slot_stops(hf):
 
 def test_top_k_needs_a_filtered_runner(hf):
     model = LlamaDecoder.from_hf(hf)
-    caches = [PagedKVCache.allocate(_config(), POOL, "cpu") for _ in range(2)]
+    caches = [PagedKVCache.allocate(runtime_config(), POOL, "cpu") for _ in range(2)]
     row = torch.arange(4, dtype=torch.int32)
     plain = SpeculativeRunner(model, caches, SpeculativeConfig(num_tokens=2), buckets=(1,),
                               max_len=64, page_size=PAGE)

@@ -5,16 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _spec_helpers import PAGE, multiquery_reference
 from graphrt import RuntimeConfig
 from graphrt.attention.kvcache import PagedKVCache
 from graphrt.kernels.multiquery_attention import default_splits, multiquery_attention
 from graphrt.model import LlamaDecoder
 from graphrt.speculative import SpeculativeConfig, SpeculativeRunner
-from test_multiquery_attention import _reference
 
 pytestmark = pytest.mark.gpu
 transformers = pytest.importorskip("transformers")
-PAGE = 16
 
 
 @pytest.mark.parametrize("nq", [1, 5, 8])
@@ -27,7 +26,7 @@ def test_multiquery_bf16_split_kv(nq):
     table = torch.randperm(pool, generator=gen, device="cuda")[: b * 64].to(torch.int32).view(b, 64)
     lens = torch.tensor([1000, nq, 517], dtype=torch.int32, device="cuda")
     q = torch.randn((b, nq, hq, d), generator=gen, device="cuda", dtype=torch.bfloat16)
-    ref = _reference(q.cpu(), PagedKVCache(kv.k.cpu(), kv.v.cpu(), "NHD"), table.cpu(), lens.cpu())
+    ref = multiquery_reference(q.cpu(), PagedKVCache(kv.k.cpu(), kv.v.cpu(), "NHD"), table.cpu(), lens.cpu())
     for splits in (1, default_splits(q.device, b, hkv, 1024), 7):
         got = multiquery_attention(q, kv, table, lens, splits=splits).float().cpu()
         rel = (got - ref).norm() / ref.norm()

@@ -18,9 +18,11 @@ import numpy as np
 import torch
 
 from graphrt.attention import flashinfer_layout as layout
+from graphrt.attention.flashinfer_import import import_flashinfer
 from graphrt.attention.buffers import BucketView
 from graphrt.attention.planner import compare_plans, graphrt_plan, plan_fits
 from graphrt.attention.backends.base import AttentionBackend
+from graphrt.kernels.plan_layout import PlanSpec
 
 INT_WORKSPACE_BYTES = 8 * 1024 * 1024
 PARITY_SETS_PER_BUCKET = 5
@@ -50,10 +52,10 @@ class FlashInferBackend(AttentionBackend):
     def __init__(self, config, kv_cache, device, *, planner: str = "device",
                  parity_sets: int = PARITY_SETS_PER_BUCKET):
         super().__init__(config, kv_cache, device)
-        import flashinfer  # lazy: imports on CPU, runs on GPU only
         if device.type != "cuda":
             raise RuntimeError(f"backend {config.backend!r}: FlashInfer runs on CUDA devices only; "
                                f"use backend 'reference' on {device}")
+        flashinfer = import_flashinfer(f"backend {config.backend!r}")   # lazy: CUDA only
         self._fi = flashinfer
         self.version = flashinfer.__version__
         self.kind = config.decode_kernel
@@ -63,12 +65,12 @@ class FlashInferBackend(AttentionBackend):
         self.float_workspace = torch.zeros(config.workspace_mb << 20, dtype=torch.uint8, device=device)
         self.int_workspace = torch.zeros(INT_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self._wrappers: dict[int, object] = {}
-        self.specs: dict[int, layout.PlanSpec] = {}
+        self.specs: dict[int, PlanSpec] = {}
         self.plan_info: dict[int, list[int]] = {}
         self.parity_sets: dict[int, int] = {}
         self.parity_sets_per_bucket = parity_sets
         self._pinned: dict[int, _PinnedCSR] = {}
-        self._host_specs: dict[int, layout.PlanSpec] = {}
+        self._host_specs: dict[int, PlanSpec] = {}
 
     # ---- capture-time -----------------------------------------------------------------
     def _wrapper(self, indptr, indices, last_page_len, int_workspace=None):
@@ -189,7 +191,7 @@ class _PinnedCSR:
         return int(self._indptr_np[-1])
 
 
-def check_parity(backend: FlashInferBackend, view: BucketView, spec: layout.PlanSpec,
+def check_parity(backend: FlashInferBackend, view: BucketView, spec: PlanSpec,
                  n_sets: int, *, seed: int) -> int:
     """Device planner vs FlashInfer's own plan() on `n_sets` random length sets for one bucket.
 

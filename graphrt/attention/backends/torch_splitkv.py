@@ -13,6 +13,7 @@ from graphrt.attention import flashinfer_layout as layout
 from graphrt.attention.buffers import BucketView
 from graphrt.attention.reference import split_kv_decode
 from graphrt.attention.backends.base import AttentionBackend
+from graphrt.kernels.plan_layout import PlanSpec
 
 
 # FlashInfer allocates its int workspace in 16-byte-aligned chunks; the prepare kernel views it as
@@ -21,7 +22,7 @@ from graphrt.attention.backends.base import AttentionBackend
 INT_WORKSPACE_ALIGN = 16
 
 
-def int_workspace_nbytes(spec: layout.PlanSpec) -> int:
+def int_workspace_nbytes(spec: PlanSpec) -> int:
     """Bytes to allocate for a plan's int workspace: its used bytes rounded up to 16."""
     return -(-spec.int_workspace_bytes // INT_WORKSPACE_ALIGN) * INT_WORKSPACE_ALIGN
 
@@ -32,7 +33,7 @@ class TorchSplitKVBackend(AttentionBackend):
 
     def __init__(self, config, kv_cache, device):
         super().__init__(config, kv_cache, device)
-        self.specs: dict[int, layout.PlanSpec] = {}
+        self.specs: dict[int, PlanSpec] = {}
         self.int_workspace: dict[int, torch.Tensor] = {}
 
     def setup(self, views: list[BucketView]) -> None:

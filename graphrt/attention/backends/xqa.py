@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from graphrt.attention.buffers import BucketView
+from graphrt.attention.flashinfer_import import import_flashinfer
 from graphrt.attention.backends.base import AttentionBackend
 
 XQA_WORKSPACE_MB = 128  # the first 8 MB are semaphores: zeroed once at allocation
@@ -24,8 +25,8 @@ class XqaBackend(AttentionBackend):
         super().__init__(config, kv_cache, device)
         if device.type != "cuda":
             raise RuntimeError(f"backend 'xqa' runs on CUDA (Hopper) only, not on {device}")
-        from flashinfer.decode import trtllm_batch_decode_with_kv_cache  # lazy
-        self._decode = trtllm_batch_decode_with_kv_cache
+        decode = import_flashinfer("backend 'xqa'", "flashinfer.decode")   # lazy: CUDA only
+        self._decode = decode.trtllm_batch_decode_with_kv_cache
         self.workspace = torch.zeros(XQA_WORKSPACE_MB << 20, dtype=torch.uint8, device=device)
 
     def attend(self, view: BucketView, q, kv, out) -> None:
