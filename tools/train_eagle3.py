@@ -116,10 +116,11 @@ def head_config(tcfg):
     from graphrt.model.spec import LlamaSpec
     from graphrt.speculative.eagle3 import Eagle3Config
     s = LlamaSpec.from_hf(tcfg)
+    scaling = s.rope_scaling if (s.rope_scaling or {}).get("rope_type", "default") != "default" else None
     return Eagle3Config(layout="original", hidden_size=s.hidden_size, intermediate_size=s.intermediate_size,
                         num_heads=s.num_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim,
                         vocab_size=s.vocab_size, draft_vocab_size=s.vocab_size, rms_norm_eps=s.rms_norm_eps,
-                        rope_theta=s.rope_theta, rope_scaling=s.rope_scaling,
+                        rope_theta=s.rope_theta, rope_scaling=scaling,
                         max_position_embeddings=s.max_position_embeddings, layer_ids=None,
                         torch_dtype="bfloat16"), s
 
