@@ -71,3 +71,16 @@ def test_bad_arguments_exit_2(tmp_path, capsys):
     assert "not a directory" in capsys.readouterr().err
     acc = _tool("eagle3_accept")
     assert acc.main(["--target", "x", "--head", "y", "--k", "0"]) == 2
+
+
+def test_bench_head_writer_loads_in_public_layout(tmp_path):
+    """tools/bench_eagle3_step.py's random head (the 8B shape on the GPU) at a small shape on CPU."""
+    bench = _tool("bench_eagle3_step")
+    shape = dict(hidden=64, intermediate=96, heads=2, kv_heads=1, head_dim=32, vocab=300, draft_vocab=120, layers=8)
+    bench.write_random_head(tmp_path / "h", shape=shape, device="cpu")
+    from graphrt.speculative.eagle3 import load_eagle3
+    ck = load_eagle3(tmp_path / "h", bench.target_spec(shape), dtype=torch.bfloat16)
+    assert ck.layer_ids == (2, 4, 5) and ck.weights.lm_head.shape == (120, 64)
+    ids = ck.weights.draft_ids
+    assert ids.shape == (120,) and bool((ids[1:] > ids[:-1]).all()) and int(ids.max()) < 300
+    assert bench.main(["--batch", "x"]) == 2
