@@ -176,6 +176,9 @@ def train(a, log=print) -> dict:
             per = (time.perf_counter() - t_probe) / 3
             total = max(step + 1, step + int((a.time_budget_s - (time.perf_counter() - t0)) / per))
             log(f"  head: {per * 1e3:.1f} ms/step -> {total} steps in {a.time_budget_s:.0f} s")
+        if a.steps is None and time.perf_counter() - t0 > a.time_budget_s * 1.2:
+            log(f"  head: over the time budget at step {step}; stopping")
+            total = step
         if step % max(1, (total if total < 10**9 else 100) // 10) == 0 or step == total:
             curve.append({"step": step, "loss": round(float(loss.detach()), 4), "acc": [round(x, 3) for x in accs]})
             log(f"  step {step}: loss {float(loss.detach()):.3f}, top-1 agreement per TTT step {curve[-1]['acc']}")

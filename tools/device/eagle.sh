@@ -19,18 +19,18 @@ timeout 60 python -m pytest -m gpu -q -rs -p no:cacheprovider tests/speculative/
 
 step "train_tiny (draft, target)"
 rm -rf "$DIR"
-timeout 120 python tools/train_tiny.py --out "$DIR" --models draft,target --time-budget-s draft=10,target=60 2>&1 \
+timeout 120 python tools/train_tiny.py --out "$DIR" --models draft,target --time-budget-s draft=8,target=55 2>&1 \
   | grep -v "Writing model shards" | tee "$OUT/train_tiny.log" | tail -6 || rc=1
 cp "$DIR/train.json" "$OUT/train_tiny.json" 2>/dev/null
 
 step "train_eagle3"
-timeout 110 python tools/train_eagle3.py --target "$DIR/target" --out "$DIR/eagle3" --time-budget-s 50 \
+timeout 110 python tools/train_eagle3.py --target "$DIR/target" --out "$DIR/eagle3" --time-budget-s 40 \
   --eval-prompts 0 2>&1 | grep -v "Loading weights" | tee "$OUT/train_eagle3.log" | tail -8 || rc=1
 cp "$DIR/eagle3/train_eagle3.json" "$OUT/" 2>/dev/null; cp "$DIR/eagle3/config.json" "$OUT/eagle3_config.json" 2>/dev/null
 
 step "acceptance (k = 4, held-out completion)"
-timeout 90 python tools/eagle3_accept.py --target "$DIR/target" --head "$DIR/eagle3" --draft "$DIR/draft" \
-  --k 4 --prompts 12 --prompt-tokens 128 --new-tokens 128 --json "$OUT/accept_k4.json" 2>&1 \
+timeout 120 python tools/eagle3_accept.py --target "$DIR/target" --head "$DIR/eagle3" --draft "$DIR/draft" \
+  --k 4 --prompts 10 --prompt-tokens 128 --new-tokens 128 --json "$OUT/accept_k4.json" 2>&1 \
   | grep -v "Loading weights" | tee "$OUT/accept.log" | tail -6 || rc=1
 
 step "8B-shape head step"
