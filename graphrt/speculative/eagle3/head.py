@@ -1,0 +1,153 @@
+"""The EAGLE-3 head's forward over graphrt's kernels and its own paged KV cache.
+
+Position t of a sequence pairs the target's hidden states at t (three layers, [3H]) with the
+embedding of the token AFTER t; the head's output there predicts the token two places on. One
+decoder layer:
+
+    g = fc(h3)                                  (target path; a chain step uses its own h, no fc)
+    x = cat(rms(embed(token), input_norm), rms(g, hidden_norm))                  [T, 2H]
+    q, k, v = qkv(x); RoPE at t; k/v into the head's paged cache (rope_append_prefill)
+    h = g + o(attention(q))          (g replaced by rms(g, hidden_norm) with norm_before_residual)
+    h = h + down(silu(gate(rms(h))) * up(rms(h)))                         pre-norm h [T, H]
+    logits = lm_head(rms(h, norm))                         [T, Vd] over the draft vocabulary
+
+`extend` (the target-hidden path: after prefill and as draft-extend after a verify) and
+`chain_step` (one draft token per row, fed its own pre-norm h) take fixed shapes, read lengths
+only on the device and never sync the host: both can be captured in a CUDA graph. `prefill`
+is the eager host loop over ragged prompts. Draft ids map to target ids through
+`weights.draft_ids` (`to_target`).
+"""
+from __future__ import annotations
+
+import torch
+
+from graphrt.kernels.activation import silu_mul
+from graphrt.kernels.multiquery_attention import multiquery_attention
+from graphrt.kernels.norm import add_rms_norm, rms_norm
+from graphrt.kernels.rope_append import rope_append_prefill
+from graphrt.model.linear import linear
+from graphrt.model.rope import cos_sin_cache
+
+PREFILL_CHUNK = 16   # query tokens per multi-query tile in the eager prompt loop
+
+
+class Eagle3Head:
+    """config: Eagle3Config; weights: Eagle3Weights; target_embed: the target's [V, H]
+    embedding table (used unless the head has its own); max_positions: rows of the RoPE table
+    (pass the target's: head configs often say 2048)."""
+
+    def __init__(self, config, weights, *, target_embed: torch.Tensor | None = None,
+                 max_positions: int | None = None):
+        embed = weights.embed if weights.embed is not None else target_embed
+        want = (config.vocab_size, config.hidden_size)
+        if embed is None or tuple(embed.shape) != want:
+            raise ValueError(f"target_embed: expected the target's {list(want)} embedding table, got "
+                             f"{None if embed is None else list(embed.shape)}")
+        if embed.dtype != weights.dtype or embed.device != weights.device:
+            raise ValueError(f"target_embed: {embed.dtype} on {embed.device}, the head is "
+                             f"{weights.dtype} on {weights.device}")
+        self.config, self.weights, self.embed = config, weights, embed
+        self.max_positions = max_positions or config.max_position_embeddings
+        self.cos_sin = cos_sin_cache(config, self.max_positions, weights.device)   # [P, D] float32
+
+    @property
+    def device(self) -> torch.device:
+        return self.weights.device
+
+    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary ids (any shape) -> target ids (int64)."""
+        return self.weights.draft_ids[draft_ids]
+
+    def target_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
+        """[..., Vd] -> [..., V] float32: the draft logits at their target ids, -inf elsewhere."""
+        out = torch.full((*draft_logits.shape[:-1], self.config.vocab_size), float("-inf"),
+                         dtype=torch.float32, device=draft_logits.device)
+        out[..., self.weights.draft_ids] = draft_logits.float()
+        return out
+
+    # ---- the layer --------------------------------------------------------------------------
+    def _layer(self, g, tokens, positions, rows, kv_cache, block_table, error, attend):
+        """g [T, H], tokens [T] int64 -> (draft logits [T, Vd], pre-norm h [T, H]), model dtype."""
+        w, c = self.weights, self.config
+        eps, (t, h) = c.rms_norm_eps, g.shape
+        x = torch.empty((t, 2 * h), dtype=g.dtype, device=g.device)
+        rms_norm(self.embed[tokens.clamp_min(0)], w.input_norm, eps, out=x[:, :h])
+        rms_norm(g, w.hidden_norm, eps, out=x[:, h:])
+        residual = (x[:, h:] if c.norm_before_residual else g).clone()       # add_rms_norm writes it
+        q = rope_append_prefill(linear(x, w.qkv), self.cos_sin, kv_cache, block_table, positions, rows,
+                                error, num_q_heads=c.num_heads, eps=eps)        # [T, Hq, D]
+        y = add_rms_norm(linear(attend(q), w.o), residual, w.post_attn_norm, eps)   # residual: g + attn
+        out = add_rms_norm(linear(silu_mul(linear(y, w.gate_up)), w.down), residual, w.norm, eps)
+        return linear(out, w.lm_head), residual                                  # residual: pre-norm h
+
+    def _rows(self, g, tokens, cache_lens, kv_cache, block_table, error, splits):
+        """g [B * Q, H], tokens [B, Q] at positions cache_lens[b] + j (-1 = padding row)."""
+        b, nq = tokens.shape
+        dev = tokens.device
+        live = cache_lens >= 0
+        steps = torch.arange(nq, device=dev, dtype=torch.int32)
+        positions = (cache_lens.clamp_min(0)[:, None] + steps[None, :]).reshape(-1)        # [B * Q]
+        rows = torch.where(live, torch.arange(b, device=dev, dtype=torch.int32), -1)
+        rows = rows[:, None].expand(b, nq).reshape(-1).contiguous()                          # [B * Q]
+        kv_lens = torch.where(live, cache_lens + nq, 0).to(torch.int32)                     # [B]
+        hq, d = self.config.num_heads, self.config.head_dim
+
+        def attend(q):                                                   # q [B * Q, Hq, D]
+            o = multiquery_attention(q.view(b, nq, hq, d), kv_cache, block_table, kv_lens, splits=splits)
+            return o.view(b * nq, hq * d)
+
+        logits, h = self._layer(g, tokens.reshape(-1), positions, rows, kv_cache, block_table, error, attend)
+        return logits.view(b, nq, -1), h.view(b, nq, -1)
+
+    # ---- graph-capturable entry points -------------------------------------------------------
+    def extend(self, hidden3: torch.Tensor, tokens: torch.Tensor, cache_lens: torch.Tensor, kv_cache,
+               block_table: torch.Tensor, error: torch.Tensor, *, splits: int = 1):
+        """Target-hidden path (and draft-extend after a verify).
+
+        hidden3 [B, Q, 3H] (model dtype): the target's recorded hidden states at positions
+        cache_lens[b] + j; tokens [B, Q] int64: the token after each of those positions (the
+        shifted input; < 0 allowed in slots whose outputs are unused); cache_lens [B] int32:
+        head K/V already cached per row (-1 = padding row: nothing written). Writes the Q
+        positions' K/V into kv_cache (block_table [>= B, W] int32 rows; error [1] int32
+        device_error). Returns draft logits [B, Q, Vd] and pre-norm h [B, Q, H]."""
+        b, nq, _ = hidden3.shape
+        g = linear(hidden3.reshape(b * nq, -1), self.weights.fc)                 # [B * Q, H]
+        return self._rows(g, tokens, cache_lens, kv_cache, block_table, error, splits)
+
+    def chain_step(self, h_prev: torch.Tensor, tokens: torch.Tensor, cache_lens: torch.Tensor, kv_cache,
+                   block_table: torch.Tensor, error: torch.Tensor, *, splits: int = 1):
+        """One draft step per row: h_prev [B, H] (the head's pre-norm h at the previous
+        position), tokens [B] int64 (the previous draft token, target ids), at position
+        cache_lens[b] (-1 = padding row); one K/V entry written per live row. Returns draft
+        logits [B, Vd] and pre-norm h [B, H]."""
+        logits, h = self._rows(h_prev, tokens[:, None], cache_lens, kv_cache, block_table, error, splits)
+        return logits[:, 0], h[:, 0]
+
+    # ---- eager ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def prefill(self, hidden3: torch.Tensor, tokens: torch.Tensor, lens, kv_cache,
+                block_table: torch.Tensor, error: torch.Tensor, *, chunk: int = PREFILL_CHUNK):
+        """Eager: ragged prompts, prompt i on block-table row i. hidden3 [T, 3H] and tokens [T]
+        (the token after each position: the prompt shifted by one, then the first sampled
+        token) of all prompts, concatenated; lens: prompt lengths (host ints). Writes positions
+        0 .. len - 1 of each row; returns the last position's draft logits [n, Vd] and
+        pre-norm h [n, H]."""
+        if sum(lens) != hidden3.shape[0] or tokens.shape != (hidden3.shape[0],):
+            raise ValueError(f"lens: {list(lens)} sum to {sum(lens)}, hidden3 has {hidden3.shape[0]} rows "
+                             f"and tokens {tuple(tokens.shape)}")
+        logits, hs, start = [], [], 0
+        for r, n in enumerate(lens):
+            if n < 1:
+                raise ValueError(f"lens[{r}]: every prompt needs >= 1 token, got {n}")
+            for s in range(0, n, chunk):
+                q = min(chunk, n - s)
+                cache = torch.tensor([s], dtype=torch.int32, device=self.device)
+                lg, h = self.extend(hidden3[None, start + s: start + s + q], tokens[None, start + s: start + s + q],
+                                    cache, kv_cache, block_table[r:r + 1], error)
+            logits.append(lg[0, -1])
+            hs.append(h[0, -1])
+            start += n
+        return torch.stack(logits), torch.stack(hs)
+
+
+__all__ = ["Eagle3Head", "PREFILL_CHUNK"]
