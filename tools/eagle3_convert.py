@@ -25,7 +25,7 @@ def main(argv=None) -> int:
     p.add_argument("--check", metavar="TARGET_DIR", default=None,
                    help="load SRC against the target checkpoint's config.json and print a summary")
     a = p.parse_args(argv)
-    from graphrt.engine.hf_files import CheckpointError
+    from graphrt.model.hf_files import CheckpointError
     from graphrt.speculative.eagle3 import convert_head
     try:
         if a.check is not None:

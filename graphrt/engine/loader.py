@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from graphrt.engine.hf_files import CheckpointError, check_config, eos_ids, read_json, reading
+from graphrt.model.hf_files import CheckpointError, check_config, eos_ids, read_json, reading
 from graphrt.model.llama import LlamaSpec
 from graphrt.parallel.shard import owned_slice, shard_spec, vocab_rows
 

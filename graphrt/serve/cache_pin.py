@@ -18,7 +18,7 @@ def model_runtime_config(model_path, engine_cfg, device_type: str):
     """The RuntimeConfig LLM(model_path, device, engine_cfg) would build, from config.json only."""
     from transformers import AutoConfig
 
-    from graphrt.engine.hf_files import reading
+    from graphrt.model.hf_files import reading
     from graphrt.engine.loader import file_dtype, read_config
     from graphrt.model.spec import LlamaSpec
     path = Path(model_path)

@@ -1,4 +1,4 @@
-"""Corrupt or inconsistent checkpoint files (engine/loader.py, engine/hf_files.py): each is one
+"""Corrupt or inconsistent checkpoint files (engine/loader.py, model/hf_files.py): each is one
 CheckpointError line (a ValueError) naming the file and the field or tensor; `graphrt serve`
 prints that line and exits 2."""
 from __future__ import annotations
