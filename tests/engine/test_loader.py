@@ -50,6 +50,10 @@ def test_tied_embeddings_share_one_tensor_and_dtype_follows_file(tmp_path_factor
     cfg = json.loads((path / "config.json").read_text())
     cfg["tie_word_embeddings"] = True
     (path / "config.json").write_text(json.dumps(cfg))
+    from safetensors.torch import load_file, save_file
+    sd = load_file(str(path / "model.safetensors"))
+    del sd["lm_head.weight"]                       # a tied checkpoint stores the embedding once
+    save_file(sd, str(path / "model.safetensors"), metadata={"format": "pt"})
     ck = load_checkpoint(path)
     assert ck.weights["lm_head"] is ck.weights["embed"] and ck.dtype == torch.bfloat16
     assert load_checkpoint(path, dtype=torch.float32).weights["embed"].dtype == torch.float32
