@@ -13,7 +13,7 @@ import torch
 from _checkpoints import assert_greedy_matches_hf, write
 from graphrt import LLM, SamplingParams
 from graphrt.model.quant import Fp8Weight
-from test_fp8_checkpoint import write_fp8
+from _checkpoints import write_fp8
 
 pytestmark = pytest.mark.gpu
 transformers = pytest.importorskip("transformers")
