@@ -69,7 +69,8 @@ def test_non_finite_weight_is_named(base, tmp_path, tensor, value):
     _one_line(e, d / "model.safetensors", repr(tensor), "non-finite")
 
 
-def test_non_finite_check_reads_each_tensor_once_on_its_device(base, monkeypatch):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_non_finite_check_reads_each_tensor_once_on_its_device(base, tmp_path, monkeypatch, device):
     """One reduction per tensor on the weights' device and one host sync: the flags are
     gathered, not read one by one (a .item() per tensor would be a sync per tensor)."""
     from graphrt.engine import checkpoint_files
@@ -80,9 +81,15 @@ def test_non_finite_check_reads_each_tensor_once_on_its_device(base, monkeypatch
     real_raise = checkpoint_files.FiniteCheck.raise_bad
     monkeypatch.setattr(checkpoint_files.FiniteCheck, "raise_bad",
                         lambda self: syncs.append(len(self._flags)) or real_raise(self))
-    ck = load_checkpoint(base)
+    ck = load_checkpoint(base, device=device)
     n = len(checkpoint_files.expected_tensors(ck.spec, ck.arch))
-    assert len(calls) == n and set(calls) == {ck.device} and syncs == [n]
+    assert len(calls) == n and set(calls) == {ck.device} and ck.device.type == device and syncs == [n]
+    d = _copy(base, tmp_path)
+    _edit_tensors(d / "model.safetensors", lambda sd: sd["model.layers.0.self_attn.o_proj.weight"].view(-1).__setitem__(
+        0, float("nan")))
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint(d, device=device)
+    _one_line(e, "'model.layers.0.self_attn.o_proj.weight'", "non-finite")
 
 
 # ---- unused tensors and tied embeddings --------------------------------------------------------
