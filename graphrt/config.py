@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -26,6 +27,29 @@ XQA_PAGE_SIZES = (16, 32, 64, 128)
 
 class ConfigError(ValueError):
     """A config key holds a value graphrt cannot use; the message names key and limits."""
+
+
+MAX_JSON_DEPTH = 64   # nesting of the JSON files graphrt reads (config.json, manifest.json, ...)
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+def json_depth(text: str) -> int:
+    """Deepest nesting of arrays / objects in JSON `text` (strings skipped), without parsing it
+    (no recursion: the parser's own recursion is what a deep document would exhaust)."""
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    depth = deepest = 0
+    for c in brackets:
+        depth += 1 if c in "[{" else -1
+        deepest = depth if depth > deepest else deepest
+    return deepest
+
+
+def check_json_depth(text: str, source: str, max_depth: int = MAX_JSON_DEPTH) -> None:
+    """ValueError naming `source` when `text` nests deeper than `max_depth` (call before json.loads)."""
+    depth = json_depth(text)
+    if depth > max_depth:
+        raise ValueError(f"{source}: JSON nested {depth} levels deep; at most {max_depth} allowed")
 
 
 def bucket_rule(max_batch: int) -> tuple[int, ...]:
@@ -197,4 +221,5 @@ def load_config(path: str | Path) -> RuntimeConfig:
     return config_from_dict(data, source=str(path))
 
 
-__all__ = ["RuntimeConfig", "ConfigError", "load_config", "config_from_dict", "bucket_rule"]
+__all__ = ["RuntimeConfig", "ConfigError", "load_config", "config_from_dict", "bucket_rule", "check_json_depth",
+           "json_depth", "MAX_JSON_DEPTH"]

@@ -18,17 +18,10 @@ RANK = {name: i for i, name in enumerate(LAYERS)}
 
 # Known violations, each owned by a change in flight; the lead empties these lists at merge.
 ALLOWED_PRIVATE = {
-    # engine/quant_loader takes the float loader's helpers: one public checkpoint-files module
-    # replaces them (loader circle, owned by the loader change)
-    ("graphrt.engine.quant_loader", "graphrt.engine.loader", "_eos_ids"),
-    ("graphrt.engine.quant_loader", "graphrt.engine.loader", "_expected"),
-    ("graphrt.engine.quant_loader", "graphrt.engine.loader", "_weight_files"),
     # model/runtime.py reads the attention runtime's device helper (owned by the runner change)
     ("graphrt.model.runtime", "graphrt.attention.runtime", "_device"),
 }
-ALLOWED_CYCLES = [
-    {"graphrt.engine.loader", "graphrt.engine.quant_loader"},  # the loader circle (loader change)
-]
+ALLOWED_CYCLES: list = []
 
 
 def _modules() -> dict[str, Path]:

@@ -101,7 +101,7 @@ def with_weights(model, kind: str, torch):
     """The model with its decoder linears as `kind` ("bf16": unchanged; "fp8": per-channel
     e4m3; "fp8-block": 128 x 128 block scales) -> (model, streamed bytes)."""
     from graphrt.model import LlamaDecoder
-    from graphrt.model.quant.weights import quantize_weights
+    from graphrt.model.fp8_weights import quantize_weights
     if kind == "bf16":
         return model, streamed_bytes(model.weights)
     if kind not in ("fp8", "fp8-block"):

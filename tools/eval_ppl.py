@@ -16,9 +16,11 @@ each as `<bos>` + its first `--window - 1` tokens (files under 16 tokens skipped
 3. Greedy agreement: `graphrt.LLM` (CUDA graphs of K steps, overlap on; CPU: eager float32)
    continues `--prompts` held-out prompts (`--prompt-tokens` from the middle of a file) for
    `--gen-tokens` tokens (ignore_eos); HF float32 scores each continuation teacher-forced. A
-   sequence is identical when HF's argmax agrees at every step; at the first divergence the
-   report gives HF's logit margin (top - graphrt's token) in absolute terms and in bf16 ulps of
-   the top logit.
+   sequence is identical when HF's argmax agrees at every step; its identical prefix is the
+   tokens before the first disagreement; at that divergence the report gives HF's logit margin
+   (top - graphrt's token) in absolute terms and in bf16 ulps of the top logit. HF's own
+   bfloat16 greedy continuations are scored the same way: what bf16 arithmetic itself reaches.
+   With fewer files than prompts, each file gives several evenly spaced prompts.
 4. --agree-with TARGET: HF float32 top-1 agreement of this checkpoint (the draft) with TARGET at
    every held-out position, and both perplexities (their ratio).
 
@@ -153,14 +155,68 @@ def bf16_ulp(x: float) -> float:
     return 2.0 ** (math.floor(math.log2(abs(x))) - 7) if x else 2.0 ** -133
 
 
+def prompt_windows(seqs: list[list[int]], *, prompts: int, prompt_tokens: int) -> list[list[int]]:
+    """`prompts` held-out prompts of `prompt_tokens` tokens: the middle of each file when there are
+    enough files, else several evenly spaced windows per file (round-robin over the files)."""
+    cands = [s for s in seqs if len(s) >= prompt_tokens + 1]
+    if not cands or not prompts:
+        return []
+    per = -(-prompts // len(cands))
+    windows = [[s[a: a + prompt_tokens] for a in sorted({(len(s) - prompt_tokens) * (i + 1) // (per + 1)
+                                                         for i in range(per)})] for s in cands]
+    out = []
+    for i in range(per):
+        out += [w[i] for w in windows if i < len(w)]
+    return out[:prompts]
+
+
+@torch.no_grad()
+def hf_greedy(hf, ps: list[list[int]], gen_tokens: int, device) -> list[list[int]]:
+    """HF's own greedy continuations (incremental decode with its KV cache, eos ignored); the
+    prompts have one length, so they run as one batch without padding."""
+    import inspect
+    key = "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"  # transformers 5.2x
+    ids = torch.tensor(ps, device=device)
+    out = hf(input_ids=ids, use_cache=True)
+    toks = [out.logits[:, -1].argmax(-1)]
+    for _ in range(gen_tokens - 1):
+        past = getattr(out, "cache", None) or out.past_key_values
+        out = hf(input_ids=toks[-1][:, None], use_cache=True, **{key: past})
+        toks.append(out.logits[:, -1].argmax(-1))
+    return torch.stack(toks, 1).tolist()
+
+
+@torch.no_grad()
+def score_against_fp32(hf, ps: list[list[int]], outs: list[list[int]], device) -> dict:
+    """Each continuation teacher-forced through HF float32: identical sequences (HF's argmax agrees
+    at every step), the mean identical prefix (tokens before the first disagreement: the prefix
+    shared with HF float32's own greedy output) and, at each divergence, HF's margin."""
+    identical, prefix, divergences = 0, [], []
+    for k, (p, got) in enumerate(zip(ps, outs)):
+        logits = hf_logits(hf, p + got, device)[len(p) - 1: len(p) - 1 + len(got)]   # [G, V]
+        want = logits.argmax(-1).tolist()
+        j = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+        if j is None:
+            identical += 1
+            prefix.append(len(got))
+            continue
+        prefix.append(j)
+        top = float(logits[j, want[j]])
+        margin = top - float(logits[j, got[j]])
+        divergences.append({"prompt": k, "step": j, "hf_token": want[j], "graphrt_token": got[j],
+                            "top_logit": top, "margin": margin, "margin_bf16_ulps": margin / bf16_ulp(top)})
+    return {"identical": identical, "mean_prefix": sum(prefix) / max(len(prefix), 1), "divergences": divergences,
+            "max_margin_bf16_ulps": max((d["margin_bf16_ulps"] for d in divergences), default=0.0)}
+
+
 @torch.no_grad()
 def greedy_agreement(path, hf, seqs, device, *, prompts: int, prompt_tokens: int, gen_tokens: int) -> dict:
+    """graphrt's greedy continuations and HF bfloat16's own, each scored against HF float32
+    (score_against_fp32): a bf16 engine is judged against what bf16 arithmetic itself reaches."""
     from graphrt import LLM, SamplingParams
-    cands = [s for s in seqs if len(s) >= prompt_tokens + 1][:prompts]
-    if not cands:
+    ps = prompt_windows(seqs, prompts=prompts, prompt_tokens=prompt_tokens)
+    if not ps:
         return {"prompts": 0, "skipped": f"no held-out file has {prompt_tokens + 1} tokens"}
-    starts = [(len(s) - prompt_tokens) // 2 for s in cands]
-    ps = [s[a: a + prompt_tokens] for s, a in zip(cands, starts)]
     cuda = device.type == "cuda"
     t0 = time.perf_counter()
     llm = LLM(str(path), device=str(device), max_batch=16 if cuda else 4,
@@ -169,26 +225,21 @@ def greedy_agreement(path, hf, seqs, device, *, prompts: int, prompt_tokens: int
     t0 = time.perf_counter()
     outs = llm.generate(ps, SamplingParams(max_tokens=gen_tokens, temperature=0.0, ignore_eos=True))
     gen_s = time.perf_counter() - t0
-    identical, divergences = 0, []
-    for k, (p, o) in enumerate(zip(ps, outs)):
-        got = list(o.token_ids)
-        logits = hf_logits(hf, p + got, device)[len(p) - 1: len(p) - 1 + len(got)]   # [G, V]
-        want = logits.argmax(-1).tolist()
-        j = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
-        if j is None:
-            identical += 1
-            continue
-        top = float(logits[j, want[j]])
-        margin = top - float(logits[j, got[j]])
-        divergences.append({"prompt": k, "step": j, "hf_token": want[j], "graphrt_token": got[j],
-                            "top_logit": top, "margin": margin, "margin_bf16_ulps": margin / bf16_ulp(top)})
     llm.engine.shutdown()
     llm.shutdown()
     del llm
-    return {"prompts": len(ps), "prompt_tokens": prompt_tokens, "gen_tokens": gen_tokens,
-            "identical": identical, "divergences": divergences,
-            "max_margin_bf16_ulps": max((d["margin_bf16_ulps"] for d in divergences), default=0.0),
-            "llm_load_s": round(load_s, 2), "generate_s": round(gen_s, 2)}
+    got = [list(o.token_ids) for o in outs]
+    res = {"prompts": len(ps), "files": min(len(ps), sum(len(s) >= prompt_tokens + 1 for s in seqs)),
+           "prompt_tokens": prompt_tokens, "gen_tokens": gen_tokens}
+    res |= score_against_fp32(hf, ps, got, device)
+    from transformers import AutoModelForCausalLM
+    hf16 = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.bfloat16).to(device).eval()
+    ref16 = hf_greedy(hf16, ps, gen_tokens, device)
+    del hf16
+    res["hf_bf16"] = score_against_fp32(hf, ps, ref16, device)
+    res["graphrt_vs_hf_bf16_identical"] = sum(a == b for a, b in zip(got, ref16))
+    res |= {"llm_load_s": round(load_s, 2), "generate_s": round(gen_s, 2)}
+    return res
 
 
 def ppl(nll: torch.Tensor) -> float:
@@ -310,8 +361,12 @@ def report(r: dict) -> None:
               f"{x['hf_fp32_ppl']:.4f} | graphrt decode {x['graphrt_decode_ppl']:.4f} | ratio {x['ratio']:.5f}")
     if "greedy" in r and r["greedy"]["prompts"]:
         g = r["greedy"]
-        print(f"  greedy: {g['identical']}/{g['prompts']} sequences identical to HF float32 for "
-              f"{g['gen_tokens']} tokens; max divergence margin {g['max_margin_bf16_ulps']:.2f} bf16 ulps")
+        h = g["hf_bf16"]
+        print(f"  greedy ({g['prompts']} prompts from {g['files']} files, {g['gen_tokens']} tokens) vs HF float32: "
+              f"graphrt {g['identical']} identical, mean identical prefix {g['mean_prefix']:.1f}, max "
+              f"divergence margin {g['max_margin_bf16_ulps']:.2f} bf16 ulps | HF bfloat16 {h['identical']} "
+              f"identical, prefix {h['mean_prefix']:.1f}, max margin {h['max_margin_bf16_ulps']:.2f} ulps | "
+              f"graphrt = HF bfloat16: {g['graphrt_vs_hf_bf16_identical']}")
         for dv in g["divergences"]:
             print(f"    prompt {dv['prompt']} step {dv['step']}: HF {dv['hf_token']} graphrt {dv['graphrt_token']} "
                   f"margin {dv['margin']:.4g} ({dv['margin_bf16_ulps']:.2f} ulps of {dv['top_logit']:.3f})")

@@ -5,6 +5,7 @@ kernels and launchers), so whoever can write the directory can run code in the s
 enforces the trust model of README "Graph cache trust model":
 
 - ownership and permissions: the cache directory, everything in it and every directory above it
+  (along the path as given: a symlinked component is judged where it lives, then its target)
   must be owned by the current user (directories above it: or by root) and not writable by group
   or others (a directory above it may be, with the sticky bit, as /tmp); `trust_unsafe_permissions`
   turns this part off and nothing else;
@@ -28,6 +29,7 @@ ARTIFACT_DIRS = ("flashinfer", "triton")
 STATE_SUFFIXES = (".lock", ".ninja_log", ".ninja_deps")  # build-tool bookkeeping: not hashed
 LOCK_SUFFIX = ".lock"  # never read (only flock'ed): created by loading with the user's umask
 UNSAFE_MODE = stat.S_IWGRP | stat.S_IWOTH
+MAX_SYMLINK_HOPS = 40  # as the kernel's path resolution (ELOOP)
 
 
 def sha256(path: Path) -> str:
@@ -70,14 +72,58 @@ def _ownership_problem(what: str, st: os.stat_result, uid: int, *, allow_root: b
     return None
 
 
+MAX_SYMLINK_HOPS = 40  # as the kernel's path resolution (ELOOP)
+
+
 def ancestor_problems(cache_dir: Path, uid: int) -> list[str]:
-    """Directories above the cache that another user could use to replace it."""
-    problems = []
-    for parent in Path(cache_dir).resolve().parents:
-        p = _ownership_problem(f"{parent} (a directory above the cache)", os.lstat(parent), uid,
-                               allow_root=True, allow_sticky=True)
-        if p:
-            problems.append(p)
+    """Directories above the cache (and symlinks on the way) that another user could use to
+    replace it, judged along the path as given, component by component, the way the kernel
+    resolves it: every directory traversed ("/" included) must be owned by the user or root and
+    not writable by group/others unless sticky; a symlink is judged where it lives (its
+    directory is a component already), must be owned by the user or root, and its target's
+    components are judged in turn. The last component (the cache directory itself) is walk()'s."""
+    given = Path(cache_dir)
+    if not given.is_absolute():
+        given = Path(os.getcwd()) / given
+    problems: list[str] = []
+    seen: set[Path] = set()
+
+    def judge(path: Path, st: os.stat_result, what: str, **kw) -> None:
+        if path not in seen:
+            seen.add(path)
+            p = _ownership_problem(f"{path} ({what} above the cache)", st, uid, allow_root=True, **kw)
+            if p:
+                problems.append(p)
+
+    root = Path(given.anchor)
+    judge(root, os.lstat(root), "a directory", allow_sticky=True)
+    todo, current, hops = list(given.parts[1:-1]), root, 0
+    while todo:
+        part = todo.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            current = current.parent
+            continue
+        here = current / part
+        try:
+            st = os.lstat(here)
+        except OSError as e:
+            problems.append(f"{here} (a directory above the cache): cannot stat ({e.strerror})")
+            break
+        if stat.S_ISLNK(st.st_mode):
+            hops += 1
+            if hops > MAX_SYMLINK_HOPS:
+                problems.append(f"{here}: more than {MAX_SYMLINK_HOPS} symlinks on the path to the cache")
+                break
+            judge(here, st, "a symlink", check_mode=False)     # its directory: `current`, judged
+            target = Path(os.readlink(here))
+            if target.is_absolute():
+                current = Path(target.anchor)
+            todo[:0] = list(target.parts[1:] if target.is_absolute() else target.parts)
+            continue
+        judge(here, st, "a directory", allow_sticky=True)
+        current = here
     return problems
 
 

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from graphrt.config import check_json_depth
 from graphrt.cache.files import MANIFEST, collect_artifacts, drop_group_other_write
 
 FORMAT = 2  # 2: sha256 of every file (1 recorded sizes of object files)
@@ -91,9 +92,13 @@ class Manifest:
             raise CacheMismatchError(f"{path}: sha256 {digest}, but the caller pinned "
                                      f"{expect_digest} (edited or another cache)")
         try:
-            data = json.loads(raw.decode("utf-8"))
+            text = raw.decode("utf-8")
+            check_json_depth(text, str(path))
+            data = json.loads(text)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise CacheMismatchError(f"{path}: not valid JSON (truncated or edited?): {e}") from None
+        except ValueError as e:                    # nested too deep: check_json_depth names the file
+            raise CacheMismatchError(str(e)) from None
         if not isinstance(data, dict):
             raise CacheMismatchError(f"{path}: top level is {type(data).__name__}, not an object")
         if data.get("format") != FORMAT:

@@ -1,6 +1,7 @@
 """The generation engine: checkpoint loading, page allocation, scheduling, streaming, `LLM`.
 
-loader.py (HF directory -> fused weights), model.py (fused weights -> LlamaDecoder),
+checkpoint_files.py (a checkpoint's tensor files: names, shapes, reading, values check; shared by
+loader.py: HF directory -> fused weights, and quant_loader.py: FP8), model.py (fused weights -> LlamaDecoder),
 params.py (SamplingParams, RequestOutput), config.py (EngineConfig, the pool from memory),
 allocator.py (refcounted KV pages), kv_manager.py (pages per request, the null page),
 input_batch.py (the persistent device batch), token_bytes.py + detokenizer.py (text and stop

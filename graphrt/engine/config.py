@@ -6,13 +6,15 @@ from dataclasses import dataclass
 from graphrt.config import BACKENDS, RuntimeConfig
 
 DEFAULT_MAX_MODEL_LEN = 8192
+INT32_MAX = 2**31 - 1       # page ids, seq lens and block-table widths are int32 on the device
+MAX_SEED = 2**63 - 1        # seeds are int64 on the device (SamplingParams' bound too)
 
 
-def _pos_int(key, v, *, optional=False):
+def _pos_int(key, v, *, optional=False, most: int = INT32_MAX):
     if optional and v is None:
         return
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{key}: must be an int >= 1, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= most:
+        raise ValueError(f"{key}: must be an int in [1, {most}], got {v!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,13 +51,18 @@ class EngineConfig:
         u = self.gpu_memory_utilization
         if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0 < u <= 1:
             raise ValueError(f"gpu_memory_utilization: must be a number in (0, 1], got {u!r}")
-        if self.backend is not None and self.backend not in BACKENDS or self.backend == "auto":
+        if self.backend is not None and (not isinstance(self.backend, str) or self.backend not in BACKENDS
+                                         or self.backend == "auto"):
             raise ValueError(f"backend: {self.backend!r} is not one of {[b for b in BACKENDS if b != 'auto']}")
-        if self.dtype not in (None, "bfloat16", "float16", "float32"):
+        if self.dtype is not None and (not isinstance(self.dtype, str)
+                                       or self.dtype not in ("bfloat16", "float16", "float32")):
             raise ValueError(f"dtype: {self.dtype!r} is not one of ['bfloat16', 'float16', 'float32']")
         for key in ("overlap", "capture"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{key}: expected a bool, got {getattr(self, key)!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not 0 <= self.seed <= MAX_SEED):
+            raise ValueError(f"seed: must be None or an int in [0, 2**63 - 1], got {self.seed!r}")
 
     def resolve_max_model_len(self, max_position_embeddings: int) -> int:
         limit = max_position_embeddings or DEFAULT_MAX_MODEL_LEN
@@ -97,6 +104,33 @@ class EngineConfig:
         per_token = (4 * spec.hidden_size + qkv + 3 * spec.intermediate_size) * dtype_bytes
         logits = self.max_batch * spec.vocab_size * (4 + 4 + 8)
         return prefill_tokens * per_token + 2 * logits + (256 << 20)
+
+    def memory_needed(self, spec, *, max_model_len: int, dtype_bytes: int, pool_pages: int,
+                      num_kv_heads: int | None = None) -> dict[str, int]:
+        """Bytes of the big buffers a runtime of this config allocates on its device, by name:
+        the KV pool (pool_pages pages, null page included, K and V in every layer), the block
+        tables (the runtime's two and the engine's batch: [max_batch, pages per sequence] int32),
+        and what runs beside the pool (reserve_bytes: a prefill chunk, the decode logits and
+        sort). Pure: tested on CPU."""
+        kv_heads = num_kv_heads or spec.num_kv_heads
+        page_bytes = 2 * spec.num_layers * self.page_size * kv_heads * spec.head_dim * dtype_bytes
+        tables = 3 * self.max_batch * self.pages_per_seq(max_model_len) * 4
+        return {"kv_pool": pool_pages * page_bytes, "block_tables": tables,
+                "activations": self.reserve_bytes(spec, dtype_bytes=dtype_bytes)}
+
+    def check_memory(self, needed: dict[str, int], *, available_bytes: int, device: str) -> None:
+        """ValueError with the numbers (bytes needed, by buffer, and available on `device`) and
+        the fields that size them, before anything is allocated."""
+        total = sum(needed.values())
+        if total <= available_bytes:
+            return
+        parts = ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in needed.items())
+        raise ValueError(
+            f"max_batch / page_size / num_pages / max_model_len: the runtime needs {total} bytes "
+            f"({total / 2**30:.2f} GiB: {parts}) on {device}, {available_bytes} bytes "
+            f"({available_bytes / 2**30:.2f} GiB) are available (max_batch={self.max_batch}, "
+            f"page_size={self.page_size}, num_pages={self.num_pages}, max_model_len={self.max_model_len}, "
+            f"steps_per_graph={self.steps_per_graph}); lower them")
 
     def runtime_config(self, spec, *, device_type: str, dtype: str, max_model_len: int,
                        num_pages: int | None = None) -> RuntimeConfig:

@@ -45,6 +45,21 @@ def check_device_support(device: torch.device, dtype: str | None) -> None:
         require_flashinfer(f"device {str(device)!r}")
 
 
+def available_bytes(device: torch.device) -> int:
+    """Memory a new allocation on `device` can take now: CUDA's free memory, or the host's
+    MemAvailable (/proc/meminfo; else free physical pages)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 def compiled_kernels_loaded() -> list[str]:
     """Names of modules already imported with Triton functions bound to a GPU driver (a
     JITFunction rather than the interpreter's): graphrt's kernel modules, and Triton's own
@@ -80,4 +95,4 @@ def select_triton_mode(device: torch.device) -> None:
     os.environ[INTERPRET_VAR] = "1"
 
 
-__all__ = ["resolve_device", "check_device_support", "select_triton_mode", "compiled_kernels_loaded", "INTERPRET_VAR"]
+__all__ = ["available_bytes", "resolve_device", "check_device_support", "select_triton_mode", "compiled_kernels_loaded", "INTERPRET_VAR"]

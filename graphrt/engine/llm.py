@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from graphrt.engine.config import EngineConfig
-from graphrt.engine.device import check_device_support, resolve_device, select_triton_mode
+from graphrt.engine.device import available_bytes, check_device_support, resolve_device, select_triton_mode
 from graphrt.engine.hub import resolve_model
 from graphrt.engine.params import RequestOutput, SamplingParams
 
@@ -50,6 +50,10 @@ def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None, q
                                               dtype_bytes=torch.empty(0, dtype=getattr(torch, dtype)).element_size())
     rc = config.runtime_config(ck.spec, device_type=device.type, dtype=dtype, max_model_len=max_len,
                                num_pages=pages)
+    needed = config.memory_needed(ck.spec, max_model_len=max_len, pool_pages=rc.pool_pages,
+                                  dtype_bytes=torch.empty(0, dtype=getattr(torch, dtype)).element_size(),
+                                  num_kv_heads=ck.spec.num_kv_heads // world)   # this rank's heads
+    config.check_memory(needed, available_bytes=available_bytes(device), device=str(device))
     model = build_model(ck, max_positions=rc.max_context_len, tp=tp)
     return ck, max_len, rank_runtime(model, rc, device, steps_per_graph=config.steps_per_graph,
                                      sampling=True, fallback_to_one_step=True)

@@ -19,13 +19,12 @@ from pathlib import Path
 
 import torch
 
-from graphrt.engine.loader import (FILE_DTYPES, Checkpoint, CheckpointError, _eos_ids, _expected,
-                                   _weight_files)
+from graphrt.engine.checkpoint_files import (F8_KIND, FILE_DTYPES, Checkpoint, CheckpointError, FiniteCheck,
+                                             TensorFiles, check_scale, eos_token_ids, expected_tensors,
+                                             retie_or_warn, warn_unused)
 from graphrt.model.quant.fp8 import FP8, Fp8Weight, quantize_fp8
 from graphrt.model.quant.formats import LINEAR_FIELDS, Fp8Format, parse_quantization
 from graphrt.model.spec import LlamaSpec
-
-F8_KIND = "F8_E4M3"
 
 
 def _key(where: tuple) -> tuple:
@@ -68,88 +67,74 @@ def _scale_shape(fmt: Fp8Format, rows: int, cols: int) -> tuple[tuple[int, ...],
     return ((-(-rows // bn), -(-cols // bk)),)
 
 
-class _Reader:
-    """Tensors by HF name across the checkpoint's files (handles kept open while loading)."""
-
-    def __init__(self, files: dict[str, Path]):
-        from safetensors import safe_open
-        self.files, self.handles, self.open = files, {}, safe_open
-
-    def handle(self, name: str):
-        if name not in self.files:
-            raise CheckpointError(f"tensor {name!r} missing from the safetensors files")
-        f = self.files[name]
-        if f not in self.handles:
-            h = self.open(str(f), framework="pt")
-            self.handles[f] = (h, set(h.keys()))
-        h, keys = self.handles[f]
-        if name not in keys:
-            raise CheckpointError(f"{f.name}: tensor {name!r} missing (the index lists it there)")
-        return f, h
-
-    def header(self, name: str) -> tuple[Path, tuple[int, ...], str]:
-        f, h = self.handle(name)
-        sl = h.get_slice(name)
-        return f, tuple(sl.get_shape()), sl.get_dtype()
-
-    def tensor(self, name: str) -> torch.Tensor:
-        return self.handle(name)[1].get_tensor(name)
+def _scale_name(fmt: Fp8Format, weight: str) -> str:
+    return weight.removesuffix("weight") + fmt.scale_suffix
 
 
-def _check_headers(fmt: Fp8Format, plan: dict, expected: dict, rd: _Reader) -> torch.dtype | None:
+def _check_headers(fmt: Fp8Format, plan: dict, expected: dict, rd: TensorFiles) -> torch.dtype | None:
     embed_dtype = None
     for p in plan.values():
         for name, rows, _ in p["parts"]:
             f, shape, kind = rd.header(name)
             if shape != expected[name][0]:
-                raise CheckpointError(f"{f.name}: tensor {name!r} has shape {list(shape)}, "
+                raise CheckpointError(f"{f}: tensor {name!r} has shape {list(shape)}, "
                                       f"config.json implies {list(expected[name][0])}")
             stored_fp8 = p["fp8"] and fmt.source != "quantize"
             if stored_fp8 and kind != F8_KIND:
-                raise CheckpointError(f"{f.name}: tensor {name!r} has dtype {kind}; the "
+                raise CheckpointError(f"{f}: tensor {name!r} has dtype {kind}; the "
                                       f"quantization_config makes it {F8_KIND}")
             if not stored_fp8 and kind not in FILE_DTYPES:
-                raise CheckpointError(f"{f.name}: tensor {name!r} has dtype {kind}; supported "
+                raise CheckpointError(f"{f}: tensor {name!r} has dtype {kind}; supported "
                                       f"{sorted(FILE_DTYPES)}" + (" (listed in quantization_config."
                                       "ignore)" if kind == F8_KIND else ""))
             if stored_fp8:
-                sname = name.removesuffix("weight") + fmt.scale_suffix
+                sname = _scale_name(fmt, name)
                 sf, sshape, skind = rd.header(sname)
                 ok = _scale_shape(fmt, rows, shape[1])
                 if sshape not in ok or skind not in FILE_DTYPES:
-                    raise CheckpointError(f"{sf.name}: tensor {sname!r} is {skind} {list(sshape)}; "
-                                          f"a {fmt.strategy} scale is float of shape {list(ok[-1])}")
+                    raise CheckpointError(f"{sf}: tensor {sname!r} is {skind} {list(sshape)}; a "
+                                          f"{fmt.strategy} scale of {name!r} {list(shape)} is float of "
+                                          f"shape {' or '.join(str(list(o)) for o in ok)}")
             if name == "model.embed_tokens.weight":
                 embed_dtype = FILE_DTYPES[kind]
     return embed_dtype
 
 
-def load_quantized(path: Path, raw: dict, arch: str, spec: LlamaSpec, quantization: str | None, *,
-                   device, dtype: torch.dtype | None, rank: int, world_size: int) -> Checkpoint:
-    """See the module docstring; arguments as `load_checkpoint`'s (raw: config.json)."""
-    fmt = parse_quantization(raw, quantization)
+def load_quantized(path: Path, raw: dict, arch: str, spec: LlamaSpec, quantization: str | None,
+                   rd: TensorFiles, *, device, dtype: torch.dtype | None, untie: bool, rank: int,
+                   world_size: int) -> Checkpoint:
+    """See the module docstring; arguments as `load_checkpoint`'s (raw: config.json; rd: the
+    checkpoint's tensor files; untie: spec was untied for an lm_head.weight present with
+    tie_word_embeddings, see checkpoint_files.retie_or_warn)."""
+    try:
+        fmt = parse_quantization(raw, quantization)
+    except ValueError as e:                          # the field is named; add the file
+        raise CheckpointError(f"{path / 'config.json'}: {e}") from None
     if fmt is None:
         raise ValueError("quantization_config: null and quantization=None: not a quantized load")
     if world_size != 1:
         raise ValueError(f"quantization: FP8 weights are not supported with tensor parallelism "
                          f"(world_size={world_size}); use world_size=1")
-    expected = _expected(spec, arch)
+    expected = expected_tensors(spec, arch)
     plan = _plan(fmt, expected)
-    rd = _Reader(_weight_files(path))
     embed_dtype = _check_headers(fmt, plan, expected, rd)
+    used = set(expected) | {_scale_name(fmt, n) for p in plan.values() if p["fp8"] and fmt.source != "quantize"
+                            for n, _, _ in p["parts"]}
+    used |= {n for n in rd.names if n.endswith(".input_scale")}   # static activation scales: unused
+    warn_unused(path, rd.names, used, f" (num_hidden_layers={spec.num_layers})")
     dtype = dtype or embed_dtype
     device = torch.device(device)
+    finite = FiniteCheck()
     out: dict[tuple, object] = {}
     t0, nbytes = time.perf_counter(), 0
     for key, p in plan.items():
-        if key == ("lm_head",) and spec.tie_word_embeddings:
-            continue
         rows, cols = p["rows"], p["shape"][0] if p["shape"] else None
         if not p["fp8"]:
             t = torch.empty((rows, *p["shape"]), dtype=dtype, device=device)
             for name, n, off in p["parts"]:
                 t[off:off + n].copy_(rd.tensor(name))
                 nbytes += t[off:off + n].nbytes
+                finite.add(name, rd.file(name), t[off:off + n])
             out[key] = t
             continue
         data = torch.empty((rows, cols), dtype=FP8, device=device)
@@ -158,17 +143,23 @@ def load_quantized(path: Path, raw: dict, arch: str, spec: LlamaSpec, quantizati
             w = rd.tensor(name)
             nbytes += w.nbytes
             if fmt.source == "quantize":                 # float checkpoint: per channel on the device
-                q = quantize_fp8(w.to(device), "channel")
+                w = w.to(device)
+                finite.add(name, rd.file(name), w)
+                q = quantize_fp8(w, "channel")
                 data[off:off + n].copy_(q.data)
                 parts.append(q.scale)
                 continue
             data[off:off + n].copy_(w)
-            s = rd.tensor(name.removesuffix("weight") + fmt.scale_suffix).float()
+            finite.add(name, rd.file(name), data[off:off + n])
+            sname = _scale_name(fmt, name)
+            s = rd.tensor(sname).float()                 # a few values, on the host
+            check_scale(sname, rd.file(sname), s)
             nbytes += s.nbytes
             parts.append(s.reshape(-1).expand(n) if fmt.strategy == "tensor" else
                          s.reshape(n) if fmt.strategy == "channel" else s)
         scale = torch.cat(parts).to(device).contiguous()
         out[key] = Fp8Weight(data, scale, fmt.block if fmt.strategy == "block" else None)
+    finite.raise_bad()                                   # one host sync for the whole checkpoint
     weights = {"layers": [{} for _ in range(spec.num_layers)]}
     for key, t in out.items():
         if len(key) == 2:
@@ -180,11 +171,13 @@ def load_quantized(path: Path, raw: dict, arch: str, spec: LlamaSpec, quantizati
             layer.setdefault(f, None)
     if spec.tie_word_embeddings:
         weights["lm_head"] = weights["embed"]
+    elif untie:
+        spec = retie_or_warn(path, spec, weights, world_size)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return Checkpoint(path, arch, spec, arch == "qwen3", weights, dtype, device, _eos_ids(path, raw, spec.vocab_size),
-                      int(raw.get("max_position_embeddings") or 0), nbytes, time.perf_counter() - t0,
-                      rank, world_size)
+    return Checkpoint(path, arch, spec, arch == "qwen3", weights, dtype, device,
+                      eos_token_ids(path, raw, spec.vocab_size), int(raw.get("max_position_embeddings") or 0),
+                      nbytes, time.perf_counter() - t0, rank, world_size)
 
 
 __all__ = ["load_quantized"]

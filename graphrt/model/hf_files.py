@@ -8,8 +8,11 @@ transformers or safetensors.
 from __future__ import annotations
 
 import json
+import math
 from contextlib import contextmanager
 from pathlib import Path
+
+from graphrt.config import check_json_depth
 
 
 class CheckpointError(ValueError):
@@ -25,11 +28,15 @@ def read_json(file: Path, *, kind: type | None = dict):
     if not file.is_file():
         raise CheckpointError(f"{file}: not a regular file")
     try:
-        value = json.loads(file.read_text(encoding="utf-8"))
+        text = file.read_text(encoding="utf-8")
+        check_json_depth(text, str(file))
+        value = json.loads(text)
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{file}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
     except (OSError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{file}: cannot read: {_one_line(e)}") from None
+    except ValueError as e:                        # nested too deep (check_json_depth names the file)
+        raise CheckpointError(str(e)) from None
     if kind is not None and not isinstance(value, kind):
         raise CheckpointError(f"{file}: expected a JSON object, got {type(value).__name__}")
     return value
@@ -39,6 +46,9 @@ def read_json(file: Path, *, kind: type | None = dict):
 _REQUIRED_INTS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 _OPTIONAL_INTS = ("num_key_value_heads", "head_dim", "max_position_embeddings")
 _NUMBERS = ("rms_norm_eps", "rope_theta")
+ACTIVATIONS = ("silu", "swish")           # what graphrt's MLP runs (SwiGLU); transformers' names for it
+ROPE_THETA = (1.0, 1e12)                  # (exclusive, inclusive): theta <= 1 gives no rotation spectrum
+ROPE_TYPES = ("default", "llama3")
 
 
 def _is_int(v) -> bool:
@@ -60,6 +70,11 @@ def check_config(raw: dict, file: Path) -> None:
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0
                               or v == float("inf")):
             raise CheckpointError(f"{file}: {name}: expected a finite number > 0, got {v!r}")
+    act = raw.get("hidden_act", "silu")
+    if act not in ACTIVATIONS:
+        raise CheckpointError(f"{file}: hidden_act: {act!r} is not supported; graphrt runs SiLU "
+                              f"(SwiGLU MLP), one of {list(ACTIVATIONS)}")
+    _check_rope(raw, file)
     if "tie_word_embeddings" in raw and not isinstance(raw["tie_word_embeddings"], bool):
         raise CheckpointError(f"{file}: tie_word_embeddings: expected true or false, got "
                               f"{raw['tie_word_embeddings']!r}")
@@ -70,6 +85,43 @@ def check_config(raw: dict, file: Path) -> None:
     if not raw.get("head_dim") and raw["hidden_size"] % heads:
         raise CheckpointError(f"{file}: hidden_size: {raw['hidden_size']} is not a multiple of "
                               f"num_attention_heads {heads} (and no head_dim is given)")
+
+
+def _finite(v) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def _check_rope(raw: dict, file: Path) -> None:
+    """rope_theta in ROPE_THETA; rope_scaling / rope_parameters (transformers 5) of a type graphrt
+    computes, with the fields that type needs in range."""
+    params = raw.get("rope_parameters")
+    if params is not None and not isinstance(params, dict):
+        raise CheckpointError(f"{file}: rope_parameters: expected an object, got {params!r}")
+    lo, hi = ROPE_THETA
+    for key, theta in (("rope_theta", raw.get("rope_theta")),
+                       ("rope_parameters.rope_theta", (params or {}).get("rope_theta"))):
+        if theta is not None and not (_finite(theta) and lo < theta <= hi):
+            raise CheckpointError(f"{file}: {key}: expected a number in ({lo:g}, {hi:g}], got {theta!r}")
+    for key in ("rope_scaling", "rope_parameters"):
+        s = raw.get(key)
+        if s is None:
+            continue
+        if not isinstance(s, dict):
+            raise CheckpointError(f"{file}: {key}: expected an object or null, got {s!r}")
+        kind = s.get("rope_type", s.get("type", "default"))
+        if kind not in ROPE_TYPES:
+            raise CheckpointError(f"{file}: {key}.rope_type: {kind!r} is not supported; graphrt computes "
+                                  f"{list(ROPE_TYPES)}")
+        if kind != "llama3":
+            continue
+        for name, ok, want in (
+                ("factor", lambda v: _finite(v) and 1 <= v <= 1024, "a number in [1, 1024]"),
+                ("low_freq_factor", lambda v: _finite(v) and v > 0, "a number > 0"),
+                ("high_freq_factor", lambda v: _finite(v) and v > s.get("low_freq_factor", 0),
+                 "a number > low_freq_factor"),
+                ("original_max_position_embeddings", lambda v: _is_int(v) and v >= 1, "an int >= 1")):
+            if name not in s or not ok(s[name]):
+                raise CheckpointError(f"{file}: {key}.{name}: expected {want}, got {s.get(name)!r}")
 
 
 def eos_ids(value, file: Path, vocab_size: int) -> tuple[int, ...]:

@@ -363,6 +363,60 @@ def test_writable_parent_directory_is_refused_unless_sticky(built_cache, tmp_pat
     check_cache(cache)
 
 
+def test_cache_reached_through_a_symlink_in_a_writable_directory_is_refused(built_cache, tmp_path, clean_env):
+    """The parents are judged along the path as given: a link inside a world-writable,
+    non-sticky directory can be re-pointed between the check and the load."""
+    safe = tmp_path / "safe"
+    safe.mkdir()
+    shutil.copytree(built_cache, safe / "gc")
+    check_cache(safe / "gc")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    (shared / "link").symlink_to(safe, target_is_directory=True)
+    msg = _refused(shared / "link" / "gc", "shared \\(a directory above the cache\\): writable by group/others")
+    assert f"{shared} (a directory above the cache)" in msg
+    (tmp_path / "rel").symlink_to(Path("shared") / "link", target_is_directory=True)   # a chain, relative
+    _refused(tmp_path / "rel" / "gc", "shared \\(a directory above the cache\\): writable")
+    os.chmod(shared, 0o1777)                          # sticky: only the link's owner can re-point it
+    check_cache(shared / "link" / "gc")
+    check_cache(tmp_path / "rel" / "gc")
+    # a link whose target passes through a writable directory: judged there too
+    os.chmod(shared, 0o755)
+    (tmp_path / "open").mkdir()
+    os.chmod(tmp_path / "open", 0o777)
+    (tmp_path / "open" / "inner").symlink_to(safe, target_is_directory=True)
+    (tmp_path / "front").symlink_to(tmp_path / "open" / "inner", target_is_directory=True)
+    _refused(tmp_path / "front" / "gc", "open \\(a directory above the cache\\): writable")
+
+
+def test_symlink_above_the_cache_owned_by_another_user_is_refused(built_cache, tmp_path, clean_env,
+                                                                monkeypatch):
+    import graphrt.cache.files as cf
+    safe = tmp_path / "safe"
+    safe.mkdir()
+    shutil.copytree(built_cache, safe / "gc")
+    (tmp_path / "link").symlink_to(safe, target_is_directory=True)
+    check_cache(tmp_path / "link" / "gc")
+    real_lstat = os.lstat
+
+    def lstat(p, *a, **kw):                           # the link as if another user made it
+        st = real_lstat(p, *a, **kw)
+        if Path(p) == tmp_path / "link":
+            st = os.stat_result((st.st_mode, st.st_ino, st.st_dev, st.st_nlink, 4242) + tuple(st)[5:])
+        return st
+    monkeypatch.setattr(cf.os, "lstat", lstat)
+    _refused(tmp_path / "link" / "gc", "link \\(a symlink above the cache\\): owned by uid 4242")
+
+
+def test_deeply_nested_manifest_is_one_error_naming_it(cache_dir, capsys):
+    (cache_dir / "manifest.json").write_text("[" * 100000 + "]" * 100000)
+    _refused(cache_dir, "manifest.json: JSON nested 100000 levels deep")
+    assert capture_main(["--check", str(cache_dir), "--trust-unsafe-permissions"]) == 1
+    err = capsys.readouterr().err
+    assert "nested 100000 levels deep" in err and "Traceback" not in err
+
+
 def test_cache_owned_by_another_user_is_refused(art_cache, monkeypatch):
 
     import graphrt.cache.files as cf

@@ -47,3 +47,63 @@ def test_double_free_and_bad_pages_are_refused_without_freeing():
         alloc.allocate(5)
     with pytest.raises(ValueError, match="num_pages"):
         PageAllocator(0)
+
+
+def test_shared_pages_return_only_when_the_last_owner_frees_them():
+    alloc = PageAllocator(6, first=1)                  # ids 1..6; 0 is the null page
+    prefix = alloc.allocate(3)
+    alloc.share(prefix[:2])                          # a second request reuses two prefix pages
+    alloc.share(prefix[:1])                          # and a third the first one
+    assert [alloc.refcount(p) for p in prefix] == [3, 2, 1] and alloc.num_free == 3
+    alloc.free(prefix)                               # the first owner leaves: only prefix[2] is free
+    assert [alloc.refcount(p) for p in prefix] == [2, 1, 0] and alloc.num_free == 4
+    fresh = alloc.allocate(4)                        # every free page, never a held one
+    assert fresh is not None and not set(fresh) & set(prefix[:2]) and prefix[2] in fresh
+    assert alloc.allocate(1) is None                 # held pages are not free pages
+    alloc.free(prefix[:2])
+    assert [alloc.refcount(p) for p in prefix[:2]] == [1, 0] and alloc.num_free == 1
+    with pytest.raises(ValueError, match="double free"):
+        alloc.free(prefix[:2])                       # prefix[1] has no owner left: nothing freed
+    assert alloc.refcount(prefix[0]) == 1 and alloc.num_free == 1
+    with pytest.raises(ValueError, match="cannot share a free page"):
+        alloc.share([prefix[1]])
+    with pytest.raises(ValueError, match="listed twice"):
+        alloc.share([prefix[0], prefix[0]])
+    with pytest.raises(ValueError, match="outside the pool"):
+        alloc.share([0])                             # the null page is never held
+    alloc.free(prefix[:1])
+    alloc.free(fresh)
+    assert alloc.num_free == 6 and all(alloc.refcount(p) == 0 for p in range(1, 7))
+
+
+def test_random_share_and_free_keep_counts_exact():
+    """Random allocate / share / free against a model of owners per page."""
+    rng = random.Random(1)
+    alloc = PageAllocator(24, first=1)
+    owners: dict[int, int] = {}
+    held: list[list[int]] = []                       # one list per owner
+    for _ in range(600):
+        r = rng.random()
+        if held and r < 0.35:
+            pages = held.pop(rng.randrange(len(held)))
+            alloc.free(pages)
+            for p in pages:
+                owners[p] -= 1
+        elif held and r < 0.6:
+            src = rng.choice(held)
+            pages = rng.sample(src, rng.randint(1, len(src))) if src else []
+            alloc.share(pages)
+            held.append(pages)
+            for p in pages:
+                owners[p] += 1
+        else:
+            got = alloc.allocate(rng.randint(0, 5))
+            if got is not None:
+                assert all(owners.get(p, 0) == 0 for p in got)      # never a held page
+                held.append(got)
+                owners.update({p: 1 for p in got})
+        assert all(alloc.refcount(p) == owners.get(p, 0) for p in range(1, 25))
+        assert alloc.num_free == sum(1 for p in range(1, 25) if owners.get(p, 0) == 0)
+    for pages in held:
+        alloc.free(pages)
+    assert alloc.num_free == 24

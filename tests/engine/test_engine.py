@@ -147,3 +147,31 @@ def test_async_iteration_with_the_engine_thread(llm):
         llm.engine.shutdown()
     assert [t for d in deltas for t in d.token_ids] == want.token_ids
     assert "".join(d.text for d in deltas) == want.text and deltas[-1].finish_reason == "length"
+
+
+@pytest.fixture(scope="module")
+def greedy12(llm):
+    """12 greedy tokens of each prompt of test_max_tokens_is_exact_for_every_k (K = 3)."""
+    out = llm.generate(K_PROMPTS, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+    return [o.token_ids for o in out]
+
+
+K_PROMPTS = [[5, 6, 7], [9, 1, 4, 4], [2, 3]]
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
+def test_max_tokens_is_exact_for_every_k(path, greedy12, k):
+    """A K-step block that runs past max_tokens is cut: exactly max_tokens tokens whatever K
+    (7 and 11 are multiples of no K in 2..5; 1 is less than every K > 1), the same greedy tokens
+    as a longer run's prefix, and every page back."""
+    from _engine_steps import drive
+    llm = LLM(path, max_batch=3, steps_per_graph=k, **CPU)
+    caps = [7, 11, 1]
+    eng = llm.engine
+    streams = [eng.add_request(p, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
+               for p, n in zip(K_PROMPTS, caps)]
+    drive(eng, max_steps=2 + 11)                     # a prefill step, then at least one token a step
+    outs = [s.result() for s in streams]
+    assert [len(o.token_ids) for o in outs] == caps and all(o.finish_reason == "length" for o in outs)
+    assert [o.token_ids for o in outs] == [w[:n] for w, n in zip(greedy12, caps)]
+    _pages_back(llm)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from _checkpoints import assert_greedy_matches_hf
+from _engine_steps import drive
 from graphrt import LLM, SamplingParams
 
 pytestmark = pytest.mark.gpu
@@ -65,8 +66,7 @@ def test_block_launch_makes_no_host_sync(path):
     llm.runtime.check_device_errors()
     for s in streams:
         eng.abort(s.request_id)
-    while eng.step():
-        pass
+    drive(eng, max_steps=20)
 
 
 def test_pool_is_sized_from_free_memory(path):

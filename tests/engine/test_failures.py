@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from _checkpoints import write
+from _engine_steps import drive
 from graphrt import LLM, SamplingParams
 from graphrt.engine.engine import EngineDeadError
 
@@ -97,13 +98,9 @@ def test_one_failing_request_leaves_the_others(path, reference, monkeypatch, whe
             assert eng.threaded                       # the loop goes on
         # and the engine still serves
         assert eng.add_request(PROMPTS[0], GREEDY).result().token_ids == reference[0]
-        if not threaded:
-            while eng.step():
-                pass
-        else:
+        if threaded:
             eng.shutdown()
-            while eng.step():
-                pass
+        drive(eng, max_steps=50)
         _clean(eng)
     finally:
         eng.shutdown()

@@ -50,6 +50,10 @@ def test_tied_embeddings_share_one_tensor_and_dtype_follows_file(tmp_path_factor
     cfg = json.loads((path / "config.json").read_text())
     cfg["tie_word_embeddings"] = True
     (path / "config.json").write_text(json.dumps(cfg))
+    from safetensors.torch import load_file, save_file
+    sd = load_file(str(path / "model.safetensors"))
+    del sd["lm_head.weight"]                       # a tied checkpoint stores the embedding once
+    save_file(sd, str(path / "model.safetensors"), metadata={"format": "pt"})
     ck = load_checkpoint(path)
     assert ck.weights["lm_head"] is ck.weights["embed"] and ck.dtype == torch.bfloat16
     assert load_checkpoint(path, dtype=torch.float32).weights["embed"].dtype == torch.float32
@@ -118,3 +122,31 @@ def test_bad_shape_and_dtype_name_file_and_tensor(good, tmp_path):
     (d / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(CheckpointError, match="tensor 'model.norm.weight' missing"):
         load_checkpoint(d)
+
+
+def _graphrt_imports(rel: str) -> list[tuple[str, str]]:
+    """(module, name) of every `from graphrt... import name` in graphrt/<rel>, lazy ones included."""
+    import ast
+    from pathlib import Path
+    src = (Path(__file__).resolve().parents[2] / "graphrt" / rel).read_text()
+    return [(n.module, a.name) for n in ast.walk(ast.parse(src))
+            if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("graphrt") for a in n.names]
+
+
+def test_loaders_share_one_public_checkpoint_files_module():
+    """The float and FP8 loaders both read checkpoint_files.py: no private name crosses a module,
+    and quant_loader never imports loader (loader reaches quant_loader lazily, one way)."""
+    for rel in ("engine/loader.py", "engine/quant_loader.py", "engine/checkpoint_files.py", "engine/model.py"):
+        imports = _graphrt_imports(rel)
+        assert not [x for x in imports if x[1].startswith("_")], (rel, imports)
+    assert all(m != "graphrt.engine.loader" for m, _ in _graphrt_imports("engine/quant_loader.py"))
+    assert all(not m.startswith("graphrt.engine.") or m == "graphrt.model.hf_files"
+               for m, _ in _graphrt_imports("engine/checkpoint_files.py"))
+
+
+def test_model_quant_imports_nothing_from_the_model():
+    from pathlib import Path
+    quant = Path(__file__).resolve().parents[2] / "graphrt" / "model" / "quant"
+    for f in sorted(quant.glob("*.py")):
+        mods = {m for m, _ in _graphrt_imports(f"model/quant/{f.name}")}
+        assert all(m.startswith("graphrt.model.quant") for m in mods), (f.name, mods)

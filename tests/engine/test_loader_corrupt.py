@@ -76,6 +76,22 @@ CASES = {  # id: (mutation, file named, text in the message)
     "tok_bad_json": (_write("tokenizer.json", b'{"version": '), "tokenizer.json", "invalid JSON"),
     "tok_cfg_bad_json": (_write("tokenizer_config.json", b"nope"), "tokenizer_config.json", "invalid JSON"),
     "tok_garbage": (_write("tokenizer.json", b'{"version": "1.0"}'), "tokenizer.json", "tokenizer"),
+    "config_deep": (_write("config.json", b'{"a": ' * 5000 + b"1" + b"}" * 5000), "config.json",
+                    "nested 5000 levels deep"),
+    "gen_deep": (_write("generation_config.json", b"[" * 3000 + b"]" * 3000), "generation_config.json",
+                 "nested 3000 levels deep"),
+    "gelu": (_edit_json("config.json", hidden_act="gelu"), "config.json", "hidden_act: 'gelu'"),
+    "rope_tiny": (_edit_json("config.json", rope_theta=1e-300), "config.json", "rope_theta"),
+    "rope_one": (_edit_json("config.json", rope_theta=1), "config.json", "rope_theta"),
+    "rope_params_tiny": (_edit_json("config.json", rope_parameters={"rope_type": "default", "rope_theta": 1e-300}),
+                         "config.json", "rope_parameters.rope_theta"),
+    "rope_yarn": (_edit_json("config.json", rope_scaling={"rope_type": "yarn", "factor": 4.0}), "config.json",
+                  "rope_scaling.rope_type: 'yarn'"),
+    "rope_llama3_partial": (_edit_json("config.json", rope_scaling={"rope_type": "llama3", "factor": 8.0}),
+                            "config.json", "rope_scaling.low_freq_factor"),
+    "rope_llama3_factor": (_edit_json("config.json", rope_scaling={
+        "rope_type": "llama3", "factor": float("nan"), "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64}), "config.json", "rope_scaling.factor"),
 }
 
 

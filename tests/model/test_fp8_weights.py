@@ -10,7 +10,7 @@ from graphrt import RuntimeConfig
 from graphrt.model import LlamaDecoder
 from graphrt.model.linear import Linear, linear
 from graphrt.model.quant import FP8, FP8_MAX, Fp8Weight, cat_rows, quantize_fp8
-from graphrt.model.quant.weights import dequantize_weights, quantize_weights
+from graphrt.model.fp8_weights import dequantize_weights, quantize_weights
 from graphrt.model.runtime import ModelRuntime
 from graphrt.model.spec import LlamaSpec
 from graphrt.model.weights import fuse_hf_state_dict

@@ -69,8 +69,9 @@ def _compressed_tensors(q: dict) -> Fp8Format:
     (name, g), = groups.items()
     _need(isinstance(g, dict) and g.get("targets") == ["Linear"], f"config_groups.{name}.targets",
           g.get("targets") if isinstance(g, dict) else g, "['Linear']")
-    w = g.get("weights") or {}
+    w = g.get("weights")
     f = f"config_groups.{name}.weights"
+    _need(isinstance(w, dict), f, w, "an object (type, num_bits, strategy)")
     _need(w.get("type") == "float", f + ".type", w.get("type"), "'float'")
     _need(w.get("num_bits") == 8, f + ".num_bits", w.get("num_bits"), "8")
     _need(w.get("symmetric", True) is True, f + ".symmetric", w.get("symmetric"), "true")
@@ -80,17 +81,31 @@ def _compressed_tensors(q: dict) -> Fp8Format:
     block = None
     if strategy == "block":
         bs = w.get("block_structure")
-        _need(isinstance(bs, list) and len(bs) == 2 and all(isinstance(b, int) and b > 0 for b in bs),
+        _need(isinstance(bs, list) and len(bs) == 2 and all(type(b) is int and b > 0 for b in bs),
               f + ".block_structure", bs, "[rows, cols] of positive ints")
         block = tuple(bs)
     a = g.get("input_activations")
     if a is not None:
         f = f"config_groups.{name}.input_activations"
-        _need(a.get("type") == "float" and a.get("num_bits") == 8, f, a, "null or 8-bit float")
-    ignore = q.get("ignore") or []
-    _need(isinstance(ignore, list) and all(isinstance(s, str) for s in ignore), "ignore", ignore,
+        _need(isinstance(a, dict) and a.get("type") == "float" and a.get("num_bits") == 8, f, a,
+              "null or 8-bit float")
+    ignore = _module_list(q, "ignore")
+    return Fp8Format("compressed-tensors", strategy, block, "weight_scale", ignore)
+
+
+def _module_list(q: dict, key: str) -> tuple[str, ...]:
+    """A list of module names / `re:` patterns; each pattern must compile."""
+    names = q.get(key) or []
+    _need(isinstance(names, list) and all(isinstance(s, str) for s in names), key, names,
           "a list of module names")
-    return Fp8Format("compressed-tensors", strategy, block, "weight_scale", tuple(ignore))
+    for i, pat in enumerate(names):
+        if pat.startswith("re:"):
+            try:
+                re.compile(pat[3:])
+            except re.error as e:
+                raise ValueError(f"quantization_config.{key}[{i}]: {pat!r} is not a valid regular "
+                                 f"expression ({e})") from None
+    return tuple(names)
 
 
 def _transformers_fp8(q: dict) -> Fp8Format:
@@ -99,13 +114,11 @@ def _transformers_fp8(q: dict) -> Fp8Format:
           q.get("activation_scheme"), "'dynamic'")
     bs = q.get("weight_block_size")
     if bs is not None:
-        _need(isinstance(bs, list) and len(bs) == 2 and all(isinstance(b, int) and b > 0 for b in bs),
+        _need(isinstance(bs, list) and len(bs) == 2 and all(type(b) is int and b > 0 for b in bs),
               "weight_block_size", bs, "[rows, cols] of positive ints or null")
-    skip = q.get("modules_to_not_convert") or []
-    _need(isinstance(skip, list) and all(isinstance(s, str) for s in skip), "modules_to_not_convert",
-          skip, "a list of module names")
+    skip = _module_list(q, "modules_to_not_convert")
     return Fp8Format("fp8", "tensor" if bs is None else "block", None if bs is None else tuple(bs),
-                     "weight_scale_inv", tuple(skip))
+                     "weight_scale_inv", skip)
 
 
 def parse_quantization(raw: dict, quantization: str | None = None) -> Fp8Format | None:

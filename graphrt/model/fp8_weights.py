@@ -1,4 +1,6 @@
-"""Whole-model FP8 conversion of `ModelWeights` (graphrt/model/weights.py), both directions.
+"""Whole-model FP8 conversion of `ModelWeights` (graphrt/model/weights.py), both directions; it sits
+above both weights.py and the FP8 storage of graphrt/model/quant/, so imports point one way
+(quant/ imports nothing from the model).
 
     w8 = quantize_weights(w, "channel")        # qkv / o / gate_up / down -> Fp8Weight
     ref = dequantize_weights(w8)               # float32 ModelWeights: the reference model

@@ -1,0 +1,74 @@
+"""EngineConfig (graphrt/engine/config.py): every field type- and range-checked, naming the field;
+the big buffers a config implies checked against the memory of their device before anything is
+allocated (a ValueError with the bytes needed, the bytes available and the fields)."""
+from __future__ import annotations
+
+import pytest
+
+from _checkpoints import write
+from graphrt.engine.config import EngineConfig
+from graphrt.model.spec import LlamaSpec
+
+TINY = LlamaSpec(vocab_size=384, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=2,
+                 num_kv_heads=1, head_dim=64, rms_norm_eps=1e-5, rope_theta=1e4,
+                 tie_word_embeddings=False, attention_bias=False, max_position_embeddings=256)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("seed", -1), ("seed", "x"), ("seed", 2**63), ("seed", True), ("seed", 1.5),
+    ("max_batch", 0), ("max_batch", 2**31), ("max_batch", 4.0), ("max_batch", None),
+    ("steps_per_graph", -2), ("steps_per_graph", "4"), ("page_size", 2**40), ("page_size", False),
+    ("num_pages", 0), ("num_pages", 2**31), ("max_model_len", "8k"), ("max_model_len", 0),
+    ("gpu_memory_utilization", 0), ("gpu_memory_utilization", 1.5), ("gpu_memory_utilization", "0.9"),
+    ("gpu_memory_utilization", float("nan")),
+    ("backend", "fast"), ("backend", "auto"), ("backend", ["flashinfer"]), ("backend", 3),
+    ("dtype", "fp8"), ("dtype", ["bfloat16"]), ("dtype", 16),
+    ("overlap", 1), ("overlap", "yes"), ("capture", None),
+])
+def test_every_field_is_checked(field, value):
+    with pytest.raises(ValueError, match=f"^{field}: "):
+        EngineConfig(**{field: value})
+
+
+@pytest.mark.parametrize("field,value", [("seed", 0), ("seed", 2**63 - 1), ("seed", None),
+                                         ("num_pages", None), ("max_model_len", None),
+                                         ("gpu_memory_utilization", 1), ("backend", "reference"),
+                                         ("dtype", "float32"), ("page_size", 1)])
+def test_edge_values_are_accepted(field, value):
+    assert getattr(EngineConfig(**{field: value}), field) == value
+
+
+@pytest.mark.parametrize("fields", [{"page_size": 10**6}, {"max_batch": 10**5}])
+def test_memory_needed_counts_the_pool_and_the_tables(fields):
+    cfg = EngineConfig(**fields)
+    pages = 1 + cfg.max_batch * cfg.pages_per_seq(256)
+    need = cfg.memory_needed(TINY, max_model_len=256, dtype_bytes=4, pool_pages=pages)
+    page_bytes = 2 * 2 * cfg.page_size * 1 * 64 * 4           # K and V, 2 layers, 1 KV head, D 64, float32
+    assert need["kv_pool"] == pages * page_bytes > 16 * 2**30          # what the CPU used to allocate
+    assert need["block_tables"] == 3 * cfg.max_batch * cfg.pages_per_seq(256) * 4
+    with pytest.raises(ValueError) as e:
+        cfg.check_memory(need, available_bytes=8 * 2**30, device="cpu")
+    msg = str(e.value)
+    total = sum(need.values())
+    assert f"needs {total} bytes" in msg and f"{8 * 2**30} bytes" in msg and "on cpu" in msg
+    for k, v in fields.items():
+        assert f"{k}={v}" in msg
+    cfg.check_memory(need, available_bytes=total, device="cpu")        # exactly enough: fine
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+@pytest.mark.parametrize("fields", [{"page_size": 10**6}, {"max_batch": 10**5}])
+def test_llm_refuses_an_oversized_pool_before_allocating_it(tmp_path_factory, monkeypatch, fields):
+    pytest.importorskip("transformers")
+    import graphrt.engine.llm as llm_mod
+    from graphrt import LLM
+    path = write(tmp_path_factory, "bounds", arch="llama", dtype="float32", seed=2)
+    monkeypatch.setattr(llm_mod, "available_bytes", lambda device: 8 * 2**30)   # a machine of 8 GiB free
+    before = _rss()
+    with pytest.raises(ValueError, match=r"the runtime needs \d+ bytes .* on cpu, 8589934592 bytes"):
+        LLM(path, device="cpu", backend="reference", **fields)
+    assert _rss() - before < 2**30                                  # nothing of the 16+ GiB was touched
