@@ -7,8 +7,9 @@ What uvicorn alone leaves open, bounded by ServeConfig (app.state.serve_config):
 - max_connections: a connection past the bound gets an OpenAI error body, 503, and is closed at
   once (before it sends anything); the open ones are untouched.
 - header_timeout_s: a request's headers must arrive within this many seconds of the connection's
-  start (or of the previous response's end on a kept-alive connection); a client that sent part
-  of them gets 408 and is closed (one that sent nothing is closed silently, as an idle keep-alive).
+  start, or on a kept-alive connection of the next request's first byte (an idle kept-alive
+  connection is closed by uvicorn's keep-alive timeout); a client that sent part of them gets 408
+  and is closed (one that sent nothing is closed silently).
   The body's deadline (body_timeout_s) is the app's (limits.py).
 - A response sent before its request's body was read whole (413, 408, a route that ignores the
   body) closes the connection: the rest of that body would otherwise keep it open.
@@ -60,9 +61,11 @@ class GuardedH11Protocol(H11Protocol):
         self._arm()
 
     def data_received(self, data: bytes) -> None:
+        cycle = self.cycle
+        if self._header_timer is None and (cycle is None or cycle.response_complete):
+            self._arm()                                # the first byte of the next request
         if self._header_timer is not None:
             self._partial = True
-        cycle = self.cycle
         super().data_received(data)
         if self.cycle is not cycle:                    # the headers are in: a new request cycle began
             self._disarm()
@@ -74,8 +77,9 @@ class GuardedH11Protocol(H11Protocol):
             return
         if unread:                                     # answered before its body was read whole
             self.transport.close()
-        elif self.cycle is cycle:                      # no pipelined request started: wait for one
+        elif self.cycle is cycle and self.conn.trailing_data[0]:   # part of a pipelined request
             self._arm()
+            self._partial = True
 
     def connection_lost(self, exc) -> None:
         self._disarm()
