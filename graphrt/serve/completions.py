@@ -12,6 +12,8 @@ raise_exception) is a 400 naming the field. A request that fails in the engine: 
 engine refused its values (ValueError), 500 otherwise. A chat stream's first chunk carries the
 role; every later content delta carries text (a delta whose text is still held back, e.g. part
 of a character or a possible stop string, is sent only for its token ids, with return_token_ids).
+Completion streams send every delta that has tokens (`"text": ""` included: clients time tokens by
+events).
 """
 from __future__ import annotations
 
@@ -140,7 +142,7 @@ class Generation:
                 text=text, finish_reason=reason, token_ids=ids if with_ids else None)])
             return f"data: {c.model_dump_json()}\n\n"
 
-        async for event in _events(ds, chunk, include_usage, with_ids,
+        async for event in _events(ds, chunk, include_usage, True,      # text "" keeps the tokens' timing
                                    lambda u: CompletionResponse(id=rid, model=self.model_name, choices=[], usage=u)):
             yield event
 
@@ -158,14 +160,14 @@ class Generation:
             yield event
 
 
-async def _events(ds: DeltaStream, chunk, include_usage: bool, with_ids: bool, usage_chunk):
-    """Deltas -> SSE events (a delta without text only when its token ids are asked for); the
-    final event carries finish_reason; then usage (if asked), [DONE]."""
+async def _events(ds: DeltaStream, chunk, include_usage: bool, textless: bool, usage_chunk):
+    """Deltas -> SSE events (a delta with tokens but no text yet only if `textless`); the final
+    event carries finish_reason; then usage (if asked), [DONE]."""
     try:
         async for d in ds:
             if d.finish_reason == "abort":
                 raise APIError(503, "request aborted by the engine")
-            if d.text or (with_ids and d.token_ids):
+            if d.text or (textless and d.token_ids):
                 yield chunk(d.text, None, list(d.token_ids))
             if d.finish_reason is not None:
                 yield chunk("", d.finish_reason, [])
