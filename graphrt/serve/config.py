@@ -29,7 +29,8 @@ class ServeConfig:
     max_waiting: requests that may queue beyond the engine's decode slots before 503;
     max_request_bytes: a larger request body is refused with 413 before it is parsed;
     header_timeout_s: a request's headers must arrive within this many seconds of the connection's
-    start (or the previous response's end), else 408 and the connection is closed;
+    start (on a kept-alive connection: of the request's first byte), else 408 and the connection
+    is closed;
     body_timeout_s: its body must arrive whole within this many seconds of its headers, else 408;
     max_connections: open connections; one more is answered 503 and closed at once;
     shutdown_timeout_s: on SIGTERM in-flight streams end with an error event at once and the
