@@ -10,15 +10,16 @@ import time
 
 
 class LiveServer:
-    """Runs `app` with uvicorn on an already-bound 127.0.0.1 socket (no port race)."""
+    """Runs `app` (create_app's) as `graphrt serve` does (graphrt/serve/server.py: uvicorn with the
+    connection guards) on an already-bound 127.0.0.1 socket (no port race)."""
 
     def __init__(self, app):
-        import uvicorn
+        from graphrt.serve.server import build_server
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self.server = build_server(app, host="127.0.0.1", port=self.port, log_level="warning")
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     @property

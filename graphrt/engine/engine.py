@@ -370,12 +370,23 @@ class Engine:
         self._thread.start()
 
     def shutdown(self) -> None:
+        """Stop the background thread (once its step in progress has finished) and end every
+        request still in flight: its stream gets a final delta with finish_reason "abort" and its
+        pages go back. A no-op without the thread."""
         if self._thread is None:
             return
         self._stop.set()
         self._wake.set()
         self._thread.join()
         self._thread = None
+        with self._step_lock:                          # readers may step the engine from now on
+            if self.error is None:
+                self._drain_inbox()
+                for req in list(self._requests.values()):
+                    req.sink(self.scheduler.abort(req))
+                self._requests.clear()
+                while self._pending:                   # blocks in flight: their rows are finished
+                    self._finish(self._pending.popleft())
 
     @property
     def threaded(self) -> bool:

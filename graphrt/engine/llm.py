@@ -12,7 +12,9 @@
 
 Thread-safe: generate / chat may be called from any number of threads; each caller's streams
 drive the engine's step (one step at a time, engine.step's lock) or wait on the engine's thread
-(llm.engine.start()); every caller gets the tokens it gets alone. If the engine dies (an error
+(llm.engine.start()); every caller gets the tokens it gets alone. A Ctrl-C (KeyboardInterrupt) or an error while
+generate waits aborts that caller's requests (their pages go back) and the LLM keeps serving; a
+Ctrl-C during an engine step takes effect when the step has finished (stream.py). If the engine dies (an error
 no single request caused, docs/engine.md), every caller raises EngineDeadError.
 """
 from __future__ import annotations
@@ -26,6 +28,7 @@ from graphrt.engine.config import EngineConfig
 from graphrt.engine.device import available_bytes, check_device_support, resolve_device, select_triton_mode
 from graphrt.engine.hub import resolve_model
 from graphrt.engine.params import RequestOutput, SamplingParams
+from graphrt.engine.stream import interrupt_after
 
 # The engine, loader and model import graphrt's Triton kernels: they are imported inside the
 # functions below, after select_triton_mode (graphrt/engine/device.py) has chosen the mode.
@@ -187,7 +190,21 @@ class LLM:
             for s in streams:
                 self.engine.abort(s.request_id)
             raise
-        return _collect(streams, progress=use_tqdm and len(streams) > 1)
+        try:
+            return _collect(streams, progress=use_tqdm and len(streams) > 1)
+        except BaseException:                      # Ctrl-C (KeyboardInterrupt) or a request's error
+            self._abort(streams)
+            raise
+
+    def _abort(self, streams) -> None:
+        """Abort the caller's own requests (a no-op for those that finished). Without the engine's
+        thread one step applies the aborts here, so their pages are back when generate returns;
+        with it, the engine's loop applies them within a step."""
+        for s in streams:
+            self.engine.abort(s.request_id)
+        if not self.engine.threaded and self.engine.error is None:
+            with interrupt_after():
+                self.engine.step()
 
     def chat(self, messages, sampling_params: SamplingParams | None = None) -> RequestOutput:
         """One conversation (a list of {"role", "content"} dicts) through the tokenizer's chat

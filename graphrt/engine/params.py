@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 MAX_SEED = 2**63 - 1        # seeds are int64 rows on the device
 MAX_TEMPERATURE = 1e4       # past this the distribution is uniform to float32 precision anyway
+MAX_STOP_STRINGS = 256      # stop strings per request
+MAX_STOP_CHARS = 16384      # their total length in characters (the held-back tail is the longest - 1)
 
 
 def _short(value) -> str:
@@ -36,7 +38,8 @@ class SamplingParams:
     max_tokens >= 1; temperature in [0, MAX_TEMPERATURE] (0 = greedy); top_k 0 or -1 = off,
     else >= 1 (the engine clamps it to the vocabulary: the same distribution); top_p in
     (0, 1]; seed None (the engine draws one) or an int in [0, 2**63); stop: strings that end
-    the output (not included in its text); stop_token_ids: ids that end it (kept in token_ids);
+    the output (not included in its text), at most MAX_STOP_STRINGS of them and MAX_STOP_CHARS
+    characters in all; stop_token_ids: ids that end it (kept in token_ids);
     ignore_eos: do not stop at the model's end-of-sequence ids.
     """
 
@@ -65,8 +68,13 @@ class SamplingParams:
         if self.seed is not None:
             _int("seed", self.seed, 0, MAX_SEED)
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if isinstance(stop, (list, tuple)) and len(stop) > MAX_STOP_STRINGS:   # before looking at each
+            raise ValueError(f"stop: at most {MAX_STOP_STRINGS} stop strings, got {len(stop)}")
         if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
-            raise ValueError(f"stop: expected a non-empty string or a list of them, got {self.stop!r}")
+            raise ValueError(f"stop: expected a non-empty string or a list of them, got {_short(self.stop)}")
+        chars = sum(map(len, stop))
+        if chars > MAX_STOP_CHARS:
+            raise ValueError(f"stop: at most {MAX_STOP_CHARS} characters in all, got {chars}")
         object.__setattr__(self, "stop", tuple(stop))
         ids = self.stop_token_ids
         if not isinstance(ids, (list, tuple)):
@@ -97,4 +105,4 @@ class RequestOutput:
         return self.finish_reason is not None
 
 
-__all__ = ["SamplingParams", "RequestOutput", "MAX_TEMPERATURE", "MAX_SEED"]
+__all__ = ["SamplingParams", "RequestOutput", "MAX_TEMPERATURE", "MAX_SEED", "MAX_STOP_STRINGS", "MAX_STOP_CHARS"]

@@ -1,8 +1,18 @@
-"""A request's stream of RequestOutput deltas (an iterator; the engine fills it)."""
+"""A request's stream of RequestOutput deltas (an iterator; the engine fills it).
+
+Without an engine thread, reading a stream runs the engine's step on the reader's thread. On the
+main thread a Ctrl-C (SIGINT) that arrives during a step is held until the step has finished
+(`interrupt_after`): a KeyboardInterrupt raised half-way through a step would leave the engine's
+state half-updated (and the engine dead); raised between steps, the caller can abort its own
+requests (LLM.generate does) and the engine goes on serving.
+"""
 from __future__ import annotations
 
 import asyncio
 import queue
+import signal
+import threading
+from contextlib import contextmanager
 
 from graphrt.engine.params import RequestOutput
 
@@ -28,7 +38,8 @@ class RequestStream:
                 if self.engine.threaded:
                     item = self._q.get()
                 else:
-                    self.engine.step()
+                    with interrupt_after():
+                        self.engine.step()
                     continue
             if isinstance(item, BaseException):
                 raise item
@@ -60,3 +71,22 @@ class RequestStream:
                 total.token_ids += d.token_ids
             total.finish_reason = d.finish_reason
         return total
+
+
+@contextmanager
+def interrupt_after():
+    """Hold SIGINT for the duration of the block; raise KeyboardInterrupt when it ends if one came.
+    Only on the main thread, and only while Python's default handler is installed (a handler the
+    application installed is left alone); elsewhere a no-op."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    held = []
+    signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if held:
+            raise KeyboardInterrupt

@@ -5,9 +5,12 @@
 
 Routes: POST /v1/completions, POST /v1/chat/completions (completions.py), GET /v1/models,
 GET /v1/models/{id}, GET /health, GET /metrics (metrics.py). Bodies over
-config.max_request_bytes are refused with 413 (limits.py); with config.api_key every route but
-/health needs `Authorization: Bearer <key>` (401 otherwise, auth.py); /health is 503 once the engine died. The app starts the engine's
-background thread on start-up (unless it already runs) and stops it on shut-down if it started it.
+config.max_request_bytes are refused with 413, bodies slower than config.body_timeout_s with 408
+(limits.py); request bodies are parsed off the event loop (completions.py); /health is 503 once
+the engine died. With config.api_key every route but /health needs `Authorization: Bearer <key>`
+(401 otherwise, auth.py). The app starts the engine's background thread on start-up (unless it
+already runs) and stops it on shut-down if it started it. The server around it (connection bound, header
+deadline, bounded shutdown): server.py.
 """
 from __future__ import annotations
 
@@ -50,24 +53,27 @@ def create_app(llm, config: ServeConfig | None = None, *, model_name: str | None
         try:
             yield
         finally:
-            gen.close()
+            bridge.close()
             if started:
-                engine.shutdown()
+                engine.shutdown()                      # ends requests still in flight ("abort")
 
     app = FastAPI(title="graphrt", lifespan=lifespan)
     app.state.bridge, app.state.metrics, app.state.model_name = bridge, metrics, name
+    app.state.serve_config = config
     install_handlers(app)
-    app.add_middleware(BodyLimit, max_bytes=config.max_request_bytes)
+    app.add_middleware(BodyLimit, max_bytes=config.max_request_bytes, timeout_s=config.body_timeout_s)
     if config.api_key is not None:                 # added last: runs first, before the body is read
         app.add_middleware(ApiKeyAuth, api_key=config.api_key)
 
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
-        return await gen.completions(body, request)
+    # the bodies are parsed by gen.parse (worker pool), not by FastAPI on the event loop; openapi_extra
+    # keeps their schema in /docs
+    @app.post("/v1/completions", openapi_extra=_body_schema(CompletionRequest))
+    async def completions(request: Request):
+        return await gen.completions(await gen.parse(request, CompletionRequest), request)
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, request: Request):
-        return await gen.chat(body, request)
+    @app.post("/v1/chat/completions", openapi_extra=_body_schema(ChatCompletionRequest))
+    async def chat_completions(request: Request):
+        return await gen.chat(await gen.parse(request, ChatCompletionRequest), request)
 
     @app.get("/v1/models")
     async def models():
@@ -91,6 +97,10 @@ def create_app(llm, config: ServeConfig | None = None, *, model_name: str | None
         return PlainTextResponse(metrics.render(bridge.stats()), media_type=PROMETHEUS_TEXT)
 
     return app
+
+
+def _body_schema(model) -> dict:
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
 
 
 __all__ = ["create_app"]

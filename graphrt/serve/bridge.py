@@ -8,13 +8,22 @@ server error) aborts the request so the engine frees its pages.
 
 Admission: at most max_batch (decode slots) + max_waiting requests are in flight; one more is
 refused with 503 before it reaches the engine.
+
+Work that takes the event loop's thread for long is run on a small worker pool (`run`): request
+parsing and validation, tokenization and chat templates, and the engine's add_request (its
+token-id scan of the prompt and the stop-string automaton), so that /health and every stream
+keep moving while a large request is taken in. At shutdown (`close_streams`) every open stream
+ends with a 503 error and its request is aborted.
 """
 from __future__ import annotations
 
 import asyncio
+import functools
+import os
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from graphrt.serve.errors import APIError
@@ -33,12 +42,30 @@ class AsyncEngine:
     """engine: a started graphrt Engine (add_request / abort / scheduler); max_batch: its decode
     slots; max_waiting: how many more requests may queue before 503."""
 
-    def __init__(self, engine, *, max_batch: int, max_waiting: int, metrics: Metrics):
+    def __init__(self, engine, *, max_batch: int, max_waiting: int, metrics: Metrics, workers: int | None = None):
         if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 0:
             raise ValueError(f"max_waiting: must be an int >= 0, got {max_waiting!r}")
         self.engine, self.metrics = engine, metrics
         self.capacity = max_batch + max_waiting
         self.in_flight = 0                             # event-loop thread only
+        self.closing = False                           # event-loop thread only: set by close_streams
+        self._open: set[DeltaStream] = set()           # event-loop thread only
+        n = workers or min(4, os.cpu_count() or 1)     # HF fast tokenizers release the GIL
+        self._pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="graphrt-serve-work")
+
+    async def run(self, fn, *args):
+        """fn(*args) on the worker pool (what it raises is raised here)."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def close_streams(self) -> None:
+        """Server shutdown (event-loop thread): refuse new requests; every open stream ends with a
+        503 error event (whole responses: a 503) and its request is aborted."""
+        self.closing = True
+        for ds in list(self._open):
+            ds._queue.put_nowait(APIError(503, "server: shutting down"))
 
     def stats(self) -> EngineStats:
         """Read the engine's scheduler from this thread: ints and lengths, no locks (a snapshot
@@ -54,24 +81,43 @@ class AsyncEngine:
         """The engine's loop runs and has not died (engine.error: an unattributable failure)."""
         return bool(getattr(self.engine, "threaded", True)) and getattr(self.engine, "error", None) is None
 
-    def submit(self, prompt, params, *, kind: str = "cmpl") -> tuple[str, "DeltaStream"]:
-        """Queue a prompt; returns (request id, async iterator of deltas). Raises APIError 503
-        when full, 400 (from the engine's ValueError) for a bad prompt or parameters."""
+    async def submit(self, prompt, params, *, kind: str = "cmpl") -> tuple[str, "DeltaStream"]:
+        """Queue a prompt (engine.add_request on the worker pool); returns (request id, async
+        iterator of deltas). Raises APIError 503 when full or shutting down, 400 (from the
+        engine's ValueError) for a bad prompt or parameters."""
         if not self.healthy():
             raise APIError(503, "engine: the engine loop is not running")
+        if self.closing:
+            raise APIError(503, "server: shutting down")
         if self.in_flight >= self.capacity:
             self.metrics.rejected += 1
             raise APIError(503, f"queue full: {self.in_flight} requests in flight, the limit is "
                                 f"max_batch + max_waiting = {self.capacity}; retry later")
         rid = f"{kind}-{uuid.uuid4().hex}"
+        self.in_flight += 1                            # the place is held while add_request runs
+        loop = asyncio.get_running_loop()
+        added = loop.run_in_executor(self._pool, functools.partial(self.engine.add_request, prompt, params,
+                                                                   request_id=rid))
         try:
-            stream = self.engine.add_request(prompt, params, request_id=rid)
+            stream = await asyncio.shield(added)
+        except asyncio.CancelledError:                 # the route was cancelled: abort once it is added
+            self.in_flight -= 1
+            added.add_done_callback(lambda f: f.cancelled() or f.exception() or self.engine.abort(rid))
+            raise
         except ValueError as e:
+            self.in_flight -= 1
             raise APIError.from_value_error(e) from None
         except RuntimeError as e:                      # EngineDeadError: it died since healthy()
+            self.in_flight -= 1
             raise APIError(503, f"engine: {e}") from None
-        self.in_flight += 1
-        return rid, DeltaStream(self, rid, stream, asyncio.get_running_loop())
+        except BaseException:
+            self.in_flight -= 1
+            raise
+        ds = DeltaStream(self, rid, stream, loop)
+        self._open.add(ds)
+        if self.closing:                               # shutdown began while add_request ran
+            ds._queue.put_nowait(APIError(503, "server: shutting down"))
+        return rid, ds
 
     def _release(self) -> None:
         self.in_flight -= 1
@@ -107,7 +153,8 @@ class DeltaStream:
             while t.finish_reason is None:
                 item = await self._queue.get()
                 if isinstance(item, BaseException):
-                    t.finish_reason = "error"
+                    if not isinstance(item, APIError):  # the engine failed it (and freed it);
+                        t.finish_reason = "error"       # an APIError (shutdown): _close aborts it
                     raise item
                 now = time.perf_counter()
                 if item.token_ids and self._t_first is None:
@@ -130,6 +177,7 @@ class DeltaStream:
         if self._closed:
             return
         self._closed = True
+        self.owner._open.discard(self)
         t = self.totals
         if t.finish_reason is None:                     # left early: free the engine's pages
             self.owner.engine.abort(self.request_id)

@@ -39,7 +39,8 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def build_parser(prog: str = "graphrt serve") -> argparse.ArgumentParser:
     from graphrt import __version__
-    from graphrt.serve.config import DEFAULT_MAX_WAITING
+    from graphrt.serve.config import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS,
+                                      DEFAULT_MAX_WAITING, DEFAULT_SHUTDOWN_TIMEOUT_S)
     from graphrt.serve.flags import add_model_flags
     p = argparse.ArgumentParser(prog=prog, formatter_class=_HelpFormatter,
                                 description="OpenAI-compatible HTTP server over the graphrt engine "
@@ -76,6 +77,19 @@ def build_parser(prog: str = "graphrt serve") -> argparse.ArgumentParser:
                         f"or max_waiting in --config)")
     p.add_argument("--max-request-bytes", type=int, default=None, metavar="N",
                    help="refuse request bodies larger than N bytes with 413 (default: 4 MiB)")
+    p.add_argument("--header-timeout", type=float, default=None, metavar="SECONDS", dest="header_timeout_s",
+                   help=f"a request's headers must arrive within this many seconds of the connection's start "
+                        f"(or the previous response's end), else 408 and the connection is closed "
+                        f"(default: {DEFAULT_HEADER_TIMEOUT_S:g}, or header_timeout_s in --config)")
+    p.add_argument("--body-timeout", type=float, default=None, metavar="SECONDS", dest="body_timeout_s",
+                   help=f"a request's body must arrive whole within this many seconds of its headers, else 408 "
+                        f"(default: {DEFAULT_BODY_TIMEOUT_S:g}, or body_timeout_s in --config)")
+    p.add_argument("--max-connections", type=int, default=None, metavar="N", dest="max_connections",
+                   help=f"open connections; one more is answered 503 and closed at once "
+                        f"(default: {DEFAULT_MAX_CONNECTIONS}, or max_connections in --config)")
+    p.add_argument("--shutdown-timeout", type=float, default=None, metavar="SECONDS", dest="shutdown_timeout_s",
+                   help=f"on SIGTERM in-flight streams end with an error event and the server exits within this "
+                        f"many seconds (default: {DEFAULT_SHUTDOWN_TIMEOUT_S:g}, or shutdown_timeout_s in --config)")
     p.add_argument("--stats-interval", type=float, default=5.0, metavar="SECONDS",
                    help="log a stats line this often while requests run (0: never)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
@@ -107,6 +121,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+SERVER_FLAGS = ("header_timeout_s", "body_timeout_s", "max_connections", "shutdown_timeout_s")   # ServeConfig fields
+
+
 def resolve_configs(args):
     """-> (EngineConfig, ServeConfig) from --config and the flags (flags win)."""
     from graphrt.engine import EngineConfig
@@ -121,6 +138,9 @@ def resolve_configs(args):
         srv_kw["max_waiting"] = args.max_waiting
     if getattr(args, "max_request_bytes", None) is not None:
         srv_kw["max_request_bytes"] = args.max_request_bytes
+    for name in SERVER_FLAGS:
+        if getattr(args, name, None) is not None:
+            srv_kw[name] = getattr(args, name)
     srv_kw.setdefault("served_model_name", str(model_path(args)))
     return EngineConfig(**eng_kw), ServeConfig(**srv_kw)
 
@@ -225,9 +245,8 @@ def main(argv=None, *, prog: str = "graphrt serve") -> None:
     except BaseException:
         sock.close()
         raise
-    import uvicorn
-
     from graphrt.serve.app import create_app
+    from graphrt.serve.server import build_server
     from graphrt.serve.stats_log import StatsLogger
     app = create_app(llm, serve_cfg)
     stats = StatsLogger(app.state.bridge, app.state.metrics, interval_s=args.stats_interval)
@@ -235,9 +254,8 @@ def main(argv=None, *, prog: str = "graphrt serve") -> None:
     from graphrt.serve.supervise import serve_until_dead
     try:
         stats.start()
-        code = serve_until_dead(uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
-                                                              log_level=args.log_level)), llm.engine,
-                                sockets=[sock])   # listens on the socket bound above
+        code = serve_until_dead(build_server(app, host=args.host, port=args.port, log_level=args.log_level),
+                                llm.engine, sockets=[sock])   # listens on the socket bound above
     finally:
         stats.stop()
         sock.close()

@@ -5,19 +5,25 @@ an error after the headers were sent is one `data: {"error": ...}` event before 
 that disconnects (streaming: Starlette cancels the body iterator; non-streaming: an
 `http.disconnect` on the ASGI channel) aborts its request so the engine frees its pages.
 
-Tokenization and chat templating run in a small thread pool, never on the event loop (a large
-prompt must not stall other streams or /health); text the tokenizer or the template refuses (a
-lone surrogate, a template's raise_exception) is a 400 naming the field. A request that fails in
-the engine: 400 if the engine refused its values (ValueError), 500 otherwise.
+Parsing and validating the JSON body, building SamplingParams, tokenization and chat templating
+run on the bridge's worker pool, never on the event loop (a large request must not stall other
+streams or /health); text the tokenizer or the template refuses (a lone surrogate, a template's
+raise_exception) is a 400 naming the field. A request that fails in the engine: 400 if the
+engine refused its values (ValueError), 500 otherwise. A chat stream's first chunk carries the
+role; every later content delta carries text (a delta whose text is still held back, e.g. part
+of a character or a possible stop string, is sent only for its token ids, with return_token_ids).
+Completion streams send every delta that has tokens (`"text": ""` included: clients time tokens by
+events).
 """
 from __future__ import annotations
 
 import asyncio
-import os
-from concurrent.futures import ThreadPoolExecutor
+import json
 
 from fastapi import Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
+from pydantic import ValidationError
 
 from graphrt.serve.bridge import AsyncEngine, DeltaStream
 from graphrt.serve.errors import APIError, sse_error
@@ -31,21 +37,20 @@ DONE = "data: [DONE]\n\n"
 class Generation:
     """What the routes need: the engine bridge, the tokenizer, the served name, the context limit."""
 
-    def __init__(self, bridge: AsyncEngine, tokenizer, *, model_name: str, max_model_len: int,
-                 tokenizer_threads: int | None = None):
+    def __init__(self, bridge: AsyncEngine, tokenizer, *, model_name: str, max_model_len: int):
         self.bridge, self.tokenizer = bridge, tokenizer
         self.model_name, self.max_model_len = model_name, max_model_len
-        n = tokenizer_threads or min(4, os.cpu_count() or 1)   # HF fast tokenizers release the GIL
-        self._pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="graphrt-tokenize")
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+    async def parse(self, request: Request, model_cls):
+        """The request's JSON body as `model_cls`, parsed and validated on the worker pool (the
+        body is read on the loop under limits.py's size and deadline)."""
+        return await self.bridge.run(parse_body, await request.body(), model_cls)
 
     async def _off_loop(self, fn, arg, *, param: str):
-        """fn(arg) on the tokenizer pool; what it raises (other than an APIError) is a 400 naming
+        """fn(arg) on the worker pool; what it raises (other than an APIError) is a 400 naming
         `param`: the text or conversation is what the tokenizer / template refused."""
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._pool, fn, arg)
+            return await self.bridge.run(fn, arg)
         except APIError:
             raise
         except Exception as e:
@@ -84,11 +89,11 @@ class Generation:
     # ---- endpoints --------------------------------------------------------------------------------
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
         self._check(body)
-        params = self._params(body, 16 if body.max_tokens is None else body.max_tokens)   # null: OpenAI's 16
-        prompt = body.single_prompt()
+        params = await self.bridge.run(self._params, body, 16 if body.max_tokens is None else body.max_tokens)
+        prompt = body.single_prompt()                  # null max_tokens: OpenAI's 16
         if isinstance(prompt, str):
             prompt = await self._off_loop(self._tokenize, prompt, param="prompt")
-        rid, ds = self.bridge.submit(prompt, params, kind="cmpl")
+        rid, ds = await self.bridge.submit(prompt, params, kind="cmpl")
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
             return SSEResponse(self._completion_events(rid, ds, usage, body.return_token_ids), on_close=ds.close)
@@ -109,9 +114,9 @@ class Generation:
             if limit < 1:
                 raise APIError.bad_request(f"messages: the conversation is {len(ids)} tokens, the context "
                                            f"(max_model_len) is {self.max_model_len}", param="messages")
-        params = self._params(body, limit)
+        params = await self.bridge.run(self._params, body, limit)
         try:
-            rid, ds = self.bridge.submit(ids, params, kind="chatcmpl")
+            rid, ds = await self.bridge.submit(ids, params, kind="chatcmpl")
         except APIError as e:
             if e.param == "prompt":
                 e.param = "messages"
@@ -137,30 +142,32 @@ class Generation:
                 text=text, finish_reason=reason, token_ids=ids if with_ids else None)])
             return f"data: {c.model_dump_json()}\n\n"
 
-        async for event in _events(ds, chunk, include_usage,
+        async for event in _events(ds, chunk, include_usage, True,      # text "" keeps the tokens' timing
                                    lambda u: CompletionResponse(id=rid, model=self.model_name, choices=[], usage=u)):
             yield event
 
     async def _chat_events(self, rid: str, ds: DeltaStream, include_usage: bool, with_ids: bool):
         def chunk(text, reason=None, ids=None, role=None):
             c = ChatCompletionChunk(id=rid, model=self.model_name, choices=[ChatChunkChoice(
-                delta=ChatDelta(role=role, content=text if reason is None else None), finish_reason=reason,
+                delta=ChatDelta(role=role, content=text if reason is None and (text or role) else None),
+                finish_reason=reason,
                 token_ids=ids if with_ids else None)])
             return f"data: {c.model_dump_json()}\n\n"
 
-        yield chunk("", role="assistant")
-        async for event in _events(ds, chunk, include_usage,
+        yield chunk("", role="assistant")             # {"role": "assistant", "content": ""}, as OpenAI's
+        async for event in _events(ds, chunk, include_usage, with_ids,
                                    lambda u: ChatCompletionChunk(id=rid, model=self.model_name, choices=[], usage=u)):
             yield event
 
 
-async def _events(ds: DeltaStream, chunk, include_usage: bool, usage_chunk):
-    """Deltas -> SSE events; the final event carries finish_reason; then usage (if asked), [DONE]."""
+async def _events(ds: DeltaStream, chunk, include_usage: bool, textless: bool, usage_chunk):
+    """Deltas -> SSE events (a delta with tokens but no text yet only if `textless`); the final
+    event carries finish_reason; then usage (if asked), [DONE]."""
     try:
         async for d in ds:
             if d.finish_reason == "abort":
                 raise APIError(503, "request aborted by the engine")
-            if d.text or d.token_ids:
+            if d.text or (textless and d.token_ids):
                 yield chunk(d.text, None, list(d.token_ids))
             if d.finish_reason is not None:
                 yield chunk("", d.finish_reason, [])
@@ -206,6 +213,26 @@ async def _collect(ds: DeltaStream, request: Request) -> tuple[str, list[int]] |
         except Exception as e:
             raise engine_error(e) from e
     return None
+
+
+def parse_body(raw: bytes, model_cls):
+    """A JSON request body -> model_cls (pydantic); malformed JSON (nesting past the parser's
+    depth included) is a 400, a body that does not fit the model the handler's 400 naming the
+    field (RequestValidationError, as FastAPI raises it)."""
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise APIError.bad_request(f"malformed JSON body: {e.msg} at line {e.lineno}, column {e.colno}") from None
+    except RecursionError:
+        raise APIError.bad_request("malformed JSON body: nested deeper than the parser allows") from None
+    except UnicodeDecodeError as e:
+        raise APIError.bad_request(f"malformed JSON body: not UTF-8 ({e.reason} at byte {e.start})") from None
+    try:
+        return model_cls.model_validate(data)
+    except ValidationError as e:
+        raise RequestValidationError(e.errors(include_url=False, include_context=False)) from None
+    except RecursionError:
+        raise APIError.bad_request("body: nested deeper than the validator allows") from None
 
 
 def engine_error(e: Exception) -> APIError:

@@ -3,7 +3,8 @@
 The YAML file is one flat mapping: EngineConfig fields (max_batch or its vLLM name max_num_seqs,
 steps_per_graph, page_size, num_pages, gpu_memory_utilization, max_model_len, backend, dtype,
 overlap, capture, seed) and ServeConfig fields (served_model_name, max_waiting, max_request_bytes,
-api_key, chat_template: a file or the Jinja text). An unknown key is an error naming it; invalid
+api_key, chat_template: a file or the Jinja text, header_timeout_s, body_timeout_s, max_connections,
+shutdown_timeout_s). An unknown key is an error naming it; invalid
 YAML is one line naming the file, line and column. Flags given on the command line win.
 """
 from __future__ import annotations
@@ -17,6 +18,10 @@ import yaml
 from graphrt.serve.limits import DEFAULT_MAX_REQUEST_BYTES
 
 DEFAULT_MAX_WAITING = 64
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_BODY_TIMEOUT_S = 30.0
+DEFAULT_MAX_CONNECTIONS = 256
+DEFAULT_SHUTDOWN_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,15 +30,33 @@ class ServeConfig:
     max_waiting: requests that may queue beyond the engine's decode slots before 503;
     max_request_bytes: a larger request body is refused with 413 before it is parsed;
     api_key: when set, every endpoint but /health needs `Authorization: Bearer <api_key>` (401
-    otherwise, auth.py); chat_template: Jinja text that replaces the tokenizer's chat template."""
+    otherwise, auth.py); chat_template: Jinja text that replaces the tokenizer's chat template;
+    header_timeout_s: a request's headers must arrive within this many seconds of the connection's
+    start (on a kept-alive connection: of the request's first byte), else 408 and the connection
+    is closed;
+    body_timeout_s: its body must arrive whole within this many seconds of its headers, else 408;
+    max_connections: open connections; one more is answered 503 and closed at once;
+    shutdown_timeout_s: on SIGTERM in-flight streams end with an error event at once and the
+    server exits within this many seconds (requests still arriving are cancelled then)."""
 
     served_model_name: str | None = None
     max_waiting: int = DEFAULT_MAX_WAITING
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     api_key: str | None = field(default=None, repr=False)   # a secret: not in logs
     chat_template: str | None = None
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S
 
     def __post_init__(self):
+        for name in ("header_timeout_s", "body_timeout_s", "shutdown_timeout_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 86400:
+                raise ValueError(f"{name}: must be a number of seconds in (0, 86400], got {v!r}")
+        mc = self.max_connections
+        if isinstance(mc, bool) or not isinstance(mc, int) or mc < 1:
+            raise ValueError(f"max_connections: must be an int >= 1, got {mc!r}")
         if isinstance(self.max_waiting, bool) or not isinstance(self.max_waiting, int) or self.max_waiting < 0:
             raise ValueError(f"max_waiting: must be an int >= 0, got {self.max_waiting!r}")
         mb = self.max_request_bytes
@@ -74,4 +97,5 @@ def load_serve_yaml(path: str | Path, engine_fields: tuple[str, ...]) -> tuple[d
             {k: v for k, v in data.items() if k in serve_fields})
 
 
-__all__ = ["ServeConfig", "load_serve_yaml", "DEFAULT_MAX_WAITING"]
+__all__ = ["ServeConfig", "load_serve_yaml", "DEFAULT_MAX_WAITING", "DEFAULT_HEADER_TIMEOUT_S",
+           "DEFAULT_BODY_TIMEOUT_S", "DEFAULT_MAX_CONNECTIONS", "DEFAULT_SHUTDOWN_TIMEOUT_S"]

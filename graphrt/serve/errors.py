@@ -1,8 +1,9 @@
 """Errors as OpenAI JSON bodies: {"error": {"message", "type", "param", "code"}}, HTTP status = code.
 
 400 bad request (unknown model, prompt longer than the context, bad sampling values, malformed
-JSON, unsupported fields, text the tokenizer or chat template refuses), 404 unknown route, 413 body
-over --max-request-bytes, 503 queue full / engine down, 500 engine failure or any other error.
+JSON, unsupported fields, text the tokenizer or chat template refuses), 404 unknown route, 408
+headers or body not received in time, 413 body over --max-request-bytes, 503 queue full / engine
+down / too many connections / shutting down, 500 engine failure or any other error.
 A streaming response that fails after its headers were sent carries the same body as an SSE
 `data:` event (see `sse_error`).
 """
@@ -18,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("graphrt.serve")
 TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
-         413: "invalid_request_error", 500: "internal_error", 503: "service_unavailable"}
+         408: "timeout_error", 413: "invalid_request_error", 500: "internal_error", 503: "service_unavailable"}
 
 
 class APIError(Exception):
@@ -97,7 +98,9 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
-        return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code)
+        log_refusal(request, exc.status_code, str(exc.detail))
+        return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code,
+                            headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):   # a bug: JSON 500, traceback logged
