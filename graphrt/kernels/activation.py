@@ -1,7 +1,14 @@
 """SiLU-and-mul for the SwiGLU MLP: [T, 2I] (gate columns, then up columns) -> [T, I].
 
 out[t, j] = silu(x[t, j]) * x[t, I + j], float32 math, one rounding at the store. Grid:
-(T, ceil(I / BLOCK)). Capturable in a CUDA graph; runs on CPU under TRITON_INTERPRET=1.
+(T, ceil(I / BLOCK)).
+
+FP8 (W8A8, kernels/fp8.py): x may be a `ScaledAcc` (the gate_up FP8 GEMM's unscaled output;
+its row and column scales are applied as it loads), and `fp8=True` writes the product as e4m3
+with one scale per row (amax / 448) and returns `Fp8Rows`, the down projection's input; a row
+is then one program (BLOCK covers I), so its amax needs no second pass.
+
+Capturable in a CUDA graph; runs on CPU under TRITON_INTERPRET=1.
 """
 from __future__ import annotations
 
@@ -9,36 +16,65 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK = 1024  # columns per program
+from graphrt.kernels.fp8 import Fp8Rows, ScaledAcc, check_scaled, new_rows, quantize_store, row_warps
+
+BLOCK = 1024  # columns per program (float output)
 
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, x_stride, out_ptr, out_stride, I, BLOCK: tl.constexpr):
+def _silu_mul_kernel(x_ptr, x_stride, rs_ptr, cs_ptr, out_ptr, out_stride, os_ptr, I,
+                     BLOCK: tl.constexpr, X_SCALED: tl.constexpr, FP8_OUT: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < I
     g = tl.load(x_ptr + r * x_stride + cols, mask=m, other=0.0).to(tl.float32)
     u = tl.load(x_ptr + r * x_stride + I + cols, mask=m, other=0.0).to(tl.float32)
+    if X_SCALED:
+        rs = tl.load(rs_ptr + r)
+        g = g * rs * tl.load(cs_ptr + cols, mask=m, other=0.0)
+        u = u * rs * tl.load(cs_ptr + I + cols, mask=m, other=0.0)
     y = g / (1.0 + tl.exp(-g)) * u
-    tl.store(out_ptr + r * out_stride + cols, y.to(out_ptr.dtype.element_ty), mask=m)
+    if FP8_OUT:
+        quantize_store(y, tl.max(tl.abs(y), axis=0), out_ptr + r * out_stride + cols, os_ptr + r, m)
+    else:
+        tl.store(out_ptr + r * out_stride + cols, y.to(out_ptr.dtype.element_ty), mask=m)
 
 
-def silu_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x [T, 2I] (unit stride along columns) -> out [T, I] in x's dtype unless `out` is given."""
-    if x.dim() != 2 or x.shape[1] % 2 or x.stride(1) != 1:
-        raise ValueError(f"x: expected [T, 2I] with unit column stride, got {tuple(x.shape)} "
-                         f"strides {x.stride()}")
-    t, i = x.shape[0], x.shape[1] // 2
-    if out is None:
-        out = torch.empty((t, i), dtype=x.dtype, device=x.device)
-    if out.dim() != 2 or tuple(out.shape) != (t, i) or out.stride(1) != 1:
-        raise ValueError(f"out: expected [{t}, {i}] with unit column stride, got {tuple(out.shape)}")
-    if t == 0 or i == 0:
-        return out
-    block = min(BLOCK, triton.next_power_of_2(i))
-    _silu_mul_kernel[(t, triton.cdiv(i, block))](x, x.stride(0), out, out.stride(0), i,
-                                                 BLOCK=block, num_warps=4)
-    return out
+def silu_mul(x: torch.Tensor | ScaledAcc, *, out: torch.Tensor | None = None,
+             fp8: bool = False) -> torch.Tensor | Fp8Rows:
+    """x [T, 2I] (unit stride along columns; or a ScaledAcc of that shape) -> out [T, I] in x's
+    dtype unless `out` is given; with fp8=True, Fp8Rows (data [padded T, I] e4m3, scale [T])."""
+    scaled = isinstance(x, ScaledAcc)
+    acc = x.acc if scaled else x
+    if acc.dim() != 2 or acc.shape[1] % 2 or acc.stride(1) != 1:
+        raise ValueError(f"x: expected [T, 2I] with unit column stride, got {tuple(acc.shape)} "
+                         f"strides {acc.stride()}")
+    t, i = acc.shape[0], acc.shape[1] // 2
+    if scaled:
+        check_scaled("x", x, t, 2 * i)
+        if x.bias is not None:
+            raise ValueError("x: a ScaledAcc with a bias is not read here (gate_up has none)")
+        rs, cs = x.row_scale, x.col_scale
+    else:
+        rs = cs = acc
+    if fp8:
+        if out is not None:
+            raise ValueError("out: not taken with fp8=True (the call returns new Fp8Rows)")
+        rows = new_rows(t, i, acc.device)
+        dst, dst_stride, dst_scale = rows.data, rows.data.stride(0), rows.scale
+        block = triton.next_power_of_2(i)
+    else:
+        if out is None:
+            out = torch.empty((t, i), dtype=acc.dtype, device=acc.device)
+        if out.dim() != 2 or tuple(out.shape) != (t, i) or out.stride(1) != 1:
+            raise ValueError(f"out: expected [{t}, {i}] with unit column stride, got {tuple(out.shape)}")
+        dst, dst_stride, dst_scale = out, out.stride(0), acc
+        block = min(BLOCK, triton.next_power_of_2(i))
+    if t and i:
+        _silu_mul_kernel[(t, triton.cdiv(i, block))](
+            acc, acc.stride(0), rs, cs, dst, dst_stride, dst_scale, i, BLOCK=block, X_SCALED=scaled,
+            FP8_OUT=fp8, num_warps=row_warps(block) if fp8 else 4)
+    return rows if fp8 else out
 
 
 __all__ = ["silu_mul"]
