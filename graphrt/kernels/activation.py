@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from graphrt.kernels.launch import pdl_options, pdl_prologue, use_pdl
 from graphrt.kernels.fp8 import Fp8Rows, ScaledAcc, check_scaled, new_rows, quantize_store, row_warps
 
 BLOCK = 1024  # columns per program (float output)
@@ -23,7 +24,9 @@ BLOCK = 1024  # columns per program (float output)
 
 @triton.jit
 def _silu_mul_kernel(x_ptr, x_stride, rs_ptr, cs_ptr, out_ptr, out_stride, os_ptr, I,
-                     BLOCK: tl.constexpr, X_SCALED: tl.constexpr, FP8_OUT: tl.constexpr):
+                     BLOCK: tl.constexpr, X_SCALED: tl.constexpr, FP8_OUT: tl.constexpr,
+                     PDL: tl.constexpr):
+    pdl_prologue(PDL)
     r = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < I
@@ -71,9 +74,10 @@ def silu_mul(x: torch.Tensor | ScaledAcc, *, out: torch.Tensor | None = None,
         dst, dst_stride, dst_scale = out, out.stride(0), acc
         block = min(BLOCK, triton.next_power_of_2(i))
     if t and i:
+        pdl = use_pdl(acc)
         _silu_mul_kernel[(t, triton.cdiv(i, block))](
             acc, acc.stride(0), rs, cs, dst, dst_stride, dst_scale, i, BLOCK=block, X_SCALED=scaled,
-            FP8_OUT=fp8, num_warps=row_warps(block) if fp8 else 4)
+            FP8_OUT=fp8, PDL=pdl, num_warps=row_warps(block) if fp8 else 4, **pdl_options(pdl))
     return rows if fp8 else out
 
 

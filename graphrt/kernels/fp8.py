@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from graphrt.kernels.launch import pdl_options, pdl_prologue, use_pdl
+
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 SCALE_FLOOR = 1e-12          # an all-zero row gets scale 1e-12 (data 0)
@@ -95,7 +97,9 @@ def quantize_store(x, amax, data_ptrs, scale_ptr, mask):
 
 
 @triton.jit
-def _quantize_rows_kernel(x_ptr, x_stride, q_ptr, q_stride, s_ptr, K, BLOCK: tl.constexpr):
+def _quantize_rows_kernel(x_ptr, x_stride, q_ptr, q_stride, s_ptr, K, BLOCK: tl.constexpr,
+                          PDL: tl.constexpr):
+    pdl_prologue(PDL)
     r = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < K
@@ -105,7 +109,8 @@ def _quantize_rows_kernel(x_ptr, x_stride, q_ptr, q_stride, s_ptr, K, BLOCK: tl.
 
 @triton.jit
 def _apply_scales_kernel(y_ptr, y_stride, rs_ptr, cs_ptr, b_ptr, out_ptr, out_stride, N,
-                         BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr):
+                         BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
+    pdl_prologue(PDL)
     r = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < N
@@ -134,9 +139,9 @@ def quantize_rows(x: torch.Tensor) -> Fp8Rows:
     m, k = x.shape
     out = new_rows(m, k, x.device)
     if m:
-        block = triton.next_power_of_2(k)
+        block, pdl = triton.next_power_of_2(k), use_pdl(x)
         _quantize_rows_kernel[(m,)](x, x.stride(0), out.data, out.data.stride(0), out.scale, k,
-                                    BLOCK=block, num_warps=row_warps(block))
+                                    BLOCK=block, PDL=pdl, num_warps=row_warps(block), **pdl_options(pdl))
     return out
 
 
@@ -161,11 +166,11 @@ def apply_scales(a: ScaledAcc, *, out: torch.Tensor | None = None) -> torch.Tens
     if out is None:
         out = torch.empty((m, n), dtype=a.acc.dtype, device=a.acc.device)
     if m and n:
-        block = min(4096, triton.next_power_of_2(n))
+        block, pdl = min(4096, triton.next_power_of_2(n)), use_pdl(a.acc)
         _apply_scales_kernel[(m, triton.cdiv(n, block))](
             a.acc, a.acc.stride(0), a.row_scale, a.col_scale,
             a.bias if a.bias is not None else a.col_scale, out, out.stride(0), n,
-            BLOCK=block, HAS_BIAS=a.bias is not None, num_warps=4)
+            BLOCK=block, HAS_BIAS=a.bias is not None, PDL=pdl, num_warps=4, **pdl_options(pdl))
     return out
 
 

@@ -22,13 +22,15 @@ import torch
 import triton
 import triton.language as tl
 
+from graphrt.kernels.launch import pdl_options, pdl_prologue, use_pdl
 from graphrt.kernels.fp8 import Fp8Rows, ScaledAcc, check_scaled, new_rows, quantize_store
 
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, x_stride, rs_ptr, cs_ptr, res_ptr, res_stride, w_ptr, out_ptr,
                      out_stride, os_ptr, H, eps, BLOCK: tl.constexpr, ADD: tl.constexpr,
-                     X_SCALED: tl.constexpr, FP8_OUT: tl.constexpr):
+                     X_SCALED: tl.constexpr, FP8_OUT: tl.constexpr, PDL: tl.constexpr):
+    pdl_prologue(PDL)
     r = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < H
@@ -88,10 +90,11 @@ def _launch(x, residual, weight, eps, out, fp8):
         if residual.shape[0] != t:
             raise ValueError(f"residual: {residual.shape[0]} rows, x has {t}")
     if t:
-        block = triton.next_power_of_2(h)
+        block, pdl = triton.next_power_of_2(h), use_pdl(acc)
         _rms_norm_kernel[(t,)](acc, acc.stride(0), rs, cs, res, res.stride(0), weight, dst, dst_stride,
                                dst_scale, h, float(eps), BLOCK=block, ADD=residual is not None,
-                               X_SCALED=scaled, FP8_OUT=fp8, num_warps=min(16, max(1, block // 512)))
+                               X_SCALED=scaled, FP8_OUT=fp8, PDL=pdl,
+                               num_warps=min(16, max(1, block // 512)), **pdl_options(pdl))
     return rows if fp8 else out
 
 

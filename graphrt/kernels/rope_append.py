@@ -37,6 +37,7 @@ import triton.language as tl
 
 from graphrt.kernels.append_kv import ERR_KV_SLOT
 from graphrt.kernels.fp8 import ScaledAcc, check_scaled
+from graphrt.kernels.launch import pdl_options, pdl_prologue, use_pdl
 from graphrt.kernels.prepare import ERR_PAGE_ID
 
 ERR_POSITION = 16
@@ -69,7 +70,9 @@ def _rope_append_kernel(qkv_ptr, qkv_stride, q_ptr, cs_ptr, num_positions, qn_pt
                         lens_ptr, pos_ptr, rows_ptr, error_ptr, kvs_ptr, rs_ptr, sc_ptr, b_ptr,
                         HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BH: tl.constexpr,
                         BLOCK: tl.constexpr, DECODE: tl.constexpr, QK_NORM: tl.constexpr,
-                        KV_FP8: tl.constexpr, QKV_SCALED: tl.constexpr, HAS_BIAS: tl.constexpr):
+                        KV_FP8: tl.constexpr, QKV_SCALED: tl.constexpr, HAS_BIAS: tl.constexpr,
+                        PDL: tl.constexpr):
+    pdl_prologue(PDL)
     HALF: tl.constexpr = D // 2
     NQB: tl.constexpr = (HQ + BH - 1) // BH          # programs 0..NQB-1: q heads, then k/v heads
     t = tl.program_id(0)
@@ -219,6 +222,7 @@ def _launch(qkv, cos_sin, kv_cache, block_table, device_error, hq, lens, positio
     _need(bh >= 1 and bh & (bh - 1) == 0, f"heads_per_program: must be a power of 2, got {bh}")
     block = triton.next_power_of_2(d // 2)
     grid = (t, triton.cdiv(hq, bh) + triton.cdiv(hkv, bh))
+    pdl = use_pdl(qkv)
     _rope_append_kernel[grid](
         qkv, qkv.stride(0), q_out, cos_sin, cos_sin.shape[0],
         q_norm if q_norm is not None else cos_sin, k_norm if k_norm is not None else cos_sin,
@@ -229,8 +233,8 @@ def _launch(qkv, cos_sin, kv_cache, block_table, device_error, hq, lens, positio
         sacc.col_scale if scaled else cos_sin,
         sacc.bias if scaled and sacc.bias is not None else cos_sin,
         HQ=hq, HKV=hkv, D=d, BH=bh, BLOCK=block, DECODE=decode, QK_NORM=q_norm is not None,
-        KV_FP8=fp8, QKV_SCALED=scaled, HAS_BIAS=scaled and sacc.bias is not None,
-        num_warps=min(4, max(1, bh * block // 256)))
+        KV_FP8=fp8, QKV_SCALED=scaled, HAS_BIAS=scaled and sacc.bias is not None, PDL=pdl,
+        num_warps=min(4, max(1, bh * block // 256)), **pdl_options(pdl))
     return q_out
 
 

@@ -174,3 +174,24 @@ def test_model_weights_check_names_bad_fp8_field():
     bad = replace(w8, final_norm=quantize_fp8(torch.randn(1, 128)))
     with pytest.raises(ValueError, match="final_norm"):
         LlamaDecoder(spec, bad)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("m", [1, 5, 16, 40])
+def test_fp8_matmul_w8a8_matches_float32(device, m):
+    """quantize_rows -> fp8_matmul (torch._scaled_mm, unit scales) -> apply_scales equals the
+    float32 product of the dequantized rows and weight (bf16 output rounding on CUDA)."""
+    from graphrt.kernels.fp8 import apply_scales, quantize_rows
+    from graphrt.model.linear import fp8_matmul
+    g = torch.Generator().manual_seed(m)
+    w8 = quantize_fp8(torch.randn(256, 512, generator=g), "channel").to(device)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    x = torch.randn(m, 512, generator=g).to(device, dtype)
+    xq = quantize_rows(x)
+    acc = fp8_matmul(xq, w8, unit=torch.ones((), device=device), out_dtype=dtype)
+    assert acc.shape == (m, 256)
+    got = apply_scales(acc).float()
+    ref = xq.dequantize() @ w8.dequantize().T
+    assert float((got - ref).norm() / ref.norm()) < (1e-2 if device == "cuda" else 1e-6)
+    with pytest.raises(ValueError, match="block-scaled"):
+        fp8_matmul(xq, quantize_fp8(torch.randn(256, 512), "block").to(device), unit=torch.ones(()))
