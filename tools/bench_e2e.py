@@ -54,7 +54,7 @@ def parse_args(argv=None):
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--steps", type=int, default=32, help="timed decode steps per measurement")
     p.add_argument("--no-prefill", dest="prefill", action="store_false", help="skip prefill rows")
-    p.add_argument("--weights", default="bf16", help="comma list of bf16, fp8, fp8-tensor, fp8-head, fp8-block")
+    p.add_argument("--weights", default="bf16", help="comma list of bf16, fp8, fp8-tensor, fp8-head, fp8-tensor-head, fp8-block")
     p.add_argument("--fp8-kernels", action="store_true",
                    help="per-shape table: bf16 cuBLAS / bf16 GEMV vs FP8 GEMV candidates / _scaled_mm")
     p.add_argument("--out", default="bench_e2e.json")
@@ -97,14 +97,16 @@ def streamed_bytes(weights) -> int:
             + nbytes(weights.lm_head))
 
 
-WEIGHT_KINDS = {"fp8": ("channel", False), "fp8-tensor": ("tensor", False),
+WEIGHT_KINDS = {"fp8": ("channel", False), "fp8-tensor": ("fused-tensor", False),
+                "fp8-tensor-head": ("fused-tensor", True),
                 "fp8-head": ("channel", True), "fp8-block": ("block", False)}
 
 
 def with_weights(model, kind: str, torch):
     """The model with its decoder linears as `kind` ("bf16": unchanged; "fp8": per-channel
-    e4m3, W8A8; "fp8-tensor": per-tensor scales; "fp8-head": per-channel with the LM head in
-    FP8 too (untied heads only); "fp8-block": 128 x 128 block scales) -> (model, streamed bytes)."""
+    e4m3, W8A8; "fp8-tensor": one scale per fused weight (quantize_weights "fused-tensor");
+    "fp8-head" / "fp8-tensor-head": the same with the LM head in FP8 too (untied heads only);
+    "fp8-block": 128 x 128 block scales) -> (model, streamed bytes)."""
     from graphrt.model import LlamaDecoder
     from graphrt.model.quant.weights import quantize_weights
     if kind == "bf16":
@@ -152,14 +154,14 @@ def gemm_only_us(model, n: int, torch) -> float:
         return quantize_rows(x) if model._fp8_in(weight) else x
     layer0 = w.layers[0]
     x, a = act(h, layer0.qkv), act(model.spec.num_heads * model.spec.head_dim, layer0.o)
-    g, m = act(h, layer0.gate_up), act(model.spec.intermediate_size, layer0.down)
+    gu, m = act(h, layer0.gate_up), act(model.spec.intermediate_size, layer0.down)
     xh = act(h, w.lm_head)
 
     def step():
         for layer in w.layers:
             model._mm(x, layer.qkv)
             model._mm(a, layer.o)
-            model._mm(g, layer.gate_up)
+            model._mm(gu, layer.gate_up)
             model._mm(m, layer.down)
         model._mm(xh, w.lm_head)
     step()

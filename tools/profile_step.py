@@ -3,7 +3,8 @@
 Random bf16 Llama-shaped model (tools/bench_e2e.py's), batch / context given, one step per graph;
 kernel time per step grouped by kernel family, the launch count, and device time per step.
 --weights: bf16, or an FP8 format of bench_e2e.with_weights (fp8 = per-channel W8A8, fp8-tensor,
-fp8-head = per-channel with an FP8 LM head, fp8-block). Programmatic dependent launch of the
+fp8-head = per-channel with an FP8 LM head, fp8-tensor(-head) = one scale per fused weight,
+fp8-block). Programmatic dependent launch of the
 element-wise kernels follows GRAPHRT_PDL (graphrt/kernels/launch.py).
 
     python tools/profile_step.py --model llama-3.1-8b --batch 1 --context 1024 --out profile.json
@@ -30,7 +31,7 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="llama-3.1-8b")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--context", type=int, default=1024)
-    p.add_argument("--weights", default="bf16", help="bf16, fp8, fp8-tensor, fp8-head, fp8-block")
+    p.add_argument("--weights", default="bf16", help="bf16, fp8, fp8-tensor, fp8-head, fp8-tensor-head, fp8-block")
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--out", default="profile_step.json")
     args = p.parse_args(argv)

@@ -6,7 +6,7 @@ out[t, j] = silu(x[t, j]) * x[t, I + j], float32 math, one rounding at the store
 FP8 (W8A8, kernels/fp8.py): x may be a `ScaledAcc` (the gate_up FP8 GEMM's unscaled output;
 its row and column scales are applied as it loads), and `fp8=True` writes the product as e4m3
 with one scale per row (amax / 448) and returns `Fp8Rows`, the down projection's input; a row
-is then one program (BLOCK covers I), so its amax needs no second pass.
+is then one program, two passes over FP8_BLOCK-wide tiles (amax, then the quantized store).
 
 Capturable in a CUDA graph; runs on CPU under TRITON_INTERPRET=1.
 """
@@ -17,29 +17,55 @@ import triton
 import triton.language as tl
 
 from graphrt.kernels.launch import pdl_options, pdl_prologue, use_pdl
-from graphrt.kernels.fp8 import Fp8Rows, ScaledAcc, check_scaled, new_rows, quantize_store, row_warps
+from graphrt.kernels.fp8 import Fp8Rows, ScaledAcc, check_scaled, new_rows, quantize_store
 
-BLOCK = 1024  # columns per program (float output)
+BLOCK = 1024       # columns per program (float output)
+FP8_BLOCK = 4096   # columns per tile of the one program per row (FP8 output): 8 per thread
+
+
+@triton.jit
+def _silu_tile(x_ptr, rs, cs_ptr, cols, m, I, X_SCALED: tl.constexpr, X_COL: tl.constexpr):
+    """silu(gate) * up over the columns `cols` of one row (float32); x_ptr at the row."""
+    g = tl.load(x_ptr + cols, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(x_ptr + I + cols, mask=m, other=0.0).to(tl.float32)
+    if X_SCALED:
+        g = g * rs
+        u = u * rs
+        if X_COL:
+            g = g * tl.load(cs_ptr + cols, mask=m, other=0.0)
+            u = u * tl.load(cs_ptr + I + cols, mask=m, other=0.0)
+    return g / (1.0 + tl.exp(-g)) * u
 
 
 @triton.jit
 def _silu_mul_kernel(x_ptr, x_stride, rs_ptr, cs_ptr, out_ptr, out_stride, os_ptr, I,
-                     BLOCK: tl.constexpr, X_SCALED: tl.constexpr, FP8_OUT: tl.constexpr,
-                     PDL: tl.constexpr):
+                     BLOCK: tl.constexpr, X_SCALED: tl.constexpr, X_COL: tl.constexpr,
+                     FP8_OUT: tl.constexpr, PDL: tl.constexpr):
+    """Float output: grid (T, ceil(I / BLOCK)). FP8 output: grid (T, 1), one program per row in
+    two passes over BLOCK-wide tiles (the row's amax, then the quantized store; the second pass
+    re-reads the row from L2 rather than holding it in registers)."""
     pdl_prologue(PDL)
     r = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    m = cols < I
-    g = tl.load(x_ptr + r * x_stride + cols, mask=m, other=0.0).to(tl.float32)
-    u = tl.load(x_ptr + r * x_stride + I + cols, mask=m, other=0.0).to(tl.float32)
+    src = x_ptr + r * x_stride
+    rs = 1.0
     if X_SCALED:
         rs = tl.load(rs_ptr + r)
-        g = g * rs * tl.load(cs_ptr + cols, mask=m, other=0.0)
-        u = u * rs * tl.load(cs_ptr + I + cols, mask=m, other=0.0)
-    y = g / (1.0 + tl.exp(-g)) * u
     if FP8_OUT:
-        quantize_store(y, tl.max(tl.abs(y), axis=0), out_ptr + r * out_stride + cols, os_ptr + r, m)
+        amax = tl.zeros((BLOCK,), dtype=tl.float32)
+        for c0 in range(0, I, BLOCK):
+            cols = c0 + tl.arange(0, BLOCK)
+            m = cols < I
+            amax = tl.maximum(amax, tl.abs(_silu_tile(src, rs, cs_ptr, cols, m, I, X_SCALED, X_COL)))
+        a = tl.max(amax, axis=0)
+        for c0 in range(0, I, BLOCK):
+            cols = c0 + tl.arange(0, BLOCK)
+            m = cols < I
+            y = _silu_tile(src, rs, cs_ptr, cols, m, I, X_SCALED, X_COL)
+            quantize_store(y, a, out_ptr + r * out_stride + cols, os_ptr + r, m)
     else:
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        m = cols < I
+        y = _silu_tile(src, rs, cs_ptr, cols, m, I, X_SCALED, X_COL)
         tl.store(out_ptr + r * out_stride + cols, y.to(out_ptr.dtype.element_ty), mask=m)
 
 
@@ -57,7 +83,8 @@ def silu_mul(x: torch.Tensor | ScaledAcc, *, out: torch.Tensor | None = None,
         check_scaled("x", x, t, 2 * i)
         if x.bias is not None:
             raise ValueError("x: a ScaledAcc with a bias is not read here (gate_up has none)")
-        rs, cs = x.row_scale, x.col_scale
+        rs = x.row_scale
+        cs = rs if x.col_scale is None else x.col_scale
     else:
         rs = cs = acc
     if fp8:
@@ -65,7 +92,7 @@ def silu_mul(x: torch.Tensor | ScaledAcc, *, out: torch.Tensor | None = None,
             raise ValueError("out: not taken with fp8=True (the call returns new Fp8Rows)")
         rows = new_rows(t, i, acc.device)
         dst, dst_stride, dst_scale = rows.data, rows.data.stride(0), rows.scale
-        block = triton.next_power_of_2(i)
+        block = min(FP8_BLOCK, triton.next_power_of_2(i))
     else:
         if out is None:
             out = torch.empty((t, i), dtype=acc.dtype, device=acc.device)
@@ -75,9 +102,10 @@ def silu_mul(x: torch.Tensor | ScaledAcc, *, out: torch.Tensor | None = None,
         block = min(BLOCK, triton.next_power_of_2(i))
     if t and i:
         pdl = use_pdl(acc)
-        _silu_mul_kernel[(t, triton.cdiv(i, block))](
+        _silu_mul_kernel[(t, 1 if fp8 else triton.cdiv(i, block))](
             acc, acc.stride(0), rs, cs, dst, dst_stride, dst_scale, i, BLOCK=block, X_SCALED=scaled,
-            FP8_OUT=fp8, PDL=pdl, num_warps=row_warps(block) if fp8 else 4, **pdl_options(pdl))
+            X_COL=scaled and x.col_scale is not None, FP8_OUT=fp8, PDL=pdl,
+            num_warps=(16 if block >= 4096 else 8) if fp8 else 4, **pdl_options(pdl))
     return rows if fp8 else out
 
 

@@ -58,10 +58,11 @@ class Fp8Rows:
 class ScaledAcc:
     """An FP8 GEMM's output before its scales: value[m, n] = acc[m, n] * row_scale[m] *
     col_scale[n] (+ bias[n]). acc [M, N] (model dtype, unit stride along N), row_scale [M]
-    float32, col_scale [N] float32, bias [N] (model dtype) or None."""
+    float32, col_scale [N] float32 or None (a per-tensor weight scale, applied by the GEMM),
+    bias [N] (model dtype) or None."""
     acc: torch.Tensor
     row_scale: torch.Tensor
-    col_scale: torch.Tensor
+    col_scale: torch.Tensor | None
     bias: torch.Tensor | None = None
 
     @property
@@ -70,7 +71,9 @@ class ScaledAcc:
 
     def reference(self) -> torch.Tensor:
         """[M, N] float32 (torch)."""
-        y = self.acc.float() * self.row_scale[:, None] * self.col_scale[None, :]
+        y = self.acc.float() * self.row_scale[:, None]
+        if self.col_scale is not None:
+            y = y * self.col_scale[None, :]
         return y if self.bias is None else y + self.bias.float()
 
 
@@ -109,13 +112,15 @@ def _quantize_rows_kernel(x_ptr, x_stride, q_ptr, q_stride, s_ptr, K, BLOCK: tl.
 
 @triton.jit
 def _apply_scales_kernel(y_ptr, y_stride, rs_ptr, cs_ptr, b_ptr, out_ptr, out_stride, N,
-                         BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
+                         BLOCK: tl.constexpr, COL: tl.constexpr, HAS_BIAS: tl.constexpr,
+                         PDL: tl.constexpr):
     pdl_prologue(PDL)
     r = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < N
-    y = tl.load(y_ptr + r * y_stride + cols, mask=m, other=0.0).to(tl.float32)
-    y = y * tl.load(rs_ptr + r) * tl.load(cs_ptr + cols, mask=m, other=0.0)
+    y = tl.load(y_ptr + r * y_stride + cols, mask=m, other=0.0).to(tl.float32) * tl.load(rs_ptr + r)
+    if COL:
+        y = y * tl.load(cs_ptr + cols, mask=m, other=0.0)
     if HAS_BIAS:
         y += tl.load(b_ptr + cols, mask=m, other=0.0).to(tl.float32)
     tl.store(out_ptr + r * out_stride + cols, y.to(out_ptr.dtype.element_ty), mask=m)
@@ -149,14 +154,16 @@ def check_scaled(name: str, a: ScaledAcc, rows: int, cols: int) -> None:
     """ValueError naming `name` unless `a` is a ScaledAcc of [rows, cols] with matching scales."""
     ok = (isinstance(a, ScaledAcc) and a.acc.dim() == 2 and tuple(a.acc.shape) == (rows, cols)
           and a.acc.stride(1) == 1 and a.row_scale.dtype == torch.float32
-          and tuple(a.row_scale.shape) == (rows,) and a.col_scale.dtype == torch.float32
-          and tuple(a.col_scale.shape) == (cols,) and a.col_scale.is_contiguous()
+          and tuple(a.row_scale.shape) == (rows,)
+          and (a.col_scale is None or (a.col_scale.dtype == torch.float32 and a.col_scale.is_contiguous()
+                                       and tuple(a.col_scale.shape) == (cols,)))
           and (a.bias is None or tuple(a.bias.shape) == (cols,)))
     if not ok:
-        got = (tuple(a.acc.shape), tuple(a.row_scale.shape), tuple(a.col_scale.shape)) \
+        got = (tuple(a.acc.shape), tuple(a.row_scale.shape),
+               None if a.col_scale is None else tuple(a.col_scale.shape)) \
             if isinstance(a, ScaledAcc) else type(a).__name__
         raise ValueError(f"{name}: expected a ScaledAcc of acc [{rows}, {cols}] (unit column stride), "
-                         f"row_scale [{rows}] and col_scale [{cols}] float32, got {got}")
+                         f"row_scale [{rows}] and col_scale [{cols}] (or None) float32, got {got}")
 
 
 def apply_scales(a: ScaledAcc, *, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -168,9 +175,9 @@ def apply_scales(a: ScaledAcc, *, out: torch.Tensor | None = None) -> torch.Tens
     if m and n:
         block, pdl = min(4096, triton.next_power_of_2(n)), use_pdl(a.acc)
         _apply_scales_kernel[(m, triton.cdiv(n, block))](
-            a.acc, a.acc.stride(0), a.row_scale, a.col_scale,
-            a.bias if a.bias is not None else a.col_scale, out, out.stride(0), n,
-            BLOCK=block, HAS_BIAS=a.bias is not None, PDL=pdl, num_warps=4, **pdl_options(pdl))
+            a.acc, a.acc.stride(0), a.row_scale, a.row_scale if a.col_scale is None else a.col_scale,
+            a.bias if a.bias is not None else a.row_scale, out, out.stride(0), n,
+            BLOCK=block, COL=a.col_scale is not None, HAS_BIAS=a.bias is not None, PDL=pdl, num_warps=4, **pdl_options(pdl))
     return out
 
 

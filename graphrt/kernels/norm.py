@@ -29,25 +29,30 @@ from graphrt.kernels.fp8 import Fp8Rows, ScaledAcc, check_scaled, new_rows, quan
 @triton.jit
 def _rms_norm_kernel(x_ptr, x_stride, rs_ptr, cs_ptr, res_ptr, res_stride, w_ptr, out_ptr,
                      out_stride, os_ptr, H, eps, BLOCK: tl.constexpr, ADD: tl.constexpr,
-                     X_SCALED: tl.constexpr, FP8_OUT: tl.constexpr, PDL: tl.constexpr):
+                     X_SCALED: tl.constexpr, X_COL: tl.constexpr, FP8_OUT: tl.constexpr,
+                     PDL: tl.constexpr):
     pdl_prologue(PDL)
     r = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < H
     x = tl.load(x_ptr + r * x_stride + cols, mask=m, other=0.0).to(tl.float32)
     if X_SCALED:
-        x = x * tl.load(rs_ptr + r) * tl.load(cs_ptr + cols, mask=m, other=0.0)
+        x = x * tl.load(rs_ptr + r)
+        if X_COL:
+            x = x * tl.load(cs_ptr + cols, mask=m, other=0.0)
     if ADD:
         res = tl.load(res_ptr + r * res_stride + cols, mask=m, other=0.0).to(tl.float32)
         s = (x + res).to(res_ptr.dtype.element_ty)
         tl.store(res_ptr + r * res_stride + cols, s, mask=m)
         x = s.to(tl.float32)
-    inv = tl.rsqrt(tl.sum(x * x, axis=0) / H + eps)
     w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
-    y = x * inv * w
-    if FP8_OUT:
-        quantize_store(y, tl.max(tl.abs(y), axis=0), out_ptr + r * out_stride + cols, os_ptr + r, m)
+    inv = tl.rsqrt(tl.sum(x * x, axis=0) / H + eps)
+    if FP8_OUT:   # amax(|x * w|) reduces alongside sum(x^2): y's amax is inv times it
+        xw = x * w
+        quantize_store(xw * inv, tl.max(tl.abs(xw), axis=0) * inv, out_ptr + r * out_stride + cols,
+                       os_ptr + r, m)
     else:
+        y = x * inv * w
         tl.store(out_ptr + r * out_stride + cols, y.to(out_ptr.dtype.element_ty), mask=m)
 
 
@@ -66,7 +71,8 @@ def _launch(x, residual, weight, eps, out, fp8):
         check_scaled("x", x, x.acc.shape[0], h)
         if x.bias is not None:
             raise ValueError("x: a ScaledAcc with a bias is not read here (o / down have none)")
-        acc, rs, cs = x.acc, x.row_scale, x.col_scale
+        acc, rs = x.acc, x.row_scale
+        cs = rs if x.col_scale is None else x.col_scale
     else:
         _check("x", x, h)
         acc = x
@@ -93,7 +99,8 @@ def _launch(x, residual, weight, eps, out, fp8):
         block, pdl = triton.next_power_of_2(h), use_pdl(acc)
         _rms_norm_kernel[(t,)](acc, acc.stride(0), rs, cs, res, res.stride(0), weight, dst, dst_stride,
                                dst_scale, h, float(eps), BLOCK=block, ADD=residual is not None,
-                               X_SCALED=scaled, FP8_OUT=fp8, PDL=pdl,
+                               X_SCALED=scaled, X_COL=scaled and x.col_scale is not None,
+                               FP8_OUT=fp8, PDL=pdl,
                                num_warps=min(16, max(1, block // 512)), **pdl_options(pdl))
     return rows if fp8 else out
 

@@ -53,11 +53,14 @@ def _rms_halves(x1, x2, w_ptr, j, mj, eps, D: tl.constexpr, HALF: tl.constexpr):
 
 
 @triton.jit
-def _load_cols(src, rs, sc_ptr, b_ptr, col, m, QKV_SCALED: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """float32 qkv columns `col` of one token: acc (* row scale * column scale) (+ bias)."""
+def _load_cols(src, rs, sc_ptr, b_ptr, col, m, QKV_SCALED: tl.constexpr, HAS_BIAS: tl.constexpr,
+               QKV_COL: tl.constexpr):
+    """float32 qkv columns `col` of one token: acc (* row scale (* column scale)) (+ bias)."""
     x = tl.load(src + col, mask=m, other=0.0).to(tl.float32)
     if QKV_SCALED:
-        x = x * rs * tl.load(sc_ptr + col, mask=m, other=0.0)
+        x = x * rs
+        if QKV_COL:
+            x = x * tl.load(sc_ptr + col, mask=m, other=0.0)
     if HAS_BIAS:
         x += tl.load(b_ptr + col, mask=m, other=0.0).to(tl.float32)
     return x
@@ -71,7 +74,7 @@ def _rope_append_kernel(qkv_ptr, qkv_stride, q_ptr, cs_ptr, num_positions, qn_pt
                         HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BH: tl.constexpr,
                         BLOCK: tl.constexpr, DECODE: tl.constexpr, QK_NORM: tl.constexpr,
                         KV_FP8: tl.constexpr, QKV_SCALED: tl.constexpr, HAS_BIAS: tl.constexpr,
-                        PDL: tl.constexpr):
+                        QKV_COL: tl.constexpr, PDL: tl.constexpr):
     pdl_prologue(PDL)
     HALF: tl.constexpr = D // 2
     NQB: tl.constexpr = (HQ + BH - 1) // BH          # programs 0..NQB-1: q heads, then k/v heads
@@ -101,8 +104,8 @@ def _rope_append_kernel(qkv_ptr, qkv_stride, q_ptr, cs_ptr, num_positions, qn_pt
     if hb < NQB:
         h = hb * BH + tl.arange(0, BH)[:, None]       # [BH, 1] q heads
         m = (h < HQ) & mj
-        x1 = _load_cols(src, rs, sc_ptr, b_ptr, h * D + j, m, QKV_SCALED, HAS_BIAS)
-        x2 = _load_cols(src, rs, sc_ptr, b_ptr, h * D + HALF + j, m, QKV_SCALED, HAS_BIAS)
+        x1 = _load_cols(src, rs, sc_ptr, b_ptr, h * D + j, m, QKV_SCALED, HAS_BIAS, QKV_COL)
+        x2 = _load_cols(src, rs, sc_ptr, b_ptr, h * D + HALF + j, m, QKV_SCALED, HAS_BIAS, QKV_COL)
         if QK_NORM:
             x1, x2 = _rms_halves(x1, x2, qn_ptr, j, mj, eps, D, HALF)
         dst = q_ptr + (t.to(tl.int64) * HQ + h) * D
@@ -122,15 +125,16 @@ def _rope_append_kernel(qkv_ptr, qkv_stride, q_ptr, cs_ptr, num_positions, qn_pt
                 if (page < 0) | (page >= num_pool_pages):
                     tl.atomic_or(error_ptr, 2)
                 else:
-                    k1 = _load_cols(src, rs, sc_ptr, b_ptr, (HQ + kh) * D + j, m, QKV_SCALED, HAS_BIAS)
+                    k1 = _load_cols(src, rs, sc_ptr, b_ptr, (HQ + kh) * D + j, m, QKV_SCALED, HAS_BIAS,
+                                    QKV_COL)
                     k2 = _load_cols(src, rs, sc_ptr, b_ptr, (HQ + kh) * D + HALF + j, m, QKV_SCALED,
-                                    HAS_BIAS)
+                                    HAS_BIAS, QKV_COL)
                     if QK_NORM:
                         k1, k2 = _rms_halves(k1, k2, kn_ptr, j, mj, eps, D, HALF)
                     v1 = _load_cols(src, rs, sc_ptr, b_ptr, (HQ + HKV + kh) * D + j, m, QKV_SCALED,
-                                    HAS_BIAS)
+                                    HAS_BIAS, QKV_COL)
                     v2 = _load_cols(src, rs, sc_ptr, b_ptr, (HQ + HKV + kh) * D + HALF + j, m,
-                                    QKV_SCALED, HAS_BIAS)
+                                    QKV_SCALED, HAS_BIAS, QKV_COL)
                     dst = page.to(tl.int64) * s_page + (pos % page_size) * s_slot + kh * s_head
                     ty = k_cache_ptr.dtype.element_ty
                     r1 = k1 * c - k2 * s
@@ -230,10 +234,11 @@ def _launch(qkv, cos_sin, kv_cache, block_table, device_error, hq, lens, positio
         block_table.shape[1], kc.shape[0], page_size, s_page, s_slot, s_head,
         dummy, dummy if decode else positions, dummy if decode else rows, device_error,
         kv_scale if fp8 else cos_sin, sacc.row_scale if scaled else cos_sin,
-        sacc.col_scale if scaled else cos_sin,
+        sacc.col_scale if scaled and sacc.col_scale is not None else cos_sin,
         sacc.bias if scaled and sacc.bias is not None else cos_sin,
         HQ=hq, HKV=hkv, D=d, BH=bh, BLOCK=block, DECODE=decode, QK_NORM=q_norm is not None,
-        KV_FP8=fp8, QKV_SCALED=scaled, HAS_BIAS=scaled and sacc.bias is not None, PDL=pdl,
+        KV_FP8=fp8, QKV_SCALED=scaled, HAS_BIAS=scaled and sacc.bias is not None,
+        QKV_COL=scaled and sacc.col_scale is not None, PDL=pdl,
         num_warps=min(4, max(1, bh * block // 256)), **pdl_options(pdl))
     return q_out
 

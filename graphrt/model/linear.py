@@ -45,14 +45,18 @@ PREFILL_DEQUANT_M = 256
 def fp8_matmul(x: Fp8Rows, w: Fp8Weight, bias: torch.Tensor | None = None, *, unit: torch.Tensor,
                out_dtype: torch.dtype = torch.bfloat16) -> ScaledAcc:
     """x (Fp8Rows: data [Mp, K] e4m3, scale [M]) times a per-channel / per-tensor FP8 weight
-    [N, K] -> ScaledAcc(acc [M, N] in out_dtype, x.scale, w.scale, bias). unit: a float32 1.0
-    scalar on the device (both GEMM scales). CPU and CUDA (torch._scaled_mm); capturable."""
+    [N, K] -> ScaledAcc(acc [M, N] in out_dtype, x.scale, w.scale, bias); a weight with a
+    tensor_scale gives it to the GEMM instead (ScaledAcc.col_scale None). unit: a float32 1.0
+    scalar on the device (the activation's GEMM scale). CPU and CUDA (torch._scaled_mm);
+    capturable."""
     if w.block is not None:
         raise ValueError("w: block-scaled FP8 weights take a float activation (linear / gemv_fp8)")
     if x.data.shape[1] != w.shape[1]:
         raise ValueError(f"x: {x.data.shape[1]} columns, the weight has K={w.shape[1]}")
-    acc = torch._scaled_mm(x.data, w.data.t(), scale_a=unit, scale_b=unit, out_dtype=out_dtype)
-    return ScaledAcc(acc[: x.rows], x.scale, w.scale, bias)
+    per_tensor = w.tensor_scale is not None             # the GEMM applies it; no column scales
+    acc = torch._scaled_mm(x.data, w.data.t(), scale_a=unit,
+                           scale_b=w.tensor_scale if per_tensor else unit, out_dtype=out_dtype)
+    return ScaledAcc(acc[: x.rows], x.scale, None if per_tensor else w.scale, bias)
 
 
 def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -65,15 +65,16 @@ def test_rms_norm_fp8_out(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("fp8", [False, True])
-def test_add_rms_norm_reads_scaled_acc(device, fp8):
+@pytest.mark.parametrize("fp8,col", [(False, True), (True, True), (True, False)])
+def test_add_rms_norm_reads_scaled_acc(device, fp8, col):
     t, h = 4, 192
     acc = _rand(t, h, device=device)
     rs, cs = torch.rand(t, device=device) + 0.1, torch.rand(h, device=device) + 0.1
+    cs = cs if col else None
     res = _rand(t, h, device=device, seed=2)
     res0 = res.clone()
     out = add_rms_norm(ScaledAcc(acc, rs, cs), res, _rand(1, h, device=device, seed=3)[0], EPS, fp8=fp8)
-    want_res = res0 + acc * rs[:, None] * cs[None, :]
+    want_res = res0 + ScaledAcc(acc, rs, cs).reference()
     torch.testing.assert_close(res, want_res, rtol=1e-6, atol=1e-5)
     w = _rand(1, h, device=device, seed=3)[0]
     ref = want_res * torch.rsqrt(want_res.pow(2).mean(1, keepdim=True) + EPS) * w
@@ -84,12 +85,14 @@ def test_add_rms_norm_reads_scaled_acc(device, fp8):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("fp8", [False, True])
-def test_silu_mul_reads_scaled_acc(device, fp8):
-    t, i = 3, 700
+@pytest.mark.parametrize("fp8,col,i", [(False, True, 700), (True, True, 700), (True, False, 4100)])
+def test_silu_mul_reads_scaled_acc(device, fp8, col, i):
+    """FP8 output at I = 4100: two tiles of the row, the second one masked."""
+    t = 3
     acc = _rand(t, 2 * i, device=device, scale=1.5)
     rs, cs = torch.rand(t, device=device) + 0.1, torch.rand(2 * i, device=device) + 0.1
-    x = acc * rs[:, None] * cs[None, :]
+    cs = cs if col else None
+    x = ScaledAcc(acc, rs, cs).reference()
     ref = torch.nn.functional.silu(x[:, :i]) * x[:, i:]
     out = silu_mul(ScaledAcc(acc, rs, cs), fp8=fp8)
     if fp8:
@@ -105,8 +108,8 @@ def test_apply_scales_with_bias(device):
     m, n = 3, 5000
     acc = _rand(m, n, device=device)
     rs, cs, b = torch.rand(m, device=device), torch.rand(n, device=device), _rand(1, n, device=device)[0]
-    a = ScaledAcc(acc, rs, cs, b)
-    torch.testing.assert_close(apply_scales(a), a.reference(), rtol=1e-6, atol=1e-5)
+    for a in (ScaledAcc(acc, rs, cs, b), ScaledAcc(acc, rs, None, b)):
+        torch.testing.assert_close(apply_scales(a), a.reference(), rtol=1e-6, atol=1e-5)
     out = torch.full((m, n), float("nan"), device=device)
     assert apply_scales(ScaledAcc(acc, rs, cs), out=out) is out
     torch.testing.assert_close(out, acc * rs[:, None] * cs[None, :], rtol=1e-6, atol=1e-5)
@@ -125,7 +128,8 @@ def test_fp8_mode_refusals():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_rope_append_reads_scaled_acc_with_bias(device):
+@pytest.mark.parametrize("col", [True, False])
+def test_rope_append_reads_scaled_acc_with_bias(device, col):
     """rope_append over a ScaledAcc (+ bias) equals rope_append over the scaled float qkv."""
     from graphrt.attention.kvcache import PagedKVCache
     from graphrt.kernels.rope_append import rope_append_decode
@@ -140,6 +144,7 @@ def test_rope_append_reads_scaled_acc_with_bias(device):
     table = torch.tensor([[2, 0], [1, 3], [4, 5]], dtype=torch.int32, device=device)
     lens = torch.tensor([3, 20, 1], dtype=torch.int32, device=device)
     outs = []
+    cs = cs if col else None
     for qkv in (ScaledAcc(acc, rs, cs, bias), ScaledAcc(acc, rs, cs, bias).reference()):
         cache = PagedKVCache(torch.zeros(6, page, hkv, d, device=device),
                              torch.zeros(6, page, hkv, d, device=device), "NHD")

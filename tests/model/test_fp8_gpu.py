@@ -12,12 +12,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _checkpoints import assert_greedy_matches_hf, write
+from _checkpoints import BF16_GAP, assert_greedy_matches_hf, write
 from graphrt import LLM, SamplingParams
 from graphrt.model.quant import Fp8Weight
 from test_fp8_checkpoint import write_fp8
 
 pytestmark = pytest.mark.gpu
+# W8A8 ties: the model-dtype residual moves a few activations across an e4m3 rounding boundary
+# (3 mantissa bits: one step is 2^-4 of the value) that HF's float32 residual leaves on the
+# other side, so near-ties flip more often than under bf16 alone: 2^-3 of the top logit.
+W8A8_GAP = 2 ** -3
 transformers = pytest.importorskip("transformers")
 
 
@@ -60,6 +64,7 @@ def test_fp8_greedy_equals_hf_over_dequantized_weights(src, tmp_path, kind, stra
         llm = LLM(tmp_path / "q", device="cuda", max_batch=8, steps_per_graph=4, max_model_len=1024)
     qkv = llm.checkpoint.weights["layers"][0]["qkv"]
     assert isinstance(qkv, Fp8Weight)
+    gap = BF16_GAP if qkv.block is not None else W8A8_GAP
     if qkv.block is None:                                        # W8A8: the same activation rounding
         for name, mod in hf.named_modules():
             if isinstance(mod, torch.nn.Linear) and name != "lm_head":
@@ -69,6 +74,6 @@ def test_fp8_greedy_equals_hf_over_dequantized_weights(src, tmp_path, kind, stra
     outs = llm.generate(prompts, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
     for p, o in zip(prompts, outs):
         assert len(o.token_ids) == 16
-        assert_greedy_matches_hf(hf, p, o.token_ids)
+        assert_greedy_matches_hf(hf, p, o.token_ids, tie_gap=gap)
     one = llm.generate([prompts[0]], SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))[0]
-    assert_greedy_matches_hf(hf, prompts[0], one.token_ids)      # bucket 1
+    assert_greedy_matches_hf(hf, prompts[0], one.token_ids, tie_gap=gap)   # bucket 1

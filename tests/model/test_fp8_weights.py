@@ -139,6 +139,7 @@ def _fed_tokens(steps=4, rows=2):
 
 
 @pytest.mark.parametrize("kind,strategy,lm_head", [("llama", "channel", False), ("llama", "tensor", True),
+                                                   ("llama", "fused-tensor", True),
                                                    ("qwen3", "channel", False), ("qwen3", "block", False)])
 def test_fp8_decoder_matches_reference(kind, strategy, lm_head):
     hf = _hf(kind)
@@ -147,6 +148,7 @@ def test_fp8_decoder_matches_reference(kind, strategy, lm_head):
     w8 = quantize_weights(w, spec, strategy, lm_head=lm_head, block=(64, 64))
     assert isinstance(w8.layers[0].qkv, Fp8Weight)
     assert isinstance(w8.lm_head, Fp8Weight) == lm_head
+    assert (w8.layers[0].qkv.tensor_scale is not None) == (strategy == "fused-tensor")
     prompts = [torch.arange(5) * 7 % 160, torch.arange(11) * 3 % 160]
     got = _logits(LlamaDecoder(spec, w8), prompts)
     if strategy == "block":                                      # weight-only: exact
@@ -188,10 +190,11 @@ def test_fp8_matmul_w8a8_matches_float32(device, m):
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     x = torch.randn(m, 512, generator=g).to(device, dtype)
     xq = quantize_rows(x)
-    acc = fp8_matmul(xq, w8, unit=torch.ones((), device=device), out_dtype=dtype)
-    assert acc.shape == (m, 256)
-    got = apply_scales(acc).float()
-    ref = xq.dequantize() @ w8.dequantize().T
-    assert float((got - ref).norm() / ref.norm()) < (1e-2 if device == "cuda" else 1e-6)
+    for w8 in (w8, quantize_fp8(torch.randn(256, 512, generator=g), "tensor").to(device)):
+        acc = fp8_matmul(xq, w8, unit=torch.ones((), device=device), out_dtype=dtype)
+        assert acc.shape == (m, 256) and (acc.col_scale is None) == (w8.tensor_scale is not None)
+        got = apply_scales(acc).float()
+        ref = xq.dequantize() @ w8.dequantize().T
+        assert float((got - ref).norm() / ref.norm()) < (1e-2 if device == "cuda" else 1e-6)
     with pytest.raises(ValueError, match="block-scaled"):
         fp8_matmul(xq, quantize_fp8(torch.randn(256, 512), "block").to(device), unit=torch.ones(()))
