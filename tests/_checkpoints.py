@@ -35,6 +35,6 @@ def assert_greedy_matches_hf(hf, prompt: list[int], out: list[int], *, tie_gap: 
         if tok != int(top2.indices[0]):
             gap = float(top2.values[0] - logits[tok])
             assert gap <= tie_gap * abs(float(top2.values[0])) + 1e-3, \
-                f"token {i}: graphrt {tok}, HF {int(top2.indices[0])}, gap {gap}"
+                f"token {i}: graphrt {tok}, HF {int(top2.indices[0])}, gap {gap}, top {float(top2.values[0])}"
             return
         seq.append(tok)

@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     b.record()
     b.synchronize()
     step_us = a.elapsed_time(b) * 1e3 / args.replays
-    out = {"model": args.model, "weights": args.weights, "pdl": os.environ.get("GRAPHRT_PDL", "0"),
+    out = {"model": args.model, "weights": args.weights, "pdl": "0" if os.environ.get("GRAPHRT_PDL") == "0" else "1",
            "batch": n, "context": ctx, "device_us_per_step": step_us,
            "kernel_us_per_step": total_us, "launches_per_step": launches / args.replays,
            "families_us": dict(fam_us), "families_launches": {k: v / args.replays for k, v in fam_n.items()},

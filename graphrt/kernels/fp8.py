@@ -10,7 +10,9 @@ output next (add + RMSNorm, SiLU-mul, rope_append, or `apply_scales` for the log
 multiplies them in float32 as it loads: no extra pass over the output.
 
 Quantization of a float32 row x with amax a: scale = max(a / 448, 1e-12) (float32),
-q = e4m3(clamp(x / scale, +-448)) rounded to nearest even. `round_e4m3` does the rounding in
+q = e4m3(clamp(x * (1 / scale), +-448)) rounded to nearest even (the reciprocal once per row:
+x * (1 / scale) differs from x / scale by at most one float32 ulp, so a code differs from
+torch's x / scale conversion only at an exact e4m3 rounding tie). `round_e4m3` does the rounding in
 float32 arithmetic before the cast, so the cast is exact on the GPU and in the CPU interpreter
 (whose own float32 -> e4m3 conversion mis-rounds ties and mantissa carries; Triton 3.9).
 Data rows are padded to a multiple of 16 (`padded_rows`; the pad rows are never written and never
@@ -92,11 +94,27 @@ def round_e4m3(x):
 
 @triton.jit
 def quantize_store(x, amax, data_ptrs, scale_ptr, mask):
-    """Store float32 x (one row, or its masked tile) as e4m3 with scale max(amax, floor)/448."""
+    """Store float32 x (one row, or its masked tile) as e4m3 with scale max(amax / 448, 1e-12):
+    q = x * (1 / scale) (one IEEE reciprocal per row, then multiplies), clamped, rounded."""
     s = tl.maximum(tl.div_rn(amax, 448.0), 1e-12)
-    q = tl.minimum(tl.maximum(tl.div_rn(x, s), -448.0), 448.0)
+    q = tl.minimum(tl.maximum(x * tl.div_rn(1.0, s), -448.0), 448.0)
     tl.store(data_ptrs, round_e4m3(q).to(tl.float8e4nv), mask=mask)
     tl.store(scale_ptr, s)
+
+
+@triton.jit
+def _quantize_tiles_kernel(y_ptr, y_stride, part_ptr, q_ptr, q_stride, s_ptr, K, NB,
+                           BLOCK: tl.constexpr, NB_P2: tl.constexpr, PDL: tl.constexpr):
+    """Grid (M, NB): tile j of row r, quantized with the row's amax = max of its NB partial
+    amaxes part[r, 0:NB] (written by the kernel that produced y)."""
+    pdl_prologue(PDL)
+    r = tl.program_id(0).to(tl.int64)
+    j = tl.arange(0, NB_P2)
+    amax = tl.max(tl.load(part_ptr + r * NB + j, mask=j < NB, other=0.0), axis=0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = cols < K
+    y = tl.load(y_ptr + r * y_stride + cols, mask=m, other=0.0)
+    quantize_store(y, amax, q_ptr + r * q_stride + cols, s_ptr + r, m)
 
 
 @triton.jit
@@ -150,6 +168,25 @@ def quantize_rows(x: torch.Tensor) -> Fp8Rows:
     return out
 
 
+def quantize_tiles(y: torch.Tensor, partial_amax: torch.Tensor, block: int) -> Fp8Rows:
+    """y [M, K] float32 (contiguous) with partial_amax [M, ceil(K / block)] float32 (the amax of
+    each block-wide tile of each row) -> Fp8Rows; grid (M, K / block), so a row's quantization
+    is spread over many programs (the producer's partial amaxes make one pass enough)."""
+    m, k = y.shape
+    nb = triton.cdiv(k, block)
+    if y.dtype != torch.float32 or not y.is_contiguous() or tuple(partial_amax.shape) != (m, nb) \
+            or not partial_amax.is_contiguous():
+        raise ValueError(f"y, partial_amax: expected contiguous float32 [M, K] and [M, {nb}], got "
+                         f"{tuple(y.shape)} {y.dtype} and {tuple(partial_amax.shape)}")
+    out = new_rows(m, k, y.device)
+    if m and k:
+        pdl = use_pdl(y)
+        _quantize_tiles_kernel[(m, nb)](y, y.stride(0), partial_amax, out.data, out.data.stride(0),
+                                        out.scale, k, nb, BLOCK=block, NB_P2=triton.next_power_of_2(nb),
+                                        PDL=pdl, num_warps=4, **pdl_options(pdl))
+    return out
+
+
 def check_scaled(name: str, a: ScaledAcc, rows: int, cols: int) -> None:
     """ValueError naming `name` unless `a` is a ScaledAcc of [rows, cols] with matching scales."""
     ok = (isinstance(a, ScaledAcc) and a.acc.dim() == 2 and tuple(a.acc.shape) == (rows, cols)
@@ -182,4 +219,4 @@ def apply_scales(a: ScaledAcc, *, out: torch.Tensor | None = None) -> torch.Tens
 
 
 __all__ = ["FP8", "FP8_MAX", "Fp8Rows", "ScaledAcc", "apply_scales", "check_scaled", "new_rows",
-           "padded_rows", "quantize_rows", "quantize_store", "round_e4m3", "row_warps"]
+           "padded_rows", "quantize_rows", "quantize_store", "quantize_tiles", "round_e4m3", "row_warps"]
