@@ -16,11 +16,12 @@ D2D copy bandwidth; each row gives device/floor, device/gemm-only and the achiev
 through ModelRuntime.prefill, tokens/s and MFU against the measured bf16 matmul rate and 790
 TFLOP/s (FLOPs = 2 x matmul params x tokens + causal attention 2 x 2 x L x Hq x D x T^2 / 2).
 
-FP8 weights (--weights bf16,fp8,fp8-tensor,fp8-head,fp8-block): the same random model with qkv / o / gate_up / down
-quantized to e4m3 (per-channel, or 128 x 128 block scales; the LM head stays bf16, as the FP8
-checkpoints ship it); its floor counts the bytes actually streamed (FP8 data + float32 scales +
-the bf16 LM head + KV), and its gemm-only graph runs the same `linear` calls the step makes
-(FP8 GEMV at batch <= 16, torch._scaled_mm above for per-channel).
+FP8 weights (--weights bf16,fp8,fp8-tensor,fp8-head,fp8-tensor-head,fp8-block): the same random
+model with qkv / o / gate_up / down quantized to e4m3 (per-channel; one scale per fused weight;
+128 x 128 block scales; the LM head stays bf16, as FP8 checkpoints ship it, except in the -head
+kinds); its floor counts the bytes actually streamed (FP8 data + float32 scales + the LM head +
+KV), and its gemm-only graph runs the GEMMs the step makes (LlamaDecoder._mm: W8A8
+torch._scaled_mm over FP8 rows; the FP8 GEMV for block scales).
 
     python tools/bench_e2e.py --out bench_e2e.json --png bench_e2e.png
     python tools/bench_e2e.py --models llama-3.1-8b --weights bf16,fp8 --batches 1,16 \

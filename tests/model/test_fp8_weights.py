@@ -104,9 +104,9 @@ def _fake_quant_rows(x: torch.Tensor) -> torch.Tensor:
     return (x / s).clamp(-FP8_MAX, FP8_MAX).to(FP8).float() * s
 
 
-def _hf_reference(hf, w8, spec, prompts, fed, lm_head):
-    """HF float32 logits [steps + 1, B, V] at the positions _logits reads, with the FP8 model's
-    dequantized weights and, for W8A8, every linear layer's input fake-quantized per row."""
+def _hf_w8a8(hf, w8, spec, lm_head):
+    """A copy of HF float32 with the FP8 model's dequantized weights and, for W8A8, every linear
+    layer's input fake-quantized per row (forward pre-hooks)."""
     import copy
     ref = copy.deepcopy(hf)
     deq = dequantize_weights(w8)
@@ -124,6 +124,12 @@ def _hf_reference(hf, w8, spec, prompts, fed, lm_head):
     for name, mod in ref.named_modules():
         if isinstance(mod, torch.nn.Linear) and (name != "lm_head" or lm_head):
             mod.register_forward_pre_hook(lambda m, args: (_fake_quant_rows(args[0]),))
+    return ref
+
+
+def _hf_reference(hf, w8, spec, prompts, fed, lm_head):
+    """HF W8A8 float32 logits [steps + 1, B, V] at the positions _logits reads."""
+    ref = _hf_w8a8(hf, w8, spec, lm_head)
     out = []
     with torch.no_grad():
         for b, p in enumerate(prompts):
@@ -131,6 +137,28 @@ def _hf_reference(hf, w8, spec, prompts, fed, lm_head):
             logits = ref(seq[None]).logits[0]                        # [T, V]
             out.append(logits[len(p) - 1:])
     return torch.stack(out, 1)
+
+
+def test_fp8_verify_step_runs_the_w8a8_layer_loop():
+    """verify_step (speculative verify, Q = 3 tokens) over W8A8 weights equals HF with the same
+    activation rounding: the one layer loop serves verify as it serves decode and prefill."""
+    from graphrt.attention.kvcache import PagedKVCache
+    hf = _hf("llama")
+    spec = LlamaSpec.from_hf(hf.config)
+    w8 = quantize_weights(fuse_hf_state_dict(spec, hf.state_dict()), spec, "fused-tensor", lm_head=True)
+    model = LlamaDecoder(spec, w8)
+    cfg = RuntimeConfig(num_qo_heads=2, num_kv_heads=1, head_dim=64, page_size=16, max_context_len=64,
+                        buckets=[1], dtype="float32", backend="torch-splitkv", kv_pool_pages=8)
+    caches = [PagedKVCache.allocate(cfg, 8, "cpu", seed=i) for i in range(spec.num_layers)]
+    prompt, toks = torch.arange(7) * 5 % 160, torch.tensor([[5, 9, 33]])
+    table = torch.arange(4, dtype=torch.int32).view(1, 4)
+    model.prefill([prompt], caches, table)
+    err = torch.zeros(1, dtype=torch.int32)
+    got = model.verify_step(toks, torch.tensor([len(prompt)], dtype=torch.int32), caches, table, err)
+    with torch.no_grad():
+        ref = _hf_w8a8(hf, w8, spec, True)(torch.cat([prompt, toks[0]])[None]).logits[0, -3:]
+    assert int(err) == 0
+    assert float((got - ref).norm() / ref.norm()) < 2e-3
 
 
 def _fed_tokens(steps=4, rows=2):
