@@ -16,11 +16,12 @@ D2D copy bandwidth; each row gives device/floor, device/gemm-only and the achiev
 through ModelRuntime.prefill, tokens/s and MFU against the measured bf16 matmul rate and 790
 TFLOP/s (FLOPs = 2 x matmul params x tokens + causal attention 2 x 2 x L x Hq x D x T^2 / 2).
 
-FP8 weights (--weights bf16,fp8,fp8-block): the same random model with qkv / o / gate_up / down
-quantized to e4m3 (per-channel, or 128 x 128 block scales; the LM head stays bf16, as the FP8
-checkpoints ship it); its floor counts the bytes actually streamed (FP8 data + float32 scales +
-the bf16 LM head + KV), and its gemm-only graph runs the same `linear` calls the step makes
-(FP8 GEMV at batch <= 16, torch._scaled_mm above for per-channel).
+FP8 weights (--weights bf16,fp8,fp8-tensor,fp8-head,fp8-tensor-head,fp8-block): the same random
+model with qkv / o / gate_up / down quantized to e4m3 (per-channel; one scale per fused weight;
+128 x 128 block scales; the LM head stays bf16, as FP8 checkpoints ship it, except in the -head
+kinds); its floor counts the bytes actually streamed (FP8 data + float32 scales + the LM head +
+KV), and its gemm-only graph runs the GEMMs the step makes (LlamaDecoder._mm: W8A8
+torch._scaled_mm over FP8 rows; the FP8 GEMV for block scales).
 
     python tools/bench_e2e.py --out bench_e2e.json --png bench_e2e.png
     python tools/bench_e2e.py --models llama-3.1-8b --weights bf16,fp8 --batches 1,16 \
@@ -54,7 +55,7 @@ def parse_args(argv=None):
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--steps", type=int, default=32, help="timed decode steps per measurement")
     p.add_argument("--no-prefill", dest="prefill", action="store_false", help="skip prefill rows")
-    p.add_argument("--weights", default="bf16", help="comma list of bf16, fp8, fp8-block")
+    p.add_argument("--weights", default="bf16", help="comma list of bf16, fp8, fp8-tensor, fp8-head, fp8-tensor-head, fp8-block")
     p.add_argument("--fp8-kernels", action="store_true",
                    help="per-shape table: bf16 cuBLAS / bf16 GEMV vs FP8 GEMV candidates / _scaled_mm")
     p.add_argument("--out", default="bench_e2e.json")
@@ -97,16 +98,24 @@ def streamed_bytes(weights) -> int:
             + nbytes(weights.lm_head))
 
 
+WEIGHT_KINDS = {"fp8": ("channel", False), "fp8-tensor": ("fused-tensor", False),
+                "fp8-tensor-head": ("fused-tensor", True),
+                "fp8-head": ("channel", True), "fp8-block": ("block", False)}
+
+
 def with_weights(model, kind: str, torch):
     """The model with its decoder linears as `kind` ("bf16": unchanged; "fp8": per-channel
-    e4m3; "fp8-block": 128 x 128 block scales) -> (model, streamed bytes)."""
+    e4m3, W8A8; "fp8-tensor": one scale per fused weight (quantize_weights "fused-tensor");
+    "fp8-head" / "fp8-tensor-head": the same with the LM head in FP8 too (untied heads only);
+    "fp8-block": 128 x 128 block scales) -> (model, streamed bytes)."""
     from graphrt.model import LlamaDecoder
     from graphrt.model.fp8_weights import quantize_weights
     if kind == "bf16":
         return model, streamed_bytes(model.weights)
-    if kind not in ("fp8", "fp8-block"):
-        raise SystemExit(f"--weights: {kind!r} is not bf16, fp8 or fp8-block")
-    w8 = quantize_weights(model.weights, model.spec, "channel" if kind == "fp8" else "block")
+    if kind not in WEIGHT_KINDS:
+        raise SystemExit(f"--weights: {kind!r} is not bf16 or one of {sorted(WEIGHT_KINDS)}")
+    strategy, head = WEIGHT_KINDS[kind]
+    w8 = quantize_weights(model.weights, model.spec, strategy, lm_head=head)
     return LlamaDecoder(model.spec, w8), streamed_bytes(w8)
 
 
@@ -134,22 +143,28 @@ def fp8_kernel_rows(model, batches, torch) -> list[dict]:
 
 
 def gemm_only_us(model, n: int, torch) -> float:
-    """Device µs of one graph holding only the step's weight GEMMs at batch n (graphrt's
-    `linear`: cuBLAS for bf16 weights, the FP8 kernels for FP8 weights)."""
+    """Device µs of one graph holding only the step's weight GEMMs at batch n, as the step
+    calls them (LlamaDecoder._mm: cuBLAS for bf16 weights; W8A8 torch._scaled_mm over FP8
+    rows for per-tensor / per-channel FP8; the FP8 GEMV for block-scaled)."""
     from benchlib import device_us
-    from graphrt.model.linear import linear
+    from graphrt.kernels.fp8 import quantize_rows
     w, h = model.weights, model.spec.hidden_size
-    x = torch.randn(n, h, device="cuda", dtype=torch.bfloat16)
-    a = torch.randn(n, model.spec.num_heads * model.spec.head_dim, device="cuda", dtype=torch.bfloat16)
-    m = torch.randn(n, model.spec.intermediate_size, device="cuda", dtype=torch.bfloat16)
+
+    def act(k, weight):
+        x = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        return quantize_rows(x) if model._fp8_in(weight) else x
+    layer0 = w.layers[0]
+    x, a = act(h, layer0.qkv), act(model.spec.num_heads * model.spec.head_dim, layer0.o)
+    gu, m = act(h, layer0.gate_up), act(model.spec.intermediate_size, layer0.down)
+    xh = act(h, w.lm_head)
 
     def step():
         for layer in w.layers:
-            linear(x, layer.qkv)
-            linear(a, layer.o)
-            linear(x, layer.gate_up)
-            linear(m, layer.down)
-        linear(x, w.lm_head)
+            model._mm(x, layer.qkv)
+            model._mm(a, layer.o)
+            model._mm(gu, layer.gate_up)
+            model._mm(m, layer.down)
+        model._mm(xh, w.lm_head)
     step()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):

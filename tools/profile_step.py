@@ -2,6 +2,10 @@
 
 Random bf16 Llama-shaped model (tools/bench_e2e.py's), batch / context given, one step per graph;
 kernel time per step grouped by kernel family, the launch count, and device time per step.
+--weights: bf16, or an FP8 format of bench_e2e.with_weights (fp8 = per-channel W8A8, fp8-tensor,
+fp8-head = per-channel with an FP8 LM head, fp8-tensor(-head) = one scale per fused weight,
+fp8-block). Programmatic dependent launch of the
+element-wise kernels follows GRAPHRT_PDL (graphrt/kernels/launch.py).
 
     python tools/profile_step.py --model llama-3.1-8b --batch 1 --context 1024 --out profile.json
 """
@@ -13,9 +17,10 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from bench_e2e import random_model
+from bench_e2e import random_model, with_weights
 
-FAMILIES = [("gemm", r"nvjet|gemm|cutlass|sm90_xmma|splitK|Kernel2|gemv"), ("attention", r"BatchPrefill|BatchDecode|Decode|Prefill"),
+FAMILIES = [("fp8_quant", r"quantize_rows|quantize_tiles"), ("fp8_scales", r"apply_scales"),
+            ("gemm", r"nvjet|gemm|cutlass|sm90_xmma|splitK|Kernel2|gemv"), ("attention", r"BatchPrefill|BatchDecode|Decode|Prefill"),
             ("merge", r"MergeStates|merge"), ("rope_append", r"rope_append"), ("norm", r"rms_norm"),
             ("silu_mul", r"silu_mul"), ("prepare", r"prepare"), ("argmax/sample", r"argmax|sample|sort"),
             ("embedding", r"index|gather|embedding")]
@@ -26,6 +31,7 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="llama-3.1-8b")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--weights", default="bf16", help="bf16, fp8, fp8-tensor, fp8-head, fp8-tensor-head, fp8-block")
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--out", default="profile_step.json")
     args = p.parse_args(argv)
@@ -34,7 +40,10 @@ def main(argv=None) -> int:
 
     from graphrt import RuntimeConfig
     from graphrt.model.runtime import ModelRuntime
+    import os
     model, _ = random_model(args.model, torch)
+    model, _ = with_weights(model, args.weights, torch)
+    torch.cuda.empty_cache()
     s, n, ctx = model.spec, args.batch, args.context
     pages = -(-(ctx + 64) // 16)
     cfg = RuntimeConfig(num_qo_heads=s.num_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim,
@@ -71,12 +80,13 @@ def main(argv=None) -> int:
     b.record()
     b.synchronize()
     step_us = a.elapsed_time(b) * 1e3 / args.replays
-    out = {"model": args.model, "batch": n, "context": ctx, "device_us_per_step": step_us,
+    out = {"model": args.model, "weights": args.weights, "pdl": "0" if os.environ.get("GRAPHRT_PDL") == "0" else "1",
+           "batch": n, "context": ctx, "device_us_per_step": step_us,
            "kernel_us_per_step": total_us, "launches_per_step": launches / args.replays,
            "families_us": dict(fam_us), "families_launches": {k: v / args.replays for k, v in fam_n.items()},
            "top_kernels_us": dict(sorted(names.items(), key=lambda kv: -kv[1])[:25])}
     Path(args.out).write_text(json.dumps(out, indent=1))
-    print(f"{args.model} bs{n} ctx{ctx}: device {step_us:.0f} us/step, kernels {total_us:.0f} us in "
+    print(f"{args.model} {args.weights} pdl={out['pdl']} bs{n} ctx{ctx}: device {step_us:.0f} us/step, kernels {total_us:.0f} us in "
           f"{launches / args.replays:.0f} launches (gaps {step_us - total_us:.0f} us)")
     for f, us in sorted(fam_us.items(), key=lambda kv: -kv[1]):
         print(f"  {f:<14} {us:8.1f} us  {fam_n[f] / args.replays:6.0f} launches")

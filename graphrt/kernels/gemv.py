@@ -6,6 +6,10 @@ At decode batch sizes the weight read is the whole cost, and cuBLAS pays a fixed
 multiplies them by all M rows of x and writes the [M, BLOCK_N] tile. No split-K (that needs a
 second launch or atomics); parallelism comes from small BLOCK_N. Whether it beats cuBLAS is
 measured per (shape, batch) at capture time by `graphrt.model.linear.Linear.choose`.
+`gemv` (model-dtype weights) and `gemv_fp8` (e4m3 weights, per-channel or block scales) launch
+one kernel body (`_gemv_kernel`). The decoder's FP8 path no longer uses it for per-tensor /
+per-channel weights (W8A8 through cuBLASLt measured faster: docs/fp8.md); it serves
+block-scaled weights and callers that pass float activations.
 
 Runs on CPU tensors under TRITON_INTERPRET=1 (tests compare it with float32 torch).
 """
@@ -40,30 +44,6 @@ CANDIDATES = (GemvConfig(16, 512, 4, 3), GemvConfig(16, 256, 4, 4), GemvConfig(3
               GemvConfig(64, 128, 8, 4))
 
 
-@triton.jit(do_not_specialize=["M"])
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_x, stride_w, stride_y,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 HAS_BIAS: tl.constexpr):
-    pid = tl.program_id(0)
-    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = tl.arange(0, BLOCK_M)
-    rk = tl.arange(0, BLOCK_K)
-    n_ok = rn < N
-    m_ok = rm < M
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k_ok = (k0 + rk) < K
-        w = tl.load(w_ptr + rn[:, None] * stride_w + (k0 + rk)[None, :],
-                    mask=n_ok[:, None] & k_ok[None, :], other=0.0)          # [BN, BK]
-        x = tl.load(x_ptr + rm[:, None] * stride_x + (k0 + rk)[None, :],
-                    mask=m_ok[:, None] & k_ok[None, :], other=0.0)          # [BM, BK]
-        acc += tl.dot(x, tl.trans(w), out_dtype=tl.float32)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + rm[:, None] * stride_y + rn[None, :], acc.to(y_ptr.dtype.element_ty),
-             mask=m_ok[:, None] & n_ok[None, :])
-
-
 def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
          config: GemvConfig = CANDIDATES[1], out: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ w.T (+ bias).
@@ -82,16 +62,17 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
         raise ValueError(f"bias: expected [{n}], got {tuple(bias.shape)}")
     y = out if out is not None else torch.empty((m, n), dtype=x.dtype, device=x.device)
     c = config
-    _gemv_kernel[(triton.cdiv(n, c.block_n),)](
-        x, w, bias if bias is not None else w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0),
-        BLOCK_M=MAX_M, BLOCK_N=c.block_n, BLOCK_K=c.block_k, HAS_BIAS=bias is not None,
-        num_warps=c.num_warps, num_stages=c.num_stages)
+    _gemv_kernel[(1, triton.cdiv(n, c.block_n))](
+        x, w, w, bias if bias is not None else w, y, m, n, k, x.stride(0), w.stride(0), 0,
+        y.stride(0), BLOCK_M=MAX_M, BLOCK_N=c.block_n, BLOCK_K=c.block_k, SCALE_BN=1, SCALE_BK=1,
+        SCALED=False, BLOCKWISE=False, HAS_BIAS=bias is not None, num_warps=c.num_warps,
+        num_stages=c.num_stages)
     return y
 
 
-# ---- FP8 weights (e4m3), dequantized in registers ---------------------------------------------
-# Same streaming scheme; the weight tile is loaded as 1 byte/element and converted to the
-# activation dtype before tl.dot. Per-channel scales multiply the finished [BM, BN] tile once;
+# ---- one kernel body: model-dtype weights, and FP8 weights (e4m3) dequantized in registers -----
+# The same streaming scheme for both; an FP8 weight tile is loaded as 1 byte/element and
+# converted to the activation dtype before tl.dot (a no-op for model-dtype weights, SCALED=False). Per-channel scales multiply the finished [BM, BN] tile once;
 # block scales ((bn, bk), e.g. 128 x 128) multiply each BLOCK_K tile's partial sum, so BLOCK_K
 # must divide bk. The grid's first axis covers M > 16 in tiles of 16 rows (the tiles of one
 # weight tile are consecutive programs, so the weight is read from DRAM about once).
@@ -102,10 +83,10 @@ FP8_CANDIDATES = (GemvConfig(16, 128, 4, 4), GemvConfig(32, 128, 4, 4), GemvConf
 
 
 @triton.jit(do_not_specialize=["M"])
-def _gemv_fp8_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_x, stride_w, stride_s,
-                     stride_y, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, BLOCKWISE: tl.constexpr,
-                     HAS_BIAS: tl.constexpr):
+def _gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_x, stride_w, stride_s,
+                 stride_y, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, SCALED: tl.constexpr,
+                 BLOCKWISE: tl.constexpr, HAS_BIAS: tl.constexpr):
     pid_m = tl.program_id(0)          # M tiles vary fastest: they share a weight tile in L2
     pid_n = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -126,7 +107,7 @@ def _gemv_fp8_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_x, strid
             acc += part * s[None, :]
         else:
             acc += part
-    if not BLOCKWISE:
+    if SCALED and not BLOCKWISE:
         acc = acc * tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
@@ -164,9 +145,10 @@ def gemv_fp8(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.
         raise ValueError(f"bias: expected [{n}], got {tuple(bias.shape)}")
     y = out if out is not None else torch.empty((m, n), dtype=x.dtype, device=x.device)
     sbn, sbk = block if block is not None else (1, 1)
-    _gemv_fp8_kernel[(triton.cdiv(m, MAX_M), triton.cdiv(n, c.block_n))](
+    _gemv_kernel[(triton.cdiv(m, MAX_M), triton.cdiv(n, c.block_n))](
         x, w, scale, bias if bias is not None else scale, y, m, n, k, x.stride(0), w.stride(0),
         scale.stride(0), y.stride(0), BLOCK_M=MAX_M, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
-        SCALE_BN=sbn, SCALE_BK=sbk, BLOCKWISE=block is not None, HAS_BIAS=bias is not None,
+        SCALE_BN=sbn, SCALE_BK=sbk, SCALED=True, BLOCKWISE=block is not None,
+        HAS_BIAS=bias is not None,
         num_warps=c.num_warps, num_stages=c.num_stages)
     return y

@@ -6,8 +6,15 @@
 
 x, residual, out: [T, H] with unit stride along H (rows may be strided); w: [H]. float32 or
 bfloat16/float16 in and out; the sum, mean and scaling run in float32 with one rounding at the
-store. The residual is normalised as stored (rounded), as HF's decoder layers do. Capturable
-in a CUDA graph (no host reads); runs on CPU under TRITON_INTERPRET=1.
+store. The residual is normalised as stored (rounded), as HF's decoder layers do.
+
+FP8 (W8A8 decode GEMMs, kernels/fp8.py):
+- x may be a `ScaledAcc` (an FP8 GEMM's unscaled output): x = acc * row_scale * col_scale is
+  formed in float32 as it is loaded (o / down projections feeding the residual add).
+- `fp8=True`: the normed row is written as e4m3 with its own scale (amax / 448) and the call
+  returns `Fp8Rows` (the input of the next FP8 GEMM); the normed row is never stored in float.
+
+Capturable in a CUDA graph (no host reads); runs on CPU under TRITON_INTERPRET=1.
 """
 from __future__ import annotations
 
@@ -15,22 +22,38 @@ import torch
 import triton
 import triton.language as tl
 
+from graphrt.kernels.launch import pdl_options, pdl_prologue, use_pdl
+from graphrt.kernels.fp8 import Fp8Rows, ScaledAcc, check_scaled, new_rows, quantize_store
+
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, x_stride, res_ptr, res_stride, w_ptr, out_ptr, out_stride, H, eps,
-                     BLOCK: tl.constexpr, ADD: tl.constexpr):
+def _rms_norm_kernel(x_ptr, x_stride, rs_ptr, cs_ptr, res_ptr, res_stride, w_ptr, out_ptr,
+                     out_stride, os_ptr, H, eps, BLOCK: tl.constexpr, ADD: tl.constexpr,
+                     X_SCALED: tl.constexpr, X_COL: tl.constexpr, FP8_OUT: tl.constexpr,
+                     PDL: tl.constexpr):
+    pdl_prologue(PDL)
     r = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < H
     x = tl.load(x_ptr + r * x_stride + cols, mask=m, other=0.0).to(tl.float32)
+    if X_SCALED:
+        x = x * tl.load(rs_ptr + r)
+        if X_COL:
+            x = x * tl.load(cs_ptr + cols, mask=m, other=0.0)
     if ADD:
         res = tl.load(res_ptr + r * res_stride + cols, mask=m, other=0.0).to(tl.float32)
         s = (x + res).to(res_ptr.dtype.element_ty)
         tl.store(res_ptr + r * res_stride + cols, s, mask=m)
         x = s.to(tl.float32)
-    inv = tl.rsqrt(tl.sum(x * x, axis=0) / H + eps)
     w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
-    tl.store(out_ptr + r * out_stride + cols, (x * inv * w).to(out_ptr.dtype.element_ty), mask=m)
+    inv = tl.rsqrt(tl.sum(x * x, axis=0) / H + eps)
+    if FP8_OUT:   # amax(|x * w|) reduces alongside sum(x^2): y's amax is inv times it
+        xw = x * w
+        quantize_store(xw * inv, tl.max(tl.abs(xw), axis=0) * inv, out_ptr + r * out_stride + cols,
+                       os_ptr + r, m)
+    else:
+        y = x * inv * w
+        tl.store(out_ptr + r * out_stride + cols, y.to(out_ptr.dtype.element_ty), mask=m)
 
 
 def _check(name: str, t: torch.Tensor, h: int) -> None:
@@ -39,40 +62,62 @@ def _check(name: str, t: torch.Tensor, h: int) -> None:
                          f"{tuple(t.shape)} strides {t.stride()}")
 
 
-def _launch(x, residual, weight, eps, out):
+def _launch(x, residual, weight, eps, out, fp8):
     if weight.dim() != 1 or not weight.is_contiguous():
         raise ValueError(f"weight: expected a contiguous [H] tensor, got {tuple(weight.shape)}")
     h = weight.shape[0]
-    _check("x", x, h)
-    if out is None:
-        out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    _check("out", out, h)
-    if out.shape[0] != x.shape[0]:
-        raise ValueError(f"out: {out.shape[0]} rows, x has {x.shape[0]}")
-    res = x if residual is None else residual
+    scaled = isinstance(x, ScaledAcc)
+    if scaled:
+        check_scaled("x", x, x.acc.shape[0], h)
+        if x.bias is not None:
+            raise ValueError("x: a ScaledAcc with a bias is not read here (o / down have none)")
+        acc, rs = x.acc, x.row_scale
+        cs = rs if x.col_scale is None else x.col_scale
+    else:
+        _check("x", x, h)
+        acc = x
+        rs = cs = weight
+    t = acc.shape[0]
+    if fp8:
+        if out is not None:
+            raise ValueError("out: not taken with fp8=True (the call returns new Fp8Rows)")
+        rows = new_rows(t, h, acc.device)
+        dst, dst_stride, dst_scale = rows.data, rows.data.stride(0), rows.scale
+    else:
+        if out is None:
+            out = torch.empty((t, h), dtype=acc.dtype, device=acc.device)
+        _check("out", out, h)
+        if out.shape[0] != t:
+            raise ValueError(f"out: {out.shape[0]} rows, x has {t}")
+        dst, dst_stride, dst_scale = out, out.stride(0), weight
+    res = acc if residual is None else residual
     if residual is not None:
         _check("residual", residual, h)
-        if residual.shape[0] != x.shape[0]:
-            raise ValueError(f"residual: {residual.shape[0]} rows, x has {x.shape[0]}")
-    if x.shape[0] == 0:
-        return out
-    block = triton.next_power_of_2(h)
-    _rms_norm_kernel[(x.shape[0],)](x, x.stride(0), res, res.stride(0), weight, out, out.stride(0),
-                                    h, float(eps), BLOCK=block, ADD=residual is not None,
-                                    num_warps=min(16, max(1, block // 512)))
-    return out
+        if residual.shape[0] != t:
+            raise ValueError(f"residual: {residual.shape[0]} rows, x has {t}")
+    if t:
+        block, pdl = triton.next_power_of_2(h), use_pdl(acc)
+        _rms_norm_kernel[(t,)](acc, acc.stride(0), rs, cs, res, res.stride(0), weight, dst, dst_stride,
+                               dst_scale, h, float(eps), BLOCK=block, ADD=residual is not None,
+                               X_SCALED=scaled, X_COL=scaled and x.col_scale is not None,
+                               FP8_OUT=fp8, PDL=pdl,
+                               num_warps=min(16, max(1, block // 512)), **pdl_options(pdl))
+    return rows if fp8 else out
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *,
-             out: torch.Tensor | None = None) -> torch.Tensor:
-    """x [T, H] -> out [T, H] (x's dtype unless `out` is given): x * rsqrt(mean(x^2) + eps) * w."""
-    return _launch(x, None, weight, eps, out)
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Tensor | None = None,
+             fp8: bool = False) -> torch.Tensor | Fp8Rows:
+    """x [T, H] -> out [T, H] (x's dtype unless `out` is given): x * rsqrt(mean(x^2) + eps) * w;
+    with fp8=True, Fp8Rows of it (data [padded T, H] e4m3, scale [T])."""
+    return _launch(x, None, weight, eps, out, fp8)
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, *,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
-    """residual [T, H] += x [T, H] in place; returns rms_norm(residual) (x's dtype unless `out`)."""
-    return _launch(x, residual, weight, eps, out)
+def add_rms_norm(x: torch.Tensor | ScaledAcc, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float, *, out: torch.Tensor | None = None,
+                 fp8: bool = False) -> torch.Tensor | Fp8Rows:
+    """residual [T, H] += x [T, H] (a tensor or a ScaledAcc) in place; returns rms_norm(residual)
+    (residual's dtype unless `out`; Fp8Rows with fp8=True)."""
+    return _launch(x, residual, weight, eps, out, fp8)
 
 
 __all__ = ["rms_norm", "add_rms_norm"]

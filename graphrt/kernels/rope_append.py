@@ -21,6 +21,9 @@ FP8 KV cache: when the cache tensors are float8_e4m3fn, `kv_scale` ([2] float32 
 k scale, v scale, per tensor) is required and k / v are stored as clamp(x / scale, +-448) in
 e4m3 (one rounding); the value a reader sees is stored * scale (graphrt/model/quant/kv.py).
 
+FP8 weights (W8A8, kernels/fp8.py): qkv may be a `ScaledAcc`, the FP8 qkv GEMM's unscaled
+output; its row / column scales and bias are applied in float32 as it is loaded.
+
 Grid: (T, ceil(Hq / BH) + ceil(Hkv / BH)) for BH heads per program (`heads_per_program`: 1 on
 the GPU at decode sizes, i.e. Hq + Hkv single-warp programs per token): the first programs of a
 token rotate its q heads, the rest rotate its k heads and write k and v. Capturable in a CUDA
@@ -33,6 +36,8 @@ import triton
 import triton.language as tl
 
 from graphrt.kernels.append_kv import ERR_KV_SLOT
+from graphrt.kernels.fp8 import ScaledAcc, check_scaled
+from graphrt.kernels.launch import pdl_options, pdl_prologue, use_pdl
 from graphrt.kernels.prepare import ERR_PAGE_ID
 
 ERR_POSITION = 16
@@ -47,14 +52,30 @@ def _rms_halves(x1, x2, w_ptr, j, mj, eps, D: tl.constexpr, HALF: tl.constexpr):
     return x1 * inv * w1, x2 * inv * w2
 
 
+@triton.jit
+def _load_cols(src, rs, sc_ptr, b_ptr, col, m, QKV_SCALED: tl.constexpr, HAS_BIAS: tl.constexpr,
+               QKV_COL: tl.constexpr):
+    """float32 qkv columns `col` of one token: acc (* row scale (* column scale)) (+ bias)."""
+    x = tl.load(src + col, mask=m, other=0.0).to(tl.float32)
+    if QKV_SCALED:
+        x = x * rs
+        if QKV_COL:
+            x = x * tl.load(sc_ptr + col, mask=m, other=0.0)
+    if HAS_BIAS:
+        x += tl.load(b_ptr + col, mask=m, other=0.0).to(tl.float32)
+    return x
+
+
 @triton.jit(do_not_specialize=["bt_rows", "max_pages", "num_pool_pages"])  # vary per bucket / pool
 def _rope_append_kernel(qkv_ptr, qkv_stride, q_ptr, cs_ptr, num_positions, qn_ptr, kn_ptr, eps,
                         k_cache_ptr, v_cache_ptr, bt_ptr, bt_stride, bt_rows, max_pages,
                         num_pool_pages, page_size, s_page, s_slot, s_head,
-                        lens_ptr, pos_ptr, rows_ptr, error_ptr, kvs_ptr,
+                        lens_ptr, pos_ptr, rows_ptr, error_ptr, kvs_ptr, rs_ptr, sc_ptr, b_ptr,
                         HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BH: tl.constexpr,
                         BLOCK: tl.constexpr, DECODE: tl.constexpr, QK_NORM: tl.constexpr,
-                        KV_FP8: tl.constexpr):
+                        KV_FP8: tl.constexpr, QKV_SCALED: tl.constexpr, HAS_BIAS: tl.constexpr,
+                        QKV_COL: tl.constexpr, PDL: tl.constexpr):
+    pdl_prologue(PDL)
     HALF: tl.constexpr = D // 2
     NQB: tl.constexpr = (HQ + BH - 1) // BH          # programs 0..NQB-1: q heads, then k/v heads
     t = tl.program_id(0)
@@ -77,11 +98,14 @@ def _rope_append_kernel(qkv_ptr, qkv_stride, q_ptr, cs_ptr, num_positions, qn_pt
     c = tl.load(cs_row + j, mask=mj, other=0.0) * okf
     s = tl.load(cs_row + HALF + j, mask=mj, other=0.0) * okf
     src = qkv_ptr + t.to(tl.int64) * qkv_stride
+    rs = 1.0
+    if QKV_SCALED:
+        rs = tl.load(rs_ptr + t)
     if hb < NQB:
         h = hb * BH + tl.arange(0, BH)[:, None]       # [BH, 1] q heads
         m = (h < HQ) & mj
-        x1 = tl.load(src + h * D + j, mask=m, other=0.0).to(tl.float32)
-        x2 = tl.load(src + h * D + HALF + j, mask=m, other=0.0).to(tl.float32)
+        x1 = _load_cols(src, rs, sc_ptr, b_ptr, h * D + j, m, QKV_SCALED, HAS_BIAS, QKV_COL)
+        x2 = _load_cols(src, rs, sc_ptr, b_ptr, h * D + HALF + j, m, QKV_SCALED, HAS_BIAS, QKV_COL)
         if QK_NORM:
             x1, x2 = _rms_halves(x1, x2, qn_ptr, j, mj, eps, D, HALF)
         dst = q_ptr + (t.to(tl.int64) * HQ + h) * D
@@ -101,12 +125,16 @@ def _rope_append_kernel(qkv_ptr, qkv_stride, q_ptr, cs_ptr, num_positions, qn_pt
                 if (page < 0) | (page >= num_pool_pages):
                     tl.atomic_or(error_ptr, 2)
                 else:
-                    k1 = tl.load(src + (HQ + kh) * D + j, mask=m, other=0.0).to(tl.float32)
-                    k2 = tl.load(src + (HQ + kh) * D + HALF + j, mask=m, other=0.0).to(tl.float32)
+                    k1 = _load_cols(src, rs, sc_ptr, b_ptr, (HQ + kh) * D + j, m, QKV_SCALED, HAS_BIAS,
+                                    QKV_COL)
+                    k2 = _load_cols(src, rs, sc_ptr, b_ptr, (HQ + kh) * D + HALF + j, m, QKV_SCALED,
+                                    HAS_BIAS, QKV_COL)
                     if QK_NORM:
                         k1, k2 = _rms_halves(k1, k2, kn_ptr, j, mj, eps, D, HALF)
-                    v1 = tl.load(src + (HQ + HKV + kh) * D + j, mask=m)
-                    v2 = tl.load(src + (HQ + HKV + kh) * D + HALF + j, mask=m)
+                    v1 = _load_cols(src, rs, sc_ptr, b_ptr, (HQ + HKV + kh) * D + j, m, QKV_SCALED,
+                                    HAS_BIAS, QKV_COL)
+                    v2 = _load_cols(src, rs, sc_ptr, b_ptr, (HQ + HKV + kh) * D + HALF + j, m,
+                                    QKV_SCALED, HAS_BIAS, QKV_COL)
                     dst = page.to(tl.int64) * s_page + (pos % page_size) * s_slot + kh * s_head
                     ty = k_cache_ptr.dtype.element_ty
                     r1 = k1 * c - k2 * s
@@ -116,8 +144,8 @@ def _rope_append_kernel(qkv_ptr, qkv_stride, q_ptr, cs_ptr, num_positions, qn_pt
                         vi = 1.0 / tl.load(kvs_ptr + 1)
                         r1 = tl.minimum(tl.maximum(r1 * ki, -448.0), 448.0)
                         r2 = tl.minimum(tl.maximum(r2 * ki, -448.0), 448.0)
-                        v1 = tl.minimum(tl.maximum(v1.to(tl.float32) * vi, -448.0), 448.0)
-                        v2 = tl.minimum(tl.maximum(v2.to(tl.float32) * vi, -448.0), 448.0)
+                        v1 = tl.minimum(tl.maximum(v1 * vi, -448.0), 448.0)
+                        v2 = tl.minimum(tl.maximum(v2 * vi, -448.0), 448.0)
                     tl.store(k_cache_ptr + dst + j, r1.to(ty), mask=m)
                     tl.store(k_cache_ptr + dst + HALF + j, r2.to(ty), mask=m)
                     tl.store(v_cache_ptr + dst + j, v1.to(ty), mask=m)
@@ -141,6 +169,10 @@ def heads_per_program(device: torch.device, tokens: int, max_heads: int) -> int:
 def _launch(qkv, cos_sin, kv_cache, block_table, device_error, hq, lens, positions, rows,
             q_norm, k_norm, eps, q_out, bh, kv_scale=None):
     kc, vc = kv_cache.as_tuple()
+    scaled = isinstance(qkv, ScaledAcc)
+    if scaled:
+        sacc = qkv
+        qkv = sacc.acc
     fp8 = kc.dtype == torch.float8_e4m3fn
     _need(fp8 == (kv_scale is not None), "kv_scale: give a [2] float32 (k, v) scale tensor exactly "
           f"when the cache is float8_e4m3fn (cache dtype {kc.dtype})")
@@ -159,6 +191,8 @@ def _launch(qkv, cos_sin, kv_cache, block_table, device_error, hq, lens, positio
           f"qkv: expected [T, (Hq + 2*Hkv) * D] = [T, {width}] with unit column stride, got "
           f"{tuple(qkv.shape)}")
     t = qkv.shape[0]
+    if scaled:
+        check_scaled("qkv", sacc, t, width)
     _need(cos_sin.dim() == 2 and cos_sin.shape[1] == d and cos_sin.dtype == torch.float32
           and cos_sin.is_contiguous(), f"cos_sin: expected contiguous [max_positions, {d}] float32, "
           f"got {tuple(cos_sin.shape)} {cos_sin.dtype}")
@@ -192,16 +226,20 @@ def _launch(qkv, cos_sin, kv_cache, block_table, device_error, hq, lens, positio
     _need(bh >= 1 and bh & (bh - 1) == 0, f"heads_per_program: must be a power of 2, got {bh}")
     block = triton.next_power_of_2(d // 2)
     grid = (t, triton.cdiv(hq, bh) + triton.cdiv(hkv, bh))
+    pdl = use_pdl(qkv)
     _rope_append_kernel[grid](
         qkv, qkv.stride(0), q_out, cos_sin, cos_sin.shape[0],
         q_norm if q_norm is not None else cos_sin, k_norm if k_norm is not None else cos_sin,
         float(eps), kc, vc, block_table, block_table.stride(0), block_table.shape[0],
         block_table.shape[1], kc.shape[0], page_size, s_page, s_slot, s_head,
         dummy, dummy if decode else positions, dummy if decode else rows, device_error,
-        kv_scale if fp8 else cos_sin,
+        kv_scale if fp8 else cos_sin, sacc.row_scale if scaled else cos_sin,
+        sacc.col_scale if scaled and sacc.col_scale is not None else cos_sin,
+        sacc.bias if scaled and sacc.bias is not None else cos_sin,
         HQ=hq, HKV=hkv, D=d, BH=bh, BLOCK=block, DECODE=decode, QK_NORM=q_norm is not None,
-        KV_FP8=fp8,
-        num_warps=min(4, max(1, bh * block // 256)))
+        KV_FP8=fp8, QKV_SCALED=scaled, HAS_BIAS=scaled and sacc.bias is not None,
+        QKV_COL=scaled and sacc.col_scale is not None, PDL=pdl,
+        num_warps=min(4, max(1, bh * block // 256)), **pdl_options(pdl))
     return q_out
 
 

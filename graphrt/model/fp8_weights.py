@@ -3,12 +3,16 @@ above both weights.py and the FP8 storage of graphrt/model/quant/, so imports po
 (quant/ imports nothing from the model).
 
     w8 = quantize_weights(w, "channel")        # qkv / o / gate_up / down -> Fp8Weight
+    w8 = quantize_weights(w, "fused-tensor")   # one scale per fused GEMM weight (tensor_scale)
     ref = dequantize_weights(w8)               # float32 ModelWeights: the reference model
 
 Per-tensor and per-channel quantization of a fused weight quantizes each HF part (q, k, v;
 gate, up) on its own, so a fused weight holds exactly what an FP8 checkpoint stores for its
 parts (per-tensor parts become per-channel rows). Block quantization works on the fused rows
 (the parts' row counts are multiples of the block rows in the models that ship block scales).
+"fused-tensor" quantizes each fused weight (qkv, gate_up, o, down, lm_head) with one scale: its
+W8A8 GEMM then applies the scale itself and the consuming kernels read no column scales (the
+fastest FP8 decode step); its quality is measured, not assumed (tools/eval_ppl.py).
 """
 from __future__ import annotations
 
@@ -36,6 +40,8 @@ def quantize_weights(weights: ModelWeights, spec: LlamaSpec, strategy: str = "ch
     """ModelWeights with qkv / o / gate_up / down (and lm_head if `lm_head` and untied) as
     Fp8Weight on the same device; everything else shared with `weights`."""
     def q(t, field):
+        if strategy == "fused-tensor":
+            return quantize_fp8(t, "tensor")
         rows = part_rows(spec, field)
         if strategy == "block" or not rows:
             return quantize_fp8(t, strategy, block=block)
@@ -44,7 +50,7 @@ def quantize_weights(weights: ModelWeights, spec: LlamaSpec, strategy: str = "ch
                    for layer in weights.layers)
     head = weights.lm_head
     if lm_head and head is not weights.embed:
-        head = quantize_fp8(head, strategy, block=block)
+        head = quantize_fp8(head, "tensor" if strategy == "fused-tensor" else strategy, block=block)
     return replace(weights, layers=layers, lm_head=head)
 
 

@@ -5,12 +5,19 @@
     y = lin(x)                                 # x [M, K] -> [M, N]; dispatch on M (host int)
 
     y = linear(x, w, bias)                     # the model's call: w a tensor or an Fp8Weight
+    acc = fp8_matmul(xq, w8, unit=one)         # W8A8: Fp8Rows x per-channel Fp8Weight -> ScaledAcc
 
 The choice is a pure host-side decision keyed by the row count, made before any graph is
 captured, so every captured graph holds one fixed kernel. Without a choice (CPU, prefill rows,
 M > 16) the call is `torch.nn.functional.linear` (cuBLAS on CUDA).
 
-FP8 weights (`graphrt.model.quant.Fp8Weight`): on CPU the float32 dequantized weight (the
+W8A8 (the decoder's FP8 path, `fp8_matmul`): the activation arrives already quantized per row
+(`graphrt.kernels.fp8.Fp8Rows`, written by the RMSNorm / SiLU-mul / quantize kernel that
+produced it); one `torch._scaled_mm` with unit per-tensor scales (cuBLASLt's fast FP8 kernel;
+row-wise scales select a kernel 1.4-3x slower) yields the unscaled product, and the row and
+channel scales travel with it (`ScaledAcc`) into the kernel that reads it next.
+
+FP8 weights given a float activation (`linear`, other callers): on CPU the float32 dequantized weight (the
 reference path CI runs); on CUDA the FP8 GEMV (`gemv_fp8`, dequant in registers) for M < 64,
 and above that `torch._scaled_mm` with per-token dynamic activation scales (per-channel
 weights) or, block-scaled, the same Triton kernel tiled over M (M < 256) / a dequantized bf16
@@ -21,6 +28,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from graphrt.kernels.fp8 import Fp8Rows, ScaledAcc
 from graphrt.kernels.gemv import CANDIDATES, FP8_CANDIDATES, MAX_M, GemvConfig, gemv, gemv_fp8
 from graphrt.model.quant.fp8 import FP8, FP8_MAX, Fp8Weight
 
@@ -32,6 +40,23 @@ L2_BYTES = 128 << 20  # > the H100/H200 L2 (50-60 MB) with margin
 # PREFILL_DEQUANT_M, a dequantized copy + cuBLAS above. Retune from bench_e2e --fp8-kernels.
 SCALED_MM_MIN_M = 64
 PREFILL_DEQUANT_M = 256
+
+
+def fp8_matmul(x: Fp8Rows, w: Fp8Weight, bias: torch.Tensor | None = None, *, unit: torch.Tensor,
+               out_dtype: torch.dtype = torch.bfloat16) -> ScaledAcc:
+    """x (Fp8Rows: data [Mp, K] e4m3, scale [M]) times a per-channel / per-tensor FP8 weight
+    [N, K] -> ScaledAcc(acc [M, N] in out_dtype, x.scale, w.scale, bias); a weight with a
+    tensor_scale gives it to the GEMM instead (ScaledAcc.col_scale None). unit: a float32 1.0
+    scalar on the device (the activation's GEMM scale). CPU and CUDA (torch._scaled_mm);
+    capturable."""
+    if w.block is not None:
+        raise ValueError("w: block-scaled FP8 weights take a float activation (linear / gemv_fp8)")
+    if x.data.shape[1] != w.shape[1]:
+        raise ValueError(f"x: {x.data.shape[1]} columns, the weight has K={w.shape[1]}")
+    per_tensor = w.tensor_scale is not None             # the GEMM applies it; no column scales
+    acc = torch._scaled_mm(x.data, w.data.t(), scale_a=unit,
+                           scale_b=w.tensor_scale if per_tensor else unit, out_dtype=out_dtype)
+    return ScaledAcc(acc[: x.rows], x.scale, None if per_tensor else w.scale, bias)
 
 
 def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """A Llama-family decoder (Llama 3.x, Qwen2/2.5, Qwen3) that decodes through graphrt's AttentionContext.
 
 Weights are the fused layout of `weights.py` (one qkv GEMM with the Qwen2 biases, one gate_up
-GEMM per layer). One decode step per layer is exactly:
+GEMM per layer). Decode, verify and prefill run one layer loop (`_layers`); per layer it is exactly:
 
     add+RMSNorm -> qkv GEMM -> rope_append (q/k norm, RoPE, k/v into the paged cache)
     -> attention -> o GEMM -> add+RMSNorm -> gate_up GEMM -> silu_mul -> down GEMM
@@ -11,6 +11,13 @@ the final norm), then the LM head in the model dtype: `decode_step` returns [B, 
 model dtype, never a float32 copy. `decode_step` is a pure tensor function of the context and
 the tokens, so it can be captured in a CUDA graph per bucket. RoPE reads one [max_positions, D]
 float32 cos/sin table built here at load (`rope.py`).
+
+FP8 weights (per-tensor / per-channel, `graphrt.model.quant.Fp8Weight`) run W8A8: the kernel
+that produces a GEMM's input writes it as e4m3 rows with one scale per row (RMSNorm, SiLU-mul;
+one quantize kernel for the attention output), the GEMM is cuBLASLt's FP8 kernel with unit
+scales, and the row x channel scales are applied by the kernel that reads its output
+(rope_append, add+RMSNorm, SiLU-mul; the logits by one scale kernel). Block-scaled FP8 weights
+read model-dtype activations (`linear`: the FP8 GEMV dequantizing in registers).
 
 `prefill` runs eagerly: the same GEMMs and kernels over all prompts' tokens at once (rope_append
 in prefill mode writes the paged cache), with attention per prompt in float32 torch over the
@@ -22,9 +29,11 @@ import torch
 import torch.nn.functional as F
 
 from graphrt.kernels.activation import silu_mul
+from graphrt.kernels.fp8 import Fp8Rows, ScaledAcc, apply_scales, quantize_rows
 from graphrt.kernels.norm import add_rms_norm, rms_norm
 from graphrt.kernels.rope_append import rope_append_prefill
-from graphrt.model.linear import linear
+from graphrt.model.linear import fp8_matmul, linear
+from graphrt.model.quant.fp8 import Fp8Weight
 from graphrt.model.rope import cos_sin_cache
 from graphrt.model.spec import LlamaSpec, shard_spec
 from graphrt.model.weights import LayerWeights, ModelWeights, fuse_hf_state_dict
@@ -53,6 +62,7 @@ class LlamaDecoder:
         self.dtype = weights.dtype
         self.max_positions = spec.max_position_embeddings if max_positions is None else max_positions
         self.cos_sin = cos_sin_cache(spec, self.max_positions, weights.device)  # [P, D] float32
+        self._unit = torch.ones((), dtype=torch.float32, device=weights.device)  # FP8 GEMM scales
 
     @classmethod
     def from_state_dict(cls, spec: LlamaSpec, state_dict: dict, *, dtype=torch.float32, device="cpu",
@@ -67,48 +77,84 @@ class LlamaDecoder:
         return cls.from_state_dict(LlamaSpec.from_hf(hf_model.config), hf_model.state_dict(),
                                    dtype=dtype, device=device, max_positions=max_positions)
 
-    # ---- pieces shared by decode and prefill --------------------------------------------------
+    # ---- pieces shared by decode, verify and prefill -----------------------------------------
     def _next_norm(self, i: int) -> torch.Tensor:
         layers = self.weights.layers
         return layers[i + 1].input_norm if i + 1 < len(layers) else self.weights.final_norm
 
-    def _mlp(self, layer: LayerWeights, h: torch.Tensor) -> torch.Tensor:
-        """h [T, H] normed -> [T, H]: down(silu(gate) * up), one gate_up GEMM."""
-        return self._reduce(linear(silu_mul(linear(h, layer.gate_up)), layer.down))
+    @staticmethod
+    def _fp8_in(w) -> bool:
+        """Does the GEMM of weight w read row-quantized FP8 activations (W8A8)? Per-tensor /
+        per-channel FP8 weights do; block-scaled ones and float weights read the model dtype."""
+        return isinstance(w, Fp8Weight) and w.block is None
+
+    def _mm(self, x, w, bias: torch.Tensor | None = None):
+        """x [T, K] (a tensor, or Fp8Rows when _fp8_in(w)) @ w.T (+ bias) -> [T, N]: a tensor,
+        or a ScaledAcc whose scales (and bias) the consuming kernel applies."""
+        if isinstance(x, Fp8Rows):
+            return fp8_matmul(x, w, bias, unit=self._unit, out_dtype=self.dtype)
+        return linear(x, w, bias)
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [T] int64 -> [T, H] embeddings (a copy)."""
         w = self.weights
         return w.embed[tokens] if self.tp is None else self.tp.embed(w.embed, tokens)
 
-    def _reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum of the ranks' partial o / down outputs (identity without TP)."""
-        return x if self.tp is None else self.tp.all_reduce(x)
+    def _reduce(self, x):
+        """Sum of the ranks' partial o / down outputs (identity without TP). Under TP a ScaledAcc
+        is scaled first: each rank's activation rows carry their own scales."""
+        if self.tp is None:
+            return x
+        return self.tp.all_reduce(apply_scales(x) if isinstance(x, ScaledAcc) else x)
 
-    def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        """h [T, H] final-normed -> [T, V] logits in the model dtype (every rank: all of V)."""
-        local = linear(h, self.weights.lm_head)
+    def _logits(self, h) -> torch.Tensor:
+        """h [T, H] final-normed (a tensor, or Fp8Rows for a W8A8 LM head) -> [T, V] logits in
+        the model dtype (every rank: all of V)."""
+        head = self.weights.lm_head
+        if self._fp8_in(head) and not isinstance(h, Fp8Rows):
+            h = quantize_rows(h)                                     # prefill's last rows
+        local = self._mm(h, head)
+        if isinstance(local, ScaledAcc):
+            local = apply_scales(local)
         return local if self.tp is None else self.tp.gather_logits(local, self.spec.vocab_size)
 
     def _qk_norm_args(self, layer: LayerWeights) -> dict:
         return dict(num_q_heads=self.local_spec.num_heads, q_norm=layer.q_norm, k_norm=layer.k_norm,
                     eps=self.spec.rms_norm_eps)
 
+    def _layers(self, tokens: torch.Tensor, rope, attend, *, fp8_head: bool):
+        """The one layer loop of decode, verify and prefill. tokens [T] int64 -> final-normed
+        hidden states [T, H] (Fp8Rows when fp8_head and the LM head is W8A8). rope(i, qkv, layer)
+        -> q [T, Hq, D] (writes the layer's K/V); attend(i, q) -> [T, Hq * D] (model dtype).
+        Per layer: GEMM qkv -> rope_append -> attention -> GEMM o -> add+RMSNorm -> GEMM gate_up
+        -> SiLU-mul -> GEMM down -> add+RMSNorm; with W8A8 weights the norms and SiLU-mul write
+        FP8 rows, the attention output is quantized by one kernel, and each GEMM's scales are
+        applied by its consumer (rope_append, add+RMSNorm, SiLU-mul)."""
+        w, eps, fp8 = self.weights, self.spec.rms_norm_eps, self._fp8_in
+        layers = w.layers
+        residual = self._embed(tokens)                               # [T, H] (a copy)
+        h = rms_norm(residual, layers[0].input_norm, eps, fp8=fp8(layers[0].qkv))
+        for i, layer in enumerate(layers):
+            qkv = self._mm(h, layer.qkv, layer.qkv_bias)            # [T, (Hq + 2Hkv) D] (rank's heads)
+            a = attend(i, rope(i, qkv, layer))                       # [T, Hq * D]
+            o = self._reduce(self._mm(quantize_rows(a) if fp8(layer.o) else a, layer.o))
+            h = add_rms_norm(o, residual, layer.post_attn_norm, eps, fp8=fp8(layer.gate_up))
+            m = silu_mul(self._mm(h, layer.gate_up), fp8=fp8(layer.down))
+            nxt = layers[i + 1].qkv if i + 1 < len(layers) else (w.lm_head if fp8_head else None)
+            h = add_rms_norm(self._reduce(self._mm(m, layer.down)), residual, self._next_norm(i), eps,
+                             fp8=fp8(nxt))
+        return h
+
     # ---- decode (graph-capturable) ------------------------------------------------------------
     def decode_step(self, ctx, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [B] int64 (device) -> logits [B, vocab] in the model dtype.
 
         ctx.prepare() must have run. Writes each row's K/V at slot seq_len - 1 of every layer."""
-        w, eps, b = self.weights, self.spec.rms_norm_eps, tokens.shape[0]
-        residual = self._embed(tokens)                               # [B, H] (a copy)
-        h = rms_norm(residual, w.layers[0].input_norm, eps)
-        for i, layer in enumerate(w.layers):
-            qkv = linear(h, layer.qkv, layer.qkv_bias)             # [B, (Hq + 2Hkv) D] (rank's heads)
-            q = ctx.rope_append(i, qkv, self.cos_sin, **self._qk_norm_args(layer))
-            o = ctx.attention(i, q)                                  # [B, Hq, D]
-            attn = self._reduce(linear(o.view(b, -1), layer.o))    # [B, H]
-            h = add_rms_norm(attn, residual, layer.post_attn_norm, eps)
-            h = add_rms_norm(self._mlp(layer, h), residual, self._next_norm(i), eps)
+        b = tokens.shape[0]
+
+        def rope(i, qkv, layer):
+            return ctx.rope_append(i, qkv, self.cos_sin, **self._qk_norm_args(layer))
+        h = self._layers(tokens, rope, lambda i, q: ctx.attention(i, q).view(b, -1), fp8_head=True)
         return self._logits(h)
 
     # ---- verify (graph-capturable): Q tokens per request, speculative decoding -----------------
@@ -119,11 +165,12 @@ class LlamaDecoder:
         K/V written, its logits are garbage). Returns [B * Q, vocab] logits in the model dtype;
         row (b, j) predicts the token after tokens[b, j].
 
-        Writes the Q tokens' K/V at positions cache_lens .. cache_lens + Q - 1 of every layer
-        (rope_append_prefill), then attends causally with the plan-free multi-query kernel
-        (kernels/multiquery_attention.py; `splits`: its static split-KV factor). block_table
-        [>= B, W] int32 must hold pages for them; error: [1] int32 device_error of the K/V
-        append. No host sync, fixed shapes: capturable per bucket."""
+        The decode step's layer loop and kernels (`_layers`): writes the Q tokens' K/V at
+        positions cache_lens .. cache_lens + Q - 1 of every layer (rope_append_prefill), then
+        attends causally with the plan-free multi-query kernel (kernels/multiquery_attention.py;
+        `splits`: its static split-KV factor). block_table [>= B, W] int32 must hold pages for
+        them; error: [1] int32 device_error of the K/V append. No host sync, fixed shapes:
+        capturable per bucket."""
         from graphrt.kernels.multiquery_attention import multiquery_attention
         b, nq = tokens.shape
         live = cache_lens >= 0
@@ -139,9 +186,16 @@ class LlamaDecoder:
                                      splits=splits)
             return o.view(b * nq, hq * d)
 
-        h = self._forward_tokens(tokens.reshape(-1), positions, rows, kv_caches, block_table, error,
-                                 attend)
+        h = self._layers(tokens.reshape(-1), self._prefill_rope(positions, rows, kv_caches, block_table,
+                                                                error), attend, fp8_head=True)
         return self._logits(h)
+
+    def _prefill_rope(self, positions, rows, kv_caches, block_table, error):
+        """rope(i, qkv, layer) for tokens at explicit positions [T] of block-table rows [T]."""
+        def rope(i, qkv, layer):
+            return rope_append_prefill(qkv, self.cos_sin, kv_caches[i], block_table, positions, rows,
+                                       error, **self._qk_norm_args(layer))
+        return rope
 
     # ---- prefill (eager) ----------------------------------------------------------------------
     @torch.no_grad()
@@ -189,19 +243,10 @@ class LlamaDecoder:
 
     def _forward_tokens(self, tokens, positions, rows, kv_caches, block_table, error, attend):
         """tokens [T] int64 at positions [T] of block-table rows [T] (int32) -> final-normed
-        hidden states [T, H]; each layer's K/V written by rope_append_prefill; attend(layer, q)
-        maps q [T, Hq, D] to [T, Hq * D]."""
-        w, eps = self.weights, self.spec.rms_norm_eps
-        residual = self._embed(tokens)                               # [T, H]
-        h = rms_norm(residual, w.layers[0].input_norm, eps)
-        for i, layer in enumerate(w.layers):
-            qkv = linear(h, layer.qkv, layer.qkv_bias)
-            q = rope_append_prefill(qkv, self.cos_sin, kv_caches[i], block_table, positions, rows,
-                                    error, **self._qk_norm_args(layer))
-            h = add_rms_norm(self._reduce(linear(attend(i, q), layer.o)), residual,
-                             layer.post_attn_norm, eps)
-            h = add_rms_norm(self._mlp(layer, h), residual, self._next_norm(i), eps)
-        return h
+        hidden states [T, H] (model dtype); each layer's K/V written by rope_append_prefill;
+        attend(layer, q) maps q [T, Hq, D] to [T, Hq * D]."""
+        return self._layers(tokens, self._prefill_rope(positions, rows, kv_caches, block_table, error),
+                            attend, fp8_head=False)
 
     def _check_prefill(self, prompts, kv_caches, block_table) -> list[int]:
         if len(kv_caches) != self.spec.num_layers:

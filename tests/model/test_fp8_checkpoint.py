@@ -2,8 +2,11 @@
 per-tensor / per-channel, transformers fp8 with block scales, `quantization="fp8"` on a float
 checkpoint. A test helper rewrites a random float checkpoint into each format's on-disk layout
 (F8_E4M3 weights, scale tensors, shards that split a weight from its scale, an `ignore` list);
-the loaded model's logits are compared with the float32 model over the independently
-dequantized weights (exact up to float32 rounding) and with the original weights (close).
+the loaded model's logits are compared with an independent float32 reference over the
+independently dequantized weights (block scales, weight-only: graphrt's float32 decoder over
+them, exact up to float32 rounding; per-tensor / per-channel, W8A8: HF transformers over them
+with every quantized linear layer's input rounded to e4m3 per row by a forward pre-hook) and with
+the original weights (close).
 Unsupported configs are refused naming the field."""
 from __future__ import annotations
 
@@ -39,6 +42,26 @@ def _logits(model, steps=2):
     return torch.stack(out)
 
 
+def _hf_w8a8_logits(src, truth, quantized_head: bool, steps=2):
+    """HF float32 over `truth` with W8A8 activation rounding, at the positions _logits reads."""
+    import transformers
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32).eval()
+    hf.load_state_dict(truth, strict=False)
+
+    def fake_quant(mod, args):
+        x = args[0]
+        sc = (x.abs().amax(-1, keepdim=True) / FP8_MAX).clamp(min=1e-12)
+        return ((x / sc).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() * sc,)
+    for name, mod in hf.named_modules():
+        if isinstance(mod, torch.nn.Linear) and (name != "lm_head" or quantized_head):
+            mod.register_forward_pre_hook(fake_quant)
+    prompts = [torch.arange(6) * 5 % 300, torch.arange(13) * 7 % 300]
+    fed = [torch.tensor([3 + s for s in range(steps)]), torch.tensor([50 + s for s in range(steps)])]
+    with torch.no_grad():
+        rows = [hf(torch.cat([p, f])[None]).logits[0, len(p) - 1:] for p, f in zip(prompts, fed)]
+    return torch.stack(rows, 1)                                      # [steps + 1, 2, V]
+
+
 @pytest.fixture(scope="module")
 def src(tmp_path_factory):
     return write(tmp_path_factory, "fp8src", arch="qwen3", dtype="bfloat16")
@@ -57,8 +80,12 @@ def test_fp8_checkpoint_logits(src, tmp_path, kind, strategy, ignore, scale_dtyp
     assert layer["qkv"].block == ((64, 64) if strategy == "block" else None)
     assert ck.weights["embed"].dtype == torch.float32
     got = _logits(build_model(ck))
-    ref = _logits(LlamaDecoder.from_state_dict(ck.spec, truth))
-    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    if strategy == "block":                                          # weight-only
+        ref = _logits(LlamaDecoder.from_state_dict(ck.spec, truth))
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    else:                                                            # W8A8
+        ref = _hf_w8a8_logits(src, truth, "lm_head" not in ignore)
+        assert float((got - ref).norm() / ref.norm()) < 2e-3
     full = _logits(build_model(load_checkpoint(src, dtype=torch.float32)))
     rel = float((got - full).norm() / full.norm())
     assert 0 < rel < 0.1

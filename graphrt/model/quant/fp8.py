@@ -10,7 +10,8 @@ An `Fp8Weight` is what `graphrt.model.weights.LayerWeights` holds for qkv / o / 
 element (n, k) is `float(data[n, k]) * scale[n]` (per-channel) or
 `float(data[n, k]) * scale[n // bn, k // bk]` (block (bn, bk)). Per-tensor scales are stored
 per-channel (one value repeated over the rows): that is exact, and it is what lets fused
-weights keep each part's scale. Dequantization in float32 is the CPU path and the reference;
+weights keep each part's scale; a weight quantized per tensor as a whole also keeps the value
+as `tensor_scale` (the fast W8A8 path: no column scales to apply). Dequantization in float32 is the CPU path and the reference;
 on a GPU the GEMV / GEMM kernels dequantize in registers (`graphrt.model.linear.linear`).
 """
 from __future__ import annotations
@@ -28,11 +29,15 @@ _TINY = 1e-12                       # scale floor: an all-zero row/block gets sc
 @dataclass(frozen=True)
 class Fp8Weight:
     """data [N, K] float8_e4m3fn (row-major); scale float32: [N] per-channel, or
-    [ceil(N/bn), ceil(K/bk)] with block=(bn, bk); both on one device."""
+    [ceil(N/bn), ceil(K/bk)] with block=(bn, bk); both on one device. tensor_scale: a 0-dim
+    float32 tensor on that device when the whole weight has one scale (then scale is that value
+    repeated): the W8A8 GEMM applies it itself (cuBLASLt's per-tensor scale) and its consumer
+    needs no column scales."""
 
     data: torch.Tensor
     scale: torch.Tensor
     block: tuple[int, int] | None = None
+    tensor_scale: torch.Tensor | None = None
 
     def __post_init__(self):
         d, s = self.data, self.scale
@@ -53,6 +58,11 @@ class Fp8Weight:
         if tuple(s.shape) != want:
             raise ValueError(f"scale: shape {tuple(s.shape)}, expected {want} for data {tuple(d.shape)} "
                              f"and block={self.block}")
+        t = self.tensor_scale
+        if t is not None and (not isinstance(t, torch.Tensor) or t.dim() != 0 or t.dtype != torch.float32
+                              or t.device != d.device or self.block is not None):
+            raise ValueError(f"tensor_scale: expected a 0-dim float32 tensor on {d.device} (no block "
+                             f"scales), got {getattr(t, 'shape', type(t).__name__)}")
 
     @property
     def shape(self) -> torch.Size:
@@ -84,7 +94,8 @@ class Fp8Weight:
         return (self.data.float() * s).to(dtype)
 
     def to(self, device) -> "Fp8Weight":
-        return Fp8Weight(self.data.to(device), self.scale.to(device), self.block)
+        t = None if self.tensor_scale is None else self.tensor_scale.to(device)
+        return Fp8Weight(self.data.to(device), self.scale.to(device), self.block, t)
 
 
 def quantize_fp8(w: torch.Tensor, strategy: str = "channel", *,
@@ -107,17 +118,19 @@ def quantize_fp8(w: torch.Tensor, strategy: str = "channel", *,
         s_full = scale.repeat_interleave(bn, 0)[:n].repeat_interleave(bk, 1)[:, :k]
         data = (wf / s_full).clamp(-FP8_MAX, FP8_MAX).to(FP8)
         return Fp8Weight(data.contiguous(), scale.contiguous(), (bn, bk))
+    tensor = None
     if strategy == "tensor":
-        scale = (wf.abs().amax() / FP8_MAX).clamp(min=_TINY).expand(n).clone()
+        tensor = (wf.abs().amax() / FP8_MAX).clamp(min=_TINY)
+        scale = tensor.expand(n).clone()
     else:
         scale = (wf.abs().amax(dim=1) / FP8_MAX).clamp(min=_TINY)
     data = (wf / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-    return Fp8Weight(data.contiguous(), scale.contiguous(), None)
+    return Fp8Weight(data.contiguous(), scale.contiguous(), None, tensor)
 
 
 def cat_rows(parts: list[Fp8Weight]) -> Fp8Weight:
     """Row-concatenate FP8 weights (qkv, gate_up): data and scales concatenated, so every part
-    keeps its own scale. Block-scaled parts need one block shape and, except the last, a row
+    keeps its own scale (the result has no tensor_scale: parts' scales differ in general). Block-scaled parts need one block shape and, except the last, a row
     count that is a multiple of the block rows (else ValueError naming the part)."""
     blocks = {p.block for p in parts}
     if len(blocks) != 1:
