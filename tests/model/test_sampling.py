@@ -141,12 +141,17 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from graphrt.kernels.sample import _sample_kernel
-sig = {"vals_ptr": "*fp32", "idx_ptr": "*i64", "vocab": "i32", "temperature_ptr": "*fp32",
-       "top_k_ptr": "*i32", "top_p_ptr": "*fp32", "seed_ptr": "*i64", "step_ptr": "*i32",
-       "out_ptr": "*i64", "BLOCK": "constexpr"}
-k = triton.compile(ASTSource(fn=_sample_kernel, signature=sig, constexprs={"BLOCK": 1024}),
-                   target=GPUTarget("cuda", 90, 32))
-assert "ptx" in k.asm
+for vals, sorted_, advance, kept in (("*fp32", True, True, False), ("*bf16", True, True, False),
+                                     ("*bf16", False, False, False), ("*fp32", True, False, True)):
+    sig = {"vals_ptr": vals, "idx_ptr": "*i64" if sorted_ else vals, "vocab": "i32", "n_rows": "i32",
+           "temperature_ptr": "*fp32", "top_k_ptr": "*i32", "top_p_ptr": "*fp32", "seed_ptr": "*i64",
+           "step_ptr": "*i32", "out_ptr": "*i64", "kept_ptr": "*i32" if kept else "*i64",
+           "SORTED": "constexpr", "ADVANCE": "constexpr", "KEPT": "constexpr", "ROWS": "constexpr",
+           "BLOCK": "constexpr"}
+    const = {"SORTED": sorted_, "ADVANCE": advance, "KEPT": kept, "ROWS": 1, "BLOCK": 1024}
+    k = triton.compile(ASTSource(fn=_sample_kernel, signature=sig, constexprs=const),
+                       target=GPUTarget("cuda", 90, 32))
+    assert "ptx" in k.asm
 """
 
 
