@@ -119,7 +119,7 @@ def _sample_kernel(vals_ptr, idx_ptr, vocab, n_rows, temperature_ptr, top_k_ptr,
 
 
 def _rows_per_program(device: torch.device, n: int) -> int:
-    return 1 if device.type == "cuda" else min(64, triton.next_power_of_2(max(n, 1)))
+    return 1 if device.type == "cuda" else min(512, triton.next_power_of_2(max(n, 1)))
 
 
 def _launch(vals, idx, temperature, top_k, top_p, seed, step, out, kept, *, sorted_: bool,
@@ -142,11 +142,17 @@ def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.
                   out: torch.Tensor, *, advance: bool = True, filtered: bool = True) -> None:
     """Draw one token per row into `out`; with `advance`, step += 1. All tensors on one device.
 
-    logits [B, V] float (float32 or the model dtype), contiguous; temperature [B] float32
+    logits [B, V] float (float32 or the model dtype), contiguous; every [B] tensor contiguous
+    (ValueError otherwise: the kernel indexes them densely); temperature [B] float32
     (0 = greedy); top_k [B] int32 (0 = off); top_p [B] float32 in (0, 1] (1 = off); seed [B]
     int64; step [B] int32 (the row's draw index t); out [B] int64. filtered=False: no sort,
     top_k / top_p are not read (the caller guarantees every row has them off). Capturable.
     """
+    for name, t in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p),
+                    ("seed", seed), ("step", step), ("out", out)):
+        if t.dim() != 1 or t.shape[0] != logits.shape[0] or not t.is_contiguous():
+            raise ValueError(f"{name}: expected a contiguous [{logits.shape[0]}] tensor, got "
+                             f"{tuple(t.shape)} strides {t.stride()}")
     if filtered:
         vals, idx = torch.sort(logits, dim=-1, descending=True, stable=True)   # [B, V] each
     else:

@@ -109,7 +109,7 @@ def judge(logits: torch.Tensor, proposals: torch.Tensor, count: torch.Tensor,
                   f"{tuple(t.shape)} {t.dtype}")
 
     def rows(t: torch.Tensor) -> torch.Tensor:          # [B] -> [B * Q], row b * Q + j = t[b]
-        return t[:, None].expand(b, q).reshape(b * q)
+        return t[:, None].expand(b, q).contiguous().view(b * q)
 
     j = torch.arange(q, dtype=torch.int32, device=dev)
     draw = (step[:, None] + j[None, :]).reshape(b * q)   # [B * Q] int32: the draw index of (b, j)
