@@ -203,8 +203,8 @@ def table(result: dict) -> str:
             continue
         same = f"{r['identical_to_none']}/{r['requests']}" if "identical_to_none" in r else ""
         lines.append(f"{r['method']:<8}{r['workload']:<10}{r['batch']:>3}{r['tok_s_per_stream']:>10.1f}"
-                     f"{_fmt(r.get('speedup_vs_none'), '8.2f')}{_fmt(r['acceptance'], '8.3f')}"
-                     f"{_fmt(r['tokens_per_round'], '8.2f')}{same:>7}")
+                     f"{_fmt(r.get('speedup_vs_none'), '8.2f')}{_fmt(r.get('acceptance'), '8.3f')}"
+                     f"{_fmt(r.get('tokens_per_round'), '8.2f')}{same:>7}")
     if result["projection_8b"]:
         lines += ["", "part 3: PROJECTION (arithmetic, not measured): 8B target from part-1 8B-shape costs "
                   "and the acceptance above", f"{'method':<8}{'workload':<10}{'bs':>3}{'a fit':>7}"

@@ -57,15 +57,15 @@ def _filtered(row: torch.Tensor, temp: float, top_k: int, top_p: float) -> torch
     return out
 
 
-def _col(n, v, dt):
-    return v.to(dt) if isinstance(v, torch.Tensor) else torch.full((n,), v, dtype=dt)
+def _col(n, v, dt, device="cpu"):
+    return v.to(device, dt) if isinstance(v, torch.Tensor) else torch.full((n,), v, dtype=dt, device=device)
 
 
 def _propose(method, buf, num, k, draft):
     """Point-mass proposals [N, k] int64 and count [N] int32 for every row."""
     n = buf.shape[0]
-    props = torch.zeros((n, k), dtype=torch.int64)
-    count = torch.zeros(n, dtype=torch.int32)
+    props = torch.zeros((n, k), dtype=torch.int64, device=buf.device)
+    count = torch.zeros(n, dtype=torch.int32, device=buf.device)
     if method == "ngram-device":
         ngram_propose(buf, num, props, count, min_n=1, max_n=3)
     elif method == "ngram":                              # the same rule in Python (fast for many rows)
@@ -87,19 +87,20 @@ def speculate(target, prompts, gen, *, k, method, temp, top_k, top_p, seed, draf
     """Generate `gen` tokens per row by rounds of propose -> judge -> advance. prompts [N, L]
     int32; temp / top_k / top_p / seed: scalars or [N]. Returns [N, gen] int64."""
     n, length = prompts.shape
-    temp, top_k = _col(n, temp, torch.float32), _col(n, top_k, torch.int32)
-    top_p, seed = _col(n, top_p, torch.float32), _col(n, seed, torch.int64)
+    dev = target.device
+    temp, top_k = _col(n, temp, torch.float32, dev), _col(n, top_k, torch.int32, dev)
+    top_p, seed = _col(n, top_p, torch.float32, dev), _col(n, seed, torch.int64, dev)
     width = length + gen + k + 1
-    buf = torch.zeros((n, width), dtype=torch.int32)
-    buf[:, :length] = prompts
-    num = torch.full((n,), length, dtype=torch.int32)
-    limit = torch.full((n,), length + gen, dtype=torch.int32)
-    step = torch.zeros(n, dtype=torch.int32)
+    buf = torch.zeros((n, width), dtype=torch.int32, device=dev)
+    buf[:, :length] = prompts.to(dev)
+    num = torch.full((n,), length, dtype=torch.int32, device=dev)
+    limit = torch.full((n,), length + gen, dtype=torch.int32, device=dev)
+    step = torch.zeros(n, dtype=torch.int32, device=dev)
     q = k + 1
-    acc = torch.empty((n, q), dtype=torch.int32)
-    fb = torch.empty((n, q), dtype=torch.int64)
-    out = torch.empty((n, q), dtype=torch.int64)
-    emitted = torch.empty(n, dtype=torch.int32)
+    acc = torch.empty((n, q), dtype=torch.int32, device=dev)
+    fb = torch.empty((n, q), dtype=torch.int64, device=dev)
+    out = torch.empty((n, q), dtype=torch.int64, device=dev)
+    emitted = torch.empty(n, dtype=torch.int32, device=dev)
     gen_rng = torch.Generator().manual_seed(99)
     while bool((num < limit).any()):
         live = num < limit
@@ -110,7 +111,7 @@ def speculate(target, prompts, gen, *, k, method, temp, top_k, top_p, seed, draf
         logits = target[ctx]                                             # [N, Q, V]
         kw = dict(top_k=top_k, top_p=top_p) if filtered else {}
         judge(logits.contiguous(), props, count, temp, seed, step, acc, fb, **kw)
-        real = torch.arange(k)[None, :] < count[:, None]
+        real = torch.arange(k, device=dev)[None, :] < count[:, None]
         if rule == "always-accept":                      # wrong: accept every real proposal
             acc[:, :k] = real.to(torch.int32)
         elif rule == "residual-keeps-x":                 # wrong: accept with p(x), but on reject
@@ -123,22 +124,22 @@ def speculate(target, prompts, gen, *, k, method, temp, top_k, top_p, seed, draf
             stats["proposed"] += int(count.sum())
             stats["accepted"] += int((acc[:, :k].cumprod(1) * real).sum())
         advance(acc, fb, props, buf, num, limit, step, out, emitted)
-    return buf[:, length: length + gen].long()
+    return buf[:, length: length + gen].long().cpu()
 
 
 def plain_decode(target, prompts, gen, *, temp, top_k, top_p, seed):
     """Sampled decoding one token at a time through the sampler: [N, gen] int64."""
-    n = prompts.shape[0]
-    temp, top_k = _col(n, temp, torch.float32), _col(n, top_k, torch.int32)
-    top_p, seed = _col(n, top_p, torch.float32), _col(n, seed, torch.int64)
-    step = torch.zeros(n, dtype=torch.int32)
-    cur, outs = prompts[:, -1].long(), []
+    n, dev = prompts.shape[0], target.device
+    temp, top_k = _col(n, temp, torch.float32, dev), _col(n, top_k, torch.int32, dev)
+    top_p, seed = _col(n, top_p, torch.float32, dev), _col(n, seed, torch.int64, dev)
+    step = torch.zeros(n, dtype=torch.int32, device=dev)
+    cur, outs = prompts[:, -1].long().to(dev), []
     for _ in range(gen):
-        tok = torch.empty(n, dtype=torch.int64)
+        tok = torch.empty(n, dtype=torch.int64, device=dev)
         sample_tokens(target[cur].contiguous(), temp, top_k, top_p, seed, step, tok)
         outs.append(tok)
         cur = tok
-    return torch.stack(outs, 1)
+    return torch.stack(outs, 1).cpu()
 
 
 def _chi2_quantile(df: int, z: float = 3.09) -> float:
@@ -241,3 +242,24 @@ def test_a_seeded_request_draws_the_same_tokens_alone_and_in_a_batch():
         alone = speculate(target, prompts[r: r + 1], 9, k=3, method="draft", draft=draft,
                           filtered=bool(one["top_k"][0] > 0 or one["top_p"][0] < 1), **one)
         assert torch.equal(alone, batch[r: r + 1]), r
+
+
+@pytest.mark.gpu
+def test_gpu_speculation_follows_the_target_and_emits_plain_decode_tokens():
+    """The same checks with the compiled kernels on CUDA (one row per program): 20,000 seeds."""
+    target, draft = _table(0).cuda(), _draft().cuda()
+    temp, top_k, top_p = SETTINGS[3]
+    n = 20000
+    prompts = torch.tensor(PROMPT, dtype=torch.int32).repeat(n, 1)
+    seeds = torch.arange(n, dtype=torch.int64) * 7919 + 5
+    toks = speculate(target, prompts, 3, k=2, method="draft", temp=temp, top_k=top_k, top_p=top_p,
+                     seed=seeds, draft=draft)
+    j12, j23 = _target_joint(target.cpu(), temp, top_k, top_p)
+    for pairs, probs in ((toks[:, :2], j12), (toks[:, 1:], j23)):
+        stat, limit = _chi2(pairs, probs)
+        assert stat < limit, (stat, limit)
+    prompts, params = _mixed_rows(8)
+    want = plain_decode(target, prompts, 9, **params)
+    for method in ("ngram-device", "draft"):
+        got = speculate(target, prompts, 9, k=3, method=method, draft=draft, **params)
+        assert torch.equal(got, want), method
