@@ -13,8 +13,10 @@ round_us(bucket, k) = verify_us[bucket][k + 1] + k * draft_us[bucket] + propose_
 a plain decode step emits one token per slot in decode_us[bucket]. For the batch of slots S in
 a bucket, speculation with k yields sum_s E(a_s, k) / round_us tokens per µs against
 |S| / decode_us: the policy runs the k that maximises it, and plain decode unless some k beats
-plain by `margin` (hysteresis: once on, it stays on while it is at least as fast). A slot's own
-choice (`Decision.slot_k`) is the same rule for it alone at this bucket's costs.
+plain by `margin` (hysteresis: once on, it stays on while it is at least as fast). Every slot
+then proposes up to k (a capped slot would only emit fewer tokens at the same cost); a slot's
+own choice (`Decision.slot_pref`) is the same rule for it alone at this bucket's costs, which is
+the decision itself at batch size 1.
 
 Measurement: after a spec block with k proposals a round, a slot's accepted count A over R rounds
 gives tokens per round T = 1 + A / R; the effective acceptance a_block solves E(a, k) = T (rounds
@@ -121,11 +123,15 @@ class StepCosts:
 
 
 class Decision(NamedTuple):
-    """k: proposals a round for this block (0 = run the plain decode graph); slot_k: each slot's
-    own choice (same order as the slots asked about); tokens_per_us: expected batch rate of the
-    choice; plain_tokens_per_us: the rate of plain decode; probe: k > 0 only to re-measure."""
+    """k: proposals a round for this block (0 = run the plain decode graph); slot_k: the cap on
+    each slot's proposals (same order as the slots asked about): k for every slot, because in a
+    graph of fixed shape a proposal costs nothing and a capped slot can only emit fewer tokens;
+    slot_pref: each slot's own choice were it alone at these costs (what a request "wants", for
+    stats); tokens_per_us: expected batch rate of the choice; plain_tokens_per_us: the rate of
+    plain decode; probe: k > 0 only to re-measure."""
     k: int
     slot_k: tuple[int, ...]
+    slot_pref: tuple[int, ...]
     tokens_per_us: float
     plain_tokens_per_us: float
     probe: bool
@@ -212,9 +218,13 @@ class SpecPolicy:
         return self._state(slot).accept
 
     def observe(self, slot: int, *, proposed: int, accepted: int, rounds: int, k: int) -> None:
-        """After a spec block with k proposals a round: the slot's proposals made, proposals
-        accepted and rounds in which it emitted (host ints)."""
+        """After a spec block in which the slot could propose k a round (its cap; 0 = it did not
+        speculate, counted as a plain block): its proposals made, proposals accepted and rounds in
+        which it emitted (host ints)."""
         s = self._state(slot)
+        if k == 0:
+            s.plain_blocks += 1
+            return
         for name, v in (("proposed", proposed), ("accepted", accepted), ("rounds", rounds)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name}: must be an int >= 0, got {v!r}")
@@ -266,13 +276,13 @@ class SpecPolicy:
         ks = self._ks(bucket)
         plain = batch_rate(accepts, self.costs, bucket, 0)
         k, rate = best_k(accepts, self.costs, bucket, ks, margin=0.0 if self._on else self.margin)
-        slot_k = tuple(best_k([a], self.costs, bucket, ks, margin=self.margin)[0] for a in accepts)
+        pref = tuple(best_k([a], self.costs, bucket, ks, margin=self.margin)[0] for a in accepts)
         probe = k == 0 and any(s.plain_blocks >= s.interval for s in states)
         if probe:
             k = ks[0]
             rate = batch_rate(accepts, self.costs, bucket, k)
         self._on = k > 0 and not probe
-        return Decision(k, slot_k, rate, plain, probe)
+        return Decision(k, (k,) * len(slots), pref, rate, plain, probe)
 
 
 __all__ = ["StepCosts", "SpecPolicy", "Decision", "expected_tokens", "fit_acceptance",

@@ -52,7 +52,7 @@ def test_high_acceptance_moves_k_up():
     for _ in range(10):                                   # every proposal accepted at k = 1
         pol.observe(0, proposed=4, accepted=4, rounds=4, k=1)
     d = pol.choose([0], 1)
-    assert d.k == 7 and d.slot_k == (7,)
+    assert d.k == 7 and d.slot_k == (7,) and d.slot_pref == (7,)
     assert d.tokens_per_us > 3 * d.plain_tokens_per_us
     assert pol.acceptance(0) > 0.9
 
@@ -68,7 +68,7 @@ def test_zero_acceptance_turns_speculation_off_then_probing_brings_it_back():
     # off: plain blocks until the probe is due
     for i in range(4):
         d = pol.choose([3], 1)
-        assert d.k == 0 and d.slot_k == (0,) and not d.probe, i
+        assert d.k == 0 and d.slot_k == (0,) and d.slot_pref == (0,) and not d.probe, i
         pol.observe_plain([3])
     d = pol.choose([3], 1)
     assert d.probe and d.k == 1                           # the cheapest k re-measures
@@ -96,7 +96,8 @@ def test_batch_choice_weighs_every_slot():
         for _ in range(12):
             pol.observe(s, proposed=16, accepted=acc, rounds=rounds, k=4)
     d = pol.choose([0, 1, 2, 3], 4)
-    assert d.k > 0 and d.slot_k[0] > 0 and d.slot_k[1:] == (0, 0, 0)
+    assert d.k > 0 and d.slot_k == (d.k,) * 4
+    assert d.slot_pref[0] > 0 and d.slot_pref[1:] == (0, 0, 0)
     assert d.tokens_per_us == pytest.approx(batch_rate([pol.acceptance(s) for s in range(4)], c, 4, d.k))
     assert d.tokens_per_us > d.plain_tokens_per_us
 
@@ -170,3 +171,15 @@ def test_bad_input_names_the_field():
         pol.choose([0], 2)
     with pytest.raises(ValueError, match="rounds"):
         pol.observe(0, proposed=2, accepted=1, rounds=-1, k=1)
+
+
+def test_a_slot_that_did_not_speculate_counts_toward_its_probe():
+    pol = _policy(probe_every=2)
+    pol.admit(0)
+    for _ in range(6):
+        pol.observe(0, proposed=16, accepted=0, rounds=4, k=4)
+    assert pol.choose([0], 1).k == 0
+    pol.observe(0, proposed=0, accepted=0, rounds=4, k=0)     # capped off in a spec block
+    pol.observe_plain([0])
+    d = pol.choose([0], 1)
+    assert d.probe and d.k == 1
