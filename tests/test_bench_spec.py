@@ -82,6 +82,20 @@ def test_projection_is_the_round_arithmetic_on_part1_costs():
     assert "PROJECTION" in bst.table({"measured": [], "projection_8b": proj})
 
 
+def test_arithmetic_check_uses_the_family_step_costs():
+    costs = [{"model": "trained-target", "batch": 1, "decode_us": 400.0, "verify_us": {"1": 410.0, "5": 480.0}},
+             {"model": "trained-draft", "batch": 1, "decode_us": 100.0, "verify_us": {"1": 104.0, "5": 120.0}}]
+    rows = [{"method": "ngram", "workload": "repeat", "batch": 1, "k": 4, "tokens_per_round": 3.0,
+             "speedup_vs_none": 2.4},
+            {"method": "draft", "workload": "heldout", "batch": 1, "k": 4, "tokens_per_round": 2.0},
+            {"method": "none", "workload": "repeat", "batch": 1, "k": 0, "tokens_per_round": None}]
+    bst.arithmetic(rows, costs)
+    assert rows[0]["arithmetic_speedup"] == pytest.approx(3.0 * 400 / 480)
+    assert rows[0]["measured_over_arithmetic"] == pytest.approx(2.4 / 2.5)
+    assert rows[1]["arithmetic_speedup"] == pytest.approx(2.0 * 400 / (480 + 4 * 100))
+    assert "arithmetic_speedup" not in rows[2]
+
+
 def _has_speculative_llm() -> bool:
     from graphrt.engine.config import EngineConfig
     return "speculative" in {f.name for f in dataclasses.fields(EngineConfig)}

@@ -56,13 +56,16 @@ def _ints(s):
     return [int(x) for x in s.split(",") if x]
 
 
-def bench_model(name, batches, qs, ctx, do_round, torch):
+def bench_model(name, batches, qs, ctx, do_round, torch, model=None):
+    """Rows of device µs for one model (a random one of shape `name`, or `model`: e.g. a loaded
+    checkpoint, then `name` only labels the rows)."""
     from graphrt import RuntimeConfig
     from graphrt.attention.graphs import GraphManager
     from graphrt.kernels.multiquery_attention import default_splits
     from graphrt.model.runtime import ModelRuntime
     from graphrt.speculative import SpeculativeConfig, SpeculativeRunner
-    model, _ = random_model(name, torch)
+    if model is None:
+        model, _ = random_model(name, torch)
     s = model.spec
     max_q = max(qs)
     width = ctx + 64 * max_q + 64                                  # token positions per request

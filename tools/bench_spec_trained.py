@@ -5,7 +5,9 @@ DIR/draft, one tokenizer). Per method (none / ngram / draft, each one `LLM(DIR/t
 speculative=...)`) x workload x batch size: tokens/s per stream (generated tokens of a stream
 over the wall time of its generate call, greedy, ignore_eos, after a warm-up call), and from
 `Engine.stats()` deltas: proposals, accepted, rounds -> acceptance rate and tokens per round; plus
-how many outputs equal method none's (greedy: they should, up to bf16 near-ties on a GPU).
+how many outputs equal method none's (greedy: they should, up to bf16 near-ties on a GPU). On
+CUDA also the family's own step costs (part 1's measurement on the two checkpoints) and, per spec
+row, the speed-up the round arithmetic predicts from its measured tokens per round ("x arith").
 Workloads, from the held-out files of the corpus split (never trained on):
   heldout   the first P tokens of a held-out file; the model continues it
   repeat    a held-out file (about P tokens of whole lines), then its first lines again: the
@@ -163,6 +165,40 @@ def compare(rows: list[dict]) -> None:
         r.pop("outputs", None)
 
 
+# ---- the trained family's own step costs: the arithmetic check (CUDA) ----------------------------
+def trained_costs(family: Path, plan: Plan) -> list[dict]:
+    """Part 1's device µs (bench_spec.bench_model: decode step, verify of k + 1) of the trained
+    target and draft checkpoints, at the plan's batch sizes and about its mean context."""
+    import torch
+    from bench_spec import bench_model
+    from graphrt.engine.loader import load_checkpoint
+    from graphrt.engine.model import build_model
+    rows, ctx = [], plan.prompt_tokens + plan.gen_tokens // 2
+    for name in ("target", "draft"):
+        model = build_model(load_checkpoint(str(family / name), device="cuda", dtype=torch.bfloat16))
+        rows += bench_model(f"trained-{name}", list(plan.batches), [1, plan.k + 1], ctx, False, torch,
+                            model=model)
+        del model
+        torch.cuda.empty_cache()
+    return rows
+
+
+def arithmetic(rows: list[dict], costs: list[dict]) -> None:
+    """Adds to each spec row the speed-up the round arithmetic predicts from its measured tokens
+    per round and the family's measured step costs (tokens_per_round x t_step / (t_verify(k + 1)
+    + k x t_draft)), and measured / predicted."""
+    from graphrt.speculative.policy import StepCosts
+    table = {"ngram": StepCosts.from_bench(costs, "trained-target"),
+             "draft": StepCosts.from_bench(costs, "trained-target", draft="trained-draft")}
+    for r in rows:
+        c, tpr, k = table.get(r.get("method")), r.get("tokens_per_round"), r.get("k", 0)
+        if c is None or tpr is None or k < 1 or r["batch"] not in c.decode_us:
+            continue
+        r["arithmetic_speedup"] = tpr * c.step_us(r["batch"]) / c.round_us(r["batch"], k)
+        if "speedup_vs_none" in r:
+            r["measured_over_arithmetic"] = r["speedup_vs_none"] / r["arithmetic_speedup"]
+
+
 # ---- part 3: projection -------------------------------------------------------------------------
 def projection(rows: list[dict], part1: list[dict], *, target="llama-3.1-8b", draft="llama-3.2-1b") -> list[dict]:
     """PROJECTION for an 8B target from part-1 costs and part-2 acceptance (see module docstring)."""
@@ -196,7 +232,7 @@ def projection(rows: list[dict], part1: list[dict], *, target="llama-3.1-8b", dr
 def table(result: dict) -> str:
     lines = ["part 2 (measured): trained family through LLM, greedy, tokens/s per stream",
              f"{'method':<8}{'workload':<10}{'bs':>3}{'tok/s':>10}{'x none':>8}{'accept':>8}"
-             f"{'tok/rnd':>8}{'same':>7}"]
+             f"{'tok/rnd':>8}{'same':>7}{'x arith':>9}"]
     for r in result["measured"]:
         if "error" in r:
             lines.append(f"{r['method']:<8}error: {r['error'][:80]}")
@@ -204,7 +240,8 @@ def table(result: dict) -> str:
         same = f"{r['identical_to_none']}/{r['requests']}" if "identical_to_none" in r else ""
         lines.append(f"{r['method']:<8}{r['workload']:<10}{r['batch']:>3}{r['tok_s_per_stream']:>10.1f}"
                      f"{_fmt(r.get('speedup_vs_none'), '8.2f')}{_fmt(r.get('acceptance'), '8.3f')}"
-                     f"{_fmt(r.get('tokens_per_round'), '8.2f')}{same:>7}")
+                     f"{_fmt(r.get('tokens_per_round'), '8.2f')}{same:>7}"
+                     f"{_fmt(r.get('arithmetic_speedup'), '9.2f')}")
     if result["projection_8b"]:
         lines += ["", "part 3: PROJECTION (arithmetic, not measured): 8B target from part-1 8B-shape costs "
                   "and the acceptance above", f"{'method':<8}{'workload':<10}{'bs':>3}{'a fit':>7}"
@@ -263,6 +300,13 @@ def main(args) -> int:
     for m in methods:
         result["measured"] += run_method(m, family, plan, loads, args.device, log)
     compare(result["measured"])
+    if args.device == "cuda":
+        try:
+            result["trained_step_costs"] = trained_costs(family, plan)
+            arithmetic(result["measured"], result["trained_step_costs"])
+        except Exception as e:  # noqa: BLE001 - reported: the measured rows stand without it
+            result["trained_step_costs_error"] = repr(e)[:300]
+            log(f"trained step costs: {e!r}")
     costs = Path(args.costs or PART1)
     if costs.is_file():
         result["projection_8b"] = projection(result["measured"], json.loads(costs.read_text())["models"])
