@@ -12,10 +12,13 @@ Attention alone (--attention): the Triton multi-query kernel vs FlashInfer XQA w
 q_len_per_req=q (sm_90), device µs per layer call and the max |difference| of the outputs
 (XQA's masking for q > 1 is reported, not assumed). Device time: CUDA events around graph
 replays, median of 5 bursts (tools/benchlib.device_us). Part (3) is a labelled PROJECTION: an
-8B target with a 1B draft, from these measured step costs and assumed acceptance rates (part (2),
-trained models and measured acceptance, is not in this script yet). Writes JSON (and a PNG).
+8B target with a 1B draft, from these measured step costs and assumed acceptance rates.
+Parts (2) and (3) with --trained DIR (tools/bench_spec_trained.py): the trained family through
+`LLM(path, speculative=...)`, tokens/s per stream and measured acceptance, and the 8B projection
+from part 1's JSON and that measured acceptance. Writes JSON (and a PNG).
 
     python tools/bench_spec.py --out $OUT/bench_spec.json --png $OUT/bench_spec.png
+    python tools/bench_spec.py --trained DIR --out $OUT/bench_spec_trained.json --png $OUT/bench_spec_trained.png
 """
 from __future__ import annotations
 
@@ -38,6 +41,14 @@ def parse_args(argv=None):
     p.add_argument("--no-attention", dest="attention", action="store_false")
     p.add_argument("--out", default="bench_spec.json")
     p.add_argument("--png", default=None)
+    part2 = p.add_argument_group("parts (2) + (3): the trained family through LLM (bench_spec_trained.py)")
+    part2.add_argument("--trained", default=None, metavar="DIR",
+                       help="tools/train_tiny.py output (DIR/target, DIR/draft): run parts 2 and 3 instead of 1")
+    part2.add_argument("--smoke", action="store_true", help="micro plan (1 prompt, 4 tokens, bs 1): a CPU check")
+    part2.add_argument("--device", default=None, help="cuda (default when available) or cpu")
+    part2.add_argument("--methods", default="none,ngram,draft")
+    part2.add_argument("--costs", default=None, metavar="JSON",
+                       help="part-1 JSON for the 8B projection (default docs/results/bench_spec_h200.json)")
     return p.parse_args(argv)
 
 
@@ -45,13 +56,16 @@ def _ints(s):
     return [int(x) for x in s.split(",") if x]
 
 
-def bench_model(name, batches, qs, ctx, do_round, torch):
+def bench_model(name, batches, qs, ctx, do_round, torch, model=None):
+    """Rows of device µs for one model (a random one of shape `name`, or `model`: e.g. a loaded
+    checkpoint, then `name` only labels the rows)."""
     from graphrt import RuntimeConfig
     from graphrt.attention.graphs import GraphManager
     from graphrt.kernels.multiquery_attention import default_splits
     from graphrt.model.runtime import ModelRuntime
     from graphrt.speculative import SpeculativeConfig, SpeculativeRunner
-    model, _ = random_model(name, torch)
+    if model is None:
+        model, _ = random_model(name, torch)
     s = model.spec
     max_q = max(qs)
     width = ctx + 64 * max_q + 64                                  # token positions per request
@@ -175,6 +189,10 @@ def projection(rows, target="llama-3.1-8b", draft="llama-3.2-1b", accepts=(0.5, 
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
+    if args.trained is not None:
+        import bench_spec_trained
+        args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        return bench_spec_trained.main(args)
     if not torch.cuda.is_available():
         print("bench_spec: needs a CUDA GPU", file=sys.stderr)
         return 2

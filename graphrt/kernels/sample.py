@@ -1,15 +1,20 @@
 """On-device sampling: greedy, temperature, top-k, top-p with a per-row seed (graph-capturable).
 
-Row r draws its token at step t with Gumbel-max over the kept tokens: argmax_i (l_i / T + g_i),
-g_i = -log(-log(u)), u = Philox(key = seed_r, counter = (t, token id)). So the randomness of a
-row depends only on (seed_r, t, token id): not on the batch, its order, the bucket or K.
+The one sampling rule of graphrt: decode sampling and speculative acceptance both draw here.
+Row r draws its token at draw index t with Gumbel-max over the kept tokens:
+argmax_i ((l_i - l_max) / T + g_i), g_i = -log(-log(u)), u = Philox(key = seed_r, counter =
+(t, token id)). So the randomness of a row depends only on (seed_r, t, token id): not on the
+batch, its order, the bucket, K, or whether the row is a decode step or a verified position.
+Exact score ties (measure zero) go to the lowest token id.
 
 Kept tokens are a prefix of the logits sorted in descending order (torch.sort, stable, on the
 device): the first top_k (0 = all), then, over that renormalised top-k distribution, the
 smallest prefix whose mass reaches top_p (vLLM's order: temperature, top-k, top-p).
-Temperature 0 takes the first sorted token (== torch.argmax: the lowest id among ties).
-The kernel advances step[r] by one, so K calls in one graph draw steps t .. t+K-1.
-Grid: one program per row; no host sync, no allocation besides torch.sort's outputs.
+Temperature 0 takes the maximum logit, lowest id among ties (== torch.argmax).
+`filtered=False` skips the sort (no row may use top-k / top-p: they are ignored); it draws the
+same token as the sorted path (same scores, same tie rule), at the cost of one vocabulary pass.
+Grid: one row per program on the GPU, many per program in the CPU interpreter (whose cost is per
+program). No host sync, no allocation besides torch.sort's outputs.
 """
 from __future__ import annotations
 
@@ -18,73 +23,159 @@ import triton
 import triton.language as tl
 
 BLOCK = 1024
+_BIG = tl.constexpr(2 ** 62)   # above every token id: the neutral element of the lowest-id tie rule
 
 
-@triton.jit(do_not_specialize=["vocab"])
-def _sample_kernel(vals_ptr, idx_ptr, vocab, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr,
-                   step_ptr, out_ptr, BLOCK: tl.constexpr):
-    r = tl.program_id(0)
-    row = r.to(tl.int64) * vocab
+@triton.jit(do_not_specialize=["vocab", "n_rows"])
+def _sample_kernel(vals_ptr, idx_ptr, vocab, n_rows, temperature_ptr, top_k_ptr, top_p_ptr,
+                   seed_ptr, step_ptr, out_ptr, kept_ptr, SORTED: tl.constexpr,
+                   ADVANCE: tl.constexpr, KEPT: tl.constexpr, ROWS: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    live = r < n_rows
+    r = tl.where(live, r, 0)
+    row = vals_ptr + r.to(tl.int64)[:, None] * vocab           # [ROWS, 1] row starts
+    irow = idx_ptr + r.to(tl.int64)[:, None] * vocab
+    offs = tl.arange(0, BLOCK)[None, :]
     temp = tl.load(temperature_ptr + r)
     t = tl.load(step_ptr + r)
-    best_tok = tl.load(idx_ptr + row)                     # sorted position 0 = argmax
-    if temp > 0:
+    sampled = live & (temp > 0)
+    safe_t = tl.where(temp > 0, temp, 1.0)
+    # row maximum and greedy token (lowest id among the maxima)
+    if SORTED:
+        top = tl.load(vals_ptr + r.to(tl.int64) * vocab).to(tl.float32)
+        best_tok = tl.load(idx_ptr + r.to(tl.int64) * vocab).to(tl.int64)
+    else:
+        top = tl.full((ROWS,), float("-inf"), tl.float32)
+        best_tok = tl.zeros((ROWS,), tl.int64)
+        for start in range(0, vocab, BLOCK):
+            i = start + offs
+            v = tl.load(row + i, mask=i < vocab, other=float("-inf")).to(tl.float32)
+            m = tl.max(v, axis=1)
+            tok = (tl.argmax(v, axis=1) + start).to(tl.int64)
+            best_tok = tl.where(m > top, tok, best_tok)
+            top = tl.maximum(top, m)
+    # kept prefix length m (sorted only): top-k, then top-p over the renormalised top-k mass
+    k = tl.full((ROWS,), 0, tl.int32) + vocab
+    m_kept = k
+    if SORTED:
         k = tl.load(top_k_ptr + r)
         k = tl.where((k <= 0) | (k > vocab), vocab, k)
         p = tl.load(top_p_ptr + r)
-        seed = tl.load(seed_ptr + r)
-        top = tl.load(vals_ptr + row)
-        offs = tl.arange(0, BLOCK)
-        # pass 1: softmax denominator over the top-k prefix
-        z = 0.0
-        for start in range(0, k, BLOCK):
-            i = start + offs
-            v = tl.load(vals_ptr + row + i, mask=i < k, other=float("-inf"))
-            z += tl.sum(tl.exp((v - top) / temp), axis=0)
-        # pass 2: m = length of the prefix whose exclusive cumulative mass is below top_p
-        m = k
-        if p < 1.0:
-            carry = 0.0
-            m = 0
-            for start in range(0, k, BLOCK):
+        if KEPT:
+            need = live                                   # every row's kept set is asked for
+        else:
+            need = sampled
+        kmax = tl.max(tl.where(need, k, 0), axis=0)
+        m_kept = k
+        if tl.max(tl.where(need & (p < 1.0), 1, 0), axis=0) > 0:
+            z = tl.zeros((ROWS,), tl.float32)
+            for start in range(0, kmax, BLOCK):
                 i = start + offs
-                v = tl.load(vals_ptr + row + i, mask=i < k, other=float("-inf"))
-                e = tl.exp((v - top) / temp)
-                incl = tl.cumsum(e, axis=0) + carry
-                keep = (incl - e < p * z) & (i < k)
-                m += tl.sum(keep.to(tl.int32), axis=0)
-                carry += tl.sum(e, axis=0)
-        # pass 3: Gumbel-max over the kept prefix, noise keyed by (seed, t, token id)
-        best = float("-inf")
-        for start in range(0, m, BLOCK):
+                inside = i < k[:, None]
+                v = tl.load(row + i, mask=inside, other=float("-inf")).to(tl.float32)
+                z += tl.sum(tl.where(inside, tl.exp((v - top[:, None]) / safe_t[:, None]), 0.0), axis=1)
+            carry = tl.zeros((ROWS,), tl.float32)
+            cnt = tl.zeros((ROWS,), tl.int32)
+            for start in range(0, kmax, BLOCK):
+                i = start + offs
+                inside = i < k[:, None]
+                v = tl.load(row + i, mask=inside, other=float("-inf")).to(tl.float32)
+                e = tl.where(inside, tl.exp((v - top[:, None]) / safe_t[:, None]), 0.0)
+                incl = tl.cumsum(e, axis=1) + carry[:, None]
+                keep = ((incl - e) < (p * z)[:, None]) & inside
+                cnt += tl.sum(keep.to(tl.int32), axis=1)
+                carry += tl.sum(e, axis=1)
+            m_kept = tl.where(p < 1.0, cnt, k)
+    # Gumbel-max over the kept tokens, noise keyed by (seed, t, token id)
+    if tl.max(sampled.to(tl.int32), axis=0) > 0:
+        seed = tl.load(seed_ptr + r)[:, None]
+        tt = t.to(tl.int64)[:, None] << 32
+        n_scan = tl.max(tl.where(sampled, m_kept, 0), axis=0)
+        g_best = tl.full((ROWS,), float("-inf"), tl.float32)
+        g_tok = tl.full((ROWS,), _BIG, tl.int64)
+        for start in range(0, n_scan, BLOCK):
             i = start + offs
-            v = tl.load(vals_ptr + row + i, mask=i < m, other=float("-inf"))
-            tok = tl.load(idx_ptr + row + i, mask=i < m, other=0)
-            u = tl.rand(seed, (t.to(tl.int64) << 32) | tok.to(tl.int64))
-            score = (v - top) / temp - tl.log(-tl.log(u))
-            score = tl.where(i < m, score, float("-inf"))
-            blk_best = tl.max(score, axis=0)
-            blk_tok = tl.sum(tl.where(i == tl.argmax(score, axis=0) + start, tok, 0), axis=0)
-            if blk_best > best:
-                best = blk_best
-                best_tok = blk_tok
-    tl.store(out_ptr + r, best_tok.to(tl.int64))
-    tl.store(step_ptr + r, t + 1)
+            inside = i < m_kept[:, None]
+            v = tl.load(row + i, mask=inside, other=float("-inf")).to(tl.float32)
+            if SORTED:
+                tok = tl.load(irow + i, mask=inside, other=0).to(tl.int64)
+            else:
+                tok = tl.zeros((ROWS, BLOCK), tl.int64) + i
+            u = tl.rand(seed, tt | tok)
+            score = tl.where(inside, (v - top[:, None]) / safe_t[:, None] - tl.log(-tl.log(u)),
+                             float("-inf"))
+            bm = tl.max(score, axis=1)
+            bt = tl.min(tl.where((score == bm[:, None]) & inside, tok, _BIG), axis=1)
+            better = (bm > g_best) | ((bm == g_best) & (bt < g_tok))
+            g_tok = tl.where(better, bt, g_tok)
+            g_best = tl.where(better, bm, g_best)
+        best_tok = tl.where(sampled & (g_tok < _BIG), g_tok, best_tok)
+    tl.store(out_ptr + r, best_tok, mask=live)
+    if ADVANCE:
+        tl.store(step_ptr + r, t + 1, mask=live)
+    if KEPT:
+        tl.store(kept_ptr + r, tl.where(temp > 0, m_kept, vocab), mask=live)
+
+
+def _rows_per_program(device: torch.device, n: int) -> int:
+    return 1 if device.type == "cuda" else min(512, triton.next_power_of_2(max(n, 1)))
+
+
+def _launch(vals, idx, temperature, top_k, top_p, seed, step, out, kept, *, sorted_: bool,
+            advance: bool) -> None:
+    n, vocab = vals.shape
+    if n == 0:
+        return
+    rows = _rows_per_program(vals.device, n)
+    block = min(BLOCK, triton.next_power_of_2(vocab))
+    if rows > 1:
+        block = min(block, max(16, 4096 // rows))
+    _sample_kernel[(triton.cdiv(n, rows),)](
+        vals, idx, vocab, n, temperature, top_k, top_p, seed, step, out,
+        kept if kept is not None else out, SORTED=sorted_, ADVANCE=advance, KEPT=kept is not None,
+        ROWS=rows, BLOCK=block, num_warps=4)
 
 
 def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                   top_p: torch.Tensor, seed: torch.Tensor, step: torch.Tensor,
-                  out: torch.Tensor) -> None:
-    """Draw one token per row into `out`; advance `step` by one. All tensors on one device.
+                  out: torch.Tensor, *, advance: bool = True, filtered: bool = True) -> None:
+    """Draw one token per row into `out`; with `advance`, step += 1. All tensors on one device.
 
-    logits [B, V] float32; temperature [B] float32 (0 = greedy); top_k [B] int32 (0 = off);
-    top_p [B] float32 in (0, 1] (1 = off); seed [B] int64; step [B] int32 (the row's draw
-    index t, incremented in place); out [B] int64. Capturable in a CUDA graph.
+    logits [B, V] float (float32 or the model dtype), contiguous; every [B] tensor contiguous
+    (ValueError otherwise: the kernel indexes them densely); temperature [B] float32
+    (0 = greedy); top_k [B] int32 (0 = off); top_p [B] float32 in (0, 1] (1 = off); seed [B]
+    int64; step [B] int32 (the row's draw index t); out [B] int64. filtered=False: no sort,
+    top_k / top_p are not read (the caller guarantees every row has them off). Capturable.
     """
-    b, vocab = logits.shape
-    vals, idx = torch.sort(logits, dim=-1, descending=True, stable=True)   # [B, V] each
-    _sample_kernel[(b,)](vals, idx, vocab, temperature, top_k, top_p, seed, step, out,
-                         BLOCK=min(BLOCK, triton.next_power_of_2(vocab)), num_warps=4)
+    for name, t in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p),
+                    ("seed", seed), ("step", step), ("out", out)):
+        if t.dim() != 1 or t.shape[0] != logits.shape[0] or not t.is_contiguous():
+            raise ValueError(f"{name}: expected a contiguous [{logits.shape[0]}] tensor, got "
+                             f"{tuple(t.shape)} strides {t.stride()}")
+    if filtered:
+        vals, idx = torch.sort(logits, dim=-1, descending=True, stable=True)   # [B, V] each
+    else:
+        vals, idx = logits, logits
+    _launch(vals, idx, temperature, top_k, top_p, seed, step, out, None, sorted_=filtered,
+            advance=advance)
 
 
-__all__ = ["sample_tokens"]
+def kept_lengths(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                 top_p: torch.Tensor):
+    """The kept set of every row, as the sampler sees it: (order [R, V] int64, the token ids
+    sorted by descending logit (stable), kept [R] int32, the kept prefix length of `order`; V
+    for greedy rows). logits [R, V] float; temperature [R] float32; top_k [R] int32; top_p [R]
+    float32. Capturable (device tensors, no sync)."""
+    r = logits.shape[0]
+    vals, idx = torch.sort(logits, dim=-1, descending=True, stable=True)
+    kept = torch.empty(r, dtype=torch.int32, device=logits.device)
+    scratch_out = torch.empty(r, dtype=torch.int64, device=logits.device)
+    zeros64 = torch.zeros(r, dtype=torch.int64, device=logits.device)
+    zeros32 = torch.zeros(r, dtype=torch.int32, device=logits.device)
+    _launch(vals, idx, temperature, top_k, top_p, zeros64, zeros32, scratch_out, kept,
+            sorted_=True, advance=False)
+    return idx, kept
+
+
+__all__ = ["sample_tokens", "kept_lengths"]

@@ -4,23 +4,21 @@ Row b verified Q = k + 1 query tokens: its current token and k proposals x_0..x_
 which the first count[b] are real. Target logits row (b, j) is the distribution of the token
 after x_{j-1} (after the current token for j = 0).
 
-- Greedy rows (temperature 0): accept x_j while x_j == argmax_j (torch.argmax's rule: lowest id
-  among ties); emit the accepted x's and then argmax at the first mismatch (or the bonus argmax
-  after all count proposals). Same tokens as plain greedy decoding.
-- Sampled rows: the proposal is a point mass (n-gram), so x_j is accepted with probability
-  p_j(x_j) (p = softmax(logits / T)); on reject the token is drawn from p_j with x_j removed,
-  renormalised; after all count accepted, the bonus token is drawn from p_count. The emitted
-  tokens then follow the target distribution exactly (Chen et al. 2023 with q = point mass).
-  Randomness is keyed like kernels/sample.py: Philox(key = seed_b, counter = (t, token id)) with
-  t = step[b] + j the request's own draw index of that output position; the acceptance uniform
-  uses token field V (no token has that id). So a seeded request draws the same tokens whatever
-  else is in the batch.
+Acceptance uses decode's sampling rule itself (kernels/sample.py, one implementation): each
+verified row (b, j) draws y_{b,j} = the token plain decoding would draw from those logits at the
+request's draw index t = step[b] + j (same temperature, kept set of top-k / top-p, Philox/Gumbel
+noise keyed by (seed, t, token id); greedy: argmax, lowest id among ties). Proposal x_j is
+accepted iff y_{b,j} == x_j; the row stops at its first rejection (or after its count
+proposals) and emits y there. Proposals are point masses (n-gram lookup, greedy draft), so this is
+exact rejection sampling (Chen et al. 2023 with q = point mass): P(accept x) = p(x), and on
+reject y follows p with x removed, renormalised; the bonus token follows p. More: a seeded request
+emits exactly the tokens sampled decoding would emit from the same logits, whatever else is in the
+batch, whether or not it speculates.
 
-Two launches: `judge` (one program per row of B * Q on the GPU: a vocabulary pass, all rows
-in parallel) writes
-accept [B, Q] and fallback [B, Q]; `advance` (grid B) takes the accepted prefix, clips it to
-the slot's token limit and writes the tokens into the slot's token buffer, moving num_tokens and
-step. No host sync: capturable. Runs on CPU under TRITON_INTERPRET=1.
+Two launches: `judge` (the sampler over all B * Q rows, then a comparison) writes accept [B, Q]
+and fallback [B, Q]; `advance` (grid B) takes the accepted prefix, clips it to the slot's token
+limit and writes the tokens into the slot's token buffer, moving num_tokens and step. No host
+sync: capturable. Runs on CPU under TRITON_INTERPRET=1.
 """
 from __future__ import annotations
 
@@ -28,64 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_V = 1024
-
-
-@triton.jit(do_not_specialize=["vocab", "n_rows"])
-def _judge_kernel(logits_ptr, vocab, n_rows, prop_ptr, count_ptr, temp_ptr, seed_ptr, step_ptr,
-                  accept_ptr, fallback_ptr, Q: tl.constexpr, ROWS: tl.constexpr,
-                  BLOCK: tl.constexpr):
-    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # rows r = b * Q + j
-    live = r < n_rows
-    r = tl.where(live, r, 0)
-    b = r // Q
-    j = r % Q
-    row = logits_ptr + r.to(tl.int64)[:, None] * vocab
-    count = tl.load(count_ptr + b)
-    has_x = j < count
-    x = tl.load(prop_ptr + b * (Q - 1) + tl.minimum(j, Q - 2))      # Q >= 2: always in bounds
-    x = tl.where(has_x, x, -1).to(tl.int64)
-    temp = tl.load(temp_ptr + b)
-    offs = tl.arange(0, BLOCK)[None, :]
-    # greedy: argmax (first maximum), one pass
-    best = tl.full((ROWS,), float("-inf"), tl.float32)
-    best_tok = tl.zeros((ROWS,), tl.int64)
-    for start in range(0, vocab, BLOCK):
-        i = start + offs
-        v = tl.load(row + i, mask=i < vocab, other=float("-inf")).to(tl.float32)
-        m = tl.max(v, axis=1)
-        tok = (tl.argmax(v, axis=1) + start).to(tl.int64)
-        best_tok = tl.where(m > best, tok, best_tok)
-        best = tl.maximum(best, m)
-    accept = has_x & (best_tok == x)
-    fallback = best_tok
-    if tl.max(tl.where(live, temp, 0.0), axis=0) > 0:  # some row samples
-        safe_t = tl.where(temp > 0, temp, 1.0)[:, None]
-        seed = tl.load(seed_ptr + b)[:, None]
-        t = (tl.load(step_ptr + b) + j).to(tl.int64)[:, None]
-        z = tl.zeros((ROWS,), tl.float32)
-        g_best = tl.full((ROWS,), float("-inf"), tl.float32)
-        g_tok = tl.zeros((ROWS,), tl.int64)
-        for start in range(0, vocab, BLOCK):
-            i = start + offs
-            v = tl.load(row + i, mask=i < vocab, other=float("-inf")).to(tl.float32)
-            e = (v - best[:, None]) / safe_t
-            z += tl.sum(tl.where(i < vocab, tl.exp(e), 0.0), axis=1)
-            u = tl.rand(seed, (t << 32) | i.to(tl.int64))
-            score = tl.where((i < vocab) & (i != x[:, None]), e - tl.log(-tl.log(u)),
-                             float("-inf"))
-            m = tl.max(score, axis=1)
-            tok = (tl.argmax(score, axis=1) + start).to(tl.int64)
-            g_tok = tl.where(m > g_best, tok, g_tok)
-            g_best = tl.maximum(g_best, m)
-        lx = tl.load(logits_ptr + r.to(tl.int64) * vocab + tl.maximum(x, 0)).to(tl.float32)
-        p_x = tl.exp((lx - best) / safe_t.reshape(ROWS)) / z
-        u_acc = tl.rand(seed.reshape(ROWS), (t.reshape(ROWS) << 32) | vocab)
-        sampled = temp > 0
-        accept = tl.where(sampled, has_x & (u_acc < p_x), accept)
-        fallback = tl.where(sampled, g_tok, fallback)  # residual draw (x excluded) or the bonus
-    tl.store(accept_ptr + r, accept.to(tl.int32), mask=live)
-    tl.store(fallback_ptr + r, fallback, mask=live)
+from graphrt.kernels.sample import sample_tokens
 
 
 @triton.jit(do_not_specialize=["width", "n_rows"])
@@ -133,13 +74,16 @@ def _need(cond: bool, msg: str) -> None:
 
 def judge(logits: torch.Tensor, proposals: torch.Tensor, count: torch.Tensor,
           temperature: torch.Tensor, seed: torch.Tensor, step: torch.Tensor,
-          accept: torch.Tensor, fallback: torch.Tensor) -> None:
+          accept: torch.Tensor, fallback: torch.Tensor, *, top_k: torch.Tensor | None = None,
+          top_p: torch.Tensor | None = None) -> None:
     """Per verified position: accept [B, Q] int32 (1 = proposal j accepted if reached) and
     fallback [B, Q] int64 (the token emitted if position j is where the row stops).
 
     logits [B * Q, V] or [B, Q, V] (any float dtype), proposals [B, Q - 1] int64, count [B]
     int32 (real proposals per row), temperature [B] float32 (0 = greedy), seed [B] int64,
-    step [B] int32 (draw index of the row's first emitted token this round). One device.
+    step [B] int32 (draw index of the row's first emitted token this round); top_k [B] int32
+    (0 = off) and top_p [B] float32 in (0, 1] (1 = off): the sampler's kept set, applied when
+    either is given (a sort per verified row); None: no row uses them. One device.
     """
     b, q = accept.shape
     _need(accept.dtype == torch.int32 and accept.is_contiguous(), "accept: expected contiguous [B, Q] int32")
@@ -152,17 +96,29 @@ def judge(logits: torch.Tensor, proposals: torch.Tensor, count: torch.Tensor,
           and proposals.is_contiguous(),
           f"proposals: expected contiguous [{b}, {q - 1}] int64 (Q >= 2), got "
           f"{tuple(proposals.shape)} {proposals.dtype}")
+    filtered = top_k is not None or top_p is not None
+    dev = logits.device
+    if filtered:
+        top_k = torch.zeros(b, dtype=torch.int32, device=dev) if top_k is None else top_k
+        top_p = torch.ones(b, dtype=torch.float32, device=dev) if top_p is None else top_p
     for name, t, dt in (("count", count, torch.int32), ("temperature", temperature, torch.float32),
-                        ("seed", seed, torch.int64), ("step", step, torch.int32)):
-        _need(tuple(t.shape) == (b,) and t.dtype == dt, f"{name}: expected [{b}] {dt}, got "
-              f"{tuple(t.shape)} {t.dtype}")
-    vocab, rows = logits.shape[1], _rows_per_program(logits.device, b * q)
-    block = min(BLOCK_V, triton.next_power_of_2(vocab))
-    if rows > 1:
-        block = min(block, max(16, 4096 // rows))
-    _judge_kernel[(triton.cdiv(b * q, rows),)](
-        logits, vocab, b * q, proposals, count, temperature, seed, step, accept, fallback,
-        Q=q, ROWS=rows, BLOCK=block, num_warps=4)
+                        ("seed", seed, torch.int64), ("step", step, torch.int32),
+                        ("top_k", top_k, torch.int32), ("top_p", top_p, torch.float32)):
+        if t is not None:
+            _need(tuple(t.shape) == (b,) and t.dtype == dt, f"{name}: expected [{b}] {dt}, got "
+                  f"{tuple(t.shape)} {t.dtype}")
+
+    def rows(t: torch.Tensor) -> torch.Tensor:          # [B] -> [B * Q], row b * Q + j = t[b]
+        return t[:, None].expand(b, q).contiguous().view(b * q)
+
+    j = torch.arange(q, dtype=torch.int32, device=dev)
+    draw = (step[:, None] + j[None, :]).reshape(b * q)   # [B * Q] int32: the draw index of (b, j)
+    temp = rows(temperature)
+    sample_tokens(logits, temp, rows(top_k) if filtered else draw, rows(top_p) if filtered else temp,
+                  rows(seed), draw, fallback.view(b * q), advance=False, filtered=filtered)
+    hit = (fallback[:, : q - 1] == proposals) & (j[None, : q - 1] < count[:, None])   # [B, Q - 1]
+    accept[:, : q - 1].copy_(hit)
+    accept[:, q - 1].zero_()
 
 
 def advance(accept: torch.Tensor, fallback: torch.Tensor, proposals: torch.Tensor,

@@ -141,12 +141,17 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from graphrt.kernels.sample import _sample_kernel
-sig = {"vals_ptr": "*fp32", "idx_ptr": "*i64", "vocab": "i32", "temperature_ptr": "*fp32",
-       "top_k_ptr": "*i32", "top_p_ptr": "*fp32", "seed_ptr": "*i64", "step_ptr": "*i32",
-       "out_ptr": "*i64", "BLOCK": "constexpr"}
-k = triton.compile(ASTSource(fn=_sample_kernel, signature=sig, constexprs={"BLOCK": 1024}),
-                   target=GPUTarget("cuda", 90, 32))
-assert "ptx" in k.asm
+for vals, sorted_, advance, kept in (("*fp32", True, True, False), ("*bf16", True, True, False),
+                                     ("*bf16", False, False, False), ("*fp32", True, False, True)):
+    sig = {"vals_ptr": vals, "idx_ptr": "*i64" if sorted_ else vals, "vocab": "i32", "n_rows": "i32",
+           "temperature_ptr": "*fp32", "top_k_ptr": "*i32", "top_p_ptr": "*fp32", "seed_ptr": "*i64",
+           "step_ptr": "*i32", "out_ptr": "*i64", "kept_ptr": "*i32" if kept else "*i64",
+           "SORTED": "constexpr", "ADVANCE": "constexpr", "KEPT": "constexpr", "ROWS": "constexpr",
+           "BLOCK": "constexpr"}
+    const = {"SORTED": sorted_, "ADVANCE": advance, "KEPT": kept, "ROWS": 1, "BLOCK": 1024}
+    k = triton.compile(ASTSource(fn=_sample_kernel, signature=sig, constexprs=const),
+                       target=GPUTarget("cuda", 90, 32))
+    assert "ptx" in k.asm
 """
 
 
@@ -159,3 +164,43 @@ def test_sample_kernel_compiles_for_sm90_without_a_gpu():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_unsorted_path_draws_what_the_sorted_path_draws():
+    """filtered=False skips the sort: same token as the sorted path for unfiltered rows (several
+    vocabulary blocks, greedy rows and exact ties included); step is left alone with advance=False."""
+    gen = torch.Generator().manual_seed(5)
+    n, vocab = 24, 2500
+    logits = torch.randn((n, vocab), generator=gen) * 2
+    logits[0, 100] = logits[0, 2400] = 40.0                       # greedy tie across blocks
+    temp = torch.tensor([0.0, 0.0] + [0.3, 0.8, 1.0, 1.7] * 5 + [0.0, 2.0])
+    zeros = torch.zeros(n, dtype=torch.int32)
+    seed = torch.arange(n, dtype=torch.int64) * 13
+    step = torch.arange(n, dtype=torch.int32)
+    a, b = torch.empty(n, dtype=torch.int64), torch.empty(n, dtype=torch.int64)
+    sample_tokens(logits, temp, zeros, torch.ones(n), seed, step, a, advance=False)
+    sample_tokens(logits, temp, zeros, torch.ones(n), seed, step, b, advance=False, filtered=False)
+    assert torch.equal(a, b) and int(a[0]) == 100
+    assert torch.equal(step, torch.arange(n, dtype=torch.int32))
+    with pytest.raises(ValueError, match="seed"):
+        sample_tokens(logits, temp, zeros, torch.ones(n), seed.repeat(2)[::2], step, a)   # stride 2
+
+
+@pytest.mark.gpu
+def test_gpu_unsorted_path_draws_what_the_sorted_path_draws():
+    """filtered=False (no sort) must give the sorted path's token for unfiltered rows, bf16 and
+    float32 logits, a Llama-3 sized vocabulary (one sampling rule whatever the batch needs)."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    n, vocab = 64, 128256
+    for dt in (torch.float32, torch.bfloat16):
+        logits = (torch.randn((n, vocab), generator=gen, device="cuda") * 3).to(dt)
+        temp = torch.linspace(0.0, 1.5, n, device="cuda")
+        zeros = torch.zeros(n, dtype=torch.int32, device="cuda")
+        ones = torch.ones(n, device="cuda")
+        seed = torch.arange(n, dtype=torch.int64, device="cuda") + 3
+        a = torch.empty(n, dtype=torch.int64, device="cuda")
+        b = torch.empty_like(a)
+        sample_tokens(logits, temp, zeros, ones, seed, zeros.clone(), a)
+        sample_tokens(logits, temp, zeros, ones, seed, zeros.clone(), b, filtered=False)
+        assert torch.equal(a, b), dt
+        assert torch.equal(a[temp == 0], logits[temp == 0].argmax(-1))

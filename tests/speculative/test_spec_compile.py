@@ -1,5 +1,6 @@
 """The speculative kernels compile for an H100/H200 (sm_90) through Triton's CUDA backend, ptxas
-included, without a GPU (the interpreter accepts code the compiler rejects). Runs in a
+included, without a GPU (the interpreter accepts code the compiler rejects); acceptance draws
+through the sampler, whose kernel tests/model/test_sampling.py compiles. Runs in a
 subprocess without TRITON_INTERPRET, so the kernels are real JITFunctions."""
 from __future__ import annotations
 
@@ -29,10 +30,6 @@ def build(fn, args, constexprs, num_warps=4):
 
 build(ngram._ngram_kernel, dict(tok_ptr="*i32", tok_stride="i32", width="i32", lens_ptr="*i32",
       out_ptr="*i64", count_ptr="*i32", min_n="i32"), dict(K=4, MAX_N=4, BLOCK=256, KB=4))
-for dt in ("*bf16", "*fp32"):
-    build(accept._judge_kernel, dict(logits_ptr=dt, vocab="i32", n_rows="i32", prop_ptr="*i64",
-          count_ptr="*i32", temp_ptr="*fp32", seed_ptr="*i64", step_ptr="*i32", accept_ptr="*i32",
-          fallback_ptr="*i64"), dict(Q=5, ROWS=1, BLOCK=1024))
 build(accept._advance_kernel, dict(accept_ptr="*i32", fallback_ptr="*i64", prop_ptr="*i64",
       tok_ptr="*i32", tok_stride="i32", width="i32", n_rows="i32", num_ptr="*i32", limit_ptr="*i32",
       step_ptr="*i32", out_ptr="*i64", emitted_ptr="*i32"), dict(Q=5, QB=8, ROWS=1))
@@ -55,4 +52,4 @@ def test_speculative_kernels_compile_for_sm90():
     run = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-4000:]
-    assert run.stdout.count("ok ") == 11, run.stdout
+    assert run.stdout.count("ok ") == 9, run.stdout

@@ -1,0 +1,185 @@
+"""The speculation policy (speculative/policy.py): the round arithmetic, k up on high acceptance,
+off on zero acceptance, recovery by probing, the batch choice, and a simulated stream that is
+never slower than plain decode (i.i.d. acceptance drawn from a seeded generator)."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from graphrt.speculative.policy import (SpecPolicy, StepCosts, batch_rate, best_k, expected_tokens,
+                                        fit_acceptance)
+
+BENCH = Path(__file__).resolve().parents[2] / "docs" / "results" / "bench_spec_h200.json"
+
+
+def _costs_8b() -> StepCosts:
+    """The measured H200 costs of part 1 (Llama-3.1-8B shape; 1B shape as the draft)."""
+    rows = json.loads(BENCH.read_text())["models"]
+    return StepCosts.from_bench(rows, "llama-3.1-8b")
+
+
+def test_round_arithmetic():
+    assert expected_tokens(0.0, 4) == 1.0
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+    for a in (0.0, 0.13, 0.5, 0.77, 0.99):
+        for k in (1, 3, 7):
+            assert fit_acceptance(expected_tokens(a, k), k) == pytest.approx(a, abs=1e-6)
+    assert fit_acceptance(0.5, 3) == pytest.approx(0.0) and fit_acceptance(9.0, 3) == pytest.approx(1.0)
+
+
+def test_costs_from_the_measured_bench():
+    c = _costs_8b()
+    assert c.ks(1) == (1, 2, 3, 4, 5, 6, 7)
+    assert c.round_us(1, 4) == pytest.approx(c.verify_us[1][5])
+    rows = json.loads(BENCH.read_text())["models"]
+    d = StepCosts.from_bench(rows, "llama-3.1-8b", draft="llama-3.2-1b")
+    assert d.round_us(4, 2) == pytest.approx(d.verify_us[4][3] + 2 * d.draft_us[4])
+
+
+def _policy(costs=None, **kw):
+    return SpecPolicy(costs or _costs_8b(), ks=(1, 2, 3, 4, 5, 6, 7), max_slots=16, **kw)
+
+
+def test_high_acceptance_moves_k_up():
+    pol = _policy()
+    pol.admit(0)
+    first = pol.choose([0], 1)
+    assert first.k > 0 and not first.probe               # the prior speculates, to measure
+    for _ in range(10):                                   # every proposal accepted at k = 1
+        pol.observe(0, proposed=4, accepted=4, rounds=4, k=1)
+    d = pol.choose([0], 1)
+    assert d.k == 7 and d.slot_k == (7,) and d.slot_pref == (7,)
+    assert d.tokens_per_us > 3 * d.plain_tokens_per_us
+    assert pol.acceptance(0) > 0.9
+
+
+def test_zero_acceptance_turns_speculation_off_then_probing_brings_it_back():
+    pol = _policy(probe_every=4, probe_max=16)
+    pol.admit(3)
+    blocks_on = 0
+    while pol.choose([3], 1).k > 0:
+        blocks_on += 1
+        assert blocks_on < 8, "still speculating after 8 blocks of zero acceptance"
+        pol.observe(3, proposed=4 * 4, accepted=0, rounds=4, k=4)
+    # off: plain blocks until the probe is due
+    for i in range(4):
+        d = pol.choose([3], 1)
+        assert d.k == 0 and d.slot_k == (0,) and d.slot_pref == (0,) and not d.probe, i
+        pol.observe_plain([3])
+    d = pol.choose([3], 1)
+    assert d.probe and d.k == 1                           # the cheapest k re-measures
+    pol.observe(3, proposed=4, accepted=0, rounds=4, k=1)  # the probe finds nothing ...
+    for _ in range(8):                                     # ... so the next one waits twice as long
+        assert pol.choose([3], 1).k == 0
+        pol.observe_plain([3])
+    d = pol.choose([3], 1)
+    assert d.probe
+    for _ in range(2):                                     # the text turned repetitive: recovery
+        pol.observe(3, proposed=4, accepted=4, rounds=4, k=d.k)
+        d = pol.choose([3], 1)
+    assert d.k > 1 and not d.probe
+
+
+def test_batch_choice_weighs_every_slot():
+    c = _costs_8b()
+    # bs 4: one copying request pays for the verify of four (4.9 tokens / 1.087 step costs) ...
+    assert best_k([0.9, 0.0, 0.0, 0.0], c, 4, c.ks(4))[0] > 0
+    # ... a weak one does not
+    assert best_k([0.2, 0.0, 0.0, 0.0], c, 4, c.ks(4))[0] == 0
+    pol = _policy()
+    for s, (acc, rounds) in enumerate([(16, 4), (0, 4), (0, 4), (0, 4)]):
+        pol.admit(s)
+        for _ in range(12):
+            pol.observe(s, proposed=16, accepted=acc, rounds=rounds, k=4)
+    d = pol.choose([0, 1, 2, 3], 4)
+    assert d.k > 0 and d.slot_k == (d.k,) * 4
+    assert d.slot_pref[0] > 0 and d.slot_pref[1:] == (0, 0, 0)
+    assert d.tokens_per_us == pytest.approx(batch_rate([pol.acceptance(s) for s in range(4)], c, 4, d.k))
+    assert d.tokens_per_us > d.plain_tokens_per_us
+
+
+def test_margin_and_hysteresis():
+    c = StepCosts(decode_us={1: 100.0}, verify_us={1: {2: 110.0}})
+    # k = 1 at a = 0.105 is 0.5% faster than plain: below the 2% margin to switch on
+    assert best_k([0.1055], c, 1, (1,), margin=0.02)[0] == 0
+    assert best_k([0.1055], c, 1, (1,), margin=0.0)[0] == 1
+    assert best_k([0.2], c, 1, (1,), margin=0.02)[0] == 1
+
+
+def _simulate(pol, costs, a_true, blocks=300, rounds=4, steps=4, seed=0):
+    """One request, i.i.d. per-token acceptance a_true: tokens per µs the policy achieves."""
+    rng = random.Random(seed)
+    pol.admit(0)
+    tokens = us = 0.0
+    for _ in range(blocks):
+        d = pol.choose([0], 1)
+        if d.k == 0:
+            tokens, us = tokens + steps, us + steps * costs.step_us(1)
+            pol.observe_plain([0])
+            continue
+        acc = 0
+        for _ in range(rounds):
+            j = 0
+            while j < d.k and rng.random() < a_true:
+                j += 1
+            acc += j
+        tokens, us = tokens + rounds + acc, us + rounds * costs.round_us(1, d.k)
+        pol.observe(0, proposed=rounds * d.k, accepted=acc, rounds=rounds, k=d.k)
+    pol.release(0)
+    return tokens / us
+
+
+@pytest.mark.parametrize("a_true", [0.0, 0.05, 0.3, 0.6, 0.9])
+def test_simulated_stream_is_never_slower_than_plain_and_near_the_best_fixed_k(a_true):
+    c = _costs_8b()
+    plain = 1.0 / c.step_us(1)
+    got = _simulate(_policy(), c, a_true)
+    best_fixed = max(expected_tokens(a_true, k) / c.round_us(1, k) for k in c.ks(1))
+    assert got >= 0.97 * plain, (got / plain)
+    assert got >= 0.9 * max(plain, best_fixed), (got / max(plain, best_fixed))
+
+
+def test_bad_input_names_the_field():
+    with pytest.raises(ValueError, match="decode_us"):
+        StepCosts(decode_us={1: 0.0}, verify_us={1: {2: 1.0}})
+    with pytest.raises(ValueError, match="verify_us"):
+        StepCosts(decode_us={1: 1.0}, verify_us={})
+    with pytest.raises(ValueError, match=r"verify_us\[1\]"):
+        StepCosts(decode_us={1: 1.0}, verify_us={1: {1: 1.0}})
+    c = StepCosts(decode_us={1: 1.0}, verify_us={1: {2: 1.1}})
+    with pytest.raises(ValueError, match="ks"):
+        SpecPolicy(c, ks=(), max_slots=2)
+    with pytest.raises(ValueError, match="prior"):
+        SpecPolicy(c, ks=(1,), max_slots=2, prior=1.5)
+    with pytest.raises(TypeError, match="costs"):
+        SpecPolicy({"decode_us": {}}, ks=(1,), max_slots=2)
+    pol = SpecPolicy(c, ks=(1,), max_slots=2)
+    with pytest.raises(ValueError, match="slot"):
+        pol.admit(2)
+    with pytest.raises(ValueError, match="not admitted"):
+        pol.choose([0], 1)
+    pol.admit(0)
+    with pytest.raises(ValueError, match="accepted"):
+        pol.observe(0, proposed=2, accepted=3, rounds=4, k=1)
+    with pytest.raises(ValueError, match="k"):
+        pol.observe(0, proposed=2, accepted=1, rounds=4, k=3)
+    with pytest.raises(ValueError, match="bucket"):
+        pol.choose([0], 2)
+    with pytest.raises(ValueError, match="rounds"):
+        pol.observe(0, proposed=2, accepted=1, rounds=-1, k=1)
+
+
+def test_a_slot_that_did_not_speculate_counts_toward_its_probe():
+    pol = _policy(probe_every=2)
+    pol.admit(0)
+    for _ in range(6):
+        pol.observe(0, proposed=16, accepted=0, rounds=4, k=4)
+    assert pol.choose([0], 1).k == 0
+    pol.observe(0, proposed=0, accepted=0, rounds=4, k=0)     # capped off in a spec block
+    pol.observe_plain([0])
+    d = pol.choose([0], 1)
+    assert d.probe and d.k == 1
