@@ -6,11 +6,11 @@
 Routes: POST /v1/completions, POST /v1/chat/completions (completions.py), GET /v1/models,
 GET /v1/models/{id}, GET /health, GET /metrics (metrics.py). Bodies over
 config.max_request_bytes are refused with 413, bodies slower than config.body_timeout_s with 408
-(limits.py); request bodies are parsed off the event loop (completions.py); /health is 503 once
-the engine died. With config.api_key every route but /health needs `Authorization: Bearer <key>`
-(401 otherwise, auth.py). The app starts the engine's background thread on start-up (unless it
-already runs) and stops it on shut-down if it started it. The server around it (connection bound, header
-deadline, bounded shutdown): server.py.
+(limits.py); request bodies are parsed off the event loop (completions.py); with config.api_key
+every route but /health needs `Authorization: Bearer <key>` (401 otherwise, auth.py); /health is
+503 once the engine died. The app starts the engine's background thread on start-up (unless it
+already runs) and stops it on shut-down if it started it. The server around it (connection bound,
+header deadline, bounded shutdown): server.py.
 """
 from __future__ import annotations
 

@@ -66,7 +66,7 @@ def test_model_positional_or_flag():
     ([], "MODEL: the checkpoint is required (graphrt serve DIR|ORG/NAME, or --model)"),
     (["/a", "--model", "/b"], "MODEL: given twice, '/a' and --model '/b'; give one"),
     (["/a", "--max-model-len", "0"], "max_model_len: must be an int in [1, 2147483647], got 0"),
-    (["/a", "--max-num-seqs", "-1"], "max_batch: must be an int >= 1, got -1"),
+    (["/a", "--max-num-seqs", "-1"], "max_batch: must be an int in [1, 2147483647], got -1"),
     (["/a", "--gpu-memory-utilization", "1.5"], "gpu_memory_utilization: must be a number in (0, 1], got 1.5"),
     (["/a", "--device", "cpu", "--dtype", "bfloat16"], "--dtype bfloat16: on a CPU graphrt runs float32 only"),
     (["/a", "--chat-template", "/no/such/template.jinja"], "--chat-template: no such file '/no/such/template.jinja'"),
