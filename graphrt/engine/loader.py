@@ -23,7 +23,7 @@ import torch
 
 from graphrt.engine.hf_files import CheckpointError, check_config, eos_ids, read_json, reading
 from graphrt.model.llama import LlamaSpec
-from graphrt.parallel.shard import owned_slice, shard_spec, vocab_rows
+from graphrt.model.spec import owned_slice, shard_spec, vocab_rows
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 FILE_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}

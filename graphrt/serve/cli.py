@@ -176,9 +176,8 @@ def capture_report(llm, total_s: float) -> list[str]:
     """Start-up phases after the weights: graph warm-up (kernel compilation / loading, first
     touch) and capture, from the runtime's per-bucket CaptureStats; the rest is tokenizer and
     runtime construction."""
-    managers = [m for m in (getattr(llm.runtime, "graphs", None), getattr(llm.runtime, "sample_graphs", None))
-                if m is not None]
-    stats = [st for m in managers for st in m.stats.values()]
+    graphs = getattr(llm.runtime, "graphs", None)
+    stats = list(graphs.stats.values()) if graphs is not None else []
     rest = total_s - llm.checkpoint.load_s
     if not stats:
         return [f"tokenizer + runtime: {rest:.2f} s (no CUDA graphs: eager decode)"]
@@ -186,7 +185,8 @@ def capture_report(llm, total_s: float) -> list[str]:
     cap = sum(st.capture_ms for st in stats) / 1e3
     mem = sum(st.graph_bytes for st in stats) / 2**20
     return [f"kernels (graph warm-up: compile or load from cache, first touch): {warm:.2f} s",
-            f"graph capture: {len(stats)} graphs ({len(managers)} per bucket) in {cap:.2f} s, {mem:.1f} MiB",
+            f"graph capture: {len(stats)} graphs ({len(stats) // len({st.bucket for st in stats})} per bucket) "
+            f"in {cap:.2f} s, {mem:.1f} MiB",
             f"tokenizer + runtime construction: {max(rest - warm - cap, 0.0):.2f} s"]
 
 

@@ -276,16 +276,18 @@ def test_bench_serve_cpu_smoke(tmp_path_factory, tmp_path):
 def test_capture_report_sums_the_runtime_capture_stats():
     from types import SimpleNamespace
 
-    from graphrt.attention.graphs import CaptureStats
+    from graphrt.attention.graphs import CaptureStats, GraphKey
     from graphrt.serve.cli import capture_report
-    argmax = SimpleNamespace(stats={1: CaptureStats(1, 10.0, 500.0, 2**20), 2: CaptureStats(2, 20.0, 100.0, 2**20)})
-    sampled = SimpleNamespace(stats={1: CaptureStats(1, 30.0, 400.0, 2**21)})
-    llm = SimpleNamespace(runtime=SimpleNamespace(graphs=argmax, sample_graphs=sampled),
+    keys = [GraphKey("decode", 1), GraphKey("decode", 2), GraphKey("decode", 1, sampled=True),
+            GraphKey("decode", 2, sampled=True)]
+    stats = [CaptureStats(1, 10.0, 500.0, 2**20), CaptureStats(2, 20.0, 100.0, 2**20),
+             CaptureStats(1, 30.0, 400.0, 2**21), CaptureStats(2, 0.0, 0.0, 0)]
+    llm = SimpleNamespace(runtime=SimpleNamespace(graphs=SimpleNamespace(stats=dict(zip(keys, stats)))),
                           checkpoint=SimpleNamespace(load_s=2.0))
     assert capture_report(llm, 5.0) == [
         "kernels (graph warm-up: compile or load from cache, first touch): 1.00 s",
-        "graph capture: 3 graphs (2 per bucket) in 0.06 s, 4.0 MiB",
+        "graph capture: 4 graphs (2 per bucket) in 0.06 s, 4.0 MiB",
         "tokenizer + runtime construction: 1.94 s"]
-    eager = SimpleNamespace(runtime=SimpleNamespace(graphs=None, sample_graphs=None),
+    eager = SimpleNamespace(runtime=SimpleNamespace(graphs=SimpleNamespace(stats={})),
                             checkpoint=SimpleNamespace(load_s=2.0))
     assert capture_report(eager, 3.5) == ["tokenizer + runtime: 1.50 s (no CUDA graphs: eager decode)"]
