@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 import torch
 
+from graphrt.attention.buckets import pick_bucket
 from graphrt.model.sampling import SamplingInputs
 from graphrt.engine.detokenizer import TextState, make_decoder
 from graphrt.engine.failure import EngineDeadError, attributable
@@ -55,6 +56,7 @@ from graphrt.engine.input_batch import InputBatch
 from graphrt.engine.token_bytes import token_bytes
 from graphrt.engine.params import RequestOutput, SamplingParams
 from graphrt.engine.scheduler import Request, Scheduler
+from graphrt.engine.speculation import default_policy, observe, spec_columns, spec_stats
 from graphrt.engine.stream import RequestStream
 
 log = logging.getLogger("graphrt.engine")
@@ -71,6 +73,8 @@ class _Pending:
     event: object
     emitted: torch.Tensor | None = None
     proposed: torch.Tensor | None = None
+    kind: str = "decode"                  # "prefill" | "decode" | "spec"
+    spec_k: int = 0                       # a speculative block's k
 
 
 class Engine:
@@ -78,7 +82,7 @@ class Engine:
     a bare ModelRuntime is wrapped in a LocalExecutor."""
 
     def __init__(self, runtime, tokenizer, *, eos_token_ids: tuple[int, ...], max_model_len: int,
-                 overlap: bool = True, seed: int | None = None):
+                 overlap: bool = True, seed: int | None = None, policy=None):
         if not callable(getattr(runtime, "decode_block", None)):
             from graphrt.engine.executor import LocalExecutor
             runtime = LocalExecutor(runtime)
@@ -97,7 +101,10 @@ class Engine:
                                    steps_per_graph=runtime.k, eos_token_ids=tuple(eos_token_ids),
                                    batch=self.batch, spec_k=spec.num_tokens if spec is not None else 0,
                                    spec_rounds=self.rounds)
-        self.spec_counts = {"proposed": 0, "accepted": 0, "rounds": 0, "emitted": 0}   # loop thread
+        self.spec_counts = {"proposed": 0, "accepted": 0, "rounds": 0, "emitted": 0,   # loop thread
+                            "blocks": 0, "plain_blocks": 0}
+        # the speculation policy (speculative/policy.py): per block, k or a plain decode block
+        self.policy = policy if policy is not None or spec is None else default_policy(runtime)
         self._pending: deque[_Pending] = deque()
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._requests: dict[str, Request] = {}       # loop thread only
@@ -314,9 +321,13 @@ class Engine:
         for r in reqs:
             if self.spec is not None:
                 self.batch.set_history(r.slot, r.context)  # the first token: written on the device
+                if self.policy is not None:
+                    self.policy.admit(r.slot)
             r.launched += 1
             s.activate(r)
-        self._pending.append(self._to_host([(r, i, r.epoch, 1) for i, r in enumerate(reqs)], first[None]))
+        pending = self._to_host([(r, i, r.epoch, 1) for i, r in enumerate(reqs)], first[None])
+        pending.kind = "prefill"
+        self._pending.append(pending)
 
     def _decode(self, rows: list[Request]) -> None:
         """One block over `rows`: pages for it (preempting if short), the batch's changes
@@ -326,12 +337,22 @@ class Engine:
         if not rows:
             return
         batch.flush(ex.apply)
-        go = s.launch_block(rows)
-        if self.spec is not None:
+        k = self.spec.num_tokens if self.spec is not None else 0
+        if k and self.policy is not None:             # speculate this block, or a plain one
+            n = max(r.slot for r in rows) + 1
+            k = self.policy.choose([r.slot for r in rows], bucket=pick_bucket(ex.config.buckets, n)).k
+        if k:
+            go = s.launch_block(rows)
             out = ex.spec_block(go.n, filtered=go.filtered)
-            self._pending.append(self._to_host(go.rows, out.tokens, out.emitted, out.proposed))
+            self.spec_counts["blocks"] += 1
+            pending = self._to_host(go.rows, out.tokens, out.emitted, out.proposed)
+            pending.kind, pending.spec_k = "spec", k
         else:
-            self._pending.append(self._to_host(go.rows, ex.decode_block(go.n, sampled=go.sampled)))
+            go = s.launch_block(rows, block_tokens=ex.k)
+            pending = self._to_host(go.rows, ex.decode_block(go.n, sampled=go.sampled))
+            if self.spec is not None:
+                self.spec_counts["plain_blocks"] += 1
+        self._pending.append(pending)
 
     def _to_host(self, rows, tokens: torch.Tensor, emitted=None, proposed=None) -> _Pending:
         if self.device.type != "cuda":
@@ -349,13 +370,15 @@ class Engine:
         if block.emitted is None:
             cols = block.tokens.t().tolist()              # [cols][steps]
         else:
-            cols = self._spec_columns(block)
+            cols = spec_columns(block, self.spec_counts)
+        if self.policy is not None:
+            observe(self.policy, block)
         accept, sched = self.scheduler.accept, self.scheduler
         for req, col, epoch, counted in block.rows:
             if req.finish_reason is not None or req.epoch != epoch:
                 continue                              # finished, aborted or preempted: discarded
             try:
-                if block.emitted is not None:
+                if self.spec is not None:
                     sched.settle(req, counted, len(cols[col]))
                 delta = accept(req, cols[col])
                 if req.finish_reason is not None:     # pages back before the final delta is seen
@@ -367,22 +390,6 @@ class Engine:
             except Exception as e:                    # this request's stop checks / text / stream
                 self._fail(req, e)                    # (release is idempotent)
 
-    def _spec_columns(self, block: _Pending) -> list[list[int]]:
-        """A speculative block's tokens per column (rounds in order, emitted ones only), and the
-        block's proposal / acceptance counts added to spec_counts."""
-        emitted = block.emitted                                       # [R, cols]
-        tokens = block.tokens.tolist()                                # [R][cols][k + 1]
-        em = emitted.tolist()
-        cols = [[t for r in range(len(em)) for t in tokens[r][c][:em[r][c]]] for c in range(emitted.shape[1])]
-        live = [c for _, c, _, _ in block.rows]
-        sub = emitted[:, live]
-        counts = self.spec_counts
-        counts["proposed"] += int(block.proposed[:, live].sum())
-        counts["accepted"] += int((sub - 1).clamp_min(0).sum())
-        counts["rounds"] += int((sub > 0).sum())
-        counts["emitted"] += int(sub.sum())
-        return cols
-
     def stats(self) -> dict:
         """A snapshot for monitoring, safe to call from any thread (each count is read once; the
         loop may move between reads): requests running / waiting, KV pages used / free, tokens
@@ -393,11 +400,7 @@ class Engine:
                "pages_used": alloc.num_pages - free, "pages_free": free,
                "tokens_generated": self._tokens_generated}
         if self.spec is not None:                     # speculation: cumulative device counts
-            c = dict(self.spec_counts)
-            out.update({"spec_proposed": c["proposed"], "spec_accepted": c["accepted"],
-                        "spec_rounds": c["rounds"],
-                        "spec_acceptance_rate": c["accepted"] / c["proposed"] if c["proposed"] else 0.0,
-                        "spec_tokens_per_round": c["emitted"] / c["rounds"] if c["rounds"] else 0.0})
+            out.update(spec_stats(self.spec_counts))
         return out
 
     # ---- background thread --------------------------------------------------------------------

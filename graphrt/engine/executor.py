@@ -92,8 +92,40 @@ class LocalExecutor:
             raise ValueError("spec_block: this executor was built without speculation")
         return self.spec.run(n, filtered=filtered)
 
+    def measure_costs(self, *, replays: int = 10):
+        """Device µs of one plain decode step and one speculative round per bucket, timed with
+        CUDA events around replays of the captured graphs on empty slots (fixed-shape graphs:
+        the GEMMs, which dominate at low batch, cost the same) -> speculative/policy.py's
+        StepCosts (verify_us[b][k + 1] = a whole round: proposer, draft and verify), or None
+        without captured graphs (CPU) or without the policy module."""
+        rt, spec = self.runtime, self.spec
+        if spec is None or not rt.uses_graphs or not rt.graphs.keys():
+            return None
+        try:
+            from graphrt.speculative.policy import StepCosts
+        except ImportError:
+            return None
+        decode, verify = {}, {}
+        with rt.lock:
+            for b in rt.config.buckets:
+                decode[b] = _time_us(lambda: rt.decode_slots(b, sampled=False), replays) / rt.k
+                verify[b] = {spec.config.query_len: _time_us(lambda: spec.run(b), replays) / spec.rounds}
+        return StepCosts(decode_us=decode, verify_us=verify)
+
     def check_device_errors(self) -> None:
         self.runtime.check_device_errors()
+
+
+def _time_us(fn, replays: int) -> float:
+    """Mean µs of fn() on the current CUDA stream (one warm-up call first)."""
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / replays
 
 
 __all__ = ["LocalExecutor"]

@@ -80,8 +80,9 @@ class Scheduler:
         self.allocator = self.kv.allocator
         self.page_size, self.k, self.eos = page_size, steps_per_graph, frozenset(eos_token_ids)
         self.spec_k = spec_k                        # 0: no speculation
-        # the most tokens a row gains in one block
-        self.block_tokens = spec_rounds * (spec_k + 1) if spec_k else steps_per_graph
+        # the most tokens a row gains in one block (a speculative one, or a plain K-step block
+        # that the speculation policy may run instead)
+        self.block_tokens = max(spec_rounds * (spec_k + 1), steps_per_graph) if spec_k else steps_per_graph
         self.max_pages_per_seq = max_pages_per_seq
         self.batch = batch
         self.waiting: deque[Request] = deque()
@@ -93,7 +94,7 @@ class Scheduler:
     # ---- admission ----------------------------------------------------------------------------
     def pages_needed(self, prompt_len: int, max_tokens: int) -> int:
         """Pages a request holds at most (its whole output and one block past it)."""
-        return self.kv.pages_for(prompt_len + max_tokens + (self.spec_k or self.k))
+        return self.kv.pages_for(prompt_len + max_tokens + max(self.spec_k, self.k))
 
     def _block_end(self, req: Request, held: int) -> int:
         """Tokens whose K/V the next block may write for a row holding at most `held` tokens:
@@ -101,7 +102,7 @@ class Scheduler:
         slot's limit + k - 1 (a verify writes k positions ahead of the current token)."""
         end = held + self.block_tokens - 1
         if self.spec_k:
-            end = min(end, len(req.prompt) + req.params.max_tokens + self.spec_k - 1)
+            end = min(end, len(req.prompt) + req.params.max_tokens + max(self.spec_k, self.k) - 1)
         return end
 
     def admit(self) -> list[Request]:
@@ -140,7 +141,11 @@ class Scheduler:
 
     # ---- decode blocks ------------------------------------------------------------------------
     def decode_rows(self) -> list[Request]:
-        """Running requests that still need tokens launched (launched < max_tokens)."""
+        """Running requests that still need tokens launched (launched < max_tokens). With
+        speculation every running row is live on the device until the host finishes it (the
+        device stops it at its limit), so each one is in every block and its tokens are read."""
+        if self.spec_k:
+            return [r for r in self.slots if r is not None and r.finish_reason is None and r.launched > 0]
         return [r for r in self.slots if r is not None and r.finish_reason is None
                 and 0 < r.launched < r.params.max_tokens]
 
@@ -195,12 +200,14 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(req)
 
-    def launch_block(self, rows: list[Request]) -> Launch:
+    def launch_block(self, rows: list[Request], *, block_tokens: int | None = None) -> Launch:
         """A block over `rows` is about to launch (after the batch's flush): K more draws each
         (rows with none left stop decoding from the next block), or with speculation up to
         R * (k + 1) (the device stops a row at its limit). Returns (n: rows [0, n) the block
-        serves, whether any row samples / filters, (request, slot, epoch, draws counted) per row)."""
-        k, batch, spec = self.block_tokens, self.batch, self.spec_k > 0
+        serves, whether any row samples / filters, (request, slot, epoch, draws counted) per row).
+        block_tokens: the most draws a row makes in this block (default: block_tokens; K for a
+        plain block run under speculation)."""
+        k, batch, spec = block_tokens or self.block_tokens, self.batch, self.spec_k > 0
         n, sampled, filtered, out = 0, False, False, []
         for r in rows:                                   # the hot loop
             slot = r.slot

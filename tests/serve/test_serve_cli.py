@@ -75,6 +75,10 @@ def test_graphrt_command_dispatch(capsys):
     (["--model", ".", "--device", "cpu", "--port", "0"], "--port: must be in [1, 65535]"),
     (["--model", ".", "--device", "cpu", "--max-waiting", "-2"], "max_waiting: must be an int >= 0"),
     (["--model", ".", "--device", "cpu", "--graph-cache", "/nonexistent/cache"], "no such directory; not a graph cache"),
+    (["--model", ".", "--device", "cpu", "--draft-model", "/x"], "--speculative-method: needed with --draft-model"),
+    (["--model", ".", "--device", "cpu", "--speculative-method", "ngram", "--num-speculative-tokens", "0"],
+     "--num-speculative-tokens: must be an int in [1, 15], got 0"),
+    (["--model", ".", "--device", "cpu", "--speculative-method", "draft"], "--draft-model: method 'draft' needs"),
 ])
 def test_serve_cli_bad_arguments_exit_2_with_one_line(capsys, argv, text):
     if "--port" not in argv:
@@ -83,6 +87,16 @@ def test_serve_cli_bad_arguments_exit_2_with_one_line(capsys, argv, text):
         serve_main(argv)
     err = capsys.readouterr().err
     assert e.value.code == 2 and text in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_speculative_flags_build_the_engine_config():
+    from graphrt.serve.cli import build_parser, resolve_configs
+    args = build_parser().parse_args(["--model", "m", "--speculative-method", "draft", "--draft-model", "/d",
+                                      "--num-speculative-tokens", "3"])
+    eng, _ = resolve_configs(args)
+    assert (eng.speculative.method, eng.speculative.draft_model, eng.speculative.num_tokens) == ("draft", "/d", 3)
+    eng, _ = resolve_configs(build_parser().parse_args(["--model", "m"]))
+    assert eng.speculative is None
 
 
 def test_every_serve_option_has_help_and_shows_its_default():
