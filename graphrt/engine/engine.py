@@ -341,6 +341,9 @@ class Engine:
         if k and self.policy is not None:             # speculate this block, or a plain one
             n = max(r.slot for r in rows) + 1
             k = self.policy.choose([r.slot for r in rows], bucket=pick_bucket(ex.config.buckets, n)).k
+            if not k and any(r.launched + ex.k > r.params.max_tokens for r in rows):
+                k = self.spec.num_tokens      # a K-step block would run a row past its limit (and
+                #                               its pages); speculative rounds stop there on the device
         if k:
             go = s.launch_block(rows)
             out = ex.spec_block(go.n, filtered=go.filtered)

@@ -172,3 +172,14 @@ def test_policy_plain_and_speculative_blocks_mix_exactly(plain, path):
     st = llm.engine.stats()
     assert st["spec_blocks"] > 0 and st["spec_plain_blocks"] > 0
     assert pol.observed and pol.plain and sorted(set(pol.admitted)) == [0, 1, 2]
+
+
+def test_seeded_sampling_with_speculation_does_not_depend_on_the_batch(ngram):
+    prompts = _prompts(4)
+    p = SamplingParams(max_tokens=12, temperature=0.8, seed=7, ignore_eos=True)
+    alone = ngram.generate([prompts[0]], p, use_tqdm=False)[0]
+    others = [SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True),
+              SamplingParams(max_tokens=14, temperature=1.0, seed=3, ignore_eos=True),
+              SamplingParams(max_tokens=5, temperature=0.5, seed=9, ignore_eos=True)]
+    batched = ngram.generate(prompts, [p] + others, use_tqdm=False)[0]
+    assert batched.token_ids == alone.token_ids and len(alone.token_ids) == 12
