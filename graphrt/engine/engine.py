@@ -396,7 +396,9 @@ class Engine:
     def stats(self) -> dict:
         """A snapshot for monitoring, safe to call from any thread (each count is read once; the
         loop may move between reads): requests running / waiting, KV pages used / free, tokens
-        streamed so far."""
+        streamed so far; with speculation also spec_proposed, spec_accepted, spec_rounds,
+        spec_emitted, spec_acceptance_rate, spec_tokens_per_round, spec_blocks, spec_plain_blocks
+        (cumulative device counts, engine/speculation.py)."""
         sched, alloc = self.scheduler, self.scheduler.allocator
         free = alloc.num_free
         out = {"running": sum(r is not None for r in list(sched.slots)), "waiting": len(sched.waiting),

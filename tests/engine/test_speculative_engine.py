@@ -167,7 +167,7 @@ def test_policy_plain_and_speculative_blocks_mix_exactly(plain, path):
               spec_rounds=2, **CPU)
     pol = llm.engine.policy = _Alternating(3)
     prompts = _prompts(3)
-    params = [SamplingParams(max_tokens=10 + 2 * i, temperature=0, ignore_eos=True) for i in range(3)]
+    params = [SamplingParams(max_tokens=30 + 2 * i, temperature=0, ignore_eos=True) for i in range(3)]
     _same(llm.generate(prompts, params, use_tqdm=False), plain.generate(prompts, params, use_tqdm=False))
     st = llm.engine.stats()
     assert st["spec_blocks"] > 0 and st["spec_plain_blocks"] > 0
