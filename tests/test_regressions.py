@@ -60,20 +60,16 @@ def test_multi_step_refuses_every_host_planned_backend(monkeypatch):
 def test_model_capture_after_prefill_keeps_page_0(monkeypatch):
     transformers = pytest.importorskip("transformers")
     import graphrt.model.runtime as mr
-    from graphrt.attention.graphs import WARMUP_STEPS
+    from graphrt.attention.graphs import WARMUP_STEPS, CaptureStats, GraphRunner
     from graphrt.model import LlamaDecoder
 
-    class _WarmUpOnly:  # GraphManager.capture without CUDA: the warm-up runs `step` eagerly
-        def __init__(self, device):
-            self.stats, self._b = {}, set()
+    class _WarmUpOnly(GraphRunner):  # the graph runner without CUDA: the warm-up runs eagerly
+        enabled = property(lambda self: True)
 
-        def __contains__(self, b):
-            return b in self._b
-
-        def capture(self, b, step):
+        def _record(self, key, step, prepare):
             for _ in range(WARMUP_STEPS):
                 step()
-            self._b.add(b)
+            return None, CaptureStats(key.bucket, 0.0, 0.0, 0, key)
 
     torch.manual_seed(0)
     hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(
@@ -86,7 +82,7 @@ def test_model_capture_after_prefill_keeps_page_0(monkeypatch):
     table = torch.arange(8, dtype=torch.int32).view(1, 8)        # the request owns pages 0..7
     mrt.prefill([torch.randint(0, 160, (20,))], table)
     before = [c.k[0].clone() for c in mrt.kv_caches]
-    monkeypatch.setattr(mr, "GraphManager", _WarmUpOnly)
+    mrt.graphs = _WarmUpOnly(mrt.device)
     monkeypatch.setattr(mrt, "device", torch.device("cuda"))      # take capture()'s graph path
     monkeypatch.setattr(mrt.backend, "capturable", True)
     mrt.capture()

@@ -17,7 +17,7 @@ import graphrt.model.runtime as model_runtime
 import graphrt.attention.runtime as runtime
 import graphrt.attention.verify as verify
 from graphrt import DecodeRuntime, DeviceInputError, PagedKVCache, RuntimeConfig
-from graphrt.attention.graphs import CaptureStats
+from graphrt.attention.graphs import CaptureStats, GraphKey, GraphRunner
 from graphrt.kernels.append_kv import ERR_KV_SLOT, append_kv
 from graphrt.model.runtime import ModelRuntime
 from graphrt.model import LlamaDecoder
@@ -28,35 +28,38 @@ HQ, HKV, D, PAGE, CTX, POOL = 4, 2, 64, 16, 128, 40
 WIDTH = CTX // PAGE  # 8
 
 
-class FakeGraphs:
-    """GraphManager's interface without CUDA (see the module docstring)."""
+class FakeGraphs(GraphRunner):
+    """The graph runner with only its CUDA part replaced (see the module docstring): the capture
+    set-up (inputs filled and restored, page 0 kept, prepare) is the real one."""
 
-    def __init__(self, device):
-        self._steps, self.stats = {}, {}
+    def __init__(self, device, **kw):
+        super().__init__(device, **kw)
         self.captures, self.replays = [], []
         self.fail_capture = False
 
-    def __contains__(self, bucket):
-        return bucket in self._steps
+    enabled = property(lambda self: True)
 
-    def capture(self, bucket, step):
-        if bucket in self._steps:
-            raise RuntimeError(f"bucket {bucket}: already captured")
-        self.captures.append(bucket)
+    def _record(self, key, step, prepare):
+        self.captures.append(key.bucket)
+        if prepare is not None:
+            prepare()
         step()
         if self.fail_capture:
             raise RuntimeError("capture failed")
-        self._steps[bucket] = step
-        self.stats[bucket] = CaptureStats(bucket, 0.0, 0.0, 0)
-        return self.stats[bucket]
+        return _Replay(step, self.replays, key.bucket), CaptureStats(key.bucket, 0.0, 0.0, 0, key)
 
-    def replay(self, bucket):
-        self.replays.append(bucket)
-        self._steps[bucket]()
 
-    def drop(self, bucket):
-        self._steps.pop(bucket, None)
-        self.stats.pop(bucket, None)
+class _Replay:
+    def __init__(self, step, log, bucket):
+        self.step, self.log, self.bucket = step, log, bucket
+
+    def replay(self):
+        self.log.append(self.bucket)
+        self.step()
+
+
+def _in(rt, bucket) -> bool:
+    return GraphKey("attention", bucket) in rt.graphs
 
 
 def _config(**changes) -> RuntimeConfig:
@@ -87,7 +90,7 @@ def lazy_rt(monkeypatch):
     """A lazy DecodeRuntime whose buckets 'capture' through FakeGraphs on CPU."""
     cfg = _config()
     rt = DecodeRuntime(cfg, PagedKVCache.allocate(cfg, POOL, "cpu"), "cpu", lazy=True)
-    monkeypatch.setattr(runtime, "GraphManager", FakeGraphs)
+    rt.graphs = FakeGraphs(rt.device)
     monkeypatch.setattr(rt, "_captures", lambda bucket: True)
     return rt
 
@@ -111,7 +114,7 @@ def test_lazy_captures_verifies_then_replays(lazy_rt):
     gen = torch.Generator().manual_seed(0)
     q, table, lens = _batch(3, gen, [1, 17, 128])
     out = lazy_rt.decode(q, table, lens).clone()
-    assert lazy_rt.graphs.captures == [4] and 4 in lazy_rt.graphs   # captured on first use
+    assert lazy_rt.graphs.captures == [4] and _in(lazy_rt, 4)   # captured on first use
     assert lazy_rt.graphs.replays                                    # verified, served by replay
     assert _rel(out, _reference(lazy_rt.kv_cache, q, table, lens)) < 1e-4
     q2, table2, lens2 = _batch(4, gen, [5, 16, 0, 100])
@@ -129,13 +132,13 @@ def test_lazy_failed_verification_drops_graph_and_keeps_inputs(lazy_rt, monkeypa
     for attempt in (1, 2):  # the next call must not replay the rejected graph silently
         with pytest.raises(RuntimeError, match="bucket 4: lazily captured graph failed verification"):
             lazy_rt.replay(view)
-        assert 4 not in lazy_rt.graphs and 4 not in lazy_rt.graphs.stats
+        assert not _in(lazy_rt, 4) and 4 not in lazy_rt.graphs.stats_by_bucket()
         assert lazy_rt.graphs.captures == [4] * attempt and not lazy_rt.graphs.replays
         assert all(torch.equal(a, b) for a, b in zip(_static(view), written))
     monkeypatch.undo()                     # verification passes again: a zero-copy retry is right
     monkeypatch.setattr(lazy_rt, "_captures", lambda bucket: True)
     out = lazy_rt.replay(view)
-    assert 4 in lazy_rt.graphs
+    assert _in(lazy_rt, 4)
     assert _rel(out, _reference(lazy_rt.kv_cache, q, table, lens)) < 1e-4
 
 
@@ -156,7 +159,7 @@ def test_lazy_exception_restores_inputs_and_drops_graph(lazy_rt, monkeypatch, wh
         monkeypatch.setattr(verify, "verify_bucket", verify_then_raise)
     with pytest.raises(RuntimeError, match=f"{where} failed"):
         lazy_rt.replay(view)
-    assert 2 not in lazy_rt.graphs and 2 not in lazy_rt.graphs.stats
+    assert not _in(lazy_rt, 2) and 2 not in lazy_rt.graphs.stats_by_bucket()
     assert all(torch.equal(a, b) for a, b in zip(_static(view), written))
     lazy_rt.graphs.fail_capture = False
     monkeypatch.setattr(verify, "verify_bucket", real_verify)
@@ -167,7 +170,7 @@ def test_lazy_exception_restores_inputs_and_drops_graph(lazy_rt, monkeypatch, wh
 def test_decode_runtime_capture_twice_skips_captured_buckets(monkeypatch):
     cfg = _config()
     rt = DecodeRuntime(cfg, PagedKVCache.allocate(cfg, POOL, "cpu"), "cpu")
-    monkeypatch.setattr(runtime, "GraphManager", FakeGraphs)
+    rt.graphs = FakeGraphs(rt.device)
     monkeypatch.setattr(rt, "_captures", lambda bucket: True)
     monkeypatch.setattr(DecodeRuntime, "uses_graphs", property(lambda self: True))
     first = rt.capture()
@@ -202,12 +205,12 @@ def _mrt(k=1, **changes) -> ModelRuntime:
 
 def test_model_capture_twice_returns_stats(monkeypatch):
     mrt = _mrt()
-    monkeypatch.setattr(model_runtime, "GraphManager", FakeGraphs)
+    mrt.graphs = FakeGraphs(mrt.device)
     monkeypatch.setattr(mrt, "device", torch.device("cuda"))   # take capture()'s graph path
     monkeypatch.setattr(mrt.backend, "capturable", True)
     first = mrt.capture()
     second = mrt.capture()                                     # used to raise "already captured"
-    assert second == first and sorted(first) == [1, 2, 4]
+    assert second == first and sorted(k.bucket for k in first) == [1, 2, 4]
     assert mrt.graphs.captures == [4, 2, 1]
 
 

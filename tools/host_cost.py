@@ -1,8 +1,7 @@
 """Host cost of the engine loop per K-step block, with a null runtime on the CPU (no GPU).
 
 The null runtime is a ModelRuntime whose device work is skipped: its public `decode` (host
-checks, copies into the static buffers) and, where the engine has it, `decode_trusted` run as
-written; the K model steps are replaced by writing canned tokens (real text of a byte-level BPE
+checks, the copy into the slot state) and the engine's `decode_slots` run as written; the K model steps are replaced by writing canned tokens (real text of a byte-level BPE
 tokenizer built locally, so detokenization does real work). Every engine.step() then costs what
 the host spends per block: scheduler, input staging, runtime host path, detokenization, stop
 checks, deltas. Used by `tools/bench_engine.py --host-cost`; works on older engines too (the
@@ -31,27 +30,28 @@ def _tokenizer(tmp: Path):
 
 def null_runtime(*, max_batch: int, k: int, context: int, page_size: int, vocab: int, text_ids):
     from graphrt.attention.buffers import StaticBuffers
+    from graphrt.attention.graphs import GraphRunner
     from graphrt.config import RuntimeConfig
-    from graphrt.model.runtime import ModelRuntime, StepBuffers
-    from graphrt.model.sampling import SamplingBuffers
+    from graphrt.model.runtime import ModelRuntime
+    from graphrt.model.slots import SlotState
 
     class NullRuntime(ModelRuntime):
-        def __init__(self):                       # what decode / decode_trusted read, no model
+        def __init__(self):                       # what decode / decode_slots read, no model
             c = RuntimeConfig(num_qo_heads=8, num_kv_heads=8, head_dim=64, page_size=page_size,
                               max_context_len=context + k, buckets={"max": max_batch},
                               dtype="float32", backend="reference")
             self.config, self.k, self.device = c, k, torch.device("cpu")
             self._pool = max_batch * c.max_pages_per_seq + 2
             self.model = SimpleNamespace(spec=SimpleNamespace(vocab_size=vocab))
-            self.buffers = StaticBuffers(c, self.device)
-            self._views = {}
-            self.backend = SimpleNamespace(needs_host_inputs=False)
-            self.graphs = self.sample_graphs = None
-            self.lock = threading.RLock()
             b = c.max_batch
-            tokens, out = torch.zeros(b, dtype=torch.int64), torch.zeros((k, b), dtype=torch.int64)
-            samp = SamplingBuffers.allocate(b, self.device)
-            self._io = {s: StepBuffers(tokens[:s], out[:, :s], None, samp.view(s)) for s in c.buckets}
+            self.slots = SlotState.allocate(b, c.max_pages_per_seq, self.device)
+            self.buffers = StaticBuffers(c, self.device, block_table=self.slots.block_table,
+                                         seq_lens=self.slots.seq_lens)
+            self.backend = SimpleNamespace(needs_host_inputs=False, capturable=False)
+            self.graphs = GraphRunner(self.device)
+            self.lock = threading.RLock()
+            self.sampling, self._captured, self.keep_logits, self._logits = True, False, False, None
+            self.out_tokens = torch.zeros((k, b), dtype=torch.int64)
             text = torch.tensor(text_ids, dtype=torch.int64)
             reps = -(-(k * b * 64) // len(text))
             self._text = text.repeat(reps)[:k * b * 64].view(64, k, b)   # canned tokens per block
@@ -64,8 +64,8 @@ def null_runtime(*, max_batch: int, k: int, context: int, page_size: int, vocab:
         def prefill(self, prompts, block_table):
             return torch.zeros((len(prompts), vocab), dtype=torch.float32)
 
-        def _steps(self, view, io, sampled=False):
-            io.out_tokens.copy_(self._text[self._block % 64, :, :io.out_tokens.shape[1]])
+        def _steps(self, size, sampled=False):
+            self.out_tokens[:, :size].copy_(self._text[self._block % 64, :, :size])
             self._block += 1
 
     return NullRuntime()

@@ -68,16 +68,29 @@ class BucketView:
 
 
 class StaticBuffers:
-    """Owns every persistent per-step buffer, sized for the largest bucket."""
+    """Owns every persistent per-step buffer, sized for the largest bucket.
 
-    def __init__(self, config: RuntimeConfig, device: torch.device):
+    block_table [B, max_pages] int32 / seq_lens [B] int32: the inputs, allocated here unless the
+    caller hands its own persistent tensors (a model runtime's slot state, model/slots.py: the
+    graphs then read the slots in place; rows must be contiguous)."""
+
+    def __init__(self, config: RuntimeConfig, device: torch.device, *,
+                 block_table: torch.Tensor | None = None, seq_lens: torch.Tensor | None = None):
         self.config = config
         self.device = device
         b, p = config.max_batch, config.max_pages_per_seq
         hq, d = config.num_qo_heads, config.head_dim
-        self.block_table = torch.zeros((b, p), dtype=INT, device=device)
+        if block_table is not None and (tuple(block_table.shape) != (b, p) or block_table.dtype != INT
+                                        or not block_table.is_contiguous()):
+            raise ValueError(f"block_table: expected contiguous [{b}, {p}] int32, got "
+                             f"{tuple(block_table.shape)} {block_table.dtype}")
+        if seq_lens is not None and (tuple(seq_lens.shape) != (b,) or seq_lens.dtype != INT
+                                     or seq_lens.stride(0) != 1):
+            raise ValueError(f"seq_lens: expected contiguous [{b}] int32, got "
+                             f"{tuple(seq_lens.shape)} {seq_lens.dtype}")
+        self.block_table = torch.zeros((b, p), dtype=INT, device=device) if block_table is None else block_table
         self.block_table_checked = torch.zeros((b, p), dtype=INT, device=device)
-        self.seq_lens = torch.zeros((b,), dtype=INT, device=device)
+        self.seq_lens = torch.zeros((b,), dtype=INT, device=device) if seq_lens is None else seq_lens
         self.query = torch.zeros((b, hq, d), dtype=config.torch_dtype, device=device)
         self.output = torch.zeros((b, hq, d), dtype=config.torch_dtype, device=device)
         self.paged_kv_indptr = torch.zeros((b + 1,), dtype=INT, device=device)

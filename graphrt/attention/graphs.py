@@ -1,18 +1,54 @@
-"""CUDA graph capture and replay per bucket: the mechanism (which bucket is decided elsewhere).
+"""The graphed-step runner: capture and replay of every phase's step, keyed by a descriptor.
 
-Buckets are captured largest first into one shared memory pool, each after a labelled warm-up
-on a side stream (JIT compilation, workspace first-touch and allocator growth stay out of the
-graph). Capture time and the pool memory each capture added are recorded per bucket.
+    graphs = GraphRunner(device)                          # capture_error_mode="thread_local" under TP
+    key = GraphKey("decode", bucket=4, steps=K, sampled=True)
+    graphs.capture(key, step, inputs=[(seq_lens, 1), (block_table, 0)], scratch=kv_caches,
+                   prepare=host_plan)                     # warm-up + capture, inputs restored
+    graphs.run(key, step, prepare=host_plan)              # replay (or `step()` eagerly if not captured)
+
+It is the only place graphrt captures a CUDA graph: attention decode (DecodeRuntime), the model's
+K-step decode (ModelRuntime) and speculative rounds (SpeculativeRunner) are phases that hand it
+a step function (a pure device function of persistent buffers) and a key. The capture set-up is
+written once here:
+- inputs: (tensor, value) pairs filled for the warm-up and the capture (e.g. every row a
+  1-token request on page 0, or empty slots), restored afterwards to what the caller had;
+- scratch: KV caches whose page 0 the warm-up and capture may write: saved and restored;
+- prepare: host-side preparation run before the warm-up, before the capture and before every
+  replay (a host-planning attention backend writes its plan into the captured workspace);
+- one memory pool for every graph (captured largest first by the callers), a labelled warm-up
+  on a side stream (compilation, first touch and allocator growth stay out of the graph);
+- capture_error_mode: "thread_local" when other threads touch CUDA during capture (the NCCL
+  process group's watchdog of a tensor-parallel model).
+On a CPU device nothing is captured: `run` calls the step eagerly (the same code path).
+The decision of which key to run (bucket choice, greedy or sampled, decode or speculative) is
+the phases' (a pure function); this module is only the mechanism.
 """
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable, Sequence
 
 import torch
 
 WARMUP_STEPS = 2
+
+
+@dataclass(frozen=True)
+class GraphKey:
+    """What a graph computes. phase: "attention" | "decode" | "spec" (later "draft");
+    bucket: rows; query_len: query tokens per row (1 for decode, k + 1 for a verify);
+    steps: decode steps or speculative rounds per replay; sampled: draws with the per-row
+    sampling parameters instead of the argmax; filtered: applies per-row top-k / top-p to
+    verified logits (speculative rounds)."""
+
+    phase: str
+    bucket: int
+    query_len: int = 1
+    steps: int = 1
+    sampled: bool = False
+    filtered: bool = False
 
 
 @dataclass(frozen=True)
@@ -21,43 +57,66 @@ class CaptureStats:
     capture_ms: float     # warm-up excluded
     warmup_ms: float
     graph_bytes: int      # growth of the shared pool's reserved memory during this capture
+    key: GraphKey | None = None
 
 
-class GraphManager:
-    """Owns the captured graphs and their shared memory pool, keyed by bucket size."""
+class GraphRunner:
+    """Owns every captured graph of one runtime and their shared memory pool."""
 
-    def __init__(self, device: torch.device, *, capture_error_mode: str = "global"):
-        """capture_error_mode: torch.cuda.graph's; "thread_local" when other threads may touch
-        CUDA during capture (the NCCL process group's watchdog queries its events)."""
-        if device.type != "cuda":
-            raise RuntimeError(f"CUDA graphs need a CUDA device, got {device}")
+    def __init__(self, device, *, capture_error_mode: str = "global"):
         if capture_error_mode not in ("global", "thread_local", "relaxed"):
             raise ValueError(f"capture_error_mode: {capture_error_mode!r} is not 'global', "
                              f"'thread_local' or 'relaxed'")
-        self.device, self.capture_error_mode = device, capture_error_mode
+        self.device, self.capture_error_mode = torch.device(device), capture_error_mode
         self._pool = None
-        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.stats: dict[int, CaptureStats] = {}
+        self._graphs: dict[GraphKey, torch.cuda.CUDAGraph] = {}
+        self.stats: dict[GraphKey, CaptureStats] = {}
 
-    def __contains__(self, bucket: int) -> bool:
-        return bucket in self._graphs
+    @property
+    def enabled(self) -> bool:
+        """Whether graphs are captured at all (a CUDA device); elsewhere `run` is eager."""
+        return self.device.type == "cuda"
 
-    def capture(self, bucket: int, step: Callable[[], None]) -> CaptureStats:
-        """Warm `step` up on a side stream, then capture it as bucket's graph."""
-        if bucket in self._graphs:
-            raise RuntimeError(f"bucket {bucket}: already captured")
+    def __contains__(self, key: GraphKey) -> bool:
+        return key in self._graphs
+
+    def keys(self) -> list[GraphKey]:
+        return list(self._graphs)
+
+    def capture(self, key: GraphKey, step: Callable[[], None], *,
+                inputs: Iterable[tuple[torch.Tensor, object]] = (), scratch: Sequence = (),
+                prepare: Callable[[], None] | None = None) -> CaptureStats | None:
+        """Warm `step` up on a side stream, then capture it as `key`'s graph (see the module
+        docstring for inputs / scratch / prepare). None on a non-CUDA device (nothing to do)."""
+        if key in self._graphs:
+            raise RuntimeError(f"{key}: already captured")
+        if not self.enabled:
+            return None
+        with _filled(inputs), _page0_kept(scratch):
+            graph, stats = self._record(key, step, prepare)
+        self._graphs[key] = graph
+        self.stats[key] = stats
+        return stats
+
+    def _record(self, key: GraphKey, step, prepare):
+        """The CUDA part of a capture (inside the set-up): warm-up on a side stream, then the
+        capture into the shared pool -> (graph, stats)."""
         torch.cuda.synchronize(self.device)
         t0 = time.perf_counter()
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(WARMUP_STEPS):  # warm-up: compile, first-touch, allocator growth
+                if prepare is not None:
+                    prepare()
                 step()
         torch.cuda.current_stream(self.device).wait_stream(side)
         torch.cuda.synchronize(self.device)
         t1 = time.perf_counter()
         torch.cuda.empty_cache()  # release cached blocks so the pool's growth is all we count
         reserved0 = torch.cuda.memory_reserved(self.device)
+        if prepare is not None:
+            prepare()                # the captured workspace holds a plan for the capture
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode=self.capture_error_mode):
             step()
@@ -65,21 +124,60 @@ class GraphManager:
         t2 = time.perf_counter()
         if self._pool is None:
             self._pool = graph.pool()
-        self._graphs[bucket] = graph
-        stats = CaptureStats(bucket, (t2 - t1) * 1e3, (t1 - t0) * 1e3,
-                             torch.cuda.memory_reserved(self.device) - reserved0)
-        self.stats[bucket] = stats
-        return stats
+        return graph, CaptureStats(key.bucket, (t2 - t1) * 1e3, (t1 - t0) * 1e3,
+                                   torch.cuda.memory_reserved(self.device) - reserved0, key)
 
-    def replay(self, bucket: int) -> None:
-        self._graphs[bucket].replay()
+    def run(self, key: GraphKey, step: Callable[[], None], *,
+            prepare: Callable[[], None] | None = None) -> bool:
+        """prepare() (if given), then replay key's graph, or run `step` eagerly when it was not
+        captured. Returns whether a graph was replayed."""
+        if prepare is not None:
+            prepare()
+        if key not in self._graphs:
+            step()
+            return False
+        self._graphs[key].replay()
+        return True
 
-    def drop(self, bucket: int) -> None:
-        """Forget bucket's graph (and its stats), e.g. after it failed verification; no-op if
+    def drop(self, key: GraphKey) -> None:
+        """Forget key's graph (and its stats), e.g. after it failed verification; no-op if
         absent. Its memory returns to the shared pool (released with the last graph)."""
-        graph = self._graphs.pop(bucket, None)
-        self.stats.pop(bucket, None)
-        if graph is not None:
+        graph = self._graphs.pop(key, None)
+        self.stats.pop(key, None)
+        if hasattr(graph, "reset"):
             graph.reset()
         if not self._graphs:
             self._pool = None  # the next capture starts a fresh pool
+
+    def stats_by_bucket(self, phase: str | None = None) -> dict[int, CaptureStats]:
+        """CaptureStats of one phase's graphs (or all: the last per bucket) keyed by bucket."""
+        return {k.bucket: s for k, s in self.stats.items() if phase is None or k.phase == phase}
+
+
+@contextmanager
+def _filled(inputs):
+    """Fill each (tensor, value) for the capture; put the caller's contents back after."""
+    inputs = list(inputs)
+    saved = [t.clone() for t, _ in inputs]
+    try:
+        for t, value in inputs:
+            t.fill_(value)
+        yield
+    finally:
+        for (t, _), s in zip(inputs, saved):
+            t.copy_(s)
+
+
+@contextmanager
+def _page0_kept(caches):
+    """The warm-up and capture may write K/V into page 0 (a 1-token request on page 0): keep it."""
+    saved = [(c.k[0].clone(), c.v[0].clone()) for c in caches]
+    try:
+        yield
+    finally:
+        for c, (k0, v0) in zip(caches, saved):
+            c.k[0].copy_(k0)
+            c.v[0].copy_(v0)
+
+
+__all__ = ["GraphRunner", "GraphKey", "CaptureStats", "WARMUP_STEPS"]

@@ -32,7 +32,7 @@ from graphrt.attention.backends import AttentionBackend, make_backend
 from graphrt.attention.buckets import pick_bucket
 from graphrt.attention.buffers import BucketView, StaticBuffers
 from graphrt.config import RuntimeConfig
-from graphrt.attention.graphs import GraphManager
+from graphrt.attention.graphs import GraphKey, GraphRunner
 from graphrt.attention.inputs import check_exclusive_writes, check_inputs
 from graphrt.kernels import ERR_GRID, ERR_PAGE_ID, ERR_SEQ_LEN
 from graphrt.kernels.append_kv import ERR_KV_SLOT
@@ -44,7 +44,8 @@ class DeviceInputError(RuntimeError):
     """The prepare kernel found bad inputs on the device (rows were neutralised, not read OOB)."""
 
 
-def _device(device) -> torch.device:
+def runtime_device(device) -> torch.device:
+    """torch.device(device), with a bare "cuda" pinned to the current CUDA device's index."""
     d = torch.device(device)
     if d.type == "cuda" and d.index is None:
         d = torch.device("cuda", torch.cuda.current_device())
@@ -76,7 +77,7 @@ class DecodeRuntime:
             raise ValueError(f"parity_sets: must be an int >= 1 (the device planner is never used "
                              f"unchecked), got {parity_sets!r}")
         self.config = config
-        self.device = _device(device)
+        self.device = runtime_device(device)
         kv_cache.check(config, self.device)
         self.kv_cache = kv_cache
         self.buffers = StaticBuffers(config, self.device)
@@ -91,7 +92,7 @@ class DecodeRuntime:
         self.startup_s: dict[str, float] = {}
         # entered around each lazy capture; from_cache points the compilers at the cache there
         self.compile_scope: Callable[[], ContextManager] = nullcontext
-        self.graphs: GraphManager | None = None
+        self.graphs = GraphRunner(self.device)   # attention-only graphs, keyed GraphKey("attention", b)
         self._set_up = False
 
     @classmethod
@@ -146,22 +147,30 @@ class DecodeRuntime:
             self.setup()
             if not self.uses_graphs:
                 return {}
-            self.graphs = self.graphs or GraphManager(self.device)
             if not self.lazy:
                 todo = [v for v in self._views_largest_first()
-                        if self._captures(v.size) and v.size not in self.graphs]
+                        if self._captures(v.size) and _key(v.size) not in self.graphs]
                 for view in _progress(todo, progress, "capturing"):
                     self._capture_bucket(view)
-            return dict(self.graphs.stats)
+            return self.graphs.stats_by_bucket("attention")
+
+    def captured(self, bucket: int) -> bool:
+        """Whether `bucket` replays a captured graph."""
+        return _key(bucket) in self.graphs
+
+    def _host_plan(self, view: BucketView, seq_lens_cpu: torch.Tensor | None = None):
+        """prepare hook for the graph runner: a host-planned backend plans from the lengths."""
+        backend = self._backend_of[view.size]
+        if not backend.needs_host_inputs:
+            return None
+        return lambda: backend.host_prepare(
+            view, view.seq_lens.cpu() if seq_lens_cpu is None else seq_lens_cpu)
 
     def _capture_bucket(self, view: BucketView) -> None:
-        backend = self._backend_of[view.size]
-        view.block_table.zero_()        # warm-up/capture inputs: 1-token requests on page 0
-        view.seq_lens.fill_(1)
-        if backend.needs_host_inputs:   # host planner: the workspace must hold this plan
-            backend.host_prepare(view, view.seq_lens.cpu())
-        self.graphs.capture(view.size, lambda: self._step(view))
-        view.seq_lens.zero_()
+        # warm-up/capture inputs: 1-token requests on page 0 (attention only reads the cache)
+        self.graphs.capture(_key(view.size), lambda: self._step(view),
+                            inputs=[(view.block_table, 0), (view.seq_lens, 1)],
+                            prepare=self._host_plan(view))
 
     def _capture_lazily(self, view: BucketView) -> None:
         """First use of a bucket under lazy=True: capture, verify the replay against the
@@ -178,7 +187,7 @@ class DecodeRuntime:
                 raise RuntimeError(f"bucket {view.size}: lazily captured graph failed "
                                    f"verification (rel err {err:.2e}); graph dropped")
         except BaseException:
-            self.graphs.drop(view.size)
+            self.graphs.drop(_key(view.size))
             raise
         finally:
             for dst, src in zip(inputs, saved):
@@ -204,21 +213,13 @@ class DecodeRuntime:
             return self._replay(view, seq_lens_cpu)
 
     def _replay(self, view: BucketView, seq_lens_cpu: torch.Tensor | None) -> torch.Tensor:
-        graphed = self.graphs is not None and view.size in self.graphs
-        if not graphed:
+        key = _key(view.size)
+        if key not in self.graphs:
             self.setup()
             if self.lazy and self._captures(view.size):
-                self.graphs = self.graphs or GraphManager(self.device)
                 with self.compile_scope():
                     self._capture_lazily(view)  # restores the inputs it found
-                graphed = True
-        backend = self._backend_of[view.size]
-        if backend.needs_host_inputs:
-            backend.host_prepare(view, view.seq_lens.cpu() if seq_lens_cpu is None else seq_lens_cpu)
-        if graphed:
-            self.graphs.replay(view.size)
-        else:
-            self._step(view)
+        self.graphs.run(key, lambda: self._step(view), prepare=self._host_plan(view, seq_lens_cpu))
         return view.output
 
     def decode(self, q: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, *,
@@ -263,12 +264,16 @@ class DecodeRuntime:
         rows = []
         per_bucket = self.buffers.bytes_per_bucket()
         for b in self.config.buckets:
-            s = self.graphs.stats.get(b) if self.graphs else None
+            s = self.graphs.stats.get(_key(b))
             rows.append({"bucket": b, "buffer_bytes": per_bucket[b],
                          "capture_ms": s.capture_ms if s else None,
                          "graph_bytes": s.graph_bytes if s else None,
                          **self._backend_of[b].describe(b)})
         return rows
+
+
+def _key(bucket: int) -> GraphKey:
+    return GraphKey("attention", bucket)
 
 
 def raise_device_errors(device_error: torch.Tensor, config: RuntimeConfig, num_pages: int) -> None:

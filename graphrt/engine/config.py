@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from graphrt.config import BACKENDS, RuntimeConfig
+from graphrt.speculative.config import SpeculativeConfig
 
 DEFAULT_MAX_MODEL_LEN = 8192
 INT32_MAX = 2**31 - 1       # page ids, seq lens and block-table widths are int32 on the device
@@ -42,6 +43,8 @@ class EngineConfig:
     overlap: bool = True
     capture: bool = True
     seed: int | None = None
+    speculative: SpeculativeConfig | None = None
+    spec_rounds: int = 4
 
     def __post_init__(self):
         for key in ("max_batch", "steps_per_graph", "page_size"):
@@ -63,6 +66,17 @@ class EngineConfig:
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
                                       or not 0 <= self.seed <= MAX_SEED):
             raise ValueError(f"seed: must be None or an int in [0, 2**63 - 1], got {self.seed!r}")
+        _pos_int("spec_rounds", self.spec_rounds)
+        spec = self.speculative
+        if spec is not None and not isinstance(spec, SpeculativeConfig):
+            object.__setattr__(self, "speculative", SpeculativeConfig.from_dict(spec))   # "auto" resolved
+
+    @property
+    def lookahead(self) -> int:
+        """Positions past a sequence's max_model_len tokens a block may write K/V for: K decode
+        steps, or the k proposals a verify writes ahead."""
+        k = self.speculative.num_tokens if self.speculative is not None else 0
+        return max(self.steps_per_graph, k)
 
     def resolve_max_model_len(self, max_position_embeddings: int) -> int:
         limit = max_position_embeddings or DEFAULT_MAX_MODEL_LEN
@@ -72,8 +86,8 @@ class EngineConfig:
         return want
 
     def pages_per_seq(self, max_model_len: int) -> int:
-        """Pages of one sequence at max_model_len + K tokens."""
-        return -(-(max_model_len + self.steps_per_graph) // self.page_size)
+        """Pages of one sequence at max_model_len + lookahead tokens."""
+        return -(-(max_model_len + self.lookahead) // self.page_size)
 
     def pool_pages_from_memory(self, spec, *, max_model_len: int, dtype_bytes: int, free_bytes: int,
                                total_bytes: int, num_kv_heads: int | None = None) -> int:
@@ -134,9 +148,9 @@ class EngineConfig:
 
     def runtime_config(self, spec, *, device_type: str, dtype: str, max_model_len: int,
                        num_pages: int | None = None) -> RuntimeConfig:
-        """The ModelRuntime's config: room for max_model_len + K tokens per sequence; a pool of
-        num_pages (default: self.num_pages, else every slot at max_model_len) + the null page."""
-        ctx = max_model_len + self.steps_per_graph
+        """The ModelRuntime's config: room for max_model_len + lookahead tokens per sequence; a
+        pool of num_pages (default: self.num_pages, else every slot at max_model_len) + the null page."""
+        ctx = max_model_len + self.lookahead
         pages = num_pages or self.num_pages or self.max_batch * self.pages_per_seq(max_model_len)
         backend = self.backend or ("flashinfer" if device_type == "cuda" else "torch-splitkv")
         return RuntimeConfig(num_qo_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,

@@ -1,6 +1,6 @@
 """The engine loop: requests in, prefill, K-step decode blocks, tokens streamed out.
 
-    engine = Engine(runtime, tokenizer, eos_token_ids=(...), max_model_len=4096)
+    engine = Engine(executor, tokenizer, eos_token_ids=(...), max_model_len=4096)   # executor.py
     stream = engine.add_request("Hello", SamplingParams(max_tokens=32))   # thread-safe
     for delta in stream: ...                      # RequestOutput deltas; the last has finish_reason
     engine.abort(stream.request_id)               # thread-safe; frees the pages in the loop
@@ -11,9 +11,15 @@ thread) or run it on a background thread (`start()` / `shutdown()`); callers onl
 Overlap (overlap=True, the default): a block is launched before the previous block's tokens are
 read. While the GPU runs block N+1 the host waits for block N's tokens (a non-blocking copy plus
 an event), detokenizes them, checks stops, streams deltas, frees finished requests' pages and
-admits (and prefills) new requests; block N+1 takes its input tokens from the device (the last
-step of block N) and its rows from the persistent input batch (input_batch.py: only changes
-are staged; seq_lens advance by K on the device). The cost: a request that stops inside block
+admits (and prefills) new requests; block N+1 reads the runtime's per-slot device state in place
+(model/slots.py: input tokens, lengths, block table, sampling rows, token history), which the
+input batch updates with only what changed (input_batch.py) and the graphs advance on the
+device (by K, or by each row's accepted count).
+
+Speculation (EngineConfig.speculative): a block is R rounds of propose -> verify -> accept on
+the device (speculative/runner.py); each row emits 1..k+1 tokens a round, read back with the
+block's emitted counts in the same asynchronous copy; deltas then carry several tokens. Stop
+ids, EOS, stop strings and max_tokens are applied to them as to a K-step block. The cost: a request that stops inside block
 N runs block N+1 too, and those tokens are discarded. Pages freed while a block is in flight
 are safe: every device op (decode blocks, prefills of the next owners) runs in order on one
 stream. A preempted request (scheduler.py) skips the tokens of its blocks still in flight (its
@@ -42,13 +48,15 @@ from dataclasses import dataclass
 
 import torch
 
-from graphrt.model.sampling import SamplingInputs, sample_eager
+from graphrt.attention.buckets import pick_bucket
+from graphrt.model.sampling import SamplingInputs
 from graphrt.engine.detokenizer import TextState, make_decoder
 from graphrt.engine.failure import EngineDeadError, attributable
 from graphrt.engine.input_batch import InputBatch
 from graphrt.engine.token_bytes import token_bytes
 from graphrt.engine.params import RequestOutput, SamplingParams
 from graphrt.engine.scheduler import Request, Scheduler
+from graphrt.engine.speculation import default_policy, observe, spec_columns, spec_stats
 from graphrt.engine.stream import RequestStream
 
 log = logging.getLogger("graphrt.engine")
@@ -56,32 +64,47 @@ log = logging.getLogger("graphrt.engine")
 
 @dataclass
 class _Pending:
-    """A launched block's tokens: host tokens [steps, cols] (valid once `event` completed) and
-    (request, column, request epoch) for each row (a preempted request's rows are skipped)."""
+    """A launched block's tokens (host, valid once `event` completed): [steps, cols] for a decode
+    block or a prefill; [R, cols, k + 1] with emitted / proposed [R, cols] for a speculative
+    block; and (request, column, request epoch, draws counted) per row (a preempted request's
+    rows are skipped)."""
     rows: list
     tokens: torch.Tensor
     event: object
+    emitted: torch.Tensor | None = None
+    proposed: torch.Tensor | None = None
+    kind: str = "decode"                  # "prefill" | "decode" | "spec"
+    spec_k: int = 0                       # a speculative block's k
 
 
 class Engine:
+    """runtime: the executor (executor.py: LocalExecutor, or the tensor-parallel TPDriver);
+    a bare ModelRuntime is wrapped in a LocalExecutor."""
+
     def __init__(self, runtime, tokenizer, *, eos_token_ids: tuple[int, ...], max_model_len: int,
-                 overlap: bool = True, seed: int | None = None):
-        c = runtime.config
-        if max_model_len + runtime.k > c.max_context_len:
-            raise ValueError(f"max_model_len: {max_model_len} + K={runtime.k} exceeds the runtime's "
-                             f"max_context_len {c.max_context_len}")
+                 overlap: bool = True, seed: int | None = None, policy=None):
+        if not callable(getattr(runtime, "decode_block", None)):
+            from graphrt.engine.executor import LocalExecutor
+            runtime = LocalExecutor(runtime)
+        c, spec = runtime.config, runtime.speculative
+        ahead = max(runtime.k, spec.num_tokens if spec is not None else 0)
+        if max_model_len + ahead > c.max_context_len:
+            raise ValueError(f"max_model_len: {max_model_len} + lookahead {ahead} (K, or k proposals) "
+                             f"exceeds the runtime's max_context_len {c.max_context_len}")
         self.runtime, self.tokenizer, self.device = runtime, tokenizer, runtime.device
         self.vocab_size, self.max_model_len, self.overlap = runtime.model.spec.vocab_size, max_model_len, overlap
+        self.spec, self.rounds = spec, runtime.rounds
         self.batch = InputBatch(max_batch=c.max_batch, max_pages_per_seq=c.max_pages_per_seq,
-                                device=self.device)
+                                pin=self.device.type == "cuda", history_width=runtime.history_width)
         self.scheduler = Scheduler(max_batch=c.max_batch, page_size=c.page_size,
                                    max_pages_per_seq=c.max_pages_per_seq, num_pages=runtime.num_pages - 1,
                                    steps_per_graph=runtime.k, eos_token_ids=tuple(eos_token_ids),
-                                   batch=self.batch)
-        self.next_tokens = torch.zeros(c.max_batch, dtype=torch.int64, device=self.device)  # device
-        # a ModelRuntime takes the batch as trusted inputs; other runtimes (TPDriver) get the
-        # public decode with the same device tensors (it broadcasts them to its ranks)
-        self._trusted = callable(getattr(type(runtime), "decode_trusted", None))
+                                   batch=self.batch, spec_k=spec.num_tokens if spec is not None else 0,
+                                   spec_rounds=self.rounds)
+        self.spec_counts = {"proposed": 0, "accepted": 0, "rounds": 0, "emitted": 0,   # loop thread
+                            "blocks": 0, "plain_blocks": 0}
+        # the speculation policy (speculative/policy.py): per block, k or a plain decode block
+        self.policy = policy if policy is not None or spec is None else default_policy(runtime)
         self._pending: deque[_Pending] = deque()
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._requests: dict[str, Request] = {}       # loop thread only
@@ -283,63 +306,83 @@ class Engine:
 
     def _prefill(self, reqs: list[Request]) -> None:
         """Prefill admitted requests over their context (prompt, plus accepted tokens after a
-        preemption), draw each one's next token, and start its row in the input batch."""
+        preemption), draw each one's next token into its slot, and start its row in the batch."""
         s, dev = self.scheduler, self.device
         slots = [r.slot for r in reqs]
         prompts = [torch.tensor(r.context, dtype=torch.int64, device=dev) for r in reqs]
         table = torch.from_numpy(self.batch.block_table_host[slots])              # [m, W] host
-        logits = self.runtime.prefill(prompts, table)
         ps = [r.params for r in reqs]
         inputs = SamplingInputs(torch.tensor([0.0 if p.greedy else p.temperature for p in ps]),
                                 torch.tensor([max(p.top_k, 0) for p in ps], dtype=torch.int32),
                                 torch.tensor([p.top_p for p in ps], dtype=torch.float32),
                                 torch.tensor([r.seed for r in reqs], dtype=torch.int64),
                                 torch.tensor([r.launched for r in reqs], dtype=torch.int32))
-        first = sample_eager(logits, inputs)                              # [m] device
-        self.next_tokens.index_copy_(0, torch.tensor(slots, device=dev), first)
+        first = self.runtime.prefill_slots(prompts, table, slots, inputs)   # [m] device
         for r in reqs:
+            if self.spec is not None:
+                self.batch.set_history(r.slot, r.context)  # the first token: written on the device
+                if self.policy is not None:
+                    self.policy.admit(r.slot)
             r.launched += 1
             s.activate(r)
-        self._pending.append(self._to_host([(r, i, r.epoch) for i, r in enumerate(reqs)], first[None]))
+        pending = self._to_host([(r, i, r.epoch, 1) for i, r in enumerate(reqs)], first[None])
+        pending.kind = "prefill"
+        self._pending.append(pending)
 
     def _decode(self, rows: list[Request]) -> None:
-        """One K-step block over `rows`: pages for it (preempting if short), the batch's changes
-        flushed, one launch, the batch advanced on the device."""
-        s, batch, rt = self.scheduler, self.batch, self.runtime
+        """One block over `rows`: pages for it (preempting if short), the batch's changes
+        applied to the slots, one launch (the slots advance on the device)."""
+        s, batch, ex = self.scheduler, self.batch, self.runtime
         rows = s.grow(rows)
         if not rows:
             return
-        batch.flush()
-        n, sampled, launched = s.launch_block(rows)
-        sampling = batch.sampling(n) if sampled else None
-        if self._trusted:
-            out = rt.decode_trusted(n, self.next_tokens, batch.block_table, batch.seq_lens,
-                                    sampling=sampling)
+        batch.flush(ex.apply)
+        k = self.spec.num_tokens if self.spec is not None else 0
+        if k and self.policy is not None:             # speculate this block, or a plain one
+            n = max(r.slot for r in rows) + 1
+            k = self.policy.choose([r.slot for r in rows], bucket=pick_bucket(ex.config.buckets, n)).k
+            if not k and any(r.launched + ex.k > r.params.max_tokens for r in rows):
+                k = self.spec.num_tokens      # a K-step block would run a row past its limit (and
+                #                               its pages); speculative rounds stop there on the device
+        if k:
+            go = s.launch_block(rows)
+            out = ex.spec_block(go.n, filtered=go.filtered)
+            self.spec_counts["blocks"] += 1
+            pending = self._to_host(go.rows, out.tokens, out.emitted, out.proposed)
+            pending.kind, pending.spec_k = "spec", k
         else:
-            out = rt.decode(self.next_tokens[:n], batch.block_table[:n], batch.seq_lens[:n],
-                            sampling=sampling)
-        self.next_tokens[:n].copy_(out[-1])
-        batch.advance(n)
-        self._pending.append(self._to_host(launched, out))
+            go = s.launch_block(rows, block_tokens=ex.k)
+            pending = self._to_host(go.rows, ex.decode_block(go.n, sampled=go.sampled))
+            if self.spec is not None:
+                self.spec_counts["plain_blocks"] += 1
+        self._pending.append(pending)
 
-    def _to_host(self, rows, tokens: torch.Tensor) -> _Pending:
+    def _to_host(self, rows, tokens: torch.Tensor, emitted=None, proposed=None) -> _Pending:
         if self.device.type != "cuda":
-            return _Pending(rows, tokens.clone(), None)
-        host = tokens.to("cpu", non_blocking=True)
+            return _Pending(rows, tokens.clone(), None, *(None if t is None else t.clone()
+                                                          for t in (emitted, proposed)))
+        host = [None if t is None else t.to("cpu", non_blocking=True) for t in (tokens, emitted, proposed)]
         event = torch.cuda.Event()
         event.record()
-        return _Pending(rows, host, event)
+        return _Pending(rows, host[0], event, host[1], host[2])
 
     def _finish(self, block: _Pending) -> None:
         """A block's tokens -> stop checks, deltas, finished requests' pages freed."""
         if block.event is not None:
             block.event.synchronize()
-        cols = block.tokens.t().tolist()              # [cols][steps]
-        accept = self.scheduler.accept
-        for req, col, epoch in block.rows:
+        if block.emitted is None:
+            cols = block.tokens.t().tolist()              # [cols][steps]
+        else:
+            cols = spec_columns(block, self.spec_counts)
+        if self.policy is not None:
+            observe(self.policy, block)
+        accept, sched = self.scheduler.accept, self.scheduler
+        for req, col, epoch, counted in block.rows:
             if req.finish_reason is not None or req.epoch != epoch:
                 continue                              # finished, aborted or preempted: discarded
             try:
+                if self.spec is not None:
+                    sched.settle(req, counted, len(cols[col]))
                 delta = accept(req, cols[col])
                 if req.finish_reason is not None:     # pages back before the final delta is seen
                     self.scheduler.release(req)
@@ -353,12 +396,17 @@ class Engine:
     def stats(self) -> dict:
         """A snapshot for monitoring, safe to call from any thread (each count is read once; the
         loop may move between reads): requests running / waiting, KV pages used / free, tokens
-        streamed so far."""
+        streamed so far; with speculation also spec_proposed, spec_accepted, spec_rounds,
+        spec_emitted, spec_acceptance_rate, spec_tokens_per_round, spec_blocks, spec_plain_blocks
+        (cumulative device counts, engine/speculation.py)."""
         sched, alloc = self.scheduler, self.scheduler.allocator
         free = alloc.num_free
-        return {"running": sum(r is not None for r in list(sched.slots)), "waiting": len(sched.waiting),
-                "pages_used": alloc.num_pages - free, "pages_free": free,
-                "tokens_generated": self._tokens_generated}
+        out = {"running": sum(r is not None for r in list(sched.slots)), "waiting": len(sched.waiting),
+               "pages_used": alloc.num_pages - free, "pages_free": free,
+               "tokens_generated": self._tokens_generated}
+        if self.spec is not None:                     # speculation: cumulative device counts
+            out.update(spec_stats(self.spec_counts))
+        return out
 
     # ---- background thread --------------------------------------------------------------------
     def start(self) -> None:

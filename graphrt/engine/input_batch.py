@@ -1,37 +1,29 @@
-"""The persistent input batch: each decode slot's inputs kept on the device, written on change.
+"""The engine's input batch: the host-side manager of the runtime's per-slot device state.
 
-    batch = InputBatch(max_batch=64, max_pages_per_seq=512, device=dev)
+    batch = InputBatch(max_batch=64, max_pages_per_seq=512, pin=True)
     batch.set_pages(slot, col, pages)            # admission, page growth (host mirror + dirty)
-    batch.activate(slot, seq_len=.., step=.., advance=K, temperature=.., top_k=.., top_p=.., seed=..)
+    batch.activate(slot, seq_len=.., step=.., temperature=.., top_k=.., top_p=.., seed=..,
+                   limit=.., spec_k=..)          # the row decodes from the next block
+    batch.set_history(slot, tokens)              # speculation: the slot's prompt + accepted tokens
     batch.deactivate(slot)                       # finished, preempted, or no tokens left to draw
-    batch.flush()                                # one staged copy of what changed, then scatters
-    tokens = runtime.decode_trusted(n, next_tokens, batch.block_table, batch.seq_lens, ...)
-    batch.advance(n)                             # seq_lens and step += K on the device
+    batch.flush(executor.apply)                  # one staged update of what changed
+    tokens = executor.decode_block(n, sampled)   # the graphs read the slots in place
 
-Nothing is re-staged per block: rows are written when a request is admitted, grows a page, stops
-drawing or leaves; seq_lens and the sampling draw index advance on the device (one add per
-block). The host keeps a mirror of every row (numpy) and a set of dirty cells / rows; `flush`
-packs them into pinned buffers (two sets, each reused only after the copy that read it passed),
-copies them with non-blocking copies and scatters them with `index_copy_` (no sync).
-
-Device tensors (the runtime's device; B = max_batch, W = max_pages_per_seq):
-    block_table  [B, W] int32    page ids; a row's columns past its pages are stale (never read:
-                                 rows read only the pages their seq_len covers)
-    ints         [4, B] int32    rows: seq_lens (0 = padding), step (the next draw index),
-                                 advance (K while the row decodes, else 0), top_k (0 = off)
-    floats       [2, B] float32  rows: temperature (0 = greedy), top_p
-    seed         [B]    int64
+The device rows themselves are the runtime's SlotState (model/slots.py: one owner); this object
+keeps a host mirror of every row (numpy) and the set of dirty cells / rows, and `flush` packs
+them into pinned buffers (two sets, each reused only after the copies that read it passed)
+handed to `apply` (SlotState.apply, or the tensor-parallel driver that broadcasts the same update
+to every rank). Nothing is re-staged per block: rows are written when a request is admitted,
+grows a page, stops drawing or leaves; seq_lens, the draw index, the current token and the token
+history advance on the device inside the graphs.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from graphrt.model.sampling import SamplingInputs
-
-PAD_PAGE = -1                       # host mirror: block-table entries past a request's pages
-SEQ, STEP, ADVANCE, TOP_K = range(4)  # rows of `ints`
-TEMPERATURE, TOP_P = range(2)          # rows of `floats`
+from graphrt.model.slots import (LIMIT, NUM_FLOATS, NUM_INTS, PAD_PAGE, SEQ, SPEC_K, STEP, TEMPERATURE,
+                                 TOP_K, TOP_P, SlotUpdate)
 
 
 class _Stage:
@@ -60,36 +52,25 @@ class _Stage:
 
 
 class InputBatch:
-    def __init__(self, *, max_batch: int, max_pages_per_seq: int, device: torch.device):
+    """max_batch rows of max_pages_per_seq pages; pin: stage in pinned memory (a CUDA runtime)
+    with an event guarding each staging set; history_width: the slots' token-history width
+    (None: they keep none). Host only; owned by the engine loop."""
+
+    def __init__(self, *, max_batch: int, max_pages_per_seq: int, pin: bool = False,
+                 history_width: int | None = None):
         b, w = max_batch, max_pages_per_seq
-        self.max_batch, self.width, self.device = b, w, device
-        # host mirror (numpy): written immediately, copied to the device by flush()
+        self.max_batch, self.width = b, w
         self.block_table_host = np.full((b, w), PAD_PAGE, dtype=np.int32)
-        self._ints = np.zeros((4, b), dtype=np.int32)
-        self._floats = np.zeros((2, b), dtype=np.float32)
+        self._ints = np.zeros((NUM_INTS, b), dtype=np.int32)
+        self._floats = np.zeros((NUM_FLOATS, b), dtype=np.float32)
         self._floats[TOP_P] = 1.0
         self._seed = np.zeros(b, dtype=np.int64)
         self._dirty_cells: list[int] = []            # flat indices into block_table
         self._dirty_rows: set[int] = set()
-        # device
-        self.block_table = torch.full((b, w), PAD_PAGE, dtype=torch.int32, device=device)
-        self.ints = torch.zeros((4, b), dtype=torch.int32, device=device)
-        self.floats = torch.from_numpy(self._floats.copy()).to(device)
-        self.seed = torch.zeros(b, dtype=torch.int64, device=device)
-        pin = device.type == "cuda"
+        self._history: list[tuple[int, list[int]]] = []   # (slot, tokens from column 0)
+        self.history_width = history_width           # the slots' token-history width (speculation)
         self._stages = [_Stage(pin), _Stage(pin)]
         self._flip = 0
-
-    # ---- device views -------------------------------------------------------------------------
-    @property
-    def seq_lens(self) -> torch.Tensor:
-        """[B] int32 device: KV tokens per row counting the current token; 0 = padding."""
-        return self.ints[SEQ]
-
-    def sampling(self, n: int) -> SamplingInputs:
-        """Rows [0, n) of the sampling parameters (device views, valid while the batch lives)."""
-        return SamplingInputs(self.floats[TEMPERATURE, :n], self.ints[TOP_K, :n],
-                              self.floats[TOP_P, :n], self.seed[:n], self.ints[STEP, :n])
 
     # ---- host writes (recorded, copied by flush) ----------------------------------------------
     def set_pages(self, slot: int, col: int, pages: list[int]) -> None:
@@ -107,29 +88,46 @@ class InputBatch:
         """Host mirror only: the row's entries back to PAD_PAGE (the device row is stale, unread)."""
         self.block_table_host[slot].fill(PAD_PAGE)
 
-    def activate(self, slot: int, *, seq_len: int, step: int, advance: int, temperature: float,
-                 top_k: int, top_p: float, seed: int) -> None:
+    def activate(self, slot: int, *, seq_len: int, step: int, temperature: float, top_k: int,
+                 top_p: float, seed: int, limit: int = 0, spec_k: int = 0) -> None:
         """The row decodes from the next block: seq_len counts its current token; step is the
-        draw index of its next token; advance: K (seq_len and step grow by it each block)."""
+        draw index of its next token; limit: the most tokens it may hold (speculative rounds);
+        spec_k: proposals a speculative round may verify for it."""
         ints, fl = self._ints, self._floats
-        ints[SEQ, slot], ints[STEP, slot], ints[ADVANCE, slot], ints[TOP_K, slot] = seq_len, step, advance, top_k
+        ints[SEQ, slot], ints[STEP, slot], ints[TOP_K, slot] = seq_len, step, top_k
+        ints[LIMIT, slot], ints[SPEC_K, slot] = limit, spec_k
         fl[TEMPERATURE, slot], fl[TOP_P, slot] = temperature, top_p
         self._seed[slot] = seed
         self._dirty_rows.add(slot)
 
+    def set_spec_k(self, slot: int, k: int) -> None:
+        """Proposals a speculative round may verify for the row from the next block (policy)."""
+        if self._ints[SPEC_K, slot] != k:
+            self._ints[SPEC_K, slot] = k
+            self._dirty_rows.add(slot)
+
     def deactivate(self, slot: int) -> None:
-        """The row becomes padding (seq_len 0) and stops advancing."""
-        self._ints[SEQ, slot] = self._ints[ADVANCE, slot] = 0
+        """The row becomes padding (seq_len 0, limit 0) and stops advancing."""
+        self._ints[SEQ, slot] = self._ints[LIMIT, slot] = 0
         self._floats[TEMPERATURE, slot] = 0.0
         self._dirty_rows.add(slot)
 
-    # ---- device updates -----------------------------------------------------------------------
+    def set_history(self, slot: int, tokens: list[int]) -> None:
+        """history[slot, :len(tokens)] = tokens (the slot's prompt + accepted tokens)."""
+        if self.history_width is None:
+            raise ValueError("history: this batch's slots keep no token history")
+        if len(tokens) > self.history_width:
+            raise ValueError(f"history: {len(tokens)} tokens exceed the width {self.history_width}")
+        self._history.append((slot, tokens))
+
+    # ---- the update ---------------------------------------------------------------------------
     @property
     def dirty(self) -> bool:
-        return bool(self._dirty_cells or self._dirty_rows)
+        return bool(self._dirty_cells or self._dirty_rows or self._history)
 
-    def flush(self) -> None:
-        """Copy every recorded change to the device (stream-ordered, no sync)."""
+    def flush(self, apply) -> None:
+        """Stage every recorded change and hand it to apply(SlotUpdate) (stream-ordered
+        non-blocking copies on the device side, no sync); nothing when nothing changed."""
         if not self.dirty:
             return
         cells = self._dirty_cells
@@ -137,34 +135,29 @@ class InputBatch:
             cells = sorted(set(cells))
         cells = np.array(cells, dtype=np.int64)
         rows = np.fromiter(self._dirty_rows, dtype=np.int64, count=len(self._dirty_rows))
-        self._dirty_cells = []
+        hist, width = self._history, self.history_width or 0
+        h = sum(len(t) for _, t in hist)
+        self._dirty_cells, self._history = [], []
         self._dirty_rows.clear()
         m, s = len(cells), len(rows)
         stage = self._stages[self._flip]
         self._flip ^= 1
-        (i64, n64), (i32, n32), (f32, nf) = stage.take(m + 2 * s, m + 4 * s, 2 * s)
+        (i64, n64), (i32, n32), (f32, nf) = stage.take(m + 2 * s + h, m + NUM_INTS * s + h, NUM_FLOATS * s)
         n64[:m] = cells
         n32[:m] = self.block_table_host.reshape(-1)[cells]
         if s:
-            n64[m:m + s], n64[m + s:] = rows, self._seed[rows]
-            n32[m:] = self._ints[:, rows].reshape(-1)
+            n64[m:m + s], n64[m + s:m + 2 * s] = rows, self._seed[rows]
+            n32[m:m + NUM_INTS * s] = self._ints[:, rows].reshape(-1)
             nf[:] = self._floats[:, rows].reshape(-1)
-        dev = self.device
-        d64, d32 = i64.to(dev, non_blocking=True), i32.to(dev, non_blocking=True)   # no-ops on CPU
-        df = f32.to(dev, non_blocking=True) if s else None
+        at = 0
+        for slot, toks in hist:                       # admissions only: a prompt's worth each
+            k = len(toks)
+            n64[m + 2 * s + at:m + 2 * s + at + k] = np.arange(slot * width, slot * width + k)
+            n32[m + NUM_INTS * s + at:m + NUM_INTS * s + at + k] = toks
+            at += k
+        apply(SlotUpdate(i64, i32, f32, m, s, h))
         if stage.event is not None:
-            stage.event.record()
-        if m:
-            self.block_table.view(-1).index_copy_(0, d64[:m], d32[:m])
-        if s:
-            idx = d64[m:m + s]
-            self.ints.index_copy_(1, idx, d32[m:].view(4, s))
-            self.floats.index_copy_(1, idx, df.view(2, s))
-            self.seed.index_copy_(0, idx, d64[m + s:])
-
-    def advance(self, n: int) -> None:
-        """After a block over rows [0, n): seq_lens and step += advance (device, one kernel)."""
-        self.ints[SEQ:STEP + 1, :n].add_(self.ints[ADVANCE, :n])
+            stage.event.record()                      # behind the copies that read the stage
 
 
 __all__ = ["InputBatch", "PAD_PAGE"]

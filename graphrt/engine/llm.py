@@ -9,6 +9,8 @@
     llm = LLM(path, tensor_parallel=2)                     # one process per GPU (graphrt/parallel)
     llm.shutdown()                                         # ends the tensor-parallel workers
     llm = LLM(path, quantization="fp8")                    # FP8 weights from a float checkpoint
+    llm = LLM(path, speculative={"method": "ngram", "num_tokens": 4})       # speculative decoding
+    llm = LLM(path, speculative={"method": "draft", "num_tokens": 4, "model": DRAFT_DIR})
 
 Thread-safe: generate / chat may be called from any number of threads; each caller's streams
 drive the engine's step (one step at a time, engine.step's lock) or wait on the engine's thread
@@ -37,11 +39,12 @@ log = logging.getLogger("graphrt.engine")
 
 
 def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None, quantization=None):
-    """Load (the rank's shard of) the checkpoint, build the rank's model and ModelRuntime
-    -> (Checkpoint, max_model_len, ModelRuntime)."""
+    """Load (the rank's shard of) the checkpoint, build the rank's model, ModelRuntime and (with
+    speculation) speculative runner -> (Checkpoint, max_model_len, LocalExecutor)."""
+    from graphrt.engine.executor import LocalExecutor
     from graphrt.engine.loader import load_checkpoint
     from graphrt.engine.model import build_model
-    from graphrt.parallel.driver import rank_runtime
+    from graphrt.model.runtime import ModelRuntime
     world, rank = (1, 0) if tp is None else (tp.world_size, tp.rank)
     ck = load_checkpoint(path, device=device, dtype=getattr(torch, dtype), rank=rank, world_size=world,
                          quantization=quantization)
@@ -58,8 +61,17 @@ def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None, q
                                   num_kv_heads=ck.spec.num_kv_heads // world)   # this rank's heads
     config.check_memory(needed, available_bytes=available_bytes(device), device=str(device))
     model = build_model(ck, max_positions=rc.max_context_len, tp=tp)
-    return ck, max_len, rank_runtime(model, rc, device, steps_per_graph=config.steps_per_graph,
-                                     sampling=True, fallback_to_one_step=True)
+    if tp is not None:                                 # the rank's own heads
+        from graphrt.parallel.shard import shard_runtime_config
+        rc = shard_runtime_config(rc, tp.world_size)
+    spec = config.speculative
+    mrt = ModelRuntime(model, rc, device, steps_per_graph=config.steps_per_graph, sampling=True,
+                       fallback_to_one_step=True, token_history=spec is not None)
+    runner = None
+    if spec is not None:
+        from graphrt.engine.speculation import build_runner
+        runner = build_runner(mrt, spec, rounds=config.spec_rounds, dtype=dtype, target=ck)
+    return ck, max_len, LocalExecutor(mrt, runner)
 
 
 def _tp_worker(ctx, path, config: EngineConfig, dtype: str) -> None:
@@ -108,6 +120,8 @@ class LLM:
             raise ValueError(f"tensor_parallel: expected an int >= 1, got {tensor_parallel!r}")
         if quantization is not None and tensor_parallel != 1:
             raise ValueError(f"quantization: {quantization!r} is not supported with tensor_parallel > 1")
+        if config.speculative is not None and tensor_parallel != 1:
+            raise ValueError("speculative: not supported with tensor_parallel > 1 yet")
         if tensor_parallel == 1:
             self.checkpoint, max_len, self.runtime = _build_runtime(path, dev, config, dtype,
                                                                     quantization=quantization)

@@ -24,8 +24,7 @@ from graphrt.engine.checkpoint_files import (FILE_DTYPES, Checkpoint, Checkpoint
                                              TensorFiles, eos_token_ids, expected_tensors, read_config,
                                              retie_or_warn, untie_if_present, warn_unused)
 from graphrt.model.hf_files import read_json, reading
-from graphrt.model.spec import LlamaSpec
-from graphrt.parallel.shard import owned_slice, shard_spec, vocab_rows
+from graphrt.model.spec import LlamaSpec, owned_slice, shard_spec, vocab_rows
 
 VOCAB_TENSORS = ("model.embed_tokens.weight", "lm_head.weight")   # rows padded under tensor parallel
 

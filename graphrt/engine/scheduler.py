@@ -2,10 +2,14 @@
 
 Host-only decisions (the engine runs the device work; kv_manager.py counts pages;
 input_batch.py holds the rows on the device):
+- Blocks: K decode steps (K tokens per row), or with speculation R rounds of k proposals (up
+  to R * (k + 1) tokens per row, how many is known only when the block's counts are read).
 - Admission (FIFO): a waiting request is admitted when a slot is free and the free pages cover
-  its context (prompt, plus the tokens kept from before a preemption) and one block of K tokens,
+  its context (prompt, plus the tokens kept from before a preemption) and one block,
   with one block's growth left over for each running request.
-- Growth: before each block a row gets the pages its next K tokens need (`grow`). When the pool
+- Growth: before each block a row gets the pages its next block may write (`grow`): with
+  speculation for R * (k + 1) positions past the most tokens it may hold (`launched` is then an
+  upper bound, settled when the block's counts come back: `settle`). When the pool
   is short, the newest running request is preempted (pages freed, back to the head of the
   queue, in-flight tokens discarded) until the older rows fit; it is later prefilled again
   over prompt + the tokens it had accepted ("recompute") and continues with the same tokens.
@@ -19,6 +23,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from graphrt.engine.detokenizer import TextState
 from graphrt.engine.input_batch import InputBatch
@@ -29,7 +34,8 @@ from graphrt.engine.params import RequestOutput, SamplingParams
 @dataclass(eq=False)
 class Request:
     """A request's host state. launched: draws launched on the device, counted over the whole
-    output (the prefill's draw, then K per block); token_ids: tokens accepted so far; epoch:
+    output (the prefill's draw, then K per block; with speculation the most a block may emit
+    until its counts are read); token_ids: tokens accepted so far; epoch:
     bumped by each preemption (blocks launched before it are discarded for this request)."""
 
     request_id: str
@@ -55,14 +61,28 @@ class Request:
         return self.prompt + self.token_ids if self.token_ids else self.prompt
 
 
+class Launch(NamedTuple):
+    """A block about to launch: rows [0, n) served; sampled: some row samples; filtered: some
+    sampled row uses top_k / top_p; rows: (request, slot, epoch, draws counted) per row."""
+    n: int
+    sampled: bool
+    filtered: bool
+    rows: list
+
+
 class Scheduler:
     """Owns the KV cache manager, the waiting queue, the slots and the input batch's rows."""
 
     def __init__(self, *, max_batch: int, page_size: int, max_pages_per_seq: int, num_pages: int,
-                 steps_per_graph: int, eos_token_ids: tuple[int, ...], batch: InputBatch):
+                 steps_per_graph: int, eos_token_ids: tuple[int, ...], batch: InputBatch,
+                 spec_k: int = 0, spec_rounds: int = 0):
         self.kv = KVCacheManager(pool_pages=num_pages + 1, page_size=page_size)
         self.allocator = self.kv.allocator
         self.page_size, self.k, self.eos = page_size, steps_per_graph, frozenset(eos_token_ids)
+        self.spec_k = spec_k                        # 0: no speculation
+        # the most tokens a row gains in one block (a speculative one, or a plain K-step block
+        # that the speculation policy may run instead)
+        self.block_tokens = max(spec_rounds * (spec_k + 1), steps_per_graph) if spec_k else steps_per_graph
         self.max_pages_per_seq = max_pages_per_seq
         self.batch = batch
         self.waiting: deque[Request] = deque()
@@ -74,17 +94,26 @@ class Scheduler:
     # ---- admission ----------------------------------------------------------------------------
     def pages_needed(self, prompt_len: int, max_tokens: int) -> int:
         """Pages a request holds at most (its whole output and one block past it)."""
-        return self.kv.pages_for(prompt_len + max_tokens + self.k)
+        return self.kv.pages_for(prompt_len + max_tokens + max(self.spec_k, self.k))
+
+    def _block_end(self, req: Request, held: int) -> int:
+        """Tokens whose K/V the next block may write for a row holding at most `held` tokens:
+        held + K - 1 decoding; speculating, up to R * (k + 1) - 1 more, but never past the
+        slot's limit + k - 1 (a verify writes k positions ahead of the current token)."""
+        end = held + self.block_tokens - 1
+        if self.spec_k:
+            end = min(end, len(req.prompt) + req.params.max_tokens + max(self.spec_k, self.k) - 1)
+        return end
 
     def admit(self) -> list[Request]:
         """Give waiting requests (FIFO, no overtaking) a slot and the pages of their prefill and
         first block; the caller prefills them and then calls `activate`."""
         out = []
-        per_row = self.kv.pages_for(self.k)              # a row's most growth in one block
+        per_row = self.kv.pages_for(self.block_tokens)   # a row's most growth in one block
         running = len(self.slots) - len(self._free_slots)
         while self.waiting and self._free_slots:
             req = self.waiting[0]
-            need = self.kv.pages_for(len(req.prompt) + len(req.token_ids) + self.k)
+            need = self.kv.pages_for(self._block_end(req, len(req.prompt) + len(req.token_ids) + 1))
             if need + running * per_row > self.kv.num_free and running:
                 break                                   # would be preempted at once: wait
             pages = self.kv.allocator.allocate(need) if need <= self.kv.num_free else None
@@ -106,22 +135,27 @@ class Scheduler:
             return
         p = req.params
         self.batch.activate(req.slot, seq_len=len(req.prompt) + req.launched, step=req.launched,
-                            advance=self.k, temperature=0.0 if p.greedy else p.temperature,
-                            top_k=max(p.top_k, 0), top_p=p.top_p, seed=req.seed)
+                            temperature=0.0 if p.greedy else p.temperature, top_k=max(p.top_k, 0),
+                            top_p=p.top_p, seed=req.seed, limit=len(req.prompt) + p.max_tokens,
+                            spec_k=self.spec_k)
 
     # ---- decode blocks ------------------------------------------------------------------------
     def decode_rows(self) -> list[Request]:
-        """Running requests that still need tokens launched (launched < max_tokens)."""
+        """Running requests that still need tokens launched (launched < max_tokens). With
+        speculation every running row is live on the device until the host finishes it (the
+        device stops it at its limit), so each one is in every block and its tokens are read."""
+        if self.spec_k:
+            return [r for r in self.slots if r is not None and r.finish_reason is None and r.launched > 0]
         return [r for r in self.slots if r is not None and r.finish_reason is None
                 and 0 < r.launched < r.params.max_tokens]
 
     def grow(self, rows: list[Request]) -> list[Request]:
-        """Pages for the next block of every row (positions up to seq_len + K - 2), preempting
-        the newest requests while the pool is short. Returns the rows that still decode."""
-        ps, extra = self.page_size, self.k - 1
+        """Pages for the next block of every row (`_block_end`), preempting the newest requests
+        while the pool is short. Returns the rows that still decode."""
+        ps, end = self.page_size, self._block_end
         short, total = [], 0
         for r in rows:                                  # the hot loop: ints only
-            tokens = len(r.prompt) + r.launched + extra
+            tokens = end(r, len(r.prompt) + r.launched)
             have = len(r.pages) * ps
             if tokens > have:
                 m = -(-(tokens - have) // ps)
@@ -141,11 +175,11 @@ class Scheduler:
         return rows
 
     def _grow_preempting(self, rows: list[Request]) -> list[Request]:
-        kv, k = self.kv, self.k
+        kv = self.kv
         for r in sorted(rows, key=lambda x: x.admitted_at):          # oldest first
             if r.slot < 0:
                 continue                                              # preempted meanwhile
-            tokens = len(r.prompt) + r.launched + k - 1
+            tokens = self._block_end(r, len(r.prompt) + r.launched)
             while kv.missing(r.pages, tokens) > kv.num_free:
                 victim = max((x for x in self.slots if x is not None), key=lambda x: x.admitted_at)
                 self.preempt(victim)
@@ -166,22 +200,33 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(req)
 
-    def launch_block(self, rows: list[Request]) -> tuple[int, bool, list[tuple]]:
-        """A block over `rows` is about to launch (after the batch's flush): K more draws each;
-        rows with none left stop decoding from the next block. Returns (n: rows [0, n) the
-        block serves, whether any row samples, (request, slot, epoch) per row)."""
-        k, batch = self.k, self.batch
-        n, sampled, out = 0, False, []
+    def launch_block(self, rows: list[Request], *, block_tokens: int | None = None) -> Launch:
+        """A block over `rows` is about to launch (after the batch's flush): K more draws each
+        (rows with none left stop decoding from the next block), or with speculation up to
+        R * (k + 1) (the device stops a row at its limit). Returns (n: rows [0, n) the block
+        serves, whether any row samples / filters, (request, slot, epoch, draws counted) per row).
+        block_tokens: the most draws a row makes in this block (default: block_tokens; K for a
+        plain block run under speculation)."""
+        k, batch, spec = block_tokens or self.block_tokens, self.batch, self.spec_k > 0
+        n, sampled, filtered, out = 0, False, False, []
         for r in rows:                                   # the hot loop
             slot = r.slot
             n = slot if slot > n else n
             p = r.params
-            sampled = sampled or not p.greedy
-            out.append((r, slot, r.epoch))
-            r.launched += k
-            if r.launched >= p.max_tokens:
+            if not p.greedy:
+                sampled = True
+                filtered = filtered or p.top_k > 0 or p.top_p < 1.0
+            added = min(k, p.max_tokens - r.launched) if spec else k
+            out.append((r, slot, r.epoch, added))
+            r.launched += added
+            if r.launched >= p.max_tokens and not spec:
                 batch.deactivate(slot)
-        return n + 1, sampled, out
+        return Launch(n + 1, sampled, filtered, out)
+
+    def settle(self, req: Request, counted: int, emitted: int) -> None:
+        """A speculative block's counts came back: the request drew `emitted` of the `counted`
+        draws launch_block assumed (its epoch unchanged)."""
+        req.launched -= counted - emitted
 
     # ---- tokens -------------------------------------------------------------------------------
     def accept(self, req: Request, tokens: list[int]) -> RequestOutput | None:
@@ -247,4 +292,4 @@ class Scheduler:
         return bool(self.waiting) or any(s is not None for s in self.slots)
 
 
-__all__ = ["Request", "Scheduler"]
+__all__ = ["Request", "Scheduler", "Launch"]

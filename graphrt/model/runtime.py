@@ -5,11 +5,21 @@
     mrt.capture()
     tokens = mrt.decode(tokens, block_table, seq_lens)     # [K, n] greedy tokens, K steps, 1 replay
     tokens = mrt.decode(..., sampling=SamplingInputs(...))  # sampled (sampling=True captures these)
+    tokens = mrt.decode_slots(n, sampled=False)            # the engine's path: no input copy
+
+The graphs read the runtime's persistent per-slot state `mrt.slots` (model/slots.py) in place:
+the public decode() copies its arguments into it first (the one explicit input copy); an engine
+writes it through its input batch (`mrt.slots.apply(update)`) and calls decode_slots(), which
+copies nothing. Each block advances the slots on the device: seq_lens by K, the current token,
+the draw index of sampled rows, and the token history (token_history=True, for speculation).
+Capture and replay go through the one graph runner (attention/graphs.py), keyed
+GraphKey("decode", bucket, steps=K, sampled=...); speculative rounds (speculative/runner.py)
+share the same runner, pool and slots.
 
 A graph runs K decode steps: each step prepares the metadata + plan on the device (once for all
 layers), runs the model, takes the greedy argmax of its model-dtype logits (or, with per-row
 SamplingInputs, samples: see sampling.py) on the device, feeds it back and advances seq_lens on
-the device. Float32 logits of the last step are copied out only with `keep_logits=True` (for
+the device (by one per step, K per block). Float32 logits of the last step are copied out only with `keep_logits=True` (for
 `last_logits`). seq_lens count the token being decoded (its K/V go to slot seq_len - 1).
 
 FlashInfer versions whose plan layout the device planner does not know fall back to host
@@ -25,40 +35,29 @@ from __future__ import annotations
 
 import threading
 import warnings
-from dataclasses import dataclass
 
 import torch
 
 from graphrt.attention.backends import make_backend
 from graphrt.attention.buckets import pick_bucket
-from graphrt.attention.buffers import BucketView, StaticBuffers
-from graphrt.config import RuntimeConfig
-from graphrt.model.context import AttentionContext
-from graphrt.attention.graphs import GraphManager
+from graphrt.attention.buffers import StaticBuffers
+from graphrt.attention.graphs import GraphKey, GraphRunner
 from graphrt.attention.inputs import check_exclusive_writes, check_host_values, check_prefill, check_tables
 from graphrt.attention.kvcache import PagedKVCache
-from graphrt.attention.runtime import _device, raise_device_errors
+from graphrt.attention.runtime import raise_device_errors, runtime_device
+from graphrt.config import RuntimeConfig
+from graphrt.kernels.sample import sample_tokens
+from graphrt.model.context import AttentionContext
 from graphrt.model.prefill import PrefillAttention
-from graphrt.model.sampling import SamplingBuffers, SamplingInputs
-
-
-@dataclass(frozen=True)
-class StepBuffers:
-    """Per-bucket static model I/O. tokens [B] int64 (input, then the last step's token);
-    out_tokens [K, B] int64 (the token of each of the K steps); logits [B, vocab] float32
-    of the last step, or None unless the runtime keeps logits; sampling: the per-row sampling
-    parameters [B] (read by sampled graphs)."""
-    tokens: torch.Tensor
-    out_tokens: torch.Tensor
-    logits: torch.Tensor | None
-    sampling: SamplingBuffers
+from graphrt.model.sampling import SamplingInputs
+from graphrt.model.slots import SlotState
 
 
 class ModelRuntime:
     def __init__(self, model, config: RuntimeConfig, device="cuda", *, backend: str | None = None,
                  steps_per_graph: int = 1, num_pages: int | None = None, sampling: bool = False,
                  keep_logits: bool = False, prefill_chunk_tokens: int = 8192,
-                 fallback_to_one_step: bool = False):
+                 fallback_to_one_step: bool = False, token_history: bool = False):
         s = model.spec
         heads = getattr(model, "local_spec", s)  # a tensor-parallel rank's model: its own heads
         want = (heads.num_heads, heads.num_kv_heads, heads.head_dim)
@@ -78,26 +77,32 @@ class ModelRuntime:
             raise ValueError(f"steps_per_graph: must be >= 1, got {steps_per_graph}")
         self.model, self.config, self.k = model, config, steps_per_graph
         for name, flag in (("keep_logits", keep_logits), ("sampling", sampling),
-                           ("fallback_to_one_step", fallback_to_one_step)):
+                           ("fallback_to_one_step", fallback_to_one_step), ("token_history", token_history)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name}: expected a bool, got {flag!r}")
         self.keep_logits = keep_logits
         if num_pages is not None and (isinstance(num_pages, bool) or not isinstance(num_pages, int)
                                       or num_pages < 1):
             raise ValueError(f"num_pages: must be an int >= 1, got {num_pages!r}")
-        self.device = _device(device)
+        self.device = runtime_device(device)
         pages = num_pages or config.pool_pages
         self.kv_caches = [PagedKVCache.allocate(config, pages, self.device, seed=config.seed + i)
                           for i in range(s.num_layers)]
-        self.buffers = StaticBuffers(config, self.device)
-        self._views: dict = {}  # bucket -> BucketView (slices of self.buffers), filled on first use
+        b = config.max_batch
+        self.slots = SlotState.allocate(b, config.max_pages_per_seq, self.device,
+                                        history_width=config.max_context_len if token_history else None)
+        self.buffers = StaticBuffers(config, self.device, block_table=self.slots.block_table,
+                                     seq_lens=self.slots.seq_lens)   # the graphs read the slots
         self.backend = make_backend(config, self.kv_caches[0], self.device, name=backend)
-        self.graphs: GraphManager | None = None
+        # a tensor-parallel model's graphs hold NCCL collectives: the process group's watchdog
+        # thread queries CUDA events during capture, which the default "global" mode would refuse
+        self.graphs = GraphRunner(self.device, capture_error_mode="global" if getattr(model, "tp", None)
+                                  is None else "thread_local")
         self.lock = threading.RLock()  # held for a whole call: see the module docstring
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self._prefill_attention: PrefillAttention | None = None  # built on first prefill
         self.sampling = sampling  # capture() also captures the sampled graph of every bucket
-        self.sample_graphs: GraphManager | None = None
+        self._captured = False
         self.backend.setup([self.buffers.view(x) for x in reversed(config.buckets)])
         if steps_per_graph > 1 and self.backend.needs_host_inputs:  # after setup: fallback too
             if not fallback_to_one_step:
@@ -108,25 +113,13 @@ class ModelRuntime:
             warnings.warn(f"graphrt: steps_per_graph={steps_per_graph} needs device planning ({reason}); "
                           f"running 1 step per graph with host planning", stacklevel=2)
             self.k = 1
-        b = config.max_batch
-        tokens = torch.zeros(b, dtype=torch.int64, device=self.device)
-        out = torch.zeros((self.k, b), dtype=torch.int64, device=self.device)
-        logits = (torch.zeros((b, s.vocab_size), dtype=torch.float32, device=self.device)
-                  if self.keep_logits else None)
-        samp = SamplingBuffers.allocate(b, self.device)
-        self._io = {size: StepBuffers(tokens[:size], out[:, :size],
-                                      None if logits is None else logits[:size], samp.view(size))
-                    for size in config.buckets}
+        self.out_tokens = torch.zeros((self.k, b), dtype=torch.int64, device=self.device)  # [K, B]
+        self._logits = (torch.zeros((b, s.vocab_size), dtype=torch.float32, device=self.device)
+                        if self.keep_logits else None)                              # last step's
 
     @property
     def num_pages(self) -> int:
         return self.kv_caches[0].num_pages
-
-    @property
-    def _graph_options(self) -> dict:
-        """A tensor-parallel model's graphs hold NCCL collectives: the process group's watchdog
-        thread queries CUDA events during capture, which the default "global" mode would refuse."""
-        return {} if getattr(self.model, "tp", None) is None else {"capture_error_mode": "thread_local"}
 
     @property
     def uses_graphs(self) -> bool:
@@ -147,60 +140,74 @@ class ModelRuntime:
                                       attention=self._prefill_attention,
                                       max_tokens=self.prefill_chunk_tokens)
 
-    def _steps(self, view: BucketView, io: StepBuffers, sampled: bool = False) -> None:
-        """K decode steps over the bucket (pure device work: capturable). sampled: draw each
-        token with io.sampling's per-row parameters instead of the argmax."""
+    # ---- the decode phase: K steps over a bucket of slots (pure device work: capturable) -------
+    def _steps(self, size: int, sampled: bool) -> None:
+        """K decode steps over slots [0, size). sampled: draw each token with the slots' sampling
+        rows (advancing their draw index) instead of the argmax."""
+        st, view = self.slots, self.buffers.view(size)
+        tokens, seq = st.tokens[:size], view.seq_lens                       # [B] int64, [B] int32
         ctx = AttentionContext(self.backend, view, self.kv_caches)
         for step in range(self.k):
             ctx.prepare()
-            logits = self.model.decode_step(ctx, io.tokens)          # [B, vocab] model dtype
+            logits = self.model.decode_step(ctx, tokens)                     # [B, vocab] model dtype
+            out = self.out_tokens[step, :size]
             if sampled:
-                io.sampling.sample(logits, io.out_tokens[step])
-                nxt = io.out_tokens[step]
+                sample_tokens(logits, st.temperature[:size], st.top_k[:size], st.top_p[:size],
+                              st.seed[:size], st.step[:size], out)
             else:
-                nxt = torch.argmax(logits, dim=-1)
-                io.out_tokens[step].copy_(nxt)
-            io.tokens.copy_(nxt)
-            if step + 1 == self.k:
-                if io.logits is not None:
-                    io.logits.copy_(logits)                          # float32, only on request
-            else:
-                view.seq_lens.add_((view.seq_lens > 0).to(view.seq_lens.dtype))
+                out.copy_(torch.argmax(logits, dim=-1))
+            tokens.copy_(out)
+            live = seq > 0
+            if st.history is not None:                                        # token at index seq_len
+                at = seq.long().clamp(max=st.history.shape[1] - 1)[:, None]
+                old = st.history[:size].gather(1, at)
+                st.history[:size].scatter_(1, at, torch.where(live[:, None], out[:, None].int(), old))
+            seq.add_(live.to(seq.dtype))
+            if step + 1 == self.k and self._logits is not None:
+                self._logits[:size].copy_(logits)                             # float32, on request
+
+    def _key(self, size: int, sampled: bool) -> GraphKey:
+        return GraphKey("decode", size, steps=self.k, sampled=sampled)
+
+    def _host_plan(self, size: int, seq_lens_cpu: torch.Tensor | None = None):
+        """The graph runner's prepare hook: a host-planning backend plans from the lengths."""
+        if not self.backend.needs_host_inputs:
+            return None
+        view = self.buffers.view(size)
+        return lambda: self.backend.host_prepare(
+            view, view.seq_lens.cpu() if seq_lens_cpu is None else seq_lens_cpu)
 
     def capture(self) -> dict:
-        """Capture every bucket not yet captured (idempotent, like DecodeRuntime.capture);
-        returns the CaptureStats of every captured bucket ({} on CPU). The warm-up steps write
-        K/V into page 0 of every layer (their block table is all zeros); page 0 is saved before
-        and restored after."""
+        """Capture the decode graphs of every bucket not yet captured (largest first; greedy,
+        and sampled with sampling=True); returns {GraphKey: CaptureStats} of every graph of the
+        runner ({} on CPU). Warm-up and capture run 1-token requests on page 0 of every layer,
+        which the graph runner saves and restores, as it does the slots."""
         if not self.uses_graphs:
             return {}
+        st = self.slots
         with self.lock:
-            self.graphs = self.graphs or GraphManager(self.device, **self._graph_options)
-            saved = [(c.k[0].clone(), c.v[0].clone()) for c in self.kv_caches]
-            try:
-                self._capture_all()
-            finally:
-                for c, (k0, v0) in zip(self.kv_caches, saved):
-                    c.k[0].copy_(k0)
-                    c.v[0].copy_(v0)
+            for size in reversed(self.config.buckets):
+                for sampled in (False, True) if self.sampling else (False,):
+                    key = self._key(size, sampled)
+                    if key in self.graphs:
+                        continue
+                    inputs = [(st.block_table[:size], 0), (st.seq_lens[:size], 1), (st.tokens[:size], 0),
+                              (st.step[:size], 0)] + ([] if st.history is None else [(st.history[:size], 0)])
+                    self.graphs.capture(key, lambda s=size, x=sampled: self._steps(s, x), inputs=inputs,
+                                        scratch=self.kv_caches, prepare=self._host_plan(size))
+            self._captured = True
             return dict(self.graphs.stats)
 
-    def _capture_all(self) -> None:
-        for size in reversed(self.config.buckets):
-            if size in self.graphs:
-                continue
-            view, io = self.buffers.view(size), self._io[size]
-            view.block_table.zero_()
-            view.seq_lens.fill_(1)
-            io.tokens.zero_()
-            if self.backend.needs_host_inputs:  # host planner: the workspace must hold a plan
-                self.backend.host_prepare(view, view.seq_lens.cpu())
-            self.graphs.capture(size, lambda v=view, i=io: self._steps(v, i))
-            if self.sampling:
-                self.sample_graphs = self.sample_graphs or GraphManager(
-                    self.device, **self._graph_options)
-                self.sample_graphs.capture(size, lambda v=view, i=io: self._steps(v, i, True))
-            view.seq_lens.zero_()
+    def _run(self, n: int, sampled: bool, seq_lens_cpu: torch.Tensor | None = None) -> torch.Tensor:
+        size = pick_bucket(self.config.buckets, n)
+        self.graphs.run(self._key(size, sampled), lambda: self._steps(size, sampled),
+                        prepare=self._host_plan(size, seq_lens_cpu))
+        return self.out_tokens[:, :n]
+
+    def _check_sampled(self, sampled: bool) -> None:
+        if sampled and self._captured and not self.sampling:
+            raise ValueError("sampling: this ModelRuntime was captured with sampling=False "
+                             "(argmax graphs only)")
 
     def decode(self, tokens: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, *,
                out: torch.Tensor | None = None,
@@ -233,9 +240,7 @@ class ModelRuntime:
         check_tables(c, self.device, self.num_pages, n, block_table, seq_lens)
         if sampling is not None:
             sampling.check(n, self.device)
-            if self.graphs is not None and self.sample_graphs is None:
-                raise ValueError("sampling: this ModelRuntime was captured with sampling=False "
-                                 "(argmax graphs only)")
+        self._check_sampled(sampling is not None)
         if seq_lens.device.type == "cpu":
             last = seq_lens + (seq_lens > 0).to(seq_lens.dtype) * (self.k - 1)
             if int(last.max()) > c.max_context_len:
@@ -250,53 +255,23 @@ class ModelRuntime:
                    else type(out).__name__)
             raise ValueError(f"out: expected [{self.k}, {n}] torch.int64 on {self.device}, got {got}")
         with self.lock:
-            rows = self._decode(tokens, block_table, seq_lens, sampling)
+            self.slots.load(n, tokens, block_table, seq_lens, sampling)   # the input copy
+            host_lens = seq_lens if seq_lens.device.type == "cpu" else None
+            rows = self._run(n, sampling is not None, host_lens)
             return rows if out is None else out.copy_(rows)
 
-    def decode_trusted(self, n: int, tokens: torch.Tensor, block_table: torch.Tensor,
-                       seq_lens: torch.Tensor, *, sampling: SamplingInputs | None = None) -> torch.Tensor:
-        """decode() for an engine's persistent input batch, without the host checks: K steps over
-        rows [0, n); returns [K, n] int64 tokens (a view of a static buffer, valid until the next
-        call; hold mrt.lock to read it from another thread).
+    def decode_slots(self, n: int, *, sampled: bool) -> torch.Tensor:
+        """K decode steps over slots [0, n) as they stand in `self.slots` (the engine's path: no
+        input copy, no host check, no sync except a host-planning backend reading seq_lens);
+        returns [K, n] int64 tokens (a view of a static buffer, valid until the next block).
 
-        Trusted inputs, all on the runtime device and owned by the caller, who built them for
-        this runtime: tokens [>= n] int64, block_table [>= n, max_pages_per_seq] int32, seq_lens
-        [>= n] int32 (0 = padding row), sampling rows [n] (see SamplingInputs) or None (argmax).
-        Only rows [0, n) are read (device-to-device copies into the bucket's static buffers). The
-        device guard still neutralises bad rows and raises the sticky flag that
-        check_device_errors() reports; nothing is checked on the host and nothing syncs (except
-        a host-planning backend, which reads seq_lens on the host)."""
-        if sampling is not None and self.graphs is not None and self.sample_graphs is None:
-            raise ValueError("sampling: this ModelRuntime was captured with sampling=False "
-                             "(argmax graphs only)")
+        Slots [n, bucket) must be empty (seq_len 0). The slots advance on the device: seq_lens
+        by K for live rows, tokens to the last step's, step by K for every row of a sampled
+        block, the history by K tokens. The device guard still neutralises bad rows and raises
+        the sticky flag that check_device_errors() reports."""
+        self._check_sampled(sampled)
         with self.lock:
-            return self._decode(tokens[:n], block_table[:n], seq_lens[:n], sampling)
-
-    def _decode(self, tokens, block_table, seq_lens, sampling) -> torch.Tensor:
-        n, c = tokens.shape[0], self.config
-        size = pick_bucket(c.buckets, n)
-        view = self._views.get(size)
-        if view is None:                    # the bucket's views of the static buffers, made once
-            view = self._views[size] = self.buffers.view(size)
-        io = self._io[size]
-        width = block_table.shape[1]
-        view.block_table[:n, :width].copy_(block_table, non_blocking=True)
-        if width < c.max_pages_per_seq:
-            view.block_table[:n, width:].fill_(-1)
-        view.seq_lens[:n].copy_(seq_lens, non_blocking=True)
-        if n < size:
-            view.seq_lens[n:].fill_(0)
-        io.tokens[:n].copy_(tokens, non_blocking=True)
-        if sampling is not None:
-            io.sampling.load(sampling, n)
-        if self.backend.needs_host_inputs:  # the engines' pattern: plan() on the host, then replay
-            self.backend.host_prepare(view, seq_lens.cpu())
-        graphs = self.graphs if sampling is None else self.sample_graphs
-        if graphs is not None and size in graphs:
-            graphs.replay(size)
-        else:
-            self._steps(view, io, sampled=sampling is not None)
-        return io.out_tokens[:, :n]
+            return self._run(n, sampled)
 
     def last_logits(self, n: int) -> torch.Tensor:
         """[n, vocab] float32 logits of the last decode step of the bucket serving n rows
@@ -304,7 +279,7 @@ class ModelRuntime:
         if not self.keep_logits:
             raise ValueError("last_logits: this runtime was built with keep_logits=False; pass "
                              "keep_logits=True to ModelRuntime to keep each step's float32 logits")
-        return self._io[pick_bucket(self.config.buckets, n)].logits[:n]
+        return self._logits[:n]
 
     def check_device_errors(self) -> None:
         """Raise DeviceInputError if the prepare or K/V-append kernels flagged bad device inputs."""

@@ -90,3 +90,24 @@ def shard_spec(spec: LlamaSpec, world_size: int) -> LlamaSpec:
     return dataclasses.replace(spec, num_heads=spec.num_heads // n, num_kv_heads=spec.num_kv_heads // n,
                                intermediate_size=spec.intermediate_size // n,
                                vocab_size=-(-spec.vocab_size // n))   # padded: rows past V are zero
+
+
+def owned_slice(full: tuple[int, ...], local: tuple[int, ...], rank: int) -> tuple[int, int, int] | None:
+    """(dim, start, stop) of rank's block of a tensor of shape `full` whose shard is `local`
+    (None: replicated). Raises ValueError if the shapes differ in more than one dim."""
+    dims = [d for d, (a, b) in enumerate(zip(full, local)) if a != b]
+    if len(full) != len(local) or len(dims) > 1:
+        raise ValueError(f"shard: shape {list(local)} is not a one-dim block of {list(full)}")
+    if not dims:
+        return None
+    d = dims[0]
+    if full[d] % local[d]:
+        raise ValueError(f"shard: dim {d} of {list(full)} is not a multiple of {local[d]}")
+    return d, rank * local[d], (rank + 1) * local[d]
+
+
+def vocab_rows(vocab_size: int, local_rows: int, rank: int) -> tuple[int, int]:
+    """[start, stop) of the real vocabulary rows rank holds (stop - start <= local_rows; the rest
+    of its local_rows are padding)."""
+    start = min(rank * local_rows, vocab_size)
+    return start, min(start + local_rows, vocab_size)

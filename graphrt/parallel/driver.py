@@ -1,4 +1,8 @@
-"""Rank 0 drives, the other ranks follow: every prefill / capture / decode call is broadcast first.
+"""Rank 0 drives, the other ranks follow: every executor call is broadcast first.
+
+TPDriver is the tensor-parallel implementation of the engine's executor interface
+(engine/executor.py: prefill_slots, apply, decode_block, spec_block, capture), over each rank's
+LocalExecutor; it also drives a bare ModelRuntime (prefill, decode, capture).
 
     # on every rank (inside launch.launch's fn), with its own sharded ModelRuntime `mrt`:
     if ctx.rank == 0:
@@ -66,16 +70,15 @@ def _fill(x, runtime, received: list):
     return x
 
 
+CALLS = ("prefill", "decode", "capture", "prefill_slots", "apply", "decode_block", "spec_block")
+
+
 def _run(mrt, name: str, args: tuple, kwargs: dict):
-    if name == "prefill":
-        return mrt.prefill(*args, **kwargs)
-    if name == "decode":
-        return mrt.decode(*args, **kwargs)
-    if name == "capture":
-        if mrt.model.tp is not None and mrt.uses_graphs:
-            mrt.model.tp.warm_up(mrt.device)     # the NCCL communicator exists before capture
-        return mrt.capture()
-    raise ValueError(f"call: {name!r} is not 'prefill', 'decode' or 'capture'")
+    if name not in CALLS:
+        raise ValueError(f"call: {name!r} is not one of {CALLS}")
+    if name == "capture" and mrt.model.tp is not None and mrt.uses_graphs:
+        mrt.model.tp.warm_up(mrt.device)         # the NCCL communicator exists before capture
+    return getattr(mrt, name)(*args, **kwargs)
 
 
 class TPDriver:
@@ -139,6 +142,20 @@ class TPDriver:
             return rows
         with self.runtime.lock:
             return out.copy_(rows)
+
+    # ---- the executor interface (engine/executor.py), every rank running the same call --------
+    def prefill_slots(self, prompts, block_table, slots, sampling):
+        return self._call("prefill_slots", prompts, block_table, slots, sampling)
+
+    def apply(self, update) -> None:
+        """The input batch's staged update (host tensors, pickled to the workers) on every rank."""
+        self._call("apply", update)
+
+    def decode_block(self, n: int, *, sampled: bool):
+        return self._call("decode_block", n, sampled=sampled)
+
+    def spec_block(self, n: int, *, filtered: bool = False):
+        return self._call("spec_block", n, filtered=filtered)
 
     def shutdown(self) -> None:
         """Ends the workers' `follow` loops."""

@@ -23,7 +23,7 @@ import dataclasses
 
 import torch
 
-from graphrt.model.spec import LlamaSpec, check_tp_size, shard_spec
+from graphrt.model.spec import LlamaSpec, check_tp_size, owned_slice, shard_spec, vocab_rows
 from graphrt.model.weights import LayerWeights, ModelWeights
 
 
@@ -34,27 +34,6 @@ def shard_runtime_config(config, world_size: int):
             raise ValueError(f"tensor_parallel: {world_size} does not divide {name}={getattr(config, name)}")
     return config.replace(num_qo_heads=config.num_qo_heads // world_size,
                           num_kv_heads=config.num_kv_heads // world_size)
-
-
-def owned_slice(full: tuple[int, ...], local: tuple[int, ...], rank: int) -> tuple[int, int, int] | None:
-    """(dim, start, stop) of rank's block of a tensor of shape `full` whose shard is `local`
-    (None: replicated). Raises ValueError if the shapes differ in more than one dim."""
-    dims = [d for d, (a, b) in enumerate(zip(full, local)) if a != b]
-    if len(full) != len(local) or len(dims) > 1:
-        raise ValueError(f"shard: shape {list(local)} is not a one-dim block of {list(full)}")
-    if not dims:
-        return None
-    d = dims[0]
-    if full[d] % local[d]:
-        raise ValueError(f"shard: dim {d} of {list(full)} is not a multiple of {local[d]}")
-    return d, rank * local[d], (rank + 1) * local[d]
-
-
-def vocab_rows(vocab_size: int, local_rows: int, rank: int) -> tuple[int, int]:
-    """[start, stop) of the real vocabulary rows rank holds (stop - start <= local_rows; the rest
-    of its local_rows are padding)."""
-    start = min(rank * local_rows, vocab_size)
-    return start, min(start + local_rows, vocab_size)
 
 
 def _take(t: torch.Tensor, where) -> torch.Tensor:

@@ -75,7 +75,9 @@ class AsyncEngine:
         running = sum(s is not None for s in list(sched.slots))
         waiting = max(len(sched.waiting), self.in_flight - running)
         free = alloc.num_free
-        return EngineStats(running=running, waiting=waiting, pages_used=alloc.num_pages - free, pages_free=free)
+        counts = getattr(self.engine, "spec_counts", None) if getattr(self.engine, "spec", None) else None
+        return EngineStats(running=running, waiting=waiting, pages_used=alloc.num_pages - free, pages_free=free,
+                           spec=None if counts is None else dict(counts))
 
     def healthy(self) -> bool:
         """The engine's loop runs and has not died (engine.error: an unattributable failure)."""

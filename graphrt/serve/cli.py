@@ -67,6 +67,13 @@ def build_parser(prog: str = "graphrt serve") -> argparse.ArgumentParser:
                    help="shard the model over N GPUs, one process each (graphrt/parallel)")
     p.add_argument("--quantization", default=None, choices=["fp8"],
                    help="fp8: quantize a float checkpoint's linear layers to FP8 while loading (default: none; FP8 checkpoints load as FP8 by themselves)")
+    p.add_argument("--speculative-method", default=None, choices=["ngram", "draft"],
+                   help="speculative decoding: ngram (prompt lookup over each request's own tokens) or "
+                        "draft (a smaller checkpoint, --draft-model) (default: none, no speculation)")
+    p.add_argument("--draft-model", default=None, metavar="DIR",
+                   help="with --speculative-method draft: the draft checkpoint, sharing the target's tokenizer (default: none)")
+    p.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
+                   help="with --speculative-method: tokens proposed per round (default: 4)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
@@ -142,7 +149,37 @@ def resolve_configs(args):
         if getattr(args, name, None) is not None:
             srv_kw[name] = getattr(args, name)
     srv_kw.setdefault("served_model_name", str(model_path(args)))
+    spec = speculative_from_flags(args)
+    if spec is not None:
+        eng_kw["speculative"] = spec
     return EngineConfig(**eng_kw), ServeConfig(**srv_kw)
+
+
+_SPEC_FLAGS = {"method": "--speculative-method", "draft_model": "--draft-model",
+               "num_tokens": "--num-speculative-tokens"}
+
+
+def speculative_from_flags(args):
+    """The speculative flags -> a SpeculativeConfig, or None without --speculative-method.
+    ValueError naming the flag."""
+    from graphrt.speculative.config import SpeculativeConfig
+    method = getattr(args, "speculative_method", None)
+    draft, k = getattr(args, "draft_model", None), getattr(args, "num_speculative_tokens", None)
+    if method is None:
+        if draft is not None or k is not None:
+            raise ValueError(f"--speculative-method: needed with {'--draft-model' if draft else '--num-speculative-tokens'}")
+        return None
+    kw = {"method": method, "draft_model": draft}
+    if k is not None:
+        kw["num_tokens"] = k
+    try:
+        return SpeculativeConfig(**kw)
+    except ValueError as e:
+        msg = str(e)
+        for field, flag in _SPEC_FLAGS.items():
+            if msg.startswith(f"speculative.{field}:"):
+                raise ValueError(flag + msg[len(f"speculative.{field}"):]) from None
+        raise
 
 
 def load(args):
@@ -208,9 +245,8 @@ def capture_report(llm, total_s: float) -> list[str]:
     """Start-up phases after the weights: graph warm-up (kernel compilation / loading, first
     touch) and capture, from the runtime's per-bucket CaptureStats; the rest is tokenizer and
     runtime construction."""
-    managers = [m for m in (getattr(llm.runtime, "graphs", None), getattr(llm.runtime, "sample_graphs", None))
-                if m is not None]
-    stats = [st for m in managers for st in m.stats.values()]
+    graphs = getattr(llm.runtime, "graphs", None)
+    stats = list(graphs.stats.values()) if graphs is not None else []
     rest = total_s - llm.checkpoint.load_s
     if not stats:
         return [f"tokenizer + runtime: {rest:.2f} s (no CUDA graphs: eager decode)"]
@@ -218,7 +254,8 @@ def capture_report(llm, total_s: float) -> list[str]:
     cap = sum(st.capture_ms for st in stats) / 1e3
     mem = sum(st.graph_bytes for st in stats) / 2**20
     return [f"kernels (graph warm-up: compile or load from cache, first touch): {warm:.2f} s",
-            f"graph capture: {len(stats)} graphs ({len(managers)} per bucket) in {cap:.2f} s, {mem:.1f} MiB",
+            f"graph capture: {len(stats)} graphs ({len(stats) // len({st.bucket for st in stats})} per bucket) "
+            f"in {cap:.2f} s, {mem:.1f} MiB",
             f"tokenizer + runtime construction: {max(rest - warm - cap, 0.0):.2f} s"]
 
 

@@ -17,11 +17,13 @@ PREFIX = "graphrt_"
 
 @dataclass(frozen=True)
 class EngineStats:
-    """A snapshot of the engine: requests in decode slots / queued, KV pages used / free."""
+    """A snapshot of the engine: requests in decode slots / queued, KV pages used / free;
+    spec: with speculation, the engine's cumulative counts (proposed, accepted, rounds, emitted)."""
     running: int
     waiting: int
     pages_used: int
     pages_free: int
+    spec: dict | None = None
 
 
 class Histogram:
@@ -109,6 +111,17 @@ class Metrics:
         metric("time_per_output_token_seconds", "histogram",
                "Per request: (last token time - first token time) / (output tokens - 1).",
                self.tpot.lines(f"{p}time_per_output_token_seconds"))
+        if stats.spec is not None:                   # speculative decoding (Engine.spec_counts)
+            c = stats.spec
+            for key, help_ in (("proposed", "Proposed tokens verified."), ("accepted", "Proposed tokens accepted."),
+                               ("rounds", "Speculative rounds run, per request.")):
+                metric(f"spec_{key}_total", "counter", help_, [f"{p}spec_{key}_total {c[key]}"])
+            rate = c["accepted"] / c["proposed"] if c["proposed"] else 0.0
+            per_round = c["emitted"] / c["rounds"] if c["rounds"] else 0.0
+            metric("spec_acceptance_rate", "gauge", "Accepted / proposed tokens since start.",
+                   [f"{p}spec_acceptance_rate {_num(rate)}"])
+            metric("spec_tokens_per_round", "gauge", "Tokens emitted per request and round since start.",
+                   [f"{p}spec_tokens_per_round {_num(per_round)}"])
         return "\n".join(lines) + "\n"
 
 

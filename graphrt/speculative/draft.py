@@ -60,7 +60,7 @@ class DraftProposer:
             d = logits.view(b, toks.shape[1], -1)[:, -1].argmax(dim=-1)  # [B]
             proposals[:, j].copy_(d)
             toks = d[:, None]
-            cache_lens = torch.where(active, num_tokens - 1 + j, -1).to(torch.int32)
+            cache_lens = torch.where(active, num_tokens + j, -1).to(torch.int32)   # d_{j+1} at n + j
         count.copy_(torch.where(active, self.k, 0))
 
 

@@ -1,21 +1,27 @@
 """Speculative decoding rounds on the device: propose -> verify -> accept -> advance, R per block.
 
-    runner = SpeculativeRunner(model, kv_caches, SpeculativeConfig(num_tokens=4),
-                               buckets=(1, 2, 4), max_len=512, page_size=16, rounds=4)
-    runner.set_slot(0, prompt + [first_token], limit=len(prompt) + max_tokens,
-                    block_table=row)                  # after the target's prefill of `prompt`
-    runner.capture()                                  # CUDA: one graph per bucket (R rounds)
-    out, emitted, proposed = runner.run(n)            # [R, n, k+1] tokens, [R, n] counts
+    runner = SpeculativeRunner.attach(mrt, SpeculativeConfig(num_tokens=4), rounds=4)  # engine
+    out = runner.run(n)                     # BlockOutput: [R, n, k+1] tokens, [R, n] counts
 
-A block of R rounds is a pure device function of the persistent SpecBuffers, captured per bucket
-on CUDA (the eager path is the same code, used on CPU): the n-gram kernel proposes from each
-slot's token buffer, the target verifies k + 1 tokens per slot in one forward
-(LlamaDecoder.verify_step), `judge` + `advance` accept and write the emitted tokens into the token
-buffer and move num_tokens / step. The host reads `out`/`emitted` after the block (the engine can
-do it asynchronously) and applies stop ids, stop strings and EOS; max_tokens is exact on the
-device (a slot never holds more than `limit` tokens). A slot the host stops is cleared with
-`clear_slot`. K/V written for rejected proposals lies past the slot's length and is overwritten
-by the next round. Method "draft" takes a DraftProposer (draft.py) in place of the n-gram kernel.
+    runner = SpeculativeRunner(model, kv_caches, SpeculativeConfig(num_tokens=4),
+                               buckets=(1, 2, 4), max_len=512, page_size=16, rounds=4)  # standalone
+    runner.set_slot(0, prompt + [first_token], limit=len(prompt) + max_tokens,
+                    block_table=row)        # after the target's prefill of `prompt`
+    runner.capture()                        # CUDA: one graph per bucket (R rounds)
+
+A block of R rounds is a pure device function of the per-slot state (model/slots.py: token
+history, tokens held, limit, block table, sampling rows, per-slot k) and this phase's scratch
+(buffers.py). `attach` shares a ModelRuntime's slots, graph runner (one pool, one capture
+set-up: attention/graphs.py) and device-error flags, so the engine's input batch is what the
+rounds read and the decode graphs and the rounds advance one state; the standalone constructor
+allocates the same objects for itself. Each round: the n-gram kernel (or a DraftProposer,
+draft.py) proposes from each slot's token history, the target verifies k + 1 tokens per slot in
+one forward (`model.verify_step`), `judge` + `advance` accept and write the emitted tokens into
+the history and move the tokens held and the draw index; at the end of the block each slot's
+current token is refreshed for the decode graphs. The host reads `out`/`emitted` after the block
+(the engine asynchronously) and applies stop ids, stop strings and EOS; max_tokens is exact on
+the device (a slot never holds more than `limit` tokens). K/V written for rejected proposals lies
+past the slot's length and is overwritten by the next round.
 """
 from __future__ import annotations
 
@@ -24,8 +30,9 @@ from typing import NamedTuple
 import torch
 
 from graphrt.attention.buckets import pick_bucket
-from graphrt.attention.graphs import GraphManager
+from graphrt.attention.graphs import GraphKey, GraphRunner
 from graphrt.kernels.multiquery_attention import default_splits
+from graphrt.model.slots import SlotState
 from graphrt.speculative.accept import advance, judge
 from graphrt.speculative.buffers import SpecBuffers
 from graphrt.speculative.config import SpeculativeConfig
@@ -44,15 +51,18 @@ class BlockOutput(NamedTuple):
 
 class SpeculativeRunner:
     """model: a LlamaDecoder; kv_caches: its per-layer PagedKVCache list (holding the prefilled
-    prompts); buckets: sorted batch sizes captured; max_len: token-buffer width (>= the longest
+    prompts); buckets: sorted batch sizes captured; max_len: token-history width (>= the longest
     limit + k); page_size / max_pages: the block-table geometry; rounds: R per block; draft: a
-    DraftProposer for method "draft"; filtered: apply per-slot top_k / top_p to the target
-    logits before acceptance (a sort per verified row; off: slots must not use them)."""
+    DraftProposer for method "draft"; filtered: support per-slot top_k / top_p (a second graph
+    per bucket that filters the target logits before acceptance, a sort per verified row, run
+    with run(n, filtered=True); off: slots must not use them).
+    slots / graphs / device_error: shared state (see `attach`); allocated here when None."""
 
     def __init__(self, model, kv_caches, config: SpeculativeConfig, *, buckets, max_len: int,
                  page_size: int, max_pages: int | None = None, rounds: int = 1, device=None,
                  splits: int | None = None, draft: DraftProposer | None = None,
-                 filtered: bool = False):
+                 filtered: bool = False, slots: SlotState | None = None,
+                 graphs: GraphRunner | None = None, device_error: torch.Tensor | None = None):
         if not isinstance(config, SpeculativeConfig):
             raise TypeError(f"config: expected a SpeculativeConfig, got {type(config).__name__}")
         if (config.method == "draft") != (draft is not None):
@@ -76,11 +86,39 @@ class SpeculativeRunner:
         self.buckets, self.rounds, self.page_size = buckets, rounds, page_size
         self.max_pages = max_pages or -(-(max_len + config.num_tokens) // page_size)
         self.device = torch.device(device) if device is not None else kv_caches[0].device
-        self.bufs = SpecBuffers.allocate(buckets[-1], max_len, self.max_pages, config.num_tokens,
-                                         rounds, self.device)
+        if slots is None:
+            slots = SlotState.allocate(buckets[-1], self.max_pages, self.device, history_width=max_len)
+        if slots.history is None or slots.max_batch < buckets[-1] \
+                or slots.block_table.shape[1] != self.max_pages:
+            raise ValueError(f"slots: need a token history, >= {buckets[-1]} rows and "
+                             f"{self.max_pages} block-table columns")
+        self.slots = slots
+        self.graphs = graphs if graphs is not None else GraphRunner(self.device)
+        self.device_error = (device_error if device_error is not None else
+                             torch.zeros(1, dtype=torch.int32, device=self.device))
+        self.bufs = SpecBuffers.allocate(buckets[-1], config.num_tokens, rounds, self.device)
         hkv = model.local_spec.num_kv_heads
         self.splits = {b: splits or default_splits(self.device, b, hkv, max_len) for b in buckets}
-        self.graphs: GraphManager | None = None
+
+    @classmethod
+    def attach(cls, mrt, config: SpeculativeConfig, *, rounds: int = 1,
+               draft: DraftProposer | None = None, filtered: bool = False,
+               splits: int | None = None) -> "SpeculativeRunner":
+        """The rounds over a ModelRuntime's own slots (built with token_history=True), graph
+        runner and device-error flags: the phase the engine runs beside the decode graphs."""
+        c = mrt.config
+        if mrt.slots.history is None:
+            raise ValueError("mrt: build the ModelRuntime with token_history=True for speculation")
+        return cls(mrt.model, mrt.kv_caches, config, buckets=c.buckets,
+                   max_len=mrt.slots.history.shape[1], page_size=c.page_size,
+                   max_pages=c.max_pages_per_seq, rounds=rounds, device=mrt.device, splits=splits,
+                   draft=draft, filtered=filtered, slots=mrt.slots, graphs=mrt.graphs,
+                   device_error=mrt.buffers.device_error)
+
+    @property
+    def width(self) -> int:
+        """Token-history width: a slot's limit + k must fit."""
+        return self.slots.history.shape[1]
 
     # ---- host side: slots ---------------------------------------------------------------------
     def set_slot(self, slot: int, tokens, *, limit: int, block_table: torch.Tensor,
@@ -93,9 +131,9 @@ class SpeculativeRunner:
         < limit + k - 1. temperature 0 = greedy; seed / step: the request's Philox key and draw
         index (tokens it has sampled so far); top_k / top_p: as SamplingParams (runners built
         with filtered=True only)."""
-        b, k = self.bufs, self.config.num_tokens
-        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < b.token_buf.shape[0]:
-            raise ValueError(f"slot: must be an int in [0, {b.token_buf.shape[0]}), got {slot!r}")
+        st, k = self.slots, self.config.num_tokens
+        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < st.max_batch:
+            raise ValueError(f"slot: must be an int in [0, {st.max_batch}), got {slot!r}")
         tokens = torch.as_tensor(tokens, dtype=torch.int32).reshape(-1)
         extra = 0 if append is None else append.numel()
         if extra not in (0, 1):
@@ -108,9 +146,9 @@ class SpeculativeRunner:
         if rope is not None and limit + k - 1 > rope:
             raise ValueError(f"limit: {limit} + num_tokens {k} - 1 positions exceed the model's "
                              f"max_positions={rope}")
-        if limit + k > b.width:
+        if limit + k > self.width:
             raise ValueError(f"limit: {limit} + num_tokens {k} exceeds the token buffer's max_len="
-                             f"{b.width}")
+                             f"{self.width}")
         if block_table.dim() != 1 or block_table.dtype != torch.int32 \
                 or block_table.numel() * self.page_size < limit + k - 1 \
                 or block_table.numel() > self.max_pages:
@@ -124,82 +162,91 @@ class SpeculativeRunner:
             raise ValueError(f"top_p: must be in (0, 1], got {top_p}")
         if not self.filtered and (top_k > 0 or top_p < 1.0):
             raise ValueError(f"top_k, top_p: {top_k}, {top_p} need a runner built with filtered=True")
-        b.token_buf[slot, : tokens.numel()].copy_(tokens)
+        hist = st.history
+        hist[slot, : tokens.numel()].copy_(tokens)
         if append is not None:
-            b.token_buf[slot, n - 1: n].copy_(append.reshape(1), non_blocking=True)
-        b.num_tokens[slot] = n
-        b.limit[slot] = limit
-        b.block_table[slot].fill_(0)
-        b.block_table[slot, : block_table.numel()].copy_(block_table)
-        b.temperature[slot], b.seed[slot], b.step[slot] = float(temperature), int(seed), int(step)
-        b.top_k[slot], b.top_p[slot] = top_k, float(top_p)
+            hist[slot, n - 1: n].copy_(append.reshape(1), non_blocking=True)
+        st.tokens[slot:slot + 1].copy_(hist[slot, n - 1: n])
+        st.seq_lens[slot], st.limit[slot], st.spec_k[slot] = n, limit, k
+        st.block_table[slot].fill_(0)
+        st.block_table[slot, : block_table.numel()].copy_(block_table)
+        st.temperature[slot], st.seed[slot], st.step[slot] = float(temperature), int(seed), int(step)
+        st.top_k[slot], st.top_p[slot] = top_k, float(top_p)
 
     def clear_slot(self, slot: int) -> None:
         """Empty a slot (finished or aborted request): it emits nothing and writes no K/V."""
-        self.bufs.num_tokens[slot] = 0
-        self.bufs.limit[slot] = 0
+        self.slots.seq_lens[slot] = 0
+        self.slots.limit[slot] = 0
 
     def slot_tokens(self, slot: int) -> list[int]:
         """The slot's tokens (prompt + output) read back to the host (a sync; tests, debugging)."""
-        n = int(self.bufs.num_tokens[slot])
-        return self.bufs.token_buf[slot, :n].tolist()
+        n = int(self.slots.seq_lens[slot])
+        return self.slots.history[slot, :n].tolist()
 
     # ---- device side: the block of R rounds ----------------------------------------------------
-    def _round(self, v: SpecBuffers, r: int, splits: int) -> None:
-        c = self.config
-        active = (v.num_tokens > 0) & (v.num_tokens < v.limit)
+    def _round(self, size: int, r: int, filtered: bool) -> None:
+        c, st, v = self.config, self.slots, self.bufs.view(size)
+        num, limit, hist, step = st.seq_lens[:size], st.limit[:size], st.history[:size], st.step[:size]
+        temperature = st.temperature[:size]
+        table = st.block_table[:size]
+        active = (num > 0) & (num < limit)
         if self.draft is not None:
-            self.draft.propose(v.token_buf, v.num_tokens, active, v.block_table, v.proposals,
-                               v.count, v.device_error)
+            self.draft.propose(hist, num, active, table, v.proposals, v.count, self.device_error)
         else:
-            ngram_propose(v.token_buf, v.num_tokens, v.proposals, v.count, min_n=c.ngram_min,
-                          max_n=c.ngram_max)
-        last = (v.num_tokens.long() - 1).clamp_min(0)[:, None]
-        cur = v.token_buf.gather(1, last).long()                    # [B, 1] current tokens
+            ngram_propose(hist, num, v.proposals, v.count, min_n=c.ngram_min, max_n=c.ngram_max)
+        v.count.copy_(torch.minimum(v.count, st.spec_k[:size]))      # the slot's own k (policy)
+        last = (num.long() - 1).clamp_min(0)[:, None]
+        cur = hist.gather(1, last).long()                            # [B, 1] current tokens
         tokens = torch.cat([cur, v.proposals], dim=1)                # [B, k + 1]
-        cache_lens = torch.where(active, v.num_tokens - 1, -1).to(torch.int32)
-        logits = self.model.verify_step(tokens, cache_lens, self.kv_caches, v.block_table,
-                                        v.device_error, splits=splits)   # [B * (k + 1), V]
-        if self.filtered:
+        cache_lens = torch.where(active, num - 1, -1).to(torch.int32)
+        logits = self.model.verify_step(tokens, cache_lens, self.kv_caches, table,
+                                        self.device_error, splits=self.splits[size])  # [B * (k + 1), V]
+        if filtered:
             q = c.query_len
-            logits = filter_logits(logits, v.temperature.repeat_interleave(q),
-                                   v.top_k.repeat_interleave(q), v.top_p.repeat_interleave(q))
-        judge(logits, v.proposals, v.count, v.temperature, v.seed, v.step, v.accept, v.fallback)
+            logits = filter_logits(logits, temperature.repeat_interleave(q),
+                                   st.top_k[:size].repeat_interleave(q),
+                                   st.top_p[:size].repeat_interleave(q))
+        judge(logits, v.proposals, v.count, temperature, st.seed[:size], step, v.accept, v.fallback)
         v.proposed[r].copy_(torch.where(active, v.count, 0))
-        advance(v.accept, v.fallback, v.proposals, v.token_buf, v.num_tokens, v.limit, v.step,
-                v.out_tokens[r], v.emitted[r])
+        advance(v.accept, v.fallback, v.proposals, hist, num, limit, step, v.out_tokens[r], v.emitted[r])
 
-    def _block(self, size: int) -> None:
-        v = self.bufs.view(size)
+    def _block(self, size: int, filtered: bool = False) -> None:
         for r in range(self.rounds):
-            self._round(v, r, self.splits[size])
+            self._round(size, r, filtered)
+        st = self.slots                                              # the decode graphs' input
+        num, tokens = st.seq_lens[:size], st.tokens[:size]
+        cur = st.history[:size].gather(1, (num.long() - 1).clamp_min(0)[:, None])[:, 0]
+        tokens.copy_(torch.where(num > 0, cur.long(), tokens))
+
+    def _key(self, size: int, filtered: bool) -> GraphKey:
+        return GraphKey("spec", size, query_len=self.config.query_len, steps=self.rounds,
+                        sampled=True, filtered=filtered)
 
     def capture(self) -> None:
-        """Capture one graph of R rounds per bucket (CUDA only; no-op elsewhere). The warm-up
-        runs on empty slots, so it writes no K/V and emits nothing; slot state is saved and
-        restored around it."""
-        if self.device.type != "cuda":
-            return
-        saved = {name: getattr(self.bufs, name).clone() for name in ("num_tokens", "limit")}
-        self.bufs.num_tokens.zero_()
-        self.bufs.limit.zero_()
-        self.graphs = self.graphs or GraphManager(self.device)
+        """Capture one graph of R rounds per bucket (CUDA only; no-op elsewhere) through the
+        graph runner. The warm-up runs on empty slots, so it writes no K/V and emits nothing;
+        the slots' state is restored around it."""
+        st = self.slots
+        scratch = list(self.kv_caches) + (list(self.draft.kv_caches) if self.draft else [])
         for size in reversed(self.buckets):
-            if size not in self.graphs:
-                self.graphs.capture(size, lambda s=size: self._block(s))
-        self.bufs.num_tokens.copy_(saved["num_tokens"])
-        self.bufs.limit.copy_(saved["limit"])
+            for filtered in (False, True) if self.filtered else (False,):
+                key = self._key(size, filtered)
+                if key not in self.graphs:
+                    self.graphs.capture(key, lambda s=size, f=filtered: self._block(s, f),
+                                        inputs=[(st.seq_lens[:size], 0), (st.limit[:size], 0),
+                                                (st.tokens[:size], 0)], scratch=scratch)
 
-    def run(self, n: int) -> BlockOutput:
+    def run(self, n: int, *, filtered: bool | None = None) -> BlockOutput:
         """One block of R rounds over slots [0, n) (the smallest bucket >= n; slots past n in it
-        must be empty). Returns a BlockOutput of views (valid until the next run)."""
+        must be empty). filtered: apply the slots' top_k / top_p (default: whether the runner
+        supports them). Returns a BlockOutput of views (valid until the next run)."""
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.buckets[-1]:
             raise ValueError(f"n: must be an int in [1, {self.buckets[-1]}], got {n!r}")
+        filtered = self.filtered if filtered is None else filtered
+        if filtered and not self.filtered:
+            raise ValueError("filtered: this runner was built with filtered=False")
         size = pick_bucket(list(self.buckets), n)
-        if self.graphs is not None and size in self.graphs:
-            self.graphs.replay(size)
-        else:
-            self._block(size)
+        self.graphs.run(self._key(size, filtered), lambda: self._block(size, filtered))
         b = self.bufs
         return BlockOutput(b.out_tokens[:, :n], b.emitted[:, :n], b.proposed[:, :n])
 

@@ -217,7 +217,7 @@ def test_graph_cache_auto_backend_build_check_and_warm_load(tmp_path):
         "import torch; from graphrt import *; from graphrt.attention.verify import verify_bucket\n"
         f"cfg = load_config({str(path)!r}); kv = PagedKVCache.allocate(cfg, 2048, 'cuda')\n"
         f"rt = DecodeRuntime.from_cache({str(cache)!r}, kv_cache=kv)\n"
-        "assert sorted(rt.graphs.stats) == [1, 8, 64]\n"
+        "assert sorted(rt.graphs.stats_by_bucket()) == [1, 8, 64]\n"
         "print('ERR', max(verify_bucket(rt, b, seed=b) for b in (1, 8, 64)))\n")
     warm = _run(["-c", code])
     assert warm.returncode == 0, warm.stderr[-3000:]
@@ -240,7 +240,7 @@ def test_lazy_capture_captures_on_first_use():
     gen = torch.Generator().manual_seed(9)
     q, table, lens = _batch(rt, 3, gen, max_len=3000)
     out = rt.decode(q, table, lens).clone()
-    assert sorted(rt.graphs.stats) == [4]
+    assert sorted(rt.graphs.stats_by_bucket()) == [4]
     k, v = kv.as_tuple()
     assert rel_error(out, reference_decode(q, k, v, table, lens)) < BF16_TOL
 
@@ -309,7 +309,7 @@ def test_model_graph_decode_matches_hf_bf16(make_hf):
         # graphrt in bf16 must be about as close to float32 as HF's own bf16 forward is
         ours, theirs = rel_error(mrt.last_logits(3), ref), rel_error(hf_bf16, ref)
         assert ours < max(3e-2, 1.5 * theirs), f"graphrt bf16 {ours}, HF bf16 {theirs}"
-    assert mrt.graphs is not None and sorted(mrt.graphs.stats) == [1, 4, 8]   # replayed, not eager
+    assert sorted(mrt.graphs.stats_by_bucket()) == [1, 4, 8]   # replayed, not eager
 
 
 def test_model_multi_step_graph_equals_single_steps_without_host_sync():
@@ -368,11 +368,11 @@ def test_lazy_capture_failed_verification_keeps_no_graph(monkeypatch):
     for _ in range(2):                                         # never a silent replay of it
         with pytest.raises(RuntimeError, match="failed verification"):
             rt.replay(view)
-        assert 4 not in rt.graphs
+        assert not rt.captured(4)
         assert torch.equal(view.query, q) and torch.equal(view.seq_lens, lens)
     monkeypatch.undo()
     out = rt.replay(view).clone()                              # retry without rewriting inputs
-    assert 4 in rt.graphs
+    assert rt.captured(4)
     k, v = kv.as_tuple()
     assert rel_error(out, reference_decode(q, k, v, table, lens)) < BF16_TOL
 

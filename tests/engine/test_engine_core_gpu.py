@@ -54,12 +54,9 @@ def test_block_launch_makes_no_host_sync(path):
     try:
         for _ in range(6):                           # pages grow, rows are written and advanced
             rows = sched.grow(rows)                  # the launch half of Engine._decode
-            batch.flush()
-            n, sampled, _ = sched.launch_block(rows)
-            out = llm.runtime.decode_trusted(n, eng.next_tokens, batch.block_table, batch.seq_lens,
-                                             sampling=batch.sampling(n) if sampled else None)
-            eng.next_tokens[:n].copy_(out[-1])
-            batch.advance(n)
+            batch.flush(llm.runtime.apply)
+            go = sched.launch_block(rows)
+            llm.runtime.decode_block(go.n, sampled=go.sampled)   # the slots advance on the device
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()

@@ -113,8 +113,7 @@ def test_unattributable_failure_fails_everyone_and_stays_dead(path, monkeypatch,
 
     def decode(*a, **k):
         raise RuntimeError("CUDA error: an illegal memory access was encountered (injected)")
-    monkeypatch.setattr(llm.runtime, "decode", decode)
-    monkeypatch.setattr(llm.runtime, "decode_trusted", decode)   # the engine's path
+    monkeypatch.setattr(llm.runtime, "decode_block", decode)   # the engine's path
     if threaded:
         eng.start()
     errors = []

@@ -1,5 +1,6 @@
-"""engine/input_batch.py: the device rows equal a dense reference after random admissions,
-growths, deactivations and blocks; only what changed is staged."""
+"""engine/input_batch.py: the runtime's slot state (model/slots.py) equals a dense reference
+after random admissions, growths, deactivations, history writes and device advances; only what
+changed is staged."""
 from __future__ import annotations
 
 import random
@@ -8,13 +9,16 @@ import numpy as np
 import torch
 
 from graphrt.engine.input_batch import InputBatch
+from graphrt.model.slots import SlotState
 
 
 def test_device_rows_follow_random_updates():
     rng = random.Random(0)
     b, w, k = 6, 8, 3
-    batch = InputBatch(max_batch=b, max_pages_per_seq=w, device=torch.device("cpu"))
+    batch = InputBatch(max_batch=b, max_pages_per_seq=w, history_width=16)
+    slots = SlotState.allocate(b, w, torch.device("cpu"), history_width=16)
     table = np.full((b, w), -1, dtype=np.int64)      # reference, independent of the batch
+    hist = np.zeros((b, 16), dtype=np.int64)
     seq = [0] * b
     step = [0] * b
     adv = [0] * b
@@ -33,29 +37,38 @@ def test_device_rows_follow_random_updates():
             s0, st = rng.randint(1, 50), rng.randint(0, 9)
             row = dict(temperature=rng.random(), top_k=rng.randint(0, 5), top_p=rng.random() * 0.9 + 0.1,
                        seed=rng.randrange(2**62))
-            batch.activate(slot, seq_len=s0, step=st, advance=k, **row)
+            batch.activate(slot, seq_len=s0, step=st, limit=s0 + 9, spec_k=3, **row)
+            toks = [rng.randrange(1000) for _ in range(rng.randint(1, 16))]
+            batch.set_history(slot, toks)
+            hist[slot, :len(toks)] = toks
             seq[slot], step[slot], adv[slot], samp[slot] = s0, st, k, row
+            samp[slot]["limit"] = s0 + 9
         elif op < 0.6:
             batch.deactivate(slot)
             seq[slot] = adv[slot] = 0
+            samp.pop(slot, None)
         elif op < 0.7:
             batch.clear_pages(slot)
             used[slot] = 0
         else:
-            batch.flush()
+            batch.flush(slots.apply)
             n = rng.randint(1, b)
-            batch.advance(n)
+            live = slots.seq_lens[:n] > 0               # what a block does on the device
+            slots.seq_lens[:n] += live.int() * k
+            slots.step[:n] += k
             for r in range(n):
                 seq[r] += adv[r]
-                step[r] += adv[r]
+                step[r] += k
             assert not batch.dirty
         if it % 10 == 0:
-            batch.flush()
+            batch.flush(slots.apply)
             live = [r for r in range(b) if seq[r] > 0]
-            assert batch.seq_lens.tolist() == seq
+            assert slots.seq_lens.tolist() == seq
             for r in live:
-                assert batch.block_table[r, :used[r]].tolist() == table[r, :used[r]].tolist()
-                s = batch.sampling(b)
+                assert slots.block_table[r, :used[r]].tolist() == table[r, :used[r]].tolist()
+                assert slots.history[r].tolist() == hist[r].tolist()
+                assert slots.limit[r].item() == samp[r]["limit"] and slots.spec_k[r].item() == 3
+                s = slots.sampling(b)
                 assert s.step[r].item() == step[r] and s.top_k[r].item() == samp[r]["top_k"]
                 assert s.seed[r].item() == samp[r]["seed"]
                 assert abs(s.temperature[r].item() - samp[r]["temperature"]) < 1e-6
@@ -63,10 +76,10 @@ def test_device_rows_follow_random_updates():
 
 
 def test_flush_without_changes_does_nothing_and_pages_past_the_row_are_refused():
-    batch = InputBatch(max_batch=2, max_pages_per_seq=3, device=torch.device("cpu"))
-    before = batch.block_table.clone()
-    batch.flush()
-    assert torch.equal(batch.block_table, before)
+    batch = InputBatch(max_batch=2, max_pages_per_seq=3)
+    calls = []
+    batch.flush(calls.append)
+    assert calls == []
     try:
         batch.set_pages(0, 2, [5, 6])
     except ValueError as e:

@@ -1,7 +1,10 @@
-"""ModelRuntime.decode_trusted (the engine's persistent-batch entry) against the public decode:
-the same tokens and K/V from wider persistent tensors whose rows past n hold other requests;
-on a GPU with captured graphs too (-m gpu)."""
+"""ModelRuntime.decode_slots (the engine's path: the graphs read the slot state the input batch
+wrote, no copy) against the public decode: the same tokens and K/V, with slots past n holding
+other requests' rows; the slots advance on the device by K; on a GPU with captured graphs too
+(-m gpu)."""
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -29,33 +32,43 @@ def _pair(device, k=2):
 
 
 def _check(device):
-    public, trusted = _pair(device)
-    for rt in (public, trusted):
+    from graphrt.engine.input_batch import InputBatch
+    public, slotted = _pair(device)
+    for rt in (public, slotted):
         rt.capture()
     gen = torch.Generator().manual_seed(1)
     n, b = 2, 5                                        # 2 rows served, 5 rows in the persistent batch
     lens = [9, 33]
     table = torch.randperm(39, generator=gen)[:b * 6].add(1).to(torch.int32).view(b, 6)
     prompts = [torch.randint(0, 160, (x - 1,), generator=gen) for x in lens]
-    for rt in (public, trusted):
+    for rt in (public, slotted):
         rt.prefill(prompts, table[:n])
     cur = torch.randint(0, 160, (b,), generator=gen)
-    seq = torch.tensor(lens + [50, 0, 7], dtype=torch.int32)          # rows >= n: not read
+    seq = torch.tensor(lens + [50, 0, 7], dtype=torch.int32)          # rows >= n: not served
     samp = SamplingInputs(torch.tensor([0.0, 0.8]), torch.tensor([0, 5], dtype=torch.int32),
                           torch.tensor([1.0, 0.9]), torch.tensor([1, 2]), torch.zeros(2, dtype=torch.int32))
-    dev = public.device
-    for sampling in (None, samp):
-        want = public.decode(cur[:n].clone(), table[:n], seq[:n],
-                             sampling=sampling).clone()
-        dsamp = None if sampling is None else SamplingInputs(
-            *(getattr(sampling, f).to(dev) for f in ("temperature", "top_k", "top_p", "seed", "step")))
-        got = trusted.decode_trusted(n, cur.to(dev), table.to(dev), seq.to(dev), sampling=dsamp).clone()
+    batch = InputBatch(max_batch=8, max_pages_per_seq=slotted.config.max_pages_per_seq,
+                       pin=device == "cuda")
+    for r in range(n):                                 # what the engine's admission writes
+        batch.set_pages(r, 0, table[r].tolist())
+        batch.activate(r, seq_len=lens[r], step=0, temperature=float(samp.temperature[r]),
+                       top_k=int(samp.top_k[r]), top_p=float(samp.top_p[r]), seed=int(samp.seed[r]))
+    batch.flush(slotted.slots.apply)
+    slotted.slots.tokens[:n].copy_(cur[:n])
+    for step, sampled in enumerate((False, True, True)):
+        sampling = samp if sampled else None
+        if sampled:
+            sampling = dataclasses.replace(samp, step=torch.full((2,), (step - 1) * public.k, dtype=torch.int32))
+        want = public.decode(cur[:n].clone(), table[:n], seq[:n], sampling=sampling).clone()
+        got = slotted.decode_slots(n, sampled=sampled).clone()
         assert torch.equal(got.cpu(), want.cpu())
         seq[:n] += public.k
         cur[:n] = want[-1].cpu()
-    for a, b_ in zip(public.kv_caches, trusted.kv_caches):
+        assert slotted.slots.seq_lens[:n].tolist() == seq[:n].tolist()      # advanced on the device
+        assert slotted.slots.tokens[:n].tolist() == cur[:n].tolist()
+    for a, b_ in zip(public.kv_caches, slotted.kv_caches):
         assert torch.equal(a.k, b_.k) and torch.equal(a.v, b_.v)
-    trusted.check_device_errors()
+    slotted.check_device_errors()
 
 
 def test_trusted_decode_matches_the_public_decode_on_cpu():

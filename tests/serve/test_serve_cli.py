@@ -75,6 +75,10 @@ def test_graphrt_command_dispatch(capsys):
     (["--model", ".", "--device", "cpu", "--port", "0"], "--port: must be in [1, 65535]"),
     (["--model", ".", "--device", "cpu", "--max-waiting", "-2"], "max_waiting: must be an int >= 0"),
     (["--model", ".", "--device", "cpu", "--graph-cache", "/nonexistent/cache"], "no such directory; not a graph cache"),
+    (["--model", ".", "--device", "cpu", "--draft-model", "/x"], "--speculative-method: needed with --draft-model"),
+    (["--model", ".", "--device", "cpu", "--speculative-method", "ngram", "--num-speculative-tokens", "0"],
+     "--num-speculative-tokens: must be an int in [1, 15], got 0"),
+    (["--model", ".", "--device", "cpu", "--speculative-method", "draft"], "--draft-model: method 'draft' needs"),
 ])
 def test_serve_cli_bad_arguments_exit_2_with_one_line(capsys, argv, text):
     if "--port" not in argv:
@@ -83,6 +87,16 @@ def test_serve_cli_bad_arguments_exit_2_with_one_line(capsys, argv, text):
         serve_main(argv)
     err = capsys.readouterr().err
     assert e.value.code == 2 and text in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_speculative_flags_build_the_engine_config():
+    from graphrt.serve.cli import build_parser, resolve_configs
+    args = build_parser().parse_args(["--model", "m", "--speculative-method", "draft", "--draft-model", "/d",
+                                      "--num-speculative-tokens", "3"])
+    eng, _ = resolve_configs(args)
+    assert (eng.speculative.method, eng.speculative.draft_model, eng.speculative.num_tokens) == ("draft", "/d", 3)
+    eng, _ = resolve_configs(build_parser().parse_args(["--model", "m"]))
+    assert eng.speculative is None
 
 
 def test_every_serve_option_has_help_and_shows_its_default():
@@ -276,16 +290,18 @@ def test_bench_serve_cpu_smoke(tmp_path_factory, tmp_path):
 def test_capture_report_sums_the_runtime_capture_stats():
     from types import SimpleNamespace
 
-    from graphrt.attention.graphs import CaptureStats
+    from graphrt.attention.graphs import CaptureStats, GraphKey
     from graphrt.serve.cli import capture_report
-    argmax = SimpleNamespace(stats={1: CaptureStats(1, 10.0, 500.0, 2**20), 2: CaptureStats(2, 20.0, 100.0, 2**20)})
-    sampled = SimpleNamespace(stats={1: CaptureStats(1, 30.0, 400.0, 2**21)})
-    llm = SimpleNamespace(runtime=SimpleNamespace(graphs=argmax, sample_graphs=sampled),
+    keys = [GraphKey("decode", 1), GraphKey("decode", 2), GraphKey("decode", 1, sampled=True),
+            GraphKey("decode", 2, sampled=True)]
+    stats = [CaptureStats(1, 10.0, 500.0, 2**20), CaptureStats(2, 20.0, 100.0, 2**20),
+             CaptureStats(1, 30.0, 400.0, 2**21), CaptureStats(2, 0.0, 0.0, 0)]
+    llm = SimpleNamespace(runtime=SimpleNamespace(graphs=SimpleNamespace(stats=dict(zip(keys, stats)))),
                           checkpoint=SimpleNamespace(load_s=2.0))
     assert capture_report(llm, 5.0) == [
         "kernels (graph warm-up: compile or load from cache, first touch): 1.00 s",
-        "graph capture: 3 graphs (2 per bucket) in 0.06 s, 4.0 MiB",
+        "graph capture: 4 graphs (2 per bucket) in 0.06 s, 4.0 MiB",
         "tokenizer + runtime construction: 1.94 s"]
-    eager = SimpleNamespace(runtime=SimpleNamespace(graphs=None, sample_graphs=None),
+    eager = SimpleNamespace(runtime=SimpleNamespace(graphs=SimpleNamespace(stats={})),
                             checkpoint=SimpleNamespace(load_s=2.0))
     assert capture_report(eager, 3.5) == ["tokenizer + runtime: 1.50 s (no CUDA graphs: eager decode)"]

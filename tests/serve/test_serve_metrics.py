@@ -57,3 +57,15 @@ def test_max_request_bytes_bad_values_name_the_field(bad):
     from graphrt.serve.config import ServeConfig
     with pytest.raises(ValueError, match="^max_request_bytes: must be an int >= 1"):
         ServeConfig(max_request_bytes=bad)
+
+
+def test_render_speculative_counts():
+    m = Metrics()
+    plain = parse_metrics(m.render(EngineStats(running=0, waiting=0, pages_used=0, pages_free=1)))
+    assert not any(k.startswith("graphrt_spec_") for k in plain)
+    spec = {"proposed": 40, "accepted": 30, "rounds": 10, "emitted": 40}
+    got = parse_metrics(m.render(EngineStats(running=1, waiting=0, pages_used=2, pages_free=3, spec=spec)))
+    assert got["graphrt_spec_proposed_total"] == 40 and got["graphrt_spec_accepted_total"] == 30
+    assert got["graphrt_spec_rounds_total"] == 10
+    assert got["graphrt_spec_acceptance_rate"] == pytest.approx(0.75)
+    assert got["graphrt_spec_tokens_per_round"] == pytest.approx(4.0)

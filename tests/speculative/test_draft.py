@@ -44,7 +44,7 @@ def _run(target_hf, draft_hf, prompts, max_tokens, k):
             for i in range(len(prompts)):
                 got[i] += out[r, i, : int(emitted[r, i])].tolist()
         per_round.append((emitted.clone(), proposed.clone()))
-    assert int(runner.bufs.device_error) == 0
+    assert int(runner.device_error) == 0
     return got, per_round
 
 

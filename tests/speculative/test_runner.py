@@ -63,7 +63,7 @@ def _speculative(hf, prompts, max_tokens, table, k, rounds):
                 rounds_run[i] += e > 0
     for i, p in enumerate(prompts):
         assert runner.slot_tokens(i) == p.tolist() + got[i]      # the device token buffer
-    assert int(runner.bufs.device_error) == 0
+    assert int(runner.device_error) == 0
     return got, rounds_run
 
 

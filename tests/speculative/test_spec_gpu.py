@@ -75,7 +75,7 @@ def test_graph_replay_matches_eager_and_never_syncs():
                 out, emitted = runner.bufs.out_tokens[:, :3], runner.bufs.emitted[:, :3]
             got.append((out.clone().cpu(), emitted.clone().cpu()))
         outs.append(got)
-        assert int(runner.bufs.device_error) == 0
+        assert int(runner.device_error) == 0
     for (o1, e1), (o2, e2) in zip(*outs):
         assert torch.equal(o1, o2) and torch.equal(e1, e2)
     assert sum(int(e.sum()) for _, e in outs[0]) > 15            # rounds emitted tokens
@@ -96,9 +96,9 @@ def test_bf16_greedy_matches_hf_except_near_ties():
     table = torch.randperm(48, generator=gen)[:24].to(torch.int32).view(3, 8)
     runner = _setup(hf, prompts, table)
     for i in (1, 2):                                       # all greedy here
-        runner.bufs.temperature[i] = 0.0
+        runner.slots.temperature[i] = 0.0
     runner.capture()
-    first = runner.bufs.token_buf[:3].gather(1, (runner.bufs.num_tokens[:3].long() - 1)[:, None])
+    first = runner.slots.history[:3].gather(1, (runner.slots.seq_lens[:3].long() - 1)[:, None])
     got = [[int(t)] for t in first.flatten().tolist()]
     for _ in range(40):
         out, emitted, _ = runner.run(3)

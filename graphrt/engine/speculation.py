@@ -1,0 +1,115 @@
+"""Speculative decoding for the engine: the runner beside a ModelRuntime (and its draft model).
+
+    runner = build_runner(mrt, SpeculativeConfig(method="ngram", num_tokens=4), rounds=4,
+                          dtype="bfloat16", target=checkpoint)
+    executor = LocalExecutor(mrt, runner)
+
+Method "ngram" needs nothing more than the runtime's token history. Method "draft" loads the
+draft checkpoint like the target (engine/loader.py, same dtype and device), checks that it shares
+the target's vocabulary, and gives it its own paged KV caches with the target's page ids (the
+same pool size, its own geometry), so the scheduler's pages serve both models.
+
+The engine's per-block bookkeeping lives here too: a block's tokens per request, the cumulative
+proposal / acceptance counts behind Engine.stats() and /metrics, and what the policy
+(speculative/policy.py: plain decode or speculation, per block) is told after each block.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+log = logging.getLogger("graphrt.engine")
+
+
+def build_runner(mrt, spec, *, rounds: int, dtype: str, target=None):
+    """A SpeculativeRunner attached to mrt (its slots, graph runner, device-error flags), with
+    top-k / top-p support (the filtered graphs)."""
+    from graphrt.speculative.runner import SpeculativeRunner
+    draft = None
+    if spec.method == "draft":
+        draft = load_draft(mrt, spec, dtype=dtype, target=target)
+    return SpeculativeRunner.attach(mrt, spec, rounds=rounds, draft=draft, filtered=True)
+
+
+def load_draft(mrt, spec, *, dtype: str, target=None):
+    """The draft model of spec.draft_model as a DraftProposer over caches indexed like mrt's."""
+    from graphrt.attention.kvcache import PagedKVCache
+    from graphrt.engine.loader import load_checkpoint
+    from graphrt.engine.model import build_model
+    from graphrt.speculative.draft import DraftProposer
+    try:
+        ck = load_checkpoint(spec.draft_model, device=mrt.device, dtype=getattr(torch, dtype))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"speculative.model: cannot load the draft checkpoint {spec.draft_model!r}: {e}") from e
+    vocab = mrt.model.spec.vocab_size
+    if ck.spec.vocab_size != vocab:
+        raise ValueError(f"speculative.model: the draft's vocab_size {ck.spec.vocab_size} differs from "
+                         f"the target's {vocab} (they must share a tokenizer)")
+    c = mrt.config
+    model = build_model(ck, max_positions=c.max_context_len)
+    s = ck.spec
+    rc = c.replace(num_qo_heads=s.num_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim)
+    caches = [PagedKVCache.allocate(rc, mrt.num_pages, mrt.device, seed=c.seed + 1000 + i)
+              for i in range(s.num_layers)]
+    return DraftProposer(model, caches, spec.num_tokens, max_len=c.max_context_len)
+
+
+# ---- the engine's per-block speculation bookkeeping (host, loop thread) ---------------------------
+def spec_columns(block, counts: dict) -> list[list[int]]:
+    """A speculative block's tokens per column (host tensors: tokens [R, cols, k + 1], emitted
+    and proposed [R, cols]): the emitted ones, rounds in order; the block's proposal / acceptance
+    counts of its rows are added to `counts`."""
+    emitted = block.emitted
+    tokens, em = block.tokens.tolist(), emitted.tolist()
+    cols = [[t for r in range(len(em)) for t in tokens[r][c][:em[r][c]]] for c in range(emitted.shape[1])]
+    live = [c for _, c, _, _ in block.rows]
+    sub = emitted[:, live]
+    counts["proposed"] += int(block.proposed[:, live].sum())
+    counts["accepted"] += int((sub - 1).clamp_min(0).sum())
+    counts["rounds"] += int((sub > 0).sum())
+    counts["emitted"] += int(sub.sum())
+    return cols
+
+
+def observe(policy, block) -> None:
+    """The policy sees each live row's counts of a speculative block, or a plain decode block."""
+    if block.kind == "prefill":
+        return
+    live = [(req.slot, c) for req, c, epoch, _ in block.rows
+            if req.finish_reason is None and req.epoch == epoch and req.slot >= 0]
+    if block.kind == "decode":
+        policy.observe_plain([slot for slot, _ in live])
+        return
+    em, prop = block.emitted, block.proposed
+    for slot, c in live:
+        e = em[:, c]
+        policy.observe(slot, proposed=int(prop[:, c].sum()), accepted=int((e - 1).clamp_min(0).sum()),
+                       rounds=int((e > 0).sum()), k=block.spec_k)
+
+
+def spec_stats(counts: dict) -> dict:
+    """Engine.stats()'s speculation keys from the cumulative counts."""
+    c = dict(counts)
+    return {"spec_proposed": c["proposed"], "spec_accepted": c["accepted"], "spec_rounds": c["rounds"],
+            "spec_emitted": c["emitted"], "spec_blocks": c["blocks"], "spec_plain_blocks": c["plain_blocks"],
+            "spec_acceptance_rate": c["accepted"] / c["proposed"] if c["proposed"] else 0.0,
+            "spec_tokens_per_round": c["emitted"] / c["rounds"] if c["rounds"] else 0.0}
+
+
+def default_policy(executor):
+    """The speculation policy over the executor's measured step costs (CUDA graphs only), or
+    None (speculate every block) where nothing can be measured or the policy module is absent."""
+    measure = getattr(executor, "measure_costs", None)
+    costs = measure() if measure is not None else None
+    if costs is None:
+        return None
+    try:
+        from graphrt.speculative.policy import SpecPolicy
+    except ImportError:
+        log.warning("engine: graphrt/speculative/policy.py not found; speculating every block")
+        return None
+    return SpecPolicy(costs, ks=(executor.speculative.num_tokens,), max_slots=executor.config.max_batch)
+
+
+__all__ = ["build_runner", "load_draft", "spec_columns", "observe", "spec_stats", "default_policy"]

@@ -1,0 +1,154 @@
+"""The persistent per-slot device state: what every graphed step reads and advances.
+
+One object per runtime (`ModelRuntime.slots`), rows = decode slots (B = max_batch; a bucket of
+b rows reads the first b). The decode graphs (K steps) and the speculative graphs (R rounds)
+read it in place and advance it on the device (seq_lens by K or by the accepted count, the draw
+index, the current token, the token history): nothing is copied into it per block. The host
+writes it only through `apply(SlotUpdate)` (the engine's InputBatch stages what changed) or
+through ModelRuntime.decode's explicit input copy.
+
+Device tensors (the runtime's device):
+    block_table [B, W] int32    page ids (W = max_pages_per_seq); columns past a row's pages are
+                                stale or PAD_PAGE and never read (rows read what seq_len covers)
+    ints        [5, B] int32    rows SEQ: tokens held counting the current one, whose K/V is not
+                                in the cache yet (0 = empty slot / padding); STEP: draw index of
+                                the next sampled token; TOP_K (0 = off); LIMIT: the most tokens the
+                                slot may hold (speculative rounds stop there); SPEC_K: proposals a
+                                speculative round may verify for the slot (<= k; 0 = none)
+    floats      [2, B] float32  rows TEMPERATURE (0 = greedy), TOP_P (1 = off)
+    seed        [B] int64       per-request Philox key
+    tokens      [B] int64       each slot's current token (the decode graphs' input)
+    history     [B, H] int32    prompt + output tokens of each slot (H = max_context_len), or None
+                                when no phase needs it (n-gram lookup / the speculative token buffer)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from graphrt.model.sampling import SamplingInputs
+
+PAD_PAGE = -1                                  # block-table entries past a request's pages
+SEQ, STEP, TOP_K, LIMIT, SPEC_K = range(5)     # rows of `ints`
+TEMPERATURE, TOP_P = range(2)                  # rows of `floats`
+NUM_INTS, NUM_FLOATS = 5, 2
+
+
+@dataclass(frozen=True)
+class SlotUpdate:
+    """Host-staged changes to a SlotState (CPU tensors, pinned when the stager pins).
+
+    i64 = [cells (m) | rows (s) | seeds (s) | history indices (h)], i32 = [cell values (m) |
+    ints (NUM_INTS * s, row-major [NUM_INTS, s]) | history tokens (h)], f32 = [floats
+    (NUM_FLOATS * s)]. cells and history indices are flat indices into block_table / history."""
+
+    i64: torch.Tensor
+    i32: torch.Tensor
+    f32: torch.Tensor
+    m: int
+    s: int
+    h: int
+
+
+@dataclass(frozen=True)
+class SlotState:
+    block_table: torch.Tensor
+    ints: torch.Tensor
+    floats: torch.Tensor
+    seed: torch.Tensor
+    tokens: torch.Tensor
+    history: torch.Tensor | None
+
+    @classmethod
+    def allocate(cls, max_batch: int, max_pages: int, device: torch.device, *,
+                 history_width: int | None = None) -> "SlotState":
+        b = max_batch
+        floats = torch.zeros((NUM_FLOATS, b), dtype=torch.float32, device=device)
+        floats[TOP_P] = 1.0
+        return cls(block_table=torch.full((b, max_pages), PAD_PAGE, dtype=torch.int32, device=device),
+                   ints=torch.zeros((NUM_INTS, b), dtype=torch.int32, device=device), floats=floats,
+                   seed=torch.zeros(b, dtype=torch.int64, device=device),
+                   tokens=torch.zeros(b, dtype=torch.int64, device=device),
+                   history=None if history_width is None else
+                   torch.zeros((b, history_width), dtype=torch.int32, device=device))
+
+    # ---- row views (device, [B] each; `[:size]` for a bucket) ---------------------------------
+    @property
+    def max_batch(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def seq_lens(self) -> torch.Tensor:
+        return self.ints[SEQ]
+
+    @property
+    def step(self) -> torch.Tensor:
+        return self.ints[STEP]
+
+    @property
+    def top_k(self) -> torch.Tensor:
+        return self.ints[TOP_K]
+
+    @property
+    def limit(self) -> torch.Tensor:
+        return self.ints[LIMIT]
+
+    @property
+    def spec_k(self) -> torch.Tensor:
+        return self.ints[SPEC_K]
+
+    @property
+    def temperature(self) -> torch.Tensor:
+        return self.floats[TEMPERATURE]
+
+    @property
+    def top_p(self) -> torch.Tensor:
+        return self.floats[TOP_P]
+
+    def sampling(self, n: int) -> SamplingInputs:
+        """Rows [0, n) of the sampling parameters (device views, advanced in place by graphs)."""
+        return SamplingInputs(self.temperature[:n], self.top_k[:n], self.top_p[:n], self.seed[:n],
+                              self.step[:n])
+
+    # ---- host -> device ---------------------------------------------------------------------
+    def apply(self, u: SlotUpdate) -> None:
+        """Scatter a staged update into the state (non-blocking copies, stream-ordered, no sync)."""
+        m, s, h = u.m, u.s, u.h
+        dev = self.tokens.device
+        d64, d32 = u.i64.to(dev, non_blocking=True), u.i32.to(dev, non_blocking=True)
+        if m:
+            self.block_table.view(-1).index_copy_(0, d64[:m], d32[:m])
+        if s:
+            idx = d64[m:m + s]
+            self.ints.index_copy_(1, idx, d32[m:m + NUM_INTS * s].view(NUM_INTS, s))
+            self.floats.index_copy_(1, idx, u.f32.to(dev, non_blocking=True).view(NUM_FLOATS, s))
+            self.seed.index_copy_(0, idx, d64[m + s:m + 2 * s])
+        if h:
+            if self.history is None:
+                raise ValueError("update: history tokens given, but this state keeps no history")
+            self.history.view(-1).index_copy_(0, d64[m + 2 * s:], d32[m + NUM_INTS * s:])
+
+    def load(self, n: int, tokens: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+             sampling: SamplingInputs | None) -> None:
+        """The explicit input copy of a public decode call: rows [0, n) from the caller's tensors
+        (validated by the caller; block_table may be narrower than W: the rest -> PAD_PAGE), the
+        padded tail [n, B) reset to empty slots."""
+        width = block_table.shape[1]
+        self.block_table[:n, :width].copy_(block_table, non_blocking=True)
+        if width < self.block_table.shape[1]:
+            self.block_table[:n, width:].fill_(PAD_PAGE)
+        self.seq_lens[:n].copy_(seq_lens, non_blocking=True)
+        self.seq_lens[n:].fill_(0)
+        self.tokens[:n].copy_(tokens, non_blocking=True)
+        if sampling is not None:
+            mine = self.sampling(n)
+            for f in fields(SamplingInputs):
+                getattr(mine, f.name).copy_(getattr(sampling, f.name), non_blocking=True)
+        else:
+            self.temperature[:n].zero_()
+        self.temperature[n:].zero_()
+
+
+__all__ = ["SlotState", "SlotUpdate", "PAD_PAGE", "SEQ", "STEP", "TOP_K", "LIMIT", "SPEC_K",
+           "TEMPERATURE", "TOP_P", "NUM_INTS", "NUM_FLOATS"]

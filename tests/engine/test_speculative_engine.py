@@ -1,0 +1,185 @@
+"""Speculation in the engine on CPU (float32): greedy output with speculation (n-gram and draft)
+is identical to the engine without it, token for token and text for text, at batch sizes 1-8,
+with stop ids, stop strings, EOS, max_tokens, aborts mid-block and preemption; several tokens per
+streamed delta; the stats count proposals and acceptances; bad configurations name the field."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from _checkpoints import write
+from graphrt import LLM, SamplingParams
+
+pytest.importorskip("transformers")
+CPU = dict(device="cpu", backend="reference", max_model_len=64)
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory):
+    return write(tmp_path_factory, "spec", arch="llama", dtype="float32", seed=11)
+
+
+@pytest.fixture(scope="module")
+def plain(path):
+    return LLM(path, max_batch=8, steps_per_graph=3, **CPU)
+
+
+@pytest.fixture(scope="module")
+def ngram(path):
+    return LLM(path, max_batch=8, steps_per_graph=3, speculative={"method": "ngram", "num_tokens": 3},
+               spec_rounds=2, **CPU)
+
+
+def _prompts(n):
+    base = [[5, 9, 14, 5, 9, 14, 5, 9], [20, 21, 22, 23, 20, 21], [7, 7, 7, 7], [30, 31, 32, 33, 34, 35, 36],
+            [40, 41, 40, 41, 40], [50, 60, 70], [80, 81, 82, 80, 81, 82, 80], [90, 91]]
+    return base[:n]
+
+
+def _same(a, b):
+    for x, y in zip(a, b):
+        assert (x.token_ids, x.text, x.finish_reason) == (y.token_ids, y.text, y.finish_reason)
+
+
+@pytest.mark.parametrize("bs", [1, 8])
+def test_ngram_greedy_equals_plain_greedy(plain, ngram, bs):
+    prompts = _prompts(bs)
+    params = [SamplingParams(max_tokens=6 + 3 * i, temperature=0, ignore_eos=True) for i in range(bs)]
+    want = plain.generate(prompts, params, use_tqdm=False)
+    before = ngram.engine.stats()
+    got = ngram.generate(prompts, params, use_tqdm=False)
+    _same(got, want)
+    assert all(len(o.token_ids) == p.max_tokens for o, p in zip(got, params))   # max_tokens exact
+    st = ngram.engine.stats()
+    assert st["spec_rounds"] > before["spec_rounds"] and st["spec_proposed"] >= st["spec_accepted"] >= 0
+    assert 1.0 <= st["spec_tokens_per_round"] <= 4.0
+    alloc = ngram.engine.scheduler.allocator
+    assert alloc.num_free == alloc.num_pages
+
+
+def test_stops_eos_and_stop_strings_match(plain, ngram, path, tmp_path):
+    prompts = _prompts(4)
+    full = plain.generate(prompts, SamplingParams(max_tokens=14, temperature=0, ignore_eos=True), use_tqdm=False)
+    stop_id = full[0].token_ids[5]
+    stop_str = full[1].text[3:5] if len(full[1].text) >= 5 else "zz"
+    params = [SamplingParams(max_tokens=14, temperature=0, ignore_eos=True, stop_token_ids=[stop_id]),
+              SamplingParams(max_tokens=14, temperature=0, ignore_eos=True, stop=[stop_str]),
+              SamplingParams(max_tokens=9, temperature=0, ignore_eos=True),
+              SamplingParams(max_tokens=14, temperature=0)]
+    _same(ngram.generate(prompts, params, use_tqdm=False), plain.generate(prompts, params, use_tqdm=False))
+    d = tmp_path / "eos"                              # the model's end-of-sequence id inside a round
+    shutil.copytree(path, d)
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [full[2].token_ids[4]]}))
+    a = LLM(d, max_batch=4, steps_per_graph=3, **CPU)
+    b = LLM(d, max_batch=4, steps_per_graph=3, speculative={"method": "ngram", "num_tokens": 4}, **CPU)
+    p = SamplingParams(max_tokens=14, temperature=0)
+    want = a.generate(prompts, p, use_tqdm=False)
+    assert want[2].finish_reason == "stop"
+    _same(b.generate(prompts, p, use_tqdm=False), want)
+
+
+def test_preemption_and_aborts_mid_block(path, plain):
+    prompts = _prompts(4)
+    p = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    want = plain.generate(prompts, p, use_tqdm=False)
+    # up to 8 + 30 + 3 tokens: 3 pages of 16 each, 12 for all four; the pool has 6
+    tight = LLM(path, max_batch=4, steps_per_graph=3, num_pages=6, speculative={"method": "ngram", "num_tokens": 3},
+                spec_rounds=2, **CPU)
+    _same(tight.generate(prompts, p, use_tqdm=False), want)
+    assert tight.engine.scheduler.num_preemptions > 0
+    eng = tight.engine
+    streams = [eng.add_request(x, p) for x in prompts]
+    deltas = []
+    for d in streams[1]:                              # drive the engine until request 1 has tokens
+        deltas.append(d)
+        if len(sum((x.token_ids for x in deltas), [])) >= 3:
+            break
+    eng.abort(streams[0].request_id)
+    eng.abort(streams[1].request_id)
+    rest = [s.result() for s in streams[2:]]
+    _same(rest, want[2:])
+    assert streams[0].result().finish_reason == "abort"
+    alloc = eng.scheduler.allocator
+    assert alloc.num_free == alloc.num_pages
+
+
+def test_draft_greedy_equals_plain_greedy_and_streams_several_tokens(path, plain, tmp_path_factory):
+    other = write(tmp_path_factory, "draft", arch="llama", dtype="float32", seed=12, num_layers=1)
+    prompts = _prompts(5)
+    p = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    want = plain.generate(prompts, p, use_tqdm=False)
+    for draft in (path, other):                       # the target itself (accepts nearly all), another model
+        llm = LLM(path, max_batch=8, steps_per_graph=3, spec_rounds=2,
+                  speculative={"method": "draft", "num_tokens": 3, "model": str(draft)}, **CPU)
+        _same(llm.generate(prompts, p, use_tqdm=False), want)
+        st = llm.engine.stats()
+        if draft == path:
+            assert st["spec_acceptance_rate"] > 0.8
+            sizes = [len(d.token_ids) for d in llm.engine.add_request(prompts[0], p)]
+            assert max(sizes) > 1 and sum(sizes) == 12   # several tokens per delta
+
+
+def test_bad_speculative_configs_name_the_field(path):
+    with pytest.raises(ValueError, match="speculative.method"):
+        LLM(path, speculative={"method": "medusa"}, **CPU)
+    with pytest.raises(ValueError, match="speculative.num_tokens"):
+        LLM(path, speculative={"method": "ngram", "num_tokens": 0}, **CPU)
+    with pytest.raises(ValueError, match="speculative.draft_model"):
+        LLM(path, speculative={"method": "draft", "num_tokens": 2}, **CPU)
+    with pytest.raises(ValueError, match="speculative: unknown keys"):
+        LLM(path, speculative={"method": "ngram", "k": 2}, **CPU)
+    with pytest.raises(ValueError, match="speculative.model"):
+        LLM(path, speculative={"method": "draft", "model": str(path) + "-missing"}, **CPU)
+    with pytest.raises(ValueError, match="spec_rounds"):
+        LLM(path, speculative={"method": "ngram"}, spec_rounds=0, **CPU)
+
+
+class _Alternating:
+    """Stands in for speculative/policy.py's SpecPolicy (its interface): plain and speculative
+    blocks alternate; records what the engine reports."""
+
+    def __init__(self, k):
+        self.k, self.calls, self.observed, self.plain, self.admitted = k, 0, [], [], []
+
+    def admit(self, slot):
+        self.admitted.append(slot)
+
+    def release(self, slot):
+        pass
+
+    def choose(self, slots, bucket):
+        self.calls += 1
+        from types import SimpleNamespace
+        return SimpleNamespace(k=self.k if self.calls % 2 else 0)
+
+    def observe(self, slot, *, proposed, accepted, rounds, k):
+        assert 0 <= accepted <= proposed and k == self.k
+        self.observed.append((slot, proposed, accepted, rounds))
+
+    def observe_plain(self, slots):
+        self.plain.append(list(slots))
+
+
+def test_policy_plain_and_speculative_blocks_mix_exactly(plain, path):
+    llm = LLM(path, max_batch=4, steps_per_graph=3, speculative={"method": "ngram", "num_tokens": 3},
+              spec_rounds=2, **CPU)
+    pol = llm.engine.policy = _Alternating(3)
+    prompts = _prompts(3)
+    params = [SamplingParams(max_tokens=30 + 2 * i, temperature=0, ignore_eos=True) for i in range(3)]
+    _same(llm.generate(prompts, params, use_tqdm=False), plain.generate(prompts, params, use_tqdm=False))
+    st = llm.engine.stats()
+    assert st["spec_blocks"] > 0 and st["spec_plain_blocks"] > 0
+    assert pol.observed and pol.plain and sorted(set(pol.admitted)) == [0, 1, 2]
+
+
+def test_seeded_sampling_with_speculation_does_not_depend_on_the_batch(ngram):
+    prompts = _prompts(4)
+    p = SamplingParams(max_tokens=12, temperature=0.8, seed=7, ignore_eos=True)
+    alone = ngram.generate([prompts[0]], p, use_tqdm=False)[0]
+    others = [SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True),
+              SamplingParams(max_tokens=14, temperature=1.0, seed=3, ignore_eos=True),
+              SamplingParams(max_tokens=5, temperature=0.5, seed=9, ignore_eos=True)]
+    batched = ngram.generate(prompts, [p] + others, use_tqdm=False)[0]
+    assert batched.token_ids == alone.token_ids and len(alone.token_ids) == 12

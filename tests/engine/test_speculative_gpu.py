@@ -1,0 +1,102 @@
+"""GPU tests of speculation in the engine (H200, bf16, CUDA graphs): greedy output with n-gram
+and draft speculation equals the engine without it except at near-ties (the first divergence's
+float32 top-2 margin is printed and must be a tie by tests/_checkpoints.BF16_GAP), and a block of
+R rounds launches without a host sync, admissions included.
+
+Run on the GPU machine: python -m pytest -m gpu -q tests/engine/test_speculative_gpu.py -s
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from _checkpoints import BF16_GAP, assert_greedy_matches_hf, write
+from graphrt import LLM, SamplingParams
+
+pytestmark = pytest.mark.gpu
+transformers = pytest.importorskip("transformers")
+ARGS = dict(device="cuda", max_batch=8, steps_per_graph=4, max_model_len=512, num_pages=600)
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory):
+    return write(tmp_path_factory, "spec8b", shape="llama-3.1-8b", arch="llama", dtype="bfloat16",
+                 num_layers=2, max_shard_mb=1024, tokenizer_vocab=4096)
+
+
+@pytest.fixture(scope="module")
+def hf(path):
+    return transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).cuda().eval()
+
+
+def _prompts(n):
+    gen = torch.Generator().manual_seed(4)
+    out = []
+    for i in range(n):
+        pat = torch.randint(2, 128256, (3 + i,), generator=gen).tolist()
+        out.append(pat * (6 - i % 3) + torch.randint(2, 128256, (5,), generator=gen).tolist())
+    return out
+
+
+def _margin(hf, prompt, tokens, i) -> float:
+    """float32 top-2 gap (relative to the top logit) after prompt + tokens[:i]."""
+    with torch.no_grad():
+        logits = hf(torch.tensor([prompt + tokens[:i]], device="cuda")).logits[0, -1].float()
+    top = torch.topk(logits, 2).values
+    return float((top[0] - top[1]) / top[0].abs())
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_spec_greedy_equals_plain_except_near_ties(path, hf, method):
+    prompts = _prompts(8)
+    p = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
+    plain = LLM(path, **ARGS).generate(prompts, p, use_tqdm=False)
+    spec = {"method": method, "num_tokens": 4} | ({"model": str(path)} if method == "draft" else {})
+    llm = LLM(path, speculative=spec, spec_rounds=4, **ARGS)
+    got = llm.generate(prompts, p, use_tqdm=False)
+    same, margins = 0, []
+    for pr, a, b in zip(prompts, plain, got):
+        assert len(b.token_ids) == 48 and b.finish_reason == "length"
+        if a.token_ids == b.token_ids:
+            same += 1
+            continue
+        i = next(j for j, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y)
+        margins.append(_margin(hf, pr, a.token_ids, i))
+        assert_greedy_matches_hf(hf, pr, b.token_ids)        # speculation follows the float32 truth
+    st = llm.engine.stats()
+    print(f"\n{method}: {same}/8 identical to plain; divergence margins {margins} (tie: <= {BF16_GAP}); "
+          f"acceptance {st['spec_acceptance_rate']:.2f}, tokens/round {st['spec_tokens_per_round']:.2f}")
+    assert all(m <= BF16_GAP for m in margins)
+    assert same >= 6
+
+
+def test_spec_block_launch_and_admission_make_no_host_sync(path):
+    llm = LLM(path, speculative={"method": "ngram", "num_tokens": 4}, spec_rounds=4, **ARGS)
+    eng, ex = llm.engine, llm.runtime
+    p = SamplingParams(max_tokens=400, temperature=0.7, seed=1, ignore_eos=True)
+    streams = [eng.add_request(x, p) for x in _prompts(3)]
+    for _ in range(3):
+        eng.step()                                   # admitted, prefilled, speculating
+    sched, batch = eng.scheduler, eng.batch
+    late = [eng.add_request(x, p) for x in _prompts(6)[3:]]
+    eng._drain_inbox()
+    admitted = sched.admit()                         # host: slots, pages, batch rows
+    eng._prefill(admitted)                           # the prefill itself reads its error flag (a sync)
+    rows = sched.decode_rows()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(6):                           # the admissions' rows and history are flushed here
+            rows = sched.grow(rows)                  # the launch half of Engine._decode
+            batch.flush(ex.apply)
+            go = sched.launch_block(rows)
+            ex.spec_block(go.n, filtered=go.filtered)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    ex.check_device_errors()
+    for s in streams + late:
+        eng.abort(s.request_id)
+    while eng.step():
+        pass
+    assert sched.allocator.num_free == sched.allocator.num_pages
