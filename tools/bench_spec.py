@@ -60,7 +60,7 @@ def bench_model(name, batches, qs, ctx, do_round, torch, model=None):
     """Rows of device µs for one model (a random one of shape `name`, or `model`: e.g. a loaded
     checkpoint, then `name` only labels the rows)."""
     from graphrt import RuntimeConfig
-    from graphrt.attention.graphs import GraphManager
+    from graphrt.attention.graphs import GraphKey, GraphRunner
     from graphrt.kernels.multiquery_attention import default_splits
     from graphrt.model.runtime import ModelRuntime
     from graphrt.speculative import SpeculativeConfig, SpeculativeRunner
@@ -83,7 +83,7 @@ def bench_model(name, batches, qs, ctx, do_round, torch, model=None):
         mrt.decode(tokens, table, lens)
         view = mrt.buffers.view(n)
         row = {"model": name, "batch": n, "context": ctx,
-               "decode_us": device_us(lambda: mrt.graphs.replay(n), torch), "verify_us": {},
+               "decode_us": device_us(lambda: mrt.decode_slots(n, sampled=False), torch), "verify_us": {},
                "round_us": {}}
         view.seq_lens[:n].fill_(ctx)                               # replays keep advancing it
         err = torch.zeros(1, dtype=torch.int32, device="cuda")
@@ -92,11 +92,12 @@ def bench_model(name, batches, qs, ctx, do_round, torch, model=None):
         for q in qs:
             toks = torch.randint(0, s.vocab_size, (n, q), device="cuda")
             cache_lens = torch.full((n,), ctx - 1, dtype=torch.int32, device="cuda")
-            graphs = GraphManager(torch.device("cuda"))
-            graphs.capture(0, lambda: model.verify_step(toks, cache_lens, mrt.kv_caches, table, err,
-                                                        splits=splits))
-            row["verify_us"][q] = device_us(lambda: graphs.replay(0), torch)
-            graphs.drop(0)
+            graphs, key = GraphRunner(torch.device("cuda")), GraphKey("bench-verify", n, q)
+            verify = lambda: model.verify_step(toks, cache_lens, mrt.kv_caches, table, err,  # noqa: E731
+                                               splits=splits)
+            graphs.capture(key, verify)
+            row["verify_us"][q] = device_us(lambda: graphs.run(key, verify), torch)
+            graphs.drop(key)
             if do_round and q >= 2:
                 runner = SpeculativeRunner(model, mrt.kv_caches, SpeculativeConfig(num_tokens=q - 1),
                                            buckets=(n,), max_len=width, page_size=16,

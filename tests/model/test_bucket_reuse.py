@@ -1,8 +1,9 @@
 """A bucket's padding rows (graphrt/model/runtime.py): a bucket served with more rows and then
 reused with fewer must write only the served rows' pages. A padding row left with its stale
 seq_len and block-table row would decode again and write K/V into a page its old request no
-longer owns (whichever request holds it now). Through the public API on CPU: decode() and
-decode_trusted() (the engine's entry)."""
+longer owns (whichever request holds it now). Through the public API on CPU:
+the public decode(), which loads the runtime's slots (the engine writes them through its input
+batch and clears a released row's length)."""
 from __future__ import annotations
 
 import pytest
@@ -32,7 +33,7 @@ def _written(table, seq, rows) -> set[tuple[int, int]]:
     return {(int(table[r, p // PAGE]), p % PAGE) for r in rows for p in range(int(seq[r]) - 1, int(seq[r]) + K - 1)}
 
 
-@pytest.mark.parametrize("entry", ["decode", "decode_trusted"])
+@pytest.mark.parametrize("entry", ["decode"])
 @pytest.mark.parametrize("first,second", [(3, 2), (4, 1)])
 def test_bucket_reused_with_fewer_rows_writes_only_the_served_rows_pages(entry, first, second):
     mrt = _runtime()
@@ -43,10 +44,7 @@ def test_bucket_reused_with_fewer_rows_writes_only_the_served_rows_pages(entry, 
     cur = torch.randint(0, 160, (first,), generator=gen)
 
     def call(n, tokens, seq):
-        if entry == "decode":
-            return mrt.decode(tokens[:n].clone(), table[:n], seq[:n]).clone()
-        return mrt.decode_trusted(n, tokens.clone(), table.clone(), torch.cat(
-            [seq[:n], torch.zeros(4 - n, dtype=torch.int32)])).clone()   # rows >= n: padding in the caller
+        return mrt.decode(tokens[:n].clone(), table[:n], seq[:n]).clone()
 
     out = call(first, torch.cat([cur, torch.zeros(4 - first, dtype=torch.int64)]), lens)  # the bucket, `first` rows
     seq = lens + K
