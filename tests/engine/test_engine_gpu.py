@@ -82,7 +82,7 @@ def test_sampling_kernel_distribution_at_full_vocab():
 
 
 def test_no_host_sync_inside_a_sampled_block(llm):
-    rt = llm.runtime
+    rt = llm.runtime.runtime              # the executor's ModelRuntime: its public decode()
     n = 3
     table = torch.arange(n * 4, dtype=torch.int32).view(n, 4).pin_memory()
     lens = torch.tensor([10, 20, 30], dtype=torch.int32).pin_memory()
