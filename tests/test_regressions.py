@@ -129,7 +129,7 @@ def test_host_planned_backend_plans_every_replay_once(monkeypatch):
 
 
 def test_cuda_core_empty_rows_before_a_long_row_decode_correctly_on_cpu():
-    # issue 12: on the nominal H200 spec (148-tile CUDA-core grid, 8 kv heads) FlashInfer's plan for
+    # on the nominal H200 spec (148-tile CUDA-core grid, 8 kv heads) FlashInfer's plan for
     # 15 idle slots before an 18944-token request drops that request's tiles; the torch split-KV
     # executor over graphrt's device plan ended in an IndexError. It must equal the reference.
     from graphrt import DecodeRuntime

@@ -1,4 +1,4 @@
-"""Reliability on CPU (issue 12, sections 3-5): lazy capture's failure paths, prefill validation,
+"""Reliability on CPU: lazy capture's failure paths, prefill validation,
 capture idempotency, forked requests sharing a written page, concurrent use, and the guards a
 green suite used not to notice (stale block-table columns, the K/V-slot overflow flag).
 

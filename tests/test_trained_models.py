@@ -1,6 +1,6 @@
 """tools/train_tiny.py and tools/eval_ppl.py: the micro family trains on CPU, its checkpoints load
 in HF transformers and graphrt.LLM and generate alike, eval_ppl scores them. The GPU test checks
-issue 18's quality gates on the full family (trained here, or reused from GRAPHRT_TRAINED_DIR)."""
+the quality gates on the full family (trained here, or reused from GRAPHRT_TRAINED_DIR)."""
 from __future__ import annotations
 
 import importlib.util

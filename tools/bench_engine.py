@@ -8,7 +8,7 @@ Reports, per concurrency c (c requests of --prompt-len random tokens, greedy, ig
   tpot_ms      engine time per output token: per request, (last delta's arrival - first delta's)
                / tokens after the first delta, seen by a reader thread per stream (engine on its
                thread); median over requests
-  ratio        tpot_ms / step_ms (issue 9 targets: <= 1.03 at c=1, <= 1.05 at c=8)
+  ratio        tpot_ms / step_ms (targets: <= 1.03 at c=1, <= 1.05 at c=8)
   ttft_ms      time to first token (includes the eager prefill of all c prompts)
   sampled_tpot_ms  (--sampled) tpot with temperature / top-p / top-k: the sampled graphs
 and the checkpoint load: GB, seconds, GB/s (tensor copy into the fused layout on the device).

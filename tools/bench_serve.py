@@ -15,7 +15,7 @@ every request yields exactly --output-len tokens), bounded by --time-budget-s pe
 request: TTFT (send -> first token) and TPOT ((last token - first token) / (tokens - 1)); per
 point: p50 / p99 over requests, and output tokens/s over the point's wall time; and, for
 reference, the model's graph step time at batch N (in this process, after the servers:
-tools/bench_engine.py's step_ms), with TPOT p50 / step (issue 10's targets: <= 1.05 at N=1, <=
+tools/bench_engine.py's step_ms), with TPOT p50 / step (targets: <= 1.05 at N=1, <=
 1.08 at N=8). Writes NAME.json, NAME.md (table) and NAME.png under --out-dir.
 """
 from __future__ import annotations

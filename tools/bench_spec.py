@@ -7,7 +7,7 @@ every request at `--context` tokens. Per model x batch, side by side in one run:
                  (plan-free multi-query Triton attention, default split-KV), q = 1..8
   round_us[q]    one captured speculative round (n-gram proposer + verify + judge + advance,
                  SpeculativeRunner with R = 1), q = 2..8
-  ratio          verify_us[5] / decode_us (issue 19 asks <= 1.10 at bs 1, 1k context, 8B)
+  ratio          verify_us[5] / decode_us (target: <= 1.10 at bs 1, 1k context, 8B)
 Attention alone (--attention): the Triton multi-query kernel vs FlashInfer XQA with
 q_len_per_req=q (sm_90), device µs per layer call and the max |difference| of the outputs
 (XQA's masking for q > 1 is reported, not assumed). Device time: CUDA events around graph

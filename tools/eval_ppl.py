@@ -24,7 +24,7 @@ each as `<bos>` + its first `--window - 1` tokens (files under 16 tokens skipped
 4. --agree-with TARGET: HF float32 top-1 agreement of this checkpoint (the draft) with TARGET at
    every held-out position, and both perplexities (their ratio).
 
-Prints a table; --json writes every number. Runs on the GPU the lead owns or on a CPU (tiny
+Prints a table; --json writes every number. Runs on a GPU or on a CPU (tiny
 settings; Triton through the interpreter).
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Lead's device call 2: every GPU test (after the package move; speculative, FP8), speculative
+# Device call 2: every GPU test (after the package move; speculative, FP8), speculative
 # mechanics, FP8 e2e rows. Logs under $OUT, tarred into one file.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; L=/tmp/logs; mkdir -p "$L"

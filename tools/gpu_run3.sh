@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Lead's final device call: GPU tests of every merged branch (engine core, reliability, defaults,
+# Final device call: GPU tests of every merged branch (engine core, reliability, defaults,
 # speculative, FP8) and the engine host-cost table. Logs tarred under $OUT.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; L=/tmp/logs3; mkdir -p "$L"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Lead's last device call: the GPU paths left after run 3 (FP8 after the loader fix; the serve GPU
+# Last device call: the GPU paths left after run 3 (FP8 after the loader fix; the serve GPU
 # tests with fastapi/uvicorn/openai carried as wheels in .whl; LLM's default device).
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"

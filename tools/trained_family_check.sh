@@ -46,7 +46,7 @@ out = pathlib.Path(sys.argv[1])
 def load(m):
     f = out / f"eval_{m}.json"
     return json.loads(f.read_text()) if f.is_file() else None
-print("issue 18 gates:")
+print("quality gates:")
 for m in ("target", "target-qwen3"):
     r = load(m)
     if r is None:

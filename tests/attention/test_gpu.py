@@ -114,7 +114,7 @@ def test_cuda_core_and_tensor_core_replay_correct(kernel):
     _check_steps(rt, 16, seed=3)
 
 
-# issue 12: measured wrong (rel err 0.3-0.8) with FlashInfer's CUDA-core plan before the fix
+# measured wrong (rel err 0.3-0.8) with FlashInfer's CUDA-core plan before the fix
 EMPTY_FIRST = [[0] * 15 + [32768], [0] * 15 + [18944], [0, 32768, 0, 0, 20000, 0, 1, 0] * 2,
                [0] * 63 + [32768], [0, 32768] * 32]
 
@@ -336,7 +336,7 @@ def test_model_multi_step_graph_equals_single_steps_without_host_sync():
     assert multi.tolist() == torch.stack(singles).tolist()
 
 
-# ---- reliability (issue 12): guards only a GPU can observe --------------------------------------
+# ---- reliability: guards only a GPU can observe --------------------------------------
 def test_stale_block_table_columns_are_flagged():
     """Device seq_lens are not host-checked: a table narrower than the lengths need must read the
     -1 written past its width (flagged), never the previous batch's page ids (read silently)."""

@@ -149,7 +149,7 @@ def test_split_kv_executor_over_device_plan_equals_reference(case, layout):
     torch.testing.assert_close(out[:n], ref[:n], rtol=1e-4, atol=1e-5)
 
 
-# Length sets measured wrong on the H200 with FlashInfer's CUDA-core plan (issue 12); on the nominal
+# Length sets measured wrong on the H200 with FlashInfer's CUDA-core plan; on the nominal
 # H200 spec (132 SMs) with 8 kv heads the CUDA-core grid holds 148 tiles.
 EMPTY_FIRST = [[0] * 15 + [32768], [0] * 15 + [18944], [0, 32768, 0, 0, 20000, 0, 1, 0] * 2,
                [0] * 63 + [32768], [0, 32768] * 32]

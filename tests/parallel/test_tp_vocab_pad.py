@@ -20,7 +20,7 @@ pytest.importorskip("transformers")
 def odd_ckpt(tmp_path_factory):
     mod = _checkpoints.make_checkpoint_module()
     saved = mod.SHAPES["tiny-gqa"]
-    mod.SHAPES["tiny-gqa"] = saved[:6] + (359,) + saved[7:]    # 359 ids: odd, as in issue 17
+    mod.SHAPES["tiny-gqa"] = saved[:6] + (359,) + saved[7:]    # 359 ids: odd
     try:
         return mod.write_checkpoint(tmp_path_factory.mktemp("odd"), "tiny-gqa", arch="llama",
                                     dtype="float32", seed=6, tokenizer_vocab=359)

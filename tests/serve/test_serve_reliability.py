@@ -1,4 +1,4 @@
-"""`graphrt serve` under hostile input (issue 17) on CPU, live uvicorn on 127.0.0.1: values past
+"""`graphrt serve` under hostile input on CPU, live uvicorn on 127.0.0.1: values past
 what the engine's tensors hold are 400s naming the field (or clamped), null means the default, a
 lone surrogate / a raising chat template is an OpenAI JSON 400, bodies over --max-request-bytes
 are 413, tokenization does not block the event loop, invalid YAML is one line, and the server
