@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from _checkpoints import write
-from _fp8_checkpoints import write_fp8
+from _fp8_checkpoints import FP8_MAX, write_fp8
 from graphrt import RuntimeConfig
 from graphrt.engine.loader import CheckpointError, load_checkpoint
 from graphrt.engine.model import build_model
