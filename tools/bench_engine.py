@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def step_ms(llm, c: int, prompt_len: int, torch, reps: int) -> float:
-    rt = llm.runtime
+    rt = getattr(llm.runtime, "runtime", llm.runtime)   # the executor's ModelRuntime (public decode)
     cfg = rt.config
     dev = rt.device
     pages = -(-(prompt_len + reps * rt.k + 1) // cfg.page_size)
