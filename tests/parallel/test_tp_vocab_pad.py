@@ -59,7 +59,7 @@ def test_llm_tensor_parallel_odd_vocab_matches_single_process(odd_ckpt):
               SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True),
               SamplingParams(max_tokens=6, temperature=0.9, seed=5, ignore_eos=True)]
     ref = LLM(odd_ckpt, **kw).generate(prompts, params)
-    llm = LLM(odd_ckpt, tensor_parallel=2, tp_timeout_s=30, **kw)
+    llm = LLM(odd_ckpt, tensor_parallel=2, tp_timeout_s=120, **kw)
     try:
         got = llm.generate(prompts, params)
         assert [o.token_ids for o in got] == [o.token_ids for o in ref]
