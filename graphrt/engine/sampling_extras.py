@@ -1,0 +1,92 @@
+"""The engine side of logits processing and log-probabilities (the device side: model/processing.py,
+model/logprobs.py).
+
+- `token_rules`: a request's logit_bias, bad_words and min_tokens as the slots' token rules
+  (id, value, until), checked when the request is added (ValueError naming the field).
+- `process_row`: a request's row of ProcessRows, written into its slot by its prefill.
+- `logprob_dicts` / `prompt_logprob_dicts`: the device's log-probability rows, read back with a
+  block's tokens, as vLLM-shaped `{token id: Logprob}` dicts (the drawn / prompt token, plus the
+  top-n alternatives, ranks 1..n).
+
+bad_words: each word is tokenized as given and with a leading space (as vLLM does); each variant
+that is one token is banned at every draw. A word with no one-token variant is refused: banning a
+token sequence (the last token, only after the others) is not supported.
+"""
+from __future__ import annotations
+
+from graphrt.engine.params import Logprob, SamplingParams
+from graphrt.model.processing import (FOREVER, FREQUENCY, MIN_P, NEUTRAL, PRESENCE, REPETITION, RULE_WIDTH,
+                                     ProcessRows)
+
+
+def token_rules(params: SamplingParams, tokenizer, eos_ids, vocab: int) -> list[tuple[int, float, int]]:
+    """(token id, value added, draw index it applies before) for each rule of the request."""
+    rules = []
+    for tok, v in (params.logit_bias or {}).items():
+        if tok >= vocab:
+            raise ValueError(f"logit_bias: token id {tok} outside the vocabulary [0, {vocab})")
+        rules.append((tok, v, FOREVER))
+    for word in params.bad_words:
+        ids = set()
+        for variant in (word, " " + word):
+            toks = list(tokenizer(variant, add_special_tokens=False).input_ids)
+            if len(toks) == 1:
+                ids.add(toks[0])
+        if not ids:
+            raise ValueError(f"bad_words: {word[:40]!r} is more than one token; only words of one token "
+                             f"are supported")
+        rules += [(t, float("-inf"), FOREVER) for t in sorted(ids) if t < vocab]
+    if params.min_tokens:
+        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_ids))
+        rules += [(t, float("-inf"), params.min_tokens) for t in sorted(stops) if t < vocab]
+    if len(rules) > RULE_WIDTH:
+        raise ValueError(f"logit_bias: with bad_words and min_tokens' stop ids {len(rules)} token rules, "
+                         f"at most {RULE_WIDTH}")
+    return rules
+
+
+def process_row(params: SamplingParams, rules, prompt: list[int], output: list[int]) -> dict:
+    """The request's row of model.processing.ProcessRows.build."""
+    vals = list(NEUTRAL)
+    vals[PRESENCE], vals[FREQUENCY] = params.presence_penalty, params.frequency_penalty
+    vals[REPETITION], vals[MIN_P] = params.repetition_penalty, params.min_p
+    return {"params": vals, "rules": rules or [], "prompt": prompt, "output": output}
+
+
+class TokenText:
+    """decoded_token of one id (cached): the text of that token alone."""
+
+    def __init__(self, decode):
+        self._decode, self._cache = decode, {}
+
+    def __call__(self, tok: int) -> str:
+        s = self._cache.get(tok)
+        if s is None:
+            s = self._cache[tok] = self._decode([tok])
+        return s
+
+
+def _entry(tok: int, lp: float, rank: int, ids, vals, n: int, text) -> dict[int, Logprob]:
+    d = {tok: Logprob(lp, rank, text(tok))}
+    for j in range(n):
+        t = int(ids[j])
+        if t not in d:
+            d[t] = Logprob(float(vals[j]), j + 1, text(t))
+    return d
+
+
+def logprob_dicts(lp, col: int, tokens: list[int], n: int, text) -> list[dict[int, Logprob]]:
+    """lp = (token [S, cols], rank, ids [S, cols, N], vals) host tensors of a block; the first
+    len(tokens) steps of column `col`, with n alternatives each."""
+    tok_lp, rank, ids, vals = (t[:len(tokens), col].tolist() for t in lp)
+    return [_entry(t, tok_lp[s], rank[s], ids[s], vals[s], n, text) for s, t in enumerate(tokens)]
+
+
+def prompt_logprob_dicts(result, prompt: list[int], n: int, text) -> list[dict[int, Logprob] | None]:
+    """model.logprobs.PromptLogprobs.result(i) -> one entry per prompt token (None first)."""
+    tok_lp, rank, ids, vals = (t.tolist() for t in result)
+    return [None] + [_entry(prompt[s + 1], tok_lp[s], rank[s], ids[s], vals[s], n, text)
+                     for s in range(len(tok_lp))]
+
+
+__all__ = ["ProcessRows", "token_rules", "process_row", "logprob_dicts", "prompt_logprob_dicts", "TokenText"]
