@@ -389,7 +389,7 @@ class Engine:
             go = s.launch_block(rows, block_tokens=ex.k)
             lp = None
             if go.processed:
-                tokens = ex.decode_block(go.n, sampled=go.sampled, processed=True)
+                tokens = ex.decode_block(go.n, sampled=go.sampled, processed=True, filtered=go.filtered)
                 if any(r.params.logprobs is not None for r in rows):
                     lp = ex.block_logprobs(go.n)
             else:

@@ -111,11 +111,13 @@ class LocalExecutor:
         """An input batch's staged changes into the slots (SlotState.apply)."""
         self.runtime.slots.apply(update)
 
-    def decode_block(self, n: int, *, sampled: bool, processed: bool = False) -> torch.Tensor:
+    def decode_block(self, n: int, *, sampled: bool, processed: bool = False,
+                     filtered: bool = True) -> torch.Tensor:
         """K decode steps over slots [0, n) -> [K, n] int64 (a view, valid until the next block);
-        processed: the logits-processing graph (then `block_logprobs(n)` holds the block's)."""
+        processed: the logits-processing graph (then `block_logprobs(n)` holds the block's);
+        filtered (with processed): some row uses top-k / top-p."""
         if processed:
-            return self.runtime.decode_slots(n, sampled=True, processed=True)
+            return self.runtime.decode_slots(n, sampled=True, processed=True, filtered=filtered)
         return self.runtime.decode_slots(n, sampled=sampled)
 
     def block_logprobs(self, n: int):

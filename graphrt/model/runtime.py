@@ -18,7 +18,8 @@ Capture and replay go through the one graph runner (attention/graphs.py), keyed
 GraphKey("decode", bucket, steps=K, sampled=..., filtered=...); speculative rounds
 (speculative/runner.py) share the same runner, pool and slots.
 
-processing=True adds a third graph per bucket (filtered=True, sampled=True): each step processes
+processing=True adds two graphs per bucket (processed=True; filtered: with the sort that top-k /
+top-p need, or without when no row of the block uses them): each step processes
 the float32 logits with the slots' processing rows (model/processing.py: penalties over the
 per-slot token counts, logit bias, banned tokens, min_tokens, min_p), draws with the sampler from
 the result (greedy rows: its argmax), records log-probabilities of the drawn token and its top-N
@@ -168,10 +169,11 @@ class ModelRuntime:
                                          if logits_rows else {}))
 
     # ---- the decode phase: K steps over a bucket of slots (pure device work: capturable) -------
-    def _steps(self, size: int, sampled: bool, processed: bool = False) -> None:
+    def _steps(self, size: int, sampled: bool, processed: bool = False, filtered: bool = True) -> None:
         """K decode steps over slots [0, size). sampled: draw each token with the slots' sampling
         rows (advancing their draw index) instead of the argmax; processed (with sampled): the
-        slots' logits processing first, log-probabilities recorded, drawn tokens counted."""
+        slots' logits processing first, log-probabilities recorded, drawn tokens counted;
+        filtered=False: no row uses top-k / top-p (the sampler skips its sort)."""
         st, view = self.slots, self.buffers.view(size)
         tokens, seq = st.tokens[:size], view.seq_lens                       # [B] int64, [B] int32
         ctx = AttentionContext(self.backend, view, self.kv_caches)
@@ -186,7 +188,7 @@ class ModelRuntime:
                 src = raw if self.logprobs_mode == "raw" else \
                     drawn_from(x, st.temperature[:size], st.top_k[:size], st.top_p[:size])
                 sample_tokens(x, st.temperature[:size], st.top_k[:size], st.top_p[:size],
-                              st.seed[:size], st.step[:size], out)
+                              st.seed[:size], st.step[:size], out, filtered=filtered)
                 self.logprobs.record(step, size, src, out)
                 st.proc.count(size, out, live)
             elif sampled:
@@ -203,8 +205,9 @@ class ModelRuntime:
             if step + 1 == self.k and self._logits is not None:
                 self._logits[:size].copy_(logits)                             # float32, on request
 
-    def _key(self, size: int, sampled: bool, processed: bool = False) -> GraphKey:
-        return GraphKey("decode", size, steps=self.k, sampled=sampled or processed, filtered=processed)
+    def _key(self, size: int, sampled: bool, processed: bool = False, filtered: bool = False) -> GraphKey:
+        return GraphKey("decode", size, steps=self.k, sampled=sampled or processed,
+                        filtered=processed and filtered, processed=processed)
 
     def _host_plan(self, size: int, seq_lens_cpu: torch.Tensor | None = None):
         """The graph runner's prepare hook: a host-planning backend plans from the lengths."""
@@ -224,24 +227,28 @@ class ModelRuntime:
         st = self.slots
         with self.lock:
             for size in reversed(self.config.buckets):
-                kinds = [(False, False)] + [(True, False)] * self.sampling + [(True, True)] * self.processing
-                for sampled, processed in kinds:
-                    key = self._key(size, sampled, processed)
+                kinds = ([(False, False, False)] + [(True, False, False)] * self.sampling
+                         + [(True, True, False), (True, True, True)] * self.processing)
+                for sampled, processed, filtered in kinds:
+                    key = self._key(size, sampled, processed, filtered)
                     if key in self.graphs:
                         continue
                     inputs = [(st.block_table[:size], 0), (st.seq_lens[:size], 1), (st.tokens[:size], 0),
                               (st.step[:size], 0)] + ([] if st.history is None else [(st.history[:size], 0)])
                     if processed:
                         inputs.append((st.proc.counts[:size], 0))
-                    self.graphs.capture(key, lambda s=size, x=sampled, p=processed: self._steps(s, x, p),
+                    self.graphs.capture(key, lambda s=size, x=sampled, p=processed, f=filtered:
+                                        self._steps(s, x, p, f),
                                         inputs=inputs, scratch=self.kv_caches, prepare=self._host_plan(size))
             self._captured = True
             return dict(self.graphs.stats)
 
     def _run(self, n: int, sampled: bool, seq_lens_cpu: torch.Tensor | None = None,
-             processed: bool = False) -> torch.Tensor:
+             processed: bool = False, filtered: bool = True) -> torch.Tensor:
         size = pick_bucket(self.config.buckets, n)
-        self.graphs.run(self._key(size, sampled, processed), lambda: self._steps(size, sampled, processed),
+        filtered = processed and filtered
+        self.graphs.run(self._key(size, sampled, processed, filtered),
+                        lambda: self._steps(size, sampled, processed, filtered),
                         prepare=self._host_plan(size, seq_lens_cpu))
         return self.out_tokens[:, :n]
 
@@ -301,7 +308,8 @@ class ModelRuntime:
             rows = self._run(n, sampling is not None, host_lens)
             return rows if out is None else out.copy_(rows)
 
-    def decode_slots(self, n: int, *, sampled: bool, processed: bool = False) -> torch.Tensor:
+    def decode_slots(self, n: int, *, sampled: bool, processed: bool = False,
+                     filtered: bool = True) -> torch.Tensor:
         """K decode steps over slots [0, n) as they stand in `self.slots` (the engine's path: no
         input copy, no host check, no sync except a host-planning backend reading seq_lens);
         returns [K, n] int64 tokens (a view of a static buffer, valid until the next block).
@@ -311,12 +319,13 @@ class ModelRuntime:
         block, the history by K tokens. The device guard still neutralises bad rows and raises
         the sticky flag that check_device_errors() reports. processed: the logits-processing
         graph (needs processing=True; see the module docstring): also fills `self.logprobs` and
-        advances the slots' token counts."""
+        advances the slots' token counts; with filtered=False (no row uses top-k / top-p) the
+        one without the sampler's sort."""
         self._check_sampled(sampled)
         if processed and not self.processing:
             raise ValueError("processed: this ModelRuntime was built with processing=False")
         with self.lock:
-            return self._run(n, sampled, processed=processed)
+            return self._run(n, sampled, processed=processed, filtered=filtered)
 
     def last_logits(self, n: int) -> torch.Tensor:
         """[n, vocab] float32 logits of the last decode step of the bucket serving n rows

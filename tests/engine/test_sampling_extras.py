@@ -73,7 +73,8 @@ def batch(llm, hf):
         "bias": (PROMPTS[1], SamplingParams(max_tokens=N, temperature=0, ignore_eos=True, logit_bias={77: 100})),
         "min_tokens": (PROMPTS[0], SamplingParams(max_tokens=N, temperature=0, min_tokens=3,
                                                    stop_token_ids=[g0[0], g0[1]])),
-        "min_p": (PROMPTS[2], SamplingParams(max_tokens=N, temperature=1.0, seed=3, ignore_eos=True, min_p=1.0)),
+        "min_p": (PROMPTS[2], SamplingParams(max_tokens=N, temperature=1.0, seed=3, ignore_eos=True, min_p=1.0,
+                                              top_k=3)),     # top_k: the processed graph that sorts
     }
     if one_token:
         reqs["bad_words"] = (PROMPTS[2], SamplingParams(max_tokens=N, temperature=0, ignore_eos=True,
