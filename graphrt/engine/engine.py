@@ -149,12 +149,12 @@ class Engine:
         with self._lock:
             rid = request_id if request_id is not None else f"req-{next(self._ids)}"
             seed = params.seed if params.seed is not None else self._rng.randrange(2**63)
-        rules = self._check_processing(params)
+        rules = extras.check_request(self.runtime, params, self.tokenizer, self.scheduler.eos, self.vocab_size)
         stream = RequestStream(self, rid)
         req = Request(rid, ids, params, seed,
                       TextState(self.tokenizer, params.stop, decode=self._decode_text,
                                 table=self._token_bytes), stream.put)
-        req.rules, req.prompt_lp = rules, None
+        req.rules = rules
         self._inbox.put(("add", req))
         self._wake.set()
         if self.error is not None:                      # died meanwhile: the loop may never see it
@@ -165,23 +165,6 @@ class Engine:
         """Cancel a request (a no-op if it already finished); its stream ends with "abort"."""
         self._inbox.put(("abort", request_id))
         self._wake.set()
-
-    def _check_processing(self, params: SamplingParams):
-        """The request's token rules (sampling_extras.py); ValueError naming the field when it
-        needs logits processing this runtime lacks, or asks for more than it keeps."""
-        if not (params.processed or params.prompt_logprobs is not None):
-            return None
-        if not getattr(self.runtime, "processing", False):
-            field = next(f for f in ("logprobs", "prompt_logprobs", "presence_penalty", "frequency_penalty",
-                                     "repetition_penalty", "min_p", "logit_bias", "min_tokens", "bad_words")
-                         if getattr(params, f) not in (None, 0, 0.0, 1.0, (), {}))
-            raise ValueError(f"{field}: needs logits processing, which this engine's runtime does not "
-                             f"have (not supported with speculative decoding or tensor parallel yet)")
-        width = self.runtime.logprobs_width
-        for f in ("logprobs", "prompt_logprobs"):
-            if (getattr(params, f) or 0) > width:
-                raise ValueError(f"{f}: at most {width} (the runtime's captured width), got {getattr(params, f)}")
-        return extras.token_rules(params, self.tokenizer, self.scheduler.eos, self.vocab_size)
 
     def _prompt_ids(self, prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -339,20 +322,10 @@ class Engine:
                                 torch.tensor([p.top_p for p in ps], dtype=torch.float32),
                                 torch.tensor([r.seed for r in reqs], dtype=torch.int64),
                                 torch.tensor([r.launched for r in reqs], dtype=torch.int32))
-        lp = None
         if getattr(self.runtime, "processing", False):               # every slot's processing rows
-            rows = extras.ProcessRows.build([extras.process_row(r.params, r.rules, r.prompt, r.token_ids)
-                                             for r in reqs], self.vocab_size)
-            want = {i: r.params.prompt_logprobs for i, r in enumerate(reqs)
-                    if r.params.prompt_logprobs is not None and not r.token_ids}
-            first = self.runtime.prefill_slots(prompts, table, slots, inputs, processing=rows,
-                                               prompt_logprobs=want)
-            for i, res in self.runtime.prompt_logprobs.items():
-                reqs[i].prompt_lp = extras.prompt_logprob_dicts(res, reqs[i].prompt, want[i], self._token_text)
-            if any(r.params.logprobs is not None for r in reqs):
-                lp = self.runtime.prefill_logprobs
+            first, lp = extras.prefill(self.runtime, prompts, table, slots, inputs, reqs, self._token_text)
         else:
-            first = self.runtime.prefill_slots(prompts, table, slots, inputs)   # [m] device
+            first, lp = self.runtime.prefill_slots(prompts, table, slots, inputs), None   # [m] device
         for r in reqs:
             if self.spec is not None:
                 self.batch.set_history(r.slot, r.context)  # the first token: written on the device
@@ -387,13 +360,10 @@ class Engine:
             pending.kind, pending.spec_k = "spec", k
         else:
             go = s.launch_block(rows, block_tokens=ex.k)
-            lp = None
-            if go.processed:
-                tokens = ex.decode_block(go.n, sampled=go.sampled, processed=True, filtered=go.filtered)
-                if any(r.params.logprobs is not None for r in rows):
-                    lp = ex.block_logprobs(go.n)
+            if go.processed:                          # logits processing: + the block's log-probs
+                tokens, lp = extras.decode_block(ex, go, rows)
             else:
-                tokens = ex.decode_block(go.n, sampled=go.sampled)
+                tokens, lp = ex.decode_block(go.n, sampled=go.sampled), None
             pending = self._to_host(go.rows, tokens, logprobs=lp)
             if self.spec is not None:
                 self.spec_counts["plain_blocks"] += 1
@@ -432,21 +402,11 @@ class Engine:
                     self.scheduler.release(req)
                     self._requests.pop(req.request_id, None)
                 if delta is not None:
-                    self._attach_logprobs(req, delta, block, col)
+                    extras.attach(req, delta, block.logprobs, col, self._token_text)
                     self._tokens_generated += len(delta.token_ids)
                     req.sink(delta)
             except Exception as e:                    # this request's stop checks / text / stream
                 self._fail(req, e)                    # (release is idempotent)
-
-    def _attach_logprobs(self, req: Request, delta: RequestOutput, block: _Pending, col: int) -> None:
-        p = req.params
-        if p.logprobs is not None and block.logprobs is not None and delta.token_ids:
-            delta.logprobs = extras.logprob_dicts(block.logprobs, col, delta.token_ids, p.logprobs,
-                                                  self._token_text)
-        elif p.logprobs is not None:
-            delta.logprobs = []
-        if req.prompt_lp is not None:                 # the first delta carries them
-            delta.prompt_logprobs, req.prompt_lp = req.prompt_lp, None
 
     def stats(self) -> dict:
         """A snapshot for monitoring, safe to call from any thread (each count is read once; the

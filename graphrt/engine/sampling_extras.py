@@ -1,6 +1,8 @@
 """The engine side of logits processing and log-probabilities (the device side: model/processing.py,
 model/logprobs.py).
 
+- `check_request`, `prefill`, `decode_block`, `attach`: the engine's calls (add_request, a
+  prefill, a processed block, a delta).
 - `token_rules`: a request's logit_bias, bad_words and min_tokens as the slots' token rules
   (id, value, until), checked when the request is added (ValueError naming the field).
 - `process_row`: a request's row of ProcessRows, written into its slot by its prefill.
@@ -17,6 +19,56 @@ from __future__ import annotations
 from graphrt.engine.params import Logprob, SamplingParams
 from graphrt.model.processing import (FOREVER, FREQUENCY, MIN_P, NEUTRAL, PRESENCE, REPETITION, RULE_WIDTH,
                                      ProcessRows)
+
+
+def check_request(runtime, params: SamplingParams, tokenizer, eos_ids, vocab: int):
+    """The request's token rules (None when it needs no processing); ValueError naming the field
+    when it needs logits processing the runtime (the executor) lacks, or more log-probs than it keeps."""
+    if not (params.processed or params.prompt_logprobs is not None):
+        return None
+    if not getattr(runtime, "processing", False):
+        default = SamplingParams()
+        field = next(f for f in ("logprobs", "prompt_logprobs", "presence_penalty", "frequency_penalty",
+                                 "repetition_penalty", "min_p", "logit_bias", "min_tokens", "bad_words")
+                     if getattr(params, f) != getattr(default, f))
+        raise ValueError(f"{field}: needs logits processing, which this engine's runtime does not "
+                         f"have (not supported with speculative decoding or tensor parallel yet)")
+    width = runtime.logprobs_width
+    for f in ("logprobs", "prompt_logprobs"):
+        if (getattr(params, f) or 0) > width:
+            raise ValueError(f"{f}: at most {width} (the runtime's captured width), got {getattr(params, f)}")
+    return token_rules(params, tokenizer, eos_ids, vocab)
+
+
+def prefill(ex, prompts, table, slots, inputs, reqs, text):
+    """ex.prefill_slots with every request's processing row (a processing executor) and the prompt
+    log-probs asked for (set on each request as `prompt_lp`, for its first delta) ->
+    (first tokens [m] device, the first draws' log-prob rows or None when no request wants them)."""
+    rows = ProcessRows.build([process_row(r.params, r.rules, r.prompt, r.token_ids) for r in reqs],
+                             ex.model.spec.vocab_size)
+    want = {i: r.params.prompt_logprobs for i, r in enumerate(reqs)
+            if r.params.prompt_logprobs is not None and not r.token_ids}    # not again after a preemption
+    first = ex.prefill_slots(prompts, table, slots, inputs, processing=rows, prompt_logprobs=want)
+    for i, res in ex.prompt_logprobs.items():
+        reqs[i].prompt_lp = prompt_logprob_dicts(res, reqs[i].prompt, want[i], text)
+    return first, ex.prefill_logprobs if any(r.params.logprobs is not None for r in reqs) else None
+
+
+def decode_block(ex, go, rows):
+    """A processed block (go: the scheduler's Launch) -> (tokens [K, n], its log-prob rows or None
+    when no row wants them)."""
+    tokens = ex.decode_block(go.n, sampled=go.sampled, processed=True, filtered=go.filtered)
+    return tokens, ex.block_logprobs(go.n) if any(r.params.logprobs is not None for r in rows) else None
+
+
+def attach(req, delta, lp, col: int, text) -> None:
+    """A delta's log-probs (lp: its block's host rows, or None) and, on the first, the prompt's."""
+    p = req.params
+    if p.logprobs is not None:
+        delta.logprobs = logprob_dicts(lp, col, delta.token_ids, p.logprobs, text) \
+            if lp is not None and delta.token_ids else []
+    if req.prompt_lp is not None:
+        delta.prompt_logprobs, req.prompt_lp = req.prompt_lp, None
 
 
 def token_rules(params: SamplingParams, tokenizer, eos_ids, vocab: int) -> list[tuple[int, float, int]]:
@@ -89,4 +141,4 @@ def prompt_logprob_dicts(result, prompt: list[int], n: int, text) -> list[dict[i
                      for s in range(len(tok_lp))]
 
 
-__all__ = ["ProcessRows", "token_rules", "process_row", "logprob_dicts", "prompt_logprob_dicts", "TokenText"]
+__all__ = ["ProcessRows", "check_request", "prefill", "decode_block", "attach", "token_rules", "process_row", "logprob_dicts", "prompt_logprob_dicts", "TokenText"]

@@ -54,6 +54,8 @@ class Request:
     admitted_at: int = -1             # admission order: the newest is preempted first
     preemptions: int = 0
     stop_ids: frozenset | None = None  # stop_token_ids + end-of-sequence ids (set on first use)
+    rules: list | None = None         # token rules of its logits processing (engine/sampling_extras.py)
+    prompt_lp: list | None = None     # prompt log-probs waiting for the first delta
 
     @property
     def context(self) -> list[int]:

@@ -183,3 +183,11 @@ def test_seeded_sampling_with_speculation_does_not_depend_on_the_batch(ngram):
               SamplingParams(max_tokens=5, temperature=0.5, seed=9, ignore_eos=True)]
     batched = ngram.generate(prompts, [p] + others, use_tqdm=False)[0]
     assert batched.token_ids == alone.token_ids and len(alone.token_ids) == 12
+
+
+def test_logits_processing_is_refused_under_speculation_naming_the_field(ngram):
+    from graphrt import SamplingParams
+    for kw, field in ((dict(logprobs=0), "logprobs"), (dict(prompt_logprobs=1), "prompt_logprobs"),
+                      (dict(presence_penalty=0.5), "presence_penalty"), (dict(min_tokens=2), "min_tokens")):
+        with pytest.raises(ValueError, match=f"^{field}: .*speculative"):
+            ngram.engine.add_request([1, 2, 3], SamplingParams(max_tokens=4, **kw))
