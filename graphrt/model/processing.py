@@ -18,6 +18,10 @@ bad words (value -inf) and min_tokens (-inf on stop / end-of-sequence ids, until
 Order per draw (`process`): repetition penalty, presence / frequency penalties, token rules; then
 (sampled rows only) min_p at the row's temperature: tokens with p < min_p * p_max become -inf.
 The sampler (kernels/sample.py) then applies temperature, top-k and top-p to the result.
+
+Speculative verification (`process_verify`) gives the target distribution of each verified
+position after the same processing, the proposals before it counted as drawn; the speculative
+rounds do not call it yet (the engine refuses processed requests under speculation).
 """
 from __future__ import annotations
 
@@ -126,21 +130,26 @@ class ProcessState:
         """logits [b, V] (any float dtype) of slots `sel` (an int b: slots [0, b); or a [b] int64
         index tensor) -> [b, V] float32 processed logits. step [b] int32 (each row's draw index),
         temperature [b] float32 (0 = greedy: min_p not applied). Capturable for an int `sel`."""
-        x = logits.float()
-        counts = self._rows(self.counts, sel)
-        params = self._rows(self.params, sel, 1)
-        seen = counts > 0
-        rep = params[REPETITION][:, None]
-        x = torch.where(seen | self._rows(self.prompt, sel), torch.where(x > 0, x / rep, x * rep), x)
-        x = x - params[PRESENCE][:, None] * seen - params[FREQUENCY][:, None] * counts
-        ids = self._rows(self.rule_ids, sel)
-        live = (ids >= 0) & (step[:, None] < self._rows(self.rule_until, sel))
-        x = x.scatter_add(1, ids.clamp_min(0), torch.where(live, self._rows(self.rule_vals, sel), 0.0))
-        min_p = params[MIN_P]
-        cut = torch.where((min_p > 0) & (temperature > 0), torch.log(min_p.clamp_min(1e-30)), -torch.inf)
-        top = x.max(dim=-1, keepdim=True).values
-        safe_t = torch.where(temperature > 0, temperature, 1.0)[:, None]
-        return torch.where((x - top) / safe_t < cut[:, None], -torch.inf, x)
+        r = lambda t, dim=0: self._rows(t, sel, dim)
+        return _process(logits.float(), r(self.counts), r(self.prompt), r(self.params, 1), r(self.rule_ids),
+                        r(self.rule_vals), r(self.rule_until), step, temperature)
+
+    def process_verify(self, logits: torch.Tensor, size: int, proposals: torch.Tensor, step: torch.Tensor,
+                       temperature: torch.Tensor) -> torch.Tensor:
+        """The same processing for a speculative verify: logits [size * Q, V] of slots [0, size),
+        row b * Q + j the distribution after proposals x_0 .. x_{j-1} (proposals [size, Q - 1]
+        int64), drawn at index step[b] + j: counted as if those proposals had been drawn. step
+        [size] int32, temperature [size] float32 -> [size * Q, V] float32. Capturable."""
+        b, q1 = proposals.shape
+        q, v = q1 + 1, self.vocab
+        ahead = torch.zeros((b, q, v), dtype=torch.int32, device=logits.device)
+        ahead[:, 1:].scatter_add_(2, proposals[:, :, None], torch.ones_like(proposals, dtype=torch.int32)[:, :, None])
+        counts = (self.counts[:b, None] + ahead.cumsum(1, dtype=torch.int32)).view(b * q, v)
+        rep = lambda t: t[:b].repeat_interleave(q, dim=0)
+        draw = (step[:, None] + torch.arange(q, dtype=step.dtype, device=step.device)).reshape(b * q)
+        return _process(logits.float(), counts, rep(self.prompt), self.params[:, :b].repeat_interleave(q, dim=1),
+                        rep(self.rule_ids), rep(self.rule_vals), rep(self.rule_until), draw,
+                        temperature.repeat_interleave(q))
 
     def count(self, sel, tokens: torch.Tensor, live: torch.Tensor) -> None:
         """counts[slot, token] += 1 for each live row (tokens [b] int64, live [b] bool)."""
@@ -150,6 +159,22 @@ class ProcessState:
         else:
             at = sel * self.vocab + tokens
             self.counts.view(-1).index_add_(0, at, add[:, 0])
+
+
+def _process(x, counts, prompt, params, ids, vals, until, step, temperature) -> torch.Tensor:
+    """x [R, V] float32, counts [R, V] int32, prompt [R, V] bool, params [NUM_PARAMS, R], rules
+    [R, L] each, step [R] int32, temperature [R] float32 -> processed [R, V] float32."""
+    seen = counts > 0
+    rep = params[REPETITION][:, None]
+    x = torch.where(seen | prompt, torch.where(x > 0, x / rep, x * rep), x)
+    x = x - params[PRESENCE][:, None] * seen - params[FREQUENCY][:, None] * counts
+    live = (ids >= 0) & (step[:, None] < until)
+    x = x.scatter_add(1, ids.clamp_min(0), torch.where(live, vals, 0.0))
+    min_p = params[MIN_P]
+    cut = torch.where((min_p > 0) & (temperature > 0), torch.log(min_p.clamp_min(1e-30)), -torch.inf)
+    top = x.max(dim=-1, keepdim=True).values
+    safe_t = torch.where(temperature > 0, temperature, 1.0)[:, None]
+    return torch.where((x - top) / safe_t < cut[:, None], -torch.inf, x)
 
 
 def drawn_from(x: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,

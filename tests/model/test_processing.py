@@ -80,3 +80,22 @@ def test_token_logprobs_and_buffers():
     buf = LogprobBuffers.allocate(steps=2, max_batch=4, width=4, device="cpu")
     buf.record(1, 3, x, tok)
     assert torch.equal(buf.view(3)[2][1], ids)
+
+
+def test_process_verify_counts_the_proposals_before_each_position():
+    g = torch.Generator().manual_seed(3)
+    st = _state([{"params": [0.4, 0.3, 1.5, 0.0], "rules": [(6, float("-inf"), 2)], "prompt": [1, 2], "output": [4]},
+                 {"params": [0.0, 0.0, 1.0, 0.0], "rules": [], "prompt": [3], "output": []}])
+    q, size = 3, 3                                   # slots 0..2 (slot 2 and 0 written above)
+    logits = torch.randn(size * q, V, generator=g)
+    proposals = torch.tensor([[4, 9], [9, 9], [5, 4]])
+    step = torch.tensor([1, 0, 5], dtype=torch.int32)
+    temp = torch.zeros(size)
+    got = st.process_verify(logits, size, proposals, step, temp)
+    for b in range(size):
+        for j in range(q):
+            ref = ProcessState(st.counts.clone(), st.prompt, st.params, st.rule_ids, st.rule_vals, st.rule_until)
+            for x in proposals[b, :j].tolist():
+                ref.count(torch.tensor([b]), torch.tensor([x]), torch.tensor([True]))
+            want = ref.process(logits[b * q + j][None], torch.tensor([b]), step[b:b + 1] + j, temp[b:b + 1])[0]
+            torch.testing.assert_close(got[b * q + j], want)
