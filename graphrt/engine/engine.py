@@ -149,7 +149,8 @@ class Engine:
         with self._lock:
             rid = request_id if request_id is not None else f"req-{next(self._ids)}"
             seed = params.seed if params.seed is not None else self._rng.randrange(2**63)
-        rules = extras.check_request(self.runtime, params, self.tokenizer, self.scheduler.eos, self.vocab_size)
+        rules = extras.check_request(self.runtime, params, self.tokenizer, self.scheduler.eos, self.vocab_size,
+                                     speculative=self.spec is not None)
         stream = RequestStream(self, rid)
         req = Request(rid, ids, params, seed,
                       TextState(self.tokenizer, params.stop, decode=self._decode_text,
@@ -354,7 +355,7 @@ class Engine:
                 #                               its pages); speculative rounds stop there on the device
         if k:
             go = s.launch_block(rows)
-            out = ex.spec_block(go.n, filtered=go.filtered)
+            out = ex.spec_block(go.n, filtered=go.filtered, **({"processed": True} if go.processed else {}))
             self.spec_counts["blocks"] += 1
             pending = self._to_host(go.rows, out.tokens, out.emitted, out.proposed)
             pending.kind, pending.spec_k = "spec", k

@@ -48,7 +48,8 @@ class LocalExecutor:
     uses_graphs = property(lambda self: self.runtime.uses_graphs)
     speculative = property(lambda self: None if self.spec is None else self.spec.config)
     rounds = property(lambda self: 0 if self.spec is None else self.spec.rounds)
-    processing = property(lambda self: self.runtime.processing and self.spec is None)
+    processing = property(lambda self: self.runtime.processing)
+    spec_logprobs = False        # speculative rounds do not record log-probabilities (yet)
     logprobs_width = property(lambda self: self.runtime.logprobs.width if self.runtime.processing else 0)
     history_width = property(lambda self: None if self.runtime.slots.history is None
                              else self.runtime.slots.history.shape[1])
@@ -124,12 +125,12 @@ class LocalExecutor:
         """The last processed block's log-probabilities: (token [K, n], rank, ids [K, n, N], vals)."""
         return self.runtime.logprobs.view(n)
 
-    def spec_block(self, n: int, *, filtered: bool = False):
+    def spec_block(self, n: int, *, filtered: bool = False, processed: bool = False):
         """R speculative rounds over slots [0, n) -> BlockOutput views (speculative/runner.py);
-        filtered: some slot uses top_k / top_p."""
+        filtered: some slot uses top_k / top_p; processed: some slot needs logits processing."""
         if self.spec is None:
             raise ValueError("spec_block: this executor was built without speculation")
-        return self.spec.run(n, filtered=filtered)
+        return self.spec.run(n, filtered=filtered, processed=processed)
 
     def measure_costs(self, *, replays: int = 10):
         """Device µs of one plain decode step and one speculative round per bucket, timed with

@@ -68,7 +68,7 @@ def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None, q
     from graphrt.engine.params import MAX_LOGPROBS
     mrt = ModelRuntime(model, rc, device, steps_per_graph=config.steps_per_graph, sampling=True,
                        fallback_to_one_step=True, token_history=spec is not None,
-                       processing=tp is None and spec is None, logprobs_width=MAX_LOGPROBS)
+                       processing=tp is None, logprobs_width=MAX_LOGPROBS)
     runner = None
     if spec is not None:
         from graphrt.engine.speculation import build_runner

@@ -21,11 +21,15 @@ from graphrt.model.processing import (FOREVER, FREQUENCY, MIN_P, NEUTRAL, PRESEN
                                      ProcessRows)
 
 
-def check_request(runtime, params: SamplingParams, tokenizer, eos_ids, vocab: int):
+def check_request(runtime, params: SamplingParams, tokenizer, eos_ids, vocab: int, *, speculative: bool = False):
     """The request's token rules (None when it needs no processing); ValueError naming the field
-    when it needs logits processing the runtime (the executor) lacks, or more log-probs than it keeps."""
+    when it needs logits processing the runtime (the executor) lacks, or more log-probs than it
+    keeps; under speculation, `logprobs` (the rounds record none yet)."""
     if not (params.processed or params.prompt_logprobs is not None):
         return None
+    if speculative and params.logprobs is not None and not getattr(runtime, "spec_logprobs", False):
+        raise ValueError("logprobs: not supported with speculative decoding yet (prompt_logprobs, the "
+                         "penalties, logit_bias, bad_words, min_tokens and min_p are)")
     if not getattr(runtime, "processing", False):
         default = SamplingParams()
         field = next(f for f in ("logprobs", "prompt_logprobs", "presence_penalty", "frequency_penalty",

@@ -19,9 +19,10 @@ Order per draw (`process`): repetition penalty, presence / frequency penalties, 
 (sampled rows only) min_p at the row's temperature: tokens with p < min_p * p_max become -inf.
 The sampler (kernels/sample.py) then applies temperature, top-k and top-p to the result.
 
-Speculative verification (`process_verify`) gives the target distribution of each verified
-position after the same processing, the proposals before it counted as drawn; the speculative
-rounds do not call it yet (the engine refuses processed requests under speculation).
+Speculative verification (`process_verify`, called by speculative/runner.py's processed rounds
+before `accept.judge`) gives the target distribution of each verified position after the same
+processing, the proposals before it counted as drawn and the draw index step + j; the round then
+counts the tokens it emitted. So acceptance draws from exactly what plain decoding would.
 """
 from __future__ import annotations
 
