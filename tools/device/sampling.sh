@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Logits processing and log-probabilities on one GPU (about 3-4 minutes):
-#   1. the GPU test: processed decode graphs (bf16, captured) against HF float32, and the
-#      processing-rows unit tests on CUDA-less torch (they run anywhere)
-#   2. tools/bench_sampling.py on an 8B-shaped checkpoint (2 layers: the per-step cost of the
+#   1. the GPU test: processed decode graphs (bf16, captured) against HF float32
+#   2. tools/bench_sampling.py on an 8B-shaped checkpoint (4 layers: the per-step cost of the
 #      processing passes next to a short model step; the full 32-layer step is what the targets
 #      compare against: read step_processed_us - step_plain_us against it), bs 1 and 16
 # $OUT gets: gpu.txt pytest_sampling_gpu.log bench_sampling.log bench_sampling.json
@@ -12,8 +11,8 @@ OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$OUT/gpu.txt" 2>&1
 t0=$(date +%s); rc=0
-timeout 150 python -m pytest -q -rs -p no:cacheprovider tests/engine/test_sampling_extras_gpu.py \
-  tests/model/test_processing.py 2>&1 | tee "$OUT/pytest_sampling_gpu.log" | tail -15
+timeout 150 python -m pytest -m gpu -q -rs -p no:cacheprovider tests/engine/test_sampling_extras_gpu.py \
+  2>&1 | tee "$OUT/pytest_sampling_gpu.log" | tail -15
 [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 echo "gpu tests: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/pytest_sampling_gpu.log"
 CK="${GRAPHRT_CK8B:-/tmp/ck8b_l4}"
