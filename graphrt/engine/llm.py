@@ -65,8 +65,10 @@ def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None, q
         from graphrt.parallel.shard import shard_runtime_config
         rc = shard_runtime_config(rc, tp.world_size)
     spec = config.speculative
+    from graphrt.engine.params import MAX_LOGPROBS
     mrt = ModelRuntime(model, rc, device, steps_per_graph=config.steps_per_graph, sampling=True,
-                       fallback_to_one_step=True, token_history=spec is not None)
+                       fallback_to_one_step=True, token_history=spec is not None,
+                       processing=tp is None, logprobs_width=MAX_LOGPROBS)
     runner = None
     if spec is not None:
         from graphrt.engine.speculation import build_runner
