@@ -88,7 +88,7 @@ def _allreduce_us(tp, n, hidden, torch):
         return 0.0
     from graphrt.kernels.timing import graph_us
     x = torch.zeros((n, hidden), dtype=torch.bfloat16, device="cuda")
-    return graph_us(lambda: tp.all_reduce(x), AR_PER_GRAPH, 5)
+    return graph_us(lambda: tp.all_reduce(x), AR_PER_GRAPH, 5, mode="thread_local")
 
 
 def _weights(spec, kind, ctx, torch):
@@ -171,8 +171,8 @@ def _rank_bench(ctx, name, batches, contexts, reps, kinds, methods):
                     if ctx.rank == 0:
                         print({k: round(v, 2) if isinstance(v, float) else v for k, v in rows[-1].items()},
                               file=sys.stderr, flush=True)
-            del mrt, model
-        del weights
+            mrt = model = None                             # free before the next build
+        weights = None
         if cuda:
             torch.cuda.empty_cache()
     return rows

@@ -32,9 +32,11 @@ def events_us(fn, reps: int, repeats: int = 1, *, warmup: int = 0) -> float:
     return statistics.median(out)
 
 
-def capture(fn, calls: int = 1, *, warmup: int = 3) -> torch.cuda.CUDAGraph:
+def capture(fn, calls: int = 1, *, warmup: int = 3, mode: str = "global") -> torch.cuda.CUDAGraph:
     """A CUDA graph of fn() called `calls` times (static inputs), after `warmup` eager calls on
-    a side stream (lazy initialisation, allocator pools) as torch's capture recipe asks."""
+    a side stream (lazy initialisation, allocator pools) as torch's capture recipe asks. mode:
+    torch's capture_error_mode ("thread_local" for collectives: the process group's watchdog
+    thread queries CUDA events during capture)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -42,16 +44,16 @@ def capture(fn, calls: int = 1, *, warmup: int = 3) -> torch.cuda.CUDAGraph:
             fn()
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with torch.cuda.graph(g, capture_error_mode=mode):
         for _ in range(calls):
             fn()
     return g
 
 
-def graph_us(fn, reps: int, repeats: int) -> float:
+def graph_us(fn, reps: int, repeats: int, *, mode: str = "global") -> float:
     """Median device µs per call of fn, captured `reps` times in one CUDA graph (one untimed
-    replay first)."""
-    g = capture(fn, reps)
+    replay first); mode as `capture`'s."""
+    g = capture(fn, reps, mode=mode)
     g.replay()
     return events_us(g.replay, 1, repeats) / reps
 

@@ -116,9 +116,9 @@ def measure_table(tp, oneshot, *, sizes: list[int], hidden: int, dtype: torch.dt
     times: dict[int, dict[str, float]] = {}
     for n in sizes:
         x = torch.ones((n, hidden), dtype=dtype, device=device)
-        row = {"nccl": graph_us(lambda: dist.all_reduce(x, group=tp.group), reps, 3)}
+        row = {"nccl": graph_us(lambda: dist.all_reduce(x, group=tp.group), reps, 3, mode="thread_local")}
         if oneshot is not None and oneshot.accepts(x):
-            row["oneshot"] = graph_us(lambda: oneshot(x), reps, 3)
+            row["oneshot"] = graph_us(lambda: oneshot(x), reps, 3, mode="thread_local")
         t = torch.tensor([row.get(m, float("inf")) for m in METHODS], device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=tp.group)
         times[x.numel() * x.element_size()] = {m: v for m, v in zip(METHODS, t.tolist()) if v != float("inf")}

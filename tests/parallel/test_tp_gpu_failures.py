@@ -50,7 +50,7 @@ def _oneshot_job(ctx):
             one(static)
         torch.cuda.current_stream().wait_stream(side)
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
+        with torch.cuda.graph(g, capture_error_mode="thread_local"):   # the NCCL watchdog thread
             graphed = one(static)
         static.copy_(x)
         g.replay()
