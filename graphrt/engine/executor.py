@@ -158,14 +158,8 @@ class LocalExecutor:
 
 def _time_us(fn, replays: int) -> float:
     """Mean µs of fn() on the current CUDA stream (one warm-up call first)."""
-    fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / replays
+    from graphrt.kernels.timing import events_us
+    return events_us(fn, replays, warmup=1)
 
 
 __all__ = ["LocalExecutor"]
