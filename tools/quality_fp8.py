@@ -26,8 +26,8 @@ fp8+fp8-kv within 2% of bf16 on both perplexities (the quality gates of FP8 serv
 Runs on a CPU at micro size (Triton through the interpreter):
 
     python tools/train_tiny.py --out /tmp/tiny --size micro --models target --steps 30
-    python tools/quality_fp8.py /tmp/tiny/target --device cpu --max-files 4 --window 64 \\
-        --decode-tokens 12 --prompts 2 --gen-tokens 6
+    python tools/quality_fp8.py /tmp/tiny/target --device cpu --max-files 2 --window 32 \\
+        --decode-tokens 4 --prompts 2 --prompt-tokens 8 --gen-tokens 3 --rows 2   # a few minutes
 """
 from __future__ import annotations
 
@@ -76,9 +76,17 @@ def calibrate(mrt, tok, *, tokens: int) -> list | None:
     """The runtime's first prefill over training-split files (FP8 KV: it sets the scales)."""
     if mrt.kv_scale_source != "pending":
         return None if not mrt.config.kv_fp8 else [c.scale.tolist() for c in mrt.kv_caches]
+    import sysconfig
     rows, ctx = mrt.config.max_batch, mrt.config.max_context_len
-    texts = [t for _, t in train_tiny.read_split(False, max_bytes=64 * tokens)]
-    seqs = [s[:min(ctx, tokens)] for s in train_tiny.encode_files(tok, texts) if len(s) >= 16][:rows]
+    root = Path(sysconfig.get_paths()["stdlib"])
+    train = (r for r in train_tiny.stdlib_files(root) if not train_tiny.is_heldout(r))
+    seqs = []
+    for rel in train:                                 # the first training files, in path order
+        ids = train_tiny.encode_files(tok, [(root / rel).read_text(encoding="utf-8", errors="replace")])[0]
+        if len(ids) >= 16:
+            seqs.append(ids[:min(ctx, tokens)])
+        if len(seqs) == rows:
+            break
     mrt.prefill([torch.tensor(s, dtype=torch.int64) for s in seqs], eval_ppl.block_table(rows, ctx)[:len(seqs)])
     return [c.scale.tolist() for c in mrt.kv_caches]
 

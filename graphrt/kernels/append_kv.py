@@ -7,7 +7,7 @@ flagged in device_error (ERR_KV_SLOT / ERR_PAGE_ID): never a write out of bounds
 the cache strides are passed in. Grid: one program per bucket row.
 
 FP8 cache (float8_e4m3fn pages): `kv_scale` [2] float32 (k, v) on the device is required and
-the stored value is clamp(x / scale, +-448) in e4m3 (as rope_append stores it).
+the stored value is clamp(x / scale, +-448) in e4m3 (`kv_e4m3`, shared with rope_append).
 """
 from __future__ import annotations
 
@@ -15,9 +15,18 @@ import torch
 import triton
 import triton.language as tl
 
+from graphrt.kernels.fp8 import round_e4m3
 from graphrt.kernels.prepare import ERR_PAGE_ID
 
 ERR_KV_SLOT = 8
+
+
+@triton.jit
+def kv_e4m3(x, scale):
+    """float32 x -> clamp(x / scale, +-448) rounded to the nearest e4m3 value (ties to even), as
+    float32 (exactly representable: the cast to float8_e4m3fn is then exact). IEEE division, so
+    the codes equal torch's `(x / scale).clamp(-448, 448).to(torch.float8_e4m3fn)`."""
+    return round_e4m3(tl.minimum(tl.maximum(tl.div_rn(x, scale), -448.0), 448.0))
 
 
 @triton.jit(do_not_specialize=["bt_stride", "max_pages", "num_pool_pages", "page_size",
@@ -47,8 +56,8 @@ def _append_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, b
                 k = tl.load(k_ptr + src, mask=m)
                 v = tl.load(v_ptr + src, mask=m)
                 if KV_FP8:   # per-tensor scales: stored = clamp(x / scale, +-448) in e4m3
-                    k = tl.minimum(tl.maximum(k.to(tl.float32) * (1.0 / tl.load(kvs_ptr)), -448.0), 448.0)
-                    v = tl.minimum(tl.maximum(v.to(tl.float32) * (1.0 / tl.load(kvs_ptr + 1)), -448.0), 448.0)
+                    k = kv_e4m3(k.to(tl.float32), tl.load(kvs_ptr))
+                    v = kv_e4m3(v.to(tl.float32), tl.load(kvs_ptr + 1))
                 ty = k_cache_ptr.dtype.element_ty
                 tl.store(k_cache_ptr + dst, k.to(ty), mask=m)
                 tl.store(v_cache_ptr + dst, v.to(ty), mask=m)
