@@ -142,3 +142,20 @@ def test_llm_fp8_kv_calibrates_and_agrees_with_float_kv(src, caplog):
     print(f"FP8 KV vs float KV greedy agreement: {same}/{total} tokens")
     assert [o.token_ids[0] for o in outs] == [r[0] for r in ref]           # prefill logits: same argmax
     assert same >= total // 2
+
+
+def test_serve_kv_cache_dtype_flag_and_yaml(tmp_path, capsys):
+    pytest.importorskip("fastapi")
+    from graphrt.serve import cli as serve_cli
+    args = serve_cli.build_parser().parse_args
+    assert serve_cli.resolve_configs(args(["/m", "--kv-cache-dtype", "fp8"]))[0].kv_cache_dtype == "fp8"
+    y = tmp_path / "s.yaml"
+    y.write_text("kv_cache_dtype: fp8\n")
+    assert serve_cli.resolve_configs(args(["/m", "--config", str(y)]))[0].kv_cache_dtype == "fp8"
+    assert serve_cli.resolve_configs(args(["/m", "--config", str(y), "--kv-cache-dtype", "auto"]))[0].kv_cache_dtype == "auto"
+    y.write_text("kv_cache_dtype: int4\n")
+    with pytest.raises(ValueError, match="kv_cache_dtype: 'int4' is not one of"):
+        serve_cli.resolve_configs(args(["/m", "--config", str(y)]))
+    with pytest.raises(SystemExit) as e:
+        serve_cli.main(["/a", "--kv-cache-dtype", "int4"])
+    assert e.value.code == 2 and "--kv-cache-dtype: invalid choice: 'int4'" in capsys.readouterr().err
