@@ -9,6 +9,7 @@
     llm = LLM(path, tensor_parallel=2)                     # one process per GPU (graphrt/parallel)
     llm.shutdown()                                         # ends the tensor-parallel workers
     llm = LLM(path, quantization="fp8")                    # FP8 weights from a float checkpoint
+    llm = LLM(path, kv_cache_dtype="fp8")                  # FP8 (e4m3) KV cache: docs/fp8.md
     llm = LLM(path, speculative={"method": "ngram", "num_tokens": 4})       # speculative decoding
     llm = LLM(path, speculative={"method": "draft", "num_tokens": 4, "model": DRAFT_DIR})
 
@@ -72,12 +73,22 @@ def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None, q
     from graphrt.engine.params import MAX_LOGPROBS
     mrt = ModelRuntime(model, rc, device, steps_per_graph=config.steps_per_graph, sampling=True,
                        fallback_to_one_step=True, token_history=spec is not None,
-                       processing=tp is None, logprobs_width=MAX_LOGPROBS)
+                       processing=tp is None, logprobs_width=MAX_LOGPROBS,
+                       kv_scales=kv_scales_for(ck, rc))
     runner = None
     if spec is not None:
         from graphrt.engine.speculation import build_runner
         runner = build_runner(mrt, spec, rounds=config.spec_rounds, dtype=dtype, target=ck)
     return ck, max_len, LocalExecutor(mrt, runner)
+
+
+def kv_scales_for(ck, rc):
+    """The checkpoint's FP8 KV scales when the pool is FP8 (else None: calibrated on the first
+    prefill); scales in a checkpoint served with a model-dtype KV cache are unused (logged)."""
+    if ck.kv_scales is not None and not rc.kv_fp8:
+        log.info("kv_cache_dtype: %s; the checkpoint's FP8 KV scales are unused (kv_cache_dtype='fp8' "
+                 "uses them)", rc.kv_cache_dtype)
+    return ck.kv_scales if rc.kv_fp8 else None
 
 
 def _tp_worker(ctx, path, config: EngineConfig, dtype: str, quantization: str | None = None) -> None:

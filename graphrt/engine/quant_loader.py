@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from graphrt.engine.kv_scales import kv_scale_names, read_kv_scales
 from graphrt.engine.checkpoint_files import (F8_KIND, FILE_DTYPES, Checkpoint, CheckpointError, FiniteCheck,
                                              TensorFiles, check_scale, eos_token_ids, expected_tensors,
                                              retie_or_warn, warn_unused)
@@ -153,6 +154,8 @@ def load_quantized(path: Path, raw: dict, arch: str, spec: LlamaSpec, quantizati
     used = set(expected) | {_scale_name(fmt, n) for p in plan.values() if p["fp8"] and fmt.source != "quantize"
                             for n, _, _ in p["parts"]}
     used |= {n for n in rd.names if n.endswith(".input_scale")}   # static activation scales: unused
+    kv_names = kv_scale_names(rd, spec.num_layers) if fmt.kv_scales else []
+    used |= {n for pair in kv_names for n in pair}
     warn_unused(path, rd.names, used, f" (num_hidden_layers={spec.num_layers})")
     dtype = dtype or embed_dtype
     device = torch.device(device)
@@ -196,6 +199,7 @@ def load_quantized(path: Path, raw: dict, arch: str, spec: LlamaSpec, quantizati
         scale = torch.cat(parts).to(device).contiguous()
         out[key] = Fp8Weight(data, scale, fmt.block if fmt.strategy == "block" else None)
     finite.raise_bad()                                   # one host sync for the whole checkpoint
+    kv_scales = read_kv_scales(rd, spec.num_layers) if fmt.kv_scales else None
     weights = {"layers": [{} for _ in range(spec.num_layers)]}
     for key, t in out.items():
         if len(key) == 2:
@@ -213,7 +217,7 @@ def load_quantized(path: Path, raw: dict, arch: str, spec: LlamaSpec, quantizati
         torch.cuda.synchronize(device)
     return Checkpoint(path, arch, spec, arch == "qwen3", weights, dtype, device,
                       eos_token_ids(path, raw, spec.vocab_size), int(raw.get("max_position_embeddings") or 0),
-                      nbytes, time.perf_counter() - t0, rank, world_size)
+                      nbytes, time.perf_counter() - t0, rank, world_size, kv_scales=kv_scales)
 
 
 __all__ = ["load_quantized"]

@@ -49,7 +49,8 @@ def load_draft(mrt, spec, *, dtype: str, target=None):
     c = mrt.config
     model = build_model(ck, max_positions=c.max_context_len)
     s = ck.spec
-    rc = c.replace(num_qo_heads=s.num_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim)
+    rc = c.replace(num_qo_heads=s.num_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim,
+                   kv_cache_dtype="auto")   # the draft's own cache: model dtype (no scales to calibrate)
     caches = [PagedKVCache.allocate(rc, mrt.num_pages, mrt.device, seed=c.seed + 1000 + i)
               for i in range(s.num_layers)]
     return DraftProposer(model, caches, spec.num_tokens, max_len=c.max_context_len)

@@ -34,6 +34,7 @@ from graphrt.kernels.norm import add_rms_norm, rms_norm
 from graphrt.kernels.rope_append import rope_append_prefill
 from graphrt.model.linear import fp8_matmul, linear
 from graphrt.model.quant.fp8 import Fp8Weight
+from graphrt.model.quant.kv import calibrate_layer
 from graphrt.model.rope import cos_sin_cache
 from graphrt.model.spec import LlamaSpec, shard_spec
 from graphrt.model.weights import LayerWeights, ModelWeights, fuse_hf_state_dict
@@ -190,18 +191,25 @@ class LlamaDecoder:
                                                                 error), attend, fp8_head=True)
         return self._logits(h)
 
-    def _prefill_rope(self, positions, rows, kv_caches, block_table, error):
-        """rope(i, qkv, layer) for tokens at explicit positions [T] of block-table rows [T]."""
+    def _prefill_rope(self, positions, rows, kv_caches, block_table, error, *, calibrate_kv: bool = False):
+        """rope(i, qkv, layer) for tokens at explicit positions [T] of block-table rows [T].
+        FP8 caches: k / v stored as x / cache.scale; calibrate_kv sets each layer's scale from
+        these tokens first (graphrt/model/quant/kv.py)."""
         def rope(i, qkv, layer):
-            return rope_append_prefill(qkv, self.cos_sin, kv_caches[i], block_table, positions, rows,
-                                       error, **self._qk_norm_args(layer))
+            cache = kv_caches[i]
+            if calibrate_kv and cache.fp8:
+                s = self.local_spec
+                calibrate_layer(cache.scale, qkv, num_q_heads=s.num_heads, num_kv_heads=s.num_kv_heads,
+                                head_dim=s.head_dim, k_norm=layer.k_norm, eps=self.spec.rms_norm_eps)
+            return rope_append_prefill(qkv, self.cos_sin, cache, block_table, positions, rows,
+                                       error, **self._qk_norm_args(layer), kv_scale=cache.scale)
         return rope
 
     # ---- prefill (eager) ----------------------------------------------------------------------
     @torch.no_grad()
     def prefill(self, prompts: list[torch.Tensor], kv_caches, block_table: torch.Tensor, *,
                 attention=None, max_tokens: int | None = None, on_logits=None,
-                logits_rows=frozenset()) -> torch.Tensor:
+                logits_rows=frozenset(), calibrate_kv: bool = False) -> torch.Tensor:
         """Causal forward over the prompts, K/V written into the paged caches (eager).
 
         prompts: list of [T_i] int64 token tensors, prompt i on row i of block_table ([n, w]
@@ -212,6 +220,7 @@ class LlamaDecoder:
         Without it: one pass, float32 torch attention per prompt (model-only use and tests).
         on_logits(i, start, logits [n, V] float32): called for every prompt i in logits_rows with
         the logits of its positions start .. start + n - 1, chunk by chunk (prompt log-probs).
+        calibrate_kv: FP8 caches take their k / v scales from this prefill's (first chunk's) tokens.
         """
         lens = self._check_prefill(prompts, kv_caches, block_table)
         dev = self.weights.device
@@ -221,7 +230,8 @@ class LlamaDecoder:
             positions = torch.cat([torch.arange(n, dtype=torch.int32) for n in lens]).to(dev)
             rows = torch.cat([torch.full((n,), r, dtype=torch.int32) for r, n in enumerate(lens)]).to(dev)
             h = self._forward_tokens(torch.cat(prompts), positions, rows, kv_caches, block_table, error,
-                                     lambda i, q: self._prompt_attention(q, kv_caches[i], block_table, lens))
+                                     lambda i, q: self._prompt_attention(q, kv_caches[i], block_table, lens),
+                                     calibrate_kv=calibrate_kv)
             last = torch.tensor(lens, device=dev).cumsum(0) - 1
             logits = self._logits(h[last]).float()
             for i in sorted(logits_rows):
@@ -229,13 +239,14 @@ class LlamaDecoder:
         else:
             from graphrt.model.prefill import plan_chunks
             logits = torch.empty((len(lens), self.spec.vocab_size), dtype=torch.float32, device=dev)
-            for chunk in plan_chunks(lens, max_tokens=max_tokens or sum(lens)):
+            for n_chunk, chunk in enumerate(plan_chunks(lens, max_tokens=max_tokens or sum(lens))):
                 meta = attention.plan(chunk, block_table)
                 tokens = torch.cat([prompts[i][s: s + n] for i, s, n in
                                     zip(chunk.seqs, chunk.starts, chunk.lens)])
                 h = self._forward_tokens(
                     tokens, meta.positions, meta.rows, kv_caches, block_table, error,
-                    lambda i, q: attention.run(q, kv_caches[i]).view(q.shape[0], -1))
+                    lambda i, q: attention.run(q, kv_caches[i]).view(q.shape[0], -1),
+                    calibrate_kv=calibrate_kv and n_chunk == 0)
                 ends = torch.tensor(chunk.lens).cumsum(0) - 1
                 for j, (i, s, n) in enumerate(zip(chunk.seqs, chunk.starts, chunk.lens)):
                     if i in logits_rows:
@@ -249,12 +260,13 @@ class LlamaDecoder:
             raise RuntimeError(f"prefill: K/V append flagged device_error {int(error.item())}")
         return logits
 
-    def _forward_tokens(self, tokens, positions, rows, kv_caches, block_table, error, attend):
+    def _forward_tokens(self, tokens, positions, rows, kv_caches, block_table, error, attend, *,
+                        calibrate_kv: bool = False):
         """tokens [T] int64 at positions [T] of block-table rows [T] (int32) -> final-normed
         hidden states [T, H] (model dtype); each layer's K/V written by rope_append_prefill;
         attend(layer, q) maps q [T, Hq, D] to [T, Hq * D]."""
-        return self._layers(tokens, self._prefill_rope(positions, rows, kv_caches, block_table, error),
-                            attend, fp8_head=False)
+        return self._layers(tokens, self._prefill_rope(positions, rows, kv_caches, block_table, error,
+                                                       calibrate_kv=calibrate_kv), attend, fp8_head=False)
 
     def _check_prefill(self, prompts, kv_caches, block_table) -> list[int]:
         if len(kv_caches) != self.spec.num_layers:
@@ -292,9 +304,10 @@ class LlamaDecoder:
             pages, slots = block_table[r].long()[pos // page], pos % page
             k, v = (kc[pages, slots], vc[pages, slots]) if cache.layout == "NHD" else \
                    (kc[pages, :, slots], vc[pages, :, slots])        # [n, Hkv, D]
+            k_scale, v_scale = cache.kv_scales()                     # FP8 pages: dequantized
             qf = q[start:start + n].transpose(0, 1).float()
-            kf = k.repeat_interleave(rep, 1).transpose(0, 1).float()
-            vf = v.repeat_interleave(rep, 1).transpose(0, 1).float()
+            kf = k.repeat_interleave(rep, 1).transpose(0, 1).float() * k_scale
+            vf = v.repeat_interleave(rep, 1).transpose(0, 1).float() * v_scale
             o = F.scaled_dot_product_attention(qf, kf, vf, is_causal=True)
             out.append(o.transpose(0, 1).reshape(n, -1).to(q.dtype))
             start += n

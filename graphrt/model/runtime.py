@@ -33,6 +33,11 @@ SamplingInputs, samples: see sampling.py) on the device, feeds it back and advan
 the device (by one per step, K per block). Float32 logits of the last step are copied out only with `keep_logits=True` (for
 `last_logits`). seq_lens count the token being decoded (its K/V go to slot seq_len - 1).
 
+FP8 KV cache (config.kv_cache_dtype="fp8"): e4m3 pages with per-layer k / v scales, given as
+`kv_scales` (the checkpoint's, [(k, v)] per layer) or calibrated on the first prefill this
+runtime runs (graphrt/model/quant/kv.py), once, before any page is written with them; the
+scales chosen are logged ("graphrt.model" logger, INFO) and kept in `mrt.kv_scale_source`.
+
 FlashInfer versions whose plan layout the device planner does not know fall back to host
 planning, which cannot run K > 1 steps in one graph: ModelRuntime raises, or, with
 fallback_to_one_step=True (the engine's choice), warns and runs K = 1 (`mrt.k` says which).
@@ -44,6 +49,7 @@ last_logits()). All calls must use one CUDA stream.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import warnings
 
@@ -63,7 +69,10 @@ from graphrt.model.logprobs import LogprobBuffers
 from graphrt.model.processing import drawn_from
 from graphrt.model.prefill import PrefillAttention
 from graphrt.model.sampling import SamplingInputs
+from graphrt.model.quant.kv import kv_scales as _kv_scale_tensor
 from graphrt.model.slots import SlotState
+
+log = logging.getLogger("graphrt.model")
 
 
 class ModelRuntime:
@@ -71,7 +80,8 @@ class ModelRuntime:
                  steps_per_graph: int = 1, num_pages: int | None = None, sampling: bool = False,
                  keep_logits: bool = False, prefill_chunk_tokens: int = 8192,
                  fallback_to_one_step: bool = False, token_history: bool = False,
-                 processing: bool = False, logprobs_mode: str = "raw", logprobs_width: int = 20):
+                 processing: bool = False, logprobs_mode: str = "raw", logprobs_width: int = 20,
+                 kv_scales: list[tuple[float, float]] | None = None):
         s = model.spec
         heads = getattr(model, "local_spec", s)  # a tensor-parallel rank's model: its own heads
         want = (heads.num_heads, heads.num_kv_heads, heads.head_dim)
@@ -109,6 +119,7 @@ class ModelRuntime:
         pages = num_pages or config.pool_pages
         self.kv_caches = [PagedKVCache.allocate(config, pages, self.device, seed=config.seed + i)
                           for i in range(s.num_layers)]
+        self.kv_scale_source = self._set_kv_scales(kv_scales)   # None: not FP8
         b = config.max_batch
         self.slots = SlotState.allocate(b, config.max_pages_per_seq, self.device,
                                         history_width=config.max_context_len if token_history else None,
@@ -141,6 +152,26 @@ class ModelRuntime:
         self.logprobs = (LogprobBuffers.allocate(steps=self.k, max_batch=b, width=logprobs_width,
                                                  device=self.device) if processing else None)
 
+    def _set_kv_scales(self, kv_scales) -> str | None:
+        """FP8 KV: the checkpoint's per-layer (k, v) scales into the caches -> "checkpoint", or
+        "pending" (calibrated by the first prefill). Not FP8: None (kv_scales must be None)."""
+        if not self.config.kv_fp8:
+            if kv_scales is not None:
+                raise ValueError(f"kv_scales: given for a {self.config.kv_cache_dtype} KV cache; they "
+                                 "apply only to kv_cache_dtype='fp8'")
+            return None
+        if kv_scales is None:
+            return "pending"
+        if not isinstance(kv_scales, (list, tuple)) or len(kv_scales) != len(self.kv_caches):
+            raise ValueError(f"kv_scales: expected {len(self.kv_caches)} (k_scale, v_scale) pairs, one per "
+                             f"layer, got {kv_scales!r:.80}")
+        for i, (cache, pair) in enumerate(zip(self.kv_caches, kv_scales)):
+            try:
+                cache.scale.copy_(_kv_scale_tensor(*pair))
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"kv_scales[{i}]: {e}") from None
+        return "checkpoint"
+
     @property
     def num_pages(self) -> int:
         return self.kv_caches[0].num_pages
@@ -162,11 +193,25 @@ class ModelRuntime:
         with self.lock:
             if self._prefill_attention is None:
                 self._prefill_attention = PrefillAttention(self.config, self.device)
-            return self.model.prefill(prompts, self.kv_caches, block_table.to(self.device),
-                                      attention=self._prefill_attention,
-                                      max_tokens=self.prefill_chunk_tokens,
-                                      **({"on_logits": on_logits, "logits_rows": logits_rows}
-                                         if logits_rows else {}))
+            calibrate = self.kv_scale_source == "pending"
+            try:
+                return self.model.prefill(prompts, self.kv_caches, block_table.to(self.device),
+                                          attention=self._prefill_attention,
+                                          max_tokens=self.prefill_chunk_tokens,
+                                          **({"calibrate_kv": True} if calibrate else {}),
+                                          **({"on_logits": on_logits, "logits_rows": logits_rows}
+                                             if logits_rows else {}))
+            finally:
+                if calibrate:   # once: pages are now written with these scales
+                    self.kv_scale_source = "calibrated"
+                    self._log_kv_scales(sum(p.numel() for p in prompts))
+
+    def _log_kv_scales(self, tokens: int) -> None:
+        s = torch.stack([c.scale for c in self.kv_caches]).cpu()                    # [L, 2]
+        log.info("graphrt: FP8 KV scales calibrated on the first prefill (%d tokens), fixed from now "
+                 "on: k_scale %.4g..%.4g, v_scale %.4g..%.4g over %d layers", tokens,
+                 float(s[:, 0].min()), float(s[:, 0].max()), float(s[:, 1].min()),
+                 float(s[:, 1].max()), s.shape[0])
 
     # ---- the decode phase: K steps over a bucket of slots (pure device work: capturable) -------
     def _steps(self, size: int, sampled: bool, processed: bool = False, filtered: bool = True) -> None:

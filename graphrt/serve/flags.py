@@ -38,6 +38,10 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, choices=DTYPES,
                    help="weights and KV cache (default: auto = float32 on CPU, the only dtype there; "
                         "the checkpoint's bfloat16 / float16 on CUDA)")
+    p.add_argument("--kv-cache-dtype", default=None, choices=("auto", "fp8"),
+                   help="KV cache pages: auto = the model dtype; fp8 = e4m3 with per-layer k / v scales "
+                        "(the checkpoint's, else calibrated on the first prompt): twice the tokens per "
+                        "byte (default: auto, or kv_cache_dtype in --config)")
     p.add_argument("--gpu-memory-utilization", type=float, default=None, metavar="F",
                    help=f"fraction of the GPU's memory for weights, activations and the KV pool "
                         f"(default: {d.gpu_memory_utilization}, or gpu_memory_utilization in --config)")
@@ -68,7 +72,8 @@ def engine_overrides(args, eng_kw: dict) -> dict:
                 raise ValueError(f"--config: {alias} ({out[alias]}) and {field} ({out[field]}) disagree; give one")
             out[field] = out.pop(alias)
     flags = {"max_model_len": args.max_model_len, "max_batch": args.max_num_seqs,
-             "gpu_memory_utilization": args.gpu_memory_utilization}
+             "gpu_memory_utilization": args.gpu_memory_utilization,
+             "kv_cache_dtype": getattr(args, "kv_cache_dtype", None)}
     out |= {k: v for k, v in flags.items() if v is not None}
     if args.dtype == "auto":                       # auto given: the device's default, whatever the file says
         out.pop("dtype", None)
