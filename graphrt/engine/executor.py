@@ -63,8 +63,14 @@ class LocalExecutor:
         """Prefill each prompt (row i of block_table, for slot slots[i]), draw its next token
         with sampling's row i (its step is not advanced) and write it as the slot's current
         token (and into its token history at index len(prompt)). With a draft model, the
-        draft's caches are prefilled too. Returns the [m] int64 first tokens (device)."""
-        logits = self.prefill(prompts, block_table)
+        draft's caches are prefilled too; with an EAGLE-3 head, the target's prefill records its
+        hidden states and the head's prefill makes the slots' first proposals. Returns the [m]
+        int64 first tokens (device)."""
+        eagle = getattr(self.spec, "eagle", None)
+        if eagle is not None:
+            logits, hidden = eagle.target_prefill(self.runtime, prompts, block_table)
+        else:
+            logits = self.prefill(prompts, block_table)
         first = sample_eager(logits, sampling)                           # [m] device
         st, dev = self.runtime.slots, self.device
         idx = torch.tensor(slots, device=dev)
@@ -75,6 +81,8 @@ class LocalExecutor:
             st.history.view(-1).index_copy_(0, at, first.to(torch.int32))
         if self.spec is not None and self.spec.draft is not None:
             self.spec.draft.prefill([p.to(dev) for p in prompts], block_table.to(dev))
+        if eagle is not None:
+            eagle.prefill(hidden, prompts, first, block_table.to(dev), slots, self.spec.device_error)
         return first
 
     def apply(self, update) -> None:

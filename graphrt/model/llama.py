@@ -122,19 +122,24 @@ class LlamaDecoder:
         return dict(num_q_heads=self.local_spec.num_heads, q_norm=layer.q_norm, k_norm=layer.k_norm,
                     eps=self.spec.rms_norm_eps)
 
-    def _layers(self, tokens: torch.Tensor, rope, attend, *, fp8_head: bool):
+    def _layers(self, tokens: torch.Tensor, rope, attend, *, fp8_head: bool, record=(), hidden_out=None):
         """The one layer loop of decode, verify and prefill. tokens [T] int64 -> final-normed
         hidden states [T, H] (Fp8Rows when fp8_head and the LM head is W8A8). rope(i, qkv, layer)
         -> q [T, Hq, D] (writes the layer's K/V); attend(i, q) -> [T, Hq * D] (model dtype).
         Per layer: GEMM qkv -> rope_append -> attention -> GEMM o -> add+RMSNorm -> GEMM gate_up
         -> SiLU-mul -> GEMM down -> add+RMSNorm; with W8A8 weights the norms and SiLU-mul write
         FP8 rows, the attention output is quantized by one kernel, and each GEMM's scales are
-        applied by its consumer (rope_append, add+RMSNorm, SiLU-mul)."""
+        applied by its consumer (rope_append, add+RMSNorm, SiLU-mul).
+        record / hidden_out: see `_check_record` (one copy_ per recorded id; none when off)."""
         w, eps, fp8 = self.weights, self.spec.rms_norm_eps, self._fp8_in
         layers = w.layers
         residual = self._embed(tokens)                               # [T, H] (a copy)
         h = rms_norm(residual, layers[0].input_norm, eps, fp8=fp8(layers[0].qkv))
+        width = residual.shape[1]
         for i, layer in enumerate(layers):
+            if i in record:                                          # the stream entering layer i
+                r = record.index(i)
+                hidden_out[:, r * width:(r + 1) * width].copy_(residual)
             qkv = self._mm(h, layer.qkv, layer.qkv_bias)            # [T, (Hq + 2Hkv) D] (rank's heads)
             a = attend(i, rope(i, qkv, layer))                       # [T, Hq * D]
             o = self._reduce(self._mm(quantize_rows(a) if fp8(layer.o) else a, layer.o))
@@ -143,23 +148,52 @@ class LlamaDecoder:
             nxt = layers[i + 1].qkv if i + 1 < len(layers) else (w.lm_head if fp8_head else None)
             h = add_rms_norm(self._reduce(self._mm(m, layer.down)), residual, self._next_norm(i), eps,
                              fp8=fp8(nxt))
+        if len(layers) in record:                                    # after the last layer, pre-norm
+            r = record.index(len(layers))
+            hidden_out[:, r * width:(r + 1) * width].copy_(residual)
         return h
 
+    def _check_record(self, record, hidden_out, rows: int) -> tuple[int, ...]:
+        """record: ascending distinct ids in [0, L] of residual-stream states to copy out (id
+        i < L: the stream entering decoder layer i, 0 = the embeddings; id L: after the last
+        layer, before the final norm), () = off (no op added); hidden_out: [rows, len(record) *
+        H] in the model dtype on the weights' device, column block r = id record[r]. Checked on
+        the host from shapes only (no sync: capturable)."""
+        record = tuple(record)
+        if not record:
+            if hidden_out is not None:
+                raise ValueError("hidden_out: given without record ids")
+            return record
+        L, hsz = self.spec.num_layers, self.spec.hidden_size
+        if any(isinstance(i, bool) or not isinstance(i, int) for i in record) \
+                or list(record) != sorted(set(record)) or record[0] < 0 or record[-1] > L:
+            raise ValueError(f"record: expected distinct ascending ints in [0, {L}], got {list(record)}")
+        want = (rows, len(record) * hsz)
+        if not isinstance(hidden_out, torch.Tensor) or tuple(hidden_out.shape) != want \
+                or hidden_out.dtype != self.dtype or hidden_out.device != self.weights.device:
+            got = None if not isinstance(hidden_out, torch.Tensor) else \
+                f"{list(hidden_out.shape)} {hidden_out.dtype} on {hidden_out.device}"
+            raise ValueError(f"hidden_out: expected {list(want)} {self.dtype} on {self.weights.device}, got {got}")
+        return record
+
     # ---- decode (graph-capturable) ------------------------------------------------------------
-    def decode_step(self, ctx, tokens: torch.Tensor) -> torch.Tensor:
+    def decode_step(self, ctx, tokens: torch.Tensor, *, record=(), hidden_out=None) -> torch.Tensor:
         """tokens [B] int64 (device) -> logits [B, vocab] in the model dtype.
 
-        ctx.prepare() must have run. Writes each row's K/V at slot seq_len - 1 of every layer."""
+        ctx.prepare() must have run. Writes each row's K/V at slot seq_len - 1 of every layer.
+        record / hidden_out [B, len(record) * H]: residual-stream states copied out (`_check_record`)."""
         b = tokens.shape[0]
+        record = self._check_record(record, hidden_out, b)
 
         def rope(i, qkv, layer):
             return ctx.rope_append(i, qkv, self.cos_sin, **self._qk_norm_args(layer))
-        h = self._layers(tokens, rope, lambda i, q: ctx.attention(i, q).view(b, -1), fp8_head=True)
+        h = self._layers(tokens, rope, lambda i, q: ctx.attention(i, q).view(b, -1), fp8_head=True,
+                         record=record, hidden_out=hidden_out)
         return self._logits(h)
 
     # ---- verify (graph-capturable): Q tokens per request, speculative decoding -----------------
     def verify_step(self, tokens: torch.Tensor, cache_lens: torch.Tensor, kv_caches, block_table: torch.Tensor,
-                    error: torch.Tensor, *, splits: int = 1) -> torch.Tensor:
+                    error: torch.Tensor, *, splits: int = 1, record=(), hidden_out=None) -> torch.Tensor:
         """tokens [B, Q] int64 (device): row b's current token then its proposals, at positions
         cache_lens[b] + j; cache_lens [B] int32: K/V already in the cache (-1 = padding row: no
         K/V written, its logits are garbage). Returns [B * Q, vocab] logits in the model dtype;
@@ -169,10 +203,12 @@ class LlamaDecoder:
         positions cache_lens .. cache_lens + Q - 1 of every layer (rope_append_prefill), then
         attends causally with the plan-free multi-query kernel (kernels/multiquery_attention.py;
         `splits`: its static split-KV factor). block_table [>= B, W] int32 must hold pages for
-        them; error: [1] int32 device_error of the K/V append. No host sync, fixed shapes:
-        capturable per bucket."""
+        them; error: [1] int32 device_error of the K/V append. record / hidden_out [B * Q,
+        len(record) * H] (row b * Q + j): residual-stream states copied out (`_check_record`).
+        No host sync, fixed shapes: capturable per bucket."""
         from graphrt.kernels.multiquery_attention import multiquery_attention
         b, nq = tokens.shape
+        record = self._check_record(record, hidden_out, b * nq)
         live = cache_lens >= 0
         steps = torch.arange(nq, device=tokens.device, dtype=torch.int32)
         positions = (cache_lens.clamp_min(0)[:, None] + steps[None, :]).reshape(-1)        # [B * Q]
@@ -187,7 +223,8 @@ class LlamaDecoder:
             return o.view(b * nq, hq * d)
 
         h = self._layers(tokens.reshape(-1), self._prefill_rope(positions, rows, kv_caches, block_table,
-                                                                error), attend, fp8_head=True)
+                                                                error), attend, fp8_head=True,
+                         record=record, hidden_out=hidden_out)
         return self._logits(h)
 
     def _prefill_rope(self, positions, rows, kv_caches, block_table, error):
@@ -200,7 +237,7 @@ class LlamaDecoder:
     # ---- prefill (eager) ----------------------------------------------------------------------
     @torch.no_grad()
     def prefill(self, prompts: list[torch.Tensor], kv_caches, block_table: torch.Tensor, *,
-                attention=None, max_tokens: int | None = None) -> torch.Tensor:
+                attention=None, max_tokens: int | None = None, record=(), hidden_out=None) -> torch.Tensor:
         """Causal forward over the prompts, K/V written into the paged caches (eager).
 
         prompts: list of [T_i] int64 token tensors, prompt i on row i of block_table ([n, w]
@@ -209,8 +246,11 @@ class LlamaDecoder:
         float32 paged reference on CPU); the prompts then run in chunks of at most `max_tokens`
         tokens (default: all at once), ragged prompts together, so activation memory is bounded.
         Without it: one pass, float32 torch attention per prompt (model-only use and tests).
+        record / hidden_out [sum(T_i), len(record) * H]: residual-stream states of every prompt
+        token, prompts concatenated in order (`_check_record`).
         """
         lens = self._check_prefill(prompts, kv_caches, block_table)
+        record = self._check_record(record, hidden_out, sum(lens))
         dev = self.weights.device
         prompts = [p.to(dev) for p in prompts]
         error = torch.zeros(1, dtype=torch.int32, device=dev)
@@ -218,19 +258,27 @@ class LlamaDecoder:
             positions = torch.cat([torch.arange(n, dtype=torch.int32) for n in lens]).to(dev)
             rows = torch.cat([torch.full((n,), r, dtype=torch.int32) for r, n in enumerate(lens)]).to(dev)
             h = self._forward_tokens(torch.cat(prompts), positions, rows, kv_caches, block_table, error,
-                                     lambda i, q: self._prompt_attention(q, kv_caches[i], block_table, lens))
+                                     lambda i, q: self._prompt_attention(q, kv_caches[i], block_table, lens),
+                                     record=record, hidden_out=hidden_out)
             last = torch.tensor(lens, device=dev).cumsum(0) - 1
             logits = self._logits(h[last]).float()
         else:
             from graphrt.model.prefill import plan_chunks
             logits = torch.empty((len(lens), self.spec.vocab_size), dtype=torch.float32, device=dev)
+            offsets = [0] + torch.tensor(lens).cumsum(0).tolist()
             for chunk in plan_chunks(lens, max_tokens=max_tokens or sum(lens)):
                 meta = attention.plan(chunk, block_table)
                 tokens = torch.cat([prompts[i][s: s + n] for i, s, n in
                                     zip(chunk.seqs, chunk.starts, chunk.lens)])
+                part = None if not record else hidden_out.new_empty((tokens.numel(), hidden_out.shape[1]))
                 h = self._forward_tokens(
                     tokens, meta.positions, meta.rows, kv_caches, block_table, error,
-                    lambda i, q: attention.run(q, kv_caches[i]).view(q.shape[0], -1))
+                    lambda i, q: attention.run(q, kv_caches[i]).view(q.shape[0], -1),
+                    record=record, hidden_out=part)
+                if record:                                  # the chunk's rows at their prompt offsets
+                    at = torch.cat([torch.arange(offsets[i] + s, offsets[i] + s + n) for i, s, n in
+                                    zip(chunk.seqs, chunk.starts, chunk.lens)]).to(dev)
+                    hidden_out.index_copy_(0, at, part)
                 ends = torch.tensor(chunk.lens).cumsum(0) - 1
                 done = [j for j, (i, s, n) in enumerate(zip(chunk.seqs, chunk.starts, chunk.lens))
                         if s + n == lens[i]]
@@ -241,12 +289,13 @@ class LlamaDecoder:
             raise RuntimeError(f"prefill: K/V append flagged device_error {int(error.item())}")
         return logits
 
-    def _forward_tokens(self, tokens, positions, rows, kv_caches, block_table, error, attend):
+    def _forward_tokens(self, tokens, positions, rows, kv_caches, block_table, error, attend, *,
+                        record=(), hidden_out=None):
         """tokens [T] int64 at positions [T] of block-table rows [T] (int32) -> final-normed
         hidden states [T, H] (model dtype); each layer's K/V written by rope_append_prefill;
         attend(layer, q) maps q [T, Hq, D] to [T, Hq * D]."""
         return self._layers(tokens, self._prefill_rope(positions, rows, kv_caches, block_table, error),
-                            attend, fp8_head=False)
+                            attend, fp8_head=False, record=record, hidden_out=hidden_out)
 
     def _check_prefill(self, prompts, kv_caches, block_table) -> list[int]:
         if len(kv_caches) != self.spec.num_layers:

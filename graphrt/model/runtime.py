@@ -125,11 +125,13 @@ class ModelRuntime:
     def uses_graphs(self) -> bool:
         return self.device.type == "cuda" and self.backend.capturable
 
-    def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor) -> torch.Tensor:
+    def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor, *, record=(),
+                hidden_out: torch.Tensor | None = None) -> torch.Tensor:
         """Eager prefill of each prompt into rows of block_table; returns [n, vocab] float32
         last-token logits. prompts: n [T_i] int64 tensors (1 <= T_i <= max_context_len);
         block_table [n, w] int32 with pages for every prompt token, ids in the pool, no page in
-        two rows (each row writes all its pages). Runtime device or CPU; checked before writing."""
+        two rows (each row writes all its pages). Runtime device or CPU; checked before writing.
+        record / hidden_out: the model's hidden-state recording (LlamaDecoder.prefill)."""
         check_prefill(self.config, self.device, self.num_pages, self.model.spec.vocab_size,
                       prompts, block_table)
         prompts = [p.to(self.device) for p in prompts]
@@ -138,7 +140,8 @@ class ModelRuntime:
                 self._prefill_attention = PrefillAttention(self.config, self.device)
             return self.model.prefill(prompts, self.kv_caches, block_table.to(self.device),
                                       attention=self._prefill_attention,
-                                      max_tokens=self.prefill_chunk_tokens)
+                                      max_tokens=self.prefill_chunk_tokens, record=record,
+                                      hidden_out=hidden_out)
 
     # ---- the decode phase: K steps over a bucket of slots (pure device work: capturable) -------
     def _steps(self, size: int, sampled: bool) -> None:

@@ -62,9 +62,17 @@ class SpeculativeRunner:
                  page_size: int, max_pages: int | None = None, rounds: int = 1, device=None,
                  splits: int | None = None, draft: DraftProposer | None = None,
                  filtered: bool = False, slots: SlotState | None = None,
-                 graphs: GraphRunner | None = None, device_error: torch.Tensor | None = None):
+                 graphs: GraphRunner | None = None, device_error: torch.Tensor | None = None,
+                 eagle=None):
         if not isinstance(config, SpeculativeConfig):
             raise TypeError(f"config: expected a SpeculativeConfig, got {type(config).__name__}")
+        if (config.method == "eagle3") != (eagle is not None):
+            raise ValueError(f"eagle: method {config.method!r} needs "
+                             f"{'an Eagle3Phase' if config.method == 'eagle3' else 'no eagle'}, "
+                             f"got {type(eagle).__name__}")
+        if eagle is not None and eagle.k != config.num_tokens:
+            raise ValueError(f"eagle: k={eagle.k}; expected num_tokens={config.num_tokens}")
+        self.eagle = eagle
         if (config.method == "draft") != (draft is not None):
             raise ValueError(f"draft: method {config.method!r} needs "
                              f"{'a DraftProposer' if config.method == 'draft' else 'no draft'}, "
@@ -103,7 +111,7 @@ class SpeculativeRunner:
     @classmethod
     def attach(cls, mrt, config: SpeculativeConfig, *, rounds: int = 1,
                draft: DraftProposer | None = None, filtered: bool = False,
-               splits: int | None = None) -> "SpeculativeRunner":
+               splits: int | None = None, eagle=None) -> "SpeculativeRunner":
         """The rounds over a ModelRuntime's own slots (built with token_history=True), graph
         runner and device-error flags: the phase the engine runs beside the decode graphs."""
         c = mrt.config
@@ -113,7 +121,7 @@ class SpeculativeRunner:
                    max_len=mrt.slots.history.shape[1], page_size=c.page_size,
                    max_pages=c.max_pages_per_seq, rounds=rounds, device=mrt.device, splits=splits,
                    draft=draft, filtered=filtered, slots=mrt.slots, graphs=mrt.graphs,
-                   device_error=mrt.buffers.device_error)
+                   device_error=mrt.buffers.device_error, eagle=eagle)
 
     @property
     def width(self) -> int:
@@ -190,7 +198,9 @@ class SpeculativeRunner:
         temperature = st.temperature[:size]
         table = st.block_table[:size]
         active = (num > 0) & (num < limit)
-        if self.draft is not None:
+        if self.eagle is not None:                                   # made by the previous round
+            self.eagle.propose(size, active, v.proposals, v.count)
+        elif self.draft is not None:
             self.draft.propose(hist, num, active, table, v.proposals, v.count, self.device_error)
         else:
             ngram_propose(hist, num, v.proposals, v.count, min_n=c.ngram_min, max_n=c.ngram_max)
@@ -199,8 +209,9 @@ class SpeculativeRunner:
         cur = hist.gather(1, last).long()                            # [B, 1] current tokens
         tokens = torch.cat([cur, v.proposals], dim=1)                # [B, k + 1]
         cache_lens = torch.where(active, num - 1, -1).to(torch.int32)
-        logits = self.model.verify_step(tokens, cache_lens, self.kv_caches, table,
-                                        self.device_error, splits=self.splits[size])  # [B * (k + 1), V]
+        record = self.eagle.verify_kwargs(size) if self.eagle is not None else {}
+        logits = self.model.verify_step(tokens, cache_lens, self.kv_caches, table, self.device_error,
+                                        splits=self.splits[size], **record)   # [B * (k + 1), V]
         if filtered:
             q = c.query_len
             logits = filter_logits(logits, temperature.repeat_interleave(q),
@@ -209,6 +220,8 @@ class SpeculativeRunner:
         judge(logits, v.proposals, v.count, temperature, st.seed[:size], step, v.accept, v.fallback)
         v.proposed[r].copy_(torch.where(active, v.count, 0))
         advance(v.accept, v.fallback, v.proposals, hist, num, limit, step, v.out_tokens[r], v.emitted[r])
+        if self.eagle is not None:                                   # the next round's proposals
+            self.eagle.after(size, v.out_tokens[r], v.emitted[r], cache_lens, table, self.device_error)
 
     def _block(self, size: int, filtered: bool = False) -> None:
         for r in range(self.rounds):
@@ -227,14 +240,16 @@ class SpeculativeRunner:
         graph runner. The warm-up runs on empty slots, so it writes no K/V and emits nothing;
         the slots' state is restored around it."""
         st = self.slots
-        scratch = list(self.kv_caches) + (list(self.draft.kv_caches) if self.draft else [])
+        scratch = list(self.kv_caches) + (list(self.draft.kv_caches) if self.draft else []) \
+            + ([self.eagle.kv_cache] if self.eagle is not None else [])
         for size in reversed(self.buckets):
             for filtered in (False, True) if self.filtered else (False,):
                 key = self._key(size, filtered)
                 if key not in self.graphs:
+                    kept = [(self.eagle.proposals[:size], 0)] if self.eagle is not None else []
                     self.graphs.capture(key, lambda s=size, f=filtered: self._block(s, f),
                                         inputs=[(st.seq_lens[:size], 0), (st.limit[:size], 0),
-                                                (st.tokens[:size], 0)], scratch=scratch)
+                                                (st.tokens[:size], 0)] + kept, scratch=scratch)
 
     def run(self, n: int, *, filtered: bool | None = None) -> BlockOutput:
         """One block of R rounds over slots [0, n) (the smallest bucket >= n; slots past n in it
