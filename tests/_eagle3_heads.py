@@ -9,14 +9,14 @@ import torch
 
 
 def write_random_head(target: Path, out: Path, *, layer_ids=(0, 1, 2), seed: int = 0, scale: float = 0.05,
-                      intermediate: int = 96, repeat: bool = False) -> Path:
+                      intermediate: int = 96, repeat: bool = False, dtype=torch.float32) -> Path:
     """A full-vocabulary head (d2t zeros) reading the target's hidden states `layer_ids`.
 
     repeat=True: a head that proposes the last token k times. fc passes the third state through
     (for layer_ids[2] = L: the target's final pre-norm stream), o_proj and down_proj are zero, and
     norm / lm_head are the target's, so its logits are the target's own at the paired position:
     it predicts the token it is paired with, and a chain repeats it. A random target that repeats
-    tokens then accepts often (multi-token rounds, mid-round stops)."""
+    tokens then accepts often (multi-token rounds, mid-round stops). dtype: of the stored tensors."""
     from graphrt.speculative.eagle3 import Eagle3Config
     from graphrt.speculative.eagle3.checkpoint import write_head
     from graphrt.speculative.eagle3.convert import original_config
@@ -42,10 +42,13 @@ def write_random_head(target: Path, out: Path, *, layer_ids=(0, 1, 2), seed: int
                "t2d": torch.ones(v, dtype=torch.bool)}
     if repeat:
         from safetensors.torch import load_file
-        w = load_file(str(Path(target) / "model.safetensors"))
+        w = {}
+        for f in sorted(Path(target).glob("*.safetensors")):          # one file or shards
+            w.update({n: t for n, t in load_file(str(f)).items() if n in ("model.norm.weight", "lm_head.weight")})
         tensors["fc.weight"] = torch.cat([torch.zeros(h, 2 * h), torch.eye(h)], 1)
         tensors[m + "self_attn.o_proj.weight"] = torch.zeros(h, hq * d)
         tensors[m + "mlp.down_proj.weight"] = torch.zeros(h, intermediate)
         tensors["norm.weight"] = w["model.norm.weight"].float()
         tensors["lm_head.weight"] = w["lm_head.weight"].float()
+    tensors = {n: t.to(dtype) if t.is_floating_point() else t for n, t in tensors.items()}
     return write_head(out, original_config(cfg), tensors, "original")

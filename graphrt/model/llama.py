@@ -19,6 +19,10 @@ scales, and the row x channel scales are applied by the kernel that reads its ou
 (rope_append, add+RMSNorm, SiLU-mul; the logits by one scale kernel). Block-scaled FP8 weights
 read model-dtype activations (`linear`: the FP8 GEMV dequantizing in registers).
 
+Decode, verify and prefill can record residual-stream states for an EAGLE-3 head (`record=` layer
+ids, `hidden_out=` a persistent [rows, len(record) * H] buffer: one copy per id inside the loop;
+off by default, and then the loop is the same ops).
+
 `prefill` runs eagerly: the same GEMMs and kernels over all prompts' tokens at once (rope_append
 in prefill mode writes the paged cache), with attention per prompt in float32 torch over the
 K/V read back from the pages. It is the stand-in for a batch-prefill kernel.

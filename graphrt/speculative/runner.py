@@ -15,8 +15,11 @@ history, tokens held, limit, block table, sampling rows, per-slot k) and this ph
 set-up: attention/graphs.py) and device-error flags, so the engine's input batch is what the
 rounds read and the decode graphs and the rounds advance one state; the standalone constructor
 allocates the same objects for itself. Each round: the n-gram kernel (or a DraftProposer,
-draft.py) proposes from each slot's token history, the target verifies k + 1 tokens per slot in
-one forward (`model.verify_step`), `judge` + `advance` accept and write the emitted tokens into
+draft.py) proposes from each slot's token history, or an EAGLE-3 head's phase (eagle3/phase.py)
+hands over the proposals it drafted after the previous round; the target verifies k + 1 tokens
+per slot in one forward (`model.verify_step`; with EAGLE-3 it records its hidden states, and
+after acceptance the head drafts the next round's proposals from them), `judge` + `advance`
+accept and write the emitted tokens into
 the history and move the tokens held and the draw index; at the end of the block each slot's
 current token is refreshed for the decode graphs. The host reads `out`/`emitted` after the block
 (the engine asynchronously) and applies stop ids, stop strings and EOS; max_tokens is exact on
@@ -53,9 +56,11 @@ class SpeculativeRunner:
     """model: a LlamaDecoder; kv_caches: its per-layer PagedKVCache list (holding the prefilled
     prompts); buckets: sorted batch sizes captured; max_len: token-history width (>= the longest
     limit + k); page_size / max_pages: the block-table geometry; rounds: R per block; draft: a
-    DraftProposer for method "draft"; filtered: support per-slot top_k / top_p (a second graph
-    per bucket that filters the target logits before acceptance, a sort per verified row, run
-    with run(n, filtered=True); off: slots must not use them).
+    DraftProposer for method "draft"; eagle: an Eagle3Phase for method "eagle3" (its prefill,
+    `Eagle3Phase.prefill`, makes a slot's first proposals: LocalExecutor.prefill_slots);
+    filtered: support per-slot top_k / top_p (a second graph per bucket that filters the target
+    logits before acceptance, a sort per verified row, run with run(n, filtered=True); off: slots
+    must not use them).
     slots / graphs / device_error: shared state (see `attach`); allocated here when None."""
 
     def __init__(self, model, kv_caches, config: SpeculativeConfig, *, buckets, max_len: int,
