@@ -11,6 +11,7 @@
     llm = LLM(path, quantization="fp8")                    # FP8 weights from a float checkpoint
     llm = LLM(path, speculative={"method": "ngram", "num_tokens": 4})       # speculative decoding
     llm = LLM(path, speculative={"method": "draft", "num_tokens": 4, "model": DRAFT_DIR})
+    llm = LLM(path, speculative={"method": "eagle3", "num_tokens": 4, "model": HEAD_DIR})   # EAGLE-3 head
 
 Thread-safe: generate / chat may be called from any number of threads; each caller's streams
 drive the engine's step (one step at a time, engine.step's lock) or wait on the engine's thread

@@ -1,7 +1,7 @@
 """EAGLE-3 speculation in the engine on CPU (float32): greedy output with a head is identical to
 the engine without speculation (bs 1-4, stop ids, stop strings, EOS, max_tokens, aborts,
-preemption), seeded sampling emits the tokens of plain sampled decoding, heads saved in the public
-layout load through LLM(speculative=...), bad heads and flags name the field.
+preemption), seeded sampling emits the tokens of plain sampled decoding, heads saved in both public
+layouts load through LLM(speculative=...), bad heads and flags name the field.
 
 Heads: `repeat` (tests/_eagle3_heads.py: built from the target's own norm and LM head, it
 proposes the last token k times; the random target repeats tokens, so rounds accept several) and
@@ -51,6 +51,13 @@ def eagle(path, heads):
 
 
 PROMPTS = [[5, 9, 14, 5, 9, 14, 5, 9], [20, 21, 22, 23, 20, 21], [7, 7, 7, 7], [30, 31, 32]]
+GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def full(plain):
+    """Plain greedy decoding of PROMPTS, 10 tokens each (the reference most tests compare to)."""
+    return plain.generate(PROMPTS, GREEDY, use_tqdm=False)
 
 
 def _same(a, b):
@@ -58,16 +65,16 @@ def _same(a, b):
         assert (x.token_ids, x.text, x.finish_reason) == (y.token_ids, y.text, y.finish_reason)
 
 
-def test_greedy_equals_plain_with_stops_and_max_tokens(plain, eagle):
-    full = plain.generate(PROMPTS, SamplingParams(max_tokens=10, temperature=0, ignore_eos=True), use_tqdm=False)
+def test_greedy_equals_plain_with_stops_and_max_tokens(plain, eagle, full):
     params = [SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, stop_token_ids=[full[0].token_ids[4]]),
               SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, stop=[full[1].text[3:5] or "zz"]),
               SamplingParams(max_tokens=10, temperature=0, ignore_eos=True),
               SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)]
     before = eagle.engine.stats()
     got = eagle.generate(PROMPTS, params, use_tqdm=False)
-    _same(got, plain.generate(PROMPTS, params, use_tqdm=False))
-    assert got[2].token_ids == full[2].token_ids and got[3].token_ids == full[3].token_ids[:3]   # max_tokens
+    _same(got[:2], plain.generate(PROMPTS[:2], params[:2], use_tqdm=False))
+    _same(got[2:3], full[2:3])
+    assert got[3].token_ids == full[3].token_ids[:3] and got[3].finish_reason == "length"   # max_tokens exact
     assert got[0].finish_reason == "stop" and len(got[0].token_ids) <= 5
     st = eagle.engine.stats()
     assert st["spec_accepted"] > before["spec_accepted"] and st["spec_plain_blocks"] == 0
@@ -76,26 +83,22 @@ def test_greedy_equals_plain_with_stops_and_max_tokens(plain, eagle):
     assert alloc.num_free == alloc.num_pages
 
 
-def test_eos_inside_a_round_at_bs_1(plain, path, heads, tmp_path):
+def test_eos_inside_a_round_at_bs_1(full, path, heads, tmp_path):
     p = SamplingParams(max_tokens=10, temperature=0)
-    full = plain.generate(PROMPTS[2:3], SamplingParams(max_tokens=10, temperature=0, ignore_eos=True),
-                          use_tqdm=False)[0]
     d = tmp_path / "eos"
     shutil.copytree(path, d)
-    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [full.token_ids[4]]}))
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [full[2].token_ids[4]]}))
     want = LLM(d, max_batch=4, steps_per_graph=3, **CPU).generate(PROMPTS[2:3], p, use_tqdm=False)
     assert want[0].finish_reason == "stop"
     _same(_eagle(d, heads.repeat).generate(PROMPTS[2:3], p, use_tqdm=False), want)
 
 
-def test_preemption_and_aborts(plain, path, heads):
-    p = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
-    want = plain.generate(PROMPTS[:3], p, use_tqdm=False)
-    tight = _eagle(path, heads.repeat, num_pages=5)   # 4 pages usable; the three requests grow to 5
-    _same(tight.generate(PROMPTS[:3], p, use_tqdm=False), want)
+def test_preemption_and_aborts(full, path, heads):
+    tight = _eagle(path, heads.repeat, num_pages=5)   # 4 pages usable; the four requests grow to 7
+    _same(tight.generate(PROMPTS, GREEDY, use_tqdm=False), full)
     eng = tight.engine
     assert eng.scheduler.num_preemptions > 0
-    streams = [eng.add_request(x, p) for x in PROMPTS[:3]]
+    streams = [eng.add_request(x, GREEDY) for x in PROMPTS[:3]]
     seen = 0
     for d in streams[1]:                              # drive the engine until request 1 has tokens
         seen += len(d.token_ids)
@@ -103,7 +106,7 @@ def test_preemption_and_aborts(plain, path, heads):
             break
     eng.abort(streams[0].request_id)
     eng.abort(streams[1].request_id)
-    _same([streams[2].result()], want[2:3])
+    _same([streams[2].result()], full[2:3])
     assert streams[0].result().finish_reason == "abort"
     alloc = eng.scheduler.allocator
     assert alloc.num_free == alloc.num_pages
@@ -115,8 +118,9 @@ def test_seeded_sampling_emits_the_tokens_of_plain_sampling(plain, eagle):
     _same(eagle.generate(PROMPTS[1:3], params, use_tqdm=False), plain.generate(PROMPTS[1:3], params, use_tqdm=False))
 
 
-def test_a_random_head_loads_and_stays_exact(plain, path, heads):
-    llm = _eagle(path, heads.random)
+def test_a_random_head_in_the_speculators_layout_loads_and_stays_exact(plain, path, heads, tmp_path):
+    from graphrt.speculative.eagle3 import convert_head
+    llm = _eagle(path, convert_head(heads.random, tmp_path / "spec", "speculators"))
     assert llm.engine.spec.method == "eagle3"
     p = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
     _same(llm.generate(PROMPTS[:1], p, use_tqdm=False), plain.generate(PROMPTS[:1], p, use_tqdm=False))
