@@ -96,6 +96,12 @@ def test_arithmetic_check_uses_the_family_step_costs():
     assert "arithmetic_speedup" not in rows[2]
 
 
+def test_eagle3_reads_the_family_head(tmp_path):
+    assert bst.spec_config("eagle3", bst.SMOKE, tmp_path) == {"method": "eagle3", "num_tokens": bst.SMOKE.k,
+                                                              "model": str(tmp_path / "eagle3")}
+    assert "eagle3" in bst.ALL_METHODS and "eagle3" not in bst.METHODS     # opt-in: it needs DIR/eagle3
+
+
 def _has_speculative_llm() -> bool:
     from graphrt.engine.config import EngineConfig
     return "speculative" in {f.name for f in dataclasses.fields(EngineConfig)}
@@ -107,14 +113,11 @@ def test_smoke_through_llm(tmp_path):
     assert train_tiny.main(["--out", str(fam), "--size", "micro", "--device", "cpu", "--steps", "8",
                             "--models", "draft,target"]) == 0
     import bench_spec
-    from _eagle3_heads import write_random_head
-    write_random_head(fam / "target", fam / "eagle3", layer_ids=(0, 1, 2))    # a random EAGLE-3 head
     out = tmp_path / "s.json"
-    assert bench_spec.main(["--trained", str(fam), "--smoke", "--device", "cpu", "--out", str(out),
-                            "--methods", ",".join(bst.ALL_METHODS)]) == 0
+    assert bench_spec.main(["--trained", str(fam), "--smoke", "--device", "cpu", "--out", str(out)]) == 0
     res = json.loads(out.read_text())
     rows = {(r["method"], r["workload"]): r for r in res["measured"]}
-    assert set(rows) == {(m, w) for m in bst.ALL_METHODS for w in ("heldout", "repeat")}
+    assert set(rows) == {(m, w) for m in bst.METHODS for w in ("heldout", "repeat")}
     for (m, w), r in rows.items():
         assert r["tok_s_per_stream"] > 0 and r["requests"] == 1
         assert r["identical_to_none"] == 1, (m, w)          # greedy, float32 on CPU: exact
