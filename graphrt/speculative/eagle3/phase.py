@@ -70,12 +70,13 @@ class Eagle3Phase:
                            emitted > 0, block_table, self.proposals[:size], error)
 
     # ---- after a prefill (eager) -------------------------------------------------------------
-    def target_prefill(self, runtime, prompts: list[torch.Tensor], block_table: torch.Tensor):
-        """The target's prefill through `runtime` (ModelRuntime.prefill) recording the head's
-        hidden states of every prompt token -> ([m, V] float32 logits, [sum T_i, 3H] states)."""
+    def target_prefill(self, runtime, prompts: list[torch.Tensor], block_table: torch.Tensor, **kw):
+        """The target's prefill through `runtime` (ModelRuntime.prefill, its other keywords `kw`)
+        recording the head's hidden states of every prompt token -> ([m, V] float32 logits,
+        [sum T_i, 3H] states)."""
         hidden = torch.empty((sum(p.numel() for p in prompts), self.hidden.shape[1]), dtype=self.hidden.dtype,
                              device=self.device)
-        logits = runtime.prefill(prompts, block_table, record=self.layer_ids, hidden_out=hidden)
+        logits = runtime.prefill(prompts, block_table, record=self.layer_ids, hidden_out=hidden, **kw)
         return logits, hidden
 
     @torch.no_grad()
