@@ -140,8 +140,8 @@ class ModelRuntime:
                 self._prefill_attention = PrefillAttention(self.config, self.device)
             return self.model.prefill(prompts, self.kv_caches, block_table.to(self.device),
                                       attention=self._prefill_attention,
-                                      max_tokens=self.prefill_chunk_tokens, record=record,
-                                      hidden_out=hidden_out)
+                                      max_tokens=self.prefill_chunk_tokens,
+                                      **({"record": record, "hidden_out": hidden_out} if record else {}))
 
     # ---- the decode phase: K steps over a bucket of slots (pure device work: capturable) -------
     def _steps(self, size: int, sampled: bool) -> None:
