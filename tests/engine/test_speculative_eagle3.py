@@ -93,12 +93,14 @@ def test_eos_inside_a_round_at_bs_1(full, path, heads, tmp_path):
     _same(_eagle(d, heads.repeat).generate(PROMPTS[2:3], p, use_tqdm=False), want)
 
 
-def test_preemption_and_aborts(full, path, heads):
-    tight = _eagle(path, heads.repeat, num_pages=5)   # 4 pages usable; the four requests grow to 7
-    _same(tight.generate(PROMPTS, GREEDY, use_tqdm=False), full)
+def test_preemption_and_aborts(plain, path, heads):
+    p = SamplingParams(max_tokens=14, temperature=0, ignore_eos=True)
+    want = plain.generate(PROMPTS, p, use_tqdm=False)
+    tight = _eagle(path, heads.repeat, num_pages=5)   # 4 pages usable, 2 a request at most
+    _same(tight.generate(PROMPTS, p, use_tqdm=False), want)
     eng = tight.engine
     assert eng.scheduler.num_preemptions > 0
-    streams = [eng.add_request(x, GREEDY) for x in PROMPTS[:3]]
+    streams = [eng.add_request(x, p) for x in PROMPTS[:3]]
     seen = 0
     for d in streams[1]:                              # drive the engine until request 1 has tokens
         seen += len(d.token_ids)
@@ -106,7 +108,7 @@ def test_preemption_and_aborts(full, path, heads):
             break
     eng.abort(streams[0].request_id)
     eng.abort(streams[1].request_id)
-    _same([streams[2].result()], full[2:3])
+    _same([streams[2].result()], want[2:3])
     assert streams[0].result().finish_reason == "abort"
     alloc = eng.scheduler.allocator
     assert alloc.num_free == alloc.num_pages
