@@ -55,6 +55,7 @@ from graphrt.engine.failure import EngineDeadError, attributable
 from graphrt.engine.input_batch import InputBatch
 from graphrt.engine.token_bytes import token_bytes
 from graphrt.engine.params import RequestOutput, SamplingParams
+from graphrt.engine import sampling_extras as extras
 from graphrt.engine.scheduler import Request, Scheduler
 from graphrt.engine.speculation import default_policy, observe, spec_columns, spec_stats
 from graphrt.engine.stream import RequestStream
@@ -75,6 +76,7 @@ class _Pending:
     proposed: torch.Tensor | None = None
     kind: str = "decode"                  # "prefill" | "decode" | "spec"
     spec_k: int = 0                       # a speculative block's k
+    logprobs: tuple | None = None         # (token [S, cols], rank, ids [S, cols, N], vals) host
 
 
 class Engine:
@@ -120,6 +122,7 @@ class Engine:
         self.dead = threading.Event()                   # fires with `error` (supervisors wait on it)
         self._decode_text = make_decoder(tokenizer)    # one per engine, shared by requests
         self._token_bytes = token_bytes(tokenizer, self.vocab_size)   # None: decode through the tokenizer
+        self._token_text = extras.TokenText(self._decode_text)        # Logprob.decoded_token
 
     # ---- requests (any thread) ----------------------------------------------------------------
     def add_request(self, prompt, params: SamplingParams | None = None, *,
@@ -146,10 +149,13 @@ class Engine:
         with self._lock:
             rid = request_id if request_id is not None else f"req-{next(self._ids)}"
             seed = params.seed if params.seed is not None else self._rng.randrange(2**63)
+        rules = extras.check_request(self.runtime, params, self.tokenizer, self.scheduler.eos, self.vocab_size,
+                                     speculative=self.spec is not None)
         stream = RequestStream(self, rid)
         req = Request(rid, ids, params, seed,
                       TextState(self.tokenizer, params.stop, decode=self._decode_text,
                                 table=self._token_bytes), stream.put)
+        req.rules = rules
         self._inbox.put(("add", req))
         self._wake.set()
         if self.error is not None:                      # died meanwhile: the loop may never see it
@@ -317,7 +323,10 @@ class Engine:
                                 torch.tensor([p.top_p for p in ps], dtype=torch.float32),
                                 torch.tensor([r.seed for r in reqs], dtype=torch.int64),
                                 torch.tensor([r.launched for r in reqs], dtype=torch.int32))
-        first = self.runtime.prefill_slots(prompts, table, slots, inputs)   # [m] device
+        if getattr(self.runtime, "processing", False):               # every slot's processing rows
+            first, lp = extras.prefill(self.runtime, prompts, table, slots, inputs, reqs, self._token_text)
+        else:
+            first, lp = self.runtime.prefill_slots(prompts, table, slots, inputs), None   # [m] device
         for r in reqs:
             if self.spec is not None:
                 self.batch.set_history(r.slot, r.context)  # the first token: written on the device
@@ -325,7 +334,7 @@ class Engine:
                     self.policy.admit(r.slot)
             r.launched += 1
             s.activate(r)
-        pending = self._to_host([(r, i, r.epoch, 1) for i, r in enumerate(reqs)], first[None])
+        pending = self._to_host([(r, i, r.epoch, 1) for i, r in enumerate(reqs)], first[None], logprobs=lp)
         pending.kind = "prefill"
         self._pending.append(pending)
 
@@ -346,25 +355,31 @@ class Engine:
                 #                               its pages); speculative rounds stop there on the device
         if k:
             go = s.launch_block(rows)
-            out = ex.spec_block(go.n, filtered=go.filtered)
+            out = ex.spec_block(go.n, filtered=go.filtered, **({"processed": True} if go.processed else {}))
             self.spec_counts["blocks"] += 1
             pending = self._to_host(go.rows, out.tokens, out.emitted, out.proposed)
             pending.kind, pending.spec_k = "spec", k
         else:
             go = s.launch_block(rows, block_tokens=ex.k)
-            pending = self._to_host(go.rows, ex.decode_block(go.n, sampled=go.sampled))
+            if go.processed:                          # logits processing: + the block's log-probs
+                tokens, lp = extras.decode_block(ex, go, rows)
+            else:
+                tokens, lp = ex.decode_block(go.n, sampled=go.sampled), None
+            pending = self._to_host(go.rows, tokens, logprobs=lp)
             if self.spec is not None:
                 self.spec_counts["plain_blocks"] += 1
         self._pending.append(pending)
 
-    def _to_host(self, rows, tokens: torch.Tensor, emitted=None, proposed=None) -> _Pending:
+    def _to_host(self, rows, tokens: torch.Tensor, emitted=None, proposed=None, *, logprobs=None) -> _Pending:
         if self.device.type != "cuda":
             return _Pending(rows, tokens.clone(), None, *(None if t is None else t.clone()
-                                                          for t in (emitted, proposed)))
+                                                          for t in (emitted, proposed)),
+                            logprobs=None if logprobs is None else tuple(t.clone() for t in logprobs))
         host = [None if t is None else t.to("cpu", non_blocking=True) for t in (tokens, emitted, proposed)]
+        lp = None if logprobs is None else tuple(t.to("cpu", non_blocking=True) for t in logprobs)
         event = torch.cuda.Event()
         event.record()
-        return _Pending(rows, host[0], event, host[1], host[2])
+        return _Pending(rows, host[0], event, host[1], host[2], logprobs=lp)
 
     def _finish(self, block: _Pending) -> None:
         """A block's tokens -> stop checks, deltas, finished requests' pages freed."""
@@ -388,6 +403,7 @@ class Engine:
                     self.scheduler.release(req)
                     self._requests.pop(req.request_id, None)
                 if delta is not None:
+                    extras.attach(req, delta, block.logprobs, col, self._token_text)
                     self._tokens_generated += len(delta.token_ids)
                     req.sink(delta)
             except Exception as e:                    # this request's stop checks / text / stream

@@ -61,13 +61,19 @@ def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None, q
                                   dtype_bytes=torch.empty(0, dtype=getattr(torch, dtype)).element_size(),
                                   num_kv_heads=ck.spec.num_kv_heads // world)   # this rank's heads
     config.check_memory(needed, available_bytes=available_bytes(device), device=str(device))
+    if tp is not None:                                 # one-shot all-reduce where it measures faster
+        from graphrt.parallel.allreduce import configure
+        tp = configure(tp, hidden=ck.spec.hidden_size, max_tokens=max(rc.buckets), dtype=getattr(torch, dtype),
+                       device=device)
     model = build_model(ck, max_positions=rc.max_context_len, tp=tp)
     if tp is not None:                                 # the rank's own heads
         from graphrt.parallel.shard import shard_runtime_config
         rc = shard_runtime_config(rc, tp.world_size)
     spec = config.speculative
+    from graphrt.engine.params import MAX_LOGPROBS
     mrt = ModelRuntime(model, rc, device, steps_per_graph=config.steps_per_graph, sampling=True,
-                       fallback_to_one_step=True, token_history=spec is not None)
+                       fallback_to_one_step=True, token_history=spec is not None,
+                       processing=tp is None, logprobs_width=MAX_LOGPROBS)
     runner = None
     if spec is not None:
         from graphrt.engine.speculation import build_runner
@@ -75,11 +81,11 @@ def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None, q
     return ck, max_len, LocalExecutor(mrt, runner)
 
 
-def _tp_worker(ctx, path, config: EngineConfig, dtype: str) -> None:
+def _tp_worker(ctx, path, config: EngineConfig, dtype: str, quantization: str | None = None) -> None:
     """Ranks 1..n-1 of LLM(..., tensor_parallel=n): build the rank's runtime, follow rank 0."""
     from graphrt.parallel.driver import follow
     select_triton_mode(ctx.device)                     # a spawned process: before its kernels load
-    _, _, runtime = _build_runtime(path, ctx.device, config, dtype, tp=ctx.tp)
+    _, _, runtime = _build_runtime(path, ctx.device, config, dtype, tp=ctx.tp, quantization=quantization)
     follow(runtime, ctx.control)
 
 
@@ -100,7 +106,8 @@ class LLM:
     only its slices; every prefill / decode is broadcast to them. A rank that dies makes the
     next call raise RankError (collectives in flight end at tp_timeout_s). `shutdown()` ends them.
     quantization="fp8": a float checkpoint's linear layers as FP8 (per channel) while loading;
-    FP8 checkpoints load as FP8 without it (graphrt/engine/quant_loader.py)."""
+    FP8 checkpoints load as FP8 without it (graphrt/engine/quant_loader.py); with
+    tensor_parallel, each rank loads its shard of the FP8 weights and scales."""
 
     def __init__(self, path, device: str | None = None, config: EngineConfig | None = None, *,
                  tensor_parallel: int = 1, tp_timeout_s: float = 120.0, revision: str | None = None,
@@ -119,15 +126,14 @@ class LLM:
         self.config, self._workers = config, None
         if isinstance(tensor_parallel, bool) or not isinstance(tensor_parallel, int) or tensor_parallel < 1:
             raise ValueError(f"tensor_parallel: expected an int >= 1, got {tensor_parallel!r}")
-        if quantization is not None and tensor_parallel != 1:
-            raise ValueError(f"quantization: {quantization!r} is not supported with tensor_parallel > 1")
         if config.speculative is not None and tensor_parallel != 1:
             raise ValueError("speculative: not supported with tensor_parallel > 1 yet")
         if tensor_parallel == 1:
             self.checkpoint, max_len, self.runtime = _build_runtime(path, dev, config, dtype,
                                                                     quantization=quantization)
         else:
-            ck, max_len = self._start_tensor_parallel(path, dev, config, dtype, tensor_parallel, tp_timeout_s)
+            ck, max_len = self._start_tensor_parallel(path, dev, config, dtype, tensor_parallel, tp_timeout_s,
+                                                      quantization)
             self.checkpoint = ck
         try:
             ck = self.checkpoint
@@ -146,7 +152,7 @@ class LLM:
             self.shutdown()
             raise
 
-    def _start_tensor_parallel(self, path, dev, config, dtype, n: int, timeout_s: float):
+    def _start_tensor_parallel(self, path, dev, config, dtype, n: int, timeout_s: float, quantization):
         from transformers import AutoConfig
 
         from graphrt.engine.loader import read_config
@@ -161,10 +167,11 @@ class LLM:
             raise ValueError(f"device: tensor_parallel uses cuda:0..cuda:{n - 1}, got {dev}")
         self._workers = WorkerGroup.start(n, backend="nccl" if dev.type == "cuda" else "gloo",
                                           timeout_s=timeout_s, target=_tp_worker,
-                                          args=(str(path), config, dtype))
+                                          args=(str(path), config, dtype, quantization))
         try:
             ctx = self._workers.ctx
-            ck, max_len, local = _build_runtime(path, ctx.device, config, dtype, tp=ctx.tp)
+            ck, max_len, local = _build_runtime(path, ctx.device, config, dtype, tp=ctx.tp,
+                                                quantization=quantization)
             self.runtime = TPDriver(local, ctx.control, health=self._workers.failure)
             if self._workers.failure() is not None:      # a worker failed while building its rank
                 raise RankError(self._workers.failure())

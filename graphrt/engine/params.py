@@ -8,6 +8,12 @@ MAX_SEED = 2**63 - 1        # seeds are int64 rows on the device
 MAX_TEMPERATURE = 1e4       # past this the distribution is uniform to float32 precision anyway
 MAX_STOP_STRINGS = 256      # stop strings per request
 MAX_STOP_CHARS = 16384      # their total length in characters (the held-back tail is the longest - 1)
+MAX_LOGPROBS = 20           # top alternatives per position (the graphs' captured width)
+MAX_LOGIT_BIAS = 64         # logit_bias entries per request
+MAX_BAD_WORDS = 64          # bad_words per request
+MAX_PENALTY = 2.0           # |presence_penalty|, |frequency_penalty| (OpenAI's range)
+MAX_REPETITION_PENALTY = 10.0
+MAX_BIAS = 100.0            # |logit_bias value| (OpenAI's range)
 
 
 def _short(value) -> str:
@@ -41,6 +47,19 @@ class SamplingParams:
     the output (not included in its text), at most MAX_STOP_STRINGS of them and MAX_STOP_CHARS
     characters in all; stop_token_ids: ids that end it (kept in token_ids);
     ignore_eos: do not stop at the model's end-of-sequence ids.
+
+    Log-probabilities (RequestOutput.logprobs / .prompt_logprobs): logprobs None (off) or n in
+    [0, MAX_LOGPROBS]: each generated token's log-probability and its top n alternatives;
+    prompt_logprobs the same for every prompt token after the first (computed from the prefill).
+    Logits processing, applied in this order to the model's float32 logits of every draw:
+    repetition_penalty in (0, MAX_REPETITION_PENALTY] (1 = off; HF's rule over prompt + output
+    tokens: a positive logit divided by it, a negative one multiplied), presence_penalty and
+    frequency_penalty in [-2, 2] (OpenAI's rule over output tokens: logit -= presence * (count > 0)
+    + frequency * count), logit_bias {token id: value in [-100, 100]} (at most MAX_LOGIT_BIAS,
+    added), bad_words (at most MAX_BAD_WORDS strings, each one token: that token is never drawn),
+    min_tokens in [0, max_tokens] (stop_token_ids and end-of-sequence ids are not drawn before
+    min_tokens tokens), then temperature, min_p in [0, 1] (sampled rows: tokens whose probability
+    is under min_p times the largest are dropped), top_k, top_p.
     """
 
     max_tokens: int = 16
@@ -51,6 +70,15 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    logit_bias: dict | None = None
+    min_tokens: int = 0
+    bad_words: tuple[str, ...] = ()
 
     def __post_init__(self):
         _int("max_tokens", self.max_tokens, 1)
@@ -82,10 +110,68 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", tuple(_int("stop_token_ids", i, 0) for i in ids))
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos: expected a bool, got {self.ignore_eos!r}")
+        self._check_processing()
+
+    def _check_processing(self) -> None:
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                _int(name, getattr(self, name), 0, MAX_LOGPROBS)
+        for name, lo, hi in (("presence_penalty", -MAX_PENALTY, MAX_PENALTY),
+                             ("frequency_penalty", -MAX_PENALTY, MAX_PENALTY),
+                             ("repetition_penalty", 0.0, MAX_REPETITION_PENALTY), ("min_p", 0.0, 1.0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v):
+                raise ValueError(f"{name}: expected a finite number, got {_short(v)}")
+            if not lo <= v <= hi or (name == "repetition_penalty" and v == 0):
+                raise ValueError(f"{name}: must be in {'(' if name == 'repetition_penalty' else '['}"
+                                 f"{lo:g}, {hi:g}], got {v}")
+        _int("min_tokens", self.min_tokens, 0, self.max_tokens)
+        bias = self.logit_bias
+        if bias is not None:
+            if not isinstance(bias, dict):
+                raise ValueError(f"logit_bias: expected a dict {{token id: bias}}, got {_short(bias)}")
+            if len(bias) > MAX_LOGIT_BIAS:
+                raise ValueError(f"logit_bias: at most {MAX_LOGIT_BIAS} entries, got {len(bias)}")
+            for tok, v in bias.items():
+                _int("logit_bias", tok, 0)
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v) \
+                        or abs(v) > MAX_BIAS:
+                    raise ValueError(f"logit_bias: values must be numbers in [-{MAX_BIAS:g}, {MAX_BIAS:g}], "
+                                     f"got {_short(v)} for token {tok}")
+            object.__setattr__(self, "logit_bias", {int(t): float(v) for t, v in bias.items()} or None)
+        words = (self.bad_words,) if isinstance(self.bad_words, str) else self.bad_words
+        if not isinstance(words, (list, tuple)) or not all(isinstance(w, str) and w for w in words):
+            raise ValueError(f"bad_words: expected a list of non-empty strings, got {_short(self.bad_words)}")
+        if len(words) > MAX_BAD_WORDS:
+            raise ValueError(f"bad_words: at most {MAX_BAD_WORDS} words, got {len(words)}")
+        object.__setattr__(self, "bad_words", tuple(words))
+
+        object.__setattr__(self, "_processed", self._needs_processing())
+
+    @property
+    def processed(self) -> bool:
+        """Whether the draws need the logits-processing graphs (penalties, bias, bans, min_p,
+        min_tokens, log-probabilities); plain rows keep the cheap greedy / sampled graphs."""
+        return self._processed
+
+    def _needs_processing(self) -> bool:
+        return (self.logprobs is not None or self.presence_penalty != 0 or self.frequency_penalty != 0
+                or self.repetition_penalty != 1 or self.min_p > 0 or bool(self.logit_bias)
+                or self.min_tokens > 0 or bool(self.bad_words))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0 or self.top_k == 1
+
+
+@dataclass(frozen=True)
+class Logprob:
+    """One token's log-probability at one position: logprob (natural log), rank (1 = the most
+    likely; None where unknown), decoded_token (its text alone)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
 
 
 @dataclass
@@ -99,10 +185,15 @@ class RequestOutput:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    # with SamplingParams.logprobs: one dict per token of token_ids, {token id: Logprob} holding the
+    # generated token and the top-n alternatives (vLLM's shape); with prompt_logprobs (first
+    # delta only): one entry per prompt token, None for the first
+    logprobs: list[dict[int, Logprob]] | None = None
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
 
-__all__ = ["SamplingParams", "RequestOutput", "MAX_TEMPERATURE", "MAX_SEED", "MAX_STOP_STRINGS", "MAX_STOP_CHARS"]
+__all__ = ["SamplingParams", "RequestOutput", "Logprob", "MAX_LOGPROBS", "MAX_LOGIT_BIAS", "MAX_TEMPERATURE", "MAX_SEED", "MAX_STOP_STRINGS", "MAX_STOP_CHARS"]

@@ -54,6 +54,8 @@ class Request:
     admitted_at: int = -1             # admission order: the newest is preempted first
     preemptions: int = 0
     stop_ids: frozenset | None = None  # stop_token_ids + end-of-sequence ids (set on first use)
+    rules: list | None = None         # token rules of its logits processing (engine/sampling_extras.py)
+    prompt_lp: list | None = None     # prompt log-probs waiting for the first delta
 
     @property
     def context(self) -> list[int]:
@@ -63,11 +65,13 @@ class Request:
 
 class Launch(NamedTuple):
     """A block about to launch: rows [0, n) served; sampled: some row samples; filtered: some
-    sampled row uses top_k / top_p; rows: (request, slot, epoch, draws counted) per row."""
+    sampled row uses top_k / top_p; rows: (request, slot, epoch, draws counted) per row;
+    processed: some row needs logits processing (SamplingParams.processed)."""
     n: int
     sampled: bool
     filtered: bool
     rows: list
+    processed: bool = False
 
 
 class Scheduler:
@@ -208,11 +212,12 @@ class Scheduler:
         block_tokens: the most draws a row makes in this block (default: block_tokens; K for a
         plain block run under speculation)."""
         k, batch, spec = block_tokens or self.block_tokens, self.batch, self.spec_k > 0
-        n, sampled, filtered, out = 0, False, False, []
+        n, sampled, filtered, processed, out = 0, False, False, False, []
         for r in rows:                                   # the hot loop
             slot = r.slot
             n = slot if slot > n else n
             p = r.params
+            processed = processed or p.processed
             if not p.greedy:
                 sampled = True
                 filtered = filtered or p.top_k > 0 or p.top_p < 1.0
@@ -221,7 +226,7 @@ class Scheduler:
             r.launched += added
             if r.launched >= p.max_tokens and not spec:
                 batch.deactivate(slot)
-        return Launch(n + 1, sampled, filtered, out)
+        return Launch(n + 1, sampled, filtered, out, processed)
 
     def settle(self, req: Request, counted: int, emitted: int) -> None:
         """A speculative block's counts came back: the request drew `emitted` of the `counted`

@@ -65,10 +65,14 @@ class RequestStream:
         total = None
         for d in self:
             if total is None:
-                total = RequestOutput(d.request_id, d.prompt_token_ids, d.text, list(d.token_ids), None)
+                total = RequestOutput(d.request_id, d.prompt_token_ids, d.text, list(d.token_ids), None,
+                                      logprobs=None if d.logprobs is None else list(d.logprobs),
+                                      prompt_logprobs=d.prompt_logprobs)
             else:
                 total.text += d.text
                 total.token_ids += d.token_ids
+                if d.logprobs is not None:
+                    total.logprobs = (total.logprobs or []) + d.logprobs
             total.finish_reason = d.finish_reason
         return total
 

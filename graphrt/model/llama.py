@@ -241,7 +241,8 @@ class LlamaDecoder:
     # ---- prefill (eager) ----------------------------------------------------------------------
     @torch.no_grad()
     def prefill(self, prompts: list[torch.Tensor], kv_caches, block_table: torch.Tensor, *,
-                attention=None, max_tokens: int | None = None, record=(), hidden_out=None) -> torch.Tensor:
+                attention=None, max_tokens: int | None = None, on_logits=None,
+                logits_rows=frozenset(), record=(), hidden_out=None) -> torch.Tensor:
         """Causal forward over the prompts, K/V written into the paged caches (eager).
 
         prompts: list of [T_i] int64 token tensors, prompt i on row i of block_table ([n, w]
@@ -250,6 +251,8 @@ class LlamaDecoder:
         float32 paged reference on CPU); the prompts then run in chunks of at most `max_tokens`
         tokens (default: all at once), ragged prompts together, so activation memory is bounded.
         Without it: one pass, float32 torch attention per prompt (model-only use and tests).
+        on_logits(i, start, logits [n, V] float32): called for every prompt i in logits_rows with
+        the logits of its positions start .. start + n - 1, chunk by chunk (prompt log-probs).
         record / hidden_out [sum(T_i), len(record) * H]: residual-stream states of every prompt
         token, prompts concatenated in order (`_check_record`).
         """
@@ -266,6 +269,8 @@ class LlamaDecoder:
                                      record=record, hidden_out=hidden_out)
             last = torch.tensor(lens, device=dev).cumsum(0) - 1
             logits = self._logits(h[last]).float()
+            for i in sorted(logits_rows):
+                on_logits(i, 0, self._logits(h[int(last[i]) + 1 - lens[i]: int(last[i]) + 1]).float())
         else:
             from graphrt.model.prefill import plan_chunks
             logits = torch.empty((len(lens), self.spec.vocab_size), dtype=torch.float32, device=dev)
@@ -284,6 +289,9 @@ class LlamaDecoder:
                                     zip(chunk.seqs, chunk.starts, chunk.lens)]).to(dev)
                     hidden_out.index_copy_(0, at, part)
                 ends = torch.tensor(chunk.lens).cumsum(0) - 1
+                for j, (i, s, n) in enumerate(zip(chunk.seqs, chunk.starts, chunk.lens)):
+                    if i in logits_rows:
+                        on_logits(i, s, self._logits(h[int(ends[j]) + 1 - n: int(ends[j]) + 1]).float())
                 done = [j for j, (i, s, n) in enumerate(zip(chunk.seqs, chunk.starts, chunk.lens))
                         if s + n == lens[i]]
                 if done:

@@ -14,6 +14,12 @@ role; every later content delta carries text (a delta whose text is still held b
 of a character or a possible stop string, is sent only for its token ids, with return_token_ids).
 Completion streams send every delta that has tokens (`"text": ""` included: clients time tokens by
 events).
+
+Log-probabilities (serve/logprobs.py): completions `logprobs: n` (each token and its top n),
+with `echo` the prompt's text and (with logprobs) its tokens' log-probabilities first, from the
+prefill; `max_tokens: 0` is allowed with echo (the prompt only: lm-eval's loglikelihood
+requests). Chat: `logprobs: true` and `top_logprobs: n`. Streamed chunks carry the log-probs of
+their own tokens (a chat delta whose text is still held back passes its entries to the next).
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ from pydantic import ValidationError
 
 from graphrt.serve.bridge import AsyncEngine, DeltaStream
 from graphrt.serve.errors import APIError, sse_error
+from graphrt.serve.logprobs import chat_logprobs, completion_logprobs, merge
 from graphrt.serve.protocol import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                        ChatCompletionResponse, ChatDelta, CompletionChoice, CompletionRequest, CompletionResponse,
                        Usage)
@@ -40,6 +47,13 @@ class Generation:
     def __init__(self, bridge: AsyncEngine, tokenizer, *, model_name: str, max_model_len: int):
         self.bridge, self.tokenizer = bridge, tokenizer
         self.model_name, self.max_model_len = model_name, max_model_len
+        self._texts: dict[int, str] = {}               # token id -> its text (log-prob bodies)
+
+    def token_text(self, tok: int) -> str:
+        s = self._texts.get(tok)
+        if s is None:
+            s = self._texts[tok] = self.tokenizer.decode([tok])
+        return s
 
     async def parse(self, request: Request, model_cls):
         """The request's JSON body as `model_cls`, parsed and validated on the worker pool (the
@@ -70,10 +84,19 @@ class Generation:
     def _params(self, body, max_tokens: int):
         from graphrt.engine import SamplingParams              # the engine package is heavy; import on use
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+        if isinstance(body, ChatCompletionRequest):
+            logprobs, prompt_logprobs = (body.top_logprobs or 0) if body.logprobs else None, None
+        else:
+            logprobs = body.logprobs
+            prompt_logprobs = body.logprobs if body.echo else None
         try:
-            return SamplingParams(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
+            return SamplingParams(max_tokens=max(max_tokens, 1), temperature=body.temperature, top_p=body.top_p,
                                   top_k=body.top_k, seed=body.seed, stop=stop,
-                                  stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos)
+                                  stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos,
+                                  logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                                  presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
+                                  repetition_penalty=body.repetition_penalty, min_p=body.min_p,
+                                  logit_bias=body.bias(), min_tokens=body.min_tokens)
         except ValueError as e:
             raise APIError.from_value_error(e) from None
 
@@ -91,18 +114,27 @@ class Generation:
         self._check(body)
         params = await self.bridge.run(self._params, body, 16 if body.max_tokens is None else body.max_tokens)
         prompt = body.single_prompt()                  # null max_tokens: OpenAI's 16
+        prompt_text = prompt if isinstance(prompt, str) else None
         if isinstance(prompt, str):
             prompt = await self._off_loop(self._tokenize, prompt, param="prompt")
+        if body.echo and prompt_text is None:
+            prompt_text = await self.bridge.run(self.tokenizer.decode, prompt)
         rid, ds = await self.bridge.submit(prompt, params, kind="cmpl")
+        echo = _Echo(self, body, prompt, prompt_text)
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            return SSEResponse(self._completion_events(rid, ds, usage, body.return_token_ids), on_close=ds.close)
+            return SSEResponse(self._completion_events(rid, ds, usage, body.return_token_ids, echo), on_close=ds.close)
         got = await _collect(ds, request)
         if got is None:
             return Response(status_code=499)
-        (text, ids), t = got, ds.totals
-        return _json(CompletionResponse(id=rid, model=self.model_name, usage=Usage.of(t.prompt_tokens, t.output_tokens),
-                                        choices=[CompletionChoice(text=text, finish_reason=t.finish_reason,
+        (text, ids, entries, prompt_entries), t = got, ds.totals
+        out_tokens = t.output_tokens
+        if body.max_tokens == 0:                       # echo only: the drawn token is not returned
+            text, ids, entries, out_tokens = "", [], [], 0
+        lp = echo.logprobs(prompt_entries, ids, entries)
+        return _json(CompletionResponse(id=rid, model=self.model_name, usage=Usage.of(t.prompt_tokens, out_tokens),
+                                        choices=[CompletionChoice(text=echo.text + text, finish_reason=t.finish_reason,
+                                                                  logprobs=lp,
                                                                   token_ids=ids if body.return_token_ids else None)]))
 
     async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
@@ -125,32 +157,47 @@ class Generation:
             raise
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            return SSEResponse(self._chat_events(rid, ds, usage, body.return_token_ids), on_close=ds.close)
+            return SSEResponse(self._chat_events(rid, ds, usage, body.return_token_ids,
+                                                 (body.top_logprobs or 0) if body.logprobs else None),
+                               on_close=ds.close)
         got = await _collect(ds, request)
         if got is None:
             return Response(status_code=499)
-        (text, ids), t = got, ds.totals
+        (text, ids, entries, _), t = got, ds.totals
+        lp = chat_logprobs(ids, entries, body.top_logprobs or 0, self.token_text) if body.logprobs else None
         return _json(ChatCompletionResponse(
             id=rid, model=self.model_name, usage=Usage.of(t.prompt_tokens, t.output_tokens),
             choices=[ChatChoice(message=AssistantMessage(content=text), finish_reason=t.finish_reason,
-                                token_ids=ids if body.return_token_ids else None)]))
+                                logprobs=lp, token_ids=ids if body.return_token_ids else None)]))
 
     # ---- streams ----------------------------------------------------------------------------------
-    async def _completion_events(self, rid: str, ds: DeltaStream, include_usage: bool, with_ids: bool):
-        def chunk(text, reason=None, ids=None):
+    async def _completion_events(self, rid: str, ds: DeltaStream, include_usage: bool, with_ids: bool,
+                                 echo: "_Echo"):
+        def chunk(text, reason=None, ids=None, entries=None, delta=None):
+            if echo.body.max_tokens == 0 and reason is None:
+                text, ids, entries = "", [], []
+            lp = None
+            if echo.body.logprobs is not None and (ids or echo.first):
+                lp = echo.logprobs(delta.prompt_logprobs if delta is not None else None, ids or [], entries or [])
+            if echo.first:
+                text, echo.first = echo.text + text, False
+            if not text and not ids and reason is None and lp is None:
+                return None
             c = CompletionResponse(id=rid, model=self.model_name, choices=[CompletionChoice(
-                text=text, finish_reason=reason, token_ids=ids if with_ids else None)])
+                text=text, finish_reason=reason, logprobs=lp, token_ids=ids if with_ids else None)])
             return f"data: {c.model_dump_json()}\n\n"
 
         async for event in _events(ds, chunk, include_usage, True,      # text "" keeps the tokens' timing
                                    lambda u: CompletionResponse(id=rid, model=self.model_name, choices=[], usage=u)):
             yield event
 
-    async def _chat_events(self, rid: str, ds: DeltaStream, include_usage: bool, with_ids: bool):
-        def chunk(text, reason=None, ids=None, role=None):
+    async def _chat_events(self, rid: str, ds: DeltaStream, include_usage: bool, with_ids: bool,
+                           top: int | None = None):
+        def chunk(text, reason=None, ids=None, entries=None, delta=None, role=None):
+            lp = chat_logprobs(ids, entries, top, self.token_text) if top is not None and ids else None
             c = ChatCompletionChunk(id=rid, model=self.model_name, choices=[ChatChunkChoice(
                 delta=ChatDelta(role=role, content=text if reason is None and (text or role) else None),
-                finish_reason=reason,
+                finish_reason=reason, logprobs=lp,
                 token_ids=ids if with_ids else None)])
             return f"data: {c.model_dump_json()}\n\n"
 
@@ -164,13 +211,21 @@ async def _events(ds: DeltaStream, chunk, include_usage: bool, textless: bool, u
     """Deltas -> SSE events (a delta with tokens but no text yet only if `textless`); the final
     event carries finish_reason; then usage (if asked), [DONE]."""
     try:
+        ids, entries = [], []                          # tokens (and log-prob entries) not sent yet
         async for d in ds:
             if d.finish_reason == "abort":
                 raise APIError(503, "request aborted by the engine")
-            if d.text or (textless and d.token_ids):
-                yield chunk(d.text, None, list(d.token_ids))
+            ids += d.token_ids
+            entries += d.logprobs or []
+            if d.text or (textless and ids):
+                event = chunk(d.text, None, ids, entries, d)
+                ids, entries = [], []
+                if event is not None:
+                    yield event
             if d.finish_reason is not None:
-                yield chunk("", d.finish_reason, [])
+                event = chunk("", d.finish_reason, ids if textless else [], entries, d)
+                if event is not None:
+                    yield event
         if include_usage:
             t = ds.totals
             yield f"data: {usage_chunk(Usage.of(t.prompt_tokens, t.output_tokens)).model_dump_json()}\n\n"
@@ -181,17 +236,41 @@ async def _events(ds: DeltaStream, chunk, include_usage: bool, textless: bool, u
     yield DONE
 
 
-async def _collect(ds: DeltaStream, request: Request) -> tuple[str, list[int]] | None:
-    """(whole text, token ids), or None if the client disconnected first (the request is then
-    aborted)."""
+class _Echo:
+    """A completion request's echo and log-probs settings: the prompt's text (echo) and body."""
+
+    def __init__(self, gen: Generation, body: CompletionRequest, prompt: list[int], prompt_text: str | None):
+        self.gen, self.body, self.prompt = gen, body, prompt
+        self.text = prompt_text if body.echo else ""
+        self.first = True                              # streaming: the echo goes in the first chunk
+
+    def logprobs(self, prompt_entries, ids: list[int], entries: list):
+        """The choice's CompletionLogprobs (None without logprobs): the prompt's (echo) then ids'."""
+        if self.body.logprobs is None:
+            return None
+        lp = None
+        if self.body.echo and prompt_entries is not None:
+            lp = completion_logprobs(self.prompt, prompt_entries, self.gen.token_text)
+        if lp is not None and lp.tokens:
+            start = lp.text_offset[-1] + len(lp.tokens[-1])
+        else:
+            start = len(self.text) if self.body.echo else 0
+        return merge(lp, completion_logprobs(ids, entries, self.gen.token_text, offset=start))
+
+
+async def _collect(ds: DeltaStream, request: Request):
+    """(whole text, token ids, their log-prob entries, the prompt's log-prob entries), or None if
+    the client disconnected first (the request is then aborted)."""
     async def gather():
-        parts, ids = [], []
+        parts, ids, entries, prompt = [], [], [], None
         async for d in ds:
             if d.finish_reason == "abort":
                 raise APIError(503, "request aborted by the engine")
             parts.append(d.text)
             ids += d.token_ids
-        return "".join(parts), ids
+            entries += d.logprobs or []
+            prompt = d.prompt_logprobs if d.prompt_logprobs is not None else prompt
+        return "".join(parts), ids, entries, prompt
 
     async def disconnected():
         while (await request.receive())["type"] != "http.disconnect":

@@ -197,7 +197,7 @@ class SpeculativeRunner:
         return self.slots.history[slot, :n].tolist()
 
     # ---- device side: the block of R rounds ----------------------------------------------------
-    def _round(self, size: int, r: int, filtered: bool) -> None:
+    def _round(self, size: int, r: int, filtered: bool, processed: bool = False) -> None:
         c, st, v = self.config, self.slots, self.bufs.view(size)
         num, limit, hist, step = st.seq_lens[:size], st.limit[:size], st.history[:size], st.step[:size]
         temperature = st.temperature[:size]
@@ -217,6 +217,8 @@ class SpeculativeRunner:
         record = self.eagle.verify_kwargs(size) if self.eagle is not None else {}
         logits = self.model.verify_step(tokens, cache_lens, self.kv_caches, table, self.device_error,
                                         splits=self.splits[size], **record)   # [B * (k + 1), V]
+        if processed:                         # the slots' logits processing, per verified position
+            logits = st.proc.process_verify(logits, size, v.proposals, step, temperature)
         if filtered:
             q = c.query_len
             logits = filter_logits(logits, temperature.repeat_interleave(q),
@@ -225,20 +227,23 @@ class SpeculativeRunner:
         judge(logits, v.proposals, v.count, temperature, st.seed[:size], step, v.accept, v.fallback)
         v.proposed[r].copy_(torch.where(active, v.count, 0))
         advance(v.accept, v.fallback, v.proposals, hist, num, limit, step, v.out_tokens[r], v.emitted[r])
+        if processed:                         # the emitted tokens counted for the penalties
+            out = v.out_tokens[r]                                    # [B, Q], -1 past the emitted
+            st.proc.counts[:size].scatter_add_(1, out.clamp_min(0), (out >= 0).to(torch.int32))
         if self.eagle is not None:                                   # the next round's proposals
             self.eagle.after(size, v.out_tokens[r], v.emitted[r], cache_lens, table, self.device_error)
 
-    def _block(self, size: int, filtered: bool = False) -> None:
+    def _block(self, size: int, filtered: bool = False, processed: bool = False) -> None:
         for r in range(self.rounds):
-            self._round(size, r, filtered)
+            self._round(size, r, filtered, processed)
         st = self.slots                                              # the decode graphs' input
         num, tokens = st.seq_lens[:size], st.tokens[:size]
         cur = st.history[:size].gather(1, (num.long() - 1).clamp_min(0)[:, None])[:, 0]
         tokens.copy_(torch.where(num > 0, cur.long(), tokens))
 
-    def _key(self, size: int, filtered: bool) -> GraphKey:
+    def _key(self, size: int, filtered: bool, processed: bool = False) -> GraphKey:
         return GraphKey("spec", size, query_len=self.config.query_len, steps=self.rounds,
-                        sampled=True, filtered=filtered)
+                        sampled=True, filtered=filtered, processed=processed)
 
     def capture(self) -> None:
         """Capture one graph of R rounds per bucket (CUDA only; no-op elsewhere) through the
@@ -249,24 +254,29 @@ class SpeculativeRunner:
             + ([self.eagle.kv_cache] if self.eagle is not None else [])
         for size in reversed(self.buckets):
             for filtered in (False, True) if self.filtered else (False,):
-                key = self._key(size, filtered)
-                if key not in self.graphs:
-                    kept = [(self.eagle.proposals[:size], 0)] if self.eagle is not None else []
-                    self.graphs.capture(key, lambda s=size, f=filtered: self._block(s, f),
-                                        inputs=[(st.seq_lens[:size], 0), (st.limit[:size], 0),
-                                                (st.tokens[:size], 0)] + kept, scratch=scratch)
+                for processed in (False, True) if st.proc is not None else (False,):
+                    key = self._key(size, filtered, processed)
+                    if key not in self.graphs:
+                        kept = [(self.eagle.proposals[:size], 0)] if self.eagle is not None else []
+                        self.graphs.capture(key, lambda s=size, f=filtered, p=processed: self._block(s, f, p),
+                                            inputs=[(st.seq_lens[:size], 0), (st.limit[:size], 0),
+                                                    (st.tokens[:size], 0)] + kept, scratch=scratch)
 
-    def run(self, n: int, *, filtered: bool | None = None) -> BlockOutput:
+    def run(self, n: int, *, filtered: bool | None = None, processed: bool = False) -> BlockOutput:
         """One block of R rounds over slots [0, n) (the smallest bucket >= n; slots past n in it
         must be empty). filtered: apply the slots' top_k / top_p (default: whether the runner
-        supports them). Returns a BlockOutput of views (valid until the next run)."""
+        supports them); processed: the slots' logits processing (model/processing.py) on the
+        verified positions, emitted tokens counted (slots with processing rows only). Returns a
+        BlockOutput of views (valid until the next run)."""
+        if processed and self.slots.proc is None:
+            raise ValueError("processed: these slots have no logits-processing rows")
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.buckets[-1]:
             raise ValueError(f"n: must be an int in [1, {self.buckets[-1]}], got {n!r}")
         filtered = self.filtered if filtered is None else filtered
         if filtered and not self.filtered:
             raise ValueError("filtered: this runner was built with filtered=False")
         size = pick_bucket(list(self.buckets), n)
-        self.graphs.run(self._key(size, filtered), lambda: self._block(size, filtered))
+        self.graphs.run(self._key(size, filtered, processed), lambda: self._block(size, filtered, processed))
         b = self.bufs
         return BlockOutput(b.out_tokens[:, :n], b.emitted[:, :n], b.proposed[:, :n])
 
