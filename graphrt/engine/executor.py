@@ -73,7 +73,9 @@ class LocalExecutor:
         """Prefill each prompt (row i of block_table, for slot slots[i]), draw its next token
         with sampling's row i (its step is not advanced) and write it as the slot's current
         token (and into its token history at index len(prompt)). With a draft model, the
-        draft's caches are prefilled too. Returns the [m] int64 first tokens (device).
+        draft's caches are prefilled too; with an EAGLE-3 head, the target's prefill records its
+        hidden states and the head's prefill makes the slots' first proposals. Returns the [m]
+        int64 first tokens (device).
 
         processing (a processing runtime): the slots' processing rows are reset to it first and
         the first draws are processed, counted and their log-probabilities kept in
@@ -81,8 +83,12 @@ class LocalExecutor:
         log-probabilities into `prompt_logprobs` (CPU, synchronous)."""
         want = dict(prompt_logprobs or {})
         collect = PromptLogprobs(prompts, want) if want else None
-        logits = (self.runtime.prefill(prompts, block_table, on_logits=collect, logits_rows=frozenset(want))
-                  if collect is not None else self.prefill(prompts, block_table))
+        extra = {"on_logits": collect, "logits_rows": frozenset(want)} if collect is not None else {}
+        eagle = getattr(self.spec, "eagle", None)
+        if eagle is not None:
+            logits, hidden = eagle.target_prefill(self.runtime, prompts, block_table, **extra)
+        else:
+            logits = self.runtime.prefill(prompts, block_table, **extra) if extra else self.prefill(prompts, block_table)
         self.prompt_logprobs = {i: collect.result(i) for i in want} if collect is not None else {}
         st, dev = self.runtime.slots, self.device
         idx = torch.tensor(slots, device=dev)
@@ -106,6 +112,8 @@ class LocalExecutor:
             st.history.view(-1).index_copy_(0, at, first.to(torch.int32))
         if self.spec is not None and self.spec.draft is not None:
             self.spec.draft.prefill([p.to(dev) for p in prompts], block_table.to(dev))
+        if eagle is not None:
+            eagle.prefill(hidden, prompts, first, block_table.to(dev), slots, self.spec.device_error)
         return first
 
     def apply(self, update) -> None:

@@ -12,6 +12,7 @@
     llm = LLM(path, kv_cache_dtype="fp8")                  # FP8 (e4m3) KV cache: docs/fp8.md
     llm = LLM(path, speculative={"method": "ngram", "num_tokens": 4})       # speculative decoding
     llm = LLM(path, speculative={"method": "draft", "num_tokens": 4, "model": DRAFT_DIR})
+    llm = LLM(path, speculative={"method": "eagle3", "num_tokens": 4, "model": HEAD_DIR})   # EAGLE-3 head
 
 Thread-safe: generate / chat may be called from any number of threads; each caller's streams
 drive the engine's step (one step at a time, engine.step's lock) or wait on the engine's thread

@@ -181,12 +181,13 @@ class ModelRuntime:
         return self.device.type == "cuda" and self.backend.capturable
 
     def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor, *, on_logits=None,
-                logits_rows=frozenset()) -> torch.Tensor:
+                logits_rows=frozenset(), record=(), hidden_out: torch.Tensor | None = None) -> torch.Tensor:
         """Eager prefill of each prompt into rows of block_table; returns [n, vocab] float32
         last-token logits. prompts: n [T_i] int64 tensors (1 <= T_i <= max_context_len);
         block_table [n, w] int32 with pages for every prompt token, ids in the pool, no page in
         two rows (each row writes all its pages). Runtime device or CPU; checked before writing.
-        on_logits / logits_rows: every position's logits of some prompts (LlamaDecoder.prefill)."""
+        on_logits / logits_rows: every position's logits of some prompts (LlamaDecoder.prefill);
+        record / hidden_out: the model's hidden-state recording (LlamaDecoder.prefill)."""
         check_prefill(self.config, self.device, self.num_pages, self.model.spec.vocab_size,
                       prompts, block_table)
         prompts = [p.to(self.device) for p in prompts]
@@ -200,7 +201,9 @@ class ModelRuntime:
                                           max_tokens=self.prefill_chunk_tokens,
                                           **({"calibrate_kv": True} if calibrate else {}),
                                           **({"on_logits": on_logits, "logits_rows": logits_rows}
-                                             if logits_rows else {}))
+                                             if logits_rows else {}),
+                                          **({"record": record, "hidden_out": hidden_out}
+                                             if record else {}))
             finally:
                 if calibrate:   # once: pages are now written with these scales
                     self.kv_scale_source = "calibrated"
