@@ -54,23 +54,28 @@ class LocalExecutor:
             stats = dict(self.runtime.graphs.stats)
         return stats
 
-    def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor) -> torch.Tensor:
-        """As ModelRuntime.prefill: [m, V] float32 last-token logits."""
-        return self.runtime.prefill(prompts, block_table)
+    def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor, *, starts=None) -> torch.Tensor:
+        """As ModelRuntime.prefill: [m, V] float32 last-token logits (prompts[i] from position
+        starts[i], default 0). With a draft model only whole prompts (starts 0)."""
+        if starts is not None and any(starts) and self.spec is not None and self.spec.draft is not None:
+            raise ValueError("starts: a draft model prefills whole prompts (no cached prefix or chunks)")
+        return self.runtime.prefill(prompts, block_table, starts=starts)
 
     def prefill_slots(self, prompts: list[torch.Tensor], block_table: torch.Tensor, slots: list[int],
-                      sampling: SamplingInputs) -> torch.Tensor:
-        """Prefill each prompt (row i of block_table, for slot slots[i]), draw its next token
-        with sampling's row i (its step is not advanced) and write it as the slot's current
-        token (and into its token history at index len(prompt)). With a draft model, the
-        draft's caches are prefilled too. Returns the [m] int64 first tokens (device)."""
-        logits = self.prefill(prompts, block_table)
+                      sampling: SamplingInputs, *, starts=None) -> torch.Tensor:
+        """Prefill each prompt (row i of block_table, for slot slots[i], from position
+        starts[i], default 0), draw its next token with sampling's row i (its step is not
+        advanced) and write it as the slot's current token (and into its token history at index
+        start + len(prompt)). With a draft model, the draft's caches are prefilled too (whole
+        prompts only). Returns the [m] int64 first tokens (device)."""
+        logits = self.prefill(prompts, block_table, starts=starts)
         first = sample_eager(logits, sampling)                           # [m] device
         st, dev = self.runtime.slots, self.device
         idx = torch.tensor(slots, device=dev)
         st.tokens.index_copy_(0, idx, first)
         if st.history is not None:
-            at = torch.tensor([s * st.history.shape[1] + p.numel() for s, p in zip(slots, prompts)],
+            base = starts if starts is not None else [0] * len(prompts)
+            at = torch.tensor([s * st.history.shape[1] + b + p.numel() for s, b, p in zip(slots, base, prompts)],
                               device=dev)
             st.history.view(-1).index_copy_(0, at, first.to(torch.int32))
         if self.spec is not None and self.spec.draft is not None:

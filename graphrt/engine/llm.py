@@ -140,7 +140,9 @@ class LLM:
             tok_eos = self.tokenizer.eos_token_id
             eos = ck.eos_token_ids or ((tok_eos,) if tok_eos is not None else ())
             self.engine = Engine(self.runtime, self.tokenizer, eos_token_ids=eos, max_model_len=max_len,
-                                 overlap=config.overlap, seed=config.seed)
+                                 overlap=config.overlap, seed=config.seed,
+                                 enable_prefix_caching=config.enable_prefix_caching,
+                                 max_num_batched_tokens=config.max_num_batched_tokens)
         except BaseException:
             self.shutdown()
             raise

@@ -92,13 +92,16 @@ class SamplingParams:
 class RequestOutput:
     """One request's result. In a stream, each item carries the new text / token_ids since the
     previous item (a delta); `finish_reason` is None until the last: "stop" (a stop string, stop
-    token or end-of-sequence), "length" (max_tokens) or "abort" (cancelled)."""
+    token or end-of-sequence), "length" (max_tokens) or "abort" (cancelled). num_cached_tokens:
+    prompt tokens not prefilled because their K/V was found in the prefix cache (counted at the
+    request's first admission; every item carries it)."""
 
     request_id: str
     prompt_token_ids: list[int]
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    num_cached_tokens: int = 0        # prompt tokens whose K/V came from the prefix cache
 
     @property
     def finished(self) -> bool:

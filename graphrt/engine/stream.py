@@ -65,7 +65,8 @@ class RequestStream:
         total = None
         for d in self:
             if total is None:
-                total = RequestOutput(d.request_id, d.prompt_token_ids, d.text, list(d.token_ids), None)
+                total = RequestOutput(d.request_id, d.prompt_token_ids, d.text, list(d.token_ids), None,
+                                      d.num_cached_tokens)
             else:
                 total.text += d.text
                 total.token_ids += d.token_ids

@@ -200,7 +200,7 @@ class LlamaDecoder:
     # ---- prefill (eager) ----------------------------------------------------------------------
     @torch.no_grad()
     def prefill(self, prompts: list[torch.Tensor], kv_caches, block_table: torch.Tensor, *,
-                attention=None, max_tokens: int | None = None) -> torch.Tensor:
+                attention=None, max_tokens: int | None = None, starts=None) -> torch.Tensor:
         """Causal forward over the prompts, K/V written into the paged caches (eager).
 
         prompts: list of [T_i] int64 token tensors, prompt i on row i of block_table ([n, w]
@@ -209,8 +209,16 @@ class LlamaDecoder:
         float32 paged reference on CPU); the prompts then run in chunks of at most `max_tokens`
         tokens (default: all at once), ragged prompts together, so activation memory is bounded.
         Without it: one pass, float32 torch attention per prompt (model-only use and tests).
+        starts: ints >= 0, the position of each prompt's first token (default 0): positions
+        [0, start) are already in its pages (a cached prefix, an earlier chunk) and are read, not
+        written; needs `attention`.
         """
-        lens = self._check_prefill(prompts, kv_caches, block_table)
+        starts = [0] * len(prompts) if starts is None else [int(x) for x in starts]
+        if len(starts) != len(prompts) or any(x < 0 for x in starts):
+            raise ValueError(f"starts: expected {len(prompts)} ints >= 0, got {starts}")
+        if attention is None and any(starts):
+            raise ValueError("starts: a prefill after cached tokens needs `attention` (PrefillAttention)")
+        lens = self._check_prefill(prompts, kv_caches, block_table, starts)
         dev = self.weights.device
         prompts = [p.to(dev) for p in prompts]
         error = torch.zeros(1, dtype=torch.int32, device=dev)
@@ -224,16 +232,16 @@ class LlamaDecoder:
         else:
             from graphrt.model.prefill import plan_chunks
             logits = torch.empty((len(lens), self.spec.vocab_size), dtype=torch.float32, device=dev)
-            for chunk in plan_chunks(lens, max_tokens=max_tokens or sum(lens)):
+            for chunk in plan_chunks(lens, max_tokens=max_tokens or sum(lens), cached=starts):
                 meta = attention.plan(chunk, block_table)
-                tokens = torch.cat([prompts[i][s: s + n] for i, s, n in
+                tokens = torch.cat([prompts[i][s - starts[i]: s - starts[i] + n] for i, s, n in
                                     zip(chunk.seqs, chunk.starts, chunk.lens)])
                 h = self._forward_tokens(
                     tokens, meta.positions, meta.rows, kv_caches, block_table, error,
                     lambda i, q: attention.run(q, kv_caches[i]).view(q.shape[0], -1))
                 ends = torch.tensor(chunk.lens).cumsum(0) - 1
                 done = [j for j, (i, s, n) in enumerate(zip(chunk.seqs, chunk.starts, chunk.lens))
-                        if s + n == lens[i]]
+                        if s + n == starts[i] + lens[i]]
                 if done:
                     idx = torch.tensor([chunk.seqs[j] for j in done], device=dev)
                     logits[idx] = self._logits(h[ends[done].to(dev)]).float()
@@ -248,7 +256,7 @@ class LlamaDecoder:
         return self._layers(tokens, self._prefill_rope(positions, rows, kv_caches, block_table, error),
                             attend, fp8_head=False)
 
-    def _check_prefill(self, prompts, kv_caches, block_table) -> list[int]:
+    def _check_prefill(self, prompts, kv_caches, block_table, starts) -> list[int]:
         if len(kv_caches) != self.spec.num_layers:
             raise ValueError(f"kv_caches: {len(kv_caches)} caches, model has {self.spec.num_layers} layers")
         if block_table.dim() != 2 or block_table.dtype != torch.int32 or len(prompts) > block_table.shape[0]:
@@ -262,10 +270,10 @@ class LlamaDecoder:
             if p.dim() != 1 or p.dtype != torch.int64 or p.numel() < 1:
                 raise ValueError(f"prompts[{r}]: expected [T >= 1] int64, got {tuple(p.shape)} {p.dtype}")
             n = p.numel()
-            if n > min(self.max_positions, table.shape[1] * page):
-                raise ValueError(f"prompts[{r}]: {n} tokens, beyond max_positions={self.max_positions} "
-                                 f"or the block table's {table.shape[1]} pages of {page}")
-            used = table[r, : -(-n // page)]
+            if starts[r] + n > min(self.max_positions, table.shape[1] * page):
+                raise ValueError(f"prompts[{r}]: {n} tokens from position {starts[r]}, beyond max_positions="
+                                 f"{self.max_positions} or the block table's {table.shape[1]} pages of {page}")
+            used = table[r, : -(-(starts[r] + n) // page)]
             if int(used.min()) < 0 or int(used.max()) >= kc.shape[0]:
                 raise ValueError(f"block_table: row {r} uses page ids outside [0, {kc.shape[0]})")
             lens.append(n)

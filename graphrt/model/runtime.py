@@ -125,20 +125,22 @@ class ModelRuntime:
     def uses_graphs(self) -> bool:
         return self.device.type == "cuda" and self.backend.capturable
 
-    def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor) -> torch.Tensor:
+    def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor, *, starts=None) -> torch.Tensor:
         """Eager prefill of each prompt into rows of block_table; returns [n, vocab] float32
         last-token logits. prompts: n [T_i] int64 tensors (1 <= T_i <= max_context_len);
         block_table [n, w] int32 with pages for every prompt token, ids in the pool, no page in
-        two rows (each row writes all its pages). Runtime device or CPU; checked before writing."""
+        two rows (each row writes all its pages). starts: n ints >= 0 (default 0), each prompt's
+        first position: K/V of positions [0, start) are already in its pages (a cached prefix,
+        an earlier chunk) and only read. Runtime device or CPU; checked before writing."""
         check_prefill(self.config, self.device, self.num_pages, self.model.spec.vocab_size,
-                      prompts, block_table)
+                      prompts, block_table, starts)
         prompts = [p.to(self.device) for p in prompts]
         with self.lock:
             if self._prefill_attention is None:
                 self._prefill_attention = PrefillAttention(self.config, self.device)
             return self.model.prefill(prompts, self.kv_caches, block_table.to(self.device),
                                       attention=self._prefill_attention,
-                                      max_tokens=self.prefill_chunk_tokens)
+                                      max_tokens=self.prefill_chunk_tokens, starts=starts)
 
     # ---- the decode phase: K steps over a bucket of slots (pure device work: capturable) -------
     def _steps(self, size: int, sampled: bool) -> None:

@@ -101,7 +101,7 @@ class Generation:
         if got is None:
             return Response(status_code=499)
         (text, ids), t = got, ds.totals
-        return _json(CompletionResponse(id=rid, model=self.model_name, usage=Usage.of(t.prompt_tokens, t.output_tokens),
+        return _json(CompletionResponse(id=rid, model=self.model_name, usage=Usage.of(t.prompt_tokens, t.output_tokens, t.cached_tokens),
                                         choices=[CompletionChoice(text=text, finish_reason=t.finish_reason,
                                                                   token_ids=ids if body.return_token_ids else None)]))
 
@@ -131,7 +131,7 @@ class Generation:
             return Response(status_code=499)
         (text, ids), t = got, ds.totals
         return _json(ChatCompletionResponse(
-            id=rid, model=self.model_name, usage=Usage.of(t.prompt_tokens, t.output_tokens),
+            id=rid, model=self.model_name, usage=Usage.of(t.prompt_tokens, t.output_tokens, t.cached_tokens),
             choices=[ChatChoice(message=AssistantMessage(content=text), finish_reason=t.finish_reason,
                                 token_ids=ids if body.return_token_ids else None)]))
 
@@ -173,7 +173,7 @@ async def _events(ds: DeltaStream, chunk, include_usage: bool, textless: bool, u
                 yield chunk("", d.finish_reason, [])
         if include_usage:
             t = ds.totals
-            yield f"data: {usage_chunk(Usage.of(t.prompt_tokens, t.output_tokens)).model_dump_json()}\n\n"
+            yield f"data: {usage_chunk(Usage.of(t.prompt_tokens, t.output_tokens, t.cached_tokens)).model_dump_json()}\n\n"
     except APIError as e:
         yield sse_error(e)
     except Exception as e:                            # engine failure: tell the client, then close
