@@ -1,6 +1,6 @@
 """engine/prefix_cache.py + allocator.py + kv_manager.py + scheduler.py: the prefix cache and
 chunked prefill. Greedy output is identical with and without the cache (CPU float32, exactly:
-shared prefixes, a tiny pool that evicts and preempts, aborts), shared pages are never written,
+shared prefixes, a tiny pool that evicts and preempts, an abort mid-prefill), shared pages are never written,
 every page comes back, and a long prompt's chunks interleave with running decode blocks."""
 from __future__ import annotations
 
@@ -82,11 +82,8 @@ def _engine(llm, **kw) -> Engine:
                   **kw)
 
 
-def _run(eng, prompts, params=GREEDY, *, on_step=None, abort=None):
+def _run(eng, prompts, params=GREEDY, *, on_step=None):
     streams = [eng.add_request(p, params) for p in prompts]
-    if abort is not None:
-        eng.step()
-        eng.abort(streams[abort].request_id)
     drive(eng, max_steps=400, on_step=on_step)
     return [s.result() for s in streams]
 
@@ -136,7 +133,7 @@ def test_a_shared_prefix_is_reused_with_identical_tokens_and_counted(llm, refere
 
 def test_tiny_pool_evicts_and_preempts_with_identical_tokens(path):
     tight = LLM(path, max_batch=3, steps_per_graph=3, num_pages=9, enable_prefix_caching=False, **CPU)
-    params = SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=7, temperature=0.0, ignore_eos=True)
     prompts = PROMPTS + [SHARED + [60, 61]]
     want = _run(tight.engine, prompts, params)
     assert tight.engine.scheduler.kv.cache is None
@@ -145,10 +142,6 @@ def test_tiny_pool_evicts_and_preempts_with_identical_tokens(path):
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
     _all_back(eng)
     assert eng.scheduler.num_preemptions > 0 and eng.stats()["prefix_cache_hits"] > 0
-    got = _run(eng, prompts, params, abort=1)           # an abort after the first step
-    assert got[1].finish_reason == "abort"
-    assert [g.token_ids for i, g in enumerate(got) if i != 1] == [w.token_ids for i, w in enumerate(want) if i != 1]
-    _all_back(eng)
 
 
 def test_chunked_prefill_interleaves_with_decode_and_keeps_tokens(llm, reference):
@@ -157,7 +150,7 @@ def test_chunked_prefill_interleaves_with_decode_and_keeps_tokens(llm, reference
     want = _run(_engine(llm, enable_prefix_caching=False), [long])[0].token_ids
     sched = eng.scheduler
     sched.record = True
-    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     running = [eng.add_request(p, params) for p in PROMPTS[:2]]
     eng.step()                                          # nothing decodes yet: prefilled whole
     assert [e[:2] for e in sched.launches if e[0] == "prefill"] == [("prefill", running[0].request_id),
