@@ -251,8 +251,8 @@ class Engine:
                 return False
         launched = False
         for w in work:
-            if w[0].slot < 0:
-                continue                              # failed or preempted meanwhile
+            if w[0].slot < 0 or w[0].computed >= w[2]:
+                continue                              # failed meanwhile, or its chunk ran
             try:
                 launched = self._prefill([w]) or launched
             except BaseException as e:

@@ -133,7 +133,7 @@ def test_a_shared_prefix_is_reused_with_identical_tokens_and_counted(llm, refere
 
 def test_tiny_pool_evicts_and_preempts_with_identical_tokens(path):
     tight = LLM(path, max_batch=3, steps_per_graph=3, num_pages=9, enable_prefix_caching=False, **CPU)
-    params = SamplingParams(max_tokens=7, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True)
     prompts = PROMPTS + [SHARED + [60, 61]]
     want = _run(tight.engine, prompts, params)
     assert tight.engine.scheduler.kv.cache is None
@@ -192,3 +192,34 @@ def test_bad_options_name_the_field(llm):
         _engine(llm, max_num_batched_tokens=0)
     with pytest.raises(ValueError, match="enable_prefix_caching"):
         _engine(llm, enable_prefix_caching="yes")
+
+
+def test_prefill_from_an_offset_matches_the_whole_prefill(llm):
+    """ModelRuntime.prefill(starts=...): the K/V of positions [0, start) read from the pages."""
+    mrt = llm.runtime.runtime
+    prompt = torch.tensor(PROMPTS[0])
+    top = mrt.num_pages - 1                                         # pages no engine here holds
+    table = torch.zeros((2, mrt.config.max_pages_per_seq), dtype=torch.int32)
+    table[0, :4] = torch.arange(top - 7, top - 3)
+    table[1, :4] = torch.arange(top - 3, top + 1)
+    whole = mrt.prefill([prompt], table[:1])
+    mrt.prefill([prompt[:8]], table[1:])
+    part = mrt.prefill([prompt[8:]], table[1:], starts=[8])
+    assert torch.allclose(whole, part, atol=1e-5, rtol=1e-5)
+    assert torch.equal(mrt.kv_caches[1].k[table[0, :3].long()], mrt.kv_caches[1].k[table[1, :3].long()])
+    with pytest.raises(ValueError, match="starts"):
+        mrt.prefill([prompt[8:]], table[1:], starts=[-1])
+
+
+def test_startup_line_names_every_phase(llm):
+    from graphrt.attention.graphs import CaptureStats
+    from graphrt.engine.startup import StartupTimes
+    t = llm.startup
+    assert t.total_s >= t.weights_s + t.runtime_s > 0
+    line = t.line(pages=10, pool_bytes=2**30)
+    assert line.startswith("startup: ready in ") and "weights read" in line and "1.00 GiB" in line
+    s = StartupTimes(t0=0.0, weights_s=1.0, runtime_s=0.5, capture_s=4.0, engine_s=0.25, total_s=6.0)
+    s.from_capture([CaptureStats(1, 500.0, 3000.0, 0), CaptureStats(2, 250.0, 0.0, 0)])
+    assert s.kernels_s == 3.0 and s.graphs_s == 0.75 and s.num_graphs == 2
+    assert "kernels 3.00 s" in s.line(pages=1, pool_bytes=0) and "graphs 0.75 s (2 captured)" in s.line(
+        pages=1, pool_bytes=0) and "other 0.50 s" in s.line(pages=1, pool_bytes=0)
