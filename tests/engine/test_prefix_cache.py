@@ -207,7 +207,7 @@ def test_prefill_from_an_offset_matches_the_whole_prefill(llm):
     part = mrt.prefill([prompt[8:]], table[1:], starts=[8])
     assert torch.allclose(whole, part, atol=1e-5, rtol=1e-5)
     k = mrt.kv_caches[1].k                                         # the same K/V, however split
-    assert torch.allclose(k[table[0, :4].long()], k[table[1, :4].long()], atol=1e-5, rtol=1e-5)
+    assert torch.allclose(k[table[0, :3].long()], k[table[1, :3].long()], atol=1e-5, rtol=1e-5)   # full pages
     with pytest.raises(ValueError, match="starts"):
         mrt.prefill([prompt[8:]], table[1:], starts=[-1])
 
