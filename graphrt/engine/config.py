@@ -32,7 +32,10 @@ class EngineConfig:
     block N (engine.py); capture: capture CUDA graphs (CUDA only); seed: the engine's seed for
     requests that give none (None: random); kv_cache_dtype: "auto" (the KV pages in the model
     dtype) or "fp8" (e4m3 pages with per-layer k / v scales: twice the tokens per byte;
-    docs/fp8.md)."""
+    docs/fp8.md); enable_prefix_caching: reuse the KV pages of a
+    prompt's cached prefix (engine/prefix_cache.py); max_num_batched_tokens: prompt tokens
+    prefilled between two decode blocks while requests decode (long prompts run in chunks so
+    running streams keep their pace; None: no limit)."""
 
     max_batch: int = 16
     steps_per_graph: int = 4
@@ -48,6 +51,8 @@ class EngineConfig:
     speculative: SpeculativeConfig | None = None
     spec_rounds: int = 4
     kv_cache_dtype: str = "auto"
+    enable_prefix_caching: bool = True
+    max_num_batched_tokens: int | None = 2048
 
     def __post_init__(self):
         for key in ("max_batch", "steps_per_graph", "page_size"):
@@ -63,7 +68,8 @@ class EngineConfig:
         if self.dtype is not None and (not isinstance(self.dtype, str)
                                        or self.dtype not in ("bfloat16", "float16", "float32")):
             raise ValueError(f"dtype: {self.dtype!r} is not one of ['bfloat16', 'float16', 'float32']")
-        for key in ("overlap", "capture"):
+        _pos_int("max_num_batched_tokens", self.max_num_batched_tokens, optional=True)
+        for key in ("overlap", "capture", "enable_prefix_caching"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{key}: expected a bool, got {getattr(self, key)!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)

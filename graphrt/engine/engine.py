@@ -24,7 +24,9 @@ N runs block N+1 too, and those tokens are discarded. Pages freed while a block 
 are safe: every device op (decode blocks, prefills of the next owners) runs in order on one
 stream. A preempted request (scheduler.py) skips the tokens of its blocks still in flight (its
 epoch moved on) and is prefilled again later over prompt + its accepted tokens.
-Prefill is eager (ModelRuntime.prefill) and not chunked yet.
+Prefill is eager (ModelRuntime.prefill), starts after the context's cached prefix (prefix
+cache) and, while rows decode, runs at most max_num_batched_tokens prompt tokens between two
+decode blocks (scheduler.py: prefill_work).
 
 Failure policy (docs/engine.md): an exception raised by one request's work (its prefill, its
 tokens' stop checks and detokenization, its stream) fails that request only: its stream raises
@@ -84,7 +86,8 @@ class Engine:
     a bare ModelRuntime is wrapped in a LocalExecutor."""
 
     def __init__(self, runtime, tokenizer, *, eos_token_ids: tuple[int, ...], max_model_len: int,
-                 overlap: bool = True, seed: int | None = None, policy=None):
+                 overlap: bool = True, seed: int | None = None, policy=None,
+                 enable_prefix_caching: bool = True, max_num_batched_tokens: int | None = None):
         if not callable(getattr(runtime, "decode_block", None)):
             from graphrt.engine.executor import LocalExecutor
             runtime = LocalExecutor(runtime)
@@ -98,11 +101,13 @@ class Engine:
         self.spec, self.rounds = spec, runtime.rounds
         self.batch = InputBatch(max_batch=c.max_batch, max_pages_per_seq=c.max_pages_per_seq,
                                 pin=self.device.type == "cuda", history_width=runtime.history_width)
+        seed_key, budget = prefill_options(runtime, enable_prefix_caching, max_num_batched_tokens)
         self.scheduler = Scheduler(max_batch=c.max_batch, page_size=c.page_size,
                                    max_pages_per_seq=c.max_pages_per_seq, num_pages=runtime.num_pages - 1,
                                    steps_per_graph=runtime.k, eos_token_ids=tuple(eos_token_ids),
                                    batch=self.batch, spec_k=spec.num_tokens if spec is not None else 0,
-                                   spec_rounds=self.rounds)
+                                   spec_rounds=self.rounds, cache_seed=seed_key,
+                                   max_num_batched_tokens=budget)
         self.spec_counts = {"proposed": 0, "accepted": 0, "rounds": 0, "emitted": 0,   # loop thread
                             "blocks": 0, "plain_blocks": 0}
         # the speculation policy (speculative/policy.py): per block, k or a plain decode block
@@ -205,9 +210,10 @@ class Engine:
         self._drain_inbox()
         sched = self.scheduler
         launched = False
-        admitted = sched.admit()
-        if admitted:
-            launched = self._prefill_guarded(admitted)
+        sched.admit()
+        work = sched.prefill_work()
+        if work:
+            launched = self._prefill_guarded(work)
         rows = sched.decode_rows()
         if rows:
             self._decode(rows)
@@ -237,27 +243,28 @@ class Engine:
                 if req is not None:
                     req.sink(self.scheduler.abort(req))
 
-    def _prefill_guarded(self, reqs: list[Request]) -> bool:
-        """Prefill `reqs`; if that raises an attributable error, prefill each alone (a prefill
-        writes only its own requests' pages) and fail the ones that still raise. -> launched."""
+    def _prefill_guarded(self, work: list) -> bool:
+        """Prefill `work` ((request, start, end) context positions); if that raises an
+        attributable error, prefill each alone (a prefill writes only its own requests' pages)
+        and fail the ones that still raise. -> whether a first-token draw was launched."""
         try:
-            self._prefill(reqs)
-            return True
+            return self._prefill(work)
         except BaseException as e:
             if not attributable(e):
                 raise
-            if len(reqs) == 1:
-                self._fail(reqs[0], e)
+            if len(work) == 1:
+                self._fail(work[0][0], e)
                 return False
         launched = False
-        for r in reqs:
+        for w in work:
+            if w[0].slot < 0 or w[0].computed >= w[2]:
+                continue                              # failed meanwhile, or its chunk ran
             try:
-                self._prefill([r])
-                launched = True
+                launched = self._prefill([w]) or launched
             except BaseException as e:
                 if not attributable(e):
                     raise
-                self._fail(r, e)
+                self._fail(w[0], e)
         return launched
 
     def _fail(self, req: Request, e: BaseException) -> None:
@@ -310,12 +317,27 @@ class Engine:
         for req in reqs:
             req.sink(err)
 
-    def _prefill(self, reqs: list[Request]) -> None:
-        """Prefill admitted requests over their context (prompt, plus accepted tokens after a
-        preemption), draw each one's next token into its slot, and start its row in the batch."""
+    def _prefill(self, work: list) -> bool:
+        """Prefill context positions [start, end) of admitted requests (their context: prompt,
+        plus accepted tokens after a preemption); a request whose context is then complete
+        draws its next token into its slot and starts its row in the batch. -> drew any."""
         s, dev = self.scheduler, self.device
+        for r, a, e in work:
+            s.kv.check_writable(r.pages, a, e)        # never a shared or cached page
+        ctx = {id(r): r.context for r, _, _ in work}
+        part = [w for w in work if w[2] < len(ctx[id(w[0])])]
+        if part:                                      # chunks that draw nothing yet
+            self.runtime.prefill([torch.tensor(ctx[id(r)][a:e], dtype=torch.int64, device=dev) for r, a, e in part],
+                                 torch.from_numpy(self.batch.block_table_host[[r.slot for r, _, _ in part]]),
+                                 starts=[a for _, a, _ in part])
+            for r, _, e in part:
+                s.prefilled(r, e)
+        work = [w for w in work if w[2] == len(ctx[id(w[0])])]
+        if not work:
+            return False
+        reqs = [r for r, _, _ in work]
         slots = [r.slot for r in reqs]
-        prompts = [torch.tensor(r.context, dtype=torch.int64, device=dev) for r in reqs]
+        prompts = [torch.tensor(ctx[id(r)][a:], dtype=torch.int64, device=dev) for r, a, _ in work]
         table = torch.from_numpy(self.batch.block_table_host[slots])              # [m, W] host
         ps = [r.params for r in reqs]
         inputs = SamplingInputs(torch.tensor([0.0 if p.greedy else p.temperature for p in ps]),
@@ -323,11 +345,14 @@ class Engine:
                                 torch.tensor([p.top_p for p in ps], dtype=torch.float32),
                                 torch.tensor([r.seed for r in reqs], dtype=torch.int64),
                                 torch.tensor([r.launched for r in reqs], dtype=torch.int32))
+        starts = [a for _, a, _ in work]
         if getattr(self.runtime, "processing", False):               # every slot's processing rows
-            first, lp = extras.prefill(self.runtime, prompts, table, slots, inputs, reqs, self._token_text)
+            first, lp = extras.prefill(self.runtime, prompts, table, slots, inputs, reqs, self._token_text,
+                                       starts=starts)
         else:
-            first, lp = self.runtime.prefill_slots(prompts, table, slots, inputs), None   # [m] device
-        for r in reqs:
+            first, lp = self.runtime.prefill_slots(prompts, table, slots, inputs, starts=starts), None  # [m]
+        for r, _, e in work:
+            s.prefilled(r, e)
             if self.spec is not None:
                 self.batch.set_history(r.slot, r.context)  # the first token: written on the device
                 if self.policy is not None:
@@ -337,6 +362,7 @@ class Engine:
         pending = self._to_host([(r, i, r.epoch, 1) for i, r in enumerate(reqs)], first[None], logprobs=lp)
         pending.kind = "prefill"
         self._pending.append(pending)
+        return True
 
     def _decode(self, rows: list[Request]) -> None:
         """One block over `rows`: pages for it (preempting if short), the batch's changes
@@ -414,12 +440,17 @@ class Engine:
         loop may move between reads): requests running / waiting, KV pages used / free, tokens
         streamed so far; with speculation also spec_proposed, spec_accepted, spec_rounds,
         spec_emitted, spec_acceptance_rate, spec_tokens_per_round, spec_blocks, spec_plain_blocks
-        (cumulative device counts, engine/speculation.py)."""
+        (cumulative device counts, engine/speculation.py). pages_free counts cached pages no
+        request holds (pages_cached: pages in the prefix cache, held or not); prefix_cache_queries
+        / prefix_cache_hits: prompt tokens looked up in the prefix cache / found there."""
         sched, alloc = self.scheduler, self.scheduler.allocator
-        free = alloc.num_free
+        free, cache = alloc.num_free, sched.kv.cache
         out = {"running": sum(r is not None for r in list(sched.slots)), "waiting": len(sched.waiting),
                "pages_used": alloc.num_pages - free, "pages_free": free,
-               "tokens_generated": self._tokens_generated}
+               "tokens_generated": self._tokens_generated,
+               "pages_cached": cache.num_cached if cache is not None else 0,
+               "prefix_cache_queries": cache.queries if cache is not None else 0,
+               "prefix_cache_hits": cache.hits if cache is not None else 0}
         if self.spec is not None:                     # speculation: cumulative device counts
             out.update(spec_stats(self.spec_counts))
         return out
@@ -466,6 +497,21 @@ class Engine:
             if not busy:
                 self._wake.wait(0.05)
                 self._wake.clear()
+
+
+def prefill_options(runtime, enable_prefix_caching: bool, max_num_batched_tokens: int | None):
+    """(prefix-cache seed or None, prefill token budget or None) for an engine over `runtime`: a
+    draft model prefills whole prompts only (neither a cached prefix nor chunks)."""
+    if not isinstance(enable_prefix_caching, bool):
+        raise ValueError(f"enable_prefix_caching: expected a bool, got {enable_prefix_caching!r}")
+    spec = getattr(runtime, "spec", None)
+    if spec is not None and getattr(spec, "draft", None) is not None:
+        if enable_prefix_caching or max_num_batched_tokens is not None:
+            log.info("engine: a draft model prefills whole prompts: prefix caching and chunked prefill off")
+        return None, None
+    model = runtime.model
+    seed = f"{type(model).__name__}|{model.spec!r}|{runtime.config!r}"   # the model, dtype, KV format
+    return (seed if enable_prefix_caching else None), max_num_batched_tokens
 
 
 __all__ = ["Engine", "EngineDeadError"]

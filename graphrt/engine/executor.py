@@ -63,32 +63,46 @@ class LocalExecutor:
             stats = dict(self.runtime.graphs.stats)
         return stats
 
-    def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor) -> torch.Tensor:
-        """As ModelRuntime.prefill: [m, V] float32 last-token logits."""
-        return self.runtime.prefill(prompts, block_table)
+    def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor, *, starts=None) -> torch.Tensor:
+        """As ModelRuntime.prefill: [m, V] float32 last-token logits (prompts[i] from position
+        starts[i], default 0). With a draft model only whole prompts (starts 0)."""
+        if starts is not None and any(starts):
+            self._check_partial_prefill()
+        return self.runtime.prefill(prompts, block_table, starts=starts)
+
+    def _check_partial_prefill(self) -> None:
+        if self.spec is not None and (self.spec.draft is not None or getattr(self.spec, "eagle", None) is not None):
+            raise ValueError("starts: a draft model or an EAGLE-3 head prefills whole prompts (no cached "
+                             "prefix or chunks)")
 
     def prefill_slots(self, prompts: list[torch.Tensor], block_table: torch.Tensor, slots: list[int],
                       sampling: SamplingInputs, *, processing: ProcessRows | None = None,
-                      prompt_logprobs: dict[int, int] | None = None) -> torch.Tensor:
-        """Prefill each prompt (row i of block_table, for slot slots[i]), draw its next token
-        with sampling's row i (its step is not advanced) and write it as the slot's current
-        token (and into its token history at index len(prompt)). With a draft model, the
-        draft's caches are prefilled too; with an EAGLE-3 head, the target's prefill records its
-        hidden states and the head's prefill makes the slots' first proposals. Returns the [m]
-        int64 first tokens (device).
+                      prompt_logprobs: dict[int, int] | None = None, starts=None) -> torch.Tensor:
+        """Prefill each prompt (row i of block_table, for slot slots[i], from position
+        starts[i], default 0), draw its next token with sampling's row i (its step is not
+        advanced) and write it as the slot's current token (and into its token history at index
+        start + len(prompt)). With a draft model, the draft's caches are prefilled too; with an
+        EAGLE-3 head, the target's prefill records its hidden states and the head's prefill makes
+        the slots' first proposals (both: whole prompts only). Returns the [m] int64 first tokens
+        (device).
 
         processing (a processing runtime): the slots' processing rows are reset to it first and
         the first draws are processed, counted and their log-probabilities kept in
         `prefill_logprobs` (device views); prompt_logprobs {row i: n}: those rows' prompt
-        log-probabilities into `prompt_logprobs` (CPU, synchronous)."""
+        log-probabilities into `prompt_logprobs` (CPU, synchronous; whole prompts only)."""
         want = dict(prompt_logprobs or {})
         collect = PromptLogprobs(prompts, want) if want else None
         extra = {"on_logits": collect, "logits_rows": frozenset(want)} if collect is not None else {}
+        if starts is not None and any(starts):
+            if want:
+                raise ValueError("starts: prompt_logprobs need the whole prompt prefilled")
+            self._check_partial_prefill()
+            extra["starts"] = starts
         eagle = getattr(self.spec, "eagle", None)
         if eagle is not None:
             logits, hidden = eagle.target_prefill(self.runtime, prompts, block_table, **extra)
         else:
-            logits = self.runtime.prefill(prompts, block_table, **extra) if extra else self.prefill(prompts, block_table)
+            logits = self.runtime.prefill(prompts, block_table, **extra)
         self.prompt_logprobs = {i: collect.result(i) for i in want} if collect is not None else {}
         st, dev = self.runtime.slots, self.device
         idx = torch.tensor(slots, device=dev)
@@ -107,7 +121,8 @@ class LocalExecutor:
             first = sample_eager(logits, sampling)                       # [m] device
         st.tokens.index_copy_(0, idx, first)
         if st.history is not None:
-            at = torch.tensor([s * st.history.shape[1] + p.numel() for s, p in zip(slots, prompts)],
+            base = starts if starts is not None else [0] * len(prompts)
+            at = torch.tensor([s * st.history.shape[1] + b + p.numel() for s, b, p in zip(slots, base, prompts)],
                               device=dev)
             st.history.view(-1).index_copy_(0, at, first.to(torch.int32))
         if self.spec is not None and self.spec.draft is not None:

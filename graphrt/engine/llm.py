@@ -24,6 +24,7 @@ no single request caused, docs/engine.md), every caller raises EngineDeadError.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import torch
@@ -32,6 +33,7 @@ from graphrt.engine.config import EngineConfig
 from graphrt.engine.device import available_bytes, check_device_support, resolve_device, select_triton_mode
 from graphrt.engine.hub import resolve_model
 from graphrt.engine.params import RequestOutput, SamplingParams
+from graphrt.engine.startup import StartupTimes
 from graphrt.engine.stream import interrupt_after
 
 # The engine, loader and model import graphrt's Triton kernels: they are imported inside the
@@ -40,16 +42,21 @@ from graphrt.engine.stream import interrupt_after
 log = logging.getLogger("graphrt.engine")
 
 
-def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None, quantization=None):
+def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None, quantization=None, times=None):
     """Load (the rank's shard of) the checkpoint, build the rank's model, ModelRuntime and (with
-    speculation) speculative runner -> (Checkpoint, max_model_len, LocalExecutor)."""
+    speculation) speculative runner -> (Checkpoint, max_model_len, LocalExecutor). times: a
+    StartupTimes whose runtime phase gets the model, runtime and runner construction."""
     from graphrt.engine.executor import LocalExecutor
     from graphrt.engine.loader import load_checkpoint
     from graphrt.engine.model import build_model
     from graphrt.model.runtime import ModelRuntime
     world, rank = (1, 0) if tp is None else (tp.world_size, tp.rank)
+    t = time.perf_counter()
     ck = load_checkpoint(path, device=device, dtype=getattr(torch, dtype), rank=rank, world_size=world,
                          quantization=quantization)
+    if times is not None:                              # the files opened, parsed and read
+        times.weights_s += time.perf_counter() - t
+        times.read_s += getattr(ck, "load_s", 0.0)
     max_len = config.resolve_max_model_len(ck.max_position_embeddings)
     pages = None
     if device.type == "cuda" and config.num_pages is None and tp is None:   # the pool from free memory
@@ -66,6 +73,7 @@ def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None, q
         from graphrt.parallel.allreduce import configure
         tp = configure(tp, hidden=ck.spec.hidden_size, max_tokens=max(rc.buckets), dtype=getattr(torch, dtype),
                        device=device)
+    t = time.perf_counter()
     model = build_model(ck, max_positions=rc.max_context_len, tp=tp)
     if tp is not None:                                 # the rank's own heads
         from graphrt.parallel.shard import shard_runtime_config
@@ -80,6 +88,8 @@ def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None, q
     if spec is not None:
         from graphrt.engine.speculation import build_runner
         runner = build_runner(mrt, spec, rounds=config.spec_rounds, dtype=dtype, target=ck)
+    if times is not None:
+        times.runtime_s += time.perf_counter() - t
     return ck, max_len, LocalExecutor(mrt, runner)
 
 
@@ -126,6 +136,7 @@ class LLM:
         if config is not None and overrides:
             raise ValueError(f"config: give an EngineConfig or keyword fields, not both ({sorted(overrides)})")
         config = config or EngineConfig(**overrides)
+        times = StartupTimes()                         # the one start-up line (startup.py)
         dev = resolve_device(device)
         check_device_support(dev, config.dtype)        # before anything loads: dtype, FlashInfer
         select_triton_mode(dev)                        # before any kernel module is imported
@@ -139,31 +150,45 @@ class LLM:
             raise ValueError(f"tensor_parallel: expected an int >= 1, got {tensor_parallel!r}")
         if config.speculative is not None and tensor_parallel != 1:
             raise ValueError("speculative: not supported with tensor_parallel > 1 yet")
+        times.setup_s = time.perf_counter() - times.t0     # imports, device checks, the model's files
         if tensor_parallel == 1:
             self.checkpoint, max_len, self.runtime = _build_runtime(path, dev, config, dtype,
-                                                                    quantization=quantization)
+                                                                    quantization=quantization, times=times)
         else:
             ck, max_len = self._start_tensor_parallel(path, dev, config, dtype, tensor_parallel, tp_timeout_s,
-                                                      quantization)
+                                                      quantization, times)
             self.checkpoint = ck
         try:
             ck = self.checkpoint
+            engine_t = time.perf_counter()
             self.tokenizer = load_tokenizer(path)
             if len(self.tokenizer) > ck.spec.vocab_size:   # HF loads it too; such ids are refused per request
                 log.warning("tokenizer: %d ids but the model's vocab_size is %d; prompts that tokenize to "
                             "ids >= %d are refused (400 naming 'prompt')", len(self.tokenizer),
                             ck.spec.vocab_size, ck.spec.vocab_size)
             if dev.type == "cuda" and config.capture:
-                self.runtime.capture()
+                engine_t -= time.perf_counter()
+                with times.phase("capture"):
+                    self.runtime.capture()
+                engine_t += time.perf_counter()
+                graphs = getattr(self.runtime, "graphs", None)
+                times.from_capture(graphs.stats.values() if graphs is not None else ())
             tok_eos = self.tokenizer.eos_token_id
             eos = ck.eos_token_ids or ((tok_eos,) if tok_eos is not None else ())
             self.engine = Engine(self.runtime, self.tokenizer, eos_token_ids=eos, max_model_len=max_len,
-                                 overlap=config.overlap, seed=config.seed)
+                                 overlap=config.overlap, seed=config.seed,
+                                 enable_prefix_caching=config.enable_prefix_caching,
+                                 max_num_batched_tokens=config.max_num_batched_tokens)
+            times.engine_s = time.perf_counter() - engine_t
         except BaseException:
             self.shutdown()
             raise
+        times.finish()
+        self.startup = times
+        log.info("%s", times.line(pages=self.engine.scheduler.allocator.num_pages, pool_bytes=_pool_bytes(self.runtime)))
 
-    def _start_tensor_parallel(self, path, dev, config, dtype, n: int, timeout_s: float, quantization):
+    def _start_tensor_parallel(self, path, dev, config, dtype, n: int, timeout_s: float, quantization,
+                               times=None):
         from transformers import AutoConfig
 
         from graphrt.engine.loader import read_config
@@ -182,7 +207,7 @@ class LLM:
         try:
             ctx = self._workers.ctx
             ck, max_len, local = _build_runtime(path, ctx.device, config, dtype, tp=ctx.tp,
-                                                quantization=quantization)
+                                                quantization=quantization, times=times)
             self.runtime = TPDriver(local, ctx.control, health=self._workers.failure)
             if self._workers.failure() is not None:      # a worker failed while building its rank
                 raise RankError(self._workers.failure())
@@ -250,6 +275,14 @@ class LLM:
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return self.generate([list(ids)], sampling_params)[0]
+
+
+def _pool_bytes(runtime) -> int:
+    """Bytes of this process's KV pool (K and V of every layer), 0 if not reachable."""
+    while runtime is not None and not hasattr(runtime, "kv_caches"):
+        runtime = getattr(runtime, "runtime", None)
+    caches = getattr(runtime, "kv_caches", None) or []
+    return sum(t.numel() * t.element_size() for c in caches for t in c.as_tuple())
 
 
 def _collect(streams, *, progress: bool) -> list[RequestOutput]:

@@ -178,7 +178,9 @@ class Logprob:
 class RequestOutput:
     """One request's result. In a stream, each item carries the new text / token_ids since the
     previous item (a delta); `finish_reason` is None until the last: "stop" (a stop string, stop
-    token or end-of-sequence), "length" (max_tokens) or "abort" (cancelled)."""
+    token or end-of-sequence), "length" (max_tokens) or "abort" (cancelled). num_cached_tokens:
+    prompt tokens not prefilled because their K/V was found in the prefix cache (counted at the
+    request's first admission; every item carries it)."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -190,6 +192,7 @@ class RequestOutput:
     # delta only): one entry per prompt token, None for the first
     logprobs: list[dict[int, Logprob]] | None = None
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    num_cached_tokens: int = 0        # prompt tokens whose K/V came from the prefix cache
 
     @property
     def finished(self) -> bool:

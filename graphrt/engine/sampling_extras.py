@@ -44,7 +44,7 @@ def check_request(runtime, params: SamplingParams, tokenizer, eos_ids, vocab: in
     return token_rules(params, tokenizer, eos_ids, vocab)
 
 
-def prefill(ex, prompts, table, slots, inputs, reqs, text):
+def prefill(ex, prompts, table, slots, inputs, reqs, text, *, starts=None):
     """ex.prefill_slots with every request's processing row (a processing executor) and the prompt
     log-probs asked for (set on each request as `prompt_lp`, for its first delta) ->
     (first tokens [m] device, the first draws' log-prob rows or None when no request wants them)."""
@@ -52,7 +52,7 @@ def prefill(ex, prompts, table, slots, inputs, reqs, text):
                              ex.model.spec.vocab_size)
     want = {i: r.params.prompt_logprobs for i, r in enumerate(reqs)
             if r.params.prompt_logprobs is not None and not r.token_ids}    # not again after a preemption
-    first = ex.prefill_slots(prompts, table, slots, inputs, processing=rows, prompt_logprobs=want)
+    first = ex.prefill_slots(prompts, table, slots, inputs, processing=rows, prompt_logprobs=want, starts=starts)
     for i, res in ex.prompt_logprobs.items():
         reqs[i].prompt_lp = prompt_logprob_dicts(res, reqs[i].prompt, want[i], text)
     return first, ex.prefill_logprobs if any(r.params.logprobs is not None for r in reqs) else None

@@ -66,6 +66,7 @@ class RequestStream:
         for d in self:
             if total is None:
                 total = RequestOutput(d.request_id, d.prompt_token_ids, d.text, list(d.token_ids), None,
+                                      num_cached_tokens=d.num_cached_tokens,
                                       logprobs=None if d.logprobs is None else list(d.logprobs),
                                       prompt_logprobs=d.prompt_logprobs)
             else:

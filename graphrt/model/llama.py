@@ -251,7 +251,7 @@ class LlamaDecoder:
     def prefill(self, prompts: list[torch.Tensor], kv_caches, block_table: torch.Tensor, *,
                 attention=None, max_tokens: int | None = None, on_logits=None,
                 logits_rows=frozenset(), calibrate_kv: bool = False, record=(),
-                hidden_out=None) -> torch.Tensor:
+                hidden_out=None, starts=None) -> torch.Tensor:
         """Causal forward over the prompts, K/V written into the paged caches (eager).
 
         prompts: list of [T_i] int64 token tensors, prompt i on row i of block_table ([n, w]
@@ -265,8 +265,16 @@ class LlamaDecoder:
         calibrate_kv: FP8 caches take their k / v scales from this prefill's (first chunk's) tokens.
         record / hidden_out [sum(T_i), len(record) * H]: residual-stream states of every prompt
         token, prompts concatenated in order (`_check_record`).
+        starts: ints >= 0, the position of each prompt's first token (default 0): positions
+        [0, start) are already in its pages (a cached prefix, an earlier chunk) and are read, not
+        written; needs `attention`.
         """
-        lens = self._check_prefill(prompts, kv_caches, block_table)
+        starts = [0] * len(prompts) if starts is None else [int(x) for x in starts]
+        if len(starts) != len(prompts) or any(x < 0 for x in starts):
+            raise ValueError(f"starts: expected {len(prompts)} ints >= 0, got {starts}")
+        if attention is None and any(starts):
+            raise ValueError("starts: a prefill after cached tokens needs `attention` (PrefillAttention)")
+        lens = self._check_prefill(prompts, kv_caches, block_table, starts)
         record = self._check_record(record, hidden_out, sum(lens))
         dev = self.weights.device
         prompts = [p.to(dev) for p in prompts]
@@ -285,9 +293,9 @@ class LlamaDecoder:
             from graphrt.model.prefill import plan_chunks
             logits = torch.empty((len(lens), self.spec.vocab_size), dtype=torch.float32, device=dev)
             offsets = [0] + torch.tensor(lens).cumsum(0).tolist()
-            for n_chunk, chunk in enumerate(plan_chunks(lens, max_tokens=max_tokens or sum(lens))):
+            for n_chunk, chunk in enumerate(plan_chunks(lens, max_tokens=max_tokens or sum(lens), cached=starts)):
                 meta = attention.plan(chunk, block_table)
-                tokens = torch.cat([prompts[i][s: s + n] for i, s, n in
+                tokens = torch.cat([prompts[i][s - starts[i]: s - starts[i] + n] for i, s, n in
                                     zip(chunk.seqs, chunk.starts, chunk.lens)])
                 part = None if not record else hidden_out.new_empty((tokens.numel(), hidden_out.shape[1]))
                 h = self._forward_tokens(
@@ -295,7 +303,7 @@ class LlamaDecoder:
                     lambda i, q: attention.run(q, kv_caches[i]).view(q.shape[0], -1),
                     calibrate_kv=calibrate_kv and n_chunk == 0, record=record, hidden_out=part)
                 if record:                                  # the chunk's rows at their prompt offsets
-                    at = torch.cat([torch.arange(offsets[i] + s, offsets[i] + s + n) for i, s, n in
+                    at = torch.cat([torch.arange(offsets[i] + s - starts[i], offsets[i] + s - starts[i] + n) for i, s, n in
                                     zip(chunk.seqs, chunk.starts, chunk.lens)]).to(dev)
                     hidden_out.index_copy_(0, at, part)
                 ends = torch.tensor(chunk.lens).cumsum(0) - 1
@@ -303,7 +311,7 @@ class LlamaDecoder:
                     if i in logits_rows:
                         on_logits(i, s, self._logits(h[int(ends[j]) + 1 - n: int(ends[j]) + 1]).float())
                 done = [j for j, (i, s, n) in enumerate(zip(chunk.seqs, chunk.starts, chunk.lens))
-                        if s + n == lens[i]]
+                        if s + n == starts[i] + lens[i]]
                 if done:
                     idx = torch.tensor([chunk.seqs[j] for j in done], device=dev)
                     logits[idx] = self._logits(h[ends[done].to(dev)]).float()
@@ -320,7 +328,7 @@ class LlamaDecoder:
                                                        calibrate_kv=calibrate_kv),
                             attend, fp8_head=False, record=record, hidden_out=hidden_out)
 
-    def _check_prefill(self, prompts, kv_caches, block_table) -> list[int]:
+    def _check_prefill(self, prompts, kv_caches, block_table, starts) -> list[int]:
         if len(kv_caches) != self.spec.num_layers:
             raise ValueError(f"kv_caches: {len(kv_caches)} caches, model has {self.spec.num_layers} layers")
         if block_table.dim() != 2 or block_table.dtype != torch.int32 or len(prompts) > block_table.shape[0]:
@@ -334,10 +342,10 @@ class LlamaDecoder:
             if p.dim() != 1 or p.dtype != torch.int64 or p.numel() < 1:
                 raise ValueError(f"prompts[{r}]: expected [T >= 1] int64, got {tuple(p.shape)} {p.dtype}")
             n = p.numel()
-            if n > min(self.max_positions, table.shape[1] * page):
-                raise ValueError(f"prompts[{r}]: {n} tokens, beyond max_positions={self.max_positions} "
-                                 f"or the block table's {table.shape[1]} pages of {page}")
-            used = table[r, : -(-n // page)]
+            if starts[r] + n > min(self.max_positions, table.shape[1] * page):
+                raise ValueError(f"prompts[{r}]: {n} tokens from position {starts[r]}, beyond max_positions="
+                                 f"{self.max_positions} or the block table's {table.shape[1]} pages of {page}")
+            used = table[r, : -(-(starts[r] + n) // page)]
             if int(used.min()) < 0 or int(used.max()) >= kc.shape[0]:
                 raise ValueError(f"block_table: row {r} uses page ids outside [0, {kc.shape[0]})")
             lens.append(n)

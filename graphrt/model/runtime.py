@@ -181,15 +181,18 @@ class ModelRuntime:
         return self.device.type == "cuda" and self.backend.capturable
 
     def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor, *, on_logits=None,
-                logits_rows=frozenset(), record=(), hidden_out: torch.Tensor | None = None) -> torch.Tensor:
+                logits_rows=frozenset(), record=(), hidden_out: torch.Tensor | None = None,
+                starts=None) -> torch.Tensor:
         """Eager prefill of each prompt into rows of block_table; returns [n, vocab] float32
         last-token logits. prompts: n [T_i] int64 tensors (1 <= T_i <= max_context_len);
         block_table [n, w] int32 with pages for every prompt token, ids in the pool, no page in
         two rows (each row writes all its pages). Runtime device or CPU; checked before writing.
+        starts: n ints >= 0 (default 0), each prompt's first position: K/V of positions [0, start)
+        are already in its pages (a cached prefix, an earlier chunk) and only read.
         on_logits / logits_rows: every position's logits of some prompts (LlamaDecoder.prefill);
         record / hidden_out: the model's hidden-state recording (LlamaDecoder.prefill)."""
         check_prefill(self.config, self.device, self.num_pages, self.model.spec.vocab_size,
-                      prompts, block_table)
+                      prompts, block_table, starts)
         prompts = [p.to(self.device) for p in prompts]
         with self.lock:
             if self._prefill_attention is None:
@@ -198,7 +201,7 @@ class ModelRuntime:
             try:
                 return self.model.prefill(prompts, self.kv_caches, block_table.to(self.device),
                                           attention=self._prefill_attention,
-                                          max_tokens=self.prefill_chunk_tokens,
+                                          max_tokens=self.prefill_chunk_tokens, starts=starts,
                                           **({"calibrate_kv": True} if calibrate else {}),
                                           **({"on_logits": on_logits, "logits_rows": logits_rows}
                                              if logits_rows else {}),

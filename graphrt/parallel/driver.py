@@ -130,9 +130,9 @@ class TPDriver:
     def capture(self) -> dict:
         return self._call("capture")
 
-    def prefill(self, prompts, block_table) -> torch.Tensor:
+    def prefill(self, prompts, block_table, *, starts=None) -> torch.Tensor:
         """As ModelRuntime.prefill ([n, V] float32 logits, identical on every rank)."""
-        return self._call("prefill", prompts, block_table)
+        return self._call("prefill", prompts, block_table, starts=starts)
 
     def decode(self, tokens, block_table, seq_lens, *, out=None, sampling: SamplingInputs | None = None):
         """As ModelRuntime.decode ([K, n] int64 tokens, identical on every rank); `out` stays
@@ -144,8 +144,8 @@ class TPDriver:
             return out.copy_(rows)
 
     # ---- the executor interface (engine/executor.py), every rank running the same call --------
-    def prefill_slots(self, prompts, block_table, slots, sampling):
-        return self._call("prefill_slots", prompts, block_table, slots, sampling)
+    def prefill_slots(self, prompts, block_table, slots, sampling, *, starts=None):
+        return self._call("prefill_slots", prompts, block_table, slots, sampling, starts=starts)
 
     def apply(self, update) -> None:
         """The input batch's staged update (host tensors, pickled to the workers) on every rank."""

@@ -132,7 +132,7 @@ class Generation:
         if body.max_tokens == 0:                       # echo only: the drawn token is not returned
             text, ids, entries, out_tokens = "", [], [], 0
         lp = echo.logprobs(prompt_entries, ids, entries)
-        return _json(CompletionResponse(id=rid, model=self.model_name, usage=Usage.of(t.prompt_tokens, out_tokens),
+        return _json(CompletionResponse(id=rid, model=self.model_name, usage=Usage.of(t.prompt_tokens, out_tokens, t.cached_tokens),
                                         choices=[CompletionChoice(text=echo.text + text, finish_reason=t.finish_reason,
                                                                   logprobs=lp,
                                                                   token_ids=ids if body.return_token_ids else None)]))
@@ -166,7 +166,7 @@ class Generation:
         (text, ids, entries, _), t = got, ds.totals
         lp = chat_logprobs(ids, entries, body.top_logprobs or 0, self.token_text) if body.logprobs else None
         return _json(ChatCompletionResponse(
-            id=rid, model=self.model_name, usage=Usage.of(t.prompt_tokens, t.output_tokens),
+            id=rid, model=self.model_name, usage=Usage.of(t.prompt_tokens, t.output_tokens, t.cached_tokens),
             choices=[ChatChoice(message=AssistantMessage(content=text), finish_reason=t.finish_reason,
                                 logprobs=lp, token_ids=ids if body.return_token_ids else None)]))
 
@@ -228,7 +228,7 @@ async def _events(ds: DeltaStream, chunk, include_usage: bool, textless: bool, u
                     yield event
         if include_usage:
             t = ds.totals
-            yield f"data: {usage_chunk(Usage.of(t.prompt_tokens, t.output_tokens)).model_dump_json()}\n\n"
+            yield f"data: {usage_chunk(Usage.of(t.prompt_tokens, t.output_tokens, t.cached_tokens)).model_dump_json()}\n\n"
     except APIError as e:
         yield sse_error(e)
     except Exception as e:                            # engine failure: tell the client, then close

@@ -164,14 +164,20 @@ CompletionRequest.model_rebuild()
 ChatCompletionRequest.model_rebuild()
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0                       # prompt tokens whose KV came from the prefix cache
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = PromptTokensDetails()
 
     @classmethod
-    def of(cls, prompt: int, completion: int) -> "Usage":
-        return cls(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+    def of(cls, prompt: int, completion: int, cached: int = 0) -> "Usage":
+        return cls(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                   prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
 
 
 _OMIT_NONE = dict(default=None, exclude_if=lambda v: v is None)
