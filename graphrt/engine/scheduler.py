@@ -365,7 +365,7 @@ class Scheduler:
         if not new_text and not kept and not done:
             return None
         return RequestOutput(req.request_id, req.prompt, new_text, kept, req.finish_reason,
-                             req.num_cached_tokens or 0)
+                             num_cached_tokens=req.num_cached_tokens or 0)
 
     def _free_slot(self, req: Request) -> None:
         self.slots[req.slot] = None
@@ -389,7 +389,8 @@ class Scheduler:
     def abort(self, req: Request) -> RequestOutput:
         req.finish_reason = "abort"
         self.release(req)
-        return RequestOutput(req.request_id, req.prompt, "", [], "abort", req.num_cached_tokens or 0)
+        return RequestOutput(req.request_id, req.prompt, "", [], "abort",
+                             num_cached_tokens=req.num_cached_tokens or 0)
 
     @property
     def has_work(self) -> bool:
