@@ -47,6 +47,8 @@ def parse_args(argv=None):
     part2.add_argument("--smoke", action="store_true", help="micro plan (1 prompt, 4 tokens, bs 1): a CPU check")
     part2.add_argument("--device", default=None, help="cuda (default when available) or cpu")
     part2.add_argument("--methods", default="none,ngram,draft")
+    part2.add_argument("--prompts", type=int, default=None, metavar="N",
+                       help="prompts per workload (default 8; fewer for a shorter run)")
     part2.add_argument("--costs", default=None, metavar="JSON",
                        help="part-1 JSON for the 8B projection (default docs/results/bench_spec_h200.json)")
     return p.parse_args(argv)

@@ -342,11 +342,11 @@ class Engine:
             n = max(r.slot for r in rows) + 1
             k = self.policy.choose([r.slot for r in rows], bucket=pick_bucket(ex.config.buckets, n)).k
             if not k and any(r.launched + ex.k > r.params.max_tokens for r in rows):
-                k = self.spec.num_tokens      # a K-step block would run a row past its limit (and
+                k = ex.spec_ks[0]             # a K-step block would run a row past its limit (and
                 #                               its pages); speculative rounds stop there on the device
         if k:
-            go = s.launch_block(rows)
-            out = ex.spec_block(go.n, filtered=go.filtered)
+            go = s.launch_block(rows, block_tokens=self.rounds * (k + 1))
+            out = ex.spec_block(go.n, k=k, filtered=go.filtered)
             self.spec_counts["blocks"] += 1
             pending = self._to_host(go.rows, out.tokens, out.emitted, out.proposed)
             pending.kind, pending.spec_k = "spec", k

@@ -7,18 +7,28 @@
     first = ex.prefill_slots(prompts, table, slots, sampling)   # prefill + first draws into the slots
     ex.apply(update)                                            # the input batch's staged changes
     tokens = ex.decode_block(n, sampled=False)                  # [K, n]: K decode steps
-    out = ex.spec_block(n, filtered=False)                      # BlockOutput: R speculative rounds
+    out = ex.spec_block(n, k=2, filtered=False)                 # BlockOutput: R rounds, k in spec_ks
 
 Every call is a pure function of the runtime's slot state (model/slots.py) plus its arguments,
 so a tensor-parallel driver can replay the same call on every rank: a single-GPU engine imports
 nothing from graphrt/parallel/. Attributes the engine reads: config, k (decode steps per block),
-device, num_pages, model, speculative (its SpeculativeConfig or None), rounds.
+device, num_pages, model, speculative (its SpeculativeConfig or None), rounds, spec_ks (the
+proposal counts a speculative block may run: one graph family each; () without speculation).
+
+With a draft model the executor keeps the draft's K/V consistent across a policy's switches: a
+plain decode block runs only the target, so the slots it served are marked, and the next
+speculative block over a marked slot first re-prefills the draft over that slot's tokens
+(SpeculativeRunner.sync_draft: eager, one host read of the lengths, once per switch back on).
 """
 from __future__ import annotations
+
+import logging
 
 import torch
 
 from graphrt.model.sampling import SamplingInputs, sample_eager
+
+log = logging.getLogger("graphrt.engine")
 
 
 class LocalExecutor:
@@ -30,6 +40,7 @@ class LocalExecutor:
             raise ValueError("spec: the speculative runner must share the runtime's slots "
                              "(SpeculativeRunner.attach)")
         self.runtime, self.spec = runtime, spec
+        self._draft_stale: set[int] = set()   # slots whose draft K/V misses plain-block tokens
 
     # ---- what the engine reads ----------------------------------------------------------------
     config = property(lambda self: self.runtime.config)
@@ -42,16 +53,23 @@ class LocalExecutor:
     uses_graphs = property(lambda self: self.runtime.uses_graphs)
     speculative = property(lambda self: None if self.spec is None else self.spec.config)
     rounds = property(lambda self: 0 if self.spec is None else self.spec.rounds)
+    spec_ks = property(lambda self: () if self.spec is None else self.spec.ks)
     history_width = property(lambda self: None if self.runtime.slots.history is None
                              else self.runtime.slots.history.shape[1])
 
     # ---- calls --------------------------------------------------------------------------------
     def capture(self) -> dict:
-        """Every phase's graphs (decode, then speculative rounds), one pool; {GraphKey: stats}."""
+        """Every phase's graphs (decode, then speculative rounds: one per bucket, k in spec_ks
+        and filtered variant), one pool; {GraphKey: stats}. The speculative graphs' count,
+        capture time and pool growth are logged (what the extra k values cost)."""
         stats = self.runtime.capture()
         if self.spec is not None and self.runtime.uses_graphs:
             self.spec.capture()
             stats = dict(self.runtime.graphs.stats)
+            spec = [s for key, s in stats.items() if key.phase == "spec"]
+            log.info("speculative graphs: %d (buckets %s x k in %s), %.0f ms capture, %.1f MiB",
+                     len(spec), list(self.config.buckets), list(self.spec.ks),
+                     sum(s.capture_ms + s.warmup_ms for s in spec), sum(s.graph_bytes for s in spec) / 2**20)
         return stats
 
     def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor) -> torch.Tensor:
@@ -75,6 +93,7 @@ class LocalExecutor:
             st.history.view(-1).index_copy_(0, at, first.to(torch.int32))
         if self.spec is not None and self.spec.draft is not None:
             self.spec.draft.prefill([p.to(dev) for p in prompts], block_table.to(dev))
+            self._draft_stale.difference_update(slots)
         return first
 
     def apply(self, update) -> None:
@@ -83,21 +102,28 @@ class LocalExecutor:
 
     def decode_block(self, n: int, *, sampled: bool) -> torch.Tensor:
         """K decode steps over slots [0, n) -> [K, n] int64 (a view, valid until the next block)."""
+        if self.spec is not None and self.spec.draft is not None:
+            self._draft_stale.update(range(n))
         return self.runtime.decode_slots(n, sampled=sampled)
 
-    def spec_block(self, n: int, *, filtered: bool = False):
-        """R speculative rounds over slots [0, n) -> BlockOutput views (speculative/runner.py);
-        filtered: some slot uses top_k / top_p."""
+    def spec_block(self, n: int, *, k: int | None = None, filtered: bool = False):
+        """R speculative rounds with k proposals a round (one of spec_ks; default the configured
+        num_tokens) over slots [0, n) -> BlockOutput views (speculative/runner.py); filtered:
+        some slot uses top_k / top_p."""
         if self.spec is None:
             raise ValueError("spec_block: this executor was built without speculation")
-        return self.spec.run(n, filtered=filtered)
+        if self._draft_stale:
+            stale = sorted(s for s in self._draft_stale if s < n)
+            self.spec.sync_draft(stale)
+            self._draft_stale.difference_update(stale)
+        return self.spec.run(n, k=k, filtered=filtered)
 
     def measure_costs(self, *, replays: int = 10):
-        """Device µs of one plain decode step and one speculative round per bucket, timed with
-        CUDA events around replays of the captured graphs on empty slots (fixed-shape graphs:
-        the GEMMs, which dominate at low batch, cost the same) -> speculative/policy.py's
-        StepCosts (verify_us[b][k + 1] = a whole round: proposer, draft and verify), or None
-        without captured graphs (CPU) or without the policy module."""
+        """Device µs of one plain decode step and one speculative round per bucket and k in
+        spec_ks, timed with CUDA events around replays of the captured graphs on empty slots
+        (fixed-shape graphs: the GEMMs, which dominate at low batch, cost the same) ->
+        speculative/policy.py's StepCosts (verify_us[b][k + 1] = a whole round at k: proposer,
+        draft and verify), or None without captured graphs (CPU) or without the policy module."""
         rt, spec = self.runtime, self.spec
         if spec is None or not rt.uses_graphs or not rt.graphs.keys():
             return None
@@ -109,7 +135,8 @@ class LocalExecutor:
         with rt.lock:
             for b in rt.config.buckets:
                 decode[b] = _time_us(lambda: rt.decode_slots(b, sampled=False), replays) / rt.k
-                verify[b] = {spec.config.query_len: _time_us(lambda: spec.run(b, filtered=False), replays) / spec.rounds}
+                verify[b] = {k + 1: _time_us(lambda k=k: spec.run(b, k=k, filtered=False), replays) / spec.rounds
+                             for k in spec.ks}
         return StepCosts(decode_us=decode, verify_us=verify)
 
     def check_device_errors(self) -> None:

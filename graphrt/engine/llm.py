@@ -121,7 +121,8 @@ class LLM:
         if quantization is not None and tensor_parallel != 1:
             raise ValueError(f"quantization: {quantization!r} is not supported with tensor_parallel > 1")
         if config.speculative is not None and tensor_parallel != 1:
-            raise ValueError("speculative: not supported with tensor_parallel > 1 yet")
+            raise ValueError(f"speculative: speculative decoding is not supported with tensor_parallel > 1 "
+                             f"(got tensor_parallel={tensor_parallel}); use tensor_parallel=1 or drop speculative")
         if tensor_parallel == 1:
             self.checkpoint, max_len, self.runtime = _build_runtime(path, dev, config, dtype,
                                                                     quantization=quantization)
