@@ -17,7 +17,7 @@ input batch updates with only what changed (input_batch.py) and the graphs advan
 device (by K, or by each row's accepted count).
 
 Speculation (EngineConfig.speculative): a block is R rounds of propose -> verify -> accept on
-the device (speculative/runner.py); each row emits 1..k+1 tokens a round, read back with the
+the device (speculative/runner.py) at the k the policy chose (or a plain K-step block); each row emits 1..k+1 tokens a round, read back with the
 block's emitted counts in the same asynchronous copy; deltas then carry several tokens. Stop
 ids, EOS, stop strings and max_tokens are applied to them as to a K-step block. The cost: a request that stops inside block
 N runs block N+1 too, and those tokens are discarded. Pages freed while a block is in flight

@@ -54,6 +54,9 @@ class LocalExecutor:
     speculative = property(lambda self: None if self.spec is None else self.spec.config)
     rounds = property(lambda self: 0 if self.spec is None else self.spec.rounds)
     spec_ks = property(lambda self: () if self.spec is None else self.spec.ks)
+    # a speculative phase whose proposer keeps per-slot device state of its own (a draft model's
+    # K/V) has `draft` (with prefill) and `sync_draft(slots)`: it is caught up after plain blocks
+    _proposer_state = property(lambda self: getattr(self.spec, "draft", None) is not None)
     history_width = property(lambda self: None if self.runtime.slots.history is None
                              else self.runtime.slots.history.shape[1])
 
@@ -91,7 +94,7 @@ class LocalExecutor:
             at = torch.tensor([s * st.history.shape[1] + p.numel() for s, p in zip(slots, prompts)],
                               device=dev)
             st.history.view(-1).index_copy_(0, at, first.to(torch.int32))
-        if self.spec is not None and self.spec.draft is not None:
+        if self._proposer_state:
             self.spec.draft.prefill([p.to(dev) for p in prompts], block_table.to(dev))
             self._draft_stale.difference_update(slots)
         return first
@@ -102,7 +105,7 @@ class LocalExecutor:
 
     def decode_block(self, n: int, *, sampled: bool) -> torch.Tensor:
         """K decode steps over slots [0, n) -> [K, n] int64 (a view, valid until the next block)."""
-        if self.spec is not None and self.spec.draft is not None:
+        if self._proposer_state:
             self._draft_stale.update(range(n))
         return self.runtime.decode_slots(n, sampled=sampled)
 

@@ -69,8 +69,8 @@ class SpeculativeRunner:
     prompts); buckets: sorted batch sizes captured; max_len: token-history width (>= the longest
     limit + k); page_size / max_pages: the block-table geometry; rounds: R per block; draft: a
     DraftProposer for method "draft"; filtered: support per-slot top_k / top_p (a second graph
-    per bucket that filters the target logits before acceptance, a sort per verified row, run
-    with run(n, filtered=True); off: slots must not use them); ks: the proposal counts a block
+    per bucket and k whose acceptance draws from the sampler's kept set, `judge(top_k=, top_p=)`:
+    a sort per verified row; run with run(n, filtered=True); off: slots must not use them); ks: the proposal counts a block
     may run (each <= config.num_tokens, which is always included; default capture_ks).
     slots / graphs / device_error: shared state (see `attach`); allocated here when None."""
 
