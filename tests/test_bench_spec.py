@@ -57,8 +57,8 @@ def test_stats_deltas_and_comparison():
                                               "blocks_by_k": {}, "plain_blocks": 0}
     from graphrt.speculative.policy import StepCosts
     costs = StepCosts(decode_us={1: 100.0}, verify_us={1: {2: 110.0, 5: 130.0}})
-    # 3 blocks x 2 rounds at k = 4 and k = 1, 6 plain blocks of 3 steps: 1440 + 660 + 1800 µs
-    ratio = bst.engine_over_runner(d, 0.0039 / 0.975, costs, 1, rounds=2, steps=3)
+    # 3 blocks x 2 rounds at k = 4 and at k = 1, 6 plain blocks of 3 steps: 780 + 660 + 1800 µs
+    ratio = bst.engine_over_runner(d, 0.00324 / 0.975, costs, 1, rounds=2, steps=3)
     assert ratio == pytest.approx(0.975)
     assert bst.engine_over_runner(d, 1.0, None, 1, rounds=2, steps=3) is None
     rows = [{"method": "none", "workload": "repeat", "batch": 1, "tok_s_per_stream": 100.0,
