@@ -103,7 +103,7 @@ def bench_model(name, batches, qs, ctx, do_round, torch, model=None):
             if do_round and q >= 2:
                 runner = SpeculativeRunner(model, mrt.kv_caches, SpeculativeConfig(num_tokens=q - 1),
                                            buckets=(n,), max_len=width, page_size=16,
-                                           max_pages=pages, rounds=1)
+                                           max_pages=pages, rounds=1, ks=(q - 1,))
                 prompt = torch.randint(0, s.vocab_size, (ctx,)).tolist()
                 for i in range(n):
                     runner.set_slot(i, prompt, limit=width - q, block_table=table[i].cpu())
