@@ -47,10 +47,20 @@ def test_workloads_hold_held_out_files_and_their_first_lines_again(tokenizer):
 def test_stats_deltas_and_comparison():
     before = {"spec_proposed": 10, "spec_accepted": 4, "spec_rounds": 5}
     after = {"spec_proposed": 50, "spec_accepted": 34, "spec_rounds": 15}
+    before["spec_blocks_by_k"], after["spec_blocks_by_k"] = {4: 2}, {4: 5, 1: 3}
+    after["spec_plain_blocks"] = 6
     d = bst.derive(before, after)
-    assert d == {"proposed": 40, "accepted": 30, "rounds": 10, "acceptance": 0.75, "tokens_per_round": 4.0}
+    assert d == {"proposed": 40, "accepted": 30, "rounds": 10, "acceptance": 0.75, "tokens_per_round": 4.0,
+                 "blocks_by_k": {4: 3, 1: 3}, "plain_blocks": 6}
     assert bst.derive({}, {"running": 1}) == {"proposed": None, "accepted": None, "rounds": None,
-                                              "acceptance": None, "tokens_per_round": None}
+                                              "acceptance": None, "tokens_per_round": None,
+                                              "blocks_by_k": {}, "plain_blocks": 0}
+    from graphrt.speculative.policy import StepCosts
+    costs = StepCosts(decode_us={1: 100.0}, verify_us={1: {2: 110.0, 5: 130.0}})
+    # 3 blocks x 2 rounds at k = 4 and at k = 1, 6 plain blocks of 3 steps: 780 + 660 + 1800 µs
+    ratio = bst.engine_over_runner(d, 0.00324 / 0.975, costs, 1, rounds=2, steps=3)
+    assert ratio == pytest.approx(0.975)
+    assert bst.engine_over_runner(d, 1.0, None, 1, rounds=2, steps=3) is None
     rows = [{"method": "none", "workload": "repeat", "batch": 1, "tok_s_per_stream": 100.0,
              "outputs": [[1, 2], [3, 4]]},
             {"method": "ngram", "workload": "repeat", "batch": 1, "tok_s_per_stream": 250.0,

@@ -48,6 +48,8 @@ def parse_args(argv=None):
     part2.add_argument("--device", default=None, help="cuda (default when available) or cpu")
     part2.add_argument("--methods", default="none,ngram,draft",
                        help="comma list of none, ngram, draft, eagle3 (eagle3: DIR/eagle3 from tools/train_eagle3.py)")
+    part2.add_argument("--prompts", type=int, default=None, metavar="N",
+                       help="prompts per workload (default 8; fewer for a shorter run)")
     part2.add_argument("--costs", default=None, metavar="JSON",
                        help="part-1 JSON for the 8B projection (default docs/results/bench_spec_h200.json)")
     return p.parse_args(argv)
@@ -102,7 +104,7 @@ def bench_model(name, batches, qs, ctx, do_round, torch, model=None):
             if do_round and q >= 2:
                 runner = SpeculativeRunner(model, mrt.kv_caches, SpeculativeConfig(num_tokens=q - 1),
                                            buckets=(n,), max_len=width, page_size=16,
-                                           max_pages=pages, rounds=1)
+                                           max_pages=pages, rounds=1, ks=(q - 1,))
                 prompt = torch.randint(0, s.vocab_size, (ctx,)).tolist()
                 for i in range(n):
                     runner.set_slot(i, prompt, limit=width - q, block_table=table[i].cpu())

@@ -8,7 +8,10 @@ over the wall time of its generate call, greedy, ignore_eos, after a warm-up cal
 `Engine.stats()` deltas: proposals, accepted, rounds -> acceptance rate and tokens per round; plus
 how many outputs equal method none's (greedy: they should, up to bf16 near-ties on a GPU). On
 CUDA also the family's own step costs (part 1's measurement on the two checkpoints) and, per spec
-row, the speed-up the round arithmetic predicts from its measured tokens per round ("x arith").
+row, the speed-up the round arithmetic predicts from its measured tokens per round ("x arith"),
+and "x runner": the device time of the blocks the engine ran (per k the policy chose, and plain
+blocks, at the executor's measured graph costs) over the wall time through LLM: the engine adds
+nothing when it is >= 0.95 (the wall time includes the prefills).
 Workloads, from the held-out files of the corpus split (never trained on):
   heldout   the first P tokens of a held-out file; the model continues it
   repeat    a held-out file (about P tokens of whole lines), then its first lines again: the
@@ -25,6 +28,7 @@ small family carries over to an 8B target and a 1B draft; nothing of it is measu
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -101,27 +105,45 @@ def derive(before: dict, after: dict) -> dict:
     (accepted + one token a round, over rounds); None where the engine reports no such key."""
     d = {key: (after[key] - before.get(key, 0)) if key in after else None for key in COUNTS}
     p, a, r = d["spec_proposed"], d["spec_accepted"], d["spec_rounds"]
+    by_k = {k: n - before.get("spec_blocks_by_k", {}).get(k, 0)
+            for k, n in after.get("spec_blocks_by_k", {}).items()}
+    plain = after.get("spec_plain_blocks", 0) - before.get("spec_plain_blocks", 0)
     return {"proposed": p, "accepted": a, "rounds": r,
             "acceptance": (a / p if p else 0.0) if p is not None and a is not None else None,
-            "tokens_per_round": ((a + r) / r if r else None) if a is not None and r is not None else None}
+            "tokens_per_round": ((a + r) / r if r else None) if a is not None and r is not None else None,
+            "blocks_by_k": {k: n for k, n in by_k.items() if n}, "plain_blocks": plain}
+
+
+def engine_over_runner(st: dict, wall_s: float, costs, bucket: int, rounds: int, steps: int):
+    """The engine adds nothing: device time of the blocks it ran (each speculative block R rounds
+    at its k, each plain block K decode steps, at the executor's measured per-graph costs) over
+    the wall time of the generate calls (prefill included): the runner's own round rate x tokens
+    per round, for the mix of k the policy chose; >= 0.95 is the target. None without costs."""
+    if costs is None or wall_s <= 0 or bucket not in costs.decode_us:
+        return None
+    us = sum(n * rounds * costs.round_us(bucket, k) for k, n in st["blocks_by_k"].items())
+    us += st["plain_blocks"] * steps * costs.step_us(bucket)
+    return us / 1e6 / wall_s
 
 
 def measure(llm, prompts: list, bs: int, gen: int, sampling) -> tuple[float, list, dict]:
-    """Generate every prompt in groups of bs: (tokens/s per stream, outputs token ids, stats delta)."""
+    """Generate every prompt in groups of bs: (tokens/s per stream, outputs token ids, stats delta
+    with the wall seconds "wall_s")."""
     stats = llm.engine.stats
     before, tokens, wall, outs = stats(), 0, 0.0, []
     for i in range(0, len(prompts) - len(prompts) % bs, bs):
         t0 = time.perf_counter()
         res = llm.generate(prompts[i: i + bs], sampling, use_tqdm=False)
-        wall += (time.perf_counter() - t0) * bs              # stream-seconds
+        wall += time.perf_counter() - t0
         tokens += sum(len(r.token_ids) for r in res)
         outs += [list(r.token_ids) for r in res]
-    return tokens / wall, outs, derive(before, stats())
+    return tokens / (wall * bs), outs, derive(before, stats()) | {"wall_s": wall}
 
 
 def run_method(method: str, family: Path, plan: Plan, loads: dict, device: str, log) -> list[dict]:
     import torch
     from graphrt import LLM, SamplingParams
+    from graphrt.attention.buckets import pick_bucket
     spec = spec_config(method, plan, family)
     sampling = SamplingParams(max_tokens=plan.gen_tokens, temperature=0.0, ignore_eos=True)
     t0 = time.perf_counter()
@@ -136,13 +158,21 @@ def run_method(method: str, family: Path, plan: Plan, loads: dict, device: str, 
     try:
         llm.generate(loads["heldout"][: max(plan.batches)], SamplingParams(max_tokens=4, ignore_eos=True),
                      use_tqdm=False)                      # warm-up: kernels compiled, graphs replayed
+        eng, ex = llm.engine, llm.engine.runtime
+        costs = None
+        if spec is not None:                              # the policy's measured costs (CUDA graphs)
+            costs = eng.policy.costs if getattr(eng, "policy", None) is not None else ex.measure_costs()
         for name, prompts in loads.items():
             for bs in plan.batches:
                 tok_s, outs, st = measure(llm, prompts, bs, plan.gen_tokens, sampling)
+                ratio = engine_over_runner(st, st["wall_s"], costs, pick_bucket(list(ex.config.buckets), bs),
+                                           ex.rounds, ex.k)
                 rows.append({"method": method, "workload": name, "batch": bs, "k": plan.k if spec else 0,
-                             "tok_s_per_stream": tok_s, "build_s": build_s, "outputs": outs, **st})
+                             "tok_s_per_stream": tok_s, "build_s": build_s, "outputs": outs,
+                             "engine_over_runner": ratio, **st})
                 log(f"{method:<6}{name:<9}bs {bs}: {tok_s:9.1f} tok/s/stream  acceptance "
-                    f"{_fmt(st['acceptance'])}  tokens/round {_fmt(st['tokens_per_round'])}")
+                    f"{_fmt(st['acceptance'])}  tokens/round {_fmt(st['tokens_per_round'])}  "
+                    f"blocks by k {st['blocks_by_k']} + {st['plain_blocks']} plain  x runner {_fmt(ratio)}")
     finally:
         llm.shutdown()
         del llm
@@ -236,7 +266,7 @@ def projection(rows: list[dict], part1: list[dict], *, target="llama-3.1-8b", dr
 def table(result: dict) -> str:
     lines = ["part 2 (measured): trained family through LLM, greedy, tokens/s per stream",
              f"{'method':<8}{'workload':<10}{'bs':>3}{'tok/s':>10}{'x none':>8}{'accept':>8}"
-             f"{'tok/rnd':>8}{'same':>7}{'x arith':>9}"]
+             f"{'tok/rnd':>8}{'same':>7}{'x arith':>9}{'x runner':>9}"]
     for r in result["measured"]:
         if "error" in r:
             lines.append(f"{r['method']:<8}error: {r['error'][:80]}")
@@ -245,7 +275,7 @@ def table(result: dict) -> str:
         lines.append(f"{r['method']:<8}{r['workload']:<10}{r['batch']:>3}{r['tok_s_per_stream']:>10.1f}"
                      f"{_fmt(r.get('speedup_vs_none'), '8.2f')}{_fmt(r.get('acceptance'), '8.3f')}"
                      f"{_fmt(r.get('tokens_per_round'), '8.2f')}{same:>7}"
-                     f"{_fmt(r.get('arithmetic_speedup'), '9.2f')}")
+                     f"{_fmt(r.get('arithmetic_speedup'), '9.2f')}{_fmt(r.get('engine_over_runner'), '9.3f')}")
     if result["projection_8b"]:
         lines += ["", "part 3: PROJECTION (arithmetic, not measured): 8B target from part-1 8B-shape costs "
                   "and the acceptance above", f"{'method':<8}{'workload':<10}{'bs':>3}{'a fit':>7}"
@@ -291,6 +321,11 @@ def main(args) -> int:
     from transformers import AutoTokenizer
     family = Path(args.trained)
     plan = SMOKE if args.smoke else Plan()
+    if getattr(args, "prompts", None):
+        if args.prompts < 1:
+            print(f"bench_spec: --prompts {args.prompts}: must be >= 1", file=sys.stderr)
+            return 2
+        plan = dataclasses.replace(plan, prompts=args.prompts)
     methods = [m for m in args.methods.split(",") if m]
     if not methods or any(m not in ALL_METHODS for m in methods):
         print(f"bench_spec: --methods {args.methods!r}: choose from {ALL_METHODS}", file=sys.stderr)

@@ -17,7 +17,7 @@ input batch updates with only what changed (input_batch.py) and the graphs advan
 device (by K, or by each row's accepted count).
 
 Speculation (EngineConfig.speculative): a block is R rounds of propose -> verify -> accept on
-the device (speculative/runner.py); each row emits 1..k+1 tokens a round, read back with the
+the device (speculative/runner.py) at the k the policy chose (or a plain K-step block); each row emits 1..k+1 tokens a round, read back with the
 block's emitted counts in the same asynchronous copy; deltas then carry several tokens. Stop
 ids, EOS, stop strings and max_tokens are applied to them as to a K-step block. The cost: a request that stops inside block
 N runs block N+1 too, and those tokens are discarded. Pages freed while a block is in flight
@@ -377,11 +377,11 @@ class Engine:
             n = max(r.slot for r in rows) + 1
             k = self.policy.choose([r.slot for r in rows], bucket=pick_bucket(ex.config.buckets, n)).k
             if not k and any(r.launched + ex.k > r.params.max_tokens for r in rows):
-                k = self.spec.num_tokens      # a K-step block would run a row past its limit (and
+                k = ex.spec_ks[0]             # a K-step block would run a row past its limit (and
                 #                               its pages); speculative rounds stop there on the device
         if k:
-            go = s.launch_block(rows)
-            out = ex.spec_block(go.n, filtered=go.filtered, **({"processed": True} if go.processed else {}))
+            go = s.launch_block(rows, block_tokens=self.rounds * (k + 1))
+            out = ex.spec_block(go.n, k=k, filtered=go.filtered, **({"processed": True} if go.processed else {}))
             self.spec_counts["blocks"] += 1
             pending = self._to_host(go.rows, out.tokens, out.emitted, out.proposed)
             pending.kind, pending.spec_k = "spec", k

@@ -9,20 +9,30 @@
     ex.prefill_logprobs, ex.prompt_logprobs     # the first draws' log-probs; prompt log-probs (CPU)
     ex.apply(update)                                            # the input batch's staged changes
     tokens = ex.decode_block(n, sampled=False)                  # [K, n]: K decode steps
-    out = ex.spec_block(n, filtered=False)                      # BlockOutput: R speculative rounds
+    out = ex.spec_block(n, k=2, filtered=False)                 # BlockOutput: R rounds, k in spec_ks
 
 Every call is a pure function of the runtime's slot state (model/slots.py) plus its arguments,
 so a tensor-parallel driver can replay the same call on every rank: a single-GPU engine imports
 nothing from graphrt/parallel/. Attributes the engine reads: config, k (decode steps per block),
-device, num_pages, model, speculative (its SpeculativeConfig or None), rounds.
+device, num_pages, model, speculative (its SpeculativeConfig or None), rounds, spec_ks (the
+proposal counts a speculative block may run: one graph family each; () without speculation).
+
+With a draft model the executor keeps the draft's K/V consistent across a policy's switches: a
+plain decode block runs only the target, so the slots it served are marked, and the next
+speculative block over a marked slot first re-prefills the draft over that slot's tokens
+(SpeculativeRunner.sync_draft: eager, one host read of the lengths, once per switch back on).
 """
 from __future__ import annotations
+
+import logging
 
 import torch
 
 from graphrt.model.logprobs import PromptLogprobs, token_logprobs
 from graphrt.model.processing import ProcessRows, drawn_from
 from graphrt.model.sampling import SamplingInputs, sample_eager
+
+log = logging.getLogger("graphrt.engine")
 
 
 class LocalExecutor:
@@ -36,6 +46,7 @@ class LocalExecutor:
         self.runtime, self.spec = runtime, spec
         self.prefill_logprobs = None     # (token [1, m], rank, top ids [1, m, N], top vals): the last prefill's
         self.prompt_logprobs: dict = {}  # {row: (logprob [T - 1], rank, ids, vals)} CPU, the last prefill's
+        self._draft_stale: set[int] = set()   # slots whose draft K/V misses plain-block tokens
 
     # ---- what the engine reads ----------------------------------------------------------------
     config = property(lambda self: self.runtime.config)
@@ -51,16 +62,26 @@ class LocalExecutor:
     processing = property(lambda self: self.runtime.processing)
     spec_logprobs = False        # speculative rounds do not record log-probabilities (yet)
     logprobs_width = property(lambda self: self.runtime.logprobs.width if self.runtime.processing else 0)
+    spec_ks = property(lambda self: () if self.spec is None else self.spec.ks)
+    # a speculative phase whose proposer keeps per-slot device state of its own (a draft model's
+    # K/V) has `draft` (with prefill) and `sync_draft(slots)`: it is caught up after plain blocks
+    _proposer_state = property(lambda self: getattr(self.spec, "draft", None) is not None)
     history_width = property(lambda self: None if self.runtime.slots.history is None
                              else self.runtime.slots.history.shape[1])
 
     # ---- calls --------------------------------------------------------------------------------
     def capture(self) -> dict:
-        """Every phase's graphs (decode, then speculative rounds), one pool; {GraphKey: stats}."""
+        """Every phase's graphs (decode, then speculative rounds: one per bucket, k in spec_ks
+        and filtered variant), one pool; {GraphKey: stats}. The speculative graphs' count,
+        capture time and pool growth are logged (what the extra k values cost)."""
         stats = self.runtime.capture()
         if self.spec is not None and self.runtime.uses_graphs:
             self.spec.capture()
             stats = dict(self.runtime.graphs.stats)
+            spec = [s for key, s in stats.items() if key.phase == "spec"]
+            log.info("speculative graphs: %d (buckets %s x k in %s), %.0f ms capture, %.1f MiB",
+                     len(spec), list(self.config.buckets), list(self.spec.ks),
+                     sum(s.capture_ms + s.warmup_ms for s in spec), sum(s.graph_bytes for s in spec) / 2**20)
         return stats
 
     def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor, *, starts=None) -> torch.Tensor:
@@ -125,8 +146,9 @@ class LocalExecutor:
             at = torch.tensor([s * st.history.shape[1] + b + p.numel() for s, b, p in zip(slots, base, prompts)],
                               device=dev)
             st.history.view(-1).index_copy_(0, at, first.to(torch.int32))
-        if self.spec is not None and self.spec.draft is not None:
+        if self._proposer_state:
             self.spec.draft.prefill([p.to(dev) for p in prompts], block_table.to(dev))
+            self._draft_stale.difference_update(slots)
         if eagle is not None:
             eagle.prefill(hidden, prompts, first, block_table.to(dev), slots, self.spec.device_error)
         return first
@@ -140,6 +162,8 @@ class LocalExecutor:
         """K decode steps over slots [0, n) -> [K, n] int64 (a view, valid until the next block);
         processed: the logits-processing graph (then `block_logprobs(n)` holds the block's);
         filtered (with processed): some row uses top-k / top-p."""
+        if self._proposer_state:
+            self._draft_stale.update(range(n))
         if processed:
             return self.runtime.decode_slots(n, sampled=True, processed=True, filtered=filtered)
         return self.runtime.decode_slots(n, sampled=sampled)
@@ -148,19 +172,24 @@ class LocalExecutor:
         """The last processed block's log-probabilities: (token [K, n], rank, ids [K, n, N], vals)."""
         return self.runtime.logprobs.view(n)
 
-    def spec_block(self, n: int, *, filtered: bool = False, processed: bool = False):
-        """R speculative rounds over slots [0, n) -> BlockOutput views (speculative/runner.py);
-        filtered: some slot uses top_k / top_p; processed: some slot needs logits processing."""
+    def spec_block(self, n: int, *, k: int | None = None, filtered: bool = False, processed: bool = False):
+        """R speculative rounds with k proposals a round (one of spec_ks; default the configured
+        num_tokens) over slots [0, n) -> BlockOutput views (speculative/runner.py); filtered:
+        some slot uses top_k / top_p; processed: some slot needs logits processing."""
         if self.spec is None:
             raise ValueError("spec_block: this executor was built without speculation")
-        return self.spec.run(n, filtered=filtered, processed=processed)
+        if self._draft_stale:
+            stale = sorted(s for s in self._draft_stale if s < n)
+            self.spec.sync_draft(stale)
+            self._draft_stale.difference_update(stale)
+        return self.spec.run(n, k=k, filtered=filtered, processed=processed)
 
     def measure_costs(self, *, replays: int = 10):
-        """Device µs of one plain decode step and one speculative round per bucket, timed with
-        CUDA events around replays of the captured graphs on empty slots (fixed-shape graphs:
-        the GEMMs, which dominate at low batch, cost the same) -> speculative/policy.py's
-        StepCosts (verify_us[b][k + 1] = a whole round: proposer, draft and verify), or None
-        without captured graphs (CPU) or without the policy module."""
+        """Device µs of one plain decode step and one speculative round per bucket and k in
+        spec_ks, timed with CUDA events around replays of the captured graphs on empty slots
+        (fixed-shape graphs: the GEMMs, which dominate at low batch, cost the same) ->
+        speculative/policy.py's StepCosts (verify_us[b][k + 1] = a whole round at k: proposer,
+        draft and verify), or None without captured graphs (CPU) or without the policy module."""
         rt, spec = self.runtime, self.spec
         if spec is None or not rt.uses_graphs or not rt.graphs.keys():
             return None
@@ -172,7 +201,8 @@ class LocalExecutor:
         with rt.lock:
             for b in rt.config.buckets:
                 decode[b] = _time_us(lambda: rt.decode_slots(b, sampled=False), replays) / rt.k
-                verify[b] = {spec.config.query_len: _time_us(lambda: spec.run(b, filtered=False), replays) / spec.rounds}
+                verify[b] = {k + 1: _time_us(lambda k=k: spec.run(b, k=k, filtered=False), replays) / spec.rounds
+                             for k in spec.ks}
         return StepCosts(decode_us=decode, verify_us=verify)
 
     def check_device_errors(self) -> None:

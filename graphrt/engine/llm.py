@@ -149,7 +149,8 @@ class LLM:
         if isinstance(tensor_parallel, bool) or not isinstance(tensor_parallel, int) or tensor_parallel < 1:
             raise ValueError(f"tensor_parallel: expected an int >= 1, got {tensor_parallel!r}")
         if config.speculative is not None and tensor_parallel != 1:
-            raise ValueError("speculative: not supported with tensor_parallel > 1 yet")
+            raise ValueError(f"speculative: speculative decoding is not supported with tensor_parallel > 1 "
+                             f"(got tensor_parallel={tensor_parallel}); use tensor_parallel=1 or drop speculative")
         times.setup_s = time.perf_counter() - times.t0     # imports, device checks, the model's files
         if tensor_parallel == 1:
             self.checkpoint, max_len, self.runtime = _build_runtime(path, dev, config, dtype,

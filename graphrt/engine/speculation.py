@@ -74,6 +74,8 @@ def spec_columns(block, counts: dict) -> list[list[int]]:
     counts["accepted"] += int((sub - 1).clamp_min(0).sum())
     counts["rounds"] += int((sub > 0).sum())
     counts["emitted"] += int(sub.sum())
+    by_k = counts.setdefault("by_k", {})                   # blocks finished per k (the policy's mix)
+    by_k[block.spec_k] = by_k.get(block.spec_k, 0) + 1
     return cols
 
 
@@ -99,7 +101,8 @@ def spec_stats(counts: dict) -> dict:
     return {"spec_proposed": c["proposed"], "spec_accepted": c["accepted"], "spec_rounds": c["rounds"],
             "spec_emitted": c["emitted"], "spec_blocks": c["blocks"], "spec_plain_blocks": c["plain_blocks"],
             "spec_acceptance_rate": c["accepted"] / c["proposed"] if c["proposed"] else 0.0,
-            "spec_tokens_per_round": c["emitted"] / c["rounds"] if c["rounds"] else 0.0}
+            "spec_tokens_per_round": c["emitted"] / c["rounds"] if c["rounds"] else 0.0,
+            "spec_blocks_by_k": dict(c.get("by_k", {}))}
 
 
 def default_policy(executor):
@@ -117,7 +120,8 @@ def default_policy(executor):
     except ImportError:
         log.warning("engine: graphrt/speculative/policy.py not found; speculating every block")
         return None
-    return SpecPolicy(costs, ks=(executor.speculative.num_tokens,), max_slots=executor.config.max_batch)
+    ks = getattr(executor, "spec_ks", ()) or (executor.speculative.num_tokens,)
+    return SpecPolicy(costs, ks=ks, max_slots=executor.config.max_batch)
 
 
 __all__ = ["build_runner", "load_draft", "spec_columns", "observe", "spec_stats", "default_policy"]

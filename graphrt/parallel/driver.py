@@ -154,8 +154,8 @@ class TPDriver:
     def decode_block(self, n: int, *, sampled: bool):
         return self._call("decode_block", n, sampled=sampled)
 
-    def spec_block(self, n: int, *, filtered: bool = False):
-        return self._call("spec_block", n, filtered=filtered)
+    def spec_block(self, n: int, *, k: int | None = None, filtered: bool = False):
+        return self._call("spec_block", n, k=k, filtered=filtered)
 
     def shutdown(self) -> None:
         """Ends the workers' `follow` loops."""

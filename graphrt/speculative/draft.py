@@ -47,21 +47,25 @@ class DraftProposer:
                 block_table: torch.Tensor, proposals: torch.Tensor, count: torch.Tensor,
                 error: torch.Tensor) -> None:
         """token_buf [B, W] int32, num_tokens [B] int32 (>= 2 for active slots), active [B] bool,
-        block_table [B, P] int32 -> proposals [B, k] int64 (greedy draft tokens), count [B] int32
-        (k for active slots, 0 otherwise). error: [1] int32 device_error of the K/V appends."""
+        block_table [B, P] int32 -> proposals [B, k] int64 (greedy draft tokens; k = its width,
+        at most self.k: a block may run fewer proposals), count [B] int32 (k for active slots,
+        0 otherwise). error: [1] int32 device_error of the K/V appends."""
+        k = proposals.shape[1]
+        if not 1 <= k <= self.k:
+            raise ValueError(f"proposals: width {k} must be in [1, k={self.k}]")
         n = num_tokens.long()
         idx = torch.stack([(n - 2).clamp_min(0), (n - 1).clamp_min(0)], dim=1)     # [B, 2]
         toks = token_buf.gather(1, idx).long()
         cache_lens = torch.where(active, num_tokens - 2, -1).to(torch.int32)
         b = toks.shape[0]
-        for j in range(self.k):
+        for j in range(k):
             logits = self.model.verify_step(toks, cache_lens, self.kv_caches, block_table, error,
                                             splits=self.splits)          # [B * q, V]
             d = logits.view(b, toks.shape[1], -1)[:, -1].argmax(dim=-1)  # [B]
             proposals[:, j].copy_(d)
             toks = d[:, None]
             cache_lens = torch.where(active, num_tokens + j, -1).to(torch.int32)   # d_{j+1} at n + j
-        count.copy_(torch.where(active, self.k, 0))
+        count.copy_(torch.where(active, k, 0))
 
 
 __all__ = ["DraftProposer"]

@@ -7,7 +7,8 @@
                                buckets=(1, 2, 4), max_len=512, page_size=16, rounds=4)  # standalone
     runner.set_slot(0, prompt + [first_token], limit=len(prompt) + max_tokens,
                     block_table=row)        # after the target's prefill of `prompt`
-    runner.capture()                        # CUDA: one graph per bucket (R rounds)
+    runner.capture()                        # CUDA: one graph per (bucket, k in runner.ks)
+    out = runner.run(n, k=2)                # a block at a smaller k (the policy's choice)
 
 A block of R rounds is a pure device function of the per-slot state (model/slots.py: token
 history, tokens held, limit, block table, sampling rows, per-slot k) and this phase's scratch
@@ -25,6 +26,13 @@ current token is refreshed for the decode graphs. The host reads `out`/`emitted`
 (the engine asynchronously) and applies stop ids, stop strings and EOS; max_tokens is exact on
 the device (a slot never holds more than `limit` tokens). K/V written for rejected proposals lies
 past the slot's length and is overwritten by the next round.
+
+Several k per bucket: `ks` (default `capture_ks(num_tokens)`: 1, 2, 4, 8 up to k, and k) are the
+proposal counts a block may run, one graph family per k (query length k + 1, scratch per k), so
+the speculation policy can step a batch's k down or up between blocks; plain decode (k = 0) is
+the ModelRuntime's graph. With a draft model, a slot that ran plain decode blocks has no draft
+K/V for the tokens it drew there: `sync_draft(slots)` re-prefills the draft over each such
+slot's tokens (eager, one host read of the lengths) before its next speculative block.
 """
 from __future__ import annotations
 
@@ -40,8 +48,15 @@ from graphrt.speculative.accept import advance, judge
 from graphrt.speculative.buffers import SpecBuffers
 from graphrt.speculative.config import SpeculativeConfig
 from graphrt.speculative.draft import DraftProposer
-from graphrt.speculative.filter import filter_logits
 from graphrt.speculative.ngram import ngram_propose
+
+
+def capture_ks(k: int) -> tuple[int, ...]:
+    """The proposal counts captured for a configured k: powers of two below k, and k itself
+    (k = 4 -> (1, 2, 4); k = 6 -> (1, 2, 4, 6)): at most 5 graph families per bucket."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k: must be an int >= 1, got {k!r}")
+    return tuple(sorted({1 << i for i in range(4) if 1 << i < k} | {k}))
 
 
 class BlockOutput(NamedTuple):
@@ -57,10 +72,12 @@ class SpeculativeRunner:
     prompts); buckets: sorted batch sizes captured; max_len: token-history width (>= the longest
     limit + k); page_size / max_pages: the block-table geometry; rounds: R per block; draft: a
     DraftProposer for method "draft"; eagle: an Eagle3Phase for method "eagle3" (its prefill,
-    `Eagle3Phase.prefill`, makes a slot's first proposals: LocalExecutor.prefill_slots);
-    filtered: support per-slot top_k / top_p (a second graph per bucket that filters the target
-    logits before acceptance, a sort per verified row, run with run(n, filtered=True); off: slots
-    must not use them).
+    `Eagle3Phase.prefill`, makes a slot's first proposals: LocalExecutor.prefill_slots; it drafts
+    num_tokens a round, so ks is (num_tokens,)); filtered: support per-slot top_k / top_p (a
+    second graph per bucket and k whose acceptance draws from the sampler's kept set,
+    `judge(top_k=, top_p=)`: a sort per verified row; run with run(n, filtered=True); off: slots
+    must not use them); ks: the proposal counts a block may run (each <= config.num_tokens,
+    which is always included; default capture_ks).
     slots / graphs / device_error: shared state (see `attach`); allocated here when None."""
 
     def __init__(self, model, kv_caches, config: SpeculativeConfig, *, buckets, max_len: int,
@@ -68,7 +85,7 @@ class SpeculativeRunner:
                  splits: int | None = None, draft: DraftProposer | None = None,
                  filtered: bool = False, slots: SlotState | None = None,
                  graphs: GraphRunner | None = None, device_error: torch.Tensor | None = None,
-                 eagle=None):
+                 eagle=None, ks=None):
         if not isinstance(config, SpeculativeConfig):
             raise TypeError(f"config: expected a SpeculativeConfig, got {type(config).__name__}")
         if (config.method == "eagle3") != (eagle is not None):
@@ -109,14 +126,23 @@ class SpeculativeRunner:
         self.graphs = graphs if graphs is not None else GraphRunner(self.device)
         self.device_error = (device_error if device_error is not None else
                              torch.zeros(1, dtype=torch.int32, device=self.device))
-        self.bufs = SpecBuffers.allocate(buckets[-1], config.num_tokens, rounds, self.device)
+        kmax = config.num_tokens
+        if eagle is not None:                # the head drafts exactly num_tokens a round
+            if ks is not None and tuple(ks) != (kmax,):
+                raise ValueError(f"ks: an EAGLE-3 head runs k = num_tokens = {kmax} only, got {ks}")
+            ks = (kmax,)
+        ks = capture_ks(kmax) if ks is None else tuple(sorted(set(ks) | {kmax}))
+        if any(isinstance(x, bool) or not isinstance(x, int) or not 1 <= x <= kmax for x in ks):
+            raise ValueError(f"ks: expected ints in [1, num_tokens={kmax}], got {ks}")
+        self.ks = ks
+        self.bufs = {x: SpecBuffers.allocate(buckets[-1], x, rounds, self.device) for x in ks}
         hkv = model.local_spec.num_kv_heads
         self.splits = {b: splits or default_splits(self.device, b, hkv, max_len) for b in buckets}
 
     @classmethod
     def attach(cls, mrt, config: SpeculativeConfig, *, rounds: int = 1,
                draft: DraftProposer | None = None, filtered: bool = False,
-               splits: int | None = None, eagle=None) -> "SpeculativeRunner":
+               splits: int | None = None, eagle=None, ks=None) -> "SpeculativeRunner":
         """The rounds over a ModelRuntime's own slots (built with token_history=True), graph
         runner and device-error flags: the phase the engine runs beside the decode graphs."""
         c = mrt.config
@@ -126,7 +152,7 @@ class SpeculativeRunner:
                    max_len=mrt.slots.history.shape[1], page_size=c.page_size,
                    max_pages=c.max_pages_per_seq, rounds=rounds, device=mrt.device, splits=splits,
                    draft=draft, filtered=filtered, slots=mrt.slots, graphs=mrt.graphs,
-                   device_error=mrt.buffers.device_error, eagle=eagle)
+                   device_error=mrt.buffers.device_error, eagle=eagle, ks=ks)
 
     @property
     def width(self) -> int:
@@ -197,8 +223,8 @@ class SpeculativeRunner:
         return self.slots.history[slot, :n].tolist()
 
     # ---- device side: the block of R rounds ----------------------------------------------------
-    def _round(self, size: int, r: int, filtered: bool, processed: bool = False) -> None:
-        c, st, v = self.config, self.slots, self.bufs.view(size)
+    def _round(self, size: int, r: int, filtered: bool, k: int, processed: bool = False) -> None:
+        c, st, v = self.config, self.slots, self.bufs[k].view(size)
         num, limit, hist, step = st.seq_lens[:size], st.limit[:size], st.history[:size], st.step[:size]
         temperature = st.temperature[:size]
         table = st.block_table[:size]
@@ -209,7 +235,7 @@ class SpeculativeRunner:
             self.draft.propose(hist, num, active, table, v.proposals, v.count, self.device_error)
         else:
             ngram_propose(hist, num, v.proposals, v.count, min_n=c.ngram_min, max_n=c.ngram_max)
-        v.count.copy_(torch.minimum(v.count, st.spec_k[:size]))      # the slot's own k (policy)
+        v.count.copy_(torch.minimum(v.count, st.spec_k[:size]))      # the slot's own cap
         last = (num.long() - 1).clamp_min(0)[:, None]
         cur = hist.gather(1, last).long()                            # [B, 1] current tokens
         tokens = torch.cat([cur, v.proposals], dim=1)                # [B, k + 1]
@@ -219,12 +245,9 @@ class SpeculativeRunner:
                                         splits=self.splits[size], **record)   # [B * (k + 1), V]
         if processed:                         # the slots' logits processing, per verified position
             logits = st.proc.process_verify(logits, size, v.proposals, step, temperature)
-        if filtered:
-            q = c.query_len
-            logits = filter_logits(logits, temperature.repeat_interleave(q),
-                                   st.top_k[:size].repeat_interleave(q),
-                                   st.top_p[:size].repeat_interleave(q))
-        judge(logits, v.proposals, v.count, temperature, st.seed[:size], step, v.accept, v.fallback)
+        kept = dict(top_k=st.top_k[:size], top_p=st.top_p[:size]) if filtered else {}
+        judge(logits, v.proposals, v.count, temperature, st.seed[:size], step, v.accept, v.fallback,
+              **kept)                                                # the sampler's kept set
         v.proposed[r].copy_(torch.where(active, v.count, 0))
         advance(v.accept, v.fallback, v.proposals, hist, num, limit, step, v.out_tokens[r], v.emitted[r])
         if processed:                         # the emitted tokens counted for the penalties
@@ -233,52 +256,75 @@ class SpeculativeRunner:
         if self.eagle is not None:                                   # the next round's proposals
             self.eagle.after(size, v.out_tokens[r], v.emitted[r], cache_lens, table, self.device_error)
 
-    def _block(self, size: int, filtered: bool = False, processed: bool = False) -> None:
+    def _block(self, size: int, filtered: bool, k: int, processed: bool = False) -> None:
         for r in range(self.rounds):
-            self._round(size, r, filtered, processed)
+            self._round(size, r, filtered, k, processed)
         st = self.slots                                              # the decode graphs' input
         num, tokens = st.seq_lens[:size], st.tokens[:size]
         cur = st.history[:size].gather(1, (num.long() - 1).clamp_min(0)[:, None])[:, 0]
         tokens.copy_(torch.where(num > 0, cur.long(), tokens))
 
-    def _key(self, size: int, filtered: bool, processed: bool = False) -> GraphKey:
-        return GraphKey("spec", size, query_len=self.config.query_len, steps=self.rounds,
-                        sampled=True, filtered=filtered, processed=processed)
+    def _key(self, size: int, filtered: bool, k: int, processed: bool = False) -> GraphKey:
+        return GraphKey("spec", size, query_len=k + 1, steps=self.rounds, sampled=True,
+                        filtered=filtered, processed=processed)
 
     def capture(self) -> None:
-        """Capture one graph of R rounds per bucket (CUDA only; no-op elsewhere) through the
-        graph runner. The warm-up runs on empty slots, so it writes no K/V and emits nothing;
-        the slots' state is restored around it."""
+        """Capture one graph of R rounds per (bucket, k in ks, filtered variant) (CUDA only;
+        no-op elsewhere) through the graph runner, largest first. The warm-up runs on empty
+        slots, so it writes no K/V and emits nothing; the slots' state is restored around it."""
         st = self.slots
         scratch = list(self.kv_caches) + (list(self.draft.kv_caches) if self.draft else []) \
             + ([self.eagle.kv_cache] if self.eagle is not None else [])
         for size in reversed(self.buckets):
-            for filtered in (False, True) if self.filtered else (False,):
-                for processed in (False, True) if st.proc is not None else (False,):
-                    key = self._key(size, filtered, processed)
-                    if key not in self.graphs:
-                        kept = [(self.eagle.proposals[:size], 0)] if self.eagle is not None else []
-                        self.graphs.capture(key, lambda s=size, f=filtered, p=processed: self._block(s, f, p),
-                                            inputs=[(st.seq_lens[:size], 0), (st.limit[:size], 0),
-                                                    (st.tokens[:size], 0)] + kept, scratch=scratch)
+            for k in reversed(self.ks):
+                for filtered in (False, True) if self.filtered else (False,):
+                    for processed in (False, True) if st.proc is not None else (False,):
+                        key = self._key(size, filtered, k, processed)
+                        if key not in self.graphs:
+                            kept = [(self.eagle.proposals[:size], 0)] if self.eagle is not None else []
+                            self.graphs.capture(
+                                key, lambda s=size, f=filtered, q=k, p=processed: self._block(s, f, q, p),
+                                inputs=[(st.seq_lens[:size], 0), (st.limit[:size], 0),
+                                        (st.tokens[:size], 0)] + kept, scratch=scratch)
 
-    def run(self, n: int, *, filtered: bool | None = None, processed: bool = False) -> BlockOutput:
-        """One block of R rounds over slots [0, n) (the smallest bucket >= n; slots past n in it
-        must be empty). filtered: apply the slots' top_k / top_p (default: whether the runner
-        supports them); processed: the slots' logits processing (model/processing.py) on the
-        verified positions, emitted tokens counted (slots with processing rows only). Returns a
-        BlockOutput of views (valid until the next run)."""
+    def run(self, n: int, *, k: int | None = None, filtered: bool | None = None,
+            processed: bool = False) -> BlockOutput:
+        """One block of R rounds with k proposals a round (one of `ks`; default num_tokens)
+        over slots [0, n) (the smallest bucket >= n; slots past n in it must be empty).
+        filtered: apply the slots' top_k / top_p (default: whether the runner supports them);
+        processed: the slots' logits processing (model/processing.py) on the verified
+        positions, emitted tokens counted (slots with processing rows only). Returns a
+        BlockOutput of views (tokens [R, n, k + 1]; valid until the next run)."""
         if processed and self.slots.proc is None:
             raise ValueError("processed: these slots have no logits-processing rows")
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.buckets[-1]:
             raise ValueError(f"n: must be an int in [1, {self.buckets[-1]}], got {n!r}")
+        k = self.config.num_tokens if k is None else k
+        if k not in self.ks:
+            raise ValueError(f"k: {k!r} is not one of the captured proposal counts {self.ks}")
         filtered = self.filtered if filtered is None else filtered
         if filtered and not self.filtered:
             raise ValueError("filtered: this runner was built with filtered=False")
         size = pick_bucket(list(self.buckets), n)
-        self.graphs.run(self._key(size, filtered, processed), lambda: self._block(size, filtered, processed))
-        b = self.bufs
+        self.graphs.run(self._key(size, filtered, k, processed), lambda: self._block(size, filtered, k, processed))
+        b = self.bufs[k]
         return BlockOutput(b.out_tokens[:, :n], b.emitted[:, :n], b.proposed[:, :n])
 
+    def sync_draft(self, slots) -> None:
+        """Re-prefill the draft's K/V over each slot's tokens but the current one (eager; reads
+        the slots' lengths to the host once): after plain decode blocks, which run only the
+        target, the draft holds no K/V for the tokens drawn there. Empty slots are skipped."""
+        if self.draft is None or not slots:
+            return
+        st = self.slots
+        idx = torch.tensor(list(slots), dtype=torch.long, device=self.device)
+        lens = st.seq_lens.index_select(0, idx).tolist()                 # host read (a sync)
+        keep = [(s, n) for s, n in zip(slots, lens) if n >= 2]
+        if not keep:
+            return
+        rows = torch.tensor([s for s, _ in keep], dtype=torch.long, device=self.device)
+        prompts = [st.history[s, : n - 1].long() for s, n in keep]
+        self.draft.prefill(prompts, st.block_table.index_select(0, rows))
 
-__all__ = ["SpeculativeRunner", "BlockOutput"]
+
+__all__ = ["SpeculativeRunner", "BlockOutput", "capture_ks"]

@@ -134,6 +134,8 @@ def test_bad_speculative_configs_name_the_field(path):
         LLM(path, speculative={"method": "draft", "model": str(path) + "-missing"}, **CPU)
     with pytest.raises(ValueError, match="spec_rounds"):
         LLM(path, speculative={"method": "ngram"}, spec_rounds=0, **CPU)
+    with pytest.raises(ValueError, match="speculative: .*tensor_parallel=2"):
+        LLM(path, speculative={"method": "ngram"}, tensor_parallel=2, **CPU)
 
 
 class _Alternating:

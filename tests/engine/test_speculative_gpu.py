@@ -101,3 +101,29 @@ def test_spec_block_launch_and_admission_make_no_host_sync(path):
     while eng.step():
         pass
     assert sched.allocator.num_free == sched.allocator.num_pages
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_several_k_captured_measured_and_switched(path, hf, method):
+    """Graphs for every (bucket, k in spec_ks), the executor's costs cover each k, and a
+    scripted policy switching k down / off / up mid-request runs them (the draft caught up)
+    with no device error and greedy tokens that match HF's float32 logits up to near-ties."""
+    from test_speculative_switching import ScriptedPolicy
+    spec = {"method": method, "num_tokens": 4} | ({"model": str(path)} if method == "draft" else {})
+    llm = LLM(path, speculative=spec, spec_rounds=2, **ARGS)
+    ex = llm.runtime
+    assert ex.spec_ks == (1, 2, 4)
+    keys = {(k.bucket, k.query_len, k.filtered) for k in ex.graphs.keys() if k.phase == "spec"}
+    assert keys == {(b, k + 1, f) for b in ex.config.buckets for k in ex.spec_ks for f in (False, True)}
+    costs = llm.engine.policy.costs
+    assert all(set(costs.verify_us[b]) == {2, 3, 5} for b in ex.config.buckets)
+    llm.engine.policy = ScriptedPolicy((4, 0, 1, 0, 2, 4, 0), ex.spec_ks, ex.config.max_batch,
+                                       ex.config.buckets)
+    p = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    prompts = _prompts(3)
+    got = llm.generate(prompts, p, use_tqdm=False)
+    ex.check_device_errors()
+    assert set(llm.engine.policy.ran) == {0, 1, 2, 4}
+    for prompt, o in zip(prompts, got):
+        assert len(o.token_ids) == 40
+        assert_greedy_matches_hf(hf, prompt, list(o.token_ids))

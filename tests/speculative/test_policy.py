@@ -183,3 +183,26 @@ def test_a_slot_that_did_not_speculate_counts_toward_its_probe():
     pol.observe_plain([0])
     d = pol.choose([0], 1)
     assert d.probe and d.k == 1
+
+
+def test_k_steps_down_then_off_as_acceptance_falls_and_back_up():
+    """Over the captured ks (1, 2, 4): high acceptance runs 4, middling 2, low 1, near zero plain
+    decode; a slot's measured rounds move it along that ladder both ways."""
+    c = StepCosts(decode_us={1: 100.0}, verify_us={1: {2: 105.0, 3: 115.0, 5: 160.0}})
+    ks = (1, 2, 4)
+    assert [best_k([a], c, 1, ks, margin=0.02)[0] for a in (0.9, 0.6, 0.1, 0.02)] == [4, 2, 1, 0]
+    pol = SpecPolicy(c, ks=ks, max_slots=1, prior=0.9, prior_rounds=20, ema=0.1)
+    pol.admit(0)
+    assert pol.choose([0], 1).k == 4
+    seen = []
+    k = 4
+    for _ in range(12):                                   # nothing accepted: down, then off
+        pol.observe(0, proposed=4 * k, accepted=0, rounds=4, k=k)
+        k = pol.choose([0], 1).k
+        seen.append(k)
+        if k == 0:
+            break
+    assert seen[0] == 2 and 1 in seen and seen[-1] == 0, seen
+    for _ in range(8):                                    # everything accepted (probes at k = 1)
+        pol.observe(0, proposed=4, accepted=4, rounds=4, k=1)
+    assert pol.choose([0], 1).k == 4

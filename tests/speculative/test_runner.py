@@ -38,7 +38,8 @@ def _plain_greedy(hf, prompts, max_tokens, table):
     return [o[:m] for o, m in zip(outs, max_tokens)]
 
 
-def _speculative(hf, prompts, max_tokens, table, k, rounds):
+def _speculative(hf, prompts, max_tokens, table, k, rounds, cycle=None):
+    """Speculative greedy tokens; cycle: the k of each block in turn (default k every block)."""
     model = LlamaDecoder.from_hf(hf)
     caches = [PagedKVCache.allocate(runtime_config(), POOL, "cpu", seed=7 + i) for i in range(2)]
     first = model.prefill(prompts, caches, table).argmax(-1)
@@ -48,12 +49,14 @@ def _speculative(hf, prompts, max_tokens, table, k, rounds):
         runner.set_slot(i, p.tolist(), append=first[i:i + 1], limit=len(p) + max_tokens[i],
                         block_table=table[i])
     got, rounds_run = [[int(t)] for t in first], [0, 0, 0]
-    for _ in range(40):
-        out, emitted, proposed = runner.run(3)
+    for b in range(40):
+        kb = k if cycle is None else cycle[b % len(cycle)]
+        out, emitted, proposed = runner.run(3, k=kb)
+        assert out.shape[-1] == kb + 1
         if int(emitted.sum()) == 0:
             break
         accepted = (emitted - 1).clamp_min(0)
-        assert (accepted <= proposed).all() and proposed.le(k).all()
+        assert (accepted <= proposed).all() and proposed.le(kb).all()
         assert proposed[emitted == 0].eq(0).all()               # done slots verify nothing
         for r in range(rounds):
             for i in range(3):
@@ -76,10 +79,10 @@ def test_greedy_matches_plain_decoding(hf, k, rounds):
     assert sum(rounds_run) < sum(len(w) - 1 for w in want)       # proposals were accepted
 
 
-def test_greedy_matches_model_runtime(hf):
-    prompts, max_tokens = sample_prompts(), [5, 2, 4]
+def test_greedy_matches_model_runtime_while_k_switches(hf):
+    prompts, max_tokens = sample_prompts(), [9, 2, 7]
     want = _plain_greedy(hf, prompts, max_tokens, page_table())
-    got, _ = _speculative(hf, prompts, max_tokens, page_table(), 3, 2)
+    got, _ = _speculative(hf, prompts, max_tokens, page_table(), 3, 2, cycle=(1, 3, 2))   # ks (1, 2, 3)
     assert got == want
 
 
@@ -125,6 +128,12 @@ def test_bad_input(hf):
         runner.set_slot(0, [1, 2], limit=62 - 4, block_table=row[:2])
     with pytest.raises(ValueError, match="n:"):
         runner.run(3)
+    assert runner.ks == (1, 2, 4)
+    with pytest.raises(ValueError, match="k: 3 is not one of"):
+        runner.run(1, k=3)
+    with pytest.raises(ValueError, match="ks:"):
+        SpeculativeRunner(model, caches, SpeculativeConfig(num_tokens=4), buckets=(1,), max_len=64,
+                          page_size=PAGE, ks=(2, 5))
 
 
 def test_seeded_sampling_is_batch_invariant_and_clear_slot_stops(hf):
