@@ -108,7 +108,7 @@ def test_several_k_captured_measured_and_switched(path, hf, method):
     """Graphs for every (bucket, k in spec_ks), the executor's costs cover each k, and a
     scripted policy switching k down / off / up mid-request runs them (the draft caught up)
     with no device error and greedy tokens that match HF's float32 logits up to near-ties."""
-    from test_speculative_switching import ScriptedPolicy
+    from _spec_policy import ScriptedPolicy
     spec = {"method": method, "num_tokens": 4} | ({"model": str(path)} if method == "draft" else {})
     llm = LLM(path, speculative=spec, spec_rounds=2, **ARGS)
     ex = llm.runtime

@@ -10,29 +10,11 @@ import torch
 
 from _checkpoints import write
 from graphrt import LLM, SamplingParams
-from graphrt.speculative.policy import Decision, SpecPolicy, StepCosts
+from _spec_policy import ScriptedPolicy
 
 pytest.importorskip("transformers")
 CPU = dict(device="cpu", backend="reference", max_model_len=64)
 SCRIPT = (3, 0, 1, 0, 0, 2, 3, 1, 0, 2)        # k per block: kmax, off, down, up...
-
-
-class ScriptedPolicy(SpecPolicy):
-    """The real policy (injected costs; its choice and its per-slot measurements run as usual)
-    with the block's k forced from a script: the test hook that makes every switch happen."""
-
-    def __init__(self, script, ks, max_slots, buckets):
-        costs = StepCosts(decode_us={b: 100.0 for b in buckets},
-                          verify_us={b: {k + 1: 110.0 + 5 * k for k in ks} for b in buckets})
-        super().__init__(costs, ks=ks, max_slots=max_slots)
-        self.script, self.i, self.ran = script, 0, []
-
-    def choose(self, slots, bucket):
-        real = super().choose(slots, bucket)
-        k = self.script[self.i % len(self.script)]
-        self.i += 1
-        self.ran.append(k)
-        return Decision(k, (k,) * len(slots), real.slot_pref, real.tokens_per_us, real.plain_tokens_per_us, False)
 
 
 @pytest.fixture(scope="module")
