@@ -52,6 +52,7 @@ from graphrt.attention.buckets import pick_bucket
 from graphrt.model.sampling import SamplingInputs
 from graphrt.engine.detokenizer import TextState, make_decoder
 from graphrt.engine.failure import EngineDeadError, attributable
+from graphrt.engine.group import GroupSink, child_params, child_seeds, fork_args, prefill_groups
 from graphrt.engine.input_batch import InputBatch
 from graphrt.engine.token_bytes import token_bytes
 from graphrt.engine.params import RequestOutput, SamplingParams
@@ -108,6 +109,7 @@ class Engine:
         self._pending: deque[_Pending] = deque()
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._requests: dict[str, Request] = {}       # loop thread only
+        self._groups: dict[str, list[str]] = {}       # n > 1: request id -> its samples' ids (group.py)
         self._ids = itertools.count()
         self._rng = random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
         self._lock = threading.Lock()                 # ids and seeds (add_request from any thread)
@@ -143,22 +145,34 @@ class Engine:
         if need > self.scheduler.allocator.num_pages:
             raise ValueError(f"prompt: needs {need} KV pages, the pool has num_pages="
                              f"{self.scheduler.allocator.num_pages}")
+        child = child_params(params) if params.samples > 1 else params   # n > 1: group.py
         with self._lock:
             rid = request_id if request_id is not None else f"req-{next(self._ids)}"
-            seed = params.seed if params.seed is not None else self._rng.randrange(2**63)
-        stream = RequestStream(self, rid)
-        req = Request(rid, ids, params, seed,
-                      TextState(self.tokenizer, params.stop, decode=self._decode_text,
-                                table=self._token_bytes), stream.put)
-        self._inbox.put(("add", req))
+            seeds = child_seeds(params, lambda: self._rng.randrange(2**63))
+        stream = RequestStream(self, rid, prompt=prompt if isinstance(prompt, str) else None)
+        text = lambda: TextState(self.tokenizer, child.stop, decode=self._decode_text, table=self._token_bytes)
+        if len(seeds) == 1:
+            self._inbox.put(("add", Request(rid, ids, params, seeds[0], text(), stream.put)))
+        else:
+            cids = [f"{i}_{rid}" for i in range(len(seeds))]
+            group = GroupSink(stream, params, ids, child_ids=cids, abort=self.abort, prompt=stream.prompt,
+                              done=lambda: self._groups.pop(rid, None))
+            self._groups[rid] = cids
+            first = None
+            for i, (cid, seed) in enumerate(zip(cids, seeds)):
+                req = Request(cid, ids, child, seed, text(), group.sink(i), sibling=first)
+                first = first or req
+                self._inbox.put(("add", req))
         self._wake.set()
         if self.error is not None:                      # died meanwhile: the loop may never see it
             stream.put(self._dead_error())
         return stream
 
     def abort(self, request_id: str) -> None:
-        """Cancel a request (a no-op if it already finished); its stream ends with "abort"."""
-        self._inbox.put(("abort", request_id))
+        """Cancel a request (a no-op if it already finished); its stream ends with "abort".
+        n > 1: the request's id aborts every sample, a sample's id (f"{i}_{id}") that one."""
+        for rid in self._groups.get(request_id, (request_id,)):
+            self._inbox.put(("abort", rid))
         self._wake.set()
 
     def _prompt_ids(self, prompt) -> list[int]:
@@ -244,14 +258,15 @@ class Engine:
                 self._fail(reqs[0], e)
                 return False
         launched = False
-        for r in reqs:
+        for group in prefill_groups(reqs):            # n > 1: samples sharing a prefill go together
             try:
-                self._prefill([r])
+                self._prefill(group)
                 launched = True
             except BaseException as e:
                 if not attributable(e):
                     raise
-                self._fail(r, e)
+                for r in group:
+                    self._fail(r, e)
         return launched
 
     def _fail(self, req: Request, e: BaseException) -> None:
@@ -309,15 +324,17 @@ class Engine:
         preemption), draw each one's next token into its slot, and start its row in the batch."""
         s, dev = self.scheduler, self.device
         slots = [r.slot for r in reqs]
-        prompts = [torch.tensor(r.context, dtype=torch.int64, device=dev) for r in reqs]
-        table = torch.from_numpy(self.batch.block_table_host[slots])              # [m, W] host
+        own = [r for r in reqs if r.shares is None]   # n > 1: a sample that shares a sibling's prefill
+        prompts = [torch.tensor(r.context, dtype=torch.int64, device=dev) for r in own]
+        table = torch.from_numpy(self.batch.block_table_host[[r.slot for r in own]])   # [m, W] host
+        fork = {} if len(own) == len(reqs) else fork_args(own, reqs)
         ps = [r.params for r in reqs]
         inputs = SamplingInputs(torch.tensor([0.0 if p.greedy else p.temperature for p in ps]),
                                 torch.tensor([max(p.top_k, 0) for p in ps], dtype=torch.int32),
                                 torch.tensor([p.top_p for p in ps], dtype=torch.float32),
                                 torch.tensor([r.seed for r in reqs], dtype=torch.int64),
                                 torch.tensor([r.launched for r in reqs], dtype=torch.int32))
-        first = self.runtime.prefill_slots(prompts, table, slots, inputs)   # [m] device
+        first = self.runtime.prefill_slots(prompts, table, slots, inputs, **fork)   # [len(reqs)] device
         for r in reqs:
             if self.spec is not None:
                 self.batch.set_history(r.slot, r.context)  # the first token: written on the device

@@ -59,22 +59,34 @@ class LocalExecutor:
         return self.runtime.prefill(prompts, block_table)
 
     def prefill_slots(self, prompts: list[torch.Tensor], block_table: torch.Tensor, slots: list[int],
-                      sampling: SamplingInputs) -> torch.Tensor:
-        """Prefill each prompt (row i of block_table, for slot slots[i]), draw its next token
-        with sampling's row i (its step is not advanced) and write it as the slot's current
-        token (and into its token history at index len(prompt)). With a draft model, the
-        draft's caches are prefilled too. Returns the [m] int64 first tokens (device)."""
-        logits = self.prefill(prompts, block_table)
-        first = sample_eager(logits, sampling)                           # [m] device
-        st, dev = self.runtime.slots, self.device
+                      sampling: SamplingInputs, *, sources: list[int] | None = None,
+                      copies: list[tuple[int, int]] = ()) -> torch.Tensor:
+        """Prefill each prompt (row i of block_table), draw each slot's next token with
+        sampling's row i (its step is not advanced) from the last logits of prompt sources[i]
+        (default: slot i's own prompt, i < m) and write it as the slot's current token (and into
+        its token history at index len(prompt)). copies: (src, dst) KV pages copied after the
+        prefill, in every layer (n > 1: a sample's copy of the prompt's partial last page). With
+        a draft model, the draft's caches are prefilled (and copied) too. Returns the [s] int64
+        first tokens (device), one per slot."""
+        logits = self.prefill(prompts, block_table)                      # [m, V]
+        dev = self.device
+        if sources is not None:
+            logits = logits.index_select(0, torch.tensor(sources, device=logits.device))   # [s, V]
+        first = sample_eager(logits, sampling)                           # [s] device
+        st = self.runtime.slots
         idx = torch.tensor(slots, device=dev)
         st.tokens.index_copy_(0, idx, first)
+        src = sources if sources is not None else range(len(slots))
         if st.history is not None:
-            at = torch.tensor([s * st.history.shape[1] + p.numel() for s, p in zip(slots, prompts)],
+            at = torch.tensor([s * st.history.shape[1] + prompts[j].numel() for s, j in zip(slots, src)],
                               device=dev)
             st.history.view(-1).index_copy_(0, at, first.to(torch.int32))
-        if self.spec is not None and self.spec.draft is not None:
-            self.spec.draft.prefill([p.to(dev) for p in prompts], block_table.to(dev))
+        draft = self.spec.draft if self.spec is not None else None
+        if draft is not None:
+            draft.prefill([p.to(dev) for p in prompts], block_table.to(dev))
+        if copies:
+            _copy_pages(list(self.runtime.kv_caches) + (list(draft.kv_caches) if draft is not None else []),
+                        copies, dev)
         return first
 
     def apply(self, update) -> None:
@@ -114,6 +126,16 @@ class LocalExecutor:
 
     def check_device_errors(self) -> None:
         self.runtime.check_device_errors()
+
+
+def _copy_pages(caches, copies: list[tuple[int, int]], device) -> None:
+    """KV pages src -> dst in every cache (PagedKVCache: k, v [num_pages, ...]); device work,
+    ordered on the stream after the prefill that wrote src."""
+    src = torch.tensor([a for a, _ in copies], device=device)
+    dst = torch.tensor([b for _, b in copies], device=device)
+    for c in caches:
+        for t in c.as_tuple():
+            t.index_copy_(0, dst, t.index_select(0, src))
 
 
 def _time_us(fn, replays: int) -> float:

@@ -3,6 +3,7 @@
     kv = KVCacheManager(pool_pages=1 + 4096, page_size=16)   # page 0: the null page
     new = kv.grow(req.pages, tokens=300)     # pages appended to req.pages, or None (pool short)
     kv.release(req.pages)                    # one owner dropped per page
+    pages, copy = kv.fork(parent.pages, tokens=len(prompt), total=12)   # n > 1: share the prompt
 
 Page NULL_PAGE (0) is reserved: it never holds a request's tokens, so a CUDA-graph capture may
 use it as scratch (the warm-up steps write K/V there) without saving and restoring anything.
@@ -57,6 +58,23 @@ class KVCacheManager:
         if new is not None:
             pages.extend(new)
         return new
+
+    def fork(self, pages: list[int], *, tokens: int, total: int) -> tuple[list[int], tuple[int, int] | None] | None:
+        """Pages for a child of the sequence whose first `tokens` tokens are in `pages` (n > 1:
+        samples of one prompt): the full pages among them are shared (one more owner each:
+        their tokens are never written again), fresh pages make up `total`, and the first fresh
+        one takes the parent's partial last page (copy-on-write: both will append to it).
+        Returns (the child's `total` pages, (parent page, child page) to copy on the device, or
+        None when `tokens` fills whole pages), or None (nothing taken) when the pool is short."""
+        full, partial = divmod(tokens, self.page_size)
+        if not 0 < tokens <= len(pages) * self.page_size or total < full + (partial > 0):
+            raise ValueError(f"fork: {tokens} tokens in {len(pages)} pages of {self.page_size}, "
+                             f"total {total} pages")
+        new = self.allocator.allocate(total - full)
+        if new is None:
+            return None
+        self.allocator.share(pages[:full])
+        return pages[:full] + new, ((pages[full], new[0]) if partial else None)
 
     def release(self, pages: list[int]) -> None:
         """Drop this owner of every page in `pages` (the list is left as is)."""

@@ -54,6 +54,11 @@ class Request:
     admitted_at: int = -1             # admission order: the newest is preempted first
     preemptions: int = 0
     stop_ids: frozenset | None = None  # stop_token_ids + end-of-sequence ids (set on first use)
+    # n > 1 (group.py): the first sample of the same prompt; at an admission in the same prefill
+    # as it, `shares` is set to it (no prefill of our own) and `copy_page` to (its page, ours)
+    sibling: "Request | None" = None
+    shares: "Request | None" = None
+    copy_page: tuple[int, int] | None = None
 
     @property
     def context(self) -> list[int]:
@@ -114,11 +119,19 @@ class Scheduler:
         while self.waiting and self._free_slots:
             req = self.waiting[0]
             need = self.kv.pages_for(self._block_end(req, len(req.prompt) + len(req.token_ids) + 1))
-            if need + running * per_row > self.kv.num_free and running:
+            sib = req.sibling if req.sibling in out and not req.token_ids and not req.sibling.token_ids else None
+            shared = len(req.prompt) // self.page_size if sib is not None else 0   # n > 1: kv.fork
+            if need - shared + running * per_row > self.kv.num_free and running:
                 break                                   # would be preempted at once: wait
-            pages = self.kv.allocator.allocate(need) if need <= self.kv.num_free else None
+            if sib is not None:
+                got = self.kv.fork(sib.pages, tokens=len(req.prompt), total=need)
+                pages, req.copy_page = (None, None) if got is None else got
+            else:
+                pages = self.kv.allocator.allocate(need) if need <= self.kv.num_free else None
+                req.copy_page = None
             if pages is None:
                 break
+            req.shares = sib
             self.waiting.popleft()
             slot = heapq.heappop(self._free_slots)
             self.slots[slot], req.slot, req.pages = req, slot, pages
@@ -264,7 +277,12 @@ class Scheduler:
         new_text = text.delta(done)
         if not new_text and not kept and not done:
             return None
-        return RequestOutput(req.request_id, req.prompt, new_text, kept, req.finish_reason)
+        why = None                                      # stop_reason: the stop id or string
+        if cut is not None:
+            why = text.stop_string
+        elif end is not None and tokens[end] in p.stop_token_ids:
+            why = tokens[end]
+        return RequestOutput(req.request_id, req.prompt, new_text, kept, req.finish_reason, stop_reason=why)
 
     def _free_slot(self, req: Request) -> None:
         self.slots[req.slot] = None

@@ -73,7 +73,8 @@ class Generation:
         try:
             return SamplingParams(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
                                   top_k=body.top_k, seed=body.seed, stop=stop,
-                                  stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos)
+                                  stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos,
+                                  n=body.n, best_of=getattr(body, "best_of", None))
         except ValueError as e:
             raise APIError.from_value_error(e) from None
 
@@ -86,24 +87,38 @@ class Generation:
             ids = ids["input_ids"]
         return list(ids)
 
+    async def _submit(self, prompts: list, params, *, kind: str) -> tuple[str, list[DeltaStream]]:
+        """One engine request per prompt -> (the response id: the first's, their streams); if one
+        is refused, those already queued are aborted."""
+        streams = []
+        try:
+            for p in prompts:
+                streams.append(await self.bridge.submit(p, params, kind=kind))
+        except BaseException:
+            for _, ds in streams:
+                ds.close()
+            raise
+        return streams[0][0], [ds for _, ds in streams]
+
     # ---- endpoints --------------------------------------------------------------------------------
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
         self._check(body)
         params = await self.bridge.run(self._params, body, 16 if body.max_tokens is None else body.max_tokens)
-        prompt = body.single_prompt()                  # null max_tokens: OpenAI's 16
-        if isinstance(prompt, str):
-            prompt = await self._off_loop(self._tokenize, prompt, param="prompt")
-        rid, ds = await self.bridge.submit(prompt, params, kind="cmpl")
+        prompts = body.prompts(most=self.bridge.capacity)   # null max_tokens: OpenAI's 16
+        prompts = [await self._off_loop(self._tokenize, p, param="prompt") if isinstance(p, str) else p
+                   for p in prompts]
+        rid, streams = await self._submit(prompts, params, kind="cmpl")
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            return SSEResponse(self._completion_events(rid, ds, usage, body.return_token_ids), on_close=ds.close)
-        got = await _collect(ds, request)
+            return SSEResponse(self._completion_events(rid, streams, body.n, usage, body.return_token_ids),
+                               on_close=lambda: _close(streams))
+        got = await _collect(streams, request)
         if got is None:
             return Response(status_code=499)
-        (text, ids), t = got, ds.totals
-        return _json(CompletionResponse(id=rid, model=self.model_name, usage=Usage.of(t.prompt_tokens, t.output_tokens),
-                                        choices=[CompletionChoice(text=text, finish_reason=t.finish_reason,
-                                                                  token_ids=ids if body.return_token_ids else None)]))
+        choices = [CompletionChoice(index=k * body.n + i, text=text, finish_reason=reason,
+                                    token_ids=ids if body.return_token_ids else None)
+                   for k, per in enumerate(got) for i, (text, ids, reason) in sorted(per.items())]
+        return _json(CompletionResponse(id=rid, model=self.model_name, usage=_usage(streams), choices=choices))
 
     async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
         self._check(body)
@@ -116,7 +131,7 @@ class Generation:
                                            f"(max_model_len) is {self.max_model_len}", param="messages")
         params = await self.bridge.run(self._params, body, limit)
         try:
-            rid, ds = await self.bridge.submit(ids, params, kind="chatcmpl")
+            rid, streams = await self._submit([ids], params, kind="chatcmpl")
         except APIError as e:
             if e.param == "prompt":
                 e.param = "messages"
@@ -125,55 +140,102 @@ class Generation:
             raise
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            return SSEResponse(self._chat_events(rid, ds, usage, body.return_token_ids), on_close=ds.close)
-        got = await _collect(ds, request)
+            return SSEResponse(self._chat_events(rid, streams, body.n, usage, body.return_token_ids),
+                               on_close=lambda: _close(streams))
+        got = await _collect(streams, request)
         if got is None:
             return Response(status_code=499)
-        (text, ids), t = got, ds.totals
-        return _json(ChatCompletionResponse(
-            id=rid, model=self.model_name, usage=Usage.of(t.prompt_tokens, t.output_tokens),
-            choices=[ChatChoice(message=AssistantMessage(content=text), finish_reason=t.finish_reason,
-                                token_ids=ids if body.return_token_ids else None)]))
+        choices = [ChatChoice(index=i, message=AssistantMessage(content=text), finish_reason=reason,
+                              token_ids=out_ids if body.return_token_ids else None)
+                   for i, (text, out_ids, reason) in sorted(got[0].items())]
+        return _json(ChatCompletionResponse(id=rid, model=self.model_name, usage=_usage(streams), choices=choices))
 
     # ---- streams ----------------------------------------------------------------------------------
-    async def _completion_events(self, rid: str, ds: DeltaStream, include_usage: bool, with_ids: bool):
-        def chunk(text, reason=None, ids=None):
+    async def _completion_events(self, rid: str, streams, n: int, include_usage: bool, with_ids: bool):
+        def chunk(index, text, reason=None, ids=None):
             c = CompletionResponse(id=rid, model=self.model_name, choices=[CompletionChoice(
-                text=text, finish_reason=reason, token_ids=ids if with_ids else None)])
+                index=index, text=text, finish_reason=reason, token_ids=ids if with_ids else None)])
             return f"data: {c.model_dump_json()}\n\n"
 
-        async for event in _events(ds, chunk, include_usage, True,      # text "" keeps the tokens' timing
+        async for event in _events(streams, n, chunk, include_usage, True,   # text "" keeps the tokens' timing
                                    lambda u: CompletionResponse(id=rid, model=self.model_name, choices=[], usage=u)):
             yield event
 
-    async def _chat_events(self, rid: str, ds: DeltaStream, include_usage: bool, with_ids: bool):
-        def chunk(text, reason=None, ids=None, role=None):
+    async def _chat_events(self, rid: str, streams, n: int, include_usage: bool, with_ids: bool):
+        def chunk(index, text, reason=None, ids=None, role=None):
             c = ChatCompletionChunk(id=rid, model=self.model_name, choices=[ChatChunkChoice(
-                delta=ChatDelta(role=role, content=text if reason is None and (text or role) else None),
+                index=index, delta=ChatDelta(role=role, content=text if reason is None and (text or role) else None),
                 finish_reason=reason,
                 token_ids=ids if with_ids else None)])
             return f"data: {c.model_dump_json()}\n\n"
 
-        yield chunk("", role="assistant")             # {"role": "assistant", "content": ""}, as OpenAI's
-        async for event in _events(ds, chunk, include_usage, with_ids,
+        for i in range(n):                            # {"role": "assistant", "content": ""}, as OpenAI's
+            yield chunk(i, "", role="assistant")
+        async for event in _events(streams, n, chunk, include_usage, with_ids,
                                    lambda u: ChatCompletionChunk(id=rid, model=self.model_name, choices=[], usage=u)):
             yield event
 
 
-async def _events(ds: DeltaStream, chunk, include_usage: bool, textless: bool, usage_chunk):
-    """Deltas -> SSE events (a delta with tokens but no text yet only if `textless`); the final
-    event carries finish_reason; then usage (if asked), [DONE]."""
+def _close(streams) -> None:
+    for ds in streams:
+        ds.close()
+
+
+def _usage(streams) -> Usage:
+    """Prompt tokens once per prompt (not per choice, as OpenAI counts), every choice's output."""
+    return Usage.of(sum(ds.totals.prompt_tokens for ds in streams), sum(ds.totals.output_tokens for ds in streams))
+
+
+async def _merged(streams):
+    """(prompt index, delta) from several DeltaStreams as the deltas arrive (one stream: in
+    place); leaving early closes them all (their requests are aborted)."""
+    if len(streams) == 1:
+        async for d in streams[0]:
+            yield 0, d
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(k, ds):
+        try:
+            async for d in ds:
+                await queue.put((k, d))
+        except BaseException as e:
+            await queue.put((k, e))
+        await queue.put((k, None))
+
+    tasks = [asyncio.ensure_future(pump(k, ds)) for k, ds in enumerate(streams)]
+    left = len(streams)
     try:
-        async for d in ds:
-            if d.finish_reason == "abort":
-                raise APIError(503, "request aborted by the engine")
-            if d.text or (textless and d.token_ids):
-                yield chunk(d.text, None, list(d.token_ids))
-            if d.finish_reason is not None:
-                yield chunk("", d.finish_reason, [])
+        while left:
+            k, d = await queue.get()
+            if d is None:
+                left -= 1
+            elif isinstance(d, BaseException):
+                raise d
+            else:
+                yield k, d
+    finally:
+        for t in tasks:
+            t.cancel()
+        _close(streams)
+
+
+async def _events(streams, n: int, chunk, include_usage: bool, textless: bool, usage_chunk):
+    """Deltas -> SSE events, each for one choice (index prompt * n + sample; a delta with tokens
+    but no text yet only if `textless`); a choice's final event carries its finish_reason; then
+    usage (if asked), [DONE]."""
+    try:
+        async for k, d in _merged(streams):
+            for o in d.outputs:
+                if o.finish_reason == "abort":
+                    raise APIError(503, "request aborted by the engine")
+                index = k * n + o.index
+                if o.text or (textless and o.token_ids):
+                    yield chunk(index, o.text, None, list(o.token_ids))
+                if o.finish_reason is not None:
+                    yield chunk(index, "", o.finish_reason, [])
         if include_usage:
-            t = ds.totals
-            yield f"data: {usage_chunk(Usage.of(t.prompt_tokens, t.output_tokens)).model_dump_json()}\n\n"
+            yield f"data: {usage_chunk(_usage(streams)).model_dump_json()}\n\n"
     except APIError as e:
         yield sse_error(e)
     except Exception as e:                            # engine failure: tell the client, then close
@@ -181,30 +243,32 @@ async def _events(ds: DeltaStream, chunk, include_usage: bool, textless: bool, u
     yield DONE
 
 
-async def _collect(ds: DeltaStream, request: Request) -> tuple[str, list[int]] | None:
-    """(whole text, token ids), or None if the client disconnected first (the request is then
-    aborted)."""
-    async def gather():
-        parts, ids = [], []
+async def _collect(streams, request: Request) -> list[dict] | None:
+    """Per stream {choice index: (whole text, token ids, finish reason)}, or None if the client
+    disconnected first (the requests are then aborted)."""
+    async def gather(ds):
+        per: dict = {}
         async for d in ds:
-            if d.finish_reason == "abort":
-                raise APIError(503, "request aborted by the engine")
-            parts.append(d.text)
-            ids += d.token_ids
-        return "".join(parts), ids
+            for o in d.outputs:
+                if o.finish_reason == "abort":
+                    raise APIError(503, "request aborted by the engine")
+                text, ids, _ = per.get(o.index, ("", [], None))
+                per[o.index] = (text + o.text, ids + list(o.token_ids), o.finish_reason)
+        return per
 
     async def disconnected():
         while (await request.receive())["type"] != "http.disconnect":
             pass
 
-    work, watch = asyncio.ensure_future(gather()), asyncio.ensure_future(disconnected())
+    work = asyncio.ensure_future(asyncio.gather(*(gather(ds) for ds in streams)))
+    watch = asyncio.ensure_future(disconnected())
     try:
         done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         watch.cancel()
         if not work.done():
             work.cancel()
-        ds.close()
+        _close(streams)
     if work in done:
         try:
             return work.result()
