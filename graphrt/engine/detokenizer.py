@@ -51,6 +51,7 @@ class TextState:
         self._match_state = StopMatcher.START
         self.stopped = False          # a stop string was found (and cut)
         self.stop_string: str | None = None   # the one found (CompletionOutput.stop_reason)
+        self._stop_set = frozenset(stop)
 
     def _add_bytes(self, tokens: list[int]) -> None:
         """Byte path: the text of `tokens`, released when no character is left split."""
@@ -79,9 +80,11 @@ class TextState:
 
     def _cut(self, cut: int) -> None:
         """A stop string starts at text[cut]: remember it (the shortest there: it completed
-        first) and cut the text before it."""
-        self.stop_string = min((s for s in self.stop if self.text.startswith(s, cut)), key=len, default=None)
-        self.text, self.stopped = self.text[:cut], True
+        first; found by slicing, not by walking the stop list) and cut the text before it."""
+        text, longest = self.text, self._hold + 1
+        self.stop_string = next((text[cut:end] for end in range(cut + 1, min(len(text), cut + longest) + 1)
+                                 if text[cut:end] in self._stop_set), None)
+        self.text, self.stopped = text[:cut], True
 
     def add_tokens(self, tokens: list[int]) -> int | None:
         """Append tokens' text. None if no stop string appeared; else the number of tokens up to
