@@ -154,6 +154,8 @@ class Engine:
         if len(seeds) == 1:
             self._inbox.put(("add", Request(rid, ids, params, seeds[0], text(), stream.put)))
         else:
+            if rid in self._groups:
+                raise ValueError(f"request_id: {rid!r} is already running")
             cids = [f"{i}_{rid}" for i in range(len(seeds))]
             group = GroupSink(stream, params, ids, child_ids=cids, abort=self.abort, prompt=stream.prompt,
                               done=lambda: self._groups.pop(rid, None))

@@ -114,6 +114,12 @@ def test_stop_reason_and_chat_of_several_conversations(llm):
     first = free.token_ids.index(stop)
     assert out.outputs[0].stop_reason == stop and out.token_ids == free.token_ids[:first + 1]
     assert free.outputs[0].stop_reason is None and free.finish_reason == "length"
+    text = free.text
+    assert len(text) >= 4, text
+    word = text[2:4]
+    out = llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=4, stop=[word, text[2:5] + "\x00"],
+                                                ignore_eos=True), use_tqdm=False)[0]
+    assert out.outputs[0].stop_reason == word and out.text == text[:text.index(word)]
     conv = [{"role": "user", "content": "Hi"}]
     sp = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
     two = llm.chat([conv, [{"role": "user", "content": "Bye"}]], sp, use_tqdm=False)

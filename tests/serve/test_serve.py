@@ -127,18 +127,20 @@ def _streamed(chunks) -> dict:
         for ch in c.choices:
             text, ids, why = got.get(ch.index, ("", [], []))
             delta = ch.text if hasattr(ch, "text") else (ch.delta.content or "")
-            got[ch.index] = (text + delta, ids + (ch.token_ids or []), why + [ch.finish_reason] * bool(ch.finish_reason))
+            ids = ids + (getattr(ch, "token_ids", None) or [])       # a role chunk has none
+            got[ch.index] = (text + delta, ids, why + [ch.finish_reason] * bool(ch.finish_reason))
     return got
 
 
 def test_completion_n_and_several_prompts_choices_prompt_major(llm, client):
-    prompts, seed = ["Hello", [3, 4, 5]], SAMPLED["seed"]
+    prompts, seed = ["Hello", "the graph"], SAMPLED["seed"]
     r = client.completions.create(model=NAME, prompt=prompts, n=2, max_tokens=3, **SAMPLED)
     assert [c.index for c in r.choices] == [0, 1, 2, 3]
     want = [o.token_ids for p in prompts for o in llm.generate(
         [p], SamplingParams(n=2, seed=seed, temperature=0.8, max_tokens=3, ignore_eos=True), use_tqdm=False)[0].outputs]
     assert [c.token_ids for c in r.choices] == want and len({tuple(w) for w in want}) > 1
-    assert r.usage.completion_tokens == 12 and r.usage.prompt_tokens == len(llm.tokenizer("Hello").input_ids) + 3
+    assert r.usage.completion_tokens == 12
+    assert r.usage.prompt_tokens == sum(len(llm.tokenizer(p).input_ids) for p in prompts)
     got = _streamed(client.completions.create(model=NAME, prompt=prompts, n=2, max_tokens=3, stream=True, **SAMPLED))
     assert {i: (t, ids, why) for i, (t, ids, why) in got.items()} == {
         c.index: (c.text, c.token_ids, ["length"]) for c in r.choices}
