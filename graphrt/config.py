@@ -23,6 +23,9 @@ BACKENDS = ("reference", "torch-splitkv", "flashinfer", "flashinfer-hostplan", "
 DECODE_KERNELS = ("tensor-core", "cuda-core")
 PLANNERS = ("device", "host")
 XQA_PAGE_SIZES = (16, 32, 64, 128)
+KV_CACHE_DTYPES = ("auto", "fp8") + SUPPORTED_DTYPES   # "auto": the model dtype; "fp8": e4m3
+_KV_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8_e4m3": "fp8",
+               "float8_e4m3fn": "fp8"}
 
 
 class ConfigError(ValueError):
@@ -100,6 +103,7 @@ class RuntimeConfig:
     workspace_mb: int = 128
     kv_pool_pages: int | None = None
     seed: int = 0
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         for key in ("num_qo_heads", "num_kv_heads", "head_dim", "page_size", "workspace_mb"):
@@ -120,12 +124,26 @@ class RuntimeConfig:
             raise ConfigError(f"dtype: float32 runs only on the torch backends, got {self.backend!r}")
         if self.backend == "xqa":
             _choice("page_size (backend xqa)", self.page_size, XQA_PAGE_SIZES)
+        self._resolve_kv_dtype()
         self._resolve_context()
         object.__setattr__(self, "buckets", self._resolve_buckets(self.buckets))
         if self.kv_pool_pages is not None:
             _positive_int("kv_pool_pages", self.kv_pool_pages)
         if not isinstance(self.name, str):
             raise ConfigError(f"name: expected a string, got {self.name!r}")
+
+    def _resolve_kv_dtype(self) -> None:
+        """kv_cache_dtype: "auto" (or the model dtype) -> the model dtype; "fp8" -> e4m3 pages."""
+        kv = self.kv_cache_dtype
+        kv = _KV_ALIASES.get(kv, kv) if isinstance(kv, str) else kv
+        _choice("kv_cache_dtype", kv, KV_CACHE_DTYPES + tuple(_KV_ALIASES))
+        kv = self.dtype if kv == "auto" else kv
+        if kv not in ("fp8", self.dtype):
+            raise ConfigError(f"kv_cache_dtype: {self.kv_cache_dtype!r} differs from dtype {self.dtype!r}; "
+                              f"the KV cache is kept in the model dtype ('auto') or in FP8 ('fp8')")
+        if kv == "fp8" and self.backend == "xqa":
+            raise ConfigError("kv_cache_dtype: 'fp8' is not supported by backend 'xqa'; use 'flashinfer'")
+        object.__setattr__(self, "kv_cache_dtype", kv)
 
     def _resolve_context(self) -> None:
         ctx, pages = self.max_context_len, self.max_pages_per_seq
@@ -171,10 +189,23 @@ class RuntimeConfig:
         import torch
         return getattr(torch, self.dtype)
 
+    @property
+    def kv_fp8(self) -> bool:
+        """Are the KV pages float8_e4m3fn (with per-layer k / v scales)?"""
+        return self.kv_cache_dtype == "fp8"
+
+    @property
+    def kv_torch_dtype(self):
+        """The dtype of the KV pages: the model dtype, or torch.float8_e4m3fn."""
+        import torch
+        return torch.float8_e4m3fn if self.kv_fp8 else self.torch_dtype
+
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["buckets"] = list(self.buckets)
         d.pop("max_pages_per_seq")  # derived again from max_context_len
+        if d["kv_cache_dtype"] == self.dtype:
+            d.pop("kv_cache_dtype")  # the default (KV in the model dtype) follows dtype on replace()
         return d
 
     def digest(self) -> str:
@@ -221,5 +252,5 @@ def load_config(path: str | Path) -> RuntimeConfig:
     return config_from_dict(data, source=str(path))
 
 
-__all__ = ["RuntimeConfig", "ConfigError", "load_config", "config_from_dict", "bucket_rule", "check_json_depth",
+__all__ = ["RuntimeConfig", "ConfigError", "KV_CACHE_DTYPES", "load_config", "config_from_dict", "bucket_rule", "check_json_depth",
            "json_depth", "MAX_JSON_DEPTH"]

@@ -31,10 +31,12 @@ def _quantize(w: torch.Tensor, strategy: str, block, scale_dtype):
 
 
 def write_fp8(src, dst, kind: str, *, strategy="channel", block=(64, 64), ignore=("lm_head",),
-              shards=3, scale_dtype=torch.float32):
+              shards=3, scale_dtype=torch.float32, kv_scales=None):
     """Rewrite float checkpoint `src` as an FP8 checkpoint in `dst` (kind: "compressed-tensors"
     or "fp8"), in `shards` files (each weight's scale goes to the next shard). Returns the
-    dequantized float32 state dict (the truth the loaded model must reproduce)."""
+    dequantized float32 state dict (the truth the loaded model must reproduce). kv_scales
+    (compressed-tensors only): [(k, v)] per layer, written as self_attn.k_scale / v_scale [] float32
+    tensors with a static per-tensor kv_cache_scheme."""
     from safetensors.torch import load_file, save_file
     dst.mkdir()
     for f in src.iterdir():
@@ -54,6 +56,9 @@ def write_fp8(src, dst, kind: str, *, strategy="channel", block=(64, 64), ignore
             truth[name] = deq
         else:
             out[name], truth[name] = t, t.float()
+    for i, (ks, vs) in enumerate(kv_scales or ()):
+        out[f"model.layers.{i}.self_attn.k_scale"] = torch.tensor(ks, dtype=torch.float32)
+        out[f"model.layers.{i}.self_attn.v_scale"] = torch.tensor(vs, dtype=torch.float32)
     names = list(out)
     files = [{} for _ in range(shards)]
     for i, name in enumerate(names):
@@ -71,7 +76,9 @@ def write_fp8(src, dst, kind: str, *, strategy="channel", block=(64, 64), ignore
             w["block_structure"] = list(block)
         cfg["quantization_config"] = {
             "quant_method": "compressed-tensors", "format": "float-quantized",
-            "quantization_status": "compressed", "kv_cache_scheme": None, "ignore": list(ignore),
+            "quantization_status": "compressed", "ignore": list(ignore),
+            "kv_cache_scheme": None if kv_scales is None else {
+                "num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True},
             "config_groups": {"group_0": {"targets": ["Linear"], "weights": w, "output_activations": None,
                                           "input_activations": {"num_bits": 8, "type": "float",
                                                                 "strategy": "token", "dynamic": True}}}}

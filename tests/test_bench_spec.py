@@ -96,6 +96,12 @@ def test_arithmetic_check_uses_the_family_step_costs():
     assert "arithmetic_speedup" not in rows[2]
 
 
+def test_eagle3_reads_the_family_head(tmp_path):
+    assert bst.spec_config("eagle3", bst.SMOKE, tmp_path) == {"method": "eagle3", "num_tokens": bst.SMOKE.k,
+                                                              "model": str(tmp_path / "eagle3")}
+    assert "eagle3" in bst.ALL_METHODS and "eagle3" not in bst.METHODS     # opt-in: it needs DIR/eagle3
+
+
 def _has_speculative_llm() -> bool:
     from graphrt.engine.config import EngineConfig
     return "speculative" in {f.name for f in dataclasses.fields(EngineConfig)}

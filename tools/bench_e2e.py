@@ -23,6 +23,14 @@ kinds); its floor counts the bytes actually streamed (FP8 data + float32 scales 
 KV), and its gemm-only graph runs the GEMMs the step makes (LlamaDecoder._mm: W8A8
 torch._scaled_mm over FP8 rows; the FP8 GEMV for block scales).
 
+FP8 KV cache (--kv bf16,fp8): the same rows with the KV pool in e4m3 (kv_cache_dtype="fp8",
+one byte per element: the floor counts half the KV bytes); FlashInfer planned with an FP8 KV
+dtype, the scales folded on the device. At bs 16 / 8k context the 8B model's KV bytes exceed its
+weights, so this is where FP8 KV shows:
+
+    python tools/bench_e2e.py --models llama-3.1-8b --batches 16 --contexts 8192 \
+        --variants graphrt-k4 --kv bf16,fp8 --no-prefill
+
     python tools/bench_e2e.py --out bench_e2e.json --png bench_e2e.png
     python tools/bench_e2e.py --models llama-3.1-8b --weights bf16,fp8 --batches 1,16 \
         --contexts 1024 --variants graphrt --no-prefill --fp8-kernels
@@ -45,6 +53,7 @@ SHAPES = {  # hidden, intermediate, layers, q heads, kv heads, head_dim, vocab, 
 VARIANTS = {"eager": ("flashinfer", 1, False), "hostplan": ("flashinfer-hostplan", 1, True),
             "graphrt": ("flashinfer", 1, True), "graphrt-k4": ("flashinfer", 4, True),
             "graphrt-k8": ("flashinfer", 8, True)}
+KV_KINDS = {"bf16": "auto", "fp8": "fp8"}   # --kv -> RuntimeConfig.kv_cache_dtype
 
 
 def parse_args(argv=None):
@@ -56,6 +65,7 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=32, help="timed decode steps per measurement")
     p.add_argument("--no-prefill", dest="prefill", action="store_false", help="skip prefill rows")
     p.add_argument("--weights", default="bf16", help="comma list of bf16, fp8, fp8-tensor, fp8-head, fp8-tensor-head, fp8-block")
+    p.add_argument("--kv", default="bf16", help="comma list of KV cache dtypes: bf16, fp8 (e4m3)")
     p.add_argument("--fp8-kernels", action="store_true",
                    help="per-shape table: bf16 cuBLAS / bf16 GEMV vs FP8 GEMV candidates / _scaled_mm")
     p.add_argument("--out", default="bench_e2e.json")
@@ -267,19 +277,22 @@ def run(args) -> dict:
         for ctx in [int(x) for x in args.contexts.split(",")]:
             for n in [int(x) for x in args.batches.split(",")]:
                 pages = -(-(ctx + args.steps * 8 + 16) // 16)
-                for variant in args.variants.split(","):
+                for variant, kv in [(v, x) for v in args.variants.split(",") for x in args.kv.split(",")]:
                     backend, k, graphs = VARIANTS[variant]
+                    if kv not in KV_KINDS:
+                        raise SystemExit(f"--kv: {kv!r} is not one of {sorted(KV_KINDS)}")
                     cfg = RuntimeConfig(num_qo_heads=s.num_heads, num_kv_heads=s.num_kv_heads,
                                         head_dim=s.head_dim, page_size=16, max_pages_per_seq=pages,
                                         buckets=[n], dtype="bfloat16", backend=backend,
-                                        kv_pool_pages=n * pages + 1)
+                                        kv_pool_pages=n * pages + 1, kv_cache_dtype=KV_KINDS[kv])
                     mrt = ModelRuntime(model, cfg, "cuda", steps_per_graph=k)
                     if graphs:
                         mrt.capture()
                     step_us, dev_us, launches = measure(mrt, n, ctx, args.steps, torch)
-                    kv_bytes = s.num_layers * n * ctx * s.num_kv_heads * s.head_dim * 2 * 2
+                    kv_bytes = s.num_layers * n * ctx * s.num_kv_heads * s.head_dim * 2 * (1 if kv == "fp8" else 2)
                     floor = (weight_bytes + kv_bytes) / bw * 1e6
-                    rows.append(dict(model=name, weights=wkind, variant=variant, batch=n, context=ctx, step_us=step_us,
+                    rows.append(dict(model=name, weights=wkind, kv=kv, variant=variant, batch=n, context=ctx,
+                                     step_us=step_us,
                                      tok_s=n / step_us * 1e6, device_us=dev_us,
                                      idle=max(0.0, 1 - dev_us / step_us), launches_per_token=launches,
                                      floor_us=floor, gemm_only_us=gemm[n],
@@ -298,11 +311,11 @@ def run(args) -> dict:
 def print_table(result: dict) -> None:
     print(f"copy bandwidth {result['copy_bw_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul "
           f"{result['matmul_tflops']:.0f} TFLOP/s ({result['device']})")
-    print(f"{'model':<13} {'weights':<9} {'variant':<11} {'bs':>3} {'ctx':>5} {'step us':>8} {'tok/s':>8} "
+    print(f"{'model':<13} {'weights':<9} {'kv':<4} {'variant':<11} {'bs':>3} {'ctx':>5} {'step us':>8} {'tok/s':>8} "
           f"{'device us':>9} {'idle':>5} {'floor us':>8} {'x floor':>7} {'gemm us':>8} {'x gemm':>6} "
           f"{'TB/s':>5} {'%bw':>4}")
     for r in result["rows"]:
-        print(f"{r['model']:<13} {r.get('weights', 'bf16'):<9} {r['variant']:<11} {r['batch']:>3} {r['context']:>5} {r['step_us']:>8.1f} "
+        print(f"{r['model']:<13} {r.get('weights', 'bf16'):<9} {r.get('kv', 'bf16'):<4} {r['variant']:<11} {r['batch']:>3} {r['context']:>5} {r['step_us']:>8.1f} "
               f"{r['tok_s']:>8.0f} {r['device_us']:>9.1f} {r['idle']:>5.2f} {r['floor_us']:>8.1f} "
               f"{r['device_over_floor']:>7.2f} {r['gemm_only_us']:>8.1f} {r['device_over_gemm_only']:>6.2f} "
               f"{r['achieved_tb_s']:>5.2f} {r['pct_copy_bw']:>4.0f}")
@@ -329,7 +342,7 @@ def plot(result: dict, png: str) -> None:
                 pts = sorted((r["batch"], r["step_us"]) for r in rows if r["model"] == model and
                              r["context"] == ctx and r["variant"] == variant and r.get("weights", "bf16") == wk)
                 if pts:
-                    ax.plot(*zip(*pts), marker="o", label=f"{variant} {wk}")
+                    ax.plot(*zip(*pts), marker="o", label=f"{variant} {wk}")  # (every kv kind)
             floor = sorted((r["batch"], r["floor_us"]) for r in rows if r["model"] == model and
                            r["context"] == ctx and r["variant"] == "graphrt" and r.get("weights", "bf16") == wk)
             if floor:

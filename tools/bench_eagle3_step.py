@@ -67,16 +67,8 @@ def target_spec(shape: dict = SHAPE):
 
 def graphed(fn):
     """Capture fn() (static inputs) into a CUDA graph after a warm-up; returns replay."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
+    from graphrt.kernels.timing import capture
+    return capture(fn).replay
 
 
 def run(batches, context: int, k: int, log=print) -> dict:

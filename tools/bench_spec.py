@@ -46,7 +46,8 @@ def parse_args(argv=None):
                        help="tools/train_tiny.py output (DIR/target, DIR/draft): run parts 2 and 3 instead of 1")
     part2.add_argument("--smoke", action="store_true", help="micro plan (1 prompt, 4 tokens, bs 1): a CPU check")
     part2.add_argument("--device", default=None, help="cuda (default when available) or cpu")
-    part2.add_argument("--methods", default="none,ngram,draft")
+    part2.add_argument("--methods", default="none,ngram,draft",
+                       help="comma list of none, ngram, draft, eagle3 (eagle3: DIR/eagle3 from tools/train_eagle3.py)")
     part2.add_argument("--costs", default=None, metavar="JSON",
                        help="part-1 JSON for the 8B projection (default docs/results/bench_spec_h200.json)")
     return p.parse_args(argv)

@@ -1,7 +1,8 @@
 """Speculative decoding, parts (2) and (3): the trained family through `LLM`, and the 8B projection.
 
 Part 2 (measured): the target and draft trained together by tools/train_tiny.py (DIR/target,
-DIR/draft, one tokenizer). Per method (none / ngram / draft, each one `LLM(DIR/target,
+DIR/draft, one tokenizer) and an EAGLE-3 head for the target (tools/train_eagle3.py --out
+DIR/eagle3). Per method (none / ngram / draft / eagle3, each one `LLM(DIR/target,
 speculative=...)`) x workload x batch size: tokens/s per stream (generated tokens of a stream
 over the wall time of its generate call, greedy, ignore_eos, after a warm-up call), and from
 `Engine.stats()` deltas: proposals, accepted, rounds -> acceptance rate and tokens per round; plus
@@ -32,7 +33,8 @@ from pathlib import Path
 
 from benchlib import pyplot
 
-METHODS = ("none", "ngram", "draft")
+METHODS = ("none", "ngram", "draft")               # the default set; eagle3 also needs DIR/eagle3
+ALL_METHODS = METHODS + ("eagle3",)
 COUNTS = ("spec_proposed", "spec_accepted", "spec_rounds")
 PART1 = Path(__file__).resolve().parent.parent / "docs" / "results" / "bench_spec_h200.json"
 
@@ -89,6 +91,8 @@ def spec_config(method: str, plan: Plan, family: Path):
     out = {"method": method, "num_tokens": plan.k}
     if method == "draft":
         out["model"] = str(family / "draft")
+    if method == "eagle3":                              # tools/train_eagle3.py --out DIR/eagle3
+        out["model"] = str(family / "eagle3")
     return out
 
 
@@ -260,9 +264,12 @@ def plot(result: dict, png: str) -> str:
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
     rows = [r for r in result["measured"] if "error" not in r]
     cells = sorted({(r["workload"], r["batch"]) for r in rows})
-    for i, m in enumerate(METHODS):
+    methods = [m for m in ALL_METHODS if any(r["method"] == m for r in rows)]
+    w = 0.8 / max(1, len(methods))
+    for i, m in enumerate(methods):
         by = {(r["workload"], r["batch"]): r["tok_s_per_stream"] for r in rows if r["method"] == m}
-        a1.bar([j + 0.27 * (i - 1) for j in range(len(cells))], [by.get(c, 0) for c in cells], 0.27, label=m)
+        a1.bar([j + w * (i - (len(methods) - 1) / 2) for j in range(len(cells))], [by.get(c, 0) for c in cells],
+               w, label=m)
     a1.set_xticks(range(len(cells)), [f"{w}\nbs {b}" for w, b in cells])
     a1.set(ylabel="tokens/s per stream", title="measured: trained family through LLM")
     a1.legend()
@@ -283,14 +290,16 @@ def main(args) -> int:
     from train_tiny import read_split
     from transformers import AutoTokenizer
     family = Path(args.trained)
-    missing = [m for m in ("target", "draft") if not (family / m / "config.json").is_file()]
-    if missing:
-        print(f"bench_spec: --trained {family}: no {missing} checkpoint (run tools/train_tiny.py)", file=sys.stderr)
-        return 2
     plan = SMOKE if args.smoke else Plan()
     methods = [m for m in args.methods.split(",") if m]
-    if not methods or any(m not in METHODS for m in methods):
-        print(f"bench_spec: --methods {args.methods!r}: choose from {METHODS}", file=sys.stderr)
+    if not methods or any(m not in ALL_METHODS for m in methods):
+        print(f"bench_spec: --methods {args.methods!r}: choose from {ALL_METHODS}", file=sys.stderr)
+        return 2
+    missing = [m for m in ("target", "draft") if not (family / m / "config.json").is_file()]
+    if "eagle3" in methods and not (family / "eagle3" / "config.json").is_file():
+        missing.append("eagle3 (run tools/train_eagle3.py --out DIR/eagle3)")
+    if missing:
+        print(f"bench_spec: --trained {family}: no {missing} checkpoint (run tools/train_tiny.py)", file=sys.stderr)
         return 2
     log = lambda s: print(s, flush=True)  # noqa: E731
     tok = AutoTokenizer.from_pretrained(str(family / "target"))

@@ -30,16 +30,9 @@ def median_sync_step(fn, steps, sync):
 
 
 def device_us(replay, torch, reps=50, repeats=5):
-    out = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(reps):
-            replay()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) * 1e3 / reps)
-    return statistics.median(out)
+    """Median device µs per replay() (graphrt.kernels.timing.events_us)."""
+    from graphrt.kernels.timing import events_us
+    return events_us(replay, reps, repeats)
 
 
 def copy_bandwidth(torch) -> float:

@@ -41,7 +41,9 @@ class GraphKey:
     bucket: rows; query_len: query tokens per row (1 for decode, k + 1 for a verify);
     steps: decode steps or speculative rounds per replay; sampled: draws with the per-row
     sampling parameters instead of the argmax; filtered: applies per-row top-k / top-p to
-    verified logits (speculative rounds)."""
+    verified logits (speculative rounds) or, in a processed decode graph, sorts for them;
+    processed: applies the per-row logits processing and records log-probabilities
+    (model/processing.py, model/logprobs.py)."""
 
     phase: str
     bucket: int
@@ -49,6 +51,7 @@ class GraphKey:
     steps: int = 1
     sampled: bool = False
     filtered: bool = False
+    processed: bool = False
 
 
 @dataclass(frozen=True)

@@ -69,10 +69,13 @@ def check_host_values(config, num_pool_pages: int, block_table, seq_lens, *,
                              f"KV pool has {num_pool_pages} pages")
 
 
-def check_prefill(config, device, num_pool_pages: int, vocab_size: int, prompts, block_table) -> None:
+def check_prefill(config, device, num_pool_pages: int, vocab_size: int, prompts, block_table,
+                  starts=None) -> None:
     """Validate a prefill: prompts, a list of n [T_i] int64 token tensors (1 <= T_i <=
     max_context_len, ids < vocab_size), row i of block_table [n, w] int32 holding their pages
-    (every page id in the pool, no page written by two rows). Runtime device or CPU."""
+    (every page id in the pool, no page written by two rows). starts: n ints >= 0 (default 0),
+    the position of each prompt's first token (earlier positions are read, not written).
+    Runtime device or CPU."""
     c = config
     if not isinstance(prompts, (list, tuple)) or not prompts:
         raise ValueError(f"prompts: expected a non-empty list of [T] int64 tensors, got {prompts!r:.80}")
@@ -88,13 +91,17 @@ def check_prefill(config, device, num_pool_pages: int, vocab_size: int, prompts,
         lo, hi = int(p.min()), int(p.max())
         if lo < 0 or hi >= vocab_size:
             raise ValueError(f"prompts[{i}]: ids in [{lo}, {hi}], vocabulary has {vocab_size}")
-    lens = torch.tensor([p.shape[0] for p in prompts], dtype=torch.int32)
+    first = torch.zeros(len(prompts), dtype=torch.int32) if starts is None else \
+        torch.as_tensor([int(x) for x in starts], dtype=torch.int32)
+    if first.numel() != len(prompts) or (first.numel() and int(first.min()) < 0):
+        raise ValueError(f"starts: expected {len(prompts)} ints >= 0, got {list(starts)}")
+    lens = first + torch.tensor([p.shape[0] for p in prompts], dtype=torch.int32)   # end positions
     if not isinstance(block_table, torch.Tensor):
         raise TypeError(f"block_table: expected a torch.Tensor, got {type(block_table).__name__}")
     _check_table_layout(c, device, len(prompts), block_table, lens)
     table = block_table.cpu()  # prefill is eager: one small copy to check every page id
     check_host_values(c, num_pool_pages, table, lens, lens_name="prompt lengths")
-    check_exclusive_writes(c, table, torch.zeros_like(lens), lens)
+    check_exclusive_writes(c, table, first, lens)
 
 
 def check_exclusive_writes(config, block_table, first, end) -> None:

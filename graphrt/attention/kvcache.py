@@ -1,4 +1,13 @@
-"""The paged KV cache graphrt reads: two tensors, K and V, in FlashInfer's NHD or HND layout."""
+"""The paged KV cache graphrt reads: two tensors, K and V, in FlashInfer's NHD or HND layout.
+
+FP8 (config.kv_cache_dtype="fp8"): K and V are float8_e4m3fn pages (one byte per value: twice
+the tokens of a bf16 pool in the same bytes) with one per-tensor k and one v scale per layer,
+`scale` ([2] float32 on the cache's device: a stored e means e * scale). Every writer (the
+append kernels) stores clamp(x / scale, +-448) and every reader (attention backends, verify and
+prefill attention) multiplies back. The scale tensor is updated in place only (graphs captured
+over it read the new value), and only before any page is written with it
+(graphrt/model/quant/kv.py: where scales come from).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,12 +22,34 @@ class PagedKVCache:
     """K and V pages of one attention layer.
 
     k, v: [num_pages, page_size, num_kv_heads, head_dim] (NHD) or
-          [num_pages, num_kv_heads, page_size, head_dim] (HND); dtype = config dtype; same device.
+          [num_pages, num_kv_heads, page_size, head_dim] (HND); dtype = config.kv_torch_dtype
+          (the model dtype, or float8_e4m3fn); same device.
+    scale: [2] float32 (k scale, v scale) on that device, exactly when k, v are float8_e4m3fn.
     """
 
     k: torch.Tensor
     v: torch.Tensor
     layout: str = "NHD"
+    scale: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        fp8 = self.k.dtype == torch.float8_e4m3fn
+        if fp8 != (self.scale is not None):
+            raise ValueError(f"scale: a [2] float32 (k, v) scale is required exactly for float8_e4m3fn "
+                             f"pages (pages are {self.k.dtype}, scale {'given' if self.scale is not None else 'None'})")
+        if fp8 and (self.scale.dtype != torch.float32 or tuple(self.scale.shape) != (2,)
+                    or self.scale.device != self.k.device):
+            raise ValueError(f"scale: expected [2] float32 on {self.k.device}, got "
+                             f"{tuple(self.scale.shape)} {self.scale.dtype} on {self.scale.device}")
+
+    @property
+    def fp8(self) -> bool:
+        return self.scale is not None
+
+    def kv_scales(self) -> tuple:
+        """(k_scale, v_scale) to multiply read values by: 0-d float32 device tensors for FP8 pages
+        (no host read: usable inside a graph), else (1.0, 1.0)."""
+        return (self.scale[0], self.scale[1]) if self.scale is not None else (1.0, 1.0)
 
     @property
     def num_pages(self) -> int:
@@ -37,9 +68,10 @@ class PagedKVCache:
         shape = expected_shape(config, num_pages)
         device = torch.device(device)
         gen = torch.Generator(device=device).manual_seed(config.seed if seed is None else seed)
-        k = torch.randn(shape, generator=gen, device=device, dtype=config.torch_dtype)
-        v = torch.randn(shape, generator=gen, device=device, dtype=config.torch_dtype)
-        return cls(k, v, config.kv_layout)
+        k = torch.randn(shape, generator=gen, device=device, dtype=config.torch_dtype).to(config.kv_torch_dtype)
+        v = torch.randn(shape, generator=gen, device=device, dtype=config.torch_dtype).to(config.kv_torch_dtype)
+        scale = torch.ones(2, dtype=torch.float32, device=device) if config.kv_fp8 else None
+        return cls(k, v, config.kv_layout, scale)
 
     def check(self, config: RuntimeConfig, device: torch.device) -> None:
         """Raise ValueError naming the field when this cache does not match `config` / `device`."""
@@ -48,8 +80,9 @@ class PagedKVCache:
             if tuple(t.shape) != want:
                 raise ValueError(f"{name}: shape {tuple(t.shape)} does not match config "
                                  f"({config.kv_layout}) {want}")
-            if t.dtype != config.torch_dtype:
-                raise ValueError(f"{name}: dtype {t.dtype}, config dtype is {config.torch_dtype}")
+            if t.dtype != config.kv_torch_dtype:
+                raise ValueError(f"{name}: dtype {t.dtype}, config's KV dtype is {config.kv_torch_dtype} "
+                                 f"(kv_cache_dtype={config.kv_cache_dtype!r})")
             if t.device != device:
                 raise ValueError(f"{name}: on {t.device}, runtime device is {device}")
         if self.layout != config.kv_layout:

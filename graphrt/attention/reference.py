@@ -65,13 +65,14 @@ def split_kv_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     indptr: torch.Tensor, indices: torch.Tensor, last_page_len: torch.Tensor,
                     request_indices: torch.Tensor, kv_tile_indices: torch.Tensor,
                     o_indptr: torch.Tensor, kv_chunk_size: int, layout: str = "NHD",
-                    sm_scale: float | None = None) -> torch.Tensor:
+                    sm_scale: float | None = None, k_scale=1.0, v_scale=1.0) -> torch.Tensor:
     """Run a split-KV schedule the way FlashInfer's kernels do, in float32 on q's device.
 
     Work tile t covers tokens [kv_tile_indices[t] * kv_chunk_size, +kv_chunk_size) of request
     request_indices[t] (clamped to its length). Each request r owns tiles o_indptr[r]:o_indptr[r+1]
     and merges them by log-sum-exp. Raises AssertionError if a tile is owned by a request other
-    than the one that lists it (the schedule is inconsistent).
+    than the one that lists it (the schedule is inconsistent). k_scale / v_scale: as in
+    reference_decode (floats or 0-d float32 tensors: a FP8 cache's per-tensor scales).
     """
     b, hq, d = q.shape
     kc, vc = _token_kv(k_cache, v_cache, layout)
@@ -86,8 +87,8 @@ def split_kv_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         n_pages = int(indptr[r + 1] - indptr[r])
         kv_len = 0 if n_pages == 0 else (n_pages - 1) * page_size + int(last[r])
         pages = indices[indptr[r]: indptr[r + 1]].to(q.device)
-        k_all = kc[pages].flatten(0, 1).float()                            # [T, Hkv, D]
-        v_all = vc[pages].flatten(0, 1).float()
+        k_all = kc[pages].flatten(0, 1).float() * k_scale                  # [T, Hkv, D]
+        v_all = vc[pages].flatten(0, 1).float() * v_scale
         qg = q[r].float().view(hkv, group, d)
         outs, lses = [], []
         for t in range(int(o_indptr[r]), int(o_indptr[r + 1])):

@@ -121,12 +121,13 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
-def reference_by_length(q, k, v, table, lens, *, layout: str) -> torch.Tensor:
+def reference_by_length(q, k, v, table, lens, *, layout: str, k_scale=1.0, v_scale=1.0) -> torch.Tensor:
     """reference_decode with the rows sorted by length (it pads each chunk of rows to the chunk's
     longest, so mixed lengths would cost the maximum for every row); same result, row order kept."""
     order = torch.argsort(lens.cpu(), stable=True).to(q.device)
     ref = torch.empty_like(q)
-    ref[order] = reference_decode(q[order], k, v, table[order], lens[order], layout=layout)
+    ref[order] = reference_decode(q[order], k, v, table[order], lens[order], layout=layout,
+                                  k_scale=k_scale, v_scale=v_scale)
     return ref
 
 
@@ -143,6 +144,8 @@ def verify_bucket(runtime, size: int, *, seed: int = 0, steps: int = 1,
         runtime.buffers.view(size).output.fill_(float("nan"))  # poison: every row must be written
         out = runtime.decode(q, table, lens).clone()
         k, v = runtime.kv_cache.as_tuple()
-        ref = reference_by_length(q, k, v, table, lens, layout=runtime.config.kv_layout)
+        k_scale, v_scale = runtime.kv_cache.kv_scales()           # FP8 pages: dequantized
+        ref = reference_by_length(q, k, v, table, lens, layout=runtime.config.kv_layout,
+                                  k_scale=k_scale, v_scale=v_scale)
         worst = max(worst, rel_error(out, ref))
     return worst

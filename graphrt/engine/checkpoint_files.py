@@ -36,7 +36,9 @@ class Checkpoint:
     "final_norm", "lm_head"}, every tensor on `device` in `dtype` (linear fields may be
     `Fp8Weight`s). eos_token_ids from generation_config.json / config.json; nbytes and load_s
     describe the tensor copy. With world_size > 1, `spec` is the whole model's and `weights` hold
-    rank's tensor-parallel shard (graphrt/parallel/shard.py), nbytes only the bytes that rank read."""
+    rank's tensor-parallel shard (graphrt/parallel/shard.py), nbytes only the bytes that rank read.
+    kv_scales: the checkpoint's FP8 KV cache scales, ((k, v) per layer), or None
+    (graphrt/engine/kv_scales.py)."""
 
     path: Path
     arch: str
@@ -51,6 +53,7 @@ class Checkpoint:
     load_s: float
     rank: int = 0
     world_size: int = 1
+    kv_scales: tuple[tuple[float, float], ...] | None = None
 
 
 def read_config(path: Path) -> tuple[dict, str]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from graphrt.config import BACKENDS, RuntimeConfig
+from graphrt.config import BACKENDS, KV_CACHE_DTYPES, RuntimeConfig
 from graphrt.speculative.config import SpeculativeConfig
 
 DEFAULT_MAX_MODEL_LEN = 8192
@@ -30,7 +30,12 @@ class EngineConfig:
     backend (default torch-splitkv on CPU, flashinfer on CUDA); dtype: weights and KV (default
     float32 on CPU, the checkpoint's bf16/fp16 on CUDA); overlap: launch block N+1 before reading
     block N (engine.py); capture: capture CUDA graphs (CUDA only); seed: the engine's seed for
-    requests that give none (None: random)."""
+    requests that give none (None: random); kv_cache_dtype: "auto" (the KV pages in the model
+    dtype) or "fp8" (e4m3 pages with per-layer k / v scales: twice the tokens per byte;
+    docs/fp8.md); enable_prefix_caching: reuse the KV pages of a
+    prompt's cached prefix (engine/prefix_cache.py); max_num_batched_tokens: prompt tokens
+    prefilled between two decode blocks while requests decode (long prompts run in chunks so
+    running streams keep their pace; None: no limit)."""
 
     max_batch: int = 16
     steps_per_graph: int = 4
@@ -45,6 +50,9 @@ class EngineConfig:
     seed: int | None = None
     speculative: SpeculativeConfig | None = None
     spec_rounds: int = 4
+    kv_cache_dtype: str = "auto"
+    enable_prefix_caching: bool = True
+    max_num_batched_tokens: int | None = 2048
 
     def __post_init__(self):
         for key in ("max_batch", "steps_per_graph", "page_size"):
@@ -60,16 +68,33 @@ class EngineConfig:
         if self.dtype is not None and (not isinstance(self.dtype, str)
                                        or self.dtype not in ("bfloat16", "float16", "float32")):
             raise ValueError(f"dtype: {self.dtype!r} is not one of ['bfloat16', 'float16', 'float32']")
-        for key in ("overlap", "capture"):
+        _pos_int("max_num_batched_tokens", self.max_num_batched_tokens, optional=True)
+        for key in ("overlap", "capture", "enable_prefix_caching"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{key}: expected a bool, got {getattr(self, key)!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
                                       or not 0 <= self.seed <= MAX_SEED):
             raise ValueError(f"seed: must be None or an int in [0, 2**63 - 1], got {self.seed!r}")
         _pos_int("spec_rounds", self.spec_rounds)
+        kv = {"bf16": "bfloat16", "fp16": "float16", "fp8_e4m3": "fp8"}.get(self.kv_cache_dtype, self.kv_cache_dtype) \
+            if isinstance(self.kv_cache_dtype, str) else self.kv_cache_dtype
+        if kv not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype: {self.kv_cache_dtype!r} is not one of {list(KV_CACHE_DTYPES)}")
+        if kv not in ("auto", "fp8") and self.dtype is not None and kv != self.dtype:
+            raise ValueError(f"kv_cache_dtype: {kv!r} differs from dtype {self.dtype!r}; the KV cache is "
+                             f"kept in the model dtype ('auto') or in FP8 ('fp8')")
+        object.__setattr__(self, "kv_cache_dtype", kv)
         spec = self.speculative
         if spec is not None and not isinstance(spec, SpeculativeConfig):
             object.__setattr__(self, "speculative", SpeculativeConfig.from_dict(spec))   # "auto" resolved
+
+    @property
+    def kv_fp8(self) -> bool:
+        return self.kv_cache_dtype == "fp8"
+
+    def kv_dtype_bytes(self, dtype_bytes: int) -> int:
+        """Bytes of one KV element: 1 for FP8 pages, else the model dtype's `dtype_bytes`."""
+        return 1 if self.kv_fp8 else dtype_bytes
 
     @property
     def lookahead(self) -> int:
@@ -95,9 +120,10 @@ class EngineConfig:
         total * utilization - (total - free) [in use: weights, other processes] - a reserve for
         activations (reserve_bytes), over the bytes of one page in every layer (K and V).
         Capped at every slot holding max_model_len. ValueError naming gpu_memory_utilization
-        when the pool would not hold one sequence of max_model_len. Pure: tested on CPU."""
+        when the pool would not hold one sequence of max_model_len. dtype_bytes: the model dtype's
+        (activations); a page counts kv_dtype_bytes (1 with FP8 KV). Pure: tested on CPU."""
         kv_heads = num_kv_heads or spec.num_kv_heads
-        page_bytes = 2 * spec.num_layers * self.page_size * kv_heads * spec.head_dim * dtype_bytes
+        page_bytes = 2 * spec.num_layers * self.page_size * kv_heads * spec.head_dim * self.kv_dtype_bytes(dtype_bytes)
         budget = total_bytes * self.gpu_memory_utilization - (total_bytes - free_bytes) \
             - self.reserve_bytes(spec, dtype_bytes=dtype_bytes)
         per_seq = self.pages_per_seq(max_model_len)
@@ -125,9 +151,9 @@ class EngineConfig:
         the KV pool (pool_pages pages, null page included, K and V in every layer), the block
         tables (the runtime's two and the engine's batch: [max_batch, pages per sequence] int32),
         and what runs beside the pool (reserve_bytes: a prefill chunk, the decode logits and
-        sort). Pure: tested on CPU."""
+        sort). KV pages count kv_dtype_bytes (1 with FP8 KV). Pure: tested on CPU."""
         kv_heads = num_kv_heads or spec.num_kv_heads
-        page_bytes = 2 * spec.num_layers * self.page_size * kv_heads * spec.head_dim * dtype_bytes
+        page_bytes = 2 * spec.num_layers * self.page_size * kv_heads * spec.head_dim * self.kv_dtype_bytes(dtype_bytes)
         tables = 3 * self.max_batch * self.pages_per_seq(max_model_len) * 4
         return {"kv_pool": pool_pages * page_bytes, "block_tables": tables,
                 "activations": self.reserve_bytes(spec, dtype_bytes=dtype_bytes)}
@@ -156,7 +182,7 @@ class EngineConfig:
         return RuntimeConfig(num_qo_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
                              head_dim=spec.head_dim, page_size=self.page_size, max_context_len=ctx,
                              buckets={"max": self.max_batch}, dtype=dtype, backend=backend,
-                             kv_pool_pages=1 + pages)
+                             kv_pool_pages=1 + pages, kv_cache_dtype=self.kv_cache_dtype)
 
 
 __all__ = ["EngineConfig"]

@@ -24,7 +24,9 @@ N runs block N+1 too, and those tokens are discarded. Pages freed while a block 
 are safe: every device op (decode blocks, prefills of the next owners) runs in order on one
 stream. A preempted request (scheduler.py) skips the tokens of its blocks still in flight (its
 epoch moved on) and is prefilled again later over prompt + its accepted tokens.
-Prefill is eager (ModelRuntime.prefill) and not chunked yet.
+Prefill is eager (ModelRuntime.prefill), starts after the context's cached prefix (prefix
+cache) and, while rows decode, runs at most max_num_batched_tokens prompt tokens between two
+decode blocks (scheduler.py: prefill_work).
 
 Failure policy (docs/engine.md): an exception raised by one request's work (its prefill, its
 tokens' stop checks and detokenization, its stream) fails that request only: its stream raises
@@ -52,10 +54,11 @@ from graphrt.attention.buckets import pick_bucket
 from graphrt.model.sampling import SamplingInputs
 from graphrt.engine.detokenizer import TextState, make_decoder
 from graphrt.engine.failure import EngineDeadError, attributable
-from graphrt.engine.group import GroupSink, child_params, child_seeds, fork_args, prefill_groups
+from graphrt.engine.group import GroupSink, child_params, child_seeds, fork_args, fork_owners, prefill_groups
 from graphrt.engine.input_batch import InputBatch
 from graphrt.engine.token_bytes import token_bytes
 from graphrt.engine.params import RequestOutput, SamplingParams
+from graphrt.engine import sampling_extras as extras
 from graphrt.engine.scheduler import Request, Scheduler
 from graphrt.engine.speculation import default_policy, observe, spec_columns, spec_stats
 from graphrt.engine.stream import RequestStream
@@ -76,6 +79,7 @@ class _Pending:
     proposed: torch.Tensor | None = None
     kind: str = "decode"                  # "prefill" | "decode" | "spec"
     spec_k: int = 0                       # a speculative block's k
+    logprobs: tuple | None = None         # (token [S, cols], rank, ids [S, cols, N], vals) host
 
 
 class Engine:
@@ -83,7 +87,8 @@ class Engine:
     a bare ModelRuntime is wrapped in a LocalExecutor."""
 
     def __init__(self, runtime, tokenizer, *, eos_token_ids: tuple[int, ...], max_model_len: int,
-                 overlap: bool = True, seed: int | None = None, policy=None):
+                 overlap: bool = True, seed: int | None = None, policy=None,
+                 enable_prefix_caching: bool = True, max_num_batched_tokens: int | None = None):
         if not callable(getattr(runtime, "decode_block", None)):
             from graphrt.engine.executor import LocalExecutor
             runtime = LocalExecutor(runtime)
@@ -97,11 +102,14 @@ class Engine:
         self.spec, self.rounds = spec, runtime.rounds
         self.batch = InputBatch(max_batch=c.max_batch, max_pages_per_seq=c.max_pages_per_seq,
                                 pin=self.device.type == "cuda", history_width=runtime.history_width)
+        seed_key, budget = prefill_options(runtime, enable_prefix_caching, max_num_batched_tokens)
         self.scheduler = Scheduler(max_batch=c.max_batch, page_size=c.page_size,
                                    max_pages_per_seq=c.max_pages_per_seq, num_pages=runtime.num_pages - 1,
                                    steps_per_graph=runtime.k, eos_token_ids=tuple(eos_token_ids),
                                    batch=self.batch, spec_k=spec.num_tokens if spec is not None else 0,
-                                   spec_rounds=self.rounds)
+                                   spec_rounds=self.rounds, cache_seed=seed_key,
+                                   max_num_batched_tokens=budget)
+        self.scheduler.forks = getattr(spec, "eagle", None) is None   # an EAGLE-3 head prefills every sample
         self.spec_counts = {"proposed": 0, "accepted": 0, "rounds": 0, "emitted": 0,   # loop thread
                             "blocks": 0, "plain_blocks": 0}
         # the speculation policy (speculative/policy.py): per block, k or a plain decode block
@@ -122,6 +130,7 @@ class Engine:
         self.dead = threading.Event()                   # fires with `error` (supervisors wait on it)
         self._decode_text = make_decoder(tokenizer)    # one per engine, shared by requests
         self._token_bytes = token_bytes(tokenizer, self.vocab_size)   # None: decode through the tokenizer
+        self._token_text = extras.TokenText(self._decode_text)        # Logprob.decoded_token
 
     # ---- requests (any thread) ----------------------------------------------------------------
     def add_request(self, prompt, params: SamplingParams | None = None, *,
@@ -149,10 +158,14 @@ class Engine:
         with self._lock:
             rid = request_id if request_id is not None else f"req-{next(self._ids)}"
             seeds = child_seeds(params, lambda: self._rng.randrange(2**63))
+        rules = extras.check_request(self.runtime, child, self.tokenizer, self.scheduler.eos, self.vocab_size,
+                                     speculative=self.spec is not None)
         stream = RequestStream(self, rid, prompt=prompt if isinstance(prompt, str) else None)
         text = lambda: TextState(self.tokenizer, child.stop, decode=self._decode_text, table=self._token_bytes)
         if len(seeds) == 1:
-            self._inbox.put(("add", Request(rid, ids, params, seeds[0], text(), stream.put)))
+            req = Request(rid, ids, params, seeds[0], text(), stream.put)
+            req.rules = rules
+            self._inbox.put(("add", req))
         else:
             if rid in self._groups:
                 raise ValueError(f"request_id: {rid!r} is already running")
@@ -163,6 +176,7 @@ class Engine:
             first = None
             for i, (cid, seed) in enumerate(zip(cids, seeds)):
                 req = Request(cid, ids, child, seed, text(), group.sink(i), sibling=first)
+                req.rules = rules
                 first = first or req
                 self._inbox.put(("add", req))
         self._wake.set()
@@ -215,9 +229,10 @@ class Engine:
         self._drain_inbox()
         sched = self.scheduler
         launched = False
-        admitted = sched.admit()
-        if admitted:
-            launched = self._prefill_guarded(admitted)
+        sched.admit()
+        work = sched.prefill_work()
+        if work:
+            launched = self._prefill_guarded(work)
         rows = sched.decode_rows()
         if rows:
             self._decode(rows)
@@ -247,28 +262,30 @@ class Engine:
                 if req is not None:
                     req.sink(self.scheduler.abort(req))
 
-    def _prefill_guarded(self, reqs: list[Request]) -> bool:
-        """Prefill `reqs`; if that raises an attributable error, prefill each alone (a prefill
-        writes only its own requests' pages) and fail the ones that still raise. -> launched."""
+    def _prefill_guarded(self, work: list) -> bool:
+        """Prefill `work` ((request, start, end) context positions); if that raises an
+        attributable error, prefill each alone (a prefill writes only its own requests' pages)
+        and fail the ones that still raise. -> whether a first-token draw was launched."""
         try:
-            self._prefill(reqs)
-            return True
+            return self._prefill(work)
         except BaseException as e:
             if not attributable(e):
                 raise
-            if len(reqs) == 1:
-                self._fail(reqs[0], e)
+            if len(work) == 1:
+                self._fail(work[0][0], e)
                 return False
         launched = False
-        for group in prefill_groups(reqs):            # n > 1: samples sharing a prefill go together
+        for group in prefill_groups(work):            # n > 1: samples sharing a prefill go together
+            group = [w for w in group if w[0].slot >= 0 and w[0].computed < w[2]]
+            if not group:
+                continue                              # failed meanwhile, or its chunk ran
             try:
-                self._prefill(group)
-                launched = True
+                launched = self._prefill(group) or launched
             except BaseException as e:
                 if not attributable(e):
                     raise
-                for r in group:
-                    self._fail(r, e)
+                for w in group:
+                    self._fail(w[0], e)
         return launched
 
     def _fail(self, req: Request, e: BaseException) -> None:
@@ -321,32 +338,57 @@ class Engine:
         for req in reqs:
             req.sink(err)
 
-    def _prefill(self, reqs: list[Request]) -> None:
-        """Prefill admitted requests over their context (prompt, plus accepted tokens after a
-        preemption), draw each one's next token into its slot, and start its row in the batch."""
+    def _prefill(self, work: list) -> bool:
+        """Prefill context positions [start, end) of admitted requests (their context: prompt,
+        plus accepted tokens after a preemption); a request whose context is then complete
+        draws its next token into its slot and starts its row in the batch. -> drew any."""
         s, dev = self.scheduler, self.device
+        forks = fork_owners(work, s.page_size)        # n > 1: the samples sharing this prefill's pages
+        for r, a, e in work:                          # never a shared or cached page (a forked
+            if r.shares is not None:                  # sample writes only its partial page's copy)
+                a = len(r.prompt) - len(r.prompt) % s.page_size
+            s.kv.check_writable(r.pages, a, e, forks=forks)
+        ctx = {id(r): r.context for r, _, _ in work}
+        part = [w for w in work if w[2] < len(ctx[id(w[0])])]
+        if part:                                      # chunks that draw nothing yet
+            self.runtime.prefill([torch.tensor(ctx[id(r)][a:e], dtype=torch.int64, device=dev) for r, a, e in part],
+                                 torch.from_numpy(self.batch.block_table_host[[r.slot for r, _, _ in part]]),
+                                 starts=[a for _, a, _ in part])
+            for r, _, e in part:
+                s.prefilled(r, e)
+        work = [w for w in work if w[2] == len(ctx[id(w[0])])]
+        if not work:
+            return False
+        reqs = [r for r, _, _ in work]
         slots = [r.slot for r in reqs]
-        own = [r for r in reqs if r.shares is None]   # n > 1: a sample that shares a sibling's prefill
-        prompts = [torch.tensor(r.context, dtype=torch.int64, device=dev) for r in own]
-        table = torch.from_numpy(self.batch.block_table_host[[r.slot for r in own]])   # [m, W] host
-        fork = {} if len(own) == len(reqs) else fork_args(own, reqs)
+        own = [w for w in work if w[0].shares is None]   # n > 1: a sample sharing a sibling's prefill
+        prompts = [torch.tensor(ctx[id(r)][a:], dtype=torch.int64, device=dev) for r, a, _ in own]
+        table = torch.from_numpy(self.batch.block_table_host[[r.slot for r, _, _ in own]])   # [m, W] host
+        fork = {} if len(own) == len(work) else fork_args([r for r, _, _ in own], reqs)
         ps = [r.params for r in reqs]
         inputs = SamplingInputs(torch.tensor([0.0 if p.greedy else p.temperature for p in ps]),
                                 torch.tensor([max(p.top_k, 0) for p in ps], dtype=torch.int32),
                                 torch.tensor([p.top_p for p in ps], dtype=torch.float32),
                                 torch.tensor([r.seed for r in reqs], dtype=torch.int64),
                                 torch.tensor([r.launched for r in reqs], dtype=torch.int32))
-        first = self.runtime.prefill_slots(prompts, table, slots, inputs, **fork)   # [len(reqs)] device
-        for r in reqs:
+        starts = [a for _, a, _ in own]
+        if getattr(self.runtime, "processing", False):               # every slot's processing rows
+            first, lp = extras.prefill(self.runtime, prompts, table, slots, inputs, reqs, self._token_text,
+                                       starts=starts, own=[r for r, _, _ in own], **fork)
+        else:
+            first, lp = self.runtime.prefill_slots(prompts, table, slots, inputs, starts=starts, **fork), None
+        for r, _, e in work:                          # first: [len(reqs)] device
+            s.prefilled(r, e)
             if self.spec is not None:
                 self.batch.set_history(r.slot, r.context)  # the first token: written on the device
                 if self.policy is not None:
                     self.policy.admit(r.slot)
             r.launched += 1
             s.activate(r)
-        pending = self._to_host([(r, i, r.epoch, 1) for i, r in enumerate(reqs)], first[None])
+        pending = self._to_host([(r, i, r.epoch, 1) for i, r in enumerate(reqs)], first[None], logprobs=lp)
         pending.kind = "prefill"
         self._pending.append(pending)
+        return True
 
     def _decode(self, rows: list[Request]) -> None:
         """One block over `rows`: pages for it (preempting if short), the batch's changes
@@ -365,25 +407,31 @@ class Engine:
                 #                               its pages); speculative rounds stop there on the device
         if k:
             go = s.launch_block(rows)
-            out = ex.spec_block(go.n, filtered=go.filtered)
+            out = ex.spec_block(go.n, filtered=go.filtered, **({"processed": True} if go.processed else {}))
             self.spec_counts["blocks"] += 1
             pending = self._to_host(go.rows, out.tokens, out.emitted, out.proposed)
             pending.kind, pending.spec_k = "spec", k
         else:
             go = s.launch_block(rows, block_tokens=ex.k)
-            pending = self._to_host(go.rows, ex.decode_block(go.n, sampled=go.sampled))
+            if go.processed:                          # logits processing: + the block's log-probs
+                tokens, lp = extras.decode_block(ex, go, rows)
+            else:
+                tokens, lp = ex.decode_block(go.n, sampled=go.sampled), None
+            pending = self._to_host(go.rows, tokens, logprobs=lp)
             if self.spec is not None:
                 self.spec_counts["plain_blocks"] += 1
         self._pending.append(pending)
 
-    def _to_host(self, rows, tokens: torch.Tensor, emitted=None, proposed=None) -> _Pending:
+    def _to_host(self, rows, tokens: torch.Tensor, emitted=None, proposed=None, *, logprobs=None) -> _Pending:
         if self.device.type != "cuda":
             return _Pending(rows, tokens.clone(), None, *(None if t is None else t.clone()
-                                                          for t in (emitted, proposed)))
+                                                          for t in (emitted, proposed)),
+                            logprobs=None if logprobs is None else tuple(t.clone() for t in logprobs))
         host = [None if t is None else t.to("cpu", non_blocking=True) for t in (tokens, emitted, proposed)]
+        lp = None if logprobs is None else tuple(t.to("cpu", non_blocking=True) for t in logprobs)
         event = torch.cuda.Event()
         event.record()
-        return _Pending(rows, host[0], event, host[1], host[2])
+        return _Pending(rows, host[0], event, host[1], host[2], logprobs=lp)
 
     def _finish(self, block: _Pending) -> None:
         """A block's tokens -> stop checks, deltas, finished requests' pages freed."""
@@ -407,6 +455,7 @@ class Engine:
                     self.scheduler.release(req)
                     self._requests.pop(req.request_id, None)
                 if delta is not None:
+                    extras.attach(req, delta, block.logprobs, col, self._token_text)
                     self._tokens_generated += len(delta.token_ids)
                     req.sink(delta)
             except Exception as e:                    # this request's stop checks / text / stream
@@ -417,12 +466,17 @@ class Engine:
         loop may move between reads): requests running / waiting, KV pages used / free, tokens
         streamed so far; with speculation also spec_proposed, spec_accepted, spec_rounds,
         spec_emitted, spec_acceptance_rate, spec_tokens_per_round, spec_blocks, spec_plain_blocks
-        (cumulative device counts, engine/speculation.py)."""
+        (cumulative device counts, engine/speculation.py). pages_free counts cached pages no
+        request holds (pages_cached: pages in the prefix cache, held or not); prefix_cache_queries
+        / prefix_cache_hits: prompt tokens looked up in the prefix cache / found there."""
         sched, alloc = self.scheduler, self.scheduler.allocator
-        free = alloc.num_free
+        free, cache = alloc.num_free, sched.kv.cache
         out = {"running": sum(r is not None for r in list(sched.slots)), "waiting": len(sched.waiting),
                "pages_used": alloc.num_pages - free, "pages_free": free,
-               "tokens_generated": self._tokens_generated}
+               "tokens_generated": self._tokens_generated,
+               "pages_cached": cache.num_cached if cache is not None else 0,
+               "prefix_cache_queries": cache.queries if cache is not None else 0,
+               "prefix_cache_hits": cache.hits if cache is not None else 0}
         if self.spec is not None:                     # speculation: cumulative device counts
             out.update(spec_stats(self.spec_counts))
         return out
@@ -469,6 +523,21 @@ class Engine:
             if not busy:
                 self._wake.wait(0.05)
                 self._wake.clear()
+
+
+def prefill_options(runtime, enable_prefix_caching: bool, max_num_batched_tokens: int | None):
+    """(prefix-cache seed or None, prefill token budget or None) for an engine over `runtime`: a
+    draft model prefills whole prompts only (neither a cached prefix nor chunks)."""
+    if not isinstance(enable_prefix_caching, bool):
+        raise ValueError(f"enable_prefix_caching: expected a bool, got {enable_prefix_caching!r}")
+    spec = getattr(runtime, "spec", None)
+    if spec is not None and getattr(spec, "draft", None) is not None:
+        if enable_prefix_caching or max_num_batched_tokens is not None:
+            log.info("engine: a draft model prefills whole prompts: prefix caching and chunked prefill off")
+        return None, None
+    model = runtime.model
+    seed = f"{type(model).__name__}|{model.spec!r}|{runtime.config!r}"   # the model, dtype, KV format
+    return (seed if enable_prefix_caching else None), max_num_batched_tokens
 
 
 __all__ = ["Engine", "EngineDeadError"]

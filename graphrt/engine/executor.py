@@ -5,6 +5,8 @@
                                                                            # same calls, broadcast
     ex.capture()
     first = ex.prefill_slots(prompts, table, slots, sampling)   # prefill + first draws into the slots
+    first = ex.prefill_slots(..., processing=rows, prompt_logprobs={0: 5})   # processing runtimes:
+    ex.prefill_logprobs, ex.prompt_logprobs     # the first draws' log-probs; prompt log-probs (CPU)
     ex.apply(update)                                            # the input batch's staged changes
     tokens = ex.decode_block(n, sampled=False)                  # [K, n]: K decode steps
     out = ex.spec_block(n, filtered=False)                      # BlockOutput: R speculative rounds
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from graphrt.model.logprobs import PromptLogprobs, token_logprobs
+from graphrt.model.processing import ProcessRows, drawn_from
 from graphrt.model.sampling import SamplingInputs, sample_eager
 
 
@@ -30,6 +34,8 @@ class LocalExecutor:
             raise ValueError("spec: the speculative runner must share the runtime's slots "
                              "(SpeculativeRunner.attach)")
         self.runtime, self.spec = runtime, spec
+        self.prefill_logprobs = None     # (token [1, m], rank, top ids [1, m, N], top vals): the last prefill's
+        self.prompt_logprobs: dict = {}  # {row: (logprob [T - 1], rank, ids, vals)} CPU, the last prefill's
 
     # ---- what the engine reads ----------------------------------------------------------------
     config = property(lambda self: self.runtime.config)
@@ -42,6 +48,9 @@ class LocalExecutor:
     uses_graphs = property(lambda self: self.runtime.uses_graphs)
     speculative = property(lambda self: None if self.spec is None else self.spec.config)
     rounds = property(lambda self: 0 if self.spec is None else self.spec.rounds)
+    processing = property(lambda self: self.runtime.processing)
+    spec_logprobs = False        # speculative rounds do not record log-probabilities (yet)
+    logprobs_width = property(lambda self: self.runtime.logprobs.width if self.runtime.processing else 0)
     history_width = property(lambda self: None if self.runtime.slots.history is None
                              else self.runtime.slots.history.shape[1])
 
@@ -54,31 +63,74 @@ class LocalExecutor:
             stats = dict(self.runtime.graphs.stats)
         return stats
 
-    def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor) -> torch.Tensor:
-        """As ModelRuntime.prefill: [m, V] float32 last-token logits."""
-        return self.runtime.prefill(prompts, block_table)
+    def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor, *, starts=None) -> torch.Tensor:
+        """As ModelRuntime.prefill: [m, V] float32 last-token logits (prompts[i] from position
+        starts[i], default 0). With a draft model only whole prompts (starts 0)."""
+        if starts is not None and any(starts):
+            self._check_partial_prefill()
+        return self.runtime.prefill(prompts, block_table, starts=starts)
+
+    def _check_partial_prefill(self) -> None:
+        if self.spec is not None and (self.spec.draft is not None or getattr(self.spec, "eagle", None) is not None):
+            raise ValueError("starts: a draft model or an EAGLE-3 head prefills whole prompts (no cached "
+                             "prefix or chunks)")
 
     def prefill_slots(self, prompts: list[torch.Tensor], block_table: torch.Tensor, slots: list[int],
-                      sampling: SamplingInputs, *, sources: list[int] | None = None,
-                      copies: list[tuple[int, int]] = ()) -> torch.Tensor:
-        """Prefill each prompt (row i of block_table), draw each slot's next token with
-        sampling's row i (its step is not advanced) from the last logits of prompt sources[i]
-        (default: slot i's own prompt, i < m) and write it as the slot's current token (and into
-        its token history at index len(prompt)). copies: (src, dst) KV pages copied after the
-        prefill, in every layer (n > 1: a sample's copy of the prompt's partial last page). With
-        a draft model, the draft's caches are prefilled (and copied) too. Returns the [s] int64
-        first tokens (device), one per slot."""
-        logits = self.prefill(prompts, block_table)                      # [m, V]
-        dev = self.device
+                      sampling: SamplingInputs, *, processing: ProcessRows | None = None,
+                      prompt_logprobs: dict[int, int] | None = None, starts=None,
+                      sources: list[int] | None = None, copies: list[tuple[int, int]] = ()) -> torch.Tensor:
+        """Prefill each prompt (row i of block_table, from position starts[i], default 0), draw
+        each slot's next token with sampling's row i (its step is not advanced) from the last
+        logits of prompt sources[i] (default: slot i's own prompt, i < m) and write it as the
+        slot's current token (and into its token history at index start + len(prompt)). copies:
+        (src, dst) KV pages copied after the prefill, in every layer (n > 1: a sample's copy of
+        the prompt's partial last page). With a draft model, the draft's caches are prefilled
+        (and copied) too; with an EAGLE-3 head, the target's prefill records its hidden states
+        and the head's prefill makes the slots' first proposals (both: whole prompts only; no
+        sources with EAGLE-3). Returns the [s] int64 first tokens (device), one per slot.
+
+        processing (a processing runtime): the slots' processing rows are reset to it first and
+        the first draws are processed, counted and their log-probabilities kept in
+        `prefill_logprobs` (device views); prompt_logprobs {row i: n}: those rows' prompt
+        log-probabilities into `prompt_logprobs` (CPU, synchronous; whole prompts only)."""
+        want = dict(prompt_logprobs or {})
+        collect = PromptLogprobs(prompts, want) if want else None
+        extra = {"on_logits": collect, "logits_rows": frozenset(want)} if collect is not None else {}
+        if starts is not None and any(starts):
+            if want:
+                raise ValueError("starts: prompt_logprobs need the whole prompt prefilled")
+            self._check_partial_prefill()
+            extra["starts"] = starts
+        eagle = getattr(self.spec, "eagle", None)
+        if eagle is not None and sources is not None:
+            raise ValueError("sources: an EAGLE-3 head prefills every sample's prompt (no shared prefill)")
+        if eagle is not None:
+            logits, hidden = eagle.target_prefill(self.runtime, prompts, block_table, **extra)
+        else:
+            logits = self.runtime.prefill(prompts, block_table, **extra)
+        self.prompt_logprobs = {i: collect.result(i) for i in want} if collect is not None else {}
+        st, dev = self.runtime.slots, self.device
         if sources is not None:
             logits = logits.index_select(0, torch.tensor(sources, device=logits.device))   # [s, V]
-        first = sample_eager(logits, sampling)                           # [s] device
-        st = self.runtime.slots
         idx = torch.tensor(slots, device=dev)
+        if processing is not None:
+            if st.proc is None:
+                raise ValueError("processing: this runtime was built with processing=False")
+            st.proc.write_rows(idx, processing)
+            temp, step = sampling.temperature.to(dev), sampling.step.to(dev)
+            x = st.proc.process(logits, idx, step, temp)
+            first = sample_eager(x, sampling)                            # [m] device
+            src = logits if self.runtime.logprobs_mode == "raw" else \
+                drawn_from(x, temp, sampling.top_k.to(dev), sampling.top_p.to(dev))
+            self.prefill_logprobs = tuple(t[None] for t in token_logprobs(src, first, self.logprobs_width))
+            st.proc.count(idx, first, torch.ones_like(first, dtype=torch.bool))
+        else:
+            first = sample_eager(logits, sampling)                       # [m] device
         st.tokens.index_copy_(0, idx, first)
         src = sources if sources is not None else range(len(slots))
         if st.history is not None:
-            at = torch.tensor([s * st.history.shape[1] + prompts[j].numel() for s, j in zip(slots, src)],
+            base = starts if starts is not None else [0] * len(prompts)
+            at = torch.tensor([s * st.history.shape[1] + base[j] + prompts[j].numel() for s, j in zip(slots, src)],
                               device=dev)
             st.history.view(-1).index_copy_(0, at, first.to(torch.int32))
         draft = self.spec.draft if self.spec is not None else None
@@ -87,22 +139,33 @@ class LocalExecutor:
         if copies:
             _copy_pages(list(self.runtime.kv_caches) + (list(draft.kv_caches) if draft is not None else []),
                         copies, dev)
+        if eagle is not None:
+            eagle.prefill(hidden, prompts, first, block_table.to(dev), slots, self.spec.device_error)
         return first
 
     def apply(self, update) -> None:
         """An input batch's staged changes into the slots (SlotState.apply)."""
         self.runtime.slots.apply(update)
 
-    def decode_block(self, n: int, *, sampled: bool) -> torch.Tensor:
-        """K decode steps over slots [0, n) -> [K, n] int64 (a view, valid until the next block)."""
+    def decode_block(self, n: int, *, sampled: bool, processed: bool = False,
+                     filtered: bool = True) -> torch.Tensor:
+        """K decode steps over slots [0, n) -> [K, n] int64 (a view, valid until the next block);
+        processed: the logits-processing graph (then `block_logprobs(n)` holds the block's);
+        filtered (with processed): some row uses top-k / top-p."""
+        if processed:
+            return self.runtime.decode_slots(n, sampled=True, processed=True, filtered=filtered)
         return self.runtime.decode_slots(n, sampled=sampled)
 
-    def spec_block(self, n: int, *, filtered: bool = False):
+    def block_logprobs(self, n: int):
+        """The last processed block's log-probabilities: (token [K, n], rank, ids [K, n, N], vals)."""
+        return self.runtime.logprobs.view(n)
+
+    def spec_block(self, n: int, *, filtered: bool = False, processed: bool = False):
         """R speculative rounds over slots [0, n) -> BlockOutput views (speculative/runner.py);
-        filtered: some slot uses top_k / top_p."""
+        filtered: some slot uses top_k / top_p; processed: some slot needs logits processing."""
         if self.spec is None:
             raise ValueError("spec_block: this executor was built without speculation")
-        return self.spec.run(n, filtered=filtered)
+        return self.spec.run(n, filtered=filtered, processed=processed)
 
     def measure_costs(self, *, replays: int = 10):
         """Device µs of one plain decode step and one speculative round per bucket, timed with
@@ -140,14 +203,8 @@ def _copy_pages(caches, copies: list[tuple[int, int]], device) -> None:
 
 def _time_us(fn, replays: int) -> float:
     """Mean µs of fn() on the current CUDA stream (one warm-up call first)."""
-    fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / replays
+    from graphrt.kernels.timing import events_us
+    return events_us(fn, replays, warmup=1)
 
 
 __all__ = ["LocalExecutor"]

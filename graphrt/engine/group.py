@@ -19,7 +19,14 @@ back by refcount, whichever sample finishes or is aborted first.
 best_of > n: every sample runs to its end, then the n with the highest cumulative
 log-probability are returned (re-indexed 0..n-1, in that order), in one final item: such a
 request cannot be streamed. The ranking needs each sample's cumulative_logprob: the samples run
-with logprobs=0 (the sampled token's log-probability) when SamplingParams has that field.
+with logprobs=0 (the sampled token's log-probability) unless logprobs was asked for; the
+returned completions carry logprobs only when it was.
+
+Prefix cache and chunked prefill (scheduler.admit): the fork is taken only when sample 0's
+prompt is prefilled whole in the same step (no chunk budget applies); otherwise each sample is
+prefilled on its own, and with the prefix cache on the later samples find sample 0's full
+pages there. Every item carries the request's num_cached_tokens (sample 0's) and the first
+one prompt_logprobs when asked for.
 """
 from __future__ import annotations
 
@@ -29,17 +36,11 @@ from graphrt.engine.params import CompletionOutput, RequestOutput, SamplingParam
 
 
 def child_params(params: SamplingParams) -> SamplingParams:
-    """One sample's SamplingParams (n = 1). ValueError naming best_of when best_of > n cannot be
-    ranked (no sampled-token log-probabilities in this build)."""
+    """One sample's SamplingParams (n = 1); with best_of > n and no logprobs asked for, logprobs=0
+    (the sampled token's log-probability: what cumulative_logprob sums, for the ranking)."""
     changes = {"n": 1, "best_of": None}
-    if params.samples > params.n:
-        names = {f.name for f in dataclasses.fields(SamplingParams)}
-        if "logprobs" not in names:
-            raise ValueError(f"best_of: {params.best_of} > n={params.n} ranks completions by cumulative "
-                             f"log-probability, which needs logprobs (not supported by graphrt yet); "
-                             f"use best_of=n")
-        if params.logprobs is None:
-            changes["logprobs"] = 0
+    if params.samples > params.n and params.logprobs is None:
+        changes["logprobs"] = 0
     return dataclasses.replace(params, **changes)
 
 
@@ -50,18 +51,32 @@ def child_seeds(params: SamplingParams, draw) -> list[int]:
     return [draw() for _ in range(params.samples)]
 
 
-def prefill_groups(reqs: list) -> list[list]:
-    """Admitted requests in prefill groups: a request that shares a sibling's prefill (`shares`)
-    goes with that sibling (which is among reqs, before it); the others alone."""
+def prefill_groups(work: list) -> list[list]:
+    """Prefill work items ((request, start, end)) in prefill groups: a request that shares a
+    sibling's prefill (`shares`) goes with that sibling's item (which is among them, before
+    it); the others alone."""
     groups, at = [], {}
-    for r in reqs:
-        lead = r.shares
+    for w in work:
+        lead = w[0].shares
         if lead is None:
-            at[id(r)] = len(groups)
-            groups.append([r])
+            at[id(w[0])] = len(groups)
+            groups.append([w])
         else:
-            groups[at[id(lead)]].append(r)
+            groups[at[id(lead)]].append(w)
     return groups
+
+
+def fork_owners(work: list, page_size: int) -> dict[int, int]:
+    """{page: forked samples sharing it} over the work items ((request, start, end)) whose
+    request shares a sibling's prefill: the full prompt pages that sibling writes first
+    (KVCacheManager.check_writable's forks)."""
+    out: dict[int, int] = {}
+    for w in work:
+        r = w[0]
+        if r.shares is not None:
+            for p in r.pages[:len(r.prompt) // page_size]:
+                out[p] = out.get(p, 0) + 1
+    return out
 
 
 def fork_args(own: list, reqs: list) -> dict:
@@ -99,6 +114,9 @@ class GroupSink:
         self.ranked = params.samples > params.n
         self.totals = [CompletionOutput(i) for i in range(len(child_ids))] if self.ranked else None
         self.failed = False
+        self.cached = None                     # num_cached_tokens: sample 0's, else the first seen
+        self.prompt_lp = None                  # prompt_logprobs, until sent once
+        self.prompt_lp_sent = False
 
     def sink(self, index: int):
         return lambda item: self.put(index, item)
@@ -114,6 +132,10 @@ class GroupSink:
             self.stream.put(item)
             return
         o = item.outputs[0]
+        if index == 0 or self.cached is None:
+            self.cached = item.num_cached_tokens
+        if item.prompt_logprobs is not None and not self.prompt_lp_sent and self.prompt_lp is None:
+            self.prompt_lp = item.prompt_logprobs
         out = CompletionOutput(index, o.text, list(o.token_ids), o.cumulative_logprob, o.logprobs,
                                o.finish_reason, o.stop_reason)
         if o.finish_reason is not None:
@@ -122,19 +144,27 @@ class GroupSink:
             self._done()
         if not self.ranked:
             self.stream.put(RequestOutput(self.stream.request_id, self.prompt_ids, outputs=[out],
-                                          prompt=self.prompt, finished=self.left == 0))
+                                          prompt=self.prompt, finished=self.left == 0,
+                                          prompt_logprobs=self._take_prompt_lp(), num_cached_tokens=self.cached))
             return
         merge_delta(self.totals[index], out)
         if self.left == 0:
             try:
                 picked = best_of(self.totals, self.params.n,
-                                 keep_logprobs=getattr(self.params, "logprobs", None) is not None)
+                                 keep_logprobs=self.params.logprobs is not None)
             except ValueError as e:
                 self.failed = True
                 self.stream.put(e)
                 return
             self.stream.put(RequestOutput(self.stream.request_id, self.prompt_ids, outputs=picked,
-                                          prompt=self.prompt, finished=True))
+                                          prompt=self.prompt, finished=True,
+                                          prompt_logprobs=self._take_prompt_lp(), num_cached_tokens=self.cached))
+
+    def _take_prompt_lp(self):
+        lp, self.prompt_lp = self.prompt_lp, None
+        if lp is not None:
+            self.prompt_lp_sent = True
+        return lp
 
 
-__all__ = ["GroupSink", "child_params", "child_seeds", "prefill_groups", "fork_args", "best_of"]
+__all__ = ["GroupSink", "child_params", "child_seeds", "prefill_groups", "fork_owners", "fork_args", "best_of"]

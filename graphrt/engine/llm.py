@@ -13,8 +13,10 @@
     llm = LLM(path, tensor_parallel=2)                     # one process per GPU (graphrt/parallel)
     llm.shutdown()                                         # ends the tensor-parallel workers
     llm = LLM(path, quantization="fp8")                    # FP8 weights from a float checkpoint
+    llm = LLM(path, kv_cache_dtype="fp8")                  # FP8 (e4m3) KV cache: docs/fp8.md
     llm = LLM(path, speculative={"method": "ngram", "num_tokens": 4})       # speculative decoding
     llm = LLM(path, speculative={"method": "draft", "num_tokens": 4, "model": DRAFT_DIR})
+    llm = LLM(path, speculative={"method": "eagle3", "num_tokens": 4, "model": HEAD_DIR})   # EAGLE-3 head
 
 Thread-safe: generate / chat may be called from any number of threads; each caller's streams
 drive the engine's step (one step at a time, engine.step's lock) or wait on the engine's thread
@@ -26,6 +28,7 @@ no single request caused, docs/engine.md), every caller raises EngineDeadError.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import torch
@@ -34,6 +37,7 @@ from graphrt.engine.config import EngineConfig
 from graphrt.engine.device import available_bytes, check_device_support, resolve_device, select_triton_mode
 from graphrt.engine.hub import resolve_model
 from graphrt.engine.params import RequestOutput, SamplingParams
+from graphrt.engine.startup import StartupTimes
 from graphrt.engine.stream import interrupt_after
 from graphrt.engine.vllm_args import translate
 
@@ -43,16 +47,21 @@ from graphrt.engine.vllm_args import translate
 log = logging.getLogger("graphrt.engine")
 
 
-def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None, quantization=None):
+def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None, quantization=None, times=None):
     """Load (the rank's shard of) the checkpoint, build the rank's model, ModelRuntime and (with
-    speculation) speculative runner -> (Checkpoint, max_model_len, LocalExecutor)."""
+    speculation) speculative runner -> (Checkpoint, max_model_len, LocalExecutor). times: a
+    StartupTimes whose runtime phase gets the model, runtime and runner construction."""
     from graphrt.engine.executor import LocalExecutor
     from graphrt.engine.loader import load_checkpoint
     from graphrt.engine.model import build_model
     from graphrt.model.runtime import ModelRuntime
     world, rank = (1, 0) if tp is None else (tp.world_size, tp.rank)
+    t = time.perf_counter()
     ck = load_checkpoint(path, device=device, dtype=getattr(torch, dtype), rank=rank, world_size=world,
                          quantization=quantization)
+    if times is not None:                              # the files opened, parsed and read
+        times.weights_s += time.perf_counter() - t
+        times.read_s += getattr(ck, "load_s", 0.0)
     max_len = config.resolve_max_model_len(ck.max_position_embeddings)
     pages = None
     if device.type == "cuda" and config.num_pages is None and tp is None:   # the pool from free memory
@@ -65,25 +74,44 @@ def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None, q
                                   dtype_bytes=torch.empty(0, dtype=getattr(torch, dtype)).element_size(),
                                   num_kv_heads=ck.spec.num_kv_heads // world)   # this rank's heads
     config.check_memory(needed, available_bytes=available_bytes(device), device=str(device))
+    if tp is not None:                                 # one-shot all-reduce where it measures faster
+        from graphrt.parallel.allreduce import configure
+        tp = configure(tp, hidden=ck.spec.hidden_size, max_tokens=max(rc.buckets), dtype=getattr(torch, dtype),
+                       device=device)
+    t = time.perf_counter()
     model = build_model(ck, max_positions=rc.max_context_len, tp=tp)
     if tp is not None:                                 # the rank's own heads
         from graphrt.parallel.shard import shard_runtime_config
         rc = shard_runtime_config(rc, tp.world_size)
     spec = config.speculative
+    from graphrt.engine.params import MAX_LOGPROBS
     mrt = ModelRuntime(model, rc, device, steps_per_graph=config.steps_per_graph, sampling=True,
-                       fallback_to_one_step=True, token_history=spec is not None)
+                       fallback_to_one_step=True, token_history=spec is not None,
+                       processing=tp is None, logprobs_width=MAX_LOGPROBS,
+                       kv_scales=kv_scales_for(ck, rc))
     runner = None
     if spec is not None:
         from graphrt.engine.speculation import build_runner
         runner = build_runner(mrt, spec, rounds=config.spec_rounds, dtype=dtype, target=ck)
+    if times is not None:
+        times.runtime_s += time.perf_counter() - t
     return ck, max_len, LocalExecutor(mrt, runner)
 
 
-def _tp_worker(ctx, path, config: EngineConfig, dtype: str) -> None:
+def kv_scales_for(ck, rc):
+    """The checkpoint's FP8 KV scales when the pool is FP8 (else None: calibrated on the first
+    prefill); scales in a checkpoint served with a model-dtype KV cache are unused (logged)."""
+    if ck.kv_scales is not None and not rc.kv_fp8:
+        log.info("kv_cache_dtype: %s; the checkpoint's FP8 KV scales are unused (kv_cache_dtype='fp8' "
+                 "uses them)", rc.kv_cache_dtype)
+    return ck.kv_scales if rc.kv_fp8 else None
+
+
+def _tp_worker(ctx, path, config: EngineConfig, dtype: str, quantization: str | None = None) -> None:
     """Ranks 1..n-1 of LLM(..., tensor_parallel=n): build the rank's runtime, follow rank 0."""
     from graphrt.parallel.driver import follow
     select_triton_mode(ctx.device)                     # a spawned process: before its kernels load
-    _, _, runtime = _build_runtime(path, ctx.device, config, dtype, tp=ctx.tp)
+    _, _, runtime = _build_runtime(path, ctx.device, config, dtype, tp=ctx.tp, quantization=quantization)
     follow(runtime, ctx.control)
 
 
@@ -104,7 +132,8 @@ class LLM:
     only its slices; every prefill / decode is broadcast to them. A rank that dies makes the
     next call raise RankError (collectives in flight end at tp_timeout_s). `shutdown()` ends them.
     quantization="fp8": a float checkpoint's linear layers as FP8 (per channel) while loading;
-    FP8 checkpoints load as FP8 without it (graphrt/engine/quant_loader.py).
+    FP8 checkpoints load as FP8 without it (graphrt/engine/quant_loader.py); with
+    tensor_parallel, each rank loads its shard of the FP8 weights and scales.
 
     vLLM's constructor names work too (engine/vllm_args.py, docs/engine.md): tensor_parallel_size,
     max_num_seqs (max_batch), block_size (page_size), enforce_eager (capture=False), dtype "auto" /
@@ -124,6 +153,7 @@ class LLM:
         if config is not None and overrides:
             raise ValueError(f"config: give an EngineConfig or keyword fields, not both ({sorted(overrides)})")
         config = config or EngineConfig(**overrides)
+        times = StartupTimes()                         # the one start-up line (startup.py)
         dev = resolve_device(device)
         check_device_support(dev, config.dtype)        # before anything loads: dtype, FlashInfer
         select_triton_mode(dev)                        # before any kernel module is imported
@@ -135,34 +165,47 @@ class LLM:
         self.config, self._workers = config, None
         if isinstance(tensor_parallel, bool) or not isinstance(tensor_parallel, int) or tensor_parallel < 1:
             raise ValueError(f"tensor_parallel: expected an int >= 1, got {tensor_parallel!r}")
-        if quantization is not None and tensor_parallel != 1:
-            raise ValueError(f"quantization: {quantization!r} is not supported with tensor_parallel > 1")
         if config.speculative is not None and tensor_parallel != 1:
             raise ValueError("speculative: not supported with tensor_parallel > 1 yet")
+        times.setup_s = time.perf_counter() - times.t0     # imports, device checks, the model's files
         if tensor_parallel == 1:
             self.checkpoint, max_len, self.runtime = _build_runtime(path, dev, config, dtype,
-                                                                    quantization=quantization)
+                                                                    quantization=quantization, times=times)
         else:
-            ck, max_len = self._start_tensor_parallel(path, dev, config, dtype, tensor_parallel, tp_timeout_s)
+            ck, max_len = self._start_tensor_parallel(path, dev, config, dtype, tensor_parallel, tp_timeout_s,
+                                                      quantization, times)
             self.checkpoint = ck
         try:
             ck = self.checkpoint
+            engine_t = time.perf_counter()
             self.tokenizer = load_tokenizer(path)
             if len(self.tokenizer) > ck.spec.vocab_size:   # HF loads it too; such ids are refused per request
                 log.warning("tokenizer: %d ids but the model's vocab_size is %d; prompts that tokenize to "
                             "ids >= %d are refused (400 naming 'prompt')", len(self.tokenizer),
                             ck.spec.vocab_size, ck.spec.vocab_size)
             if dev.type == "cuda" and config.capture:
-                self.runtime.capture()
+                engine_t -= time.perf_counter()
+                with times.phase("capture"):
+                    self.runtime.capture()
+                engine_t += time.perf_counter()
+                graphs = getattr(self.runtime, "graphs", None)
+                times.from_capture(graphs.stats.values() if graphs is not None else ())
             tok_eos = self.tokenizer.eos_token_id
             eos = ck.eos_token_ids or ((tok_eos,) if tok_eos is not None else ())
             self.engine = Engine(self.runtime, self.tokenizer, eos_token_ids=eos, max_model_len=max_len,
-                                 overlap=config.overlap, seed=config.seed)
+                                 overlap=config.overlap, seed=config.seed,
+                                 enable_prefix_caching=config.enable_prefix_caching,
+                                 max_num_batched_tokens=config.max_num_batched_tokens)
+            times.engine_s = time.perf_counter() - engine_t
         except BaseException:
             self.shutdown()
             raise
+        times.finish()
+        self.startup = times
+        log.info("%s", times.line(pages=self.engine.scheduler.allocator.num_pages, pool_bytes=_pool_bytes(self.runtime)))
 
-    def _start_tensor_parallel(self, path, dev, config, dtype, n: int, timeout_s: float):
+    def _start_tensor_parallel(self, path, dev, config, dtype, n: int, timeout_s: float, quantization,
+                               times=None):
         from transformers import AutoConfig
 
         from graphrt.engine.loader import read_config
@@ -177,10 +220,11 @@ class LLM:
             raise ValueError(f"device: tensor_parallel uses cuda:0..cuda:{n - 1}, got {dev}")
         self._workers = WorkerGroup.start(n, backend="nccl" if dev.type == "cuda" else "gloo",
                                           timeout_s=timeout_s, target=_tp_worker,
-                                          args=(str(path), config, dtype))
+                                          args=(str(path), config, dtype, quantization))
         try:
             ctx = self._workers.ctx
-            ck, max_len, local = _build_runtime(path, ctx.device, config, dtype, tp=ctx.tp)
+            ck, max_len, local = _build_runtime(path, ctx.device, config, dtype, tp=ctx.tp,
+                                                quantization=quantization, times=times)
             self.runtime = TPDriver(local, ctx.control, health=self._workers.failure)
             if self._workers.failure() is not None:      # a worker failed while building its rank
                 raise RankError(self._workers.failure())
@@ -281,6 +325,14 @@ def _prompt_of(p: dict):
     if keys == {"prompt_token_ids"}:
         return p["prompt_token_ids"]
     raise ValueError(f"prompts: a prompt dict takes 'prompt' or 'prompt_token_ids' alone, got keys {sorted(keys)}")
+
+
+def _pool_bytes(runtime) -> int:
+    """Bytes of this process's KV pool (K and V of every layer), 0 if not reachable."""
+    while runtime is not None and not hasattr(runtime, "kv_caches"):
+        runtime = getattr(runtime, "runtime", None)
+    caches = getattr(runtime, "kv_caches", None) or []
+    return sum(t.numel() * t.element_size() for c in caches for t in c.as_tuple())
 
 
 def _collect(streams, *, progress: bool) -> list[RequestOutput]:

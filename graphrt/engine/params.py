@@ -20,13 +20,17 @@ MAX_BEST_OF = 128           # samples of one prompt (n, best_of)
 # vLLM SamplingParams fields graphrt does not implement (yet), with vLLM's default: accepted
 # only at that value (it changes nothing); any other value is a ValueError naming the field.
 VLLM_DEFAULTS = {
-    "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "min_p": 0.0,
-    "min_tokens": 0, "logprobs": None, "prompt_logprobs": None, "logit_bias": None,
-    "bad_words": None, "allowed_token_ids": None, "logits_processors": None,
+    "allowed_token_ids": None, "logits_processors": None,
     "truncate_prompt_tokens": None, "guided_decoding": None, "structured_outputs": None,
     "skip_special_tokens": True, "spaces_between_special_tokens": True, "detokenize": True,
     "include_stop_str_in_output": False, "extra_args": None,
 }
+MAX_LOGPROBS = 20           # top alternatives per position (the graphs' captured width)
+MAX_LOGIT_BIAS = 64         # logit_bias entries per request
+MAX_BAD_WORDS = 64          # bad_words per request
+MAX_PENALTY = 2.0           # |presence_penalty|, |frequency_penalty| (OpenAI's range)
+MAX_REPETITION_PENALTY = 10.0
+MAX_BIAS = 100.0            # |logit_bias value| (OpenAI's range)
 
 
 def _short(value) -> str:
@@ -89,9 +93,22 @@ class SamplingParams:
     characters in all; stop_token_ids: ids that end it (kept in token_ids);
     ignore_eos: do not stop at the model's end-of-sequence ids.
 
+    Log-probabilities (RequestOutput.logprobs / .prompt_logprobs): logprobs None (off) or n in
+    [0, MAX_LOGPROBS]: each generated token's log-probability and its top n alternatives;
+    prompt_logprobs the same for every prompt token after the first (computed from the prefill).
+    Logits processing, applied in this order to the model's float32 logits of every draw:
+    repetition_penalty in (0, MAX_REPETITION_PENALTY] (1 = off; HF's rule over prompt + output
+    tokens: a positive logit divided by it, a negative one multiplied), presence_penalty and
+    frequency_penalty in [-2, 2] (OpenAI's rule over output tokens: logit -= presence * (count > 0)
+    + frequency * count), logit_bias {token id: value in [-100, 100]} (at most MAX_LOGIT_BIAS,
+    added), bad_words (at most MAX_BAD_WORDS strings, each one token: that token is never drawn),
+    min_tokens in [0, max_tokens] (stop_token_ids and end-of-sequence ids are not drawn before
+    min_tokens tokens), then temperature, min_p in [0, 1] (sampled rows: tokens whose probability
+    is under min_p times the largest are dropped), top_k, top_p.
+
     n: completions returned for the prompt; best_of (None = n): completions generated, of which
-    the n with the highest cumulative log-probability are returned (best_of > n needs the
-    sampled tokens' log-probabilities; it cannot be streamed). The prompt is prefilled once and
+    the n with the highest cumulative log-probability are returned (best_of > n runs the
+    samples with logprobs=0 when logprobs is None; it cannot be streamed). The prompt is prefilled once and
     its KV pages shared (engine/group.py); with a seed, completion i uses seed + i (vLLM's rule),
     so it equals SamplingParams(n=1, seed=seed + i) alone; n > 1 needs temperature > 0 unless
     the completions should be identical.
@@ -105,6 +122,15 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    logit_bias: dict | None = None
+    min_tokens: int = 0
+    bad_words: tuple[str, ...] = ()
     # ---- n > 1 (engine/group.py): pure API, no per-token processing ----
     n: int = 1
     best_of: int | None = None
@@ -147,6 +173,54 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", tuple(_int("stop_token_ids", i, 0) for i in ids))
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos: expected a bool, got {self.ignore_eos!r}")
+        self._check_processing()
+
+    def _check_processing(self) -> None:
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                _int(name, getattr(self, name), 0, MAX_LOGPROBS)
+        for name, lo, hi in (("presence_penalty", -MAX_PENALTY, MAX_PENALTY),
+                             ("frequency_penalty", -MAX_PENALTY, MAX_PENALTY),
+                             ("repetition_penalty", 0.0, MAX_REPETITION_PENALTY), ("min_p", 0.0, 1.0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v):
+                raise ValueError(f"{name}: expected a finite number, got {_short(v)}")
+            if not lo <= v <= hi or (name == "repetition_penalty" and v == 0):
+                raise ValueError(f"{name}: must be in {'(' if name == 'repetition_penalty' else '['}"
+                                 f"{lo:g}, {hi:g}], got {v}")
+        _int("min_tokens", self.min_tokens, 0, self.max_tokens)
+        bias = self.logit_bias
+        if bias is not None:
+            if not isinstance(bias, dict):
+                raise ValueError(f"logit_bias: expected a dict {{token id: bias}}, got {_short(bias)}")
+            if len(bias) > MAX_LOGIT_BIAS:
+                raise ValueError(f"logit_bias: at most {MAX_LOGIT_BIAS} entries, got {len(bias)}")
+            for tok, v in bias.items():
+                _int("logit_bias", tok, 0)
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v) \
+                        or abs(v) > MAX_BIAS:
+                    raise ValueError(f"logit_bias: values must be numbers in [-{MAX_BIAS:g}, {MAX_BIAS:g}], "
+                                     f"got {_short(v)} for token {tok}")
+            object.__setattr__(self, "logit_bias", {int(t): float(v) for t, v in bias.items()} or None)
+        words = (self.bad_words,) if isinstance(self.bad_words, str) else self.bad_words
+        if not isinstance(words, (list, tuple)) or not all(isinstance(w, str) and w for w in words):
+            raise ValueError(f"bad_words: expected a list of non-empty strings, got {_short(self.bad_words)}")
+        if len(words) > MAX_BAD_WORDS:
+            raise ValueError(f"bad_words: at most {MAX_BAD_WORDS} words, got {len(words)}")
+        object.__setattr__(self, "bad_words", tuple(words))
+
+        object.__setattr__(self, "_processed", self._needs_processing())
+
+    @property
+    def processed(self) -> bool:
+        """Whether the draws need the logits-processing graphs (penalties, bias, bans, min_p,
+        min_tokens, log-probabilities); plain rows keep the cheap greedy / sampled graphs."""
+        return self._processed
+
+    def _needs_processing(self) -> bool:
+        return (self.logprobs is not None or self.presence_penalty != 0 or self.frequency_penalty != 0
+                or self.repetition_penalty != 1 or self.min_p > 0 or bool(self.logit_bias)
+                or self.min_tokens > 0 or bool(self.bad_words))
 
     @property
     def greedy(self) -> bool:
@@ -158,6 +232,16 @@ class SamplingParams:
         return self.n if self.best_of is None else self.best_of
 
 
+@dataclass(frozen=True)
+class Logprob:
+    """One token's log-probability at one position: logprob (natural log), rank (1 = the most
+    likely; None where unknown), decoded_token (its text alone)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
 @dataclass
 class CompletionOutput:
     """One completion of a request (vLLM's CompletionOutput). index: its place among the
@@ -165,13 +249,16 @@ class CompletionOutput:
     since the previous item; finish_reason: None until the last item, then "stop" (a stop
     string, stop token or end-of-sequence), "length" (max_tokens) or "abort" (cancelled);
     stop_reason: the stop token id or stop string that ended it (None for end-of-sequence or
-    length); cumulative_logprob / logprobs: None unless log-probabilities were asked for."""
+    length). With SamplingParams.logprobs: logprobs holds one dict per token of token_ids,
+    {token id: Logprob} (the generated token and the top-n alternatives, vLLM's shape), and
+    cumulative_logprob the sum of the generated tokens' log-probabilities so far (the whole
+    completion's, also on a stream's deltas); both None otherwise."""
 
     index: int
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     cumulative_logprob: float | None = None
-    logprobs: list | None = None
+    logprobs: list[dict[int, Logprob]] | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
@@ -200,22 +287,27 @@ class RequestOutput:
         out.text, out.token_ids, out.finish_reason     # shortcuts to outputs[0] (n = 1)
 
     The positional form `RequestOutput(request_id, prompt_token_ids, text, token_ids,
-    finish_reason, stop_reason=...)` builds one completion (index 0), as the engine's
-    per-sequence deltas do.
-    finished: every completion finished (default: those in `outputs`)."""
+    finish_reason, stop_reason=..., logprobs=...)` builds one completion (index 0), as the
+    engine's per-sequence deltas do.
+    finished: every completion finished (default: those in `outputs`).
+    prompt_logprobs (with SamplingParams.prompt_logprobs; a stream's first item only): one entry
+    per prompt token, None for the first. num_cached_tokens: prompt tokens not prefilled because
+    their K/V was found in the prefix cache (counted at the first admission; every item has it)."""
 
-    __slots__ = ("request_id", "prompt", "prompt_token_ids", "prompt_logprobs", "outputs", "finished")
+    __slots__ = ("request_id", "prompt", "prompt_token_ids", "prompt_logprobs", "outputs", "finished",
+                 "num_cached_tokens")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], text: str = "",
                  token_ids: list[int] | None = None, finish_reason: str | None = None, *,
                  outputs: list[CompletionOutput] | None = None, prompt: str | None = None,
                  prompt_logprobs: list | None = None, finished: bool | None = None,
-                 stop_reason: int | str | None = None):
+                 stop_reason: int | str | None = None, logprobs: list | None = None,
+                 cumulative_logprob: float | None = None, num_cached_tokens: int = 0):
         if outputs is None:
-            outputs = [CompletionOutput(0, text, [] if token_ids is None else token_ids,
-                                        finish_reason=finish_reason, stop_reason=stop_reason)]
+            outputs = [CompletionOutput(0, text, [] if token_ids is None else token_ids, cumulative_logprob,
+                                        logprobs, finish_reason=finish_reason, stop_reason=stop_reason)]
         self.request_id, self.prompt, self.prompt_token_ids = request_id, prompt, prompt_token_ids
-        self.prompt_logprobs, self.outputs = prompt_logprobs, outputs
+        self.prompt_logprobs, self.outputs, self.num_cached_tokens = prompt_logprobs, outputs, num_cached_tokens
         self.finished = all(o.finished for o in outputs) if finished is None else finished
 
     # ---- shortcuts to the first completion (the only one with n = 1) ----
@@ -231,11 +323,20 @@ class RequestOutput:
     def finish_reason(self) -> str | None:
         return self.outputs[0].finish_reason
 
+    @property
+    def logprobs(self) -> list | None:
+        return self.outputs[0].logprobs
+
+    @logprobs.setter
+    def logprobs(self, value: list | None) -> None:
+        self.outputs[0].logprobs = value
+
     def __repr__(self) -> str:
         return (f"RequestOutput(request_id={self.request_id!r}, prompt={self.prompt!r}, "
                 f"prompt_token_ids={self.prompt_token_ids!r}, outputs={self.outputs!r}, "
-                f"finished={self.finished})")
+                f"finished={self.finished}, num_cached_tokens={self.num_cached_tokens})")
 
 
-__all__ = ["SamplingParams", "RequestOutput", "CompletionOutput", "merge_delta", "MAX_TEMPERATURE", "MAX_SEED",
-           "MAX_STOP_STRINGS", "MAX_STOP_CHARS", "MAX_BEST_OF", "VLLM_DEFAULTS"]
+__all__ = ["SamplingParams", "RequestOutput", "CompletionOutput", "Logprob", "merge_delta", "MAX_TEMPERATURE",
+           "MAX_SEED", "MAX_STOP_STRINGS", "MAX_STOP_CHARS", "MAX_BEST_OF", "MAX_LOGPROBS", "MAX_LOGIT_BIAS",
+           "VLLM_DEFAULTS"]

@@ -6,7 +6,14 @@ input_batch.py holds the rows on the device):
   to R * (k + 1) tokens per row, how many is known only when the block's counts are read).
 - Admission (FIFO): a waiting request is admitted when a slot is free and the free pages cover
   its context (prompt, plus the tokens kept from before a preemption) and one block,
-  with one block's growth left over for each running request.
+  with one block's growth left over for each running request. With the prefix cache the full
+  pages of its context's longest cached prefix are shared instead of allocated (never the page
+  of its last context token: at least one token is prefilled, for the first logits).
+- Prefill (`prefill_work`, `prefilled`): an admitted request's context is prefilled from its
+  first uncached token, in chunks: while some row decodes, at most max_num_batched_tokens
+  prompt tokens run between two decode blocks (FIFO; a long prompt spans several steps);
+  with no row decoding, everything admitted runs at once. A request decodes after its last
+  chunk. Full pages are cached as they are written (prefill, then accepted decode tokens).
 - Growth: before each block a row gets the pages its next block may write (`grow`): with
   speculation for R * (k + 1) positions past the most tokens it may hold (`launched` is then an
   upper bound, settled when the block's counts come back: `settle`). When the pool
@@ -59,6 +66,14 @@ class Request:
     sibling: "Request | None" = None
     shares: "Request | None" = None
     copy_page: tuple[int, int] | None = None
+    rules: list | None = None         # token rules of its logits processing (engine/sampling_extras.py)
+    prompt_lp: list | None = None     # prompt log-probs waiting for the first delta
+    prefilling: bool = False          # admitted, context not all prefilled yet (no decode row)
+    computed: int = 0                 # context tokens whose K/V are in `pages` (while prefilling)
+    hashes: list = field(default_factory=list)   # prefix-cache keys of its full pages so far
+    cached_pages: int = 0             # pages[:cached_pages] are in the prefix cache
+    num_cached_tokens: int | None = None   # prompt tokens found cached at its first admission
+    cumulative_logprob: float = 0.0   # sum of its delivered tokens' log-probs (with logprobs)
 
     @property
     def context(self) -> list[int]:
@@ -68,11 +83,19 @@ class Request:
 
 class Launch(NamedTuple):
     """A block about to launch: rows [0, n) served; sampled: some row samples; filtered: some
-    sampled row uses top_k / top_p; rows: (request, slot, epoch, draws counted) per row."""
+    sampled row uses top_k / top_p; rows: (request, slot, epoch, draws counted) per row;
+    processed: some row needs logits processing (SamplingParams.processed)."""
     n: int
     sampled: bool
     filtered: bool
     rows: list
+    processed: bool = False
+
+
+def _whole_prompt(req: Request) -> bool:
+    """A first admission asking for prompt log-probs: prefilled whole (no cached prefix, no
+    chunks), since every prompt position's logits are needed."""
+    return getattr(req.params, "prompt_logprobs", None) is not None and not req.token_ids
 
 
 class Scheduler:
@@ -80,8 +103,21 @@ class Scheduler:
 
     def __init__(self, *, max_batch: int, page_size: int, max_pages_per_seq: int, num_pages: int,
                  steps_per_graph: int, eos_token_ids: tuple[int, ...], batch: InputBatch,
-                 spec_k: int = 0, spec_rounds: int = 0):
-        self.kv = KVCacheManager(pool_pages=num_pages + 1, page_size=page_size)
+                 spec_k: int = 0, spec_rounds: int = 0, cache_seed: str | None = None,
+                 max_num_batched_tokens: int | None = None):
+        """cache_seed: turns the prefix cache on (it names the model, prefix_cache.py);
+        max_num_batched_tokens: prompt tokens prefilled between two decode blocks while some
+        row decodes (None: no limit)."""
+        if max_num_batched_tokens is not None and (isinstance(max_num_batched_tokens, bool) or not
+                                                   isinstance(max_num_batched_tokens, int) or max_num_batched_tokens < 1):
+            raise ValueError(f"max_num_batched_tokens: must be None or an int >= 1, got {max_num_batched_tokens!r}")
+        self.kv = KVCacheManager(pool_pages=num_pages + 1, page_size=page_size, cache_seed=cache_seed)
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.prefilling: list[Request] = []          # admitted, prefill not finished (FIFO)
+        self.forks = True                            # n > 1: samples may share a prefill (kv.fork)
+        self.record = False                          # tests: log every launch in `launches`
+        self.launches: list[tuple] = []              # ("prefill", request id, start, end) /
+        #                                              ("decode", "id,id,..", draws per row)
         self.allocator = self.kv.allocator
         self.page_size, self.k, self.eos = page_size, steps_per_graph, frozenset(eos_token_ids)
         self.spec_k = spec_k                        # 0: no speculation
@@ -116,30 +152,97 @@ class Scheduler:
         out = []
         per_row = self.kv.pages_for(self.block_tokens)   # a row's most growth in one block
         running = len(self.slots) - len(self._free_slots)
+        kv = self.kv
         while self.waiting and self._free_slots:
             req = self.waiting[0]
-            need = self.kv.pages_for(self._block_end(req, len(req.prompt) + len(req.token_ids) + 1))
-            sib = req.sibling if req.sibling in out and not req.token_ids and not req.sibling.token_ids else None
-            shared = len(req.prompt) // self.page_size if sib is not None else 0   # n > 1: kv.fork
-            if need - shared + running * per_row > self.kv.num_free and running:
+            n = len(req.prompt) + len(req.token_ids)
+            sib = req.sibling if self._can_fork(req, out) else None
+            hit = [] if sib is not None else self._match(req, n)
+            total = kv.pages_for(self._block_end(req, n + 1))
+            need = total - len(hit) - (len(req.prompt) // self.page_size if sib is not None else 0)
+            free = kv.free_after_sharing(hit) if hit else kv.num_free
+            if need + running * per_row > free and running:
                 break                                   # would be preempted at once: wait
-            if sib is not None:
-                got = self.kv.fork(sib.pages, tokens=len(req.prompt), total=need)
-                pages, req.copy_page = (None, None) if got is None else got
-            else:
-                pages = self.kv.allocator.allocate(need) if need <= self.kv.num_free else None
-                req.copy_page = None
-            if pages is None:
+            if need > free:
                 break
-            req.shares = sib
+            req.shares, req.copy_page = sib, None
+            if sib is not None:                         # n > 1: sample 0's full prompt pages, shared
+                pages, req.copy_page = kv.fork(sib.pages, tokens=len(req.prompt), total=total)
+            else:
+                kv.share(hit)
+                pages = hit + kv.allocate(need)
             self.waiting.popleft()
             slot = heapq.heappop(self._free_slots)
             self.slots[slot], req.slot, req.pages = req, slot, pages
             req.admitted_at, self._admissions = self._admissions, self._admissions + 1
+            req.prefilling, req.computed, req.cached_pages = True, len(hit) * self.page_size, len(hit)
+            if sib is not None:                         # shared pages: sample 0 writes (and caches) them
+                req.cached_pages = len(req.prompt) // self.page_size
+            if req.num_cached_tokens is None:
+                req.num_cached_tokens = req.computed
             self.batch.set_pages(slot, 0, pages)
+            self.prefilling.append(req)
             running += 1
             out.append(req)
         return out
+
+    def _can_fork(self, req: Request, out: list[Request]) -> bool:
+        """n > 1: req takes its sibling's prompt pages (kv.fork) when the sibling was admitted in
+        this step, neither has tokens yet (no preemption) and the sibling's prompt is prefilled
+        whole in this step (no chunk budget: `prefill_work`), the fork's draw reading its last
+        logits."""
+        sib = req.sibling
+        return (self.forks and sib is not None and sib in out and not req.token_ids and not sib.token_ids
+                and (self.max_num_batched_tokens is None or not self.decode_rows()))
+
+    def _match(self, req: Request, n: int) -> list[int]:
+        """Cached pages of req's context (n tokens): full pages of its first n - 1 tokens only."""
+        if self.kv.cache is None or _whole_prompt(req):
+            return []
+        m = (n - 1) // self.page_size
+        if len(req.hashes) < m:
+            self.kv.cache.extend(req.hashes, req.context, m)
+        return self.kv.match(req.hashes[:m])
+
+    # ---- prefill ------------------------------------------------------------------------------
+    def prefill_work(self) -> list[tuple[Request, int, int]]:
+        """(request, start, end) context positions to prefill in this step, FIFO: everything
+        admitted, or at most max_num_batched_tokens tokens while some row decodes."""
+        budget = self.max_num_batched_tokens if self.decode_rows() else None
+        out = []
+        for r in self.prefilling:
+            end = len(r.prompt) + len(r.token_ids)
+            if budget is not None:
+                if not _whole_prompt(r):
+                    end = min(end, r.computed + budget)
+                budget = max(0, budget - (end - r.computed))
+            out.append((r, r.computed, end))
+            if budget == 0:
+                break
+        return out
+
+    def prefilled(self, req: Request, end: int) -> bool:
+        """Positions [.., end) of req's context are prefilled (launched): cache its full pages;
+        returns whether the context is complete (then it leaves `prefilling`; the caller drew
+        its first token and calls `activate`)."""
+        if self.record:
+            self.launches.append(("prefill", req.request_id, req.computed, end))
+        req.computed = end
+        self._cache_pages(req, end // self.page_size, req.context)
+        if end < len(req.prompt) + len(req.token_ids):
+            return False
+        req.prefilling = False
+        self.prefilling.remove(req)
+        return True
+
+    def _cache_pages(self, req: Request, n: int, tokens) -> None:
+        """req.pages[:n] are full and written: into the prefix cache."""
+        if self.kv.cache is None or n <= req.cached_pages:
+            return
+        if len(req.hashes) < n:
+            self.kv.cache.extend(req.hashes, tokens, n)
+        self.kv.cache_full_pages(req.hashes, req.pages, req.cached_pages, n)
+        req.cached_pages = n
 
     def activate(self, req: Request) -> None:
         """After the prefill drew req's next token (req.launched counts it): its row decodes
@@ -158,9 +261,10 @@ class Scheduler:
         speculation every running row is live on the device until the host finishes it (the
         device stops it at its limit), so each one is in every block and its tokens are read."""
         if self.spec_k:
-            return [r for r in self.slots if r is not None and r.finish_reason is None and r.launched > 0]
+            return [r for r in self.slots if r is not None and r.finish_reason is None and r.launched > 0
+                    and not r.prefilling]
         return [r for r in self.slots if r is not None and r.finish_reason is None
-                and 0 < r.launched < r.params.max_tokens]
+                and 0 < r.launched < r.params.max_tokens and not r.prefilling]
 
     def grow(self, rows: list[Request]) -> list[Request]:
         """Pages for the next block of every row (`_block_end`), preempting the newest requests
@@ -176,7 +280,7 @@ class Scheduler:
                 total += m
         if not short:
             return rows
-        new = self.kv.allocator.allocate(total) if total <= self.kv.num_free else None
+        new = self.kv.allocate(total) if total <= self.kv.num_free else None
         if new is None:
             return self._grow_preempting(rows)
         i, batch = 0, self.batch
@@ -221,11 +325,14 @@ class Scheduler:
         block_tokens: the most draws a row makes in this block (default: block_tokens; K for a
         plain block run under speculation)."""
         k, batch, spec = block_tokens or self.block_tokens, self.batch, self.spec_k > 0
-        n, sampled, filtered, out = 0, False, False, []
+        n, sampled, filtered, processed, out = 0, False, False, False, []
+        if self.record:
+            self.launches.append(("decode", ",".join(r.request_id for r in rows), k))
         for r in rows:                                   # the hot loop
             slot = r.slot
             n = slot if slot > n else n
             p = r.params
+            processed = processed or p.processed
             if not p.greedy:
                 sampled = True
                 filtered = filtered or p.top_k > 0 or p.top_p < 1.0
@@ -234,7 +341,7 @@ class Scheduler:
             r.launched += added
             if r.launched >= p.max_tokens and not spec:
                 batch.deactivate(slot)
-        return Launch(n + 1, sampled, filtered, out)
+        return Launch(n + 1, sampled, filtered, out, processed)
 
     def settle(self, req: Request, counted: int, emitted: int) -> None:
         """A speculative block's counts came back: the request drew `emitted` of the `counted`
@@ -271,6 +378,10 @@ class Scheduler:
                 req.finish_reason = "length"
         req.token_ids.extend(kept)
         req.sent_ids = len(req.token_ids)               # every accepted id goes out in this delta
+        if self.kv.cache is not None:                   # K/V of all but the newest token written
+            held = len(req.prompt) + len(req.token_ids) - 1
+            if held // self.page_size > req.cached_pages:
+                self._cache_pages(req, held // self.page_size, req.prompt + req.token_ids)
         done = req.finish_reason is not None
         if done and not text.stopped:
             text.flush()
@@ -282,7 +393,8 @@ class Scheduler:
             why = text.stop_string
         elif end is not None and tokens[end] in p.stop_token_ids:
             why = tokens[end]
-        return RequestOutput(req.request_id, req.prompt, new_text, kept, req.finish_reason, stop_reason=why)
+        return RequestOutput(req.request_id, req.prompt, new_text, kept, req.finish_reason, stop_reason=why,
+                             num_cached_tokens=req.num_cached_tokens or 0)
 
     def _free_slot(self, req: Request) -> None:
         self.slots[req.slot] = None
@@ -290,6 +402,9 @@ class Scheduler:
         self.batch.clear_pages(req.slot)
         heapq.heappush(self._free_slots, req.slot)
         req.slot = -1
+        if req.prefilling:
+            self.prefilling.remove(req)
+        req.prefilling, req.computed, req.cached_pages = False, 0, 0
         self.kv.release(req.pages)
         req.pages = []
 
@@ -303,7 +418,8 @@ class Scheduler:
     def abort(self, req: Request) -> RequestOutput:
         req.finish_reason = "abort"
         self.release(req)
-        return RequestOutput(req.request_id, req.prompt, "", [], "abort")
+        return RequestOutput(req.request_id, req.prompt, "", [], "abort",
+                             num_cached_tokens=req.num_cached_tokens or 0)
 
     @property
     def has_work(self) -> bool:

@@ -4,7 +4,8 @@
                           dtype="bfloat16", target=checkpoint)
     executor = LocalExecutor(mrt, runner)
 
-Method "ngram" needs nothing more than the runtime's token history. Method "draft" loads the
+Method "ngram" needs nothing more than the runtime's token history; method "eagle3" loads the
+head with engine/eagle_load.py (its prefill and rounds: speculative/eagle3/phase.py). Method "draft" loads the
 draft checkpoint like the target (engine/loader.py, same dtype and device), checks that it shares
 the target's vocabulary, and gives it its own paged KV caches with the target's page ids (the
 same pool size, its own geometry), so the scheduler's pages serve both models.
@@ -26,10 +27,13 @@ def build_runner(mrt, spec, *, rounds: int, dtype: str, target=None):
     """A SpeculativeRunner attached to mrt (its slots, graph runner, device-error flags), with
     top-k / top-p support (the filtered graphs)."""
     from graphrt.speculative.runner import SpeculativeRunner
-    draft = None
+    draft = eagle = None
     if spec.method == "draft":
         draft = load_draft(mrt, spec, dtype=dtype, target=target)
-    return SpeculativeRunner.attach(mrt, spec, rounds=rounds, draft=draft, filtered=True)
+    elif spec.method == "eagle3":                     # an EAGLE-3 head (engine/eagle_load.py)
+        from graphrt.engine.eagle_load import load_eagle3_phase
+        eagle = load_eagle3_phase(mrt, spec)
+    return SpeculativeRunner.attach(mrt, spec, rounds=rounds, draft=draft, filtered=True, eagle=eagle)
 
 
 def load_draft(mrt, spec, *, dtype: str, target=None):
@@ -49,7 +53,8 @@ def load_draft(mrt, spec, *, dtype: str, target=None):
     c = mrt.config
     model = build_model(ck, max_positions=c.max_context_len)
     s = ck.spec
-    rc = c.replace(num_qo_heads=s.num_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim)
+    rc = c.replace(num_qo_heads=s.num_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim,
+                   kv_cache_dtype="auto")   # the draft's own cache: model dtype (no scales to calibrate)
     caches = [PagedKVCache.allocate(rc, mrt.num_pages, mrt.device, seed=c.seed + 1000 + i)
               for i in range(s.num_layers)]
     return DraftProposer(model, caches, spec.num_tokens, max_len=c.max_context_len)
@@ -99,7 +104,10 @@ def spec_stats(counts: dict) -> dict:
 
 def default_policy(executor):
     """The speculation policy over the executor's measured step costs (CUDA graphs only), or
-    None (speculate every block) where nothing can be measured or the policy module is absent."""
+    None (speculate every block) where nothing can be measured or the policy module is absent,
+    and for EAGLE-3 (its head must see every token: a plain block would leave it behind)."""
+    if executor.speculative.method == "eagle3":
+        return None
     measure = getattr(executor, "measure_costs", None)
     costs = measure() if measure is not None else None
     if costs is None:

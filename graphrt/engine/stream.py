@@ -79,7 +79,8 @@ class RequestStream:
                 else:
                     merge_delta(t, o)
         return RequestOutput(first.request_id, first.prompt_token_ids, outputs=[totals[i] for i in sorted(totals)],
-                             prompt=first.prompt, prompt_logprobs=first.prompt_logprobs, finished=True)
+                             prompt=first.prompt, prompt_logprobs=first.prompt_logprobs, finished=True,
+                             num_cached_tokens=first.num_cached_tokens)
 
 
 @contextmanager

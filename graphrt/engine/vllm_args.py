@@ -5,7 +5,8 @@
 
 Pure (no torch): `translate(kwargs)` returns the keywords under graphrt's names. Names that
 mean the same in both (max_model_len, gpu_memory_utilization, seed, quantization, revision)
-pass through. A vLLM name for something graphrt does not have is a ValueError naming it,
+pass through, as do EngineConfig's fields that vLLM shares (kv_cache_dtype,
+enable_prefix_caching, max_num_batched_tokens). A vLLM name for something graphrt does not have is a ValueError naming it,
 unless given vLLM's default (which changes nothing); any other unknown name is a ValueError too
 (not the bare TypeError of an unexpected keyword). docs/engine.md has the table.
 """
@@ -21,10 +22,10 @@ DTYPES = {"auto": None, "half": "float16", "float16": "float16", "bfloat16": "bf
 IGNORED = ("trust_remote_code", "disable_log_stats", "swap_space")
 # vLLM names graphrt has no feature for: accepted only at vLLM's default
 VLLM_DEFAULTS = {
-    "pipeline_parallel_size": 1, "data_parallel_size": 1, "cpu_offload_gb": 0, "kv_cache_dtype": "auto",
-    "tokenizer_mode": "auto", "load_format": "auto", "enable_lora": False, "max_num_batched_tokens": None,
+    "pipeline_parallel_size": 1, "data_parallel_size": 1, "cpu_offload_gb": 0,
+    "tokenizer_mode": "auto", "load_format": "auto", "enable_lora": False,
     "enable_chunked_prefill": None, "tokenizer_revision": None, "download_dir": None,
-    "hf_overrides": None, "max_seq_len_to_capture": None, "enable_prefix_caching": None,
+    "hf_overrides": None, "max_seq_len_to_capture": None,
 }
 LLM_ARGS = ("device", "config", "tensor_parallel", "tp_timeout_s", "revision", "quantization")
 

@@ -12,6 +12,11 @@ tensors (kv_lens, block_table) with a grid fixed by static shapes: no plan, no h
 can be captured in a CUDA graph. Rows with kv_lens 0 (padding) produce zeros. Page ids are not
 checked here: the caller's block table must be valid for every position < kv_lens.
 Runs on CPU under TRITON_INTERPRET=1.
+
+FP8 KV cache (float8_e4m3fn pages, q in the model dtype): the kernel reads the [2] float32
+(k, v) per-tensor scales from the device; k is converted to q's dtype in registers and
+k_scale folded into the logit scale, v converted to the p dtype and v_scale applied to the
+output (one multiply per element at the end).
 """
 from __future__ import annotations
 
@@ -24,10 +29,10 @@ LOG2E = 1.4426950408889634
 
 @triton.jit(do_not_specialize=["bt_stride", "s_page", "s_slot", "s_head", "page_size", "splits"])
 def _mq_attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, bt_stride, lens_ptr, out_ptr, part_ptr,
-                         lse_ptr, s_page, s_slot, s_head, page_size, splits, qk_scale,
+                         lse_ptr, s_page, s_slot, s_head, page_size, splits, qk_scale, kvs_ptr,
                          Q: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                         PREC: tl.constexpr):
+                         PREC: tl.constexpr, KV_FP8: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
@@ -39,6 +44,10 @@ def _mq_attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, bt_stride, lens_ptr, out_p
     row_ok = m < Q * G
     q_off = ((b * Q + j) * HQ + h).to(tl.int64) * D
     q = tl.load(q_ptr + q_off[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
+    v_scale = 1.0
+    if KV_FP8:                                         # per-tensor scales, read on the device
+        qk_scale = qk_scale * tl.load(kvs_ptr)
+        v_scale = tl.load(kvs_ptr + 1)
     kv_len = tl.load(lens_ptr + b)
     qpos = kv_len - Q + j                              # [BLOCK_M] absolute query positions
     n_blocks = tl.cdiv(kv_len, BLOCK_N)
@@ -55,6 +64,8 @@ def _mq_attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, bt_stride, lens_ptr, out_p
         page = tl.load(bt_ptr + b.to(tl.int64) * bt_stride + pos // page_size, mask=key_ok, other=0)
         kv_off = page.to(tl.int64) * s_page + (pos % page_size) * s_slot + kvh * s_head
         k = tl.load(k_ptr + kv_off[:, None] + d[None, :], mask=key_ok[:, None], other=0.0)
+        if KV_FP8:
+            k = k.to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=PREC).to(tl.float32) * qk_scale    # [BLOCK_M, BLOCK_N], log2 units
         ok = key_ok[None, :] & (pos[None, :] <= qpos[:, None])
         s = tl.where(ok, s, float("-inf"))
@@ -63,8 +74,11 @@ def _mq_attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, bt_stride, lens_ptr, out_p
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_ptr + kv_off[:, None] + d[None, :], mask=key_ok[:, None], other=0.0)
+        if KV_FP8:
+            v = v.to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC).to(tl.float32)
         m_i = m_new
+    acc = acc * v_scale
     o_row = (b * Q + j) * HQ + h                       # flat (token, head) index
     if SPLIT:
         part = (o_row.to(tl.int64) * splits + sp) * D
@@ -108,7 +122,8 @@ def multiquery_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor,
                          out: torch.Tensor | None = None, block_n: int | None = None) -> torch.Tensor:
     """q [B, Q, Hq, D] (cache dtype, contiguous) -> [B, Q, Hq, D] attention over the paged cache.
 
-    kv_cache: graphrt PagedKVCache (NHD or HND); block_table [B, W] int32; kv_lens [B] int32
+    kv_cache: graphrt PagedKVCache (NHD or HND; float8_e4m3fn pages with its `scale`: q then
+    in the model dtype, bf16 / fp16 / float32); block_table [B, W] int32; kv_lens [B] int32
     keys of each row including its Q new tokens (0 = padding row, zeros out). splits: static
     split-KV factor (see default_splits). Capturable in a CUDA graph.
     """
@@ -116,9 +131,15 @@ def multiquery_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor,
     nhd = kv_cache.layout == "NHD"
     hkv, d = (kc.shape[2], kc.shape[3]) if nhd else (kc.shape[1], kc.shape[3])
     page_size = kc.shape[1] if nhd else kc.shape[2]
-    if q.dim() != 4 or q.shape[3] != d or q.shape[2] % hkv or not q.is_contiguous() or q.dtype != kc.dtype:
-        raise ValueError(f"q: expected contiguous [B, Q, Hq, {d}] {kc.dtype} with Hq a multiple of "
+    fp8 = kc.dtype == torch.float8_e4m3fn
+    q_ok = q.dtype in (torch.bfloat16, torch.float16, torch.float32) if fp8 else q.dtype == kc.dtype
+    if q.dim() != 4 or q.shape[3] != d or q.shape[2] % hkv or not q.is_contiguous() or not q_ok:
+        want = "bfloat16/float16/float32 (FP8 cache)" if fp8 else str(kc.dtype)
+        raise ValueError(f"q: expected contiguous [B, Q, Hq, {d}] {want} with Hq a multiple of "
                          f"{hkv}, got {tuple(q.shape)} {q.dtype}")
+    scale = getattr(kv_cache, "scale", None)
+    if fp8 and scale is None:
+        raise ValueError("kv_cache: float8_e4m3fn pages need the cache's [2] float32 scale")
     b, nq, hq, _ = q.shape
     if block_table.dim() != 2 or block_table.shape[0] < b or block_table.dtype != torch.int32 \
             or block_table.stride(1) != 1:
@@ -141,8 +162,9 @@ def multiquery_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor,
     _mq_attention_kernel[(b, hkv, splits)](
         q, kc, vc, block_table, block_table.stride(0), kv_lens, out, part, lse,
         kc.stride(0), kc.stride(1 if nhd else 2), kc.stride(2 if nhd else 1), page_size, splits,
-        d ** -0.5 * LOG2E, Q=nq, HQ=hq, HKV=hkv, D=d, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=split,
-        PREC="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4)   # float32: no tf32
+        d ** -0.5 * LOG2E, scale if fp8 else kv_lens, Q=nq, HQ=hq, HKV=hkv, D=d, BLOCK_M=block_m,
+        BLOCK_N=block_n, SPLIT=split, PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        KV_FP8=fp8, num_warps=4)   # float32: no tf32
     if split:
         _combine_kernel[(b * nq * hq,)](part, lse, out, splits, D=d,
                                         SB=triton.next_power_of_2(splits))

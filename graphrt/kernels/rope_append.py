@@ -19,7 +19,8 @@ out-of-bounds access. Same device_error contract as append_kv.
 
 FP8 KV cache: when the cache tensors are float8_e4m3fn, `kv_scale` ([2] float32 on the device:
 k scale, v scale, per tensor) is required and k / v are stored as clamp(x / scale, +-448) in
-e4m3 (one rounding); the value a reader sees is stored * scale (graphrt/model/quant/kv.py).
+e4m3 (IEEE division, one round-to-nearest-even: `append_kv.kv_e4m3`, the same codes on the GPU
+and in the CPU interpreter); the value a reader sees is stored * scale (graphrt/model/quant/kv.py).
 
 FP8 weights (W8A8, kernels/fp8.py): qkv may be a `ScaledAcc`, the FP8 qkv GEMM's unscaled
 output; its row / column scales and bias are applied in float32 as it is loaded.
@@ -36,6 +37,7 @@ import triton
 import triton.language as tl
 
 from graphrt.kernels.append_kv import ERR_KV_SLOT
+from graphrt.kernels.append_kv import kv_e4m3
 from graphrt.kernels.fp8 import ScaledAcc, check_scaled
 from graphrt.kernels.launch import pdl_options, pdl_prologue, use_pdl
 from graphrt.kernels.prepare import ERR_PAGE_ID
@@ -140,12 +142,10 @@ def _rope_append_kernel(qkv_ptr, qkv_stride, q_ptr, cs_ptr, num_positions, qn_pt
                     r1 = k1 * c - k2 * s
                     r2 = k2 * c + k1 * s
                     if KV_FP8:   # per-tensor scales: stored = clamp(x / scale, +-448) in e4m3
-                        ki = 1.0 / tl.load(kvs_ptr)
-                        vi = 1.0 / tl.load(kvs_ptr + 1)
-                        r1 = tl.minimum(tl.maximum(r1 * ki, -448.0), 448.0)
-                        r2 = tl.minimum(tl.maximum(r2 * ki, -448.0), 448.0)
-                        v1 = tl.minimum(tl.maximum(v1 * vi, -448.0), 448.0)
-                        v2 = tl.minimum(tl.maximum(v2 * vi, -448.0), 448.0)
+                        ks = tl.load(kvs_ptr)
+                        vs = tl.load(kvs_ptr + 1)
+                        r1, r2 = kv_e4m3(r1, ks), kv_e4m3(r2, ks)
+                        v1, v2 = kv_e4m3(v1, vs), kv_e4m3(v2, vs)
                     tl.store(k_cache_ptr + dst + j, r1.to(ty), mask=m)
                     tl.store(k_cache_ptr + dst + HALF + j, r2.to(ty), mask=m)
                     tl.store(v_cache_ptr + dst + j, v1.to(ty), mask=m)

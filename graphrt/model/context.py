@@ -41,8 +41,9 @@ class AttentionContext:
 
     def write_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v [B, Hkv, D]: the current token's K/V, written at slot seq_len - 1 of each row."""
-        append_kv(k.contiguous(), v.contiguous(), self.kv_caches[layer], self.view.block_table,
-                  self.view.seq_lens, self.view.device_error)
+        cache = self.kv_caches[layer]
+        append_kv(k.contiguous(), v.contiguous(), cache, self.view.block_table,
+                  self.view.seq_lens, self.view.device_error, kv_scale=cache.scale)
 
     def rope_append(self, layer: int, qkv: torch.Tensor, cos_sin: torch.Tensor, *,
                     num_q_heads: int, q_norm: torch.Tensor | None = None,
@@ -50,9 +51,11 @@ class AttentionContext:
         """qkv [B, (Hq + 2*Hkv) * D] (fused GEMM output) -> rotated q [B, Hq, D]; rotated k and
         v go to slot seq_len - 1 of each row in the layer's cache (kernels/rope_append.py).
         cos_sin: [max_positions, D] float32 (model/rope.py); q_norm, k_norm: [D] (Qwen3)."""
-        return rope_append_decode(qkv, cos_sin, self.kv_caches[layer], self.view.block_table,
+        cache = self.kv_caches[layer]   # FP8 pages: x / cache.scale stored in e4m3
+        return rope_append_decode(qkv, cos_sin, cache, self.view.block_table,
                                   self.view.seq_lens, self.view.device_error,
-                                  num_q_heads=num_q_heads, q_norm=q_norm, k_norm=k_norm, eps=eps)
+                                  num_q_heads=num_q_heads, q_norm=q_norm, k_norm=k_norm, eps=eps,
+                                  kv_scale=cache.scale)
 
     def attention(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """q [B, Hq, D] -> [B, Hq, D], over the layer's cache with the step's shared plan."""

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from graphrt.kernels.fp8 import Fp8Rows, ScaledAcc
+from graphrt.kernels.timing import graph_us
 from graphrt.kernels.gemv import CANDIDATES, FP8_CANDIDATES, MAX_M, GemvConfig, gemv, gemv_fp8
 from graphrt.model.quant.fp8 import FP8, FP8_MAX, Fp8Weight
 
@@ -153,34 +154,9 @@ class Linear:
             def run(call):
                 for w in copies:
                     call(x, w)
-            times = {name: _graph_us(lambda call=call: run(call), reps, repeats) / len(copies)
+            times = {name: graph_us(lambda call=call: run(call), reps, repeats) / len(copies)
                      for name, _, call in cands}
             best = min(times, key=times.get)
             self.choice[m] = next(c for name, c, _ in cands if name == best)
             self.timings_us[m] = times
         return {m: (c.name if c else CUBLAS) for m, c in self.choice.items()}
-
-
-def _graph_us(fn, reps: int, repeats: int) -> float:
-    """Median device µs per call of fn, captured `reps` times in one CUDA graph."""
-    import statistics
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    out = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) * 1e3 / reps)
-    return statistics.median(out)

@@ -19,6 +19,10 @@ scales, and the row x channel scales are applied by the kernel that reads its ou
 (rope_append, add+RMSNorm, SiLU-mul; the logits by one scale kernel). Block-scaled FP8 weights
 read model-dtype activations (`linear`: the FP8 GEMV dequantizing in registers).
 
+Decode, verify and prefill can record residual-stream states for an EAGLE-3 head (`record=` layer
+ids, `hidden_out=` a persistent [rows, len(record) * H] buffer: one copy per id inside the loop;
+off by default, and then the loop is the same ops).
+
 `prefill` runs eagerly: the same GEMMs and kernels over all prompts' tokens at once (rope_append
 in prefill mode writes the paged cache), with attention per prompt in float32 torch over the
 K/V read back from the pages. It is the stand-in for a batch-prefill kernel.
@@ -34,6 +38,7 @@ from graphrt.kernels.norm import add_rms_norm, rms_norm
 from graphrt.kernels.rope_append import rope_append_prefill
 from graphrt.model.linear import fp8_matmul, linear
 from graphrt.model.quant.fp8 import Fp8Weight
+from graphrt.model.quant.kv import calibrate_layer
 from graphrt.model.rope import cos_sin_cache
 from graphrt.model.spec import LlamaSpec, shard_spec
 from graphrt.model.weights import LayerWeights, ModelWeights, fuse_hf_state_dict
@@ -122,19 +127,24 @@ class LlamaDecoder:
         return dict(num_q_heads=self.local_spec.num_heads, q_norm=layer.q_norm, k_norm=layer.k_norm,
                     eps=self.spec.rms_norm_eps)
 
-    def _layers(self, tokens: torch.Tensor, rope, attend, *, fp8_head: bool):
+    def _layers(self, tokens: torch.Tensor, rope, attend, *, fp8_head: bool, record=(), hidden_out=None):
         """The one layer loop of decode, verify and prefill. tokens [T] int64 -> final-normed
         hidden states [T, H] (Fp8Rows when fp8_head and the LM head is W8A8). rope(i, qkv, layer)
         -> q [T, Hq, D] (writes the layer's K/V); attend(i, q) -> [T, Hq * D] (model dtype).
         Per layer: GEMM qkv -> rope_append -> attention -> GEMM o -> add+RMSNorm -> GEMM gate_up
         -> SiLU-mul -> GEMM down -> add+RMSNorm; with W8A8 weights the norms and SiLU-mul write
         FP8 rows, the attention output is quantized by one kernel, and each GEMM's scales are
-        applied by its consumer (rope_append, add+RMSNorm, SiLU-mul)."""
+        applied by its consumer (rope_append, add+RMSNorm, SiLU-mul).
+        record / hidden_out: see `_check_record` (one copy_ per recorded id; none when off)."""
         w, eps, fp8 = self.weights, self.spec.rms_norm_eps, self._fp8_in
         layers = w.layers
         residual = self._embed(tokens)                               # [T, H] (a copy)
         h = rms_norm(residual, layers[0].input_norm, eps, fp8=fp8(layers[0].qkv))
+        width = residual.shape[1]
         for i, layer in enumerate(layers):
+            if i in record:                                          # the stream entering layer i
+                r = record.index(i)
+                hidden_out[:, r * width:(r + 1) * width].copy_(residual)
             qkv = self._mm(h, layer.qkv, layer.qkv_bias)            # [T, (Hq + 2Hkv) D] (rank's heads)
             a = attend(i, rope(i, qkv, layer))                       # [T, Hq * D]
             o = self._reduce(self._mm(quantize_rows(a) if fp8(layer.o) else a, layer.o))
@@ -143,23 +153,52 @@ class LlamaDecoder:
             nxt = layers[i + 1].qkv if i + 1 < len(layers) else (w.lm_head if fp8_head else None)
             h = add_rms_norm(self._reduce(self._mm(m, layer.down)), residual, self._next_norm(i), eps,
                              fp8=fp8(nxt))
+        if len(layers) in record:                                    # after the last layer, pre-norm
+            r = record.index(len(layers))
+            hidden_out[:, r * width:(r + 1) * width].copy_(residual)
         return h
 
+    def _check_record(self, record, hidden_out, rows: int) -> tuple[int, ...]:
+        """record: ascending distinct ids in [0, L] of residual-stream states to copy out (id
+        i < L: the stream entering decoder layer i, 0 = the embeddings; id L: after the last
+        layer, before the final norm), () = off (no op added); hidden_out: [rows, len(record) *
+        H] in the model dtype on the weights' device, column block r = id record[r]. Checked on
+        the host from shapes only (no sync: capturable)."""
+        record = tuple(record)
+        if not record:
+            if hidden_out is not None:
+                raise ValueError("hidden_out: given without record ids")
+            return record
+        L, hsz = self.spec.num_layers, self.spec.hidden_size
+        if any(isinstance(i, bool) or not isinstance(i, int) for i in record) \
+                or list(record) != sorted(set(record)) or record[0] < 0 or record[-1] > L:
+            raise ValueError(f"record: expected distinct ascending ints in [0, {L}], got {list(record)}")
+        want = (rows, len(record) * hsz)
+        if not isinstance(hidden_out, torch.Tensor) or tuple(hidden_out.shape) != want \
+                or hidden_out.dtype != self.dtype or hidden_out.device != self.weights.device:
+            got = None if not isinstance(hidden_out, torch.Tensor) else \
+                f"{list(hidden_out.shape)} {hidden_out.dtype} on {hidden_out.device}"
+            raise ValueError(f"hidden_out: expected {list(want)} {self.dtype} on {self.weights.device}, got {got}")
+        return record
+
     # ---- decode (graph-capturable) ------------------------------------------------------------
-    def decode_step(self, ctx, tokens: torch.Tensor) -> torch.Tensor:
+    def decode_step(self, ctx, tokens: torch.Tensor, *, record=(), hidden_out=None) -> torch.Tensor:
         """tokens [B] int64 (device) -> logits [B, vocab] in the model dtype.
 
-        ctx.prepare() must have run. Writes each row's K/V at slot seq_len - 1 of every layer."""
+        ctx.prepare() must have run. Writes each row's K/V at slot seq_len - 1 of every layer.
+        record / hidden_out [B, len(record) * H]: residual-stream states copied out (`_check_record`)."""
         b = tokens.shape[0]
+        record = self._check_record(record, hidden_out, b)
 
         def rope(i, qkv, layer):
             return ctx.rope_append(i, qkv, self.cos_sin, **self._qk_norm_args(layer))
-        h = self._layers(tokens, rope, lambda i, q: ctx.attention(i, q).view(b, -1), fp8_head=True)
+        h = self._layers(tokens, rope, lambda i, q: ctx.attention(i, q).view(b, -1), fp8_head=True,
+                         record=record, hidden_out=hidden_out)
         return self._logits(h)
 
     # ---- verify (graph-capturable): Q tokens per request, speculative decoding -----------------
     def verify_step(self, tokens: torch.Tensor, cache_lens: torch.Tensor, kv_caches, block_table: torch.Tensor,
-                    error: torch.Tensor, *, splits: int = 1) -> torch.Tensor:
+                    error: torch.Tensor, *, splits: int = 1, record=(), hidden_out=None) -> torch.Tensor:
         """tokens [B, Q] int64 (device): row b's current token then its proposals, at positions
         cache_lens[b] + j; cache_lens [B] int32: K/V already in the cache (-1 = padding row: no
         K/V written, its logits are garbage). Returns [B * Q, vocab] logits in the model dtype;
@@ -169,10 +208,12 @@ class LlamaDecoder:
         positions cache_lens .. cache_lens + Q - 1 of every layer (rope_append_prefill), then
         attends causally with the plan-free multi-query kernel (kernels/multiquery_attention.py;
         `splits`: its static split-KV factor). block_table [>= B, W] int32 must hold pages for
-        them; error: [1] int32 device_error of the K/V append. No host sync, fixed shapes:
-        capturable per bucket."""
+        them; error: [1] int32 device_error of the K/V append. record / hidden_out [B * Q,
+        len(record) * H] (row b * Q + j): residual-stream states copied out (`_check_record`).
+        No host sync, fixed shapes: capturable per bucket."""
         from graphrt.kernels.multiquery_attention import multiquery_attention
         b, nq = tokens.shape
+        record = self._check_record(record, hidden_out, b * nq)
         live = cache_lens >= 0
         steps = torch.arange(nq, device=tokens.device, dtype=torch.int32)
         positions = (cache_lens.clamp_min(0)[:, None] + steps[None, :]).reshape(-1)        # [B * Q]
@@ -187,20 +228,30 @@ class LlamaDecoder:
             return o.view(b * nq, hq * d)
 
         h = self._layers(tokens.reshape(-1), self._prefill_rope(positions, rows, kv_caches, block_table,
-                                                                error), attend, fp8_head=True)
+                                                                error), attend, fp8_head=True,
+                         record=record, hidden_out=hidden_out)
         return self._logits(h)
 
-    def _prefill_rope(self, positions, rows, kv_caches, block_table, error):
-        """rope(i, qkv, layer) for tokens at explicit positions [T] of block-table rows [T]."""
+    def _prefill_rope(self, positions, rows, kv_caches, block_table, error, *, calibrate_kv: bool = False):
+        """rope(i, qkv, layer) for tokens at explicit positions [T] of block-table rows [T].
+        FP8 caches: k / v stored as x / cache.scale; calibrate_kv sets each layer's scale from
+        these tokens first (graphrt/model/quant/kv.py)."""
         def rope(i, qkv, layer):
-            return rope_append_prefill(qkv, self.cos_sin, kv_caches[i], block_table, positions, rows,
-                                       error, **self._qk_norm_args(layer))
+            cache = kv_caches[i]
+            if calibrate_kv and cache.fp8:
+                s = self.local_spec
+                calibrate_layer(cache.scale, qkv, num_q_heads=s.num_heads, num_kv_heads=s.num_kv_heads,
+                                head_dim=s.head_dim, k_norm=layer.k_norm, eps=self.spec.rms_norm_eps)
+            return rope_append_prefill(qkv, self.cos_sin, cache, block_table, positions, rows,
+                                       error, **self._qk_norm_args(layer), kv_scale=cache.scale)
         return rope
 
     # ---- prefill (eager) ----------------------------------------------------------------------
     @torch.no_grad()
     def prefill(self, prompts: list[torch.Tensor], kv_caches, block_table: torch.Tensor, *,
-                attention=None, max_tokens: int | None = None) -> torch.Tensor:
+                attention=None, max_tokens: int | None = None, on_logits=None,
+                logits_rows=frozenset(), calibrate_kv: bool = False, record=(),
+                hidden_out=None, starts=None) -> torch.Tensor:
         """Causal forward over the prompts, K/V written into the paged caches (eager).
 
         prompts: list of [T_i] int64 token tensors, prompt i on row i of block_table ([n, w]
@@ -209,8 +260,22 @@ class LlamaDecoder:
         float32 paged reference on CPU); the prompts then run in chunks of at most `max_tokens`
         tokens (default: all at once), ragged prompts together, so activation memory is bounded.
         Without it: one pass, float32 torch attention per prompt (model-only use and tests).
+        on_logits(i, start, logits [n, V] float32): called for every prompt i in logits_rows with
+        the logits of its positions start .. start + n - 1, chunk by chunk (prompt log-probs).
+        calibrate_kv: FP8 caches take their k / v scales from this prefill's (first chunk's) tokens.
+        record / hidden_out [sum(T_i), len(record) * H]: residual-stream states of every prompt
+        token, prompts concatenated in order (`_check_record`).
+        starts: ints >= 0, the position of each prompt's first token (default 0): positions
+        [0, start) are already in its pages (a cached prefix, an earlier chunk) and are read, not
+        written; needs `attention`.
         """
-        lens = self._check_prefill(prompts, kv_caches, block_table)
+        starts = [0] * len(prompts) if starts is None else [int(x) for x in starts]
+        if len(starts) != len(prompts) or any(x < 0 for x in starts):
+            raise ValueError(f"starts: expected {len(prompts)} ints >= 0, got {starts}")
+        if attention is None and any(starts):
+            raise ValueError("starts: a prefill after cached tokens needs `attention` (PrefillAttention)")
+        lens = self._check_prefill(prompts, kv_caches, block_table, starts)
+        record = self._check_record(record, hidden_out, sum(lens))
         dev = self.weights.device
         prompts = [p.to(dev) for p in prompts]
         error = torch.zeros(1, dtype=torch.int32, device=dev)
@@ -218,22 +283,35 @@ class LlamaDecoder:
             positions = torch.cat([torch.arange(n, dtype=torch.int32) for n in lens]).to(dev)
             rows = torch.cat([torch.full((n,), r, dtype=torch.int32) for r, n in enumerate(lens)]).to(dev)
             h = self._forward_tokens(torch.cat(prompts), positions, rows, kv_caches, block_table, error,
-                                     lambda i, q: self._prompt_attention(q, kv_caches[i], block_table, lens))
+                                     lambda i, q: self._prompt_attention(q, kv_caches[i], block_table, lens),
+                                     calibrate_kv=calibrate_kv, record=record, hidden_out=hidden_out)
             last = torch.tensor(lens, device=dev).cumsum(0) - 1
             logits = self._logits(h[last]).float()
+            for i in sorted(logits_rows):
+                on_logits(i, 0, self._logits(h[int(last[i]) + 1 - lens[i]: int(last[i]) + 1]).float())
         else:
             from graphrt.model.prefill import plan_chunks
             logits = torch.empty((len(lens), self.spec.vocab_size), dtype=torch.float32, device=dev)
-            for chunk in plan_chunks(lens, max_tokens=max_tokens or sum(lens)):
+            offsets = [0] + torch.tensor(lens).cumsum(0).tolist()
+            for n_chunk, chunk in enumerate(plan_chunks(lens, max_tokens=max_tokens or sum(lens), cached=starts)):
                 meta = attention.plan(chunk, block_table)
-                tokens = torch.cat([prompts[i][s: s + n] for i, s, n in
+                tokens = torch.cat([prompts[i][s - starts[i]: s - starts[i] + n] for i, s, n in
                                     zip(chunk.seqs, chunk.starts, chunk.lens)])
+                part = None if not record else hidden_out.new_empty((tokens.numel(), hidden_out.shape[1]))
                 h = self._forward_tokens(
                     tokens, meta.positions, meta.rows, kv_caches, block_table, error,
-                    lambda i, q: attention.run(q, kv_caches[i]).view(q.shape[0], -1))
+                    lambda i, q: attention.run(q, kv_caches[i]).view(q.shape[0], -1),
+                    calibrate_kv=calibrate_kv and n_chunk == 0, record=record, hidden_out=part)
+                if record:                                  # the chunk's rows at their prompt offsets
+                    at = torch.cat([torch.arange(offsets[i] + s - starts[i], offsets[i] + s - starts[i] + n) for i, s, n in
+                                    zip(chunk.seqs, chunk.starts, chunk.lens)]).to(dev)
+                    hidden_out.index_copy_(0, at, part)
                 ends = torch.tensor(chunk.lens).cumsum(0) - 1
+                for j, (i, s, n) in enumerate(zip(chunk.seqs, chunk.starts, chunk.lens)):
+                    if i in logits_rows:
+                        on_logits(i, s, self._logits(h[int(ends[j]) + 1 - n: int(ends[j]) + 1]).float())
                 done = [j for j, (i, s, n) in enumerate(zip(chunk.seqs, chunk.starts, chunk.lens))
-                        if s + n == lens[i]]
+                        if s + n == starts[i] + lens[i]]
                 if done:
                     idx = torch.tensor([chunk.seqs[j] for j in done], device=dev)
                     logits[idx] = self._logits(h[ends[done].to(dev)]).float()
@@ -241,14 +319,16 @@ class LlamaDecoder:
             raise RuntimeError(f"prefill: K/V append flagged device_error {int(error.item())}")
         return logits
 
-    def _forward_tokens(self, tokens, positions, rows, kv_caches, block_table, error, attend):
+    def _forward_tokens(self, tokens, positions, rows, kv_caches, block_table, error, attend, *,
+                        calibrate_kv: bool = False, record=(), hidden_out=None):
         """tokens [T] int64 at positions [T] of block-table rows [T] (int32) -> final-normed
         hidden states [T, H] (model dtype); each layer's K/V written by rope_append_prefill;
         attend(layer, q) maps q [T, Hq, D] to [T, Hq * D]."""
-        return self._layers(tokens, self._prefill_rope(positions, rows, kv_caches, block_table, error),
-                            attend, fp8_head=False)
+        return self._layers(tokens, self._prefill_rope(positions, rows, kv_caches, block_table, error,
+                                                       calibrate_kv=calibrate_kv),
+                            attend, fp8_head=False, record=record, hidden_out=hidden_out)
 
-    def _check_prefill(self, prompts, kv_caches, block_table) -> list[int]:
+    def _check_prefill(self, prompts, kv_caches, block_table, starts) -> list[int]:
         if len(kv_caches) != self.spec.num_layers:
             raise ValueError(f"kv_caches: {len(kv_caches)} caches, model has {self.spec.num_layers} layers")
         if block_table.dim() != 2 or block_table.dtype != torch.int32 or len(prompts) > block_table.shape[0]:
@@ -262,10 +342,10 @@ class LlamaDecoder:
             if p.dim() != 1 or p.dtype != torch.int64 or p.numel() < 1:
                 raise ValueError(f"prompts[{r}]: expected [T >= 1] int64, got {tuple(p.shape)} {p.dtype}")
             n = p.numel()
-            if n > min(self.max_positions, table.shape[1] * page):
-                raise ValueError(f"prompts[{r}]: {n} tokens, beyond max_positions={self.max_positions} "
-                                 f"or the block table's {table.shape[1]} pages of {page}")
-            used = table[r, : -(-n // page)]
+            if starts[r] + n > min(self.max_positions, table.shape[1] * page):
+                raise ValueError(f"prompts[{r}]: {n} tokens from position {starts[r]}, beyond max_positions="
+                                 f"{self.max_positions} or the block table's {table.shape[1]} pages of {page}")
+            used = table[r, : -(-(starts[r] + n) // page)]
             if int(used.min()) < 0 or int(used.max()) >= kc.shape[0]:
                 raise ValueError(f"block_table: row {r} uses page ids outside [0, {kc.shape[0]})")
             lens.append(n)
@@ -284,9 +364,10 @@ class LlamaDecoder:
             pages, slots = block_table[r].long()[pos // page], pos % page
             k, v = (kc[pages, slots], vc[pages, slots]) if cache.layout == "NHD" else \
                    (kc[pages, :, slots], vc[pages, :, slots])        # [n, Hkv, D]
+            k_scale, v_scale = cache.kv_scales()                     # FP8 pages: dequantized
             qf = q[start:start + n].transpose(0, 1).float()
-            kf = k.repeat_interleave(rep, 1).transpose(0, 1).float()
-            vf = v.repeat_interleave(rep, 1).transpose(0, 1).float()
+            kf = k.repeat_interleave(rep, 1).transpose(0, 1).float() * k_scale
+            vf = v.repeat_interleave(rep, 1).transpose(0, 1).float() * v_scale
             o = F.scaled_dot_product_attention(qf, kf, vf, is_causal=True)
             out.append(o.transpose(0, 1).reshape(n, -1).to(q.dtype))
             start += n

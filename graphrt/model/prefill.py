@@ -16,6 +16,11 @@ sequence with qo_len tokens and kv_len cached tokens sits at position kv_len - q
 On CUDA: FlashInfer's `BatchPrefillWithPagedKVCacheWrapper` (planned on the host per chunk:
 prefill is eager, outside the decode graphs). On CPU: a float32 torch reference over the same
 metadata (tests; `device="cpu"` engines).
+
+FP8 KV cache: prefill attention reads the chunk's own K/V back from the (e4m3) pages like every
+earlier token's, so chunked prompts and cached prefixes see exactly what decode sees: FlashInfer
+planned with kv_data_type=float8_e4m3fn, q multiplied by the k scale and the output by the v
+scale on the device; the torch reference dequantizes.
 """
 from __future__ import annotations
 
@@ -141,7 +146,7 @@ class PrefillAttention:
         if self._wrapper is not None:
             self._wrapper.plan(meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len,
                                c.num_qo_heads, c.num_kv_heads, c.head_dim, c.page_size,
-                               causal=True, q_data_type=c.torch_dtype, kv_data_type=c.torch_dtype)
+                               causal=True, q_data_type=c.torch_dtype, kv_data_type=c.kv_torch_dtype)
         self._meta = meta
         return meta
 
@@ -150,13 +155,17 @@ class PrefillAttention:
         if self._meta is None:
             raise RuntimeError("PrefillAttention.run before plan()")
         if self._wrapper is not None and not force_reference:
+            if kv_cache.fp8:   # scales folded in on the device: q * k_scale, out * v_scale
+                k_scale, v_scale = kv_cache.kv_scales()
+                return self._wrapper.run(q * k_scale, kv_cache.as_tuple()).mul_(v_scale)
             return self._wrapper.run(q, kv_cache.as_tuple())
         return reference_prefill(q, kv_cache, self._meta, self.config)
 
 
 def reference_prefill(q: torch.Tensor, kv_cache, meta: PrefillMeta, config: RuntimeConfig) -> torch.Tensor:
-    """Float32 torch causal paged attention over `meta` (any device)."""
+    """Float32 torch causal paged attention over `meta` (any device); FP8 pages dequantized."""
     k_all, v_all = kv_cache.as_tuple()
+    k_scale, v_scale = kv_cache.kv_scales()
     if config.kv_layout == "HND":
         k_all, v_all = k_all.transpose(1, 2), v_all.transpose(1, 2)
     hq, hkv, d = config.num_qo_heads, config.num_kv_heads, config.head_dim
@@ -164,8 +173,8 @@ def reference_prefill(q: torch.Tensor, kv_cache, meta: PrefillMeta, config: Runt
     qo, kvp = meta.qo_indptr.tolist(), meta.kv_indptr.tolist()
     for i, kv_len in enumerate(meta.kv_lens):
         pages = meta.kv_indices[kvp[i]: kvp[i + 1]].long()
-        k = k_all[pages].flatten(0, 1)[:kv_len].float()                   # [L, Hkv, D]
-        v = v_all[pages].flatten(0, 1)[:kv_len].float()
+        k = k_all[pages].flatten(0, 1)[:kv_len].float() * k_scale         # [L, Hkv, D]
+        v = v_all[pages].flatten(0, 1)[:kv_len].float() * v_scale
         qi = q[qo[i]: qo[i + 1]].float().view(-1, hkv, hq // hkv, d)      # [n, Hkv, G, D]
         n = qi.shape[0]
         s = torch.einsum("nhgd,lhd->hgnl", qi, k) / math.sqrt(d)

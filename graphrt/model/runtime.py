@@ -6,6 +6,8 @@
     tokens = mrt.decode(tokens, block_table, seq_lens)     # [K, n] greedy tokens, K steps, 1 replay
     tokens = mrt.decode(..., sampling=SamplingInputs(...))  # sampled (sampling=True captures these)
     tokens = mrt.decode_slots(n, sampled=False)            # the engine's path: no input copy
+    tokens = mrt.decode_slots(n, sampled=True, processed=True)   # processing=True: penalties,
+    tok, rank, ids, vals = mrt.logprobs.view(n)            # bias, bans, min_p + log-probabilities
 
 The graphs read the runtime's persistent per-slot state `mrt.slots` (model/slots.py) in place:
 the public decode() copies its arguments into it first (the one explicit input copy); an engine
@@ -13,14 +15,28 @@ writes it through its input batch (`mrt.slots.apply(update)`) and calls decode_s
 copies nothing. Each block advances the slots on the device: seq_lens by K, the current token,
 the draw index of sampled rows, and the token history (token_history=True, for speculation).
 Capture and replay go through the one graph runner (attention/graphs.py), keyed
-GraphKey("decode", bucket, steps=K, sampled=...); speculative rounds (speculative/runner.py)
-share the same runner, pool and slots.
+GraphKey("decode", bucket, steps=K, sampled=..., filtered=...); speculative rounds
+(speculative/runner.py) share the same runner, pool and slots.
+
+processing=True adds two graphs per bucket (processed=True; filtered: with the sort that top-k /
+top-p need, or without when no row of the block uses them): each step processes
+the float32 logits with the slots' processing rows (model/processing.py: penalties over the
+per-slot token counts, logit bias, banned tokens, min_tokens, min_p), draws with the sampler from
+the result (greedy rows: its argmax), records log-probabilities of the drawn token and its top-N
+alternatives into `mrt.logprobs` (model/logprobs.py; of the raw logits, or with
+logprobs_mode="processed" of the distribution drawn from) and counts the drawn token. Blocks
+whose rows need none of it keep the greedy / sampled graphs, which do none of this work.
 
 A graph runs K decode steps: each step prepares the metadata + plan on the device (once for all
 layers), runs the model, takes the greedy argmax of its model-dtype logits (or, with per-row
 SamplingInputs, samples: see sampling.py) on the device, feeds it back and advances seq_lens on
 the device (by one per step, K per block). Float32 logits of the last step are copied out only with `keep_logits=True` (for
 `last_logits`). seq_lens count the token being decoded (its K/V go to slot seq_len - 1).
+
+FP8 KV cache (config.kv_cache_dtype="fp8"): e4m3 pages with per-layer k / v scales, given as
+`kv_scales` (the checkpoint's, [(k, v)] per layer) or calibrated on the first prefill this
+runtime runs (graphrt/model/quant/kv.py), once, before any page is written with them; the
+scales chosen are logged ("graphrt.model" logger, INFO) and kept in `mrt.kv_scale_source`.
 
 FlashInfer versions whose plan layout the device planner does not know fall back to host
 planning, which cannot run K > 1 steps in one graph: ModelRuntime raises, or, with
@@ -33,6 +49,7 @@ last_logits()). All calls must use one CUDA stream.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import warnings
 
@@ -48,16 +65,23 @@ from graphrt.attention.runtime import raise_device_errors, runtime_device
 from graphrt.config import RuntimeConfig
 from graphrt.kernels.sample import sample_tokens
 from graphrt.model.context import AttentionContext
+from graphrt.model.logprobs import LogprobBuffers
+from graphrt.model.processing import drawn_from
 from graphrt.model.prefill import PrefillAttention
 from graphrt.model.sampling import SamplingInputs
+from graphrt.model.quant.kv import kv_scales as _kv_scale_tensor
 from graphrt.model.slots import SlotState
+
+log = logging.getLogger("graphrt.model")
 
 
 class ModelRuntime:
     def __init__(self, model, config: RuntimeConfig, device="cuda", *, backend: str | None = None,
                  steps_per_graph: int = 1, num_pages: int | None = None, sampling: bool = False,
                  keep_logits: bool = False, prefill_chunk_tokens: int = 8192,
-                 fallback_to_one_step: bool = False, token_history: bool = False):
+                 fallback_to_one_step: bool = False, token_history: bool = False,
+                 processing: bool = False, logprobs_mode: str = "raw", logprobs_width: int = 20,
+                 kv_scales: list[tuple[float, float]] | None = None):
         s = model.spec
         heads = getattr(model, "local_spec", s)  # a tensor-parallel rank's model: its own heads
         want = (heads.num_heads, heads.num_kv_heads, heads.head_dim)
@@ -77,10 +101,17 @@ class ModelRuntime:
             raise ValueError(f"steps_per_graph: must be >= 1, got {steps_per_graph}")
         self.model, self.config, self.k = model, config, steps_per_graph
         for name, flag in (("keep_logits", keep_logits), ("sampling", sampling),
-                           ("fallback_to_one_step", fallback_to_one_step), ("token_history", token_history)):
+                           ("fallback_to_one_step", fallback_to_one_step), ("token_history", token_history),
+                           ("processing", processing)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name}: expected a bool, got {flag!r}")
         self.keep_logits = keep_logits
+        if logprobs_mode not in ("raw", "processed"):
+            raise ValueError(f"logprobs_mode: expected 'raw' or 'processed', got {logprobs_mode!r}")
+        if isinstance(logprobs_width, bool) or not isinstance(logprobs_width, int) or \
+                not 0 <= logprobs_width <= s.vocab_size:
+            raise ValueError(f"logprobs_width: must be an int in [0, {s.vocab_size}], got {logprobs_width!r}")
+        self.processing, self.logprobs_mode = processing, logprobs_mode
         if num_pages is not None and (isinstance(num_pages, bool) or not isinstance(num_pages, int)
                                       or num_pages < 1):
             raise ValueError(f"num_pages: must be an int >= 1, got {num_pages!r}")
@@ -88,9 +119,11 @@ class ModelRuntime:
         pages = num_pages or config.pool_pages
         self.kv_caches = [PagedKVCache.allocate(config, pages, self.device, seed=config.seed + i)
                           for i in range(s.num_layers)]
+        self.kv_scale_source = self._set_kv_scales(kv_scales)   # None: not FP8
         b = config.max_batch
         self.slots = SlotState.allocate(b, config.max_pages_per_seq, self.device,
-                                        history_width=config.max_context_len if token_history else None)
+                                        history_width=config.max_context_len if token_history else None,
+                                        vocab=s.vocab_size if processing else None)
         self.buffers = StaticBuffers(config, self.device, block_table=self.slots.block_table,
                                      seq_lens=self.slots.seq_lens)   # the graphs read the slots
         self.backend = make_backend(config, self.kv_caches[0], self.device, name=backend)
@@ -116,6 +149,28 @@ class ModelRuntime:
         self.out_tokens = torch.zeros((self.k, b), dtype=torch.int64, device=self.device)  # [K, B]
         self._logits = (torch.zeros((b, s.vocab_size), dtype=torch.float32, device=self.device)
                         if self.keep_logits else None)                              # last step's
+        self.logprobs = (LogprobBuffers.allocate(steps=self.k, max_batch=b, width=logprobs_width,
+                                                 device=self.device) if processing else None)
+
+    def _set_kv_scales(self, kv_scales) -> str | None:
+        """FP8 KV: the checkpoint's per-layer (k, v) scales into the caches -> "checkpoint", or
+        "pending" (calibrated by the first prefill). Not FP8: None (kv_scales must be None)."""
+        if not self.config.kv_fp8:
+            if kv_scales is not None:
+                raise ValueError(f"kv_scales: given for a {self.config.kv_cache_dtype} KV cache; they "
+                                 "apply only to kv_cache_dtype='fp8'")
+            return None
+        if kv_scales is None:
+            return "pending"
+        if not isinstance(kv_scales, (list, tuple)) or len(kv_scales) != len(self.kv_caches):
+            raise ValueError(f"kv_scales: expected {len(self.kv_caches)} (k_scale, v_scale) pairs, one per "
+                             f"layer, got {kv_scales!r:.80}")
+        for i, (cache, pair) in enumerate(zip(self.kv_caches, kv_scales)):
+            try:
+                cache.scale.copy_(_kv_scale_tensor(*pair))
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"kv_scales[{i}]: {e}") from None
+        return "checkpoint"
 
     @property
     def num_pages(self) -> int:
@@ -125,25 +180,51 @@ class ModelRuntime:
     def uses_graphs(self) -> bool:
         return self.device.type == "cuda" and self.backend.capturable
 
-    def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor) -> torch.Tensor:
+    def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor, *, on_logits=None,
+                logits_rows=frozenset(), record=(), hidden_out: torch.Tensor | None = None,
+                starts=None) -> torch.Tensor:
         """Eager prefill of each prompt into rows of block_table; returns [n, vocab] float32
         last-token logits. prompts: n [T_i] int64 tensors (1 <= T_i <= max_context_len);
         block_table [n, w] int32 with pages for every prompt token, ids in the pool, no page in
-        two rows (each row writes all its pages). Runtime device or CPU; checked before writing."""
+        two rows (each row writes all its pages). Runtime device or CPU; checked before writing.
+        starts: n ints >= 0 (default 0), each prompt's first position: K/V of positions [0, start)
+        are already in its pages (a cached prefix, an earlier chunk) and only read.
+        on_logits / logits_rows: every position's logits of some prompts (LlamaDecoder.prefill);
+        record / hidden_out: the model's hidden-state recording (LlamaDecoder.prefill)."""
         check_prefill(self.config, self.device, self.num_pages, self.model.spec.vocab_size,
-                      prompts, block_table)
+                      prompts, block_table, starts)
         prompts = [p.to(self.device) for p in prompts]
         with self.lock:
             if self._prefill_attention is None:
                 self._prefill_attention = PrefillAttention(self.config, self.device)
-            return self.model.prefill(prompts, self.kv_caches, block_table.to(self.device),
-                                      attention=self._prefill_attention,
-                                      max_tokens=self.prefill_chunk_tokens)
+            calibrate = self.kv_scale_source == "pending"
+            try:
+                return self.model.prefill(prompts, self.kv_caches, block_table.to(self.device),
+                                          attention=self._prefill_attention,
+                                          max_tokens=self.prefill_chunk_tokens, starts=starts,
+                                          **({"calibrate_kv": True} if calibrate else {}),
+                                          **({"on_logits": on_logits, "logits_rows": logits_rows}
+                                             if logits_rows else {}),
+                                          **({"record": record, "hidden_out": hidden_out}
+                                             if record else {}))
+            finally:
+                if calibrate:   # once: pages are now written with these scales
+                    self.kv_scale_source = "calibrated"
+                    self._log_kv_scales(sum(p.numel() for p in prompts))
+
+    def _log_kv_scales(self, tokens: int) -> None:
+        s = torch.stack([c.scale for c in self.kv_caches]).cpu()                    # [L, 2]
+        log.info("graphrt: FP8 KV scales calibrated on the first prefill (%d tokens), fixed from now "
+                 "on: k_scale %.4g..%.4g, v_scale %.4g..%.4g over %d layers", tokens,
+                 float(s[:, 0].min()), float(s[:, 0].max()), float(s[:, 1].min()),
+                 float(s[:, 1].max()), s.shape[0])
 
     # ---- the decode phase: K steps over a bucket of slots (pure device work: capturable) -------
-    def _steps(self, size: int, sampled: bool) -> None:
+    def _steps(self, size: int, sampled: bool, processed: bool = False, filtered: bool = True) -> None:
         """K decode steps over slots [0, size). sampled: draw each token with the slots' sampling
-        rows (advancing their draw index) instead of the argmax."""
+        rows (advancing their draw index) instead of the argmax; processed (with sampled): the
+        slots' logits processing first, log-probabilities recorded, drawn tokens counted;
+        filtered=False: no row uses top-k / top-p (the sampler skips its sort)."""
         st, view = self.slots, self.buffers.view(size)
         tokens, seq = st.tokens[:size], view.seq_lens                       # [B] int64, [B] int32
         ctx = AttentionContext(self.backend, view, self.kv_caches)
@@ -151,13 +232,22 @@ class ModelRuntime:
             ctx.prepare()
             logits = self.model.decode_step(ctx, tokens)                     # [B, vocab] model dtype
             out = self.out_tokens[step, :size]
-            if sampled:
+            live = seq > 0
+            if processed:
+                raw = logits.float()
+                x = st.proc.process(raw, size, st.step[:size], st.temperature[:size])   # [B, V] f32
+                src = raw if self.logprobs_mode == "raw" else \
+                    drawn_from(x, st.temperature[:size], st.top_k[:size], st.top_p[:size])
+                sample_tokens(x, st.temperature[:size], st.top_k[:size], st.top_p[:size],
+                              st.seed[:size], st.step[:size], out, filtered=filtered)
+                self.logprobs.record(step, size, src, out)
+                st.proc.count(size, out, live)
+            elif sampled:
                 sample_tokens(logits, st.temperature[:size], st.top_k[:size], st.top_p[:size],
                               st.seed[:size], st.step[:size], out)
             else:
                 out.copy_(torch.argmax(logits, dim=-1))
             tokens.copy_(out)
-            live = seq > 0
             if st.history is not None:                                        # token at index seq_len
                 at = seq.long().clamp(max=st.history.shape[1] - 1)[:, None]
                 old = st.history[:size].gather(1, at)
@@ -166,8 +256,9 @@ class ModelRuntime:
             if step + 1 == self.k and self._logits is not None:
                 self._logits[:size].copy_(logits)                             # float32, on request
 
-    def _key(self, size: int, sampled: bool) -> GraphKey:
-        return GraphKey("decode", size, steps=self.k, sampled=sampled)
+    def _key(self, size: int, sampled: bool, processed: bool = False, filtered: bool = False) -> GraphKey:
+        return GraphKey("decode", size, steps=self.k, sampled=sampled or processed,
+                        filtered=processed and filtered, processed=processed)
 
     def _host_plan(self, size: int, seq_lens_cpu: torch.Tensor | None = None):
         """The graph runner's prepare hook: a host-planning backend plans from the lengths."""
@@ -187,20 +278,28 @@ class ModelRuntime:
         st = self.slots
         with self.lock:
             for size in reversed(self.config.buckets):
-                for sampled in (False, True) if self.sampling else (False,):
-                    key = self._key(size, sampled)
+                kinds = ([(False, False, False)] + [(True, False, False)] * self.sampling
+                         + [(True, True, False), (True, True, True)] * self.processing)
+                for sampled, processed, filtered in kinds:
+                    key = self._key(size, sampled, processed, filtered)
                     if key in self.graphs:
                         continue
                     inputs = [(st.block_table[:size], 0), (st.seq_lens[:size], 1), (st.tokens[:size], 0),
                               (st.step[:size], 0)] + ([] if st.history is None else [(st.history[:size], 0)])
-                    self.graphs.capture(key, lambda s=size, x=sampled: self._steps(s, x), inputs=inputs,
-                                        scratch=self.kv_caches, prepare=self._host_plan(size))
+                    if processed:
+                        inputs.append((st.proc.counts[:size], 0))
+                    self.graphs.capture(key, lambda s=size, x=sampled, p=processed, f=filtered:
+                                        self._steps(s, x, p, f),
+                                        inputs=inputs, scratch=self.kv_caches, prepare=self._host_plan(size))
             self._captured = True
             return dict(self.graphs.stats)
 
-    def _run(self, n: int, sampled: bool, seq_lens_cpu: torch.Tensor | None = None) -> torch.Tensor:
+    def _run(self, n: int, sampled: bool, seq_lens_cpu: torch.Tensor | None = None,
+             processed: bool = False, filtered: bool = True) -> torch.Tensor:
         size = pick_bucket(self.config.buckets, n)
-        self.graphs.run(self._key(size, sampled), lambda: self._steps(size, sampled),
+        filtered = processed and filtered
+        self.graphs.run(self._key(size, sampled, processed, filtered),
+                        lambda: self._steps(size, sampled, processed, filtered),
                         prepare=self._host_plan(size, seq_lens_cpu))
         return self.out_tokens[:, :n]
 
@@ -260,7 +359,8 @@ class ModelRuntime:
             rows = self._run(n, sampling is not None, host_lens)
             return rows if out is None else out.copy_(rows)
 
-    def decode_slots(self, n: int, *, sampled: bool) -> torch.Tensor:
+    def decode_slots(self, n: int, *, sampled: bool, processed: bool = False,
+                     filtered: bool = True) -> torch.Tensor:
         """K decode steps over slots [0, n) as they stand in `self.slots` (the engine's path: no
         input copy, no host check, no sync except a host-planning backend reading seq_lens);
         returns [K, n] int64 tokens (a view of a static buffer, valid until the next block).
@@ -268,10 +368,15 @@ class ModelRuntime:
         Slots [n, bucket) must be empty (seq_len 0). The slots advance on the device: seq_lens
         by K for live rows, tokens to the last step's, step by K for every row of a sampled
         block, the history by K tokens. The device guard still neutralises bad rows and raises
-        the sticky flag that check_device_errors() reports."""
+        the sticky flag that check_device_errors() reports. processed: the logits-processing
+        graph (needs processing=True; see the module docstring): also fills `self.logprobs` and
+        advances the slots' token counts; with filtered=False (no row uses top-k / top-p) the
+        one without the sampler's sort."""
         self._check_sampled(sampled)
+        if processed and not self.processing:
+            raise ValueError("processed: this ModelRuntime was built with processing=False")
         with self.lock:
-            return self._run(n, sampled)
+            return self._run(n, sampled, processed=processed, filtered=filtered)
 
     def last_logits(self, n: int) -> torch.Tensor:
         """[n, vocab] float32 logits of the last decode step of the bucket serving n rows

@@ -20,6 +20,10 @@ Device tensors (the runtime's device):
     tokens      [B] int64       each slot's current token (the decode graphs' input)
     history     [B, H] int32    prompt + output tokens of each slot (H = max_context_len), or None
                                 when no phase needs it (n-gram lookup / the speculative token buffer)
+    proc        ProcessState    the logits-processing rows (token counts, prompt mask, penalties,
+                                min_p, token rules: model/processing.py), or None when the runtime
+                                was built without processing; written by the prefill of a slot's
+                                request, advanced by the processed decode graphs
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from graphrt.model.processing import ProcessState
 from graphrt.model.sampling import SamplingInputs
 
 PAD_PAGE = -1                                  # block-table entries past a request's pages
@@ -59,10 +64,12 @@ class SlotState:
     seed: torch.Tensor
     tokens: torch.Tensor
     history: torch.Tensor | None
+    proc: ProcessState | None = None
 
     @classmethod
     def allocate(cls, max_batch: int, max_pages: int, device: torch.device, *,
-                 history_width: int | None = None) -> "SlotState":
+                 history_width: int | None = None, vocab: int | None = None) -> "SlotState":
+        """vocab: allocate the logits-processing rows for this vocabulary (None: none)."""
         b = max_batch
         floats = torch.zeros((NUM_FLOATS, b), dtype=torch.float32, device=device)
         floats[TOP_P] = 1.0
@@ -71,7 +78,8 @@ class SlotState:
                    seed=torch.zeros(b, dtype=torch.int64, device=device),
                    tokens=torch.zeros(b, dtype=torch.int64, device=device),
                    history=None if history_width is None else
-                   torch.zeros((b, history_width), dtype=torch.int32, device=device))
+                   torch.zeros((b, history_width), dtype=torch.int32, device=device),
+                   proc=None if vocab is None else ProcessState.allocate(b, vocab, device))
 
     # ---- row views (device, [B] each; `[:size]` for a bucket) ---------------------------------
     @property

@@ -2,6 +2,7 @@
 
     tp = TensorParallel(rank=r, world_size=n, group=pg)     # pg: a torch.distributed ProcessGroup
     x = tp.all_reduce(x)                   # sum of the ranks' partial o_proj / down_proj outputs
+                                           # (NCCL, or per message size a one-shot kernel: allreduce.py)
     e = tp.embed(embed_shard, tokens)      # vocab-parallel embedding: mask + all-reduce
     logits = tp.gather_logits(local, V)    # [B, ceil(V/n)] per rank -> [B, V] on every rank
 
@@ -11,7 +12,7 @@ communicator exists (warm it up with one eager call before capture: `warm_up`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -23,10 +24,12 @@ _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 @dataclass(frozen=True)
 class TensorParallel:
     """rank in [0, world_size); group: the ProcessGroup of the model's collectives (NCCL on CUDA
-    tensors, gloo on CPU tensors)."""
+    tensors, gloo on CPU tensors); reducer: None (every all-reduce on `group`) or an
+    `allreduce.AllReducer` that routes each message by its size (set by allreduce.configure)."""
     rank: int
     world_size: int
     group: object
+    reducer: object = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         for name in ("rank", "world_size"):
@@ -37,7 +40,12 @@ class TensorParallel:
             raise ValueError(f"rank: {self.rank} is not in [0, world_size={self.world_size})")
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """In-place sum over the ranks of x (any shape); returns x."""
+        """Sum over the ranks of x (any shape): x itself summed in place (NCCL / gloo), or a new
+        tensor (the one-shot kernel); use the returned tensor."""
+        return self.nccl_all_reduce(x) if self.reducer is None else self.reducer(x)
+
+    def nccl_all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """In-place sum over the ranks of x on `group` (torch.distributed); returns x."""
         dist.all_reduce(x, group=self.group)
         return x
 

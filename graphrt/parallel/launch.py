@@ -53,17 +53,42 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def join_group(rank: int, world_size: int, port: int, backend: str, timeout_s: float) -> RankContext:
-    """Join the run's process group (TCP on 127.0.0.1:port, collective timeout timeout_s) and a
-    gloo control group; rank r of an NCCL run uses cuda:r."""
+def open_store(rank: int, world_size: int, port: int, timeout_s: float):
+    """The run's TCPStore on 127.0.0.1:port: rank 0 serves it, the other ranks connect (retrying
+    up to timeout_s)."""
+    import torch.distributed as dist
+    return dist.TCPStore("127.0.0.1", port, world_size, is_master=(rank == 0),
+                         timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+
+
+def checked_in(store, world_size: int) -> bool:
+    """True once every rank 1..world_size-1 has connected to the store and checked in (a worker
+    checks in just before init_process_group); never blocks."""
+    return store.check([_ready_key(r) for r in range(1, world_size)])
+
+
+def _ready_key(rank: int) -> str:
+    return f"graphrt/ready/{rank}"
+
+
+def join_group(rank: int, world_size: int, port: int, backend: str, timeout_s: float,
+               store=None) -> RankContext:
+    """Join the run's process group (the TCPStore on 127.0.0.1:port, collective timeout
+    timeout_s) and a gloo control group; rank r of an NCCL run uses cuda:r. Rank 0 passes the
+    store it opened and calls this once `checked_in` is true, so a worker that dies before the
+    group forms leaves no half-initialised process group (nor torch's group counter advanced)
+    behind in rank 0's process."""
     import torch.distributed as dist
     device = torch.device("cpu")
     if backend == "nccl":
         device = torch.device("cuda", rank)
         torch.cuda.set_device(device)
     timeout = timedelta(seconds=timeout_s)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size, timeout=timeout)
+    if store is None:
+        store = open_store(rank, world_size, port, timeout_s)
+    if rank > 0:
+        store.set(_ready_key(rank), "1")
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     control = dist.new_group(backend="gloo", timeout=timeout)
     return RankContext(rank, world_size, device, TensorParallel(rank, world_size, dist.group.WORLD),
                        control)

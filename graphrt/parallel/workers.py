@@ -18,11 +18,13 @@ from __future__ import annotations
 import logging
 import queue as queue_mod
 import threading
+import time
 
 import torch
 import torch.distributed as dist
 
-from graphrt.parallel.launch import RankContext, RankError, rank_main, free_port, join_group, stop_processes
+from graphrt.parallel.launch import (RankContext, RankError, checked_in, free_port, join_group, open_store,
+                                     rank_main, stop_processes)
 from graphrt.parallel.spawn import start_detached_from_main
 
 log = logging.getLogger("graphrt.parallel")
@@ -30,12 +32,22 @@ log = logging.getLogger("graphrt.parallel")
 
 def _join_watching(procs, results, world_size, port, backend, timeout_s) -> RankContext:
     """join_group as rank 0 while watching the workers: one that raises or dies before the group
-    forms is reported at once (RankError with its traceback), not after the store's timeout."""
+    forms is reported at once (RankError with its traceback), not after the store's timeout.
+    The process group is only created once every worker has checked in on the store, so a
+    worker lost before that leaves nothing of torch.distributed behind in this process."""
+    store = open_store(0, world_size, port, timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while not checked_in(store, world_size):
+        _raise_if_failed(procs, results)
+        if time.monotonic() > deadline:
+            raise RankError(f"tensor parallel: the workers did not check in within the group's "
+                            f"timeout ({timeout_s} s)")
+        time.sleep(0.05)
     box: dict = {}
 
     def join():
         try:
-            box["ctx"] = join_group(0, world_size, port, backend, timeout_s)
+            box["ctx"] = join_group(0, world_size, port, backend, timeout_s, store=store)
         except BaseException as e:          # handed to the caller below
             box["error"] = e
 
@@ -47,16 +59,21 @@ def _join_watching(procs, results, world_size, port, backend, timeout_s) -> Rank
             if "error" in box:
                 raise box["error"]
             return box["ctx"]
-        try:
-            rank, status, payload = results.get_nowait()
-            if status == "error":
-                raise RankError(f"tensor parallel: rank {rank} failed while starting:\n{payload}")
-        except queue_mod.Empty:
-            pass
-        for r, p in enumerate(procs, start=1):
-            if p.exitcode not in (None, 0):
-                raise RankError(f"tensor parallel: rank {r} died while starting (exit code "
-                                f"{p.exitcode}) before joining the process group")
+        _raise_if_failed(procs, results)
+
+
+def _raise_if_failed(procs, results) -> None:
+    """RankError naming a worker that reported an error or exited while the group was forming."""
+    try:
+        rank, status, payload = results.get_nowait()
+        if status == "error":
+            raise RankError(f"tensor parallel: rank {rank} failed while starting:\n{payload}")
+    except queue_mod.Empty:
+        pass
+    for r, p in enumerate(procs, start=1):
+        if p.exitcode not in (None, 0):
+            raise RankError(f"tensor parallel: rank {r} died while starting (exit code "
+                            f"{p.exitcode}) before joining the process group")
 
 
 class WorkerGroup:

@@ -34,6 +34,7 @@ from graphrt.serve.metrics import EngineStats, Metrics
 class Finished:
     """A request's totals, filled as its deltas arrive (read by the routes for `usage`)."""
     prompt_tokens: int = 0
+    cached_tokens: int = 0                          # of the prompt's, found in the prefix cache
     output_tokens: int = 0
     finish_reason: str | None = None       # set once every sample has finished
     reason: str | None = None              # the latest sample's finish reason (n > 1)
@@ -77,8 +78,11 @@ class AsyncEngine:
         waiting = max(len(sched.waiting), self.in_flight - running)
         free = alloc.num_free
         counts = getattr(self.engine, "spec_counts", None) if getattr(self.engine, "spec", None) else None
+        cache = getattr(getattr(sched, "kv", None), "cache", None)
         return EngineStats(running=running, waiting=waiting, pages_used=alloc.num_pages - free, pages_free=free,
-                           spec=None if counts is None else dict(counts))
+                           spec=None if counts is None else dict(counts),
+                           prefix_queries=cache.queries if cache is not None else 0,
+                           prefix_hits=cache.hits if cache is not None else 0)
 
     def healthy(self) -> bool:
         """The engine's loop runs and has not died (engine.error: an unattributable failure)."""
@@ -164,6 +168,7 @@ class DeltaStream:
                 if new and self._t_first is None:
                     self._t_first = now
                 t.prompt_tokens = len(item.prompt_token_ids)
+                t.cached_tokens = item.num_cached_tokens
                 t.output_tokens += new
                 self.owner.metrics.tokens_streamed(new)
                 for o in item.outputs:                  # the last sample's reason ("abort" wins)

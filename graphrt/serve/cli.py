@@ -67,11 +67,13 @@ def build_parser(prog: str = "graphrt serve") -> argparse.ArgumentParser:
                    help="shard the model over N GPUs, one process each (graphrt/parallel)")
     p.add_argument("--quantization", default=None, choices=["fp8"],
                    help="fp8: quantize a float checkpoint's linear layers to FP8 while loading (default: none; FP8 checkpoints load as FP8 by themselves)")
-    p.add_argument("--speculative-method", default=None, choices=["ngram", "draft"],
-                   help="speculative decoding: ngram (prompt lookup over each request's own tokens) or "
-                        "draft (a smaller checkpoint, --draft-model) (default: none, no speculation)")
+    p.add_argument("--speculative-method", default=None, choices=["ngram", "draft", "eagle3"],
+                   help="speculative decoding: ngram (prompt lookup over each request's own tokens), "
+                        "draft (a smaller checkpoint, --draft-model) or eagle3 (an EAGLE-3 head, --draft-model) "
+                        "(default: none, no speculation)")
     p.add_argument("--draft-model", default=None, metavar="DIR",
-                   help="with --speculative-method draft: the draft checkpoint, sharing the target's tokenizer (default: none)")
+                   help="with --speculative-method draft: the draft checkpoint, sharing the target's tokenizer; "
+                        "with eagle3: the EAGLE-3 head directory (default: none)")
     p.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
                    help="with --speculative-method: tokens proposed per round (default: 4)")
     p.add_argument("--host", default="127.0.0.1",

@@ -14,6 +14,12 @@ role; every later content delta carries text (a delta whose text is still held b
 of a character or a possible stop string, is sent only for its token ids, with return_token_ids).
 Completion streams send every delta that has tokens (`"text": ""` included: clients time tokens by
 events).
+
+Log-probabilities (serve/logprobs.py): completions `logprobs: n` (each token and its top n),
+with `echo` the prompt's text and (with logprobs) its tokens' log-probabilities first, from the
+prefill; `max_tokens: 0` is allowed with echo (the prompt only: lm-eval's loglikelihood
+requests). Chat: `logprobs: true` and `top_logprobs: n`. Streamed chunks carry the log-probs of
+their own tokens (a chat delta whose text is still held back passes its entries to the next).
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ from pydantic import ValidationError
 
 from graphrt.serve.bridge import AsyncEngine, DeltaStream
 from graphrt.serve.errors import APIError, sse_error
+from graphrt.serve.logprobs import chat_logprobs, completion_logprobs, merge
 from graphrt.serve.protocol import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                        ChatCompletionResponse, ChatDelta, CompletionChoice, CompletionRequest, CompletionResponse,
                        Usage)
@@ -40,6 +47,13 @@ class Generation:
     def __init__(self, bridge: AsyncEngine, tokenizer, *, model_name: str, max_model_len: int):
         self.bridge, self.tokenizer = bridge, tokenizer
         self.model_name, self.max_model_len = model_name, max_model_len
+        self._texts: dict[int, str] = {}               # token id -> its text (log-prob bodies)
+
+    def token_text(self, tok: int) -> str:
+        s = self._texts.get(tok)
+        if s is None:
+            s = self._texts[tok] = self.tokenizer.decode([tok])
+        return s
 
     async def parse(self, request: Request, model_cls):
         """The request's JSON body as `model_cls`, parsed and validated on the worker pool (the
@@ -70,11 +84,20 @@ class Generation:
     def _params(self, body, max_tokens: int):
         from graphrt.engine import SamplingParams              # the engine package is heavy; import on use
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+        if isinstance(body, ChatCompletionRequest):
+            logprobs, prompt_logprobs = (body.top_logprobs or 0) if body.logprobs else None, None
+        else:
+            logprobs = body.logprobs
+            prompt_logprobs = body.logprobs if body.echo else None
         try:
-            return SamplingParams(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
+            return SamplingParams(max_tokens=max(max_tokens, 1), temperature=body.temperature, top_p=body.top_p,
                                   top_k=body.top_k, seed=body.seed, stop=stop,
                                   stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos,
-                                  n=body.n, best_of=getattr(body, "best_of", None))
+                                  n=body.n, best_of=getattr(body, "best_of", None),
+                                  logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                                  presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
+                                  repetition_penalty=body.repetition_penalty, min_p=body.min_p,
+                                  logit_bias=body.bias(), min_tokens=body.min_tokens)
         except ValueError as e:
             raise APIError.from_value_error(e) from None
 
@@ -105,20 +128,31 @@ class Generation:
         self._check(body)
         params = await self.bridge.run(self._params, body, 16 if body.max_tokens is None else body.max_tokens)
         prompts = body.prompts(most=self.bridge.capacity)   # null max_tokens: OpenAI's 16
+        texts = [p if isinstance(p, str) else None for p in prompts]
         prompts = [await self._off_loop(self._tokenize, p, param="prompt") if isinstance(p, str) else p
                    for p in prompts]
+        if body.echo:
+            texts = [t if t is not None else await self.bridge.run(self.tokenizer.decode, p)
+                     for p, t in zip(prompts, texts)]
         rid, streams = await self._submit(prompts, params, kind="cmpl")
+        echoes = [_Echo(self, body, p, t) for p, t in zip(prompts, texts)]
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            return SSEResponse(self._completion_events(rid, streams, body.n, usage, body.return_token_ids),
+            return SSEResponse(self._completion_events(rid, streams, body.n, usage, body.return_token_ids, echoes),
                                on_close=lambda: _close(streams))
         got = await _collect(streams, request)
         if got is None:
             return Response(status_code=499)
-        choices = [CompletionChoice(index=k * body.n + i, text=text, finish_reason=reason,
-                                    token_ids=ids if body.return_token_ids else None)
-                   for k, per in enumerate(got) for i, (text, ids, reason) in sorted(per.items())]
-        return _json(CompletionResponse(id=rid, model=self.model_name, usage=_usage(streams), choices=choices))
+        choices = []
+        for k, (per, prompt_entries) in enumerate(got):
+            for i, (text, ids, entries, reason) in sorted(per.items()):
+                if body.max_tokens == 0:               # echo only: the drawn token is not returned
+                    text, ids, entries = "", [], []
+                choices.append(CompletionChoice(index=k * body.n + i, text=echoes[k].text + text, finish_reason=reason,
+                                                logprobs=echoes[k].logprobs(prompt_entries, ids, entries),
+                                                token_ids=ids if body.return_token_ids else None))
+        usage = _usage(streams, output=body.max_tokens != 0)
+        return _json(CompletionResponse(id=rid, model=self.model_name, usage=usage, choices=choices))
 
     async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
         self._check(body)
@@ -140,37 +174,57 @@ class Generation:
             raise
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            return SSEResponse(self._chat_events(rid, streams, body.n, usage, body.return_token_ids),
+            return SSEResponse(self._chat_events(rid, streams, body.n, usage, body.return_token_ids,
+                                                 (body.top_logprobs or 0) if body.logprobs else None),
                                on_close=lambda: _close(streams))
         got = await _collect(streams, request)
         if got is None:
             return Response(status_code=499)
         choices = [ChatChoice(index=i, message=AssistantMessage(content=text), finish_reason=reason,
+                              logprobs=chat_logprobs(out_ids, entries, body.top_logprobs or 0, self.token_text)
+                              if body.logprobs else None,
                               token_ids=out_ids if body.return_token_ids else None)
-                   for i, (text, out_ids, reason) in sorted(got[0].items())]
+                   for i, (text, out_ids, entries, reason) in sorted(got[0][0].items())]
         return _json(ChatCompletionResponse(id=rid, model=self.model_name, usage=_usage(streams), choices=choices))
 
     # ---- streams ----------------------------------------------------------------------------------
-    async def _completion_events(self, rid: str, streams, n: int, include_usage: bool, with_ids: bool):
-        def chunk(index, text, reason=None, ids=None):
+    async def _completion_events(self, rid: str, streams, n: int, include_usage: bool, with_ids: bool,
+                                 echoes: list["_Echo"]):
+        def chunk(k, index, text, reason=None, ids=None, entries=None, delta=None):
+            echo = echoes[k]
+            if delta is not None and delta.prompt_logprobs is not None:
+                echo.prompt_entries = delta.prompt_logprobs
+            if echo.body.max_tokens == 0 and reason is None:
+                text, ids, entries = "", [], []
+            first = index not in echo.sent
+            lp = None
+            if echo.body.logprobs is not None and (ids or first):
+                lp = echo.logprobs(echo.prompt_entries if first else None, ids or [], entries or [])
+            if first:
+                text = echo.text + text
+                echo.sent.add(index)
+            if not text and not ids and reason is None and lp is None:
+                return None
             c = CompletionResponse(id=rid, model=self.model_name, choices=[CompletionChoice(
-                index=index, text=text, finish_reason=reason, token_ids=ids if with_ids else None)])
+                index=index, text=text, finish_reason=reason, logprobs=lp, token_ids=ids if with_ids else None)])
             return f"data: {c.model_dump_json()}\n\n"
 
         async for event in _events(streams, n, chunk, include_usage, True,   # text "" keeps the tokens' timing
                                    lambda u: CompletionResponse(id=rid, model=self.model_name, choices=[], usage=u)):
             yield event
 
-    async def _chat_events(self, rid: str, streams, n: int, include_usage: bool, with_ids: bool):
-        def chunk(index, text, reason=None, ids=None, role=None):
+    async def _chat_events(self, rid: str, streams, n: int, include_usage: bool, with_ids: bool,
+                           top: int | None = None):
+        def chunk(k, index, text, reason=None, ids=None, entries=None, delta=None, role=None):
+            lp = chat_logprobs(ids, entries, top, self.token_text) if top is not None and ids else None
             c = ChatCompletionChunk(id=rid, model=self.model_name, choices=[ChatChunkChoice(
                 index=index, delta=ChatDelta(role=role, content=text if reason is None and (text or role) else None),
-                finish_reason=reason,
+                finish_reason=reason, logprobs=lp,
                 token_ids=ids if with_ids else None)])
             return f"data: {c.model_dump_json()}\n\n"
 
         for i in range(n):                            # {"role": "assistant", "content": ""}, as OpenAI's
-            yield chunk(i, "", role="assistant")
+            yield chunk(0, i, "", role="assistant")
         async for event in _events(streams, n, chunk, include_usage, with_ids,
                                    lambda u: ChatCompletionChunk(id=rid, model=self.model_name, choices=[], usage=u)):
             yield event
@@ -181,9 +235,12 @@ def _close(streams) -> None:
         ds.close()
 
 
-def _usage(streams) -> Usage:
-    """Prompt tokens once per prompt (not per choice, as OpenAI counts), every choice's output."""
-    return Usage.of(sum(ds.totals.prompt_tokens for ds in streams), sum(ds.totals.output_tokens for ds in streams))
+def _usage(streams, *, output: bool = True) -> Usage:
+    """Prompt tokens once per prompt (not per choice, as OpenAI counts), every choice's output
+    (none with output=False: echo with max_tokens 0), the prompts' cached tokens."""
+    return Usage.of(sum(ds.totals.prompt_tokens for ds in streams),
+                    sum(ds.totals.output_tokens for ds in streams) if output else 0,
+                    sum(ds.totals.cached_tokens for ds in streams))
 
 
 async def _merged(streams):
@@ -222,18 +279,30 @@ async def _merged(streams):
 
 async def _events(streams, n: int, chunk, include_usage: bool, textless: bool, usage_chunk):
     """Deltas -> SSE events, each for one choice (index prompt * n + sample; a delta with tokens
-    but no text yet only if `textless`); a choice's final event carries its finish_reason; then
-    usage (if asked), [DONE]."""
+    but no text yet only if `textless`, else its tokens and log-prob entries wait for the
+    choice's next text); a choice's final event carries its finish_reason; then usage (if
+    asked), [DONE]."""
     try:
+        held: dict[int, tuple[list, list]] = {}       # choice -> tokens, log-prob entries not sent yet
         async for k, d in _merged(streams):
             for o in d.outputs:
                 if o.finish_reason == "abort":
                     raise APIError(503, "request aborted by the engine")
                 index = k * n + o.index
-                if o.text or (textless and o.token_ids):
-                    yield chunk(index, o.text, None, list(o.token_ids))
+                ids, entries = held.pop(index, ([], []))
+                ids += o.token_ids
+                entries += o.logprobs or []
+                if o.text or (textless and ids):
+                    event = chunk(k, index, o.text, None, ids, entries, d)
+                    ids, entries = [], []
+                    if event is not None:
+                        yield event
                 if o.finish_reason is not None:
-                    yield chunk(index, "", o.finish_reason, [])
+                    event = chunk(k, index, "", o.finish_reason, ids if textless else [], entries, d)
+                    if event is not None:
+                        yield event
+                else:
+                    held[index] = (ids, entries)
         if include_usage:
             yield f"data: {usage_chunk(_usage(streams)).model_dump_json()}\n\n"
     except APIError as e:
@@ -243,18 +312,47 @@ async def _events(streams, n: int, chunk, include_usage: bool, textless: bool, u
     yield DONE
 
 
-async def _collect(streams, request: Request) -> list[dict] | None:
-    """Per stream {choice index: (whole text, token ids, finish reason)}, or None if the client
-    disconnected first (the requests are then aborted)."""
+class _Echo:
+    """A completion prompt's echo and log-probs settings: the prompt's text (echo) and body;
+    streaming: the choices whose first chunk (which carries the echo) went out, and the prompt's
+    log-prob entries once a delta brought them."""
+
+    def __init__(self, gen: Generation, body: CompletionRequest, prompt: list[int], prompt_text: str | None):
+        self.gen, self.body, self.prompt = gen, body, prompt
+        self.text = prompt_text if body.echo else ""
+        self.sent: set[int] = set()
+        self.prompt_entries = None
+
+    def logprobs(self, prompt_entries, ids: list[int], entries: list):
+        """The choice's CompletionLogprobs (None without logprobs): the prompt's (echo) then ids'."""
+        if self.body.logprobs is None:
+            return None
+        lp = None
+        if self.body.echo and prompt_entries is not None:
+            lp = completion_logprobs(self.prompt, prompt_entries, self.gen.token_text)
+        if lp is not None and lp.tokens:
+            start = lp.text_offset[-1] + len(lp.tokens[-1])
+        else:
+            start = len(self.text) if self.body.echo else 0
+        return merge(lp, completion_logprobs(ids, entries, self.gen.token_text, offset=start))
+
+
+async def _collect(streams, request: Request) -> list[tuple[dict, list | None]] | None:
+    """Per stream ({choice index: (whole text, token ids, their log-prob entries, finish
+    reason)}, the prompt's log-prob entries), or None if the client disconnected first (the
+    requests are then aborted)."""
     async def gather(ds):
         per: dict = {}
+        prompt = None
         async for d in ds:
+            prompt = d.prompt_logprobs if d.prompt_logprobs is not None else prompt
             for o in d.outputs:
                 if o.finish_reason == "abort":
                     raise APIError(503, "request aborted by the engine")
-                text, ids, _ = per.get(o.index, ("", [], None))
-                per[o.index] = (text + o.text, ids + list(o.token_ids), o.finish_reason)
-        return per
+                text, ids, entries, _ = per.get(o.index, ("", [], [], None))
+                per[o.index] = (text + o.text, ids + list(o.token_ids), entries + list(o.logprobs or []),
+                                o.finish_reason)
+        return per, prompt
 
     async def disconnected():
         while (await request.receive())["type"] != "http.disconnect":

@@ -2,7 +2,7 @@
 
 The YAML file is one flat mapping: EngineConfig fields (max_batch or its vLLM name max_num_seqs,
 steps_per_graph, page_size, num_pages, gpu_memory_utilization, max_model_len, backend, dtype,
-overlap, capture, seed) and ServeConfig fields (served_model_name, max_waiting, max_request_bytes,
+overlap, capture, seed, kv_cache_dtype) and ServeConfig fields (served_model_name, max_waiting, max_request_bytes,
 api_key, chat_template: a file or the Jinja text, header_timeout_s, body_timeout_s,
 max_connections, shutdown_timeout_s). An unknown key is an error naming it; invalid YAML is one
 line naming the file, line and column. Flags given on the command line win.

@@ -1,7 +1,8 @@
 """The flags a vLLM user types first, for `graphrt serve`, and the checks made before anything loads.
 
     graphrt serve MODEL --max-model-len 4096 --max-num-seqs 8 --dtype bfloat16 \
-        --gpu-memory-utilization 0.85 --api-key KEY --chat-template tmpl.jinja
+        --gpu-memory-utilization 0.85 --api-key KEY --chat-template tmpl.jinja \
+        --no-prefix-caching --max-num-batched-tokens 2048
 
 MODEL (positional) is `--model`; --max-num-seqs is EngineConfig.max_batch. Each flag has a key
 of the same name in the --config YAML (`max_num_seqs` or `max_batch`); a flag given wins over the
@@ -38,9 +39,20 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, choices=DTYPES,
                    help="weights and KV cache (default: auto = float32 on CPU, the only dtype there; "
                         "the checkpoint's bfloat16 / float16 on CUDA)")
+    p.add_argument("--kv-cache-dtype", default=None, choices=("auto", "fp8"),
+                   help="KV cache pages: auto = the model dtype; fp8 = e4m3 with per-layer k / v scales "
+                        "(the checkpoint's, else calibrated on the first prompt): twice the tokens per "
+                        "byte (default: auto, or kv_cache_dtype in --config)")
     p.add_argument("--gpu-memory-utilization", type=float, default=None, metavar="F",
                    help=f"fraction of the GPU's memory for weights, activations and the KV pool "
                         f"(default: {d.gpu_memory_utilization}, or gpu_memory_utilization in --config)")
+    p.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false", default=None,
+                   help="prefill every prompt whole instead of reusing the KV pages of a cached prefix "
+                        "(default: prefix caching on, or enable_prefix_caching in --config)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="N",
+                   help=f"prompt tokens prefilled between two decode blocks while requests decode; longer "
+                        f"prompts run in chunks (default: {d.max_num_batched_tokens}, or "
+                        f"max_num_batched_tokens in --config)")
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help=f"require 'Authorization: Bearer KEY' on every endpoint but /health (default: "
                         f"${API_KEY_ENV}, or api_key in --config; none: no authentication)")
@@ -68,7 +80,10 @@ def engine_overrides(args, eng_kw: dict) -> dict:
                 raise ValueError(f"--config: {alias} ({out[alias]}) and {field} ({out[field]}) disagree; give one")
             out[field] = out.pop(alias)
     flags = {"max_model_len": args.max_model_len, "max_batch": args.max_num_seqs,
-             "gpu_memory_utilization": args.gpu_memory_utilization}
+             "gpu_memory_utilization": args.gpu_memory_utilization,
+             "kv_cache_dtype": getattr(args, "kv_cache_dtype", None),
+             "enable_prefix_caching": getattr(args, "prefix_caching", None),
+             "max_num_batched_tokens": getattr(args, "max_num_batched_tokens", None)}
     out |= {k: v for k, v in flags.items() if v is not None}
     if args.dtype == "auto":                       # auto given: the device's default, whatever the file says
         out.pop("dtype", None)

@@ -18,12 +18,15 @@ PREFIX = "graphrt_"
 @dataclass(frozen=True)
 class EngineStats:
     """A snapshot of the engine: requests in decode slots / queued, KV pages used / free;
-    spec: with speculation, the engine's cumulative counts (proposed, accepted, rounds, emitted)."""
+    spec: with speculation, the engine's cumulative counts (proposed, accepted, rounds, emitted);
+    prefix_queries / prefix_hits: prompt tokens looked up in the prefix cache / found there."""
     running: int
     waiting: int
     pages_used: int
     pages_free: int
     spec: dict | None = None
+    prefix_queries: int = 0
+    prefix_hits: int = 0
 
 
 class Histogram:
@@ -98,6 +101,10 @@ class Metrics:
                [f"{p}requests_waiting {stats.waiting}"])
         metric("kv_pages_used", "gauge", "KV cache pages held by requests.", [f"{p}kv_pages_used {stats.pages_used}"])
         metric("kv_pages_free", "gauge", "KV cache pages on the free list.", [f"{p}kv_pages_free {stats.pages_free}"])
+        metric("prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
+               [f"{p}prefix_cache_queries_total {stats.prefix_queries}"])
+        metric("prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache (not prefilled).",
+               [f"{p}prefix_cache_hits_total {stats.prefix_hits}"])
         metric("prompt_tokens_total", "counter", "Prompt tokens of finished requests.",
                [f"{p}prompt_tokens_total {self.prompt_tokens}"])
         metric("generation_tokens_total", "counter", "Output tokens streamed to clients.",

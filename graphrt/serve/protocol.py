@@ -1,13 +1,14 @@
 """OpenAI API request and response bodies (pydantic), with OpenAI's field names.
 
 Requests are strict (no "yes" for true, no 2.0 for an int), forbid unknown fields, and refuse
-with a 400 naming the field what the engine cannot do (echo, suffix, logprobs, logit_bias,
-penalties, tools, a streamed best_of > n): a field accepted and ignored would silently change
-what the client asked for. `n` (and completions' `best_of`) go to the engine (engine/group.py);
-completions take several prompts, their choices indexed prompt-major (prompt p's i-th choice is
-index p * n + i), as OpenAI does. graphrt's extensions follow vLLM's
-names: top_k, ignore_eos, stop_token_ids, return_token_ids (the `openai` client sends them through
-`extra_body`; token ids come back as `choices[i].token_ids`).
+with a 400 naming the field what the engine cannot do (suffix, tools, a streamed best_of > n): a
+field accepted and ignored would silently change what the client asked for. `n` (and
+completions' `best_of`) go to the engine (engine/group.py); completions take several prompts,
+their choices indexed prompt-major (prompt p's i-th choice is index p * n + i), as OpenAI does.
+graphrt's extensions follow vLLM's names: top_k, min_p, repetition_penalty, min_tokens,
+ignore_eos, stop_token_ids, return_token_ids (the `openai` client sends them through
+`extra_body`; token ids come back as `choices[i].token_ids`). logit_bias keys are token ids (as
+strings, OpenAI's JSON).
 `null` for a field with a default means the default (OpenAI marks them nullable; vLLM does this).
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from graphrt.serve.errors import APIError
+from graphrt.serve.logprobs import ChatLogprobs, CompletionLogprobs
 
 
 class _Request(BaseModel):
@@ -49,20 +51,27 @@ class _Request(BaseModel):
     frequency_penalty: float = 0.0
     # extensions (vLLM names)
     top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     return_token_ids: bool = False             # add each choice's output token ids (vLLM's name)
 
     def refuse_unsupported(self) -> None:
         """Raise a 400 for each field the engine cannot honour (instead of ignoring it)."""
-        if self.logit_bias:
-            raise APIError.bad_request("logit_bias: not supported", param="logit_bias")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) != 0:
-                raise APIError.bad_request(f"{name}: not supported (only 0), got {getattr(self, name)}",
-                                           param=name)
         if self.stream_options is not None and not self.stream:
             raise APIError.bad_request("stream_options: only allowed with stream=true", param="stream_options")
+
+    def bias(self) -> dict[int, float] | None:
+        """logit_bias with int keys (400 naming logit_bias for a key that is not a token id)."""
+        if not self.logit_bias:
+            return None
+        try:
+            return {int(k): v for k, v in self.logit_bias.items()}
+        except ValueError:
+            raise APIError.bad_request(f"logit_bias: keys must be token ids, got {sorted(self.logit_bias)[:3]}",
+                                       param="logit_bias") from None
 
 
 class StreamOptions(BaseModel):
@@ -86,12 +95,11 @@ class CompletionRequest(_Request):
         if self.best_of is not None and self.stream and self.best_of > self.n:
             raise APIError.bad_request(f"best_of: {self.best_of} > n={self.n} cannot be streamed (the best "
                                        f"are known at the end)", param="best_of")
-        if self.echo:
-            raise APIError.bad_request("echo: not supported", param="echo")
         if self.suffix:
             raise APIError.bad_request("suffix: not supported", param="suffix")
-        if self.logprobs is not None:
-            raise APIError.bad_request("logprobs: not supported", param="logprobs")
+        if self.max_tokens == 0 and not self.echo:
+            raise APIError.bad_request("max_tokens: must be >= 1 (0 only with echo=true), got 0",
+                                       param="max_tokens")
 
     def prompts(self, *, most: int) -> list[str | list[int]]:
         """The request's prompts (one, or a batch of at most `most`), each non-empty."""
@@ -146,8 +154,8 @@ class ChatCompletionRequest(_Request):
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
-        if self.logprobs or self.top_logprobs is not None:
-            raise APIError.bad_request("logprobs: not supported", param="logprobs")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise APIError.bad_request("top_logprobs: needs logprobs=true", param="top_logprobs")
         if self.tools or self.tool_choice not in (None, "none"):
             raise APIError.bad_request("tools: tool calls are not supported", param="tools")
         if self.response_format is not None and self.response_format.get("type") != "text":
@@ -160,14 +168,20 @@ CompletionRequest.model_rebuild()
 ChatCompletionRequest.model_rebuild()
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0                       # prompt tokens whose KV came from the prefix cache
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = PromptTokensDetails()
 
     @classmethod
-    def of(cls, prompt: int, completion: int) -> "Usage":
-        return cls(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+    def of(cls, prompt: int, completion: int, cached: int = 0) -> "Usage":
+        return cls(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                   prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
 
 
 _OMIT_NONE = dict(default=None, exclude_if=lambda v: v is None)
@@ -176,7 +190,7 @@ _OMIT_NONE = dict(default=None, exclude_if=lambda v: v is None)
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: Literal["stop", "length"] | None = None
     token_ids: list[int] | None = Field(**_OMIT_NONE)
 
@@ -199,7 +213,7 @@ class AssistantMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: Literal["stop", "length"]
     token_ids: list[int] | None = Field(**_OMIT_NONE)
 
@@ -223,7 +237,7 @@ class ChatDelta(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: ChatDelta
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: Literal["stop", "length"] | None = None
     token_ids: list[int] | None = Field(**_OMIT_NONE)
 

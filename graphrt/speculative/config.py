@@ -2,6 +2,7 @@
 
     SpeculativeConfig(method="ngram", num_tokens=4)                 # prompt lookup on the device
     SpeculativeConfig(method="draft", num_tokens=4, draft_model=DIR)  # a smaller checkpoint
+    SpeculativeConfig(method="eagle3", num_tokens=4, draft_model=DIR)  # an EAGLE-3 head directory
     SpeculativeConfig.from_dict({"method": "ngram", "num_tokens": 4})  # the LLM(speculative=...) form
 """
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
-METHODS = ("ngram", "draft")
+METHODS = ("ngram", "draft", "eagle3")
 MAX_NUM_TOKENS = 15       # k + 1 query tokens per request must fit the verify kernel's tile (16)
 MAX_NGRAM = 16
 
@@ -22,10 +23,12 @@ def _int(name: str, value: Any, lo: int, hi: int) -> int:
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """method: "ngram" (prompt lookup over the request's own tokens) or "draft" (draft_model);
+    """method: "ngram" (prompt lookup over the request's own tokens), "draft" (draft_model) or
+    "eagle3" (an EAGLE-3 head reading the target's hidden states, draft_model);
     num_tokens: k, tokens proposed per round (the target verifies k + 1 per request);
     ngram_min / ngram_max: the n-gram lengths tried, longest first; draft_model: checkpoint
-    directory of the draft (method "draft" only; same tokenizer as the target)."""
+    directory of the draft model or the EAGLE-3 head (methods "draft" / "eagle3" only; same
+    tokenizer as the target)."""
 
     method: str = "ngram"
     num_tokens: int = 4
@@ -42,12 +45,12 @@ class SpeculativeConfig:
         if self.ngram_min > self.ngram_max:
             raise ValueError(f"speculative.ngram_min: {self.ngram_min} exceeds ngram_max="
                              f"{self.ngram_max}")
-        if self.method == "draft":
+        if self.method in ("draft", "eagle3"):
             if not isinstance(self.draft_model, str) or not self.draft_model:
-                raise ValueError("speculative.draft_model: method 'draft' needs a checkpoint "
+                raise ValueError(f"speculative.draft_model: method {self.method!r} needs a checkpoint "
                                  f"directory, got {self.draft_model!r}")
         elif self.draft_model is not None:
-            raise ValueError(f"speculative.draft_model: only used with method 'draft', got "
+            raise ValueError(f"speculative.draft_model: only used with methods 'draft' and 'eagle3', got "
                              f"{self.draft_model!r} with method {self.method!r}")
 
     @property

@@ -15,8 +15,11 @@ history, tokens held, limit, block table, sampling rows, per-slot k) and this ph
 set-up: attention/graphs.py) and device-error flags, so the engine's input batch is what the
 rounds read and the decode graphs and the rounds advance one state; the standalone constructor
 allocates the same objects for itself. Each round: the n-gram kernel (or a DraftProposer,
-draft.py) proposes from each slot's token history, the target verifies k + 1 tokens per slot in
-one forward (`model.verify_step`), `judge` + `advance` accept and write the emitted tokens into
+draft.py) proposes from each slot's token history, or an EAGLE-3 head's phase (eagle3/phase.py)
+hands over the proposals it drafted after the previous round; the target verifies k + 1 tokens
+per slot in one forward (`model.verify_step`; with EAGLE-3 it records its hidden states, and
+after acceptance the head drafts the next round's proposals from them), `judge` + `advance`
+accept and write the emitted tokens into
 the history and move the tokens held and the draw index; at the end of the block each slot's
 current token is refreshed for the decode graphs. The host reads `out`/`emitted` after the block
 (the engine asynchronously) and applies stop ids, stop strings and EOS; max_tokens is exact on
@@ -53,18 +56,28 @@ class SpeculativeRunner:
     """model: a LlamaDecoder; kv_caches: its per-layer PagedKVCache list (holding the prefilled
     prompts); buckets: sorted batch sizes captured; max_len: token-history width (>= the longest
     limit + k); page_size / max_pages: the block-table geometry; rounds: R per block; draft: a
-    DraftProposer for method "draft"; filtered: support per-slot top_k / top_p (a second graph
-    per bucket that filters the target logits before acceptance, a sort per verified row, run
-    with run(n, filtered=True); off: slots must not use them).
+    DraftProposer for method "draft"; eagle: an Eagle3Phase for method "eagle3" (its prefill,
+    `Eagle3Phase.prefill`, makes a slot's first proposals: LocalExecutor.prefill_slots);
+    filtered: support per-slot top_k / top_p (a second graph per bucket that filters the target
+    logits before acceptance, a sort per verified row, run with run(n, filtered=True); off: slots
+    must not use them).
     slots / graphs / device_error: shared state (see `attach`); allocated here when None."""
 
     def __init__(self, model, kv_caches, config: SpeculativeConfig, *, buckets, max_len: int,
                  page_size: int, max_pages: int | None = None, rounds: int = 1, device=None,
                  splits: int | None = None, draft: DraftProposer | None = None,
                  filtered: bool = False, slots: SlotState | None = None,
-                 graphs: GraphRunner | None = None, device_error: torch.Tensor | None = None):
+                 graphs: GraphRunner | None = None, device_error: torch.Tensor | None = None,
+                 eagle=None):
         if not isinstance(config, SpeculativeConfig):
             raise TypeError(f"config: expected a SpeculativeConfig, got {type(config).__name__}")
+        if (config.method == "eagle3") != (eagle is not None):
+            raise ValueError(f"eagle: method {config.method!r} needs "
+                             f"{'an Eagle3Phase' if config.method == 'eagle3' else 'no eagle'}, "
+                             f"got {type(eagle).__name__}")
+        if eagle is not None and eagle.k != config.num_tokens:
+            raise ValueError(f"eagle: k={eagle.k}; expected num_tokens={config.num_tokens}")
+        self.eagle = eagle
         if (config.method == "draft") != (draft is not None):
             raise ValueError(f"draft: method {config.method!r} needs "
                              f"{'a DraftProposer' if config.method == 'draft' else 'no draft'}, "
@@ -103,7 +116,7 @@ class SpeculativeRunner:
     @classmethod
     def attach(cls, mrt, config: SpeculativeConfig, *, rounds: int = 1,
                draft: DraftProposer | None = None, filtered: bool = False,
-               splits: int | None = None) -> "SpeculativeRunner":
+               splits: int | None = None, eagle=None) -> "SpeculativeRunner":
         """The rounds over a ModelRuntime's own slots (built with token_history=True), graph
         runner and device-error flags: the phase the engine runs beside the decode graphs."""
         c = mrt.config
@@ -113,7 +126,7 @@ class SpeculativeRunner:
                    max_len=mrt.slots.history.shape[1], page_size=c.page_size,
                    max_pages=c.max_pages_per_seq, rounds=rounds, device=mrt.device, splits=splits,
                    draft=draft, filtered=filtered, slots=mrt.slots, graphs=mrt.graphs,
-                   device_error=mrt.buffers.device_error)
+                   device_error=mrt.buffers.device_error, eagle=eagle)
 
     @property
     def width(self) -> int:
@@ -184,13 +197,15 @@ class SpeculativeRunner:
         return self.slots.history[slot, :n].tolist()
 
     # ---- device side: the block of R rounds ----------------------------------------------------
-    def _round(self, size: int, r: int, filtered: bool) -> None:
+    def _round(self, size: int, r: int, filtered: bool, processed: bool = False) -> None:
         c, st, v = self.config, self.slots, self.bufs.view(size)
         num, limit, hist, step = st.seq_lens[:size], st.limit[:size], st.history[:size], st.step[:size]
         temperature = st.temperature[:size]
         table = st.block_table[:size]
         active = (num > 0) & (num < limit)
-        if self.draft is not None:
+        if self.eagle is not None:                                   # made by the previous round
+            self.eagle.propose(size, active, v.proposals, v.count)
+        elif self.draft is not None:
             self.draft.propose(hist, num, active, table, v.proposals, v.count, self.device_error)
         else:
             ngram_propose(hist, num, v.proposals, v.count, min_n=c.ngram_min, max_n=c.ngram_max)
@@ -199,8 +214,11 @@ class SpeculativeRunner:
         cur = hist.gather(1, last).long()                            # [B, 1] current tokens
         tokens = torch.cat([cur, v.proposals], dim=1)                # [B, k + 1]
         cache_lens = torch.where(active, num - 1, -1).to(torch.int32)
-        logits = self.model.verify_step(tokens, cache_lens, self.kv_caches, table,
-                                        self.device_error, splits=self.splits[size])  # [B * (k + 1), V]
+        record = self.eagle.verify_kwargs(size) if self.eagle is not None else {}
+        logits = self.model.verify_step(tokens, cache_lens, self.kv_caches, table, self.device_error,
+                                        splits=self.splits[size], **record)   # [B * (k + 1), V]
+        if processed:                         # the slots' logits processing, per verified position
+            logits = st.proc.process_verify(logits, size, v.proposals, step, temperature)
         if filtered:
             q = c.query_len
             logits = filter_logits(logits, temperature.repeat_interleave(q),
@@ -209,44 +227,56 @@ class SpeculativeRunner:
         judge(logits, v.proposals, v.count, temperature, st.seed[:size], step, v.accept, v.fallback)
         v.proposed[r].copy_(torch.where(active, v.count, 0))
         advance(v.accept, v.fallback, v.proposals, hist, num, limit, step, v.out_tokens[r], v.emitted[r])
+        if processed:                         # the emitted tokens counted for the penalties
+            out = v.out_tokens[r]                                    # [B, Q], -1 past the emitted
+            st.proc.counts[:size].scatter_add_(1, out.clamp_min(0), (out >= 0).to(torch.int32))
+        if self.eagle is not None:                                   # the next round's proposals
+            self.eagle.after(size, v.out_tokens[r], v.emitted[r], cache_lens, table, self.device_error)
 
-    def _block(self, size: int, filtered: bool = False) -> None:
+    def _block(self, size: int, filtered: bool = False, processed: bool = False) -> None:
         for r in range(self.rounds):
-            self._round(size, r, filtered)
+            self._round(size, r, filtered, processed)
         st = self.slots                                              # the decode graphs' input
         num, tokens = st.seq_lens[:size], st.tokens[:size]
         cur = st.history[:size].gather(1, (num.long() - 1).clamp_min(0)[:, None])[:, 0]
         tokens.copy_(torch.where(num > 0, cur.long(), tokens))
 
-    def _key(self, size: int, filtered: bool) -> GraphKey:
+    def _key(self, size: int, filtered: bool, processed: bool = False) -> GraphKey:
         return GraphKey("spec", size, query_len=self.config.query_len, steps=self.rounds,
-                        sampled=True, filtered=filtered)
+                        sampled=True, filtered=filtered, processed=processed)
 
     def capture(self) -> None:
         """Capture one graph of R rounds per bucket (CUDA only; no-op elsewhere) through the
         graph runner. The warm-up runs on empty slots, so it writes no K/V and emits nothing;
         the slots' state is restored around it."""
         st = self.slots
-        scratch = list(self.kv_caches) + (list(self.draft.kv_caches) if self.draft else [])
+        scratch = list(self.kv_caches) + (list(self.draft.kv_caches) if self.draft else []) \
+            + ([self.eagle.kv_cache] if self.eagle is not None else [])
         for size in reversed(self.buckets):
             for filtered in (False, True) if self.filtered else (False,):
-                key = self._key(size, filtered)
-                if key not in self.graphs:
-                    self.graphs.capture(key, lambda s=size, f=filtered: self._block(s, f),
-                                        inputs=[(st.seq_lens[:size], 0), (st.limit[:size], 0),
-                                                (st.tokens[:size], 0)], scratch=scratch)
+                for processed in (False, True) if st.proc is not None else (False,):
+                    key = self._key(size, filtered, processed)
+                    if key not in self.graphs:
+                        kept = [(self.eagle.proposals[:size], 0)] if self.eagle is not None else []
+                        self.graphs.capture(key, lambda s=size, f=filtered, p=processed: self._block(s, f, p),
+                                            inputs=[(st.seq_lens[:size], 0), (st.limit[:size], 0),
+                                                    (st.tokens[:size], 0)] + kept, scratch=scratch)
 
-    def run(self, n: int, *, filtered: bool | None = None) -> BlockOutput:
+    def run(self, n: int, *, filtered: bool | None = None, processed: bool = False) -> BlockOutput:
         """One block of R rounds over slots [0, n) (the smallest bucket >= n; slots past n in it
         must be empty). filtered: apply the slots' top_k / top_p (default: whether the runner
-        supports them). Returns a BlockOutput of views (valid until the next run)."""
+        supports them); processed: the slots' logits processing (model/processing.py) on the
+        verified positions, emitted tokens counted (slots with processing rows only). Returns a
+        BlockOutput of views (valid until the next run)."""
+        if processed and self.slots.proc is None:
+            raise ValueError("processed: these slots have no logits-processing rows")
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.buckets[-1]:
             raise ValueError(f"n: must be an int in [1, {self.buckets[-1]}], got {n!r}")
         filtered = self.filtered if filtered is None else filtered
         if filtered and not self.filtered:
             raise ValueError("filtered: this runner was built with filtered=False")
         size = pick_bucket(list(self.buckets), n)
-        self.graphs.run(self._key(size, filtered), lambda: self._block(size, filtered))
+        self.graphs.run(self._key(size, filtered, processed), lambda: self._block(size, filtered, processed))
         b = self.bufs
         return BlockOutput(b.out_tokens[:, :n], b.emitted[:, :n], b.proposed[:, :n])
 

@@ -183,3 +183,18 @@ def test_seeded_sampling_with_speculation_does_not_depend_on_the_batch(ngram):
               SamplingParams(max_tokens=5, temperature=0.5, seed=9, ignore_eos=True)]
     batched = ngram.generate(prompts, [p] + others, use_tqdm=False)[0]
     assert batched.token_ids == alone.token_ids and len(alone.token_ids) == 12
+
+
+def test_logits_processing_under_speculation_equals_plain_decoding(plain, ngram):
+    """Penalties, bias, bans and min_tokens on the verified positions (ProcessState.process_verify):
+    the same tokens as plain decoding; logprobs are refused naming the field."""
+    from graphrt import SamplingParams
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 9, 9, 9, 9]]
+    params = [SamplingParams(max_tokens=9, temperature=0, ignore_eos=True, repetition_penalty=1.4,
+                             presence_penalty=0.3, frequency_penalty=0.2),
+              SamplingParams(max_tokens=9, temperature=0.8, seed=5, ignore_eos=True, logit_bias={9: 3.0},
+                             min_p=0.05, top_k=20)]
+    want = [o.token_ids for o in plain.generate(prompts, params)]
+    assert [o.token_ids for o in ngram.generate(prompts, params)] == want
+    with pytest.raises(ValueError, match="^logprobs: .*speculative"):
+        ngram.engine.add_request([1, 2, 3], SamplingParams(max_tokens=4, logprobs=0))

@@ -9,6 +9,7 @@ import pytest
 from _checkpoints import write
 from _engine_steps import drive
 from graphrt import LLM, SamplingParams
+from graphrt.engine.params import Logprob
 from graphrt.engine.group import best_of
 from graphrt.engine.params import CompletionOutput
 from graphrt.engine.vllm_args import translate
@@ -138,21 +139,23 @@ def test_best_of_ranks_by_cumulative_logprob():
 
 
 def test_unsupported_vllm_names_are_value_errors_naming_them(llm):
-    for kwargs, field in [(dict(presence_penalty=0.5), "presence_penalty"), (dict(repetition_penalty=1.1),
-                          "repetition_penalty"), (dict(min_tokens=4), "min_tokens"), (dict(no_such=1), "no_such"),
+    for kwargs, field in [(dict(allowed_token_ids=[1]), "allowed_token_ids"), (dict(truncate_prompt_tokens=4),
+                          "truncate_prompt_tokens"), (dict(presence_penalty=5.0), "presence_penalty"),
+                          (dict(logprobs=21), "logprobs"), (dict(no_such=1), "no_such"),
                           (dict(skip_special_tokens=False), "skip_special_tokens"), (dict(n=0), "n"),
                           (dict(n=3, best_of=2), "best_of"), (dict(n=2, seed=2**63 - 1), "seed")]:
         with pytest.raises(ValueError, match=f"^{field}:"):
             SamplingParams(**kwargs)
-    assert SamplingParams(presence_penalty=0.0, min_p=0, logprobs=None, detokenize=True).n == 1   # vLLM defaults
-    if "logprobs" not in SamplingParams.__dataclass_fields__:      # ranking needs sampled-token logprobs
-        with pytest.raises(ValueError, match="^best_of: 3 > n=1"):
-            llm.generate("Hi", SamplingParams(best_of=3), use_tqdm=False)
+    assert SamplingParams(allowed_token_ids=None, detokenize=True).n == 1          # vLLM defaults
+    sp = SamplingParams(presence_penalty=0.5, min_p=0.1, logprobs=2, min_tokens=1)   # real fields win
+    assert (sp.presence_penalty, sp.min_p, sp.logprobs, sp.min_tokens) == (0.5, 0.1, 2, 1)
     assert translate({"tensor_parallel_size": 2, "max_num_seqs": 8, "dtype": "half", "enforce_eager": False,
-                      "trust_remote_code": True, "kv_cache_dtype": "auto", "pipeline_parallel_size": 1}) == \
-        {"tensor_parallel": 2, "max_batch": 8, "dtype": "float16", "capture": True}
+                      "trust_remote_code": True, "kv_cache_dtype": "auto", "pipeline_parallel_size": 1,
+                      "enable_prefix_caching": False}) == \
+        {"tensor_parallel": 2, "max_batch": 8, "dtype": "float16", "capture": True, "kv_cache_dtype": "auto",
+         "enable_prefix_caching": False}
     for kwargs, field in [({"pipeline_parallel_size": 2}, "pipeline_parallel_size"), ({"dtype": "fp4"}, "dtype"),
-                          ({"kv_cache_dtype": "fp8"}, "kv_cache_dtype"), ({"bogus": 1}, "bogus"),
+                          ({"enable_chunked_prefill": False}, "enable_chunked_prefill"), ({"bogus": 1}, "bogus"),
                           ({"max_num_seqs": 2, "max_batch": 2}, "max_batch"), ({"tokenizer": "/other"}, "tokenizer")]:
         with pytest.raises(ValueError, match=f"^{field}:"):
             translate(kwargs, model="/m")
@@ -161,3 +164,92 @@ def test_unsupported_vllm_names_are_value_errors_naming_them(llm):
     with pytest.raises(ValueError, match="^prompts: a prompt dict"):
         llm.generate([{"text": "x"}])
     assert llm.generate({"prompt_token_ids": [3, 4]}, SamplingParams(max_tokens=1), use_tqdm=False)[0].prompt is None
+
+
+def _flat(entries) -> list:
+    """{token id: Logprob} per position -> [(position, token id, rank), ...] and the logprobs, flat."""
+    keys = [(i, k, v.rank) for i, e in enumerate(entries) for k, v in sorted(e.items())]
+    return keys + [v.logprob for e in entries for _, v in sorted(e.items())]
+
+
+def _cum(c) -> float:
+    return sum(e[t].logprob for e, t in zip(c.logprobs, c.token_ids))
+
+
+def test_the_vllm_script_with_n_logprobs_and_a_penalty(tmp_path_factory):
+    path = write(tmp_path_factory, "vllm_script", arch="llama", dtype="float32", seed=3)
+    llm = LLM(model=str(path))                               # the script's line, nothing else
+    sp = SamplingParams(n=2, logprobs=2, presence_penalty=0.5, max_tokens=5, seed=7, ignore_eos=True)
+    outs = llm.generate(["Hello, my name is"], sp, use_tqdm=False)
+    c = outs[0].outputs[1]
+    assert isinstance(c.text, str) and len(c.token_ids) == 5 and len(c.logprobs) == 5
+    for e, t in zip(c.logprobs, c.token_ids):                # the sampled token + the top 2
+        assert t in e and 2 <= len(e) <= 3 and all(isinstance(v, Logprob) for v in e.values())
+        assert {v.rank for k, v in e.items() if k != t} <= {1, 2}
+    assert c.cumulative_logprob == pytest.approx(_cum(c))
+    alone = llm.generate(["Hello, my name is"], SamplingParams(logprobs=2, presence_penalty=0.5, max_tokens=5,
+                                                                seed=8, ignore_eos=True), use_tqdm=False)[0]
+    assert alone.token_ids == c.token_ids                   # sample 1 = seed + 1 alone, penalty included
+    assert _flat(alone.outputs[0].logprobs) == pytest.approx(_flat(c.logprobs), abs=1e-5)
+    alloc = llm.engine.scheduler.allocator
+    assert alloc.num_free == alloc.num_pages
+
+
+def test_best_of_keeps_the_n_samples_with_the_highest_cumulative_logprob(llm):
+    sp = dict(temperature=1.0, max_tokens=4, ignore_eos=True)
+    out = llm.generate([PROMPT], SamplingParams(n=2, best_of=4, seed=20, **sp), use_tqdm=False)[0]
+    alone = [llm.generate([PROMPT], SamplingParams(seed=20 + i, logprobs=0, **sp), use_tqdm=False)[0].outputs[0]
+             for i in range(4)]
+    for a in alone:
+        assert a.cumulative_logprob == pytest.approx(_cum(a))
+    ranked = sorted(range(4), key=lambda i: -alone[i].cumulative_logprob)[:2]
+    assert [o.token_ids for o in out.outputs] == [alone[i].token_ids for i in ranked]
+    assert [o.index for o in out.outputs] == [0, 1] and all(o.logprobs is None for o in out.outputs)
+    assert [o.cumulative_logprob for o in out.outputs] == pytest.approx([alone[i].cumulative_logprob for i in ranked])
+    alloc = llm.engine.scheduler.allocator
+    assert alloc.num_free == alloc.num_pages
+
+
+def test_samples_fork_over_cached_pages_and_prompt_logprobs_come_once(llm):
+    eng, alloc = llm.engine, llm.engine.scheduler.allocator
+    sp = SamplingParams(n=3, temperature=0.8, seed=5, max_tokens=4, ignore_eos=True)
+    first = llm.generate([PROMPT], sp, use_tqdm=False)[0]    # caches the two full prompt pages
+    stream = eng.add_request(PROMPT, sp)
+    eng.step()
+    reqs = [r for r in eng.scheduler.slots if r is not None]
+    lead = reqs[0]
+    assert len(reqs) == 3 and all(r.shares is lead for r in reqs[1:]) and lead.num_cached_tokens == 8
+    assert [alloc.refcount(p) for p in lead.pages[:2]] == [3, 3] and all(alloc.is_cached(p) for p in lead.pages[:2])
+    drive(eng, max_steps=40)
+    again = stream.result()
+    assert _ids(again) == _ids(first) and again.num_cached_tokens == 8
+    assert alloc.num_free == alloc.num_pages
+    lp = SamplingParams(n=2, temperature=0.8, seed=5, max_tokens=2, prompt_logprobs=1)
+    two = llm.generate([PROMPT], lp, use_tqdm=False)[0]       # prefilled whole: no cached prefix
+    one = llm.generate([PROMPT], SamplingParams(temperature=0.8, seed=5, max_tokens=2, prompt_logprobs=1),
+                       use_tqdm=False)[0]
+    assert len(two.prompt_logprobs) == len(PROMPT) and two.prompt_logprobs[0] is None
+    assert _flat(two.prompt_logprobs[1:]) == pytest.approx(_flat(one.prompt_logprobs[1:]), abs=1e-5)
+    assert two.outputs[0].token_ids == one.token_ids
+    assert alloc.num_free == alloc.num_pages
+
+
+def test_samples_prefill_apart_while_a_chunk_budget_applies(llm):
+    eng, sched, alloc = llm.engine, llm.engine.scheduler, llm.engine.scheduler.allocator
+    sp = dict(temperature=0.8, max_tokens=4, ignore_eos=True)
+    budget, sched.max_num_batched_tokens = sched.max_num_batched_tokens, 3    # chunks of 3 tokens
+    try:
+        busy = eng.add_request([7, 8, 9], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+        eng.step()                                           # a row decodes: the budget applies
+        stream = eng.add_request(PROMPT[:9] + [3], SamplingParams(n=2, seed=30, **sp))
+        eng.step()
+        reqs = [r for r in sched.slots if r is not None and r.request_id.endswith("_req-" + stream.request_id[4:])]
+        assert len(reqs) == 2 and all(r.shares is None for r in reqs)     # no fork: each one prefilled
+        drive(eng, max_steps=80)
+        out, _ = stream.result(), busy.result()
+    finally:
+        sched.max_num_batched_tokens = budget
+    alone = [llm.generate([PROMPT[:9] + [3]], SamplingParams(seed=30 + i, **sp), use_tqdm=False)[0].token_ids
+             for i in range(2)]
+    assert _ids(out) == alone
+    assert alloc.num_free == alloc.num_pages

@@ -17,7 +17,7 @@ HQ, HKV, D, PAGE = 4, 2, 64, 16
 def _caches(layout, pages=6):
     shape = (pages, PAGE, HKV, D) if layout == "NHD" else (pages, HKV, PAGE, D)
     f32 = PagedKVCache(torch.zeros(shape), torch.zeros(shape), layout)
-    f8 = PagedKVCache(torch.zeros(shape, dtype=FP8), torch.zeros(shape, dtype=FP8), layout)
+    f8 = PagedKVCache(torch.zeros(shape, dtype=FP8), torch.zeros(shape, dtype=FP8), layout, kv_scales())
     return f32, f8
 
 
@@ -71,7 +71,8 @@ def test_fp8_cache_decode_rounding_on_gpu(layout):
     table = torch.tensor([[3, 1, 0], [2, 4, 5]], dtype=torch.int32).repeat(3, 1)[:t].cuda()
     lens = torch.tensor([1, 17, 33, 16, 20], dtype=torch.int32).cuda()
     scale = kv_scales(0.01, 0.02, device="cuda")
-    caches = [PagedKVCache(c.k.cuda(), c.v.cuda(), layout) for c in _caches(layout)]
+    caches = [PagedKVCache(c.k.cuda(), c.v.cuda(), layout, None if c.scale is None else c.scale.cuda())
+              for c in _caches(layout)]
     for cache, ks in zip(caches, (None, scale)):
         rope_append_decode(qkv, _cos_sin().cuda(), cache, table, lens,
                            torch.zeros(1, dtype=torch.int32, device="cuda"), num_q_heads=HQ, kv_scale=ks)

@@ -1,7 +1,9 @@
 """Tensor parallelism on two GPUs (NCCL inside the captured graphs): TP=2 vs TP=1 greedy tokens on
-a 4-layer random bf16 model of the Llama-3.1-8B shape, compared where TP=1's top-2 logit gap is
-above a margin (bf16 near-ties may flip); identical tokens on both ranks; no host sync inside a
-K-step graph on either rank. Skipped unless two CUDA devices are visible."""
+a 4-layer random bf16 model of the Llama-3.1-8B shape with an odd vocabulary (128257 ids: each
+rank holds 128129 rows, one of them padding), compared where TP=1's top-2 logit gap is above a
+margin (bf16 near-ties may flip), for K=1 and K=4 captured graphs; identical tokens on both
+ranks; no host sync inside a K-step graph on either rank. Skipped unless two CUDA devices are
+visible."""
 from __future__ import annotations
 
 import pytest
@@ -11,12 +13,13 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")]
 
 STEPS, K, MARGIN = 16, 4, 0.125
+VOCAB = 128257                     # odd: not divisible by 2, the LM head rows are padded
 LENS = (7, 100, 300, 33)
 
 
 def _spec():
     from graphrt.model.spec import LlamaSpec
-    return LlamaSpec(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=4,
+    return LlamaSpec(vocab_size=VOCAB, hidden_size=4096, intermediate_size=14336, num_layers=4,
                      num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5,
                      rope_theta=500000.0, tie_word_embeddings=False, attention_bias=False,
                      max_position_embeddings=2048)
@@ -81,8 +84,8 @@ def _job(ctx, forced):
     # Part B: K-step graphs, no host sync inside, the same tokens on every rank
     mrt = rank_runtime(model, _config(), dev, steps_per_graph=K)
     mrt.capture()
-    mrt.prefill(prompts, table)
-    tokens = torch.zeros(len(LENS), dtype=torch.int64, device=dev)
+    tokens = mrt.prefill(prompts, table).argmax(-1)          # the greedy chain of part A
+    assert int(tokens.max()) < VOCAB
     table_p, seq = table.pin_memory(), seq0.pin_memory()
     blocks, lens = [], [(seq + b * K).pin_memory() for b in range(3)]
     torch.cuda.synchronize()
@@ -117,6 +120,23 @@ def test_tp2_greedy_tokens_match_tp1_away_from_near_ties(runs):
     assert sure.sum() >= sure.numel() // 4, f"only {int(sure.sum())} of {sure.numel()} steps clear of ties"
     mismatch = (ref["ids"] != got["ids"]) & sure
     assert not mismatch.any(), f"{int(mismatch.sum())} confident steps differ: {mismatch.nonzero().tolist()}"
+
+
+def test_k_step_graphs_odd_vocab_match_tp1_until_a_near_tie(runs):
+    """K=4 graphs, each rank its own greedy chain from the prefill's argmax: TP=1's chain is its
+    K=1 chain (part A ids) and TP=2's equals it at every step up to the first step where TP=1's
+    top-2 gap is under the margin (after a near-tie the chains may part)."""
+    ref, got = runs
+    ids, gaps = ref["ids"], ref["gaps"]                       # [STEPS, n]
+    for name, k_tokens in (("TP=1", ref["k_tokens"][0]), ("TP=2", got["k_tokens"][0])):
+        compared = 0
+        for row in range(len(LENS)):
+            for s in range(3 * K):
+                if gaps[s, row] <= MARGIN:
+                    break
+                assert int(k_tokens[s, row]) == int(ids[s, row]), f"{name} row {row} step {s}"
+                compared += 1
+        assert compared >= 3 * K, f"{name}: only {compared} steps clear of near-ties"
 
 
 def test_k_step_graphs_same_tokens_on_every_rank_without_host_sync(runs):

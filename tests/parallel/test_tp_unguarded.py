@@ -91,3 +91,26 @@ def test_worker_dying_before_the_group_forms_is_reported_at_once():
     # the spawn (a fresh interpreter importing torch) dominates: ~3 s idle, more on a loaded
     # 2-core machine; the store's 120 s timeout is never waited out
     assert time.monotonic() - t0 < 40
+
+
+def _sum_ranks(ctx):
+    import torch
+    import torch.distributed as dist
+    t = torch.tensor([float(ctx.rank + 1)])
+    dist.all_reduce(t, group=ctx.tp.group)
+    return float(t)
+
+
+def test_a_group_forms_in_the_same_process_after_a_worker_died_while_starting():
+    """The failed start left nothing of torch.distributed in this process (no half-formed
+    group, no advanced group counter): the next group forms and reduces across both ranks."""
+    import torch.distributed as dist
+    with pytest.raises(RankError, match="rank 1 died while starting"):
+        WorkerGroup.start(2, backend="gloo", timeout_s=60, target=_fail_at_start, args=(_Poison(),))
+    assert not dist.is_initialized()
+    group = WorkerGroup.start(2, backend="gloo", timeout_s=60, target=_sum_ranks)
+    try:
+        assert group.failure() is None
+        assert _sum_ranks(group.ctx) == 3.0
+    finally:
+        group.close()

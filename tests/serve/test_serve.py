@@ -233,7 +233,7 @@ def test_non_streaming_disconnect_aborts(llm, live):
     (dict(top_p=1.5), "top_p", "(0, 1]"),
     (dict(max_tokens=0), "max_tokens", "max_tokens"),
     (dict(n=0), "n", "must be in [1, 128]"),
-    (dict(logprobs=2), "logprobs", "not supported"),
+    (dict(logprobs=21), "logprobs", "[0, 20]"),
     (dict(prompt=["a", ""]), "prompt", "prompt[1]: empty"),
     (dict(prompt=[1, 10**6]), "prompt", "outside the vocabulary"),
     (dict(extra_body={"frobnicate": 1}), "frobnicate", "unsupported field"),
@@ -254,7 +254,7 @@ def test_bad_completion_requests_are_400_naming_the_field(client, kwargs, param,
     (dict(messages=[{"role": "wizard", "content": "x"}]), "messages", "messages.0.role"),
     (dict(messages=[{"role": "user", "content": "x " * 120}]), "messages", "max_model_len"),
     (dict(tools=[{"type": "function", "function": {"name": "f"}}]), "tools", "not supported"),
-    (dict(presence_penalty=0.5), "presence_penalty", "not supported"),
+    (dict(presence_penalty=2.5), "presence_penalty", "[-2, 2]"),
 ])
 def test_bad_chat_requests_are_400(client, kwargs, param, text):
     args = dict(model=NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=4) | kwargs

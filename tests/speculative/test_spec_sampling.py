@@ -1,6 +1,7 @@
 """Speculative sampling end to end at the acceptance level, on a toy bigram target (CPU, V = 5).
 
-Proposals (n-gram lookup over each request's own tokens, or a greedy draft bigram) + `judge` +
+Proposals (n-gram lookup over each request's own tokens, a greedy draft bigram, or an EAGLE-3-like
+chain whose first step reads the target's own state) + `judge` +
 `advance`, round after round, against:
 - an independent float64 reference of the filtered target distribution (temperature, top-k,
   top-p): chi-square over thousands of seeds on the joint of consecutive generated tokens; the
@@ -73,6 +74,14 @@ def _propose(method, buf, num, k, draft):
             p = ngram_propose_reference(buf[b, : int(num[b])].tolist(), k, 1, 3)
             props[b, : len(p)] = torch.tensor(p, dtype=torch.int64)
             count[b] = len(p)
+    elif method == "eagle3":                             # a head reading the target's own state:
+        cur = buf.gather(1, (num.long() - 1)[:, None])[:, 0].long()   # d_1 from the target's logits
+        cur = (_table(0)[cur] + draft[cur]).argmax(-1)                # at the current token (its
+        props[:, 0] = cur                                             # hidden state), then a chain
+        for j in range(1, k):
+            cur = draft[cur].argmax(-1)
+            props[:, j] = cur
+        count.fill_(k)
     else:                                                # greedy chain over the draft bigram
         cur = buf.gather(1, (num.long() - 1)[:, None])[:, 0].long()
         for j in range(k):
@@ -175,8 +184,8 @@ def _target_joint(target, temp, top_k, top_p):
 SETTINGS = [(1.0, 0, 1.0), (0.8, 3, 1.0), (1.2, 0, 0.75), (1.0, 4, 0.85)]
 
 
-@pytest.mark.parametrize("method", ["ngram", "draft"])
-@pytest.mark.parametrize("temp,top_k,top_p", SETTINGS)
+@pytest.mark.parametrize("method,temp,top_k,top_p", [(m, *st) for m in ("ngram", "draft") for st in SETTINGS]
+                         + [("eagle3", *SETTINGS[0]), ("eagle3", *SETTINGS[3])])
 def test_speculative_sampling_follows_the_filtered_target(method, temp, top_k, top_p):
     n, target, draft = 3000, _table(0), _draft()
     prompts = torch.tensor(PROMPT, dtype=torch.int32).repeat(n, 1)
@@ -216,7 +225,7 @@ def _mixed_rows(n):
     return prompts, dict(temp=temp, top_k=top_k, top_p=top_p, seed=seed)
 
 
-@pytest.mark.parametrize("method", ["ngram-device", "draft"])
+@pytest.mark.parametrize("method", ["ngram-device", "draft", "eagle3"])
 def test_speculation_emits_the_tokens_of_plain_sampled_decoding(method):
     """One sampling rule: whatever is proposed, a seeded request emits what sampled decoding
     emits from the same logits (greedy rows included), token for token."""

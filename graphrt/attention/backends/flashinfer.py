@@ -9,6 +9,12 @@ version / plan layout) falls back to host planning for the whole config, with a 
 planner="host": the engines' pattern (the baseline): indptr/last_page_len built with numpy in
 pinned host buffers, plan() on them before every replay; the graph packs the page indices on the
 device (as engines do with a Triton kernel) and runs attention.
+
+FP8 KV cache (config.kv_cache_dtype="fp8"): every wrapper (and the parity twin) is planned with
+kv_data_type=float8_e4m3fn, q in the model dtype, so the plan info and the device plan checked
+against it are FP8's. The per-tensor scales stay on the device (they may be calibrated after
+capture): q is multiplied by k_scale before run() (the logits then carry sm_scale * k_scale)
+and the output by v_scale after it, inside the graph.
 """
 from __future__ import annotations
 
@@ -87,7 +93,7 @@ class FlashInferBackend(AttentionBackend):
     def _plan(self, wrapper, indptr, indices, last_page_len) -> None:
         c = self.config
         wrapper.plan(indptr, indices, last_page_len, c.num_qo_heads, c.num_kv_heads, c.head_dim,
-                     c.page_size, q_data_type=c.torch_dtype, kv_data_type=c.torch_dtype,
+                     c.page_size, q_data_type=c.torch_dtype, kv_data_type=c.kv_torch_dtype,
                      non_blocking=True)
 
     def setup(self, views: list[BucketView]) -> None:
@@ -159,6 +165,11 @@ class FlashInferBackend(AttentionBackend):
         return self.planner == "host"
 
     def attend(self, view: BucketView, q, kv, out) -> None:
+        if kv.fp8:   # device scales: q * k_scale (model dtype), out * v_scale
+            k_scale, v_scale = kv.kv_scales()
+            self._wrappers[view.size].run(q * k_scale, kv.as_tuple(), out=out)
+            out.mul_(v_scale)
+            return
         self._wrappers[view.size].run(q, kv.as_tuple(), out=out)
 
     def describe(self, size: int) -> dict:

@@ -13,5 +13,7 @@ class ReferenceBackend(AttentionBackend):
 
     def attend(self, view: BucketView, q, kv, out) -> None:
         k, v = kv.as_tuple()
+        k_scale, v_scale = kv.kv_scales()              # FP8 pages: dequantized in float32
         out.copy_(reference_decode(q, k, v, view.block_table_checked, view.seq_lens,
-                                   layout=self.config.kv_layout, sm_scale=self.sm_scale))
+                                   layout=self.config.kv_layout, sm_scale=self.sm_scale,
+                                   k_scale=k_scale, v_scale=v_scale))

@@ -47,12 +47,13 @@ class TorchSplitKVBackend(AttentionBackend):
     def attend(self, view: BucketView, q, kv, out) -> None:
         plan = layout.read_plan(self.specs[view.size], self.int_workspace[view.size])
         k, v = kv.as_tuple()
+        k_scale, v_scale = kv.kv_scales()              # FP8 pages: dequantized in float32
         result = split_kv_decode(
             q, k, v, indptr=view.paged_kv_indptr, indices=view.paged_kv_indices,
             last_page_len=view.paged_kv_last_page_len, request_indices=plan["request_indices"],
             kv_tile_indices=plan["kv_tile_indices"], o_indptr=plan["o_indptr"],
             kv_chunk_size=int(plan["kv_chunk_size"]), layout=self.config.kv_layout,
-            sm_scale=self.sm_scale)
+            sm_scale=self.sm_scale, k_scale=k_scale, v_scale=v_scale)
         out.copy_(result)
 
     def describe(self, size: int) -> dict:

@@ -25,6 +25,8 @@ class XqaBackend(AttentionBackend):
         super().__init__(config, kv_cache, device)
         if device.type != "cuda":
             raise RuntimeError(f"backend 'xqa' runs on CUDA (Hopper) only, not on {device}")
+        if config.kv_fp8:
+            raise ValueError("kv_cache_dtype: 'fp8' is not supported by backend 'xqa'; use 'flashinfer'")
         decode = import_flashinfer("backend 'xqa'", "flashinfer.decode")   # lazy: CUDA only
         self._decode = decode.trtllm_batch_decode_with_kv_cache
         self.workspace = torch.zeros(XQA_WORKSPACE_MB << 20, dtype=torch.uint8, device=device)

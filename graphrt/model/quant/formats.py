@@ -10,6 +10,9 @@ Formats read (facts from their on-disk layouts):
   `<module>.weight_scale` ([] / [1] per tensor, [N, 1] per channel, [N/bn, K/bk] per block;
   float32 or the model dtype). Activation schemes (dynamic or static `input_scale`) are accepted;
   graphrt always quantizes activations per token at run time (static input scales unused).
+  `kv_cache_scheme` ({num_bits: 8, type: "float", strategy: "tensor"}, static): per-layer
+  `self_attn.k_scale` / `self_attn.v_scale` ([] or [1] float) for an FP8 KV cache
+  (graphrt/engine/kv_scales.py reads them; they apply with kv_cache_dtype="fp8").
 - transformers `quant_method: "fp8"` (the official Qwen3 FP8 releases): `fmt: "e4m3"`,
   `activation_scheme: "dynamic"`, `weight_block_size: [128, 128]` (or null: per tensor),
   `modules_to_not_convert`. Tensors: `<module>.weight` F8_E4M3 and `<module>.weight_scale_inv`
@@ -32,13 +35,15 @@ class Fp8Format:
     """source: "compressed-tensors" | "fp8" (transformers) | "quantize" (float checkpoint,
     quantized per channel while loading); strategy: "tensor" | "channel" | "block";
     block: (bn, bk) for "block"; scale_suffix: the scale tensor's name after `<module>.`;
-    ignore: module names / `re:` patterns kept in the model dtype."""
+    ignore: module names / `re:` patterns kept in the model dtype; kv_scales: the checkpoint
+    holds per-layer FP8 KV scales (compressed-tensors `kv_cache_scheme`)."""
 
     source: str
     strategy: str
     block: tuple[int, int] | None = None
     scale_suffix: str = "weight_scale"
     ignore: tuple[str, ...] = ()
+    kv_scales: bool = False
 
     def quantized(self, module: str) -> bool:
         """Is HF module `module` (e.g. "model.layers.0.self_attn.q_proj", "lm_head") FP8?"""
@@ -61,8 +66,14 @@ def _need(cond: bool, field: str, got, want: str) -> None:
 def _compressed_tensors(q: dict) -> Fp8Format:
     _need(q.get("format") in ("float-quantized", "naive-quantized"), "format", q.get("format"),
           "'float-quantized' (FP8 e4m3)")
-    _need(q.get("kv_cache_scheme") is None, "kv_cache_scheme", q.get("kv_cache_scheme"),
-          "null (FP8 KV scales are not read yet)")
+    kv = q.get("kv_cache_scheme")
+    if kv is not None:
+        _need(isinstance(kv, dict), "kv_cache_scheme", kv, "null or an object")
+        for key, want in (("type", "float"), ("num_bits", 8), ("strategy", "tensor")):
+            _need(kv.get(key) == want, f"kv_cache_scheme.{key}", kv.get(key), repr(want))
+        _need(not kv.get("dynamic", False), "kv_cache_scheme.dynamic", kv.get("dynamic"),
+              "false (static per-layer k_scale / v_scale)")
+        _need(kv.get("symmetric", True) is True, "kv_cache_scheme.symmetric", kv.get("symmetric"), "true")
     groups = q.get("config_groups")
     _need(isinstance(groups, dict) and len(groups) == 1, "config_groups",
           None if not isinstance(groups, dict) else sorted(groups), "exactly one group")
@@ -90,7 +101,7 @@ def _compressed_tensors(q: dict) -> Fp8Format:
         _need(isinstance(a, dict) and a.get("type") == "float" and a.get("num_bits") == 8, f, a,
               "null or 8-bit float")
     ignore = _module_list(q, "ignore")
-    return Fp8Format("compressed-tensors", strategy, block, "weight_scale", ignore)
+    return Fp8Format("compressed-tensors", strategy, block, "weight_scale", ignore, kv is not None)
 
 
 def _module_list(q: dict, key: str) -> tuple[str, ...]:

@@ -1,0 +1,96 @@
+"""The EAGLE-3 head as a phase of the speculative rounds: its per-slot state and its three hooks.
+
+    phase = Eagle3Phase(drafter, layer_ids, target_hidden=H, max_batch=B, dtype=..., device=...)
+    runner = SpeculativeRunner(..., eagle=phase)       # or SpeculativeRunner.attach(mrt, ..., eagle=phase)
+    logits, h3 = phase.target_prefill(mrt, prompts, table)    # the target's prefill, recording
+    phase.prefill(h3, prompts, first, table, slots)           # the head's prefill -> first proposals
+
+Unlike the n-gram and draft proposers, the head proposes AFTER acceptance: a round of the runner
+verifies the proposals the previous round (or the prefill) left in `proposals`, recording the
+target's hidden states of all k + 1 verified tokens into `hidden`, accepts, then runs the head's
+draft-extend over those states and k - 1 chain steps (Eagle3Drafter.round), which write the next
+round's proposals. Inside a block (R rounds) nothing goes to the host.
+
+State (device, persistent; rows = slots, B = max_batch, Q = k + 1):
+    proposals [B, k] int64        each slot's next proposals (target ids), written by the head
+    hidden    [B * Q, 3 * H]      the verify's recorded hidden states (row b * Q + j), model dtype
+The head's K/V lives in the drafter's PagedKVCache, indexed by the target's block tables (same
+page ids), so it follows the scheduler's pages. Invariant between rounds, for a slot holding n
+tokens: the head's K/V at positions 0 .. n - 2 is that of the target's hidden states paired with
+the next token. The head never sees tokens of a plain decode block: an engine with this phase
+speculates every block (greedy output stays exact either way; acceptance would drop).
+"""
+from __future__ import annotations
+
+import torch
+
+
+class Eagle3Phase:
+    """drafter: an Eagle3Drafter (its head, its KV cache, k); layer_ids: the target hidden
+    states the head reads (ascending, Eagle3Checkpoint.layer_ids); target_hidden: the target's
+    hidden size H; max_batch: slots; dtype / device: the target model's."""
+
+    def __init__(self, drafter, layer_ids, *, target_hidden: int, max_batch: int, dtype: torch.dtype,
+                 device):
+        layer_ids = tuple(layer_ids)
+        if len(layer_ids) != 3:
+            raise ValueError(f"layer_ids: expected 3 target layer ids, got {list(layer_ids)}")
+        fc_in = drafter.head.weights.fc.shape[1]
+        if fc_in != len(layer_ids) * target_hidden:
+            raise ValueError(f"target_hidden: the head's fc reads {fc_in} features, 3 x {target_hidden} given")
+        self.drafter, self.layer_ids, self.k = drafter, layer_ids, drafter.k
+        self.device = torch.device(device)
+        q = self.k + 1
+        self.proposals = torch.zeros((max_batch, self.k), dtype=torch.int64, device=self.device)
+        self.hidden = torch.zeros((max_batch * q, fc_in), dtype=dtype, device=self.device)
+
+    @property
+    def kv_cache(self):
+        return self.drafter.kv_cache
+
+    # ---- the runner's hooks (capturable: fixed shapes, no host sync) -------------------------
+    def propose(self, size: int, active: torch.Tensor, proposals: torch.Tensor, count: torch.Tensor) -> None:
+        """The round's proposals: the slots' stored ones -> proposals [size, k] int64; count
+        [size] int32 = k for active [size] bool slots, else 0."""
+        proposals.copy_(self.proposals[:size])
+        count.copy_(torch.where(active, self.k, 0))
+
+    def verify_kwargs(self, size: int) -> dict:
+        """What the target's verify_step records: every layer id into hidden's first size * Q rows."""
+        return {"record": self.layer_ids, "hidden_out": self.hidden[: size * (self.k + 1)]}
+
+    def after(self, size: int, out_tokens: torch.Tensor, emitted: torch.Tensor, cache_lens: torch.Tensor,
+              block_table: torch.Tensor, error: torch.Tensor) -> None:
+        """After accept: out_tokens [size, Q] int64 (-1 past emitted), emitted [size] int32 (0 =
+        inactive slot), cache_lens [size] int32 (the verify's first position, -1 for inactive);
+        the head's draft-extend + chain write the next proposals of the emitting slots."""
+        q = self.k + 1
+        accepted = (emitted - 1).clamp_min(0).to(torch.int32)
+        self.drafter.round(self.hidden[: size * q].view(size, q, -1), out_tokens, cache_lens, accepted,
+                           emitted > 0, block_table, self.proposals[:size], error)
+
+    # ---- after a prefill (eager) -------------------------------------------------------------
+    def target_prefill(self, runtime, prompts: list[torch.Tensor], block_table: torch.Tensor, **kw):
+        """The target's prefill through `runtime` (ModelRuntime.prefill, its other keywords `kw`)
+        recording the head's hidden states of every prompt token -> ([m, V] float32 logits,
+        [sum T_i, 3H] states)."""
+        hidden = torch.empty((sum(p.numel() for p in prompts), self.hidden.shape[1]), dtype=self.hidden.dtype,
+                             device=self.device)
+        logits = runtime.prefill(prompts, block_table, record=self.layer_ids, hidden_out=hidden, **kw)
+        return logits, hidden
+
+    @torch.no_grad()
+    def prefill(self, hidden: torch.Tensor, prompts: list[torch.Tensor], first: torch.Tensor,
+                block_table: torch.Tensor, slots: list[int], error: torch.Tensor) -> None:
+        """The head over each prompt (hidden [sum T_i, 3H] from target_prefill; prompt i on row
+        i of block_table [m, W] int32, device) paired with the next tokens (the prompt shifted by
+        one, then first[i], its first sampled token, [m] int64 device), then k - 1 chain steps:
+        the first proposals of slots[i]. error: [1] int32 device_error."""
+        dev = self.device
+        tokens = torch.cat([t for i, p in enumerate(prompts) for t in (p.to(dev)[1:], first[i:i + 1])])
+        props = torch.empty((len(prompts), self.k), dtype=torch.int64, device=dev)
+        self.drafter.prefill(hidden, tokens, [p.numel() for p in prompts], block_table, props, error)
+        self.proposals.index_copy_(0, torch.tensor(slots, device=dev), props)
+
+
+__all__ = ["Eagle3Phase"]

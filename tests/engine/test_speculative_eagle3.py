@@ -1,0 +1,148 @@
+"""EAGLE-3 speculation in the engine on CPU (float32): greedy output with a head is identical to
+the engine without speculation (bs 1-4, stop ids, stop strings, EOS, max_tokens, aborts,
+preemption), seeded sampling emits the tokens of plain sampled decoding, heads saved in both public
+layouts load through LLM(speculative=...), bad heads and flags name the field.
+
+Heads: `repeat` (tests/_eagle3_heads.py: built from the target's own norm and LM head, it
+proposes the last token k times; the random target repeats tokens, so rounds accept several) and
+random weights (greedy exactness holds for any head)."""
+from __future__ import annotations
+
+import json
+import shutil
+from types import SimpleNamespace
+
+import pytest
+
+from _checkpoints import write
+from _eagle3_heads import write_random_head
+from graphrt import LLM, SamplingParams
+
+pytest.importorskip("transformers")
+CPU = dict(device="cpu", backend="reference", max_model_len=64)
+K = 3
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory):
+    return write(tmp_path_factory, "eagle-target", arch="llama", dtype="float32", seed=11)
+
+
+@pytest.fixture(scope="module")
+def heads(path, tmp_path_factory):
+    d = tmp_path_factory.mktemp("eagle-heads")
+    return SimpleNamespace(repeat=write_random_head(path, d / "repeat", repeat=True),
+                           random=write_random_head(path, d / "random", seed=3))
+
+
+def _eagle(path, head, **kw):
+    return LLM(path, max_batch=4, steps_per_graph=3, spec_rounds=2,
+               speculative={"method": "eagle3", "num_tokens": K, "model": str(head)}, **{**CPU, **kw})
+
+
+@pytest.fixture(scope="module")
+def plain(path):
+    return LLM(path, max_batch=4, steps_per_graph=3, **CPU)
+
+
+@pytest.fixture(scope="module")
+def eagle(path, heads):
+    return _eagle(path, heads.repeat)
+
+
+PROMPTS = [[5, 9, 14, 5, 9, 14, 5, 9], [20, 21, 22, 23, 20, 21], [7, 7, 7, 7], [30, 31, 32]]
+GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def full(plain):
+    """Plain greedy decoding of PROMPTS, 10 tokens each (the reference most tests compare to)."""
+    return plain.generate(PROMPTS, GREEDY, use_tqdm=False)
+
+
+def _same(a, b):
+    for x, y in zip(a, b):
+        assert (x.token_ids, x.text, x.finish_reason) == (y.token_ids, y.text, y.finish_reason)
+
+
+def test_greedy_equals_plain_with_stops_and_max_tokens(plain, eagle, full):
+    params = [SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, stop_token_ids=[full[0].token_ids[4]]),
+              SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, stop=[full[1].text[3:5] or "zz"]),
+              SamplingParams(max_tokens=10, temperature=0, ignore_eos=True),
+              SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)]
+    before = eagle.engine.stats()
+    got = eagle.generate(PROMPTS, params, use_tqdm=False)
+    _same(got[:2], plain.generate(PROMPTS[:2], params[:2], use_tqdm=False))
+    _same(got[2:3], full[2:3])
+    assert got[3].token_ids == full[3].token_ids[:3] and got[3].finish_reason == "length"   # max_tokens exact
+    assert got[0].finish_reason == "stop" and len(got[0].token_ids) <= 5
+    st = eagle.engine.stats()
+    assert st["spec_accepted"] > before["spec_accepted"] and st["spec_plain_blocks"] == 0
+    assert 1.0 < st["spec_tokens_per_round"] <= K + 1
+    alloc = eagle.engine.scheduler.allocator
+    assert alloc.num_free == alloc.num_pages
+
+
+def test_eos_inside_a_round_at_bs_1(full, path, heads, tmp_path):
+    p = SamplingParams(max_tokens=10, temperature=0)
+    d = tmp_path / "eos"
+    shutil.copytree(path, d)
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [full[2].token_ids[4]]}))
+    want = LLM(d, max_batch=4, steps_per_graph=3, **CPU).generate(PROMPTS[2:3], p, use_tqdm=False)
+    assert want[0].finish_reason == "stop"
+    _same(_eagle(d, heads.repeat).generate(PROMPTS[2:3], p, use_tqdm=False), want)
+
+
+def test_preemption_and_aborts(plain, path, heads):
+    p = SamplingParams(max_tokens=14, temperature=0, ignore_eos=True)
+    want = plain.generate(PROMPTS, p, use_tqdm=False)
+    tight = _eagle(path, heads.repeat, num_pages=5)   # 4 pages usable, 2 a request at most
+    _same(tight.generate(PROMPTS, p, use_tqdm=False), want)
+    eng = tight.engine
+    assert eng.scheduler.num_preemptions > 0
+    streams = [eng.add_request(x, p) for x in PROMPTS[:3]]
+    seen = 0
+    for d in streams[1]:                              # drive the engine until request 1 has tokens
+        seen += len(d.token_ids)
+        if seen >= 2:
+            break
+    eng.abort(streams[0].request_id)
+    eng.abort(streams[1].request_id)
+    _same([streams[2].result()], want[2:3])
+    assert streams[0].result().finish_reason == "abort"
+    alloc = eng.scheduler.allocator
+    assert alloc.num_free == alloc.num_pages
+
+
+def test_seeded_sampling_emits_the_tokens_of_plain_sampling(plain, eagle):
+    params = [SamplingParams(max_tokens=6, temperature=0.8, seed=7, ignore_eos=True),
+              SamplingParams(max_tokens=6, temperature=1.0, top_k=5, top_p=0.9, seed=3, ignore_eos=True)]
+    _same(eagle.generate(PROMPTS[1:3], params, use_tqdm=False), plain.generate(PROMPTS[1:3], params, use_tqdm=False))
+
+
+def test_a_random_head_in_the_speculators_layout_loads_and_stays_exact(plain, path, heads, tmp_path):
+    from graphrt.speculative.eagle3 import convert_head
+    llm = _eagle(path, convert_head(heads.random, tmp_path / "spec", "speculators"))
+    assert llm.engine.spec.method == "eagle3"
+    p = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    _same(llm.generate(PROMPTS[:1], p, use_tqdm=False), plain.generate(PROMPTS[:1], p, use_tqdm=False))
+
+
+def test_bad_heads_name_the_field(path, heads, tmp_path):
+    with pytest.raises(ValueError, match="speculative.model: cannot load the EAGLE-3 head"):
+        _eagle(path, str(heads.repeat) + "-missing")
+    bad = write_random_head(path, tmp_path / "ids", layer_ids=(0, 1, 3))       # the target has 2 layers
+    with pytest.raises(ValueError, match="speculative.model.*eagle_aux_hidden_state_layer_ids"):
+        _eagle(path, bad)
+    with pytest.raises(ValueError, match="speculative.draft_model: method 'eagle3' needs"):
+        LLM(path, speculative={"method": "eagle3", "num_tokens": 2}, **CPU)
+
+
+def test_serve_flags():
+    from graphrt.serve.cli import speculative_from_flags
+    args = SimpleNamespace(speculative_method="eagle3", draft_model="/heads/h", num_speculative_tokens=3)
+    spec = speculative_from_flags(args)
+    assert (spec.method, spec.draft_model, spec.num_tokens) == ("eagle3", "/heads/h", 3)
+    with pytest.raises(ValueError, match="--draft-model: method 'eagle3' needs"):
+        speculative_from_flags(SimpleNamespace(speculative_method="eagle3", draft_model=None,
+                                               num_speculative_tokens=None))

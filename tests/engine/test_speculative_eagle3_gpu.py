@@ -1,0 +1,91 @@
+"""GPU tests of EAGLE-3 speculation in the engine (H200, bf16, CUDA graphs): greedy output with a
+head equals the engine without it except at near-ties (margins printed, each a tie by
+tests/_checkpoints.BF16_GAP), and a block of R rounds (verify, accept, draft-extend, chain)
+launches without a host sync.
+
+Run on the GPU machine: python -m pytest -m gpu -q tests/engine/test_speculative_eagle3_gpu.py -s
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from _checkpoints import BF16_GAP, assert_greedy_matches_hf, write
+from _eagle3_heads import write_random_head
+from graphrt import LLM, SamplingParams
+
+pytestmark = pytest.mark.gpu
+transformers = pytest.importorskip("transformers")
+ARGS = dict(device="cuda", max_batch=8, steps_per_graph=4, max_model_len=512, num_pages=600)
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory):
+    return write(tmp_path_factory, "eagle8b", shape="llama-3.1-8b", arch="llama", dtype="bfloat16",
+                 num_layers=2, max_shard_mb=1024, tokenizer_vocab=4096)
+
+
+@pytest.fixture(scope="module")
+def head(path, tmp_path_factory):
+    """The repeat head (tests/_eagle3_heads.py) in the 8B shape, bf16, small MLP."""
+    return write_random_head(path, tmp_path_factory.mktemp("eagle8b-head") / "h", repeat=True,
+                             intermediate=1024, dtype=torch.bfloat16)
+
+
+def _prompts(n):
+    gen = torch.Generator().manual_seed(4)
+    return [torch.randint(2, 128256, (3 + i,), generator=gen).tolist() * 3 for i in range(n)]
+
+
+def test_eagle3_greedy_equals_plain_except_near_ties(path, head):
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).cuda().eval()
+    prompts = _prompts(8)
+    p = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
+    plain = LLM(path, **ARGS).generate(prompts, p, use_tqdm=False)
+    llm = LLM(path, speculative={"method": "eagle3", "num_tokens": 4, "model": str(head)}, spec_rounds=4, **ARGS)
+    got = llm.generate(prompts, p, use_tqdm=False)
+    same, margins = 0, []
+    for pr, a, b in zip(prompts, plain, got):
+        assert len(b.token_ids) == 48 and b.finish_reason == "length"
+        if a.token_ids == b.token_ids:
+            same += 1
+            continue
+        i = next(j for j, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y)
+        with torch.no_grad():
+            logits = hf(torch.tensor([pr + a.token_ids[:i]], device="cuda")).logits[0, -1].float()
+        top = torch.topk(logits, 2).values
+        margins.append(float((top[0] - top[1]) / top[0].abs()))
+        assert_greedy_matches_hf(hf, pr, b.token_ids)
+    st = llm.engine.stats()
+    print(f"\neagle3: {same}/8 identical to plain; divergence margins {margins} (tie: <= {BF16_GAP}); "
+          f"acceptance {st['spec_acceptance_rate']:.2f}, tokens/round {st['spec_tokens_per_round']:.2f}")
+    assert all(m <= BF16_GAP for m in margins)
+    assert st["spec_accepted"] > 0
+
+
+def test_eagle3_block_launch_makes_no_host_sync(path, head):
+    llm = LLM(path, speculative={"method": "eagle3", "num_tokens": 4, "model": str(head)}, spec_rounds=4, **ARGS)
+    eng, ex = llm.engine, llm.runtime
+    p = SamplingParams(max_tokens=300, temperature=0.7, seed=1, ignore_eos=True)
+    streams = [eng.add_request(x, p) for x in _prompts(3)]
+    for _ in range(3):
+        eng.step()                                   # admitted, prefilled (head too), speculating
+    sched, batch = eng.scheduler, eng.batch
+    rows = sched.decode_rows()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(6):
+            rows = sched.grow(rows)                  # the launch half of Engine._decode
+            batch.flush(ex.apply)
+            go = sched.launch_block(rows)
+            ex.spec_block(go.n, filtered=go.filtered)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    ex.check_device_errors()
+    for s in streams:
+        eng.abort(s.request_id)
+    while eng.step():
+        pass
+    assert sched.allocator.num_free == sched.allocator.num_pages

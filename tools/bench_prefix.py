@@ -1,0 +1,200 @@
+"""Prefix caching and chunked prefill through the engine (graphrt.LLM, no HTTP): three workloads.
+
+    python tools/bench_prefix.py --make llama-3.2-1b --device cuda --out-dir docs/results   # H200
+    python tools/bench_prefix.py --make tiny --device cpu --prefix-len 24 --suffix-len 4 \
+        --streams 2 --long-len 32 --decode-tokens 12 --turns 2 --repeats 2 --out-dir /tmp/b  # CPU smoke
+
+1. shared prefix: a --prefix-len prompt prefix + --suffix-len distinct tokens, one request at a
+   time: TTFT of the first request (cold), then of --repeats more with other suffixes
+   (repeated), with the prefix cache on and off; repeated / cold is the reuse.
+2. arrival: --streams requests decoding (ignore_eos, --decode-tokens each), then a --long-len
+   prompt arrives; per running stream, the gaps between its deltas divided by the tokens they
+   carry (TPOT) from the arrival until the long request's first token: p50 / p99 and the
+   largest gap, with max_num_batched_tokens = --chunk and without a limit (None).
+3. multi-turn chat: --turns turns, each prompt = the previous prompt + its answer + a new user
+   message (token ids, so the previous turn's pages are reusable): TTFT per turn, cache on / off.
+
+One LLM (prefix cache on, chunk budget --chunk) and a second engine over its runtime without
+the cache. Times are host wall clock (time.perf_counter) at the delta's arrival on a reader thread; the
+engine runs on its own thread (engine.start()). Writes NAME.json and NAME.md (tables) under
+--out-dir.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def _pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else float("nan")
+
+
+class Reader(threading.Thread):
+    """Reads one stream on its own thread: (arrival time, tokens) per delta."""
+
+    def __init__(self, stream):
+        super().__init__(daemon=True)
+        self.stream, self.t0, self.deltas, self.out, self.tokens = stream, time.perf_counter(), [], None, []
+
+    def run(self):
+        for d in self.stream:
+            self.deltas.append((time.perf_counter(), len(d.token_ids)))
+            self.tokens += d.token_ids
+            self.out = d
+
+    @property
+    def ttft_ms(self) -> float:
+        return (next(t for t, n in self.deltas if n) - self.t0) * 1e3
+
+
+def _request(eng, prompt, max_tokens):
+    from graphrt import SamplingParams
+    r = Reader(eng.add_request(prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0,
+                                                            ignore_eos=True)))
+    r.start()
+    return r
+
+
+def shared_prefix(eng, a) -> dict:
+    """eng: a started Engine."""
+    base = list(range(100, 100 + a.prefix_len))
+    ttft, cached = [], []
+    for i in range(a.repeats + 1):
+        suffix = [(7 * i + j) % 90 + 5 for j in range(a.suffix_len)]
+        r = _request(eng, base + suffix, 2)
+        r.join()
+        ttft.append(r.ttft_ms)
+        cached.append(r.out.num_cached_tokens)
+    rep = statistics.median(ttft[1:])
+    return {"cold_ttft_ms": ttft[0], "repeated_ttft_ms": rep, "repeated_over_cold": rep / ttft[0],
+            "cached_tokens": cached}
+
+
+def arrival(eng, a) -> dict:
+    running = [_request(eng, [5 + s, 6, 7, 8], a.decode_tokens) for s in range(a.streams)]
+    while any(sum(n for _, n in r.deltas) < 2 for r in running):     # every stream decoding
+        time.sleep(0.001)
+    t_arr = time.perf_counter()
+    late = _request(eng, [(11 * j) % 90 + 5 for j in range(a.long_len)], 2)
+    late.join()
+    t_first = late.t0 + late.ttft_ms / 1e3
+    for r in running:
+        r.join()
+    tpot, gaps = [], []
+    for r in running:
+        prev = None
+        for t, n in r.deltas:
+            if prev is not None and n and t_arr <= t <= t_first + 0.05:
+                gaps.append((t - prev) * 1e3)
+                tpot.append((t - prev) * 1e3 / n)
+            prev = t if n else prev
+    eng_stats = eng.stats()
+    return {"long_ttft_ms": late.ttft_ms, "tpot_p50_ms": _pct(tpot, 0.5), "tpot_p99_ms": _pct(tpot, 0.99),
+            "largest_gap_ms": max(gaps) if gaps else float("nan"), "samples": len(tpot),
+            "p99_over_p50": _pct(tpot, 0.99) / _pct(tpot, 0.5) if tpot else float("nan"),
+            "preemptions": eng.scheduler.num_preemptions, "pages_free": eng_stats["pages_free"]}
+
+
+def chat(eng, a) -> dict:
+    prompt, ttft, cached = [1, 2, 3], [], []
+    for turn in range(a.turns):
+        prompt = prompt + [(13 * turn + j) % 90 + 5 for j in range(a.suffix_len)]   # the user's message
+        r = _request(eng, prompt, a.answer_tokens)
+        r.join()
+        ttft.append(r.ttft_ms)
+        cached.append(r.out.num_cached_tokens)
+        prompt = prompt + r.tokens
+    return {"ttft_ms": ttft, "cached_tokens": cached, "final_prompt_len": len(prompt)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", help="a checkpoint directory")
+    p.add_argument("--make", help="write a random checkpoint of this shape (tools/make_checkpoint.py)")
+    p.add_argument("--device", default=None)
+    p.add_argument("--max-batch", type=int, default=16)
+    p.add_argument("--steps-per-graph", type=int, default=4)
+    p.add_argument("--prefix-len", type=int, default=4096)
+    p.add_argument("--suffix-len", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--streams", type=int, default=8)
+    p.add_argument("--long-len", type=int, default=4096)
+    p.add_argument("--decode-tokens", type=int, default=512)
+    p.add_argument("--chunk", type=int, default=None, help="max_num_batched_tokens (default: EngineConfig's)")
+    p.add_argument("--turns", type=int, default=6)
+    p.add_argument("--answer-tokens", type=int, default=64)
+    p.add_argument("--max-model-len", type=int, default=8192)
+    p.add_argument("--out-dir", default="docs/results")
+    p.add_argument("--name", default=None)
+    a = p.parse_args(argv)
+    if (a.model is None) == (a.make is None):
+        p.error("give one of --model DIR or --make SHAPE")
+    import torch
+
+    import logging
+
+    from graphrt import LLM
+    from graphrt.engine.config import EngineConfig
+    from graphrt.engine.engine import Engine
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")   # the start-up line
+    path = a.model
+    if a.make:
+        from make_checkpoint import write_checkpoint
+        path = write_checkpoint(Path(tempfile.mkdtemp()) / a.make, a.make, dtype="bfloat16"
+                                if (a.device or ("cuda" if torch.cuda.is_available() else "cpu")) == "cuda"
+                                else "float32")
+    chunk = a.chunk if a.chunk is not None else EngineConfig().max_num_batched_tokens
+    llm = LLM(path, device=a.device, max_batch=a.max_batch, steps_per_graph=a.steps_per_graph,
+              max_model_len=a.max_model_len, max_num_batched_tokens=chunk)      # prefix cache on
+    res = {"model": str(a.make or a.model), "args": vars(a), "startup_s": round(llm.startup.total_s, 2),
+           "shared_prefix": {}, "arrival": {}, "chat": {}}
+    cached = llm.engine
+    plain = Engine(llm.runtime, llm.tokenizer, eos_token_ids=tuple(cached.scheduler.eos),   # same runtime
+                   max_model_len=cached.max_model_len, enable_prefix_caching=False, max_num_batched_tokens=chunk)
+    for key, eng in (("on", cached), ("off", plain)):
+        eng.start()
+        res["shared_prefix"][key] = shared_prefix(eng, a)
+        res["chat"][key] = chat(eng, a)
+        if key == "on":
+            for limit in (chunk, None):
+                eng.scheduler.max_num_batched_tokens = limit
+                res["arrival"][f"chunk_{limit}"] = arrival(eng, a)
+        eng.shutdown()
+    out = Path(a.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    name = a.name or f"bench_prefix_{a.make or Path(a.model).name}"
+    (out / f"{name}.json").write_text(json.dumps(res, indent=2))
+    md = _table(res)
+    (out / f"{name}.md").write_text(md)
+    print(md)
+    return 0
+
+
+def _table(res) -> str:
+    lines = ["| shared prefix | cold TTFT ms | repeated TTFT ms | repeated / cold | cached tokens |",
+             "|---|---|---|---|---|"]
+    for k, v in res["shared_prefix"].items():
+        lines.append(f"| cache {k} | {v['cold_ttft_ms']:.1f} | {v['repeated_ttft_ms']:.1f} | "
+                     f"{v['repeated_over_cold']:.2f} | {v['cached_tokens']} |")
+    lines += ["", "| arrival | long TTFT ms | TPOT p50 ms | TPOT p99 ms | p99 / p50 | largest gap ms | samples |",
+              "|---|---|---|---|---|---|---|"]
+    for k, v in res["arrival"].items():
+        lines.append(f"| {k} | {v['long_ttft_ms']:.1f} | {v['tpot_p50_ms']:.2f} | {v['tpot_p99_ms']:.2f} | "
+                     f"{v['p99_over_p50']:.2f} | {v['largest_gap_ms']:.2f} | {v['samples']} |")
+    lines += ["", "| chat | TTFT ms per turn | cached tokens per turn |", "|---|---|---|"]
+    for k, v in res["chat"].items():
+        lines.append(f"| cache {k} | {', '.join(f'{t:.1f}' for t in v['ttft_ms'])} | {v['cached_tokens']} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

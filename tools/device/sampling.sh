@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Logits processing and log-probabilities on one GPU (about 3-4 minutes):
+#   1. the GPU test: processed decode graphs (bf16, captured) against HF float32
+#   2. tools/bench_sampling.py on an 8B-shaped checkpoint (4 layers: the per-step cost of the
+#      processing passes next to a short model step; the full 32-layer step is what the targets
+#      compare against: read step_processed_us - step_plain_us against it), bs 1 and 16
+# $OUT gets: gpu.txt pytest_sampling_gpu.log bench_sampling.log bench_sampling.json
+#   bash .device/bootstrap.sh bash tools/device/sampling.sh
+set -uo pipefail
+OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$OUT/gpu.txt" 2>&1
+t0=$(date +%s); rc=0
+timeout 150 python -m pytest -m gpu -q -rs -p no:cacheprovider tests/engine/test_sampling_extras_gpu.py \
+  2>&1 | tee "$OUT/pytest_sampling_gpu.log" | tail -15
+[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+echo "gpu tests: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/pytest_sampling_gpu.log"
+CK="${GRAPHRT_CK8B:-/tmp/ck8b_l4}"
+[ -d "$CK" ] || python tools/make_checkpoint.py "$CK" --shape llama-3.1-8b --layers 4 > /dev/null 2>&1 || rc=1
+timeout 150 python tools/bench_sampling.py "$CK" --batches 1,16 --tokens 96 --k 4 --out "$OUT/bench_sampling.json" \
+  2>&1 | grep -v "Loading" | tee "$OUT/bench_sampling.log" | tail -6
+[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+echo "total: $(( $(date +%s) - t0 )) s rc=$rc" | tee -a "$OUT/bench_sampling.log"
+exit $rc
