@@ -63,12 +63,13 @@ class LocalExecutor:
             stats = dict(self.runtime.graphs.stats)
         return stats
 
-    def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor, *, starts=None) -> torch.Tensor:
+    def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor, *, starts=None, **record) -> torch.Tensor:
         """As ModelRuntime.prefill: [m, V] float32 last-token logits (prompts[i] from position
-        starts[i], default 0). With a draft model only whole prompts (starts 0)."""
+        starts[i], default 0). With a draft model only whole prompts (starts 0). record:
+        ModelRuntime.prefill's on_logits / logits_rows (prompt log-probs)."""
         if starts is not None and any(starts):
             self._check_partial_prefill()
-        return self.runtime.prefill(prompts, block_table, starts=starts)
+        return self.runtime.prefill(prompts, block_table, starts=starts, **record)
 
     def _check_partial_prefill(self) -> None:
         if self.spec is not None and (self.spec.draft is not None or getattr(self.spec, "eagle", None) is not None):
@@ -107,7 +108,7 @@ class LocalExecutor:
         if eagle is not None:
             logits, hidden = eagle.target_prefill(self.runtime, prompts, block_table, **extra)
         else:
-            logits = self.runtime.prefill(prompts, block_table, **extra)
+            logits = self.prefill(prompts, block_table, **extra)
         self.prompt_logprobs = {i: collect.result(i) for i in want} if collect is not None else {}
         st, dev = self.runtime.slots, self.device
         if sources is not None:
