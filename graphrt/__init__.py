@@ -2,7 +2,7 @@
 
 Layers, top down: serve/ (HTTP) -> engine/ (LLM API) -> parallel/ -> model/ -> attention/ -> cache/
 -> config.py, kernels/. Public API: RuntimeConfig / load_config (config.py), PagedKVCache and
-DecodeRuntime (attention/), LLM / SamplingParams (engine/). FlashInfer is imported lazily, only by the FlashInfer backends.
+DecodeRuntime (attention/), LLM / SamplingParams / RequestOutput / CompletionOutput (engine/). FlashInfer is imported lazily, only by the FlashInfer backends.
 
 The names are resolved on first access (PEP 562), so `import graphrt` loads no Triton kernel:
 `LLM(path)` on a CPU can still select Triton's interpreter before the kernels are decorated
@@ -18,6 +18,7 @@ _EXPORTS = {  # name -> module that defines it
     "DecodeRuntime": "graphrt.attention.runtime", "DeviceInputError": "graphrt.attention.runtime",
     "BatchTooLargeError": "graphrt.attention.buckets", "pick_bucket": "graphrt.attention.buckets",
     "LLM": "graphrt.engine.llm", "SamplingParams": "graphrt.engine.params",
+    "RequestOutput": "graphrt.engine.params", "CompletionOutput": "graphrt.engine.params",
 }
 
 __all__ = [*_EXPORTS, "__version__"]

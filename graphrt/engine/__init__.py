@@ -2,7 +2,8 @@
 
 checkpoint_files.py (a checkpoint's tensor files: names, shapes, reading, values check; shared by
 loader.py: HF directory -> fused weights, and quant_loader.py: FP8), model.py (fused weights -> LlamaDecoder),
-params.py (SamplingParams, RequestOutput), config.py (EngineConfig, the pool from memory),
+params.py (SamplingParams, RequestOutput, CompletionOutput), group.py (n > 1: samples sharing a
+prefill), vllm_args.py (vLLM's LLM argument names), config.py (EngineConfig, the pool from memory),
 allocator.py (refcounted KV pages), kv_manager.py (pages per request, the null page),
 input_batch.py (the persistent device batch), token_bytes.py + detokenizer.py (text and stop
 strings), scheduler.py (admission, growth, preemption, slots, stops), stream.py, engine.py
@@ -15,7 +16,7 @@ from importlib import import_module
 
 _EXPORTS = {"LLM": "graphrt.engine.llm", "Engine": "graphrt.engine.engine",
             "EngineConfig": "graphrt.engine.config", "SamplingParams": "graphrt.engine.params",
-            "RequestOutput": "graphrt.engine.params"}
+            "RequestOutput": "graphrt.engine.params", "CompletionOutput": "graphrt.engine.params"}
 
 __all__ = list(_EXPORTS)
 

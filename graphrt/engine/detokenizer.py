@@ -50,6 +50,8 @@ class TextState:
         self._match = StopMatcher(stop) if stop else None   # built here, on the caller's thread
         self._match_state = StopMatcher.START
         self.stopped = False          # a stop string was found (and cut)
+        self.stop_string: str | None = None   # the one found (CompletionOutput.stop_reason)
+        self._stop_set = frozenset(stop)
 
     def _add_bytes(self, tokens: list[int]) -> None:
         """Byte path: the text of `tokens`, released when no character is left split."""
@@ -76,6 +78,14 @@ class TextState:
         self._match_state, cut = self._match.scan(self._match_state, self.text[since:], since)
         return cut
 
+    def _cut(self, cut: int) -> None:
+        """A stop string starts at text[cut]: remember it (the shortest there: it completed
+        first; found by slicing, not by walking the stop list) and cut the text before it."""
+        text, longest = self.text, self._hold + 1
+        self.stop_string = next((text[cut:end] for end in range(cut + 1, min(len(text), cut + longest) + 1)
+                                 if text[cut:end] in self._stop_set), None)
+        self.text, self.stopped = text[:cut], True
+
     def add_tokens(self, tokens: list[int]) -> int | None:
         """Append tokens' text. None if no stop string appeared; else the number of tokens up to
         and including the one whose text completed the first stop string (the text is cut
@@ -95,7 +105,7 @@ class TextState:
                 self._add_bytes(tokens[i:i + 1])
                 cut = self._scan(since)
                 if cut >= 0:
-                    self.text, self.stopped = self.text[:cut], True
+                    self._cut(cut)
                     return i + 1
             return None
         if not self.stop:
@@ -115,8 +125,7 @@ class TextState:
             self._step()
             cut = self._scan(since)
             if cut >= 0:
-                self.text = self.text[:cut]
-                self.stopped = True
+                self._cut(cut)
                 return i + 1
         return None                   # (only if a moved window changed the text: none found)
 

@@ -54,6 +54,7 @@ from graphrt.attention.buckets import pick_bucket
 from graphrt.model.sampling import SamplingInputs
 from graphrt.engine.detokenizer import TextState, make_decoder
 from graphrt.engine.failure import EngineDeadError, attributable
+from graphrt.engine.group import GroupSink, child_params, child_seeds, fork_args, fork_owners, prefill_groups
 from graphrt.engine.input_batch import InputBatch
 from graphrt.engine.token_bytes import token_bytes
 from graphrt.engine.params import RequestOutput, SamplingParams
@@ -108,6 +109,7 @@ class Engine:
                                    batch=self.batch, spec_k=spec.num_tokens if spec is not None else 0,
                                    spec_rounds=self.rounds, cache_seed=seed_key,
                                    max_num_batched_tokens=budget)
+        self.scheduler.forks = getattr(spec, "eagle", None) is None   # an EAGLE-3 head prefills every sample
         self.spec_counts = {"proposed": 0, "accepted": 0, "rounds": 0, "emitted": 0,   # loop thread
                             "blocks": 0, "plain_blocks": 0}
         # the speculation policy (speculative/policy.py): per block, k or a plain decode block
@@ -115,6 +117,7 @@ class Engine:
         self._pending: deque[_Pending] = deque()
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._requests: dict[str, Request] = {}       # loop thread only
+        self._groups: dict[str, list[str]] = {}       # n > 1: request id -> its samples' ids (group.py)
         self._ids = itertools.count()
         self._rng = random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
         self._lock = threading.Lock()                 # ids and seeds (add_request from any thread)
@@ -151,25 +154,41 @@ class Engine:
         if need > self.scheduler.allocator.num_pages:
             raise ValueError(f"prompt: needs {need} KV pages, the pool has num_pages="
                              f"{self.scheduler.allocator.num_pages}")
+        child = child_params(params) if params.samples > 1 else params   # n > 1: group.py
         with self._lock:
             rid = request_id if request_id is not None else f"req-{next(self._ids)}"
-            seed = params.seed if params.seed is not None else self._rng.randrange(2**63)
-        rules = extras.check_request(self.runtime, params, self.tokenizer, self.scheduler.eos, self.vocab_size,
+            seeds = child_seeds(params, lambda: self._rng.randrange(2**63))
+        rules = extras.check_request(self.runtime, child, self.tokenizer, self.scheduler.eos, self.vocab_size,
                                      speculative=self.spec is not None)
-        stream = RequestStream(self, rid)
-        req = Request(rid, ids, params, seed,
-                      TextState(self.tokenizer, params.stop, decode=self._decode_text,
-                                table=self._token_bytes), stream.put)
-        req.rules = rules
-        self._inbox.put(("add", req))
+        stream = RequestStream(self, rid, prompt=prompt if isinstance(prompt, str) else None)
+        text = lambda: TextState(self.tokenizer, child.stop, decode=self._decode_text, table=self._token_bytes)
+        if len(seeds) == 1:
+            req = Request(rid, ids, params, seeds[0], text(), stream.put)
+            req.rules = rules
+            self._inbox.put(("add", req))
+        else:
+            if rid in self._groups:
+                raise ValueError(f"request_id: {rid!r} is already running")
+            cids = [f"{i}_{rid}" for i in range(len(seeds))]
+            group = GroupSink(stream, params, ids, child_ids=cids, abort=self.abort, prompt=stream.prompt,
+                              done=lambda: self._groups.pop(rid, None))
+            self._groups[rid] = cids
+            first = None
+            for i, (cid, seed) in enumerate(zip(cids, seeds)):
+                req = Request(cid, ids, child, seed, text(), group.sink(i), sibling=first)
+                req.rules = rules
+                first = first or req
+                self._inbox.put(("add", req))
         self._wake.set()
         if self.error is not None:                      # died meanwhile: the loop may never see it
             stream.put(self._dead_error())
         return stream
 
     def abort(self, request_id: str) -> None:
-        """Cancel a request (a no-op if it already finished); its stream ends with "abort"."""
-        self._inbox.put(("abort", request_id))
+        """Cancel a request (a no-op if it already finished); its stream ends with "abort".
+        n > 1: the request's id aborts every sample, a sample's id (f"{i}_{id}") that one."""
+        for rid in self._groups.get(request_id, (request_id,)):
+            self._inbox.put(("abort", rid))
         self._wake.set()
 
     def _prompt_ids(self, prompt) -> list[int]:
@@ -256,15 +275,17 @@ class Engine:
                 self._fail(work[0][0], e)
                 return False
         launched = False
-        for w in work:
-            if w[0].slot < 0 or w[0].computed >= w[2]:
+        for group in prefill_groups(work):            # n > 1: samples sharing a prefill go together
+            group = [w for w in group if w[0].slot >= 0 and w[0].computed < w[2]]
+            if not group:
                 continue                              # failed meanwhile, or its chunk ran
             try:
-                launched = self._prefill([w]) or launched
+                launched = self._prefill(group) or launched
             except BaseException as e:
                 if not attributable(e):
                     raise
-                self._fail(w[0], e)
+                for w in group:
+                    self._fail(w[0], e)
         return launched
 
     def _fail(self, req: Request, e: BaseException) -> None:
@@ -322,8 +343,11 @@ class Engine:
         plus accepted tokens after a preemption); a request whose context is then complete
         draws its next token into its slot and starts its row in the batch. -> drew any."""
         s, dev = self.scheduler, self.device
-        for r, a, e in work:
-            s.kv.check_writable(r.pages, a, e)        # never a shared or cached page
+        forks = fork_owners(work, s.page_size)        # n > 1: the samples sharing this prefill's pages
+        for r, a, e in work:                          # never a shared or cached page (a forked
+            if r.shares is not None:                  # sample writes only its partial page's copy)
+                a = len(r.prompt) - len(r.prompt) % s.page_size
+            s.kv.check_writable(r.pages, a, e, forks=forks)
         ctx = {id(r): r.context for r, _, _ in work}
         part = [w for w in work if w[2] < len(ctx[id(w[0])])]
         if part:                                      # chunks that draw nothing yet
@@ -337,21 +361,23 @@ class Engine:
             return False
         reqs = [r for r, _, _ in work]
         slots = [r.slot for r in reqs]
-        prompts = [torch.tensor(ctx[id(r)][a:], dtype=torch.int64, device=dev) for r, a, _ in work]
-        table = torch.from_numpy(self.batch.block_table_host[slots])              # [m, W] host
+        own = [w for w in work if w[0].shares is None]   # n > 1: a sample sharing a sibling's prefill
+        prompts = [torch.tensor(ctx[id(r)][a:], dtype=torch.int64, device=dev) for r, a, _ in own]
+        table = torch.from_numpy(self.batch.block_table_host[[r.slot for r, _, _ in own]])   # [m, W] host
+        fork = {} if len(own) == len(work) else fork_args([r for r, _, _ in own], reqs)
         ps = [r.params for r in reqs]
         inputs = SamplingInputs(torch.tensor([0.0 if p.greedy else p.temperature for p in ps]),
                                 torch.tensor([max(p.top_k, 0) for p in ps], dtype=torch.int32),
                                 torch.tensor([p.top_p for p in ps], dtype=torch.float32),
                                 torch.tensor([r.seed for r in reqs], dtype=torch.int64),
                                 torch.tensor([r.launched for r in reqs], dtype=torch.int32))
-        starts = [a for _, a, _ in work]
+        starts = [a for _, a, _ in own]
         if getattr(self.runtime, "processing", False):               # every slot's processing rows
             first, lp = extras.prefill(self.runtime, prompts, table, slots, inputs, reqs, self._token_text,
-                                       starts=starts)
+                                       starts=starts, own=[r for r, _, _ in own], **fork)
         else:
-            first, lp = self.runtime.prefill_slots(prompts, table, slots, inputs, starts=starts), None  # [m]
-        for r, _, e in work:
+            first, lp = self.runtime.prefill_slots(prompts, table, slots, inputs, starts=starts, **fork), None
+        for r, _, e in work:                          # first: [len(reqs)] device
             s.prefilled(r, e)
             if self.spec is not None:
                 self.batch.set_history(r.slot, r.context)  # the first token: written on the device

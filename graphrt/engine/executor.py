@@ -84,12 +84,13 @@ class LocalExecutor:
                      sum(s.capture_ms + s.warmup_ms for s in spec), sum(s.graph_bytes for s in spec) / 2**20)
         return stats
 
-    def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor, *, starts=None) -> torch.Tensor:
+    def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor, *, starts=None, **record) -> torch.Tensor:
         """As ModelRuntime.prefill: [m, V] float32 last-token logits (prompts[i] from position
-        starts[i], default 0). With a draft model only whole prompts (starts 0)."""
+        starts[i], default 0). With a draft model only whole prompts (starts 0). record:
+        ModelRuntime.prefill's on_logits / logits_rows (prompt log-probs)."""
         if starts is not None and any(starts):
             self._check_partial_prefill()
-        return self.runtime.prefill(prompts, block_table, starts=starts)
+        return self.runtime.prefill(prompts, block_table, starts=starts, **record)
 
     def _check_partial_prefill(self) -> None:
         if self.spec is not None and (self.spec.draft is not None or getattr(self.spec, "eagle", None) is not None):
@@ -98,14 +99,17 @@ class LocalExecutor:
 
     def prefill_slots(self, prompts: list[torch.Tensor], block_table: torch.Tensor, slots: list[int],
                       sampling: SamplingInputs, *, processing: ProcessRows | None = None,
-                      prompt_logprobs: dict[int, int] | None = None, starts=None) -> torch.Tensor:
-        """Prefill each prompt (row i of block_table, for slot slots[i], from position
-        starts[i], default 0), draw its next token with sampling's row i (its step is not
-        advanced) and write it as the slot's current token (and into its token history at index
-        start + len(prompt)). With a draft model, the draft's caches are prefilled too; with an
-        EAGLE-3 head, the target's prefill records its hidden states and the head's prefill makes
-        the slots' first proposals (both: whole prompts only). Returns the [m] int64 first tokens
-        (device).
+                      prompt_logprobs: dict[int, int] | None = None, starts=None,
+                      sources: list[int] | None = None, copies: list[tuple[int, int]] = ()) -> torch.Tensor:
+        """Prefill each prompt (row i of block_table, from position starts[i], default 0), draw
+        each slot's next token with sampling's row i (its step is not advanced) from the last
+        logits of prompt sources[i] (default: slot i's own prompt, i < m) and write it as the
+        slot's current token (and into its token history at index start + len(prompt)). copies:
+        (src, dst) KV pages copied after the prefill, in every layer (n > 1: a sample's copy of
+        the prompt's partial last page). With a draft model, the draft's caches are prefilled
+        (and copied) too; with an EAGLE-3 head, the target's prefill records its hidden states
+        and the head's prefill makes the slots' first proposals (both: whole prompts only; no
+        sources with EAGLE-3). Returns the [s] int64 first tokens (device), one per slot.
 
         processing (a processing runtime): the slots' processing rows are reset to it first and
         the first draws are processed, counted and their log-probabilities kept in
@@ -120,12 +124,16 @@ class LocalExecutor:
             self._check_partial_prefill()
             extra["starts"] = starts
         eagle = getattr(self.spec, "eagle", None)
+        if eagle is not None and sources is not None:
+            raise ValueError("sources: an EAGLE-3 head prefills every sample's prompt (no shared prefill)")
         if eagle is not None:
             logits, hidden = eagle.target_prefill(self.runtime, prompts, block_table, **extra)
         else:
-            logits = self.runtime.prefill(prompts, block_table, **extra)
+            logits = self.prefill(prompts, block_table, **extra)
         self.prompt_logprobs = {i: collect.result(i) for i in want} if collect is not None else {}
         st, dev = self.runtime.slots, self.device
+        if sources is not None:
+            logits = logits.index_select(0, torch.tensor(sources, device=logits.device))   # [s, V]
         idx = torch.tensor(slots, device=dev)
         if processing is not None:
             if st.proc is None:
@@ -141,14 +149,19 @@ class LocalExecutor:
         else:
             first = sample_eager(logits, sampling)                       # [m] device
         st.tokens.index_copy_(0, idx, first)
+        src = sources if sources is not None else range(len(slots))
         if st.history is not None:
             base = starts if starts is not None else [0] * len(prompts)
-            at = torch.tensor([s * st.history.shape[1] + b + p.numel() for s, b, p in zip(slots, base, prompts)],
+            at = torch.tensor([s * st.history.shape[1] + base[j] + prompts[j].numel() for s, j in zip(slots, src)],
                               device=dev)
             st.history.view(-1).index_copy_(0, at, first.to(torch.int32))
-        if self._proposer_state:
-            self.spec.draft.prefill([p.to(dev) for p in prompts], block_table.to(dev))
+        draft = self.spec.draft if self._proposer_state else None
+        if draft is not None:
+            draft.prefill([p.to(dev) for p in prompts], block_table.to(dev))
             self._draft_stale.difference_update(slots)
+        if copies:
+            _copy_pages(list(self.runtime.kv_caches) + (list(draft.kv_caches) if draft is not None else []),
+                        copies, dev)
         if eagle is not None:
             eagle.prefill(hidden, prompts, first, block_table.to(dev), slots, self.spec.device_error)
         return first
@@ -207,6 +220,16 @@ class LocalExecutor:
 
     def check_device_errors(self) -> None:
         self.runtime.check_device_errors()
+
+
+def _copy_pages(caches, copies: list[tuple[int, int]], device) -> None:
+    """KV pages src -> dst in every cache (PagedKVCache: k, v [num_pages, ...]); device work,
+    ordered on the stream after the prefill that wrote src."""
+    src = torch.tensor([a for a, _ in copies], device=device)
+    dst = torch.tensor([b for _, b in copies], device=device)
+    for c in caches:
+        for t in c.as_tuple():
+            t.index_copy_(0, dst, t.index_select(0, src))
 
 
 def _time_us(fn, replays: int) -> float:

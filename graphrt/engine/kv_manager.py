@@ -8,6 +8,7 @@
     kv.check_writable(req.pages, first, end) # before a write of positions [first, end)
     kv.cache_full_pages(hashes, req.pages, start, end)   # pages[start:end] are full: cache them
     kv.release(req.pages)                    # one owner dropped per page
+    pages, copy = kv.fork(parent.pages, tokens=len(prompt), total=12)   # n > 1: share the prompt
 
 Page NULL_PAGE (0) is reserved: it never holds a request's tokens, so a CUDA-graph capture may
 use it as scratch (the warm-up steps write K/V there) without saving and restoring anything.
@@ -81,13 +82,15 @@ class KVCacheManager:
         if self.cache is not None and end > start:
             self.cache.insert(hashes, pages, start, end)
 
-    def check_writable(self, pages: list[int], first: int, end: int) -> None:
+    def check_writable(self, pages: list[int], first: int, end: int, *, forks: dict[int, int] | None = None) -> None:
         """RuntimeError if a write of positions [first, end) would touch a page that another
-        owner holds or that the prefix cache holds (its contents are shared: never rewritten)."""
+        owner holds or that the prefix cache holds (its contents are shared: never rewritten).
+        forks {page: n}: owners that took the page by `fork` before this, its first write (n > 1:
+        the samples sharing this prefill), allowed besides the writer."""
         ps, a = self.page_size, self.allocator
         for j in range(first // ps, -(-end // ps)):
             p = pages[j]
-            if a.refcount(p) != 1 or a.is_cached(p):
+            if a.refcount(p) != 1 + (forks.get(p, 0) if forks else 0) or a.is_cached(p):
                 raise RuntimeError(f"kv: positions [{first}, {end}) would write page {p} (column {j}), "
                                    f"which is shared (owners {a.refcount(p)}, cached {a.is_cached(p)})")
 
@@ -107,6 +110,23 @@ class KVCacheManager:
         if new is not None:
             pages.extend(new)
         return new
+
+    def fork(self, pages: list[int], *, tokens: int, total: int) -> tuple[list[int], tuple[int, int] | None] | None:
+        """Pages for a child of the sequence whose first `tokens` tokens are in `pages` (n > 1:
+        samples of one prompt): the full pages among them are shared (one more owner each:
+        their tokens are never written again), fresh pages make up `total`, and the first fresh
+        one takes the parent's partial last page (copy-on-write: both will append to it).
+        Returns (the child's `total` pages, (parent page, child page) to copy on the device, or
+        None when `tokens` fills whole pages), or None (nothing taken) when the pool is short."""
+        full, partial = divmod(tokens, self.page_size)
+        if not 0 < tokens <= len(pages) * self.page_size or total < full + (partial > 0):
+            raise ValueError(f"fork: {tokens} tokens in {len(pages)} pages of {self.page_size}, "
+                             f"total {total} pages")
+        new = self.allocator.allocate(total - full)
+        if new is None:
+            return None
+        self.allocator.share(pages[:full])
+        return pages[:full] + new, ((pages[full], new[0]) if partial else None)
 
     def release(self, pages: list[int]) -> None:
         """Drop this owner of every page in `pages` (the list is left as is). Freed from the last

@@ -1,10 +1,14 @@
 """`graphrt.LLM`: the offline API (vLLM's shape) over the engine.
 
     llm = LLM("path/to/checkpoint")                        # cuda if available, else cpu (eager, float32)
-    llm = LLM("Qwen/Qwen2.5-0.5B-Instruct", revision="main")   # a Hugging Face repo id (its cache)
+    llm = LLM(model="Qwen/Qwen2.5-0.5B-Instruct", revision="main")   # a Hugging Face repo id (its cache)
     outs = llm.generate(["Hello", [1, 2, 3]], SamplingParams(max_tokens=64, temperature=0.0))
-    outs[0].text, outs[0].token_ids, outs[0].finish_reason
-    llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(...))
+    outs[0].outputs[0].text, outs[0].outputs[0].token_ids, outs[0].outputs[0].finish_reason
+    outs[0].text, outs[0].token_ids, outs[0].finish_reason     # the same: shortcuts to outputs[0]
+    outs = llm.generate("Hi", SamplingParams(n=4, temperature=0.8, seed=1))   # outs[0].outputs[0..3]
+    llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(...))        # one conversation
+    llm.chat([conversation_a, conversation_b])                               # a list: one output each
+    llm = LLM(model=path, tensor_parallel_size=2, max_num_seqs=8)            # vLLM's names (vllm_args.py)
     stream = llm.engine.add_request("Hi", params)          # streaming (see engine.py)
     llm = LLM(path, tensor_parallel=2)                     # one process per GPU (graphrt/parallel)
     llm.shutdown()                                         # ends the tensor-parallel workers
@@ -35,6 +39,7 @@ from graphrt.engine.hub import resolve_model
 from graphrt.engine.params import RequestOutput, SamplingParams
 from graphrt.engine.startup import StartupTimes
 from graphrt.engine.stream import interrupt_after
+from graphrt.engine.vllm_args import translate
 
 # The engine, loader and model import graphrt's Triton kernels: they are imported inside the
 # functions below, after select_triton_mode (graphrt/engine/device.py) has chosen the mode.
@@ -114,7 +119,7 @@ class LLM:
     """Loads a HF checkpoint onto `device`, builds the runtime (graphs captured on CUDA) and the
     engine. config: an EngineConfig, or its fields as keyword arguments.
 
-    path: a local checkpoint directory, or a Hugging Face repo id ("org/name") resolved through
+    model (positional or keyword): a local checkpoint directory, or a Hugging Face repo id ("org/name") resolved through
     huggingface_hub's cache (downloaded if missing; `HF_HUB_OFFLINE=1`: the cache only) at
     `revision` (branch, tag or commit; default main); an existing directory always wins.
     device: None (default) = cuda if available, else cpu; on cpu graphrt's Triton kernels run
@@ -128,11 +133,23 @@ class LLM:
     next call raise RankError (collectives in flight end at tp_timeout_s). `shutdown()` ends them.
     quantization="fp8": a float checkpoint's linear layers as FP8 (per channel) while loading;
     FP8 checkpoints load as FP8 without it (graphrt/engine/quant_loader.py); with
-    tensor_parallel, each rank loads its shard of the FP8 weights and scales."""
+    tensor_parallel, each rank loads its shard of the FP8 weights and scales.
 
-    def __init__(self, path, device: str | None = None, config: EngineConfig | None = None, *,
+    vLLM's constructor names work too (engine/vllm_args.py, docs/engine.md): tensor_parallel_size,
+    max_num_seqs (max_batch), block_size (page_size), enforce_eager (capture=False), dtype "auto" /
+    "half" / "float"; trust_remote_code is accepted and ignored (graphrt runs no checkpoint code);
+    a vLLM name for a feature graphrt lacks is a ValueError naming it unless given vLLM's default."""
+
+    def __init__(self, model=None, device: str | None = None, config: EngineConfig | None = None, *,
                  tensor_parallel: int = 1, tp_timeout_s: float = 120.0, revision: str | None = None,
                  quantization: str | None = None, **overrides):
+        if model is None:
+            raise ValueError("model: expected a checkpoint directory or a Hugging Face repo id")
+        path, overrides = model, translate(overrides, model=model)      # vLLM's names -> graphrt's
+        if "tensor_parallel" in overrides:                              # given as tensor_parallel_size
+            if tensor_parallel != 1:
+                raise ValueError("tensor_parallel: given twice (as tensor_parallel and tensor_parallel_size)")
+            tensor_parallel = overrides.pop("tensor_parallel")
         if config is not None and overrides:
             raise ValueError(f"config: give an EngineConfig or keyword fields, not both ({sorted(overrides)})")
         config = config or EngineConfig(**overrides)
@@ -230,9 +247,11 @@ class LLM:
         second) while more than one prompt is generated; False turns it off."""
         if not isinstance(use_tqdm, bool):
             raise ValueError(f"use_tqdm: expected a bool, got {use_tqdm!r}")
-        if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
-                                        and all(isinstance(t, int) for t in prompts)):
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, (list, tuple)) and prompts
+                                                and all(isinstance(t, int) for t in prompts)):
             prompts = [prompts]
+        if isinstance(prompts, (list, tuple)):          # vLLM's {"prompt": ...} / {"prompt_token_ids": ...}
+            prompts = [_prompt_of(p) if isinstance(p, dict) else p for p in prompts]
         if not isinstance(prompts, (list, tuple)) or not prompts:
             raise ValueError("prompts: expected a string, a list of token ids, or a non-empty list of them")
         params = sampling_params
@@ -265,17 +284,48 @@ class LLM:
             with interrupt_after():
                 self.engine.step()
 
-    def chat(self, messages, sampling_params: SamplingParams | None = None) -> RequestOutput:
-        """One conversation (a list of {"role", "content"} dicts) through the tokenizer's chat
-        template with the generation prompt appended."""
-        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-            raise ValueError("messages: expected a list of {'role': ..., 'content': ...} dicts")
+    def chat(self, messages, sampling_params: SamplingParams | list | None = None, *,
+             use_tqdm: bool = True) -> "ChatOutputs":
+        """Conversations through the tokenizer's chat template with the generation prompt
+        appended: one conversation (a list of {"role", "content"} dicts) or a list of them;
+        sampling_params: one for all or one per conversation. Returns one RequestOutput per
+        conversation in a list (as vLLM's chat does, also for a single conversation); for one
+        conversation the list also answers RequestOutput's attributes (`llm.chat(msgs).text`, as
+        graphrt's chat returned one RequestOutput before)."""
+        convs = [messages] if isinstance(messages, list) and messages and isinstance(messages[0], dict) else messages
+        if (not isinstance(convs, (list, tuple)) or not convs
+                or not all(isinstance(c, list) and c and all(isinstance(m, dict) for m in c) for c in convs)):
+            raise ValueError("messages: expected a conversation (a non-empty list of {'role': ..., "
+                             "'content': ...} dicts) or a list of them")
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("messages: the tokenizer has no chat template")
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return self.generate([list(ids)], sampling_params)[0]
+        prompts = []
+        for c in convs:
+            ids = self.tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True)
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                ids = ids["input_ids"]
+            prompts.append(list(ids))
+        return ChatOutputs(self.generate(prompts, sampling_params, use_tqdm=use_tqdm))
+
+
+class ChatOutputs(list):
+    """LLM.chat's list of RequestOutput; with one element, its attributes (text, token_ids,
+    finish_reason, outputs, ...) read through to it."""
+
+    def __getattr__(self, name):
+        if name.startswith("__") or len(self) != 1:
+            raise AttributeError(f"{name}: LLM.chat returned {len(self)} outputs (a list); index it first")
+        return getattr(self[0], name)
+
+
+def _prompt_of(p: dict):
+    """vLLM's prompt dicts: {"prompt": str} (TextPrompt) or {"prompt_token_ids": [...]} (TokensPrompt)."""
+    keys = set(p)
+    if keys == {"prompt"}:
+        return p["prompt"]
+    if keys == {"prompt_token_ids"}:
+        return p["prompt_token_ids"]
+    raise ValueError(f"prompts: a prompt dict takes 'prompt' or 'prompt_token_ids' alone, got keys {sorted(keys)}")
 
 
 def _pool_bytes(runtime) -> int:
@@ -299,11 +349,11 @@ def _collect(streams, *, progress: bool) -> list[RequestOutput]:
         for s in streams:
             out = s.result()
             outs.append(out)
-            n_in, n_out = n_in + len(out.prompt_token_ids), n_out + len(out.token_ids)
+            n_in, n_out = n_in + len(out.prompt_token_ids), n_out + sum(len(o.token_ids) for o in out.outputs)
             dt = max(time.perf_counter() - t0, 1e-9)
             bar.set_postfix_str(f"input {n_in / dt:.1f} tok/s, output {n_out / dt:.1f} tok/s", refresh=False)
             bar.update(1)
     return outs
 
 
-__all__ = ["LLM"]
+__all__ = ["LLM", "ChatOutputs"]

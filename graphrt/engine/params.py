@@ -1,13 +1,30 @@
-"""What a request asks for (SamplingParams) and what it gets back (RequestOutput)."""
+"""What a request asks for (SamplingParams) and what it gets back (RequestOutput of CompletionOutput).
+
+Both follow vLLM's names, so code written for vLLM's `LLM` runs unchanged where graphrt has the
+feature. A vLLM SamplingParams field graphrt does not implement is a ValueError naming it,
+unless it is given vLLM's default (that value changes nothing, so it is accepted):
+`VLLM_DEFAULTS` lists them; a field defined on the class always wins over that list.
+"""
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 MAX_SEED = 2**63 - 1        # seeds are int64 rows on the device
 MAX_TEMPERATURE = 1e4       # past this the distribution is uniform to float32 precision anyway
 MAX_STOP_STRINGS = 256      # stop strings per request
 MAX_STOP_CHARS = 16384      # their total length in characters (the held-back tail is the longest - 1)
+MAX_BEST_OF = 128           # samples of one prompt (n, best_of)
+
+# vLLM SamplingParams fields graphrt does not implement (yet), with vLLM's default: accepted
+# only at that value (it changes nothing); any other value is a ValueError naming the field.
+VLLM_DEFAULTS = {
+    "allowed_token_ids": None, "logits_processors": None,
+    "truncate_prompt_tokens": None, "guided_decoding": None, "structured_outputs": None,
+    "skip_special_tokens": True, "spaces_between_special_tokens": True, "detokenize": True,
+    "include_stop_str_in_output": False, "extra_args": None,
+}
 MAX_LOGPROBS = 20           # top alternatives per position (the graphs' captured width)
 MAX_LOGIT_BIAS = 64         # logit_bias entries per request
 MAX_BAD_WORDS = 64          # bad_words per request
@@ -37,6 +54,34 @@ def _finite(v) -> bool:
         return False
 
 
+def _is_default(value, default) -> bool:
+    if default is None or isinstance(default, bool):
+        return value is default
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and value == default
+
+
+def _vllm_names(cls):
+    """Class decorator: the dataclass's __init__ behind a check of the keyword names. A name
+    that is a field passes; a VLLM_DEFAULTS name at its default is dropped; any other name is a
+    ValueError naming it (not the bare TypeError of an unexpected keyword)."""
+    init, own = cls.__init__, {f.name for f in fields(cls)}
+
+    @functools.wraps(init)
+    def __init__(self, **kwargs):
+        for name in [k for k in kwargs if k not in own]:
+            if name not in VLLM_DEFAULTS:
+                raise ValueError(f"{name}: not a SamplingParams field (fields: {', '.join(sorted(own))})")
+            value, default = kwargs.pop(name), VLLM_DEFAULTS[name]
+            if not _is_default(value, default):
+                raise ValueError(f"{name}: not supported by graphrt yet (got {_short(value)}; only "
+                                 f"vLLM's default {default!r} is accepted)")
+        init(self, **kwargs)
+
+    cls.__init__ = __init__
+    return cls
+
+
+@_vllm_names
 @dataclass(frozen=True, kw_only=True)
 class SamplingParams:
     """Per-request generation settings (vLLM's names and defaults); validated on construction.
@@ -60,6 +105,13 @@ class SamplingParams:
     min_tokens in [0, max_tokens] (stop_token_ids and end-of-sequence ids are not drawn before
     min_tokens tokens), then temperature, min_p in [0, 1] (sampled rows: tokens whose probability
     is under min_p times the largest are dropped), top_k, top_p.
+
+    n: completions returned for the prompt; best_of (None = n): completions generated, of which
+    the n with the highest cumulative log-probability are returned (best_of > n runs the
+    samples with logprobs=0 when logprobs is None; it cannot be streamed). The prompt is prefilled once and
+    its KV pages shared (engine/group.py); with a seed, completion i uses seed + i (vLLM's rule),
+    so it equals SamplingParams(n=1, seed=seed + i) alone; n > 1 needs temperature > 0 unless
+    the completions should be identical.
     """
 
     max_tokens: int = 16
@@ -79,8 +131,16 @@ class SamplingParams:
     logit_bias: dict | None = None
     min_tokens: int = 0
     bad_words: tuple[str, ...] = ()
+    # ---- n > 1 (engine/group.py): pure API, no per-token processing ----
+    n: int = 1
+    best_of: int | None = None
 
     def __post_init__(self):
+        _int("n", self.n, 1, MAX_BEST_OF)
+        if self.best_of is not None:
+            _int("best_of", self.best_of, 1, MAX_BEST_OF)
+            if self.best_of < self.n:
+                raise ValueError(f"best_of: must be >= n={self.n}, got {self.best_of}")
         _int("max_tokens", self.max_tokens, 1)
         _int("top_k", self.top_k, -1)
         for name in ("temperature", "top_p"):
@@ -95,6 +155,9 @@ class SamplingParams:
             raise ValueError(f"top_p: must be in (0, 1], got {self.top_p}")
         if self.seed is not None:
             _int("seed", self.seed, 0, MAX_SEED)
+            if self.seed + self.samples - 1 > MAX_SEED:
+                raise ValueError(f"seed: completion i uses seed + i, so seed must be <= {MAX_SEED} - "
+                                 f"{self.samples - 1} for best_of={self.samples}, got {_short(self.seed)}")
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         if isinstance(stop, (list, tuple)) and len(stop) > MAX_STOP_STRINGS:   # before looking at each
             raise ValueError(f"stop: at most {MAX_STOP_STRINGS} stop strings, got {len(stop)}")
@@ -163,6 +226,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0 or self.top_k == 1
 
+    @property
+    def samples(self) -> int:
+        """Completions generated: best_of, or n."""
+        return self.n if self.best_of is None else self.best_of
+
 
 @dataclass(frozen=True)
 class Logprob:
@@ -175,28 +243,100 @@ class Logprob:
 
 
 @dataclass
-class RequestOutput:
-    """One request's result. In a stream, each item carries the new text / token_ids since the
-    previous item (a delta); `finish_reason` is None until the last: "stop" (a stop string, stop
-    token or end-of-sequence), "length" (max_tokens) or "abort" (cancelled). num_cached_tokens:
-    prompt tokens not prefilled because their K/V was found in the prefix cache (counted at the
-    request's first admission; every item carries it)."""
+class CompletionOutput:
+    """One completion of a request (vLLM's CompletionOutput). index: its place among the
+    request's n completions; text / token_ids: the whole output, or in a stream the part new
+    since the previous item; finish_reason: None until the last item, then "stop" (a stop
+    string, stop token or end-of-sequence), "length" (max_tokens) or "abort" (cancelled);
+    stop_reason: the stop token id or stop string that ended it (None for end-of-sequence or
+    length). With SamplingParams.logprobs: logprobs holds one dict per token of token_ids,
+    {token id: Logprob} (the generated token and the top-n alternatives, vLLM's shape), and
+    cumulative_logprob the sum of the generated tokens' log-probabilities so far (the whole
+    completion's, also on a stream's deltas); both None otherwise."""
 
-    request_id: str
-    prompt_token_ids: list[int]
+    index: int
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-    # with SamplingParams.logprobs: one dict per token of token_ids, {token id: Logprob} holding the
-    # generated token and the top-n alternatives (vLLM's shape); with prompt_logprobs (first
-    # delta only): one entry per prompt token, None for the first
+    cumulative_logprob: float | None = None
     logprobs: list[dict[int, Logprob]] | None = None
-    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
-    num_cached_tokens: int = 0        # prompt tokens whose K/V came from the prefix cache
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
 
-__all__ = ["SamplingParams", "RequestOutput", "Logprob", "MAX_LOGPROBS", "MAX_LOGIT_BIAS", "MAX_TEMPERATURE", "MAX_SEED", "MAX_STOP_STRINGS", "MAX_STOP_CHARS"]
+def merge_delta(total: CompletionOutput, d: CompletionOutput) -> None:
+    """Append the delta d to total (in place) (text, ids, logprobs; the latest cumulative / finish / stop)."""
+    total.text += d.text
+    total.token_ids.extend(d.token_ids)
+    if d.logprobs is not None:
+        total.logprobs = (total.logprobs or []) + list(d.logprobs)
+    if d.cumulative_logprob is not None:
+        total.cumulative_logprob = d.cumulative_logprob
+    total.finish_reason, total.stop_reason = d.finish_reason, d.stop_reason
+
+
+class RequestOutput:
+    """One request's result (vLLM's RequestOutput): `outputs` holds its completions (n of them,
+    by index); in a stream, each item carries the completions that changed, each a delta.
+
+        out.outputs[i].text, out.outputs[i].token_ids, out.outputs[i].finish_reason
+        out.prompt (the prompt string, None for token ids), out.prompt_token_ids, out.finished
+        out.text, out.token_ids, out.finish_reason     # shortcuts to outputs[0] (n = 1)
+
+    The positional form `RequestOutput(request_id, prompt_token_ids, text, token_ids,
+    finish_reason, stop_reason=..., logprobs=...)` builds one completion (index 0), as the
+    engine's per-sequence deltas do.
+    finished: every completion finished (default: those in `outputs`).
+    prompt_logprobs (with SamplingParams.prompt_logprobs; a stream's first item only): one entry
+    per prompt token, None for the first. num_cached_tokens: prompt tokens not prefilled because
+    their K/V was found in the prefix cache (counted at the first admission; every item has it)."""
+
+    __slots__ = ("request_id", "prompt", "prompt_token_ids", "prompt_logprobs", "outputs", "finished",
+                 "num_cached_tokens")
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], text: str = "",
+                 token_ids: list[int] | None = None, finish_reason: str | None = None, *,
+                 outputs: list[CompletionOutput] | None = None, prompt: str | None = None,
+                 prompt_logprobs: list | None = None, finished: bool | None = None,
+                 stop_reason: int | str | None = None, logprobs: list | None = None,
+                 cumulative_logprob: float | None = None, num_cached_tokens: int = 0):
+        if outputs is None:
+            outputs = [CompletionOutput(0, text, [] if token_ids is None else token_ids, cumulative_logprob,
+                                        logprobs, finish_reason=finish_reason, stop_reason=stop_reason)]
+        self.request_id, self.prompt, self.prompt_token_ids = request_id, prompt, prompt_token_ids
+        self.prompt_logprobs, self.outputs, self.num_cached_tokens = prompt_logprobs, outputs, num_cached_tokens
+        self.finished = all(o.finished for o in outputs) if finished is None else finished
+
+    # ---- shortcuts to the first completion (the only one with n = 1) ----
+    @property
+    def text(self) -> str:
+        return self.outputs[0].text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.outputs[0].token_ids
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.outputs[0].finish_reason
+
+    @property
+    def logprobs(self) -> list | None:
+        return self.outputs[0].logprobs
+
+    @logprobs.setter
+    def logprobs(self, value: list | None) -> None:
+        self.outputs[0].logprobs = value
+
+    def __repr__(self) -> str:
+        return (f"RequestOutput(request_id={self.request_id!r}, prompt={self.prompt!r}, "
+                f"prompt_token_ids={self.prompt_token_ids!r}, outputs={self.outputs!r}, "
+                f"finished={self.finished}, num_cached_tokens={self.num_cached_tokens})")
+
+
+__all__ = ["SamplingParams", "RequestOutput", "CompletionOutput", "Logprob", "merge_delta", "MAX_TEMPERATURE",
+           "MAX_SEED", "MAX_STOP_STRINGS", "MAX_STOP_CHARS", "MAX_BEST_OF", "MAX_LOGPROBS", "MAX_LOGIT_BIAS",
+           "VLLM_DEFAULTS"]

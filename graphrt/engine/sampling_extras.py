@@ -44,17 +44,21 @@ def check_request(runtime, params: SamplingParams, tokenizer, eos_ids, vocab: in
     return token_rules(params, tokenizer, eos_ids, vocab)
 
 
-def prefill(ex, prompts, table, slots, inputs, reqs, text, *, starts=None):
+def prefill(ex, prompts, table, slots, inputs, reqs, text, *, starts=None, own=None, **fork):
     """ex.prefill_slots with every request's processing row (a processing executor) and the prompt
     log-probs asked for (set on each request as `prompt_lp`, for its first delta) ->
-    (first tokens [m] device, the first draws' log-prob rows or None when no request wants them)."""
+    (first tokens [len(reqs)] device, the first draws' log-prob rows or None when no request
+    wants them). own: the requests whose prompts are `prompts` (default reqs; n > 1: the others
+    draw from a sibling's logits, fork: prefill_slots' sources / copies)."""
+    own = reqs if own is None else own
     rows = ProcessRows.build([process_row(r.params, r.rules, r.prompt, r.token_ids) for r in reqs],
                              ex.model.spec.vocab_size)
-    want = {i: r.params.prompt_logprobs for i, r in enumerate(reqs)
+    want = {i: r.params.prompt_logprobs for i, r in enumerate(own)
             if r.params.prompt_logprobs is not None and not r.token_ids}    # not again after a preemption
-    first = ex.prefill_slots(prompts, table, slots, inputs, processing=rows, prompt_logprobs=want, starts=starts)
+    first = ex.prefill_slots(prompts, table, slots, inputs, processing=rows, prompt_logprobs=want, starts=starts,
+                             **fork)
     for i, res in ex.prompt_logprobs.items():
-        reqs[i].prompt_lp = prompt_logprob_dicts(res, reqs[i].prompt, want[i], text)
+        own[i].prompt_lp = prompt_logprob_dicts(res, own[i].prompt, want[i], text)
     return first, ex.prefill_logprobs if any(r.params.logprobs is not None for r in reqs) else None
 
 
@@ -66,11 +70,14 @@ def decode_block(ex, go, rows):
 
 
 def attach(req, delta, lp, col: int, text) -> None:
-    """A delta's log-probs (lp: its block's host rows, or None) and, on the first, the prompt's."""
+    """A delta's log-probs (lp: its block's host rows, or None) and its cumulative_logprob (the
+    request's sampled tokens so far) and, on the first, the prompt's."""
     p = req.params
     if p.logprobs is not None:
         delta.logprobs = logprob_dicts(lp, col, delta.token_ids, p.logprobs, text) \
             if lp is not None and delta.token_ids else []
+        req.cumulative_logprob += sum(e[t].logprob for e, t in zip(delta.logprobs, delta.token_ids))
+        delta.outputs[0].cumulative_logprob = req.cumulative_logprob
     if req.prompt_lp is not None:
         delta.prompt_logprobs, req.prompt_lp = req.prompt_lp, None
 

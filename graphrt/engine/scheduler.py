@@ -61,6 +61,11 @@ class Request:
     admitted_at: int = -1             # admission order: the newest is preempted first
     preemptions: int = 0
     stop_ids: frozenset | None = None  # stop_token_ids + end-of-sequence ids (set on first use)
+    # n > 1 (group.py): the first sample of the same prompt; at an admission in the same prefill
+    # as it, `shares` is set to it (no prefill of our own) and `copy_page` to (its page, ours)
+    sibling: "Request | None" = None
+    shares: "Request | None" = None
+    copy_page: tuple[int, int] | None = None
     rules: list | None = None         # token rules of its logits processing (engine/sampling_extras.py)
     prompt_lp: list | None = None     # prompt log-probs waiting for the first delta
     prefilling: bool = False          # admitted, context not all prefilled yet (no decode row)
@@ -68,6 +73,7 @@ class Request:
     hashes: list = field(default_factory=list)   # prefix-cache keys of its full pages so far
     cached_pages: int = 0             # pages[:cached_pages] are in the prefix cache
     num_cached_tokens: int | None = None   # prompt tokens found cached at its first admission
+    cumulative_logprob: float = 0.0   # sum of its delivered tokens' log-probs (with logprobs)
 
     @property
     def context(self) -> list[int]:
@@ -108,6 +114,7 @@ class Scheduler:
         self.kv = KVCacheManager(pool_pages=num_pages + 1, page_size=page_size, cache_seed=cache_seed)
         self.max_num_batched_tokens = max_num_batched_tokens
         self.prefilling: list[Request] = []          # admitted, prefill not finished (FIFO)
+        self.forks = True                            # n > 1: samples may share a prefill (kv.fork)
         self.record = False                          # tests: log every launch in `launches`
         self.launches: list[tuple] = []              # ("prefill", request id, start, end) /
         #                                              ("decode", "id,id,..", draws per row)
@@ -149,20 +156,28 @@ class Scheduler:
         while self.waiting and self._free_slots:
             req = self.waiting[0]
             n = len(req.prompt) + len(req.token_ids)
-            hit = self._match(req, n)
-            need = kv.pages_for(self._block_end(req, n + 1)) - len(hit)
+            sib = req.sibling if self._can_fork(req, out) else None
+            hit = [] if sib is not None else self._match(req, n)
+            total = kv.pages_for(self._block_end(req, n + 1))
+            need = total - len(hit) - (len(req.prompt) // self.page_size if sib is not None else 0)
             free = kv.free_after_sharing(hit) if hit else kv.num_free
             if need + running * per_row > free and running:
                 break                                   # would be preempted at once: wait
             if need > free:
                 break
-            kv.share(hit)
-            pages = hit + kv.allocate(need)
+            req.shares, req.copy_page = sib, None
+            if sib is not None:                         # n > 1: sample 0's full prompt pages, shared
+                pages, req.copy_page = kv.fork(sib.pages, tokens=len(req.prompt), total=total)
+            else:
+                kv.share(hit)
+                pages = hit + kv.allocate(need)
             self.waiting.popleft()
             slot = heapq.heappop(self._free_slots)
             self.slots[slot], req.slot, req.pages = req, slot, pages
             req.admitted_at, self._admissions = self._admissions, self._admissions + 1
             req.prefilling, req.computed, req.cached_pages = True, len(hit) * self.page_size, len(hit)
+            if sib is not None:                         # shared pages: sample 0 writes (and caches) them
+                req.cached_pages = len(req.prompt) // self.page_size
             if req.num_cached_tokens is None:
                 req.num_cached_tokens = req.computed
             self.batch.set_pages(slot, 0, pages)
@@ -170,6 +185,15 @@ class Scheduler:
             running += 1
             out.append(req)
         return out
+
+    def _can_fork(self, req: Request, out: list[Request]) -> bool:
+        """n > 1: req takes its sibling's prompt pages (kv.fork) when the sibling was admitted in
+        this step, neither has tokens yet (no preemption) and the sibling's prompt is prefilled
+        whole in this step (no chunk budget: `prefill_work`), the fork's draw reading its last
+        logits."""
+        sib = req.sibling
+        return (self.forks and sib is not None and sib in out and not req.token_ids and not sib.token_ids
+                and (self.max_num_batched_tokens is None or not self.decode_rows()))
 
     def _match(self, req: Request, n: int) -> list[int]:
         """Cached pages of req's context (n tokens): full pages of its first n - 1 tokens only."""
@@ -364,7 +388,12 @@ class Scheduler:
         new_text = text.delta(done)
         if not new_text and not kept and not done:
             return None
-        return RequestOutput(req.request_id, req.prompt, new_text, kept, req.finish_reason,
+        why = None                                      # stop_reason: the stop id or string
+        if cut is not None:
+            why = text.stop_string
+        elif end is not None and tokens[end] in p.stop_token_ids:
+            why = tokens[end]
+        return RequestOutput(req.request_id, req.prompt, new_text, kept, req.finish_reason, stop_reason=why,
                              num_cached_tokens=req.num_cached_tokens or 0)
 
     def _free_slot(self, req: Request) -> None:

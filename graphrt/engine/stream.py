@@ -14,20 +14,23 @@ import signal
 import threading
 from contextlib import contextmanager
 
-from graphrt.engine.params import RequestOutput
+from graphrt.engine.params import CompletionOutput, RequestOutput, merge_delta
 
 
 class RequestStream:
     """Iterate for deltas (text and token ids new since the previous item); the last item has
     finish_reason set. Without an engine thread, iterating drives the engine's loop."""
 
-    def __init__(self, engine, request_id: str):
-        self.engine, self.request_id = engine, request_id
+    def __init__(self, engine, request_id: str, *, prompt: str | None = None):
+        self.engine, self.request_id, self.prompt = engine, request_id, prompt
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._done = False
 
     def put(self, item) -> None:
-        """Engine side: a RequestOutput delta, or an exception to raise in the reader."""
+        """Engine side: a RequestOutput delta (its `prompt` set to the request's prompt string),
+        or an exception to raise in the reader."""
+        if self.prompt is not None and isinstance(item, RequestOutput):
+            item.prompt = self.prompt
         self._q.put(item)
 
     def _next(self):
@@ -61,21 +64,23 @@ class RequestStream:
             yield out
 
     def result(self) -> RequestOutput:
-        """Read the stream to its end; the whole output (text and token_ids concatenated)."""
-        total = None
+        """Read the stream to its end; the whole output: each completion's deltas joined (text,
+        token_ids and logprobs concatenated; the last cumulative_logprob, finish and stop
+        reasons), completions ordered by index."""
+        first, totals = None, {}
         for d in self:
-            if total is None:
-                total = RequestOutput(d.request_id, d.prompt_token_ids, d.text, list(d.token_ids), None,
-                                      num_cached_tokens=d.num_cached_tokens,
-                                      logprobs=None if d.logprobs is None else list(d.logprobs),
-                                      prompt_logprobs=d.prompt_logprobs)
-            else:
-                total.text += d.text
-                total.token_ids += d.token_ids
-                if d.logprobs is not None:
-                    total.logprobs = (total.logprobs or []) + d.logprobs
-            total.finish_reason = d.finish_reason
-        return total
+            first = first or d
+            for o in d.outputs:
+                t = totals.get(o.index)
+                if t is None:
+                    totals[o.index] = CompletionOutput(o.index, o.text, list(o.token_ids), o.cumulative_logprob,
+                                                       None if o.logprobs is None else list(o.logprobs),
+                                                       o.finish_reason, o.stop_reason)
+                else:
+                    merge_delta(t, o)
+        return RequestOutput(first.request_id, first.prompt_token_ids, outputs=[totals[i] for i in sorted(totals)],
+                             prompt=first.prompt, prompt_logprobs=first.prompt_logprobs, finished=True,
+                             num_cached_tokens=first.num_cached_tokens)
 
 
 @contextmanager

@@ -144,8 +144,8 @@ class TPDriver:
             return out.copy_(rows)
 
     # ---- the executor interface (engine/executor.py), every rank running the same call --------
-    def prefill_slots(self, prompts, block_table, slots, sampling, *, starts=None):
-        return self._call("prefill_slots", prompts, block_table, slots, sampling, starts=starts)
+    def prefill_slots(self, prompts, block_table, slots, sampling, **kwargs):
+        return self._call("prefill_slots", prompts, block_table, slots, sampling, **kwargs)
 
     def apply(self, update) -> None:
         """The input batch's staged update (host tensors, pickled to the workers) on every rank."""

@@ -36,7 +36,8 @@ class Finished:
     prompt_tokens: int = 0
     cached_tokens: int = 0                          # of the prompt's, found in the prefix cache
     output_tokens: int = 0
-    finish_reason: str | None = None
+    finish_reason: str | None = None       # set once every sample has finished
+    reason: str | None = None              # the latest sample's finish reason (n > 1)
 
 
 class AsyncEngine:
@@ -163,14 +164,18 @@ class DeltaStream:
                         t.finish_reason = "error"       # an APIError (shutdown): _close aborts it
                     raise item
                 now = time.perf_counter()
-                if item.token_ids and self._t_first is None:
+                new = sum(len(o.token_ids) for o in item.outputs)   # n > 1: each sample's delta
+                if new and self._t_first is None:
                     self._t_first = now
                 t.prompt_tokens = len(item.prompt_token_ids)
-                t.cached_tokens = getattr(item, "num_cached_tokens", 0)
-                t.output_tokens += len(item.token_ids)
-                self.owner.metrics.tokens_streamed(len(item.token_ids))
-                if item.finish_reason is not None:
-                    t.finish_reason = item.finish_reason
+                t.cached_tokens = item.num_cached_tokens
+                t.output_tokens += new
+                self.owner.metrics.tokens_streamed(new)
+                for o in item.outputs:                  # the last sample's reason ("abort" wins)
+                    if o.finish_reason is not None and t.reason != "abort":
+                        t.reason = o.finish_reason
+                if item.finished:
+                    t.finish_reason = t.reason
                     self._t_last = now
                 yield item
         finally:

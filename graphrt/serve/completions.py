@@ -93,6 +93,7 @@ class Generation:
             return SamplingParams(max_tokens=max(max_tokens, 1), temperature=body.temperature, top_p=body.top_p,
                                   top_k=body.top_k, seed=body.seed, stop=stop,
                                   stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos,
+                                  n=body.n, best_of=getattr(body, "best_of", None),
                                   logprobs=logprobs, prompt_logprobs=prompt_logprobs,
                                   presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
                                   repetition_penalty=body.repetition_penalty, min_p=body.min_p,
@@ -109,33 +110,49 @@ class Generation:
             ids = ids["input_ids"]
         return list(ids)
 
+    async def _submit(self, prompts: list, params, *, kind: str) -> tuple[str, list[DeltaStream]]:
+        """One engine request per prompt -> (the response id: the first's, their streams); if one
+        is refused, those already queued are aborted."""
+        streams = []
+        try:
+            for p in prompts:
+                streams.append(await self.bridge.submit(p, params, kind=kind))
+        except BaseException:
+            for _, ds in streams:
+                ds.close()
+            raise
+        return streams[0][0], [ds for _, ds in streams]
+
     # ---- endpoints --------------------------------------------------------------------------------
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
         self._check(body)
         params = await self.bridge.run(self._params, body, 16 if body.max_tokens is None else body.max_tokens)
-        prompt = body.single_prompt()                  # null max_tokens: OpenAI's 16
-        prompt_text = prompt if isinstance(prompt, str) else None
-        if isinstance(prompt, str):
-            prompt = await self._off_loop(self._tokenize, prompt, param="prompt")
-        if body.echo and prompt_text is None:
-            prompt_text = await self.bridge.run(self.tokenizer.decode, prompt)
-        rid, ds = await self.bridge.submit(prompt, params, kind="cmpl")
-        echo = _Echo(self, body, prompt, prompt_text)
+        prompts = body.prompts(most=self.bridge.capacity)   # null max_tokens: OpenAI's 16
+        texts = [p if isinstance(p, str) else None for p in prompts]
+        prompts = [await self._off_loop(self._tokenize, p, param="prompt") if isinstance(p, str) else p
+                   for p in prompts]
+        if body.echo:
+            texts = [t if t is not None else await self.bridge.run(self.tokenizer.decode, p)
+                     for p, t in zip(prompts, texts)]
+        rid, streams = await self._submit(prompts, params, kind="cmpl")
+        echoes = [_Echo(self, body, p, t) for p, t in zip(prompts, texts)]
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            return SSEResponse(self._completion_events(rid, ds, usage, body.return_token_ids, echo), on_close=ds.close)
-        got = await _collect(ds, request)
+            return SSEResponse(self._completion_events(rid, streams, body.n, usage, body.return_token_ids, echoes),
+                               on_close=lambda: _close(streams))
+        got = await _collect(streams, request)
         if got is None:
             return Response(status_code=499)
-        (text, ids, entries, prompt_entries), t = got, ds.totals
-        out_tokens = t.output_tokens
-        if body.max_tokens == 0:                       # echo only: the drawn token is not returned
-            text, ids, entries, out_tokens = "", [], [], 0
-        lp = echo.logprobs(prompt_entries, ids, entries)
-        return _json(CompletionResponse(id=rid, model=self.model_name, usage=Usage.of(t.prompt_tokens, out_tokens, t.cached_tokens),
-                                        choices=[CompletionChoice(text=echo.text + text, finish_reason=t.finish_reason,
-                                                                  logprobs=lp,
-                                                                  token_ids=ids if body.return_token_ids else None)]))
+        choices = []
+        for k, (per, prompt_entries) in enumerate(got):
+            for i, (text, ids, entries, reason) in sorted(per.items()):
+                if body.max_tokens == 0:               # echo only: the drawn token is not returned
+                    text, ids, entries = "", [], []
+                choices.append(CompletionChoice(index=k * body.n + i, text=echoes[k].text + text, finish_reason=reason,
+                                                logprobs=echoes[k].logprobs(prompt_entries, ids, entries),
+                                                token_ids=ids if body.return_token_ids else None))
+        usage = _usage(streams, output=body.max_tokens != 0)
+        return _json(CompletionResponse(id=rid, model=self.model_name, usage=usage, choices=choices))
 
     async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
         self._check(body)
@@ -148,7 +165,7 @@ class Generation:
                                            f"(max_model_len) is {self.max_model_len}", param="messages")
         params = await self.bridge.run(self._params, body, limit)
         try:
-            rid, ds = await self.bridge.submit(ids, params, kind="chatcmpl")
+            rid, streams = await self._submit([ids], params, kind="chatcmpl")
         except APIError as e:
             if e.param == "prompt":
                 e.param = "messages"
@@ -157,78 +174,137 @@ class Generation:
             raise
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            return SSEResponse(self._chat_events(rid, ds, usage, body.return_token_ids,
+            return SSEResponse(self._chat_events(rid, streams, body.n, usage, body.return_token_ids,
                                                  (body.top_logprobs or 0) if body.logprobs else None),
-                               on_close=ds.close)
-        got = await _collect(ds, request)
+                               on_close=lambda: _close(streams))
+        got = await _collect(streams, request)
         if got is None:
             return Response(status_code=499)
-        (text, ids, entries, _), t = got, ds.totals
-        lp = chat_logprobs(ids, entries, body.top_logprobs or 0, self.token_text) if body.logprobs else None
-        return _json(ChatCompletionResponse(
-            id=rid, model=self.model_name, usage=Usage.of(t.prompt_tokens, t.output_tokens, t.cached_tokens),
-            choices=[ChatChoice(message=AssistantMessage(content=text), finish_reason=t.finish_reason,
-                                logprobs=lp, token_ids=ids if body.return_token_ids else None)]))
+        choices = [ChatChoice(index=i, message=AssistantMessage(content=text), finish_reason=reason,
+                              logprobs=chat_logprobs(out_ids, entries, body.top_logprobs or 0, self.token_text)
+                              if body.logprobs else None,
+                              token_ids=out_ids if body.return_token_ids else None)
+                   for i, (text, out_ids, entries, reason) in sorted(got[0][0].items())]
+        return _json(ChatCompletionResponse(id=rid, model=self.model_name, usage=_usage(streams), choices=choices))
 
     # ---- streams ----------------------------------------------------------------------------------
-    async def _completion_events(self, rid: str, ds: DeltaStream, include_usage: bool, with_ids: bool,
-                                 echo: "_Echo"):
-        def chunk(text, reason=None, ids=None, entries=None, delta=None):
+    async def _completion_events(self, rid: str, streams, n: int, include_usage: bool, with_ids: bool,
+                                 echoes: list["_Echo"]):
+        def chunk(k, index, text, reason=None, ids=None, entries=None, delta=None):
+            echo = echoes[k]
+            if delta is not None and delta.prompt_logprobs is not None:
+                echo.prompt_entries = delta.prompt_logprobs
             if echo.body.max_tokens == 0 and reason is None:
                 text, ids, entries = "", [], []
+            first = index not in echo.sent
             lp = None
-            if echo.body.logprobs is not None and (ids or echo.first):
-                lp = echo.logprobs(delta.prompt_logprobs if delta is not None else None, ids or [], entries or [])
-            if echo.first:
-                text, echo.first = echo.text + text, False
+            if echo.body.logprobs is not None and (ids or first):
+                lp = echo.logprobs(echo.prompt_entries if first else None, ids or [], entries or [])
+            if first:
+                text = echo.text + text
+                echo.sent.add(index)
             if not text and not ids and reason is None and lp is None:
                 return None
             c = CompletionResponse(id=rid, model=self.model_name, choices=[CompletionChoice(
-                text=text, finish_reason=reason, logprobs=lp, token_ids=ids if with_ids else None)])
+                index=index, text=text, finish_reason=reason, logprobs=lp, token_ids=ids if with_ids else None)])
             return f"data: {c.model_dump_json()}\n\n"
 
-        async for event in _events(ds, chunk, include_usage, True,      # text "" keeps the tokens' timing
+        async for event in _events(streams, n, chunk, include_usage, True,   # text "" keeps the tokens' timing
                                    lambda u: CompletionResponse(id=rid, model=self.model_name, choices=[], usage=u)):
             yield event
 
-    async def _chat_events(self, rid: str, ds: DeltaStream, include_usage: bool, with_ids: bool,
+    async def _chat_events(self, rid: str, streams, n: int, include_usage: bool, with_ids: bool,
                            top: int | None = None):
-        def chunk(text, reason=None, ids=None, entries=None, delta=None, role=None):
+        def chunk(k, index, text, reason=None, ids=None, entries=None, delta=None, role=None):
             lp = chat_logprobs(ids, entries, top, self.token_text) if top is not None and ids else None
             c = ChatCompletionChunk(id=rid, model=self.model_name, choices=[ChatChunkChoice(
-                delta=ChatDelta(role=role, content=text if reason is None and (text or role) else None),
+                index=index, delta=ChatDelta(role=role, content=text if reason is None and (text or role) else None),
                 finish_reason=reason, logprobs=lp,
                 token_ids=ids if with_ids else None)])
             return f"data: {c.model_dump_json()}\n\n"
 
-        yield chunk("", role="assistant")             # {"role": "assistant", "content": ""}, as OpenAI's
-        async for event in _events(ds, chunk, include_usage, with_ids,
+        for i in range(n):                            # {"role": "assistant", "content": ""}, as OpenAI's
+            yield chunk(0, i, "", role="assistant")
+        async for event in _events(streams, n, chunk, include_usage, with_ids,
                                    lambda u: ChatCompletionChunk(id=rid, model=self.model_name, choices=[], usage=u)):
             yield event
 
 
-async def _events(ds: DeltaStream, chunk, include_usage: bool, textless: bool, usage_chunk):
-    """Deltas -> SSE events (a delta with tokens but no text yet only if `textless`); the final
-    event carries finish_reason; then usage (if asked), [DONE]."""
+def _close(streams) -> None:
+    for ds in streams:
+        ds.close()
+
+
+def _usage(streams, *, output: bool = True) -> Usage:
+    """Prompt tokens once per prompt (not per choice, as OpenAI counts), every choice's output
+    (none with output=False: echo with max_tokens 0), the prompts' cached tokens."""
+    return Usage.of(sum(ds.totals.prompt_tokens for ds in streams),
+                    sum(ds.totals.output_tokens for ds in streams) if output else 0,
+                    sum(ds.totals.cached_tokens for ds in streams))
+
+
+async def _merged(streams):
+    """(prompt index, delta) from several DeltaStreams as the deltas arrive (one stream: in
+    place); leaving early closes them all (their requests are aborted)."""
+    if len(streams) == 1:
+        async for d in streams[0]:
+            yield 0, d
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(k, ds):
+        try:
+            async for d in ds:
+                await queue.put((k, d))
+        except BaseException as e:
+            await queue.put((k, e))
+        await queue.put((k, None))
+
+    tasks = [asyncio.ensure_future(pump(k, ds)) for k, ds in enumerate(streams)]
+    left = len(streams)
     try:
-        ids, entries = [], []                          # tokens (and log-prob entries) not sent yet
-        async for d in ds:
-            if d.finish_reason == "abort":
-                raise APIError(503, "request aborted by the engine")
-            ids += d.token_ids
-            entries += d.logprobs or []
-            if d.text or (textless and ids):
-                event = chunk(d.text, None, ids, entries, d)
-                ids, entries = [], []
-                if event is not None:
-                    yield event
-            if d.finish_reason is not None:
-                event = chunk("", d.finish_reason, ids if textless else [], entries, d)
-                if event is not None:
-                    yield event
+        while left:
+            k, d = await queue.get()
+            if d is None:
+                left -= 1
+            elif isinstance(d, BaseException):
+                raise d
+            else:
+                yield k, d
+    finally:
+        for t in tasks:
+            t.cancel()
+        _close(streams)
+
+
+async def _events(streams, n: int, chunk, include_usage: bool, textless: bool, usage_chunk):
+    """Deltas -> SSE events, each for one choice (index prompt * n + sample; a delta with tokens
+    but no text yet only if `textless`, else its tokens and log-prob entries wait for the
+    choice's next text); a choice's final event carries its finish_reason; then usage (if
+    asked), [DONE]."""
+    try:
+        held: dict[int, tuple[list, list]] = {}       # choice -> tokens, log-prob entries not sent yet
+        async for k, d in _merged(streams):
+            for o in d.outputs:
+                if o.finish_reason == "abort":
+                    raise APIError(503, "request aborted by the engine")
+                index = k * n + o.index
+                ids, entries = held.pop(index, ([], []))
+                ids += o.token_ids
+                entries += o.logprobs or []
+                if o.text or (textless and ids):
+                    event = chunk(k, index, o.text, None, ids, entries, d)
+                    ids, entries = [], []
+                    if event is not None:
+                        yield event
+                if o.finish_reason is not None:
+                    event = chunk(k, index, "", o.finish_reason, ids if textless else [], entries, d)
+                    if event is not None:
+                        yield event
+                else:
+                    held[index] = (ids, entries)
         if include_usage:
-            t = ds.totals
-            yield f"data: {usage_chunk(Usage.of(t.prompt_tokens, t.output_tokens, t.cached_tokens)).model_dump_json()}\n\n"
+            yield f"data: {usage_chunk(_usage(streams)).model_dump_json()}\n\n"
     except APIError as e:
         yield sse_error(e)
     except Exception as e:                            # engine failure: tell the client, then close
@@ -237,12 +313,15 @@ async def _events(ds: DeltaStream, chunk, include_usage: bool, textless: bool, u
 
 
 class _Echo:
-    """A completion request's echo and log-probs settings: the prompt's text (echo) and body."""
+    """A completion prompt's echo and log-probs settings: the prompt's text (echo) and body;
+    streaming: the choices whose first chunk (which carries the echo) went out, and the prompt's
+    log-prob entries once a delta brought them."""
 
     def __init__(self, gen: Generation, body: CompletionRequest, prompt: list[int], prompt_text: str | None):
         self.gen, self.body, self.prompt = gen, body, prompt
         self.text = prompt_text if body.echo else ""
-        self.first = True                              # streaming: the echo goes in the first chunk
+        self.sent: set[int] = set()
+        self.prompt_entries = None
 
     def logprobs(self, prompt_entries, ids: list[int], entries: list):
         """The choice's CompletionLogprobs (None without logprobs): the prompt's (echo) then ids'."""
@@ -258,32 +337,36 @@ class _Echo:
         return merge(lp, completion_logprobs(ids, entries, self.gen.token_text, offset=start))
 
 
-async def _collect(ds: DeltaStream, request: Request):
-    """(whole text, token ids, their log-prob entries, the prompt's log-prob entries), or None if
-    the client disconnected first (the request is then aborted)."""
-    async def gather():
-        parts, ids, entries, prompt = [], [], [], None
+async def _collect(streams, request: Request) -> list[tuple[dict, list | None]] | None:
+    """Per stream ({choice index: (whole text, token ids, their log-prob entries, finish
+    reason)}, the prompt's log-prob entries), or None if the client disconnected first (the
+    requests are then aborted)."""
+    async def gather(ds):
+        per: dict = {}
+        prompt = None
         async for d in ds:
-            if d.finish_reason == "abort":
-                raise APIError(503, "request aborted by the engine")
-            parts.append(d.text)
-            ids += d.token_ids
-            entries += d.logprobs or []
             prompt = d.prompt_logprobs if d.prompt_logprobs is not None else prompt
-        return "".join(parts), ids, entries, prompt
+            for o in d.outputs:
+                if o.finish_reason == "abort":
+                    raise APIError(503, "request aborted by the engine")
+                text, ids, entries, _ = per.get(o.index, ("", [], [], None))
+                per[o.index] = (text + o.text, ids + list(o.token_ids), entries + list(o.logprobs or []),
+                                o.finish_reason)
+        return per, prompt
 
     async def disconnected():
         while (await request.receive())["type"] != "http.disconnect":
             pass
 
-    work, watch = asyncio.ensure_future(gather()), asyncio.ensure_future(disconnected())
+    work = asyncio.ensure_future(asyncio.gather(*(gather(ds) for ds in streams)))
+    watch = asyncio.ensure_future(disconnected())
     try:
         done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         watch.cancel()
         if not work.done():
             work.cancel()
-        ds.close()
+        _close(streams)
     if work in done:
         try:
             return work.result()

@@ -1,11 +1,14 @@
 """OpenAI API request and response bodies (pydantic), with OpenAI's field names.
 
 Requests are strict (no "yes" for true, no 2.0 for an int), forbid unknown fields, and refuse
-with a 400 naming the field what the engine cannot do (n > 1, best_of, suffix, tools): a field
-accepted and ignored would silently change what the client asked for. graphrt's extensions follow
-vLLM's names: top_k, min_p, repetition_penalty, min_tokens, ignore_eos, stop_token_ids,
-return_token_ids (the `openai` client sends them through `extra_body`; token ids come back as
-`choices[i].token_ids`). logit_bias keys are token ids (as strings, OpenAI's JSON).
+with a 400 naming the field what the engine cannot do (suffix, tools, a streamed best_of > n): a
+field accepted and ignored would silently change what the client asked for. `n` (and
+completions' `best_of`) go to the engine (engine/group.py); completions take several prompts,
+their choices indexed prompt-major (prompt p's i-th choice is index p * n + i), as OpenAI does.
+graphrt's extensions follow vLLM's names: top_k, min_p, repetition_penalty, min_tokens,
+ignore_eos, stop_token_ids, return_token_ids (the `openai` client sends them through
+`extra_body`; token ids come back as `choices[i].token_ids`). logit_bias keys are token ids (as
+strings, OpenAI's JSON).
 `null` for a field with a default means the default (OpenAI marks them nullable; vLLM does this).
 """
 from __future__ import annotations
@@ -57,8 +60,6 @@ class _Request(BaseModel):
 
     def refuse_unsupported(self) -> None:
         """Raise a 400 for each field the engine cannot honour (instead of ignoring it)."""
-        if self.n != 1:
-            raise APIError.bad_request(f"n: only n=1 is supported, got {self.n}", param="n")
         if self.stream_options is not None and not self.stream:
             raise APIError.bad_request("stream_options: only allowed with stream=true", param="stream_options")
 
@@ -79,8 +80,8 @@ class StreamOptions(BaseModel):
 
 
 class CompletionRequest(_Request):
-    """POST /v1/completions. prompt: a string, a list of token ids, or a one-element list of
-    either (one prompt per request; a batch of prompts is refused)."""
+    """POST /v1/completions. prompt: a string, a list of token ids, or a list of either (several
+    prompts: one engine request each, n choices each)."""
 
     prompt: Union[str, list[int], list[str], list[list[int]]]
     max_tokens: int | None = 16                # OpenAI's default for completions
@@ -91,24 +92,27 @@ class CompletionRequest(_Request):
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
-        if self.best_of not in (None, 1):
-            raise APIError.bad_request(f"best_of: only 1 is supported, got {self.best_of}", param="best_of")
+        if self.best_of is not None and self.stream and self.best_of > self.n:
+            raise APIError.bad_request(f"best_of: {self.best_of} > n={self.n} cannot be streamed (the best "
+                                       f"are known at the end)", param="best_of")
         if self.suffix:
             raise APIError.bad_request("suffix: not supported", param="suffix")
         if self.max_tokens == 0 and not self.echo:
             raise APIError.bad_request("max_tokens: must be >= 1 (0 only with echo=true), got 0",
                                        param="max_tokens")
 
-    def single_prompt(self) -> str | list[int]:
+    def prompts(self, *, most: int) -> list[str | list[int]]:
+        """The request's prompts (one, or a batch of at most `most`), each non-empty."""
         p = self.prompt
-        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
-            if len(p) != 1:
-                raise APIError.bad_request(f"prompt: one prompt per request is supported, got {len(p)}",
+        batch = p if isinstance(p, list) and p and isinstance(p[0], (str, list)) else [p]
+        if len(batch) > most:
+            raise APIError.bad_request(f"prompt: at most {most} prompts per request (max_batch + max_waiting), "
+                                       f"got {len(batch)}", param="prompt")
+        for i, one in enumerate(batch):
+            if len(one) == 0:
+                raise APIError.bad_request("prompt: empty" if len(batch) == 1 else f"prompt[{i}]: empty",
                                            param="prompt")
-            p = p[0]
-        if len(p) == 0:
-            raise APIError.bad_request("prompt: empty", param="prompt")
-        return p
+        return batch
 
 
 class TextPart(BaseModel):

@@ -114,3 +114,19 @@ def test_gpu_memory_utilization_out_of_range_names_the_field(bad):
     from graphrt.engine.config import EngineConfig
     with pytest.raises(ValueError, match="^gpu_memory_utilization: must be a number in \\(0, 1\\]"):
         EngineConfig(gpu_memory_utilization=bad)
+
+
+def test_fork_shares_full_pages_copies_the_partial_one_and_refuses_a_short_pool():
+    kv = KVCacheManager(pool_pages=1 + 8, page_size=4)
+    parent = kv.allocator.allocate(3)                               # 10 tokens: 2 full pages + 2
+    pages, copy = kv.fork(parent, tokens=10, total=4)
+    assert pages[:2] == parent[:2] and copy == (parent[2], pages[2]) and len(set(pages) | set(parent)) == 5
+    assert [kv.allocator.refcount(p) for p in parent] == [2, 2, 1]
+    whole, none = kv.fork(parent, tokens=8, total=2)                # whole pages: nothing to copy
+    assert whole == parent[:2] and none is None and kv.num_free == 3
+    assert kv.fork(parent, tokens=10, total=6) is None and kv.num_free == 3   # short: nothing taken
+    with pytest.raises(ValueError, match="^fork: 13 tokens in 3 pages of 4"):
+        kv.fork(parent, tokens=13, total=4)
+    for p in (parent, pages, whole):
+        kv.release(p)
+    assert kv.num_free == kv.num_pages

@@ -23,7 +23,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 transformers = pytest.importorskip("transformers")
 
-from graphrt import LLM  # noqa: E402
+from graphrt import LLM, SamplingParams  # noqa: E402
 from graphrt.serve import ServeConfig, create_app  # noqa: E402
 
 NAME = "tiny-llama"
@@ -117,6 +117,49 @@ def test_chat_greedy_equals_hf_streaming_and_not(llm, hf, client):
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
+SAMPLED = dict(temperature=0.8, seed=5, extra_body={"ignore_eos": True, "return_token_ids": True})
+
+
+def _streamed(chunks) -> dict:
+    """choice index -> (its text, token ids, finish reasons) joined over a stream's chunks."""
+    got: dict = {}
+    for c in chunks:
+        for ch in c.choices:
+            text, ids, why = got.get(ch.index, ("", [], []))
+            delta = ch.text if hasattr(ch, "text") else (ch.delta.content or "")
+            ids = ids + (getattr(ch, "token_ids", None) or [])       # a role chunk has none
+            got[ch.index] = (text + delta, ids, why + [ch.finish_reason] * bool(ch.finish_reason))
+    return got
+
+
+def test_completion_n_and_several_prompts_choices_prompt_major(llm, client):
+    prompts, seed = ["Hello", "the graph"], SAMPLED["seed"]
+    r = client.completions.create(model=NAME, prompt=prompts, n=2, max_tokens=3, **SAMPLED)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    want = [o.token_ids for p in prompts for o in llm.generate(
+        [p], SamplingParams(n=2, seed=seed, temperature=0.8, max_tokens=3, ignore_eos=True), use_tqdm=False)[0].outputs]
+    assert [c.token_ids for c in r.choices] == want and len({tuple(w) for w in want}) > 1
+    assert r.usage.completion_tokens == 12
+    assert r.usage.prompt_tokens == sum(len(llm.tokenizer(p).input_ids) for p in prompts)
+    got = _streamed(client.completions.create(model=NAME, prompt=prompts, n=2, max_tokens=3, stream=True, **SAMPLED))
+    assert {i: (t, ids, why) for i, (t, ids, why) in got.items()} == {
+        c.index: (c.text, c.token_ids, ["length"]) for c in r.choices}
+    assert wait_for(lambda: pages_full(llm))
+
+
+def test_chat_n_choices_streaming_and_not(llm, client):
+    msgs = [{"role": "user", "content": "the graph token"}]
+    r = client.chat.completions.create(model=NAME, messages=msgs, n=2, max_tokens=3, **SAMPLED)
+    assert [c.index for c in r.choices] == [0, 1] and r.choices[0].token_ids != r.choices[1].token_ids
+    chunks = list(client.chat.completions.create(model=NAME, messages=msgs, n=2, max_tokens=3, stream=True, **SAMPLED))
+    assert [(c.choices[0].index, c.choices[0].delta.role) for c in chunks[:2]] == [(0, "assistant"), (1, "assistant")]
+    got = _streamed(chunks)
+    assert {i: (ids, why) for i, (_, ids, why) in got.items()} == {
+        c.index: (c.token_ids, ["length"]) for c in r.choices}
+    assert [got[c.index][0] for c in r.choices] == [c.message.content for c in r.choices]
+    assert wait_for(lambda: pages_full(llm))
+
+
 def test_stop_string_and_max_tokens(llm, hf, client):
     prompt = "the graph"
     full = client.completions.create(model=NAME, prompt=prompt, max_tokens=12, **GREEDY).choices[0].text
@@ -189,9 +232,9 @@ def test_non_streaming_disconnect_aborts(llm, live):
     (dict(temperature=-1.0), "temperature", "must be >= 0"),
     (dict(top_p=1.5), "top_p", "(0, 1]"),
     (dict(max_tokens=0), "max_tokens", "max_tokens"),
-    (dict(n=2), "n", "only n=1"),
+    (dict(n=0), "n", "must be in [1, 128]"),
     (dict(logprobs=21), "logprobs", "[0, 20]"),
-    (dict(prompt=["a", "b"]), "prompt", "one prompt per request"),
+    (dict(prompt=["a", ""]), "prompt", "prompt[1]: empty"),
     (dict(prompt=[1, 10**6]), "prompt", "outside the vocabulary"),
     (dict(extra_body={"frobnicate": 1}), "frobnicate", "unsupported field"),
     (dict(extra_body={"top_k": -5}), "top_k", "top_k"),

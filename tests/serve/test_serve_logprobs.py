@@ -123,3 +123,29 @@ def test_top_logprobs_needs_logprobs(client):
         client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
                                        top_logprobs=2)
     assert e.value.body["param"] == "top_logprobs"
+
+
+def test_n_and_several_prompts_with_echo_and_logprobs(llm, hf, client):
+    texts = ["the graph runs", "on the device"]
+    ids = [llm.tokenizer(t).input_ids for t in texts]
+    kw = dict(model=NAME, prompt=texts, n=2, echo=True, logprobs=1, max_tokens=2, temperature=0.8, seed=4,
+              extra_body={"ignore_eos": True})
+    r = client.completions.create(**kw)
+    assert sorted(c.index for c in r.choices) == [0, 1, 2, 3]
+    for c in r.choices:
+        k = c.index // 2
+        logp = _logp(hf, ids[k])
+        lp = c.logprobs
+        assert c.text.startswith(texts[k]) and len(lp.tokens) == len(ids[k]) + 2 and lp.token_logprobs[0] is None
+        assert all(abs(lp.token_logprobs[i] - float(logp[i - 1, ids[k][i]])) < 1e-4 for i in range(1, len(ids[k])))
+    streamed: dict[int, list] = {}
+    for chunk in client.completions.create(stream=True, **kw):
+        for c in chunk.choices:
+            streamed.setdefault(c.index, []).append(c)
+    for c in r.choices:                              # the same seeds: the same choices, chunk by chunk
+        got = streamed[c.index]
+        assert "".join(x.text for x in got) == c.text
+        assert [t for x in got if x.logprobs for t in x.logprobs.tokens] == c.logprobs.tokens
+    best = client.completions.create(model=NAME, prompt=texts[0], n=1, best_of=3, max_tokens=2, temperature=0.8,
+                                     seed=4, extra_body={"ignore_eos": True})
+    assert len(best.choices) == 1 and best.choices[0].logprobs is None
