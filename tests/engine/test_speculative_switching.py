@@ -91,12 +91,12 @@ def _draft_kv_checker(llm, bad: list):
 
 def test_draft_switching_catches_up_the_draft_kv(path, plain, monkeypatch):
     prompts = _prompts(2)
-    params = [SamplingParams(max_tokens=14 + 2 * i, temperature=0, ignore_eos=True) for i in range(2)]
+    params = [SamplingParams(max_tokens=26 + 2 * i, temperature=0, ignore_eos=True) for i in range(2)]
     want = plain.generate(prompts, params, use_tqdm=False)
     llm, bad = _spec(path, "draft"), []
     _draft_kv_checker(llm, bad)
     _same(llm.generate(prompts, params, use_tqdm=False), want)
-    assert set(llm.engine.policy.ran) == {0, 1, 2, 3} and not bad
+    assert set(llm.engine.policy.ran) == {0, 1, 2, 3} and not bad, llm.engine.policy.ran
     assert llm.engine.stats()["spec_acceptance_rate"] > 0.9     # the draft is the target, in sync
     # the check has teeth: without the catch-up the draft misses the plain blocks' K/V
     stale, bad2 = _spec(path, "draft"), []
