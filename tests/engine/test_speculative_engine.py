@@ -157,7 +157,8 @@ class _Alternating:
         return SimpleNamespace(k=self.k if self.calls % 2 else 0)
 
     def observe(self, slot, *, proposed, accepted, rounds, k):
-        assert 0 <= accepted <= proposed and k == self.k
+        # k: the chosen k, or the smallest captured one where a plain block would overrun a limit
+        assert 0 <= accepted <= proposed and 1 <= k <= self.k
         self.observed.append((slot, proposed, accepted, rounds))
 
     def observe_plain(self, slots):
