@@ -108,9 +108,9 @@ class ModelRuntime:
         self.keep_logits = keep_logits
         if logprobs_mode not in ("raw", "processed"):
             raise ValueError(f"logprobs_mode: expected 'raw' or 'processed', got {logprobs_mode!r}")
-        if isinstance(logprobs_width, bool) or not isinstance(logprobs_width, int) or \
-                not 0 <= logprobs_width <= s.vocab_size:
-            raise ValueError(f"logprobs_width: must be an int in [0, {s.vocab_size}], got {logprobs_width!r}")
+        if isinstance(logprobs_width, bool) or not isinstance(logprobs_width, int) or logprobs_width < 0:
+            raise ValueError(f"logprobs_width: must be an int >= 0, got {logprobs_width!r}")
+        logprobs_width = min(logprobs_width, s.vocab_size)     # top-n of a vocabulary holds at most V
         self.processing, self.logprobs_mode = processing, logprobs_mode
         if num_pages is not None and (isinstance(num_pages, bool) or not isinstance(num_pages, int)
                                       or num_pages < 1):
