@@ -25,6 +25,7 @@ the phases' (a pure function); this module is only the mechanism.
 """
 from __future__ import annotations
 
+import gc
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -121,8 +122,15 @@ class GraphRunner:
         if prepare is not None:
             prepare()                # the captured workspace holds a plan for the capture
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode=self.capture_error_mode):
-            step()
+        gc.collect()             # garbage from earlier runtimes (their graphs) goes now, not mid-capture:
+        gc_was = gc.isenabled()  # a CUDAGraph freed by the collector during capture invalidates it
+        gc.disable()
+        try:
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode=self.capture_error_mode):
+                step()
+        finally:
+            if gc_was:
+                gc.enable()
         torch.cuda.synchronize(self.device)
         t2 = time.perf_counter()
         if self._pool is None:
