@@ -161,7 +161,7 @@ def run_method(method: str, family: Path, plan: Plan, loads: dict, device: str, 
         eng, ex = llm.engine, llm.engine.runtime
         costs = None
         if spec is not None:                              # the policy's measured costs (CUDA graphs)
-            costs = eng.policy.costs if getattr(eng, "policy", None) is not None else ex.measure_costs()
+            costs = eng.policy.graph_costs if getattr(eng, "policy", None) is not None else ex.measure_costs()
         for name, prompts in loads.items():
             for bs in plan.batches:
                 tok_s, outs, st = measure(llm, prompts, bs, plan.gen_tokens, sampling)

@@ -60,7 +60,7 @@ from graphrt.engine.token_bytes import token_bytes
 from graphrt.engine.params import RequestOutput, SamplingParams
 from graphrt.engine import sampling_extras as extras
 from graphrt.engine.scheduler import Request, Scheduler
-from graphrt.engine.speculation import default_policy, observe, spec_columns, spec_stats
+from graphrt.engine.speculation import BlockClock, default_policy, observe, spec_columns, spec_stats
 from graphrt.engine.stream import RequestStream
 
 log = logging.getLogger("graphrt.engine")
@@ -114,6 +114,7 @@ class Engine:
                             "blocks": 0, "plain_blocks": 0}
         # the speculation policy (speculative/policy.py): per block, k or a plain decode block
         self.policy = policy if policy is not None or spec is None else default_policy(runtime)
+        self._clock = BlockClock(None)   # block wall times -> the policy (one with observe_wall)
         self._pending: deque[_Pending] = deque()
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._requests: dict[str, Request] = {}       # loop thread only
@@ -234,6 +235,8 @@ class Engine:
         if work:
             launched = self._prefill_guarded(work)
         rows = sched.decode_rows()
+        if work or not rows:
+            self._clock.interrupted()
         if rows:
             self._decode(rows)
             launched = True
@@ -400,11 +403,12 @@ class Engine:
         batch.flush(ex.apply)
         k = self.spec.num_tokens if self.spec is not None else 0
         if k and self.policy is not None:             # speculate this block, or a plain one
-            n = max(r.slot for r in rows) + 1
-            k = self.policy.choose([r.slot for r in rows], bucket=pick_bucket(ex.config.buckets, n)).k
+            bucket = pick_bucket(ex.config.buckets, max(r.slot for r in rows) + 1)
+            k = self.policy.choose([r.slot for r in rows], bucket=bucket).k
             if not k and any(r.launched + ex.k > r.params.max_tokens for r in rows):
                 k = ex.spec_ks[0]             # a K-step block would run a row past its limit (and
                 #                               its pages); speculative rounds stop there on the device
+            self._clock.launched(self.policy, bucket, k, self.rounds if k else ex.k)
         if k:
             go = s.launch_block(rows, block_tokens=self.rounds * (k + 1))
             out = ex.spec_block(go.n, k=k, filtered=go.filtered, **({"processed": True} if go.processed else {}))

@@ -17,6 +17,7 @@ proposal / acceptance counts behind Engine.stats() and /metrics, and what the po
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
@@ -95,6 +96,34 @@ def observe(policy, block) -> None:
                        rounds=int((e > 0).sum()), k=block.spec_k)
 
 
+class BlockClock:
+    """The loop's cadence per block kind, told to the policy (`SpecPolicy.observe_wall`): the
+    wall time from one decode launch to the next is charged to the first block (its host work,
+    the previous block's read-back under overlap, a draft catch-up before it), per round (spec,
+    k >= 1) or per step (plain, k = 0). An interval with a prefill in it, or after an idle loop,
+    is not charged (it measures the prefill or the wait, not the block)."""
+
+    def __init__(self, policy=None):
+        self.policy, self._last, self._clean = policy, None, False
+
+    def launched(self, policy, bucket: int, k: int, units: int) -> None:
+        """A decode block (k proposals a round, 0 = plain; `units` rounds or steps) chosen by
+        `policy` is about to launch at this bucket. A policy without observe_wall is told nothing;
+        a new policy starts a new interval."""
+        now = time.perf_counter()
+        if not hasattr(policy, "observe_wall"):
+            self._last = None
+            return
+        if self._last is not None and self._clean and policy is self.policy:
+            b, kk, n, t0 = self._last
+            policy.observe_wall(b, kk, (now - t0) * 1e6 / n)
+        self.policy, self._last, self._clean = policy, (bucket, k, units, now), True
+
+    def interrupted(self) -> None:
+        """A prefill ran, or the loop went idle: the running interval is not a block's."""
+        self._clean = False
+
+
 def spec_stats(counts: dict) -> dict:
     """Engine.stats()'s speculation keys from the cumulative counts."""
     c = dict(counts)
@@ -124,4 +153,5 @@ def default_policy(executor):
     return SpecPolicy(costs, ks=ks, max_slots=executor.config.max_batch)
 
 
-__all__ = ["build_runner", "load_draft", "spec_columns", "observe", "spec_stats", "default_policy"]
+__all__ = ["build_runner", "load_draft", "spec_columns", "observe", "spec_stats", "default_policy",
+           "BlockClock"]

@@ -25,7 +25,14 @@ a is an exponential average over rounds (weight 1 - (1 - ema)^R per block), star
 `prior` weighted as `prior_rounds` rounds. While the batch runs plain decode nothing is measured:
 after `probe_every` plain blocks of a slot the next choice is a probe (the smallest k, one block);
 a probe that still says "off" doubles that slot's interval (up to `probe_max`), so probing costs
-at most (round_us(k_min) / decode_us - 1) / probe_every of the plain speed. Host Python only (a few
+at most (round_us(k_min) / decode_us - 1) / probe_every of the plain speed.
+
+Realized costs: the graph costs leave out what a block costs around its graph (the engine's
+bookkeeping of a round's variable tokens, a draft model's catch-up after plain blocks). The
+engine reports each block's wall time per unit (`observe_wall(bucket, k, us)`: µs per round at
+k, per step for k = 0, from the loop's cadence); once a (bucket, k) has one, the choice uses the
+larger of it (an exponential average, weight `wall_ema`) and the graph cost, so a k whose blocks
+run slower than their graphs stops being chosen. Host Python only (a few
 µs per block), one owner of the per-slot state; decisions are pure functions tested on CPU.
 """
 from __future__ import annotations
@@ -122,6 +129,25 @@ class StepCosts:
                    draft_us=drafts, propose_us=propose_us)
 
 
+class RealizedCosts:
+    """StepCosts with each (bucket, k) cost raised to its realized wall time where measured
+    (wall[(bucket, k)]: µs per round at k >= 1, per step at k = 0). The same step_us / round_us /
+    ks / decode_us interface as StepCosts."""
+
+    def __init__(self, base: StepCosts, wall: Mapping[tuple[int, int], float]):
+        self.base, self.wall = base, wall
+        self.decode_us = base.decode_us
+
+    def ks(self, bucket: int) -> tuple[int, ...]:
+        return self.base.ks(bucket)
+
+    def step_us(self, bucket: int) -> float:
+        return max(self.base.step_us(bucket), self.wall.get((bucket, 0), 0.0))
+
+    def round_us(self, bucket: int, k: int) -> float:
+        return max(self.base.round_us(bucket, k), self.wall.get((bucket, k), 0.0))
+
+
 class Decision(NamedTuple):
     """k: proposals a round for this block (0 = run the plain decode graph); slot_k: the cap on
     each slot's proposals (same order as the slots asked about): k for every slot, because in a
@@ -171,14 +197,14 @@ class SpecPolicy:
 
     def __init__(self, costs: StepCosts, *, ks: Sequence[int], max_slots: int, prior: float = 0.5,
                  prior_rounds: int = 2, ema: float = 0.1, margin: float = 0.02,
-                 probe_every: int = 8, probe_max: int = 64):
+                 probe_every: int = 8, probe_max: int = 64, wall_ema: float = 0.25):
         if not isinstance(costs, StepCosts):
             raise TypeError(f"costs: expected a StepCosts, got {type(costs).__name__}")
         ks = tuple(sorted(set(ks)))
         if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in ks):
             raise ValueError(f"ks: expected ints >= 1, got {ks}")
         for name, v, lo, hi in (("prior", prior, 0.0, 1.0), ("ema", ema, 1e-6, 1.0),
-                                ("margin", margin, 0.0, 10.0)):
+                                ("margin", margin, 0.0, 10.0), ("wall_ema", wall_ema, 1e-6, 1.0)):
             if not (isinstance(v, (int, float)) and lo <= v <= hi):
                 raise ValueError(f"{name}: must be in [{lo}, {hi}], got {v!r}")
         for name, v in (("max_slots", max_slots), ("prior_rounds", prior_rounds),
@@ -187,7 +213,9 @@ class SpecPolicy:
                 raise ValueError(f"{name}: must be an int >= 1, got {v!r}")
         if probe_max < probe_every:
             raise ValueError(f"probe_max: {probe_max} is below probe_every={probe_every}")
-        self.costs, self.ks, self.max_slots = costs, ks, max_slots
+        self.graph_costs, self.ks, self.max_slots = costs, ks, max_slots
+        self.wall_ema, self._wall = wall_ema, {}
+        self.costs = RealizedCosts(costs, self._wall)     # what every choice reads
         self.prior, self.prior_rounds, self.ema, self.margin = prior, prior_rounds, ema, margin
         self.probe_every, self.probe_max = probe_every, probe_max
         self._slots: dict[int, _Slot] = {}
@@ -253,6 +281,21 @@ class SpecPolicy:
         for slot in slots:
             self._state(slot).plain_blocks += 1
 
+    def observe_wall(self, bucket: int, k: int, us: float) -> None:
+        """A block at `bucket` with k proposals a round (0: plain) took `us` µs of wall time per
+        round (per step for k = 0), host work and a draft's catch-up included."""
+        if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket not in self.graph_costs.decode_us:
+            raise ValueError(f"bucket: {bucket!r} has no measured costs (have {sorted(self.graph_costs.decode_us)})")
+        if isinstance(k, bool) or not isinstance(k, int) or (k != 0 and k not in self.ks):
+            raise ValueError(f"k: {k!r} is neither 0 nor one of the policy's ks {self.ks}")
+        us = _positive("us", us)
+        old = self._wall.get((bucket, k))
+        self._wall[(bucket, k)] = us if old is None else old + self.wall_ema * (us - old)
+
+    def realized_us(self, bucket: int, k: int) -> float | None:
+        """The averaged wall µs per round (k >= 1) or per step (k = 0), None before any block."""
+        return self._wall.get((bucket, k))
+
     # ---- the choice -----------------------------------------------------------------------------
     def _alone(self, a: float, bucket: int | None = None) -> int:
         b = min(self.costs.decode_us) if bucket is None else bucket
@@ -285,5 +328,5 @@ class SpecPolicy:
         return Decision(k, (k,) * len(slots), pref, rate, plain, probe)
 
 
-__all__ = ["StepCosts", "SpecPolicy", "Decision", "expected_tokens", "fit_acceptance",
+__all__ = ["StepCosts", "RealizedCosts", "SpecPolicy", "Decision", "expected_tokens", "fit_acceptance",
            "batch_rate", "best_k"]

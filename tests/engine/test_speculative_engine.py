@@ -201,3 +201,23 @@ def test_logits_processing_under_speculation_equals_plain_decoding(plain, ngram)
     assert [o.token_ids for o in ngram.generate(prompts, params)] == want
     with pytest.raises(ValueError, match="^logprobs: .*speculative"):
         ngram.engine.add_request([1, 2, 3], SamplingParams(max_tokens=4, logprobs=0))
+
+
+def test_the_policy_is_told_each_blocks_wall_time_and_output_is_unchanged(plain, path):
+    """A SpecPolicy (made-up graph costs: the engine on CPU has no captured graphs) hears each
+    block's wall time per round / per step from the loop (speculation.BlockClock); the tokens are
+    those of plain decoding whatever it then chooses."""
+    from graphrt.speculative.policy import SpecPolicy, StepCosts
+    llm = LLM(path, max_batch=4, steps_per_graph=3, speculative={"method": "ngram", "num_tokens": 3},
+              spec_rounds=2, **CPU)
+    ex = llm.runtime
+    buckets = ex.config.buckets
+    costs = StepCosts(decode_us={b: 1.0 for b in buckets},
+                      verify_us={b: {k + 1: 1.0 for k in ex.spec_ks} for b in buckets})
+    pol = llm.engine.policy = SpecPolicy(costs, ks=ex.spec_ks, max_slots=ex.config.max_batch)
+    prompts = _prompts(3)
+    params = [SamplingParams(max_tokens=24, temperature=0, ignore_eos=True) for _ in range(3)]
+    _same(llm.generate(prompts, params, use_tqdm=False), plain.generate(prompts, params, use_tqdm=False))
+    walls = {key: us for key, us in pol._wall.items()}
+    assert walls and all(us > 1.0 for us in walls.values())   # eager CPU blocks: far above 1 µs
+    assert {k for _, k in walls} <= {0, *ex.spec_ks}

@@ -115,7 +115,7 @@ def test_several_k_captured_measured_and_switched(path, hf, method):
     assert ex.spec_ks == (1, 2, 4)
     keys = {(k.bucket, k.query_len, k.filtered) for k in ex.graphs.keys() if k.phase == "spec"}
     assert keys == {(b, k + 1, f) for b in ex.config.buckets for k in ex.spec_ks for f in (False, True)}
-    costs = llm.engine.policy.costs
+    costs = llm.engine.policy.graph_costs
     assert all(set(costs.verify_us[b]) == {2, 3, 5} for b in ex.config.buckets)
     llm.engine.policy = ScriptedPolicy((4, 0, 1, 0, 2, 4, 0), ex.spec_ks, ex.config.max_batch,
                                        ex.config.buckets)

@@ -206,3 +206,25 @@ def test_k_steps_down_then_off_as_acceptance_falls_and_back_up():
     for _ in range(8):                                    # everything accepted (probes at k = 1)
         pol.observe(0, proposed=4, accepted=4, rounds=4, k=1)
     assert pol.choose([0], 1).k == 4
+
+
+def test_realized_wall_costs_turn_a_k_off_whose_blocks_run_slower_than_their_graphs():
+    """A draft round whose graph looks cheap but whose blocks take longer on the wall (host work,
+    catch-up): once the engine reports it, the choice is plain; a realized cost below the graph
+    cost never lowers it; bad reports are refused naming the field."""
+    c = StepCosts(decode_us={1: 470.0}, verify_us={1: {2: 500.0}}, draft_us={1: 120.0})
+    pol = SpecPolicy(c, ks=(1,), max_slots=2, prior=0.47, prior_rounds=1000)
+    pol.admit(0)
+    assert pol.choose([0], 1).k == 1                      # 1.47 / 620 beats 1 / 470 by graph costs
+    pol.observe_wall(1, 0, 300.0)                         # below the graph's 470: no effect
+    assert pol.costs.step_us(1) == 470.0
+    pol.observe_wall(1, 1, 1600.0)                        # what the k = 1 blocks really took per round
+    assert pol.realized_us(1, 1) == 1600.0 and pol.costs.round_us(1, 1) == 1600.0
+    assert pol.graph_costs.round_us(1, 1) == pytest.approx(620.0)
+    assert pol.choose([0], 1).k == 0
+    pol.observe_wall(1, 1, 400.0)                         # an exponential average (weight 0.25)
+    assert pol.realized_us(1, 1) == pytest.approx(1600.0 + 0.25 * (400.0 - 1600.0))
+    for bad, field in (((2, 1, 10.0), "bucket"), ((1, 3, 10.0), "k"), ((1, 1, -1.0), "us"),
+                       ((1, 0, float("nan")), "us")):
+        with pytest.raises(ValueError, match=field):
+            pol.observe_wall(*bad)
