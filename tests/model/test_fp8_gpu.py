@@ -13,14 +13,15 @@ difference. A perturbation d (relative) of a GEMM input flips an element to its 
 e4m3 value with probability ~d / step (step 2^-4..2^-3 relative: 3 mantissa bits), each flip
 moving the output by one step of that element, so the output moves by ~sqrt(d * step) instead
 of d; over the 8 GEMMs of two layers that map drives any seed (the FP8 tensor cores' and
-FlashInfer's float32 order) to noise of the size of e4m3 rounding itself (CPU: one float32-ulp
-difference gives a few % of the logits on half the prompts). So the gate is measured, not
-assumed: B = HF in bf16 with the same W8A8 GEMMs (everything else HF's bf16 arithmetic) is run
+FlashInfer's float32 order) to noise of the size of e4m3 rounding itself (measured on this
+checkpoint with graphrt's kernels in bf16 on CPU, where only float32 order differs from F: a
+spread of ~0.10 of the logits (top ~5.5) on every sequence, B's ~0.15). So the gate is measured: B = HF in bf16 with the same W8A8 GEMMs (everything else HF's bf16 arithmetic) is run
 on the same teacher-forced sequences, and graphrt must be no further from F than B is:
 - logits: on graphrt's top-20 ids at every step, the spread (std) of graphrt's log-probs minus
-  F's logits, averaged over steps, at most W8A8_RATIO times the same spread of B's logits;
-- tokens: every step's greedy token is F's argmax, or F's top-2 gap is within the bf16 tie or
-  W8A8_Z standard deviations of B's noise on a logit difference (sqrt(2) times its spread).
+  F's logits, averaged over steps, at most W8A8_RATIO times the same spread of B's logits
+  (expected well under it: graphrt has none of B's extra bf16 roundings, only the seeds);
+- tokens: every step's greedy token is F's argmax, or F prefers its argmax by at most the bf16
+  tie or W8A8_Z standard deviations of B's noise on a logit difference (sqrt(2) x its spread).
 The measured numbers are printed (pytest -s).
 
 Run on the GPU machine: python -m pytest -m gpu -q tests/model/test_fp8_gpu.py -s
@@ -40,8 +41,8 @@ pytestmark = pytest.mark.gpu
 transformers = pytest.importorskip("transformers")
 
 STEPS = 16
-W8A8_RATIO = 1.5      # graphrt's mean logit spread vs F, at most this times B's
-W8A8_Z = 5.0          # a token flip within this many of B's standard deviations is noise
+W8A8_RATIO = 1.0      # graphrt's mean logit spread vs F, at most B's (no worse than bf16 arithmetic)
+W8A8_Z = 4.0          # a token flip within this many of B's standard deviations is noise
 
 
 @pytest.fixture(scope="module")
@@ -150,9 +151,9 @@ def _check_w8a8(src, hf, llm, prompts):
                for x in flips(name, tuple(o.prompt_token_ids + o.token_ids), o.token_ids)]
     for label, fl in (("bf16 mirror", b_flips), ("graphrt", g_flips)):
         gaps = [gap for *_, gap, _ in fl]
-        print(f"  {label}: {len(fl)} steps off F's argmax; largest F top-2 gap there "
+        print(f"  {label}: {len(fl)} steps off F's argmax; F's largest preference there "
               f"{max(gaps, default=0.0):.4f}")
     for name, t, tok, want, gap, top in g_flips:
         tie = max(BF16_GAP * abs(top) + 1e-3, noise)
-        assert gap <= tie, f"{name}, step {t}: graphrt {tok}, F {want}, F gap {gap:.4f} > {tie:.4f}"
+        assert gap <= tie, f"{name}, step {t}: graphrt {tok}, F {want} by {gap:.4f} > {tie:.4f}"
     assert g_mean <= W8A8_RATIO * b_mean, (g_mean, b_mean)
