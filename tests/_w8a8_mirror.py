@@ -92,7 +92,10 @@ def mirror_w8a8(hf, weights: dict | None = None) -> None:
     if not f32:
         return                                                   # bf16: HF rounds everything else
     _register_attention()
-    hf.set_attn_implementation(ATTN)
+    if hasattr(hf, "set_attn_implementation"):
+        hf.set_attn_implementation(ATTN)
+    else:                                                        # older transformers
+        hf.config._attn_implementation = ATTN
     for layer in hf.model.layers:
         def stash(m, args, kwargs):
             m._w8a8_residual = args[0] if args else kwargs["hidden_states"]
