@@ -47,6 +47,7 @@ class LocalExecutor:
         self.prefill_logprobs = None     # (token [1, m], rank, top ids [1, m, N], top vals): the last prefill's
         self.prompt_logprobs: dict = {}  # {row: (logprob [T - 1], rank, ids, vals)} CPU, the last prefill's
         self._draft_stale: set[int] = set()   # slots whose draft K/V misses plain-block tokens
+        self._draft_since = torch.zeros_like(runtime.slots.seq_lens)   # [B] their lengths then (device)
 
     # ---- what the engine reads ----------------------------------------------------------------
     config = property(lambda self: self.runtime.config)
@@ -176,6 +177,10 @@ class LocalExecutor:
         processed: the logits-processing graph (then `block_logprobs(n)` holds the block's);
         filtered (with processed): some row uses top-k / top-p."""
         if self._proposer_state:
+            fresh = [s for s in range(n) if s not in self._draft_stale]
+            if fresh and self.spec.draft is not None:    # where each slot's draft K/V stops (device)
+                idx = torch.tensor(fresh, dtype=torch.long, device=self.device)
+                self._draft_since.index_copy_(0, idx, self.runtime.slots.seq_lens.index_select(0, idx))
             self._draft_stale.update(range(n))
         if processed:
             return self.runtime.decode_slots(n, sampled=True, processed=True, filtered=filtered)
@@ -193,7 +198,7 @@ class LocalExecutor:
             raise ValueError("spec_block: this executor was built without speculation")
         if self._draft_stale:
             stale = sorted(s for s in self._draft_stale if s < n)
-            self.spec.sync_draft(stale)
+            self.spec.sync_draft(stale, since=self._draft_since)
             self._draft_stale.difference_update(stale)
         return self.spec.run(n, k=k, filtered=filtered, processed=processed)
 

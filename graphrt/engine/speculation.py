@@ -58,7 +58,10 @@ def load_draft(mrt, spec, *, dtype: str, target=None):
                    kv_cache_dtype="auto")   # the draft's own cache: model dtype (no scales to calibrate)
     caches = [PagedKVCache.allocate(rc, mrt.num_pages, mrt.device, seed=c.seed + 1000 + i)
               for i in range(s.num_layers)]
-    return DraftProposer(model, caches, spec.num_tokens, max_len=c.max_context_len)
+    from graphrt.model.prefill import PrefillAttention
+    return DraftProposer(model, caches, spec.num_tokens, max_len=c.max_context_len,
+                         attention=PrefillAttention(rc, mrt.device, workspace_mb=64),
+                         prefill_tokens=mrt.prefill_chunk_tokens)
 
 
 # ---- the engine's per-block speculation bookkeeping (host, loop thread) ---------------------------

@@ -25,13 +25,15 @@ class DraftProposer:
     """model: the draft LlamaDecoder (same vocabulary as the target); kv_caches: its per-layer
     PagedKVCache list, with at least as many pages as the target's pool; k: proposals a round."""
 
-    def __init__(self, model, kv_caches, k: int, *, max_len: int, splits: int | None = None):
+    def __init__(self, model, kv_caches, k: int, *, max_len: int, splits: int | None = None,
+                 attention=None, prefill_tokens: int | None = None):
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"k: must be an int >= 1, got {k!r}")
         if len(kv_caches) != model.spec.num_layers:
             raise ValueError(f"kv_caches: {len(kv_caches)} caches, the draft has "
                              f"{model.spec.num_layers} layers")
         self.model, self.kv_caches, self.k = model, kv_caches, k
+        self.attention, self.prefill_tokens = attention, prefill_tokens   # PrefillAttention or None
         self.device = kv_caches[0].device
         self.splits = splits or default_splits(self.device, 1, model.local_spec.num_kv_heads, max_len)
 
@@ -39,9 +41,17 @@ class DraftProposer:
     def vocab_size(self) -> int:
         return self.model.spec.vocab_size
 
-    def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor) -> None:
-        """Eager: the prompts' K/V into the draft's caches (rows of the target's block table)."""
-        self.model.prefill(prompts, self.kv_caches, block_table)
+    def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor, *, starts=None) -> None:
+        """Eager: the prompts' K/V into the draft's caches (rows of the target's block table).
+        starts: each prompt's first position (default 0: the whole context); positions below it
+        must already be in the draft's pages. Non-zero starts need `attention`."""
+        if self.attention is None:
+            if starts is not None and any(starts):
+                raise ValueError("starts: a draft prefill after cached positions needs `attention`")
+            self.model.prefill(prompts, self.kv_caches, block_table)
+            return
+        self.model.prefill(prompts, self.kv_caches, block_table, attention=self.attention,
+                           max_tokens=self.prefill_tokens, starts=starts)
 
     def propose(self, token_buf: torch.Tensor, num_tokens: torch.Tensor, active: torch.Tensor,
                 block_table: torch.Tensor, proposals: torch.Tensor, count: torch.Tensor,

@@ -310,21 +310,31 @@ class SpeculativeRunner:
         b = self.bufs[k]
         return BlockOutput(b.out_tokens[:, :n], b.emitted[:, :n], b.proposed[:, :n])
 
-    def sync_draft(self, slots) -> None:
-        """Re-prefill the draft's K/V over each slot's tokens but the current one (eager; reads
-        the slots' lengths to the host once): after plain decode blocks, which run only the
-        target, the draft holds no K/V for the tokens drawn there. Empty slots are skipped."""
+    def sync_draft(self, slots, since: torch.Tensor | None = None) -> None:
+        """Catch the draft's K/V up over each slot's tokens but the current one (eager; reads the
+        slots' lengths to the host once): after plain decode blocks, which run only the target,
+        the draft holds no K/V for the tokens drawn there. since: [B] int32 device, each slot's
+        length when its plain blocks began (the draft then held K/V below since - 2, the
+        invariant of a round): only positions from there are written; None (or a draft without
+        prefill attention): the whole context. Empty slots are skipped."""
         if self.draft is None or not slots:
             return
         st = self.slots
         idx = torch.tensor(list(slots), dtype=torch.long, device=self.device)
-        lens = st.seq_lens.index_select(0, idx).tolist()                 # host read (a sync)
-        keep = [(s, n) for s, n in zip(slots, lens) if n >= 2]
+        lens = st.seq_lens.index_select(0, idx)
+        if since is None or self.draft.attention is None:
+            rows_lens, froms = lens.tolist(), [0] * len(slots)                  # host read (a sync)
+        else:
+            rows_lens, froms = torch.stack([lens, since.index_select(0, idx).to(lens.dtype)]).tolist()
+        keep = [(s, n, max(0, min(d - 2, n - 1))) for s, n, d in zip(slots, rows_lens, froms) if n >= 2]
+        keep = [(s, n, a) for s, n, a in keep if a < n - 1]
         if not keep:
             return
-        rows = torch.tensor([s for s, _ in keep], dtype=torch.long, device=self.device)
-        prompts = [st.history[s, : n - 1].long() for s, n in keep]
-        self.draft.prefill(prompts, st.block_table.index_select(0, rows))
+        rows = torch.tensor([s for s, _, _ in keep], dtype=torch.long, device=self.device)
+        prompts = [st.history[s, a: n - 1].long() for s, n, a in keep]
+        starts = [a for _, _, a in keep]
+        self.draft.prefill(prompts, st.block_table.index_select(0, rows),
+                           starts=starts if any(starts) else None)
 
 
 __all__ = ["SpeculativeRunner", "BlockOutput", "capture_ks"]

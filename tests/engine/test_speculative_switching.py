@@ -95,12 +95,27 @@ def test_draft_switching_catches_up_the_draft_kv(path, plain, monkeypatch):
     want = plain.generate(prompts, params, use_tqdm=False)
     llm, bad = _spec(path, "draft"), []
     _draft_kv_checker(llm, bad)
+    runner, catch_ups = llm.engine.runtime.spec, []
+    sync = runner.sync_draft
+
+    def recorded(slots, since=None):                     # the catch-ups' (start, tokens) per slot
+        prefill = runner.draft.prefill
+        runner.draft.prefill = lambda ps, table, starts=None: (
+            catch_ups.append([(0 if starts is None else a, len(p)) for a, p in zip(starts or [0] * len(ps), ps)]),
+            prefill(ps, table, starts=starts))
+        try:
+            sync(slots, since=since)
+        finally:
+            runner.draft.prefill = prefill
+    monkeypatch.setattr(runner, "sync_draft", recorded)
     _same(llm.generate(prompts, params, use_tqdm=False), want)
     assert set(llm.engine.policy.ran) == {0, 1, 2, 3} and not bad, llm.engine.policy.ran
+    # incremental: each catch-up writes from where the draft stopped (a few plain-block tokens)
+    assert catch_ups and all(a > 0 and n <= 3 * llm.engine.runtime.k + 2 for c in catch_ups for a, n in c), catch_ups
     assert llm.engine.stats()["spec_acceptance_rate"] > 0.9     # the draft is the target, in sync
     # the check has teeth: without the catch-up the draft misses the plain blocks' K/V
     stale, bad2 = _spec(path, "draft"), []
-    monkeypatch.setattr(stale.engine.runtime.spec, "sync_draft", lambda slots: None)
+    monkeypatch.setattr(stale.engine.runtime.spec, "sync_draft", lambda slots, since=None: None)
     _draft_kv_checker(stale, bad2)
     _same(stale.generate(prompts, params, use_tqdm=False), want)   # still exact (acceptance is)
     assert bad2

@@ -82,6 +82,20 @@ def profile_prefix(path: Path, device: str, rows: int, log) -> None:
             f"{getattr(out, 'num_cached_tokens', None)} ===")
         log(_top(prof, "tottime", rows))
         log(_top(prof, "cumulative", rows))
+        eng = llm.engine                                 # the same TTFT with the engine on its thread
+        eng.start()
+        for interval in (sys.getswitchinterval(), 1e-4):
+            old, ttft = sys.getswitchinterval(), []
+            sys.setswitchinterval(interval)
+            try:
+                for i in range(5):
+                    t0 = time.perf_counter()
+                    next(iter(eng.add_request(prefix + [50 + i, 51], one)))
+                    ttft.append((time.perf_counter() - t0) * 1e3)
+            finally:
+                sys.setswitchinterval(old)
+            log(f"threaded engine, switch interval {interval * 1e3:.2f} ms: repeated TTFT ms "
+                f"{', '.join(f'{x:.1f}' for x in ttft)}")
     finally:
         llm.shutdown()
 
