@@ -57,9 +57,10 @@ def write_random_head(target: Path, out: Path, *, layer_ids=(0, 1, 2), seed: int
 def repeat_head_counts(outputs: list[list[int]], k: int) -> tuple[int, int, float]:
     """What the repeat head earns on greedy outputs (token ids after each prompt): (accepted,
     proposed, repeat rate). The first token comes from the prefill; each round then proposes
-    the last token k times and accepts the target's tokens while they repeat it (at most k, at
-    most what the request still emits), then emits one more. Repeat rate: the share of
-    consecutive pairs with token[t + 1] == token[t]."""
+    the last token k times, accepts the target's tokens while they repeat it (at most k, and
+    fewer than the request still emits) and emits one more. Exact for the engine where the
+    requests stop at max_tokens only (a host-side stop leaves the device a block past it).
+    Repeat rate: the share of consecutive pairs with token[t + 1] == token[t]."""
     accepted = proposed = pairs = reps = 0
     for toks in outputs:
         pairs += max(len(toks) - 1, 0)
