@@ -77,9 +77,11 @@ def test_eagle3_greedy_equals_plain_except_near_ties(path, head):
     # The head's proposal is its argmax of the target's norm and lm_head over the target's hidden
     # state at the last token's position: that token, so the counts are `want` exactly (CPU
     # float32: test_speculative_eagle3.py), except where bf16 rounding flips a near-tie there.
-    # HF float32: 15% of these positions are ties by BF16_GAP (2% by 2**-7); one flip costs at
-    # most one round's K tokens, so even every tie flipped (~15% of ~105 rounds) costs < 25%.
-    assert plain_repeats > 0.5 and st["spec_accepted"] >= 0.75 * want > 0
+    # HF float32 on these prompts: 32 of the 105 rounds have a tie by BF16_GAP at the head's
+    # position (ties sit where a run ends), holding 24% of the accepted tokens; 5 rounds a tie
+    # by 2**-7 (3%). A flip loses about its round's accepted tokens: 0.7 holds even if every
+    # BF16_GAP tie flipped.
+    assert plain_repeats > 0.5 and st["spec_accepted"] >= 0.7 * want > 0
 
 
 def test_eagle3_block_launch_makes_no_host_sync(path, head):
