@@ -52,3 +52,23 @@ def write_random_head(target: Path, out: Path, *, layer_ids=(0, 1, 2), seed: int
         tensors["lm_head.weight"] = w["lm_head.weight"].float()
     tensors = {n: t.to(dtype) if t.is_floating_point() else t for n, t in tensors.items()}
     return write_head(out, original_config(cfg), tensors, "original")
+
+
+def repeat_head_counts(outputs: list[list[int]], k: int) -> tuple[int, int, float]:
+    """What the repeat head earns on greedy outputs (token ids after each prompt): (accepted,
+    proposed, repeat rate). The first token comes from the prefill; each round then proposes
+    the last token k times, accepts the target's tokens while they repeat it (at most k, and
+    fewer than the request still emits) and emits one more. Exact for the engine where the
+    requests stop at max_tokens only (a host-side stop leaves the device a block past it).
+    Repeat rate: the share of consecutive pairs with token[t + 1] == token[t]."""
+    accepted = proposed = pairs = reps = 0
+    for toks in outputs:
+        pairs += max(len(toks) - 1, 0)
+        reps += sum(a == b for a, b in zip(toks, toks[1:]))
+        i = 1
+        while i < len(toks):
+            a = 0
+            while a < k and i + a < len(toks) - 1 and toks[i + a] == toks[i - 1]:
+                a += 1
+            accepted, proposed, i = accepted + a, proposed + k, i + a + 1
+    return accepted, proposed, reps / max(pairs, 1)

@@ -104,14 +104,25 @@ def _tensors(cfg: dict, arch: str):
 
 def write_checkpoint(out, shape: str = "tiny", *, arch: str = "llama", dtype: str = "bfloat16",
                      max_shard_mb: float | None = None, seed: int = 0, tokenizer_vocab: int = 384,
-                     num_layers: int | None = None) -> Path:
+                     num_layers: int | None = None, lm_head_from_embed: bool = False,
+                     residual_scale: float = 1.0) -> Path:
     """Write the checkpoint into `out` (created); returns its path. num_layers: fewer layers
-    than the shape's (a shape-like small model)."""
+    than the shape's (a shape-like small model).
+
+    A model whose greedy output repeats tokens (a draft proposing the last token is then
+    accepted): lm_head_from_embed (an untied shape's lm_head.weight holds a copy of
+    embed_tokens.weight) with residual_scale < 1 (o_proj and down_proj drawn that much smaller:
+    the residual stream stays near the current token's embedding, which lm_head reads back).
+    At the 8B shape a random model of the defaults never repeats a token greedily."""
     from safetensors.torch import save_file
     if shape not in SHAPES:
         raise ValueError(f"shape: {shape!r} is not one of {sorted(SHAPES)}")
     if arch not in ("llama", "qwen2", "qwen3"):
         raise ValueError(f"arch: {arch!r} is not one of ['llama', 'qwen2', 'qwen3']")
+    if lm_head_from_embed and SHAPES[shape][7]:
+        raise ValueError(f"lm_head_from_embed: shape {shape!r} ties its embeddings (it has no lm_head.weight)")
+    if not 0 < residual_scale <= 1:
+        raise ValueError(f"residual_scale: {residual_scale} is not in (0, 1]")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(out, vocab_size=tokenizer_vocab, seed=seed)
@@ -122,9 +133,16 @@ def write_checkpoint(out, shape: str = "tiny", *, arch: str = "llama", dtype: st
     gen = torch.Generator().manual_seed(seed)
     tdtype, limit = getattr(torch, dtype), (max_shard_mb or float("inf")) * 2**20
     shards, cur, size = [], {}, 0
+    embed = None
     for name, shp, kind in _tensors(cfg, arch):
-        t = torch.randn(shp, generator=gen) * (0.1 if kind == "norm" else 0.02)
-        t = (t + 1.0 if kind == "norm" else t).to(tdtype)
+        if name == "lm_head.weight" and lm_head_from_embed:
+            t = embed.clone()                          # a copy: safetensors stores no shared tensors
+        else:
+            std = 0.02 * (residual_scale if name.endswith(("o_proj.weight", "down_proj.weight")) else 1.0)
+            t = torch.randn(shp, generator=gen) * (0.1 if kind == "norm" else std)
+            t = (t + 1.0 if kind == "norm" else t).to(tdtype)
+        if name == "model.embed_tokens.weight":
+            embed = t
         nbytes = t.numel() * t.element_size()
         if cur and size + nbytes > limit:
             shards.append(cur)

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from _checkpoints import write
-from _eagle3_heads import write_random_head
+from _eagle3_heads import repeat_head_counts, write_random_head
 from graphrt import LLM, SamplingParams
 
 pytest.importorskip("transformers")
@@ -81,6 +81,20 @@ def test_greedy_equals_plain_with_stops_and_max_tokens(plain, eagle, full):
     assert 1.0 < st["spec_tokens_per_round"] <= K + 1
     alloc = eagle.engine.scheduler.allocator
     assert alloc.num_free == alloc.num_pages
+
+
+def test_repeat_head_counts_are_the_engines(eagle, full):
+    """The repeat head proposes exactly the last token (float32): with max_tokens the only stop
+    (the device's own), the engine's acceptance counts are what repeat_head_counts derives from
+    the output tokens (the GPU test's bound rests on it)."""
+    before = eagle.engine.stats()
+    got = eagle.generate(PROMPTS[1:3], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True), use_tqdm=False)
+    assert [g.token_ids for g in got] == [f.token_ids[:6] for f in full[1:3]]
+    st = eagle.engine.stats()
+    accepted, proposed, _ = repeat_head_counts([g.token_ids for g in got], K)
+    assert accepted > 0
+    assert (st["spec_accepted"] - before["spec_accepted"], st["spec_proposed"] - before["spec_proposed"]) == \
+        (accepted, proposed)
 
 
 def test_eos_inside_a_round_at_bs_1(full, path, heads, tmp_path):
