@@ -6,8 +6,9 @@ by tools/make_checkpoint.py, or the directory given), then per batch size b:
      bench_sampling reports them (device µs per decode step, replays on empty slots);
   2. torch.profiler (CPU + CUDA activities) over `--steps` eager (not graphed) calls of the
      processed decode step, of the plain greedy step, and of the processing alone on random
-     [b, V] logits (process, draw, log-probabilities, count: the processed step's extra work);
-     each printed as the top `--rows` kernels by device time.
+     [b, V] logits (process, draw, log-probabilities, count: the processed step's extra work),
+     fused, filtered (with the sampler's sort) and as the unfused torch reference; each printed
+     as the top `--rows` kernels by device time.
 
     python tools/device/profile_sampling.py --batches 1,16 --out $OUT/profile_sampling.json
     python tools/device/profile_sampling.py --device cpu --steps 2 --batches 1,2   # CPU smoke
@@ -26,27 +27,42 @@ sys.path.insert(0, str(TOOLS.parent))
 sys.path.insert(0, str(TOOLS))
 
 
-def processing_only(rt, b: int, logits):
+def processing_cases(rt, b: int, logits) -> list:
     """The processed step's extra work over slots [0, b) on given logits [b, V] (model dtype):
-    the runtime's own processed-step function (ModelRuntime._processed_draw when present)."""
-    st, out = rt.slots, rt.out_tokens[0, :b]
-    live = st.seq_lens[:b] > 0
-    own = getattr(rt, "_processed_draw", None)
-    if own is not None:
-        return lambda: own(0, b, logits, out, live, False)
+    (name, fn) for the fused step without top-k / top-p (what the bench's processed graph runs),
+    the filtered step (process, sort + draw, log-probabilities, count) and the float32 torch
+    reference of the unfused rule (model/processing.py `_process`, torch log_softmax / topk)."""
+    import torch
     from graphrt.kernels.sample import sample_tokens
-    from graphrt.model.processing import drawn_from
+    from graphrt.model.processing import _process
+    st, out, lp = rt.slots, rt.out_tokens[0, :b], rt.logprobs
+    live = st.seq_lens[:b] > 0
+    t, seed, step, k, p = st.temperature[:b], st.seed[:b], st.step[:b], st.top_k[:b], st.top_p[:b]
+    proc = st.proc
 
-    def call():
+    def fused():
+        proc.draw(logits, b, seed, step, t, live, out, lp.rows(0, b), source=rt.logprobs_mode)
+
+    def filtered():
+        x = proc.process(logits, b, step, t)
+        sample_tokens(x, t, k, p, seed, step, out, filtered=True)
+        lp.record(0, b, logits, out)
+        proc.count(b, out, live)
+
+    def reference():
         raw = logits.float()
-        x = st.proc.process(raw, b, st.step[:b], st.temperature[:b])
-        src = raw if rt.logprobs_mode == "raw" else \
-            drawn_from(x, st.temperature[:b], st.top_k[:b], st.top_p[:b])
-        sample_tokens(x, st.temperature[:b], st.top_k[:b], st.top_p[:b], st.seed[:b], st.step[:b], out,
-                      filtered=False)
-        rt.logprobs.record(0, b, src, out)
-        st.proc.count(b, out, live)
-    return call
+        x = _process(raw, proc.counts[:b], proc.prompt[:b], proc.params[:, :b], proc.rule_ids[:b],
+                     proc.rule_vals[:b], proc.rule_until[:b], step, t)
+        sample_tokens(x, t, k, p, seed, step, out, filtered=False)
+        ls = torch.log_softmax(raw, dim=-1)
+        tok = ls.gather(1, out[:, None])
+        lp.rank[0, :b].copy_((ls > tok).sum(dim=1, dtype=torch.int32) + 1)
+        vals, ids = torch.topk(ls, lp.width, dim=-1)
+        lp.top_vals[0, :b].copy_(vals)
+        lp.top_ids[0, :b].copy_(ids)
+        proc.count(b, out, live)
+    return [("processing only, fused (no top-k/top-p)", fused), ("processing only, filtered (sort)", filtered),
+            ("processing only, unfused torch reference", reference)]
 
 
 def profile(fn, steps: int, cuda: bool, rows: int, torch) -> tuple[str, float]:
@@ -115,7 +131,7 @@ def main(argv=None) -> int:
                 rt.device, dtype=torch.bfloat16 if cuda else torch.float32)        # [b, V] model dtype
             cases = [("processed step (eager)", lambda: rt._steps(b, True, True, False)),
                      ("plain greedy step (eager)", lambda: rt._steps(b, False)),
-                     ("processing only", processing_only(rt, b, logits))]
+                     ] + processing_cases(rt, b, logits)
             for name, fn in cases:
                 table, dev = profile(fn, a.steps, cuda, a.rows, torch)
                 run[f"{name} device_us"] = dev / (rt.k if "step" in name else 1)
