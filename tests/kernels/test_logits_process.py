@@ -1,0 +1,152 @@
+"""kernels/logits_process.py against the float32 torch rule (model/processing.py `_process`),
+kernels/sample.py's unsorted draw and torch log_softmax: random rows with repetition penalties on
+both signs, zero counts, min_p on and off, greedy rows, -inf entries, live / expired / duplicate
+token rules; several chunks a row. CPU (interpreter) and, marked gpu, the 8B vocabulary in a
+CUDA graph."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graphrt.kernels.logits_process import logprobs_into, process_draw, process_logits
+from graphrt.kernels.sample import sample_tokens
+from graphrt.model.processing import FOREVER, _process
+
+W = 20
+
+
+def _rows(r: int, v: int, device="cpu", seed: int = 0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(r, v, generator=g) * 3
+    x[1, 5:50] = -torch.inf
+    counts = (torch.randint(1, 4, (r, v), generator=g) * (torch.rand(r, v, generator=g) < 0.1)).int()
+    counts[3] = 0                                                     # a row that drew nothing
+    prompt = torch.rand(r, v, generator=g) < 0.05
+    base = [[0.5, 0.3, 1.3, 0.1], [0.0, 0.0, 1.0, 0.0], [0.2, -0.1, 0.8, 0.05], [0.4, 0.2, 1.2, 0.0],
+            [1.0, 1.0, 1.5, 0.2]]
+    params = torch.tensor([base[i % len(base)] for i in range(r)]).t().contiguous()   # [4, R]
+    L = 16
+    ids = torch.full((r, L), -1, dtype=torch.int64)
+    vals, until = torch.zeros(r, L), torch.zeros(r, L, dtype=torch.int32)
+    ids[0, :4] = torch.tensor([3, v - 1, 3, 100])                   # a duplicate id, a ban at the end
+    vals[0, :4] = torch.tensor([1.5, -torch.inf, 2.0, 4.0])
+    until[0, :4] = FOREVER
+    ids[2, :2] = torch.tensor([7, v // 2])                          # the second one expired
+    vals[2, :2] = torch.tensor([-torch.inf, 5.0])
+    until[2, :2] = torch.tensor([5, 1], dtype=torch.int32)
+    step = torch.arange(r, dtype=torch.int32)
+    temp = torch.tensor([0.7, 0.0, 1.0, 0.0, 1.3] * (r // 5 + 1))[:r]
+    seed = torch.arange(r, dtype=torch.int64) * 7 + 1
+    t = lambda a: a.to(device)
+    return (t(x).to(dtype), t(counts), t(prompt), t(params), t(ids), t(vals), t(until), t(step), t(temp),
+            t(seed))
+
+
+def _reference_logprobs(src: torch.Tensor, tok: torch.Tensor, w: int):
+    ls = torch.log_softmax(src.float(), dim=-1)
+    lp = ls.gather(1, tok[:, None])[:, 0]
+    rank = (ls > lp[:, None]).sum(1, dtype=torch.int32) + 1
+    vals, ids = torch.sort(ls, dim=-1, descending=True, stable=True)     # ties: lowest id first
+    return lp, rank, ids[:, :w], vals[:, :w]
+
+
+def _check_logprobs(got, want):
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=2e-6)
+    assert torch.equal(got[1], want[1])
+    assert torch.equal(got[2], want[2])
+    torch.testing.assert_close(got[3], want[3], rtol=0, atol=2e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("chunk", [None, 512])
+def test_process_logits_equals_the_torch_rule(chunk):
+    x, counts, prompt, params, ids, vals, until, step, temp, _ = _rows(5, 3000)
+    want = _process(x, counts, prompt, params, ids, vals, until, step, temp)
+    bias = torch.zeros(5, 3000)
+    got = process_logits(x, counts, prompt, params, ids, vals, until, bias, step, temp, chunk=chunk)
+    assert torch.equal(got, want)
+    assert torch.isfinite(want[4]).sum() < 3000 and torch.equal(torch.isfinite(got), torch.isfinite(want))
+    assert bool((bias == 0).all())                                  # the scratch is left zero
+    # slots: rows of a larger state, in any order
+    sel = torch.tensor([4, 0, 2])
+    got = process_logits(x[sel], counts, prompt, params, ids, vals, until, bias, step[sel], temp[sel],
+                         slots=sel, chunk=chunk)
+    want = _process(x[sel], counts[sel], prompt[sel], params[:, sel], ids[sel], vals[sel], until[sel],
+                    step[sel], temp[sel])
+    assert torch.equal(got, want) and bool((bias == 0).all())
+
+
+@pytest.mark.parametrize("source", ["raw", "processed"])
+def test_process_draw_is_process_sample_logprobs_count(source):
+    x, counts, prompt, params, ids, vals, until, step, temp, seed = _rows(5, 3000, seed=1)
+    ref = _process(x, counts, prompt, params, ids, vals, until, step, temp)
+    want_tok, want_step = torch.zeros(5, dtype=torch.int64), step.clone()
+    sample_tokens(ref.clone(), temp, torch.zeros(5, dtype=torch.int32), torch.ones(5), seed, want_step, want_tok,
+                  filtered=False)
+    live = torch.tensor([True, True, False, True, True])
+    out, st, c2 = torch.zeros(5, dtype=torch.int64), step.clone(), counts.clone()
+    lp = (torch.zeros(5), torch.zeros(5, dtype=torch.int32), torch.zeros(5, W, dtype=torch.int64), torch.zeros(5, W))
+    got = process_draw(x, c2, prompt, params, ids, vals, until, torch.zeros(5, 3000), seed, st, temp, live, out,
+                       *lp, source=source, chunk=512)
+    assert torch.equal(got, ref)
+    assert torch.equal(out, want_tok) and torch.equal(st, want_step)
+    assert torch.equal(c2 - counts, torch.zeros_like(counts).scatter_(1, out[:, None], live.int()[:, None]))
+    src = x if source == "raw" else ref / torch.where(temp > 0, temp, 1.0)[:, None]
+    _check_logprobs(lp, _reference_logprobs(src, out, W))
+
+
+def test_logprobs_of_bf16_ties_and_zero_width():
+    g = torch.Generator().manual_seed(2)
+    src = (torch.randn(3, 1500, generator=g) * 2).to(torch.bfloat16)     # many exact ties
+    tok = torch.tensor([0, 700, 1499])
+    for chunk in (None, 256):
+        lp = (torch.zeros(3), torch.zeros(3, dtype=torch.int32), torch.zeros(3, W, dtype=torch.int64),
+              torch.zeros(3, W))
+        logprobs_into(src, tok, *lp, chunk=chunk)
+        _check_logprobs(lp, _reference_logprobs(src, tok, W))
+    lp0 = (torch.zeros(3), torch.zeros(3, dtype=torch.int32), torch.zeros(3, 0, dtype=torch.int64), torch.zeros(3, 0))
+    logprobs_into(src, tok, *lp0)
+    _check_logprobs(lp0, _reference_logprobs(src, tok, 0))
+
+
+def test_bad_input():
+    x, counts, prompt, params, ids, vals, until, step, temp, seed = _rows(5, 600)
+    lp = (torch.zeros(5), torch.zeros(5, dtype=torch.int32), torch.zeros(5, 2, dtype=torch.int64), torch.zeros(5, 2))
+    with pytest.raises(ValueError, match="source"):
+        process_draw(x, counts, prompt, params, ids, vals, until, torch.zeros(5, 600), seed, step, temp,
+                     torch.ones(5, dtype=torch.bool), torch.zeros(5, dtype=torch.int64), *lp, source="sorted")
+    with pytest.raises(ValueError, match="src"):
+        logprobs_into(x.t(), step.long(), *lp)
+    with pytest.raises(ValueError, match="step"):
+        process_logits(x, counts, prompt, params, ids, vals, until, torch.zeros(5, 600), step[:3], temp)
+
+
+@pytest.mark.gpu
+def test_8b_vocabulary_in_a_cuda_graph():
+    r, v = 16, 128256
+    x, counts, prompt, params, ids, vals, until, step, temp, seed = _rows(r, v, "cuda", dtype=torch.bfloat16)
+    ref = _process(x.float(), counts, prompt, params, ids, vals, until, step, temp)
+    want_tok, want_step = torch.zeros(r, dtype=torch.int64, device="cuda"), step.clone()
+    sample_tokens(ref.clone(), temp, torch.zeros_like(step), torch.ones_like(temp), seed, want_step, want_tok,
+                  filtered=False)
+    live = torch.ones(r, dtype=torch.bool, device="cuda")
+    out, st, c2 = torch.zeros_like(want_tok), step.clone(), counts.clone()
+    bias = torch.zeros(r, v, device="cuda")
+    lp = (torch.zeros(r, device="cuda"), torch.zeros(r, dtype=torch.int32, device="cuda"),
+          torch.zeros(r, W, dtype=torch.int64, device="cuda"), torch.zeros(r, W, device="cuda"))
+    call = lambda: process_draw(x, c2, prompt, params, ids, vals, until, bias, seed, st, temp, live, out, *lp,
+                                source="raw")
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        call()                                                        # warm (JIT), then reset
+    torch.cuda.synchronize()
+    st.copy_(step)
+    c2.copy_(counts)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = call()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(got, ref)
+    assert torch.equal(out, want_tok) and torch.equal(st, want_step)
+    assert int((c2 - counts).sum()) == r and bool((bias == 0).all())
+    _check_logprobs(lp, _reference_logprobs(x, out, W))
