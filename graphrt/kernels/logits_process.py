@@ -119,11 +119,33 @@ def _penalize(logits_ptr, l_stride, counts_ptr, c_stride, prompt_ptr, p_stride, 
             tl.store(rank_ptr + r, 0)
 
 
+@triton.jit
+def _pruned_top(v, tok, valid, at, S, m_ptr, row_m, keys_ptr, W: tl.constexpr, SP2: tl.constexpr,
+                WP2: tl.constexpr):
+    """The chunk's candidates for its row's top-W: only values >= T, the W-th largest chunk max
+    of the row (at least W values reach T, so the top W all do; T = -inf with fewer than W
+    chunks), at most W of them, in key order; the rest of its W slots _KMIN."""
+    sj = tl.arange(0, SP2)
+    mj = tl.load(m_ptr + row_m + sj, mask=sj < S, other=float("-inf"))
+    ge = (mj[None, :] >= mj[:, None]) & (sj < S)[None, :]                   # [s, j]: m_j >= m_s
+    reach = tl.sum(ge.to(tl.int32), axis=1)
+    t = tl.max(tl.where((sj < S) & (reach >= W), mj, float("-inf")), axis=0)
+    keys = tl.where(valid & (v >= t), _key(v, tok), _KMIN)
+    n = tl.minimum(tl.sum((keys > _KMIN).to(tl.int32), axis=0), W)
+    for j in range(0, n):
+        k = tl.max(keys, axis=0)
+        tl.store(keys_ptr + at * W + j, k)
+        keys = tl.where(keys == k, _KMIN, keys)
+    jj = tl.arange(0, WP2)
+    tl.store(keys_ptr + at * W + jj, tl.full((WP2,), _KMIN, tl.int64), mask=(jj >= n) & (jj < W))
+
+
 @triton.jit(do_not_specialize=["V", "S"])
 def _second(x_ptr, x_stride, V, S, xmax_ptr, params_ptr, pa_stride, slot_ptr, temp_ptr, seed_ptr,
-            step_ptr, score_ptr, sarg_ptr, m_ptr, s_ptr, keys_ptr, rank_ptr, HAS_SLOT: tl.constexpr,
-            CUT: tl.constexpr, DRAW: tl.constexpr, STATS: tl.constexpr, SRC_DIV: tl.constexpr,
-            W: tl.constexpr, CHUNK: tl.constexpr, SP2: tl.constexpr):
+            step_ptr, score_ptr, sarg_ptr, m_ptr, s_ptr, keys_ptr, rank_ptr, raw_ptr, raw_stride,
+            HAS_SLOT: tl.constexpr, CUT: tl.constexpr, DRAW: tl.constexpr, STATS: tl.constexpr,
+            SRC_DIV: tl.constexpr, TOPK_RAW: tl.constexpr, W: tl.constexpr, CHUNK: tl.constexpr,
+            SP2: tl.constexpr, WP2: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     at = r * S + c
@@ -164,6 +186,9 @@ def _second(x_ptr, x_stride, V, S, xmax_ptr, params_ptr, pa_stride, slot_ptr, te
             _stats(src, tok, valid, at, m_ptr, s_ptr, keys_ptr, W)
             if c == 0:
                 tl.store(rank_ptr + r, 0)
+    if TOPK_RAW:      # the raw logits' top-W candidates, pruned by _penalize's chunk maxima
+        v = tl.load(raw_ptr + r * raw_stride + offs, mask=valid, other=float("-inf")).to(tl.float32)
+        _pruned_top(v, offs.to(tl.int64), valid, at, S, m_ptr, r * S, keys_ptr, W, SP2, WP2)
 
 
 @triton.jit(do_not_specialize=["V", "S"])
@@ -259,7 +284,8 @@ def _check_rows(r: int, **tensors) -> None:
 
 def _first(logits, counts, prompt, params, rule_ids, rule_vals, rule_until, bias, step, slots, chunk,
            stats: bool, width: int, rank):
-    """_rules + _penalize -> (x [R, V] float32, parts, S, CHUNK)."""
+    """_rules + _penalize (raw log-softmax partials with `stats`; top-W keys never: the W slots
+    of parts.keys are for _second) -> (x [R, V] float32, parts, S, CHUNK)."""
     r, v = logits.shape
     _check_rows(r, logits=logits, step=step)
     if params.stride(1) != 1 or counts.stride(1) != 1 or prompt.stride(1) != 1 or not rule_ids.is_contiguous() \
@@ -279,7 +305,7 @@ def _first(logits, counts, prompt, params, rule_ids, rule_vals, rule_until, bias
     _penalize[(r, s)](logits, logits.stride(0), counts, counts.stride(0), prompt.view(torch.uint8),
                       prompt.stride(0), params, params.stride(0), rule_ids, L, bias, slot, x, v, s,
                       parts.xmax, parts.xarg, parts.m, parts.s, parts.keys, rank if rank is not None else step,
-                      HAS_SLOT=has_slot, STATS=stats, W=width, CHUNK=ch, LP2=lp2, **opts)
+                      HAS_SLOT=has_slot, STATS=stats, W=0, CHUNK=ch, LP2=lp2, **opts)
     return x, parts, s, ch
 
 
@@ -300,9 +326,10 @@ def process_logits(logits, counts, prompt, params, rule_ids, rule_vals, rule_unt
     _check_rows(r, temperature=temperature)
     slot = slots if slots is not None else step
     _second[(r, s)](x, v, v, s, parts.xmax, params, params.stride(0), slot, temperature, step, step,
-                    parts.score, parts.sarg, parts.m, parts.s, parts.keys, step, HAS_SLOT=slots is not None,
-                    CUT=True, DRAW=False, STATS=False, SRC_DIV=False, W=0, CHUNK=ch,
-                    SP2=triton.next_power_of_2(s), **_launch_opts(x.device))
+                    parts.score, parts.sarg, parts.m, parts.s, parts.keys, step, x, v,
+                    HAS_SLOT=slots is not None, CUT=True, DRAW=False, STATS=False, SRC_DIV=False,
+                    TOPK_RAW=False, W=0, CHUNK=ch, SP2=triton.next_power_of_2(s), WP2=1,
+                    **_launch_opts(x.device))
     return x
 
 
@@ -328,8 +355,9 @@ def process_draw(logits, counts, prompt, params, rule_ids, rule_vals, rule_until
                              None, chunk, raw, w, lp_rank)
     opts, sp2 = _launch_opts(x.device), triton.next_power_of_2(s)
     _second[(r, s)](x, v, v, s, parts.xmax, params, params.stride(0), step, temperature, seed, step,
-                    parts.score, parts.sarg, parts.m, parts.s, parts.keys, lp_rank, HAS_SLOT=False,
-                    CUT=True, DRAW=True, STATS=not raw, SRC_DIV=not raw, W=w, CHUNK=ch, SP2=sp2, **opts)
+                    parts.score, parts.sarg, parts.m, parts.s, parts.keys, lp_rank, logits, logits.stride(0),
+                    HAS_SLOT=False, CUT=True, DRAW=True, STATS=not raw, SRC_DIV=not raw,
+                    TOPK_RAW=raw and w > 0, W=w, CHUNK=ch, SP2=sp2, WP2=triton.next_power_of_2(max(w, 1)), **opts)
     src = logits if raw else x
     _finish[(r, s)](src, src.stride(0), v, s, parts.xmax, parts.xarg, parts.score, parts.sarg, parts.m, parts.s,
                     parts.keys, temperature, step, out, step, live.view(torch.uint8), counts, counts.stride(0),
@@ -352,8 +380,9 @@ def logprobs_into(src, targets, lp_token, lp_rank, lp_ids, lp_vals, *, chunk: in
     parts, sp2, opts = _Parts(r, s, w, dev), triton.next_power_of_2(s), _launch_opts(dev)
     temp = torch.zeros(r, dtype=torch.float32, device=dev)                   # unread (no SRC_DIV)
     _second[(r, s)](src, src.stride(0), v, s, parts.xmax, temp, 0, targets, temp, targets, targets,
-                    parts.score, parts.sarg, parts.m, parts.s, parts.keys, lp_rank, HAS_SLOT=False,
-                    CUT=False, DRAW=False, STATS=True, SRC_DIV=False, W=w, CHUNK=ch, SP2=sp2, **opts)
+                    parts.score, parts.sarg, parts.m, parts.s, parts.keys, lp_rank, src, src.stride(0),
+                    HAS_SLOT=False, CUT=False, DRAW=False, STATS=True, SRC_DIV=False, TOPK_RAW=False, W=w,
+                    CHUNK=ch, SP2=sp2, WP2=1, **opts)
     _finish[(r, s)](src, src.stride(0), v, s, parts.xmax, parts.xarg, parts.score, parts.sarg, parts.m, parts.s,
                     parts.keys, temp, targets, targets, targets, targets, lp_rank, 0, lp_token, lp_rank,
                     lp_ids, lp_vals, HAS_SLOT=False, TOKEN_IN=True, COUNT=False, SRC_DIV=False, W=w,

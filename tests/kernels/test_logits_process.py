@@ -76,18 +76,20 @@ def test_process_logits_equals_the_torch_rule(chunk):
     assert torch.equal(got, want) and bool((bias == 0).all())
 
 
-@pytest.mark.parametrize("source", ["raw", "processed"])
-def test_process_draw_is_process_sample_logprobs_count(source):
-    x, counts, prompt, params, ids, vals, until, step, temp, seed = _rows(5, 3000, seed=1)
-    ref = _process(x, counts, prompt, params, ids, vals, until, step, temp)
+@pytest.mark.parametrize("source,v,chunk,dtype", [("raw", 3000, 512, torch.float32),
+                                                  ("processed", 3000, 512, torch.float32),
+                                                  ("raw", 1280, 64, torch.bfloat16)])   # W chunks: pruned top-W
+def test_process_draw_is_process_sample_logprobs_count(source, v, chunk, dtype):
+    x, counts, prompt, params, ids, vals, until, step, temp, seed = _rows(5, v, seed=1, dtype=dtype)
+    ref = _process(x.float(), counts, prompt, params, ids, vals, until, step, temp)
     want_tok, want_step = torch.zeros(5, dtype=torch.int64), step.clone()
     sample_tokens(ref.clone(), temp, torch.zeros(5, dtype=torch.int32), torch.ones(5), seed, want_step, want_tok,
                   filtered=False)
     live = torch.tensor([True, True, False, True, True])
     out, st, c2 = torch.zeros(5, dtype=torch.int64), step.clone(), counts.clone()
     lp = (torch.zeros(5), torch.zeros(5, dtype=torch.int32), torch.zeros(5, W, dtype=torch.int64), torch.zeros(5, W))
-    got = process_draw(x, c2, prompt, params, ids, vals, until, torch.zeros(5, 3000), seed, st, temp, live, out,
-                       *lp, source=source, chunk=512)
+    got = process_draw(x, c2, prompt, params, ids, vals, until, torch.zeros(5, v), seed, st, temp, live, out,
+                       *lp, source=source, chunk=chunk)
     assert torch.equal(got, ref)
     assert torch.equal(out, want_tok) and torch.equal(st, want_step)
     assert torch.equal(c2 - counts, torch.zeros_like(counts).scatter_(1, out[:, None], live.int()[:, None]))
