@@ -2,8 +2,13 @@
 kernels/sample.py's unsorted draw and torch log_softmax: random rows with repetition penalties on
 both signs, zero counts, min_p on and off, greedy rows, -inf entries, live / expired / duplicate
 token rules; several chunks a row. CPU (interpreter) and, marked gpu, the 8B vocabulary in a
-CUDA graph."""
+CUDA graph; and every variant the wrappers launch compiles for sm_90 (no GPU needed)."""
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -153,3 +158,54 @@ def test_8b_vocabulary_in_a_cuda_graph():
     assert torch.equal(out, want_tok) and torch.equal(st, want_step)
     assert int((c2 - counts).sum()) == r and bool((bias == 0).all())
     _check_logprobs(lp, _reference_logprobs(x, out, W), rtol=2e-6)
+
+
+_COMPILE = r'''
+import warnings
+warnings.simplefilter("ignore")
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from graphrt.kernels import logits_process as lp
+
+def build(fn, args, constexprs):
+    sig = {n: args.get(n, "constexpr") for n in fn.arg_names}
+    k = triton.compile(ASTSource(fn, sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": 4, "enable_fp_fusion": False})
+    assert "cubin" in k.asm
+    print("ok", fn.__name__)
+
+build(lp._rules, dict(ids_ptr="*i64", vals_ptr="*fp32", until_ptr="*i32", step_ptr="*i32", slot_ptr="*i64",
+      bias_ptr="*fp32", V="i32", L="i32"), dict(HAS_SLOT=True, LP2=256))
+pen = dict(logits_ptr="*bf16", l_stride="i32", counts_ptr="*i32", c_stride="i32", prompt_ptr="*u8", p_stride="i32",
+           params_ptr="*fp32", pa_stride="i32", ids_ptr="*i64", L="i32", bias_ptr="*fp32", slot_ptr="*i64",
+           x_ptr="*fp32", V="i32", S="i32", xmax_ptr="*fp32", xarg_ptr="*i64", m_ptr="*fp32", s_ptr="*fp32",
+           keys_ptr="*i64", rank_ptr="*i32")
+for stats in (True, False):
+    build(lp._penalize, pen, dict(HAS_SLOT=not stats, STATS=stats, W=0, CHUNK=2048, LP2=256))
+sec = dict(x_ptr="*fp32", x_stride="i32", V="i32", S="i32", xmax_ptr="*fp32", params_ptr="*fp32", pa_stride="i32",
+           slot_ptr="*i64", temp_ptr="*fp32", seed_ptr="*i64", step_ptr="*i32", score_ptr="*fp32", sarg_ptr="*i64",
+           m_ptr="*fp32", s_ptr="*fp32", keys_ptr="*i64", rank_ptr="*i32", raw_ptr="*bf16", raw_stride="i32")
+for cut, draw, stats, div, top in ((True, False, False, False, False), (True, True, False, False, True),
+                                   (True, True, True, True, False), (False, False, True, False, False)):
+    build(lp._second, sec, dict(HAS_SLOT=not draw, CUT=cut, DRAW=draw, STATS=stats, SRC_DIV=div, TOPK_RAW=top,
+          W=20, CHUNK=2048, SP2=64, WP2=32))
+fin = dict(src_ptr="*bf16", src_stride="i32", V="i32", S="i32", xmax_ptr="*fp32", xarg_ptr="*i64", score_ptr="*fp32",
+           sarg_ptr="*i64", m_ptr="*fp32", s_ptr="*fp32", keys_ptr="*i64", temp_ptr="*fp32", step_ptr="*i32",
+           out_ptr="*i64", slot_ptr="*i32", live_ptr="*u8", counts_ptr="*i32", c_stride="i32", tok_lp_ptr="*fp32",
+           rank_ptr="*i32", top_ids_ptr="*i64", top_vals_ptr="*fp32")
+for token_in, div in ((False, False), (False, True), (True, False)):
+    build(lp._finish, fin, dict(HAS_SLOT=False, TOKEN_IN=token_in, COUNT=not token_in, SRC_DIV=div, W=20,
+          CHUNK=2048, SP2=64, SWP2=2048))
+'''
+
+
+def test_every_variant_compiles_for_sm90():
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[2]
+    env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
+    run = subprocess.run([sys.executable, "-c", _COMPILE], cwd=root, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert run.stdout.count("ok ") == 10, run.stdout
