@@ -31,6 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
+from graphrt.kernels.launch import pdl_options, pdl_prologue, use_pdl
+
 CHUNK = 2048                                   # tokens per program on the GPU
 _KMIN = tl.constexpr(-(2 ** 63) + 1)           # below every key: an empty top-W slot
 _BIG = tl.constexpr(2 ** 62)                   # above every token id (kernels/sample.py's)
@@ -69,7 +71,8 @@ def _stats(v, tok, valid, at, m_ptr, s_ptr, keys_ptr, W: tl.constexpr):
 
 @triton.jit
 def _rules(ids_ptr, vals_ptr, until_ptr, step_ptr, slot_ptr, bias_ptr, V, L,
-           HAS_SLOT: tl.constexpr, LP2: tl.constexpr):
+           HAS_SLOT: tl.constexpr, LP2: tl.constexpr, PDL: tl.constexpr):
+    pdl_prologue(PDL)
     r = tl.program_id(0)
     srow = tl.load(slot_ptr + r).to(tl.int64) if HAS_SLOT else r.to(tl.int64)
     j = tl.arange(0, LP2)
@@ -77,7 +80,7 @@ def _rules(ids_ptr, vals_ptr, until_ptr, step_ptr, slot_ptr, bias_ptr, V, L,
     ids = tl.load(ids_ptr + srow * L + j, mask=inside, other=-1)
     until = tl.load(until_ptr + srow * L + j, mask=inside, other=0)
     vals = tl.load(vals_ptr + srow * L + j, mask=inside, other=0.0)
-    live = inside & (ids >= 0) & (tl.load(step_ptr + r) < until)
+    live = inside & (ids >= 0) & (ids < V) & (tl.load(step_ptr + r) < until)
     tl.atomic_add(bias_ptr + srow * V + tl.where(live, ids, 0), vals, mask=live)
 
 
@@ -85,7 +88,8 @@ def _rules(ids_ptr, vals_ptr, until_ptr, step_ptr, slot_ptr, bias_ptr, V, L,
 def _penalize(logits_ptr, l_stride, counts_ptr, c_stride, prompt_ptr, p_stride, params_ptr, pa_stride,
               ids_ptr, L, bias_ptr, slot_ptr, x_ptr, V, S, xmax_ptr, xarg_ptr, m_ptr, s_ptr, keys_ptr,
               rank_ptr, HAS_SLOT: tl.constexpr, STATS: tl.constexpr, W: tl.constexpr,
-              CHUNK: tl.constexpr, LP2: tl.constexpr):
+              CHUNK: tl.constexpr, LP2: tl.constexpr, PDL: tl.constexpr):
+    pdl_prologue(PDL)
     r = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     srow = tl.load(slot_ptr + r).to(tl.int64) if HAS_SLOT else r
@@ -145,7 +149,8 @@ def _second(x_ptr, x_stride, V, S, xmax_ptr, params_ptr, pa_stride, slot_ptr, te
             step_ptr, score_ptr, sarg_ptr, m_ptr, s_ptr, keys_ptr, rank_ptr, raw_ptr, raw_stride,
             HAS_SLOT: tl.constexpr, CUT: tl.constexpr, DRAW: tl.constexpr, STATS: tl.constexpr,
             SRC_DIV: tl.constexpr, TOPK_RAW: tl.constexpr, W: tl.constexpr, CHUNK: tl.constexpr,
-            SP2: tl.constexpr, WP2: tl.constexpr):
+            SP2: tl.constexpr, WP2: tl.constexpr, PDL: tl.constexpr):
+    pdl_prologue(PDL)
     r = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     at = r * S + c
@@ -196,7 +201,8 @@ def _finish(src_ptr, src_stride, V, S, xmax_ptr, xarg_ptr, score_ptr, sarg_ptr, 
             temp_ptr, step_ptr, out_ptr, slot_ptr, live_ptr, counts_ptr, c_stride, tok_lp_ptr, rank_ptr,
             top_ids_ptr, top_vals_ptr, HAS_SLOT: tl.constexpr, TOKEN_IN: tl.constexpr,
             COUNT: tl.constexpr, SRC_DIV: tl.constexpr, W: tl.constexpr, CHUNK: tl.constexpr,
-            SP2: tl.constexpr, SWP2: tl.constexpr):
+            SP2: tl.constexpr, SWP2: tl.constexpr, PDL: tl.constexpr):
+    pdl_prologue(PDL)
     r = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     sj = tl.arange(0, SP2)
@@ -259,8 +265,12 @@ def _chunk(vocab: int, device: torch.device, chunk: int | None) -> int:
     return CHUNK if device.type == "cuda" else min(4096, triton.next_power_of_2(vocab))
 
 
-def _launch_opts(device: torch.device) -> dict:
-    return {"num_warps": 4, "enable_fp_fusion": False} if device.type == "cuda" else {}
+def _launch_opts(t: torch.Tensor) -> dict:
+    """Launch options over tensor t: PDL (kernels/launch.py) and, on the GPU, 4 warps and no
+    fused multiply-add (the torch rule's roundings)."""
+    pdl = use_pdl(t)
+    return {"PDL": pdl, **pdl_options(pdl), **({"num_warps": 4, "enable_fp_fusion": False}
+                                                if t.device.type == "cuda" else {})}
 
 
 class _Parts:
@@ -300,7 +310,7 @@ def _first(logits, counts, prompt, params, rule_ids, rule_vals, rule_until, bias
     slot = slots if has_slot else step
     L = rule_ids.shape[1]
     lp2 = triton.next_power_of_2(max(L, 1))
-    opts = _launch_opts(dev)
+    opts = _launch_opts(logits)
     _rules[(r,)](rule_ids, rule_vals, rule_until, step, slot, bias, v, L, HAS_SLOT=has_slot, LP2=lp2, **opts)
     _penalize[(r, s)](logits, logits.stride(0), counts, counts.stride(0), prompt.view(torch.uint8),
                       prompt.stride(0), params, params.stride(0), rule_ids, L, bias, slot, x, v, s,
@@ -329,7 +339,7 @@ def process_logits(logits, counts, prompt, params, rule_ids, rule_vals, rule_unt
                     parts.score, parts.sarg, parts.m, parts.s, parts.keys, step, x, v,
                     HAS_SLOT=slots is not None, CUT=True, DRAW=False, STATS=False, SRC_DIV=False,
                     TOPK_RAW=False, W=0, CHUNK=ch, SP2=triton.next_power_of_2(s), WP2=1,
-                    **_launch_opts(x.device))
+                    **_launch_opts(x))
     return x
 
 
@@ -353,7 +363,7 @@ def process_draw(logits, counts, prompt, params, rule_ids, rule_vals, rule_until
     w, raw = lp_ids.shape[1], source == "raw"
     x, parts, s, ch = _first(logits, counts, prompt, params, rule_ids, rule_vals, rule_until, bias, step,
                              None, chunk, raw, w, lp_rank)
-    opts, sp2 = _launch_opts(x.device), triton.next_power_of_2(s)
+    opts, sp2 = _launch_opts(x), triton.next_power_of_2(s)
     _second[(r, s)](x, v, v, s, parts.xmax, params, params.stride(0), step, temperature, seed, step,
                     parts.score, parts.sarg, parts.m, parts.s, parts.keys, lp_rank, logits, logits.stride(0),
                     HAS_SLOT=False, CUT=True, DRAW=True, STATS=not raw, SRC_DIV=not raw,
@@ -377,7 +387,7 @@ def logprobs_into(src, targets, lp_token, lp_rank, lp_ids, lp_vals, *, chunk: in
     w, dev = lp_ids.shape[1], src.device
     ch = _chunk(v, dev, chunk)
     s = triton.cdiv(v, ch)
-    parts, sp2, opts = _Parts(r, s, w, dev), triton.next_power_of_2(s), _launch_opts(dev)
+    parts, sp2, opts = _Parts(r, s, w, dev), triton.next_power_of_2(s), _launch_opts(src)
     temp = torch.zeros(r, dtype=torch.float32, device=dev)                   # unread (no SRC_DIV)
     _second[(r, s)](src, src.stride(0), v, s, parts.xmax, temp, 0, targets, temp, targets, targets,
                     parts.score, parts.sarg, parts.m, parts.s, parts.keys, lp_rank, src, src.stride(0),

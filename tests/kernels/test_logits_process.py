@@ -179,6 +179,7 @@ from triton.compiler import ASTSource
 from graphrt.kernels import logits_process as lp
 
 def build(fn, args, constexprs):
+    constexprs = dict(constexprs, PDL=True)
     sig = {n: args.get(n, "constexpr") for n in fn.arg_names}
     k = triton.compile(ASTSource(fn, sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": 4, "enable_fp_fusion": False})
