@@ -7,12 +7,13 @@ The processed decode step in four launches instead of ~40 element-wise passes ov
   _penalize grid (R, S): per chunk of CHUNK tokens, one read of the logits, counts and prompt
             mask: repetition, presence, frequency penalties, + bias (read, then reset to zero,
             only in chunks that hold a rule id) -> x [R, V] float32; the chunk's max and its
-            lowest arg-max; optionally the log-softmax partials of the raw logits (max, sum of
-            exp) and the chunk's top-W (value, id) keys
+            lowest arg-max; optionally the log-softmax partials of the raw logits (max, sum of exp)
   _second   grid (R, S): the row max from those partials; min_p (rows with min_p > 0 and
             temperature > 0: x = -inf where (x - max) / T < log min_p); for sampled rows the
-            chunk's Gumbel-max candidate (kernels/sample.py's scores, noise and tie rule); or
-            the log-softmax partials of any source row (`src`, or x / T)
+            chunk's Gumbel-max candidate (kernels/sample.py's scores, noise and tie rule); the
+            chunk's top-W candidates of the raw logits, pruned: only values reaching the row's
+            W-th largest chunk max (a few extractions a chunk, not W); or the log-softmax
+            partials and full top-W of any source row (`src`, or x / T)
   _finish   grid (R, S): the drawn token from the chunk candidates (or given), the log-softmax
             normaliser from the partials, the token's log-probability, its rank (atomic count
             over chunks of strictly larger log-probabilities, + 1), the top-W merge (chunk 0)
