@@ -85,11 +85,11 @@ def _rules(ids_ptr, vals_ptr, until_ptr, step_ptr, slot_ptr, bias_ptr, V, L,
     tl.atomic_add(bias_ptr + srow * V + tl.where(live, ids, 0), vals, mask=live)
 
 
-@triton.jit(do_not_specialize=["V", "S"])
+@triton.jit
 def _penalize(logits_ptr, l_stride, counts_ptr, c_stride, prompt_ptr, p_stride, params_ptr, pa_stride,
               ids_ptr, L, bias_ptr, slot_ptr, x_ptr, V, S, xmax_ptr, xarg_ptr, m_ptr, s_ptr, keys_ptr,
-              rank_ptr, HAS_SLOT: tl.constexpr, STATS: tl.constexpr, W: tl.constexpr,
-              CHUNK: tl.constexpr, LP2: tl.constexpr, PDL: tl.constexpr):
+              rank_ptr, temp_ptr, HAS_SLOT: tl.constexpr, STATS: tl.constexpr, X_ALL: tl.constexpr,
+              W: tl.constexpr, CHUNK: tl.constexpr, LP2: tl.constexpr, PDL: tl.constexpr):
     pdl_prologue(PDL)
     r = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
@@ -114,7 +114,11 @@ def _penalize(logits_ptr, l_stride, counts_ptr, c_stride, prompt_ptr, p_stride, 
         y = tl.where(b != 0.0, y + b, y)
         tl.store(bias_ptr + srow * V + offs, tl.zeros_like(b), mask=valid & (b != 0.0))
     y = tl.where(valid, y, float("-inf"))
-    tl.store(x_ptr + r * V + offs, y, mask=valid)
+    if X_ALL:
+        tl.store(x_ptr + r * V + offs, y, mask=valid)
+    else:           # only sampled rows read x again (min_p, the Gumbel draw)
+        if tl.load(temp_ptr + r) > 0:
+            tl.store(x_ptr + r * V + offs, y, mask=valid)
     at = r * S + c
     tl.store(xmax_ptr + at, tl.max(y, axis=0))
     tl.store(xarg_ptr + at, tl.argmax(y, axis=0).to(tl.int64) + start)
@@ -145,7 +149,7 @@ def _pruned_top(v, tok, valid, at, S, m_ptr, row_m, keys_ptr, W: tl.constexpr, S
     tl.store(keys_ptr + at * W + jj, tl.full((WP2,), _KMIN, tl.int64), mask=(jj >= n) & (jj < W))
 
 
-@triton.jit(do_not_specialize=["V", "S"])
+@triton.jit
 def _second(x_ptr, x_stride, V, S, xmax_ptr, params_ptr, pa_stride, slot_ptr, temp_ptr, seed_ptr,
             step_ptr, score_ptr, sarg_ptr, m_ptr, s_ptr, keys_ptr, rank_ptr, raw_ptr, raw_stride,
             HAS_SLOT: tl.constexpr, CUT: tl.constexpr, DRAW: tl.constexpr, STATS: tl.constexpr,
@@ -197,7 +201,7 @@ def _second(x_ptr, x_stride, V, S, xmax_ptr, params_ptr, pa_stride, slot_ptr, te
         _pruned_top(v, offs.to(tl.int64), valid, at, S, m_ptr, r * S, keys_ptr, W, SP2, WP2)
 
 
-@triton.jit(do_not_specialize=["V", "S"])
+@triton.jit
 def _finish(src_ptr, src_stride, V, S, xmax_ptr, xarg_ptr, score_ptr, sarg_ptr, m_ptr, s_ptr, keys_ptr,
             temp_ptr, step_ptr, out_ptr, slot_ptr, live_ptr, counts_ptr, c_stride, tok_lp_ptr, rank_ptr,
             top_ids_ptr, top_vals_ptr, HAS_SLOT: tl.constexpr, TOKEN_IN: tl.constexpr,
@@ -293,12 +297,12 @@ def _check_rows(r: int, **tensors) -> None:
                              f"{tuple(t.shape)} strides {t.stride()}")
 
 
-def _first(logits, counts, prompt, params, rule_ids, rule_vals, rule_until, bias, step, slots, chunk,
-           stats: bool, width: int, rank):
+def _first(logits, counts, prompt, params, rule_ids, rule_vals, rule_until, bias, step, temperature, slots,
+           chunk, stats: bool, width: int, rank, x_all: bool):
     """_rules + _penalize (raw log-softmax partials with `stats`; top-W keys never: the W slots
     of parts.keys are for _second) -> (x [R, V] float32, parts, S, CHUNK)."""
     r, v = logits.shape
-    _check_rows(r, logits=logits, step=step)
+    _check_rows(r, logits=logits, step=step, temperature=temperature)
     if params.stride(1) != 1 or counts.stride(1) != 1 or prompt.stride(1) != 1 or not rule_ids.is_contiguous() \
             or not rule_vals.is_contiguous() or not rule_until.is_contiguous() or not bias.is_contiguous():
         raise ValueError("process: params / counts / prompt / rule tables / bias must be contiguous rows")
@@ -316,7 +320,7 @@ def _first(logits, counts, prompt, params, rule_ids, rule_vals, rule_until, bias
     _penalize[(r, s)](logits, logits.stride(0), counts, counts.stride(0), prompt.view(torch.uint8),
                       prompt.stride(0), params, params.stride(0), rule_ids, L, bias, slot, x, v, s,
                       parts.xmax, parts.xarg, parts.m, parts.s, parts.keys, rank if rank is not None else step,
-                      HAS_SLOT=has_slot, STATS=stats, W=0, CHUNK=ch, LP2=lp2, **opts)
+                      temperature, HAS_SLOT=has_slot, STATS=stats, X_ALL=x_all, W=0, CHUNK=ch, LP2=lp2, **opts)
     return x, parts, s, ch
 
 
@@ -333,8 +337,7 @@ def process_logits(logits, counts, prompt, params, rule_ids, rule_vals, rule_unt
     if r == 0:
         return torch.empty((0, v), dtype=torch.float32, device=logits.device)
     x, parts, s, ch = _first(logits, counts, prompt, params, rule_ids, rule_vals, rule_until, bias, step,
-                             slots, chunk, False, 0, None)
-    _check_rows(r, temperature=temperature)
+                             temperature, slots, chunk, False, 0, None, True)
     slot = slots if slots is not None else step
     _second[(r, s)](x, v, v, s, parts.xmax, params, params.stride(0), slot, temperature, step, step,
                     parts.score, parts.sarg, parts.m, parts.s, parts.keys, step, x, v,
@@ -353,7 +356,8 @@ def process_draw(logits, counts, prompt, params, rule_ids, rule_vals, rule_until
     step [R] int32, token id)), step += 1, log-probabilities of the drawn token into lp_token
     [R] float32 / lp_rank [R] int32 / lp_ids [R, W] int64 / lp_vals [R, W] float32 of source
     "raw" (the logits) or "processed" (x / T), counts[r, token] += live [R] bool. Returns x
-    [R, V] float32 (after min_p). Capturable."""
+    [R, V] float32 (after min_p; with source "raw" the rows of temperature 0 are not written:
+    nothing reads them). Capturable."""
     r, v = logits.shape
     if r == 0:
         return torch.empty((0, v), dtype=torch.float32, device=logits.device)
@@ -363,7 +367,7 @@ def process_draw(logits, counts, prompt, params, rule_ids, rule_vals, rule_until
                 lp_ids=lp_ids, lp_vals=lp_vals)
     w, raw = lp_ids.shape[1], source == "raw"
     x, parts, s, ch = _first(logits, counts, prompt, params, rule_ids, rule_vals, rule_until, bias, step,
-                             None, chunk, raw, w, lp_rank)
+                             temperature, None, chunk, raw, w, lp_rank, not raw)
     opts, sp2 = _launch_opts(x), triton.next_power_of_2(s)
     _second[(r, s)](x, v, v, s, parts.xmax, params, params.stride(0), step, temperature, seed, step,
                     parts.score, parts.sarg, parts.m, parts.s, parts.keys, lp_rank, logits, logits.stride(0),

@@ -153,7 +153,7 @@ class ProcessState:
         into logprob_rows (LogprobBuffers.rows: token, rank, top ids, top values) of "raw" logits
         or "processed" (the processed logits / T: what the sampler draws from), and count each
         live [size] bool row's token. seed [size] int64, temperature [size] float32. Returns the
-        processed [size, V] float32. Capturable."""
+        processed [size, V] float32 (source "raw": greedy rows unwritten). Capturable."""
         tok_lp, rank, ids, vals = logprob_rows
         return process_draw(logits, self.counts, self.prompt, self.params, self.rule_ids, self.rule_vals,
                             self.rule_until, self._bias(self.counts.shape[0]), seed, step, temperature, live,
