@@ -9,6 +9,8 @@ Per batch size b:
   step_plain_us / step_processed_us   device µs per decode step of the greedy graph and of the
                processed graph (no sort) at bucket b, replays of the captured graphs on empty
                slots (the GEMMs and the processing passes have fixed shapes); CPU: eager wall µs
+  step_processed_filtered_us  the same for the processed graph with the sampler's sort (rows
+               with top-k / top-p; JSON only)
   tpot_plain_ms       engine TPOT of b greedy requests (median over requests)
   tpot_greedy_mixed_ms  the greedy requests' TPOT when one of the b asks for logprobs=5 and
                presence / frequency / repetition penalties (b - 1 greedy neighbours; none at b = 1)
@@ -34,9 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 PROCESSED = dict(logprobs=5, presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.1)
 
 
-def step_us(llm, b: int, processed: bool, torch, reps: int) -> float:
+def step_us(llm, b: int, processed: bool, torch, reps: int, filtered: bool = False) -> float:
     rt = llm.runtime.runtime
-    call = (lambda: rt.decode_slots(b, sampled=True, processed=True, filtered=False)) if processed else \
+    call = (lambda: rt.decode_slots(b, sampled=True, processed=True, filtered=filtered)) if processed else \
         (lambda: rt.decode_slots(b, sampled=False))
     if rt.device.type == "cuda":
         from benchlib import device_us
@@ -120,6 +122,7 @@ def main(argv=None) -> None:
             b = run["batch"]
             run["step_plain_us"] = step_us(llm, b, False, torch, a.reps)
             run["step_processed_us"] = step_us(llm, b, True, torch, a.reps)
+            run["step_processed_filtered_us"] = step_us(llm, b, True, torch, a.reps, filtered=True)
     print(f"{'batch':>5} {'step plain us':>14} {'step proc us':>13} {'tpot plain':>11} {'greedy mixed':>13} "
           f"{'processed':>10} {'greedy x':>9} {'proc x':>7}")
     fmt = lambda v, w, d: f"{'-':>{w}}" if v is None else f"{v:{w}.{d}f}"

@@ -19,19 +19,18 @@ from dataclasses import dataclass
 
 import torch
 
+from graphrt.kernels.logits_process import logprobs_into
+
 
 def token_logprobs(logp_source: torch.Tensor, targets: torch.Tensor, width: int):
     """logp_source [R, V] float, targets [R] int64 -> (logprob [R] float32, rank [R] int32,
-    top ids [R, width] int64, top logprobs [R, width] float32). Capturable (no sync)."""
-    lp = torch.log_softmax(logp_source.float(), dim=-1)                       # [R, V]
-    tok = lp.gather(1, targets[:, None])                                       # [R, 1]
-    rank = (lp > tok).sum(dim=1, dtype=torch.int32) + 1
-    if width:
-        vals, ids = torch.topk(lp, width, dim=-1)                              # [R, width] each
-    else:
-        vals = lp.new_zeros((lp.shape[0], 0))
-        ids = targets.new_zeros((lp.shape[0], 0))
-    return tok[:, 0], rank, ids, vals
+    top ids [R, width] int64, top logprobs [R, width] float32; descending, ties to the lowest
+    id). Fused chunked passes (kernels/logits_process.py). Capturable (no sync)."""
+    r, dev = logp_source.shape[0], logp_source.device
+    out = (torch.empty(r, dtype=torch.float32, device=dev), torch.empty(r, dtype=torch.int32, device=dev),
+           torch.empty((r, width), dtype=torch.int64, device=dev), torch.empty((r, width), dtype=torch.float32, device=dev))
+    logprobs_into(logp_source.contiguous(), targets.contiguous(), *out)
+    return out
 
 
 @dataclass(frozen=True)
@@ -57,13 +56,14 @@ class LogprobBuffers:
     def width(self) -> int:
         return self.top_ids.shape[2]
 
+    def rows(self, step: int, size: int) -> tuple[torch.Tensor, ...]:
+        """Step `step`'s rows [0, size): (token [size], rank [size], top_ids [size, N], top_vals
+        [size, N]) views, the outputs a fused processed step writes (ProcessState.draw)."""
+        return self.token[step, :size], self.rank[step, :size], self.top_ids[step, :size], self.top_vals[step, :size]
+
     def record(self, step: int, size: int, logp_source: torch.Tensor, tokens: torch.Tensor) -> None:
         """Step `step`'s rows [0, size): logp_source [size, V], tokens [size] int64 drawn."""
-        tok, rank, ids, vals = token_logprobs(logp_source, tokens, self.width)
-        self.token[step, :size].copy_(tok)
-        self.rank[step, :size].copy_(rank)
-        self.top_ids[step, :size].copy_(ids)
-        self.top_vals[step, :size].copy_(vals)
+        logprobs_into(logp_source.contiguous(), tokens.contiguous(), *self.rows(step, size))
 
     def view(self, n: int) -> tuple[torch.Tensor, ...]:
         """(token [K, n], rank [K, n], top_ids [K, n, N], top_vals [K, n, N]) views."""

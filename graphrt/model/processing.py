@@ -18,6 +18,9 @@ bad words (value -inf) and min_tokens (-inf on stop / end-of-sequence ids, until
 Order per draw (`process`): repetition penalty, presence / frequency penalties, token rules; then
 (sampled rows only) min_p at the row's temperature: tokens with p < min_p * p_max become -inf.
 The sampler (kernels/sample.py) then applies temperature, top-k and top-p to the result.
+The rule runs fused in a few chunked passes (kernels/logits_process.py; `_process` below is its
+float32 torch statement, the tests' reference); a decode step whose rows use no top-k / top-p
+(`draw`) also draws, records log-probabilities and counts the token in the same passes.
 
 Speculative verification (`process_verify`, called by speculative/runner.py's processed rounds
 before `accept.judge`) gives the target distribution of each verified position after the same
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from graphrt.kernels.logits_process import process_draw, process_logits
 from graphrt.kernels.sample import kept_lengths
 
 PRESENCE, FREQUENCY, REPETITION, MIN_P = range(4)      # rows of `params`
@@ -81,7 +85,8 @@ class ProcessRows:
 class ProcessState:
     """Device rows of B slots (the runtime's device): counts [B, V] int32 (tokens drawn),
     prompt [B, V] bool (prompt tokens), params [NUM_PARAMS, B] float32, rule_ids [B, L] int64,
-    rule_vals [B, L] float32, rule_until [B, L] int32."""
+    rule_vals [B, L] float32, rule_until [B, L] int32; bias [B, V] float32, all zero between
+    calls: the kernels' scratch for the token rules (None: a zero one allocated per call)."""
 
     counts: torch.Tensor
     prompt: torch.Tensor
@@ -89,6 +94,7 @@ class ProcessState:
     rule_ids: torch.Tensor
     rule_vals: torch.Tensor
     rule_until: torch.Tensor
+    bias: torch.Tensor | None = None
 
     @classmethod
     def allocate(cls, max_batch: int, vocab: int, device, *, width: int = RULE_WIDTH) -> "ProcessState":
@@ -98,7 +104,8 @@ class ProcessState:
                    torch.zeros((b, vocab), dtype=torch.bool, device=device), params,
                    torch.full((b, width), -1, dtype=torch.int64, device=device),
                    torch.zeros((b, width), dtype=torch.float32, device=device),
-                   torch.zeros((b, width), dtype=torch.int32, device=device))
+                   torch.zeros((b, width), dtype=torch.int32, device=device),
+                   torch.zeros((b, vocab), dtype=torch.float32, device=device))
 
     @property
     def vocab(self) -> int:
@@ -123,17 +130,34 @@ class ProcessState:
                 else:
                     target.view(-1).index_add_(0, at, torch.ones_like(at, dtype=target.dtype))
 
-    def _rows(self, t: torch.Tensor, sel, dim: int = 0) -> torch.Tensor:
-        return t.narrow(dim, 0, sel) if isinstance(sel, int) else t.index_select(dim, sel)
+    def _bias(self, rows: int) -> torch.Tensor:
+        if self.bias is not None:
+            return self.bias
+        return torch.zeros((rows, self.vocab), dtype=torch.float32, device=self.counts.device)
 
     def process(self, logits: torch.Tensor, sel, step: torch.Tensor,
                 temperature: torch.Tensor) -> torch.Tensor:
         """logits [b, V] (any float dtype) of slots `sel` (an int b: slots [0, b); or a [b] int64
         index tensor) -> [b, V] float32 processed logits. step [b] int32 (each row's draw index),
-        temperature [b] float32 (0 = greedy: min_p not applied). Capturable for an int `sel`."""
-        r = lambda t, dim=0: self._rows(t, sel, dim)
-        return _process(logits.float(), r(self.counts), r(self.prompt), r(self.params, 1), r(self.rule_ids),
-                        r(self.rule_vals), r(self.rule_until), step, temperature)
+        temperature [b] float32 (0 = greedy: min_p not applied). Capturable."""
+        slots = None if isinstance(sel, int) else sel.to(self.counts.device)
+        return process_logits(logits, self.counts, self.prompt, self.params, self.rule_ids, self.rule_vals,
+                              self.rule_until, self._bias(self.counts.shape[0]), step, temperature, slots=slots)
+
+    def draw(self, logits: torch.Tensor, size: int, seed: torch.Tensor, step: torch.Tensor,
+             temperature: torch.Tensor, live: torch.Tensor, out: torch.Tensor, logprob_rows, *,
+             source: str) -> torch.Tensor:
+        """One processed decode step of slots [0, size) with no top-k / top-p row, fused
+        (kernels/logits_process.py): process logits [size, V] (model dtype), draw into out
+        [size] int64 (kernels/sample.py's rule; step [size] int32 += 1), record log-probabilities
+        into logprob_rows (LogprobBuffers.rows: token, rank, top ids, top values) of "raw" logits
+        or "processed" (the processed logits / T: what the sampler draws from), and count each
+        live [size] bool row's token. seed [size] int64, temperature [size] float32. Returns the
+        processed [size, V] float32 (source "raw": greedy rows unwritten). Capturable."""
+        tok_lp, rank, ids, vals = logprob_rows
+        return process_draw(logits, self.counts, self.prompt, self.params, self.rule_ids, self.rule_vals,
+                            self.rule_until, self._bias(self.counts.shape[0]), seed, step, temperature, live,
+                            out, tok_lp, rank, ids, vals, source=source)
 
     def process_verify(self, logits: torch.Tensor, size: int, proposals: torch.Tensor, step: torch.Tensor,
                        temperature: torch.Tensor) -> torch.Tensor:
@@ -148,9 +172,10 @@ class ProcessState:
         counts = (self.counts[:b, None] + ahead.cumsum(1, dtype=torch.int32)).view(b * q, v)
         rep = lambda t: t[:b].repeat_interleave(q, dim=0)
         draw = (step[:, None] + torch.arange(q, dtype=step.dtype, device=step.device)).reshape(b * q)
-        return _process(logits.float(), counts, rep(self.prompt), self.params[:, :b].repeat_interleave(q, dim=1),
-                        rep(self.rule_ids), rep(self.rule_vals), rep(self.rule_until), draw,
-                        temperature.repeat_interleave(q))
+        bias = torch.zeros((b * q, v), dtype=torch.float32, device=logits.device)
+        return process_logits(logits, counts, rep(self.prompt), self.params[:, :b].repeat_interleave(q, dim=1),
+                              rep(self.rule_ids), rep(self.rule_vals), rep(self.rule_until), bias, draw,
+                              temperature.repeat_interleave(q))
 
     def count(self, sel, tokens: torch.Tensor, live: torch.Tensor) -> None:
         """counts[slot, token] += 1 for each live row (tokens [b] int64, live [b] bool)."""
@@ -163,7 +188,8 @@ class ProcessState:
 
 
 def _process(x, counts, prompt, params, ids, vals, until, step, temperature) -> torch.Tensor:
-    """x [R, V] float32, counts [R, V] int32, prompt [R, V] bool, params [NUM_PARAMS, R], rules
+    """The float32 torch rule that kernels/logits_process.py fuses (the tests' reference).
+    x [R, V] float32, counts [R, V] int32, prompt [R, V] bool, params [NUM_PARAMS, R], rules
     [R, L] each, step [R] int32, temperature [R] float32 -> processed [R, V] float32."""
     seen = counts > 0
     rep = params[REPETITION][:, None]

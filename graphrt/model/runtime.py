@@ -233,10 +233,12 @@ class ModelRuntime:
             logits = self.model.decode_step(ctx, tokens)                     # [B, vocab] model dtype
             out = self.out_tokens[step, :size]
             live = seq > 0
-            if processed:
-                raw = logits.float()
-                x = st.proc.process(raw, size, st.step[:size], st.temperature[:size])   # [B, V] f32
-                src = raw if self.logprobs_mode == "raw" else \
+            if processed and not filtered:       # process, draw, log-probs, count: fused passes
+                st.proc.draw(logits, size, st.seed[:size], st.step[:size], st.temperature[:size], live, out,
+                             self.logprobs.rows(step, size), source=self.logprobs_mode)
+            elif processed:
+                x = st.proc.process(logits, size, st.step[:size], st.temperature[:size])   # [B, V] f32
+                src = logits if self.logprobs_mode == "raw" else \
                     drawn_from(x, st.temperature[:size], st.top_k[:size], st.top_p[:size])
                 sample_tokens(x, st.temperature[:size], st.top_k[:size], st.top_p[:size],
                               st.seed[:size], st.step[:size], out, filtered=filtered)
