@@ -122,9 +122,9 @@ class GraphRunner:
         if prepare is not None:
             prepare()                # the captured workspace holds a plan for the capture
         graph = torch.cuda.CUDAGraph()
-        gc.collect()             # garbage from earlier runtimes (their graphs) goes now, not mid-capture:
-        gc_was = gc.isenabled()  # a CUDAGraph freed by the collector during capture invalidates it
-        gc.disable()
+        gc_was = gc.isenabled()  # no collection mid-capture: a CUDAGraph of an earlier runtime freed
+        gc.disable()             # by the collector then invalidates the capture (collecting here
+        #                          instead costs a full gc per graph: torch stopped doing it)
         try:
             with torch.cuda.graph(graph, pool=self._pool, capture_error_mode=self.capture_error_mode):
                 step()
