@@ -119,7 +119,8 @@ class BlockClock:
             return
         if self._last is not None and self._clean and policy is self.policy:
             b, kk, n, t0 = self._last
-            policy.observe_wall(b, kk, (now - t0) * 1e6 / n)
+            if now > t0 and n > 0:                       # a clock that did not advance says nothing
+                policy.observe_wall(b, kk, (now - t0) * 1e6 / n)
         self.policy, self._last, self._clean = policy, (bucket, k, units, now), True
 
     def interrupted(self) -> None:

@@ -228,3 +228,35 @@ def test_realized_wall_costs_turn_a_k_off_whose_blocks_run_slower_than_their_gra
                        ((1, 0, float("nan")), "us")):
         with pytest.raises(ValueError, match=field):
             pol.observe_wall(*bad)
+
+
+def test_block_clock_charges_each_interval_to_the_block_it_began_with():
+    """engine/speculation.BlockClock: launch-to-launch intervals per round (spec) or per step
+    (plain); an interval with a prefill or an idle loop in it is dropped; a policy without
+    observe_wall is told nothing; a zero-length interval is not reported."""
+    from graphrt.engine import speculation
+
+    class Seen:
+        def __init__(self):
+            self.calls = []
+
+        def observe_wall(self, bucket, k, us):
+            self.calls.append((bucket, k, us))
+    times = iter([1.0, 1.004, 1.010, 1.020, 1.030, 1.030, 1.031, 1.031])
+    real = speculation.time.perf_counter
+    speculation.time.perf_counter = lambda: next(times)
+    try:
+        pol, clock = Seen(), speculation.BlockClock()
+        clock.launched(pol, 4, 2, 4)              # t = 1.000: spec k = 2, 4 rounds
+        clock.launched(pol, 4, 0, 4)              # t = 1.004: -> 4000 us / 4 rounds
+        clock.interrupted()                       # a prefill ran
+        clock.launched(pol, 4, 0, 4)              # t = 1.010: dropped
+        clock.launched(pol, 4, 2, 4)              # t = 1.020: plain -> 10000 us / 4 steps
+        clock.launched(object(), 4, 0, 4)         # t = 1.030: no observe_wall: nothing, reset
+        clock.launched(pol, 4, 0, 4)              # t = 1.030: a new interval starts
+        clock.launched(pol, 4, 0, 4)              # t = 1.031 -> 1000 us / 4
+        clock.launched(pol, 4, 0, 4)              # t = 1.031 again: not reported
+    finally:
+        speculation.time.perf_counter = real
+    assert [(b, k) for b, k, _ in pol.calls] == [(4, 2), (4, 0), (4, 0)]
+    assert [round(us) for _, _, us in pol.calls] == [1000, 2500, 250]
