@@ -139,11 +139,14 @@ class EngineConfig:
     def reserve_bytes(self, spec, *, dtype_bytes: int, prefill_tokens: int = 8192) -> int:
         """Memory kept out of the KV pool for what runs beside it: a prefill chunk's activations
         (hidden, qkv, gate_up per token), the decode's [B, vocab] float32 logits with the sampler's
-        sort (values and int64 indices), and 256 MiB for workspaces, graphs and the allocator."""
+        sort (values and int64 indices), the slots' logits-processing rows (model/processing.py:
+        [B, vocab] int32 counts, bool prompt mask, float32 rule scratch) and 256 MiB for
+        workspaces, graphs and the allocator."""
         qkv = (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim
         per_token = (4 * spec.hidden_size + qkv + 3 * spec.intermediate_size) * dtype_bytes
         logits = self.max_batch * spec.vocab_size * (4 + 4 + 8)
-        return prefill_tokens * per_token + 2 * logits + (256 << 20)
+        processing = self.max_batch * spec.vocab_size * (4 + 1 + 4)
+        return prefill_tokens * per_token + 2 * logits + processing + (256 << 20)
 
     def memory_needed(self, spec, *, max_model_len: int, dtype_bytes: int, pool_pages: int,
                       num_kv_heads: int | None = None) -> dict[str, int]:

@@ -56,6 +56,14 @@ def test_memory_needed_counts_the_pool_and_the_tables(fields):
     cfg.check_memory(need, available_bytes=total, device="cpu")        # exactly enough: fine
 
 
+def test_reserve_counts_each_slots_processing_rows():
+    """Per slot beside the pool: the decode logits with the sort (2 x 16 bytes a token id) and
+    the logits-processing rows (int32 counts, bool prompt mask, float32 rule scratch: 9 bytes)."""
+    one, two = EngineConfig(max_batch=1), EngineConfig(max_batch=2)
+    per_slot = two.reserve_bytes(TINY, dtype_bytes=4) - one.reserve_bytes(TINY, dtype_bytes=4)
+    assert per_slot == TINY.vocab_size * (2 * 16 + 9)
+
+
 def _rss() -> int:
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
