@@ -5,7 +5,8 @@ tools/make_checkpoint.py) makes the host loop the bottleneck, which is what this
 per configuration (speculation none / ngram, bs 1 and 4) the wall time per generated token, the
 device time per token the executor measures for the same graphs, and the top host functions by
 own time (tottime) and by cumulative time, restricted to graphrt's modules. Then a repeated
-prompt under the prefix cache: its TTFT and the host functions of that prefill.
+prompt under the prefix cache: its TTFT and the host functions of that prefill, and the same
+TTFT with the engine on its own thread at the default and a short GIL switch interval.
 
     python tools/device/profile_engine.py --out $OUT/profile_engine.txt
     python tools/device/profile_engine.py --device cpu --layers 1 --tokens 8   # CPU smoke (numbers mean nothing)
@@ -39,7 +40,7 @@ def profile_decode(path: Path, device: str, spec: str, bs: int, tokens: int, row
     llm = LLM(str(path), device=device, max_batch=max(4, bs),
               max_model_len=1024 if device == "cuda" else 256, **kw)
     try:
-        prompts = [[(7 * i + 3 * j) % 3000 + 10 for j in range(64)] * 2 for i in range(bs)]
+        prompts = [[(7 * i + 3 * j) % 300 + 10 for j in range(64)] * 2 for i in range(bs)]
         p = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
         llm.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)   # warm-up
         prof = cProfile.Profile()
@@ -64,11 +65,11 @@ def profile_decode(path: Path, device: str, spec: str, bs: int, tokens: int, row
         llm.shutdown()
 
 
-def profile_prefix(path: Path, device: str, rows: int, log) -> None:
+def profile_prefix(path: Path, device: str, rows: int, log, prefix_len: int = 4096) -> None:
     from graphrt import LLM, SamplingParams
-    llm = LLM(str(path), device=device, max_batch=4, max_model_len=4096 + 64, enable_prefix_caching=True)
+    llm = LLM(str(path), device=device, max_batch=4, max_model_len=prefix_len + 64, enable_prefix_caching=True)
     try:
-        prefix = [(11 * j) % 3000 + 10 for j in range(4096)]
+        prefix = [(11 * j) % 300 + 10 for j in range(prefix_len)]
         one = SamplingParams(max_tokens=1, ignore_eos=True)
         llm.generate([prefix + [5, 6, 7]], one, use_tqdm=False)                  # cold: fills the cache
         for i in range(2):                                                       # warm the cached path
@@ -78,7 +79,7 @@ def profile_prefix(path: Path, device: str, rows: int, log) -> None:
         prof.enable()
         out = llm.generate([prefix + [40, 41, 42]], one, use_tqdm=False)[0]
         prof.disable()
-        log(f"\n=== repeated 4k prefix, 1 token: {(time.perf_counter() - t0) * 1e3:.1f} ms, cached "
+        log(f"\n=== repeated {prefix_len}-token prefix, 1 token: {(time.perf_counter() - t0) * 1e3:.1f} ms, cached "
             f"{getattr(out, 'num_cached_tokens', None)} ===")
         log(_top(prof, "tottime", rows))
         log(_top(prof, "cumulative", rows))
@@ -123,8 +124,7 @@ def main() -> None:
         for spec in ("none", "ngram"):
             for bs in (1, 4):
                 profile_decode(path, a.device, spec, bs, a.tokens, a.rows, log)
-        if a.device == "cuda":
-            profile_prefix(path, a.device, a.rows, log)
+        profile_prefix(path, a.device, a.rows, log, prefix_len=4096 if a.device == "cuda" else 128)
     if a.out:
         Path(a.out).write_text("\n".join(lines) + "\n")
 
