@@ -260,3 +260,10 @@ def test_block_clock_charges_each_interval_to_the_block_it_began_with():
         speculation.time.perf_counter = real
     assert [(b, k) for b, k, _ in pol.calls] == [(4, 2), (4, 0), (4, 0)]
     assert [round(us) for _, _, us in pol.calls] == [1000, 2500, 250]
+
+
+def test_wall_ema_out_of_range_is_refused():
+    c = StepCosts(decode_us={1: 470.0}, verify_us={1: {2: 500.0}})
+    for bad in (0.0, 1.5, "x"):
+        with pytest.raises(ValueError, match="wall_ema"):
+            SpecPolicy(c, ks=(1,), max_slots=2, wall_ema=bad)
