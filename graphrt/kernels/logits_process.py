@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from graphrt.kernels.launch import pdl_options, pdl_prologue, use_pdl
+from graphrt.kernels.sample import gumbel_score
 
 CHUNK = 2048                                   # tokens per program on the GPU
 _KMIN = tl.constexpr(-(2 ** 63) + 1)           # below every key: an empty top-W slot
@@ -186,8 +187,7 @@ def _second(x_ptr, x_stride, V, S, xmax_ptr, params_ptr, pa_stride, slot_ptr, te
             if temp > 0:
                 seed = tl.load(seed_ptr + r)
                 t = tl.load(step_ptr + r).to(tl.int64)
-                u = tl.rand(seed, (t << 32) | tok)
-                score = tl.where(valid, (y - top) / safe_t - tl.log(-tl.log(u)), float("-inf"))
+                score = tl.where(valid, gumbel_score(y, top, safe_t, seed, t << 32, tok), float("-inf"))
                 bm = tl.max(score, axis=0)
                 tl.store(score_ptr + at, bm)
                 tl.store(sarg_ptr + at, tl.min(tl.where((score == bm) & valid, tok, _BIG), axis=0))

@@ -26,6 +26,16 @@ BLOCK = 1024
 _BIG = tl.constexpr(2 ** 62)   # above every token id: the neutral element of the lowest-id tie rule
 
 
+@triton.jit
+def gumbel_score(v, top, safe_t, seed, t_shifted, tok):
+    """The sampling rule's Gumbel-max score of token ids `tok` with float32 logits `v` (any
+    broadcastable shapes): (v - top) / T - log(-log(u)), u Philox-uniform keyed by (seed, draw
+    index t, token id) (t_shifted = t << 32, int64). The drawn token is the highest score, ties
+    to the lowest id. Every sampler (this module, kernels/logits_process.py) scores with it."""
+    u = tl.rand(seed, t_shifted | tok)
+    return (v - top) / safe_t - tl.log(-tl.log(u))
+
+
 @triton.jit(do_not_specialize=["vocab", "n_rows"])
 def _sample_kernel(vals_ptr, idx_ptr, vocab, n_rows, temperature_ptr, top_k_ptr, top_p_ptr,
                    seed_ptr, step_ptr, out_ptr, kept_ptr, SORTED: tl.constexpr,
@@ -102,8 +112,7 @@ def _sample_kernel(vals_ptr, idx_ptr, vocab, n_rows, temperature_ptr, top_k_ptr,
                 tok = tl.load(irow + i, mask=inside, other=0).to(tl.int64)
             else:
                 tok = tl.zeros((ROWS, BLOCK), tl.int64) + i
-            u = tl.rand(seed, tt | tok)
-            score = tl.where(inside, (v - top[:, None]) / safe_t[:, None] - tl.log(-tl.log(u)),
+            score = tl.where(inside, gumbel_score(v, top[:, None], safe_t[:, None], seed, tt, tok),
                              float("-inf"))
             bm = tl.max(score, axis=1)
             bt = tl.min(tl.where((score == bm[:, None]) & inside, tok, _BIG), axis=1)
