@@ -179,8 +179,12 @@ class LocalExecutor:
         if self._proposer_state:
             fresh = [s for s in range(n) if s not in self._draft_stale]
             if fresh and self.spec.draft is not None:    # where each slot's draft K/V stops (device)
-                idx = torch.tensor(fresh, dtype=torch.long, device=self.device)
-                self._draft_since.index_copy_(0, idx, self.runtime.slots.seq_lens.index_select(0, idx))
+                lens = self.runtime.slots.seq_lens
+                if len(fresh) == n:                      # after a spec block: no host tensor (a
+                    self._draft_since[:n].copy_(lens[:n])   # pageable copy would wait for the stream)
+                else:
+                    idx = torch.tensor(fresh, dtype=torch.long, device=self.device)
+                    self._draft_since.index_copy_(0, idx, lens.index_select(0, idx))
             self._draft_stale.update(range(n))
         if processed:
             return self.runtime.decode_slots(n, sampled=True, processed=True, filtered=filtered)
