@@ -51,10 +51,14 @@ def test_stats_deltas_and_comparison():
     after["spec_plain_blocks"] = 6
     d = bst.derive(before, after)
     assert d == {"proposed": 40, "accepted": 30, "rounds": 10, "acceptance": 0.75, "tokens_per_round": 4.0,
-                 "blocks_by_k": {4: 3, 1: 3}, "plain_blocks": 6}
+                 "blocks_by_k": {4: 3, 1: 3}, "plain_blocks": 6, "decode_over_graphs": None}
+    before["spec_block_wall_s"], before["spec_block_graph_s"] = 1.0, 0.5
+    after["spec_block_wall_s"], after["spec_block_graph_s"] = 3.0, 2.4
+    assert bst.derive(before, after)["decode_over_graphs"] == pytest.approx(0.95)   # (2.4 - 0.5) / 2
     assert bst.derive({}, {"running": 1}) == {"proposed": None, "accepted": None, "rounds": None,
                                               "acceptance": None, "tokens_per_round": None,
-                                              "blocks_by_k": {}, "plain_blocks": 0}
+                                              "blocks_by_k": {}, "plain_blocks": 0,
+                                              "decode_over_graphs": None}
     from graphrt.speculative.policy import StepCosts
     costs = StepCosts(decode_us={1: 100.0}, verify_us={1: {2: 110.0, 5: 130.0}})
     # 3 blocks x 2 rounds at k = 4 and at k = 1, 6 plain blocks of 3 steps: 780 + 660 + 1800 µs

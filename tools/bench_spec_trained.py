@@ -11,7 +11,9 @@ CUDA also the family's own step costs (part 1's measurement on the two checkpoin
 row, the speed-up the round arithmetic predicts from its measured tokens per round ("x arith"),
 and "x runner": the device time of the blocks the engine ran (per k the policy chose, and plain
 blocks, at the executor's measured graph costs) over the wall time through LLM: the engine adds
-nothing when it is >= 0.95 (the wall time includes the prefills).
+nothing when it is >= 0.95 (the wall time includes the prefills); "x graphs": the same over the
+decode blocks alone (Engine.stats' spec_block_graph_s / spec_block_wall_s: each block timed launch
+to launch, intervals with a prefill dropped), i.e. the loop's cost per block without the TTFT.
 Workloads, from the held-out files of the corpus split (never trained on):
   heldout   the first P tokens of a held-out file; the model continues it
   repeat    a held-out file (about P tokens of whole lines), then its first lines again: the
@@ -108,7 +110,10 @@ def derive(before: dict, after: dict) -> dict:
     by_k = {k: n - before.get("spec_blocks_by_k", {}).get(k, 0)
             for k, n in after.get("spec_blocks_by_k", {}).items()}
     plain = after.get("spec_plain_blocks", 0) - before.get("spec_plain_blocks", 0)
+    wall = after.get("spec_block_wall_s", 0.0) - before.get("spec_block_wall_s", 0.0)
+    graph = after.get("spec_block_graph_s", 0.0) - before.get("spec_block_graph_s", 0.0)
     return {"proposed": p, "accepted": a, "rounds": r,
+            "decode_over_graphs": graph / wall if wall > 0 else None,
             "acceptance": (a / p if p else 0.0) if p is not None and a is not None else None,
             "tokens_per_round": ((a + r) / r if r else None) if a is not None and r is not None else None,
             "blocks_by_k": {k: n for k, n in by_k.items() if n}, "plain_blocks": plain}
@@ -172,7 +177,8 @@ def run_method(method: str, family: Path, plan: Plan, loads: dict, device: str, 
                              "engine_over_runner": ratio, **st})
                 log(f"{method:<6}{name:<9}bs {bs}: {tok_s:9.1f} tok/s/stream  acceptance "
                     f"{_fmt(st['acceptance'])}  tokens/round {_fmt(st['tokens_per_round'])}  "
-                    f"blocks by k {st['blocks_by_k']} + {st['plain_blocks']} plain  x runner {_fmt(ratio)}")
+                    f"blocks by k {st['blocks_by_k']} + {st['plain_blocks']} plain  x runner {_fmt(ratio)}  "
+                    f"x graphs {_fmt(st['decode_over_graphs'])}")
     finally:
         llm.shutdown()
         del llm
@@ -266,7 +272,7 @@ def projection(rows: list[dict], part1: list[dict], *, target="llama-3.1-8b", dr
 def table(result: dict) -> str:
     lines = ["part 2 (measured): trained family through LLM, greedy, tokens/s per stream",
              f"{'method':<8}{'workload':<10}{'bs':>3}{'tok/s':>10}{'x none':>8}{'accept':>8}"
-             f"{'tok/rnd':>8}{'same':>7}{'x arith':>9}{'x runner':>9}"]
+             f"{'tok/rnd':>8}{'same':>7}{'x arith':>9}{'x runner':>9}{'x graphs':>9}"]
     for r in result["measured"]:
         if "error" in r:
             lines.append(f"{r['method']:<8}error: {r['error'][:80]}")
@@ -275,7 +281,8 @@ def table(result: dict) -> str:
         lines.append(f"{r['method']:<8}{r['workload']:<10}{r['batch']:>3}{r['tok_s_per_stream']:>10.1f}"
                      f"{_fmt(r.get('speedup_vs_none'), '8.2f')}{_fmt(r.get('acceptance'), '8.3f')}"
                      f"{_fmt(r.get('tokens_per_round'), '8.2f')}{same:>7}"
-                     f"{_fmt(r.get('arithmetic_speedup'), '9.2f')}{_fmt(r.get('engine_over_runner'), '9.3f')}")
+                     f"{_fmt(r.get('arithmetic_speedup'), '9.2f')}{_fmt(r.get('engine_over_runner'), '9.3f')}"
+                     f"{_fmt(r.get('decode_over_graphs'), '9.3f')}")
     if result["projection_8b"]:
         lines += ["", "part 3: PROJECTION (arithmetic, not measured): 8B target from part-1 8B-shape costs "
                   "and the acceptance above", f"{'method':<8}{'workload':<10}{'bs':>3}{'a fit':>7}"

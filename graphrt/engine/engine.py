@@ -470,7 +470,9 @@ class Engine:
         loop may move between reads): requests running / waiting, KV pages used / free, tokens
         streamed so far; with speculation also spec_proposed, spec_accepted, spec_rounds,
         spec_emitted, spec_acceptance_rate, spec_tokens_per_round, spec_blocks, spec_plain_blocks
-        (cumulative device counts, engine/speculation.py). pages_free counts cached pages no
+        (cumulative device counts, engine/speculation.py) and spec_block_wall_s / spec_block_graph_s
+        (decode blocks timed launch to launch, prefills excluded, and the same blocks at their
+        graphs' measured costs: BlockClock). pages_free counts cached pages no
         request holds (pages_cached: pages in the prefix cache, held or not); prefix_cache_queries
         / prefix_cache_hits: prompt tokens looked up in the prefix cache / found there."""
         sched, alloc = self.scheduler, self.scheduler.allocator
@@ -482,7 +484,7 @@ class Engine:
                "prefix_cache_queries": cache.queries if cache is not None else 0,
                "prefix_cache_hits": cache.hits if cache is not None else 0}
         if self.spec is not None:                     # speculation: cumulative device counts
-            out.update(spec_stats(self.spec_counts))
+            out.update(spec_stats(self.spec_counts, self._clock))
         return out
 
     # ---- background thread --------------------------------------------------------------------

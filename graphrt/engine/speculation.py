@@ -104,10 +104,14 @@ class BlockClock:
     wall time from one decode launch to the next is charged to the first block (its host work,
     the previous block's read-back under overlap, a draft catch-up before it), per round (spec,
     k >= 1) or per step (plain, k = 0). An interval with a prefill in it, or after an idle loop,
-    is not charged (it measures the prefill or the wait, not the block)."""
+    is not charged (it measures the prefill or the wait, not the block).
+    Totals over the charged intervals (the decode phase only: what the engine adds per block):
+    wall_s, their wall time; graph_s, the same blocks at the policy's measured graph costs
+    (`graph_costs`, CUDA graphs; 0 without them). graph_s / wall_s ~ 1: the loop adds nothing."""
 
     def __init__(self, policy=None):
         self.policy, self._last, self._clean = policy, None, False
+        self.wall_s = self.graph_s = 0.0
 
     def launched(self, policy, bucket: int, k: int, units: int) -> None:
         """A decode block (k proposals a round, 0 = plain; `units` rounds or steps) chosen by
@@ -121,6 +125,10 @@ class BlockClock:
             b, kk, n, t0 = self._last
             if now > t0 and n > 0:                       # a clock that did not advance says nothing
                 policy.observe_wall(b, kk, (now - t0) * 1e6 / n)
+                costs = getattr(policy, "graph_costs", None)
+                if costs is not None:
+                    self.wall_s += now - t0
+                    self.graph_s += n * (costs.round_us(b, kk) if kk else costs.step_us(b)) / 1e6
         self.policy, self._last, self._clean = policy, (bucket, k, units, now), True
 
     def interrupted(self) -> None:
@@ -128,14 +136,16 @@ class BlockClock:
         self._clean = False
 
 
-def spec_stats(counts: dict) -> dict:
-    """Engine.stats()'s speculation keys from the cumulative counts."""
+def spec_stats(counts: dict, clock: BlockClock | None = None) -> dict:
+    """Engine.stats()'s speculation keys from the cumulative counts (and the block clock's totals:
+    spec_block_wall_s, spec_block_graph_s)."""
     c = dict(counts)
+    timing = {} if clock is None else {"spec_block_wall_s": clock.wall_s, "spec_block_graph_s": clock.graph_s}
     return {"spec_proposed": c["proposed"], "spec_accepted": c["accepted"], "spec_rounds": c["rounds"],
             "spec_emitted": c["emitted"], "spec_blocks": c["blocks"], "spec_plain_blocks": c["plain_blocks"],
             "spec_acceptance_rate": c["accepted"] / c["proposed"] if c["proposed"] else 0.0,
             "spec_tokens_per_round": c["emitted"] / c["rounds"] if c["rounds"] else 0.0,
-            "spec_blocks_by_k": dict(c.get("by_k", {}))}
+            "spec_blocks_by_k": dict(c.get("by_k", {})), **timing}
 
 
 def default_policy(executor):

@@ -81,8 +81,13 @@ def test_spec_block_launch_and_admission_make_no_host_sync(path):
     sched, batch = eng.scheduler, eng.batch
     late = [eng.add_request(x, p) for x in _prompts(6)[3:]]
     eng._drain_inbox()
-    admitted = sched.admit()                         # host: slots, pages, batch rows
-    eng._prefill(admitted)                           # the prefill itself reads its error flag (a sync)
+    assert len(sched.admit()) == 3                   # host: slots, pages, batch rows
+    for _ in range(8):                               # chunked under the batched-token budget
+        work = sched.prefill_work()
+        if not work:
+            break
+        eng._prefill(work)                           # the prefill itself reads its error flag (a sync)
+    assert not sched.prefill_work() and not sched.prefilling
     rows = sched.decode_rows()
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")

@@ -262,6 +262,33 @@ def test_block_clock_charges_each_interval_to_the_block_it_began_with():
     assert [round(us) for _, _, us in pol.calls] == [1000, 2500, 250]
 
 
+def test_block_clock_totals_the_charged_blocks_at_wall_and_graph_cost():
+    """BlockClock.wall_s / graph_s (Engine.stats' spec_block_wall_s / spec_block_graph_s): only
+    charged intervals count (not one with a prefill in it), each block at its graph's cost: R
+    rounds at round_us(bucket, k), K plain steps at step_us(bucket)."""
+    from graphrt.engine import speculation
+    costs = StepCosts(decode_us={4: 100.0}, verify_us={4: {3: 150.0}}, draft_us={4: 20.0})
+    pol = SpecPolicy(costs, ks=(2,), max_slots=4)
+    times = iter([1.0, 1.002, 1.003, 1.010, 1.011])
+    real = speculation.time.perf_counter
+    speculation.time.perf_counter = lambda: next(times)
+    try:
+        clock = speculation.BlockClock()
+        clock.launched(pol, 4, 2, 4)              # t = 1.000: 4 rounds at k = 2
+        clock.launched(pol, 4, 0, 4)              # t = 1.002: charged 2 ms; plain, 4 steps
+        clock.launched(pol, 4, 0, 4)              # t = 1.003: charged 1 ms
+        clock.interrupted()
+        clock.launched(pol, 4, 2, 4)              # t = 1.010: dropped (a prefill ran)
+        clock.launched(pol, 4, 0, 4)              # t = 1.011: charged 1 ms
+    finally:
+        speculation.time.perf_counter = real
+    assert clock.wall_s == pytest.approx(0.004)
+    rnd = costs.round_us(4, 2)                    # verify(3) + 2 draft steps + proposer
+    assert clock.graph_s == pytest.approx((4 * rnd + 4 * 100.0 + 4 * rnd) / 1e6)
+    assert speculation.spec_stats({"proposed": 0, "accepted": 0, "rounds": 0, "emitted": 0, "blocks": 0,
+                                   "plain_blocks": 0}, clock)["spec_block_wall_s"] == clock.wall_s
+
+
 def test_wall_ema_out_of_range_is_refused():
     c = StepCosts(decode_us={1: 470.0}, verify_us={1: {2: 500.0}})
     for bad in (0.0, 1.5, "x"):

@@ -1,0 +1,189 @@
+"""Where the device waits in the engine loop: graph step time vs engine time per token, the
+device's idle gaps (torch.profiler kernel timeline) and every host synchronisation (with the
+graphrt frames that made it), on a short-step model where any gap shows.
+
+Per configuration (speculation none / ngram, bs 1 and 4): step_us (the graph step, K-step
+replays back to back, tools/bench_engine.step_ms), engine_us (wall per token per stream through
+LLM.generate), busy (the union of kernel intervals over the generate window / the window), the
+gaps between kernels over 20 us (count, sum, largest) with the host runtime call that ended each
+(what the device waited for), and the synchronising calls sync-debug mode reports, by stack.
+
+    python tools/device/engine_gaps.py --out $OUT/engine_gaps.json      # H200: Llama-3.2-1B shape, 4 layers
+    python tools/device/engine_gaps.py --device cpu --layers 1 --tokens 8   # CPU smoke (numbers mean nothing)
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+TOOLS = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(TOOLS.parent))
+sys.path.insert(0, str(TOOLS))
+
+def _frames() -> str:
+    st = [f for f in traceback.extract_stack() if "/graphrt/" in f.filename]
+    return " <- ".join(f"{Path(f.filename).parent.name}/{Path(f.filename).name}:{f.lineno}:{f.name}"
+                       for f in st[::-1][:5]) or "(outside graphrt)"
+
+
+def sync_sites(run) -> dict[str, int]:
+    """Every synchronising CUDA call sync-debug mode reports while `run()` runs, by graphrt stack."""
+    import torch
+    seen: collections.Counter = collections.Counter()
+    with warnings.catch_warnings():                  # restores showwarning and the filters
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda msg, *a, **k: seen.update([f"{str(msg)[:60]} @ {_frames()}"])
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return dict(seen.most_common(12))
+
+
+def timeline(run, trace_path: Path) -> dict:
+    """Kernel busy fraction and idle gaps over `run()`, from a torch.profiler chrome trace."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+    prof.export_chrome_trace(str(trace_path))
+    ev = json.loads(trace_path.read_text())
+    ev = ev["traceEvents"] if isinstance(ev, dict) else ev
+    kern = sorted((e["ts"], e["ts"] + e.get("dur", 0)) for e in ev
+                  if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    rt = sorted((e["ts"], e.get("dur", 0), e["name"]) for e in ev
+                if e.get("ph") == "X" and e.get("cat") == "cuda_runtime")
+    if not kern:
+        return {"kernels": 0}
+    busy, gaps, end = 0.0, [], kern[0][0]
+    for a, b in kern:
+        if a > end:
+            gaps.append((a - end, end, a))
+        busy += max(0.0, b - max(a, end))
+        end = max(end, b)
+    window = end - kern[0][0]
+    big = [g for g in gaps if g[0] > 20]
+    lo, hi = kern[0][0] + 0.25 * window, kern[0][0] + 0.75 * window     # the steady middle half
+    mid = [g for g in big if lo <= g[1] <= hi]
+    cpu = sorted((e["ts"], e["name"]) for e in ev if e.get("ph") == "X" and e.get("cat") == "cpu_op")
+    why: collections.Counter = collections.Counter()
+    ops: collections.Counter = collections.Counter()
+    for g, a, b in mid:                   # what the host did while the device waited
+        why.update(r[2] for r in rt if a <= r[0] <= b)
+        ops.update(name for ts, name in cpu if a <= ts <= b)
+    syncs: collections.Counter = collections.Counter()
+    for ts, dur, name in rt:
+        if "Synchronize" in name or name == "cudaMemcpy":
+            syncs[name] += dur
+    return {"kernels": len(kern), "window_us": window, "busy": busy / window if window else 0.0,
+            "gaps_over_20us": len(big), "gap_sum_us": sum(g[0] for g in big),
+            "largest_gap_us": max((g[0] for g in big), default=0.0),
+            "mid_gaps": len(mid), "mid_gap_sum_us": sum(g[0] for g in mid),
+            "mid_gap_us": sorted(round(g[0]) for g in mid)[-12:],
+            "mid_runtime_calls": dict(why.most_common(10)), "mid_cpu_ops": dict(ops.most_common(14)),
+            "sync_call_us": dict(syncs.most_common(8))}
+
+
+def phases(eng, run) -> dict:
+    """Host time per engine phase over `run()` (perf_counter around the loop's methods; the
+    block read-back's wait on the device counted apart), per decode block."""
+    acc: collections.Counter = collections.Counter()
+    saved = {}
+
+    def wrap(name):
+        f = getattr(eng, name)
+        saved[name] = f
+
+        def g(*a, **k):
+            if name == "_finish" and a[0].event is not None:
+                t = time.perf_counter()
+                a[0].event.synchronize()
+                acc["finish_wait"] += time.perf_counter() - t
+            t = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                acc[name] += time.perf_counter() - t
+                acc[name + "_n"] += 1
+        setattr(eng, name, g)
+    for name in ("_drain_inbox", "_prefill_guarded", "_decode", "_finish", "_step"):
+        wrap(name)
+    try:
+        run()
+    finally:
+        for name in saved:
+            delattr(eng, name)
+    n = max(acc["_decode_n"], 1)
+    return {"blocks": acc["_decode_n"], **{f"{k}_us_per_block": round(acc[k] / n * 1e6, 1)
+                                           for k in ("_step", "_drain_inbox", "_prefill_guarded",
+                                                     "_decode", "_finish", "finish_wait")}}
+
+
+def configure(path: Path, device: str, spec: str, bs: int, tokens: int, out_dir: Path) -> dict:
+    import torch
+
+    from bench_engine import step_ms
+    from graphrt import LLM, SamplingParams
+    kw = {} if spec == "none" else {"speculative": {"method": "ngram", "num_tokens": 4}}
+    llm = LLM(str(path), device=device, max_batch=max(4, bs),
+              max_model_len=1024 if device == "cuda" else 256, **kw)
+    try:
+        prompts = [[(7 * i + 3 * j) % 300 + 10 for j in range(64)] * 2 for i in range(bs)]
+        p = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
+        llm.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)   # warm-up
+        walls = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            outs = llm.generate(prompts, p, use_tqdm=False)
+            walls.append((time.perf_counter() - t0) / max(len(outs[0].token_ids), 1) * 1e6)
+        row = {"spec": spec, "bs": bs, "engine_us_per_token": sorted(walls)[1]}
+        if device == "cuda":
+            row["step_us"] = step_ms(llm, bs, 128, torch, 16) * 1e3
+            row["engine_x_step"] = row["engine_us_per_token"] / row["step_us"]
+        one = lambda: llm.generate(prompts, p, use_tqdm=False)   # noqa: E731
+        if device == "cuda":
+            row["syncs"] = sync_sites(one)
+        row["phases"] = phases(llm.engine, one)
+        row["timeline"] = timeline(one, out_dir / f"trace_{spec}_bs{bs}.json")
+        st = llm.engine.stats()
+        row["spec_blocks"], row["plain_blocks"] = st.get("spec_blocks"), st.get("spec_plain_blocks")
+        return row
+    finally:
+        llm.shutdown()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", help="a checkpoint directory (default: write one)")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=192)
+    ap.add_argument("--configs", default="none:1,none:4,ngram:1")
+    ap.add_argument("--out", help="write the rows here (JSON); traces beside it")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(a.model) if a.model else None
+        if path is None:
+            from make_checkpoint import write_checkpoint
+            shape = "llama-3.2-1b" if a.device == "cuda" else "tiny"
+            path = write_checkpoint(Path(tmp) / "ck", shape, num_layers=a.layers)
+        out_dir = Path(a.out).parent if a.out else Path(tmp)
+        rows = []
+        for c in a.configs.split(","):
+            spec, bs = c.split(":")
+            row = configure(path, a.device, spec, int(bs), a.tokens, out_dir)
+            print(json.dumps(row, indent=1), flush=True)
+            rows.append(row)
+        if a.out:
+            Path(a.out).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
