@@ -533,13 +533,14 @@ class Engine:
 
 def prefill_options(runtime, enable_prefix_caching: bool, max_num_batched_tokens: int | None):
     """(prefix-cache seed or None, prefill token budget or None) for an engine over `runtime`: a
-    draft model prefills whole prompts only (neither a cached prefix nor chunks)."""
+    draft model or an EAGLE-3 head prefills whole prompts only (neither a cached prefix nor chunks:
+    the executor's partial_prefill)."""
     if not isinstance(enable_prefix_caching, bool):
         raise ValueError(f"enable_prefix_caching: expected a bool, got {enable_prefix_caching!r}")
-    spec = getattr(runtime, "spec", None)
-    if spec is not None and getattr(spec, "draft", None) is not None:
+    if not getattr(runtime, "partial_prefill", True):
         if enable_prefix_caching or max_num_batched_tokens is not None:
-            log.info("engine: a draft model prefills whole prompts: prefix caching and chunked prefill off")
+            log.info("engine: a draft model or an EAGLE-3 head prefills whole prompts: prefix caching "
+                     "and chunked prefill off")
         return None, None
     model = runtime.model
     seed = f"{type(model).__name__}|{model.spec!r}|{runtime.config!r}"   # the model, dtype, KV format

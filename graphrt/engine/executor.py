@@ -93,8 +93,15 @@ class LocalExecutor:
             self._check_partial_prefill()
         return self.runtime.prefill(prompts, block_table, starts=starts, **record)
 
+    @property
+    def partial_prefill(self) -> bool:
+        """Whether a prefill may start after cached tokens (a prefix-cache hit, a chunk): not with
+        a draft model or an EAGLE-3 head, which prefill whole prompts (engine.prefill_options
+        turns prefix caching and chunking off for them)."""
+        return self.spec is None or (self.spec.draft is None and getattr(self.spec, "eagle", None) is None)
+
     def _check_partial_prefill(self) -> None:
-        if self.spec is not None and (self.spec.draft is not None or getattr(self.spec, "eagle", None) is not None):
+        if not self.partial_prefill:
             raise ValueError("starts: a draft model or an EAGLE-3 head prefills whole prompts (no cached "
                              "prefix or chunks)")
 

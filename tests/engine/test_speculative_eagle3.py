@@ -83,6 +83,22 @@ def test_greedy_equals_plain_with_stops_and_max_tokens(plain, eagle, full):
     assert alloc.num_free == alloc.num_pages
 
 
+def test_a_repeated_prompt_prefills_whole_under_a_head(plain, eagle):
+    """The head prefills whole prompts, so prefix caching (and chunking) are off under EAGLE-3: a
+    prompt sent twice, whose pages the plain engine finds cached the second time, runs both times
+    with the head (it failed with 'starts: ... prefills whole prompts'), equal to plain."""
+    long = [(3 * j) % 50 + 5 for j in range(40)]
+    hits = plain.engine.stats()["prefix_cache_hits"]
+    want = plain.generate([long], GREEDY, use_tqdm=False)
+    assert plain.generate([long], GREEDY, use_tqdm=False)[0].num_cached_tokens > 0
+    assert plain.engine.stats()["prefix_cache_hits"] > hits
+    for _ in range(2):
+        got = eagle.generate([long], GREEDY, use_tqdm=False)
+        _same(got, want)
+        assert got[0].num_cached_tokens == 0
+    assert eagle.engine.stats()["prefix_cache_queries"] == 0
+
+
 def test_repeat_head_counts_are_the_engines(eagle, full):
     """The repeat head proposes exactly the last token (float32): with max_tokens the only stop
     (the device's own), the engine's acceptance counts are what repeat_head_counts derives from
