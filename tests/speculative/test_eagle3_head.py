@@ -67,6 +67,21 @@ def test_prefill_then_chain_matches_dense(nbr):
     assert int(err) == 0
 
 
+def test_prefill_pieces_take_few_query_lengths():
+    """head.prefill_chunks: the pieces tile [0, n) in order; over every n the query lengths are
+    the chunk and the powers of two below it (the multi-query kernel is compiled per length: a
+    prompt of a new length must not compile it again, which stalled every stream for seconds)."""
+    from graphrt.speculative.eagle3.head import PREFILL_CHUNK, prefill_chunks
+    sizes = set()
+    for n in range(1, 200):
+        pieces = prefill_chunks(n)
+        assert [s for s, _ in pieces] == [sum(q for _, q in pieces[:i]) for i in range(len(pieces))]
+        assert sum(q for _, q in pieces) == n
+        sizes.update(q for _, q in pieces)
+    assert sizes == {PREFILL_CHUNK, 8, 4, 2, 1}
+    assert prefill_chunks(12, 12) == [(0, 12)] and prefill_chunks(23, 12) == [(0, 12), (12, 8), (20, 2), (22, 1)]
+
+
 @pytest.mark.parametrize("accepted", [(0, 3), (3, 1), (2, 0)])
 def test_round_after_verify_matches_dense(accepted):
     """Prefill n0 tokens, chain k - 1 steps (draft K/V), then a verify's draft-extend over k + 1

@@ -139,8 +139,7 @@ class Eagle3Head:
         for r, n in enumerate(lens):
             if n < 1:
                 raise ValueError(f"lens[{r}]: every prompt needs >= 1 token, got {n}")
-            for s in range(0, n, chunk):
-                q = min(chunk, n - s)
+            for s, q in prefill_chunks(n, chunk):
                 cache = torch.tensor([s], dtype=torch.int32, device=self.device)
                 lg, h = self.extend(hidden3[None, start + s: start + s + q], tokens[None, start + s: start + s + q],
                                     cache, kv_cache, block_table[r:r + 1], error)
@@ -150,4 +149,21 @@ class Eagle3Head:
         return torch.stack(logits), torch.stack(hs)
 
 
-__all__ = ["Eagle3Head", "PREFILL_CHUNK"]
+def prefill_chunks(n: int, chunk: int = PREFILL_CHUNK) -> list[tuple[int, int]]:
+    """(start, length) pieces of an n-token prompt: `chunk`-token pieces, then the remainder in
+    powers of two, largest first (13 -> 8, 4, 1), so the multi-query kernel, specialised on its
+    query length, is compiled for chunk and the powers of two below it only, never per prompt."""
+    out, s = [], 0
+    while n - s >= chunk:
+        out.append((s, chunk))
+        s += chunk
+    q = 1 << max(n - s, 1).bit_length()
+    while s < n:
+        q >>= 1
+        if n - s >= q:
+            out.append((s, q))
+            s += q
+    return out
+
+
+__all__ = ["Eagle3Head", "PREFILL_CHUNK", "prefill_chunks"]
