@@ -92,17 +92,18 @@ def timeline(run, trace_path: Path) -> dict:
 
 
 def phases(eng, run) -> dict:
-    """Host time per engine phase over `run()` (perf_counter around the loop's methods; the
-    block read-back's wait on the device counted apart), per decode block."""
+    """Host time per engine phase over `run()` (perf_counter around the loop's methods and, inside
+    _decode, the scheduler's grow, the batch's flush and the executor's launches; the block
+    read-back's wait on the device counted apart), per decode block."""
     acc: collections.Counter = collections.Counter()
-    saved = {}
+    saved = []
 
-    def wrap(name):
-        f = getattr(eng, name)
-        saved[name] = f
+    def wrap(obj, name, label):
+        f = getattr(obj, name)
+        saved.append((obj, name))
 
         def g(*a, **k):
-            if name == "_finish" and a[0].event is not None:
+            if label == "_finish" and a[0].event is not None:
                 t = time.perf_counter()
                 a[0].event.synchronize()
                 acc["finish_wait"] += time.perf_counter() - t
@@ -110,20 +111,36 @@ def phases(eng, run) -> dict:
             try:
                 return f(*a, **k)
             finally:
-                acc[name] += time.perf_counter() - t
-                acc[name + "_n"] += 1
-        setattr(eng, name, g)
+                acc[label] += time.perf_counter() - t
+                acc[label + "_n"] += 1
+        setattr(obj, name, g)
     for name in ("_drain_inbox", "_prefill_guarded", "_decode", "_finish", "_step"):
-        wrap(name)
+        wrap(eng, name, name)
+    wrap(eng.scheduler, "grow", "grow")
+    wrap(eng.batch, "flush", "flush")
+    for name in ("decode_block", "spec_block"):
+        if hasattr(eng.runtime, name):
+            wrap(eng.runtime, name, name)
+    runners = {id(g): g for g in (getattr(getattr(eng.runtime, "runtime", None), "graphs", None),
+                                  getattr(getattr(eng.runtime, "spec", None), "graphs", None)) if g is not None}
+    for g in runners.values():                # replays vs eager runs (a key never captured)
+        f = g.run
+        saved.append((g, "run"))
+
+        def counted(*a, f=f, **k):
+            out = f(*a, **k)
+            acc["replayed" if out else "eager"] += 1
+            return out
+        g.run = counted
     try:
         run()
     finally:
-        for name in saved:
-            delattr(eng, name)
+        for obj, name in saved:
+            delattr(obj, name)
     n = max(acc["_decode_n"], 1)
-    return {"blocks": acc["_decode_n"], **{f"{k}_us_per_block": round(acc[k] / n * 1e6, 1)
-                                           for k in ("_step", "_drain_inbox", "_prefill_guarded",
-                                                     "_decode", "_finish", "finish_wait")}}
+    keys = ("_step", "_drain_inbox", "_prefill_guarded", "_decode", "grow", "flush", "decode_block",
+            "spec_block", "_finish", "finish_wait")
+    return {"blocks": acc["_decode_n"], "graph_replays": acc["replayed"], "eager_runs": acc["eager"], **{f"{k}_us_per_block": round(acc[k] / n * 1e6, 1) for k in keys}}
 
 
 def configure(path: Path, device: str, spec: str, bs: int, tokens: int, out_dir: Path) -> dict:
@@ -131,7 +148,8 @@ def configure(path: Path, device: str, spec: str, bs: int, tokens: int, out_dir:
 
     from bench_engine import step_ms
     from graphrt import LLM, SamplingParams
-    kw = {} if spec == "none" else {"speculative": {"method": "ngram", "num_tokens": 4}}
+    kw = {} if spec == "none" else {"speculative": {"method": "ngram", "num_tokens": 4}} if spec == "ngram" \
+        else {"speculative": {"method": "draft", "num_tokens": 4, "model": spec.split("=", 1)[1]}}
     llm = LLM(str(path), device=device, max_batch=max(4, bs),
               max_model_len=1024 if device == "cuda" else 256, **kw)
     try:
@@ -165,7 +183,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=192)
-    ap.add_argument("--configs", default="none:1,none:4,ngram:1")
+    ap.add_argument("--configs", default="none:1,none:4,ngram:1",
+                    help="spec:bs pairs; spec none, ngram, or draft=DIR (a draft checkpoint)")
     ap.add_argument("--out", help="write the rows here (JSON); traces beside it")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -177,7 +196,7 @@ def main() -> None:
         out_dir = Path(a.out).parent if a.out else Path(tmp)
         rows = []
         for c in a.configs.split(","):
-            spec, bs = c.split(":")
+            spec, bs = c.rsplit(":", 1)
             row = configure(path, a.device, spec, int(bs), a.tokens, out_dir)
             print(json.dumps(row, indent=1), flush=True)
             rows.append(row)
