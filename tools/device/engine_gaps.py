@@ -172,6 +172,15 @@ def configure(path: Path, device: str, spec: str, bs: int, tokens: int, out_dir:
         row["timeline"] = timeline(one, out_dir / f"trace_{spec}_bs{bs}.json")
         st = llm.engine.stats()
         row["spec_blocks"], row["plain_blocks"] = st.get("spec_blocks"), st.get("spec_plain_blocks")
+        row["blocks_by_k"] = st.get("spec_blocks_by_k")
+        pol = getattr(llm.engine, "policy", None)
+        if pol is not None:                  # what the policy chose from: graph and realized costs
+            g = pol.graph_costs
+            row["policy"] = {"graph_step_us": dict(g.decode_us),
+                             "graph_round_us": {b: {k: g.round_us(b, k) for k in pol.ks if k + 1 in g.verify_us[b]}
+                                                for b in g.decode_us},
+                             "wall_us": {f"{b}:{k}": us for (b, k), us in pol._wall.items()},
+                             "acceptance": {s: pol.acceptance(s) for s in list(pol._slots)}}
         return row
     finally:
         llm.shutdown()
