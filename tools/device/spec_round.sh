@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One H200 call (~6 min): speculation GPU tests (EAGLE-3, the spec no-host-sync test), the trained
+# One H200 call (~7 min): speculation GPU tests (EAGLE-3, the spec no-host-sync test), the trained
 # family + an EAGLE-3 head, bench_spec part 2 (none / ngram / draft / eagle3 through LLM: tokens/s,
 # acceptance, x runner, x graphs) and engine_gaps.py on the trained target (device gaps per block).
 #   bash .device/bootstrap.sh bash tools/device/spec_round.sh
@@ -21,7 +21,7 @@ timeout 80 python tools/train_eagle3.py --target "$DIR/target" --out "$DIR/eagle
 timeout 200 python tools/bench_spec.py --trained "$DIR" --methods none,ngram,draft,eagle3 --prompts 6 \
   --out "$L/bench_spec_trained.json" --png "$L/bench_spec_trained.png" > "$L/bench_spec.log" 2>&1
 say "bench_spec rc=$?"; pack
-timeout 90 python tools/device/engine_gaps.py --model "$DIR/target" --configs none:1,ngram:1 --tokens 128 \
+timeout 150 python tools/device/engine_gaps.py --model "$DIR/target" --configs "none:1,ngram:1,draft=$DIR/draft:1,draft=$DIR/draft:4" --tokens 128 \
   --out "$L/engine_gaps.json" > "$L/engine_gaps.log" 2>&1; say "engine_gaps rc=$?"
 rm -f "$L"/trace_*.json; pack
 grep -E "tok/s/stream|^(none|ngram|draft|eagle3) " "$L/bench_spec.log" | tail -24
