@@ -76,6 +76,11 @@ def test_bad_prompts_and_config_name_the_field(llm):
         llm.generate([[]])
     with pytest.raises(ValueError, match="prompt: token id 9999 outside the vocabulary"):
         llm.generate([[1, 9999]])
+    with pytest.raises(ValueError, match="prompt: token id -1 outside the vocabulary"):
+        llm.generate([[4] * 3000 + [-1, 7]])
+    for bad in ([1, True], [1, 2.0], [1, "2"]):              # bool / float / str ids
+        with pytest.raises(ValueError, match="prompt: expected a string or a list of token ids"):
+            llm.generate([bad])
     with pytest.raises(ValueError, match="prompt: expected a string"):
         llm.generate([3.5])
     with pytest.raises(ValueError, match="sampling_params: 1 given for 2 prompts"):
