@@ -91,6 +91,19 @@ def timeline(run, trace_path: Path) -> dict:
             "sync_call_us": dict(syncs.most_common(8))}
 
 
+def prefill_host(run, rows: int = 25) -> dict:
+    """Where a prefill's host time goes: `run()` (a generate of one token) under torch.profiler
+    (no stacks, no trace file: the profiler's own averages); the aten ops and CUDA runtime calls
+    by total host time (us, inclusive) and count, and the wall time of the run."""
+    from torch.profiler import ProfilerActivity, profile
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+    wall = (time.perf_counter() - t0) * 1e6
+    avg = sorted(prof.key_averages(), key=lambda e: e.cpu_time_total, reverse=True)
+    return {"wall_us": wall, "host_ops": {e.key[:80]: [round(e.cpu_time_total), e.count] for e in avg[:rows]}}
+
+
 def phases(eng, run) -> dict:
     """Host time per engine phase over `run()` (perf_counter around the loop's methods and, inside
     _decode, the scheduler's grow, the batch's flush and the executor's launches; the block
@@ -169,6 +182,10 @@ def configure(path: Path, device: str, spec: str, bs: int, tokens: int, out_dir:
         if device == "cuda":
             row["syncs"] = sync_sites(one)
         row["phases"] = phases(llm.engine, one)
+        if device == "cuda":                 # one prefill's host time (a 1-token generate)
+            first = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+            fresh = [[(11 * i + 5 * j) % 300 + 10 for j in range(128)] for i in range(bs)]   # not cached
+            row["prefill_host"] = prefill_host(lambda: llm.generate(fresh, first, use_tqdm=False))
         row["timeline"] = timeline(one, out_dir / f"trace_{spec}_bs{bs}.json")
         st = llm.engine.stats()
         row["spec_blocks"], row["plain_blocks"] = st.get("spec_blocks"), st.get("spec_plain_blocks")
