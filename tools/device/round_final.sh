@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # The round's last H200 call (under ~6.5 min): every GPU path changed this round, most
 # important first, each bounded by the call's deadline (DEADLINE_S, default 390 s):
-#   reliability + speculation GPU tests; W8A8 / FP8 GPU tests; EAGLE-3 GPU tests; the chunked
-#   argmax and fused logits processing (GPU tests, then tools/bench_sampling.py);
-#   tools/device/profile_engine.py.
+#   reliability + speculation GPU tests; W8A8 / FP8 GPU tests; EAGLE-3 GPU tests; fused logits
+#   processing (GPU tests, then tools/bench_sampling.py); tools/device/profile_engine.py.
 # Everything in $OUT/round_final.tgz; one line per part in $OUT/summary.txt.
 #   bash .device/bootstrap.sh bash tools/device/round_final.sh
 set -uo pipefail
@@ -29,7 +28,7 @@ part rel 150 tests/engine/test_loader_poison.py \
   "tests/engine/test_engine_gpu.py::test_no_host_sync_inside_a_sampled_block" tests/engine/test_speculative_gpu.py
 part fp8 70 tests/model/test_fp8_gpu.py
 part eagle3 70 tests/engine/test_speculative_eagle3_gpu.py
-part sampling 120 tests/kernels/test_argmax.py tests/kernels/test_logits_process.py tests/engine/test_sampling_extras_gpu.py
+part sampling 60 tests/kernels/test_logits_process.py tests/engine/test_sampling_extras_gpu.py
 wait $MK
 t=$(lim 60)
 if [ "$t" -ge 20 ]; then
