@@ -63,7 +63,6 @@ from graphrt.attention.inputs import check_exclusive_writes, check_host_values, 
 from graphrt.attention.kvcache import PagedKVCache
 from graphrt.attention.runtime import raise_device_errors, runtime_device
 from graphrt.config import RuntimeConfig
-from graphrt.kernels.argmax import greedy_tokens
 from graphrt.kernels.sample import sample_tokens
 from graphrt.model.context import AttentionContext
 from graphrt.model.logprobs import LogprobBuffers
@@ -249,7 +248,7 @@ class ModelRuntime:
                 sample_tokens(logits, st.temperature[:size], st.top_k[:size], st.top_p[:size],
                               st.seed[:size], st.step[:size], out)
             else:
-                greedy_tokens(logits, out)                                     # == torch.argmax
+                out.copy_(torch.argmax(logits, dim=-1))
             tokens.copy_(out)
             if st.history is not None:                                        # token at index seq_len
                 at = seq.long().clamp(max=st.history.shape[1] - 1)[:, None]

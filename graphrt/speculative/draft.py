@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import torch
 
-from graphrt.kernels.argmax import argmax_rows
 from graphrt.kernels.multiquery_attention import default_splits
 
 
@@ -72,7 +71,7 @@ class DraftProposer:
         for j in range(k):
             logits = self.model.verify_step(toks, cache_lens, self.kv_caches, block_table, error,
                                             splits=self.splits)          # [B * q, V]
-            d = argmax_rows(logits.view(b, toks.shape[1], -1)[:, -1])     # [B]
+            d = logits.view(b, toks.shape[1], -1)[:, -1].argmax(dim=-1)  # [B]
             proposals[:, j].copy_(d)
             toks = d[:, None]
             cache_lens = torch.where(active, num_tokens + j, -1).to(torch.int32)   # d_{j+1} at n + j

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import torch
 
-from graphrt.kernels.argmax import argmax_rows
 from graphrt.kernels.multiquery_attention import default_splits
 
 
@@ -37,13 +36,13 @@ class Eagle3Drafter:
     def _chain(self, logits0, h0, next_pos, active, block_table, proposals, error) -> None:
         """d_1 = argmax(logits0) [B, Vd]; k - 1 chain steps from h0 [B, H], the first at
         next_pos [B] int32; proposals [B, k] int64 (target ids) written in place."""
-        d = self.head.to_target(argmax_rows(logits0))
+        d = self.head.to_target(logits0.argmax(dim=-1))
         proposals[:, 0].copy_(d)
         h = h0
         for j in range(1, self.k):
             pos = torch.where(active, next_pos + (j - 1), -1).to(torch.int32)
             logits, h = self.head.chain_step(h, d, pos, self.kv_cache, block_table, error, splits=self.splits)
-            d = self.head.to_target(argmax_rows(logits))
+            d = self.head.to_target(logits.argmax(dim=-1))
             proposals[:, j].copy_(d)
 
     def round(self, hidden3: torch.Tensor, emitted: torch.Tensor, cache_lens: torch.Tensor,
