@@ -28,7 +28,7 @@ part rel 150 tests/engine/test_loader_poison.py \
   "tests/engine/test_engine_gpu.py::test_no_host_sync_inside_a_sampled_block" tests/engine/test_speculative_gpu.py
 part fp8 70 tests/model/test_fp8_gpu.py
 part eagle3 70 tests/engine/test_speculative_eagle3_gpu.py
-part sampling 60 tests/kernels/test_logits_process.py tests/engine/test_sampling_extras_gpu.py
+part sampling 120 tests/kernels/test_logits_process.py tests/engine/test_sampling_extras_gpu.py
 wait $MK
 t=$(lim 60)
 if [ "$t" -ge 20 ]; then
