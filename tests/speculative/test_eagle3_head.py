@@ -80,6 +80,10 @@ def test_prefill_pieces_take_few_query_lengths():
         sizes.update(q for _, q in pieces)
     assert sizes == {PREFILL_CHUNK, 8, 4, 2, 1}
     assert prefill_chunks(12, 12) == [(0, 12)] and prefill_chunks(23, 12) == [(0, 12), (12, 8), (20, 2), (22, 1)]
+    assert prefill_chunks(0) == []
+    for bad, field in (((5, 0), "chunk"), ((5, -2), "chunk"), ((5, 2.0), "chunk"), ((-1,), "n"), ((True,), "n")):
+        with pytest.raises(ValueError, match=field):
+            prefill_chunks(*bad)
 
 
 @pytest.mark.parametrize("accepted", [(0, 3), (3, 1), (2, 0)])

@@ -152,7 +152,11 @@ class Eagle3Head:
 def prefill_chunks(n: int, chunk: int = PREFILL_CHUNK) -> list[tuple[int, int]]:
     """(start, length) pieces of an n-token prompt: `chunk`-token pieces, then the remainder in
     powers of two, largest first (13 -> 8, 4, 1), so the multi-query kernel, specialised on its
-    query length, is compiled for chunk and the powers of two below it only, never per prompt."""
+    query length, is compiled for chunk and the powers of two below it only, never per prompt.
+    n >= 0 and chunk >= 1 (ints); ValueError naming the field otherwise."""
+    for name, v, lo in (("n", n, 0), ("chunk", chunk, 1)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ValueError(f"{name}: must be an int >= {lo}, got {v!r}")
     out, s = [], 0
     while n - s >= chunk:
         out.append((s, chunk))
