@@ -160,13 +160,10 @@ def configure(path: Path, device: str, spec: str, bs: int, tokens: int, out_dir:
     import torch
 
     from bench_engine import step_ms
-    from graphrt import LLM, SamplingParams
-    kw = {} if spec == "none" else {"speculative": {"method": "ngram", "num_tokens": 4}} if spec == "ngram" \
-        else {"speculative": {"method": "draft", "num_tokens": 4, "model": spec.split("=", 1)[1]}}
-    llm = LLM(str(path), device=device, max_batch=max(4, bs),
-              max_model_len=1024 if device == "cuda" else 256, **kw)
+    from graphrt import SamplingParams
+    from profile_engine import decode_llm
+    llm, prompts = decode_llm(path, device, spec, bs)
     try:
-        prompts = [[(7 * i + 3 * j) % 300 + 10 for j in range(64)] * 2 for i in range(bs)]
         p = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
         llm.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)   # warm-up
         walls = []
@@ -204,21 +201,15 @@ def configure(path: Path, device: str, spec: str, bs: int, tokens: int, out_dir:
 
 
 def main() -> None:
+    from profile_engine import model_args, short_step_model
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", help="a checkpoint directory (default: write one)")
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--tokens", type=int, default=192)
+    model_args(ap, 192)
     ap.add_argument("--configs", default="none:1,none:4,ngram:1",
                     help="spec:bs pairs; spec none, ngram, or draft=DIR (a draft checkpoint)")
     ap.add_argument("--out", help="write the rows here (JSON); traces beside it")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(a.model) if a.model else None
-        if path is None:
-            from make_checkpoint import write_checkpoint
-            shape = "llama-3.2-1b" if a.device == "cuda" else "tiny"
-            path = write_checkpoint(Path(tmp) / "ck", shape, num_layers=a.layers)
+        path = short_step_model(a, tmp)
         out_dir = Path(a.out).parent if a.out else Path(tmp)
         rows = []
         for c in a.configs.split(","):

@@ -34,13 +34,37 @@ def _top(prof: cProfile.Profile, key: str, rows: int) -> str:
     return "\n".join(line for line in s.getvalue().splitlines() if line.strip())
 
 
-def profile_decode(path: Path, device: str, spec: str, bs: int, tokens: int, rows: int, log) -> None:
-    from graphrt import LLM, SamplingParams
-    kw = {} if spec == "none" else {"speculative": {"method": "ngram", "num_tokens": 4}}
+def model_args(ap: argparse.ArgumentParser, tokens: int) -> None:
+    """The model options both engine profilers take (--model, --device, --layers, --tokens)."""
+    ap.add_argument("--model", help="a checkpoint directory (default: write one)")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=tokens)
+
+
+def short_step_model(a, tmp: str) -> Path:
+    """--model, or a Llama-3.2-1B-shape checkpoint (tiny on CPU) of --layers layers written in tmp."""
+    if a.model:
+        return Path(a.model)
+    from make_checkpoint import write_checkpoint
+    shape = "llama-3.2-1b" if a.device == "cuda" else "tiny"
+    return write_checkpoint(Path(tmp) / "ck", shape, num_layers=a.layers)
+
+
+def decode_llm(path: Path, device: str, spec: str, bs: int):
+    """(LLM, bs prompts of 128 ids) for a decode profile; spec: none, ngram or draft=DIR."""
+    from graphrt import LLM
+    kw = {} if spec == "none" else {"speculative": {"method": "ngram", "num_tokens": 4}} if spec == "ngram" \
+        else {"speculative": {"method": "draft", "num_tokens": 4, "model": spec.split("=", 1)[1]}}
     llm = LLM(str(path), device=device, max_batch=max(4, bs),
               max_model_len=1024 if device == "cuda" else 256, **kw)
+    return llm, [[(7 * i + 3 * j) % 300 + 10 for j in range(64)] * 2 for i in range(bs)]
+
+
+def profile_decode(path: Path, device: str, spec: str, bs: int, tokens: int, rows: int, log) -> None:
+    from graphrt import SamplingParams
+    llm, prompts = decode_llm(path, device, spec, bs)
     try:
-        prompts = [[(7 * i + 3 * j) % 300 + 10 for j in range(64)] * 2 for i in range(bs)]
         p = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
         llm.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)   # warm-up
         prof = cProfile.Profile()
@@ -103,10 +127,7 @@ def profile_prefix(path: Path, device: str, rows: int, log, prefix_len: int = 40
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", help="a checkpoint directory (default: write one)")
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--tokens", type=int, default=128)
+    model_args(ap, 128)
     ap.add_argument("--rows", type=int, default=22)
     ap.add_argument("--out", help="also write the report here")
     a = ap.parse_args()
@@ -116,11 +137,7 @@ def main() -> None:
         print(s, flush=True)
         lines.append(s)
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(a.model) if a.model else None
-        if path is None:
-            from make_checkpoint import write_checkpoint
-            shape = "llama-3.2-1b" if a.device == "cuda" else "tiny"
-            path = write_checkpoint(Path(tmp) / "ck", shape, num_layers=a.layers)
+        path = short_step_model(a, tmp)
         for spec in ("none", "ngram"):
             for bs in (1, 4):
                 profile_decode(path, a.device, spec, bs, a.tokens, a.rows, log)
