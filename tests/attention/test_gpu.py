@@ -403,5 +403,5 @@ def test_decode_from_two_threads_with_out():
 def test_model_capture_twice_returns_the_same_stats():
     mrt = _model_runtime(_tiny_hf_llama())
     first = mrt.capture()
-    assert sorted(first) == [1, 4, 8]
+    assert sorted({key.bucket for key in first}) == [1, 4, 8]     # stats keyed by GraphKey
     assert mrt.capture() == first

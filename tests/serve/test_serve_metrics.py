@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+pytest.importorskip("fastapi")   # graphrt.serve imports the app
 from graphrt.serve.metrics import EngineStats, Histogram, Metrics
 from _serve_live import parse_metrics
 

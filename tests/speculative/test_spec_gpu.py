@@ -69,10 +69,10 @@ def test_graph_replay_matches_eager_and_never_syncs():
                 torch.cuda.synchronize()
                 torch.cuda.set_sync_debug_mode("error")     # any host sync inside a block raises
                 try:
-                    runner._block(4)
+                    runner._block(4, False, 4)          # bucket 4, unfiltered, k = 4: run(3)'s graph
                 finally:
                     torch.cuda.set_sync_debug_mode("default")
-                out, emitted = runner.bufs.out_tokens[:, :3], runner.bufs.emitted[:, :3]
+                out, emitted = runner.bufs[4].out_tokens[:, :3], runner.bufs[4].emitted[:, :3]
             got.append((out.clone().cpu(), emitted.clone().cpu()))
         outs.append(got)
         assert int(runner.device_error) == 0
