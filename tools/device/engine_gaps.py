@@ -183,7 +183,8 @@ def configure(path: Path, device: str, spec: str, bs: int, tokens: int, out_dir:
             first = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
             fresh = [[(11 * i + 5 * j) % 300 + 10 for j in range(128)] for i in range(bs)]   # not cached
             row["prefill_host"] = prefill_host(lambda: llm.generate(fresh, first, use_tqdm=False))
-        row["timeline"] = timeline(one, out_dir / f"trace_{spec}_bs{bs}.json")
+        tag = spec.split("=")[0]                 # draft=DIR, eagle3=DIR: a file name without the path
+        row["timeline"] = timeline(one, out_dir / f"trace_{tag}_bs{bs}.json")
         st = llm.engine.stats()
         row["spec_blocks"], row["plain_blocks"] = st.get("spec_blocks"), st.get("spec_plain_blocks")
         row["blocks_by_k"] = st.get("spec_blocks_by_k")
@@ -205,7 +206,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     model_args(ap, 192)
     ap.add_argument("--configs", default="none:1,none:4,ngram:1",
-                    help="spec:bs pairs; spec none, ngram, or draft=DIR (a draft checkpoint)")
+                    help="spec:bs pairs; spec none, ngram, draft=DIR (a draft checkpoint) or eagle3=DIR (a head)")
     ap.add_argument("--out", help="write the rows here (JSON); traces beside it")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

@@ -52,10 +52,11 @@ def short_step_model(a, tmp: str) -> Path:
 
 
 def decode_llm(path: Path, device: str, spec: str, bs: int):
-    """(LLM, bs prompts of 128 ids) for a decode profile; spec: none, ngram or draft=DIR."""
+    """(LLM, bs prompts of 128 ids) for a decode profile; spec: none, ngram, draft=DIR or eagle3=DIR."""
     from graphrt import LLM
-    kw = {} if spec == "none" else {"speculative": {"method": "ngram", "num_tokens": 4}} if spec == "ngram" \
-        else {"speculative": {"method": "draft", "num_tokens": 4, "model": spec.split("=", 1)[1]}}
+    method, _, model = spec.partition("=")        # none, ngram, draft=DIR or eagle3=DIR
+    kw = {} if method == "none" else {"speculative": {"method": method, "num_tokens": 4,
+                                                      **({"model": model} if model else {})}}
     llm = LLM(str(path), device=device, max_batch=max(4, bs),
               max_model_len=1024 if device == "cuda" else 256, **kw)
     return llm, [[(7 * i + 3 * j) % 300 + 10 for j in range(64)] * 2 for i in range(bs)]
