@@ -270,9 +270,13 @@ class SpeculativeRunner:
 
     def capture(self) -> None:
         """Capture one graph of R rounds per (bucket, k in ks, filtered variant) (CUDA only;
-        no-op elsewhere) through the graph runner, largest first. The warm-up runs on empty
+        no-op elsewhere) through the graph runner, largest first; with an EAGLE-3 head, its
+        prompt loop's kernels are compiled first at every tile size (Eagle3Phase.warm). The warm-up runs on empty
         slots, so it writes no K/V and emits nothing; the slots' state is restored around it."""
         st = self.slots
+        if self.eagle is not None and self.device.type == "cuda":    # the head's eager prompt
+            self.eagle.warm(st.block_table, self.device_error)       # tiles: compiled now, not
+            #                                                          while serving
         scratch = list(self.kv_caches) + (list(self.draft.kv_caches) if self.draft else []) \
             + ([self.eagle.kv_cache] if self.eagle is not None else [])
         for size in reversed(self.buckets):

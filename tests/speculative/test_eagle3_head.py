@@ -86,6 +86,34 @@ def test_prefill_pieces_take_few_query_lengths():
             prefill_chunks(*bad)
 
 
+def test_warm_prefill_compiles_every_tile_size_and_writes_nothing(monkeypatch):
+    """Eagle3Head.warm_prefill (run at capture, before serving) launches the multi-query kernel
+    at every query length prefill_chunks can use, for any n and chunk (on the H200 each new length
+    compiled it while serving: ~1.4 s stalls on the first prompts of new lengths), on a padding
+    row: the cache is unchanged and no error is flagged."""
+    import graphrt.speculative.eagle3.head as head_mod
+    from graphrt.speculative.eagle3.head import prefill_chunks, prefill_tile_sizes
+    head, _, _, _, cache, table = _setup(3)
+    seen, real = [], head_mod.multiquery_attention
+
+    def spy(q, *a, **kw):
+        seen.append(q.shape[1])
+        return real(q, *a, **kw)
+    monkeypatch.setattr(head_mod, "multiquery_attention", spy)
+    before = [t.clone() for t in cache.as_tuple()]
+    err = torch.zeros(1, dtype=torch.int32)
+    for chunk in (16, 12, 5, 1):
+        seen.clear()
+        head.warm_prefill(cache, table, err, chunk=chunk)
+        used = {q for n in range(1, 80) for _, q in prefill_chunks(n, chunk)}
+        assert used <= set(seen) == set(prefill_tile_sizes(chunk)), (chunk, used, seen)
+    assert prefill_tile_sizes(16) == (1, 2, 4, 8, 16) and prefill_tile_sizes(12) == (1, 2, 4, 8, 12)
+    assert all(torch.equal(a, b) for a, b in zip(before, cache.as_tuple())) and int(err) == 0
+    for bad in (0, -3, 2.0, True):
+        with pytest.raises(ValueError, match="chunk"):
+            prefill_tile_sizes(bad)
+
+
 @pytest.mark.parametrize("accepted", [(0, 3), (3, 1), (2, 0)])
 def test_round_after_verify_matches_dense(accepted):
     """Prefill n0 tokens, chain k - 1 steps (draft K/V), then a verify's draft-extend over k + 1

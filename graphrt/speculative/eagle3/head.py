@@ -148,6 +148,30 @@ class Eagle3Head:
             start += n
         return torch.stack(logits), torch.stack(hs)
 
+    @torch.no_grad()
+    def warm_prefill(self, kv_cache, block_table: torch.Tensor, error: torch.Tensor, *,
+                     chunk: int = PREFILL_CHUNK) -> None:
+        """Run the prompt loop's kernels once at every tile size `prefill` can use
+        (`prefill_tile_sizes(chunk)`) on a padding row (cache_lens -1: nothing written), so that
+        each specialisation of the multi-query kernel (its query length is a compile-time
+        constant) is compiled at start-up, and held by a graph cache, never while serving.
+        block_table [>= 1, W] int32 (read only), error [1] int32 device_error."""
+        h3 = self.weights.fc.shape[1]
+        dev = self.device
+        for q in prefill_tile_sizes(chunk):
+            hidden = torch.zeros((1, q, h3), dtype=self.weights.dtype, device=dev)
+            tokens = torch.zeros((1, q), dtype=torch.int64, device=dev)
+            self.extend(hidden, tokens, torch.full((1,), -1, dtype=torch.int32, device=dev), kv_cache,
+                        block_table[:1], error)
+
+
+def prefill_tile_sizes(chunk: int = PREFILL_CHUNK) -> tuple[int, ...]:
+    """The query lengths `prefill_chunks(n, chunk)` uses over every n: chunk and the powers of
+    two below it, ascending (16 -> 1, 2, 4, 8, 16)."""
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"chunk: must be an int >= 1, got {chunk!r}")
+    return tuple(sorted({1 << i for i in range(chunk.bit_length()) if 1 << i < chunk} | {chunk}))
+
 
 def prefill_chunks(n: int, chunk: int = PREFILL_CHUNK) -> list[tuple[int, int]]:
     """(start, length) pieces of an n-token prompt: `chunk`-token pieces, then the remainder in
@@ -170,4 +194,4 @@ def prefill_chunks(n: int, chunk: int = PREFILL_CHUNK) -> list[tuple[int, int]]:
     return out
 
 
-__all__ = ["Eagle3Head", "PREFILL_CHUNK", "prefill_chunks"]
+__all__ = ["Eagle3Head", "PREFILL_CHUNK", "prefill_chunks", "prefill_tile_sizes"]

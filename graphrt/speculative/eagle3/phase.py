@@ -70,6 +70,11 @@ class Eagle3Phase:
                            emitted > 0, block_table, self.proposals[:size], error)
 
     # ---- after a prefill (eager) -------------------------------------------------------------
+    def warm(self, block_table: torch.Tensor, error: torch.Tensor) -> None:
+        """Compile the eager prompt loop's kernels at every tile size before serving
+        (Eagle3Head.warm_prefill; writes nothing). block_table [>= 1, W] int32, error [1] int32."""
+        self.drafter.head.warm_prefill(self.kv_cache, block_table, error)
+
     def target_prefill(self, runtime, prompts: list[torch.Tensor], block_table: torch.Tensor, **kw):
         """The target's prefill through `runtime` (ModelRuntime.prefill, its other keywords `kw`)
         recording the head's hidden states of every prompt token -> ([m, V] float32 logits,
