@@ -346,7 +346,7 @@ class Engine:
         """Prefill context positions [start, end) of admitted requests (their context: prompt,
         plus accepted tokens after a preemption); a request whose context is then complete
         draws its next token into its slot and starts its row in the batch. -> drew any."""
-        s, dev = self.scheduler, self.device
+        s = self.scheduler
         forks = fork_owners(work, s.page_size)        # n > 1: the samples sharing this prefill's pages
         for r, a, e in work:                          # never a shared or cached page (a forked
             if r.shares is not None:                  # sample writes only its partial page's copy)
@@ -355,7 +355,7 @@ class Engine:
         ctx = {id(r): r.context for r, _, _ in work}
         part = [w for w in work if w[2] < len(ctx[id(w[0])])]
         if part:                                      # chunks that draw nothing yet
-            self.runtime.prefill([torch.tensor(ctx[id(r)][a:e], dtype=torch.int64, device=dev) for r, a, e in part],
+            self.runtime.prefill([torch.tensor(ctx[id(r)][a:e], dtype=torch.int64) for r, a, e in part],
                                  torch.from_numpy(self.batch.block_table_host[[r.slot for r, _, _ in part]]),
                                  starts=[a for _, a, _ in part])
             for r, _, e in part:
@@ -366,7 +366,8 @@ class Engine:
         reqs = [r for r, _, _ in work]
         slots = [r.slot for r in reqs]
         own = [w for w in work if w[0].shares is None]   # n > 1: a sample sharing a sibling's prefill
-        prompts = [torch.tensor(ctx[id(r)][a:], dtype=torch.int64, device=dev) for r, a, _ in own]
+        prompts = [torch.tensor(ctx[id(r)][a:], dtype=torch.int64) for r, a, _ in own]   # host: checked and
+        #                                          copied to the device without a host sync (kernels/transfer.py)
         table = torch.from_numpy(self.batch.block_table_host[[r.slot for r, _, _ in own]])   # [m, W] host
         fork = {} if len(own) == len(work) else fork_args([r for r, _, _ in own], reqs)
         ps = [r.params for r in reqs]

@@ -28,6 +28,7 @@ import logging
 
 import torch
 
+from graphrt.kernels.transfer import tensor_on, to_device
 from graphrt.model.logprobs import PromptLogprobs, token_logprobs
 from graphrt.model.processing import ProcessRows, drawn_from
 from graphrt.model.sampling import SamplingInputs, sample_eager
@@ -141,17 +142,17 @@ class LocalExecutor:
         self.prompt_logprobs = {i: collect.result(i) for i in want} if collect is not None else {}
         st, dev = self.runtime.slots, self.device
         if sources is not None:
-            logits = logits.index_select(0, torch.tensor(sources, device=logits.device))   # [s, V]
-        idx = torch.tensor(slots, device=dev)
+            logits = logits.index_select(0, tensor_on(sources, torch.long, logits.device))   # [s, V]
+        idx = tensor_on(slots, torch.long, dev)
         if processing is not None:
             if st.proc is None:
                 raise ValueError("processing: this runtime was built with processing=False")
             st.proc.write_rows(idx, processing)
-            temp, step = sampling.temperature.to(dev), sampling.step.to(dev)
+            temp, step = to_device(sampling.temperature, dev), to_device(sampling.step, dev)
             x = st.proc.process(logits, idx, step, temp)
             first = sample_eager(x, sampling)                            # [m] device
             src = logits if self.runtime.logprobs_mode == "raw" else \
-                drawn_from(x, temp, sampling.top_k.to(dev), sampling.top_p.to(dev))
+                drawn_from(x, temp, to_device(sampling.top_k, dev), to_device(sampling.top_p, dev))
             self.prefill_logprobs = tuple(t[None] for t in token_logprobs(src, first, self.logprobs_width))
             st.proc.count(idx, first, torch.ones_like(first, dtype=torch.bool))
         else:
@@ -160,18 +161,18 @@ class LocalExecutor:
         src = sources if sources is not None else range(len(slots))
         if st.history is not None:
             base = starts if starts is not None else [0] * len(prompts)
-            at = torch.tensor([s * st.history.shape[1] + base[j] + prompts[j].numel() for s, j in zip(slots, src)],
-                              device=dev)
+            at = tensor_on([s * st.history.shape[1] + base[j] + prompts[j].numel() for s, j in zip(slots, src)],
+                           torch.long, dev)
             st.history.view(-1).index_copy_(0, at, first.to(torch.int32))
         draft = self.spec.draft if self._proposer_state else None
         if draft is not None:
-            draft.prefill([p.to(dev) for p in prompts], block_table.to(dev))
+            draft.prefill([to_device(p, dev) for p in prompts], block_table)
             self._draft_stale.difference_update(slots)
         if copies:
             _copy_pages(list(self.runtime.kv_caches) + (list(draft.kv_caches) if draft is not None else []),
                         copies, dev)
         if eagle is not None:
-            eagle.prefill(hidden, prompts, first, block_table.to(dev), slots, self.spec.device_error)
+            eagle.prefill(hidden, prompts, first, to_device(block_table, dev), slots, self.spec.device_error)
         return first
 
     def apply(self, update) -> None:
@@ -241,8 +242,8 @@ class LocalExecutor:
 def _copy_pages(caches, copies: list[tuple[int, int]], device) -> None:
     """KV pages src -> dst in every cache (PagedKVCache: k, v [num_pages, ...]); device work,
     ordered on the stream after the prefill that wrote src."""
-    src = torch.tensor([a for a, _ in copies], device=device)
-    dst = torch.tensor([b for _, b in copies], device=device)
+    src = tensor_on([a for a, _ in copies], torch.long, device)
+    dst = tensor_on([b for _, b in copies], torch.long, device)
     for c in caches:
         for t in c.as_tuple():
             t.index_copy_(0, dst, t.index_select(0, src))

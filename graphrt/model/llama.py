@@ -36,6 +36,7 @@ from graphrt.kernels.activation import silu_mul
 from graphrt.kernels.fp8 import Fp8Rows, ScaledAcc, apply_scales, quantize_rows
 from graphrt.kernels.norm import add_rms_norm, rms_norm
 from graphrt.kernels.rope_append import rope_append_prefill
+from graphrt.kernels.transfer import tensor_on, to_device
 from graphrt.model.linear import fp8_matmul, linear
 from graphrt.model.quant.fp8 import Fp8Weight
 from graphrt.model.quant.kv import calibrate_layer
@@ -251,7 +252,7 @@ class LlamaDecoder:
     def prefill(self, prompts: list[torch.Tensor], kv_caches, block_table: torch.Tensor, *,
                 attention=None, max_tokens: int | None = None, on_logits=None,
                 logits_rows=frozenset(), calibrate_kv: bool = False, record=(),
-                hidden_out=None, starts=None) -> torch.Tensor:
+                hidden_out=None, starts=None, host_table: torch.Tensor | None = None) -> torch.Tensor:
         """Causal forward over the prompts, K/V written into the paged caches (eager).
 
         prompts: list of [T_i] int64 token tensors, prompt i on row i of block_table ([n, w]
@@ -268,16 +269,19 @@ class LlamaDecoder:
         starts: ints >= 0, the position of each prompt's first token (default 0): positions
         [0, start) are already in its pages (a cached prefix, an earlier chunk) and are read, not
         written; needs `attention`.
+        host_table: block_table's contents on the host (the checks and the attention plans read
+        it there; default: read back from block_table, a host sync on a GPU).
         """
         starts = [0] * len(prompts) if starts is None else [int(x) for x in starts]
         if len(starts) != len(prompts) or any(x < 0 for x in starts):
             raise ValueError(f"starts: expected {len(prompts)} ints >= 0, got {starts}")
         if attention is None and any(starts):
             raise ValueError("starts: a prefill after cached tokens needs `attention` (PrefillAttention)")
-        lens = self._check_prefill(prompts, kv_caches, block_table, starts)
+        table = host_table if host_table is not None else block_table.cpu()   # checks and plans read it
+        lens = self._check_prefill(prompts, kv_caches, block_table, starts, table)
         record = self._check_record(record, hidden_out, sum(lens))
         dev = self.weights.device
-        prompts = [p.to(dev) for p in prompts]
+        prompts = [to_device(p, dev) for p in prompts]
         error = torch.zeros(1, dtype=torch.int32, device=dev)
         if attention is None:
             positions = torch.cat([torch.arange(n, dtype=torch.int32) for n in lens]).to(dev)
@@ -294,7 +298,7 @@ class LlamaDecoder:
             logits = torch.empty((len(lens), self.spec.vocab_size), dtype=torch.float32, device=dev)
             offsets = [0] + torch.tensor(lens).cumsum(0).tolist()
             for n_chunk, chunk in enumerate(plan_chunks(lens, max_tokens=max_tokens or sum(lens), cached=starts)):
-                meta = attention.plan(chunk, block_table)
+                meta = attention.plan(chunk, table)
                 tokens = torch.cat([prompts[i][s - starts[i]: s - starts[i] + n] for i, s, n in
                                     zip(chunk.seqs, chunk.starts, chunk.lens)])
                 part = None if not record else hidden_out.new_empty((tokens.numel(), hidden_out.shape[1]))
@@ -304,8 +308,8 @@ class LlamaDecoder:
                     calibrate_kv=calibrate_kv and n_chunk == 0, record=record, hidden_out=part)
                 if record:                                  # the chunk's rows at their prompt offsets
                     at = torch.cat([torch.arange(offsets[i] + s - starts[i], offsets[i] + s - starts[i] + n) for i, s, n in
-                                    zip(chunk.seqs, chunk.starts, chunk.lens)]).to(dev)
-                    hidden_out.index_copy_(0, at, part)
+                                    zip(chunk.seqs, chunk.starts, chunk.lens)])
+                    hidden_out.index_copy_(0, to_device(at, dev), part)
                 ends = torch.tensor(chunk.lens).cumsum(0) - 1
                 for j, (i, s, n) in enumerate(zip(chunk.seqs, chunk.starts, chunk.lens)):
                     if i in logits_rows:
@@ -313,8 +317,8 @@ class LlamaDecoder:
                 done = [j for j, (i, s, n) in enumerate(zip(chunk.seqs, chunk.starts, chunk.lens))
                         if s + n == starts[i] + lens[i]]
                 if done:
-                    idx = torch.tensor([chunk.seqs[j] for j in done], device=dev)
-                    logits[idx] = self._logits(h[ends[done].to(dev)]).float()
+                    idx = tensor_on([chunk.seqs[j] for j in done], torch.long, dev)
+                    logits[idx] = self._logits(h[to_device(ends[done], dev)]).float()
         if int(error.item()):
             raise RuntimeError(f"prefill: K/V append flagged device_error {int(error.item())}")
         return logits
@@ -328,7 +332,7 @@ class LlamaDecoder:
                                                        calibrate_kv=calibrate_kv),
                             attend, fp8_head=False, record=record, hidden_out=hidden_out)
 
-    def _check_prefill(self, prompts, kv_caches, block_table, starts) -> list[int]:
+    def _check_prefill(self, prompts, kv_caches, block_table, starts, table) -> list[int]:
         if len(kv_caches) != self.spec.num_layers:
             raise ValueError(f"kv_caches: {len(kv_caches)} caches, model has {self.spec.num_layers} layers")
         if block_table.dim() != 2 or block_table.dtype != torch.int32 or len(prompts) > block_table.shape[0]:
@@ -336,7 +340,6 @@ class LlamaDecoder:
                              f"{tuple(block_table.shape)} {block_table.dtype}")
         kc = kv_caches[0].k
         page = kc.shape[1] if kv_caches[0].layout == "NHD" else kc.shape[2]
-        table = block_table.cpu()
         lens = []
         for r, p in enumerate(prompts):
             if p.dim() != 1 or p.dtype != torch.int64 or p.numel() < 1:

@@ -31,6 +31,7 @@ import torch
 
 from graphrt.attention.flashinfer_import import import_flashinfer
 from graphrt.config import RuntimeConfig
+from graphrt.kernels.transfer import to_device
 
 PREFILL_BACKENDS = ("fa2", "fa3", "auto")  # FlashInfer's names for its prefill kernel families
 
@@ -116,8 +117,10 @@ class PrefillAttention:
         self._meta: PrefillMeta | None = None
 
     def plan(self, chunk: PrefillChunk, block_table: torch.Tensor, rows=None) -> PrefillMeta:
-        """Host metadata for `chunk` (block_table [R, W] int32, CPU or device; rows: the table row
-        of each chunk sequence, default chunk.seqs). Raises ValueError if a sequence needs more
+        """Host metadata for `chunk` (block_table [R, W] int32, CPU or device: pass it on the host,
+        a device table is read back; rows: the table row of each chunk sequence, default
+        chunk.seqs), copied to the device in one non-blocking copy (the host does not wait for
+        the stream: kernels/transfer.py). Raises ValueError if a sequence needs more
         pages than the table row holds or more tokens than max_context_len."""
         c = self.config
         table = block_table.cpu()
@@ -139,12 +142,11 @@ class PrefillAttention:
             last.append(end - (pages - 1) * c.page_size)
             kv_lens.append(end)
         i32 = lambda x: torch.as_tensor(x, dtype=torch.int32)  # noqa: E731
-        dev = self.device
-        meta = PrefillMeta(torch.cat(pos).to(dev), torch.cat(tok_rows).to(dev), i32(qo).to(dev),
-                           i32(kv_ptr).to(dev), torch.cat(idx).to(torch.int32).to(dev),
-                           i32(last).to(dev), tuple(kv_lens))
-        if self._wrapper is not None:
-            self._wrapper.plan(meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len,
+        parts = [torch.cat(pos), torch.cat(tok_rows), i32(qo), i32(kv_ptr), torch.cat(idx).to(torch.int32), i32(last)]
+        packed = to_device(torch.cat(parts), self.device)          # one copy, no host sync
+        meta = PrefillMeta(*packed.split([p.numel() for p in parts]), tuple(kv_lens))
+        if self._wrapper is not None:   # indptrs from the host (FlashInfer reads them there), indices
+            self._wrapper.plan(parts[2], parts[3], meta.kv_indices, parts[5],   # on the device: no sync
                                c.num_qo_heads, c.num_kv_heads, c.head_dim, c.page_size,
                                causal=True, q_data_type=c.torch_dtype, kv_data_type=c.kv_torch_dtype)
         self._meta = meta

@@ -64,6 +64,7 @@ from graphrt.attention.kvcache import PagedKVCache
 from graphrt.attention.runtime import raise_device_errors, runtime_device
 from graphrt.config import RuntimeConfig
 from graphrt.kernels.sample import sample_tokens
+from graphrt.kernels.transfer import to_device
 from graphrt.model.context import AttentionContext
 from graphrt.model.logprobs import LogprobBuffers
 from graphrt.model.processing import drawn_from
@@ -193,13 +194,15 @@ class ModelRuntime:
         record / hidden_out: the model's hidden-state recording (LlamaDecoder.prefill)."""
         check_prefill(self.config, self.device, self.num_pages, self.model.spec.vocab_size,
                       prompts, block_table, starts)
-        prompts = [p.to(self.device) for p in prompts]
+        prompts = [to_device(p, self.device) for p in prompts]          # CPU prompts: no host sync
+        host_table = block_table if block_table.device.type == "cpu" else block_table.cpu()
         with self.lock:
             if self._prefill_attention is None:
                 self._prefill_attention = PrefillAttention(self.config, self.device)
             calibrate = self.kv_scale_source == "pending"
             try:
-                return self.model.prefill(prompts, self.kv_caches, block_table.to(self.device),
+                return self.model.prefill(prompts, self.kv_caches, to_device(host_table, self.device),
+                                          host_table=host_table,
                                           attention=self._prefill_attention,
                                           max_tokens=self.prefill_chunk_tokens, starts=starts,
                                           **({"calibrate_kv": True} if calibrate else {}),

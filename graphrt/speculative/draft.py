@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from graphrt.kernels.multiquery_attention import default_splits
+from graphrt.kernels.transfer import to_device
 
 
 class DraftProposer:
@@ -45,13 +46,15 @@ class DraftProposer:
         """Eager: the prompts' K/V into the draft's caches (rows of the target's block table).
         starts: each prompt's first position (default 0: the whole context); positions below it
         must already be in the draft's pages. Non-zero starts need `attention`."""
+        host = block_table if block_table.device.type == "cpu" else None   # a host table: no read-back
+        block_table = to_device(block_table, self.kv_caches[0].device)
         if self.attention is None:
             if starts is not None and any(starts):
                 raise ValueError("starts: a draft prefill after cached positions needs `attention`")
-            self.model.prefill(prompts, self.kv_caches, block_table)
+            self.model.prefill(prompts, self.kv_caches, block_table, host_table=host)
             return
         self.model.prefill(prompts, self.kv_caches, block_table, attention=self.attention,
-                           max_tokens=self.prefill_tokens, starts=starts)
+                           max_tokens=self.prefill_tokens, starts=starts, host_table=host)
 
     def propose(self, token_buf: torch.Tensor, num_tokens: torch.Tensor, active: torch.Tensor,
                 block_table: torch.Tensor, proposals: torch.Tensor, count: torch.Tensor,

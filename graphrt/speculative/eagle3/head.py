@@ -25,6 +25,7 @@ from graphrt.kernels.activation import silu_mul
 from graphrt.kernels.multiquery_attention import multiquery_attention
 from graphrt.kernels.norm import add_rms_norm, rms_norm
 from graphrt.kernels.rope_append import rope_append_prefill
+from graphrt.kernels.transfer import tensor_on
 from graphrt.model.linear import linear
 from graphrt.model.rope import cos_sin_cache
 
@@ -140,7 +141,7 @@ class Eagle3Head:
             if n < 1:
                 raise ValueError(f"lens[{r}]: every prompt needs >= 1 token, got {n}")
             for s, q in prefill_chunks(n, chunk):
-                cache = torch.tensor([s], dtype=torch.int32, device=self.device)
+                cache = tensor_on([s], torch.int32, self.device)
                 lg, h = self.extend(hidden3[None, start + s: start + s + q], tokens[None, start + s: start + s + q],
                                     cache, kv_cache, block_table[r:r + 1], error)
             logits.append(lg[0, -1])

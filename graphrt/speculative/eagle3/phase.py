@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import torch
 
+from graphrt.kernels.transfer import tensor_on, to_device
+
 
 class Eagle3Phase:
     """drafter: an Eagle3Drafter (its head, its KV cache, k); layer_ids: the target hidden
@@ -92,10 +94,10 @@ class Eagle3Phase:
         one, then first[i], its first sampled token, [m] int64 device), then k - 1 chain steps:
         the first proposals of slots[i]. error: [1] int32 device_error."""
         dev = self.device
-        tokens = torch.cat([t for i, p in enumerate(prompts) for t in (p.to(dev)[1:], first[i:i + 1])])
+        tokens = torch.cat([t for i, p in enumerate(prompts) for t in (to_device(p, dev)[1:], first[i:i + 1])])
         props = torch.empty((len(prompts), self.k), dtype=torch.int64, device=dev)
         self.drafter.prefill(hidden, tokens, [p.numel() for p in prompts], block_table, props, error)
-        self.proposals.index_copy_(0, torch.tensor(slots, device=dev), props)
+        self.proposals.index_copy_(0, tensor_on(slots, torch.long, dev), props)
 
 
 __all__ = ["Eagle3Phase"]

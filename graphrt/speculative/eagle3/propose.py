@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from graphrt.kernels.multiquery_attention import default_splits
+from graphrt.kernels.transfer import tensor_on
 
 
 class Eagle3Drafter:
@@ -69,7 +70,7 @@ class Eagle3Drafter:
         Eagle3Head.prefill (prompt i on block-table row i); proposals [n, k] out."""
         logits, h = self.head.prefill(hidden3, tokens, lens, self.kv_cache, block_table, error)
         n = len(lens)
-        next_pos = torch.tensor(list(lens), dtype=torch.int32, device=hidden3.device)
+        next_pos = tensor_on(list(lens), torch.int32, hidden3.device)
         active = torch.ones(n, dtype=torch.bool, device=hidden3.device)
         self._chain(logits, h, next_pos, active, block_table[:n], proposals, error)
 

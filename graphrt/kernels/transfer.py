@@ -1,0 +1,32 @@
+"""Host-to-device copies that do not synchronise the host with the device.
+
+A plain `cpu_tensor.to("cuda")` (or `torch.tensor(data, device="cuda")`) copies from pageable
+memory and then waits for the stream: the host stalls until everything queued before it (a
+decode block in flight) has run. `to_device` stages the tensor in pinned memory and copies it
+non-blocking on the current stream instead; torch's caching host allocator keeps the pinned
+stage until that copy has run, so the caller may drop or reuse its own tensor at once.
+
+    dev = to_device(torch.arange(n, dtype=torch.int32), device)   # [n] int32 on device, no sync
+    idx = tensor_on(slots, torch.long, device)                      # from a list of ints
+"""
+from __future__ import annotations
+
+import torch
+
+
+def to_device(t: torch.Tensor, device) -> torch.Tensor:
+    """t on `device` (same dtype and shape): a CPU tensor bound for a CUDA device goes through
+    pinned memory, copied non-blocking on the current stream (no host sync); any other case is
+    `t.to(device)` (the tensor itself when it is already there)."""
+    device = torch.device(device)
+    if device.type != "cuda" or t.device.type != "cpu":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def tensor_on(data, dtype: torch.dtype, device) -> torch.Tensor:
+    """torch.as_tensor(data, dtype) on `device` through `to_device` (no host sync on CUDA)."""
+    return to_device(torch.as_tensor(data, dtype=dtype), device)
+
+
+__all__ = ["to_device", "tensor_on"]
