@@ -66,6 +66,40 @@ def test_block_launch_makes_no_host_sync(path):
     drive(eng, max_steps=20)
 
 
+def test_prefill_admission_synchronises_at_most_the_error_flag(path):
+    """An admission's prefill (prompts checked on the host, copied with their block table and
+    plan through pinned memory, FlashInfer planned from host indptrs) makes few synchronising
+    calls: on the H200 the path made 18 before (plan copies, prompt checks on the device, index
+    tensors); what is left is the K/V error-flag read and the first-token index copy at most.
+    The sites are printed."""
+    import traceback
+    import warnings
+    llm = LLM(path, device="cuda", max_batch=8, steps_per_graph=4, max_model_len=512)
+    eng = llm.engine
+    streams = [eng.add_request([7 + i] * (40 + 13 * i), SamplingParams(max_tokens=8, ignore_eos=True))
+               for i in range(3)]
+    eng._drain_inbox()
+    eng.scheduler.admit()
+    work = eng.scheduler.prefill_work()
+    assert work
+    torch.cuda.synchronize()
+    sites = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda msg, *a, **k: sites.append(" <- ".join(
+            f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno}" for f in traceback.extract_stack()[::-1]
+            if "/graphrt/" in f.filename)[:300])
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            assert eng._prefill(work)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    print("prefill sync sites:", len(sites), sites)
+    assert len(sites) <= 2, sites
+    drive(eng, max_steps=50)
+    assert [len(s.result().token_ids) for s in streams] == [8, 8, 8]
+
+
 def test_pool_is_sized_from_free_memory(path):
     llm = LLM(path, device="cuda", max_batch=128, steps_per_graph=8, max_model_len=8192)
     cap = llm.config.max_batch * llm.config.pages_per_seq(8192)

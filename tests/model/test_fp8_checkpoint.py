@@ -42,16 +42,19 @@ def _logits(model, steps=2):
     return torch.stack(out)
 
 
-def _hf_w8a8_logits(src, truth, quantized_head: bool, steps=2):
-    """HF float32 over `truth` with W8A8 activation rounding, at the positions _logits reads."""
+def _hf_w8a8_logits(src, truth, quantized_head: bool, steps=2, *, f64=False):
+    """HF float32 over `truth` with W8A8 activation rounding, at the positions _logits reads.
+    f64: the activation's scale and x / scale in float64 (the same rounding rule a few ulps away:
+    where that moves the logits, the reference sits on an e4m3 rounding boundary)."""
     import transformers
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32).eval()
     hf.load_state_dict(truth, strict=False)
 
     def fake_quant(mod, args):
-        x = args[0]
+        x = args[0].double() if f64 else args[0]
         sc = (x.abs().amax(-1, keepdim=True) / FP8_MAX).clamp(min=1e-12)
-        return ((x / sc).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() * sc,)
+        q = (x / sc).clamp(-FP8_MAX, FP8_MAX).float().to(torch.float8_e4m3fn).to(x.dtype) * sc
+        return (q.float(),)
     for name, mod in hf.named_modules():
         if isinstance(mod, torch.nn.Linear) and (name != "lm_head" or quantized_head):
             mod.register_forward_pre_hook(fake_quant)
@@ -85,7 +88,15 @@ def test_fp8_checkpoint_logits(src, tmp_path, kind, strategy, ignore, scale_dtyp
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     else:                                                            # W8A8
         ref = _hf_w8a8_logits(src, truth, "lm_head" not in ignore)
-        assert float((got - ref).norm() / ref.norm()) < 2e-3
+        alt = _hf_w8a8_logits(src, truth, "lm_head" not in ignore, f64=True)
+        rel = lambda a, b: (a - b).norm(dim=-1) / b.norm(dim=-1)  # noqa: E731  [steps + 1, 2]
+        # a position where the float64 quantizer moves HF's own logits sits on an e4m3 rounding
+        # boundary (one activation rounds the other way, ~3% of the logits: seen with one
+        # random model); elsewhere graphrt must match HF's W8A8 arithmetic to 2e-3
+        stable = rel(alt, ref) < 1e-4
+        assert int(stable.sum()) >= stable.numel() - 1, rel(alt, ref)
+        assert float(rel(got, ref)[stable].max()) < 2e-3, rel(got, ref)
+        assert bool((rel(got, ref)[~stable] <= 2 * rel(alt, ref)[~stable] + 2e-3).all())
     full = _logits(build_model(load_checkpoint(src, dtype=torch.float32)))
     rel = float((got - full).norm() / full.norm())
     assert 0 < rel < 0.1
