@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 
+import numpy as np
 import torch
 
 log = logging.getLogger("graphrt.engine")
@@ -68,14 +69,15 @@ def load_draft(mrt, spec, *, dtype: str, target=None):
 def spec_columns(block, counts: dict) -> list[list[int]]:
     """A speculative block's tokens per column (host tensors: tokens [R, cols, k + 1], emitted
     and proposed [R, cols]): the emitted ones, rounds in order; the block's proposal / acceptance
-    counts of its rows are added to `counts`."""
-    emitted = block.emitted
-    tokens, em = block.tokens.tolist(), emitted.tolist()
-    cols = [[t for r in range(len(em)) for t in tokens[r][c][:em[r][c]]] for c in range(emitted.shape[1])]
+    counts of its rows are added to `counts`. numpy views of the host tensors (no torch op per
+    row: this runs on the loop thread once per block)."""
+    tokens, em, prop = block.tokens.numpy(), block.emitted.numpy(), block.proposed.numpy()
+    keep = np.arange(tokens.shape[2])[None, None, :] < em[:, :, None]      # [R, cols, k + 1]
+    cols = [tokens[:, c][keep[:, c]].tolist() for c in range(em.shape[1])]   # rounds in order
     live = [c for _, c, _, _ in block.rows]
-    sub = emitted[:, live]
-    counts["proposed"] += int(block.proposed[:, live].sum())
-    counts["accepted"] += int((sub - 1).clamp_min(0).sum())
+    sub = em[:, live]
+    counts["proposed"] += int(prop[:, live].sum())
+    counts["accepted"] += int(np.maximum(sub - 1, 0).sum())
     counts["rounds"] += int((sub > 0).sum())
     counts["emitted"] += int(sub.sum())
     by_k = counts.setdefault("by_k", {})                   # blocks finished per k (the policy's mix)
@@ -92,10 +94,10 @@ def observe(policy, block) -> None:
     if block.kind == "decode":
         policy.observe_plain([slot for slot, _ in live])
         return
-    em, prop = block.emitted, block.proposed
+    em, prop = block.emitted.numpy(), block.proposed.numpy()
     for slot, c in live:
         e = em[:, c]
-        policy.observe(slot, proposed=int(prop[:, c].sum()), accepted=int((e - 1).clamp_min(0).sum()),
+        policy.observe(slot, proposed=int(prop[:, c].sum()), accepted=int(np.maximum(e - 1, 0).sum()),
                        rounds=int((e > 0).sum()), k=block.spec_k)
 
 
