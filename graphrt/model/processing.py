@@ -35,6 +35,7 @@ import torch
 
 from graphrt.kernels.logits_process import process_draw, process_logits
 from graphrt.kernels.sample import kept_lengths
+from graphrt.kernels.transfer import to_device
 
 PRESENCE, FREQUENCY, REPETITION, MIN_P = range(4)      # rows of `params`
 NUM_PARAMS = 4
@@ -112,21 +113,22 @@ class ProcessState:
         return self.counts.shape[1]
 
     def write_rows(self, slots: torch.Tensor, rows: ProcessRows) -> None:
-        """Reset slots [m] int64 (device) to `rows` (host -> device copies, stream-ordered)."""
+        """Reset slots [m] int64 (device) to `rows` (host -> device copies, stream-ordered,
+        through pinned memory: no host sync, kernels/transfer.py)."""
         dev, v = self.counts.device, self.vocab
-        rows_dev = slots.to(dev)
+        rows_dev = to_device(slots, dev)
         self.counts.index_fill_(0, rows_dev, 0)
         self.prompt.index_fill_(0, rows_dev, False)
-        self.params.index_copy_(1, rows_dev, rows.params.to(dev).t().contiguous())
-        self.rule_ids.index_copy_(0, rows_dev, rows.rule_ids.to(dev))
-        self.rule_vals.index_copy_(0, rows_dev, rows.rule_vals.to(dev))
-        self.rule_until.index_copy_(0, rows_dev, rows.rule_until.to(dev))
+        self.params.index_copy_(1, rows_dev, to_device(rows.params, dev).t().contiguous())
+        self.rule_ids.index_copy_(0, rows_dev, to_device(rows.rule_ids, dev))
+        self.rule_vals.index_copy_(0, rows_dev, to_device(rows.rule_vals, dev))
+        self.rule_until.index_copy_(0, rows_dev, to_device(rows.rule_until, dev))
         for flat, target in ((rows.prompt, self.prompt), (rows.output, self.counts)):
             if flat.numel():
-                flat = flat.to(dev)
+                flat = to_device(flat, dev)
                 at = rows_dev[flat // v] * v + flat % v                  # row-in-m -> slot
-                if target.dtype == torch.bool:
-                    target.view(-1)[at] = True
+                if target.dtype == torch.bool:                           # (t[at] = True copies the
+                    target.view(-1).index_fill_(0, at, True)             # scalar with a sync)
                 else:
                     target.view(-1).index_add_(0, at, torch.ones_like(at, dtype=target.dtype))
 
