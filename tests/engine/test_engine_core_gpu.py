@@ -68,10 +68,10 @@ def test_block_launch_makes_no_host_sync(path):
 
 def test_prefill_admission_synchronises_at_most_the_error_flag(path):
     """An admission's prefill (prompts checked on the host, copied with their block table and
-    plan through pinned memory, FlashInfer planned from host indptrs) makes few synchronising
-    calls: on the H200 the path made 18 before (plan copies, prompt checks on the device, index
-    tensors); what is left is the K/V error-flag read and the first-token index copy at most.
-    The sites are printed."""
+    plan through pinned memory, FlashInfer planned from host indptrs, logits-processing rows
+    written from pinned memory) makes few synchronising calls. On the H200 the path made 18 (plan
+    copies, prompt checks on the device, index tensors), then 7 (the K/V error-flag read and 6 in
+    ProcessingState.write_rows); what is left is the error-flag read. The sites are printed."""
     import traceback
     import warnings
     llm = LLM(path, device="cuda", max_batch=8, steps_per_graph=4, max_model_len=512)
