@@ -142,7 +142,8 @@ class PrefillAttention:
             last.append(end - (pages - 1) * c.page_size)
             kv_lens.append(end)
         i32 = lambda x: torch.as_tensor(x, dtype=torch.int32)  # noqa: E731
-        parts = [torch.cat(pos), torch.cat(tok_rows), i32(qo), i32(kv_ptr), torch.cat(idx).to(torch.int32), i32(last)]
+        parts = [torch.cat(pos), torch.cat(tok_rows), i32(qo), i32(kv_ptr), torch.cat(idx).to(torch.int32),
+                 i32(last)]
         packed = to_device(torch.cat(parts), self.device)          # one copy, no host sync
         meta = PrefillMeta(*packed.split([p.numel() for p in parts]), tuple(kv_lens))
         if self._wrapper is not None:   # indptrs from the host (FlashInfer reads them there), indices
