@@ -93,15 +93,43 @@ def timeline(run, trace_path: Path) -> dict:
 
 def prefill_host(run, rows: int = 25) -> dict:
     """Where a prefill's host time goes: `run()` (a generate of one token) under torch.profiler
-    (no stacks, no trace file: the profiler's own averages); the aten ops and CUDA runtime calls
-    by total host time (us, inclusive) and count, and the wall time of the run."""
+    (no trace file: the profiler's own averages); the aten ops and CUDA runtime calls by total
+    host time (us, inclusive) and count, the wall time of the run, and "host_sites": the
+    outermost ops' host time by the graphrt function that called them (us, count)."""
     from torch.profiler import ProfilerActivity, profile
     t0 = time.perf_counter()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
         run()
     wall = (time.perf_counter() - t0) * 1e6
     avg = sorted(prof.key_averages(), key=lambda e: e.cpu_time_total, reverse=True)
-    return {"wall_us": wall, "host_ops": {e.key[:80]: [round(e.cpu_time_total), e.count] for e in avg[:rows]}}
+    return {"wall_us": wall, "host_ops": {e.key[:80]: [round(e.cpu_time_total), e.count] for e in avg[:rows]},
+            "host_sites": host_sites(prof.events(), rows)}
+
+
+def host_sites(events, rows: int = 25) -> dict:
+    """The outermost torch ops and CUDA runtime calls (no such op above them) summed by the
+    nearest graphrt Python function above them ("graphrt/package/file.py(def line): function",
+    from the profiler's Python events of with_stack=True): {site: [us, count]}, largest first."""
+    def is_op(e):
+        return e.name.startswith(("aten::", "cuda", "cu"))
+    acc: collections.Counter = collections.Counter()
+    n: collections.Counter = collections.Counter()
+    for e in events:
+        if not is_op(e):
+            continue
+        p, site, outer = e.cpu_parent, None, True
+        while p is not None:
+            if is_op(p):
+                outer = False
+                break
+            if site is None and "graphrt/" in p.name:
+                site = "graphrt/" + p.name.split("graphrt/")[-1]
+            p = p.cpu_parent
+        if outer:
+            key = site or "(outside graphrt)"
+            acc[key] += e.cpu_time_total
+            n[key] += 1
+    return {k: [round(v), n[k]] for k, v in acc.most_common(rows)}
 
 
 def phases(eng, run) -> dict:

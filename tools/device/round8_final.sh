@@ -42,6 +42,8 @@ import json, sys
 for r in json.load(open(sys.argv[1])):
     print(r["spec"], r["bs"], "engine", round(r["engine_us_per_token"]), "step", round(r.get("step_us", 0)),
           "prefill_host_wall_us", round(r.get("prefill_host", {}).get("wall_us", 0)), r["phases"])
+    for k, v in r.get("prefill_host", {}).get("host_sites", {}).items():
+        print("  site", v, k)
     for k, v in r.get("syncs", {}).items():
         print("  sync", v, k[-200:])
 PY
