@@ -277,6 +277,12 @@ class LlamaDecoder:
             raise ValueError(f"starts: expected {len(prompts)} ints >= 0, got {starts}")
         if attention is None and any(starts):
             raise ValueError("starts: a prefill after cached tokens needs `attention` (PrefillAttention)")
+        if host_table is not None and (not isinstance(host_table, torch.Tensor) or host_table.device.type != "cpu"
+                                       or host_table.shape != block_table.shape
+                                       or host_table.dtype != block_table.dtype):
+            raise ValueError(f"host_table: expected block_table's {tuple(block_table.shape)} {block_table.dtype} "
+                             f"on the CPU, got {getattr(host_table, 'shape', host_table)!r} "
+                             f"{getattr(host_table, 'dtype', '')} {getattr(host_table, 'device', '')}")
         table = host_table if host_table is not None else block_table.cpu()   # checks and plans read it
         lens = self._check_prefill(prompts, kv_caches, block_table, starts, table)
         record = self._check_record(record, hidden_out, sum(lens))

@@ -123,3 +123,17 @@ def test_bad_record_arguments_name_the_field(hf):
         _verify(model, tokens, record=(0, 1), hidden_out=torch.zeros(3, 2 * H))
     with pytest.raises(ValueError, match="hidden_out: given without record"):
         _verify(model, tokens, hidden_out=torch.zeros(2, H))
+
+
+def test_bad_host_table_names_the_field(hf):
+    """LlamaDecoder.prefill(host_table=): the block table's copy on the host (checks and plans read
+    it there instead of reading the device); a wrong shape, dtype or device is refused by name,
+    and a right one gives the same logits as reading block_table itself."""
+    model = LlamaDecoder.from_hf(hf)
+    prompts = [torch.arange(5) % VOCAB, torch.arange(3) % VOCAB]
+    table = page_table()[:2]
+    ref = model.prefill(prompts, _caches(), table)
+    assert torch.equal(model.prefill(prompts, _caches(), table, host_table=table.clone()), ref)
+    for bad in (table[:1].clone(), table.long(), table.tolist(), table.T.contiguous()):
+        with pytest.raises(ValueError, match="host_table"):
+            model.prefill(prompts, _caches(), table, host_table=bad)
