@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from graphrt.kernels.sample import sample_tokens
+from graphrt.kernels.transfer import to_device
 
 _DTYPES = {"temperature": torch.float32, "top_k": torch.int32, "top_p": torch.float32,
            "seed": torch.int64, "step": torch.int32}
@@ -82,7 +83,7 @@ def sample_eager(logits: torch.Tensor, inputs: SamplingInputs) -> torch.Tensor:
     n, dev = logits.shape[0], logits.device
     inputs.check(n, dev)
     out = torch.empty(n, dtype=torch.int64, device=dev)
-    args = {f.name: getattr(inputs, f.name).to(dev, non_blocking=True) for f in fields(inputs)}
+    args = {f.name: to_device(getattr(inputs, f.name), dev) for f in fields(inputs)}   # no host sync
     args["step"] = args["step"].clone()
     sample_tokens(logits.contiguous(), args["temperature"], args["top_k"], args["top_p"],
                   args["seed"], args["step"], out)

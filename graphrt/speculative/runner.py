@@ -271,7 +271,8 @@ class SpeculativeRunner:
     def capture(self) -> None:
         """Capture one graph of R rounds per (bucket, k in ks, filtered variant) (CUDA only;
         no-op elsewhere) through the graph runner, largest first; with an EAGLE-3 head, its
-        prompt loop's kernels are compiled first at every tile size (Eagle3Phase.warm). The warm-up runs on empty
+        prompt loop's kernels are compiled first at every tile size (Eagle3Phase.warm). The
+        warm-up runs on empty
         slots, so it writes no K/V and emits nothing; the slots' state is restored around it."""
         st = self.slots
         if self.eagle is not None and self.device.type == "cuda":    # the head's eager prompt

@@ -140,10 +140,11 @@ class Eagle3Head:
         for r, n in enumerate(lens):
             if n < 1:
                 raise ValueError(f"lens[{r}]: every prompt needs >= 1 token, got {n}")
-            for s, q in prefill_chunks(n, chunk):
-                cache = tensor_on([s], torch.int32, self.device)
+            pieces = prefill_chunks(n, chunk)
+            firsts = tensor_on([s for s, _ in pieces], torch.int32, self.device)   # one copy a prompt
+            for i, (s, q) in enumerate(pieces):
                 lg, h = self.extend(hidden3[None, start + s: start + s + q], tokens[None, start + s: start + s + q],
-                                    cache, kv_cache, block_table[r:r + 1], error)
+                                    firsts[i:i + 1], kv_cache, block_table[r:r + 1], error)
             logits.append(lg[0, -1])
             hs.append(h[0, -1])
             start += n
