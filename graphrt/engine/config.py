@@ -35,7 +35,9 @@ class EngineConfig:
     docs/fp8.md); enable_prefix_caching: reuse the KV pages of a
     prompt's cached prefix (engine/prefix_cache.py); max_num_batched_tokens: prompt tokens
     prefilled between two decode blocks while requests decode (long prompts run in chunks so
-    running streams keep their pace; None: no limit)."""
+    running streams keep their pace; None: no limit); prefill_graph_tokens: on CUDA, prompts
+    run as captured prefill graphs in pieces of at most this many tokens (one replay a piece,
+    model/prefill_graphs.py; 0: eager prefill, as prompt log-probs always are)."""
 
     max_batch: int = 16
     steps_per_graph: int = 4
@@ -53,6 +55,7 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
     max_num_batched_tokens: int | None = 2048
+    prefill_graph_tokens: int = 512
 
     def __post_init__(self):
         for key in ("max_batch", "steps_per_graph", "page_size"):
@@ -69,6 +72,9 @@ class EngineConfig:
                                        or self.dtype not in ("bfloat16", "float16", "float32")):
             raise ValueError(f"dtype: {self.dtype!r} is not one of ['bfloat16', 'float16', 'float32']")
         _pos_int("max_num_batched_tokens", self.max_num_batched_tokens, optional=True)
+        p = self.prefill_graph_tokens
+        if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p <= 8192:
+            raise ValueError(f"prefill_graph_tokens: must be an int in [0, 8192] (0 = eager prefill), got {p!r}")
         for key in ("overlap", "capture", "enable_prefix_caching"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{key}: expected a bool, got {getattr(self, key)!r}")

@@ -88,7 +88,8 @@ def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None, q
     mrt = ModelRuntime(model, rc, device, steps_per_graph=config.steps_per_graph, sampling=True,
                        fallback_to_one_step=True, token_history=spec is not None,
                        processing=tp is None, logprobs_width=MAX_LOGPROBS,
-                       kv_scales=kv_scales_for(ck, rc))
+                       kv_scales=kv_scales_for(ck, rc), prefill_graph_tokens=config.prefill_graph_tokens,
+                       graphed_prefill=None if config.capture else False)
     runner = None
     if spec is not None:
         from graphrt.engine.speculation import build_runner

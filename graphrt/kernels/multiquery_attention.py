@@ -3,9 +3,13 @@
 The verify step of speculative decoding runs Q = k + 1 query tokens per request: query j of
 row b sits at position kv_lens[b] - Q + j and attends keys 0 .. that position (causal within the
 new tokens, whose K/V are already in the cache). GQA: the G = Hq / Hkv query heads of one KV
-head and all Q query tokens form one [Q * G, D] tile, so each K/V page is read once per KV head.
+head and the query tokens form one [tokens * G, D] tile, so each K/V page is read once per KV
+head and tile. A graphed prefill chunk runs the same kernel with Q = its token bucket and
+per-row q_lens (<= Q real tokens; query j at kv_lens[b] - q_lens[b] + j, rows j >= q_lens[b] are
+padding whose output is never used); when Q * G exceeds one tile (128 rows) the tokens are
+split into tiles of 128 // G, and each tile reads keys only up to its last query's position.
 
-Grid: (B, Hkv, splits). Split s covers an equal share of the row's keys (by BLOCK_N blocks);
+Grid: (B * tiles, Hkv, splits). Split s covers an equal share of the tile's keys (by BLOCK_N blocks);
 with splits > 1 each program writes a partial output and its log-sum-exp and one combine launch
 merges them (split-KV for small batches at long context). Everything is read from device
 tensors (kv_lens, block_table) with a grid fixed by static shapes: no plan, no host sync, so it
@@ -27,21 +31,23 @@ import triton.language as tl
 LOG2E = 1.4426950408889634
 
 
-@triton.jit(do_not_specialize=["bt_stride", "s_page", "s_slot", "s_head", "page_size", "splits"])
-def _mq_attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, bt_stride, lens_ptr, out_ptr, part_ptr,
-                         lse_ptr, s_page, s_slot, s_head, page_size, splits, qk_scale, kvs_ptr,
+@triton.jit(do_not_specialize=["bt_stride", "s_page", "s_slot", "s_head", "page_size", "splits", "n_tiles"])
+def _mq_attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, bt_stride, lens_ptr, qlens_ptr, out_ptr, part_ptr,
+                         lse_ptr, s_page, s_slot, s_head, page_size, splits, n_tiles, qk_scale, kvs_ptr,
                          Q: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                         PREC: tl.constexpr, KV_FP8: tl.constexpr):
-    b = tl.program_id(0)
+                         TILE_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         SPLIT: tl.constexpr, PREC: tl.constexpr, KV_FP8: tl.constexpr,
+                         QLENS: tl.constexpr):
+    b = tl.program_id(0) // n_tiles
+    t0 = (tl.program_id(0) % n_tiles) * TILE_T         # the tile's first query token
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
     G: tl.constexpr = HQ // HKV
     m = tl.arange(0, BLOCK_M)
     d = tl.arange(0, D)
-    j = m // G                                         # query token of tile row m
+    j = t0 + m // G                                    # query token of tile row m
     h = kvh * G + m % G                                # its query head
-    row_ok = m < Q * G
+    row_ok = (m < TILE_T * G) & (j < Q)
     q_off = ((b * Q + j) * HQ + h).to(tl.int64) * D
     q = tl.load(q_ptr + q_off[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
     v_scale = 1.0
@@ -49,11 +55,15 @@ def _mq_attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, bt_stride, lens_ptr, out_p
         qk_scale = qk_scale * tl.load(kvs_ptr)
         v_scale = tl.load(kvs_ptr + 1)
     kv_len = tl.load(lens_ptr + b)
-    qpos = kv_len - Q + j                              # [BLOCK_M] absolute query positions
-    n_blocks = tl.cdiv(kv_len, BLOCK_N)
+    qlen = Q
+    if QLENS:                                          # the row's real query tokens (<= Q)
+        qlen = tl.load(qlens_ptr + b)
+    qpos = kv_len - qlen + j                           # [BLOCK_M] absolute query positions
+    top = tl.minimum(kv_len, kv_len - qlen + tl.minimum(t0 + TILE_T, Q))   # causal: keys < top
+    n_blocks = tl.cdiv(top, BLOCK_N)
     per = tl.cdiv(n_blocks, splits)
     lo = sp * per * BLOCK_N
-    hi = tl.minimum(lo + per * BLOCK_N, kv_len)
+    hi = tl.minimum(lo + per * BLOCK_N, top)
     m_i = tl.full((BLOCK_M,), -1.0e30, tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, D), tl.float32)
@@ -118,14 +128,17 @@ def default_splits(device: torch.device, batch: int, num_kv_heads: int, max_kv_l
 
 
 def multiquery_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor,
-                         kv_lens: torch.Tensor, *, splits: int = 1,
+                         kv_lens: torch.Tensor, *, q_lens: torch.Tensor | None = None, splits: int = 1,
                          out: torch.Tensor | None = None, block_n: int | None = None) -> torch.Tensor:
     """q [B, Q, Hq, D] (cache dtype, contiguous) -> [B, Q, Hq, D] attention over the paged cache.
 
     kv_cache: graphrt PagedKVCache (NHD or HND; float8_e4m3fn pages with its `scale`: q then
     in the model dtype, bf16 / fp16 / float32); block_table [B, W] int32; kv_lens [B] int32
-    keys of each row including its Q new tokens (0 = padding row, zeros out). splits: static
-    split-KV factor (see default_splits). Capturable in a CUDA graph.
+    keys of each row including its new tokens (0 = padding row, zeros out). q_lens [B] int32
+    (optional, device): each row's real query tokens, <= Q (default Q for every row); query j
+    of row b then sits at kv_lens[b] - q_lens[b] + j, and rows j >= q_lens[b] are padding
+    (finite, unused). splits: static split-KV factor (see default_splits). Capturable in a
+    CUDA graph (nothing depends on device values but the kernel's own loop bounds).
     """
     kc, vc = kv_cache.as_tuple()
     nhd = kv_cache.layout == "NHD"
@@ -147,6 +160,10 @@ def multiquery_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor,
                          f"{block_table.dtype}")
     if kv_lens.shape != (b,) or kv_lens.dtype != torch.int32:
         raise ValueError(f"kv_lens: expected [{b}] int32, got {tuple(kv_lens.shape)} {kv_lens.dtype}")
+    if q_lens is not None and (not isinstance(q_lens, torch.Tensor) or q_lens.shape != (b,)
+                               or q_lens.dtype != torch.int32 or q_lens.device != q.device):
+        raise ValueError(f"q_lens: expected [{b}] int32 on {q.device}, got "
+                         f"{getattr(q_lens, 'shape', q_lens)!r} {getattr(q_lens, 'dtype', '')}")
     if isinstance(splits, bool) or not isinstance(splits, int) or splits < 1:
         raise ValueError(f"splits: must be an int >= 1, got {splits!r}")
     if out is None:
@@ -154,21 +171,37 @@ def multiquery_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor,
     elif out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous():
         raise ValueError(f"out: expected contiguous {tuple(q.shape)} {q.dtype}, got "
                          f"{tuple(out.shape)} {out.dtype}")
-    block_m = max(16, triton.next_power_of_2(nq * (hq // hkv)))
+    tile_t, block_m, n_tiles = query_tiles(nq, hq // hkv)
     block_n = block_n or 64
     split = splits > 1
     part = torch.empty((b * nq * hq, splits, d), dtype=torch.float32, device=q.device) if split else out
     lse = torch.empty((b * nq * hq, splits), dtype=torch.float32, device=q.device) if split else out
-    _mq_attention_kernel[(b, hkv, splits)](
-        q, kc, vc, block_table, block_table.stride(0), kv_lens, out, part, lse,
-        kc.stride(0), kc.stride(1 if nhd else 2), kc.stride(2 if nhd else 1), page_size, splits,
-        d ** -0.5 * LOG2E, scale if fp8 else kv_lens, Q=nq, HQ=hq, HKV=hkv, D=d, BLOCK_M=block_m,
-        BLOCK_N=block_n, SPLIT=split, PREC="ieee" if q.dtype == torch.float32 else "tf32",
-        KV_FP8=fp8, num_warps=4)   # float32: no tf32
+    _mq_attention_kernel[(b * n_tiles, hkv, splits)](
+        q, kc, vc, block_table, block_table.stride(0), kv_lens, kv_lens if q_lens is None else q_lens,
+        out, part, lse, kc.stride(0), kc.stride(1 if nhd else 2), kc.stride(2 if nhd else 1), page_size,
+        splits, n_tiles, d ** -0.5 * LOG2E, scale if fp8 else kv_lens, Q=nq, HQ=hq, HKV=hkv, D=d,
+        TILE_T=tile_t, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=split,
+        PREC="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=fp8, QLENS=q_lens is not None,
+        num_warps=8 if block_m >= 128 else 4)   # float32: no tf32
     if split:
         _combine_kernel[(b * nq * hq,)](part, lse, out, splits, D=d,
                                         SB=triton.next_power_of_2(splits))
     return out
 
 
-__all__ = ["multiquery_attention", "default_splits"]
+MAX_TILE_ROWS = 128     # (token, head) rows of one program's query tile
+
+
+def query_tiles(q_tokens: int, group: int) -> tuple[int, int, int]:
+    """(tokens per tile, tile rows BLOCK_M, tiles per row) for Q = q_tokens query tokens and G =
+    group query heads per KV head: one tile of all Q tokens while Q * G <= 128 rows (the verify
+    step), else tiles of 128 // G tokens (a prefill chunk)."""
+    if q_tokens < 1 or group < 1 or group > MAX_TILE_ROWS:
+        raise ValueError(f"q_tokens, group: expected >= 1 and group <= {MAX_TILE_ROWS}, got {q_tokens}, {group}")
+    if q_tokens * group <= MAX_TILE_ROWS:
+        return q_tokens, max(16, triton.next_power_of_2(q_tokens * group)), 1
+    tile_t = MAX_TILE_ROWS // group
+    return tile_t, MAX_TILE_ROWS, triton.cdiv(q_tokens, tile_t)
+
+
+__all__ = ["multiquery_attention", "default_splits", "query_tiles"]

@@ -9,6 +9,7 @@ own tensor at once.
 
     dev = to_device(torch.arange(n, dtype=torch.int32), device)   # [n] int32 on device, no sync
     idx = tensor_on(slots, torch.long, device)                      # from a list of ints
+    copy_into(buffers.ints, host_ints)                              # into a persistent buffer
 """
 from __future__ import annotations
 
@@ -28,9 +29,19 @@ def to_device(t: torch.Tensor, device) -> torch.Tensor:
     return stage.to(device, non_blocking=True)
 
 
+def copy_into(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """dst.copy_(src) where dst is a device buffer (e.g. a graph's input) and src a CPU tensor of
+    its shape: staged in a fresh pinned block and copied non-blocking (no host sync); src may be
+    reused at once. Any other pair of devices: a plain copy_. Returns dst."""
+    if dst.device.type != "cuda" or src.device.type != "cpu":
+        return dst.copy_(src)
+    stage = torch.empty(src.shape, dtype=src.dtype, pin_memory=True).copy_(src)
+    return dst.copy_(stage, non_blocking=True)
+
+
 def tensor_on(data, dtype: torch.dtype, device) -> torch.Tensor:
     """torch.as_tensor(data, dtype) on `device` through `to_device` (no host sync on CUDA)."""
     return to_device(torch.as_tensor(data, dtype=dtype), device)
 
 
-__all__ = ["to_device", "tensor_on"]
+__all__ = ["to_device", "tensor_on", "copy_into"]

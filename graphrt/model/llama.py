@@ -197,7 +197,7 @@ class LlamaDecoder:
                          record=record, hidden_out=hidden_out)
         return self._logits(h)
 
-    # ---- verify (graph-capturable): Q tokens per request, speculative decoding -----------------
+    # ---- verify and prefill chunks (graph-capturable): Q tokens per request ------------------
     def verify_step(self, tokens: torch.Tensor, cache_lens: torch.Tensor, kv_caches, block_table: torch.Tensor,
                     error: torch.Tensor, *, splits: int = 1, record=(), hidden_out=None) -> torch.Tensor:
         """tokens [B, Q] int64 (device): row b's current token then its proposals, at positions
@@ -212,26 +212,52 @@ class LlamaDecoder:
         them; error: [1] int32 device_error of the K/V append. record / hidden_out [B * Q,
         len(record) * H] (row b * Q + j): residual-stream states copied out (`_check_record`).
         No host sync, fixed shapes: capturable per bucket."""
-        from graphrt.kernels.multiquery_attention import multiquery_attention
         b, nq = tokens.shape
         record = self._check_record(record, hidden_out, b * nq)
+        return self._logits(self._multiquery(tokens, cache_lens, None, kv_caches, block_table, error,
+                                             splits=splits, fp8_head=True, record=record,
+                                             hidden_out=hidden_out))
+
+    def prefill_step(self, tokens: torch.Tensor, cache_lens: torch.Tensor, q_lens: torch.Tensor, kv_caches,
+                     block_table: torch.Tensor, error: torch.Tensor, *, splits: int = 1) -> torch.Tensor:
+        """A prefill chunk of B rows in a graph of fixed shape: tokens [B, Q] int64 (device), row
+        b's q_lens[b] <= Q real tokens first (the rest padding: any valid ids), at positions
+        cache_lens[b] + j (positions [0, cache_lens[b]) already in the cache and only read);
+        cache_lens / q_lens [B] int32 (device; cache_lens -1 = an unused row). Returns [B, vocab]
+        logits (model dtype) of each row's last real token. The verify step's kernels and loop:
+        the real tokens' K/V are written (padding writes none), attention is the multi-query
+        kernel in query tiles; the LM head runs on B rows only. No host sync: capturable."""
+        b, nq = tokens.shape
+        h = self._multiquery(tokens, cache_lens, q_lens, kv_caches, block_table, error, splits=splits,
+                             fp8_head=False)                      # rows gathered before the head
+        last = torch.arange(b, device=tokens.device) * nq + (q_lens.long() - 1).clamp_min(0)   # [B]
+        return self._logits(h.index_select(0, last))
+
+    def _multiquery(self, tokens, cache_lens, q_lens, kv_caches, block_table, error, *, splits: int,
+                    fp8_head: bool, record=(), hidden_out=None):
+        """The layer loop over tokens [B, Q] at positions cache_lens + j -> final-normed hidden
+        states [B * Q, H] (Fp8Rows with fp8_head and a W8A8 LM head); q_lens None: every token
+        real, else [B] int32 real tokens per row."""
+        from graphrt.kernels.multiquery_attention import multiquery_attention
+        b, nq = tokens.shape
         live = cache_lens >= 0
         steps = torch.arange(nq, device=tokens.device, dtype=torch.int32)
         positions = (cache_lens.clamp_min(0)[:, None] + steps[None, :]).reshape(-1)        # [B * Q]
-        rows = torch.where(live, torch.arange(b, device=tokens.device, dtype=torch.int32), -1)
-        rows = rows[:, None].expand(b, nq).reshape(-1).contiguous()                           # [B * Q]
-        kv_lens = torch.where(live, cache_lens + nq, 0).to(torch.int32)                      # [B]
+        real = live[:, None] if q_lens is None else live[:, None] & (steps[None, :] < q_lens[:, None])
+        rows = torch.where(real, torch.arange(b, device=tokens.device, dtype=torch.int32)[:, None], -1)
+        rows = rows.expand(b, nq).reshape(-1).contiguous()                                    # [B * Q]
+        new = nq if q_lens is None else q_lens
+        kv_lens = torch.where(live, cache_lens + new, 0).to(torch.int32)                     # [B]
         hq, d = self.local_spec.num_heads, self.local_spec.head_dim
 
         def attend(i, q):                                            # q [B * Q, Hq, D]
             o = multiquery_attention(q.view(b, nq, hq, d), kv_caches[i], block_table, kv_lens,
-                                     splits=splits)
+                                     q_lens=q_lens, splits=splits)
             return o.view(b * nq, hq * d)
 
-        h = self._layers(tokens.reshape(-1), self._prefill_rope(positions, rows, kv_caches, block_table,
-                                                                error), attend, fp8_head=True,
-                         record=record, hidden_out=hidden_out)
-        return self._logits(h)
+        return self._layers(tokens.reshape(-1), self._prefill_rope(positions, rows, kv_caches, block_table,
+                                                                   error), attend, fp8_head=fp8_head,
+                            record=record, hidden_out=hidden_out)
 
     def _prefill_rope(self, positions, rows, kv_caches, block_table, error, *, calibrate_kv: bool = False):
         """rope(i, qkv, layer) for tokens at explicit positions [T] of block-table rows [T].
@@ -284,7 +310,7 @@ class LlamaDecoder:
                              f"on the CPU, got {getattr(host_table, 'shape', host_table)!r} "
                              f"{getattr(host_table, 'dtype', '')} {getattr(host_table, 'device', '')}")
         table = host_table if host_table is not None else block_table.cpu()   # checks and plans read it
-        lens = self._check_prefill(prompts, kv_caches, block_table, starts, table)
+        lens = self.check_prompts(prompts, kv_caches, block_table, starts, table)
         record = self._check_record(record, hidden_out, sum(lens))
         dev = self.weights.device
         prompts = [to_device(p, dev) for p in prompts]
@@ -338,7 +364,10 @@ class LlamaDecoder:
                                                        calibrate_kv=calibrate_kv),
                             attend, fp8_head=False, record=record, hidden_out=hidden_out)
 
-    def _check_prefill(self, prompts, kv_caches, block_table, starts, table) -> list[int]:
+    def check_prompts(self, prompts, kv_caches, block_table, starts, table) -> list[int]:
+        """Host checks of a prefill: prompts n [T >= 1] int64, block_table [>= n, w] int32 (shape
+        only), table its host copy: positions within max_positions and the table, page ids in
+        the pool -> the prompts' lengths. ValueError naming the prompt or table otherwise."""
         if len(kv_caches) != self.spec.num_layers:
             raise ValueError(f"kv_caches: {len(kv_caches)} caches, model has {self.spec.num_layers} layers")
         if block_table.dim() != 2 or block_table.dtype != torch.int32 or len(prompts) > block_table.shape[0]:

@@ -69,6 +69,7 @@ from graphrt.model.context import AttentionContext
 from graphrt.model.logprobs import LogprobBuffers
 from graphrt.model.processing import drawn_from
 from graphrt.model.prefill import PrefillAttention
+from graphrt.model.prefill_graphs import PrefillGraphs
 from graphrt.model.sampling import SamplingInputs
 from graphrt.model.quant.kv import kv_scales as _kv_scale_tensor
 from graphrt.model.slots import SlotState
@@ -82,7 +83,8 @@ class ModelRuntime:
                  keep_logits: bool = False, prefill_chunk_tokens: int = 8192,
                  fallback_to_one_step: bool = False, token_history: bool = False,
                  processing: bool = False, logprobs_mode: str = "raw", logprobs_width: int = 20,
-                 kv_scales: list[tuple[float, float]] | None = None):
+                 kv_scales: list[tuple[float, float]] | None = None, prefill_graph_tokens: int = 512,
+                 graphed_prefill: bool | None = None):
         s = model.spec
         heads = getattr(model, "local_spec", s)  # a tensor-parallel rank's model: its own heads
         want = (heads.num_heads, heads.num_kv_heads, heads.head_dim)
@@ -134,6 +136,16 @@ class ModelRuntime:
                                   is None else "thread_local")
         self.lock = threading.RLock()  # held for a whole call: see the module docstring
         self.prefill_chunk_tokens = prefill_chunk_tokens
+        if isinstance(prefill_graph_tokens, bool) or not isinstance(prefill_graph_tokens, int) \
+                or prefill_graph_tokens < 0:
+            raise ValueError(f"prefill_graph_tokens: must be an int >= 0 (0 = eager prefill), got "
+                             f"{prefill_graph_tokens!r}")
+        if graphed_prefill not in (None, True, False):
+            raise TypeError(f"graphed_prefill: expected None (auto), True or False, got {graphed_prefill!r}")
+        if graphed_prefill is None:          # auto: where decode graphs are captured
+            graphed_prefill = self.device.type == "cuda" and prefill_graph_tokens > 0
+        self.prefill_graphs = (PrefillGraphs(model, config, self.device, max_tokens=prefill_graph_tokens)
+                               if graphed_prefill and prefill_graph_tokens > 0 else None)
         self._prefill_attention: PrefillAttention | None = None  # built on first prefill
         self.sampling = sampling  # capture() also captures the sampled graph of every bucket
         self._captured = False
@@ -184,8 +196,11 @@ class ModelRuntime:
     def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor, *, on_logits=None,
                 logits_rows=frozenset(), record=(), hidden_out: torch.Tensor | None = None,
                 starts=None) -> torch.Tensor:
-        """Eager prefill of each prompt into rows of block_table; returns [n, vocab] float32
-        last-token logits. prompts: n [T_i] int64 tensors (1 <= T_i <= max_context_len);
+        """Prefill each prompt into rows of block_table; returns [n, vocab] float32 last-token
+        logits. Through the prefill graphs (model/prefill_graphs.py: one replay per piece of at
+        most prefill_graph_tokens) where they are on, eagerly (FlashInfer batch prefill in chunks
+        of prefill_chunk_tokens) for prompt log-probs, hidden-state recording and the FP8-KV
+        calibration prefill. prompts: n [T_i] int64 tensors (1 <= T_i <= max_context_len);
         block_table [n, w] int32 with pages for every prompt token, ids in the pool, no page in
         two rows (each row writes all its pages). Runtime device or CPU; checked before writing.
         starts: n ints >= 0 (default 0), each prompt's first position: K/V of positions [0, start)
@@ -197,9 +212,13 @@ class ModelRuntime:
         prompts = [to_device(p, self.device) for p in prompts]          # CPU prompts: no host sync
         host_table = block_table if block_table.device.type == "cpu" else block_table.cpu()
         with self.lock:
+            calibrate = self.kv_scale_source == "pending"
+            if self.prefill_graphs is not None and not (calibrate or logits_rows or record):
+                starts = [0] * len(prompts) if starts is None else [int(x) for x in starts]
+                self.model.check_prompts(prompts, self.kv_caches, host_table, starts, host_table)
+                return self.prefill_graphs.prefill(self.graphs, prompts, host_table, starts, self.kv_caches)
             if self._prefill_attention is None:
                 self._prefill_attention = PrefillAttention(self.config, self.device)
-            calibrate = self.kv_scale_source == "pending"
             try:
                 return self.model.prefill(prompts, self.kv_caches, to_device(host_table, self.device),
                                           host_table=host_table,
@@ -296,6 +315,8 @@ class ModelRuntime:
                     self.graphs.capture(key, lambda s=size, x=sampled, p=processed, f=filtered:
                                         self._steps(s, x, p, f),
                                         inputs=inputs, scratch=self.kv_caches, prepare=self._host_plan(size))
+            if self.prefill_graphs is not None:
+                self.prefill_graphs.capture(self.graphs, self.kv_caches)
             self._captured = True
             return dict(self.graphs.stats)
 

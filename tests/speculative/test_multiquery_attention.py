@@ -7,7 +7,7 @@ import torch
 
 from _spec_helpers import PAGE, multiquery_reference
 from graphrt.attention.kvcache import PagedKVCache
-from graphrt.kernels.multiquery_attention import multiquery_attention
+from graphrt.kernels.multiquery_attention import multiquery_attention, query_tiles
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("splits,nq,hq,hkv", [(1, 3, 4, 2), (2, 5, 4, 2), (3, 2, 2, 2), (1, 1, 8, 2)])
@@ -24,6 +24,44 @@ def test_matches_reference(layout, splits, nq, hq, hkv):
     assert got[1].eq(0).all()                              # padding row
 
 
+@pytest.mark.parametrize("splits,nq,hq,hkv", [(1, 40, 8, 2), (2, 33, 4, 1), (1, 70, 6, 2)])
+def test_query_tiles_and_row_lengths(splits, nq, hq, hkv):
+    """A prefill chunk: Q * G above one tile (tokens split into tiles, each reading keys up to its
+    last query), rows with fewer real tokens than Q (q_lens), a cached prefix before them."""
+    gen = torch.Generator().manual_seed(7 * nq + splits)
+    d, pool = 32, 40
+    shape = (pool, PAGE, hkv, d)
+    cache = PagedKVCache(torch.randn(shape, generator=gen), torch.randn(shape, generator=gen), "NHD")
+    q_lens = torch.tensor([nq, 5, 0, nq - 3], dtype=torch.int32)
+    lens = torch.tensor([nq, 21 + 5, 0, 30 + nq - 3], dtype=torch.int32)    # cached prefixes 0, 21, -, 30
+    table = torch.randperm(pool, generator=gen)[:36].to(torch.int32).view(4, 9)
+    q = torch.randn((4, nq, hq, d), generator=gen)
+    tile_t, _, tiles = query_tiles(nq, hq // hkv)
+    assert tiles > 1 and tile_t * tiles >= nq
+    got = multiquery_attention(q, cache, table, lens, q_lens=q_lens, splits=splits)
+    for r in range(4):
+        n = int(q_lens[r])
+        if n == 0:
+            assert got[r].eq(0).all()
+            continue
+        ref = multiquery_reference(q[r:r + 1, :n].contiguous(), cache, table[r:r + 1], lens[r:r + 1])
+        torch.testing.assert_close(got[r:r + 1, :n], ref, rtol=1e-4, atol=1e-4)
+        assert torch.isfinite(got[r]).all()                 # padding tokens: finite, unused
+    same = multiquery_attention(q, cache, table, lens, splits=splits)        # q_lens = Q: the default
+    full = multiquery_attention(q, cache, table, lens, q_lens=torch.full((4,), nq, dtype=torch.int32),
+                                splits=splits)
+    torch.testing.assert_close(same, full, rtol=0, atol=0)
+
+
+def test_query_tiles():
+    assert query_tiles(5, 4) == (5, 32, 1)              # a verify step: one tile
+    assert query_tiles(32, 4) == (32, 128, 1)
+    assert query_tiles(33, 4) == (32, 128, 2)
+    assert query_tiles(512, 7) == (18, 128, 29)          # G not a power of two: 126 rows used
+    with pytest.raises(ValueError, match="group"):
+        query_tiles(4, 256)
+
+
 def test_bad_input():
     cache = PagedKVCache(torch.zeros(4, PAGE, 2, 32), torch.zeros(4, PAGE, 2, 32), "NHD")
     q = torch.zeros(2, 3, 4, 32)
@@ -37,3 +75,5 @@ def test_bad_input():
         multiquery_attention(q, cache, table, lens[:1])
     with pytest.raises(ValueError, match="splits"):
         multiquery_attention(q, cache, table, lens, splits=0)
+    with pytest.raises(ValueError, match="q_lens"):
+        multiquery_attention(q, cache, table, lens, q_lens=lens.long())

@@ -1,0 +1,144 @@
+"""Graphed prefill: a prompt (or a piece of one) as one CUDA-graph replay per token bucket.
+
+An eager prefill pays the host for every op of every layer plus FlashInfer's host plan (on the
+H200, ~8 ms of host per prompt for a 2-layer model, more than its device time), which is the
+floor under every TTFT and stalls the decode streams while it runs. Here the model's prefill
+chunk (`LlamaDecoder.prefill_step`: the verify step's layer loop, plan-free multi-query
+attention in query tiles, the LM head on the last real token) is captured once per token
+bucket T (16, 32, ... up to `max_tokens`) for one request, padded to T:
+
+    pg = PrefillGraphs(model, config, device, max_tokens=512)
+    pg.capture(graphs, kv_caches)                           # with the decode graphs, one pool
+    logits = pg.prefill(graphs, prompts, host_table, starts, kv_caches)   # [n, V] float32
+
+A prompt of n new tokens (after `starts[i]` cached ones) runs as pieces of at most max_tokens,
+in order, each padded to the smallest bucket that holds it; the last piece's logits are the
+prompt's. Per piece the host copies the tokens on the device and one pinned block of ints
+(the cached length, the real tokens, the prompt's block-table row) and replays: no per-layer
+host work, no plan. One host sync per call: the K/V append's device error flag.
+
+Inputs live in `PrefillBuffers` (one typed object, the graphs read it in place). On a device
+without graphs (CPU) the same step runs eagerly through the graph runner (tests).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from graphrt.attention.buckets import pick_bucket
+from graphrt.attention.graphs import GraphKey, GraphRunner
+from graphrt.kernels.multiquery_attention import default_splits, query_tiles
+from graphrt.kernels.transfer import copy_into
+
+MIN_BUCKET = 16
+
+
+def prefill_token_buckets(max_tokens: int) -> tuple[int, ...]:
+    """Token buckets of the graphed prefill: powers of two from 16 below max_tokens, then
+    max_tokens itself (an int >= 1); ascending."""
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ValueError(f"max_tokens: must be an int >= 1, got {max_tokens!r}")
+    out, t = [], MIN_BUCKET
+    while t < max_tokens:
+        out.append(t)
+        t *= 2
+    return tuple(out) + (max_tokens,)
+
+
+def plan_pieces(lens, starts, max_tokens: int) -> list[tuple[int, int, int]]:
+    """(prompt i, first position, tokens) of every replay, prompt by prompt, each prompt's
+    pieces in position order and at most max_tokens long (pure; lens >= 1, starts >= 0)."""
+    out = []
+    for i, (n, s) in enumerate(zip(lens, starts)):
+        for a in range(0, n, max_tokens):
+            out.append((i, s + a, min(max_tokens, n - a)))
+    return out
+
+
+@dataclass
+class PrefillBuffers:
+    """What the prefill graphs read and write, on the runtime device.
+    tokens [T_max] int64: the piece's ids, then padding (stale valid ids);
+    ints [2 + W] int32: cache_len (tokens already in the cache), q_len (real tokens), then the
+    prompt's block-table row of W pages (one host-to-device copy per piece);
+    logits [1, V] float32: the last real token's; error [1] int32: the K/V append's flag."""
+
+    tokens: torch.Tensor
+    ints: torch.Tensor
+    logits: torch.Tensor
+    error: torch.Tensor
+
+    @classmethod
+    def allocate(cls, max_tokens: int, pages_per_seq: int, vocab: int, device) -> "PrefillBuffers":
+        z = lambda *shape, dtype: torch.zeros(shape, dtype=dtype, device=device)  # noqa: E731
+        return cls(z(max_tokens, dtype=torch.int64), z(2 + pages_per_seq, dtype=torch.int32),
+                   z(1, vocab, dtype=torch.float32), z(1, dtype=torch.int32))
+
+    cache_len = property(lambda self: self.ints[0:1])                  # [1] int32
+    q_len = property(lambda self: self.ints[1:2])                      # [1] int32
+    table = property(lambda self: self.ints[2:].view(1, -1))           # [1, W] int32
+
+
+class PrefillGraphs:
+    """The graphed prefill of one model runtime: buckets, buffers, per-bucket split-KV factor;
+    capture and replay go through the runtime's GraphRunner (GraphKey("prefill", 1, query_len=T))."""
+
+    def __init__(self, model, config, device, *, max_tokens: int):
+        self.model, self.config, self.device = model, config, torch.device(device)
+        self.buckets = prefill_token_buckets(max_tokens)
+        self.max_tokens = max_tokens
+        self.buf = PrefillBuffers.allocate(max_tokens, config.max_pages_per_seq, model.spec.vocab_size,
+                                           self.device)
+        heads = getattr(model, "local_spec", model.spec)
+        group = heads.num_heads // heads.num_kv_heads
+        # a short piece after a long cached prefix is one tile per KV head: split its keys
+        self.splits = {t: default_splits(self.device, query_tiles(t, group)[2], heads.num_kv_heads,
+                                         config.max_context_len) for t in self.buckets}
+
+    def key(self, tokens: int) -> GraphKey:
+        return GraphKey("prefill", 1, query_len=tokens)
+
+    def _step(self, t: int, kv_caches) -> None:
+        b = self.buf
+        logits = self.model.prefill_step(b.tokens[:t].view(1, t), b.cache_len, b.q_len, kv_caches, b.table,
+                                         b.error, splits=self.splits[t])
+        b.logits.copy_(logits)
+
+    def capture(self, graphs: GraphRunner, kv_caches) -> None:
+        """Capture every bucket not yet captured, largest first (warm-up and capture run a piece of
+        0 real tokens: nothing is written)."""
+        for t in reversed(self.buckets):
+            if self.key(t) not in graphs:
+                graphs.capture(self.key(t), lambda t=t: self._step(t, kv_caches),
+                               inputs=[(self.buf.ints, 0), (self.buf.tokens, 0)], scratch=kv_caches)
+
+    def prefill(self, graphs: GraphRunner, prompts: list[torch.Tensor], host_table: torch.Tensor, starts,
+                kv_caches) -> torch.Tensor:
+        """prompts: n [T_i] int64 on the device (checked by the caller), prompt i on row i of
+        host_table ([n, W] int32, CPU) from position starts[i] -> [n, V] float32 logits of each
+        prompt's last token. Raises RuntimeError if the K/V append flagged bad pages."""
+        b, dev = self.buf, self.device
+        out = torch.empty((len(prompts), b.logits.shape[1]), dtype=torch.float32, device=dev)
+        b.error.zero_()
+        lens = [p.numel() for p in prompts]
+        ints = torch.zeros(b.ints.shape, dtype=torch.int32)                 # host, staged per piece
+        w = host_table.shape[1]
+        if w > ints.numel() - 2:
+            raise ValueError(f"host_table: {w} pages a row, beyond max_pages_per_seq={ints.numel() - 2}")
+        for i, s, n in plan_pieces(lens, starts, self.max_tokens):
+            t = pick_bucket(self.buckets, n)
+            a = s - starts[i]
+            b.tokens[:n].copy_(prompts[i][a: a + n])
+            ints[0], ints[1] = s, n
+            ints[2:2 + w].copy_(host_table[i])
+            copy_into(b.ints, ints)
+            graphs.run(self.key(t), lambda t=t: self._step(t, kv_caches))
+            if a + n == lens[i]:
+                out[i].copy_(b.logits[0])
+        if int(b.error.item()):
+            raise RuntimeError(f"prefill: K/V append flagged device_error {int(b.error.item())}")
+        return out
+
+
+__all__ = ["PrefillGraphs", "PrefillBuffers", "prefill_token_buckets", "plan_pieces"]

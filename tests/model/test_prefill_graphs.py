@@ -1,0 +1,115 @@
+"""Graphed prefill (model/prefill_graphs.py) on CPU: the captured step run eagerly through the graph
+runner, against HF float32 and against the eager prefill: buckets, pieces, cached prefixes, the K/V
+it writes, the device error flag, bad input."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graphrt import RuntimeConfig
+from graphrt.model import LlamaDecoder
+from graphrt.model.prefill_graphs import plan_pieces, prefill_token_buckets
+from graphrt.model.runtime import ModelRuntime
+
+transformers = pytest.importorskip("transformers")
+PAGE = 16
+
+
+def _hf(kind="llama"):
+    torch.manual_seed(0)
+    common = dict(vocab_size=160, hidden_size=256, intermediate_size=224, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=256)
+    if kind == "qwen3":
+        cfg = transformers.Qwen3Config(tie_word_embeddings=False, head_dim=64, **common)
+        return transformers.Qwen3ForCausalLM(cfg).eval()
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(tie_word_embeddings=False, **common)).eval()
+
+
+def _runtime(hf, **kw):
+    model = LlamaDecoder.from_hf(hf)
+    s = model.spec
+    cfg = RuntimeConfig(num_qo_heads=s.num_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim,
+                        page_size=PAGE, max_context_len=128, buckets=[1, 4], dtype="float32",
+                        backend="reference", kv_pool_pages=40)
+    return ModelRuntime(model, cfg, "cpu", **kw)
+
+
+def test_buckets_and_pieces():
+    assert prefill_token_buckets(512) == (16, 32, 64, 128, 256, 512)
+    assert prefill_token_buckets(100) == (16, 32, 64, 100)
+    assert prefill_token_buckets(8) == (8,)
+    with pytest.raises(ValueError, match="max_tokens"):
+        prefill_token_buckets(0)
+    assert plan_pieces([40, 3], [0, 5], 16) == [(0, 0, 16), (0, 16, 16), (0, 32, 8), (1, 5, 3)]
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_graphed_prefill_equals_hf_and_writes_the_same_kv(kind):
+    """Prompts of 1-45 tokens through buckets (16, 32) and pieces of 32: last-token logits == HF
+    float32; every written K/V equals the eager prefill's."""
+    hf = _hf(kind)
+    graphed = _runtime(hf, graphed_prefill=True, prefill_graph_tokens=32)
+    eager = _runtime(hf, graphed_prefill=False)
+    assert graphed.prefill_graphs.buckets == (16, 32) and eager.prefill_graphs is None
+    gen = torch.Generator().manual_seed(3)
+    lens = [7, 1, 45, 32]
+    prompts = [torch.randint(0, 160, (n,), generator=gen) for n in lens]
+    table = torch.randperm(40, generator=gen)[:32].to(torch.int32).view(4, 8)
+    got = graphed.prefill(prompts, table)
+    ref_eager = eager.prefill(prompts, table)
+    for r, p in enumerate(prompts):
+        with torch.no_grad():
+            ref = hf(p[None]).logits[0, -1].float()
+        torch.testing.assert_close(got[r], ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got, ref_eager, rtol=1e-4, atol=1e-4)
+    for cg, ce in zip(graphed.kv_caches, eager.kv_caches):
+        for r, n in enumerate(lens):
+            pages = table[r, : -(-n // PAGE)].long()
+            kg, ke = cg.k[pages].flatten(0, 1)[:n], ce.k[pages].flatten(0, 1)[:n]   # NHD pages
+            vg, ve = cg.v[pages].flatten(0, 1)[:n], ce.v[pages].flatten(0, 1)[:n]
+            torch.testing.assert_close(kg, ke, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(vg, ve, rtol=1e-5, atol=1e-5)
+
+
+def test_cached_prefix_then_suffix_equals_whole_prompt():
+    """starts: the prefix's K/V already in the pages (an earlier prefill), the suffix graphed."""
+    hf = _hf()
+    mrt = _runtime(hf, graphed_prefill=True, prefill_graph_tokens=16)
+    gen = torch.Generator().manual_seed(5)
+    p = torch.randint(0, 160, (50,), generator=gen)
+    table = torch.arange(8, dtype=torch.int32)[None]
+    mrt.prefill([p[:32]], table)                                     # the cached prefix: 2 pages
+    got = mrt.prefill([p[32:]], table, starts=[32])
+    with torch.no_grad():
+        ref = hf(p[None]).logits[0, -1].float()
+    torch.testing.assert_close(got[0], ref, rtol=1e-4, atol=1e-4)
+
+
+def test_padding_writes_no_kv_and_bad_pages_are_refused():
+    hf = _hf()
+    mrt = _runtime(hf, graphed_prefill=True, prefill_graph_tokens=16)
+    before = [c.k.clone() for c in mrt.kv_caches]
+    table = torch.tensor([[3, 4, 5, 6, 7, 8, 9, 10]], dtype=torch.int32)
+    mrt.prefill([torch.arange(5)], table)                             # bucket 16: 11 padding tokens
+    for c, b in zip(mrt.kv_caches, before):
+        changed = (c.k != b).flatten(1).any(1).nonzero().flatten().tolist()
+        assert changed == [3]                                        # only the prompt's first page
+        assert (c.k[3, 5:] == b[3, 5:]).all()                        # and only its 5 slots
+    with pytest.raises(ValueError, match="block_table"):
+        mrt.prefill([torch.arange(5)], torch.tensor([[99] * 8], dtype=torch.int32))
+    with pytest.raises(ValueError, match="prefill_graph_tokens"):
+        _runtime(hf, prefill_graph_tokens=-1)
+    with pytest.raises(TypeError, match="graphed_prefill"):
+        _runtime(hf, graphed_prefill="yes")
+
+
+def test_eager_features_keep_the_eager_path():
+    """Prompt log-probs need every position's logits: the eager path serves them, same last logits."""
+    hf = _hf()
+    mrt = _runtime(hf, graphed_prefill=True, prefill_graph_tokens=16)
+    seen = {}
+    p = torch.randint(0, 160, (20,), generator=torch.Generator().manual_seed(1))
+    table = torch.arange(8, dtype=torch.int32)[None]
+    got = mrt.prefill([p], table, on_logits=lambda i, s, x: seen.setdefault(i, x), logits_rows={0})
+    assert seen[0].shape == (20, 160)
+    torch.testing.assert_close(got[0], seen[0][-1], rtol=1e-5, atol=1e-5)
