@@ -133,6 +133,9 @@ def main(argv=None) -> int:
     p.add_argument("--turns", type=int, default=6)
     p.add_argument("--answer-tokens", type=int, default=64)
     p.add_argument("--max-model-len", type=int, default=8192)
+    p.add_argument("--prefill-modes", default="graphed",
+                   help="comma list of graphed (prefill graphs, the default on CUDA) / eager (the same "
+                        "runtime with them set aside): each mode's rows side by side")
     p.add_argument("--out-dir", default="docs/results")
     p.add_argument("--name", default=None)
     a = p.parse_args(argv)
@@ -160,15 +163,24 @@ def main(argv=None) -> int:
     cached = llm.engine
     plain = Engine(llm.runtime, llm.tokenizer, eos_token_ids=tuple(cached.scheduler.eos),   # same runtime
                    max_model_len=cached.max_model_len, enable_prefix_caching=False, max_num_batched_tokens=chunk)
-    for key, eng in (("on", cached), ("off", plain)):
-        eng.start()
-        res["shared_prefix"][key] = shared_prefix(eng, a)
-        res["chat"][key] = chat(eng, a)
-        if key == "on":
-            for limit in (chunk, None):
-                eng.scheduler.max_num_batched_tokens = limit
-                res["arrival"][f"chunk_{limit}"] = arrival(eng, a)
-        eng.shutdown()
+    mrt = llm.runtime.runtime                             # the executor's ModelRuntime
+    graphs = mrt.prefill_graphs
+    for mode in a.prefill_modes.split(","):
+        if mode not in ("graphed", "eager"):
+            p.error(f"--prefill-modes: {mode!r} is neither graphed nor eager")
+        mrt.prefill_graphs = graphs if mode == "graphed" else None       # eager: the same runtime's
+        tag = "" if mode == "graphed" else "eager "
+        for key, eng in (("on", cached), ("off", plain)):
+            eng.start()
+            res["shared_prefix"][tag + key] = shared_prefix(eng, a)
+            res["chat"][tag + key] = chat(eng, a)
+            if key == "on":
+                for limit in (chunk, None):
+                    eng.scheduler.max_num_batched_tokens = limit
+                    res["arrival"][f"{tag}chunk_{limit}"] = arrival(eng, a)
+                eng.scheduler.max_num_batched_tokens = chunk
+            eng.shutdown()                                 # a stopped engine starts again
+    mrt.prefill_graphs = graphs
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     name = a.name or f"bench_prefix_{a.make or Path(a.model).name}"

@@ -31,10 +31,10 @@ import triton.language as tl
 LOG2E = 1.4426950408889634
 
 
-@triton.jit(do_not_specialize=["bt_stride", "s_page", "s_slot", "s_head", "page_size", "splits", "n_tiles"])
+@triton.jit(do_not_specialize=["bt_stride", "s_page", "s_slot", "s_head", "page_size", "splits", "n_tiles", "Q"])
 def _mq_attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, bt_stride, lens_ptr, qlens_ptr, out_ptr, part_ptr,
                          lse_ptr, s_page, s_slot, s_head, page_size, splits, n_tiles, qk_scale, kvs_ptr,
-                         Q: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+                         Q, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
                          TILE_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          SPLIT: tl.constexpr, PREC: tl.constexpr, KV_FP8: tl.constexpr,
                          QLENS: tl.constexpr):
@@ -179,7 +179,7 @@ def multiquery_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor,
     _mq_attention_kernel[(b * n_tiles, hkv, splits)](
         q, kc, vc, block_table, block_table.stride(0), kv_lens, kv_lens if q_lens is None else q_lens,
         out, part, lse, kc.stride(0), kc.stride(1 if nhd else 2), kc.stride(2 if nhd else 1), page_size,
-        splits, n_tiles, d ** -0.5 * LOG2E, scale if fp8 else kv_lens, Q=nq, HQ=hq, HKV=hkv, D=d,
+        splits, n_tiles, d ** -0.5 * LOG2E, scale if fp8 else kv_lens, nq, HQ=hq, HKV=hkv, D=d,
         TILE_T=tile_t, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=split,
         PREC="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=fp8, QLENS=q_lens is not None,
         num_warps=8 if block_m >= 128 else 4)   # float32: no tf32
