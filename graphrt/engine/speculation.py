@@ -60,9 +60,13 @@ def load_draft(mrt, spec, *, dtype: str, target=None):
     caches = [PagedKVCache.allocate(rc, mrt.num_pages, mrt.device, seed=c.seed + 1000 + i)
               for i in range(s.num_layers)]
     from graphrt.model.prefill import PrefillAttention
+    from graphrt.model.prefill_graphs import PrefillGraphs
+    graphed = mrt.prefill_graphs                  # the target's: the draft's graphs take its size
     return DraftProposer(model, caches, spec.num_tokens, max_len=c.max_context_len,
                          attention=PrefillAttention(rc, mrt.device, workspace_mb=64),
-                         prefill_tokens=mrt.prefill_chunk_tokens)
+                         prefill_tokens=mrt.prefill_chunk_tokens,
+                         prefill_graphs=None if graphed is None else
+                         PrefillGraphs(model, rc, mrt.device, max_tokens=graphed.max_tokens, phase="draft_prefill"))
 
 
 # ---- the engine's per-block speculation bookkeeping (host, loop thread) ---------------------------

@@ -82,10 +82,12 @@ class PrefillBuffers:
 
 class PrefillGraphs:
     """The graphed prefill of one model runtime: buckets, buffers, per-bucket split-KV factor;
-    capture and replay go through the runtime's GraphRunner (GraphKey("prefill", 1, query_len=T))."""
+    capture and replay go through the runtime's GraphRunner (GraphKey(phase, 1, query_len=T));
+    phase: "prefill" for the target, another name for a second model in the same runner (a
+    draft model's "draft_prefill")."""
 
-    def __init__(self, model, config, device, *, max_tokens: int):
-        self.model, self.config, self.device = model, config, torch.device(device)
+    def __init__(self, model, config, device, *, max_tokens: int, phase: str = "prefill"):
+        self.model, self.config, self.device, self.phase = model, config, torch.device(device), phase
         self.buckets = prefill_token_buckets(max_tokens)
         self.max_tokens = max_tokens
         self.buf = PrefillBuffers.allocate(max_tokens, config.max_pages_per_seq, model.spec.vocab_size,
@@ -97,7 +99,7 @@ class PrefillGraphs:
                                          config.max_context_len) for t in self.buckets}
 
     def key(self, tokens: int) -> GraphKey:
-        return GraphKey("prefill", 1, query_len=tokens)
+        return GraphKey(self.phase, 1, query_len=tokens)
 
     def _step(self, t: int, kv_caches) -> None:
         b = self.buf

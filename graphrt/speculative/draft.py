@@ -27,7 +27,7 @@ class DraftProposer:
     PagedKVCache list, with at least as many pages as the target's pool; k: proposals a round."""
 
     def __init__(self, model, kv_caches, k: int, *, max_len: int, splits: int | None = None,
-                 attention=None, prefill_tokens: int | None = None):
+                 attention=None, prefill_tokens: int | None = None, prefill_graphs=None):
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"k: must be an int >= 1, got {k!r}")
         if len(kv_caches) != model.spec.num_layers:
@@ -35,6 +35,8 @@ class DraftProposer:
                              f"{model.spec.num_layers} layers")
         self.model, self.kv_caches, self.k = model, kv_caches, k
         self.attention, self.prefill_tokens = attention, prefill_tokens   # PrefillAttention or None
+        self.prefill_graphs = prefill_graphs        # model/prefill_graphs.PrefillGraphs or None
+        self.graphs = None                          # the runner's GraphRunner (set by capture)
         self.device = kv_caches[0].device
         self.splits = splits or default_splits(self.device, 1, model.local_spec.num_kv_heads, max_len)
 
@@ -43,10 +45,18 @@ class DraftProposer:
         return self.model.spec.vocab_size
 
     def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor, *, starts=None) -> None:
-        """Eager: the prompts' K/V into the draft's caches (rows of the target's block table).
-        starts: each prompt's first position (default 0: the whole context); positions below it
-        must already be in the draft's pages. Non-zero starts need `attention`."""
+        """The prompts' K/V into the draft's caches (rows of the target's block table): through
+        the draft's prefill graphs once captured (`capture`), else eagerly. starts: each prompt's
+        first position (default 0: the whole context); positions below it must already be in
+        the draft's pages. Non-zero starts need `attention` or the graphs."""
         host = block_table if block_table.device.type == "cpu" else None   # a host table: no read-back
+        if self.prefill_graphs is not None and self.graphs is not None:
+            host = block_table.cpu() if host is None else host
+            first = [0] * len(prompts) if starts is None else [int(x) for x in starts]
+            prompts = [to_device(p, self.device) for p in prompts]
+            self.model.check_prompts(prompts, self.kv_caches, host, first, host)
+            self.prefill_graphs.prefill(self.graphs, prompts, host, first, self.kv_caches)
+            return
         block_table = to_device(block_table, self.kv_caches[0].device)
         if self.attention is None:
             if starts is not None and any(starts):
@@ -55,6 +65,14 @@ class DraftProposer:
             return
         self.model.prefill(prompts, self.kv_caches, block_table, attention=self.attention,
                            max_tokens=self.prefill_tokens, starts=starts, host_table=host)
+
+    def capture(self, graphs) -> None:
+        """The draft's prefill graphs into the runner's GraphRunner `graphs` (one pool); later
+        prefills go through them (replayed; on a device without graphs the same step eagerly).
+        No-op without prefill graphs."""
+        if self.prefill_graphs is not None:
+            self.prefill_graphs.capture(graphs, self.kv_caches)
+            self.graphs = graphs
 
     def propose(self, token_buf: torch.Tensor, num_tokens: torch.Tensor, active: torch.Tensor,
                 block_table: torch.Tensor, proposals: torch.Tensor, count: torch.Tensor,

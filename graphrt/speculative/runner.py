@@ -278,6 +278,8 @@ class SpeculativeRunner:
         if self.eagle is not None and self.device.type == "cuda":    # the head's eager prompt
             self.eagle.warm(st.block_table, self.device_error)       # tiles: compiled now, not
             #                                                          while serving
+        if self.draft is not None:                                   # its prompts: one replay a piece
+            self.draft.capture(self.graphs)
         scratch = list(self.kv_caches) + (list(self.draft.kv_caches) if self.draft else []) \
             + ([self.eagle.kv_cache] if self.eagle is not None else [])
         for size in reversed(self.buckets):

@@ -64,3 +64,32 @@ def test_self_draft_accepts_everything():
     emitted = emitted[emitted > 0]
     # 1 + 4 + 4 + 1 (clipped by max_tokens): every round with room emits k + 1 = 4
     assert emitted[:-1].eq(4).all() and int(emitted.sum()) == 9
+
+
+def test_graphed_draft_prefill_writes_the_eager_prefills_kv():
+    """A draft with prefill graphs (captured into the runner's GraphRunner: run eagerly on CPU)
+    writes the same K/V as its eager prefill, whole prompts and a catch-up from a position."""
+    from graphrt.attention.graphs import GraphRunner
+    from graphrt.model.prefill_graphs import PrefillGraphs
+    dmodel = LlamaDecoder.from_hf(_llama(5, 1))
+    table, prompts = page_table(), sample_prompts()[:2]
+    rc = runtime_config()
+    drafts = []
+    for graphed in (True, False):
+        caches = [PagedKVCache.allocate(rc, POOL, "cpu", seed=50 + i) for i in range(dmodel.spec.num_layers)]
+        pg = PrefillGraphs(dmodel, rc, "cpu", max_tokens=16, phase="draft_prefill") if graphed else None
+        d = DraftProposer(dmodel, caches, 2, max_len=128, prefill_graphs=pg)
+        d.capture(GraphRunner("cpu"))
+        drafts.append(d)
+    assert drafts[0].graphs is not None and drafts[1].graphs is None
+    for d in drafts:
+        d.prefill([p[:3] for p in prompts], table)
+        d.prefill([p[3:] for p in prompts], table, starts=[3, 3]) if d.prefill_graphs else \
+            d.prefill(prompts, table)                                 # eager without attention: whole
+    for cg, ce in zip(drafts[0].kv_caches, drafts[1].kv_caches):
+        for r, p in enumerate(prompts):
+            pages = table[r, : -(-len(p) // PAGE)].long()
+            torch.testing.assert_close(cg.k[pages].flatten(0, 1)[: len(p)], ce.k[pages].flatten(0, 1)[: len(p)],
+                                       rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(cg.v[pages].flatten(0, 1)[: len(p)], ce.v[pages].flatten(0, 1)[: len(p)],
+                                       rtol=1e-5, atol=1e-5)
