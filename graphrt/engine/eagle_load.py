@@ -32,6 +32,8 @@ def load_eagle3_phase(mrt, spec):
                    kv_cache_dtype="auto")   # the head's own cache: model dtype, also under an FP8 target cache
     cache = PagedKVCache.allocate(rc, mrt.num_pages, mrt.device, seed=c.seed + 2000)
     drafter = Eagle3Drafter(head, cache, spec.num_tokens, max_len=c.max_context_len)
+    if mrt.prefill_graphs is not None:                 # the target's prompts record the head's states
+        mrt.prefill_graphs.record_states(ck.layer_ids)
     return Eagle3Phase(drafter, ck.layer_ids, target_hidden=model.spec.hidden_size, max_batch=c.max_batch,
                        dtype=model.dtype, device=mrt.device)
 

@@ -136,7 +136,7 @@ class LlamaDecoder:
         -> SiLU-mul -> GEMM down -> add+RMSNorm; with W8A8 weights the norms and SiLU-mul write
         FP8 rows, the attention output is quantized by one kernel, and each GEMM's scales are
         applied by its consumer (rope_append, add+RMSNorm, SiLU-mul).
-        record / hidden_out: see `_check_record` (one copy_ per recorded id; none when off)."""
+        record / hidden_out: see `check_record` (one copy_ per recorded id; none when off)."""
         w, eps, fp8 = self.weights, self.spec.rms_norm_eps, self._fp8_in
         layers = w.layers
         residual = self._embed(tokens)                               # [T, H] (a copy)
@@ -159,7 +159,7 @@ class LlamaDecoder:
             hidden_out[:, r * width:(r + 1) * width].copy_(residual)
         return h
 
-    def _check_record(self, record, hidden_out, rows: int) -> tuple[int, ...]:
+    def check_record(self, record, hidden_out, rows: int) -> tuple[int, ...]:
         """record: ascending distinct ids in [0, L] of residual-stream states to copy out (id
         i < L: the stream entering decoder layer i, 0 = the embeddings; id L: after the last
         layer, before the final norm), () = off (no op added); hidden_out: [rows, len(record) *
@@ -187,9 +187,9 @@ class LlamaDecoder:
         """tokens [B] int64 (device) -> logits [B, vocab] in the model dtype.
 
         ctx.prepare() must have run. Writes each row's K/V at slot seq_len - 1 of every layer.
-        record / hidden_out [B, len(record) * H]: residual-stream states copied out (`_check_record`)."""
+        record / hidden_out [B, len(record) * H]: residual-stream states copied out (`check_record`)."""
         b = tokens.shape[0]
-        record = self._check_record(record, hidden_out, b)
+        record = self.check_record(record, hidden_out, b)
 
         def rope(i, qkv, layer):
             return ctx.rope_append(i, qkv, self.cos_sin, **self._qk_norm_args(layer))
@@ -210,26 +210,30 @@ class LlamaDecoder:
         attends causally with the plan-free multi-query kernel (kernels/multiquery_attention.py;
         `splits`: its static split-KV factor). block_table [>= B, W] int32 must hold pages for
         them; error: [1] int32 device_error of the K/V append. record / hidden_out [B * Q,
-        len(record) * H] (row b * Q + j): residual-stream states copied out (`_check_record`).
+        len(record) * H] (row b * Q + j): residual-stream states copied out (`check_record`).
         No host sync, fixed shapes: capturable per bucket."""
         b, nq = tokens.shape
-        record = self._check_record(record, hidden_out, b * nq)
+        record = self.check_record(record, hidden_out, b * nq)
         return self._logits(self._multiquery(tokens, cache_lens, None, kv_caches, block_table, error,
                                              splits=splits, fp8_head=True, record=record,
                                              hidden_out=hidden_out))
 
     def prefill_step(self, tokens: torch.Tensor, cache_lens: torch.Tensor, q_lens: torch.Tensor, kv_caches,
-                     block_table: torch.Tensor, error: torch.Tensor, *, splits: int = 1) -> torch.Tensor:
+                     block_table: torch.Tensor, error: torch.Tensor, *, splits: int = 1, record=(),
+                     hidden_out=None) -> torch.Tensor:
         """A prefill chunk of B rows in a graph of fixed shape: tokens [B, Q] int64 (device), row
         b's q_lens[b] <= Q real tokens first (the rest padding: any valid ids), at positions
         cache_lens[b] + j (positions [0, cache_lens[b]) already in the cache and only read);
         cache_lens / q_lens [B] int32 (device; cache_lens -1 = an unused row). Returns [B, vocab]
         logits (model dtype) of each row's last real token. The verify step's kernels and loop:
         the real tokens' K/V are written (padding writes none), attention is the multi-query
-        kernel in query tiles; the LM head runs on B rows only. No host sync: capturable."""
+        kernel in query tiles; the LM head runs on B rows only. record / hidden_out [B * Q,
+        len(record) * H]: residual-stream states of every token (`check_record`). No host sync:
+        capturable."""
         b, nq = tokens.shape
+        record = self.check_record(record, hidden_out, b * nq)
         h = self._multiquery(tokens, cache_lens, q_lens, kv_caches, block_table, error, splits=splits,
-                             fp8_head=False)                      # rows gathered before the head
+                             fp8_head=False, record=record, hidden_out=hidden_out)   # rows gathered below
         last = torch.arange(b, device=tokens.device) * nq + (q_lens.long() - 1).clamp_min(0)   # [B]
         return self._logits(h.index_select(0, last))
 
@@ -291,7 +295,7 @@ class LlamaDecoder:
         the logits of its positions start .. start + n - 1, chunk by chunk (prompt log-probs).
         calibrate_kv: FP8 caches take their k / v scales from this prefill's (first chunk's) tokens.
         record / hidden_out [sum(T_i), len(record) * H]: residual-stream states of every prompt
-        token, prompts concatenated in order (`_check_record`).
+        token, prompts concatenated in order (`check_record`).
         starts: ints >= 0, the position of each prompt's first token (default 0): positions
         [0, start) are already in its pages (a cached prefix, an earlier chunk) and are read, not
         written; needs `attention`.
@@ -311,7 +315,7 @@ class LlamaDecoder:
                              f"{getattr(host_table, 'dtype', '')} {getattr(host_table, 'device', '')}")
         table = host_table if host_table is not None else block_table.cpu()   # checks and plans read it
         lens = self.check_prompts(prompts, kv_caches, block_table, starts, table)
-        record = self._check_record(record, hidden_out, sum(lens))
+        record = self.check_record(record, hidden_out, sum(lens))
         dev = self.weights.device
         prompts = [to_device(p, dev) for p in prompts]
         error = torch.zeros(1, dtype=torch.int32, device=dev)

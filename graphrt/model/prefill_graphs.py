@@ -19,6 +19,9 @@ host work, no plan. One host sync per call: the K/V append's device error flag.
 
 Inputs live in `PrefillBuffers` (one typed object, the graphs read it in place). On a device
 without graphs (CPU) the same step runs eagerly through the graph runner (tests).
+`record_states(layer_ids)` (before capture; an EAGLE-3 head's target) makes every prefill graph
+also record those residual-stream states of the piece's tokens (LlamaDecoder's `record=`) into
+`buf.hidden`, copied out to the caller's hidden_out after each replay.
 """
 from __future__ import annotations
 
@@ -62,12 +65,14 @@ class PrefillBuffers:
     tokens [T_max] int64: the piece's ids, then padding (stale valid ids);
     ints [2 + W] int32: cache_len (tokens already in the cache), q_len (real tokens), then the
     prompt's block-table row of W pages (one host-to-device copy per piece);
-    logits [1, V] float32: the last real token's; error [1] int32: the K/V append's flag."""
+    logits [1, V] float32: the last real token's; error [1] int32: the K/V append's flag;
+    hidden [T_max, len(record) * H] model dtype, or None: recorded states (record_states)."""
 
     tokens: torch.Tensor
     ints: torch.Tensor
     logits: torch.Tensor
     error: torch.Tensor
+    hidden: torch.Tensor | None = None
 
     @classmethod
     def allocate(cls, max_tokens: int, pages_per_seq: int, vocab: int, device) -> "PrefillBuffers":
@@ -98,13 +103,26 @@ class PrefillGraphs:
         self.splits = {t: default_splits(self.device, query_tiles(t, group)[2], heads.num_kv_heads,
                                          config.max_context_len) for t in self.buckets}
 
+        self.record: tuple[int, ...] = ()
+
+    def record_states(self, layer_ids) -> None:
+        """Every prefill graph also records these residual-stream ids (LlamaDecoder's `record`)
+        of its tokens; call before capture()."""
+        ids = tuple(layer_ids)
+        self.model.check_record(ids, None if not ids else torch.empty(
+            (1, len(ids) * self.model.spec.hidden_size), dtype=self.model.dtype, device=self.device), 1)
+        self.record = ids
+        self.buf.hidden = torch.zeros((self.max_tokens, len(ids) * self.model.spec.hidden_size),
+                                      dtype=self.model.dtype, device=self.device) if ids else None
+
     def key(self, tokens: int) -> GraphKey:
         return GraphKey(self.phase, 1, query_len=tokens)
 
     def _step(self, t: int, kv_caches) -> None:
         b = self.buf
+        rec = {"record": self.record, "hidden_out": b.hidden[:t]} if self.record else {}
         logits = self.model.prefill_step(b.tokens[:t].view(1, t), b.cache_len, b.q_len, kv_caches, b.table,
-                                         b.error, splits=self.splits[t])
+                                         b.error, splits=self.splits[t], **rec)
         b.logits.copy_(logits)
 
     def capture(self, graphs: GraphRunner, kv_caches) -> None:
@@ -116,14 +134,21 @@ class PrefillGraphs:
                                inputs=[(self.buf.ints, 0), (self.buf.tokens, 0)], scratch=kv_caches)
 
     def prefill(self, graphs: GraphRunner, prompts: list[torch.Tensor], host_table: torch.Tensor, starts,
-                kv_caches) -> torch.Tensor:
+                kv_caches, *, hidden_out: torch.Tensor | None = None) -> torch.Tensor:
         """prompts: n [T_i] int64 on the device (checked by the caller), prompt i on row i of
         host_table ([n, W] int32, CPU) from position starts[i] -> [n, V] float32 logits of each
-        prompt's last token. Raises RuntimeError if the K/V append flagged bad pages."""
+        prompt's last token. hidden_out [sum T_i, len(record) * H] (with record_states): each
+        token's recorded states, prompts concatenated in order. Raises RuntimeError if the K/V
+        append flagged bad pages."""
+        if hidden_out is not None and not self.record:
+            raise ValueError("hidden_out: these prefill graphs record nothing (record_states)")
         b, dev = self.buf, self.device
         out = torch.empty((len(prompts), b.logits.shape[1]), dtype=torch.float32, device=dev)
         b.error.zero_()
         lens = [p.numel() for p in prompts]
+        offsets = [0]
+        for n in lens:
+            offsets.append(offsets[-1] + n)
         ints = torch.zeros(b.ints.shape, dtype=torch.int32)                 # host, staged per piece
         w = host_table.shape[1]
         if w > ints.numel() - 2:
@@ -136,6 +161,8 @@ class PrefillGraphs:
             ints[2:2 + w].copy_(host_table[i])
             copy_into(b.ints, ints)
             graphs.run(self.key(t), lambda t=t: self._step(t, kv_caches))
+            if hidden_out is not None:
+                hidden_out[offsets[i] + a: offsets[i] + a + n].copy_(b.hidden[:n])
             if a + n == lens[i]:
                 out[i].copy_(b.logits[0])
         if int(b.error.item()):

@@ -213,10 +213,14 @@ class ModelRuntime:
         host_table = block_table if block_table.device.type == "cpu" else block_table.cpu()
         with self.lock:
             calibrate = self.kv_scale_source == "pending"
-            if self.prefill_graphs is not None and not (calibrate or logits_rows or record):
+            graphed = self.prefill_graphs
+            if graphed is not None and not (calibrate or logits_rows) and tuple(record) in ((), graphed.record):
                 starts = [0] * len(prompts) if starts is None else [int(x) for x in starts]
                 self.model.check_prompts(prompts, self.kv_caches, host_table, starts, host_table)
-                return self.prefill_graphs.prefill(self.graphs, prompts, host_table, starts, self.kv_caches)
+                if record:
+                    self.model.check_record(tuple(record), hidden_out, sum(p.numel() for p in prompts))
+                return graphed.prefill(self.graphs, prompts, host_table, starts, self.kv_caches,
+                                       hidden_out=hidden_out if record else None)
             if self._prefill_attention is None:
                 self._prefill_attention = PrefillAttention(self.config, self.device)
             try:

@@ -113,3 +113,30 @@ def test_eager_features_keep_the_eager_path():
     got = mrt.prefill([p], table, on_logits=lambda i, s, x: seen.setdefault(i, x), logits_rows={0})
     assert seen[0].shape == (20, 160)
     torch.testing.assert_close(got[0], seen[0][-1], rtol=1e-5, atol=1e-5)
+
+
+def test_recorded_states_equal_the_eager_prefills():
+    """record_states (an EAGLE-3 head's target): every token's recorded residual states, prompts
+    concatenated, in pieces; other ids than the graphs record take the eager path."""
+    hf = _hf()
+    graphed = _runtime(hf, graphed_prefill=True, prefill_graph_tokens=16)
+    graphed.prefill_graphs.record_states((0, 1, 2))
+    eager = _runtime(hf, graphed_prefill=False)
+    gen = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(0, 160, (n,), generator=gen) for n in (21, 4)]
+    table = torch.randperm(40, generator=gen)[:16].to(torch.int32).view(2, 8)
+    rows, width = 25, 3 * 256
+    outs = []
+    for mrt in (graphed, eager):
+        hidden = torch.full((rows, width), float("nan"))
+        logits = mrt.prefill(prompts, table, record=(0, 1, 2), hidden_out=hidden)
+        outs.append((logits, hidden))
+    torch.testing.assert_close(outs[0][0], outs[1][0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(outs[0][1], outs[1][1], rtol=1e-4, atol=1e-4)
+    other = torch.zeros((rows, 256))
+    graphed.prefill(prompts, table, record=(2,), hidden_out=other)        # eager: same states
+    torch.testing.assert_close(other, outs[1][1][:, 512:], rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="hidden_out"):
+        graphed.prefill(prompts, table, record=(0, 1, 2), hidden_out=torch.zeros((rows - 1, width)))
+    with pytest.raises(ValueError, match="record"):
+        graphed.prefill_graphs.record_states((0, 9))
