@@ -114,7 +114,7 @@ class Engine:
                             "blocks": 0, "plain_blocks": 0}
         # the speculation policy (speculative/policy.py): per block, k or a plain decode block
         self.policy = policy if policy is not None or spec is None else default_policy(runtime)
-        self._clock = BlockClock(None)   # block wall times -> the policy (one with observe_wall)
+        self._clock = BlockClock(None, depth=1 if overlap else 0)   # block wall times -> the policy
         self._pending: deque[_Pending] = deque()
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._requests: dict[str, Request] = {}       # loop thread only
