@@ -81,7 +81,9 @@ def _clock(policy, now, overlap=True):
 
 
 def run(method: str, a: float, bs: int, *, waves: int, tokens: int, costs: Costs, seed: int,
-        R: int = 4, K: int = 4, ks=(1, 2, 4), policy_kw=None) -> dict:
+        R: int = 4, K: int = 4, ks=(1, 2, 4), policy_kw=None, lazy_prefill: bool = False) -> dict:
+    """lazy_prefill: skip the draft's prefill of a batch the policy starts on plain decode (a
+    lever the engine does not have yet: its catch-up would then prefill the whole context)."""
     """One workload: `waves` batches of bs requests admitted together, `tokens` each."""
     rng = random.Random(seed)
     now = SimClock()
@@ -106,7 +108,7 @@ def run(method: str, a: float, bs: int, *, waves: int, tokens: int, costs: Costs
             start = getattr(pol, "start_k", None)
             for s in range(bs):
                 pol.admit(s)
-            skip = new and start(b) == 0
+            skip = new and lazy_prefill and start(b) == 0
             if skip:
                 stale = [True] * bs
             else:
@@ -123,10 +125,15 @@ def run(method: str, a: float, bs: int, *, waves: int, tokens: int, costs: Costs
                 k, forced = 0, False
                 if spec:
                     k = pol.choose(rows, bucket=b).k
-                    if not k and any(launched[s] + K > tokens for s in rows):
+                    if new and all(launched[s] >= tokens for s in rows):
+                        rows = []                             # every row at its limit: read first
+                    elif not k and any(launched[s] + (1 if new else K) > tokens for s in rows):
                         k, forced = ks[0], True
-                    clock.launched(pol, b, k, R if k else K)
-                if k:
+                    if rows:
+                        clock.launched(pol, b, k, R if k else K)
+                if not rows:
+                    pass
+                elif k:
                     if any(stale[s] for s in rows) and not (forced and new):
                         now.t = max(now.t, gpu)               # sync_draft's host read, then eager prefill
                         now.t += costs.catchup_us
@@ -164,9 +171,8 @@ def run(method: str, a: float, bs: int, *, waves: int, tokens: int, costs: Costs
                         stale[s] = True
                     pending.append(_Block("plain", 0, gpu, [(s, K, K, 0, 0, 0) for s in rows]))
                     stats["plain_blocks"] += 1
-            else:
-                if clock is not None:
-                    clock.interrupted()
+            if not rows and clock is not None:
+                clock.interrupted()
             while len(pending) > (1 if rows else 0):          # overlap: read block N - 1
                 blk = pending.popleft()
                 now.t = max(now.t, blk.done)
