@@ -79,6 +79,7 @@ class _Pending:
     proposed: torch.Tensor | None = None
     kind: str = "decode"                  # "prefill" | "decode" | "spec"
     spec_k: int = 0                       # a speculative block's k
+    forced: bool = False                  # a spec block the policy did not choose (rows at their limit)
     logprobs: tuple | None = None         # (token [S, cols], rank, ids [S, cols, N], vals) host
 
 
@@ -114,7 +115,7 @@ class Engine:
                             "blocks": 0, "plain_blocks": 0}
         # the speculation policy (speculative/policy.py): per block, k or a plain decode block
         self.policy = policy if policy is not None or spec is None else default_policy(runtime)
-        self._clock = BlockClock(None)   # block wall times -> the policy (one with observe_wall)
+        self._clock = BlockClock(None, depth=1 if overlap else 0)   # block wall times -> the policy
         self._pending: deque[_Pending] = deque()
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._requests: dict[str, Request] = {}       # loop thread only
@@ -239,8 +240,7 @@ class Engine:
         if work or not rows:
             self._clock.interrupted()
         if rows:
-            self._decode(rows)
-            launched = True
+            launched = self._decode(rows) or launched
         depth = 1 if self.overlap and launched else 0
         while len(self._pending) > depth:
             self._finish(self._pending.popleft())
@@ -399,24 +399,31 @@ class Engine:
         """One block over `rows`: pages for it (preempting if short), the batch's changes
         applied to the slots, one launch (the slots advance on the device)."""
         s, batch, ex = self.scheduler, self.batch, self.runtime
+        if self.spec is not None and all(r.launched >= r.params.max_tokens for r in rows):
+            return False                              # every row may be done: read the block in flight
         rows = s.grow(rows)
         if not rows:
-            return
+            return True
         batch.flush(ex.apply)
         k = self.spec.num_tokens if self.spec is not None else 0
+        forced = False
         if k and self.policy is not None:             # speculate this block, or a plain one
             bucket = pick_bucket(ex.config.buckets, max(r.slot for r in rows) + 1)
             k = self.policy.choose([r.slot for r in rows], bucket=bucket).k
-            if not k and any(r.launched + ex.k > r.params.max_tokens for r in rows):
-                k = ex.spec_ks[0]             # a K-step block would run a row past its limit (and
-                #                               its pages); speculative rounds stop there on the device
+            if not k and any(r.launched >= r.params.max_tokens for r in rows):
+                k, forced = ex.spec_ks[0], True   # a row at its limit must not decode on: speculative
+                #   rounds stop it on the device (a row with 1..K - 1 draws left may run a K-step block:
+                #   its pages and the context reach max_tokens + K - 1, scheduler._block_end)
             self._clock.launched(self.policy, bucket, k, self.rounds if k else ex.k)
         if k:
             go = s.launch_block(rows, block_tokens=self.rounds * (k + 1))
-            out = ex.spec_block(go.n, k=k, filtered=go.filtered, **({"processed": True} if go.processed else {}))
+            kw = {"processed": True} if go.processed else {}
+            if forced and getattr(ex, "_proposer_state", False):
+                kw["sync_draft"] = False              # no catch-up for rows at their limit
+            out = ex.spec_block(go.n, k=k, filtered=go.filtered, **kw)
             self.spec_counts["blocks"] += 1
             pending = self._to_host(go.rows, out.tokens, out.emitted, out.proposed)
-            pending.kind, pending.spec_k = "spec", k
+            pending.kind, pending.spec_k, pending.forced = "spec", k, forced
         else:
             go = s.launch_block(rows, block_tokens=ex.k)
             if go.processed:                          # logits processing: + the block's log-probs
@@ -427,6 +434,7 @@ class Engine:
             if self.spec is not None:
                 self.spec_counts["plain_blocks"] += 1
         self._pending.append(pending)
+        return True
 
     def _to_host(self, rows, tokens: torch.Tensor, emitted=None, proposed=None, *, logprobs=None) -> _Pending:
         if self.device.type != "cuda":

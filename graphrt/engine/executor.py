@@ -202,13 +202,16 @@ class LocalExecutor:
         """The last processed block's log-probabilities: (token [K, n], rank, ids [K, n, N], vals)."""
         return self.runtime.logprobs.view(n)
 
-    def spec_block(self, n: int, *, k: int | None = None, filtered: bool = False, processed: bool = False):
+    def spec_block(self, n: int, *, k: int | None = None, filtered: bool = False, processed: bool = False,
+                   sync_draft: bool = True):
         """R speculative rounds with k proposals a round (one of spec_ks; default the configured
         num_tokens) over slots [0, n) -> BlockOutput views (speculative/runner.py); filtered:
-        some slot uses top_k / top_p; processed: some slot needs logits processing."""
+        some slot uses top_k / top_p; processed: some slot needs logits processing. sync_draft=False:
+        no catch-up of stale draft K/V first (they stay stale: the draft proposes from what it
+        has, which acceptance keeps exact; for a block whose rows are at their limit)."""
         if self.spec is None:
             raise ValueError("spec_block: this executor was built without speculation")
-        if self._draft_stale:
+        if self._draft_stale and sync_draft:
             stale = sorted(s for s in self._draft_stale if s < n)
             self.spec.sync_draft(stale, since=self._draft_since)
             self._draft_stale.difference_update(stale)

@@ -95,7 +95,7 @@ def observe(policy, block) -> None:
         return
     live = [(req.slot, c) for req, c, epoch, _ in block.rows
             if req.finish_reason is None and req.epoch == epoch and req.slot >= 0]
-    if block.kind == "decode":
+    if block.kind == "decode" or getattr(block, "forced", False):   # a forced block measures nothing
         policy.observe_plain([slot for slot, _ in live])
         return
     em, prop = block.emitted.numpy(), block.proposed.numpy()
@@ -106,40 +106,60 @@ def observe(policy, block) -> None:
 
 
 class BlockClock:
-    """The loop's cadence per block kind, told to the policy (`SpecPolicy.observe_wall`): the
-    wall time from one decode launch to the next is charged to the first block (its host work,
-    the previous block's read-back under overlap, a draft catch-up before it), per round (spec,
-    k >= 1) or per step (plain, k = 0). An interval with a prefill in it, or after an idle loop,
-    is not charged (it measures the prefill or the wait, not the block).
+    """The loop's cadence per block kind, told to the policy (`SpecPolicy.observe_wall`, per round
+    for spec blocks (k >= 1), per step for plain ones (k = 0)). Under overlap (`depth` 1: block N
+    is launched, then block N - 1 is read) the interval from launch N to launch N + 1 is block
+    N - 1's (the host waits for it inside); without overlap (depth 0) it is block N's. An
+    interval is charged only in the steady state: the block it waited for, the one before it and
+    the one launched at its start have the same (bucket, k), so a plain block is never charged a
+    spec block's tail nor a switch's catch-up. The interval in which a spec block was launched
+    after a plain one, less the steady wall of the block it waited for, is the switch's cost (a
+    draft's catch-up: its stream drain and eager prefill), told to `observe_switch` where the
+    policy has it. An interval with a prefill in it, or after
+    an idle loop, is not charged, nor are the blocks launched before it.
     Totals over the charged intervals (the decode phase only: what the engine adds per block):
     wall_s, their wall time; graph_s, the same blocks at the policy's measured graph costs
-    (`graph_costs`, CUDA graphs; 0 without them). graph_s / wall_s ~ 1: the loop adds nothing."""
+    (`graph_costs`, CUDA graphs; 0 without them). graph_s / wall_s ~ 1: the loop adds nothing.
+    now: the clock (seconds; time.perf_counter)."""
 
-    def __init__(self, policy=None):
-        self.policy, self._last, self._clean = policy, None, False
+    def __init__(self, policy=None, *, now=time.perf_counter, depth: int = 1):
+        if depth not in (0, 1):
+            raise ValueError(f"depth: the blocks in flight while one is read must be 0 or 1, got {depth!r}")
+        self.policy, self.now, self.depth = policy, now, depth
+        self._t, self._run = None, []       # the last launch's time; blocks (bucket, k, units) since a reset
         self.wall_s = self.graph_s = 0.0
 
     def launched(self, policy, bucket: int, k: int, units: int) -> None:
         """A decode block (k proposals a round, 0 = plain; `units` rounds or steps) chosen by
         `policy` is about to launch at this bucket. A policy without observe_wall is told nothing;
         a new policy starts a new interval."""
-        now = time.perf_counter()
-        if not hasattr(policy, "observe_wall"):
-            self._last = None
-            return
-        if self._last is not None and self._clean and policy is self.policy:
-            b, kk, n, t0 = self._last
-            if now > t0 and n > 0:                       # a clock that did not advance says nothing
-                policy.observe_wall(b, kk, (now - t0) * 1e6 / n)
+        now = self.now()
+        if not hasattr(policy, "observe_wall") or policy is not self.policy:
+            self._t, self._run = None, []
+        run = self._run
+        if self._t is not None and now > self._t and len(run) >= self.depth + 2:
+            b, kk, n = run[-1 - self.depth]                  # the block this interval waited for
+            us = (now - self._t) * 1e6
+            if all(r == run[-1] for r in run[-2 - self.depth:]) and n > 0:   # steady: no switch in it
+                policy.observe_wall(b, kk, us / n)
                 costs = getattr(policy, "graph_costs", None)
                 if costs is not None:
-                    self.wall_s += now - t0
+                    self.wall_s += us / 1e6
                     self.graph_s += n * (costs.round_us(b, kk) if kk else costs.step_us(b)) / 1e6
-        self.policy, self._last, self._clean = policy, (bucket, k, units, now), True
+            elif run[-1][1] and not run[-2][1] and hasattr(policy, "observe_switch"):
+                steady = policy.realized_us(b, kk)       # this interval launched a plain -> spec switch
+                if steady is not None:
+                    policy.observe_switch(run[-1][0], max(0.0, us - n * steady))
+        self.policy = policy if hasattr(policy, "observe_wall") else None
+        self._t = now if self.policy is not None else None
+        if self.policy is not None:
+            run.append((bucket, k, units))
+            del run[:-(self.depth + 2)]
 
     def interrupted(self) -> None:
-        """A prefill ran, or the loop went idle: the running interval is not a block's."""
-        self._clean = False
+        """A prefill ran, or the loop went idle: the running interval is not a block's, and the
+        blocks in flight overlapped it."""
+        self._t, self._run = None, []
 
 
 def spec_stats(counts: dict, clock: BlockClock | None = None) -> dict:

@@ -197,18 +197,21 @@ class SpecPolicy:
 
     def __init__(self, costs: StepCosts, *, ks: Sequence[int], max_slots: int, prior: float = 0.5,
                  prior_rounds: int = 2, ema: float = 0.1, margin: float = 0.02,
-                 probe_every: int = 8, probe_max: int = 64, wall_ema: float = 0.25):
+                 probe_every: int = 8, probe_max: int = 64, wall_ema: float = 0.25,
+                 rounds: int = 4, steps: int = 4, probe_budget: float = 0.01, start_ema: float = 0.3):
         if not isinstance(costs, StepCosts):
             raise TypeError(f"costs: expected a StepCosts, got {type(costs).__name__}")
         ks = tuple(sorted(set(ks)))
         if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in ks):
             raise ValueError(f"ks: expected ints >= 1, got {ks}")
         for name, v, lo, hi in (("prior", prior, 0.0, 1.0), ("ema", ema, 1e-6, 1.0),
-                                ("margin", margin, 0.0, 10.0), ("wall_ema", wall_ema, 1e-6, 1.0)):
+                                ("margin", margin, 0.0, 10.0), ("wall_ema", wall_ema, 1e-6, 1.0),
+                                ("probe_budget", probe_budget, 0.0, 1.0), ("start_ema", start_ema, 0.0, 1.0)):
             if not (isinstance(v, (int, float)) and lo <= v <= hi):
                 raise ValueError(f"{name}: must be in [{lo}, {hi}], got {v!r}")
         for name, v in (("max_slots", max_slots), ("prior_rounds", prior_rounds),
-                        ("probe_every", probe_every), ("probe_max", probe_max)):
+                        ("probe_every", probe_every), ("probe_max", probe_max), ("rounds", rounds),
+                        ("steps", steps)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}: must be an int >= 1, got {v!r}")
         if probe_max < probe_every:
@@ -218,6 +221,10 @@ class SpecPolicy:
         self.costs = RealizedCosts(costs, self._wall)     # what every choice reads
         self.prior, self.prior_rounds, self.ema, self.margin = prior, prior_rounds, ema, margin
         self.probe_every, self.probe_max = probe_every, probe_max
+        self.rounds, self.steps, self.probe_budget, self.start_ema = rounds, steps, probe_budget, start_ema
+        self._switch: dict[int, float] = {}   # bucket -> µs a plain -> spec switch costs (EMA)
+        self._credit = 0.0                    # µs of probing the plain blocks so far have paid for
+        self._start = prior                   # engine-wide acceptance: a new slot's choices until it measures
         self._slots: dict[int, _Slot] = {}
         self._on = False                  # the last choice ran speculation (hysteresis)
 
@@ -263,6 +270,7 @@ class SpecPolicy:
         if rounds == 0:
             return
         a_block = fit_acceptance(1.0 + accepted / rounds, k)
+        self._start += self.start_ema * (a_block - self._start)
         if s.measured_rounds == 0:                        # the prior counts as prior_rounds rounds
             w = rounds / (rounds + self.prior_rounds)
         else:
@@ -292,6 +300,27 @@ class SpecPolicy:
         old = self._wall.get((bucket, k))
         self._wall[(bucket, k)] = us if old is None else old + self.wall_ema * (us - old)
 
+    def observe_switch(self, bucket: int, us: float) -> None:
+        """A plain -> spec switch at `bucket` cost `us` µs of wall beyond the spec block (a draft's
+        catch-up after plain blocks: its stream drain and eager prefill); an exponential average
+        (weight `wall_ema`), charged to every probe and to turning speculation back on."""
+        if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket not in self.graph_costs.decode_us:
+            raise ValueError(f"bucket: {bucket!r} has no measured costs (have {sorted(self.graph_costs.decode_us)})")
+        if isinstance(us, bool) or not isinstance(us, (int, float)) or not us >= 0 or us == float("inf"):
+            raise ValueError(f"us: must be a finite number >= 0, got {us!r}")
+        old = self._switch.get(bucket)
+        self._switch[bucket] = float(us) if old is None else old + self.wall_ema * (us - old)
+
+    def switch_us(self, bucket: int) -> float:
+        """The averaged µs of a plain -> spec switch at `bucket` (0 before any was measured)."""
+        return self._switch.get(bucket, 0.0)
+
+    def start_k(self, bucket: int) -> int:
+        """The k a new request would run alone at `bucket` (0: it starts on plain decode; the
+        engine then need not prefill its draft), from the engine-wide acceptance."""
+        ks = self._ks(bucket)
+        return best_k([self._start], self.costs, bucket, ks, margin=self.margin)[0]
+
     def realized_us(self, bucket: int, k: int) -> float | None:
         """The averaged wall µs per round (k >= 1) or per step (k = 0), None before any block."""
         return self._wall.get((bucket, k))
@@ -315,15 +344,25 @@ class SpecPolicy:
         if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < len(slots):
             raise ValueError(f"bucket: must be an int >= len(slots)={len(slots)}, got {bucket!r}")
         states = [self._state(s) for s in slots]
-        accepts = [s.accept for s in states]
+        accepts = [s.accept if s.measured_rounds else self._start for s in states]
         ks = self._ks(bucket)
         plain = batch_rate(accepts, self.costs, bucket, 0)
         k, rate = best_k(accepts, self.costs, bucket, ks, margin=0.0 if self._on else self.margin)
+        if k and not self._on and self._switch.get(bucket):      # turning on pays its switch back
+            gain = self.probe_every * self.rounds * self.costs.round_us(bucket, k) * (1.0 - plain / rate)
+            if gain < self._switch[bucket]:
+                k, rate = 0, plain
         pref = tuple(best_k([a], self.costs, bucket, ks, margin=self.margin)[0] for a in accepts)
-        probe = k == 0 and any(s.plain_blocks >= s.interval for s in states)
-        if probe:
-            k = ks[0]
-            rate = batch_rate(accepts, self.costs, bucket, k)
+        probe = False
+        if k == 0:
+            self._credit += self.probe_budget * self.steps * self.costs.step_us(bucket)
+            if any(s.plain_blocks >= s.interval for s in states):
+                r = batch_rate(accepts, self.costs, bucket, ks[0])
+                cost = self.switch_us(bucket) + max(0.0, self.rounds * self.costs.round_us(bucket, ks[0])
+                                                    * (1.0 - r / plain))
+                if self._credit >= cost:                      # probing stays within its budget
+                    self._credit -= cost
+                    probe, k, rate = True, ks[0], r
         self._on = k > 0 and not probe
         return Decision(k, (k,) * len(slots), pref, rate, plain, probe)
 

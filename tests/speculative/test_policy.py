@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from graphrt.engine import speculation
 from graphrt.speculative.policy import (SpecPolicy, StepCosts, batch_rate, best_k, expected_tokens,
                                         fit_acceptance)
 
@@ -174,7 +175,7 @@ def test_bad_input_names_the_field():
 
 
 def test_a_slot_that_did_not_speculate_counts_toward_its_probe():
-    pol = _policy(probe_every=2)
+    pol = _policy(probe_every=2, probe_budget=1.0)       # a budget that pays for any probe
     pol.admit(0)
     for _ in range(6):
         pol.observe(0, proposed=16, accepted=0, rounds=4, k=4)
@@ -230,63 +231,65 @@ def test_realized_wall_costs_turn_a_k_off_whose_blocks_run_slower_than_their_gra
             pol.observe_wall(*bad)
 
 
-def test_block_clock_charges_each_interval_to_the_block_it_began_with():
-    """engine/speculation.BlockClock: launch-to-launch intervals per round (spec) or per step
-    (plain); an interval with a prefill or an idle loop in it is dropped; a policy without
-    observe_wall is told nothing; a zero-length interval is not reported."""
-    from graphrt.engine import speculation
+class _Seen:
+    def __init__(self, steady=None):
+        self.calls, self.switches, self.steady = [], [], steady
 
-    class Seen:
-        def __init__(self):
-            self.calls = []
+    def observe_wall(self, bucket, k, us):
+        self.calls.append((bucket, k, us))
 
-        def observe_wall(self, bucket, k, us):
-            self.calls.append((bucket, k, us))
-    times = iter([1.0, 1.004, 1.010, 1.020, 1.030, 1.030, 1.031, 1.031])
-    real = speculation.time.perf_counter
-    speculation.time.perf_counter = lambda: next(times)
-    try:
-        pol, clock = Seen(), speculation.BlockClock()
-        clock.launched(pol, 4, 2, 4)              # t = 1.000: spec k = 2, 4 rounds
-        clock.launched(pol, 4, 0, 4)              # t = 1.004: -> 4000 us / 4 rounds
-        clock.interrupted()                       # a prefill ran
-        clock.launched(pol, 4, 0, 4)              # t = 1.010: dropped
-        clock.launched(pol, 4, 2, 4)              # t = 1.020: plain -> 10000 us / 4 steps
-        clock.launched(object(), 4, 0, 4)         # t = 1.030: no observe_wall: nothing, reset
-        clock.launched(pol, 4, 0, 4)              # t = 1.030: a new interval starts
-        clock.launched(pol, 4, 0, 4)              # t = 1.031 -> 1000 us / 4
-        clock.launched(pol, 4, 0, 4)              # t = 1.031 again: not reported
-    finally:
-        speculation.time.perf_counter = real
-    assert [(b, k) for b, k, _ in pol.calls] == [(4, 2), (4, 0), (4, 0)]
-    assert [round(us) for _, _, us in pol.calls] == [1000, 2500, 250]
+    def realized_us(self, bucket, k):
+        return self.steady
+
+    def observe_switch(self, bucket, us):
+        self.switches.append((bucket, us))
 
 
-def test_block_clock_totals_the_charged_blocks_at_wall_and_graph_cost():
-    """BlockClock.wall_s / graph_s (Engine.stats' spec_block_wall_s / spec_block_graph_s): only
-    charged intervals count (not one with a prefill in it), each block at its graph's cost: R
-    rounds at round_us(bucket, k), K plain steps at step_us(bucket)."""
-    from graphrt.engine import speculation
+def _ticks(*ms):
+    it = iter(ms)
+    return lambda: next(it) / 1e3
+
+
+def test_block_clock_under_overlap_charges_only_steady_intervals_to_the_block_waited_for():
+    """engine/speculation.BlockClock, depth 1: the interval from launch N to N + 1 is block
+    N - 1's; it is charged only when blocks N - 2, N - 1 and N share (bucket, k): a plain block
+    after spec blocks is not charged the spec tail (what inflated the H200's 1:0 wall to 615 µs
+    a step against ~490), nor a plain block the catch-up of the switch launched after it."""
+    pol = _Seen()
+    clock = speculation.BlockClock(now=_ticks(0, 4, 8, 12, 14, 16, 18, 20, 22, 30), depth=1)
+    for k in (2, 2, 2, 0, 0, 0, 0, 0, 1, 1):                  # spec, then plain, then a switch
+        clock.launched(pol, 4, k, 4)
+    assert [(b, k, round(us)) for b, k, us in pol.calls] == [(4, 2, 1000), (4, 0, 500), (4, 0, 500),
+                                                             (4, 0, 500)]   # not 22 -> 30: the switch
+    clock.interrupted()                                        # a prefill: the blocks before it too
+    pol.calls.clear()
+    clock2 = speculation.BlockClock(now=_ticks(0, 1, 2, 3), depth=1)
+    for k in (0, 0, 0, 0):
+        clock2.launched(pol, 4, k, 4)
+    assert [(k, us) for _, k, us in pol.calls] == [(0, 250.0)]   # from the 4th launch on
+    with pytest.raises(ValueError, match="depth"):
+        speculation.BlockClock(depth=2)
+
+
+def test_block_clock_reports_a_switch_cost_and_totals_only_charged_intervals():
+    """The interval that launched a plain -> spec switch, less the steady wall of the plain block
+    it waited for, is told to observe_switch (the draft's catch-up); wall_s / graph_s total
+    the charged intervals at wall and graph cost; depth 0 charges each block its own interval."""
+    pol = _Seen(steady=500.0)
+    clock = speculation.BlockClock(now=_ticks(0, 2, 4, 6, 13), depth=1)
+    for k in (0, 0, 0, 1, 1):                                  # the switch launched at 6 ms: 6 -> 13
+        clock.launched(pol, 1, k, 4)
+    assert pol.switches == [(1, pytest.approx(7000.0 - 4 * 500.0))]
     costs = StepCosts(decode_us={4: 100.0}, verify_us={4: {3: 150.0}}, draft_us={4: 20.0})
-    pol = SpecPolicy(costs, ks=(2,), max_slots=4)
-    times = iter([1.0, 1.002, 1.003, 1.010, 1.011])
-    real = speculation.time.perf_counter
-    speculation.time.perf_counter = lambda: next(times)
-    try:
-        clock = speculation.BlockClock()
-        clock.launched(pol, 4, 2, 4)              # t = 1.000: 4 rounds at k = 2
-        clock.launched(pol, 4, 0, 4)              # t = 1.002: charged 2 ms; plain, 4 steps
-        clock.launched(pol, 4, 0, 4)              # t = 1.003: charged 1 ms
-        clock.interrupted()
-        clock.launched(pol, 4, 2, 4)              # t = 1.010: dropped (a prefill ran)
-        clock.launched(pol, 4, 0, 4)              # t = 1.011: charged 1 ms
-    finally:
-        speculation.time.perf_counter = real
-    assert clock.wall_s == pytest.approx(0.004)
-    rnd = costs.round_us(4, 2)                    # verify(3) + 2 draft steps + proposer
-    assert clock.graph_s == pytest.approx((4 * rnd + 4 * 100.0 + 4 * rnd) / 1e6)
+    real = SpecPolicy(costs, ks=(2,), max_slots=4)
+    c0 = speculation.BlockClock(now=_ticks(0, 2, 3, 10, 11), depth=0)
+    for k in (2, 2, 0, 0, 0):
+        c0.launched(real, 4, k, 4)
+    assert real.realized_us(4, 2) == pytest.approx(250.0) and real.realized_us(4, 0) == pytest.approx(250.0)
+    assert c0.wall_s == pytest.approx(0.002)                   # 2 -> 3 (k = 2) and 10 -> 11 (plain)
+    assert c0.graph_s == pytest.approx((4 * costs.round_us(4, 2) + 4 * 100.0) / 1e6)
     assert speculation.spec_stats({"proposed": 0, "accepted": 0, "rounds": 0, "emitted": 0, "blocks": 0,
-                                   "plain_blocks": 0}, clock)["spec_block_wall_s"] == clock.wall_s
+                                   "plain_blocks": 0}, c0)["spec_block_wall_s"] == c0.wall_s
 
 
 def test_wall_ema_out_of_range_is_refused():
@@ -294,3 +297,29 @@ def test_wall_ema_out_of_range_is_refused():
     for bad in (0.0, 1.5, "x"):
         with pytest.raises(ValueError, match="wall_ema"):
             SpecPolicy(c, ks=(1,), max_slots=2, wall_ema=bad)
+
+
+def test_probes_stay_within_their_budget_and_pay_for_the_switch():
+    """A probe is due every probe_every plain blocks but runs only once the plain blocks have
+    paid for it (probe_budget x their µs >= the switch's catch-up + the probe block's loss);
+    turning back on must pay the switch back over probe_every blocks; a new slot's choices use
+    the engine-wide acceptance until it measures (start_k: 0 = it starts on plain decode)."""
+    c = StepCosts(decode_us={1: 490.0}, verify_us={1: {2: 728.0}})
+    pol = SpecPolicy(c, ks=(1,), max_slots=2, probe_every=2, probe_budget=0.1, rounds=4, steps=4)
+    pol.admit(0)
+    pol.observe(0, proposed=4, accepted=0, rounds=4, k=1)
+    pol.observe_switch(1, 2000.0)
+    assert pol.switch_us(1) == 2000.0 and pol.start_k(1) == 0
+    ks = []
+    for _ in range(40):
+        d = pol.choose([0], 1)
+        ks.append(d.k)
+        pol.observe_plain([0]) if d.k == 0 else pol.observe(0, proposed=4, accepted=0, rounds=4, k=1)
+    # each probe costs 2000 + 4 x 728 x (1 - 490 / 728) µs; 196 µs of credit a plain block
+    assert 0 < sum(ks) <= 3 and ks[:10] == [0] * 10, ks
+    pol.admit(1)
+    assert pol.choose([1], 1).k == 0                          # the engine-wide acceptance is low
+    with pytest.raises(ValueError, match="us"):
+        pol.observe_switch(1, -1.0)
+    with pytest.raises(ValueError, match="probe_budget"):
+        SpecPolicy(c, ks=(1,), max_slots=1, probe_budget=2.0)
