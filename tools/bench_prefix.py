@@ -4,8 +4,9 @@
     python tools/bench_prefix.py --make tiny --device cpu --prefix-len 24 --suffix-len 4 \
         --streams 2 --long-len 32 --decode-tokens 12 --turns 2 --repeats 2 --out-dir /tmp/b  # CPU smoke
 
-1. shared prefix: a --prefix-len prompt prefix + --suffix-len distinct tokens, one request at a
-   time: TTFT of the first request (cold), then of --repeats more with other suffixes
+Every workload call starts its prompts with a token no other call used (no call reuses another's
+cached pages). 1. shared prefix: after a short warm-up request, a --prefix-len prompt prefix +
+   --suffix-len distinct tokens, one request at a time: TTFT of the first request (cold), then of --repeats more with other suffixes
    (repeated), with the prefix cache on and off; repeated / cold is the reuse.
 2. arrival: --streams requests decoding (ignore_eos, --decode-tokens each), then a --long-len
    prompt arrives; per running stream, the gaps between its deltas divided by the tokens they
@@ -22,6 +23,7 @@ engine runs on its own thread (engine.start()). Writes NAME.json and NAME.md (ta
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -56,6 +58,15 @@ class Reader(threading.Thread):
         return (next(t for t, n in self.deltas if n) - self.t0) * 1e3
 
 
+_CALLS = itertools.count()
+
+
+def _head(a) -> list[int]:
+    """A first token no earlier workload used: every page of the prompt after it hashes anew (the
+    prefix cache keys a page by the chain of tokens before it), so no call reuses another's."""
+    return [a.vocab - 1 - next(_CALLS)]
+
+
 def _request(eng, prompt, max_tokens):
     from graphrt import SamplingParams
     r = Reader(eng.add_request(prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0,
@@ -66,7 +77,8 @@ def _request(eng, prompt, max_tokens):
 
 def shared_prefix(eng, a) -> dict:
     """eng: a started Engine."""
-    base = list(range(100, 100 + a.prefix_len))
+    _request(eng, _head(a) + [5] * 64, 2).join()                  # warm-up: cold is a steady engine's
+    base = _head(a) + list(range(100, 99 + a.prefix_len))
     ttft, cached = [], []
     for i in range(a.repeats + 1):
         suffix = [(7 * i + j) % 90 + 5 for j in range(a.suffix_len)]
@@ -84,7 +96,7 @@ def arrival(eng, a) -> dict:
     while any(sum(n for _, n in r.deltas) < 2 for r in running):     # every stream decoding
         time.sleep(0.001)
     t_arr = time.perf_counter()
-    late = _request(eng, [(11 * j) % 90 + 5 for j in range(a.long_len)], 2)
+    late = _request(eng, _head(a) + [(11 * j) % 90 + 5 for j in range(a.long_len - 1)], 2)
     late.join()
     t_first = late.t0 + late.ttft_ms / 1e3
     for r in running:
@@ -105,7 +117,7 @@ def arrival(eng, a) -> dict:
 
 
 def chat(eng, a) -> dict:
-    prompt, ttft, cached = [1, 2, 3], [], []
+    prompt, ttft, cached = _head(a) + [2, 3], [], []
     for turn in range(a.turns):
         prompt = prompt + [(13 * turn + j) % 90 + 5 for j in range(a.suffix_len)]   # the user's message
         r = _request(eng, prompt, a.answer_tokens)
@@ -158,6 +170,7 @@ def main(argv=None) -> int:
     chunk = a.chunk if a.chunk is not None else EngineConfig().max_num_batched_tokens
     llm = LLM(path, device=a.device, max_batch=a.max_batch, steps_per_graph=a.steps_per_graph,
               max_model_len=a.max_model_len, max_num_batched_tokens=chunk)      # prefix cache on
+    a.vocab = llm.checkpoint.spec.vocab_size            # _head's ids count down from its top
     res = {"model": str(a.make or a.model), "args": vars(a), "startup_s": round(llm.startup.total_s, 2),
            "shared_prefix": {}, "arrival": {}, "chat": {}}
     cached = llm.engine
