@@ -15,10 +15,10 @@ say() { echo "$1 at $((SECONDS - T0)) s" | tee -a "$S"; }
 ( timeout 100 python tools/train_tiny.py --out "$DIR" --models draft,target --time-budget-s draft=8,target=50 \
     > "$L/train_tiny.log" 2>&1; echo "train_tiny rc=$?" >> "$L/train_tiny.log" ) &
 TRAIN=$!
-timeout $(cap 170) python -m pytest -m gpu -q -s -rfEs --tb=short -p no:cacheprovider tests/model/test_prefill_graphs_gpu.py \
-  "tests/engine/test_engine_core_gpu.py::test_prefill_admission_makes_few_host_syncs" \
-  tests/speculative/test_spec_gpu.py tests/engine/test_speculative_gpu.py tests/attention/test_fp8_kv_gpu.py \
-  tests/engine/test_speculative_eagle3_gpu.py > "$L/tests.log" 2>&1
+timeout $(cap ${TEST_S:-170}) python -m pytest -m gpu -q -s -rfEs --tb=short -p no:cacheprovider tests/model/test_prefill_graphs_gpu.py \
+  "tests/engine/test_engine_core_gpu.py::test_prefill_admission_makes_few_host_syncs" ${EXTRA_TESTS:-} \
+  tests/engine/test_speculative_gpu.py tests/engine/test_speculative_eagle3_gpu.py tests/speculative/test_spec_gpu.py \
+  tests/attention/test_fp8_kv_gpu.py > "$L/tests.log" 2>&1
 say "tests rc=$?: $(grep -E "passed|failed" "$L/tests.log" | tail -1)"
 grep -E "^(FAILED|ERROR)|sync sites|relative max|identical graphed" "$L/tests.log" | cut -c1-400 | tee -a "$S"; pack
 wait $TRAIN; say "$(tail -1 "$L/train_tiny.log")"
@@ -31,7 +31,7 @@ timeout $(cap 80) python tools/device/engine_gaps.py --model "$DIR/target" --con
   --out "$L/engine_gaps.json" > "$L/engine_gaps.log" 2>&1; say "engine_gaps rc=$?"
 rm -f "$L"/trace_*.json; pack
 timeout $(cap 200) python tools/bench_prefix.py --make llama-3.2-1b --device cuda --prefix-len 4096 --suffix-len 32 \
-  --streams 8 --long-len 4096 --decode-tokens 512 --turns 4 --answer-tokens 64 --repeats 3 \
+  --streams 8 --long-len 4096 --decode-tokens 512 --turns 4 --answer-tokens 64 --repeats 3 --chunk ${CHUNK:-512} \
   --prefill-modes graphed,eager --out-dir "$L" --name bench_prefix_graphed_h200 > "$L/bench_prefix.log" 2>&1
 say "bench_prefix rc=$?"; pack
 grep -E "^(none|ngram|draft|eagle3) " "$L/bench_spec.log" | tail -16
