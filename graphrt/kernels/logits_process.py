@@ -32,13 +32,12 @@ import torch
 import triton
 import triton.language as tl
 
-from graphrt.kernels.argmax import chunk_size, first_max
+from graphrt.kernels.argmax import BIG as _BIG, chunk_size, first_max   # _BIG: above every token id
 from graphrt.kernels.launch import pdl_options, pdl_prologue, use_pdl
 from graphrt.kernels.sample import gumbel_score
 
 CHUNK = 2048                                   # tokens per program on the GPU
 _KMIN = tl.constexpr(-(2 ** 63) + 1)           # below every key: an empty top-W slot
-_BIG = tl.constexpr(2 ** 62)                   # above every token id (kernels/sample.py's)
 
 
 @triton.jit
@@ -122,7 +121,7 @@ def _penalize(logits_ptr, l_stride, counts_ptr, c_stride, prompt_ptr, p_stride, 
         if tl.load(temp_ptr + r) > 0:
             tl.store(x_ptr + r * V + offs, y, mask=valid)
     at = r * S + c
-    m, arg = first_max(y, offs.to(tl.int64), valid)                 # kernels/argmax.py's rule
+    m, arg = first_max(y, offs.to(tl.int64), valid, _BIG)           # kernels/argmax.py's rule
     tl.store(xmax_ptr + at, m)
     tl.store(xarg_ptr + at, arg)
     if STATS:
@@ -220,7 +219,7 @@ def _finish(src_ptr, src_stride, V, S, xmax_ptr, xarg_ptr, score_ptr, sarg_ptr, 
         tok = tl.load(out_ptr + r).to(tl.int64)
     else:   # greedy: torch.argmax's id (kernels/argmax.py); sampled: Gumbel-max
         _, tok = first_max(tl.load(xmax_ptr + r * S + sj, mask=sm, other=float("-inf")),
-                           tl.load(xarg_ptr + r * S + sj, mask=sm, other=0), sm)
+                           tl.load(xarg_ptr + r * S + sj, mask=sm, other=0), sm, _BIG)
         if temp > 0:
             sc = tl.load(score_ptr + r * S + sj, mask=sm, other=float("-inf"))
             bm = tl.max(sc, axis=0)

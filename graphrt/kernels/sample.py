@@ -24,10 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
-from graphrt.kernels.argmax import argmax_into
+from graphrt.kernels.argmax import BIG as _BIG, argmax_into   # _BIG: the lowest-id tie rule's neutral element
 
 BLOCK = 1024
-_BIG = tl.constexpr(2 ** 62)   # above every token id: the neutral element of the lowest-id tie rule
 
 
 @triton.jit
