@@ -32,12 +32,12 @@ import torch
 import triton
 import triton.language as tl
 
+from graphrt.kernels.argmax import BIG as _BIG, chunk_size, first_max   # _BIG: above every token id
 from graphrt.kernels.launch import pdl_options, pdl_prologue, use_pdl
 from graphrt.kernels.sample import gumbel_score
 
 CHUNK = 2048                                   # tokens per program on the GPU
 _KMIN = tl.constexpr(-(2 ** 63) + 1)           # below every key: an empty top-W slot
-_BIG = tl.constexpr(2 ** 62)                   # above every token id (kernels/sample.py's)
 
 
 @triton.jit
@@ -121,8 +121,9 @@ def _penalize(logits_ptr, l_stride, counts_ptr, c_stride, prompt_ptr, p_stride, 
         if tl.load(temp_ptr + r) > 0:
             tl.store(x_ptr + r * V + offs, y, mask=valid)
     at = r * S + c
-    tl.store(xmax_ptr + at, tl.max(y, axis=0))
-    tl.store(xarg_ptr + at, tl.argmax(y, axis=0).to(tl.int64) + start)
+    m, arg = first_max(y, offs.to(tl.int64), valid, _BIG)           # kernels/argmax.py's rule
+    tl.store(xmax_ptr + at, m)
+    tl.store(xarg_ptr + at, arg)
     if STATS:
         _stats(v, offs.to(tl.int64), valid, at, m_ptr, s_ptr, keys_ptr, W)
         if c == 0:
@@ -216,12 +217,9 @@ def _finish(src_ptr, src_stride, V, S, xmax_ptr, xarg_ptr, score_ptr, sarg_ptr, 
     safe_t = tl.where(temp > 0, temp, 1.0)
     if TOKEN_IN:
         tok = tl.load(out_ptr + r).to(tl.int64)
-    else:   # greedy: lowest id among the maxima (0 for an all -inf row); sampled: Gumbel-max
-        xm = tl.load(xmax_ptr + r * S + sj, mask=sm, other=float("-inf"))
-        best = tl.max(xm, axis=0)
-        first = tl.min(tl.where(sm & (xm == best), sj, SP2), axis=0)
-        tok = tl.sum(tl.where(sj == first, tl.load(xarg_ptr + r * S + sj, mask=sm, other=0), 0), axis=0)
-        tok = tl.where(best > float("-inf"), tok, 0).to(tl.int64)
+    else:   # greedy: torch.argmax's id (kernels/argmax.py); sampled: Gumbel-max
+        _, tok = first_max(tl.load(xmax_ptr + r * S + sj, mask=sm, other=float("-inf")),
+                           tl.load(xarg_ptr + r * S + sj, mask=sm, other=0), sm, _BIG)
         if temp > 0:
             sc = tl.load(score_ptr + r * S + sj, mask=sm, other=float("-inf"))
             bm = tl.max(sc, axis=0)
@@ -264,12 +262,6 @@ def _finish(src_ptr, src_stride, V, S, xmax_ptr, xarg_ptr, score_ptr, sarg_ptr, 
                 keys = tl.where(keys == k, _KMIN, keys)
 
 
-def _chunk(vocab: int, device: torch.device, chunk: int | None) -> int:
-    if chunk is not None:
-        return chunk
-    return CHUNK if device.type == "cuda" else min(4096, triton.next_power_of_2(vocab))
-
-
 def _launch_opts(t: torch.Tensor) -> dict:
     """Launch options over tensor t: PDL (kernels/launch.py) and, on the GPU, 4 warps and no
     fused multiply-add (the torch rule's roundings)."""
@@ -307,7 +299,7 @@ def _first(logits, counts, prompt, params, rule_ids, rule_vals, rule_until, bias
             or not rule_vals.is_contiguous() or not rule_until.is_contiguous() or not bias.is_contiguous():
         raise ValueError("process: params / counts / prompt / rule tables / bias must be contiguous rows")
     dev = logits.device
-    ch = _chunk(v, dev, chunk)
+    ch = chunk_size(v, dev, chunk, CHUNK)
     s = triton.cdiv(v, ch)
     x = torch.empty((r, v), dtype=torch.float32, device=dev)
     parts = _Parts(r, s, width, dev)
@@ -390,7 +382,7 @@ def logprobs_into(src, targets, lp_token, lp_rank, lp_ids, lp_vals, *, chunk: in
         return
     _check_rows(r, src=src, targets=targets, lp_token=lp_token, lp_rank=lp_rank, lp_ids=lp_ids, lp_vals=lp_vals)
     w, dev = lp_ids.shape[1], src.device
-    ch = _chunk(v, dev, chunk)
+    ch = chunk_size(v, dev, chunk, CHUNK)
     s = triton.cdiv(v, ch)
     parts, sp2, opts = _Parts(r, s, w, dev), triton.next_power_of_2(s), _launch_opts(src)
     temp = torch.zeros(r, dtype=torch.float32, device=dev)                   # unread (no SRC_DIV)

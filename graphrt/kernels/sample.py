@@ -12,9 +12,11 @@ device): the first top_k (0 = all), then, over that renormalised top-k distribut
 smallest prefix whose mass reaches top_p (vLLM's order: temperature, top-k, top-p).
 Temperature 0 takes the maximum logit, lowest id among ties (== torch.argmax).
 `filtered=False` skips the sort (no row may use top-k / top-p: they are ignored); it draws the
-same token as the sorted path (same scores, same tie rule), at the cost of one vocabulary pass.
+same token as the sorted path (same scores, same tie rule): the greedy token and the row max come
+from kernels/argmax.py's chunked pass, then one vocabulary pass scores the sampled rows.
 Grid: one row per program on the GPU, many per program in the CPU interpreter (whose cost is per
-program). No host sync, no allocation besides torch.sort's outputs.
+program). No host sync, no allocation besides torch.sort's outputs (filtered) or the row maxima
+and argmax_into's chunk scratch (unfiltered), all of shapes fixed by [B, V].
 """
 from __future__ import annotations
 
@@ -22,8 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
+from graphrt.kernels.argmax import BIG as _BIG, argmax_into   # _BIG: the lowest-id tie rule's neutral element
+
 BLOCK = 1024
-_BIG = tl.constexpr(2 ** 62)   # above every token id: the neutral element of the lowest-id tie rule
 
 
 @triton.jit
@@ -38,7 +41,7 @@ def gumbel_score(v, top, safe_t, seed, t_shifted, tok):
 
 @triton.jit(do_not_specialize=["vocab", "n_rows"])
 def _sample_kernel(vals_ptr, idx_ptr, vocab, n_rows, temperature_ptr, top_k_ptr, top_p_ptr,
-                   seed_ptr, step_ptr, out_ptr, kept_ptr, SORTED: tl.constexpr,
+                   seed_ptr, step_ptr, out_ptr, kept_ptr, top_ptr, SORTED: tl.constexpr,
                    ADVANCE: tl.constexpr, KEPT: tl.constexpr, ROWS: tl.constexpr,
                    BLOCK: tl.constexpr):
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -51,20 +54,14 @@ def _sample_kernel(vals_ptr, idx_ptr, vocab, n_rows, temperature_ptr, top_k_ptr,
     t = tl.load(step_ptr + r)
     sampled = live & (temp > 0)
     safe_t = tl.where(temp > 0, temp, 1.0)
-    # row maximum and greedy token (lowest id among the maxima)
+    # row maximum and greedy token (lowest id among the maxima); unsorted: kernels/argmax.py's,
+    # written into top and out before this launch
     if SORTED:
         top = tl.load(vals_ptr + r.to(tl.int64) * vocab).to(tl.float32)
         best_tok = tl.load(idx_ptr + r.to(tl.int64) * vocab).to(tl.int64)
     else:
-        top = tl.full((ROWS,), float("-inf"), tl.float32)
-        best_tok = tl.zeros((ROWS,), tl.int64)
-        for start in range(0, vocab, BLOCK):
-            i = start + offs
-            v = tl.load(row + i, mask=i < vocab, other=float("-inf")).to(tl.float32)
-            m = tl.max(v, axis=1)
-            tok = (tl.argmax(v, axis=1) + start).to(tl.int64)
-            best_tok = tl.where(m > top, tok, best_tok)
-            top = tl.maximum(top, m)
+        top = tl.load(top_ptr + r)
+        best_tok = tl.load(out_ptr + r)
     # kept prefix length m (sorted only): top-k, then top-p over the renormalised top-k mass
     k = tl.full((ROWS,), 0, tl.int32) + vocab
     m_kept = k
@@ -136,13 +133,17 @@ def _launch(vals, idx, temperature, top_k, top_p, seed, step, out, kept, *, sort
     n, vocab = vals.shape
     if n == 0:
         return
+    top = vals
+    if not sorted_:                         # greedy token and row max: the chunked argmax
+        top = torch.empty(n, dtype=torch.float32, device=vals.device)
+        argmax_into(vals, out, top=top)
     rows = _rows_per_program(vals.device, n)
     block = min(BLOCK, triton.next_power_of_2(vocab))
     if rows > 1:
         block = min(block, max(16, 4096 // rows))
     _sample_kernel[(triton.cdiv(n, rows),)](
         vals, idx, vocab, n, temperature, top_k, top_p, seed, step, out,
-        kept if kept is not None else out, SORTED=sorted_, ADVANCE=advance, KEPT=kept is not None,
+        kept if kept is not None else out, top, SORTED=sorted_, ADVANCE=advance, KEPT=kept is not None,
         ROWS=rows, BLOCK=block, num_warps=4)
 
 

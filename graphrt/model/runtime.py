@@ -28,8 +28,9 @@ logprobs_mode="processed" of the distribution drawn from) and counts the drawn t
 whose rows need none of it keep the greedy / sampled graphs, which do none of this work.
 
 A graph runs K decode steps: each step prepares the metadata + plan on the device (once for all
-layers), runs the model, takes the greedy argmax of its model-dtype logits (or, with per-row
-SamplingInputs, samples: see sampling.py) on the device, feeds it back and advances seq_lens on
+layers), runs the model, takes the greedy argmax of its model-dtype logits (kernels/argmax.py's
+chunked pass: torch.argmax's ids; or, with per-row SamplingInputs, samples: see sampling.py) on
+the device, feeds it back and advances seq_lens on
 the device (by one per step, K per block). Float32 logits of the last step are copied out only with `keep_logits=True` (for
 `last_logits`). seq_lens count the token being decoded (its K/V go to slot seq_len - 1).
 
@@ -63,6 +64,7 @@ from graphrt.attention.inputs import check_exclusive_writes, check_host_values, 
 from graphrt.attention.kvcache import PagedKVCache
 from graphrt.attention.runtime import raise_device_errors, runtime_device
 from graphrt.config import RuntimeConfig
+from graphrt.kernels.argmax import argmax_into
 from graphrt.kernels.sample import sample_tokens
 from graphrt.kernels.transfer import to_device
 from graphrt.model.context import AttentionContext
@@ -274,7 +276,7 @@ class ModelRuntime:
                 sample_tokens(logits, st.temperature[:size], st.top_k[:size], st.top_p[:size],
                               st.seed[:size], st.step[:size], out)
             else:
-                out.copy_(torch.argmax(logits, dim=-1))
+                argmax_into(logits, out)                                     # greedy
             tokens.copy_(out)
             if st.history is not None:                                        # token at index seq_len
                 at = seq.long().clamp(max=st.history.shape[1] - 1)[:, None]

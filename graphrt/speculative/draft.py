@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from graphrt.kernels.argmax import argmax_into
 from graphrt.kernels.multiquery_attention import default_splits
 from graphrt.kernels.transfer import to_device
 
@@ -92,7 +93,8 @@ class DraftProposer:
         for j in range(k):
             logits = self.model.verify_step(toks, cache_lens, self.kv_caches, block_table, error,
                                             splits=self.splits)          # [B * q, V]
-            d = logits.view(b, toks.shape[1], -1)[:, -1].argmax(dim=-1)  # [B]
+            d = argmax_into(logits.view(b, toks.shape[1], -1)[:, -1],    # [B]: rows strided by q * V
+                            torch.empty(b, dtype=torch.int64, device=logits.device))
             proposals[:, j].copy_(d)
             toks = d[:, None]
             cache_lens = torch.where(active, num_tokens + j, -1).to(torch.int32)   # d_{j+1} at n + j

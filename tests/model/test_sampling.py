@@ -146,6 +146,7 @@ for vals, sorted_, advance, kept in (("*fp32", True, True, False), ("*bf16", Tru
     sig = {"vals_ptr": vals, "idx_ptr": "*i64" if sorted_ else vals, "vocab": "i32", "n_rows": "i32",
            "temperature_ptr": "*fp32", "top_k_ptr": "*i32", "top_p_ptr": "*fp32", "seed_ptr": "*i64",
            "step_ptr": "*i32", "out_ptr": "*i64", "kept_ptr": "*i32" if kept else "*i64",
+           "top_ptr": vals if sorted_ else "*fp32",
            "SORTED": "constexpr", "ADVANCE": "constexpr", "KEPT": "constexpr", "ROWS": "constexpr",
            "BLOCK": "constexpr"}
     const = {"SORTED": sorted_, "ADVANCE": advance, "KEPT": kept, "ROWS": 1, "BLOCK": 1024}

@@ -20,8 +20,14 @@ from __future__ import annotations
 
 import torch
 
+from graphrt.kernels.argmax import argmax_into
 from graphrt.kernels.multiquery_attention import default_splits
 from graphrt.kernels.transfer import tensor_on
+
+
+def _greedy(logits: torch.Tensor) -> torch.Tensor:
+    """logits [B, Vd] -> [B] int64 draft ids: torch.argmax's, by the chunked kernel."""
+    return argmax_into(logits, torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device))
 
 
 class Eagle3Drafter:
@@ -37,13 +43,13 @@ class Eagle3Drafter:
     def _chain(self, logits0, h0, next_pos, active, block_table, proposals, error) -> None:
         """d_1 = argmax(logits0) [B, Vd]; k - 1 chain steps from h0 [B, H], the first at
         next_pos [B] int32; proposals [B, k] int64 (target ids) written in place."""
-        d = self.head.to_target(logits0.argmax(dim=-1))
+        d = self.head.to_target(_greedy(logits0))
         proposals[:, 0].copy_(d)
         h = h0
         for j in range(1, self.k):
             pos = torch.where(active, next_pos + (j - 1), -1).to(torch.int32)
             logits, h = self.head.chain_step(h, d, pos, self.kv_cache, block_table, error, splits=self.splits)
-            d = self.head.to_target(logits.argmax(dim=-1))
+            d = self.head.to_target(_greedy(logits))
             proposals[:, j].copy_(d)
 
     def round(self, hidden3: torch.Tensor, emitted: torch.Tensor, cache_lens: torch.Tensor,
