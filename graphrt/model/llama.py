@@ -220,7 +220,7 @@ class LlamaDecoder:
 
     def prefill_step(self, tokens: torch.Tensor, cache_lens: torch.Tensor, q_lens: torch.Tensor, kv_caches,
                      block_table: torch.Tensor, error: torch.Tensor, *, splits: int = 1, record=(),
-                     hidden_out=None) -> torch.Tensor:
+                     hidden_out=None, block_n: int | None = None) -> torch.Tensor:
         """A prefill chunk of B rows in a graph of fixed shape: tokens [B, Q] int64 (device), row
         b's q_lens[b] <= Q real tokens first (the rest padding: any valid ids), at positions
         cache_lens[b] + j (positions [0, cache_lens[b]) already in the cache and only read);
@@ -233,12 +233,13 @@ class LlamaDecoder:
         b, nq = tokens.shape
         record = self.check_record(record, hidden_out, b * nq)
         h = self._multiquery(tokens, cache_lens, q_lens, kv_caches, block_table, error, splits=splits,
-                             fp8_head=False, record=record, hidden_out=hidden_out)   # rows gathered below
+                             fp8_head=False, record=record, hidden_out=hidden_out,
+                             block_n=block_n)                # rows gathered below
         last = torch.arange(b, device=tokens.device) * nq + (q_lens.long() - 1).clamp_min(0)   # [B]
         return self._logits(h.index_select(0, last))
 
     def _multiquery(self, tokens, cache_lens, q_lens, kv_caches, block_table, error, *, splits: int,
-                    fp8_head: bool, record=(), hidden_out=None):
+                    fp8_head: bool, record=(), hidden_out=None, block_n: int | None = None):
         """The layer loop over tokens [B, Q] at positions cache_lens + j -> final-normed hidden
         states [B * Q, H] (Fp8Rows with fp8_head and a W8A8 LM head); q_lens None: every token
         real, else [B] int32 real tokens per row."""
@@ -256,7 +257,7 @@ class LlamaDecoder:
 
         def attend(i, q):                                            # q [B * Q, Hq, D]
             o = multiquery_attention(q.view(b, nq, hq, d), kv_caches[i], block_table, kv_lens,
-                                     q_lens=q_lens, splits=splits)
+                                     q_lens=q_lens, splits=splits, block_n=block_n)
             return o.view(b * nq, hq * d)
 
         return self._layers(tokens.reshape(-1), self._prefill_rope(positions, rows, kv_caches, block_table,

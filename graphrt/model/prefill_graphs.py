@@ -35,6 +35,19 @@ from graphrt.kernels.multiquery_attention import default_splits, query_tiles
 from graphrt.kernels.transfer import copy_into
 
 MIN_BUCKET = 16
+# A prefill call of more new tokens than this runs eagerly (FlashInfer's batch prefill): its host
+# cost hides behind its device time, and there FlashInfer's attention is faster (H200, Llama-3.2-1B
+# shape, 4128 new tokens: 40.9 ms through the graphs vs 27.7 ms eager; a 32-token piece after
+# 4096 cached ones: 8.2 ms vs 19.0; the multi-query kernel is 1.1-2.5x FlashInfer's attention,
+# tools/bench_prefill_attention.py).
+EAGER_ABOVE_TOKENS = 2048
+# Key block of the multi-query kernel per piece size: 128 keys a step from 256 query tokens up
+# (H200: a 512-token piece after 4096 cached, 1B shape 171 vs 226 us, 8B shape 296 vs 426 us),
+# 64 below (32 tokens: 92 vs 120 us).
+def key_block(tokens: int) -> int:
+    """BLOCK_N of the multi-query kernel for a piece bucket of `tokens` query tokens."""
+    return 128 if tokens >= 256 else 64
+
 
 
 def prefill_token_buckets(max_tokens: int) -> tuple[int, ...]:
@@ -122,7 +135,7 @@ class PrefillGraphs:
         b = self.buf
         rec = {"record": self.record, "hidden_out": b.hidden[:t]} if self.record else {}
         logits = self.model.prefill_step(b.tokens[:t].view(1, t), b.cache_len, b.q_len, kv_caches, b.table,
-                                         b.error, splits=self.splits[t], **rec)
+                                         b.error, splits=self.splits[t], block_n=key_block(t), **rec)
         b.logits.copy_(logits)
 
     def capture(self, graphs: GraphRunner, kv_caches) -> None:
@@ -170,4 +183,5 @@ class PrefillGraphs:
         return out
 
 
-__all__ = ["PrefillGraphs", "PrefillBuffers", "prefill_token_buckets", "plan_pieces"]
+__all__ = ["PrefillGraphs", "PrefillBuffers", "prefill_token_buckets", "plan_pieces", "key_block",
+           "EAGER_ABOVE_TOKENS"]

@@ -71,6 +71,7 @@ from graphrt.model.context import AttentionContext
 from graphrt.model.logprobs import LogprobBuffers
 from graphrt.model.processing import drawn_from
 from graphrt.model.prefill import PrefillAttention
+from graphrt.model import prefill_graphs
 from graphrt.model.prefill_graphs import PrefillGraphs
 from graphrt.model.sampling import SamplingInputs
 from graphrt.model.quant.kv import kv_scales as _kv_scale_tensor
@@ -200,9 +201,10 @@ class ModelRuntime:
                 starts=None) -> torch.Tensor:
         """Prefill each prompt into rows of block_table; returns [n, vocab] float32 last-token
         logits. Through the prefill graphs (model/prefill_graphs.py: one replay per piece of at
-        most prefill_graph_tokens) where they are on, eagerly (FlashInfer batch prefill in chunks
-        of prefill_chunk_tokens) for prompt log-probs, hidden-state recording and the FP8-KV
-        calibration prefill. prompts: n [T_i] int64 tensors (1 <= T_i <= max_context_len);
+        most prefill_graph_tokens) where they are on and the call has at most
+        EAGER_ABOVE_TOKENS new tokens, eagerly (FlashInfer batch prefill in chunks of
+        prefill_chunk_tokens) above that and for prompt log-probs, recording other states than
+        the graphs' and the FP8-KV calibration prefill. prompts: n [T_i] int64 tensors (1 <= T_i <= max_context_len);
         block_table [n, w] int32 with pages for every prompt token, ids in the pool, no page in
         two rows (each row writes all its pages). Runtime device or CPU; checked before writing.
         starts: n ints >= 0 (default 0), each prompt's first position: K/V of positions [0, start)
@@ -216,11 +218,13 @@ class ModelRuntime:
         with self.lock:
             calibrate = self.kv_scale_source == "pending"
             graphed = self.prefill_graphs
-            if graphed is not None and not (calibrate or logits_rows) and tuple(record) in ((), graphed.record):
+            new_tokens = sum(p.numel() for p in prompts)
+            if graphed is not None and not (calibrate or logits_rows) and tuple(record) in ((), graphed.record) \
+                    and new_tokens <= prefill_graphs.EAGER_ABOVE_TOKENS:
                 starts = [0] * len(prompts) if starts is None else [int(x) for x in starts]
                 self.model.check_prompts(prompts, self.kv_caches, host_table, starts, host_table)
                 if record:
-                    self.model.check_record(tuple(record), hidden_out, sum(p.numel() for p in prompts))
+                    self.model.check_record(tuple(record), hidden_out, new_tokens)
                 return graphed.prefill(self.graphs, prompts, host_table, starts, self.kv_caches,
                                        hidden_out=hidden_out if record else None)
             if self._prefill_attention is None:

@@ -51,7 +51,9 @@ class DraftProposer:
         first position (default 0: the whole context); positions below it must already be in
         the draft's pages. Non-zero starts need `attention` or the graphs."""
         host = block_table if block_table.device.type == "cpu" else None   # a host table: no read-back
-        if self.prefill_graphs is not None and self.graphs is not None:
+        from graphrt.model.prefill_graphs import EAGER_ABOVE_TOKENS
+        if self.prefill_graphs is not None and self.graphs is not None \
+                and (sum(p.numel() for p in prompts) <= EAGER_ABOVE_TOKENS or self.attention is None):
             host = block_table.cpu() if host is None else host
             first = [0] * len(prompts) if starts is None else [int(x) for x in starts]
             prompts = [to_device(p, self.device) for p in prompts]

@@ -86,7 +86,7 @@ def test_prefill_admission_makes_few_host_syncs(path):
     sites = []
     with warnings.catch_warnings():
         warnings.simplefilter("always")
-        warnings.showwarning = lambda msg, *a, **k: "synchroniz" in str(msg) and sites.append(" <- ".join(
+        warnings.showwarning = lambda msg, *a, **k: "called a synchronizing" in str(msg) and sites.append(" <- ".join(
             f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno}" for f in traceback.extract_stack()[::-1]
             if "/graphrt/" in f.filename)[:300])
         torch.cuda.set_sync_debug_mode("warn")

@@ -140,3 +140,25 @@ def test_recorded_states_equal_the_eager_prefills():
         graphed.prefill(prompts, table, record=(0, 1, 2), hidden_out=torch.zeros((rows - 1, width)))
     with pytest.raises(ValueError, match="record"):
         graphed.prefill_graphs.record_states((0, 9))
+
+
+def test_a_long_call_runs_eagerly(monkeypatch):
+    """More new tokens than EAGER_ABOVE_TOKENS in one call: the eager prefill (FlashInfer's batch
+    prefill on a GPU), same logits; at or below it the graphs."""
+    from graphrt.model import prefill_graphs
+    hf = _hf()
+    mrt = _runtime(hf, graphed_prefill=True, prefill_graph_tokens=16)
+    calls = []
+    real = prefill_graphs.PrefillGraphs.prefill
+    monkeypatch.setattr(prefill_graphs.PrefillGraphs, "prefill", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    monkeypatch.setattr(prefill_graphs, "EAGER_ABOVE_TOKENS", 20)
+    p = torch.randint(0, 160, (30,), generator=torch.Generator().manual_seed(4))
+    table = torch.arange(8, dtype=torch.int32)[None]
+    long = mrt.prefill([p], table)
+    assert calls == []
+    short = mrt.prefill([p[:20]], table)
+    assert calls == [1]
+    with torch.no_grad():
+        torch.testing.assert_close(long[0], hf(p[None]).logits[0, -1].float(), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(short[0], hf(p[None, :20]).logits[0, -1].float(), rtol=1e-4, atol=1e-4)
+    assert prefill_graphs.key_block(512) == 128 and prefill_graphs.key_block(32) == 64

@@ -43,7 +43,7 @@ for split in (True, False):
               BLOCK_M=max(16, triton.next_power_of_2(q * 4)), BLOCK_N=64, SPLIT=split, PREC="tf32",
               KV_FP8=False, QLENS=False))
     t, m, _ = mq.query_tiles(512, 4)                  # a graphed prefill chunk: query tiles, q_lens
-    build(mq._mq_attention_kernel, mqa, dict(HQ=32, HKV=8, D=128, TILE_T=t, BLOCK_M=m, BLOCK_N=64,
+    build(mq._mq_attention_kernel, mqa, dict(HQ=32, HKV=8, D=128, TILE_T=t, BLOCK_M=m, BLOCK_N=128,
           SPLIT=split, PREC="tf32", KV_FP8=False, QLENS=True), num_warps=8)
 build(mq._combine_kernel, dict(part_ptr="*fp32", lse_ptr="*fp32", out_ptr="*bf16", splits="i32"),
       dict(D=128, SB=8))
