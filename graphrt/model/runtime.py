@@ -145,8 +145,9 @@ class ModelRuntime:
                              f"{prefill_graph_tokens!r}")
         if graphed_prefill not in (None, True, False):
             raise TypeError(f"graphed_prefill: expected None (auto), True or False, got {graphed_prefill!r}")
-        if graphed_prefill is None:          # auto: where decode graphs are captured
-            graphed_prefill = self.device.type == "cuda" and prefill_graph_tokens > 0
+        if graphed_prefill is None:          # auto: where decode graphs are captured, one GPU (a
+            graphed_prefill = (self.device.type == "cuda" and prefill_graph_tokens > 0   # tensor-parallel
+                               and getattr(model, "tp", None) is None)                   # one: not yet run)
         self.prefill_graphs = (PrefillGraphs(model, config, self.device, max_tokens=prefill_graph_tokens)
                                if graphed_prefill and prefill_graph_tokens > 0 else None)
         self._prefill_attention: PrefillAttention | None = None  # built on first prefill
