@@ -115,8 +115,7 @@ class PrefillGraphs:
         # a short piece after a long cached prefix is one tile per KV head: split its keys
         self.splits = {t: default_splits(self.device, query_tiles(t, group)[2], heads.num_kv_heads,
                                          config.max_context_len) for t in self.buckets}
-
-        self.record: tuple[int, ...] = ()
+        self.record: tuple[int, ...] = ()            # residual-stream ids recorded (record_states)
 
     def record_states(self, layer_ids) -> None:
         """Every prefill graph also records these residual-stream ids (LlamaDecoder's `record`)
