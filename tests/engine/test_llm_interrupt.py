@@ -19,6 +19,15 @@ GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
 PROMPTS = ["Hello world", [3, 4, 5, 6]]
 
 
+@pytest.fixture(autouse=True)
+def default_sigint():
+    """Python's own SIGINT handler for each test: a process started as a shell's background job
+    inherits SIGINT ignored, and Python then installs no handler (the tests would see no Ctrl-C)."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     return write(tmp_path_factory, "interrupt", arch="llama", dtype="float32", seed=4)
