@@ -24,6 +24,8 @@ TINY = LlamaSpec(vocab_size=384, hidden_size=128, intermediate_size=256, num_lay
     ("backend", "fast"), ("backend", "auto"), ("backend", ["flashinfer"]), ("backend", 3),
     ("dtype", "fp8"), ("dtype", ["bfloat16"]), ("dtype", 16),
     ("overlap", 1), ("overlap", "yes"), ("capture", None),
+    ("prefill_graph_tokens", -1), ("prefill_graph_tokens", True), ("prefill_graph_tokens", 9000),
+    ("prefill_graph_tokens", "512"),
 ])
 def test_every_field_is_checked(field, value):
     with pytest.raises(ValueError, match=f"^{field}: "):
@@ -33,7 +35,8 @@ def test_every_field_is_checked(field, value):
 @pytest.mark.parametrize("field,value", [("seed", 0), ("seed", 2**63 - 1), ("seed", None),
                                          ("num_pages", None), ("max_model_len", None),
                                          ("gpu_memory_utilization", 1), ("backend", "reference"),
-                                         ("dtype", "float32"), ("page_size", 1)])
+                                         ("dtype", "float32"), ("page_size", 1),
+                                         ("prefill_graph_tokens", 0), ("prefill_graph_tokens", 8192)])
 def test_edge_values_are_accepted(field, value):
     assert getattr(EngineConfig(**{field: value}), field) == value
 

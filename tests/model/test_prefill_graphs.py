@@ -97,6 +97,12 @@ def test_padding_writes_no_kv_and_bad_pages_are_refused():
         assert (c.k[3, 5:] == b[3, 5:]).all()                        # and only its 5 slots
     with pytest.raises(ValueError, match="block_table"):
         mrt.prefill([torch.arange(5)], torch.tensor([[99] * 8], dtype=torch.int32))
+    with pytest.raises(ValueError, match="host_table"):               # wider than max_pages_per_seq
+        mrt.prefill_graphs.prefill(mrt.graphs, [torch.arange(5)], torch.zeros((1, 9), dtype=torch.int32),
+                                   [0], mrt.kv_caches)
+    with pytest.raises(ValueError, match="hidden_out"):                # these graphs record nothing
+        mrt.prefill_graphs.prefill(mrt.graphs, [torch.arange(5)], table, [0], mrt.kv_caches,
+                                   hidden_out=torch.zeros((5, 256)))
     with pytest.raises(ValueError, match="prefill_graph_tokens"):
         _runtime(hf, prefill_graph_tokens=-1)
     with pytest.raises(TypeError, match="graphed_prefill"):

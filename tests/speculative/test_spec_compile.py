@@ -4,14 +4,8 @@ through the sampler, whose kernel tests/model/test_sampling.py compiles. Runs in
 subprocess without TRITON_INTERPRET, so the kernels are real JITFunctions."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
+from _sm90 import compile_for_sm90
 
-import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = r'''
 import warnings
 warnings.simplefilter("ignore")
@@ -51,10 +45,4 @@ build(mq._combine_kernel, dict(part_ptr="*fp32", lse_ptr="*fp32", out_ptr="*bf16
 
 
 def test_speculative_kernels_compile_for_sm90():
-    pytest.importorskip("triton.backends.nvidia")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    run = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-4000:]
-    assert run.stdout.count("ok ") == 11, run.stdout
+    compile_for_sm90(SCRIPT, 11)
