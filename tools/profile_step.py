@@ -33,6 +33,8 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--weights", default="bf16", help="bf16, fp8, fp8-tensor, fp8-head, fp8-tensor-head, fp8-block")
     p.add_argument("--replays", type=int, default=20)
+    p.add_argument("--backend", default="flashinfer", help="attention backend (flashinfer, xqa, ...)")
+    p.add_argument("--kv", default="auto", help="KV cache dtype: auto (the model's) or fp8")
     p.add_argument("--out", default="profile_step.json")
     args = p.parse_args(argv)
     import torch
@@ -48,7 +50,8 @@ def main(argv=None) -> int:
     pages = -(-(ctx + 64) // 16)
     cfg = RuntimeConfig(num_qo_heads=s.num_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim,
                         page_size=16, max_pages_per_seq=pages, buckets=[n], dtype="bfloat16",
-                        backend="flashinfer", kv_pool_pages=n * pages + 1)
+                        backend=args.backend, kv_pool_pages=n * pages + 1,
+                        kv_cache_dtype=args.kv)
     mrt = ModelRuntime(model, cfg, "cuda")
     mrt.capture()
     table = torch.arange(n * pages, dtype=torch.int32, device="cuda").view(n, pages)
@@ -80,13 +83,13 @@ def main(argv=None) -> int:
     b.record()
     b.synchronize()
     step_us = a.elapsed_time(b) * 1e3 / args.replays
-    out = {"model": args.model, "weights": args.weights, "pdl": "0" if os.environ.get("GRAPHRT_PDL") == "0" else "1",
+    out = {"model": args.model, "weights": args.weights, "backend": args.backend, "kv": args.kv, "pdl": "0" if os.environ.get("GRAPHRT_PDL") == "0" else "1",
            "batch": n, "context": ctx, "device_us_per_step": step_us,
            "kernel_us_per_step": total_us, "launches_per_step": launches / args.replays,
            "families_us": dict(fam_us), "families_launches": {k: v / args.replays for k, v in fam_n.items()},
            "top_kernels_us": dict(sorted(names.items(), key=lambda kv: -kv[1])[:25])}
     Path(args.out).write_text(json.dumps(out, indent=1))
-    print(f"{args.model} {args.weights} pdl={out['pdl']} bs{n} ctx{ctx}: device {step_us:.0f} us/step, kernels {total_us:.0f} us in "
+    print(f"{args.model} {args.weights} {args.backend} kv={args.kv} pdl={out['pdl']} bs{n} ctx{ctx}: device {step_us:.0f} us/step, kernels {total_us:.0f} us in "
           f"{launches / args.replays:.0f} launches (gaps {step_us - total_us:.0f} us)")
     for f, us in sorted(fam_us.items(), key=lambda kv: -kv[1]):
         print(f"  {f:<14} {us:8.1f} us  {fam_n[f] / args.replays:6.0f} launches")
