@@ -15,10 +15,14 @@ from graphrt.attention.verify import (TOLERANCE, VerifyPlan, full_plan, random_b
 
 
 def candidate_backends(config, device: torch.device) -> list[str]:
-    """What `backend: auto` chooses among on this device (each is tried; failures are skipped)."""
-    if device.type != "cuda" or config.dtype == "float32":
+    """What `backend: auto` chooses among on this device (each is tried; failures are skipped).
+    On CUDA graphrt's own kernel (triton-decode) is measured against FlashInfer's per bucket."""
+    if device.type != "cuda":
         return ["torch-splitkv"]
-    return ["flashinfer", "xqa"] if config.page_size in XQA_PAGE_SIZES else ["flashinfer"]
+    if config.dtype == "float32":
+        return ["torch-splitkv", "triton-decode"]
+    fi = ["flashinfer", "xqa"] if config.page_size in XQA_PAGE_SIZES else ["flashinfer"]
+    return fi + ["triton-decode"]
 
 
 def time_bucket(rt: DecodeRuntime, size: int, *, steps: int = 30,

@@ -78,7 +78,7 @@ def _flashinfer_ok(backend: str | None, config_path: str) -> bool:
             backend = (yaml.safe_load(Path(config_path).read_text()) or {}).get("backend", RuntimeConfig.backend)
         except (OSError, yaml.YAMLError, AttributeError):
             return True                               # load_config reports the file itself
-    return backend in ("reference", "torch-splitkv")
+    return backend in ("reference", "torch-splitkv", "triton-decode")
 
 
 def _int_list(text: str) -> list[int]:

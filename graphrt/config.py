@@ -19,7 +19,8 @@ import yaml
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
 KV_LAYOUTS = ("NHD", "HND")
-BACKENDS = ("reference", "torch-splitkv", "flashinfer", "flashinfer-hostplan", "xqa", "auto")
+BACKENDS = ("reference", "torch-splitkv", "flashinfer", "flashinfer-hostplan", "xqa", "triton-decode", "auto")
+FLOAT32_BACKENDS = ("reference", "torch-splitkv", "triton-decode", "auto")   # the others: bf16 / fp16
 DECODE_KERNELS = ("tensor-core", "cuda-core")
 PLANNERS = ("device", "host")
 XQA_PAGE_SIZES = (16, 32, 64, 128)
@@ -120,8 +121,9 @@ class RuntimeConfig:
         _choice("backend", self.backend, BACKENDS)
         _choice("decode_kernel", self.decode_kernel, DECODE_KERNELS)
         _choice("planner", self.planner, PLANNERS)
-        if self.dtype == "float32" and self.backend not in ("reference", "torch-splitkv", "auto"):
-            raise ConfigError(f"dtype: float32 runs only on the torch backends, got {self.backend!r}")
+        if self.dtype == "float32" and self.backend not in FLOAT32_BACKENDS:
+            raise ConfigError(f"dtype: float32 runs only on the torch backends and 'triton-decode' "
+                              f"({list(FLOAT32_BACKENDS)}), got {self.backend!r}")
         if self.backend == "xqa":
             _choice("page_size (backend xqa)", self.page_size, XQA_PAGE_SIZES)
         self._resolve_kv_dtype()

@@ -1,4 +1,6 @@
-"""Attention backends behind one interface (see base.py); FlashInfer ones import it lazily."""
+"""Attention backends behind one interface (see base.py); FlashInfer ones import it lazily.
+
+triton-decode is graphrt's own one-launch split-KV decode kernel (CUDA and CPU, FP8 KV too)."""
 from __future__ import annotations
 
 from graphrt.attention.backends.base import AttentionBackend
@@ -20,11 +22,14 @@ def make_backend(config, kv_cache, device, *, name: str | None = None,
     if name == "torch-splitkv":
         from graphrt.attention.backends.torch_splitkv import TorchSplitKVBackend
         return TorchSplitKVBackend(config, kv_cache, device)
+    if name == "triton-decode":
+        from graphrt.attention.backends.triton_decode import TritonDecodeBackend
+        return TritonDecodeBackend(config, kv_cache, device)
     if name == "xqa":
         from graphrt.attention.backends.xqa import XqaBackend
         return XqaBackend(config, kv_cache, device)
     raise ValueError(f"backend: {name!r} is not one of ['reference', 'flashinfer', "
-                     f"'flashinfer-hostplan', 'xqa', 'torch-splitkv'] ('auto' is resolved by graphrt-capture)")
+                     f"'flashinfer-hostplan', 'xqa', 'torch-splitkv', 'triton-decode'] ('auto' is resolved by graphrt-capture)")
 
 
 __all__ = ["AttentionBackend", "make_backend"]
