@@ -56,7 +56,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, bt_stride, lens_ptr, out_ptr, pa
                    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GP: tl.constexpr,
                    MAX_SPLITS: tl.constexpr, MIN_KEYS: tl.constexpr, MERGE_S: tl.constexpr,
-                   PREC: tl.constexpr, KV_FP8: tl.constexpr, PDL: tl.constexpr):
+                   PREC: tl.constexpr, KV_FP8: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr):
     pdl_prologue(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -78,6 +78,8 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, bt_stride, lens_ptr, out_ptr, pa
         h = kvh * G + m                                          # query head of tile row m
         q_off = (b * HQ + h).to(tl.int64) * D
         q = tl.load(q_ptr + q_off[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
+        if DOT_F32:
+            q = q.to(tl.float32)
         if KV_FP8:                                               # per-tensor scales, on the device
             qk_scale = qk_scale * tl.load(kvs_ptr)
         lo = sp * per * BLOCK_N
@@ -96,6 +98,9 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, bt_stride, lens_ptr, out_ptr, pa
             if KV_FP8:
                 k = k.to(q.dtype)
                 v = v.to(q.dtype)
+            if DOT_F32:                                          # CPU interpreter: see decode_attention
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
             s = tl.dot(q, tl.trans(k), input_precision=PREC).to(tl.float32) * qk_scale  # log2 units
             s = tl.where(key_ok[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -254,6 +259,9 @@ def decode_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor, seq_l
     if b == 0:
         return out
     gp = triton.next_power_of_2(group)
+    # the interpreter's tl.dot multiplies bf16's raw uint16 storage (Triton 3.9): on CPU both dots
+    # run in float32 (GPU: q's dtype, fp32 accumulation)
+    cpu = q.device.type != "cuda"
     part, lse, count = (scratch.partial, scratch.lse, scratch.counters) if max_splits > 1 else (out, out, seq_lens)
     pdl = use_pdl(q)
     _decode_kernel[(b, hkv, max_splits)](
@@ -263,7 +271,7 @@ def decode_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor, seq_l
         HQ=hq, HKV=hkv, D=d, PAGE=page_size, BLOCK_M=max(16, gp), BLOCK_N=block_n, GP=gp,
         MAX_SPLITS=max_splits, MIN_KEYS=min_keys, MERGE_S=max(1, min(triton.next_power_of_2(max_splits),
                                                                       MERGE_ELEMS // (gp * d))),
-        PREC="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=fp8, PDL=pdl,
+        PREC="ieee" if q.dtype == torch.float32 or cpu else "tf32", KV_FP8=fp8, DOT_F32=cpu, PDL=pdl,
         num_warps=4, **pdl_options(pdl))
     return out
 

@@ -1,7 +1,7 @@
-"""Decode attention over an FP8 (e4m3) KV cache through DecodeRuntime: the reference and the
-torch split-KV (device planner) backends equal float32 attention over the dequantized pages
-(tight) and stay close to the float pages before quantization (loose, printed); FP8 config and
-cache refusals. FlashInfer's FP8 decode: GPU tests (tests/attention/test_fp8_kv_gpu.py)."""
+"""Decode attention over an FP8 (e4m3) KV cache through DecodeRuntime: the reference, the torch
+split-KV (device planner) and graphrt's triton-decode backends equal float32 attention over the
+dequantized pages (tight) and stay close to the float pages before quantization (loose,
+printed); FP8 config and cache refusals. FlashInfer's FP8 decode: GPU tests (tests/attention/test_fp8_kv_gpu.py)."""
 from __future__ import annotations
 
 import pytest
@@ -20,7 +20,8 @@ def _config(backend, **kw):
                          buckets=[1, 4], backend=backend, kv_pool_pages=24, **kw)
 
 
-@pytest.mark.parametrize("backend,layout", [("reference", "NHD"), ("torch-splitkv", "HND")])
+@pytest.mark.parametrize("backend,layout", [("reference", "NHD"), ("torch-splitkv", "HND"),
+                                            ("triton-decode", "NHD"), ("triton-decode", "HND")])
 def test_decode_over_fp8_pages(backend, layout):
     cfg = _config(backend, kv_layout=layout)
     g = torch.Generator().manual_seed(3)

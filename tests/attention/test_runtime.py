@@ -1,8 +1,9 @@
 """DecodeRuntime on CPU (eager; the Triton prepare kernel runs under TRITON_INTERPRET=1).
 
-Correctness against reference_decode for both CPU backends, the zero-copy path, input validation
-(clear error naming the field, and nothing written to the static buffers), the device-side guard,
-and report().
+Correctness against reference_decode for the CPU backends (torch-splitkv, reference and
+triton-decode: graphrt's own kernel, interpreted), the zero-copy path, input validation (clear
+error naming the field, and nothing written to the static buffers), the device-side guard, and
+report().
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from graphrt.attention.reference import reference_decode
 
 HQ, HKV, D, PAGE, CTX, POOL = 4, 2, 64, 16, 256, 64
 MAX_PAGES = CTX // PAGE                       # 16
-BACKENDS = ["torch-splitkv", "reference"]
+BACKENDS = ["torch-splitkv", "reference", "triton-decode"]
 SPECIAL_LENS = [1, 16, 17, 256]               # first token, page boundary, one past it, maximum
 
 

@@ -78,7 +78,7 @@ def test_logits_match_hf(kind, lens):
         assert tokens[0].tolist() == ref.argmax(-1).tolist()
 
 
-@pytest.mark.parametrize("backend", ["torch-splitkv", "reference"])
+@pytest.mark.parametrize("backend", ["torch-splitkv", "reference", "triton-decode"])
 def test_multi_step_tokens_equal_single_steps(backend):
     hf = _hf("llama", seed=1)
     gen = torch.Generator().manual_seed(5)
