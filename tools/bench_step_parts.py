@@ -11,7 +11,16 @@ Decode attention (one layer, bs B, context C): graphrt's multi-query kernel at Q
 split-KV + combine: two launches) for several split counts; compare with the FlashInfer decode
 per layer from tools/profile_step.py (attention + merge families / layers).
 
+Decode backends side by side (--parts decode): per layer, the attention backends' attend() as
+the model step calls it (the bucket's prepare launch once, outside the graph; then one attend
+per layer, in one CUDA graph, rotating over enough layers' KV caches to read past the L2):
+graphrt's one-launch kernel (backend triton-decode) at several MAX_SPLITS and at its per-bucket
+default (marked *), FlashInfer's decode (backend flashinfer, tensor-core and/or cuda-core:
+attention + merge) and xqa (bf16 KV). prepare_us: the bucket's prepare launch alone (once per
+step, shared by all layers).
+
     python tools/bench_step_parts.py --out bench_step_parts.json
+    python tools/bench_step_parts.py --parts decode --batches 1,4,16 --contexts 1024,8192
 """
 from __future__ import annotations
 
@@ -100,6 +109,96 @@ def attention_rows(torch, batches, contexts, split_list) -> list[dict]:
     return rows
 
 
+def _layers_past_l2(kv_bytes: int) -> int:
+    return max(2, min(64, -(-2 * L2_BYTES // kv_bytes)))
+
+
+def decode_rows(torch, batches, contexts, split_list, kernels, *, device="cuda") -> list[dict]:
+    """Per-layer device µs of the decode backends (see the module docstring)."""
+    from graphrt import PagedKVCache, RuntimeConfig
+    from graphrt.attention.backends import make_backend
+    from graphrt.attention.backends.triton_decode import TritonDecodeBackend
+    from graphrt.attention.buffers import StaticBuffers
+    from graphrt.kernels.timing import graph_us
+    dev, rows, page = torch.device(device), [], 16
+    for shape, (hq, hkv, d) in ATTN.items():
+        for kv in ("bf16", "fp8"):
+            for b in batches:
+                for c in contexts:
+                    pages = -(-c // page)
+                    cfg = RuntimeConfig(num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=page,
+                                        max_context_len=c, buckets=[b], dtype="bfloat16", backend="flashinfer",
+                                        kv_cache_dtype="fp8" if kv == "fp8" else "auto",
+                                        kv_pool_pages=b * pages + 1)
+                    kv_bytes = 2 * b * c * hkv * d * (2 if kv == "bf16" else 1)
+                    caches = [PagedKVCache.allocate(cfg, b * pages + 1, dev, seed=i)
+                              for i in range(_layers_past_l2(kv_bytes))]
+                    view = StaticBuffers(cfg, dev).view(b)
+                    q = torch.randn(b, hq, d, device=dev, dtype=torch.bfloat16)
+                    out = torch.empty_like(q)
+
+                    def time_backend(backend, label, splits=None, default=False):
+                        backend.setup([view])
+                        view.block_table.copy_(torch.arange(b * pages, dtype=torch.int32, device=dev).view(b, pages))
+                        view.seq_lens.fill_(c)
+                        if backend.needs_host_inputs:                           # a host-plan fallback
+                            backend.host_prepare(view, view.seq_lens.cpu())
+                        backend.prepare(view)                                   # the step's plan, once
+                        prep = graph_us(lambda: backend.prepare(view), 20, 5)
+
+                        def layers():
+                            for cache in caches:
+                                backend.attend(view, q, cache, out)
+                        us = graph_us(layers, 5, 5) / len(caches)
+                        rows.append({"decode": shape, "kv": kv, "batch": b, "context": c, "kernel": label,
+                                     "splits": splits, "default": default, "us": us, "prepare_us": prep,
+                                     "kv_bytes": kv_bytes, "gb_s": kv_bytes / us / 1e3,
+                                     "layers_rotated": len(caches)})
+                        mark = "*" if default else " "
+                        print(f"decode {shape} kv={kv} bs{b} ctx{c} {label:<22} splits={splits or '-'}{mark}: "
+                              f"{us:7.2f} us/layer  ({kv_bytes / us / 1e3:6.0f} GB/s)  prepare {prep:5.2f} us",
+                              flush=True)
+                    if "triton-decode" in kernels:
+                        auto = TritonDecodeBackend(cfg, caches[0], dev)
+                        auto.setup([view])
+                        default = auto.max_splits[b]
+                        for s in sorted(set(split_list + [default])):
+                            time_backend(TritonDecodeBackend(cfg, caches[0], dev, max_splits={b: s}),
+                                         "triton-decode", s, s == default)
+                    for name in ("flashinfer", "flashinfer-cuda-core", "xqa"):
+                        if name not in kernels or (name == "xqa" and kv == "fp8"):
+                            continue
+                        kcfg = cfg.replace(decode_kernel="cuda-core") if name.endswith("cuda-core") else cfg
+                        try:
+                            backend = make_backend(kcfg, caches[0], dev, name=name.replace("-cuda-core", ""),
+                                                   parity_sets=1)
+                            time_backend(backend, name)
+                        except Exception as e:  # noqa: BLE001 - a library this GPU cannot run: say so
+                            print(f"decode {shape} kv={kv} bs{b} ctx{c} {name}: skipped ({type(e).__name__}: {e})")
+                    del caches
+                    if dev.type == "cuda":
+                        torch.cuda.empty_cache()
+    _decode_summary(rows)
+    return rows
+
+
+def _decode_summary(rows) -> None:
+    """One line per (shape, kv, batch, context): triton-decode's default and best vs the others."""
+    print(f"\n{'shape':<5} {'kv':<4} {'bs':>4} {'ctx':>6} {'default':>14} {'best':>14} "
+          f"{'flashinfer':>10} {'fi cuda-core':>12} {'xqa':>7}   (us per layer)")
+    keys = sorted({(r["decode"], r["kv"], r["batch"], r["context"]) for r in rows})
+    for key in keys:
+        mine = [r for r in rows if (r["decode"], r["kv"], r["batch"], r["context"]) == key]
+        ours = [r for r in mine if r["kernel"] == "triton-decode"]
+        other = {r["kernel"]: r["us"] for r in mine if r["kernel"] != "triton-decode"}
+        dflt = next((f"{r['us']:.2f} (S={r['splits']})" for r in ours if r["default"]), "-")
+        best = min(ours, key=lambda r: r["us"], default=None)
+        best_s = f"{best['us']:.2f} (S={best['splits']})" if best else "-"
+        cell = lambda name: f"{other[name]:.2f}" if name in other else "-"   # noqa: E731
+        print(f"{key[0]:<5} {key[1]:<4} {key[2]:>4} {key[3]:>6} {dflt:>14} {best_s:>14} "
+              f"{cell('flashinfer'):>10} {cell('flashinfer-cuda-core'):>12} {cell('xqa'):>7}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ms", default="1,16")
@@ -107,7 +206,9 @@ def main(argv=None) -> int:
     p.add_argument("--batches", default="1,16")
     p.add_argument("--contexts", default="1024,8192")
     p.add_argument("--attn-splits", default="1,4,8,16,32")
-    p.add_argument("--parts", default="gemm,attention")
+    p.add_argument("--decode-splits", default="1,2,4,8,16,32,64", help="triton-decode MAX_SPLITS values")
+    p.add_argument("--decode-kernels", default="triton-decode,flashinfer,flashinfer-cuda-core,xqa")
+    p.add_argument("--parts", default="gemm,attention,decode")
     p.add_argument("--out", default="bench_step_parts.json")
     args = p.parse_args(argv)
     import torch
@@ -121,6 +222,10 @@ def main(argv=None) -> int:
         Path(args.out).write_text(json.dumps(out, indent=1))
     if "attention" in args.parts:
         out["attention"] = attention_rows(torch, ints(args.batches), ints(args.contexts), ints(args.attn_splits))
+        Path(args.out).write_text(json.dumps(out, indent=1))
+    if "decode" in args.parts:
+        out["decode"] = decode_rows(torch, ints(args.batches), ints(args.contexts), ints(args.decode_splits),
+                                    args.decode_kernels.split(","))
     Path(args.out).write_text(json.dumps(out, indent=1))
     return 0
 
