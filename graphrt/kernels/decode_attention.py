@@ -45,7 +45,7 @@ import triton.language as tl
 from graphrt.kernels.launch import pdl_options, pdl_prologue, use_pdl
 
 LOG2E = 1.4426950408889634
-BLOCK_N = 64                 # keys per inner-loop block
+BLOCK_N = 64                 # keys per inner-loop block (32 for head_dim 256: shared memory)
 MIN_KEYS_PER_SPLIT = 64      # a row gets at most cdiv(seq_len, this) splits
 MERGE_ELEMS = 8192           # float32 partial elements one merge step holds in registers
 
@@ -208,7 +208,7 @@ def default_max_splits(sms: int, batch: int, num_kv_heads: int, max_context_len:
 def decode_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor, seq_lens: torch.Tensor,
                      *, max_splits: int = 1, scratch: DecodeScratch | None = None,
                      out: torch.Tensor | None = None, min_keys: int = MIN_KEYS_PER_SPLIT,
-                     block_n: int = BLOCK_N) -> torch.Tensor:
+                     block_n: int | None = None) -> torch.Tensor:
     """q [B, Hq, D] -> [B, Hq, D] (q's dtype) decode attention over the paged cache, one launch.
 
     q: contiguous bfloat16 / float16 / float32 (the pages' dtype; any of the three over
@@ -217,7 +217,8 @@ def decode_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor, seq_l
     the current token (0 = padding row: zeros out), both on q's device. max_splits: static
     split-KV factor (see default_max_splits); > 1 needs `scratch` (DecodeScratch on q's device).
     out: [B, Hq, D] q.dtype contiguous (default: a new tensor). min_keys: a split covers at least
-    this many keys (a multiple of block_n). Capturable with out and scratch given.
+    this many keys (a multiple of block_n); block_n: keys per inner block (default BLOCK_N, 32
+    for D = 256). Capturable with out and scratch given.
     """
     kc, vc = kv_cache.as_tuple()
     nhd = kv_cache.layout == "NHD"
@@ -242,6 +243,7 @@ def decode_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor, seq_l
                          f"{seq_lens.dtype} on {seq_lens.device}")
     if isinstance(max_splits, bool) or not isinstance(max_splits, int) or max_splits < 1:
         raise ValueError(f"max_splits: must be an int >= 1, got {max_splits!r}")
+    block_n = block_n or (BLOCK_N if d <= 128 else 32)
     if block_n not in (16, 32, 64, 128) or min_keys < block_n or min_keys % block_n:
         raise ValueError(f"block_n, min_keys: block_n in (16, 32, 64, 128) and min_keys a multiple "
                          f"of it, got {block_n}, {min_keys}")
