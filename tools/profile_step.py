@@ -20,7 +20,7 @@ from pathlib import Path
 from bench_e2e import random_model, with_weights
 
 FAMILIES = [("fp8_quant", r"quantize_rows|quantize_tiles"), ("fp8_scales", r"apply_scales"),
-            ("gemm", r"nvjet|gemm|cutlass|sm90_xmma|splitK|Kernel2|gemv"), ("attention", r"BatchPrefill|BatchDecode|Decode|Prefill"),
+            ("gemm", r"nvjet|gemm|cutlass|sm90_xmma|splitK|Kernel2|gemv"), ("attention", r"BatchPrefill|BatchDecode|Decode|Prefill|decode_attention"),
             ("merge", r"MergeStates|merge"), ("rope_append", r"rope_append"), ("norm", r"rms_norm"),
             ("silu_mul", r"silu_mul"), ("prepare", r"prepare"), ("argmax/sample", r"argmax|sample|sort"),
             ("embedding", r"index|gather|embedding")]

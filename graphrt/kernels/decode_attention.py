@@ -51,7 +51,7 @@ MERGE_ELEMS = 8192           # float32 partial elements one merge step holds in 
 
 
 @triton.jit(do_not_specialize=["bt_stride"])
-def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, bt_stride, lens_ptr, out_ptr, part_ptr, lse_ptr,
+def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, bt_stride, lens_ptr, out_ptr, part_ptr, lse_ptr,
                    count_ptr, kvs_ptr, s_page, s_slot, s_head, qk_scale,
                    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GP: tl.constexpr,
@@ -266,7 +266,7 @@ def decode_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor, seq_l
     cpu = q.device.type != "cuda"
     part, lse, count = (scratch.partial, scratch.lse, scratch.counters) if max_splits > 1 else (out, out, seq_lens)
     pdl = use_pdl(q)
-    _decode_kernel[(b, hkv, max_splits)](
+    _decode_attention_kernel[(b, hkv, max_splits)](
         q, kc, vc, block_table, block_table.stride(0), seq_lens, out, part, lse, count,
         kv_cache.scale if fp8 else seq_lens, kc.stride(0), kc.stride(1 if nhd else 2),
         kc.stride(2 if nhd else 1), d ** -0.5 * LOG2E,

@@ -168,7 +168,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from graphrt.kernels import decode_attention as da
 
-fn = da._decode_kernel
+fn = da._decode_attention_kernel
 ints = ("s_page", "s_slot", "s_head")
 for (dt, kv, hq, d, splits) in [("bf16", "bf16", 32, 128, 16), ("bf16", "bf16", 32, 64, 1), ("bf16", "fp8e4nv", 32, 128, 33),
                                 ("fp16", "fp16", 64, 128, 4), ("fp32", "fp32", 16, 64, 8), ("bf16", "bf16", 32, 256, 8)]:
