@@ -31,6 +31,10 @@ weights, so this is where FP8 KV shows:
     python tools/bench_e2e.py --models llama-3.1-8b --batches 16 --contexts 8192 \
         --variants graphrt-k4 --kv bf16,fp8 --no-prefill
 
+Split-K of the o and down GEMMs follows GRAPHRT_SPLITK (graphrt/model/splitk.py: unset / auto =
+measured at capture, 1 = off, 2 / 4 = forced); each row records the (S_o, S_down) its bucket ran
+(`splitk`). The gemm-only graph stays unsplit.
+
     python tools/bench_e2e.py --out bench_e2e.json --png bench_e2e.png
     python tools/bench_e2e.py --models llama-3.1-8b --weights bf16,fp8 --batches 1,16 \
         --contexts 1024 --variants graphrt --no-prefill --fp8-kernels
@@ -295,6 +299,7 @@ def run(args) -> dict:
                                      step_us=step_us,
                                      tok_s=n / step_us * 1e6, device_us=dev_us,
                                      idle=max(0.0, 1 - dev_us / step_us), launches_per_token=launches,
+                                     splitk=list(mrt.splitk.get(n)) if mrt.splitk else [1, 1],
                                      floor_us=floor, gemm_only_us=gemm[n],
                                      device_over_floor=dev_us / floor,
                                      device_over_gemm_only=dev_us / gemm[n],

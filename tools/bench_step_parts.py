@@ -7,6 +7,11 @@ bytes, S x more output tiles for cuBLAS(Lt) to spread over the SMs; the diagonal
 consumer kernel would read. Timed: the GEMM alone (bf16 F.linear; FP8 torch._scaled_mm with
 per-tensor scales, rows padded to 16), in one CUDA graph rotating over weight copies past the L2.
 
+graphrt's split-K path (--parts splitk): the o and down GEMMs as the decode step runs them
+(graphrt.model.splitk.split_matmul, or the unsplit F.linear / fp8_matmul at S = 1) followed by
+their consumer add_rms_norm, which sums the S partials as it loads: what the GEMM-alone rows
+leave out (the partials' extra output bytes, read back strided). FP8: per-tensor weight scales.
+
 Decode attention (one layer, bs B, context C): graphrt's multi-query kernel at Q = 1 (its
 split-KV + combine: two launches) for several split counts; compare with the FlashInfer decode
 per layer from tools/profile_step.py (attention + merge families / layers).
@@ -21,6 +26,7 @@ step, shared by all layers).
 
     python tools/bench_step_parts.py --out bench_step_parts.json
     python tools/bench_step_parts.py --parts decode --batches 1,4,16 --contexts 1024,8192
+    python tools/bench_step_parts.py --parts splitk --ms 1,4,16,64 --splits 1,2,4
 """
 from __future__ import annotations
 
@@ -71,6 +77,46 @@ def gemm_rows(torch, ms, splits, bw) -> list[dict]:
                     rows.append({"gemm": name, "dtype": dtype, "m": m, "split": s, "us": us,
                                  "floor_us": floor, "x_floor": us / floor})
                     print(f"{name:<11} {dtype:<4} M={m:<3} S={s}: {us:7.2f} us  x floor {us / floor:5.2f}", flush=True)
+    return rows
+
+
+def splitk_rows(torch, ms, splits, bw) -> list[dict]:
+    from graphrt.kernels.fp8 import quantize_rows
+    from graphrt.kernels.norm import add_rms_norm
+    from graphrt.kernels.timing import graph_us
+    from graphrt.model.linear import fp8_matmul
+    from graphrt.model.quant import quantize_fp8
+    from graphrt.model.splitk import split_matmul, splittable
+    one = torch.ones((), device="cuda", dtype=torch.float32)
+    rows = []
+    for name, (n, k) in GEMMS.items():
+        if name.split(".")[1] not in ("o", "down"):
+            continue
+        for dtype in ("bf16", "fp8"):
+            esz = 2 if dtype == "bf16" else 1
+            w0 = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+            count = max(2, min(16, L2_BYTES // (n * k * esz)))
+            ws = [w0.clone() if dtype == "bf16" else quantize_fp8(w0, "tensor") for _ in range(count)]
+            norm = torch.ones(n, device="cuda", dtype=torch.bfloat16)
+            for m in ms:
+                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                x = x if dtype == "bf16" else quantize_rows(x)
+                res = torch.zeros(m, n, device="cuda", dtype=torch.bfloat16)
+                for s in splits:
+                    if not splittable(ws[0], s):
+                        continue
+
+                    def run(s=s, x=x, res=res):
+                        for w in ws:
+                            y = split_matmul(x, w, s, unit=one) if s > 1 else (
+                                torch.nn.functional.linear(x, w) if dtype == "bf16" else fp8_matmul(x, w, unit=one))
+                            add_rms_norm(y, res, norm, 1e-5)
+                    us = graph_us(run, 10, 5) / len(ws)
+                    floor = n * k * esz / bw * 1e6
+                    rows.append({"gemm": name, "dtype": dtype, "m": m, "split": s, "us": us,
+                                 "floor_us": floor, "x_floor": us / floor})
+                    print(f"splitk {name:<8} {dtype:<4} M={m:<3} S={s}: {us:7.2f} us GEMM + add_rms_norm  "
+                          f"x floor {us / floor:5.2f}", flush=True)
     return rows
 
 
@@ -208,7 +254,7 @@ def main(argv=None) -> int:
     p.add_argument("--attn-splits", default="1,4,8,16,32")
     p.add_argument("--decode-splits", default="1,2,4,8,16,32,64", help="triton-decode MAX_SPLITS values")
     p.add_argument("--decode-kernels", default="triton-decode,flashinfer,flashinfer-cuda-core,xqa")
-    p.add_argument("--parts", default="gemm,attention,decode")
+    p.add_argument("--parts", default="gemm,attention,decode", help="of gemm, splitk, attention, decode")
     p.add_argument("--out", default="bench_step_parts.json")
     args = p.parse_args(argv)
     import torch
@@ -219,6 +265,9 @@ def main(argv=None) -> int:
     ints = lambda s: [int(x) for x in s.split(",") if x]   # noqa: E731
     if "gemm" in args.parts:
         out["gemm"] = gemm_rows(torch, ints(args.ms), ints(args.splits), bw)
+        Path(args.out).write_text(json.dumps(out, indent=1))
+    if "splitk" in args.parts:
+        out["splitk"] = splitk_rows(torch, ints(args.ms), ints(args.splits), bw)
         Path(args.out).write_text(json.dumps(out, indent=1))
     if "attention" in args.parts:
         out["attention"] = attention_rows(torch, ints(args.batches), ints(args.contexts), ints(args.attn_splits))

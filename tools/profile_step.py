@@ -5,7 +5,9 @@ kernel time per step grouped by kernel family, the launch count, and device time
 --weights: bf16, or an FP8 format of bench_e2e.with_weights (fp8 = per-channel W8A8, fp8-tensor,
 fp8-head = per-channel with an FP8 LM head, fp8-tensor(-head) = one scale per fused weight,
 fp8-block). Programmatic dependent launch of the
-element-wise kernels follows GRAPHRT_PDL (graphrt/kernels/launch.py).
+element-wise kernels follows GRAPHRT_PDL (graphrt/kernels/launch.py); split-K of the o and down
+GEMMs follows GRAPHRT_SPLITK (graphrt/model/splitk.py: unset or auto = measured at capture, 1 =
+off, 2 / 4 = forced); the S used is printed and kept in the JSON.
 
     python tools/profile_step.py --model llama-3.1-8b --batch 1 --context 1024 --out profile.json
 """
@@ -83,13 +85,15 @@ def main(argv=None) -> int:
     b.record()
     b.synchronize()
     step_us = a.elapsed_time(b) * 1e3 / args.replays
+    split = list(mrt.splitk.get(n))
     out = {"model": args.model, "weights": args.weights, "backend": args.backend, "kv": args.kv, "pdl": "0" if os.environ.get("GRAPHRT_PDL") == "0" else "1",
+           "splitk_env": os.environ.get("GRAPHRT_SPLITK", "auto"), "splitk": split, "splitk_source": mrt.splitk.source,
            "batch": n, "context": ctx, "device_us_per_step": step_us,
            "kernel_us_per_step": total_us, "launches_per_step": launches / args.replays,
            "families_us": dict(fam_us), "families_launches": {k: v / args.replays for k, v in fam_n.items()},
            "top_kernels_us": dict(sorted(names.items(), key=lambda kv: -kv[1])[:25])}
     Path(args.out).write_text(json.dumps(out, indent=1))
-    print(f"{args.model} {args.weights} {args.backend} kv={args.kv} pdl={out['pdl']} bs{n} ctx{ctx}: device {step_us:.0f} us/step, kernels {total_us:.0f} us in "
+    print(f"{args.model} {args.weights} {args.backend} kv={args.kv} pdl={out['pdl']} splitk={split} bs{n} ctx{ctx}: device {step_us:.0f} us/step, kernels {total_us:.0f} us in "
           f"{launches / args.replays:.0f} launches (gaps {step_us - total_us:.0f} us)")
     for f, us in sorted(fam_us.items(), key=lambda kv: -kv[1]):
         print(f"  {f:<14} {us:8.1f} us  {fam_n[f] / args.replays:6.0f} launches")

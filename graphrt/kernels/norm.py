@@ -14,6 +14,11 @@ FP8 (W8A8 decode GEMMs, kernels/fp8.py):
 - `fp8=True`: the normed row is written as e4m3 with its own scale (amax / 448) and the call
   returns `Fp8Rows` (the input of the next FP8 GEMM); the normed row is never stored in float.
 
+Split-K (kernels/splitk.py): x may be a `SplitAcc` (an o / down GEMM run as S partial sums,
+float or FP8): each element of x is the sum of its S strided partials, formed in float32 as it
+is loaded (partials 0 .. S-1 left to right, then the FP8 row and column scales), before the same
+residual add and norm. S = 1 is the plain / ScaledAcc load.
+
 Capturable in a CUDA graph (no host reads); runs on CPU under TRITON_INTERPRET=1.
 """
 from __future__ import annotations
@@ -24,18 +29,23 @@ import triton.language as tl
 
 from graphrt.kernels.launch import pdl_options, pdl_prologue, use_pdl
 from graphrt.kernels.fp8 import Fp8Rows, ScaledAcc, check_scaled, new_rows, quantize_store
+from graphrt.kernels.splitk import SplitAcc, check_split
 
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, x_stride, rs_ptr, cs_ptr, res_ptr, res_stride, w_ptr, out_ptr,
                      out_stride, os_ptr, H, eps, BLOCK: tl.constexpr, ADD: tl.constexpr,
                      X_SCALED: tl.constexpr, X_COL: tl.constexpr, FP8_OUT: tl.constexpr,
-                     PDL: tl.constexpr):
+                     SPLIT: tl.constexpr, PDL: tl.constexpr):
     pdl_prologue(PDL)
     r = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < H
-    x = tl.load(x_ptr + r * x_stride + cols, mask=m, other=0.0).to(tl.float32)
+    # x[r, c] = sum_s acc[SPLIT * r + s, SPLIT * c + s] (SPLIT = 1: the row itself)
+    x_row = x_ptr + r * SPLIT * x_stride + cols * SPLIT
+    x = tl.load(x_row, mask=m, other=0.0).to(tl.float32)
+    for s in tl.static_range(1, SPLIT):
+        x += tl.load(x_row + s * x_stride + s, mask=m, other=0.0).to(tl.float32)
     if X_SCALED:
         x = x * tl.load(rs_ptr + r)
         if X_COL:
@@ -66,18 +76,22 @@ def _launch(x, residual, weight, eps, out, fp8):
     if weight.dim() != 1 or not weight.is_contiguous():
         raise ValueError(f"weight: expected a contiguous [H] tensor, got {tuple(weight.shape)}")
     h = weight.shape[0]
-    scaled = isinstance(x, ScaledAcc)
-    if scaled:
+    split = 1
+    if isinstance(x, SplitAcc):
+        check_split("x", x, h)
+        acc, t, split = x.acc, x.rows, x.split
+        rs, cs = x.row_scale, x.col_scale
+    elif isinstance(x, ScaledAcc):
         check_scaled("x", x, x.acc.shape[0], h)
         if x.bias is not None:
             raise ValueError("x: a ScaledAcc with a bias is not read here (o / down have none)")
-        acc, rs = x.acc, x.row_scale
-        cs = rs if x.col_scale is None else x.col_scale
+        acc, t, rs, cs = x.acc, x.acc.shape[0], x.row_scale, x.col_scale
     else:
         _check("x", x, h)
-        acc = x
-        rs = cs = weight
-    t = acc.shape[0]
+        acc, t, rs, cs = x, x.shape[0], None, None
+    scaled, col = rs is not None, cs is not None
+    rs = weight if rs is None else rs                                # unread placeholders
+    cs = rs if cs is None else cs
     if fp8:
         if out is not None:
             raise ValueError("out: not taken with fp8=True (the call returns new Fp8Rows)")
@@ -99,8 +113,7 @@ def _launch(x, residual, weight, eps, out, fp8):
         block, pdl = triton.next_power_of_2(h), use_pdl(acc)
         _rms_norm_kernel[(t,)](acc, acc.stride(0), rs, cs, res, res.stride(0), weight, dst, dst_stride,
                                dst_scale, h, float(eps), BLOCK=block, ADD=residual is not None,
-                               X_SCALED=scaled, X_COL=scaled and x.col_scale is not None,
-                               FP8_OUT=fp8, PDL=pdl,
+                               X_SCALED=scaled, X_COL=col, FP8_OUT=fp8, SPLIT=split, PDL=pdl,
                                num_warps=min(16, max(1, block // 512)), **pdl_options(pdl))
     return rows if fp8 else out
 
@@ -112,11 +125,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Te
     return _launch(x, None, weight, eps, out, fp8)
 
 
-def add_rms_norm(x: torch.Tensor | ScaledAcc, residual: torch.Tensor, weight: torch.Tensor,
+def add_rms_norm(x: torch.Tensor | ScaledAcc | SplitAcc, residual: torch.Tensor, weight: torch.Tensor,
                  eps: float, *, out: torch.Tensor | None = None,
                  fp8: bool = False) -> torch.Tensor | Fp8Rows:
-    """residual [T, H] += x [T, H] (a tensor or a ScaledAcc) in place; returns rms_norm(residual)
-    (residual's dtype unless `out`; Fp8Rows with fp8=True)."""
+    """residual [T, H] += x [T, H] (a tensor, a ScaledAcc or a SplitAcc) in place; returns
+    rms_norm(residual) (residual's dtype unless `out`; Fp8Rows with fp8=True)."""
     return _launch(x, residual, weight, eps, out, fp8)
 
 

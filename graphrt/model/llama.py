@@ -19,6 +19,11 @@ scales, and the row x channel scales are applied by the kernel that reads its ou
 (rope_append, add+RMSNorm, SiLU-mul; the logits by one scale kernel). Block-scaled FP8 weights
 read model-dtype activations (`linear`: the FP8 GEMV dequantizing in registers).
 
+Split-K (model/splitk.py): `decode_step(..., splitk=(S_o, S_down))` runs the o and down GEMMs
+as one GEMM of split-K views each (S x the output tiles, the same weight bytes); the add+RMSNorm
+that reads them sums the S partials as it loads. ModelRuntime chooses S per decode bucket
+before capture; verify and prefill run S = 1.
+
 Decode, verify and prefill can record residual-stream states for an EAGLE-3 head (`record=` layer
 ids, `hidden_out=` a persistent [rows, len(record) * H] buffer: one copy per id inside the loop;
 off by default, and then the loop is the same ops).
@@ -41,6 +46,7 @@ from graphrt.model.linear import fp8_matmul, linear
 from graphrt.model.quant.fp8 import Fp8Weight
 from graphrt.model.quant.kv import calibrate_layer
 from graphrt.model.rope import cos_sin_cache
+from graphrt.model.splitk import split_matmul, splittable
 from graphrt.model.spec import LlamaSpec, shard_spec
 from graphrt.model.weights import LayerWeights, ModelWeights, fuse_hf_state_dict
 
@@ -94,9 +100,14 @@ class LlamaDecoder:
         per-channel FP8 weights do; block-scaled ones and float weights read the model dtype."""
         return isinstance(w, Fp8Weight) and w.block is None
 
-    def _mm(self, x, w, bias: torch.Tensor | None = None):
+    def _mm(self, x, w, bias: torch.Tensor | None = None, *, split: int = 1):
         """x [T, K] (a tensor, or Fp8Rows when _fp8_in(w)) @ w.T (+ bias) -> [T, N]: a tensor,
-        or a ScaledAcc whose scales (and bias) the consuming kernel applies."""
+        or a ScaledAcc whose scales (and bias) the consuming kernel applies; split S > 1 (no
+        bias): a SplitAcc of S partial sums (model/splitk.py), read by add+RMSNorm only."""
+        if split != 1:
+            if bias is not None:
+                raise ValueError("split: a split-K GEMM takes no bias")
+            return split_matmul(x, w, split, unit=self._unit, out_dtype=self.dtype)
         if isinstance(x, Fp8Rows):
             return fp8_matmul(x, w, bias, unit=self._unit, out_dtype=self.dtype)
         return linear(x, w, bias)
@@ -128,7 +139,8 @@ class LlamaDecoder:
         return dict(num_q_heads=self.local_spec.num_heads, q_norm=layer.q_norm, k_norm=layer.k_norm,
                     eps=self.spec.rms_norm_eps)
 
-    def _layers(self, tokens: torch.Tensor, rope, attend, *, fp8_head: bool, record=(), hidden_out=None):
+    def _layers(self, tokens: torch.Tensor, rope, attend, *, fp8_head: bool, record=(), hidden_out=None,
+                splitk: tuple[int, int] = (1, 1)):
         """The one layer loop of decode, verify and prefill. tokens [T] int64 -> final-normed
         hidden states [T, H] (Fp8Rows when fp8_head and the LM head is W8A8). rope(i, qkv, layer)
         -> q [T, Hq, D] (writes the layer's K/V); attend(i, q) -> [T, Hq * D] (model dtype).
@@ -136,8 +148,10 @@ class LlamaDecoder:
         -> SiLU-mul -> GEMM down -> add+RMSNorm; with W8A8 weights the norms and SiLU-mul write
         FP8 rows, the attention output is quantized by one kernel, and each GEMM's scales are
         applied by its consumer (rope_append, add+RMSNorm, SiLU-mul).
-        record / hidden_out: see `check_record` (one copy_ per recorded id; none when off)."""
+        record / hidden_out: see `check_record` (one copy_ per recorded id; none when off).
+        splitk: (S_o, S_down), the split-K factors of the o and down GEMMs (1: unsplit)."""
         w, eps, fp8 = self.weights, self.spec.rms_norm_eps, self._fp8_in
+        split_o, split_down = splitk
         layers = w.layers
         residual = self._embed(tokens)                               # [T, H] (a copy)
         h = rms_norm(residual, layers[0].input_norm, eps, fp8=fp8(layers[0].qkv))
@@ -148,12 +162,12 @@ class LlamaDecoder:
                 hidden_out[:, r * width:(r + 1) * width].copy_(residual)
             qkv = self._mm(h, layer.qkv, layer.qkv_bias)            # [T, (Hq + 2Hkv) D] (rank's heads)
             a = attend(i, rope(i, qkv, layer))                       # [T, Hq * D]
-            o = self._reduce(self._mm(quantize_rows(a) if fp8(layer.o) else a, layer.o))
+            o = self._reduce(self._mm(quantize_rows(a) if fp8(layer.o) else a, layer.o, split=split_o))
             h = add_rms_norm(o, residual, layer.post_attn_norm, eps, fp8=fp8(layer.gate_up))
             m = silu_mul(self._mm(h, layer.gate_up), fp8=fp8(layer.down))
             nxt = layers[i + 1].qkv if i + 1 < len(layers) else (w.lm_head if fp8_head else None)
-            h = add_rms_norm(self._reduce(self._mm(m, layer.down)), residual, self._next_norm(i), eps,
-                             fp8=fp8(nxt))
+            h = add_rms_norm(self._reduce(self._mm(m, layer.down, split=split_down)), residual,
+                             self._next_norm(i), eps, fp8=fp8(nxt))
         if len(layers) in record:                                    # after the last layer, pre-norm
             r = record.index(len(layers))
             hidden_out[:, r * width:(r + 1) * width].copy_(residual)
@@ -183,19 +197,37 @@ class LlamaDecoder:
         return record
 
     # ---- decode (graph-capturable) ------------------------------------------------------------
-    def decode_step(self, ctx, tokens: torch.Tensor, *, record=(), hidden_out=None) -> torch.Tensor:
+    def decode_step(self, ctx, tokens: torch.Tensor, *, record=(), hidden_out=None,
+                    splitk: tuple[int, int] = (1, 1)) -> torch.Tensor:
         """tokens [B] int64 (device) -> logits [B, vocab] in the model dtype.
 
         ctx.prepare() must have run. Writes each row's K/V at slot seq_len - 1 of every layer.
-        record / hidden_out [B, len(record) * H]: residual-stream states copied out (`check_record`)."""
+        record / hidden_out [B, len(record) * H]: residual-stream states copied out (`check_record`).
+        splitk: (S_o, S_down) split-K factors of the o and down GEMMs (model/splitk.py; each
+        weight must be `splittable`; (1, 1) under tensor parallelism)."""
         b = tokens.shape[0]
         record = self.check_record(record, hidden_out, b)
+        self._check_splitk(splitk)
 
         def rope(i, qkv, layer):
             return ctx.rope_append(i, qkv, self.cos_sin, **self._qk_norm_args(layer))
         h = self._layers(tokens, rope, lambda i, q: ctx.attention(i, q).view(b, -1), fp8_head=True,
-                         record=record, hidden_out=hidden_out)
+                         record=record, hidden_out=hidden_out, splitk=splitk)
         return self._logits(h)
+
+    def _check_splitk(self, splitk) -> None:
+        """ValueError unless splitk is (S_o, S_down) that every layer's o and down can run (host
+        check of shapes only)."""
+        ok = isinstance(splitk, tuple) and len(splitk) == 2 and all(
+            not isinstance(s, bool) and isinstance(s, int) and s >= 1 for s in splitk)
+        if ok and splitk != (1, 1):
+            ok = self.tp is None and all(splittable(layer.o, splitk[0]) and splittable(layer.down, splitk[1])
+                                         for layer in self.weights.layers)
+        if not ok:
+            o, down = self.weights.layers[0].o, self.weights.layers[0].down
+            raise ValueError(f"splitk: expected (S_o, S_down) ints >= 1 that split K={o.shape[1]} (o) and "
+                             f"K={down.shape[1]} (down) into multiples of 16 (tensor parallel: (1, 1)), "
+                             f"got {splitk!r}")
 
     # ---- verify and prefill chunks (graph-capturable): Q tokens per request ------------------
     def verify_step(self, tokens: torch.Tensor, cache_lens: torch.Tensor, kv_caches, block_table: torch.Tensor,

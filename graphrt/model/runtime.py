@@ -34,6 +34,11 @@ the device, feeds it back and advances seq_lens on
 the device (by one per step, K per block). Float32 logits of the last step are copied out only with `keep_logits=True` (for
 `last_logits`). seq_lens count the token being decoded (its K/V go to slot seq_len - 1).
 
+Split-K (model/splitk.py): the o and down GEMMs of each decode bucket run split S (one GEMM of
+split views, summed by the add+RMSNorm that reads them), S per bucket fixed once before the first
+capture (`mrt.splitk`, a SplitKPlan): measured on CUDA by default, off on CPU; `splitk=` (0, 1,
+2, 4 or "auto") or, for "auto", GRAPHRT_SPLITK sets it.
+
 FP8 KV cache (config.kv_cache_dtype="fp8"): e4m3 pages with per-layer k / v scales, given as
 `kv_scales` (the checkpoint's, [(k, v)] per layer) or calibrated on the first prefill this
 runtime runs (graphrt/model/quant/kv.py), once, before any page is written with them; the
@@ -76,6 +81,7 @@ from graphrt.model.prefill_graphs import PrefillGraphs
 from graphrt.model.sampling import SamplingInputs
 from graphrt.model.quant.kv import kv_scales as _kv_scale_tensor
 from graphrt.model.slots import SlotState
+from graphrt.model.splitk import SplitKPlan, plan_splitk, resolve_setting
 
 log = logging.getLogger("graphrt.model")
 
@@ -87,7 +93,7 @@ class ModelRuntime:
                  fallback_to_one_step: bool = False, token_history: bool = False,
                  processing: bool = False, logprobs_mode: str = "raw", logprobs_width: int = 20,
                  kv_scales: list[tuple[float, float]] | None = None, prefill_graph_tokens: int = 512,
-                 graphed_prefill: bool | None = None):
+                 graphed_prefill: bool | None = None, splitk: str | int = "auto"):
         s = model.spec
         heads = getattr(model, "local_spec", s)  # a tensor-parallel rank's model: its own heads
         want = (heads.num_heads, heads.num_kv_heads, heads.head_dim)
@@ -152,6 +158,10 @@ class ModelRuntime:
                                if graphed_prefill and prefill_graph_tokens > 0 else None)
         self._prefill_attention: PrefillAttention | None = None  # built on first prefill
         self.sampling = sampling  # capture() also captures the sampled graph of every bucket
+        if splitk != "auto":
+            resolve_setting(splitk)                       # ValueError now; "auto" reads the env later
+        self._splitk_setting = splitk
+        self.splitk: SplitKPlan | None = None   # decode buckets' split-K: chosen once, before the first graph
         self._captured = False
         self.backend.setup([self.buffers.view(x) for x in reversed(config.buckets)])
         if steps_per_graph > 1 and self.backend.needs_host_inputs:  # after setup: fallback too
@@ -261,9 +271,11 @@ class ModelRuntime:
         st, view = self.slots, self.buffers.view(size)
         tokens, seq = st.tokens[:size], view.seq_lens                       # [B] int64, [B] int32
         ctx = AttentionContext(self.backend, view, self.kv_caches)
+        split = (1, 1) if self.splitk is None else self.splitk.get(size)
         for step in range(self.k):
             ctx.prepare()
-            logits = self.model.decode_step(ctx, tokens)                     # [B, vocab] model dtype
+            logits = (self.model.decode_step(ctx, tokens) if split == (1, 1)   # [B, vocab] model dtype
+                      else self.model.decode_step(ctx, tokens, splitk=split))
             out = self.out_tokens[step, :size]
             live = seq > 0
             if processed and not filtered:       # process, draw, log-probs, count: fused passes
@@ -303,6 +315,11 @@ class ModelRuntime:
         return lambda: self.backend.host_prepare(
             view, view.seq_lens.cpu() if seq_lens_cpu is None else seq_lens_cpu)
 
+    def _plan_splitk(self) -> None:
+        """Fix the decode buckets' split-K plan once (measured on CUDA: outside any capture)."""
+        if self.splitk is None:
+            self.splitk = plan_splitk(self.model, self.config.buckets, self._splitk_setting)
+
     def capture(self) -> dict:
         """Capture the decode graphs of every bucket not yet captured (largest first; greedy,
         and sampled with sampling=True); returns {GraphKey: CaptureStats} of every graph of the
@@ -312,6 +329,7 @@ class ModelRuntime:
             return {}
         st = self.slots
         with self.lock:
+            self._plan_splitk()
             for size in reversed(self.config.buckets):
                 kinds = ([(False, False, False)] + [(True, False, False)] * self.sampling
                          + [(True, True, False), (True, True, True)] * self.processing)
@@ -335,6 +353,7 @@ class ModelRuntime:
              processed: bool = False, filtered: bool = True) -> torch.Tensor:
         size = pick_bucket(self.config.buckets, n)
         filtered = processed and filtered
+        self._plan_splitk()
         self.graphs.run(self._key(size, sampled, processed, filtered),
                         lambda: self._steps(size, sampled, processed, filtered),
                         prepare=self._host_plan(size, seq_lens_cpu))
