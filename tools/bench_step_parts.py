@@ -159,7 +159,7 @@ def _layers_past_l2(kv_bytes: int) -> int:
     return max(2, min(64, -(-2 * L2_BYTES // kv_bytes)))
 
 
-def decode_rows(torch, batches, contexts, split_list, kernels, *, device="cuda") -> list[dict]:
+def decode_rows(torch, batches, contexts, split_list, kernels, *, device="cuda", variants=()) -> list[dict]:
     """Per-layer device µs of the decode backends (see the module docstring)."""
     from graphrt import PagedKVCache, RuntimeConfig
     from graphrt.attention.backends import make_backend
@@ -211,6 +211,15 @@ def decode_rows(torch, batches, contexts, split_list, kernels, *, device="cuda")
                         for s in sorted(set(split_list + [default])):
                             time_backend(TritonDecodeBackend(cfg, caches[0], dev, max_splits={b: s}),
                                          "triton-decode", s, s == default)
+                        for opt in variants:                             # kernel tuning variants
+                            label = "triton-decode-" + "-".join(f"{k[0]}{v}" for k, v in opt.items())
+                            for s in sorted({default, max(1, default // 2), min(64, default * 2)}):
+                                try:
+                                    time_backend(TritonDecodeBackend(cfg, caches[0], dev, max_splits={b: s},
+                                                                     kernel_options=opt), label, s, False)
+                                except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: say so
+                                    print(f"decode {shape} kv={kv} bs{b} ctx{c} {label} splits={s}: skipped "
+                                          f"({type(e).__name__}: {str(e)[:120]})")
                     for name in ("flashinfer", "flashinfer-cuda-core", "xqa"):
                         if name not in kernels or (name == "xqa" and kv == "fp8"):
                             continue
@@ -254,6 +263,9 @@ def main(argv=None) -> int:
     p.add_argument("--attn-splits", default="1,4,8,16,32")
     p.add_argument("--decode-splits", default="1,2,4,8,16,32,64", help="triton-decode MAX_SPLITS values")
     p.add_argument("--decode-kernels", default="triton-decode,flashinfer,flashinfer-cuda-core,xqa")
+    p.add_argument("--decode-variants", default="",
+                   help="triton-decode tuning variants, e.g. 'stages=2;stages=3,block_n=128' (each at the "
+                        "default MAX_SPLITS, half and double)")
     p.add_argument("--parts", default="gemm,attention,decode", help="of gemm, splitk, attention, decode")
     p.add_argument("--out", default="bench_step_parts.json")
     args = p.parse_args(argv)
@@ -274,7 +286,9 @@ def main(argv=None) -> int:
         Path(args.out).write_text(json.dumps(out, indent=1))
     if "decode" in args.parts:
         out["decode"] = decode_rows(torch, ints(args.batches), ints(args.contexts), ints(args.decode_splits),
-                                    args.decode_kernels.split(","))
+                                    args.decode_kernels.split(","), variants=[
+                                        {k: int(v) for k, v in (kv.split("=") for kv in var.split(","))}
+                                        for var in args.decode_variants.split(";") if var])
     Path(args.out).write_text(json.dumps(out, indent=1))
     return 0
 

@@ -56,7 +56,8 @@ def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, bt_stride, lens_ptr, o
                    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GP: tl.constexpr,
                    MAX_SPLITS: tl.constexpr, MIN_KEYS: tl.constexpr, MERGE_S: tl.constexpr,
-                   PREC: tl.constexpr, KV_FP8: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr):
+                   PREC: tl.constexpr, KV_FP8: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr,
+                   STAGES: tl.constexpr):
     pdl_prologue(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -88,7 +89,7 @@ def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, bt_stride, lens_ptr, o
         l_i = tl.zeros((BLOCK_M,), tl.float32)
         acc = tl.zeros((BLOCK_M, D), tl.float32)
         n = tl.arange(0, BLOCK_N)
-        for start in range(lo, hi, BLOCK_N):
+        for start in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):   # STAGES > 1: loads pipelined
             pos = start + n                                      # [BLOCK_N] key positions
             key_ok = pos < hi
             page = tl.load(bt_ptr + b.to(tl.int64) * bt_stride + pos // PAGE, mask=key_ok, other=0)
@@ -208,7 +209,7 @@ def default_max_splits(sms: int, batch: int, num_kv_heads: int, max_context_len:
 def decode_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor, seq_lens: torch.Tensor,
                      *, max_splits: int = 1, scratch: DecodeScratch | None = None,
                      out: torch.Tensor | None = None, min_keys: int = MIN_KEYS_PER_SPLIT,
-                     block_n: int | None = None) -> torch.Tensor:
+                     block_n: int | None = None, stages: int = 1) -> torch.Tensor:
     """q [B, Hq, D] -> [B, Hq, D] (q's dtype) decode attention over the paged cache, one launch.
 
     q: contiguous bfloat16 / float16 / float32 (the pages' dtype; any of the three over
@@ -218,7 +219,8 @@ def decode_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor, seq_l
     split-KV factor (see default_max_splits); > 1 needs `scratch` (DecodeScratch on q's device).
     out: [B, Hq, D] q.dtype contiguous (default: a new tensor). min_keys: a split covers at least
     this many keys (a multiple of block_n); block_n: keys per inner block (default BLOCK_N, 32
-    for D = 256). Capturable with out and scratch given.
+    for D = 256); stages: software-pipelining depth of the key loop (1 = none). Capturable
+    with out and scratch given.
     """
     kc, vc = kv_cache.as_tuple()
     nhd = kv_cache.layout == "NHD"
@@ -247,6 +249,8 @@ def decode_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor, seq_l
     if block_n not in (16, 32, 64, 128) or min_keys < block_n or min_keys % block_n:
         raise ValueError(f"block_n, min_keys: block_n in (16, 32, 64, 128) and min_keys a multiple "
                          f"of it, got {block_n}, {min_keys}")
+    if isinstance(stages, bool) or stages not in (1, 2, 3, 4):
+        raise ValueError(f"stages: expected 1..4, got {stages!r}")
     group = hq // hkv
     if max_splits > 1:
         if not isinstance(scratch, DecodeScratch):
@@ -274,7 +278,7 @@ def decode_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor, seq_l
         MAX_SPLITS=max_splits, MIN_KEYS=min_keys, MERGE_S=max(1, min(triton.next_power_of_2(max_splits),
                                                                       MERGE_ELEMS // (gp * d))),
         PREC="ieee" if q.dtype == torch.float32 or cpu else "tf32", KV_FP8=fp8, DOT_F32=cpu, PDL=pdl,
-        num_warps=4, **pdl_options(pdl))
+        STAGES=stages, num_warps=4, **pdl_options(pdl))
     return out
 
 

@@ -117,6 +117,17 @@ def test_block_sizes_and_out():
     torch.testing.assert_close(out, _ref(q, cache, table, lens), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("stages,block_n", [(2, 64), (3, 128)])
+def test_pipelined_key_loop(stages, block_n):
+    gen = torch.Generator().manual_seed(7)
+    cache = _cache("NHD", 2, 64, gen)
+    q, table, lens = _batch([300, 1, 129, 0], 8, 64, gen)
+    got, _ = _run(q, cache, table, lens, 3, stages=stages, block_n=block_n, min_keys=128)
+    torch.testing.assert_close(got, _ref(q, cache, table, lens), rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="stages"):
+        _run(q, cache, table, lens, 3, stages=0)
+
+
 def test_default_max_splits():
     assert default_max_splits(132, 1, 8, 8192) == 33             # two waves over 8 (b, kv head) pairs
     assert default_max_splits(132, 16, 8, 8192) == 3

@@ -25,8 +25,11 @@ class TritonDecodeBackend(AttentionBackend):
     capturable = True
     reads_block_table = True
 
-    def __init__(self, config, kv_cache, device, *, max_splits: dict[int, int] | None = None):
-        """max_splits: {bucket: MAX_SPLITS} to override the default per bucket (benchmarks, tests)."""
+    def __init__(self, config, kv_cache, device, *, max_splits: dict[int, int] | None = None,
+                 kernel_options: dict | None = None):
+        """max_splits: {bucket: MAX_SPLITS} to override the default per bucket (benchmarks, tests);
+        kernel_options: extra `decode_attention` arguments (block_n, stages: benchmarks)."""
+        self._options = dict(kernel_options or {})
         super().__init__(config, kv_cache, device)
         if max_splits is not None and (not isinstance(max_splits, dict) or any(
                 isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in max_splits.values())):
@@ -48,7 +51,8 @@ class TritonDecodeBackend(AttentionBackend):
 
     def attend(self, view: BucketView, q, kv, out) -> None:
         decode_attention(q, kv, view.block_table_checked, view.seq_lens,
-                         max_splits=self.max_splits[view.size], scratch=self.scratch, out=out)
+                         max_splits=self.max_splits[view.size], scratch=self.scratch, out=out,
+                         **self._options)
 
     def describe(self, size: int) -> dict:
         return {"backend": self.name, "planner": "none (splits by length on the device)",
