@@ -28,3 +28,12 @@ def test_lm_head_copy_and_smaller_residual_writes(tmp_path):
     assert rep[o].float().std() < 0.2 * plain[o].float().std()
     q = "model.layers.0.self_attn.q_proj.weight"
     assert rep[q].equal(plain[q])                       # the other draws unchanged
+
+
+def test_large_tokenizer_is_a_valid_byte_level_bpe(tmp_path):
+    mc = make_checkpoint_module()
+    tok = mc.build_tokenizer(tmp_path, vocab_size=mc.TRAINED_VOCAB_MAX + 1000)   # synthetic merges
+    assert len(tok) == mc.TRAINED_VOCAB_MAX + 1000
+    assert tok.convert_ids_to_tokens([0, 1]) == mc.SPECIALS[:2]                   # bos / eos ids as config.json says
+    text = "Hello world, the graph token! caf\u00e9"
+    assert tok.decode(tok.encode(text)) == text

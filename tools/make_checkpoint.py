@@ -2,18 +2,24 @@
 
     python tools/make_checkpoint.py DIR --shape {tiny,llama-3.2-1b,llama-3.1-8b,qwen3-8b}
         [--arch llama|qwen2|qwen3 (tiny only)] [--dtype bfloat16] [--max-shard-mb N] [--seed S]
+        [--tokenizer-vocab N] [--device cpu|cuda]
 
 DIR gets config.json, generation_config.json, model.safetensors (or shards plus
 model.safetensors.index.json), and tokenizer files with a chat template: a byte-level BPE trained
 with `tokenizers` on text this script generates (no network). Tensors are drawn one at a time
 (N(0, 0.02), norms near 1) and written by safetensors, so large shapes need no HF model in memory.
 The tiny shape's vocabulary is the tokenizer's, so every id decodes to text.
+--tokenizer-vocab N beyond what the generated text trains (a few thousand): a byte-level BPE of
+N tokens built from generated merges instead (N = 128000: a tokenizer.json of Llama 3's size, for
+start-up timing). --device cuda draws the tensors on the GPU (other random values than the
+CPU's for the same seed; the 8B shape in seconds instead of minutes).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import random
+import shutil
 from pathlib import Path
 
 import torch
@@ -42,16 +48,43 @@ def _corpus(seed: int, lines: int = 3000) -> list[str]:
     return [" ".join(rng.choice(words) for _ in range(rng.randint(3, 14))) for _ in range(lines)]
 
 
+TRAINED_VOCAB_MAX = 8192   # the generated corpus trains about this many tokens at most
+
+
+def synthetic_bpe(vocab_size: int, seed: int = 0) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """A byte-level BPE of vocab_size tokens without training: SPECIALS (ids 0..6, as the trained
+    one has them), the 256 byte characters, then merges of a random token with a byte character
+    whose result is new (every merge's parts and result are in the vocabulary: a valid model)."""
+    from tokenizers import pre_tokenizers
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    rng = random.Random(seed)
+    tokens = list(alphabet)
+    vocab = {t: i for i, t in enumerate(SPECIALS + tokens)}
+    merges = []
+    while len(vocab) < vocab_size:
+        a, b = rng.choice(tokens[-4096:] if rng.random() < 0.5 else tokens), rng.choice(alphabet)
+        if len(a) < 16 and a + b not in vocab:
+            vocab[a + b] = len(vocab)
+            tokens.append(a + b)
+            merges.append((a, b))
+    return vocab, merges
+
+
 def build_tokenizer(out: Path, *, vocab_size: int, seed: int = 0):
-    """Train a byte-level BPE of `vocab_size` tokens (specials included), save it to `out`."""
+    """Train a byte-level BPE of `vocab_size` tokens (specials included), save it to `out`;
+    above TRAINED_VOCAB_MAX the BPE is synthetic_bpe's."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
-    tok = Tokenizer(models.BPE())
+    synthetic = vocab_size > TRAINED_VOCAB_MAX
+    tok = Tokenizer(models.BPE(*synthetic_bpe(vocab_size, seed)) if synthetic else models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(_corpus(seed), trainer=trainer)
+    if synthetic:
+        tok.add_special_tokens(SPECIALS)              # already in the vocabulary: ids 0..6
+    else:
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        tok.train_from_iterator(_corpus(seed), trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=SPECIALS[0], eos_token=SPECIALS[1],
                                    pad_token=SPECIALS[1])
     fast.chat_template = CHAT_TEMPLATE
@@ -105,9 +138,11 @@ def _tensors(cfg: dict, arch: str):
 def write_checkpoint(out, shape: str = "tiny", *, arch: str = "llama", dtype: str = "bfloat16",
                      max_shard_mb: float | None = None, seed: int = 0, tokenizer_vocab: int = 384,
                      num_layers: int | None = None, lm_head_from_embed: bool = False,
-                     residual_scale: float = 1.0) -> Path:
+                     residual_scale: float = 1.0, device: str = "cpu", tokenizer_from=None) -> Path:
     """Write the checkpoint into `out` (created); returns its path. num_layers: fewer layers
-    than the shape's (a shape-like small model).
+    than the shape's (a shape-like small model). device: where the tensors are drawn ("cuda":
+    fast for the large shapes; other values than the CPU's for one seed). tokenizer_from: a
+    checkpoint directory whose tokenizer files are copied instead of building one.
 
     A model whose greedy output repeats tokens (a draft proposing the last token is then
     accepted): lm_head_from_embed (an untied shape's lm_head.weight holds a copy of
@@ -125,12 +160,19 @@ def write_checkpoint(out, shape: str = "tiny", *, arch: str = "llama", dtype: st
         raise ValueError(f"residual_scale: {residual_scale} is not in (0, 1]")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(out, vocab_size=tokenizer_vocab, seed=seed)
+    if tokenizer_from is not None:
+        from transformers import AutoTokenizer
+        for f in Path(tokenizer_from).iterdir():
+            if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+                shutil.copyfile(f, out / f.name)
+        tok = AutoTokenizer.from_pretrained(str(out))
+    else:
+        tok = build_tokenizer(out, vocab_size=tokenizer_vocab, seed=seed)
     vocab = SHAPES[shape][6] or len(tok)
     cfg = hf_config(shape, arch, vocab, dtype, num_layers)
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}))
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     tdtype, limit = getattr(torch, dtype), (max_shard_mb or float("inf")) * 2**20
     shards, cur, size = [], {}, 0
     embed = None
@@ -139,8 +181,8 @@ def write_checkpoint(out, shape: str = "tiny", *, arch: str = "llama", dtype: st
             t = embed.clone()                          # a copy: safetensors stores no shared tensors
         else:
             std = 0.02 * (residual_scale if name.endswith(("o_proj.weight", "down_proj.weight")) else 1.0)
-            t = torch.randn(shp, generator=gen) * (0.1 if kind == "norm" else std)
-            t = (t + 1.0 if kind == "norm" else t).to(tdtype)
+            t = torch.randn(shp, generator=gen, device=device) * (0.1 if kind == "norm" else std)
+            t = (t + 1.0 if kind == "norm" else t).to(tdtype).cpu()
         if name == "model.embed_tokens.weight":
             embed = t
         nbytes = t.numel() * t.element_size()
@@ -170,13 +212,18 @@ def main(argv=None) -> None:
     p.add_argument("--max-shard-mb", type=float, default=4096.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--layers", type=int, default=None, help="fewer layers than the shape's")
+    p.add_argument("--tokenizer-vocab", type=int, default=None, metavar="N",
+                   help="tokens of the tokenizer (default: 384 for tiny, else 4096; at most the shape's vocab)")
+    p.add_argument("--device", default="cpu", help="where tensors are drawn (cuda: fast, other values)")
+    p.add_argument("--tokenizer-from", default=None, metavar="DIR",
+                   help="copy this checkpoint's tokenizer files instead of building a tokenizer")
     a = p.parse_args(argv)
     arch = a.arch or ("qwen3" if a.shape.startswith("qwen3") else "llama")
     if a.shape != "tiny" and arch != ("qwen3" if a.shape.startswith("qwen3") else "llama"):
         p.error(f"--arch {arch} does not fit --shape {a.shape}")
     out = write_checkpoint(a.dir, a.shape, arch=arch, dtype=a.dtype, max_shard_mb=a.max_shard_mb,
-                           seed=a.seed, tokenizer_vocab=384 if a.shape == "tiny" else 4096,
-                           num_layers=a.layers)
+                           seed=a.seed, num_layers=a.layers, device=a.device, tokenizer_from=a.tokenizer_from,
+                           tokenizer_vocab=a.tokenizer_vocab or (384 if a.shape == "tiny" else 4096))
     print(f"wrote {out}")
 
 

@@ -35,7 +35,7 @@ class Checkpoint:
     """A loaded checkpoint. weights: {"layers": [dict per layer (fused names)], "embed",
     "final_norm", "lm_head"}, every tensor on `device` in `dtype` (linear fields may be
     `Fp8Weight`s). eos_token_ids from generation_config.json / config.json; nbytes and load_s
-    describe the tensor copy. With world_size > 1, `spec` is the whole model's and `weights` hold
+    describe the tensor copy (config_s: reading config.json, the start-up line's). With world_size > 1, `spec` is the whole model's and `weights` hold
     rank's tensor-parallel shard (graphrt/parallel/shard.py), nbytes only the bytes that rank read.
     kv_scales: the checkpoint's FP8 KV cache scales, ((k, v) per layer), or None
     (graphrt/engine/kv_scales.py)."""
@@ -54,6 +54,7 @@ class Checkpoint:
     rank: int = 0
     world_size: int = 1
     kv_scales: tuple[tuple[float, float], ...] | None = None
+    config_s: float = 0.0        # config.json -> spec through transformers (its config classes' import)
 
 
 def read_config(path: Path) -> tuple[dict, str]:

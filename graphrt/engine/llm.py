@@ -62,6 +62,7 @@ def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None, q
     if times is not None:                              # the files opened, parsed and read
         times.weights_s += time.perf_counter() - t
         times.read_s += getattr(ck, "load_s", 0.0)
+        times.config_s += getattr(ck, "config_s", 0.0)
     max_len = config.resolve_max_model_len(ck.max_position_embeddings)
     pages = None
     if device.type == "cuda" and config.num_pages is None and tp is None:   # the pool from free memory
@@ -180,7 +181,8 @@ class LLM:
         try:
             ck = self.checkpoint
             engine_t = time.perf_counter()
-            self.tokenizer = load_tokenizer(path)
+            with times.phase("tokenizer"):
+                self.tokenizer = load_tokenizer(path)
             if len(self.tokenizer) > ck.spec.vocab_size:   # HF loads it too; such ids are refused per request
                 log.warning("tokenizer: %d ids but the model's vocab_size is %d; prompts that tokenize to "
                             "ids >= %d are refused (400 naming 'prompt')", len(self.tokenizer),

@@ -15,6 +15,7 @@ gate_up [2 I, H] (rows gate, up), down [H, I]; global embed [V, H], final_norm [
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -82,11 +83,13 @@ def load_checkpoint(path, *, device="cpu", dtype: torch.dtype | None = None, ran
     tie_word_embeddings, an `lm_head.weight` that differs from the embedding is used untied
     (with a warning), as transformers does.
     """
+    t_config = time.perf_counter()
     from transformers import AutoConfig
     path = Path(path)
     raw, arch = read_config(path)
     with reading(path / "config.json"):
         spec = LlamaSpec.from_hf(AutoConfig.from_pretrained(str(path)))
+    config_s = time.perf_counter() - t_config        # the first call imports transformers' config classes
     for name, v in (("world_size", world_size), ("rank", rank)):
         if isinstance(v, bool) or not isinstance(v, int):
             raise ValueError(f"{name}: expected an int, got {v!r}")
@@ -96,8 +99,9 @@ def load_checkpoint(path, *, device="cpu", dtype: torch.dtype | None = None, ran
     spec, untie = untie_if_present(spec, files.names)
     if quantization is not None or raw.get("quantization_config") is not None:
         from graphrt.engine.quant_loader import load_quantized   # FP8 (graphrt/model/quant)
-        return load_quantized(path, raw, arch, spec, quantization, files, device=device, dtype=dtype,
-                              untie=untie, rank=rank, world_size=world_size)
+        return dataclasses.replace(load_quantized(path, raw, arch, spec, quantization, files, device=device,
+                                                  dtype=dtype, untie=untie, rank=rank, world_size=world_size),
+                                   config_s=config_s)
     local = spec if world_size == 1 else shard_spec(spec, world_size)
     expected = expected_tensors(spec, arch)
     missing = [n for n in expected if n not in files.names]
@@ -149,21 +153,31 @@ def load_checkpoint(path, *, device="cpu", dtype: torch.dtype | None = None, ran
         torch.cuda.synchronize(device)
     return Checkpoint(path, arch, spec, arch == "qwen3", weights, dtype, device,
                       eos_token_ids(path, raw, spec.vocab_size), int(raw.get("max_position_embeddings") or 0),
-                      nbytes, time.perf_counter() - t0, rank, world_size)
+                      nbytes, time.perf_counter() - t0, rank, world_size, config_s=config_s)
 
 
 def load_tokenizer(path):
-    """transformers AutoTokenizer from the checkpoint directory (chat template included)."""
+    """transformers AutoTokenizer from the checkpoint directory (chat template included).
+
+    tokenizer.json is parsed by the tokenizers library only: Llama 3's (9 MB) costs over a
+    second to check and parse in Python as well, so it is read with read_json (the one-line
+    error naming line and column) only when the tokenizer fails to load. The small JSON files
+    are checked first, as before."""
     from transformers import AutoTokenizer
     path = Path(path)
     if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
         raise CheckpointError(f"{path}: no tokenizer files (tokenizer.json, tokenizer.model or vocab.json)")
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
         if (path / name).exists():
             read_json(path / name)                     # one line naming the file, line and column
     named = path / "tokenizer.json" if (path / "tokenizer.json").is_file() else path
     with reading(named, "tokenizer"):
-        return AutoTokenizer.from_pretrained(str(path))
+        try:
+            return AutoTokenizer.from_pretrained(str(path))
+        except Exception:
+            if (path / "tokenizer.json").exists():     # invalid JSON: say where, in one line
+                read_json(path / "tokenizer.json")
+            raise
 
 
 __all__ = ["Checkpoint", "CheckpointError", "file_dtype", "load_checkpoint", "load_tokenizer", "read_config"]

@@ -5,12 +5,16 @@
     t.weights_s = checkpoint.load_s          # measured by the loader
     t.from_capture(graph_stats)              # kernels (warm-up: compile or load) vs capture
     log.info("%s", t.line(pages=.., pool_bytes=..))
+    t.as_dict()                              # the same numbers (tools/bench_startup.py's JSON)
 
 Phases: setup (imports of graphrt's kernels, device checks, locating the files), weights (read
-from the files), runtime (the model's modules, the KV pool and the
-decode buffers; `kv` = the pool's pages and bytes), kernels (the graphs' warm-up runs: Triton
-/ FlashInfer kernels compiled, or loaded from their caches, and first touch), graphs (CUDA
-graph capture), engine (tokenizer and scheduler), and the total since the clock started.
+from the files; of which config.json through transformers' config classes, whose import the
+first LLM of a process pays, and the tensors' bytes), runtime (the model's modules, the KV pool
+and the decode buffers; `kv` = the pool's pages and bytes), kernels (the graphs' warm-up runs:
+Triton / FlashInfer kernels compiled, or loaded from their caches, and first touch), graphs
+(CUDA graph capture; counted per phase: decode, prefill, spec, ...), engine (tokenizer, of
+which transformers' tokenizer classes and tokenizer.json, and scheduler), and the total since
+the clock started.
 """
 from __future__ import annotations
 
@@ -26,12 +30,15 @@ class StartupTimes:
     setup_s: float = 0.0              # imports (torch, Triton kernels), device checks, locating files
     weights_s: float = 0.0            # the checkpoint: opened, parsed, its modules imported, read
     read_s: float = 0.0               # of which the tensors' bytes (the loader's load_s)
+    config_s: float = 0.0             # of which config.json -> LlamaSpec (transformers' config import)
     runtime_s: float = 0.0
     kernels_s: float = 0.0
     graphs_s: float = 0.0
     num_graphs: int = 0
+    graphs_by_phase: dict = field(default_factory=dict)   # {phase: graphs captured}, decode first
     capture_s: float = 0.0            # the whole capture call (kernels + graphs + the rest)
     engine_s: float = 0.0
+    tokenizer_s: float = 0.0          # of which the tokenizer (transformers' import, tokenizer.json)
     total_s: float = 0.0
 
     @contextmanager
@@ -49,22 +56,38 @@ class StartupTimes:
         self.num_graphs = len(stats)
         self.kernels_s = sum(s.warmup_ms for s in stats) / 1e3
         self.graphs_s = sum(s.capture_ms for s in stats) / 1e3
+        phases = [s.key.phase for s in stats if s.key is not None]
+        self.graphs_by_phase = {p: phases.count(p) for p in sorted(set(phases), key=phases.index)}
 
     def finish(self) -> None:
         self.total_s = time.perf_counter() - self.t0
 
-    def line(self, *, pages: int, pool_bytes: int) -> str:
-        """The one summary line (runtime_s includes the weights when they were read inside it)."""
-        graphs = (f"kernels {self.kernels_s:.2f} s (compiled or loaded, graph warm-up), graphs "
-                  f"{self.graphs_s:.2f} s ({self.num_graphs} captured)" if self.num_graphs else
-                  "no CUDA graphs (eager decode, kernels compiled at first use)")
+    @property
+    def other_s(self) -> float:
+        """What no phase holds: the total less the phases, and the capture call less its
+        warm-up and capture (the graph runner's set-up per graph)."""
         other = max(self.total_s - self.setup_s - self.weights_s - self.runtime_s - self.capture_s
                     - self.engine_s, 0.0)
-        rest = max(self.capture_s - self.kernels_s - self.graphs_s, 0.0)
+        return other + max(self.capture_s - self.kernels_s - self.graphs_s, 0.0)
+
+    def line(self, *, pages: int, pool_bytes: int) -> str:
+        """The one summary line (runtime_s includes the weights when they were read inside it)."""
+        by_phase = ", ".join(f"{p} {n}" for p, n in self.graphs_by_phase.items())
+        graphs = (f"kernels {self.kernels_s:.2f} s (compiled or loaded, graph warm-up), graphs "
+                  f"{self.graphs_s:.2f} s ({self.num_graphs} captured{': ' + by_phase if by_phase else ''})"
+                  if self.num_graphs else "no CUDA graphs (eager decode, kernels compiled at first use)")
         return (f"startup: ready in {self.total_s:.2f} s: imports + checks {self.setup_s:.2f} s, weights read "
-                f"{self.weights_s:.2f} s (tensors {self.read_s:.2f} s), runtime + KV pool "
-                f"{self.runtime_s:.2f} s ({pages} pages, {pool_bytes / 2**30:.2f} GiB), {graphs}, "
-                f"engine {self.engine_s:.2f} s, other {other + rest:.2f} s")
+                f"{self.weights_s:.2f} s (config {self.config_s:.2f} s, tensors {self.read_s:.2f} s), "
+                f"runtime + KV pool {self.runtime_s:.2f} s ({pages} pages, {pool_bytes / 2**30:.2f} GiB), "
+                f"{graphs}, engine {self.engine_s:.2f} s (tokenizer {self.tokenizer_s:.2f} s), "
+                f"other {self.other_s:.2f} s")
+
+    def as_dict(self) -> dict:
+        """Every phase's seconds and the graph counts (JSON-ready; t0 left out)."""
+        out = {k: v for k, v in vars(self).items() if k != "t0"}
+        out["graphs_by_phase"] = dict(self.graphs_by_phase)
+        out["other_s"] = self.other_s
+        return out
 
 
 __all__ = ["StartupTimes"]

@@ -62,6 +62,16 @@ def prefill_token_buckets(max_tokens: int) -> tuple[int, ...]:
     return tuple(out) + (max_tokens,)
 
 
+def reachable_buckets(buckets: tuple[int, ...], most_tokens: int) -> tuple[int, ...]:
+    """The buckets a piece of at most `most_tokens` tokens can pick (pick_bucket: the smallest
+    that holds it): those up to the first >= most_tokens; the larger ones are never replayed, so
+    they are not captured (pure; buckets ascending)."""
+    for i, t in enumerate(buckets):
+        if t >= most_tokens:
+            return buckets[: i + 1]
+    return buckets
+
+
 def plan_pieces(lens, starts, max_tokens: int) -> list[tuple[int, int, int]]:
     """(prompt i, first position, tokens) of every replay, prompt by prompt, each prompt's
     pieces in position order and at most max_tokens long (pure; lens >= 1, starts >= 0)."""
@@ -106,7 +116,8 @@ class PrefillGraphs:
 
     def __init__(self, model, config, device, *, max_tokens: int, phase: str = "prefill"):
         self.model, self.config, self.device, self.phase = model, config, torch.device(device), phase
-        self.buckets = prefill_token_buckets(max_tokens)
+        # a prompt holds at most max_context_len tokens (checked before every prefill)
+        self.buckets = reachable_buckets(prefill_token_buckets(max_tokens), config.max_context_len)
         self.max_tokens = max_tokens
         self.buf = PrefillBuffers.allocate(max_tokens, config.max_pages_per_seq, model.spec.vocab_size,
                                            self.device)
@@ -182,5 +193,5 @@ class PrefillGraphs:
         return out
 
 
-__all__ = ["PrefillGraphs", "PrefillBuffers", "prefill_token_buckets", "plan_pieces", "key_block",
+__all__ = ["PrefillGraphs", "PrefillBuffers", "prefill_token_buckets", "reachable_buckets", "plan_pieces", "key_block",
            "EAGER_ABOVE_TOKENS"]

@@ -6,7 +6,19 @@ the engine's thread, admission), completions.py (the two generation endpoints, S
 app.py (create_app), server.py (uvicorn with the connection guards and a bounded shutdown:
 build_server), cli.py (`graphrt serve`, start-up log). Needs the `serve` extra (fastapi, uvicorn).
 """
-from graphrt.serve.app import create_app
-from graphrt.serve.config import ServeConfig
+from __future__ import annotations
+
+import importlib
+
+# fastapi / uvicorn load with create_app, not with the package: `graphrt serve`'s flag checks,
+# --help and the model's loading run without them (preflight says when they are missing)
+_LAZY = {"create_app": "graphrt.serve.app", "ServeConfig": "graphrt.serve.config"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'graphrt.serve' has no attribute {name!r}")
+
 
 __all__ = ["create_app", "ServeConfig"]

@@ -121,7 +121,13 @@ def read_chat_template(value) -> str:
 
 def preflight(args, engine_cfg) -> None:
     """Checks that need no model: raise ValueError in the CLI's words."""
+    import importlib.util
+
     import torch
+    missing = [m for m in ("fastapi", "uvicorn") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ValueError(f"graphrt serve needs {' and '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} "
+                         f"not installed: pip install 'graphrt[serve]'")
 
     from graphrt.attention.flashinfer_import import flashinfer_installed, install_line
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -8,7 +8,7 @@ import torch
 
 from graphrt import RuntimeConfig
 from graphrt.model import LlamaDecoder
-from graphrt.model.prefill_graphs import plan_pieces, prefill_token_buckets
+from graphrt.model.prefill_graphs import PrefillGraphs, plan_pieces, prefill_token_buckets, reachable_buckets
 from graphrt.model.runtime import ModelRuntime
 
 transformers = pytest.importorskip("transformers")
@@ -32,6 +32,20 @@ def _runtime(hf, **kw):
                         page_size=PAGE, max_context_len=128, buckets=[1, 4], dtype="float32",
                         backend="reference", kv_pool_pages=40)
     return ModelRuntime(model, cfg, "cpu", **kw)
+
+
+def test_buckets_past_the_context_are_not_kept():
+    b = prefill_token_buckets(512)
+    assert reachable_buckets(b, 8192) == b and reachable_buckets(b, 512) == b
+    assert reachable_buckets(b, 36) == (16, 32, 64) and reachable_buckets(b, 64) == (16, 32, 64)
+    assert reachable_buckets(b, 1) == (16,)
+    model = LlamaDecoder.from_hf(_hf())
+    s = model.spec
+    cfg = RuntimeConfig(num_qo_heads=s.num_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim,
+                        page_size=PAGE, max_context_len=100, buckets=[1], dtype="float32", backend="reference",
+                        kv_pool_pages=8)
+    pg = PrefillGraphs(model, cfg, "cpu", max_tokens=512)      # a prompt holds at most 100 tokens
+    assert pg.buckets == (16, 32, 64, 128) and set(pg.splits) == set(pg.buckets)
 
 
 def test_buckets_and_pieces():
