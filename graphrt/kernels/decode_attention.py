@@ -45,6 +45,7 @@ import triton.language as tl
 from graphrt.kernels.launch import pdl_options, pdl_prologue, use_pdl
 
 LOG2E = 1.4426950408889634
+STAGES = 2                   # key-loop pipelining: H200, 8B bs 16 / 8k 170 -> 150 us a layer, bs 1 / 1k 7.3 -> 7.2
 BLOCK_N = 64                 # keys per inner-loop block (32 for head_dim 256: shared memory)
 MIN_KEYS_PER_SPLIT = 64      # a row gets at most cdiv(seq_len, this) splits
 MERGE_ELEMS = 8192           # float32 partial elements one merge step holds in registers
@@ -209,7 +210,7 @@ def default_max_splits(sms: int, batch: int, num_kv_heads: int, max_context_len:
 def decode_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor, seq_lens: torch.Tensor,
                      *, max_splits: int = 1, scratch: DecodeScratch | None = None,
                      out: torch.Tensor | None = None, min_keys: int = MIN_KEYS_PER_SPLIT,
-                     block_n: int | None = None, stages: int = 1) -> torch.Tensor:
+                     block_n: int | None = None, stages: int = STAGES) -> torch.Tensor:
     """q [B, Hq, D] -> [B, Hq, D] (q's dtype) decode attention over the paged cache, one launch.
 
     q: contiguous bfloat16 / float16 / float32 (the pages' dtype; any of the three over
@@ -219,7 +220,7 @@ def decode_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor, seq_l
     split-KV factor (see default_max_splits); > 1 needs `scratch` (DecodeScratch on q's device).
     out: [B, Hq, D] q.dtype contiguous (default: a new tensor). min_keys: a split covers at least
     this many keys (a multiple of block_n); block_n: keys per inner block (default BLOCK_N, 32
-    for D = 256); stages: software-pipelining depth of the key loop (1 = none). Capturable
+    for D = 256); stages: software-pipelining depth of the key loop (1 = none; default STAGES). Capturable
     with out and scratch given.
     """
     kc, vc = kv_cache.as_tuple()
@@ -282,4 +283,4 @@ def decode_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor, seq_l
     return out
 
 
-__all__ = ["DecodeScratch", "decode_attention", "default_max_splits", "BLOCK_N", "MIN_KEYS_PER_SPLIT"]
+__all__ = ["DecodeScratch", "decode_attention", "default_max_splits", "BLOCK_N", "MIN_KEYS_PER_SPLIT", "STAGES"]

@@ -192,7 +192,7 @@ for (dt, kv, hq, d, splits) in [("bf16", "bf16", 32, 128, 16), ("bf16", "bf16", 
     g = hq // 8
     ce = dict(HQ=hq, HKV=8, D=d, PAGE=16, BLOCK_M=max(16, g), BLOCK_N=64 if d <= 128 else 32, GP=g, MAX_SPLITS=splits,
               MIN_KEYS=64, MERGE_S=max(1, min(triton.next_power_of_2(splits), 8192 // (g * d))),
-              PREC="ieee" if dt == "fp32" else "tf32", KV_FP8=kv == "fp8e4nv", DOT_F32=False, PDL=True)
+              PREC="ieee" if dt == "fp32" else "tf32", KV_FP8=kv == "fp8e4nv", DOT_F32=False, PDL=True, STAGES=da.STAGES)
     k = triton.compile(ASTSource(fn, sig, constexprs=ce, attrs=attrs), target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": 4})
     ptx = k.asm["ptx"]
