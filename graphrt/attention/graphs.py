@@ -39,7 +39,8 @@ WARMUP_STEPS = 2
 @dataclass(frozen=True)
 class GraphKey:
     """What a graph computes. phase: "attention" | "decode" | "spec" | "prefill" |
-    "draft_prefill" (a prefill piece of query_len tokens, model/prefill_graphs.py);
+    "draft_prefill" (a prefill piece of query_len tokens, model/prefill_graphs.py) |
+    "eagle_first" (an EAGLE-3 head's first draft after bucket prompts, speculative/eagle3/prompt.py);
     bucket: rows; query_len: query tokens per row (1 for decode, k + 1 for a verify);
     steps: decode steps or speculative rounds per replay; sampled: draws with the per-row
     sampling parameters instead of the argmax; filtered: applies per-row top-k / top-p to

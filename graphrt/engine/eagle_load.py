@@ -7,7 +7,8 @@ The head directory (either public layout) is checked against the target's LlamaS
 the target's dtype on its device, shares the target's embedding table, reads RoPE up to the
 runtime's max_context_len, and gets its own one-layer paged KV cache with the target's page ids
 (as many pages as the target's pool, the head's own heads and head_dim), so the scheduler's pages
-serve both.
+serve both. Where the target's prompts are graphed, the head's prompt pass joins their graphs
+(Eagle3Phase.attach_prefill, before the runtime's capture).
 """
 from __future__ import annotations
 
@@ -32,10 +33,10 @@ def load_eagle3_phase(mrt, spec):
                    kv_cache_dtype="auto")   # the head's own cache: model dtype, also under an FP8 target cache
     cache = PagedKVCache.allocate(rc, mrt.num_pages, mrt.device, seed=c.seed + 2000)
     drafter = Eagle3Drafter(head, cache, spec.num_tokens, max_len=c.max_context_len)
-    if mrt.prefill_graphs is not None:                 # the target's prompts record the head's states
-        mrt.prefill_graphs.record_states(ck.layer_ids)
-    return Eagle3Phase(drafter, ck.layer_ids, target_hidden=model.spec.hidden_size, max_batch=c.max_batch,
-                       dtype=model.dtype, device=mrt.device)
+    phase = Eagle3Phase(drafter, ck.layer_ids, target_hidden=model.spec.hidden_size, max_batch=c.max_batch,
+                        dtype=model.dtype, device=mrt.device)
+    phase.attach_prefill(mrt)     # graphed target prompts: they record the head's states and run its pass
+    return phase
 
 
 __all__ = ["load_eagle3_phase"]

@@ -172,7 +172,7 @@ class LocalExecutor:
             _copy_pages(list(self.runtime.kv_caches) + (list(draft.kv_caches) if draft is not None else []),
                         copies, dev)
         if eagle is not None:
-            eagle.prefill(hidden, prompts, first, to_device(block_table, dev), slots, self.spec.device_error)
+            eagle.prefill(hidden, prompts, first, block_table, slots, self.spec.device_error)
         return first
 
     def apply(self, update) -> None:

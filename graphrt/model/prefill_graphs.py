@@ -21,7 +21,11 @@ Inputs live in `PrefillBuffers` (one typed object, the graphs read it in place).
 without graphs (CPU) the same step runs eagerly through the graph runner (tests).
 `record_states(layer_ids)` (before capture; an EAGLE-3 head's target) makes every prefill graph
 also record those residual-stream states of the piece's tokens (LlamaDecoder's `record=`) into
-`buf.hidden`, copied out to the caller's hidden_out after each replay.
+`buf.hidden`, copied out to the caller's hidden_out (every token) or hidden_last (each prompt's
+last token) after each replay. `add_stage(stage, caches=)` (before capture) appends a second
+model's pass over the piece to every bucket's graph, after the target's layers: `stage(t, buf)`
+reads the buffers in place (an EAGLE-3 head's prompt pass: speculative/eagle3/prompt.py), so a
+piece stays one replay. This module knows nothing of what a stage computes.
 """
 from __future__ import annotations
 
@@ -85,7 +89,9 @@ def plan_pieces(lens, starts, max_tokens: int) -> list[tuple[int, int, int]]:
 @dataclass
 class PrefillBuffers:
     """What the prefill graphs read and write, on the runtime device.
-    tokens [T_max] int64: the piece's ids, then padding (stale valid ids);
+    tokens [T_max + 1] int64: the piece's ids, then the prompt's next token where it has one
+    (a stage pairing position t with token t + 1 reads tokens[1 : T + 1]), then padding (stale
+    valid ids);
     ints [2 + W] int32: cache_len (tokens already in the cache), q_len (real tokens), then the
     prompt's block-table row of W pages (one host-to-device copy per piece);
     logits [1, V] float32: the last real token's; error [1] int32: the K/V append's flag;
@@ -100,7 +106,7 @@ class PrefillBuffers:
     @classmethod
     def allocate(cls, max_tokens: int, pages_per_seq: int, vocab: int, device) -> "PrefillBuffers":
         z = lambda *shape, dtype: torch.zeros(shape, dtype=dtype, device=device)  # noqa: E731
-        return cls(z(max_tokens, dtype=torch.int64), z(2 + pages_per_seq, dtype=torch.int32),
+        return cls(z(max_tokens + 1, dtype=torch.int64), z(2 + pages_per_seq, dtype=torch.int32),
                    z(1, vocab, dtype=torch.float32), z(1, dtype=torch.int32))
 
     cache_len = property(lambda self: self.ints[0:1])                  # [1] int32
@@ -127,6 +133,9 @@ class PrefillGraphs:
         self.splits = {t: default_splits(self.device, query_tiles(t, group)[2], heads.num_kv_heads,
                                          config.max_context_len) for t in self.buckets}
         self.record: tuple[int, ...] = ()            # residual-stream ids recorded (record_states)
+        self.stage = None                             # add_stage's pass, run in every graph
+        self._stage_caches: list = []                 # the KV caches it writes (capture scratch)
+        self._captured = False
 
     def record_states(self, layer_ids) -> None:
         """Every prefill graph also records these residual-stream ids (LlamaDecoder's `record`)
@@ -138,6 +147,18 @@ class PrefillGraphs:
         self.buf.hidden = torch.zeros((self.max_tokens, len(ids) * self.model.spec.hidden_size),
                                       dtype=self.model.dtype, device=self.device) if ids else None
 
+    def add_stage(self, stage, *, caches=()) -> None:
+        """stage(t, buf): a pass over each piece run after the target's layers inside every
+        bucket's graph (t: the bucket; buf: these PrefillBuffers, read in place: tokens,
+        cache_len / q_len (padding tokens must write nothing), table, hidden, error). Fixed
+        shapes and no host sync (it is captured); caches: the KV caches it writes (kept intact
+        by the capture). One stage; call before capture()."""
+        if self._captured or self.stage is not None:
+            raise RuntimeError("add_stage: one stage, added before capture()")
+        if not callable(stage):
+            raise TypeError(f"stage: expected a callable (t, buf), got {type(stage).__name__}")
+        self.stage, self._stage_caches = stage, list(caches)
+
     def key(self, tokens: int) -> GraphKey:
         return GraphKey(self.phase, 1, query_len=tokens)
 
@@ -147,24 +168,35 @@ class PrefillGraphs:
         logits = self.model.prefill_step(b.tokens[:t].view(1, t), b.cache_len, b.q_len, kv_caches, b.table,
                                          b.error, splits=self.splits[t], block_n=key_block(t), **rec)
         b.logits.copy_(logits)
+        if self.stage is not None:
+            self.stage(t, b)
 
     def capture(self, graphs: GraphRunner, kv_caches) -> None:
         """Capture every bucket not yet captured, largest first (warm-up and capture run a piece of
         0 real tokens: nothing is written)."""
+        self._captured = True
         for t in reversed(self.buckets):
             if self.key(t) not in graphs:
                 graphs.capture(self.key(t), lambda t=t: self._step(t, kv_caches),
-                               inputs=[(self.buf.ints, 0), (self.buf.tokens, 0)], scratch=kv_caches)
+                               inputs=[(self.buf.ints, 0), (self.buf.tokens, 0)],
+                               scratch=list(kv_caches) + self._stage_caches)
 
     def prefill(self, graphs: GraphRunner, prompts: list[torch.Tensor], host_table: torch.Tensor, starts,
-                kv_caches, *, hidden_out: torch.Tensor | None = None) -> torch.Tensor:
+                kv_caches, *, hidden_out: torch.Tensor | None = None,
+                hidden_last: torch.Tensor | None = None) -> torch.Tensor:
         """prompts: n [T_i] int64 on the device (checked by the caller), prompt i on row i of
         host_table ([n, W] int32, CPU) from position starts[i] -> [n, V] float32 logits of each
         prompt's last token. hidden_out [sum T_i, len(record) * H] (with record_states): each
-        token's recorded states, prompts concatenated in order. Raises RuntimeError if the K/V
-        append flagged bad pages."""
-        if hidden_out is not None and not self.record:
-            raise ValueError("hidden_out: these prefill graphs record nothing (record_states)")
+        token's recorded states, prompts concatenated in order; hidden_last [>= n, len(record) *
+        H]: row i gets prompt i's last token's (device copies, no sync). Raises RuntimeError if
+        the K/V append (the target's or the stage's) flagged bad pages."""
+        for name, t in (("hidden_out", hidden_out), ("hidden_last", hidden_last)):
+            if t is not None and not self.record:
+                raise ValueError(f"{name}: these prefill graphs record nothing (record_states)")
+        width = (len(prompts), self.buf.hidden.shape[1]) if self.record else None
+        if hidden_last is not None and (hidden_last.dim() != 2 or hidden_last.shape[0] < width[0]
+                                        or hidden_last.shape[1] != width[1]):
+            raise ValueError(f"hidden_last: expected [>= {width[0]}, {width[1]}], got {tuple(hidden_last.shape)}")
         b, dev = self.buf, self.device
         out = torch.empty((len(prompts), b.logits.shape[1]), dtype=torch.float32, device=dev)
         b.error.zero_()
@@ -179,7 +211,8 @@ class PrefillGraphs:
         for i, s, n in plan_pieces(lens, starts, self.max_tokens):
             t = pick_bucket(self.buckets, n)
             a = s - starts[i]
-            b.tokens[:n].copy_(prompts[i][a: a + n])
+            m = min(n + 1, lens[i] - a)                                   # + the next token, if any
+            b.tokens[:m].copy_(prompts[i][a: a + m])
             ints[0], ints[1] = s, n
             ints[2:2 + w].copy_(host_table[i])
             copy_into(b.ints, ints)
@@ -188,6 +221,8 @@ class PrefillGraphs:
                 hidden_out[offsets[i] + a: offsets[i] + a + n].copy_(b.hidden[:n])
             if a + n == lens[i]:
                 out[i].copy_(b.logits[0])
+                if hidden_last is not None:
+                    hidden_last[i].copy_(b.hidden[n - 1])
         if int(b.error.item()):
             raise RuntimeError(f"prefill: K/V append flagged device_error {int(b.error.item())}")
         return out

@@ -207,9 +207,18 @@ class ModelRuntime:
     def uses_graphs(self) -> bool:
         return self.device.type == "cuda" and self.backend.capturable
 
+    def prefill_graphed(self, new_tokens: int, *, logits_rows=frozenset(), record=()) -> bool:
+        """Whether a prefill call of `new_tokens` new tokens (with these logits_rows and
+        record ids) runs through the prefill graphs: they are on, no prompt log-probs, no
+        FP8-KV calibration pending, no recording other than the graphs', and at most
+        EAGER_ABOVE_TOKENS new tokens. Pure over the runtime's state (prefill's own rule)."""
+        g = self.prefill_graphs
+        return (g is not None and self.kv_scale_source != "pending" and not logits_rows
+                and tuple(record) in ((), g.record) and new_tokens <= prefill_graphs.EAGER_ABOVE_TOKENS)
+
     def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor, *, on_logits=None,
                 logits_rows=frozenset(), record=(), hidden_out: torch.Tensor | None = None,
-                starts=None) -> torch.Tensor:
+                hidden_last: torch.Tensor | None = None, starts=None) -> torch.Tensor:
         """Prefill each prompt into rows of block_table; returns [n, vocab] float32 last-token
         logits. Through the prefill graphs (model/prefill_graphs.py: one replay per piece of at
         most prefill_graph_tokens) where they are on and the call has at most
@@ -221,23 +230,29 @@ class ModelRuntime:
         starts: n ints >= 0 (default 0), each prompt's first position: K/V of positions [0, start)
         are already in its pages (a cached prefix, an earlier chunk) and only read.
         on_logits / logits_rows: every position's logits of some prompts (LlamaDecoder.prefill);
-        record / hidden_out: the model's hidden-state recording (LlamaDecoder.prefill)."""
+        record / hidden_out: the model's hidden-state recording (LlamaDecoder.prefill);
+        hidden_last [>= n, len(record) * H]: each prompt's last token's recorded states, through
+        the prefill graphs only (`prefill_graphed`; ValueError on the eager path)."""
         check_prefill(self.config, self.device, self.num_pages, self.model.spec.vocab_size,
                       prompts, block_table, starts)
         prompts = [to_device(p, self.device) for p in prompts]          # CPU prompts: no host sync
         host_table = block_table if block_table.device.type == "cpu" else block_table.cpu()
         with self.lock:
             calibrate = self.kv_scale_source == "pending"
-            graphed = self.prefill_graphs
             new_tokens = sum(p.numel() for p in prompts)
-            if graphed is not None and not (calibrate or logits_rows) and tuple(record) in ((), graphed.record) \
-                    and new_tokens <= prefill_graphs.EAGER_ABOVE_TOKENS:
+            if self.prefill_graphed(new_tokens, logits_rows=logits_rows, record=record):
                 starts = [0] * len(prompts) if starts is None else [int(x) for x in starts]
                 self.model.check_prompts(prompts, self.kv_caches, host_table, starts, host_table)
-                if record:
+                if record and hidden_out is not None:
                     self.model.check_record(tuple(record), hidden_out, new_tokens)
-                return graphed.prefill(self.graphs, prompts, host_table, starts, self.kv_caches,
-                                       hidden_out=hidden_out if record else None)
+                if hidden_last is not None and not record:
+                    raise ValueError("hidden_last: given without record ids")
+                return self.prefill_graphs.prefill(self.graphs, prompts, host_table, starts, self.kv_caches,
+                                                   hidden_out=hidden_out if record else None,
+                                                   hidden_last=hidden_last)
+            if hidden_last is not None:
+                raise ValueError("hidden_last: only through the prefill graphs (prefill_graphed() is False "
+                                 "for this call)")
             if self._prefill_attention is None:
                 self._prefill_attention = PrefillAttention(self.config, self.device)
             try:

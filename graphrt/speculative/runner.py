@@ -271,13 +271,12 @@ class SpeculativeRunner:
     def capture(self) -> None:
         """Capture one graph of R rounds per (bucket, k in ks, filtered variant) (CUDA only;
         no-op elsewhere) through the graph runner, largest first; with an EAGLE-3 head, its
-        prompt loop's kernels are compiled first at every tile size (Eagle3Phase.warm). The
-        warm-up runs on empty
-        slots, so it writes no K/V and emits nothing; the slots' state is restored around it."""
+        eager prompt pass is compiled and its first-draft graphs captured first
+        (Eagle3Phase.capture). The warm-up runs on empty slots, so it writes no K/V and emits
+        nothing; the slots' state is restored around it."""
         st = self.slots
-        if self.eagle is not None and self.device.type == "cuda":    # the head's eager prompt
-            self.eagle.warm(st.block_table, self.device_error)       # tiles: compiled now, not
-            #                                                          while serving
+        if self.eagle is not None:                # the head's eager prompt pass compiled, its
+            self.eagle.capture(st.block_table, self.device_error)    # first-draft graphs captured
         if self.draft is not None:                                   # its prompts: one replay a piece
             self.draft.capture(self.graphs)
         scratch = list(self.kv_caches) + (list(self.draft.kv_caches) if self.draft else []) \

@@ -113,6 +113,49 @@ def test_repeat_head_counts_are_the_engines(eagle, full):
         (accepted, proposed)
 
 
+@pytest.fixture(scope="module")
+def graphed_eagle(path, heads):
+    """The eagle LLM with the target's prefill graphs forced on (CPU: each piece's captured
+    function runs eagerly through the graph runner), pieces of at most 32 tokens: every prompt
+    takes the graphed head prompt pass (its stage in the piece graphs, the first-draft graph)."""
+    import graphrt.model.runtime as rt
+
+    class Graphed(rt.ModelRuntime):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **{**kw, "graphed_prefill": True})
+    mp = pytest.MonkeyPatch()
+    mp.setattr(rt, "ModelRuntime", Graphed)
+    try:
+        return _eagle(path, heads.repeat, prefill_graph_tokens=32)
+    finally:
+        mp.undo()
+
+
+def test_graphed_head_prompt_pass_emits_the_eager_pass_tokens(eagle, graphed_eagle, full, monkeypatch):
+    """Prompts of 1 to 40 tokens (40: pieces of 32 + 8), admissions of up to 4: the graphed head
+    prompt pass gives the tokens of the eager one (and of plain decoding) and the same proposal
+    and acceptance counts (the same first drafts, float32); a request with prompt log-probs
+    (an eager target prefill) takes the eager head pass on the same engine, same tokens."""
+    from graphrt.speculative.eagle3.prompt import Eagle3PromptGraphs
+    assert graphed_eagle.runtime.spec.eagle.prompt is not None and eagle.runtime.spec.eagle.prompt is None
+    calls, real = [], Eagle3PromptGraphs.first_draft
+    monkeypatch.setattr(Eagle3PromptGraphs, "first_draft", lambda self, *a, **k: calls.append(len(a[1])) or
+                        real(self, *a, **k))
+    prompts = PROMPTS + [[9], list(range(5, 22)), [(7 * j) % 50 + 3 for j in range(40)]]
+    counts = lambda llm: {k: llm.engine.stats()[k] for k in ("spec_proposed", "spec_accepted")}  # noqa: E731
+    before = counts(graphed_eagle), counts(eagle)
+    got = graphed_eagle.generate(prompts, GREEDY, use_tqdm=False)
+    _same(got, eagle.generate(prompts, GREEDY, use_tqdm=False))
+    _same(got[:4], full)
+    assert sum(calls) == len(prompts)
+    after = counts(graphed_eagle), counts(eagle)
+    assert {k: after[0][k] - before[0][k] for k in after[0]} == {k: after[1][k] - before[1][k] for k in after[1]}
+    lp = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, prompt_logprobs=1)
+    got = graphed_eagle.generate(PROMPTS[:1], lp, use_tqdm=False)
+    assert sum(calls) == len(prompts) and got[0].prompt_logprobs is not None
+    _same(got, full[:1])
+
+
 def test_eos_inside_a_round_at_bs_1(full, path, heads, tmp_path):
     p = SamplingParams(max_tokens=10, temperature=0)
     d = tmp_path / "eos"

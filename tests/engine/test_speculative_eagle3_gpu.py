@@ -1,7 +1,9 @@
 """GPU tests of EAGLE-3 speculation in the engine (H200, bf16, CUDA graphs): greedy output with a
 head equals the engine without it except at near-ties (margins printed, each a tie by
-tests/_checkpoints.BF16_GAP), and a block of R rounds (verify, accept, draft-extend, chain)
-launches without a host sync.
+tests/_checkpoints.BF16_GAP), a block of R rounds (verify, accept, draft-extend, chain)
+launches without a host sync, the head's prompt pass captured in the target's prefill graphs
+(and the first-draft graph) writes the eager pass's K/V and proposals, and an admission with a
+head makes no more host syncs than a plain graphed prefill.
 
 The target: 8B-shaped, 2 layers, lm_head a copy of embed_tokens and o_proj / down_proj drawn at
 RESIDUAL_SCALE of the usual size, so its greedy output repeats tokens and the repeat head (which
@@ -19,6 +21,7 @@ import torch
 
 from _checkpoints import BF16_GAP, assert_greedy_matches_hf, write
 from _eagle3_heads import repeat_head_counts, write_random_head
+from _engine_steps import drive
 from graphrt import LLM, SamplingParams
 
 pytestmark = pytest.mark.gpu
@@ -110,3 +113,100 @@ def test_eagle3_block_launch_makes_no_host_sync(path, head):
     while eng.step():
         pass
     assert sched.allocator.num_free == sched.allocator.num_pages
+
+
+def test_graphed_head_prompt_pass_matches_the_eager_one(path, head):
+    """The head's prompt pass captured inside the target's prefill graphs (pieces of at most 64
+    tokens here) and the captured first draft, against the eager pass over the same target
+    states (the graphed prefill's own, hidden_out): the head K/V of every prompt position and
+    chain step within bf16 rounding, nothing else in the pool written, the same first
+    proposals, for prompts of 1, 15, 16, 17, 100 and 300 tokens (several pieces each above 64)."""
+    llm = LLM(path, speculative={"method": "eagle3", "num_tokens": K, "model": str(head)}, spec_rounds=4,
+              prefill_graph_tokens=64, **ARGS)
+    ex = llm.runtime
+    mrt, phase, err = ex.runtime, ex.spec.eagle, ex.spec.device_error
+    assert phase.prompt is not None
+    phases = {}
+    for key in mrt.graphs.keys():
+        phases.setdefault(key.phase, set()).add(key.query_len if key.phase == "prefill" else key.bucket)
+    assert phases["prefill"] == set(mrt.prefill_graphs.buckets) and phases["eagle_first"] == set(mrt.config.buckets)
+    gen = torch.Generator().manual_seed(5)
+    lens = [1, 15, 16, 17, 100, 300]
+    prompts = [torch.randint(2, 128256, (n,), generator=gen) for n in lens]
+    w = mrt.config.max_pages_per_seq
+    table = torch.arange(1, 1 + len(lens) * w, dtype=torch.int32).view(len(lens), w)
+    first = torch.randint(2, 128256, (len(lens),), generator=gen).cuda()
+    slots = [5, 0, 3, 1, 7, 2]
+    cache = phase.kv_cache
+    k0, v0 = cache.k.clone(), cache.v.clone()
+    states = torch.empty((sum(lens), phase.hidden.shape[1]), dtype=phase.hidden.dtype, device="cuda")
+    mrt.prefill(prompts, table, record=phase.layer_ids, hidden_out=states, hidden_last=phase.prompt.buf.hidden)
+    phase.prefill(None, prompts, first, table, slots, err)                      # the first-draft graph
+    torch.cuda.synchronize()
+    got = (cache.k.clone(), cache.v.clone(), phase.proposals[slots].clone())
+    cache.k.copy_(k0)
+    cache.v.copy_(v0)
+    phase.prefill(states, prompts, first, table, slots, err)                    # eager, same states
+    torch.cuda.synchronize()
+    ex.check_device_errors()
+    nhd = (lambda t: t) if cache.layout == "NHD" else (lambda t: t.transpose(1, 2))   # noqa: E731
+    page = mrt.config.page_size
+    used = torch.zeros(nhd(cache.k).shape[:2], dtype=torch.bool)                # [pages, page slots]
+    for r, n in enumerate(lens):
+        pos = torch.arange(n + K - 1)                  # the prompt and the chain steps after it
+        used[table[r].long()[pos // page], pos % page] = True
+    used = used.cuda()
+    for g, e, base in ((nhd(got[0]), nhd(cache.k), nhd(k0)), (nhd(got[1]), nhd(cache.v), nhd(v0))):
+        diff = (g[used].float() - e[used].float()).abs().amax()
+        scale = e[used].float().abs().amax()
+        print(f"head K/V max |graphed - eager| {float(diff):.3g} (max |x| {float(scale):.3g})")
+        assert diff <= 2e-2 * scale
+        assert torch.equal(g[~used], base[~used]) and torch.equal(e[~used], base[~used])
+    assert got[2].tolist() == phase.proposals[slots].tolist()
+
+
+def _prefill_sync_sites(llm, prompts):
+    """Synchronising calls (sites in graphrt) of one admission's prefill (Engine._prefill)."""
+    import traceback
+    import warnings
+    eng = llm.engine
+    streams = [eng.add_request(p, SamplingParams(max_tokens=8, ignore_eos=True)) for p in prompts]
+    eng._drain_inbox()
+    eng.scheduler.admit()
+    work = eng.scheduler.prefill_work()
+    assert work
+    torch.cuda.synchronize()
+    sites = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda msg, *a, **k: "called a synchronizing" in str(msg) and sites.append(" <- ".join(
+            f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno}" for f in traceback.extract_stack()[::-1]
+            if "/graphrt/" in f.filename)[:300])
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            assert eng._prefill(work)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    drive(eng, max_steps=80)
+    for s in streams:
+        assert len(s.result().token_ids) == 8
+    return sites
+
+
+def test_eagle3_admission_makes_no_more_host_syncs_than_a_plain_prefill(path, head, monkeypatch):
+    """An admission of three prompts with a head (the target's prefill graphs with the head's
+    pass inside, then the first-draft graph) makes no more synchronising calls than the same
+    admission without speculation (the graphed prefill's one: its K/V error-flag read)."""
+    from graphrt.speculative.eagle3.prompt import Eagle3PromptGraphs
+    prompts = [[7 + i] * (40 + 13 * i) for i in range(3)]
+    plain = LLM(path, **ARGS)
+    base = _prefill_sync_sites(plain, prompts)
+    plain.shutdown()
+    del plain
+    calls, real = [], Eagle3PromptGraphs.first_draft
+    monkeypatch.setattr(Eagle3PromptGraphs, "first_draft", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    llm = LLM(path, speculative={"method": "eagle3", "num_tokens": K, "model": str(head)}, spec_rounds=4, **ARGS)
+    sites = _prefill_sync_sites(llm, prompts)
+    print(f"\nprefill sync sites: plain {len(base)} {base}; eagle3 {len(sites)} {sites}")
+    assert calls == [1]                                  # the graphed head pass, one first-draft replay
+    assert len(sites) <= max(len(base), 1), sites

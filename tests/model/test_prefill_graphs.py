@@ -182,3 +182,31 @@ def test_a_long_call_runs_eagerly(monkeypatch):
         torch.testing.assert_close(long[0], hf(p[None]).logits[0, -1].float(), rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(short[0], hf(p[None, :20]).logits[0, -1].float(), rtol=1e-4, atol=1e-4)
     assert prefill_graphs.key_block(512) == 128 and prefill_graphs.key_block(32) == 64
+
+
+def test_a_stage_runs_in_every_piece_with_the_next_token_staged():
+    """add_stage: the stage runs inside each piece's step after the target's layers, reading the
+    piece's buffers (cache_len, q_len, the tokens after each position: the next piece's first
+    token, or a stale one after the prompt's last); hidden_last holds each prompt's last
+    recorded states (those of hidden_out)."""
+    hf = _hf()
+    mrt = _runtime(hf, graphed_prefill=True, prefill_graph_tokens=16)
+    pg = mrt.prefill_graphs
+    pg.record_states((0, 2))
+    seen = []
+
+    def stage(t, buf):
+        n = int(buf.q_len)
+        seen.append((t, int(buf.cache_len), n, buf.tokens[1: n + 1].tolist()))
+    pg.add_stage(stage, caches=[])
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 160, (n,), generator=gen) for n in (20, 3)]
+    table = torch.randperm(40, generator=gen)[:16].to(torch.int32).view(2, 8)
+    hidden, last = torch.zeros((23, 512)), torch.full((4, 512), float("nan"))
+    mrt.prefill(prompts, table, record=(0, 2), hidden_out=hidden, hidden_last=last)
+    assert [s[:3] for s in seen] == [(16, 0, 16), (16, 16, 4), (16, 0, 3)]
+    assert seen[0][3] == prompts[0][1:17].tolist() and seen[1][3][:3] == prompts[0][17:].tolist()
+    assert seen[2][3][:2] == prompts[1][1:].tolist()
+    torch.testing.assert_close(last[:2], hidden[[19, 22]])
+    with pytest.raises(RuntimeError, match="add_stage"):
+        pg.add_stage(stage)

@@ -67,51 +67,47 @@ def test_prefill_then_chain_matches_dense(nbr):
     assert int(err) == 0
 
 
-def test_prefill_pieces_take_few_query_lengths():
-    """head.prefill_chunks: the pieces tile [0, n) in order; over every n the query lengths are
-    the chunk and the powers of two below it (the multi-query kernel is compiled per length: a
-    prompt of a new length must not compile it again, which stalled every stream for seconds)."""
-    from graphrt.speculative.eagle3.head import PREFILL_CHUNK, prefill_chunks
-    sizes = set()
-    for n in range(1, 200):
-        pieces = prefill_chunks(n)
-        assert [s for s, _ in pieces] == [sum(q for _, q in pieces[:i]) for i in range(len(pieces))]
-        assert sum(q for _, q in pieces) == n
-        sizes.update(q for _, q in pieces)
-    assert sizes == {PREFILL_CHUNK, 8, 4, 2, 1}
-    assert prefill_chunks(12, 12) == [(0, 12)] and prefill_chunks(23, 12) == [(0, 12), (12, 8), (20, 2), (22, 1)]
-    assert prefill_chunks(0) == []
-    for bad, field in (((5, 0), "chunk"), ((5, -2), "chunk"), ((5, 2.0), "chunk"), ((-1,), "n"), ((True,), "n")):
-        with pytest.raises(ValueError, match=field):
-            prefill_chunks(*bad)
-
-
-def test_warm_prefill_compiles_every_tile_size_and_writes_nothing(monkeypatch):
-    """Eagle3Head.warm_prefill (run at capture, before serving) launches the multi-query kernel
-    at every query length prefill_chunks can use, for any n and chunk (on the H200 each new length
-    compiled it while serving: ~1.4 s stalls on the first prompts of new lengths), on a padding
-    row: the cache is unchanged and no error is flagged."""
+def test_warm_prefill_reaches_every_specialisation_and_writes_nothing(monkeypatch):
+    """Eagle3Head.warm_prefill (run at capture, before serving) runs the eager prompt pass's
+    K/V kernels at a token count of each Triton specialisation class (1, a multiple of 16,
+    another) and the last position's attention at one query token (on the H200 each new
+    specialisation compiled while serving: ~1.4 s stalls), on a padding row: the cache is
+    unchanged and no error is flagged."""
     import graphrt.speculative.eagle3.head as head_mod
-    from graphrt.speculative.eagle3.head import prefill_chunks, prefill_tile_sizes
     head, _, _, _, cache, table = _setup(3)
-    seen, real = [], head_mod.multiquery_attention
+    seen, real = [], head_mod.rope_append_prefill
+    attn, real_attn = [], head_mod.multiquery_attention
 
-    def spy(q, *a, **kw):
-        seen.append(q.shape[1])
-        return real(q, *a, **kw)
-    monkeypatch.setattr(head_mod, "multiquery_attention", spy)
+    def spy(qkv, *a, **kw):
+        seen.append(qkv.shape[0])
+        return real(qkv, *a, **kw)
+
+    def spy_attn(q, *a, **kw):
+        attn.append(q.shape[1])
+        return real_attn(q, *a, **kw)
+    monkeypatch.setattr(head_mod, "rope_append_prefill", spy)
+    monkeypatch.setattr(head_mod, "multiquery_attention", spy_attn)
     before = [t.clone() for t in cache.as_tuple()]
     err = torch.zeros(1, dtype=torch.int32)
-    for chunk in (16, 12, 5, 1):
-        seen.clear()
-        head.warm_prefill(cache, table, err, chunk=chunk)
-        used = {q for n in range(1, 80) for _, q in prefill_chunks(n, chunk)}
-        assert used <= set(seen) == set(prefill_tile_sizes(chunk)), (chunk, used, seen)
-    assert prefill_tile_sizes(16) == (1, 2, 4, 8, 16) and prefill_tile_sizes(12) == (1, 2, 4, 8, 12)
+    head.warm_prefill(cache, table, err)
+    assert sorted(set(seen)) == [1, 16, 17] == sorted(head_mod.WARM_TOKENS) and attn == [1]
     assert all(torch.equal(a, b) for a, b in zip(before, cache.as_tuple())) and int(err) == 0
-    for bad in (0, -3, 2.0, True):
-        with pytest.raises(ValueError, match="chunk"):
-            prefill_tile_sizes(bad)
+
+
+def test_write_kv_writes_the_extend_kv_and_padding_writes_nothing():
+    """write_kv (the prompt pass: no attention) writes the K/V extend writes; with q_lens the
+    padding positions of each row write nothing, and a padding row (cache_lens -1) nothing."""
+    head, _, _, _, cache, table = _setup(5)
+    g = torch.Generator().manual_seed(2)
+    h3 = torch.randn(3, 6, 3 * H, generator=g)
+    toks = torch.randint(0, V, (3, 6), generator=g)
+    cl = torch.tensor([0, 5, -1], dtype=torch.int32)
+    err = torch.zeros(1, dtype=torch.int32)
+    ref = PagedKVCache(cache.k.clone(), cache.v.clone())
+    head.extend(h3[:2, :4], toks[:2, :4], cl[:2], ref, table, err)         # the real positions only
+    head.write_kv(h3, toks, cl, cache, table, err, q_lens=torch.tensor([4, 4, 6], dtype=torch.int32))
+    assert torch.allclose(cache.k, ref.k, atol=1e-6) and torch.allclose(cache.v, ref.v, atol=1e-6)
+    assert int(err) == 0
 
 
 @pytest.mark.parametrize("accepted", [(0, 3), (3, 1), (2, 0)])

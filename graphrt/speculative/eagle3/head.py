@@ -11,11 +11,14 @@ decoder layer:
     h = h + down(silu(gate(rms(h))) * up(rms(h)))                         pre-norm h [T, H]
     logits = lm_head(rms(h, norm))                         [T, Vd] over the draft vocabulary
 
-`extend` (the target-hidden path: after prefill and as draft-extend after a verify) and
-`chain_step` (one draft token per row, fed its own pre-norm h) take fixed shapes, read lengths
-only on the device and never sync the host: both can be captured in a CUDA graph. `prefill`
-is the eager host loop over ragged prompts. Draft ids map to target ids through
-`weights.draft_ids` (`to_target`).
+`extend` (the target-hidden path: the first draft after a prompt and draft-extend after a
+verify), `chain_step` (one draft token per row, fed its own pre-norm h) and `write_kv` (the
+prompt pass: a position's K/V needs only the layer's first half, up to the K/V append, and
+only a prompt's last position has an output anyone reads) take fixed shapes, read lengths
+only on the device and never sync the host: all three can be captured in a CUDA graph (the
+prompt pass inside the target's prefill graphs: eagle3/prompt.py). `prefill_kv` / `prefill`
+are the eager passes over ragged prompts, through the same code. Draft ids map to target ids
+through `weights.draft_ids` (`to_target`).
 """
 from __future__ import annotations
 
@@ -28,8 +31,6 @@ from graphrt.kernels.rope_append import rope_append_prefill
 from graphrt.kernels.transfer import tensor_on
 from graphrt.model.linear import linear
 from graphrt.model.rope import cos_sin_cache
-
-PREFILL_CHUNK = 16   # query tokens per multi-query tile in the eager prompt loop
 
 
 class Eagle3Head:
@@ -67,30 +68,49 @@ class Eagle3Head:
         return out
 
     # ---- the layer --------------------------------------------------------------------------
-    def _layer(self, g, tokens, positions, rows, kv_cache, block_table, error, attend):
-        """g [T, H], tokens [T] int64 -> (draft logits [T, Vd], pre-norm h [T, H]), model dtype."""
+    def _project(self, g, tokens, positions, rows, kv_cache, block_table, error):
+        """The layer's first half: g [T, H], tokens [T] int64 (< 0: padding ids) -> (x [T, 2H],
+        rotated q [T, Hq, D]); each token's K/V written at its position in its row's pages
+        (rows [T] int32, -1 = padding: nothing written). A position's K/V needs nothing else:
+        the prompt pass (`write_kv`) stops here."""
         w, c = self.weights, self.config
         eps, (t, h) = c.rms_norm_eps, g.shape
         x = torch.empty((t, 2 * h), dtype=g.dtype, device=g.device)
         rms_norm(self.embed[tokens.clamp_min(0)], w.input_norm, eps, out=x[:, :h])
         rms_norm(g, w.hidden_norm, eps, out=x[:, h:])
-        residual = (x[:, h:] if c.norm_before_residual else g).clone()       # add_rms_norm writes it
         q = rope_append_prefill(linear(x, w.qkv), self.cos_sin, kv_cache, block_table, positions, rows,
                                 error, num_q_heads=c.num_heads, eps=eps)        # [T, Hq, D]
+        return x, q
+
+    def _layer(self, g, tokens, positions, rows, kv_cache, block_table, error, attend):
+        """g [T, H], tokens [T] int64 -> (draft logits [T, Vd], pre-norm h [T, H]), model dtype."""
+        w, c = self.weights, self.config
+        eps, h = c.rms_norm_eps, g.shape[1]
+        x, q = self._project(g, tokens, positions, rows, kv_cache, block_table, error)
+        residual = (x[:, h:] if c.norm_before_residual else g).clone()       # add_rms_norm writes it
         y = add_rms_norm(linear(attend(q), w.o), residual, w.post_attn_norm, eps)   # residual: g + attn
         out = add_rms_norm(linear(silu_mul(linear(y, w.gate_up)), w.down), residual, w.norm, eps)
         return linear(out, w.lm_head), residual                                  # residual: pre-norm h
 
-    def _rows(self, g, tokens, cache_lens, kv_cache, block_table, error, splits):
-        """g [B * Q, H], tokens [B, Q] at positions cache_lens[b] + j (-1 = padding row)."""
-        b, nq = tokens.shape
-        dev = tokens.device
+    @staticmethod
+    def _layout(cache_lens, nq: int, q_lens):
+        """Rows of [B, Q] tokens at positions cache_lens[b] + j -> (positions [B * Q] int32,
+        block-table rows [B * Q] int32 (-1: padding row or, with q_lens [B] int32, j >= q_lens[b]),
+        kv_lens [B] int32 (0 for padding rows))."""
+        b, dev = cache_lens.shape[0], cache_lens.device
         live = cache_lens >= 0
         steps = torch.arange(nq, device=dev, dtype=torch.int32)
         positions = (cache_lens.clamp_min(0)[:, None] + steps[None, :]).reshape(-1)        # [B * Q]
-        rows = torch.where(live, torch.arange(b, device=dev, dtype=torch.int32), -1)
-        rows = rows[:, None].expand(b, nq).reshape(-1).contiguous()                          # [B * Q]
-        kv_lens = torch.where(live, cache_lens + nq, 0).to(torch.int32)                     # [B]
+        real = live[:, None] if q_lens is None else live[:, None] & (steps[None, :] < q_lens[:, None])
+        rows = torch.where(real, torch.arange(b, device=dev, dtype=torch.int32)[:, None], -1)
+        rows = rows.expand(b, nq).reshape(-1).contiguous()                                    # [B * Q]
+        kv_lens = torch.where(live, cache_lens + (nq if q_lens is None else q_lens), 0).to(torch.int32)
+        return positions, rows, kv_lens
+
+    def _rows(self, g, tokens, cache_lens, kv_cache, block_table, error, splits):
+        """g [B * Q, H], tokens [B, Q] at positions cache_lens[b] + j (-1 = padding row)."""
+        b, nq = tokens.shape
+        positions, rows, kv_lens = self._layout(cache_lens, nq, None)
         hq, d = self.config.num_heads, self.config.head_dim
 
         def attend(q):                                                   # q [B * Q, Hq, D]
@@ -124,76 +144,85 @@ class Eagle3Head:
         logits, h = self._rows(h_prev, tokens[:, None], cache_lens, kv_cache, block_table, error, splits)
         return logits[:, 0], h[:, 0]
 
+    def write_kv(self, hidden3: torch.Tensor, tokens: torch.Tensor, cache_lens: torch.Tensor, kv_cache,
+                 block_table: torch.Tensor, error: torch.Tensor, *, q_lens: torch.Tensor | None = None) -> None:
+        """The prompt pass: only the K/V of Q positions per row, no attention, MLP or LM head
+        (a position's K/V is k/v_proj of its own x; only the last prompt position's output is
+        ever used, and the first draft computes it). hidden3 [B, Q, 3H], tokens [B, Q] int64 and
+        cache_lens [B] int32 as for `extend`; q_lens [B] int32 (device, optional): each row's
+        real positions, the rest padding (no K/V written). Capturable."""
+        b, nq, _ = hidden3.shape
+        g = linear(hidden3.reshape(b * nq, -1), self.weights.fc)                 # [B * Q, H]
+        positions, rows, _ = self._layout(cache_lens, nq, q_lens)
+        self._project(g, tokens.reshape(-1), positions, rows, kv_cache, block_table, error)
+
     # ---- eager ------------------------------------------------------------------------------
     @torch.no_grad()
-    def prefill(self, hidden3: torch.Tensor, tokens: torch.Tensor, lens, kv_cache,
-                block_table: torch.Tensor, error: torch.Tensor, *, chunk: int = PREFILL_CHUNK):
-        """Eager: ragged prompts, prompt i on block-table row i. hidden3 [T, 3H] and tokens [T]
+    def prefill_kv(self, hidden3: torch.Tensor, tokens: torch.Tensor, lens, kv_cache,
+                   block_table: torch.Tensor, error: torch.Tensor) -> None:
+        """Eager prompt pass over ragged prompts, prompt i on block-table row i: `write_kv` of
+        positions 0 .. len - 2 of each (its last position pairs with the first sampled token:
+        `prefill`, or the drafter's first draft, writes it). hidden3 [T, 3H] and tokens [T]
         (the token after each position: the prompt shifted by one, then the first sampled
-        token) of all prompts, concatenated; lens: prompt lengths (host ints). Writes positions
-        0 .. len - 1 of each row; returns the last position's draft logits [n, Vd] and
-        pre-norm h [n, H]."""
-        if sum(lens) != hidden3.shape[0] or tokens.shape != (hidden3.shape[0],):
-            raise ValueError(f"lens: {list(lens)} sum to {sum(lens)}, hidden3 has {hidden3.shape[0]} rows "
-                             f"and tokens {tuple(tokens.shape)}")
-        logits, hs, start = [], [], 0
+        token) of all prompts, concatenated; lens: prompt lengths (host ints >= 1)."""
+        check_ragged(hidden3, tokens, lens)
+        zero = torch.zeros(1, dtype=torch.int32, device=self.device)
+        start = 0
         for r, n in enumerate(lens):
-            if n < 1:
-                raise ValueError(f"lens[{r}]: every prompt needs >= 1 token, got {n}")
-            pieces = prefill_chunks(n, chunk)
-            firsts = tensor_on([s for s, _ in pieces], torch.int32, self.device)   # one copy a prompt
-            for i, (s, q) in enumerate(pieces):
-                lg, h = self.extend(hidden3[None, start + s: start + s + q], tokens[None, start + s: start + s + q],
-                                    firsts[i:i + 1], kv_cache, block_table[r:r + 1], error)
-            logits.append(lg[0, -1])
-            hs.append(h[0, -1])
+            if n > 1:
+                self.write_kv(hidden3[None, start: start + n - 1], tokens[None, start: start + n - 1], zero,
+                              kv_cache, block_table[r:r + 1], error)
             start += n
-        return torch.stack(logits), torch.stack(hs)
 
     @torch.no_grad()
-    def warm_prefill(self, kv_cache, block_table: torch.Tensor, error: torch.Tensor, *,
-                     chunk: int = PREFILL_CHUNK) -> None:
-        """Run the prompt loop's kernels once at every tile size `prefill` can use
-        (`prefill_tile_sizes(chunk)`) on a padding row (cache_lens -1: nothing written), so that
-        each specialisation of the multi-query kernel (its query length is a compile-time
-        constant) is compiled at start-up, and held by a graph cache, never while serving.
-        block_table [>= 1, W] int32 (read only), error [1] int32 device_error."""
-        h3 = self.weights.fc.shape[1]
-        dev = self.device
-        for q in prefill_tile_sizes(chunk):
+    def prefill(self, hidden3: torch.Tensor, tokens: torch.Tensor, lens, kv_cache,
+                block_table: torch.Tensor, error: torch.Tensor):
+        """Eager: `prefill_kv`, then every prompt's last position (one `extend` over the n
+        prompts, one position each). Writes positions 0 .. len - 1 of each row; returns the last
+        positions' draft logits [n, Vd] and pre-norm h [n, H]."""
+        self.prefill_kv(hidden3, tokens, lens, kv_cache, block_table, error)
+        rows, at = last_positions(lens, self.device)
+        logits, h = self.extend(hidden3[rows, None], tokens[rows, None], at, kv_cache, block_table, error)
+        return logits[:, 0], h[:, 0]
+
+    @torch.no_grad()
+    def warm_prefill(self, kv_cache, block_table: torch.Tensor, error: torch.Tensor) -> None:
+        """Compile the eager prompt pass's kernels before serving: `write_kv` at WARM_TOKENS
+        positions (Triton specialises an int argument, such as a kernel's token count, on
+        whether it is 1 or a multiple of 16: these reach every variant, whatever the prompt
+        length) and `extend` at one position, on a padding row (cache_lens -1: nothing
+        written). block_table [>= 1, W] int32 (read only), error [1] int32 device_error."""
+        h3, dev = self.weights.fc.shape[1], self.device
+        pad = torch.full((1,), -1, dtype=torch.int32, device=dev)
+        for q in WARM_TOKENS:
             hidden = torch.zeros((1, q, h3), dtype=self.weights.dtype, device=dev)
             tokens = torch.zeros((1, q), dtype=torch.int64, device=dev)
-            self.extend(hidden, tokens, torch.full((1,), -1, dtype=torch.int32, device=dev), kv_cache,
-                        block_table[:1], error)
+            self.write_kv(hidden, tokens, pad, kv_cache, block_table[:1], error)
+        self.extend(hidden[:, :1], tokens[:, :1], pad, kv_cache, block_table[:1], error)
 
 
-def prefill_tile_sizes(chunk: int = PREFILL_CHUNK) -> tuple[int, ...]:
-    """The query lengths `prefill_chunks(n, chunk)` uses over every n: chunk and the powers of
-    two below it, ascending (16 -> 1, 2, 4, 8, 16)."""
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-        raise ValueError(f"chunk: must be an int >= 1, got {chunk!r}")
-    return tuple(sorted({1 << i for i in range(chunk.bit_length()) if 1 << i < chunk} | {chunk}))
+WARM_TOKENS = (1, 16, 17)   # a token count of each specialisation class: 1, multiples of 16, others
 
 
-def prefill_chunks(n: int, chunk: int = PREFILL_CHUNK) -> list[tuple[int, int]]:
-    """(start, length) pieces of an n-token prompt: `chunk`-token pieces, then the remainder in
-    powers of two, largest first (13 -> 8, 4, 1), so the multi-query kernel, specialised on its
-    query length, is compiled for chunk and the powers of two below it only, never per prompt.
-    n >= 0 and chunk >= 1 (ints); ValueError naming the field otherwise."""
-    for name, v, lo in (("n", n, 0), ("chunk", chunk, 1)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ValueError(f"{name}: must be an int >= {lo}, got {v!r}")
-    out, s = [], 0
-    while n - s >= chunk:
-        out.append((s, chunk))
-        s += chunk
-    q = 1 << max(n - s, 1).bit_length()
-    while s < n:
-        q >>= 1
-        if n - s >= q:
-            out.append((s, q))
-            s += q
-    return out
+def check_ragged(hidden3: torch.Tensor, tokens: torch.Tensor, lens) -> None:
+    """hidden3 [T, 3H] and tokens [T] of prompts of `lens` (host ints >= 1) concatenated."""
+    for r, n in enumerate(lens):
+        if n < 1:
+            raise ValueError(f"lens[{r}]: every prompt needs >= 1 token, got {n!r}")
+    if sum(lens) != hidden3.shape[0] or tokens.shape != (hidden3.shape[0],):
+        raise ValueError(f"lens: {list(lens)} sum to {sum(lens)}, hidden3 has {hidden3.shape[0]} rows "
+                         f"and tokens {tuple(tokens.shape)}")
 
 
-__all__ = ["Eagle3Head", "PREFILL_CHUNK", "prefill_chunks", "prefill_tile_sizes"]
+def last_positions(lens, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each prompt's last position of ragged prompts of `lens` (host ints) -> (its row in the
+    concatenation [n] int64, the position len - 1 [n] int32), on `device` (one host copy)."""
+    ends, at = [], 0
+    for n in lens:
+        at += n
+        ends.append(at - 1)
+    both = tensor_on([ends, [n - 1 for n in lens]], torch.int64, device)        # [2, n]
+    return both[0], both[1].to(torch.int32)
+
+
+__all__ = ["Eagle3Head", "WARM_TOKENS", "check_ragged", "last_positions"]

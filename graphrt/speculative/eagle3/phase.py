@@ -1,6 +1,7 @@
 """The EAGLE-3 head as a phase of the speculative rounds: its per-slot state and its three hooks.
 
     phase = Eagle3Phase(drafter, layer_ids, target_hidden=H, max_batch=B, dtype=..., device=...)
+    phase.attach_prefill(mrt)                          # the head's prompt pass in mrt's prefill graphs
     runner = SpeculativeRunner(..., eagle=phase)       # or SpeculativeRunner.attach(mrt, ..., eagle=phase)
     logits, h3 = phase.target_prefill(mrt, prompts, table)    # the target's prefill, recording
     phase.prefill(h3, prompts, first, table, slots)           # the head's prefill -> first proposals
@@ -12,13 +13,20 @@ draft-extend over those states and k - 1 chain steps (Eagle3Drafter.round), whic
 round's proposals. Inside a block (R rounds) nothing goes to the host.
 
 State (device, persistent; rows = slots, B = max_batch, Q = k + 1):
-    proposals [B, k] int64        each slot's next proposals (target ids), written by the head
+    proposals [B + 1, k] int64    each slot's next proposals (target ids), written by the head
+                                  (row B: where the first-draft graphs' padding rows write)
     hidden    [B * Q, 3 * H]      the verify's recorded hidden states (row b * Q + j), model dtype
 The head's K/V lives in the drafter's PagedKVCache, indexed by the target's block tables (same
 page ids), so it follows the scheduler's pages. Invariant between rounds, for a slot holding n
 tokens: the head's K/V at positions 0 .. n - 2 is that of the target's hidden states paired with
 the next token. The head never sees tokens of a plain decode block: an engine with this phase
 speculates every block (greedy output stays exact either way; acceptance would drop).
+
+After a prompt: where the target's prefill runs through its prefill graphs (`attach_prefill`),
+the head's prompt pass runs inside them and the first draft is one more replay
+(eagle3/prompt.py); where it runs eagerly, the head's pass is eager too (Eagle3Drafter.prefill,
+the same head code). `target_prefill` decides (ModelRuntime.prefill_graphed) and `prefill`
+follows.
 """
 from __future__ import annotations
 
@@ -43,8 +51,10 @@ class Eagle3Phase:
         self.drafter, self.layer_ids, self.k = drafter, layer_ids, drafter.k
         self.device = torch.device(device)
         q = self.k + 1
-        self.proposals = torch.zeros((max_batch, self.k), dtype=torch.int64, device=self.device)
+        self.proposals = torch.zeros((max_batch + 1, self.k), dtype=torch.int64, device=self.device)
         self.hidden = torch.zeros((max_batch * q, fc_in), dtype=dtype, device=self.device)
+        self.max_batch = max_batch
+        self.prompt = None               # Eagle3PromptGraphs once attach_prefill has run
 
     @property
     def kv_cache(self):
@@ -71,32 +81,63 @@ class Eagle3Phase:
         self.drafter.round(self.hidden[: size * q].view(size, q, -1), out_tokens, cache_lens, accepted,
                            emitted > 0, block_table, self.proposals[:size], error)
 
-    # ---- after a prefill (eager) -------------------------------------------------------------
-    def warm(self, block_table: torch.Tensor, error: torch.Tensor) -> None:
-        """Compile the eager prompt loop's kernels at every tile size before serving
-        (Eagle3Head.warm_prefill; writes nothing). block_table [>= 1, W] int32, error [1] int32."""
-        self.drafter.head.warm_prefill(self.kv_cache, block_table, error)
+    # ---- after a prefill ---------------------------------------------------------------------
+    def attach_prefill(self, runtime) -> None:
+        """The head's prompt pass into the runtime's prefill graphs (none: nothing to do), with
+        its first-draft graphs; before the runtime's capture (ModelRuntime, its prefill_graphs,
+        graphs and config.buckets)."""
+        if runtime.prefill_graphs is None:
+            return
+        from graphrt.speculative.eagle3.prompt import Eagle3PromptGraphs
+        if runtime.config.buckets[-1] != self.max_batch:
+            raise ValueError(f"runtime: its largest bucket {runtime.config.buckets[-1]} is not this "
+                             f"phase's max_batch {self.max_batch}")
+        self.prompt = Eagle3PromptGraphs(self.drafter, self.layer_ids, runtime.prefill_graphs, runtime.graphs,
+                                         buckets=runtime.config.buckets, proposals=self.proposals)
+
+    def capture(self, block_table: torch.Tensor, error: torch.Tensor) -> None:
+        """Before serving (the runner's capture): the eager prompt pass's kernels compiled on CUDA
+        (Eagle3Head.warm_prefill; writes nothing), then the first-draft graphs where the prompt
+        pass is graphed. block_table [>= 1, W] int32, error [1] int32 (the runner's flag)."""
+        if self.device.type == "cuda":
+            self.drafter.head.warm_prefill(self.kv_cache, block_table, error)
+        if self.prompt is not None:
+            self.prompt.capture(error)
 
     def target_prefill(self, runtime, prompts: list[torch.Tensor], block_table: torch.Tensor, **kw):
         """The target's prefill through `runtime` (ModelRuntime.prefill, its other keywords `kw`)
-        recording the head's hidden states of every prompt token -> ([m, V] float32 logits,
-        [sum T_i, 3H] states)."""
-        hidden = torch.empty((sum(p.numel() for p in prompts), self.hidden.shape[1]), dtype=self.hidden.dtype,
-                             device=self.device)
-        logits = runtime.prefill(prompts, block_table, record=self.layer_ids, hidden_out=hidden, **kw)
-        return logits, hidden
+        recording the head's hidden states -> ([m, V] float32 logits, states). states None:
+        the call ran through the runtime's prefill graphs with the head's prompt pass inside
+        (every prompt position's head K/V written, each prompt's last states kept for the first
+        draft); else [sum T_i, 3H], every prompt token's, for the eager pass."""
+        new = sum(p.numel() for p in prompts)
+        with runtime.lock:                              # the decision and the prefill, together
+            if self.prompt is not None and runtime.prefill_graphs is self.prompt.prefill_graphs \
+                    and len(prompts) <= self.max_batch and runtime.prefill_graphed(
+                        new, logits_rows=kw.get("logits_rows", frozenset()), record=self.layer_ids):
+                return runtime.prefill(prompts, block_table, record=self.layer_ids,
+                                       hidden_last=self.prompt.buf.hidden, **kw), None
+            hidden = torch.empty((new, self.hidden.shape[1]), dtype=self.hidden.dtype, device=self.device)
+            logits = runtime.prefill(prompts, block_table, record=self.layer_ids, hidden_out=hidden, **kw)
+            return logits, hidden
 
     @torch.no_grad()
-    def prefill(self, hidden: torch.Tensor, prompts: list[torch.Tensor], first: torch.Tensor,
+    def prefill(self, hidden: torch.Tensor | None, prompts: list[torch.Tensor], first: torch.Tensor,
                 block_table: torch.Tensor, slots: list[int], error: torch.Tensor) -> None:
-        """The head over each prompt (hidden [sum T_i, 3H] from target_prefill; prompt i on row
-        i of block_table [m, W] int32, device) paired with the next tokens (the prompt shifted by
-        one, then first[i], its first sampled token, [m] int64 device), then k - 1 chain steps:
-        the first proposals of slots[i]. error: [1] int32 device_error."""
+        """The head over each prompt paired with the next tokens (the prompt shifted by one, then
+        first[i], its first sampled token, [m] int64 device), then k - 1 chain steps: the first
+        proposals of slots[i]. hidden: target_prefill's states (None: graphed, the prompt pass
+        is done; one replay drafts); prompt i on row i of block_table [m, W] int32 (a host
+        table: no sync). error: [1] int32 device_error."""
         dev = self.device
+        if hidden is None:
+            host = block_table if block_table.device.type == "cpu" else block_table.cpu()
+            self.prompt.first_draft(first, slots, [p.numel() for p in prompts], host, error)
+            return
         tokens = torch.cat([t for i, p in enumerate(prompts) for t in (to_device(p, dev)[1:], first[i:i + 1])])
         props = torch.empty((len(prompts), self.k), dtype=torch.int64, device=dev)
-        self.drafter.prefill(hidden, tokens, [p.numel() for p in prompts], block_table, props, error)
+        self.drafter.prefill(hidden, tokens, [p.numel() for p in prompts], to_device(block_table, dev), props,
+                             error)
         self.proposals.index_copy_(0, tensor_on(slots, torch.long, dev), props)
 
 

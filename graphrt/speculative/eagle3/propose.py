@@ -11,7 +11,10 @@ a + 1 tokens e_0 .. e_a (e_j = d_{j+1} for j < a, e_a the target's own). A round
 
 Slots past a pair rejected tokens with garbage: their K/V lies past the new length and the
 chain steps overwrite it before any query can read it, so nothing is rolled back. After a
-prompt, `prefill` runs the head over the prompt (eager) and the chain from its last position.
+prompt, the prompt pass writes the head's K/V of every prompt position but the last
+(`Eagle3Head.write_kv`: inside the target's prefill graphs, eagle3/prompt.py, or eagerly in
+`prefill`), and `first` is a round at one verified slot: the last position paired with the
+first sampled token, then the chain.
 Fixed shapes, no host sync in `round`: it can run inside the runner's captured graph. Greedy
 proposals are point masses, so the acceptance rule "accept x with probability p(x)" keeps
 sampling exact (as for the draft-model proposer).
@@ -22,7 +25,7 @@ import torch
 
 from graphrt.kernels.argmax import argmax_into
 from graphrt.kernels.multiquery_attention import default_splits
-from graphrt.kernels.transfer import tensor_on
+from graphrt.speculative.eagle3.head import last_positions
 
 
 def _greedy(logits: torch.Tensor) -> torch.Tensor:
@@ -69,16 +72,26 @@ class Eagle3Drafter:
         self._chain(logits[rows, sel], h[rows, sel], (cache_lens + accepted + 1).to(torch.int32), active,
                     block_table, proposals, error)
 
+    def first(self, hidden3: torch.Tensor, tokens: torch.Tensor, cache_lens: torch.Tensor,
+              block_table: torch.Tensor, proposals: torch.Tensor, error: torch.Tensor) -> None:
+        """The first draft after a prompt (capturable): `round` at one verified slot. hidden3
+        [B, 3H]: the target's recorded states at each row's last prompt position cache_lens[b]
+        ([B] int32, -1 = padding row: nothing written), tokens [B] int64: the first sampled
+        token; the prompt's earlier positions' K/V must be written (`Eagle3Head.write_kv`).
+        proposals [B, k] int64 out (target ids), error [1] int32."""
+        zero = torch.zeros_like(cache_lens)
+        self.round(hidden3[:, None], tokens[:, None], cache_lens, zero, cache_lens >= 0, block_table,
+                   proposals, error)
+
     @torch.no_grad()
     def prefill(self, hidden3: torch.Tensor, tokens: torch.Tensor, lens, block_table: torch.Tensor,
                 proposals: torch.Tensor, error: torch.Tensor) -> None:
         """Eager, after the target's prefill: hidden3 [T, 3H] / tokens [T] as for
-        Eagle3Head.prefill (prompt i on block-table row i); proposals [n, k] out."""
-        logits, h = self.head.prefill(hidden3, tokens, lens, self.kv_cache, block_table, error)
-        n = len(lens)
-        next_pos = tensor_on(list(lens), torch.int32, hidden3.device)
-        active = torch.ones(n, dtype=torch.bool, device=hidden3.device)
-        self._chain(logits, h, next_pos, active, block_table[:n], proposals, error)
+        Eagle3Head.prefill_kv (prompt i on block-table row i, lens host ints); proposals [n, k]
+        out. The prompt pass, then `first` over the prompts' last positions."""
+        self.head.prefill_kv(hidden3, tokens, lens, self.kv_cache, block_table, error)
+        rows, at = last_positions(lens, hidden3.device)
+        self.first(hidden3[rows], tokens[rows], at, block_table[:len(lens)], proposals, error)
 
 
 __all__ = ["Eagle3Drafter"]
