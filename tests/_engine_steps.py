@@ -18,3 +18,30 @@ def drive(eng, *, max_steps: int, on_step=None) -> int:
     waiting = [(r.request_id, len(r.token_ids)) for r in sched.waiting]
     raise AssertionError(f"engine still has work after {max_steps} steps: running (id, tokens, max_tokens) "
                          f"{running}, waiting {waiting}")
+
+
+def prefill_sync_sites(eng) -> list[str]:
+    """The admitted requests' prefill (Engine._prefill over the scheduler's work) under CUDA's
+    sync-debug mode: one string per synchronising call, its graphrt frames innermost first.
+    Requests must already be added; the caller drives the engine afterwards."""
+    import traceback
+    import warnings
+
+    import torch
+    eng._drain_inbox()
+    eng.scheduler.admit()
+    work = eng.scheduler.prefill_work()
+    assert work
+    torch.cuda.synchronize()
+    sites = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda msg, *a, **k: "called a synchronizing" in str(msg) and sites.append(" <- ".join(
+            f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno}" for f in traceback.extract_stack()[::-1]
+            if "/graphrt/" in f.filename)[:300])
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            assert eng._prefill(work)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sites

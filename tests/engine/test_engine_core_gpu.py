@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from _checkpoints import assert_greedy_matches_hf
-from _engine_steps import drive
+from _engine_steps import drive, prefill_sync_sites
 from graphrt import LLM, SamplingParams
 
 pytestmark = pytest.mark.gpu
@@ -72,28 +72,11 @@ def test_prefill_admission_makes_few_host_syncs(path):
     written from pinned memory) makes few synchronising calls. On the H200 the path made 18 (plan
     copies, prompt checks on the device, index tensors), then 7 (the K/V error-flag read and 6 in
     ProcessingState.write_rows), then 1: the error-flag read. The sites are printed."""
-    import traceback
-    import warnings
     llm = LLM(path, device="cuda", max_batch=8, steps_per_graph=4, max_model_len=512)
     eng = llm.engine
     streams = [eng.add_request([7 + i] * (40 + 13 * i), SamplingParams(max_tokens=8, ignore_eos=True))
                for i in range(3)]
-    eng._drain_inbox()
-    eng.scheduler.admit()
-    work = eng.scheduler.prefill_work()
-    assert work
-    torch.cuda.synchronize()
-    sites = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        warnings.showwarning = lambda msg, *a, **k: "called a synchronizing" in str(msg) and sites.append(" <- ".join(
-            f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno}" for f in traceback.extract_stack()[::-1]
-            if "/graphrt/" in f.filename)[:300])
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            assert eng._prefill(work)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
+    sites = prefill_sync_sites(eng)
     print("prefill sync sites:", len(sites), sites)
     assert len(sites) <= 1, sites     # the error-flag read (H200: 1 since write_rows went pinned)
     drive(eng, max_steps=50)

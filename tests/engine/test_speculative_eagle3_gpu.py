@@ -21,7 +21,7 @@ import torch
 
 from _checkpoints import BF16_GAP, assert_greedy_matches_hf, write
 from _eagle3_heads import repeat_head_counts, write_random_head
-from _engine_steps import drive
+from _engine_steps import drive, prefill_sync_sites
 from graphrt import LLM, SamplingParams
 
 pytestmark = pytest.mark.gpu
@@ -167,26 +167,9 @@ def test_graphed_head_prompt_pass_matches_the_eager_one(path, head):
 
 def _prefill_sync_sites(llm, prompts):
     """Synchronising calls (sites in graphrt) of one admission's prefill (Engine._prefill)."""
-    import traceback
-    import warnings
     eng = llm.engine
     streams = [eng.add_request(p, SamplingParams(max_tokens=8, ignore_eos=True)) for p in prompts]
-    eng._drain_inbox()
-    eng.scheduler.admit()
-    work = eng.scheduler.prefill_work()
-    assert work
-    torch.cuda.synchronize()
-    sites = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        warnings.showwarning = lambda msg, *a, **k: "called a synchronizing" in str(msg) and sites.append(" <- ".join(
-            f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno}" for f in traceback.extract_stack()[::-1]
-            if "/graphrt/" in f.filename)[:300])
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            assert eng._prefill(work)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
+    sites = prefill_sync_sites(eng)
     drive(eng, max_steps=80)
     for s in streams:
         assert len(s.result().token_ids) == 8
