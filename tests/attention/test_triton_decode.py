@@ -70,6 +70,9 @@ def test_max_splits_override_and_bad_values():
     for bad in ({1: 0}, {1: True}, [3]):
         with pytest.raises(ValueError, match="max_splits"):
             TritonDecodeBackend(cfg, kv, torch.device("cpu"), max_splits=bad)
+    for bad in ({"stage": 2}, [("stages", 2)]):
+        with pytest.raises(ValueError, match="kernel_options"):
+            TritonDecodeBackend(cfg, kv, torch.device("cpu"), kernel_options=bad)
     assert make_backend(cfg, kv, torch.device("cpu")).name == "triton-decode"
 
 

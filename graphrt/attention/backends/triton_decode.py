@@ -29,6 +29,9 @@ class TritonDecodeBackend(AttentionBackend):
                  kernel_options: dict | None = None):
         """max_splits: {bucket: MAX_SPLITS} to override the default per bucket (benchmarks, tests);
         kernel_options: extra `decode_attention` arguments (block_n, stages: benchmarks)."""
+        if kernel_options is not None and (not isinstance(kernel_options, dict)
+                                           or set(kernel_options) - {"block_n", "stages"}):
+            raise ValueError(f"kernel_options: expected a dict of block_n / stages, got {kernel_options!r}")
         self._options = dict(kernel_options or {})
         super().__init__(config, kv_cache, device)
         if max_splits is not None and (not isinstance(max_splits, dict) or any(
