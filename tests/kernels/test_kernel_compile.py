@@ -35,10 +35,10 @@ rope = dict(qkv_ptr="*bf16", qkv_stride="i32", q_ptr="*bf16", cs_ptr="*fp32", nu
 for decode, qk, (bh, d) in itertools.product([True, False], [True, False], [(1, 128), (4, 64)]):
     build(rope_append._rope_append_kernel, rope,
           dict(HQ=32, HKV=8, D=d, BH=bh, BLOCK=d // 2, DECODE=decode, QK_NORM=qk), 1)
-for add in (True, False):
+for add, split in itertools.product((True, False), (1, 2)):
     build(norm._rms_norm_kernel, dict(x_ptr="*bf16", x_stride="i32", res_ptr="*bf16", res_stride="i32",
           w_ptr="*bf16", out_ptr="*bf16", out_stride="i32", H="i32", eps="fp32"),
-          dict(BLOCK=4096, ADD=add), 8)
+          dict(BLOCK=4096, ADD=add, SPLIT=split), 8)
 build(activation._silu_mul_kernel, dict(x_ptr="*bf16", x_stride="i32", out_ptr="*bf16",
       out_stride="i32", I="i32"), dict(BLOCK=1024), 4)
 '''
@@ -51,4 +51,4 @@ def test_kernels_compile_for_sm90():
     run = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-4000:]
-    assert run.stdout.count("ok ") == 11, run.stdout
+    assert run.stdout.count("ok ") == 13, run.stdout
