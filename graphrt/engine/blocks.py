@@ -1,0 +1,177 @@
+"""The engine's blocks: launching a prefill or a decode block and reading its tokens back.
+
+A mixin of Engine (engine.py), which owns the state these methods use: the scheduler, the input
+batch, the executor (`runtime`), the speculation policy and its clock, and `_pending`, the
+launched blocks whose tokens are not read yet (a deque of _Pending, oldest first). `_prefill`
+and `_decode` launch (and append to `_pending`); `_finish` reads one block back on the host:
+stop checks, deltas streamed, finished requests' pages freed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from graphrt.attention.buckets import pick_bucket
+from graphrt.model.sampling import SamplingInputs
+from graphrt.engine.group import fork_args, fork_owners
+from graphrt.engine import sampling_extras as extras
+from graphrt.engine.scheduler import Request
+from graphrt.engine.speculation import observe, spec_columns
+
+
+@dataclass
+class _Pending:
+    """A launched block's tokens (host, valid once `event` completed): [steps, cols] for a decode
+    block or a prefill; [R, cols, k + 1] with emitted / proposed [R, cols] for a speculative
+    block; and (request, column, request epoch, draws counted) per row (a preempted request's
+    rows are skipped)."""
+    rows: list
+    tokens: torch.Tensor
+    event: object
+    emitted: torch.Tensor | None = None
+    proposed: torch.Tensor | None = None
+    kind: str = "decode"                  # "prefill" | "decode" | "spec"
+    spec_k: int = 0                       # a speculative block's k
+    forced: bool = False                  # a spec block the policy did not choose (rows at their limit)
+    logprobs: tuple | None = None         # (token [S, cols], rank, ids [S, cols, N], vals) host
+
+
+class BlockMixin:
+    """Engine's block launches and read-backs (see the module docstring)."""
+
+    def _prefill(self, work: list) -> bool:
+        """Prefill context positions [start, end) of admitted requests (their context: prompt,
+        plus accepted tokens after a preemption); a request whose context is then complete
+        draws its next token into its slot and starts its row in the batch. -> drew any."""
+        s = self.scheduler
+        forks = fork_owners(work, s.page_size)        # n > 1: the samples sharing this prefill's pages
+        for r, a, e in work:                          # never a shared or cached page (a forked
+            if r.shares is not None:                  # sample writes only its partial page's copy)
+                a = len(r.prompt) - len(r.prompt) % s.page_size
+            s.kv.check_writable(r.pages, a, e, forks=forks)
+        ctx = {id(r): r.context for r, _, _ in work}
+        part = [w for w in work if w[2] < len(ctx[id(w[0])])]
+        if part:                                      # chunks that draw nothing yet
+            self.runtime.prefill([torch.tensor(ctx[id(r)][a:e], dtype=torch.int64) for r, a, e in part],
+                                 torch.from_numpy(self.batch.block_table_host[[r.slot for r, _, _ in part]]),
+                                 starts=[a for _, a, _ in part])
+            for r, _, e in part:
+                s.prefilled(r, e)
+        work = [w for w in work if w[2] == len(ctx[id(w[0])])]
+        if not work:
+            return False
+        reqs = [r for r, _, _ in work]
+        slots = [r.slot for r in reqs]
+        own = [w for w in work if w[0].shares is None]   # n > 1: a sample sharing a sibling's prefill
+        prompts = [torch.tensor(ctx[id(r)][a:], dtype=torch.int64) for r, a, _ in own]   # host: checked and
+        #                                          copied to the device without a host sync (kernels/transfer.py)
+        table = torch.from_numpy(self.batch.block_table_host[[r.slot for r, _, _ in own]])   # [m, W] host
+        fork = {} if len(own) == len(work) else fork_args([r for r, _, _ in own], reqs)
+        ps = [r.params for r in reqs]
+        inputs = SamplingInputs(torch.tensor([0.0 if p.greedy else p.temperature for p in ps]),
+                                torch.tensor([max(p.top_k, 0) for p in ps], dtype=torch.int32),
+                                torch.tensor([p.top_p for p in ps], dtype=torch.float32),
+                                torch.tensor([r.seed for r in reqs], dtype=torch.int64),
+                                torch.tensor([r.launched for r in reqs], dtype=torch.int32))
+        starts = [a for _, a, _ in own]
+        if getattr(self.runtime, "processing", False):               # every slot's processing rows
+            first, lp = extras.prefill(self.runtime, prompts, table, slots, inputs, reqs, self._token_text,
+                                       starts=starts, own=[r for r, _, _ in own], **fork)
+        else:
+            first, lp = self.runtime.prefill_slots(prompts, table, slots, inputs, starts=starts, **fork), None
+        for r, _, e in work:                          # first: [len(reqs)] device
+            s.prefilled(r, e)
+            if self.spec is not None:
+                self.batch.set_history(r.slot, r.context)  # the first token: written on the device
+                if self.policy is not None:
+                    self.policy.admit(r.slot)
+            r.launched += 1
+            s.activate(r)
+        pending = self._to_host([(r, i, r.epoch, 1) for i, r in enumerate(reqs)], first[None], logprobs=lp)
+        pending.kind = "prefill"
+        self._pending.append(pending)
+        return True
+
+    def _decode(self, rows: list[Request]) -> None:
+        """One block over `rows`: pages for it (preempting if short), the batch's changes
+        applied to the slots, one launch (the slots advance on the device)."""
+        s, batch, ex = self.scheduler, self.batch, self.runtime
+        if self.spec is not None and all(r.launched >= r.params.max_tokens for r in rows):
+            return False                              # every row may be done: read the block in flight
+        rows = s.grow(rows)
+        if not rows:
+            return True
+        batch.flush(ex.apply)
+        k = self.spec.num_tokens if self.spec is not None else 0
+        forced = False
+        if k and self.policy is not None:             # speculate this block, or a plain one
+            bucket = pick_bucket(ex.config.buckets, max(r.slot for r in rows) + 1)
+            k = self.policy.choose([r.slot for r in rows], bucket=bucket).k
+            if not k and any(r.launched >= r.params.max_tokens for r in rows):
+                k, forced = ex.spec_ks[0], True   # a row at its limit must not decode on: speculative
+                #   rounds stop it on the device (a row with 1..K - 1 draws left may run a K-step block:
+                #   its pages and the context reach max_tokens + K - 1, scheduler._block_end)
+            self._clock.launched(self.policy, bucket, k, self.rounds if k else ex.k)
+        if k:
+            go = s.launch_block(rows, block_tokens=self.rounds * (k + 1))
+            kw = {"processed": True} if go.processed else {}
+            if forced and getattr(ex, "_proposer_state", False):
+                kw["sync_draft"] = False              # no catch-up for rows at their limit
+            out = ex.spec_block(go.n, k=k, filtered=go.filtered, **kw)
+            self.spec_counts["blocks"] += 1
+            pending = self._to_host(go.rows, out.tokens, out.emitted, out.proposed)
+            pending.kind, pending.spec_k, pending.forced = "spec", k, forced
+        else:
+            go = s.launch_block(rows, block_tokens=ex.k)
+            if go.processed:                          # logits processing: + the block's log-probs
+                tokens, lp = extras.decode_block(ex, go, rows)
+            else:
+                tokens, lp = ex.decode_block(go.n, sampled=go.sampled), None
+            pending = self._to_host(go.rows, tokens, logprobs=lp)
+            if self.spec is not None:
+                self.spec_counts["plain_blocks"] += 1
+        self._pending.append(pending)
+        return True
+
+    def _to_host(self, rows, tokens: torch.Tensor, emitted=None, proposed=None, *, logprobs=None) -> _Pending:
+        if self.device.type != "cuda":
+            return _Pending(rows, tokens.clone(), None, *(None if t is None else t.clone()
+                                                          for t in (emitted, proposed)),
+                            logprobs=None if logprobs is None else tuple(t.clone() for t in logprobs))
+        host = [None if t is None else t.to("cpu", non_blocking=True) for t in (tokens, emitted, proposed)]
+        lp = None if logprobs is None else tuple(t.to("cpu", non_blocking=True) for t in logprobs)
+        event = torch.cuda.Event()
+        event.record()
+        return _Pending(rows, host[0], event, host[1], host[2], logprobs=lp)
+
+    def _finish(self, block: _Pending) -> None:
+        """A block's tokens -> stop checks, deltas, finished requests' pages freed."""
+        if block.event is not None:
+            block.event.synchronize()
+        if block.emitted is None:
+            cols = block.tokens.t().tolist()              # [cols][steps]
+        else:
+            cols = spec_columns(block, self.spec_counts)
+        if self.policy is not None:
+            observe(self.policy, block)
+        accept, sched = self.scheduler.accept, self.scheduler
+        for req, col, epoch, counted in block.rows:
+            if req.finish_reason is not None or req.epoch != epoch:
+                continue                              # finished, aborted or preempted: discarded
+            try:
+                if self.spec is not None:
+                    sched.settle(req, counted, len(cols[col]))
+                delta = accept(req, cols[col])
+                if req.finish_reason is not None:     # pages back before the final delta is seen
+                    self.scheduler.release(req)
+                    self._requests.pop(req.request_id, None)
+                if delta is not None:
+                    extras.attach(req, delta, block.logprobs, col, self._token_text)
+                    self._tokens_generated += len(delta.token_ids)
+                    req.sink(delta)
+            except Exception as e:                    # this request's stop checks / text / stream
+                self._fail(req, e)                    # (release is idempotent)
+
+
+__all__ = ["BlockMixin"]
