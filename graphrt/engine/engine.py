@@ -48,7 +48,7 @@ import random
 import threading
 from collections import deque
 
-from graphrt.engine.blocks import BlockMixin, _Pending
+from graphrt.engine.blocks import BlockMixin
 from graphrt.engine.detokenizer import TextState, make_decoder
 from graphrt.engine.failure import EngineDeadError, attributable
 from graphrt.engine.group import GroupSink, child_params, child_seeds, prefill_groups
@@ -96,7 +96,7 @@ class Engine(BlockMixin):
         # the speculation policy (speculative/policy.py): per block, k or a plain decode block
         self.policy = policy if policy is not None or spec is None else default_policy(runtime)
         self._clock = BlockClock(None, depth=1 if overlap else 0)   # block wall times -> the policy
-        self._pending: deque[_Pending] = deque()
+        self._pending: deque = deque()         # launched blocks (blocks._Pending), oldest first
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._requests: dict[str, Request] = {}       # loop thread only
         self._groups: dict[str, list[str]] = {}       # n > 1: request id -> its samples' ids (group.py)
