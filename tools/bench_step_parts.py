@@ -264,7 +264,7 @@ def main(argv=None) -> int:
     p.add_argument("--decode-splits", default="1,2,4,8,16,32,64", help="triton-decode MAX_SPLITS values")
     p.add_argument("--decode-kernels", default="triton-decode,flashinfer,flashinfer-cuda-core,xqa")
     p.add_argument("--decode-variants", default="",
-                   help="triton-decode tuning variants, e.g. 'stages=2;stages=3,block_n=128' (each at the "
+                   help="triton-decode tuning variants, e.g. 'stages=2;stages=3,block_n=128;fp8_dot=q' (each at the "
                         "default MAX_SPLITS, half and double)")
     p.add_argument("--parts", default="gemm,attention,decode", help="of gemm, splitk, attention, decode")
     p.add_argument("--out", default="bench_step_parts.json")
@@ -287,7 +287,7 @@ def main(argv=None) -> int:
     if "decode" in args.parts:
         out["decode"] = decode_rows(torch, ints(args.batches), ints(args.contexts), ints(args.decode_splits),
                                     args.decode_kernels.split(","), variants=[
-                                        {k: int(v) for k, v in (kv.split("=") for kv in var.split(","))}
+                                        {k: int(v) if v.isdigit() else v for k, v in (kv.split("=") for kv in var.split(","))}
                                         for var in args.decode_variants.split(";") if var])
     Path(args.out).write_text(json.dumps(out, indent=1))
     return 0

@@ -23,9 +23,12 @@ merge loads partials with cache_modifier=".cg" (L2, the point of coherence; no s
 from an earlier launch). Nothing waits on another program: correct for any scheduling order,
 any number of resident CTAs, and sequential programs under TRITON_INTERPRET=1.
 
-FP8 KV (float8_e4m3fn pages): the cache's [2] float32 (k, v) scale is read on the device; k is
-converted to q's dtype in registers and k_scale folded into the logit scale, v_scale multiplies
-the output once at the end. Logits are in log2 units (sm_scale * LOG2E) and use exp2.
+FP8 KV (float8_e4m3fn pages): the cache's [2] float32 (k, v) scale is read on the device; v_scale
+multiplies the output once at the end. With a 16-bit q (fp8_dot="f16", the default) both dots run
+in float16: q is multiplied by the logit scale (sm_scale * LOG2E * k_scale) and rounded to float16
+once (clamped to +-65504), pages convert e4m3 -> float16 in registers (one cvt per two values on
+sm_89+; e4m3 values are exact in float16), p is float16; accumulation in float32. fp8_dot="q"
+converts pages to q's dtype instead and keeps the scale on the logits. Logits are in log2 units (sm_scale * LOG2E) and use exp2.
 
 No host sync, no device value in the grid, no allocation when out and scratch are given:
 capturable in a CUDA graph. Scratch and counters are shared by successive launches on one
@@ -57,8 +60,8 @@ def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, bt_stride, lens_ptr, o
                    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GP: tl.constexpr,
                    MAX_SPLITS: tl.constexpr, MIN_KEYS: tl.constexpr, MERGE_S: tl.constexpr,
-                   PREC: tl.constexpr, KV_FP8: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr,
-                   STAGES: tl.constexpr):
+                   PREC: tl.constexpr, KV_FP8: tl.constexpr, DOT_F16: tl.constexpr, DOT_F32: tl.constexpr,
+                   PDL: tl.constexpr, STAGES: tl.constexpr):
     pdl_prologue(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -80,10 +83,13 @@ def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, bt_stride, lens_ptr, o
         h = kvh * G + m                                          # query head of tile row m
         q_off = (b * HQ + h).to(tl.int64) * D
         q = tl.load(q_ptr + q_off[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
-        if DOT_F32:
-            q = q.to(tl.float32)
         if KV_FP8:                                               # per-tensor scales, on the device
             qk_scale = qk_scale * tl.load(kvs_ptr)
+        if DOT_F16:                                              # FP8 pages: dots in float16, the scale in q
+            q = tl.minimum(tl.maximum(q.to(tl.float32) * qk_scale, -65504.0), 65504.0).to(tl.float16)
+            qk_scale = 1.0
+        if DOT_F32:
+            q = q.to(tl.float32)
         lo = sp * per * BLOCK_N
         hi = tl.minimum(lo + per * BLOCK_N, kv_len)
         m_i = tl.full((BLOCK_M,), -1.0e30, tl.float32)
@@ -210,7 +216,8 @@ def default_max_splits(sms: int, batch: int, num_kv_heads: int, max_context_len:
 def decode_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor, seq_lens: torch.Tensor,
                      *, max_splits: int = 1, scratch: DecodeScratch | None = None,
                      out: torch.Tensor | None = None, min_keys: int = MIN_KEYS_PER_SPLIT,
-                     block_n: int | None = None, stages: int = STAGES) -> torch.Tensor:
+                     block_n: int | None = None, stages: int = STAGES,
+                     fp8_dot: str = "f16") -> torch.Tensor:
     """q [B, Hq, D] -> [B, Hq, D] (q's dtype) decode attention over the paged cache, one launch.
 
     q: contiguous bfloat16 / float16 / float32 (the pages' dtype; any of the three over
@@ -220,8 +227,9 @@ def decode_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor, seq_l
     split-KV factor (see default_max_splits); > 1 needs `scratch` (DecodeScratch on q's device).
     out: [B, Hq, D] q.dtype contiguous (default: a new tensor). min_keys: a split covers at least
     this many keys (a multiple of block_n); block_n: keys per inner block (default BLOCK_N, 32
-    for D = 256); stages: software-pipelining depth of the key loop (1 = none; default STAGES). Capturable
-    with out and scratch given.
+    for D = 256); stages: software-pipelining depth of the key loop (1 = none; default STAGES);
+    fp8_dot: "f16" or "q", the dots' input dtype over FP8 pages with a 16-bit q (see the module
+    docstring; float32 q always computes in float32). Capturable with out and scratch given.
     """
     kc, vc = kv_cache.as_tuple()
     nhd = kv_cache.layout == "NHD"
@@ -252,6 +260,8 @@ def decode_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor, seq_l
                          f"of it, got {block_n}, {min_keys}")
     if isinstance(stages, bool) or stages not in (1, 2, 3, 4):
         raise ValueError(f"stages: expected 1..4, got {stages!r}")
+    if fp8_dot not in ("f16", "q"):
+        raise ValueError(f"fp8_dot: expected 'f16' or 'q', got {fp8_dot!r}")
     group = hq // hkv
     if max_splits > 1:
         if not isinstance(scratch, DecodeScratch):
@@ -278,7 +288,8 @@ def decode_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor, seq_l
         HQ=hq, HKV=hkv, D=d, PAGE=page_size, BLOCK_M=max(16, gp), BLOCK_N=block_n, GP=gp,
         MAX_SPLITS=max_splits, MIN_KEYS=min_keys, MERGE_S=max(1, min(triton.next_power_of_2(max_splits),
                                                                       MERGE_ELEMS // (gp * d))),
-        PREC="ieee" if q.dtype == torch.float32 or cpu else "tf32", KV_FP8=fp8, DOT_F32=cpu, PDL=pdl,
+        PREC="ieee" if q.dtype == torch.float32 or cpu else "tf32", KV_FP8=fp8,
+        DOT_F16=fp8 and fp8_dot == "f16" and q.dtype != torch.float32, DOT_F32=cpu, PDL=pdl,
         STAGES=stages, num_warps=4, **pdl_options(pdl))
     return out
 

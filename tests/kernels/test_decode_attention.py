@@ -81,8 +81,9 @@ def test_repeat_calls_identical_and_order_free(monkeypatch):
     assert scratch.counters.eq(0).all()
 
 
-@pytest.mark.parametrize("layout,qdtype", [("NHD", torch.float32), ("HND", torch.bfloat16)])
-def test_fp8_pages_with_scales(layout, qdtype):
+@pytest.mark.parametrize("layout,qdtype,fp8_dot", [("NHD", torch.float32, "f16"), ("HND", torch.bfloat16, "f16"),
+                                                   ("NHD", torch.bfloat16, "q"), ("NHD", torch.float16, "f16")])
+def test_fp8_pages_with_scales(layout, qdtype, fp8_dot):
     gen = torch.Generator().manual_seed(3)
     hkv, d = 2, 64
     shape = (POOL, PAGE, hkv, d) if layout == "NHD" else (POOL, hkv, PAGE, d)
@@ -90,7 +91,7 @@ def test_fp8_pages_with_scales(layout, qdtype):
     scale = torch.tensor([float(kf.abs().max()) / 448, float(vf.abs().max()) / 448])
     cache = PagedKVCache(quantize_kv(kf, scale[0]), quantize_kv(vf, scale[1]), layout, scale)
     q, table, lens = _batch(LENS, 8, d, gen, dtype=qdtype)
-    out, _ = _run(q, cache, table, lens, 4)
+    out, _ = _run(q, cache, table, lens, 4, fp8_dot=fp8_dot)
     assert out.dtype == qdtype
     want = _ref(q, cache, table, lens, k_scale=scale[0], v_scale=scale[1])
     tol = dict(rtol=1e-4, atol=1e-5) if qdtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
@@ -158,7 +159,7 @@ def test_bad_input():
         (dict(seq_lens=lens.long()), "seq_lens"), (dict(max_splits=0), "max_splits"),
         (dict(max_splits=True), "max_splits"), (dict(max_splits=4, scratch=None), "scratch"),
         (dict(max_splits=8), "scratch"), (dict(out=torch.empty(2, 4, 32)), "out"),
-        (dict(block_n=48), "block_n"), (dict(min_keys=96), "min_keys"),
+        (dict(block_n=48), "block_n"), (dict(min_keys=96), "min_keys"), (dict(fp8_dot="bf16"), "fp8_dot"),
     ]
     for change, words in cases:
         kw = dict(q=q, block_table=table, seq_lens=lens, max_splits=4, scratch=scratch) | change
@@ -181,8 +182,10 @@ from graphrt.kernels import decode_attention as da
 
 fn = da._decode_attention_kernel
 ints = ("s_page", "s_slot", "s_head")
-for (dt, kv, hq, d, splits) in [("bf16", "bf16", 32, 128, 16), ("bf16", "bf16", 32, 64, 1), ("bf16", "fp8e4nv", 32, 128, 33),
-                                ("fp16", "fp16", 64, 128, 4), ("fp32", "fp32", 16, 64, 8), ("bf16", "bf16", 32, 256, 8)]:
+for (dt, kv, hq, d, splits, f16) in [("bf16", "bf16", 32, 128, 16, 0), ("bf16", "bf16", 32, 64, 1, 0),
+                                     ("bf16", "fp8e4nv", 32, 128, 33, 1), ("bf16", "fp8e4nv", 32, 128, 4, 0),
+                                     ("fp16", "fp16", 64, 128, 4, 0), ("fp32", "fp32", 16, 64, 8, 0),
+                                     ("bf16", "bf16", 32, 256, 8, 0)]:
     args = dict(q_ptr=f"*{dt}", k_ptr=f"*{kv}", v_ptr=f"*{kv}", bt_ptr="*i32", bt_stride="i32",
                 lens_ptr="*i32", out_ptr=f"*{dt}", part_ptr="*fp32", lse_ptr="*fp32", count_ptr="*i32",
                 kvs_ptr="*fp32", s_page="i32", s_slot="i32", s_head="i32", qk_scale="fp32")
@@ -192,7 +195,8 @@ for (dt, kv, hq, d, splits) in [("bf16", "bf16", 32, 128, 16), ("bf16", "bf16", 
     g = hq // 8
     ce = dict(HQ=hq, HKV=8, D=d, PAGE=16, BLOCK_M=max(16, g), BLOCK_N=64 if d <= 128 else 32, GP=g, MAX_SPLITS=splits,
               MIN_KEYS=64, MERGE_S=max(1, min(triton.next_power_of_2(splits), 8192 // (g * d))),
-              PREC="ieee" if dt == "fp32" else "tf32", KV_FP8=kv == "fp8e4nv", DOT_F32=False, PDL=True, STAGES=da.STAGES)
+              PREC="ieee" if dt == "fp32" else "tf32", KV_FP8=kv == "fp8e4nv", DOT_F16=bool(f16), DOT_F32=False, PDL=True,
+              STAGES=da.STAGES)
     k = triton.compile(ASTSource(fn, sig, constexprs=ce, attrs=attrs), target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": 4})
     ptx = k.asm["ptx"]
@@ -204,4 +208,4 @@ for (dt, kv, hq, d, splits) in [("bf16", "bf16", 32, 128, 16), ("bf16", "bf16", 
 
 
 def test_kernel_compiles_for_sm90():
-    compile_for_sm90(_COMPILE, 6)
+    compile_for_sm90(_COMPILE, 7)

@@ -28,10 +28,10 @@ class TritonDecodeBackend(AttentionBackend):
     def __init__(self, config, kv_cache, device, *, max_splits: dict[int, int] | None = None,
                  kernel_options: dict | None = None):
         """max_splits: {bucket: MAX_SPLITS} to override the default per bucket (benchmarks, tests);
-        kernel_options: extra `decode_attention` arguments (block_n, stages: benchmarks)."""
+        kernel_options: extra `decode_attention` arguments (block_n, stages, fp8_dot: benchmarks)."""
         if kernel_options is not None and (not isinstance(kernel_options, dict)
-                                           or set(kernel_options) - {"block_n", "stages"}):
-            raise ValueError(f"kernel_options: expected a dict of block_n / stages, got {kernel_options!r}")
+                                           or set(kernel_options) - {"block_n", "stages", "fp8_dot"}):
+            raise ValueError(f"kernel_options: expected a dict of block_n / stages / fp8_dot, got {kernel_options!r}")
         self._options = dict(kernel_options or {})
         super().__init__(config, kv_cache, device)
         if max_splits is not None and (not isinstance(max_splits, dict) or any(
