@@ -9,7 +9,7 @@ Per configuration and variant:
   launches     host graph launches (or eager steps) per token
 Variants: eager (no graphs, device planner), hostplan (FlashInfer host plan() + graph replay, the
 engines' pattern), graphrt (device-planned graph, 1 step), graphrt-k4 / -k8 (4 / 8 steps a graph),
-gemm-only (a graph of the step's weight GEMMs alone, cuBLAS, fused qkv / gate_up + LM head: the
+graphrt-td-k4 (4 steps a graph, the one-launch triton-decode attention backend), gemm-only (a graph of the step's weight GEMMs alone, cuBLAS, fused qkv / gate_up + LM head: the
 ceiling of any design that keeps these GEMMs). The floor is (weight bytes + KV bytes) / measured
 D2D copy bandwidth; each row gives device/floor, device/gemm-only and the achieved bandwidth
 (bytes over device time, TB/s and % of copy bandwidth). Prefill rows: 1 x 4k and 8 x 4k prompts
@@ -56,7 +56,7 @@ SHAPES = {  # hidden, intermediate, layers, q heads, kv heads, head_dim, vocab, 
 }
 VARIANTS = {"eager": ("flashinfer", 1, False), "hostplan": ("flashinfer-hostplan", 1, True),
             "graphrt": ("flashinfer", 1, True), "graphrt-k4": ("flashinfer", 4, True),
-            "graphrt-k8": ("flashinfer", 8, True)}
+            "graphrt-k8": ("flashinfer", 8, True), "graphrt-td-k4": ("triton-decode", 4, True)}
 KV_KINDS = {"bf16": "auto", "fp8": "fp8"}   # --kv -> RuntimeConfig.kv_cache_dtype
 
 
