@@ -49,8 +49,9 @@ from graphrt.kernels.launch import pdl_options, pdl_prologue, use_pdl
 
 LOG2E = 1.4426950408889634
 STAGES = 2                   # key-loop pipelining: H200, 8B bs 16 / 8k 170 -> 150 us a layer, bs 1 / 1k 7.3 -> 7.2
-STAGES_FP8 = 3               # FP8 pages (half the bytes a block): H200, 8B bs 16 / 8k 129.8 -> 117.8, bs 1 / 8k 21.1 -> 19.9
 BLOCK_N = 64                 # keys per inner-loop block (32 for head_dim 256: shared memory)
+BLOCK_N_FP8 = 128            # FP8 pages, as many bytes a block as bf16's 64: H200, 8B bs 16 / 8k 129.8 -> 101.6 us
+                             # a layer, bs 1 / 8k 21.1 -> 16.2; 1B bs 16 / 8k 107.6 -> 70.3
 MIN_KEYS_PER_SPLIT = 64      # a row gets at most cdiv(seq_len, this) splits
 MERGE_ELEMS = 8192           # float32 partial elements one merge step holds in registers
 
@@ -228,8 +229,8 @@ def decode_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor, seq_l
     split-KV factor (see default_max_splits); > 1 needs `scratch` (DecodeScratch on q's device).
     out: [B, Hq, D] q.dtype contiguous (default: a new tensor). min_keys: a split covers at least
     this many keys (a multiple of block_n; default max(MIN_KEYS_PER_SPLIT, block_n)); block_n: keys
-    per inner block (default BLOCK_N, 32 for D = 256); stages: software-pipelining depth of the key
-    loop (1 = none; default STAGES, STAGES_FP8 over FP8 pages);
+    per inner block (default BLOCK_N, BLOCK_N_FP8 over FP8 pages, 32 for D = 256); stages:
+    software-pipelining depth of the key loop (1 = none; default STAGES);
     fp8_dot: "f16" or "q", the dots' input dtype over FP8 pages with a 16-bit q (see the module
     docstring; float32 q always computes in float32). Capturable with out and scratch given.
     """
@@ -256,9 +257,9 @@ def decode_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor, seq_l
                          f"{seq_lens.dtype} on {seq_lens.device}")
     if isinstance(max_splits, bool) or not isinstance(max_splits, int) or max_splits < 1:
         raise ValueError(f"max_splits: must be an int >= 1, got {max_splits!r}")
-    block_n = block_n or (BLOCK_N if d <= 128 else 32)
+    block_n = block_n or ((BLOCK_N_FP8 if fp8 else BLOCK_N) if d <= 128 else 32)
     min_keys = max(MIN_KEYS_PER_SPLIT, block_n) if min_keys is None else min_keys
-    stages = (STAGES_FP8 if fp8 else STAGES) if stages is None else stages
+    stages = STAGES if stages is None else stages
     if block_n not in (16, 32, 64, 128) or min_keys < block_n or min_keys % block_n:
         raise ValueError(f"block_n, min_keys: block_n in (16, 32, 64, 128) and min_keys a multiple "
                          f"of it, got {block_n}, {min_keys}")
@@ -299,4 +300,4 @@ def decode_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor, seq_l
 
 
 __all__ = ["DecodeScratch", "decode_attention", "default_max_splits", "BLOCK_N", "MIN_KEYS_PER_SPLIT", "STAGES",
-           "STAGES_FP8"]
+           "BLOCK_N_FP8"]

@@ -193,10 +193,11 @@ for (dt, kv, hq, d, splits, f16) in [("bf16", "bf16", 32, 128, 16, 0), ("bf16", 
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in args
              if n.endswith("_ptr") or n in ints}   # what the runtime specialises: vectorised K/V loads
     g = hq // 8
-    ce = dict(HQ=hq, HKV=8, D=d, PAGE=16, BLOCK_M=max(16, g), BLOCK_N=64 if d <= 128 else 32, GP=g, MAX_SPLITS=splits,
-              MIN_KEYS=64, MERGE_S=max(1, min(triton.next_power_of_2(splits), 8192 // (g * d))),
+    bn = 32 if d > 128 else (da.BLOCK_N_FP8 if kv == "fp8e4nv" else da.BLOCK_N)
+    ce = dict(HQ=hq, HKV=8, D=d, PAGE=16, BLOCK_M=max(16, g), BLOCK_N=bn, GP=g, MAX_SPLITS=splits,
+              MIN_KEYS=max(64, bn), MERGE_S=max(1, min(triton.next_power_of_2(splits), 8192 // (g * d))),
               PREC="ieee" if dt == "fp32" else "tf32", KV_FP8=kv == "fp8e4nv", DOT_F16=bool(f16), DOT_F32=False, PDL=True,
-              STAGES=da.STAGES_FP8 if kv == "fp8e4nv" else da.STAGES)
+              STAGES=da.STAGES)
     k = triton.compile(ASTSource(fn, sig, constexprs=ce, attrs=attrs), target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": 4})
     ptx = k.asm["ptx"]
