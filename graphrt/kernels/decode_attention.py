@@ -28,7 +28,8 @@ multiplies the output once at the end. With a 16-bit q (fp8_dot="f16", the defau
 in float16: q is multiplied by the logit scale (sm_scale * LOG2E * k_scale) and rounded to float16
 once (clamped to +-65504), pages convert e4m3 -> float16 in registers (one cvt per two values on
 sm_89+; e4m3 values are exact in float16), p is float16; accumulation in float32. fp8_dot="q"
-converts pages to q's dtype instead and keeps the scale on the logits. Logits are in log2 units (sm_scale * LOG2E) and use exp2.
+converts pages to q's dtype instead and keeps the scale on the logits. Logits are in log2 units
+(sm_scale * LOG2E) and use exp2.
 
 No host sync, no device value in the grid, no allocation when out and scratch are given:
 capturable in a CUDA graph. Scratch and counters are shared by successive launches on one

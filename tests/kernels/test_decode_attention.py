@@ -98,6 +98,19 @@ def test_fp8_pages_with_scales(layout, qdtype, fp8_dot):
     torch.testing.assert_close(out.float(), want, **tol)
 
 
+def test_fp8_pages_float16_dots_clamp_a_huge_q():
+    """fp8_dot="f16" rounds the scaled q to float16: a q past its range is clamped, never inf / NaN."""
+    gen = torch.Generator().manual_seed(4)
+    hkv, d = 2, 64
+    shape = (POOL, PAGE, hkv, d)
+    kf, vf = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
+    scale = torch.tensor([float(kf.abs().max()) / 448, float(vf.abs().max()) / 448])
+    cache = PagedKVCache(quantize_kv(kf, scale[0]), quantize_kv(vf, scale[1]), "NHD", scale)
+    q, table, lens = _batch(LENS, 8, d, gen, dtype=torch.bfloat16)
+    out, _ = _run(q * 1e8, cache, table, lens, 4)
+    assert torch.isfinite(out.float()).all()
+
+
 def test_bf16_pages_and_q():
     gen = torch.Generator().manual_seed(4)
     cache = _cache("NHD", 2, 128, gen, dtype=torch.bfloat16)
