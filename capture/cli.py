@@ -1,10 +1,19 @@
-"""graphrt-capture: turn a YAML config into captured, verified, timed buckets (and a graph cache).
+"""graphrt-capture: build the graph cache a server starts from, or capture and verify a YAML config.
 
-    graphrt-capture --config configs/llama-3.1-8b.yaml --out cache/llama8b   build a graph cache
+    graphrt-capture --model /srv/ckpt/llama8b --out cache/llama8b             the cache for graphrt serve
+    graphrt-capture --model DIR --out DIR2 --max-num-seqs 8 --max-model-len 4096   ... with serve's flags
+    graphrt-capture --config configs/llama-3.1-8b.yaml --out cache/rt8b       a DecodeRuntime cache
     graphrt-capture --check cache/llama8b                                     verify a cache
     graphrt-capture --check cache/llama8b --expect-digest <sha256>            ... and pin it
 
-Builds every kernel the config needs, captures every bucket (largest first), verifies each
+--model builds the engine exactly as `graphrt serve MODEL` with the same engine flags does,
+compiling every kernel into --out, runs warm requests (greedy, sampled, penalties, log-probs,
+prompt log-probs, a long prompt), and writes the manifest: the sha256 of every file and what
+the cache was built for; `graphrt serve MODEL --graph-cache DIR` with other engine flags or
+another model is refused, naming the field (capture/model.py).
+
+--config:
+builds every kernel the config needs, captures every bucket (largest first), verifies each
 bucket against float32 reference attention at lengths 1, a page boundary and the maximum, times
 it (host and device µs per step), records graph memory and capture time, and with `backend: auto`
 picks the fastest backend per bucket. Without CUDA it runs the same pipeline eagerly with the
@@ -39,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--config", metavar="YAML", help="YAML runtime config (see configs/)")
     what.add_argument("--check", metavar="DIR", help="verify a graph cache against this host's GPU, "
                                                       "versions and files")
+    what.add_argument("--model", metavar="DIR|ORG/NAME",
+                      help="a checkpoint: build the graph cache `graphrt serve MODEL --graph-cache DIR` starts "
+                           "from (needs --out; give it serve's engine flags below)")
     p.add_argument("--out", metavar="DIR", help="write a graph cache here (must be new or empty; "
                                                  "default: none, nothing written)")
     p.add_argument("--device", default="auto", metavar="auto|cpu|cuda|cuda:N",
@@ -60,6 +72,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trust-unsafe-permissions", action="store_true",
                    help="accept a cache that other users can write or that another user owns "
                         "(docs/graph-cache.md: Trust model)")
+    eng = p.add_argument_group("with --model: graphrt serve's flags that decide which kernels and graphs exist "
+                               "(serve the cache with the same ones)")
+    eng.add_argument("--engine-config", metavar="YAML", default=None,
+                     help="serve's --config file (EngineConfig fields; default: none, the engine's defaults)")
+    eng.add_argument("--max-num-seqs", type=int, default=None, metavar="N",
+                     help="as serve --max-num-seqs (default: serve's)")
+    eng.add_argument("--max-model-len", type=int, default=None, metavar="N",
+                     help="as serve --max-model-len (default: serve's)")
+    eng.add_argument("--dtype", default=None, choices=("auto", "bfloat16", "float16", "float32"),
+                     help="as serve --dtype (default: serve's, auto)")
+    eng.add_argument("--kv-cache-dtype", default=None, choices=("auto", "fp8"),
+                     help="as serve --kv-cache-dtype (default: serve's, auto)")
+    eng.add_argument("--quantization", default=None, choices=("fp8",),
+                     help="as serve --quantization (default: none)")
+    eng.add_argument("--speculative-method", default=None, choices=("ngram", "draft", "eagle3"),
+                     help="as serve --speculative-method (default: none)")
+    eng.add_argument("--draft-model", default=None, metavar="DIR", help="as serve --draft-model (default: none)")
+    eng.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
+                     help="as serve --num-speculative-tokens (default: serve's)")
+    eng.add_argument("--revision", default=None, metavar="REV",
+                     help="with a repo id: as serve --revision (default: main)")
     p.add_argument("--version", action="version", version=f"graphrt-capture (graphrt) {__version__}")
     return p
 
@@ -100,9 +133,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--device: {args.device!r} is not one of auto, cpu, cuda, cuda:N")
     if args.expect_digest is not None and not args.check:
         parser.error("--expect-digest: only with --check DIR")
+    from .model import SERVE_FLAGS
+    given = [f"--{k.replace('_', '-')}" for k in SERVE_FLAGS if getattr(args, k) is not None]
+    if args.model is None and given:
+        parser.error(f"{given[0]}: only with --model")
     if args.check:
         return check(Path(args.check), expect_digest=args.expect_digest,
                      trust_unsafe_permissions=args.trust_unsafe_permissions)
+    if args.model is not None:
+        for name in ("backend", "json", "verify_buckets", "verify_lengths"):
+            if getattr(args, name) is not None:
+                parser.error(f"--{name.replace('_', '-')}: not with --model (the engine config decides)")
+        if not args.out:
+            parser.error("--model: needs --out DIR (where the graph cache is written)")
     import torch
     device = args.device
     if device == "auto":
@@ -111,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"graphrt-capture: --device {device}: torch {torch.__version__} sees no CUDA device on "
               f"this host; use --device cpu (eager) or run on a GPU host", file=sys.stderr)
         return 2
+    if args.model is not None:
+        return _capture_model(args, device)
     if device.startswith("cuda") and not _flashinfer_ok(args.backend, args.config):
         from graphrt.attention.flashinfer_import import install_line
         print(f"graphrt-capture: backend {args.backend or 'of ' + args.config} on CUDA needs FlashInfer, "
@@ -187,6 +232,27 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(plan_summary(config, plan, on_cpu=device == "cpu", config_path=args.config))
     return 0
+
+
+def _capture_model(args, device: str) -> int:
+    """--model: the server's cache (capture/model.py), then the check and the digest to pin."""
+    from graphrt.attention.flashinfer_import import flashinfer_installed, install_line
+    if device.startswith("cuda") and not flashinfer_installed():
+        print(f"graphrt-capture: --model on CUDA needs FlashInfer, which is not installed: {install_line()}",
+              file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()):
+        print(f"graphrt-capture: --out {out} exists and is not empty", file=sys.stderr)
+        return 2
+    from .model import capture_model, serve_hint
+    make_private_dirs(out)
+    status = capture_model(args, device, out)
+    if status == 0:
+        status = check(out, trust_unsafe_permissions=args.trust_unsafe_permissions)
+    if status == 0:
+        print(serve_hint(args, out))
+    return status
 
 
 def make_private_dirs(path: Path) -> None:

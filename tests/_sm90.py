@@ -13,13 +13,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def compile_for_sm90(script: str, builds: int, *, timeout: int = 600) -> None:
-    """Run `script` (Python source) as above; it must exit 0 and print exactly `builds` "ok " lines.
-    Skips where Triton has no NVIDIA backend."""
+def compile_for_sm90(script: str, builds: int, *, timeout: int = 600, argv: list[str] = ()) -> str:
+    """Run `script` (Python source, with `argv` as sys.argv[1:]) as above; it must exit 0 and print
+    exactly `builds` "ok " lines; returns its stdout. Skips where Triton has no NVIDIA backend."""
     pytest.importorskip("triton.backends.nvidia")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-c", script, *argv], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=timeout)
     assert run.returncode == 0, run.stderr[-4000:]
     assert run.stdout.count("ok ") == builds, run.stdout
+    return run.stdout

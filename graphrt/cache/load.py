@@ -30,7 +30,7 @@ from graphrt.cache.files import MANIFEST, entry_problem, sha256, stat_snapshot, 
 from graphrt.cache.manifest import (FORMAT, CacheMismatchError, Manifest, build_manifest, environment,
                              flashinfer_version, same_environment, write_cache_manifest)
 
-__all__ = ["CacheMismatchError", "Manifest", "check_cache", "open_cache", "compilers_at",
+__all__ = ["CacheMismatchError", "Manifest", "check_cache", "open_cache", "compilers_at", "reading_from",
            "build_manifest", "write_cache_manifest", "environment", "flashinfer_version",
            "sha256", "FORMAT"]
 
@@ -45,7 +45,8 @@ LOAD_PARITY_SETS = 1
 
 @contextmanager
 def compilers_at(cache_dir: Path):
-    """Point FlashInfer's JIT workspace and Triton's cache at `cache_dir` inside the block only.
+    """Point FlashInfer's JIT workspace and Triton's cache at `cache_dir` inside the block only
+    (the build: graphrt-capture compiles into the cache).
 
     Sets FLASHINFER_WORKSPACE_BASE and TRITON_CACHE_DIR and restores their previous values (or
     absence) on exit, also when the block raises. Triton reads TRITON_CACHE_DIR each time it looks
@@ -59,6 +60,38 @@ def compilers_at(cache_dir: Path):
     proven instead by the files being unchanged after loading (`loading_from`).
     The variables are process-wide: another thread compiling meanwhile would also use the cache.
     """
+    with _compiler_env(cache_dir, (Path(cache_dir) / TRITON_DIR).resolve()):
+        yield
+
+
+@contextmanager
+def reading_from(cache_dir: Path, *, private_dir: Path | None = None):
+    """The serving scope (`graphrt serve --graph-cache`): Triton reads kernels from the cache and
+    never writes into it; yields the ReadThroughCache (its counts: loaded / compiled), or None.
+
+    Triton: a read-through cache manager (graphrt/cache/triton_cache.py) reads DIR/triton, and a
+    kernel missing there is compiled into `private_dir` (default: the Triton cache this process
+    would use without a graph cache: TRITON_CACHE_DIR, else Triton's default), with one warning
+    line naming it; TRITON_CACHE_DIR points at `private_dir` meanwhile. A Triton without the
+    cache-manager knob gets one warning and compiles into the cache as compilers_at does.
+    FlashInfer: as compilers_at (its JIT workspace is the cache's; FlashInfer has no read-only
+    mode, so a JIT module missing from the cache is built into it, which the next start refuses).
+    """
+    from graphrt.cache.triton_cache import read_through, supported
+    pinned = (Path(cache_dir) / TRITON_DIR).resolve()
+    if private_dir is None:
+        private_dir = Path(os.environ.get("TRITON_CACHE_DIR") or
+                           os.path.join(os.path.expanduser("~"), ".triton", "cache"))
+    triton_dir = Path(private_dir).resolve() if supported() else pinned
+    with _compiler_env(cache_dir, triton_dir), read_through(pinned, Path(private_dir)) as cache:
+        yield cache
+
+
+@contextmanager
+def _compiler_env(cache_dir: Path, triton_dir: Path):
+    """FLASHINFER_WORKSPACE_BASE = cache_dir/flashinfer and TRITON_CACHE_DIR = triton_dir inside
+    the block, restored after (also on raise); refuses a FlashInfer imported with another
+    workspace (CacheMismatchError)."""
     import sys
     fi_base = (Path(cache_dir) / FLASHINFER_DIR).resolve()
     env_mod = sys.modules.get("flashinfer.jit.env")
@@ -68,7 +101,7 @@ def compilers_at(cache_dir: Path):
             f"{env_mod.FLASHINFER_BASE_DIR}); open the cache first, in a fresh process")
     saved = {name: os.environ.get(name) for name in COMPILER_ENV}
     os.environ["FLASHINFER_WORKSPACE_BASE"] = str(fi_base)
-    os.environ["TRITON_CACHE_DIR"] = str((Path(cache_dir) / TRITON_DIR).resolve())
+    os.environ["TRITON_CACHE_DIR"] = str(triton_dir)
     try:
         yield
     finally:
@@ -104,6 +137,8 @@ def _manifest_problems(data: dict, config, where: str) -> list[str]:
     from graphrt.config import BACKENDS, ConfigError, config_from_dict
     problems = [f"{where}: {key!r} missing or not {getattr(t, '__name__', 'str or null')}"
                 for key, t in _SCHEMA.items() if not isinstance(data.get(key), t)]
+    if "built_for" in data and not isinstance(data["built_for"], dict):
+        problems.append(f"{where}: 'built_for' is not an object")
     if problems:
         return problems
     if data["mode"] not in MODES:

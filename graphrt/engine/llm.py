@@ -204,6 +204,10 @@ class LLM:
         except BaseException:
             self.shutdown()
             raise
+        from graphrt.cache.triton_cache import active
+        graph_cache = active()                         # a graph cache Triton reads through, if any
+        if graph_cache is not None:
+            times.kernels_loaded, times.kernels_compiled = graph_cache.counts()
         times.finish()
         self.startup = times
         log.info("%s", times.line(pages=self.engine.scheduler.allocator.num_pages, pool_bytes=_pool_bytes(self.runtime)))

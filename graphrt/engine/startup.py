@@ -4,6 +4,7 @@
     with t.phase("runtime"): ...             # seconds added to a phase (time.perf_counter)
     t.weights_s = checkpoint.load_s          # measured by the loader
     t.from_capture(graph_stats)              # kernels (warm-up: compile or load) vs capture
+    t.kernels_loaded, t.kernels_compiled = 37, 0   # with a graph cache (graphrt/cache/triton_cache.py)
     log.info("%s", t.line(pages=.., pool_bytes=..))
     t.as_dict()                              # the same numbers (tools/bench_startup.py's JSON)
 
@@ -12,7 +13,8 @@ from the files; of which config.json through transformers' config classes, whose
 first LLM of a process pays, and the tensors' bytes), runtime (the model's modules, the KV pool
 and the decode buffers; `kv` = the pool's pages and bytes), kernels (the graphs' warm-up runs:
 Triton / FlashInfer kernels compiled, or loaded from their caches, and first touch), graphs
-(CUDA graph capture; counted per phase: decode, prefill, spec, ...), engine (tokenizer, of
+(CUDA graph capture; counted per phase: decode, prefill, spec, ...; with a graph cache, the Triton
+kernels loaded from it and those compiled outside it), engine (tokenizer, of
 which transformers' tokenizer classes and tokenizer.json, and scheduler), and the total since
 the clock started.
 """
@@ -40,6 +42,8 @@ class StartupTimes:
     engine_s: float = 0.0
     tokenizer_s: float = 0.0          # of which the tokenizer (transformers' import, tokenizer.json)
     total_s: float = 0.0
+    kernels_loaded: int | None = None     # Triton kernels read from a graph cache (None: no graph cache)
+    kernels_compiled: int | None = None   # ... and those it lacked (compiled outside it)
 
     @contextmanager
     def phase(self, name: str):
@@ -73,9 +77,12 @@ class StartupTimes:
     def line(self, *, pages: int, pool_bytes: int) -> str:
         """The one summary line (runtime_s includes the weights when they were read inside it)."""
         by_phase = ", ".join(f"{p} {n}" for p, n in self.graphs_by_phase.items())
-        graphs = (f"kernels {self.kernels_s:.2f} s (compiled or loaded, graph warm-up), graphs "
+        how = ("compiled or loaded" if self.kernels_loaded is None else
+               f"compiled {self.kernels_compiled} / loaded {self.kernels_loaded} from graph cache")
+        graphs = (f"kernels {self.kernels_s:.2f} s ({how}, graph warm-up), graphs "
                   f"{self.graphs_s:.2f} s ({self.num_graphs} captured{': ' + by_phase if by_phase else ''})"
-                  if self.num_graphs else "no CUDA graphs (eager decode, kernels compiled at first use)")
+                  if self.num_graphs else "no CUDA graphs (eager decode, kernels compiled at first use"
+                  + ("" if self.kernels_loaded is None else f"; so far {how}") + ")")
         return (f"startup: ready in {self.total_s:.2f} s: imports + checks {self.setup_s:.2f} s, weights read "
                 f"{self.weights_s:.2f} s (config {self.config_s:.2f} s, tensors {self.read_s:.2f} s), "
                 f"runtime + KV pool {self.runtime_s:.2f} s ({pages} pages, {pool_bytes / 2**30:.2f} GiB), "

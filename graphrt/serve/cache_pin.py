@@ -1,21 +1,28 @@
 """`graphrt serve --graph-cache DIR [--expect-digest HEX]`: the cache must be the pinned one and
-built for this model's attention geometry, checked before any weight is loaded or kernel compiled.
+built for this model and engine config, checked before any weight is loaded or kernel compiled.
 
-The geometry is what the cached kernels are specialised for: query / KV heads, head_dim,
-page_size, KV layout and dtype of the RuntimeConfig the engine would build for this checkpoint
-(EngineConfig.runtime_config, the same call LLM makes). A cache for another geometry would make
-the engine compile into the cache (or load kernels for other shapes), so it is refused, naming
-each field that differs.
+The geometry is what the cached attention kernels are specialised for: query / KV heads,
+head_dim, page_size, KV layout and dtype of the RuntimeConfig the engine would build for this
+checkpoint (EngineConfig.runtime_config, the same call LLM makes). A cache built by
+`graphrt-capture --model` also records what it was built for (`built_for`): the checkpoint's
+config.json (sha256) and the engine settings that decide which kernels and graphs exist
+(ENGINE_FIELDS); serve refuses a cache built for another, naming each field that differs. A cache
+built from a runtime YAML (`graphrt-capture --config`) has no such record: only the geometry is
+checked, and the model's kernels it lacks are compiled outside it (graphrt/cache/triton_cache.py).
 """
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 GEOMETRY = ("num_qo_heads", "num_kv_heads", "head_dim", "page_size", "kv_layout", "dtype")
+ENGINE_FIELDS = ("max_batch", "steps_per_graph", "page_size", "max_model_len", "dtype", "kv_cache_dtype",
+                 "quantization", "backend", "capture", "prefill_graph_tokens", "tensor_parallel",
+                 "speculative")
 
 
-def model_runtime_config(model_path, engine_cfg, device_type: str):
-    """The RuntimeConfig LLM(model_path, device, engine_cfg) would build, from config.json only."""
+def _resolved(model_path, engine_cfg, device_type: str):
+    """(LlamaSpec, dtype, max_model_len) as LLM resolves them, from config.json only."""
     from transformers import AutoConfig
 
     from graphrt.model.hf_files import reading
@@ -28,8 +35,39 @@ def model_runtime_config(model_path, engine_cfg, device_type: str):
     import torch
     dtype = engine_cfg.dtype or ("float32" if device_type == "cpu" else
                                  {torch.float16: "float16"}.get(file_dtype(path), "bfloat16"))
-    max_len = engine_cfg.resolve_max_model_len(int(raw.get("max_position_embeddings") or 0))
+    return spec, dtype, engine_cfg.resolve_max_model_len(int(raw.get("max_position_embeddings") or 0))
+
+
+def model_runtime_config(model_path, engine_cfg, device_type: str):
+    """The RuntimeConfig LLM(model_path, device, engine_cfg) would build, from config.json only."""
+    spec, dtype, max_len = _resolved(model_path, engine_cfg, device_type)
     return engine_cfg.runtime_config(spec, device_type=device_type, dtype=dtype, max_model_len=max_len)
+
+
+def _config_sha256(directory) -> str | None:
+    path = Path(directory) / "config.json"
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
+def built_for(model_path, engine_cfg, device_type: str, *, quantization: str | None = None,
+              tensor_parallel: int = 1) -> dict:
+    """What a model cache holds the kernels of: {"model": {"config_sha256", "path"}, "engine":
+    {ENGINE_FIELDS}} with dtype, max_model_len and backend resolved as LLM resolves them. The
+    path is recorded, not compared (a copy of the checkpoint elsewhere needs the same kernels)."""
+    spec_, dtype, max_len = _resolved(model_path, engine_cfg, device_type)
+    rc = engine_cfg.runtime_config(spec_, device_type=device_type, dtype=dtype, max_model_len=max_len)
+    spec = engine_cfg.speculative
+    engine = {"max_batch": engine_cfg.max_batch, "steps_per_graph": engine_cfg.steps_per_graph,
+              "page_size": engine_cfg.page_size, "max_model_len": max_len, "dtype": dtype,
+              "kv_cache_dtype": engine_cfg.kv_cache_dtype, "quantization": quantization,
+              "backend": rc.backend, "capture": engine_cfg.capture,
+              "prefill_graph_tokens": engine_cfg.prefill_graph_tokens, "tensor_parallel": tensor_parallel,
+              "speculative": None if spec is None else {
+                  "method": spec.method, "num_tokens": spec.num_tokens, "ngram_min": spec.ngram_min,
+                  "ngram_max": spec.ngram_max,
+                  "draft_config_sha256": None if spec.draft_model is None else _config_sha256(spec.draft_model)}}
+    return {"model": {"config_sha256": _config_sha256(model_path), "path": str(Path(model_path).resolve())},
+            "engine": engine}
 
 
 def check_geometry(cache_dir: Path, cache_config: dict, model_rc) -> None:
@@ -43,4 +81,58 @@ def check_geometry(cache_dir: Path, cache_config: dict, model_rc) -> None:
                                  + "; ".join(diff) + "); build one for it with graphrt-capture")
 
 
-__all__ = ["GEOMETRY", "model_runtime_config", "check_geometry"]
+def check_built_for(cache_dir: Path, manifest_data: dict, want: dict) -> None:
+    """CacheMismatchError (one line) naming every field of `built_for` where the cache differs
+    from `want` (built_for of this server). A cache without the record passes."""
+    from graphrt.cache.load import CacheMismatchError
+    have = manifest_data.get("built_for")
+    if have is None:
+        return
+    got_model, got_engine = have.get("model") or {}, have.get("engine") or {}
+    diff = []
+    if got_model.get("config_sha256") != want["model"]["config_sha256"]:
+        diff.append(f"model.config_sha256: cache {str(got_model.get('config_sha256'))[:12]}... "
+                    f"(config.json of {got_model.get('path')}), this model "
+                    f"{str(want['model']['config_sha256'])[:12]}...")
+    for k in ENGINE_FIELDS:
+        if got_engine.get(k) != want["engine"][k]:
+            diff.append(f"engine.{k}: cache {got_engine.get(k)!r}, this server {want['engine'][k]!r}")
+    if diff:
+        raise CacheMismatchError(f"{cache_dir}: built for another model or engine config ("
+                                 + "; ".join(diff) + "); build one for this one with graphrt-capture "
+                                 "--model MODEL --out DIR and the same engine flags")
+
+
+def open_for_serving(cache_dir: Path, *, expect_digest: str | None, model_dir, engine_cfg,
+                     device_type: str, quantization: str | None, tensor_parallel: int):
+    """check_cache (trust, pin, every sha256), then the geometry and `built_for`: the Manifest,
+    or CacheMismatchError before anything is loaded."""
+    from graphrt.cache.load import check_cache
+    manifest = check_cache(cache_dir, expect_digest=expect_digest)
+    check_geometry(cache_dir, manifest.data["config"], model_runtime_config(model_dir, engine_cfg, device_type))
+    check_built_for(cache_dir, manifest.data, built_for(model_dir, engine_cfg, device_type,
+                                                        quantization=quantization,
+                                                        tensor_parallel=tensor_parallel))
+    return manifest
+
+
+def log_after_load(log, cache_dir: Path, before: dict, kernels) -> None:
+    """The start-up lines on the cache once the engine is up: where Triton's kernels came from
+    (kernels: the ReadThroughCache, or None) and, if any file of the cache changed since `before`
+    (a stat_snapshot), a warning: kernels were built into it."""
+    from graphrt.cache.load import stat_snapshot
+    after = stat_snapshot(cache_dir)
+    changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+    if kernels is not None:
+        log.info("graph cache %s: %s", cache_dir, kernels.summary())
+    if changed:
+        log.warning("graph cache %s: %d files were written or changed while loading (%s...): kernels it lacks "
+                    "were built into it (FlashInfer's JIT modules; Triton's too where Triton has no cache-manager "
+                    "knob); the next start refuses it: rebuild it with graphrt-capture --model",
+                    cache_dir, len(changed), changed[:3])
+    elif kernels is not None and not kernels.counts()[1]:
+        log.info("graph cache %s: no kernel was compiled while loading", cache_dir)
+
+
+__all__ = ["GEOMETRY", "log_after_load", "ENGINE_FIELDS", "model_runtime_config", "built_for", "check_geometry",
+           "check_built_for", "open_for_serving"]

@@ -11,7 +11,8 @@ huggingface_hub's cache).
 
 Start-up logs what was loaded, from where, and how long each phase took: graph-cache check,
 weights (bytes, GB/s), kernels (graph warm-up), graph capture, tokenizer + runtime construction,
-and whether any kernel was compiled although a graph cache was given. While requests run, a
+and with --graph-cache how many Triton kernels were loaded from it and compiled outside it (the
+cache itself is never written by Triton: graphrt/cache/triton_cache.py). While requests run, a
 stats line every --stats-interval seconds (graphrt/serve/stats_log.py).
 """
 from __future__ import annotations
@@ -57,8 +58,9 @@ def build_parser(prog: str = "graphrt serve") -> argparse.ArgumentParser:
                         "served_model_name, max_waiting, api_key, chat_template; flags given win "
                         "(default: none, the engine's defaults)")
     p.add_argument("--graph-cache", default=None, metavar="DIR",
-                   help="graph cache directory (graphrt-capture --out): compiled kernels are taken from it "
-                        "(default: none, kernels compile on first use)")
+                   help="graph cache directory (graphrt-capture --model MODEL --out DIR, same engine flags): "
+                        "Triton kernels are read from it, never written; one it lacks compiles into your Triton "
+                        "cache with a warning (default: none, kernels compile on first use)")
     p.add_argument("--expect-digest", default=None, metavar="HEX",
                    help="with --graph-cache: refuse a cache whose manifest sha256 is not HEX (graphrt-capture prints it; default: none, no pin)")
     p.add_argument("--device", default=None, choices=["cuda", "cpu"],
@@ -184,8 +186,15 @@ def speculative_from_flags(args):
         raise
 
 
-def load(args):
-    """Load the checkpoint and build the engine, logging each phase. -> (llm, ServeConfig)."""
+def load(args, *, keep=None):
+    """Load the checkpoint and build the engine, logging each phase. -> (llm, ServeConfig).
+
+    With --graph-cache, Triton reads kernels from the cache through graphrt/cache/load.py's
+    reading_from (never writing into it) while the engine loads; keep (a contextlib.ExitStack)
+    keeps that scope open after loading, until the caller closes it (the server's lifetime: kernels
+    first launched by a request are read from the cache too); without it, it closes here."""
+    from contextlib import ExitStack, nullcontext
+
     from graphrt.engine.device import resolve_device, select_triton_mode
     from graphrt.engine.hub import resolve_model
     from graphrt.serve.flags import model_path
@@ -199,25 +208,24 @@ def load(args):
     model_dir = resolve_model(model, revision=revision)
     if str(model_dir) != str(model):
         log.info("model %s%s: snapshot %s", model, f" at {revision}" if revision else "", model_dir)
-    before, cache_dir = None, None
-    if args.graph_cache:
-        from graphrt.cache.load import check_cache, stat_snapshot
+    cache_dir = Path(args.graph_cache) if args.graph_cache else None
+    if cache_dir is not None:
+        from graphrt.cache.load import stat_snapshot
+        from graphrt.serve.cache_pin import open_for_serving
         t0 = time.perf_counter()
-        cache_dir = Path(args.graph_cache)
-        manifest = check_cache(cache_dir, expect_digest=args.expect_digest)   # trust, pin, every sha256
-        from graphrt.serve.cache_pin import check_geometry, model_runtime_config
-        check_geometry(cache_dir, manifest.data["config"], model_runtime_config(model_dir, engine_cfg, device.type))
+        manifest = open_for_serving(cache_dir, expect_digest=args.expect_digest, model_dir=model_dir,
+                                    engine_cfg=engine_cfg, device_type=device.type,
+                                    quantization=args.quantization, tensor_parallel=args.tensor_parallel)
         before = stat_snapshot(cache_dir)
         log.info("graph cache %s: %d artifacts verified in %.2f s", cache_dir.resolve(),
                  len(manifest.data["artifacts"]), time.perf_counter() - t0)
+    from graphrt.cache.load import reading_from
     from graphrt.engine import LLM
     log.info("loading %s on %s (%s)", Path(model_dir).resolve(), device, engine_cfg)
     t0 = time.perf_counter()
-    from contextlib import nullcontext
-
-    from graphrt.cache.load import compilers_at
-    # FlashInfer / Triton look kernels up in the cache while the engine loads and captures
-    with compilers_at(cache_dir) if cache_dir is not None else nullcontext():
+    stack = keep if keep is not None else ExitStack()
+    with nullcontext() if keep is not None else stack:   # Triton reads the cache while the engine loads
+        kernels = stack.enter_context(reading_from(cache_dir)) if cache_dir is not None else None
         llm = LLM(model_dir, device=device, config=engine_cfg, tensor_parallel=args.tensor_parallel,
                   quantization=args.quantization)
     total = time.perf_counter() - t0
@@ -232,14 +240,8 @@ def load(args):
              rc.backend, llm.config.max_batch, llm.config.steps_per_graph, rc.page_size, llm.runtime.num_pages,
              llm.engine.max_model_len, total)
     if cache_dir is not None:
-        from graphrt.cache.load import stat_snapshot
-        after = stat_snapshot(cache_dir)
-        changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
-        if changed:
-            log.warning("graph cache %s: %d kernel files were compiled or changed while loading (%s...); "
-                        "the cache does not cover this model's kernels", cache_dir, len(changed), changed[:3])
-        else:
-            log.info("graph cache %s: no kernel was compiled while loading", cache_dir)
+        from graphrt.serve.cache_pin import log_after_load
+        log_after_load(log, cache_dir, before, kernels)
     return llm, serve_cfg
 
 
@@ -275,14 +277,18 @@ def main(argv=None, *, prog: str = "graphrt serve") -> None:
     except ValueError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    from contextlib import ExitStack
+    kernel_scope = ExitStack()                     # --graph-cache: Triton reads it while we serve
     try:
-        llm, serve_cfg = load(args)
+        llm, serve_cfg = load(args, keep=kernel_scope)
     except (ValueError, CacheMismatchError) as e:  # bad flag, config, checkpoint or cache: one clear line
         sock.close()
+        kernel_scope.close()
         print(f"{prog}: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     except BaseException:
         sock.close()
+        kernel_scope.close()
         raise
     from graphrt.serve.app import create_app
     from graphrt.serve.server import build_server
@@ -299,6 +305,7 @@ def main(argv=None, *, prog: str = "graphrt serve") -> None:
         stats.stop()
         sock.close()
         llm.shutdown()                             # tensor-parallel workers, if any
+        kernel_scope.close()
     if code:                                       # the engine died: a supervisor restarts us
         raise SystemExit(code)
 

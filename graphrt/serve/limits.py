@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 
-from starlette.exceptions import HTTPException
-
 DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20
 CLOSE = {"connection": "close"}
 
@@ -55,6 +53,7 @@ class BodyLimit:
             try:
                 msg = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0.0))
             except asyncio.TimeoutError:               # FastAPI passes HTTPException to the handlers
+                from starlette.exceptions import HTTPException   # lazy: config imports this module
                 raise HTTPException(408, too_slow_message(self.timeout_s), headers=CLOSE) from None
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))

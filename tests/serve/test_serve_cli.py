@@ -143,7 +143,7 @@ def test_busy_port_fails_before_the_model_loads(tmp_path_factory, capsys, monkey
     from graphrt.serve import cli as serve_cli
     ckpt = write(tmp_path_factory, "busy", arch="llama", dtype="float32", seed=5)
     calls = []
-    monkeypatch.setattr(serve_cli, "load", lambda args: calls.append(args))   # must not be reached
+    monkeypatch.setattr(serve_cli, "load", lambda args, **kw: calls.append(args))   # must not be reached
     with socket.socket() as other:
         other.bind(("127.0.0.1", 0))
         other.listen()

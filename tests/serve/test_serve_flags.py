@@ -46,7 +46,7 @@ def ckpt(tmp_path_factory):
 def _exit_2(argv, capsys, monkeypatch) -> str:
     """main(argv) must stop with one line on stderr and exit 2 without loading the model."""
     calls = []
-    monkeypatch.setattr(serve_cli, "load", lambda args: calls.append(args))
+    monkeypatch.setattr(serve_cli, "load", lambda args, **kw: calls.append(args))
     t0 = time.perf_counter()
     with pytest.raises(SystemExit) as e:
         serve_cli.main(argv + ["--port", str(_free_port())])

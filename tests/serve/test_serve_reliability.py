@@ -366,7 +366,7 @@ def _free_port() -> int:
 def test_engine_death_turns_health_503_and_serve_exits_non_zero(ckpt, monkeypatch):
     import graphrt.serve.cli as cli
     llm = LLM(ckpt, **CPU)
-    monkeypatch.setattr(cli, "load", lambda args: (llm, ServeConfig(served_model_name=NAME)))
+    monkeypatch.setattr(cli, "load", lambda args, **kw: (llm, ServeConfig(served_model_name=NAME)))
     port = _free_port()
     result = {}
 
