@@ -25,6 +25,12 @@ def too_slow_message(timeout_s: float) -> str:
     return f"request body: not received whole within {timeout_s:g} s of its headers (--body-timeout)"
 
 
+def _http_error(status: int, message: str, **kw):
+    """starlette's HTTPException, imported here: serve/config.py imports this module without the server."""
+    from starlette.exceptions import HTTPException
+    return HTTPException(status, message, **kw)
+
+
 class BodyLimit:
     """ASGI middleware: HTTP request bodies over `max_bytes` get 413, bodies not whole within
     `timeout_s` seconds of the headers get 408 (OpenAI error bodies)."""
@@ -53,12 +59,11 @@ class BodyLimit:
             try:
                 msg = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0.0))
             except asyncio.TimeoutError:               # FastAPI passes HTTPException to the handlers
-                from starlette.exceptions import HTTPException   # lazy: config imports this module
-                raise HTTPException(408, too_slow_message(self.timeout_s), headers=CLOSE) from None
+                raise _http_error(408, too_slow_message(self.timeout_s), headers=CLOSE) from None
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
                 if seen > self.max_bytes:
-                    raise HTTPException(413, too_large_message(self.max_bytes), headers=CLOSE)
+                    raise _http_error(413, too_large_message(self.max_bytes), headers=CLOSE)
                 whole = not msg.get("more_body", False)
             else:
                 whole = True

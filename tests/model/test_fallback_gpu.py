@@ -1,7 +1,9 @@
 """GPU test of the host-planning fallback: a FlashInfer version the device planner does not know.
 
 `LLM(path)` must start (K = 1, a warning naming the version), capture, replay and give the same
-greedy tokens as the device-planned run of the same checkpoint.
+greedy tokens as the device-planned run of the same checkpoint, except where the two split-KV
+schedules round a near-tie differently (random bf16 weights): each divergence's float32 top-2 gap
+must be a tie by tests/_checkpoints.BF16_GAP, and both runs must follow HF float32 up to near-ties.
 """
 from __future__ import annotations
 
@@ -10,10 +12,11 @@ import warnings
 import pytest
 import torch
 
-from _checkpoints import write
+from _checkpoints import BF16_GAP, assert_greedy_matches_hf, write
 from graphrt import LLM, SamplingParams
 
 pytestmark = pytest.mark.gpu
+transformers = pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +45,22 @@ def test_unknown_flashinfer_version_runs_k1_with_host_planning(path, monkeypatch
     assert "running 1 step per graph" in text, text
     assert host.runtime.k == 1
     got = [o.token_ids for o in host.generate(prompts, params, use_tqdm=False)]
-    assert got == want
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).cuda().eval()
+    margins = []
+    for pr, a, b in zip(prompts, want, got):
+        assert len(b) == 20
+        assert_greedy_matches_hf(hf, pr, a)
+        assert_greedy_matches_hf(hf, pr, b)               # host planning follows the float32 truth
+        if a != b:
+            i = next(j for j, (x, y) in enumerate(zip(a, b)) if x != y)
+            with torch.no_grad():
+                logits = hf(torch.tensor([pr + a[:i]], device="cuda")).logits[0, -1].float()
+            top = torch.topk(logits, 2).values
+            margins.append(float((top[0] - top[1]) / top[0].abs()))
+    print(f"\nhost-planned vs device-planned: {len(prompts) - len(margins)}/{len(prompts)} identical; "
+          f"divergence margins {margins} (tie: <= {BF16_GAP})")
+    assert all(m <= BF16_GAP for m in margins)
+    del hf
     # sampled graphs replay too
     s = host.generate(prompts[:1], SamplingParams(max_tokens=8, temperature=0.8, seed=3, ignore_eos=True),
                       use_tqdm=False)[0]
