@@ -8,10 +8,13 @@ Every workload call starts its prompts with a token no other call used (no call 
 cached pages). 1. shared prefix: after a short warm-up request, a --prefix-len prompt prefix +
    --suffix-len distinct tokens, one request at a time: TTFT of the first request (cold), then of --repeats more with other suffixes
    (repeated), with the prefix cache on and off; repeated / cold is the reuse.
-2. arrival: --streams requests decoding (ignore_eos, --decode-tokens each), then a --long-len
-   prompt arrives; per running stream, the gaps between its deltas divided by the tokens they
-   carry (TPOT) from the arrival until the long request's first token: p50 / p99 and the
-   largest gap, with max_num_batched_tokens = --chunk and without a limit (None).
+2. arrival: --streams requests decoding (ignore_eos, --decode-tokens each) for --steady-tokens
+   tokens each (the steady state: TPOT p50 and the p50 gap between deltas, a K-step block's
+   worth of tokens each), then a --long-len prompt arrives; per running stream, the gaps between
+   its deltas divided by the tokens they carry (TPOT) from the arrival until the long request's
+   first token: p50 / p99 and the largest gap, each also over the steady state's p50 (TPOT's,
+   and the steady gap's for the largest gap). Rows: paced (max_prefill_stall = --stall, capped
+   at --chunk), then unpaced with max_num_batched_tokens = --chunk and without a limit (None).
 3. multi-turn chat: --turns turns, each prompt = the previous prompt + its answer + a new user
    message (token ids, so the previous turn's pages are reusable): TTFT per turn, cache on / off.
 
@@ -33,6 +36,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def _pct(xs, q):
@@ -77,7 +81,8 @@ def _request(eng, prompt, max_tokens):
 
 def shared_prefix(eng, a) -> dict:
     """eng: a started Engine."""
-    _request(eng, _head(a) + [5] * 64, 2).join()                  # warm-up: cold is a steady engine's
+    _request(eng, _head(a) + [5] * (a.prefix_len + a.suffix_len), 2).join()   # warm-up: every kernel
+    #                                   of a long chunked prompt once; cold is then a steady engine's
     base = _head(a) + list(range(100, 99 + a.prefix_len))
     ttft, cached = [], []
     for i in range(a.repeats + 1):
@@ -95,24 +100,36 @@ def arrival(eng, a) -> dict:
     running = [_request(eng, [5 + s, 6, 7, 8], a.decode_tokens) for s in range(a.streams)]
     while any(sum(n for _, n in r.deltas) < 2 for r in running):     # every stream decoding
         time.sleep(0.001)
+    t_steady = time.perf_counter()
+    while any(sum(n for _, n in r.deltas) < a.steady_tokens for r in running):
+        time.sleep(0.001)
     t_arr = time.perf_counter()
     late = _request(eng, _head(a) + [(11 * j) % 90 + 5 for j in range(a.long_len - 1)], 2)
     late.join()
     t_first = late.t0 + late.ttft_ms / 1e3
     for r in running:
         r.join()
-    tpot, gaps = [], []
+    tpot, gaps, s_tpot, s_gaps = [], [], [], []
     for r in running:
         prev = None
         for t, n in r.deltas:
             if prev is not None and n and t_arr <= t <= t_first + 0.05:
                 gaps.append((t - prev) * 1e3)
                 tpot.append((t - prev) * 1e3 / n)
+            elif prev is not None and n and t_steady <= prev and t < t_arr:
+                s_gaps.append((t - prev) * 1e3)
+                s_tpot.append((t - prev) * 1e3 / n)
             prev = t if n else prev
     eng_stats = eng.stats()
+    steady, steady_gap = _pct(s_tpot, 0.5), _pct(s_gaps, 0.5)
     return {"long_ttft_ms": late.ttft_ms, "tpot_p50_ms": _pct(tpot, 0.5), "tpot_p99_ms": _pct(tpot, 0.99),
             "largest_gap_ms": max(gaps) if gaps else float("nan"), "samples": len(tpot),
             "p99_over_p50": _pct(tpot, 0.99) / _pct(tpot, 0.5) if tpot else float("nan"),
+            "steady_tpot_p50_ms": steady, "steady_gap_p50_ms": steady_gap, "steady_samples": len(s_tpot),
+            "p99_over_steady_p50": _pct(tpot, 0.99) / steady if tpot and s_tpot else float("nan"),
+            "gap_over_steady_gap": max(gaps) / steady_gap if gaps and s_gaps else float("nan"),
+            "gap_over_steady_p50": max(gaps) / steady if gaps and s_tpot else float("nan"),
+            "prefill_budget_tokens": eng_stats.get("prefill_budget_tokens"),
             "preemptions": eng.scheduler.num_preemptions, "pages_free": eng_stats["pages_free"]}
 
 
@@ -142,6 +159,9 @@ def main(argv=None) -> int:
     p.add_argument("--long-len", type=int, default=4096)
     p.add_argument("--decode-tokens", type=int, default=512)
     p.add_argument("--chunk", type=int, default=None, help="max_num_batched_tokens (default: EngineConfig's)")
+    p.add_argument("--stall", type=float, default=None, help="max_prefill_stall (default: EngineConfig's)")
+    p.add_argument("--steady-tokens", type=int, default=48,
+                   help="arrival: tokens each stream decodes before the long prompt (the steady state)")
     p.add_argument("--turns", type=int, default=6)
     p.add_argument("--answer-tokens", type=int, default=64)
     p.add_argument("--max-model-len", type=int, default=8192)
@@ -168,8 +188,10 @@ def main(argv=None) -> int:
                                 if (a.device or ("cuda" if torch.cuda.is_available() else "cpu")) == "cuda"
                                 else "float32")
     chunk = a.chunk if a.chunk is not None else EngineConfig().max_num_batched_tokens
+    stall = a.stall if a.stall is not None else EngineConfig().max_prefill_stall
     llm = LLM(path, device=a.device, max_batch=a.max_batch, steps_per_graph=a.steps_per_graph,
-              max_model_len=a.max_model_len, max_num_batched_tokens=chunk)      # prefix cache on
+              max_model_len=a.max_model_len, max_num_batched_tokens=chunk,
+              max_prefill_stall=stall)                                           # prefix cache on
     a.vocab = llm.checkpoint.spec.vocab_size            # _head's ids count down from its top
     res = {"model": str(a.make or a.model), "args": vars(a), "startup_s": round(llm.startup.total_s, 2),
            "shared_prefix": {}, "arrival": {}, "chat": {}}
@@ -188,10 +210,14 @@ def main(argv=None) -> int:
             res["shared_prefix"][tag + key] = shared_prefix(eng, a)
             res["chat"][tag + key] = chat(eng, a)
             if key == "on":
+                pacer, sched = eng.scheduler.pacer, eng.scheduler
+                if pacer is not None:
+                    res["arrival"][f"{tag}paced_{stall:g}_cap_{chunk}"] = arrival(eng, a)
+                sched.pacer = None                         # unpaced: max_num_batched_tokens alone
                 for limit in (chunk, None):
-                    eng.scheduler.max_num_batched_tokens = limit
+                    sched.max_num_batched_tokens = limit
                     res["arrival"][f"{tag}chunk_{limit}"] = arrival(eng, a)
-                eng.scheduler.max_num_batched_tokens = chunk
+                sched.max_num_batched_tokens, sched.pacer = chunk, pacer
             eng.shutdown()                                 # a stopped engine starts again
     mrt.prefill_graphs = graphs
     out = Path(a.out_dir)
@@ -210,11 +236,12 @@ def _table(res) -> str:
     for k, v in res["shared_prefix"].items():
         lines.append(f"| cache {k} | {v['cold_ttft_ms']:.1f} | {v['repeated_ttft_ms']:.1f} | "
                      f"{v['repeated_over_cold']:.2f} | {v['cached_tokens']} |")
-    lines += ["", "| arrival | long TTFT ms | TPOT p50 ms | TPOT p99 ms | p99 / p50 | largest gap ms | samples |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["", "| arrival | long TTFT ms | steady TPOT p50 ms | TPOT p50 ms | TPOT p99 ms | p99 / steady p50 | "
+              "largest gap ms | gap / steady gap | gap / steady p50 | samples |", "|---|---|---|---|---|---|---|---|---|---|"]
     for k, v in res["arrival"].items():
-        lines.append(f"| {k} | {v['long_ttft_ms']:.1f} | {v['tpot_p50_ms']:.2f} | {v['tpot_p99_ms']:.2f} | "
-                     f"{v['p99_over_p50']:.2f} | {v['largest_gap_ms']:.2f} | {v['samples']} |")
+        lines.append(f"| {k} | {v['long_ttft_ms']:.1f} | {v['steady_tpot_p50_ms']:.2f} | {v['tpot_p50_ms']:.2f} | "
+                     f"{v['tpot_p99_ms']:.2f} | {v['p99_over_steady_p50']:.2f} | {v['largest_gap_ms']:.2f} | "
+                     f"{v['gap_over_steady_gap']:.2f} | {v['gap_over_steady_p50']:.2f} | {v['samples']} |")
     lines += ["", "| chat | TTFT ms per turn | cached tokens per turn |", "|---|---|---|"]
     for k, v in res["chat"].items():
         lines.append(f"| cache {k} | {', '.join(f'{t:.1f}' for t in v['ttft_ms'])} | {v['cached_tokens']} |")

@@ -103,6 +103,8 @@ class BlockMixin:
         if not rows:
             return True
         batch.flush(ex.apply)
+        pacer = s.pacer
+        mark = pacer.start() if pacer is not None else None
         k = self.spec.num_tokens if self.spec is not None else 0
         forced = False
         if k and self.policy is not None:             # speculate this block, or a plain one
@@ -132,6 +134,8 @@ class BlockMixin:
             if self.spec is not None:
                 self.spec_counts["plain_blocks"] += 1
         self._pending.append(pending)
+        if pacer is not None:
+            pacer.launched("block", mark)
         return True
 
     def _to_host(self, rows, tokens: torch.Tensor, emitted=None, proposed=None, *, logprobs=None) -> _Pending:
@@ -149,6 +153,8 @@ class BlockMixin:
         """A block's tokens -> stop checks, deltas, finished requests' pages freed."""
         if block.event is not None:
             block.event.synchronize()
+        if self.scheduler.pacer is not None:
+            self.scheduler.pacer.poll()               # launches complete by now: read, no sync
         if block.emitted is None:
             cols = block.tokens.t().tolist()              # [cols][steps]
         else:

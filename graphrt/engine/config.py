@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from graphrt.config import BACKENDS, KV_CACHE_DTYPES, RuntimeConfig
+from graphrt.engine.pacing import check_max_stall
 from graphrt.speculative.config import SpeculativeConfig
 
 DEFAULT_MAX_MODEL_LEN = 8192
@@ -35,7 +36,10 @@ class EngineConfig:
     docs/fp8.md); enable_prefix_caching: reuse the KV pages of a
     prompt's cached prefix (engine/prefix_cache.py); max_num_batched_tokens: prompt tokens
     prefilled between two decode blocks while requests decode (long prompts run in chunks so
-    running streams keep their pace; None: no limit); prefill_graph_tokens: on CUDA, prompts
+    running streams keep their pace; None: no limit); max_prefill_stall: while requests decode,
+    a prompt chunk may add at most this share of a decode block's measured time (its token
+    budget follows the measured prefill cost per token, capped by max_num_batched_tokens;
+    engine/pacing.py; None: max_num_batched_tokens alone); prefill_graph_tokens: on CUDA, prompts
     run as captured prefill graphs in pieces of at most this many tokens (one replay a piece,
     model/prefill_graphs.py; 0: eager prefill, as prompt log-probs always are)."""
 
@@ -55,6 +59,7 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
     max_num_batched_tokens: int | None = 2048
+    max_prefill_stall: float | None = 0.25
     prefill_graph_tokens: int = 512
 
     def __post_init__(self):
@@ -72,6 +77,7 @@ class EngineConfig:
                                        or self.dtype not in ("bfloat16", "float16", "float32")):
             raise ValueError(f"dtype: {self.dtype!r} is not one of ['bfloat16', 'float16', 'float32']")
         _pos_int("max_num_batched_tokens", self.max_num_batched_tokens, optional=True)
+        check_max_stall(self.max_prefill_stall)
         p = self.prefill_graph_tokens
         if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p <= 8192:
             raise ValueError(f"prefill_graph_tokens: must be an int in [0, 8192] (0 = eager prefill), got {p!r}")

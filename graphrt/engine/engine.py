@@ -26,7 +26,9 @@ stream. A preempted request (scheduler.py) skips the tokens of its blocks still 
 epoch moved on) and is prefilled again later over prompt + its accepted tokens.
 Prefill (ModelRuntime.prefill: captured prefill graphs on CUDA, model/prefill_graphs.py) starts
 after the context's cached prefix (prefix cache) and, while rows decode, runs at most
-max_num_batched_tokens prompt tokens between two decode blocks (scheduler.py: prefill_work).
+prefill_budget() prompt tokens between two decode blocks (scheduler.py: prefill_work): with
+max_prefill_stall, the share of a decode block's measured time a chunk may add (pacing.py),
+capped by max_num_batched_tokens.
 Launching a prefill or a block and reading its tokens back: blocks.py (a mixin of Engine).
 
 Failure policy (docs/engine.md): an exception raised by one request's work (its prefill, its
@@ -57,6 +59,7 @@ from graphrt.engine.token_bytes import token_bytes
 from graphrt.engine.params import RequestOutput, SamplingParams
 from graphrt.engine import sampling_extras as extras
 from graphrt.engine.scheduler import Request, Scheduler
+from graphrt.engine.pacing import PrefillPacer, check_max_stall
 from graphrt.engine.speculation import BlockClock, default_policy, spec_stats
 from graphrt.engine.stream import RequestStream
 
@@ -69,7 +72,8 @@ class Engine(BlockMixin):
 
     def __init__(self, runtime, tokenizer, *, eos_token_ids: tuple[int, ...], max_model_len: int,
                  overlap: bool = True, seed: int | None = None, policy=None,
-                 enable_prefix_caching: bool = True, max_num_batched_tokens: int | None = None):
+                 enable_prefix_caching: bool = True, max_num_batched_tokens: int | None = None,
+                 max_prefill_stall: float | None = None):
         if not callable(getattr(runtime, "decode_block", None)):
             from graphrt.engine.executor import LocalExecutor
             runtime = LocalExecutor(runtime)
@@ -90,6 +94,10 @@ class Engine(BlockMixin):
                                    batch=self.batch, spec_k=spec.num_tokens if spec is not None else 0,
                                    spec_rounds=self.rounds, cache_seed=seed_key,
                                    max_num_batched_tokens=budget)
+        check_max_stall(max_prefill_stall)
+        if max_prefill_stall is not None and getattr(runtime, "partial_prefill", True):   # chunks allowed
+            self.scheduler.pacer = PrefillPacer(max_prefill_stall, page_size=c.page_size, max_tokens=budget,
+                                                device=self.device)
         self.scheduler.forks = getattr(spec, "eagle", None) is None   # an EAGLE-3 head prefills every sample
         self.spec_counts = {"proposed": 0, "accepted": 0, "rounds": 0, "emitted": 0,   # loop thread
                             "blocks": 0, "plain_blocks": 0}
@@ -215,7 +223,11 @@ class Engine(BlockMixin):
         sched.admit()
         work = sched.prefill_work()
         if work:
+            pacer = sched.pacer if sched.decode_rows() else None    # a chunk the streams wait for
+            mark = pacer.start() if pacer is not None else None
             launched = self._prefill_guarded(work)
+            if pacer is not None:
+                pacer.launched("chunk", mark, tokens=sum(e - a for _, a, e in work))
         rows = sched.decode_rows()
         if work or not rows:
             self._clock.interrupted()
@@ -331,7 +343,8 @@ class Engine(BlockMixin):
         (decode blocks timed launch to launch, prefills excluded, and the same blocks at their
         graphs' measured costs: BlockClock). pages_free counts cached pages no
         request holds (pages_cached: pages in the prefix cache, held or not); prefix_cache_queries
-        / prefix_cache_hits: prompt tokens looked up in the prefix cache / found there."""
+        / prefix_cache_hits: prompt tokens looked up in the prefix cache / found there. With
+        max_prefill_stall: prefill_budget_tokens, prefill_us_per_token, decode_block_us (pacing.py)."""
         sched, alloc = self.scheduler, self.scheduler.allocator
         free, cache = alloc.num_free, sched.kv.cache
         out = {"running": sum(r is not None for r in list(sched.slots)), "waiting": len(sched.waiting),
@@ -342,6 +355,8 @@ class Engine(BlockMixin):
                "prefix_cache_hits": cache.hits if cache is not None else 0}
         if self.spec is not None:                     # speculation: cumulative device counts
             out.update(spec_stats(self.spec_counts, self._clock))
+        if sched.pacer is not None:
+            out.update(sched.pacer.stats())
         return out
 
     # ---- background thread --------------------------------------------------------------------

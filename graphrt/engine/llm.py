@@ -199,7 +199,8 @@ class LLM:
             self.engine = Engine(self.runtime, self.tokenizer, eos_token_ids=eos, max_model_len=max_len,
                                  overlap=config.overlap, seed=config.seed,
                                  enable_prefix_caching=config.enable_prefix_caching,
-                                 max_num_batched_tokens=config.max_num_batched_tokens)
+                                 max_num_batched_tokens=config.max_num_batched_tokens,
+                                 max_prefill_stall=config.max_prefill_stall)
             times.engine_s = time.perf_counter() - engine_t
         except BaseException:
             self.shutdown()

@@ -10,8 +10,9 @@ input_batch.py holds the rows on the device):
   pages of its context's longest cached prefix are shared instead of allocated (never the page
   of its last context token: at least one token is prefilled, for the first logits).
 - Prefill (`prefill_work`, `prefilled`): an admitted request's context is prefilled from its
-  first uncached token, in chunks: while some row decodes, at most max_num_batched_tokens
-  prompt tokens run between two decode blocks (FIFO; a long prompt spans several steps);
+  first uncached token, in chunks: while some row decodes, at most `prefill_budget()` prompt
+  tokens run between two decode blocks (max_num_batched_tokens, or the pacer's share of a
+  decode block's time, engine/pacing.py; FIFO; a long prompt spans several steps);
   with no row decoding, everything admitted runs at once. A request decodes after its last
   chunk. Full pages are cached as they are written (prefill, then accepted decode tokens).
 - Growth: before each block a row gets the pages its next block may write (`grow`): with
@@ -113,6 +114,7 @@ class Scheduler:
             raise ValueError(f"max_num_batched_tokens: must be None or an int >= 1, got {max_num_batched_tokens!r}")
         self.kv = KVCacheManager(pool_pages=num_pages + 1, page_size=page_size, cache_seed=cache_seed)
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.pacer = None                            # engine/pacing.py PrefillPacer, or None: the cap only
         self.prefilling: list[Request] = []          # admitted, prefill not finished (FIFO)
         self.forks = True                            # n > 1: samples may share a prefill (kv.fork)
         self.record = False                          # tests: log every launch in `launches`
@@ -193,7 +195,7 @@ class Scheduler:
         logits."""
         sib = req.sibling
         return (self.forks and sib is not None and sib in out and not req.token_ids and not sib.token_ids
-                and (self.max_num_batched_tokens is None or not self.decode_rows()))
+                and self.prefill_budget() is None)
 
     def _match(self, req: Request, n: int) -> list[int]:
         """Cached pages of req's context (n tokens): full pages of its first n - 1 tokens only."""
@@ -207,8 +209,8 @@ class Scheduler:
     # ---- prefill ------------------------------------------------------------------------------
     def prefill_work(self) -> list[tuple[Request, int, int]]:
         """(request, start, end) context positions to prefill in this step, FIFO: everything
-        admitted, or at most max_num_batched_tokens tokens while some row decodes."""
-        budget = self.max_num_batched_tokens if self.decode_rows() else None
+        admitted, or at most prefill_budget() tokens while some row decodes."""
+        budget = self.prefill_budget()
         out = []
         for r in self.prefilling:
             end = len(r.prompt) + len(r.token_ids)
@@ -220,6 +222,14 @@ class Scheduler:
             if budget == 0:
                 break
         return out
+
+    def prefill_budget(self) -> int | None:
+        """Prompt tokens this step may prefill: None (no limit) while no row decodes, else the
+        pacer's budget (a share of a decode block's measured time, capped by
+        max_num_batched_tokens) or, without a pacer, max_num_batched_tokens."""
+        if not self.decode_rows():
+            return None
+        return self.pacer.budget() if self.pacer is not None else self.max_num_batched_tokens
 
     def prefilled(self, req: Request, end: int) -> bool:
         """Positions [.., end) of req's context are prefilled (launched): cache its full pages;

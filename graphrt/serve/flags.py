@@ -53,6 +53,11 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help=f"prompt tokens prefilled between two decode blocks while requests decode; longer "
                         f"prompts run in chunks (default: {d.max_num_batched_tokens}, or "
                         f"max_num_batched_tokens in --config)")
+    p.add_argument("--max-prefill-stall", type=float, default=None, metavar="F",
+                   help=f"while requests decode, a prompt chunk may add at most this share of a decode "
+                        f"block's measured time (the chunk's tokens follow the measured prefill cost, up to "
+                        f"--max-num-batched-tokens; default: {d.max_prefill_stall}, or max_prefill_stall in "
+                        f"--config)")
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help=f"require 'Authorization: Bearer KEY' on every endpoint but /health (default: "
                         f"${API_KEY_ENV}, or api_key in --config; none: no authentication)")
@@ -83,7 +88,8 @@ def engine_overrides(args, eng_kw: dict) -> dict:
              "gpu_memory_utilization": args.gpu_memory_utilization,
              "kv_cache_dtype": getattr(args, "kv_cache_dtype", None),
              "enable_prefix_caching": getattr(args, "prefix_caching", None),
-             "max_num_batched_tokens": getattr(args, "max_num_batched_tokens", None)}
+             "max_num_batched_tokens": getattr(args, "max_num_batched_tokens", None),
+             "max_prefill_stall": getattr(args, "max_prefill_stall", None)}
     out |= {k: v for k, v in flags.items() if v is not None}
     if args.dtype == "auto":                       # auto given: the device's default, whatever the file says
         out.pop("dtype", None)
