@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -30,15 +31,37 @@ STATE_SUFFIXES = (".lock", ".ninja_log", ".ninja_deps")  # build-tool bookkeepin
 LOCK_SUFFIX = ".lock"  # never read (only flock'ed): created by loading with the user's umask
 UNSAFE_MODE = stat.S_IWGRP | stat.S_IWOTH
 MAX_SYMLINK_HOPS = 40  # as the kernel's path resolution (ELOOP)
+READ_BLOCK = 1 << 20   # bytes read per call while hashing
+HASH_WORKERS = 8       # files hashed at once: past this a cache's few large modules gain little
 
 
 def sha256(path: Path) -> str:
-    """sha256 (hex) of a file's bytes; refuses (OSError) to follow a symlink to it."""
+    """sha256 (hex) of a file's bytes; refuses (OSError) to follow a symlink to it. Reads into
+    one reused buffer (no bytes object per block); hashlib releases the GIL while it hashes a
+    block, so hash_files can run several of these at once."""
     h = hashlib.sha256()
-    with os.fdopen(os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)), "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
+    with os.fdopen(os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)), "rb", buffering=0) as f:
+        buf = bytearray(min(READ_BLOCK, os.fstat(f.fileno()).st_size + 1))  # a small file: one read
+        view = memoryview(buf)
+        while n := f.readinto(buf):
+            h.update(view[:n])
     return h.hexdigest()
+
+
+def hash_files(root: Path, rels: list[str]) -> list[str | OSError]:
+    """sha256 (hex) of each file `root/rel`, in the order of `rels`, or the OSError that reading
+    it raised (missing, replaced by a symlink since the walk, unreadable). Up to HASH_WORKERS
+    files are hashed at once: a cache's FlashInfer modules are tens of MB each."""
+    def one(rel: str) -> str | OSError:
+        try:
+            return sha256(Path(root) / rel)
+        except OSError as e:
+            return e
+    if len(rels) < 2:
+        return [one(rel) for rel in rels]
+    workers = min(HASH_WORKERS, os.cpu_count() or 1, len(rels))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="graphrt-sha256") as pool:
+        return list(pool.map(one, rels))
 
 
 def current_uid() -> int:
@@ -70,9 +93,6 @@ def _ownership_problem(what: str, st: os.stat_result, uid: int, *, allow_root: b
         return (f"{what}: writable by group/others (mode {stat.S_IMODE(st.st_mode):04o}); "
                 f"chmod go-w it")
     return None
-
-
-MAX_SYMLINK_HOPS = 40  # as the kernel's path resolution (ELOOP)
 
 
 def ancestor_problems(cache_dir: Path, uid: int) -> list[str]:
@@ -202,7 +222,11 @@ def collect_artifacts(cache_dir: Path) -> dict[str, str]:
     found = walk(cache_dir, trust_unsafe_permissions=True)
     if found.problems:
         raise RuntimeError(f"{cache_dir}: cannot make a graph cache of it: {list(found.problems)}")
-    return {rel: sha256(Path(cache_dir) / rel) for rel in found.files}
+    digests = hash_files(cache_dir, list(found.files))
+    for d in digests:
+        if isinstance(d, OSError):
+            raise d
+    return dict(zip(found.files, digests))
 
 
 def drop_group_other_write(cache_dir: Path) -> None:

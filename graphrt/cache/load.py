@@ -26,7 +26,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from graphrt.cache.files import MANIFEST, entry_problem, sha256, stat_snapshot, walk
+from graphrt.cache.files import MANIFEST, entry_problem, hash_files, sha256, stat_snapshot, walk
 from graphrt.cache.manifest import (FORMAT, CacheMismatchError, Manifest, build_manifest, environment,
                              flashinfer_version, same_environment, write_cache_manifest)
 
@@ -177,6 +177,9 @@ def _manifest_problems(data: dict, config, where: str) -> list[str]:
 
 
 def _artifact_problems(cache_dir: Path, listed: dict, present: tuple[str, ...]) -> list[str]:
+    """The manifest's artifact entries against the files the walk found (`present`): bad entries,
+    listed files missing, unlisted files, and every listed file whose sha256 differs (all hashed
+    before any is judged, several at once: files.hash_files)."""
     problems = []
     for rel, digest in listed.items():
         bad = entry_problem(rel)
@@ -190,15 +193,12 @@ def _artifact_problems(cache_dir: Path, listed: dict, present: tuple[str, ...]) 
         problems.append(f"{rel}: listed in the manifest but missing (or not a regular file)")
     for rel in sorted(on_disk - set(valid)):
         problems.append(f"{rel}: present but not listed in the manifest")
-    for rel in sorted(set(valid) & on_disk):
-        if not (isinstance(valid[rel], str) and HEX64.fullmatch(valid[rel])):
-            continue  # reported above
-        try:
-            actual = sha256(cache_dir / rel)
-        except OSError as e:  # e.g. replaced by a symlink since the walk
-            problems.append(f"{rel}: cannot be read ({e.strerror})")
-            continue
-        if actual != valid[rel]:
+    to_hash = [rel for rel in sorted(set(valid) & on_disk)    # bad digests: reported above
+               if isinstance(valid[rel], str) and HEX64.fullmatch(valid[rel])]
+    for rel, actual in zip(to_hash, hash_files(cache_dir, to_hash)):
+        if isinstance(actual, OSError):                       # e.g. replaced by a symlink since the walk
+            problems.append(f"{rel}: cannot be read ({actual.strerror})")
+        elif actual != valid[rel]:
             problems.append(f"{rel}: checksum mismatch: sha256 {actual[:16]}... on disk, manifest "
                             f"lists {str(valid[rel])[:16]}...")
     return problems

@@ -13,7 +13,11 @@ checked, and the model's kernels it lacks are compiled outside it (graphrt/cache
 from __future__ import annotations
 
 import hashlib
+import time
+from dataclasses import dataclass
 from pathlib import Path
+
+from graphrt.cache.manifest import Manifest
 
 GEOMETRY = ("num_qo_heads", "num_kv_heads", "head_dim", "page_size", "kv_layout", "dtype")
 ENGINE_FIELDS = ("max_batch", "steps_per_graph", "page_size", "max_model_len", "dtype", "kv_cache_dtype",
@@ -40,7 +44,12 @@ def _resolved(model_path, engine_cfg, device_type: str):
 
 def model_runtime_config(model_path, engine_cfg, device_type: str):
     """The RuntimeConfig LLM(model_path, device, engine_cfg) would build, from config.json only."""
-    spec, dtype, max_len = _resolved(model_path, engine_cfg, device_type)
+    return _runtime_config(_resolved(model_path, engine_cfg, device_type), engine_cfg, device_type)
+
+
+def _runtime_config(resolved, engine_cfg, device_type: str):
+    """model_runtime_config from _resolved's (LlamaSpec, dtype, max_model_len)."""
+    spec, dtype, max_len = resolved
     return engine_cfg.runtime_config(spec, device_type=device_type, dtype=dtype, max_model_len=max_len)
 
 
@@ -54,8 +63,15 @@ def built_for(model_path, engine_cfg, device_type: str, *, quantization: str | N
     """What a model cache holds the kernels of: {"model": {"config_sha256", "path"}, "engine":
     {ENGINE_FIELDS}} with dtype, max_model_len and backend resolved as LLM resolves them. The
     path is recorded, not compared (a copy of the checkpoint elsewhere needs the same kernels)."""
-    spec_, dtype, max_len = _resolved(model_path, engine_cfg, device_type)
-    rc = engine_cfg.runtime_config(spec_, device_type=device_type, dtype=dtype, max_model_len=max_len)
+    return _built_for(model_path, _resolved(model_path, engine_cfg, device_type), engine_cfg, device_type,
+                      quantization=quantization, tensor_parallel=tensor_parallel)
+
+
+def _built_for(model_path, resolved, engine_cfg, device_type: str, *, quantization: str | None,
+               tensor_parallel: int) -> dict:
+    """built_for from _resolved's (LlamaSpec, dtype, max_model_len) of `model_path`."""
+    _, dtype, max_len = resolved
+    rc = _runtime_config(resolved, engine_cfg, device_type)
     spec = engine_cfg.speculative
     engine = {"max_batch": engine_cfg.max_batch, "steps_per_graph": engine_cfg.steps_per_graph,
               "page_size": engine_cfg.page_size, "max_model_len": max_len, "dtype": dtype,
@@ -103,17 +119,38 @@ def check_built_for(cache_dir: Path, manifest_data: dict, want: dict) -> None:
                                  "--model MODEL --out DIR and the same engine flags")
 
 
+@dataclass(frozen=True)
+class OpenedCache:
+    """What open_for_serving returns: the checked Manifest and the seconds (host wall clock) of
+    its three parts, so the start-up log says which part costs what."""
+    manifest: Manifest
+    environment_s: float   # versions and GPU of this process (first call: Triton's import, CUDA init)
+    verify_s: float        # check_cache: trust walk, manifest, sha256 of every artifact
+    model_s: float         # config.json -> geometry and built_for (first call: transformers' config classes)
+
+
 def open_for_serving(cache_dir: Path, *, expect_digest: str | None, model_dir, engine_cfg,
-                     device_type: str, quantization: str | None, tensor_parallel: int):
-    """check_cache (trust, pin, every sha256), then the geometry and `built_for`: the Manifest,
-    or CacheMismatchError before anything is loaded."""
+                     device_type: str, quantization: str | None, tensor_parallel: int) -> OpenedCache:
+    """check_cache (trust, pin, every sha256), then the geometry and `built_for`: an OpenedCache,
+    or CacheMismatchError before anything is loaded.
+
+    The environment (library versions, GPU) is read once before check_cache, which reads it
+    again: its first call pays one-time imports and CUDA initialisation (what LLM() would pay
+    otherwise), timed apart from the hashing. The model's config.json is resolved once for both
+    the geometry and built_for."""
     from graphrt.cache.load import check_cache
+    from graphrt.cache.manifest import environment
+    t0 = time.perf_counter()
+    environment()
+    t1 = time.perf_counter()
     manifest = check_cache(cache_dir, expect_digest=expect_digest)
-    check_geometry(cache_dir, manifest.data["config"], model_runtime_config(model_dir, engine_cfg, device_type))
-    check_built_for(cache_dir, manifest.data, built_for(model_dir, engine_cfg, device_type,
-                                                        quantization=quantization,
-                                                        tensor_parallel=tensor_parallel))
-    return manifest
+    t2 = time.perf_counter()
+    resolved = _resolved(model_dir, engine_cfg, device_type)
+    check_geometry(cache_dir, manifest.data["config"], _runtime_config(resolved, engine_cfg, device_type))
+    check_built_for(cache_dir, manifest.data, _built_for(model_dir, resolved, engine_cfg, device_type,
+                                                         quantization=quantization,
+                                                         tensor_parallel=tensor_parallel))
+    return OpenedCache(manifest, environment_s=t1 - t0, verify_s=t2 - t1, model_s=time.perf_counter() - t2)
 
 
 def log_after_load(log, cache_dir: Path, before: dict, kernels) -> None:
@@ -135,4 +172,4 @@ def log_after_load(log, cache_dir: Path, before: dict, kernels) -> None:
 
 
 __all__ = ["GEOMETRY", "log_after_load", "ENGINE_FIELDS", "model_runtime_config", "built_for", "check_geometry",
-           "check_built_for", "open_for_serving"]
+           "check_built_for", "open_for_serving", "OpenedCache"]

@@ -212,13 +212,15 @@ def load(args, *, keep=None):
     if cache_dir is not None:
         from graphrt.cache.load import stat_snapshot
         from graphrt.serve.cache_pin import open_for_serving
-        t0 = time.perf_counter()
-        manifest = open_for_serving(cache_dir, expect_digest=args.expect_digest, model_dir=model_dir,
-                                    engine_cfg=engine_cfg, device_type=device.type,
-                                    quantization=args.quantization, tensor_parallel=args.tensor_parallel)
+        opened = open_for_serving(cache_dir, expect_digest=args.expect_digest, model_dir=model_dir,
+                                  engine_cfg=engine_cfg, device_type=device.type,
+                                  quantization=args.quantization, tensor_parallel=args.tensor_parallel)
         before = stat_snapshot(cache_dir)
-        log.info("graph cache %s: %d artifacts verified in %.2f s", cache_dir.resolve(),
-                 len(manifest.data["artifacts"]), time.perf_counter() - t0)
+        log.info("graph cache %s: %d artifacts (%.1f MB) verified in %.2f s (trust, manifest, sha256); "
+                 "first uses, which LLM() would pay otherwise: versions and GPU %.2f s (Triton's import, "
+                 "CUDA init), model config %.2f s (transformers' config classes)", cache_dir.resolve(),
+                 len(opened.manifest.data["artifacts"]), sum(size for size, _ in before.values()) / 1e6,
+                 opened.verify_s, opened.environment_s, opened.model_s)
     from graphrt.cache.load import reading_from
     from graphrt.engine import LLM
     log.info("loading %s on %s (%s)", Path(model_dir).resolve(), device, engine_cfg)

@@ -207,6 +207,28 @@ def test_same_size_object_replacement_is_refused(art_cache):
     _refused(art_cache, f"{OBJ}: checksum mismatch")
 
 
+def test_every_changed_file_is_named_in_path_order(art_cache):
+    (art_cache / TRITON).write_bytes(b"CUBIN" * 50)             # hashed several at once: files.hash_files
+    (art_cache / SO).write_bytes(b"\x7fELF module v2" * 64)
+    msg = _refused(art_cache, "checksum mismatch")
+    named = [line.split(": ")[0].lstrip(" -") for line in msg.splitlines() if "checksum mismatch" in line]
+    assert named == [SO, TRITON]
+
+
+def test_file_replaced_by_a_symlink_after_the_walk_is_refused(art_cache, tmp_path, monkeypatch):
+    import graphrt.cache.load as load
+    walked = load.walk
+    (tmp_path / "evil.so").write_bytes(b"\x7fELF evil")
+
+    def walk_then_swap(*args, **kw):                             # the race the walk cannot see
+        found = walked(*args, **kw)
+        (art_cache / SO).unlink()
+        (art_cache / SO).symlink_to(tmp_path / "evil.so")
+        return found
+    monkeypatch.setattr(load, "walk", walk_then_swap)
+    _refused(art_cache, f"{SO}: cannot be read")                # O_NOFOLLOW: the target is never read
+
+
 def test_unlisted_and_missing_files_are_refused(art_cache):
     _edit_manifest(art_cache, lambda d: d["artifacts"].pop(SO))  # entry deleted, file kept
     _refused(art_cache, f"{SO}: present but not listed")

@@ -1,13 +1,14 @@
 """The walk over a graph cache's files: classification, refusals, hashing, permissions fix-up."""
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 
 import pytest
 
-from graphrt.cache.files import (collect_artifacts, drop_group_other_write, entry_problem, sha256,
-                                 stat_snapshot, walk)
+from graphrt.cache.files import (READ_BLOCK, collect_artifacts, drop_group_other_write, entry_problem,
+                                 hash_files, sha256, stat_snapshot, walk)
 
 
 @pytest.fixture
@@ -30,6 +31,19 @@ def test_walk_classifies_files_and_state(tree):
     arts = collect_artifacts(tree)
     assert arts == {rel: sha256(tree / rel) for rel in found.files}
     assert set(stat_snapshot(tree)) == set(found.files)
+
+
+def test_hash_files_keeps_order_and_returns_errors(tmp_path):
+    sizes = [0, 1, 2047, 2048, READ_BLOCK - 1, READ_BLOCK, READ_BLOCK + 1, 3 * READ_BLOCK + 7] + [100] * 30
+    rels = [f"f{i:02d}" for i in range(len(sizes))]
+    for i, (rel, n) in enumerate(zip(rels, sizes)):
+        (tmp_path / rel).write_bytes(os.urandom(n) if n > 100 else bytes([i]) * n)
+    (tmp_path / "link").symlink_to(tmp_path / "f01")
+    got = hash_files(tmp_path, rels + ["link", "gone"])
+    assert got[:-2] == [hashlib.sha256((tmp_path / rel).read_bytes()).hexdigest() for rel in rels]
+    assert got[:-2] == [sha256(tmp_path / rel) for rel in rels]   # one file at a time: the same
+    assert isinstance(got[-2], OSError) and isinstance(got[-1], FileNotFoundError)  # a symlink is not followed
+    assert hash_files(tmp_path, []) == [] and hash_files(tmp_path, ["f01"]) == [got[1]]
 
 
 def test_lock_files_may_be_group_writable_nothing_else(tree):
