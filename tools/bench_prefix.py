@@ -13,8 +13,8 @@ cached pages). 1. shared prefix: after a short warm-up request, a --prefix-len p
    worth of tokens each), then a --long-len prompt arrives; per running stream, the gaps between
    its deltas divided by the tokens they carry (TPOT) from the arrival until the long request's
    first token: p50 / p99 and the largest gap, each also over the steady state's p50 (TPOT's,
-   and the steady gap's for the largest gap). Rows: paced (max_prefill_stall = --stall, capped
-   at --chunk), then unpaced with max_num_batched_tokens = --chunk and without a limit (None).
+   and the steady gap's for the largest gap). Rows: paced (max_prefill_stall = --stall, or each
+   of --stalls, capped at --chunk), then unpaced with max_num_batched_tokens = --chunk and without a limit (None).
 3. multi-turn chat: --turns turns, each prompt = the previous prompt + its answer + a new user
    message (token ids, so the previous turn's pages are reusable): TTFT per turn, cache on / off.
 
@@ -160,6 +160,8 @@ def main(argv=None) -> int:
     p.add_argument("--decode-tokens", type=int, default=512)
     p.add_argument("--chunk", type=int, default=None, help="max_num_batched_tokens (default: EngineConfig's)")
     p.add_argument("--stall", type=float, default=None, help="max_prefill_stall (default: EngineConfig's)")
+    p.add_argument("--stalls", type=lambda v: [float(x) for x in v.split(",")], default=None,
+                   help="arrival: comma list of max_prefill_stall values, a paced row each (default: --stall)")
     p.add_argument("--steady-tokens", type=int, default=48,
                    help="arrival: tokens each stream decodes before the long prompt (the steady state)")
     p.add_argument("--turns", type=int, default=6)
@@ -211,8 +213,11 @@ def main(argv=None) -> int:
             res["chat"][tag + key] = chat(eng, a)
             if key == "on":
                 pacer, sched = eng.scheduler.pacer, eng.scheduler
+                for st in (a.stalls or [stall]) if pacer is not None else ():
+                    pacer.max_stall = st                   # the measured costs carry over: the model's
+                    res["arrival"][f"{tag}paced_{st:g}_cap_{chunk}"] = arrival(eng, a)
                 if pacer is not None:
-                    res["arrival"][f"{tag}paced_{stall:g}_cap_{chunk}"] = arrival(eng, a)
+                    pacer.max_stall = stall
                 sched.pacer = None                         # unpaced: max_num_batched_tokens alone
                 for limit in (chunk, None):
                     sched.max_num_batched_tokens = limit
