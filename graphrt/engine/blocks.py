@@ -35,6 +35,7 @@ class _Pending:
     spec_k: int = 0                       # a speculative block's k
     forced: bool = False                  # a spec block the policy did not choose (rows at their limit)
     logprobs: tuple | None = None         # (token [S, cols], rank, ids [S, cols, N], vals) host
+    error: torch.Tensor | None = None     # [1] int32 host: the runtime's sticky device-guard flags
 
 
 class BlockMixin:
@@ -45,6 +46,7 @@ class BlockMixin:
         plus accepted tokens after a preemption); a request whose context is then complete
         draws its next token into its slot and starts its row in the batch. -> drew any."""
         s = self.scheduler
+        defer = {"defer_check": True} if self._error_flag is not None else {}   # flags read with the block
         forks = fork_owners(work, s.page_size)        # n > 1: the samples sharing this prefill's pages
         for r, a, e in work:                          # never a shared or cached page (a forked
             if r.shares is not None:                  # sample writes only its partial page's copy)
@@ -55,7 +57,7 @@ class BlockMixin:
         if part:                                      # chunks that draw nothing yet
             self.runtime.prefill([torch.tensor(ctx[id(r)][a:e], dtype=torch.int64) for r, a, e in part],
                                  torch.from_numpy(self.batch.block_table_host[[r.slot for r, _, _ in part]]),
-                                 starts=[a for _, a, _ in part])
+                                 starts=[a for _, a, _ in part], **defer)
             for r, _, e in part:
                 s.prefilled(r, e)
         work = [w for w in work if w[2] == len(ctx[id(w[0])])]
@@ -67,7 +69,7 @@ class BlockMixin:
         prompts = [torch.tensor(ctx[id(r)][a:], dtype=torch.int64) for r, a, _ in own]   # host: checked and
         #                                          copied to the device without a host sync (kernels/transfer.py)
         table = torch.from_numpy(self.batch.block_table_host[[r.slot for r, _, _ in own]])   # [m, W] host
-        fork = {} if len(own) == len(work) else fork_args([r for r, _, _ in own], reqs)
+        fork = ({} if len(own) == len(work) else fork_args([r for r, _, _ in own], reqs)) | defer
         ps = [r.params for r in reqs]
         inputs = SamplingInputs(torch.tensor([0.0 if p.greedy else p.temperature for p in ps]),
                                 torch.tensor([max(p.top_k, 0) for p in ps], dtype=torch.int32),
@@ -139,20 +141,26 @@ class BlockMixin:
         return True
 
     def _to_host(self, rows, tokens: torch.Tensor, emitted=None, proposed=None, *, logprobs=None) -> _Pending:
+        """The block's outputs (and the runtime's device-guard flags) copied to the host
+        without a sync; valid once the pending's event completed."""
+        flag = self._error_flag
         if self.device.type != "cuda":
             return _Pending(rows, tokens.clone(), None, *(None if t is None else t.clone()
                                                           for t in (emitted, proposed)),
-                            logprobs=None if logprobs is None else tuple(t.clone() for t in logprobs))
-        host = [None if t is None else t.to("cpu", non_blocking=True) for t in (tokens, emitted, proposed)]
+                            logprobs=None if logprobs is None else tuple(t.clone() for t in logprobs),
+                            error=None if flag is None else flag.clone())
+        host = [None if t is None else t.to("cpu", non_blocking=True) for t in (tokens, emitted, proposed, flag)]
         lp = None if logprobs is None else tuple(t.to("cpu", non_blocking=True) for t in logprobs)
         event = torch.cuda.Event()
         event.record()
-        return _Pending(rows, host[0], event, host[1], host[2], logprobs=lp)
+        return _Pending(rows, host[0], event, host[1], host[2], logprobs=lp, error=host[3])
 
     def _finish(self, block: _Pending) -> None:
         """A block's tokens -> stop checks, deltas, finished requests' pages freed."""
         if block.event is not None:
             block.event.synchronize()
+        if block.error is not None and int(block.error[0]):
+            self.runtime.check_device_errors()        # DeviceInputError naming the guard: the engine stops
         if self.scheduler.pacer is not None:
             self.scheduler.pacer.poll()               # launches complete by now: read, no sync
         if block.emitted is None:

@@ -83,6 +83,9 @@ class Engine(BlockMixin):
             raise ValueError(f"max_model_len: {max_model_len} + lookahead {ahead} (K, or k proposals) "
                              f"exceeds the runtime's max_context_len {c.max_context_len}")
         self.runtime, self.tokenizer, self.device = runtime, tokenizer, runtime.device
+        # the device guards' sticky flags, read with every block's tokens (None: a tensor-parallel
+        # driver, whose ranks check each prefill at once)
+        self._error_flag = getattr(runtime, "device_error_flag", None)
         self.vocab_size, self.max_model_len, self.overlap = runtime.model.spec.vocab_size, max_model_len, overlap
         self.spec, self.rounds = spec, runtime.rounds
         self.batch = InputBatch(max_batch=c.max_batch, max_pages_per_seq=c.max_pages_per_seq,

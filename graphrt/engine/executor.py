@@ -86,13 +86,21 @@ class LocalExecutor:
                      sum(s.capture_ms + s.warmup_ms for s in spec), sum(s.graph_bytes for s in spec) / 2**20)
         return stats
 
-    def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor, *, starts=None, **record) -> torch.Tensor:
+    def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor, *, starts=None,
+                defer_check: bool = False, **record) -> torch.Tensor:
         """As ModelRuntime.prefill: [m, V] float32 last-token logits (prompts[i] from position
         starts[i], default 0). With a draft model only whole prompts (starts 0). record:
-        ModelRuntime.prefill's on_logits / logits_rows (prompt log-probs)."""
+        ModelRuntime.prefill's on_logits / logits_rows (prompt log-probs). defer_check: as
+        ModelRuntime.prefill's (the flags into `device_error_flag`)."""
         if starts is not None and any(starts):
             self._check_partial_prefill()
-        return self.runtime.prefill(prompts, block_table, starts=starts, **record)
+        return self.runtime.prefill(prompts, block_table, starts=starts, defer_check=defer_check, **record)
+
+    @property
+    def device_error_flag(self) -> torch.Tensor:
+        """The target runtime's sticky device-guard flags ([1] int32, device): nonzero after a
+        prepare or K/V-append kernel flagged bad inputs (check_device_errors says which)."""
+        return self.runtime.buffers.device_error
 
     @property
     def partial_prefill(self) -> bool:
@@ -109,7 +117,8 @@ class LocalExecutor:
     def prefill_slots(self, prompts: list[torch.Tensor], block_table: torch.Tensor, slots: list[int],
                       sampling: SamplingInputs, *, processing: ProcessRows | None = None,
                       prompt_logprobs: dict[int, int] | None = None, starts=None,
-                      sources: list[int] | None = None, copies: list[tuple[int, int]] = ()) -> torch.Tensor:
+                      sources: list[int] | None = None, copies: list[tuple[int, int]] = (),
+                      defer_check: bool = False) -> torch.Tensor:
         """Prefill each prompt (row i of block_table, from position starts[i], default 0), draw
         each slot's next token with sampling's row i (its step is not advanced) from the last
         logits of prompt sources[i] (default: slot i's own prompt, i < m) and write it as the
@@ -123,7 +132,8 @@ class LocalExecutor:
         processing (a processing runtime): the slots' processing rows are reset to it first and
         the first draws are processed, counted and their log-probabilities kept in
         `prefill_logprobs` (device views); prompt_logprobs {row i: n}: those rows' prompt
-        log-probabilities into `prompt_logprobs` (CPU, synchronous; whole prompts only)."""
+        log-probabilities into `prompt_logprobs` (CPU, synchronous; whole prompts only).
+        defer_check: the target's prefill as ModelRuntime.prefill's (not an EAGLE-3 target's)."""
         want = dict(prompt_logprobs or {})
         collect = PromptLogprobs(prompts, want) if want else None
         extra = {"on_logits": collect, "logits_rows": frozenset(want)} if collect is not None else {}
@@ -138,7 +148,7 @@ class LocalExecutor:
         if eagle is not None:
             logits, hidden = eagle.target_prefill(self.runtime, prompts, block_table, **extra)
         else:
-            logits = self.prefill(prompts, block_table, **extra)
+            logits = self.prefill(prompts, block_table, defer_check=defer_check, **extra)
         self.prompt_logprobs = {i: collect.result(i) for i in want} if collect is not None else {}
         st, dev = self.runtime.slots, self.device
         if sources is not None:

@@ -183,13 +183,15 @@ class PrefillGraphs:
 
     def prefill(self, graphs: GraphRunner, prompts: list[torch.Tensor], host_table: torch.Tensor, starts,
                 kv_caches, *, hidden_out: torch.Tensor | None = None,
-                hidden_last: torch.Tensor | None = None) -> torch.Tensor:
+                hidden_last: torch.Tensor | None = None, error_into: torch.Tensor | None = None) -> torch.Tensor:
         """prompts: n [T_i] int64 on the device (checked by the caller), prompt i on row i of
         host_table ([n, W] int32, CPU) from position starts[i] -> [n, V] float32 logits of each
         prompt's last token. hidden_out [sum T_i, len(record) * H] (with record_states): each
         token's recorded states, prompts concatenated in order; hidden_last [>= n, len(record) *
         H]: row i gets prompt i's last token's (device copies, no sync). Raises RuntimeError if
-        the K/V append (the target's or the stage's) flagged bad pages."""
+        the K/V append (the target's or the stage's) flagged bad pages (one host sync); with
+        error_into (an int32 device flag, the runtime's sticky device_error) the flags are OR-ed
+        into it on the device instead, no sync: its owner reads it later."""
         for name, t in (("hidden_out", hidden_out), ("hidden_last", hidden_last)):
             if t is not None and not self.record:
                 raise ValueError(f"{name}: these prefill graphs record nothing (record_states)")
@@ -223,7 +225,9 @@ class PrefillGraphs:
                 out[i].copy_(b.logits[0])
                 if hidden_last is not None:
                     hidden_last[i].copy_(b.hidden[n - 1])
-        if int(b.error.item()):
+        if error_into is not None:
+            error_into.bitwise_or_(b.error)
+        elif int(b.error.item()):
             raise RuntimeError(f"prefill: K/V append flagged device_error {int(b.error.item())}")
         return out
 

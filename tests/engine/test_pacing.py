@@ -122,3 +122,22 @@ def test_no_pacer_without_a_stall_or_for_whole_prompt_runtimes(llm):
     assert _engine(llm, max_prefill_stall=0.3).scheduler.pacer is not None
     with pytest.raises(ValueError, match="max_prefill_stall"):
         _engine(llm, max_prefill_stall=0)
+
+
+def test_a_flagged_device_guard_stops_the_engine_with_its_reason(llm):
+    """The runtime's sticky device-guard flags travel with every block's tokens; a set flag (a
+    prepare or K/V-append kernel refused bad pages) ends the engine with the guard's reason,
+    and every stream raises EngineDeadError (never tokens computed from unwritten K/V)."""
+    from graphrt.attention.runtime import DeviceInputError
+    from graphrt.engine.failure import EngineDeadError
+    eng = _engine(llm)
+    s = eng.add_request([5, 6, 7], SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True))
+    eng.step()
+    flag = eng.runtime.device_error_flag
+    flag.fill_(2)                                             # ERR_PAGE_ID, as the kernels set it
+    with pytest.raises(DeviceInputError, match="page ids"):
+        for _ in range(20):
+            eng.step()
+    with pytest.raises(EngineDeadError):
+        s.result()
+    assert int(flag[0]) == 0                                  # read and cleared
