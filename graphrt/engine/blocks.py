@@ -46,7 +46,8 @@ class BlockMixin:
         plus accepted tokens after a preemption); a request whose context is then complete
         draws its next token into its slot and starts its row in the batch. -> drew any."""
         s = self.scheduler
-        defer = {"defer_check": True} if self._error_flag is not None else {}   # flags read with the block
+        defer = {"defer_check": True} if self._error_flag is not None and self.device.type == "cuda" else {}
+        #        ^ prefill graphs' K/V-append flags: read with the block's tokens, no sync here
         forks = fork_owners(work, s.page_size)        # n > 1: the samples sharing this prefill's pages
         for r, a, e in work:                          # never a shared or cached page (a forked
             if r.shares is not None:                  # sample writes only its partial page's copy)

@@ -148,7 +148,7 @@ class LocalExecutor:
         if eagle is not None:
             logits, hidden = eagle.target_prefill(self.runtime, prompts, block_table, **extra)
         else:
-            logits = self.prefill(prompts, block_table, defer_check=defer_check, **extra)
+            logits = self.prefill(prompts, block_table, **extra, **({"defer_check": True} if defer_check else {}))
         self.prompt_logprobs = {i: collect.result(i) for i in want} if collect is not None else {}
         st, dev = self.runtime.slots, self.device
         if sources is not None:
