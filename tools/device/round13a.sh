@@ -5,13 +5,7 @@
 # after; a real `graphrt serve` process to /health), and the arrival timeline (tools/trace_arrival.py
 # at chunk 512 with a synced run, chunk 256). Bounded by DEADLINE (s). $OUT/round13a.tgz.
 #   DEADLINE=480 bash .device/bootstrap.sh bash tools/device/round13a.sh
-set -uo pipefail
-OUT="${OUT:-/tmp/out}"; L=/tmp/round13a; rm -rf "$L"; mkdir -p "$L" "$OUT"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-T0=$SECONDS; S="$L/summary.txt"
-cap() { local l=$((${DEADLINE:-480} - (SECONDS - T0))); [ "$1" -lt "$l" ] && echo "$1" || echo $((l > 5 ? l : 5)); }
-pack() { tar czf "$OUT/round13a.tgz" -C /tmp round13a; }
-say() { echo "$1 at $((SECONDS - T0)) s" | tee -a "$S"; }
+NAME=round13a; . tools/device/lib.sh
 CK=/tmp/ck1b; GC=/tmp/gc1b
 python -c "import fastapi, uvicorn; print('fastapi', fastapi.__version__, 'uvicorn', uvicorn.__version__)" 2>&1 | tee -a "$S"
 ( timeout 60 python tools/make_checkpoint.py $CK --shape llama-3.2-1b --device cuda > "$L/make_ckpt.log" 2>&1 ) &
@@ -26,24 +20,7 @@ say "capture --model rc=$? in $((SECONDS - t0)) s: $(find $GC -type f | wc -l) f
 find $GC -type f -exec sha256sum {} + 2>/dev/null | sort -k2 > "$L/gc_before.txt"; pack
 for i in 1 2; do
   t0=$(date +%s.%N)
-  timeout $(cap 60) python - $CK $GC $t0 > "$L/warm_$i.log" 2>&1 <<'PY'
-import sys, time
-t_start = float(sys.argv[3])
-import logging
-logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-t_imp = time.time()
-from graphrt.serve.cli import build_parser, load
-a = build_parser().parse_args(["--model", sys.argv[1], "--graph-cache", sys.argv[2], "--max-num-seqs", "16",
-                               "--max-model-len", "8192", "--stats-interval", "0"])
-t_load = time.time()
-llm, _ = load(a)
-ready = time.time() - t_start
-from graphrt.engine.params import SamplingParams
-out = llm.generate([[5, 6, 7, 8]], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
-print(f"ready {ready:.2f} s after process start (python start -> script {t_imp - t_start:.2f} s, imports "
-      f"{t_load - t_imp:.2f} s, load {time.time() - t_load:.2f} s); startup {llm.startup}")
-llm.shutdown()
-PY
+  timeout $(cap 60) python tools/device/serve_load.py $CK $GC $t0 > "$L/warm_$i.log" 2>&1
   say "warm start $i rc=$?: $(grep -E "^ready" "$L/warm_$i.log" | cut -c1-200)"
 done
 find $GC -type f -exec sha256sum {} + 2>/dev/null | sort -k2 > "$L/gc_after.txt"

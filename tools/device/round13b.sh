@@ -4,13 +4,7 @@
 # arrival benchmark with the prefill pacer (tools/bench_prefix.py: paced, chunk 2048, no limit) and
 # the arrival timeline with the pacer on. Bounded by DEADLINE (s). $OUT/round13b.tgz.
 #   DEADLINE=480 bash .device/bootstrap.sh bash tools/device/round13b.sh
-set -uo pipefail
-OUT="${OUT:-/tmp/out}"; L=/tmp/round13b; rm -rf "$L"; mkdir -p "$L" "$OUT"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-T0=$SECONDS; S="$L/summary.txt"
-cap() { local l=$((${DEADLINE:-480} - (SECONDS - T0))); [ "$1" -lt "$l" ] && echo "$1" || echo $((l > 5 ? l : 5)); }
-pack() { tar czf "$OUT/round13b.tgz" -C /tmp round13b; }
-say() { echo "$1 at $((SECONDS - T0)) s" | tee -a "$S"; }
+NAME=round13b; . tools/device/lib.sh
 CK=/tmp/ck1b; GC=/tmp/gc1b
 timeout 60 python tools/make_checkpoint.py $CK --shape llama-3.2-1b --device cuda > "$L/make_ckpt.log" 2>&1
 timeout $(cap 200) python tools/bench_prefix.py --make llama-3.2-1b --device cuda --out-dir "$L" \
@@ -21,21 +15,9 @@ say "trace_arrival paced rc=$?"; pack
 t0=$SECONDS
 timeout $(cap 150) python -m capture --model $CK --out $GC --max-num-seqs 16 --max-model-len 8192 > "$L/capture_model.log" 2>&1
 say "capture --model rc=$? in $((SECONDS - t0)) s"
-cat > /tmp/warm.py <<'PY'
-import sys, time
-t_start = float(sys.argv[3])
-import logging
-logging.basicConfig(level=logging.INFO, format="%(relativeCreated)6d %(name)s: %(message)s")
-from graphrt.serve.cli import build_parser, load
-a = build_parser().parse_args(["--model", sys.argv[1], "--graph-cache", sys.argv[2], "--max-num-seqs", "16",
-                               "--max-model-len", "8192", "--stats-interval", "0"])
-llm, _ = load(a)
-print(f"ready {time.time() - t_start:.2f} s after process start")
-llm.shutdown()
-PY
-t0=$(date +%s.%N); timeout $(cap 60) python /tmp/warm.py $CK $GC $t0 > "$L/warm_plain.log" 2>&1
+t0=$(date +%s.%N); timeout $(cap 60) python tools/device/serve_load.py $CK $GC $t0 > "$L/warm_plain.log" 2>&1
 say "warm start rc=$?: $(grep -E "^ready" "$L/warm_plain.log")"
-t0=$(date +%s.%N); timeout $(cap 90) python -m cProfile -o "$L/warm.prof" /tmp/warm.py $CK $GC $t0 > "$L/warm_prof.log" 2>&1
+t0=$(date +%s.%N); timeout $(cap 90) python -m cProfile -o "$L/warm.prof" tools/device/serve_load.py $CK $GC $t0 > "$L/warm_prof.log" 2>&1
 say "warm start under cProfile rc=$?: $(grep -E "^ready" "$L/warm_prof.log")"
 python - "$L/warm.prof" > "$L/warm_prof.txt" 2>&1 <<'PY'
 import pstats, sys

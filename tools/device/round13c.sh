@@ -4,13 +4,8 @@
 # and with transformers imported on a thread), -X importtime; python -m capture --model and two warm
 # starts through serve's load path with --graph-cache; bench_prefix arrival rows at three stalls;
 # the graph-cache GPU tests. Bounded by DEADLINE (s). $OUT/round13c.tgz.
-set -uo pipefail
-OUT="${OUT:-/tmp/out}"; L=/tmp/round13c; rm -rf "$L"; mkdir -p "$L" "$OUT"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONPYCACHEPREFIX=/tmp/pyc
-T0=$SECONDS; S="$L/summary.txt"
-cap() { local l=$((${DEADLINE:-480} - (SECONDS - T0))); [ "$1" -lt "$l" ] && echo "$1" || echo $((l > 5 ? l : 5)); }
-pack() { tar czf "$OUT/round13c.tgz" -C /tmp round13c; }
-say() { echo "$1 at $((SECONDS - T0)) s" | tee -a "$S"; }
+NAME=round13c; . tools/device/lib.sh
+export PYTHONPYCACHEPREFIX=/tmp/pyc
 CK=/tmp/ck1b; GC=/tmp/gc1b
 timeout 60 python tools/make_checkpoint.py $CK --shape llama-3.2-1b --device cuda > "$L/make_ckpt.log" 2>&1
 for m in prime plain bg plain; do
@@ -25,18 +20,7 @@ say "capture --model rc=$?"
 find $GC -type f -exec sha256sum {} + 2>/dev/null | sort -k2 > "$L/gc_before.txt"
 for i in 1 2; do
   t0=$(date +%s.%N)
-  timeout $(cap 60) python - $CK $GC $t0 > "$L/warm_$i.log" 2>&1 <<'PY'
-import sys, time
-t_start = float(sys.argv[3])
-import logging
-logging.basicConfig(level=logging.INFO, format="%(relativeCreated)6d %(name)s: %(message)s")
-from graphrt.serve.cli import build_parser, load
-a = build_parser().parse_args(["--model", sys.argv[1], "--graph-cache", sys.argv[2], "--max-num-seqs", "16",
-                               "--max-model-len", "8192", "--stats-interval", "0"])
-llm, _ = load(a)
-print(f"ready {time.time() - t_start:.2f} s after process start")
-llm.shutdown()
-PY
+  timeout $(cap 60) python tools/device/serve_load.py $CK $GC $t0 > "$L/warm_$i.log" 2>&1
   say "serve load warm $i rc=$?: $(grep -E "^ready" "$L/warm_$i.log")"
 done
 find $GC -type f -exec sha256sum {} + 2>/dev/null | sort -k2 > "$L/gc_after.txt"

@@ -1,0 +1,10 @@
+# Sourced by the device scripts after they set NAME: logs under /tmp/$NAME, packed into
+# $OUT/$NAME.tgz by `pack`; `cap S` bounds a step by S seconds and by what is left of DEADLINE
+# (default 480); `say LINE` appends to the summary with the elapsed seconds.
+set -uo pipefail
+OUT="${OUT:-/tmp/out}"; L=/tmp/$NAME; rm -rf "$L"; mkdir -p "$L" "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+T0=$SECONDS; S="$L/summary.txt"
+cap() { local l=$((${DEADLINE:-480} - (SECONDS - T0))); [ "$1" -lt "$l" ] && echo "$1" || echo $((l > 5 ? l : 5)); }
+pack() { tar czf "$OUT/$NAME.tgz" -C /tmp "$NAME"; }
+say() { echo "$1 at $((SECONDS - T0)) s" | tee -a "$S"; }
