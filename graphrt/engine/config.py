@@ -59,7 +59,7 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
     max_num_batched_tokens: int | None = 2048
-    max_prefill_stall: float | None = 0.25
+    max_prefill_stall: float | None = 1.0
     prefill_graph_tokens: int = 512
 
     def __post_init__(self):
