@@ -22,6 +22,17 @@ from pathlib import Path
 API_KEY_ENV = "GRAPHRT_API_KEY"
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 ALIASES = {"max_num_seqs": "max_batch"}   # YAML key -> EngineConfig field
+NO_PACING = "none"                         # --max-prefill-stall none: chunks by tokens only
+
+
+def _stall_arg(v: str):
+    """--max-prefill-stall: a number (checked by EngineConfig) or `none`."""
+    if v.strip().lower() == NO_PACING:
+        return NO_PACING
+    try:
+        return float(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'none', got {v!r}") from None
 
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
@@ -53,11 +64,11 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help=f"prompt tokens prefilled between two decode blocks while requests decode; longer "
                         f"prompts run in chunks (default: {d.max_num_batched_tokens}, or "
                         f"max_num_batched_tokens in --config)")
-    p.add_argument("--max-prefill-stall", type=float, default=None, metavar="F",
+    p.add_argument("--max-prefill-stall", type=_stall_arg, default=None, metavar="F|none",
                    help=f"while requests decode, a prompt chunk may add at most this share of a decode "
                         f"block's measured time (the chunk's tokens follow the measured prefill cost, up to "
-                        f"--max-num-batched-tokens; default: {d.max_prefill_stall}, or max_prefill_stall in "
-                        f"--config)")
+                        f"--max-num-batched-tokens; none: chunks by tokens only; default: {d.max_prefill_stall}, "
+                        f"or max_prefill_stall in --config)")
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help=f"require 'Authorization: Bearer KEY' on every endpoint but /health (default: "
                         f"${API_KEY_ENV}, or api_key in --config; none: no authentication)")
@@ -91,6 +102,8 @@ def engine_overrides(args, eng_kw: dict) -> dict:
              "max_num_batched_tokens": getattr(args, "max_num_batched_tokens", None),
              "max_prefill_stall": getattr(args, "max_prefill_stall", None)}
     out |= {k: v for k, v in flags.items() if v is not None}
+    if out.get("max_prefill_stall") == NO_PACING:  # given as `none` (None above means not given)
+        out["max_prefill_stall"] = None
     if args.dtype == "auto":                       # auto given: the device's default, whatever the file says
         out.pop("dtype", None)
     elif args.dtype is not None:

@@ -71,6 +71,7 @@ def test_model_positional_or_flag():
     (["/a", "--device", "cpu", "--dtype", "bfloat16"], "--dtype bfloat16: on a CPU graphrt runs float32 only"),
     (["/a", "--chat-template", "/no/such/template.jinja"], "--chat-template: no such file '/no/such/template.jinja'"),
     (["/a", "--api-key", ""], "api_key: expected a non-empty string, got an empty one"),
+    (["/a", "--max-prefill-stall", "0"], "max_prefill_stall: must be None or a number in (0, 100]"),
 ])
 def test_bad_values_exit_2_before_loading(capsys, monkeypatch, argv, text):
     assert text in _exit_2(argv, capsys, monkeypatch)
@@ -117,6 +118,11 @@ def test_flags_win_over_the_yaml_and_reach_the_configs(tmp_path, monkeypatch):
     assert serve_cli.resolve_configs(_args(["/m", "--config", str(y)]))[1].api_key == "from-env"
     assert serve_cli.resolve_configs(_args(["/m", "--api-key", "k"]))[1].api_key == "k"
     assert "from-env" not in repr(serve_cli.resolve_configs(_args(["/m"]))[1])   # a secret: not in logs
+    assert serve_cli.resolve_configs(_args(["/m"]))[0].max_prefill_stall == 1.0
+    assert serve_cli.resolve_configs(_args(["/m", "--max-prefill-stall", "0.5"]))[0].max_prefill_stall == 0.5
+    assert serve_cli.resolve_configs(_args(["/m", "--max-prefill-stall", "none"]))[0].max_prefill_stall is None
+    with pytest.raises(SystemExit):
+        _args(["/m", "--max-prefill-stall", "fast"])
     y.write_text("max_num_seqs: 3\nmax_batch: 4\n")
     with pytest.raises(ValueError, match=r"max_num_seqs \(3\) and max_batch \(4\) disagree"):
         serve_cli.resolve_configs(_args(["/m", "--config", str(y)]))
