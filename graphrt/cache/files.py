@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -32,13 +31,11 @@ LOCK_SUFFIX = ".lock"  # never read (only flock'ed): created by loading with the
 UNSAFE_MODE = stat.S_IWGRP | stat.S_IWOTH
 MAX_SYMLINK_HOPS = 40  # as the kernel's path resolution (ELOOP)
 READ_BLOCK = 1 << 20   # bytes read per call while hashing
-HASH_WORKERS = 8       # files hashed at once: past this a cache's few large modules gain little
 
 
 def sha256(path: Path) -> str:
     """sha256 (hex) of a file's bytes; refuses (OSError) to follow a symlink to it. Reads into
-    one reused buffer (no bytes object per block); hashlib releases the GIL while it hashes a
-    block, so hash_files can run several of these at once."""
+    one reused buffer (no bytes object per block)."""
     h = hashlib.sha256()
     with os.fdopen(os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)), "rb", buffering=0) as f:
         buf = bytearray(min(READ_BLOCK, os.fstat(f.fileno()).st_size + 1))  # a small file: one read
@@ -50,18 +47,14 @@ def sha256(path: Path) -> str:
 
 def hash_files(root: Path, rels: list[str]) -> list[str | OSError]:
     """sha256 (hex) of each file `root/rel`, in the order of `rels`, or the OSError that reading
-    it raised (missing, replaced by a symlink since the walk, unreadable). Up to HASH_WORKERS
-    files are hashed at once: a cache's FlashInfer modules are tens of MB each."""
+    it raised (missing, replaced by a symlink since the walk, unreadable). One file after
+    another: a model's cache (16.8 MB at the Llama-3.2-1B shape) hashes in 0.06 s on the H200."""
     def one(rel: str) -> str | OSError:
         try:
             return sha256(Path(root) / rel)
         except OSError as e:
             return e
-    if len(rels) < 2:
-        return [one(rel) for rel in rels]
-    workers = min(HASH_WORKERS, os.cpu_count() or 1, len(rels))
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="graphrt-sha256") as pool:
-        return list(pool.map(one, rels))
+    return [one(rel) for rel in rels]
 
 
 def current_uid() -> int:

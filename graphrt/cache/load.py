@@ -179,7 +179,7 @@ def _manifest_problems(data: dict, config, where: str) -> list[str]:
 def _artifact_problems(cache_dir: Path, listed: dict, present: tuple[str, ...]) -> list[str]:
     """The manifest's artifact entries against the files the walk found (`present`): bad entries,
     listed files missing, unlisted files, and every listed file whose sha256 differs (all hashed
-    before any is judged, several at once: files.hash_files)."""
+    before any is judged: files.hash_files)."""
     problems = []
     for rel, digest in listed.items():
         bad = entry_problem(rel)

@@ -208,7 +208,7 @@ def test_same_size_object_replacement_is_refused(art_cache):
 
 
 def test_every_changed_file_is_named_in_path_order(art_cache):
-    (art_cache / TRITON).write_bytes(b"CUBIN" * 50)             # hashed several at once: files.hash_files
+    (art_cache / TRITON).write_bytes(b"CUBIN" * 50)             # every file hashed: files.hash_files
     (art_cache / SO).write_bytes(b"\x7fELF module v2" * 64)
     msg = _refused(art_cache, "checksum mismatch")
     named = [line.split(": ")[0].lstrip(" -") for line in msg.splitlines() if "checksum mismatch" in line]

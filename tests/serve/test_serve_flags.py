@@ -206,3 +206,18 @@ def test_no_api_key_no_authentication(ckpt):
     llm = LLM(ckpt, device="cpu", max_batch=1, steps_per_graph=1, max_model_len=32)
     with LiveServer(create_app(llm, ServeConfig(served_model_name="m"))) as srv:
         assert _raw(srv, "GET", "/v1/models")[0] == 200
+
+
+def test_serve_config_imports_without_the_server_packages():
+    """graphrt-capture --model builds serve's config without fastapi / starlette installed (the
+    body-limit middleware imports starlette only when it refuses a body)."""
+    import subprocess
+    code = ("import sys, importlib.abc\n"
+            "class Block(importlib.abc.MetaPathFinder):\n"
+            "    def find_spec(self, name, path, target=None):\n"
+            "        if name.split('.')[0] in ('fastapi', 'starlette', 'uvicorn'):\n"
+            "            raise ImportError('blocked ' + name)\n"
+            "sys.meta_path.insert(0, Block())\n"
+            "import graphrt.serve.config, graphrt.serve.limits, graphrt.serve.flags\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
