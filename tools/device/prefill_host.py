@@ -2,7 +2,9 @@
 slows graph launches ~25x and hides the waits). Workloads as host_block.py: the first 4k prompt
 after a warm-up with the prefix cache on (the cold outlier), a second one, then a paced 4k arrival
 while 8 streams decode. argv: checkpoint, output JSON. With a third argument "sync", each wrapped
-call ends with torch.cuda.synchronize() (its time then includes its GPU work)."""
+call ends with torch.cuda.synchronize() (its time then includes its GPU work); with "unfreeze",
+the start-up heap is unfrozen first (as before engine/heap.py). Garbage collections inside a
+window are timed too (gc.genN)."""
 import functools
 import json
 import sys
@@ -21,6 +23,15 @@ from graphrt import LLM  # noqa: E402
 
 REC = {"on": False, "t": defaultdict(list)}
 SYNC = len(sys.argv) > 3 and sys.argv[3] == "sync"
+_GC = {}
+
+
+def _gc_timer(phase, info):
+    """gc.callbacks: each collection's generation and milliseconds, into the window's phases."""
+    if phase == "start":
+        _GC["t"] = time.perf_counter()
+    elif REC["on"] and "t" in _GC:
+        REC["t"][f"gc.gen{info['generation']}"].append((time.perf_counter() - _GC["t"]) * 1e3)
 
 
 def wrap(obj, name, label):
@@ -87,6 +98,11 @@ def main():
     if eng.scheduler.kv.cache is not None:
         for n in ("extend", "match", "insert"):
             wrap(eng.scheduler.kv.cache, n, f"PrefixCache.{n}")
+    import gc
+    gc.callbacks.append(_gc_timer)
+    if len(sys.argv) > 3 and sys.argv[3] == "unfreeze":      # as before engine/heap.py: nothing frozen
+        gc.unfreeze()
+    print("gc frozen objects:", gc.get_freeze_count(), "tracked:", len(gc.get_objects()))
     eng.start()
     for _ in range(2):
         _request(eng, _head(a) + [5] * (a.prefix_len + a.suffix_len), 2).join()
