@@ -50,6 +50,8 @@ def parse_args(argv=None):
                        help="comma list of none, ngram, draft, eagle3 (eagle3: DIR/eagle3 from tools/train_eagle3.py)")
     part2.add_argument("--prompts", type=int, default=None, metavar="N",
                        help="prompts per workload (default 8; fewer for a shorter run)")
+    part2.add_argument("--num-tokens", type=int, default=None, metavar="K",
+                       help="proposals a round, the speculative config's num_tokens (default 4)")
     part2.add_argument("--costs", default=None, metavar="JSON",
                        help="part-1 JSON for the 8B projection (default docs/results/bench_spec_h200.json)")
     return p.parse_args(argv)

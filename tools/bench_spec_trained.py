@@ -333,6 +333,11 @@ def main(args) -> int:
             print(f"bench_spec: --prompts {args.prompts}: must be >= 1", file=sys.stderr)
             return 2
         plan = dataclasses.replace(plan, prompts=args.prompts)
+    if getattr(args, "num_tokens", None) is not None:
+        if not 1 <= args.num_tokens <= 16:
+            print(f"bench_spec: --num-tokens {args.num_tokens}: must be in [1, 16]", file=sys.stderr)
+            return 2
+        plan = dataclasses.replace(plan, k=args.num_tokens)
     methods = [m for m in args.methods.split(",") if m]
     if not methods or any(m not in ALL_METHODS for m in methods):
         print(f"bench_spec: --methods {args.methods!r}: choose from {ALL_METHODS}", file=sys.stderr)
