@@ -23,7 +23,7 @@ import torch
 
 from graphrt.engine.checkpoint_files import (FILE_DTYPES, Checkpoint, CheckpointError, FiniteCheck,
                                              TensorFiles, eos_token_ids, expected_tensors, read_config,
-                                             retie_or_warn, untie_if_present, warn_unused)
+                                             read_spec, retie_or_warn, untie_if_present, warn_unused)
 from graphrt.model.hf_files import read_json, reading
 from graphrt.model.spec import LlamaSpec, owned_slice, shard_spec, vocab_rows
 
@@ -84,12 +84,9 @@ def load_checkpoint(path, *, device="cpu", dtype: torch.dtype | None = None, ran
     (with a warning), as transformers does.
     """
     t_config = time.perf_counter()
-    from transformers import AutoConfig
     path = Path(path)
-    raw, arch = read_config(path)
-    with reading(path / "config.json"):
-        spec = LlamaSpec.from_hf(AutoConfig.from_pretrained(str(path)))
-    config_s = time.perf_counter() - t_config        # the first call imports transformers' config classes
+    raw, arch, spec = read_spec(path)
+    config_s = time.perf_counter() - t_config
     for name, v in (("world_size", world_size), ("rank", rank)):
         if isinstance(v, bool) or not isinstance(v, int):
             raise ValueError(f"{name}: expected an int, got {v!r}")
