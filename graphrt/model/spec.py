@@ -88,9 +88,10 @@ class LlamaSpec:
                    max_position_embeddings=int(cfg["max_position_embeddings"]))
 
 
-# transformers' config defaults for the fields from_config reads when config.json leaves them
-# out (LlamaConfig, Qwen2Config, Qwen3Config: the same in transformers 4.4x and 5.x); None:
-# derived (num_key_value_heads -> num_attention_heads, head_dim -> hidden / heads)
+# transformers' LlamaConfig / Qwen2Config / Qwen3Config defaults for the fields from_config reads
+# when config.json leaves them out (checked against the installed transformers by
+# tests/model/test_spec_config.py); None: derived (num_key_value_heads -> num_attention_heads,
+# head_dim -> hidden_size / num_attention_heads)
 _COMMON = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                num_attention_heads=32, num_key_value_heads=None, head_dim=None, rms_norm_eps=1e-6,
                tie_word_embeddings=False, max_position_embeddings=2048)

@@ -44,6 +44,14 @@ LLAMA3_TEMPLATE = (
     "{%- if add_generation_prompt %}\n"
     "    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}\n"
     "{%- endif %}\n")
+QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+QWEN_TEMPLATE = (
+    "{%- for message in messages %}\n"
+    "{%- if loop.first and message['role'] != 'system' %}"
+    "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{%- endif %}\n"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}\n")
 TEXTS = ["Hello world", "the graph token, is a: test!", "  leading spaces\n\ttabs and\r\nnewlines  ",
          "caf\u00e9 \u4e2d\u6587 \U0001f916 \u2192 \u00df", "<|eot_id|>special<|begin_of_text|> inside", "", "a" * 300,
          "don't I'm we're ."]
@@ -84,11 +92,37 @@ def _llama3_like(d):
     return d
 
 
-@pytest.fixture(scope="module", params=["make_checkpoint", "llama3_like", "named_templates"])
+def _qwen2_like(d):
+    """A tokenizer.json as Qwen2.5's is built (NFC, its split regex, byte level, no post-processor
+    specials) with a Qwen2Tokenizer tokenizer_config.json (no bos, <|im_end|> eos, null unk)."""
+    from tokenizers import Regex, Tokenizer as Backend
+    from tokenizers import decoders, models, normalizers, pre_tokenizers
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+    vocab, merges = make_checkpoint_module().synthetic_bpe(900, seed=7)
+    tok = Backend(models.BPE(vocab, merges))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(QWEN_SPECIALS)
+    d.mkdir(parents=True, exist_ok=True)
+    tok.save(str(d / "tokenizer.json"))
+    (d / "tokenizer_config.json").write_text(json.dumps({
+        "add_prefix_space": False, "additional_special_tokens": QWEN_SPECIALS[1:], "bos_token": None,
+        "chat_template": QWEN_TEMPLATE, "clean_up_tokenization_spaces": False, "eos_token": "<|im_end|>",
+        "errors": "replace", "model_max_length": 131072, "pad_token": "<|endoftext|>",
+        "split_special_tokens": False, "tokenizer_class": "Qwen2Tokenizer", "unk_token": None}))
+    return d
+
+
+@pytest.fixture(scope="module", params=["make_checkpoint", "llama3_like", "named_templates", "qwen2_like"])
 def pair(request, tmp_path_factory):
     d = tmp_path_factory.mktemp(request.param)
     if request.param == "make_checkpoint":
         make_checkpoint_module().build_tokenizer(d, vocab_size=400, seed=3)
+    elif request.param == "qwen2_like":
+        _qwen2_like(d)
     else:
         _llama3_like(d)
     if request.param == "named_templates":            # a list of named templates; the default is used
