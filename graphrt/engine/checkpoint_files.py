@@ -4,6 +4,7 @@ must be, reading with one-line errors, the values check, and what transformers d
 config.json does not use.
 
     raw, arch = read_config(path)                    # config.json, checked (hf_files.check_config)
+    raw, arch, spec = read_spec(path)                # ... and its LlamaSpec (no transformers import)
     files = TensorFiles(path)                        # HF name -> file; handles opened on first use
     expected = expected_tensors(spec, arch)          # HF name -> (shape, (fused field, row offset))
     warn_unused(path, files.names, used)             # one warning line naming every unused tensor
@@ -54,7 +55,7 @@ class Checkpoint:
     rank: int = 0
     world_size: int = 1
     kv_scales: tuple[tuple[float, float], ...] | None = None
-    config_s: float = 0.0        # config.json -> spec through transformers (its config classes' import)
+    config_s: float = 0.0        # config.json -> spec (read_spec)
 
 
 def read_config(path: Path) -> tuple[dict, str]:
@@ -74,6 +75,16 @@ def read_config(path: Path) -> tuple[dict, str]:
                               f"{sorted(ARCHITECTURES)}")
     check_config(raw, cfg_file)
     return raw, known[0]
+
+
+def read_spec(path: Path) -> tuple[dict, str, LlamaSpec]:
+    """read_config's (config.json, architecture family) and the LlamaSpec it describes, read
+    with the json module (LlamaSpec.from_config: transformers' defaults, without importing it);
+    a value LlamaSpec refuses is one CheckpointError naming config.json."""
+    raw, arch = read_config(path)
+    with reading(path / "config.json"):
+        spec = LlamaSpec.from_config(raw)
+    return raw, arch, spec
 
 
 def weight_files(path: Path) -> dict[str, Path]:

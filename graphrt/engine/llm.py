@@ -218,16 +218,12 @@ class LLM:
 
     def _start_tensor_parallel(self, path, dev, config, dtype, n: int, timeout_s: float, quantization,
                                times=None):
-        from transformers import AutoConfig
-
-        from graphrt.engine.loader import read_config
-        from graphrt.model.spec import LlamaSpec
+        from graphrt.engine.checkpoint_files import read_spec
         from graphrt.parallel import check_tp_size
         from graphrt.parallel.driver import TPDriver
         from graphrt.parallel.launch import RankError
         from graphrt.parallel.workers import WorkerGroup
-        read_config(Path(path))
-        check_tp_size(LlamaSpec.from_hf(AutoConfig.from_pretrained(str(path))), n)   # before spawning
+        check_tp_size(read_spec(Path(path))[2], n)    # before spawning
         if dev.index not in (None, 0):
             raise ValueError(f"device: tensor_parallel uses cuda:0..cuda:{n - 1}, got {dev}")
         self._workers = WorkerGroup.start(n, backend="nccl" if dev.type == "cuda" else "gloo",

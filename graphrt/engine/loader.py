@@ -1,7 +1,7 @@
 """Load a local HF checkpoint straight into graphrt's fused weight layout on the target device.
 
     ckpt = load_checkpoint("path/to/dir", device="cuda")   # Checkpoint: spec + fused weights
-    tok = load_tokenizer("path/to/dir")                     # transformers AutoTokenizer
+    tok = load_tokenizer("path/to/dir")                     # graphrt/engine/tokenizer.py (no transformers)
 
 Reads config.json (architecture, shapes) and the safetensors file(s), single or sharded
 (model.safetensors.index.json). Each fused tensor is allocated once on the target device and the
@@ -23,8 +23,8 @@ import torch
 
 from graphrt.engine.checkpoint_files import (FILE_DTYPES, Checkpoint, CheckpointError, FiniteCheck,
                                              TensorFiles, eos_token_ids, expected_tensors, read_config,
-                                             retie_or_warn, untie_if_present, warn_unused)
-from graphrt.model.hf_files import read_json, reading
+                                             read_spec, retie_or_warn, untie_if_present, warn_unused)
+from graphrt.engine.tokenizer import load_tokenizer
 from graphrt.model.spec import LlamaSpec, owned_slice, shard_spec, vocab_rows
 
 VOCAB_TENSORS = ("model.embed_tokens.weight", "lm_head.weight")   # rows padded under tensor parallel
@@ -84,12 +84,9 @@ def load_checkpoint(path, *, device="cpu", dtype: torch.dtype | None = None, ran
     (with a warning), as transformers does.
     """
     t_config = time.perf_counter()
-    from transformers import AutoConfig
     path = Path(path)
-    raw, arch = read_config(path)
-    with reading(path / "config.json"):
-        spec = LlamaSpec.from_hf(AutoConfig.from_pretrained(str(path)))
-    config_s = time.perf_counter() - t_config        # the first call imports transformers' config classes
+    raw, arch, spec = read_spec(path)
+    config_s = time.perf_counter() - t_config
     for name, v in (("world_size", world_size), ("rank", rank)):
         if isinstance(v, bool) or not isinstance(v, int):
             raise ValueError(f"{name}: expected an int, got {v!r}")
@@ -154,30 +151,6 @@ def load_checkpoint(path, *, device="cpu", dtype: torch.dtype | None = None, ran
     return Checkpoint(path, arch, spec, arch == "qwen3", weights, dtype, device,
                       eos_token_ids(path, raw, spec.vocab_size), int(raw.get("max_position_embeddings") or 0),
                       nbytes, time.perf_counter() - t0, rank, world_size, config_s=config_s)
-
-
-def load_tokenizer(path):
-    """transformers AutoTokenizer from the checkpoint directory (chat template included).
-
-    tokenizer.json is parsed by the tokenizers library only: Llama 3's (9 MB) costs over a
-    second to check and parse in Python as well, so it is read with read_json (the one-line
-    error naming line and column) only when the tokenizer fails to load. The small JSON files
-    are checked first, as before."""
-    from transformers import AutoTokenizer
-    path = Path(path)
-    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
-        raise CheckpointError(f"{path}: no tokenizer files (tokenizer.json, tokenizer.model or vocab.json)")
-    for name in ("tokenizer_config.json", "special_tokens_map.json"):
-        if (path / name).exists():
-            read_json(path / name)                     # one line naming the file, line and column
-    named = path / "tokenizer.json" if (path / "tokenizer.json").is_file() else path
-    with reading(named, "tokenizer"):
-        try:
-            return AutoTokenizer.from_pretrained(str(path))
-        except Exception:
-            if (path / "tokenizer.json").exists():     # invalid JSON: say where, in one line
-                read_json(path / "tokenizer.json")
-            raise
 
 
 __all__ = ["Checkpoint", "CheckpointError", "file_dtype", "load_checkpoint", "load_tokenizer", "read_config"]

@@ -9,13 +9,12 @@
     t.as_dict()                              # the same numbers (tools/bench_startup.py's JSON)
 
 Phases: setup (imports of graphrt's kernels, device checks, locating the files), weights (read
-from the files; of which config.json through transformers' config classes, whose import the
-first LLM of a process pays, and the tensors' bytes), runtime (the model's modules, the KV pool
+from the files; of which config.json read into the model's geometry, and the tensors' bytes), runtime (the model's modules, the KV pool
 and the decode buffers; `kv` = the pool's pages and bytes), kernels (the graphs' warm-up runs:
 Triton / FlashInfer kernels compiled, or loaded from their caches, and first touch), graphs
 (CUDA graph capture; counted per phase: decode, prefill, spec, ...; with a graph cache, the Triton
 kernels loaded from it and those compiled outside it), engine (tokenizer, of
-which transformers' tokenizer classes and tokenizer.json, and scheduler), and the total since
+which tokenizer.json and the chat template, and scheduler), and the total since
 the clock started.
 """
 from __future__ import annotations
@@ -32,7 +31,7 @@ class StartupTimes:
     setup_s: float = 0.0              # imports (torch, Triton kernels), device checks, locating files
     weights_s: float = 0.0            # the checkpoint: opened, parsed, its modules imported, read
     read_s: float = 0.0               # of which the tensors' bytes (the loader's load_s)
-    config_s: float = 0.0             # of which config.json -> LlamaSpec (transformers' config import)
+    config_s: float = 0.0             # of which config.json -> LlamaSpec (read_spec)
     runtime_s: float = 0.0
     kernels_s: float = 0.0
     graphs_s: float = 0.0
@@ -40,7 +39,7 @@ class StartupTimes:
     graphs_by_phase: dict = field(default_factory=dict)   # {phase: graphs captured}, decode first
     capture_s: float = 0.0            # the whole capture call (kernels + graphs + the rest)
     engine_s: float = 0.0
-    tokenizer_s: float = 0.0          # of which the tokenizer (transformers' import, tokenizer.json)
+    tokenizer_s: float = 0.0          # of which the tokenizer (tokenizer.json, its config)
     total_s: float = 0.0
     kernels_loaded: int | None = None     # Triton kernels read from a graph cache (None: no graph cache)
     kernels_compiled: int | None = None   # ... and those it lacked (compiled outside it)

@@ -46,29 +46,58 @@ class LlamaSpec:
 
     @classmethod
     def from_hf(cls, cfg) -> "LlamaSpec":
-        """From a transformers LlamaConfig / Qwen2Config / Qwen3Config."""
-        heads = cfg.num_attention_heads
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-        kind = getattr(cfg, "model_type", "")
-        if kind not in ("llama", "qwen2", "qwen3"):
-            raise ValueError(f"model_type: {kind!r} not supported (llama, qwen2, qwen3)")
-        if getattr(cfg, "mlp_bias", False):
+        """From a transformers LlamaConfig / Qwen2Config / Qwen3Config object: its `to_dict()`
+        through from_config (the one reader; transformers has already filled in its defaults)."""
+        return cls.from_config(cfg.to_dict() | {"model_type": getattr(cfg, "model_type", "")})
+
+    @classmethod
+    def from_config(cls, raw: dict) -> "LlamaSpec":
+        """From config.json as a dict (json.load), without transformers: the fields a config
+        leaves out take the defaults transformers' LlamaConfig / Qwen2Config / Qwen3Config give
+        them (HF_DEFAULTS; num_key_value_heads null: num_attention_heads; head_dim absent or
+        null: hidden_size / num_attention_heads, except Qwen3's default 128). RoPE: rope_scaling,
+        else rope_parameters (transformers 5's spelling); its rope_theta before the top-level
+        one; rope_scaling is None for the default (unscaled) type. ValueError naming the field
+        for a model_type graphrt does not run, MLP biases or sliding-window attention."""
+        kind = raw.get("model_type", "")
+        if kind not in HF_DEFAULTS:
+            raise ValueError(f"model_type: {kind!r} not supported ({', '.join(HF_DEFAULTS)})")
+        cfg = HF_DEFAULTS[kind] | {k: v for k, v in raw.items() if k in HF_DEFAULTS[kind] and v is not None}
+        if raw.get("mlp_bias"):
             raise ValueError("mlp_bias: MLP biases are not supported")
-        if getattr(cfg, "use_sliding_window", False):
+        if raw.get("use_sliding_window"):
             raise ValueError("use_sliding_window: sliding-window attention is not supported")
-        rope_params = getattr(cfg, "rope_parameters", None) or {}
-        theta = getattr(cfg, "rope_theta", None) or rope_params.get("rope_theta", 10000.0)
-        scaling = getattr(cfg, "rope_scaling", None) or None
-        if scaling is None and rope_params.get("rope_type", "default") != "default":
-            scaling = dict(rope_params)
-        return cls(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-                   intermediate_size=cfg.intermediate_size, num_layers=cfg.num_hidden_layers,
-                   num_heads=heads, num_kv_heads=cfg.num_key_value_heads, head_dim=head_dim,
-                   rms_norm_eps=cfg.rms_norm_eps, rope_theta=float(theta),
-                   tie_word_embeddings=bool(cfg.tie_word_embeddings),
-                   attention_bias=kind == "qwen2" or bool(getattr(cfg, "attention_bias", False)),
+        heads = cfg["num_attention_heads"]
+        kv_heads = raw.get("num_key_value_heads", cfg["num_key_value_heads"]) or heads   # null: heads
+        head_dim = raw.get("head_dim") or (cfg["head_dim"] if "head_dim" not in raw else None) \
+            or cfg["hidden_size"] // heads
+        params = dict(raw.get("rope_scaling") or raw.get("rope_parameters") or {})
+        theta = params.pop("rope_theta", None) or raw.get("rope_theta") or 10000.0
+        rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
+        params.pop("type", None)
+        scaling = None if rope_type == "default" else {**params, "rope_type": rope_type}
+        if rope_type == "llama3":
+            scaling.setdefault("original_max_position_embeddings", cfg["max_position_embeddings"])
+        return cls(vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
+                   intermediate_size=cfg["intermediate_size"], num_layers=cfg["num_hidden_layers"],
+                   num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+                   rms_norm_eps=float(cfg["rms_norm_eps"]), rope_theta=float(theta),
+                   tie_word_embeddings=bool(cfg["tie_word_embeddings"]),
+                   attention_bias=kind == "qwen2" or bool(raw.get("attention_bias", False)),
                    rope_scaling=scaling, qk_norm=kind == "qwen3",
-                   max_position_embeddings=int(getattr(cfg, "max_position_embeddings", 131072)))
+                   max_position_embeddings=int(cfg["max_position_embeddings"]))
+
+
+# transformers' LlamaConfig / Qwen2Config / Qwen3Config defaults for the fields from_config reads
+# when config.json leaves them out (checked against the installed transformers by
+# tests/model/test_spec_config.py); None: derived (num_key_value_heads -> num_attention_heads,
+# head_dim -> hidden_size / num_attention_heads)
+_COMMON = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+               num_attention_heads=32, num_key_value_heads=None, head_dim=None, rms_norm_eps=1e-6,
+               tie_word_embeddings=False, max_position_embeddings=2048)
+_QWEN = dict(_COMMON, vocab_size=151936, intermediate_size=22016, num_key_value_heads=32,
+             max_position_embeddings=32768)
+HF_DEFAULTS = {"llama": _COMMON, "qwen2": _QWEN, "qwen3": dict(_QWEN, head_dim=128)}
 
 
 def check_tp_size(spec: LlamaSpec, world_size: int) -> None:

@@ -27,15 +27,10 @@ ENGINE_FIELDS = ("max_batch", "steps_per_graph", "page_size", "max_model_len", "
 
 def _resolved(model_path, engine_cfg, device_type: str):
     """(LlamaSpec, dtype, max_model_len) as LLM resolves them, from config.json only."""
-    from transformers import AutoConfig
-
-    from graphrt.model.hf_files import reading
-    from graphrt.engine.loader import file_dtype, read_config
-    from graphrt.model.spec import LlamaSpec
+    from graphrt.engine.checkpoint_files import read_spec
+    from graphrt.engine.loader import file_dtype
     path = Path(model_path)
-    raw, _ = read_config(path)
-    with reading(path / "config.json"):
-        spec = LlamaSpec.from_hf(AutoConfig.from_pretrained(str(path)))
+    raw, _, spec = read_spec(path)
     import torch
     dtype = engine_cfg.dtype or ("float32" if device_type == "cpu" else
                                  {torch.float16: "float16"}.get(file_dtype(path), "bfloat16"))
@@ -126,7 +121,7 @@ class OpenedCache:
     manifest: Manifest
     environment_s: float   # versions and GPU of this process (first call: Triton's import, CUDA init)
     verify_s: float        # check_cache: trust walk, manifest, sha256 of every artifact
-    model_s: float         # config.json -> geometry and built_for (first call: transformers' config classes)
+    model_s: float         # config.json -> geometry and built_for
 
 
 def open_for_serving(cache_dir: Path, *, expect_digest: str | None, model_dir, engine_cfg,

@@ -218,7 +218,7 @@ def load(args, *, keep=None):
         before = stat_snapshot(cache_dir)
         log.info("graph cache %s: %d artifacts (%.1f MB) verified in %.2f s (trust, manifest, sha256); "
                  "first uses, which LLM() would pay otherwise: versions and GPU %.2f s (Triton's import, "
-                 "CUDA init), model config %.2f s (transformers' config classes)", cache_dir.resolve(),
+                 "CUDA init), model config %.2f s (config.json)", cache_dir.resolve(),
                  len(opened.manifest.data["artifacts"]), sum(size for size, _ in before.values()) / 1e6,
                  opened.verify_s, opened.environment_s, opened.model_s)
     from graphrt.cache.load import reading_from

@@ -68,9 +68,10 @@ def test_valid_tokenizer_json_is_parsed_once(llm, monkeypatch):
     # tokenizer.json is read by the tokenizers library only; graphrt's own JSON check (a second
     # full parse, over a second for Llama 3's 9 MB) runs when the tokenizer fails to load
     import graphrt.engine.loader as loader
+    import graphrt.engine.tokenizer as tokenizer
     seen = []
-    real = loader.read_json
-    monkeypatch.setattr(loader, "read_json", lambda f, **kw: seen.append(f.name) or real(f, **kw))
+    real = tokenizer.read_json
+    monkeypatch.setattr(tokenizer, "read_json", lambda f, **kw: seen.append(f.name) or real(f, **kw))
     loader.load_tokenizer(llm.checkpoint.path)
     assert "tokenizer.json" not in seen and "tokenizer_config.json" in seen
     (bad := llm.checkpoint.path.parent / "badtok").mkdir()
@@ -105,3 +106,13 @@ def test_serve_without_fastapi_says_so_before_loading(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "uvicorn" else real(name, *a))
     with pytest.raises(ValueError, match=r"needs uvicorn, which is not installed: pip install 'graphrt\[serve\]'"):
         preflight(SimpleNamespace(device="cpu"), EngineConfig())
+
+
+def test_llm_start_imports_no_transformers(tmp_path_factory):
+    # config.json (LlamaSpec.from_config) and tokenizer.json (engine/tokenizer.py) are read
+    # without transformers: its import alone was 13 s of a 1B model's 22-25 s start on the GPU host
+    path = write(tmp_path_factory, "no-transformers", shape="tiny", dtype="float32")
+    stmt = (f"from graphrt import LLM; llm = LLM({str(path)!r}, device='cpu', max_batch=2, max_model_len=64); "
+            "assert type(llm.tokenizer).__name__ == 'Tokenizer'; "
+            "llm.tokenizer.apply_chat_template([{'role': 'user', 'content': 'hi'}], add_generation_prompt=True)")
+    assert "transformers" not in _imported_after(stmt)
