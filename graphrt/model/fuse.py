@@ -135,16 +135,8 @@ def plan_fuse(model, buckets, setting="auto", *, splitk=None) -> FusePlan:
     timings: dict[tuple, float] = {}
     table = {}
     for m in rows:
-        bufs = _Buffers(model, m)
-        for g in GEMMS:
-            for c in CANDIDATES:
-                timings[(m, (g, c.name))] = _graph_us(lambda g=g, c=c: bufs.fused_gemm(g, c))
-        best = LayerGemvs(*(min(CANDIDATES, key=lambda c, g=g: timings[(m, (g, c.name))]) for g in GEMMS))
-        if s == "auto":
-            split = (1, 1) if splitk is None else splitk.get(m)
-            timings[(m, "fused")] = _graph_us(lambda: bufs.fused_layers(best))
-            timings[(m, "unfused")] = _graph_us(lambda: bufs.unfused_layers(split))
-        table[m] = best
+        table[m] = measure(model, m, timings, compare=s == "auto",
+                           split=(1, 1) if splitk is None else splitk.get(m))
     table = {m: c for m, c in table.items() if s == "on" or choose_fused(timings, m)}
     plan = FusePlan(table, "measured" if s == "auto" else "fixed", timings, time.perf_counter() - t0)
     log.info("graphrt: fused norm / SiLU GEMVs at decode rows %s of %s (%s in %.2f s)", sorted(table), rows,
@@ -156,6 +148,22 @@ def choose_fused(timings_us: Mapping[tuple, float], rows: int) -> bool:
     """The decision (pure): run `rows` fused when its "fused" pass takes under MARGIN x the
     "unfused" one (a tie keeps the unfused path)."""
     return timings_us[(rows, "fused")] < MARGIN * timings_us[(rows, "unfused")]
+
+
+def measure(model, rows: int, timings: dict, *, compare: bool, split=(1, 1)) -> LayerGemvs:
+    """Time each fused GEMV per config over all layers at `rows` rows into timings[(rows, (gemm,
+    config name))] and return the fastest configs; compare: also time one pass of the fused
+    layers (timings[(rows, "fused")]) and of the unfused ones with split-K `split` ("unfused").
+    Device µs from _graph_us (CUDA graphs)."""
+    bufs = _Buffers(model, rows)
+    for g in GEMMS:
+        for c in CANDIDATES:
+            timings[(rows, (g, c.name))] = _graph_us(lambda g=g, c=c: bufs.fused_gemm(g, c))
+    best = LayerGemvs(*(min(CANDIDATES, key=lambda c, g=g: timings[(rows, (g, c.name))]) for g in GEMMS))
+    if compare:
+        timings[(rows, "fused")] = _graph_us(lambda: bufs.fused_layers(best))
+        timings[(rows, "unfused")] = _graph_us(lambda: bufs.unfused_layers(split))
+    return best
 
 
 def _graph_us(fn) -> float:
@@ -207,5 +215,5 @@ class _Buffers:
             h = add_rms_norm(model._mm(m, layer.down, split=split[1]), r, layer.input_norm, eps)
 
 
-__all__ = ["ENV", "MAX_ROWS", "FusePlan", "LayerGemvs", "choose_fused", "fusable", "plan_fuse",
+__all__ = ["ENV", "MAX_ROWS", "FusePlan", "LayerGemvs", "choose_fused", "fusable", "measure", "plan_fuse",
            "resolve_setting"]

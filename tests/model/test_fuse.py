@@ -132,3 +132,25 @@ def test_decode_step_fused_equals_unfused_bf16(monkeypatch):
     top2 = ref.topk(2, dim=-1).values
     clear = (top2[..., 0] - top2[..., 1]) > 0.1                          # rows without a near tie
     assert torch.equal(tok[clear], ref_tok[clear])
+
+
+@pytest.mark.parametrize("split", [(1, 1), (2, 1)])          # down K = 200: S = 1 only
+def test_measurement_runs_every_candidate_and_both_passes(split, monkeypatch):
+    """plan_fuse's CUDA measurement (fuse.measure) with a stand-in timer that runs each timed
+    function once on CPU: every (GEMM, config) GEMV pass and both layer passes run, and the
+    fastest config per GEMM is kept."""
+    import graphrt.model.fuse as fuse
+    model = LlamaDecoder.from_hf(_hf())
+    calls = []
+
+    def timer(fn):
+        calls.append(fn)
+        fn()                                                             # runs on CPU (interpreter)
+        return 1.0 + len(calls)
+    monkeypatch.setattr(fuse, "_graph_us", timer)
+    timings = {}
+    best = fuse.measure(model, 2, timings, compare=True, split=split)
+    assert len(calls) == 4 * len(CANDIDATES) + 2
+    assert set(timings) == {(2, (g, c.name)) for g in fuse.GEMMS for c in CANDIDATES} | {(2, "fused"), (2, "unfused")}
+    assert best == LayerGemvs(*[CANDIDATES[0]] * 4)                      # the earliest call timed fastest
+    assert timings[(2, "fused")] < timings[(2, "unfused")] and choose_fused(timings, 2)     # 18 < 0.97 x 19
