@@ -31,6 +31,15 @@ weights, so this is where FP8 KV shows:
     python tools/bench_e2e.py --models llama-3.1-8b --batches 16 --contexts 8192 \
         --variants graphrt-k4 --kv bf16,fp8 --no-prefill
 
+Fused GEMVs (graphrt/model/fuse.py: norms, residual adds and SiLU-mul inside the decode GEMVs)
+follow GRAPHRT_FUSE in every variant (unset / auto = measured at capture, on, off) except the
+A/B pair graphrt-fused / graphrt-unfused (forced on / off, 1 step a graph; not in the default
+--variants); each row records whether its bucket ran fused (`fused`, `fuse_configs`), and with
+--count-kernels the CUDA kernels per step (`kernels_per_step`):
+
+    python tools/bench_e2e.py --models llama-3.2-1b,llama-3.1-8b --batches 1,16 --contexts 1024 \
+        --variants graphrt-unfused,graphrt-fused --no-prefill --count-kernels
+
 Split-K of the o and down GEMMs follows GRAPHRT_SPLITK (graphrt/model/splitk.py: unset / auto =
 measured at capture, 1 = off, 2 / 4 = forced); each row records the (S_o, S_down) its bucket ran
 (`splitk`). The gemm-only graph stays unsplit.
@@ -57,6 +66,9 @@ SHAPES = {  # hidden, intermediate, layers, q heads, kv heads, head_dim, vocab, 
 VARIANTS = {"eager": ("flashinfer", 1, False), "hostplan": ("flashinfer-hostplan", 1, True),
             "graphrt": ("flashinfer", 1, True), "graphrt-k4": ("flashinfer", 4, True),
             "graphrt-k8": ("flashinfer", 8, True), "graphrt-td-k4": ("triton-decode", 4, True)}
+# the fused-GEMV A/B (graphrt/model/fuse.py: ModelRuntime fuse="on" / "off"; the variants above
+# run fuse="auto", i.e. GRAPHRT_FUSE or measured at capture); not in the default --variants
+FUSE_VARIANTS = {"graphrt-fused": ("flashinfer", 1, True, "on"), "graphrt-unfused": ("flashinfer", 1, True, "off")}
 KV_KINDS = {"bf16": "auto", "fp8": "fp8"}   # --kv -> RuntimeConfig.kv_cache_dtype
 
 
@@ -70,6 +82,8 @@ def parse_args(argv=None):
     p.add_argument("--no-prefill", dest="prefill", action="store_false", help="skip prefill rows")
     p.add_argument("--weights", default="bf16", help="comma list of bf16, fp8, fp8-tensor, fp8-head, fp8-tensor-head, fp8-block")
     p.add_argument("--kv", default="bf16", help="comma list of KV cache dtypes: bf16, fp8 (e4m3)")
+    p.add_argument("--count-kernels", action="store_true",
+                   help="also count kernels per decode step (torch.profiler over 3 replays; each row's `kernels`)")
     p.add_argument("--fp8-kernels", action="store_true",
                    help="per-shape table: bf16 cuBLAS / bf16 GEMV vs FP8 GEMV candidates / _scaled_mm")
     p.add_argument("--out", default="bench_e2e.json")
@@ -259,6 +273,26 @@ def measure(mrt, n, ctx, steps, torch):
     return statistics.median(walls), a.elapsed_time(b) * 1e3 / (steps * k), 1.0 / k
 
 
+def kernels_per_step(mrt, n, ctx, torch, replays: int = 3) -> float:
+    """CUDA kernels per decode step (copies and memsets left out): torch.profiler over `replays`
+    decode calls (K steps each), as tools/profile_step.py counts them."""
+    from torch.profiler import ProfilerActivity, profile
+    pages = mrt.config.max_pages_per_seq                     # measure()'s table width
+    table = torch.arange(n * pages, dtype=torch.int32).view(n, pages)
+    lens = torch.full((n,), ctx, dtype=torch.int32)
+    tokens = torch.zeros(n, dtype=torch.int64, device="cuda")
+    tb, lb = (table, lens) if mrt.backend.needs_host_inputs else (table.cuda(), lens.cuda())
+    mrt.decode(tokens, tb, lb)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            mrt.decode(tokens, tb, lb)
+        torch.cuda.synchronize()
+    count = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                and "Memcpy" not in e.name and "Memset" not in e.name)
+    return count / (replays * mrt.k)
+
+
 def run(args) -> dict:
     import torch
 
@@ -282,17 +316,22 @@ def run(args) -> dict:
             for n in [int(x) for x in args.batches.split(",")]:
                 pages = -(-(ctx + args.steps * 8 + 16) // 16)
                 for variant, kv in [(v, x) for v in args.variants.split(",") for x in args.kv.split(",")]:
-                    backend, k, graphs = VARIANTS[variant]
+                    if variant not in VARIANTS and variant not in FUSE_VARIANTS:
+                        raise SystemExit(f"--variants: {variant!r} is not one of {sorted(VARIANTS) + sorted(FUSE_VARIANTS)}")
+                    backend, k, graphs, fuse = (VARIANTS[variant] + ("auto",)) if variant in VARIANTS \
+                        else FUSE_VARIANTS[variant]
                     if kv not in KV_KINDS:
                         raise SystemExit(f"--kv: {kv!r} is not one of {sorted(KV_KINDS)}")
                     cfg = RuntimeConfig(num_qo_heads=s.num_heads, num_kv_heads=s.num_kv_heads,
                                         head_dim=s.head_dim, page_size=16, max_pages_per_seq=pages,
                                         buckets=[n], dtype="bfloat16", backend=backend,
                                         kv_pool_pages=n * pages + 1, kv_cache_dtype=KV_KINDS[kv])
-                    mrt = ModelRuntime(model, cfg, "cuda", steps_per_graph=k)
+                    mrt = ModelRuntime(model, cfg, "cuda", steps_per_graph=k, fuse=fuse)
                     if graphs:
                         mrt.capture()
                     step_us, dev_us, launches = measure(mrt, n, ctx, args.steps, torch)
+                    kernels = kernels_per_step(mrt, n, ctx, torch) if args.count_kernels else None
+                    fused = mrt.fuse.get(n) if mrt.fuse else None
                     kv_bytes = s.num_layers * n * ctx * s.num_kv_heads * s.head_dim * 2 * (1 if kv == "fp8" else 2)
                     floor = (weight_bytes + kv_bytes) / bw * 1e6
                     rows.append(dict(model=name, weights=wkind, kv=kv, variant=variant, batch=n, context=ctx,
@@ -300,6 +339,8 @@ def run(args) -> dict:
                                      tok_s=n / step_us * 1e6, device_us=dev_us,
                                      idle=max(0.0, 1 - dev_us / step_us), launches_per_token=launches,
                                      splitk=list(mrt.splitk.get(n)) if mrt.splitk else [1, 1],
+                                     fused=fused is not None, fuse_configs=fused.names if fused else None,
+                                     kernels_per_step=kernels,
                                      floor_us=floor, gemm_only_us=gemm[n],
                                      device_over_floor=dev_us / floor,
                                      device_over_gemm_only=dev_us / gemm[n],
@@ -318,12 +359,13 @@ def print_table(result: dict) -> None:
           f"{result['matmul_tflops']:.0f} TFLOP/s ({result['device']})")
     print(f"{'model':<13} {'weights':<9} {'kv':<4} {'variant':<11} {'bs':>3} {'ctx':>5} {'step us':>8} {'tok/s':>8} "
           f"{'device us':>9} {'idle':>5} {'floor us':>8} {'x floor':>7} {'gemm us':>8} {'x gemm':>6} "
-          f"{'TB/s':>5} {'%bw':>4}")
+          f"{'TB/s':>5} {'%bw':>4} {'fused':>5} {'kernels':>7}")
     for r in result["rows"]:
         print(f"{r['model']:<13} {r.get('weights', 'bf16'):<9} {r.get('kv', 'bf16'):<4} {r['variant']:<11} {r['batch']:>3} {r['context']:>5} {r['step_us']:>8.1f} "
               f"{r['tok_s']:>8.0f} {r['device_us']:>9.1f} {r['idle']:>5.2f} {r['floor_us']:>8.1f} "
               f"{r['device_over_floor']:>7.2f} {r['gemm_only_us']:>8.1f} {r['device_over_gemm_only']:>6.2f} "
-              f"{r['achieved_tb_s']:>5.2f} {r['pct_copy_bw']:>4.0f}")
+              f"{r['achieved_tb_s']:>5.2f} {r['pct_copy_bw']:>4.0f} {'yes' if r.get('fused') else 'no':>5} "
+              f"{r['kernels_per_step'] if r.get('kernels_per_step') is not None else '-':>7}")
     for r in result.get("fp8_kernels", []):
         print(f"gemm {r['model']:<13} {r['shape']:<8} {r['n']:>6}x{r['k']:<6} {r['weights']:<9} bs {r['batch']:>3}: "
               f"best {r['best']:<28} {r['best_us']:>7.1f} us, floor {r['floor_us']:>6.1f} us, "
@@ -343,7 +385,7 @@ def plot(result: dict, png: str) -> None:
     fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4), squeeze=False)
     for ax, (model, ctx) in zip(axes[0], keys):
         for wk in sorted({r.get("weights", "bf16") for r in rows}):
-            for variant in VARIANTS:
+            for variant in list(VARIANTS) + list(FUSE_VARIANTS):
                 pts = sorted((r["batch"], r["step_us"]) for r in rows if r["model"] == model and
                              r["context"] == ctx and r["variant"] == variant and r.get("weights", "bf16") == wk)
                 if pts:

@@ -7,7 +7,9 @@ fp8-head = per-channel with an FP8 LM head, fp8-tensor(-head) = one scale per fu
 fp8-block). Programmatic dependent launch of the
 element-wise kernels follows GRAPHRT_PDL (graphrt/kernels/launch.py); split-K of the o and down
 GEMMs follows GRAPHRT_SPLITK (graphrt/model/splitk.py: unset or auto = measured at capture, 1 =
-off, 2 / 4 = forced); the S used is printed and kept in the JSON.
+off, 2 / 4 = forced); the S used is printed and kept in the JSON. Fused GEMVs (graphrt/model/fuse.py:
+the norms, residual adds and SiLU-mul inside the decode GEMVs) follow --fuse (auto = GRAPHRT_FUSE
+or measured at capture; on; off); whether the bucket ran fused is printed and kept in the JSON.
 
     python tools/profile_step.py --model llama-3.1-8b --batch 1 --context 1024 --out profile.json
 """
@@ -37,6 +39,7 @@ def main(argv=None) -> int:
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--backend", default="flashinfer", help="attention backend (flashinfer, xqa, ...)")
     p.add_argument("--kv", default="auto", help="KV cache dtype: auto (the model's) or fp8")
+    p.add_argument("--fuse", default="auto", help="fused GEMVs: auto (GRAPHRT_FUSE, else measured), on, off")
     p.add_argument("--out", default="profile_step.json")
     args = p.parse_args(argv)
     import torch
@@ -54,7 +57,7 @@ def main(argv=None) -> int:
                         page_size=16, max_pages_per_seq=pages, buckets=[n], dtype="bfloat16",
                         backend=args.backend, kv_pool_pages=n * pages + 1,
                         kv_cache_dtype=args.kv)
-    mrt = ModelRuntime(model, cfg, "cuda")
+    mrt = ModelRuntime(model, cfg, "cuda", fuse=args.fuse)
     mrt.capture()
     table = torch.arange(n * pages, dtype=torch.int32, device="cuda").view(n, pages)
     lens = torch.full((n,), ctx, dtype=torch.int32, device="cuda")
@@ -85,15 +88,18 @@ def main(argv=None) -> int:
     b.record()
     b.synchronize()
     step_us = a.elapsed_time(b) * 1e3 / args.replays
-    split = list(mrt.splitk.get(n))
+    fused = mrt.fuse.get(n)
+    split = [1, 1] if fused else list(mrt.splitk.get(n))
     out = {"model": args.model, "weights": args.weights, "backend": args.backend, "kv": args.kv, "pdl": "0" if os.environ.get("GRAPHRT_PDL") == "0" else "1",
            "splitk_env": os.environ.get("GRAPHRT_SPLITK", "auto"), "splitk": split, "splitk_source": mrt.splitk.source,
+           "fuse_setting": args.fuse, "fused": fused is not None, "fuse_source": mrt.fuse.source,
+           "fuse_configs": fused.names if fused else None,
            "batch": n, "context": ctx, "device_us_per_step": step_us,
            "kernel_us_per_step": total_us, "launches_per_step": launches / args.replays,
            "families_us": dict(fam_us), "families_launches": {k: v / args.replays for k, v in fam_n.items()},
            "top_kernels_us": dict(sorted(names.items(), key=lambda kv: -kv[1])[:25])}
     Path(args.out).write_text(json.dumps(out, indent=1))
-    print(f"{args.model} {args.weights} {args.backend} kv={args.kv} pdl={out['pdl']} splitk={split} bs{n} ctx{ctx}: device {step_us:.0f} us/step, kernels {total_us:.0f} us in "
+    print(f"{args.model} {args.weights} {args.backend} kv={args.kv} pdl={out['pdl']} splitk={split} fused={'yes' if fused else 'no'} bs{n} ctx{ctx}: device {step_us:.0f} us/step, kernels {total_us:.0f} us in "
           f"{launches / args.replays:.0f} launches (gaps {step_us - total_us:.0f} us)")
     for f, us in sorted(fam_us.items(), key=lambda kv: -kv[1]):
         print(f"  {f:<14} {us:8.1f} us  {fam_n[f] / args.replays:6.0f} launches")

@@ -39,6 +39,12 @@ split views, summed by the add+RMSNorm that reads them), S per bucket fixed once
 capture (`mrt.splitk`, a SplitKPlan): measured on CUDA by default, off on CPU; `splitk=` (0, 1,
 2, 4 or "auto") or, for "auto", GRAPHRT_SPLITK sets it.
 
+Fused GEMVs (model/fuse.py): decode buckets of at most 16 rows may run each layer as four GEMVs
+with the norms, residual adds and SiLU-mul fused in (3 launches fewer a layer), fixed once
+before the first capture after split-K (`mrt.fuse`, a FusePlan; a fused bucket runs split-K
+(1, 1)): measured against the unfused kernels on CUDA by default, off on CPU; `fuse=` ("auto",
+"on", "off") or, for "auto", GRAPHRT_FUSE sets it.
+
 FP8 KV cache (config.kv_cache_dtype="fp8"): e4m3 pages with per-layer k / v scales, given as
 `kv_scales` (the checkpoint's, [(k, v)] per layer) or calibrated on the first prefill this
 runtime runs (graphrt/model/quant/kv.py), once, before any page is written with them; the
@@ -73,6 +79,7 @@ from graphrt.kernels.argmax import argmax_into
 from graphrt.kernels.sample import sample_tokens
 from graphrt.kernels.transfer import to_device
 from graphrt.model.context import AttentionContext
+from graphrt.model.fuse import FusePlan, plan_fuse, resolve_setting as resolve_fuse
 from graphrt.model.logprobs import LogprobBuffers
 from graphrt.model.processing import drawn_from
 from graphrt.model.prefill import PrefillAttention
@@ -93,7 +100,7 @@ class ModelRuntime:
                  fallback_to_one_step: bool = False, token_history: bool = False,
                  processing: bool = False, logprobs_mode: str = "raw", logprobs_width: int = 20,
                  kv_scales: list[tuple[float, float]] | None = None, prefill_graph_tokens: int = 512,
-                 graphed_prefill: bool | None = None, splitk: str | int = "auto"):
+                 graphed_prefill: bool | None = None, splitk: str | int = "auto", fuse: str = "auto"):
         s = model.spec
         heads = getattr(model, "local_spec", s)  # a tensor-parallel rank's model: its own heads
         want = (heads.num_heads, heads.num_kv_heads, heads.head_dim)
@@ -162,6 +169,10 @@ class ModelRuntime:
             resolve_setting(splitk)                       # ValueError now; "auto" reads the env later
         self._splitk_setting = splitk
         self.splitk: SplitKPlan | None = None   # decode buckets' split-K: chosen once, before the first graph
+        if fuse != "auto":
+            resolve_fuse(fuse)                            # ValueError now; "auto" reads the env later
+        self._fuse_setting = fuse
+        self.fuse: FusePlan | None = None       # decode buckets' fused GEMVs: chosen after split-K
         self._captured = False
         self.backend.setup([self.buffers.view(x) for x in reversed(config.buckets)])
         if steps_per_graph > 1 and self.backend.needs_host_inputs:  # after setup: fallback too
@@ -290,11 +301,12 @@ class ModelRuntime:
         st, view = self.slots, self.buffers.view(size)
         tokens, seq = st.tokens[:size], view.seq_lens                       # [B] int64, [B] int32
         ctx = AttentionContext(self.backend, view, self.kv_caches)
-        split = (1, 1) if self.splitk is None else self.splitk.get(size)
+        fuse = None if self.fuse is None else self.fuse.get(size)
+        split = (1, 1) if self.splitk is None or fuse is not None else self.splitk.get(size)
+        opts = ({} if split == (1, 1) else {"splitk": split}) | ({} if fuse is None else {"fuse": fuse})
         for step in range(self.k):
             ctx.prepare()
-            logits = (self.model.decode_step(ctx, tokens) if split == (1, 1)   # [B, vocab] model dtype
-                      else self.model.decode_step(ctx, tokens, splitk=split))
+            logits = self.model.decode_step(ctx, tokens, **opts)             # [B, vocab] model dtype
             out = self.out_tokens[step, :size]
             live = seq > 0
             if processed and not filtered:       # process, draw, log-probs, count: fused passes
@@ -335,9 +347,12 @@ class ModelRuntime:
             view, view.seq_lens.cpu() if seq_lens_cpu is None else seq_lens_cpu)
 
     def _plan_splitk(self) -> None:
-        """Fix the decode buckets' split-K plan once (measured on CUDA: outside any capture)."""
+        """Fix the decode buckets' split-K plan, then their fused-GEMV plan, once (measured on
+        CUDA: outside any capture)."""
         if self.splitk is None:
             self.splitk = plan_splitk(self.model, self.config.buckets, self._splitk_setting)
+        if self.fuse is None:
+            self.fuse = plan_fuse(self.model, self.config.buckets, self._fuse_setting, splitk=self.splitk)
 
     def capture(self) -> dict:
         """Capture the decode graphs of every bucket not yet captured (largest first; greedy,

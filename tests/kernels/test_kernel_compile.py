@@ -18,12 +18,12 @@ warnings.simplefilter("ignore")
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from graphrt.kernels import activation, norm, rope_append
+from graphrt.kernels import activation, gemv, norm, rope_append
 
-def build(fn, args, constexprs, num_warps):
+def build(fn, args, constexprs, num_warps, num_stages=3):
     sig = {n: args.get(n, "constexpr") for n in fn.arg_names}
     k = triton.compile(ASTSource(fn, sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": num_warps})
+                       options={"num_warps": num_warps, "num_stages": num_stages})
     assert "cubin" in k.asm
     print("ok", fn.__name__, constexprs)
 
@@ -41,6 +41,18 @@ for add, split in itertools.product((True, False), (1, 2)):
           dict(BLOCK=4096, ADD=add, SPLIT=split), 8)
 build(activation._silu_mul_kernel, dict(x_ptr="*bf16", x_stride="i32", out_ptr="*bf16",
       out_stride="i32", I="i32"), dict(BLOCK=1024), 4)
+# the GEMV: plain, and the fused variants of the decode step (model/fuse.py): qkv (norm, +- bias),
+# o (residual add), gate_up (norm), down (SiLU-mul + residual add)
+gv = dict(x_ptr="*bf16", w_ptr="*bf16", s_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16", g_ptr="*bf16",
+          M="i32", N="i32", K="i32", stride_x="i32", stride_w="i32", stride_s="i32", stride_y="i32",
+          eps="fp32")
+for (nrm, silu, add, bias), c in [((False, False, False, False), gemv.CANDIDATES[1]),
+                                  ((False, True, False, False), gemv.CANDIDATES[0])] + list(itertools.product(
+        [(True, False, False, False), (True, False, False, True), (False, False, True, False),
+         (False, True, True, False)], gemv.CANDIDATES)):                  # every config the plan times
+    build(gemv._gemv_kernel, gv, dict(BLOCK_M=16, BLOCK_N=c.block_n, BLOCK_K=c.block_k, SCALE_BN=1, SCALE_BK=1,
+          SCALED=False, BLOCKWISE=False, HAS_BIAS=bias, X_NORM=nrm, X_SILU=silu, ADD_RES=add, DOT_F32=False),
+          c.num_warps, c.num_stages)
 '''
 
 
@@ -51,4 +63,4 @@ def test_kernels_compile_for_sm90():
     run = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-4000:]
-    assert run.stdout.count("ok ") == 13, run.stdout
+    assert run.stdout.count("ok ") == 31, run.stdout
