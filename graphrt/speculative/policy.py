@@ -266,9 +266,12 @@ class SpecPolicy:
         if k == 0:
             s.plain_blocks += 1
             return
-        for name, v in (("proposed", proposed), ("accepted", accepted), ("rounds", rounds)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"{name}: must be an int >= 0, got {v!r}")
+        # called per slot and block: one fast test, the per-field check only to name what is wrong
+        if not (type(proposed) is int and type(accepted) is int and type(rounds) is int
+                and proposed >= 0 and accepted >= 0 and rounds >= 0):
+            for name, v in (("proposed", proposed), ("accepted", accepted), ("rounds", rounds)):
+                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                    raise ValueError(f"{name}: must be an int >= 0, got {v!r}")
         if accepted > proposed or accepted > rounds * k:
             raise ValueError(f"accepted: {accepted} exceeds proposed={proposed} or rounds * k={rounds * k}")
         if k not in self.ks:
