@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from graphrt.attention.buckets import pick_bucket
@@ -36,6 +37,13 @@ class _Pending:
     forced: bool = False                  # a spec block the policy did not choose (rows at their limit)
     logprobs: tuple | None = None         # (token [S, cols], rank, ids [S, cols, N], vals) host
     error: torch.Tensor | None = None     # [1] int32 host: the runtime's sticky device-guard flags
+    col_counts: tuple | None = None       # a spec block's per-column counts (speculation.spec_columns)
+
+
+def _host(values: list, dtype) -> torch.Tensor:
+    """A host tensor of a list of numbers (through numpy: a third of torch.tensor's time on
+    short lists, half on a prompt's)."""
+    return torch.from_numpy(np.array(values, dtype=dtype))
 
 
 class BlockMixin:
@@ -56,7 +64,7 @@ class BlockMixin:
         ctx = {id(r): r.context for r, _, _ in work}
         part = [w for w in work if w[2] < len(ctx[id(w[0])])]
         if part:                                      # chunks that draw nothing yet
-            self.runtime.prefill([torch.tensor(ctx[id(r)][a:e], dtype=torch.int64) for r, a, e in part],
+            self.runtime.prefill([_host(ctx[id(r)][a:e], np.int64) for r, a, e in part],
                                  torch.from_numpy(self.batch.block_table_host[[r.slot for r, _, _ in part]]),
                                  starts=[a for _, a, _ in part], **defer)
             for r, _, e in part:
@@ -67,16 +75,16 @@ class BlockMixin:
         reqs = [r for r, _, _ in work]
         slots = [r.slot for r in reqs]
         own = [w for w in work if w[0].shares is None]   # n > 1: a sample sharing a sibling's prefill
-        prompts = [torch.tensor(ctx[id(r)][a:], dtype=torch.int64) for r, a, _ in own]   # host: checked and
+        prompts = [_host(ctx[id(r)][a:], np.int64) for r, a, _ in own]   # host: checked and
         #                                          copied to the device without a host sync (kernels/transfer.py)
         table = torch.from_numpy(self.batch.block_table_host[[r.slot for r, _, _ in own]])   # [m, W] host
         fork = ({} if len(own) == len(work) else fork_args([r for r, _, _ in own], reqs)) | defer
         ps = [r.params for r in reqs]
-        inputs = SamplingInputs(torch.tensor([0.0 if p.greedy else p.temperature for p in ps]),
-                                torch.tensor([max(p.top_k, 0) for p in ps], dtype=torch.int32),
-                                torch.tensor([p.top_p for p in ps], dtype=torch.float32),
-                                torch.tensor([r.seed for r in reqs], dtype=torch.int64),
-                                torch.tensor([r.launched for r in reqs], dtype=torch.int32))
+        inputs = SamplingInputs(_host([0.0 if p.greedy else p.temperature for p in ps], np.float32),
+                                _host([max(p.top_k, 0) for p in ps], np.int32),
+                                _host([p.top_p for p in ps], np.float32),
+                                _host([r.seed for r in reqs], np.int64),
+                                _host([r.launched for r in reqs], np.int32))
         starts = [a for _, a, _ in own]
         if getattr(self.runtime, "processing", False):               # every slot's processing rows
             first, lp = extras.prefill(self.runtime, prompts, table, slots, inputs, reqs, self._token_text,

@@ -226,7 +226,8 @@ class Engine(BlockMixin):
         sched.admit()
         work = sched.prefill_work()
         if work:
-            pacer = sched.pacer if sched.decode_rows() else None    # a chunk the streams wait for
+            pacer = sched.pacer   # paced only while rows decode (a chunk the streams wait for)
+            pacer = pacer if pacer is not None and sched.decode_rows() else None
             mark = pacer.start() if pacer is not None else None
             launched = self._prefill_guarded(work)
             if pacer is not None:

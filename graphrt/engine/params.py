@@ -303,9 +303,11 @@ class RequestOutput:
                  prompt_logprobs: list | None = None, finished: bool | None = None,
                  stop_reason: int | str | None = None, logprobs: list | None = None,
                  cumulative_logprob: float | None = None, num_cached_tokens: int = 0):
-        if outputs is None:
+        if outputs is None:                       # one completion (every engine delta): finished is its own
             outputs = [CompletionOutput(0, text, [] if token_ids is None else token_ids, cumulative_logprob,
                                         logprobs, finish_reason=finish_reason, stop_reason=stop_reason)]
+            if finished is None:
+                finished = finish_reason is not None
         self.request_id, self.prompt, self.prompt_token_ids = request_id, prompt, prompt_token_ids
         self.prompt_logprobs, self.outputs, self.num_cached_tokens = prompt_logprobs, outputs, num_cached_tokens
         self.finished = all(o.finished for o in outputs) if finished is None else finished

@@ -20,8 +20,8 @@ Host only; owned by the engine loop (through the KV manager).
 from __future__ import annotations
 
 import hashlib
+from array import array
 
-import numpy as np
 
 from graphrt.engine.allocator import PageAllocator
 
@@ -61,7 +61,7 @@ class PrefixCache:
             raise ValueError(f"n: {n} pages of {ps} tokens, only {len(tokens)} tokens given")
         prev = hashes[-1] if hashes else self.root
         for j in range(len(hashes), n):
-            prev = _h(prev + np.asarray(tokens[j * ps:(j + 1) * ps], dtype=np.int64).tobytes())
+            prev = _h(prev + array("q", tokens[j * ps:(j + 1) * ps]).tobytes())   # int64, native order
             hashes.append(prev)
         return hashes
 

@@ -82,6 +82,27 @@ class Request:
         return self.prompt + self.token_ids if self.token_ids else self.prompt
 
 
+class _Joined:
+    """prompt + token_ids as a sequence of ints for the prefix cache's page keys (len and slices:
+    what PrefixCache.extend reads), without copying the whole context per block."""
+
+    __slots__ = ("head", "tail")
+
+    def __init__(self, head: list[int], tail: list[int]):
+        self.head, self.tail = head, tail
+
+    def __len__(self) -> int:
+        return len(self.head) + len(self.tail)
+
+    def __getitem__(self, s: slice) -> list[int]:
+        n = len(self.head)
+        if s.stop <= n:
+            return self.head[s]
+        if s.start >= n:
+            return self.tail[s.start - n:s.stop - n]
+        return self.head[s.start:] + self.tail[:s.stop - n]
+
+
 class Launch(NamedTuple):
     """A block about to launch: rows [0, n) served; sampled: some row samples; filtered: some
     sampled row uses top_k / top_p; rows: (request, slot, epoch, draws counted) per row;
@@ -210,6 +231,8 @@ class Scheduler:
     def prefill_work(self) -> list[tuple[Request, int, int]]:
         """(request, start, end) context positions to prefill in this step, FIFO: everything
         admitted, or at most prefill_budget() tokens while some row decodes."""
+        if not self.prefilling:
+            return []
         budget = self.prefill_budget()
         out = []
         for r in self.prefilling:
@@ -391,7 +414,7 @@ class Scheduler:
         if self.kv.cache is not None:                   # K/V of all but the newest token written
             held = len(req.prompt) + len(req.token_ids) - 1
             if held // self.page_size > req.cached_pages:
-                self._cache_pages(req, held // self.page_size, req.prompt + req.token_ids)
+                self._cache_pages(req, held // self.page_size, _Joined(req.prompt, req.token_ids))
         done = req.finish_reason is not None
         if done and not text.stopped:
             text.flush()

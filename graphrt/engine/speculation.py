@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import time
 
-import numpy as np
 import torch
 
 log = logging.getLogger("graphrt.engine")
@@ -73,20 +72,34 @@ def load_draft(mrt, spec, *, dtype: str, target=None):
 def spec_columns(block, counts: dict) -> list[list[int]]:
     """A speculative block's tokens per column (host tensors: tokens [R, cols, k + 1], emitted
     and proposed [R, cols]): the emitted ones, rounds in order; the block's proposal / acceptance
-    counts of its rows are added to `counts`. numpy views of the host tensors (no torch op per
-    row: this runs on the loop thread once per block)."""
-    tokens, em, prop = block.tokens.numpy(), block.emitted.numpy(), block.proposed.numpy()
-    keep = np.arange(tokens.shape[2])[None, None, :] < em[:, :, None]      # [R, cols, k + 1]
-    cols = [tokens[:, c][keep[:, c]].tolist() for c in range(em.shape[1])]   # rounds in order
+    counts of its rows are added to `counts`, and its per-column counts kept in
+    `block.col_counts` (for `observe`). Three tolist() calls, then list slices: at these sizes
+    (R * cols <= a few hundred) each numpy call costs more than the whole walk (loop thread,
+    once per block)."""
+    toks, em = block.tokens.tolist(), block.emitted.tolist()     # [R][cols][k + 1], [R][cols]
+    cols = []
+    for c in range(len(em[0]) if em else 0):
+        col = []
+        for tr, er in zip(toks, em):
+            e = er[c]
+            if e > 0:
+                col += tr[c][:e]
+        cols.append(col)
+    per = block.col_counts = _col_counts(em, block.proposed.tolist())
     live = [c for _, c, _, _ in block.rows]
-    sub = em[:, live]
-    counts["proposed"] += int(prop[:, live].sum())
-    counts["accepted"] += int(np.maximum(sub - 1, 0).sum())
-    counts["rounds"] += int((sub > 0).sum())
-    counts["emitted"] += int(sub.sum())
+    for key, values in zip(("proposed", "accepted", "rounds", "emitted"), per):
+        counts[key] += sum(values[c] for c in live)
     by_k = counts.setdefault("by_k", {})                   # blocks finished per k (the policy's mix)
     by_k[block.spec_k] = by_k.get(block.spec_k, 0) + 1
     return cols
+
+
+def _col_counts(em: list, prop: list) -> tuple[list[int], ...]:
+    """Per column of a block's emitted / proposed counts ([R][cols] lists): (proposed, accepted
+    (emitted - 1 where positive), rounds with an emission, emitted), summed over the rounds."""
+    em_cols = list(zip(*em))
+    return ([sum(c) for c in zip(*prop)], [sum(e - 1 for e in c if e > 1) for c in em_cols],
+            [sum(1 for e in c if e > 0) for c in em_cols], [sum(c) for c in em_cols])
 
 
 def observe(policy, block) -> None:
@@ -98,11 +111,12 @@ def observe(policy, block) -> None:
     if block.kind == "decode" or getattr(block, "forced", False):   # a forced block measures nothing
         policy.observe_plain([slot for slot, _ in live])
         return
-    em, prop = block.emitted.numpy(), block.proposed.numpy()
+    per = getattr(block, "col_counts", None)               # spec_columns' (same block), or anew
+    proposed, accepted, rounds, _ = per if per is not None else \
+        _col_counts(block.emitted.tolist(), block.proposed.tolist())
+    k = block.spec_k
     for slot, c in live:
-        e = em[:, c]
-        policy.observe(slot, proposed=int(prop[:, c].sum()), accepted=int(np.maximum(e - 1, 0).sum()),
-                       rounds=int((e > 0).sum()), k=block.spec_k)
+        policy.observe(slot, proposed=proposed[c], accepted=accepted[c], rounds=rounds[c], k=k)
 
 
 class BlockClock:

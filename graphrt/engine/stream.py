@@ -8,11 +8,11 @@ requests (LLM.generate does) and the engine goes on serving.
 """
 from __future__ import annotations
 
+import _signal
 import asyncio
 import queue
 import signal
 import threading
-from contextlib import contextmanager
 
 from graphrt.engine.params import CompletionOutput, RequestOutput, merge_delta
 
@@ -83,20 +83,29 @@ class RequestStream:
                              num_cached_tokens=first.num_cached_tokens)
 
 
-@contextmanager
-def interrupt_after():
+class interrupt_after:
     """Hold SIGINT for the duration of the block; raise KeyboardInterrupt when it ends if one came.
     Only on the main thread, and only while Python's default handler is installed (a handler the
-    application installed is left alone); elsewhere a no-op."""
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
-        yield
-        return
-    held = []
-    signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        if held:
-            raise KeyboardInterrupt
+    application installed is left alone); elsewhere a no-op. Entered once per engine step by a
+    stream's reader: the handler is swapped through `_signal`, CPython's C module under `signal`
+    (the same calls, without the enum wrapping: ~1 µs a step instead of ~25)."""
+
+    __slots__ = ("_held", "_on")
+
+    def __enter__(self):
+        self._on = (threading.current_thread() is threading.main_thread()
+                    and _signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+        if self._on:
+            self._held = []
+            _signal.signal(signal.SIGINT, self._hold)
+        return self
+
+    def _hold(self, signum, frame) -> None:
+        self._held.append(signum)
+
+    def __exit__(self, *exc) -> bool:
+        if self._on:
+            _signal.signal(signal.SIGINT, signal.default_int_handler)
+            if self._held:
+                raise KeyboardInterrupt
+        return False

@@ -38,6 +38,7 @@ run slower than their graphs stops being chosen. Host Python only (a few
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Mapping, NamedTuple, Sequence
 
 
@@ -46,6 +47,7 @@ def expected_tokens(a: float, k: int) -> float:
     return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
+@lru_cache(maxsize=4096)     # a pure function of (accepted / rounds, k): a block's counts repeat
 def fit_acceptance(tokens_per_round: float, k: int) -> float:
     """The a in [0, 1] with expected_tokens(a, k) == tokens_per_round (clipped to [1, k + 1])."""
     if k < 1:
@@ -227,6 +229,10 @@ class SpecPolicy:
         self._start = prior                   # engine-wide acceptance: a new slot's choices until it measures
         self._slots: dict[int, _Slot] = {}
         self._on = False                  # the last choice ran speculation (hysteresis)
+        self._min_bucket = min(costs.decode_us)
+        self._bucket_ks: dict[int, tuple[int, ...]] = {}   # bucket -> _ks (graph costs are frozen)
+        self._tables: dict[int, tuple] = {}   # bucket -> (step_us, {k: round_us}) at self.costs;
+        #                                       cleared by observe_wall (the realized costs moved)
 
     # ---- per-slot state -------------------------------------------------------------------------
     def _check(self, slot: int) -> None:
@@ -260,9 +266,12 @@ class SpecPolicy:
         if k == 0:
             s.plain_blocks += 1
             return
-        for name, v in (("proposed", proposed), ("accepted", accepted), ("rounds", rounds)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"{name}: must be an int >= 0, got {v!r}")
+        # called per slot and block: one fast test, the per-field check only to name what is wrong
+        if not (type(proposed) is int and type(accepted) is int and type(rounds) is int
+                and proposed >= 0 and accepted >= 0 and rounds >= 0):
+            for name, v in (("proposed", proposed), ("accepted", accepted), ("rounds", rounds)):
+                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                    raise ValueError(f"{name}: must be an int >= 0, got {v!r}")
         if accepted > proposed or accepted > rounds * k:
             raise ValueError(f"accepted: {accepted} exceeds proposed={proposed} or rounds * k={rounds * k}")
         if k not in self.ks:
@@ -299,6 +308,7 @@ class SpecPolicy:
         us = _positive("us", us)
         old = self._wall.get((bucket, k))
         self._wall[(bucket, k)] = us if old is None else old + self.wall_ema * (us - old)
+        self._tables.clear()
 
     def observe_switch(self, bucket: int, us: float) -> None:
         """A plain -> spec switch at `bucket` cost `us` µs of wall beyond the spec block (a draft's
@@ -327,15 +337,35 @@ class SpecPolicy:
 
     # ---- the choice -----------------------------------------------------------------------------
     def _alone(self, a: float, bucket: int | None = None) -> int:
-        b = min(self.costs.decode_us) if bucket is None else bucket
-        return best_k([a], self.costs, b, self._ks(b), margin=self.margin)[0]
+        """best_k([a], self.costs, bucket, ks, margin)'s k (the same arithmetic, from the table)."""
+        b = self._min_bucket if bucket is None else bucket
+        ks = self._ks(b)
+        step, round_us = self._table(b, ks)
+        plain = 1 / step
+        best, rate = 0, plain
+        for k in ks:
+            r = expected_tokens(a, k) / round_us[k]
+            if r > rate and r >= plain * (1.0 + self.margin):
+                best, rate = k, r
+        return best
 
     def _ks(self, bucket: int) -> tuple[int, ...]:
+        ks = self._bucket_ks.get(bucket)
+        if ks is not None:
+            return ks
         have = set(self.costs.ks(bucket))
         ks = tuple(k for k in self.ks if k in have)
         if not ks:
             raise ValueError(f"bucket: {bucket} has verify costs for k in {sorted(have)}, none of ks {self.ks}")
+        self._bucket_ks[bucket] = ks
         return ks
+
+    def _table(self, bucket: int, ks: tuple[int, ...]) -> tuple[float, dict]:
+        """(step_us, {k: round_us}) at `bucket` from self.costs, kept until the next observe_wall."""
+        t = self._tables.get(bucket)
+        if t is None:
+            t = self._tables[bucket] = (self.costs.step_us(bucket), {k: self.costs.round_us(bucket, k) for k in ks})
+        return t
 
     def choose(self, slots: Sequence[int], bucket: int) -> Decision:
         """The k for the next block over `slots` (the active slots, run in a graph of `bucket`)."""
@@ -346,19 +376,35 @@ class SpecPolicy:
         states = [self._state(s) for s in slots]
         accepts = [s.accept if s.measured_rounds else self._start for s in states]
         ks = self._ks(bucket)
-        plain = batch_rate(accepts, self.costs, bucket, 0)
-        k, rate = best_k(accepts, self.costs, bucket, ks, margin=0.0 if self._on else self.margin)
+        # batch_rate / best_k's arithmetic, each slot's expected tokens and each cost computed once
+        step, round_us = self._table(bucket, ks)
+        tokens = {kk: [expected_tokens(a, kk) for a in accepts] for kk in ks}   # per slot
+        plain = len(accepts) / step
+        k, rate, margin = 0, plain, 0.0 if self._on else self.margin
+        for kk in ks:
+            r = sum(tokens[kk]) / round_us[kk]
+            if r > rate and r >= plain * (1.0 + margin):
+                k, rate = kk, r
         if k and not self._on and self._switch.get(bucket):      # turning on pays its switch back
-            gain = self.probe_every * self.rounds * self.costs.round_us(bucket, k) * (1.0 - plain / rate)
+            gain = self.probe_every * self.rounds * round_us[k] * (1.0 - plain / rate)
             if gain < self._switch[bucket]:
                 k, rate = 0, plain
-        pref = tuple(best_k([a], self.costs, bucket, ks, margin=self.margin)[0] for a in accepts)
+        pref = []                                         # each slot's best_k alone
+        one, bar = 1 / step, (1 / step) * (1.0 + self.margin)
+        for i in range(len(accepts)):
+            best, top = 0, one
+            for kk in ks:
+                r = tokens[kk][i] / round_us[kk]
+                if r > top and r >= bar:
+                    best, top = kk, r
+            pref.append(best)
+        pref = tuple(pref)
         probe = False
         if k == 0:
-            self._credit += self.probe_budget * self.steps * self.costs.step_us(bucket)
+            self._credit += self.probe_budget * self.steps * step
             if any(s.plain_blocks >= s.interval for s in states):
-                r = batch_rate(accepts, self.costs, bucket, ks[0])
-                cost = self.switch_us(bucket) + max(0.0, self.rounds * self.costs.round_us(bucket, ks[0])
+                r = sum(tokens[ks[0]]) / round_us[ks[0]]
+                cost = self.switch_us(bucket) + max(0.0, self.rounds * round_us[ks[0]]
                                                     * (1.0 - r / plain))
                 if self._credit >= cost:                      # probing stays within its budget
                     self._credit -= cost

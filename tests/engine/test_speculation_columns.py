@@ -1,6 +1,6 @@
 """engine/speculation.py's per-block bookkeeping on the host: a speculative block's emitted tokens
-per column in round order, and the proposal / acceptance counts of its live rows only (numpy
-views of the read-back tensors), against a plain Python walk over the same tensors."""
+per column in round order, and the proposal / acceptance counts of its live rows only, against a
+plain Python walk over the same tensors."""
 from __future__ import annotations
 
 import types
