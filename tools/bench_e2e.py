@@ -330,7 +330,7 @@ def run(args) -> dict:
                     if graphs:
                         mrt.capture()
                     step_us, dev_us, launches = measure(mrt, n, ctx, args.steps, torch)
-                    kernels = kernels_per_step(mrt, n, ctx, torch) if args.count_kernels else None
+                    n_kernels = kernels_per_step(mrt, n, ctx, torch) if args.count_kernels else None
                     fused = mrt.fuse.get(n) if mrt.fuse else None
                     kv_bytes = s.num_layers * n * ctx * s.num_kv_heads * s.head_dim * 2 * (1 if kv == "fp8" else 2)
                     floor = (weight_bytes + kv_bytes) / bw * 1e6
@@ -340,7 +340,7 @@ def run(args) -> dict:
                                      idle=max(0.0, 1 - dev_us / step_us), launches_per_token=launches,
                                      splitk=list(mrt.splitk.get(n)) if mrt.splitk else [1, 1],
                                      fused=fused is not None, fuse_configs=fused.names if fused else None,
-                                     kernels_per_step=kernels,
+                                     kernels_per_step=n_kernels,
                                      floor_us=floor, gemm_only_us=gemm[n],
                                      device_over_floor=dev_us / floor,
                                      device_over_gemm_only=dev_us / gemm[n],

@@ -35,7 +35,6 @@ import torch
 
 from graphrt.engine.config import EngineConfig
 from graphrt.engine.device import available_bytes, check_device_support, resolve_device, select_triton_mode
-from graphrt.engine.heap import freeze_heap
 from graphrt.engine.hub import resolve_model
 from graphrt.engine.params import RequestOutput, SamplingParams
 from graphrt.engine.startup import StartupTimes
@@ -115,7 +114,6 @@ def _tp_worker(ctx, path, config: EngineConfig, dtype: str, quantization: str | 
     from graphrt.parallel.driver import follow
     select_triton_mode(ctx.device)                     # a spawned process: before its kernels load
     _, _, runtime = _build_runtime(path, ctx.device, config, dtype, tp=ctx.tp, quantization=quantization)
-    freeze_heap()                                      # collections walk only what serving makes
     follow(runtime, ctx.control)
 
 
@@ -214,7 +212,6 @@ class LLM:
         times.finish()
         self.startup = times
         log.info("%s", times.line(pages=self.engine.scheduler.allocator.num_pages, pool_bytes=_pool_bytes(self.runtime)))
-        freeze_heap()                                  # engine/heap.py: no full collection in a step
 
     def _start_tensor_parallel(self, path, dev, config, dtype, n: int, timeout_s: float, quantization,
                                times=None):

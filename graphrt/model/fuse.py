@@ -28,8 +28,9 @@ their W8A8 path; under tensor parallelism the o / down outputs are all-reduced b
 residual add, which the epilogue cannot do); verify and prefill steps never fuse.
 
 The choice (`plan_fuse`), once per ModelRuntime before its first capture, after split-K:
-setting "auto" (default) reads GRAPHRT_FUSE (the A/B switch of tools/profile_step.py and
-tools/bench_e2e.py; unset = "auto"):
+setting "auto" reads GRAPHRT_FUSE (the A/B switch of tools/profile_step.py and
+tools/bench_e2e.py; unset = "auto"). ModelRuntime's default is "off": on the H200 the fused
+GEMVs measured 2.6x slower than the unfused kernels (docs/benchmarks.md).
 - "auto": on CUDA measured per bucket: each GEMM's fused GEMV per config of
   graphrt.kernels.gemv.CANDIDATES over all layers' weights (one CUDA graph each, graph_us), the
   fastest config per GEMM; then one graph of the fused layer GEMMs (4 launches a layer) against

@@ -42,8 +42,9 @@ capture (`mrt.splitk`, a SplitKPlan): measured on CUDA by default, off on CPU; `
 Fused GEMVs (model/fuse.py): decode buckets of at most 16 rows may run each layer as four GEMVs
 with the norms, residual adds and SiLU-mul fused in (3 launches fewer a layer), fixed once
 before the first capture after split-K (`mrt.fuse`, a FusePlan; a fused bucket runs split-K
-(1, 1)): measured against the unfused kernels on CUDA by default, off on CPU; `fuse=` ("auto",
-"on", "off") or, for "auto", GRAPHRT_FUSE sets it.
+(1, 1)): off by default (on the H200 the fused GEMVs measured 2.6x slower than cuBLAS plus
+the separate kernels: docs/benchmarks.md); `fuse=` ("off", "on", "auto": GRAPHRT_FUSE, else
+measured against the unfused kernels on CUDA, off on CPU).
 
 FP8 KV cache (config.kv_cache_dtype="fp8"): e4m3 pages with per-layer k / v scales, given as
 `kv_scales` (the checkpoint's, [(k, v)] per layer) or calibrated on the first prefill this
@@ -100,7 +101,7 @@ class ModelRuntime:
                  fallback_to_one_step: bool = False, token_history: bool = False,
                  processing: bool = False, logprobs_mode: str = "raw", logprobs_width: int = 20,
                  kv_scales: list[tuple[float, float]] | None = None, prefill_graph_tokens: int = 512,
-                 graphed_prefill: bool | None = None, splitk: str | int = "auto", fuse: str = "auto"):
+                 graphed_prefill: bool | None = None, splitk: str | int = "auto", fuse: str = "off"):
         s = model.spec
         heads = getattr(model, "local_spec", s)  # a tensor-parallel rank's model: its own heads
         want = (heads.num_heads, heads.num_kv_heads, heads.head_dim)

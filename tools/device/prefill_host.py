@@ -2,9 +2,8 @@
 slows graph launches ~25x and hides the waits). Workloads as host_block.py: the first 4k prompt
 after a warm-up with the prefix cache on (the cold outlier), a second one, then a paced 4k arrival
 while 8 streams decode. argv: checkpoint, output JSON. With a third argument "sync", each wrapped
-call ends with torch.cuda.synchronize() (its time then includes its GPU work); with "unfreeze",
-the start-up heap is unfrozen first (as before engine/heap.py). Garbage collections inside a
-window are timed too (gc.genN)."""
+call ends with torch.cuda.synchronize() (its time then includes its GPU work). Garbage collections inside
+a window are timed too (gc.genN)."""
 import functools
 import json
 import sys
@@ -100,8 +99,6 @@ def main():
             wrap(eng.scheduler.kv.cache, n, f"PrefixCache.{n}")
     import gc
     gc.callbacks.append(_gc_timer)
-    if len(sys.argv) > 3 and sys.argv[3] == "unfreeze":      # as before engine/heap.py: nothing frozen
-        gc.unfreeze()
     print("gc frozen objects:", gc.get_freeze_count(), "tracked:", len(gc.get_objects()))
     eng.start()
     for _ in range(2):
