@@ -140,3 +140,13 @@ def test_smoke_through_llm(tmp_path):
             assert 1.0 <= r["tokens_per_round"] <= bst.SMOKE.k + 1
     # (how much is accepted depends on the 8-step micro model: not asserted; the GPU run measures it)
     assert res["projection_8b"] and all(p["projection"] for p in res["projection_8b"])
+
+
+@pytest.mark.parametrize("k", [0, 17, -1])
+def test_num_tokens_out_of_range_exits_2(k, tmp_path, capsys):
+    import argparse
+    args = argparse.Namespace(trained=str(tmp_path), smoke=False, prompts=None, num_tokens=k,
+                              methods="none,ngram", device="cpu", out=str(tmp_path / "o.json"),
+                              png=None, costs=None)
+    assert bst.main(args) == 2
+    assert "--num-tokens" in capsys.readouterr().err

@@ -20,7 +20,8 @@ HEAVY = ("transformers", "tokenizers", "triton", "flashinfer", "fastapi", "uvico
 
 def _imported_after(stmt: str) -> list[str]:
     code = f"import sys, json; {stmt}; print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}})))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True,
+                         timeout=300)
     return [m for m in json.loads(out.stdout.splitlines()[-1]) if m in HEAVY]
 
 
