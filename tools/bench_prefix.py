@@ -14,7 +14,9 @@ cached pages). 1. shared prefix: after a short warm-up request, a --prefix-len p
    its deltas divided by the tokens they carry (TPOT) from the arrival until the long request's
    first token: p50 / p99 and the largest gap, each also over the steady state's p50 (TPOT's,
    and the steady gap's for the largest gap). Rows: paced (max_prefill_stall = --stall, or each
-   of --stalls, capped at --chunk), then unpaced with max_num_batched_tokens = --chunk and without a limit (None).
+   of --stalls, capped at --chunk), then unpaced with max_num_batched_tokens = --chunk and without a limit (None);
+   with --mixed C first a row where decode blocks carry the prompt's chunks of C tokens
+   (EngineConfig.mixed_prefill_tokens; its last piece paced as the rows after it).
 3. multi-turn chat: --turns turns, each prompt = the previous prompt + its answer + a new user
    message (token ids, so the previous turn's pages are reusable): TTFT per turn, cache on / off.
 
@@ -97,6 +99,7 @@ def shared_prefix(eng, a) -> dict:
 
 
 def arrival(eng, a) -> dict:
+    mixed0 = eng.stats().get("prefill_mixed_chunks") or 0
     running = [_request(eng, [5 + s, 6, 7, 8], a.decode_tokens) for s in range(a.streams)]
     while any(sum(n for _, n in r.deltas) < 2 for r in running):     # every stream decoding
         time.sleep(0.001)
@@ -130,6 +133,7 @@ def arrival(eng, a) -> dict:
             "gap_over_steady_gap": max(gaps) / steady_gap if gaps and s_gaps else float("nan"),
             "gap_over_steady_p50": max(gaps) / steady if gaps and s_tpot else float("nan"),
             "prefill_budget_tokens": eng_stats.get("prefill_budget_tokens"),
+            "mixed_chunks": (eng_stats.get("prefill_mixed_chunks") or 0) - mixed0,
             "preemptions": eng.scheduler.num_preemptions, "pages_free": eng_stats["pages_free"]}
 
 
@@ -170,6 +174,11 @@ def main(argv=None) -> int:
     p.add_argument("--prefill-modes", default="graphed",
                    help="comma list of graphed (prefill graphs, the default on CUDA) / eager (the same "
                         "runtime with them set aside): each mode's rows side by side")
+    p.add_argument("--mixed", type=int, default=0, metavar="C",
+                   help="mixed_prefill_tokens: an arrival row `mixed_C` where decode blocks carry the long "
+                        "prompt's chunks (the other rows run with it off; 0: no such row)")
+    p.add_argument("--workloads", default="prefix,arrival,chat",
+                   help="comma-separated subset of prefix, arrival, chat")
     p.add_argument("--out-dir", default="docs/results")
     p.add_argument("--name", default=None)
     a = p.parse_args(argv)
@@ -193,7 +202,10 @@ def main(argv=None) -> int:
     stall = a.stall if a.stall is not None else EngineConfig().max_prefill_stall
     llm = LLM(path, device=a.device, max_batch=a.max_batch, steps_per_graph=a.steps_per_graph,
               max_model_len=a.max_model_len, max_num_batched_tokens=chunk,
-              max_prefill_stall=stall)                                           # prefix cache on
+              max_prefill_stall=stall, mixed_prefill_tokens=a.mixed)              # prefix cache on
+    work = set(a.workloads.split(","))
+    if not work <= {"prefix", "arrival", "chat"}:
+        p.error(f"--workloads: {a.workloads!r} is not a subset of prefix,arrival,chat")
     a.vocab = llm.checkpoint.spec.vocab_size            # _head's ids count down from its top
     res = {"model": str(a.make or a.model), "args": vars(a), "startup_s": round(llm.startup.total_s, 2),
            "shared_prefix": {}, "arrival": {}, "chat": {}}
@@ -209,9 +221,14 @@ def main(argv=None) -> int:
         tag = "" if mode == "graphed" else "eager "
         for key, eng in (("on", cached), ("off", plain)):
             eng.start()
-            res["shared_prefix"][tag + key] = shared_prefix(eng, a)
-            res["chat"][tag + key] = chat(eng, a)
-            if key == "on":
+            if "prefix" in work:
+                res["shared_prefix"][tag + key] = shared_prefix(eng, a)
+            if "chat" in work:
+                res["chat"][tag + key] = chat(eng, a)
+            if key == "on" and "arrival" in work:
+                if a.mixed:                                # chunks ride the decode blocks
+                    res["arrival"][f"{tag}mixed_{a.mixed}_cap_{chunk}"] = arrival(eng, a)
+                mixed, eng.mixed_tokens = eng.mixed_tokens, 0   # the rows below: chunks between blocks
                 pacer, sched = eng.scheduler.pacer, eng.scheduler
                 for st in (a.stalls or [stall]) if pacer is not None else ():
                     pacer.max_stall = st                   # the measured costs carry over: the model's
@@ -223,6 +240,7 @@ def main(argv=None) -> int:
                     sched.max_num_batched_tokens = limit
                     res["arrival"][f"{tag}chunk_{limit}"] = arrival(eng, a)
                 sched.max_num_batched_tokens, sched.pacer = chunk, pacer
+                eng.mixed_tokens = mixed
             eng.shutdown()                                 # a stopped engine starts again
     mrt.prefill_graphs = graphs
     out = Path(a.out_dir)

@@ -46,7 +46,8 @@ class GraphKey:
     sampling parameters instead of the argmax; filtered: applies per-row top-k / top-p to
     verified logits (speculative rounds) or, in a processed decode graph, sorts for them;
     processed: applies the per-row logits processing and records log-probabilities
-    (model/processing.py, model/logprobs.py)."""
+    (model/processing.py, model/logprobs.py); chunk: prompt tokens a decode graph's first
+    step also prefills for one slot (model/mixed.py; 0 = none)."""
 
     phase: str
     bucket: int
@@ -55,6 +56,7 @@ class GraphKey:
     sampled: bool = False
     filtered: bool = False
     processed: bool = False
+    chunk: int = 0
 
 
 @dataclass(frozen=True)

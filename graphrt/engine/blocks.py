@@ -104,9 +104,11 @@ class BlockMixin:
         self._pending.append(pending)
         return True
 
-    def _decode(self, rows: list[Request]) -> None:
+    def _decode(self, rows: list[Request], piece: tuple | None = None) -> None:
         """One block over `rows`: pages for it (preempting if short), the batch's changes
-        applied to the slots, one launch (the slots advance on the device)."""
+        applied to the slots, one launch (the slots advance on the device). piece: (request,
+        start, end) a prompt chunk the block's first step also prefills (Scheduler.mixed_piece;
+        plain blocks only)."""
         s, batch, ex = self.scheduler, self.batch, self.runtime
         if self.spec is not None and all(r.launched >= r.params.max_tokens for r in rows):
             return False                              # every row may be done: read the block in flight
@@ -114,6 +116,7 @@ class BlockMixin:
         if not rows:
             return True
         batch.flush(ex.apply)
+        chunk = piece is not None and self._mixed_chunk(piece)   # staged: the block carries it
         pacer = s.pacer
         mark = pacer.start() if pacer is not None else None
         k = self.spec.num_tokens if self.spec is not None else 0
@@ -139,14 +142,37 @@ class BlockMixin:
             go = s.launch_block(rows, block_tokens=ex.k)
             if go.processed:                          # logits processing: + the block's log-probs
                 tokens, lp = extras.decode_block(ex, go, rows)
+            elif chunk:                               # + the prompt chunk in its first step
+                tokens, lp = ex.decode_block(go.n, sampled=go.sampled, chunk=True), None
+                req, a, end = piece
+                s.prefilled(req, end, kind="mixed")
+                self.mixed_counts["chunks"] += 1
+                self.mixed_counts["tokens"] += end - a
             else:
                 tokens, lp = ex.decode_block(go.n, sampled=go.sampled), None
             pending = self._to_host(go.rows, tokens, logprobs=lp)
             if self.spec is not None:
                 self.spec_counts["plain_blocks"] += 1
         self._pending.append(pending)
-        if pacer is not None:
+        if pacer is not None and not chunk:           # the pacer times plain blocks
             pacer.launched("block", mark)
+        return True
+
+    def _mixed_chunk(self, piece: tuple) -> bool:
+        """Stage `piece` ((request, start, end)) for the next block to carry -> whether it was
+        staged: not when its request was preempted by the block's growth (prefilled again
+        later), nor when its pages fail the write check or the staging refuses it (the request
+        fails; the block runs without it)."""
+        req, a, e = piece
+        if req.slot < 0 or not req.prefilling or req.computed != a:
+            return False
+        try:
+            self.scheduler.kv.check_writable(req.pages, a, e)   # never a shared or cached page
+            self.runtime.stage_chunk(req.slot, _host(req.context[a:e], np.int64), a,
+                                     table_row=self.batch.block_table_host[req.slot])
+        except Exception as err:                      # this request's chunk only
+            self._fail(req, err)
+            return False
         return True
 
     def _to_host(self, rows, tokens: torch.Tensor, emitted=None, proposed=None, *, logprobs=None) -> _Pending:

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from graphrt.config import BACKENDS, KV_CACHE_DTYPES, RuntimeConfig
 from graphrt.engine.pacing import check_max_stall
+from graphrt.model.mixed import check_mixed_tokens
 from graphrt.speculative.config import SpeculativeConfig
 
 DEFAULT_MAX_MODEL_LEN = 8192
@@ -41,7 +42,11 @@ class EngineConfig:
     budget follows the measured prefill cost per token, capped by max_num_batched_tokens;
     engine/pacing.py; None: max_num_batched_tokens alone); prefill_graph_tokens: on CUDA, prompts
     run as captured prefill graphs in pieces of at most this many tokens (one replay a piece,
-    model/prefill_graphs.py; 0: eager prefill, as prompt log-probs always are)."""
+    model/prefill_graphs.py; 0: eager prefill, as prompt log-probs always are);
+    mixed_prefill_tokens: C > 0: while requests decode, a greedy or sampled decode block carries
+    up to C tokens of a long prompt in its first step instead of a separate chunk between blocks
+    (model/mixed.py: the weights streamed once for both; a prompt's last piece still runs as a
+    prefill; not with speculation or tensor parallelism; 0: off)."""
 
     max_batch: int = 16
     steps_per_graph: int = 4
@@ -61,6 +66,7 @@ class EngineConfig:
     max_num_batched_tokens: int | None = 2048
     max_prefill_stall: float | None = 1.0
     prefill_graph_tokens: int = 512
+    mixed_prefill_tokens: int = 0
 
     def __post_init__(self):
         for key in ("max_batch", "steps_per_graph", "page_size"):
@@ -81,6 +87,13 @@ class EngineConfig:
         p = self.prefill_graph_tokens
         if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p <= 8192:
             raise ValueError(f"prefill_graph_tokens: must be an int in [0, 8192] (0 = eager prefill), got {p!r}")
+        if check_mixed_tokens(self.mixed_prefill_tokens):
+            if self.speculative is not None:
+                raise ValueError("mixed_prefill_tokens: not with speculative decoding (its blocks verify "
+                                 "proposals; use 0)")
+            if self.max_num_batched_tokens is None:
+                raise ValueError("mixed_prefill_tokens: needs chunked prefill (max_num_batched_tokens "
+                                 "set); use 0")
         for key in ("overlap", "capture", "enable_prefix_caching"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{key}: expected a bool, got {getattr(self, key)!r}")

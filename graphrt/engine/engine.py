@@ -28,7 +28,10 @@ Prefill (ModelRuntime.prefill: captured prefill graphs on CUDA, model/prefill_gr
 after the context's cached prefix (prefix cache) and, while rows decode, runs at most
 prefill_budget() prompt tokens between two decode blocks (scheduler.py: prefill_work): with
 max_prefill_stall, the share of a decode block's measured time a chunk may add (pacing.py),
-capped by max_num_batched_tokens.
+capped by max_num_batched_tokens. With a runtime built with mixed_prefill_tokens=C (no
+speculation), a plain decode block instead carries up to C tokens of the first prefilling
+request in its first step (model/mixed.py: one weight stream for both; Scheduler.mixed_piece);
+a prompt's last piece still runs as a prefill, which draws its first token.
 Launching a prefill or a block and reading its tokens back: blocks.py (a mixin of Engine).
 
 Failure policy (docs/engine.md): an exception raised by one request's work (its prefill, its
@@ -102,6 +105,13 @@ class Engine(BlockMixin):
             self.scheduler.pacer = PrefillPacer(max_prefill_stall, page_size=c.page_size, max_tokens=budget,
                                                 device=self.device)
         self.scheduler.forks = getattr(spec, "eagle", None) is None   # an EAGLE-3 head prefills every sample
+        # mixed_tokens C > 0: a plain decode block carries a prompt chunk of up to C tokens
+        # (model/mixed.py); not with speculation (its blocks verify instead) or without chunked
+        # prefill. May be set to 0 between steps (chunks between blocks instead), never above
+        # the runtime's C
+        self.mixed_tokens = (getattr(runtime, "mixed_tokens", 0) if spec is None and budget is not None
+                       and getattr(runtime, "partial_prefill", True) else 0)
+        self.mixed_counts = {"chunks": 0, "tokens": 0} if self.mixed_tokens else None   # loop thread
         self.spec_counts = {"proposed": 0, "accepted": 0, "rounds": 0, "emitted": 0,   # loop thread
                             "blocks": 0, "plain_blocks": 0}
         # the speculation policy (speculative/policy.py): per block, k or a plain decode block
@@ -224,10 +234,12 @@ class Engine(BlockMixin):
         sched = self.scheduler
         launched = False
         sched.admit()
-        work = sched.prefill_work()
+        rows = sched.decode_rows()
+        piece = sched.mixed_piece(self.mixed_tokens, rows) if self.mixed_tokens and rows else None
+        work = [] if piece is not None else sched.prefill_work()   # a piece rides the block below
         if work:
             pacer = sched.pacer   # paced only while rows decode (a chunk the streams wait for)
-            pacer = pacer if pacer is not None and sched.decode_rows() else None
+            pacer = pacer if pacer is not None and rows else None
             mark = pacer.start() if pacer is not None else None
             launched = self._prefill_guarded(work)
             if pacer is not None:
@@ -236,7 +248,7 @@ class Engine(BlockMixin):
         if work or not rows:
             self._clock.interrupted()
         if rows:
-            launched = self._decode(rows) or launched
+            launched = self._decode(rows, piece) or launched
         depth = 1 if self.overlap and launched else 0
         while len(self._pending) > depth:
             self._finish(self._pending.popleft())
@@ -348,7 +360,9 @@ class Engine(BlockMixin):
         graphs' measured costs: BlockClock). pages_free counts cached pages no
         request holds (pages_cached: pages in the prefix cache, held or not); prefix_cache_queries
         / prefix_cache_hits: prompt tokens looked up in the prefix cache / found there. With
-        max_prefill_stall: prefill_budget_tokens, prefill_us_per_token, decode_block_us (pacing.py)."""
+        max_prefill_stall: prefill_budget_tokens, prefill_us_per_token, decode_block_us (pacing.py).
+        With mixed_prefill_tokens: prefill_mixed_chunks / prefill_mixed_tokens, the prompt chunks
+        (and their tokens) carried by decode blocks (model/mixed.py)."""
         sched, alloc = self.scheduler, self.scheduler.allocator
         free, cache = alloc.num_free, sched.kv.cache
         out = {"running": sum(r is not None for r in list(sched.slots)), "waiting": len(sched.waiting),
@@ -361,6 +375,9 @@ class Engine(BlockMixin):
             out.update(spec_stats(self.spec_counts, self._clock))
         if sched.pacer is not None:
             out.update(sched.pacer.stats())
+        if self.mixed_counts is not None:
+            out.update(prefill_mixed_chunks=self.mixed_counts["chunks"],
+                       prefill_mixed_tokens=self.mixed_counts["tokens"])
         return out
 
     # ---- background thread --------------------------------------------------------------------

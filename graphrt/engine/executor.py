@@ -65,6 +65,8 @@ class LocalExecutor:
     spec_logprobs = False        # speculative rounds do not record log-probabilities (yet)
     logprobs_width = property(lambda self: self.runtime.logprobs.width if self.runtime.processing else 0)
     spec_ks = property(lambda self: () if self.spec is None else self.spec.ks)
+    # C > 0: a plain block may carry a prompt chunk of up to C tokens (model/mixed.py)
+    mixed_tokens = property(lambda self: 0 if self.runtime.mixed is None else self.runtime.mixed.max_tokens)
     # a speculative phase whose proposer keeps per-slot device state of its own (a draft model's
     # K/V) has `draft` (with prefill) and `sync_draft(slots)`: it is caught up after plain blocks
     _proposer_state = property(lambda self: getattr(self.spec, "draft", None) is not None)
@@ -190,10 +192,13 @@ class LocalExecutor:
         self.runtime.slots.apply(update)
 
     def decode_block(self, n: int, *, sampled: bool, processed: bool = False,
-                     filtered: bool = True) -> torch.Tensor:
+                     filtered: bool = True, chunk: bool = False) -> torch.Tensor:
         """K decode steps over slots [0, n) -> [K, n] int64 (a view, valid until the next block);
         processed: the logits-processing graph (then `block_logprobs(n)` holds the block's);
-        filtered (with processed): some row uses top-k / top-p."""
+        filtered (with processed): some row uses top-k / top-p; chunk: the block's first step
+        also prefills the prompt chunk staged by `stage_chunk` (not with processed)."""
+        if chunk:
+            return self.runtime.decode_slots(n, sampled=sampled, chunk=True)
         if self._proposer_state:
             fresh = [s for s in range(n) if s not in self._draft_stale]
             if fresh and self.spec.draft is not None:    # where each slot's draft K/V stops (device)
@@ -207,6 +212,12 @@ class LocalExecutor:
         if processed:
             return self.runtime.decode_slots(n, sampled=True, processed=True, filtered=filtered)
         return self.runtime.decode_slots(n, sampled=sampled)
+
+    def stage_chunk(self, slot: int, tokens: torch.Tensor, start: int, *, table_row=None) -> None:
+        """The next `decode_block(..., chunk=True)` also prefills `tokens` (CPU [m] int64, m <=
+        mixed_tokens) at positions [start, start + m) of `slot` (ModelRuntime.stage_chunk:
+        ValueError names the field)."""
+        self.runtime.stage_chunk(slot, tokens, start, table_row=table_row)
 
     def block_logprobs(self, n: int):
         """The last processed block's log-probabilities: (token [K, n], rank, ids [K, n, N], vals)."""

@@ -90,7 +90,8 @@ def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None, q
                        fallback_to_one_step=True, token_history=spec is not None,
                        processing=tp is None, logprobs_width=MAX_LOGPROBS,
                        kv_scales=kv_scales_for(ck, rc), prefill_graph_tokens=config.prefill_graph_tokens,
-                       graphed_prefill=None if config.capture else False)
+                       graphed_prefill=None if config.capture else False,
+                       mixed_prefill_tokens=config.mixed_prefill_tokens)
     runner = None
     if spec is not None:
         from graphrt.engine.speculation import build_runner
@@ -170,6 +171,9 @@ class LLM:
         if config.speculative is not None and tensor_parallel != 1:
             raise ValueError(f"speculative: speculative decoding is not supported with tensor_parallel > 1 "
                              f"(got tensor_parallel={tensor_parallel}); use tensor_parallel=1 or drop speculative")
+        if config.mixed_prefill_tokens and tensor_parallel != 1:
+            raise ValueError(f"mixed_prefill_tokens: not with tensor_parallel > 1 (got tensor_parallel="
+                             f"{tensor_parallel}); use 0")
         times.setup_s = time.perf_counter() - times.t0     # imports, device checks, the model's files
         if tensor_parallel == 1:
             self.checkpoint, max_len, self.runtime = _build_runtime(path, dev, config, dtype,

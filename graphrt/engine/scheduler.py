@@ -246,6 +246,25 @@ class Scheduler:
                 break
         return out
 
+    def mixed_piece(self, tokens: int, rows: list[Request]) -> tuple[Request, int, int] | None:
+        """(request, start, end): context positions of the first prefilling request that the next
+        decode block over `rows` carries in its first step (model/mixed.py: at most `tokens`,
+        ending on a page boundary where one lies in range), or None: no row decodes, some row
+        needs logits processing (its graph carries no chunk), the request is prefilled whole
+        or shares pages with a sample of its group, or `tokens` or fewer positions are left
+        (its last piece runs as a plain prefill, which draws its first token)."""
+        if not self.prefilling or not rows or any(r.params.processed for r in rows):
+            return None
+        r = self.prefilling[0]
+        left = len(r.prompt) + len(r.token_ids) - r.computed
+        if left <= tokens or _whole_prompt(r) or r.shares is not None \
+                or any(x.shares is r for x in self.prefilling):
+            return None
+        end = r.computed + tokens
+        if end // self.page_size * self.page_size > r.computed:
+            end = end // self.page_size * self.page_size
+        return r, r.computed, end
+
     def prefill_budget(self) -> int | None:
         """Prompt tokens this step may prefill: None (no limit) while no row decodes, else the
         pacer's budget (a share of a decode block's measured time, capped by
@@ -254,12 +273,12 @@ class Scheduler:
             return None
         return self.pacer.budget() if self.pacer is not None else self.max_num_batched_tokens
 
-    def prefilled(self, req: Request, end: int) -> bool:
-        """Positions [.., end) of req's context are prefilled (launched): cache its full pages;
-        returns whether the context is complete (then it leaves `prefilling`; the caller drew
-        its first token and calls `activate`)."""
+    def prefilled(self, req: Request, end: int, *, kind: str = "prefill") -> bool:
+        """Positions [.., end) of req's context are prefilled (launched; kind "mixed": carried
+        by a decode block): cache its full pages; returns whether the context is complete (then
+        it leaves `prefilling`; the caller drew its first token and calls `activate`)."""
         if self.record:
-            self.launches.append(("prefill", req.request_id, req.computed, end))
+            self.launches.append((kind, req.request_id, req.computed, end))
         req.computed = end
         self._cache_pages(req, end // self.page_size, req.context)
         if end < len(req.prompt) + len(req.token_ids):

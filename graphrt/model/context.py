@@ -57,8 +57,9 @@ class AttentionContext:
                                   num_q_heads=num_q_heads, q_norm=q_norm, k_norm=k_norm, eps=eps,
                                   kv_scale=cache.scale)
 
-    def attention(self, layer: int, q: torch.Tensor) -> torch.Tensor:
-        """q [B, Hq, D] -> [B, Hq, D], over the layer's cache with the step's shared plan."""
-        out = torch.empty_like(q)
+    def attention(self, layer: int, q: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+        """q [B, Hq, D] -> [B, Hq, D], over the layer's cache with the step's shared plan (into
+        `out`, a contiguous [B, Hq, D] of q's dtype, when given)."""
+        out = torch.empty_like(q) if out is None else out
         self.backend.attend(self.view, q.contiguous(), self.kv_caches[layer], out)
         return out

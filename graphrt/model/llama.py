@@ -304,6 +304,35 @@ class LlamaDecoder:
         last = torch.arange(b, device=tokens.device) * nq + (q_lens.long() - 1).clamp_min(0)   # [B]
         return self._logits(h.index_select(0, last))
 
+    def mixed_step(self, ctx, tokens: torch.Tensor, chunk_tokens: torch.Tensor, positions: torch.Tensor,
+                   rows: torch.Tensor, table: torch.Tensor, kv_lens: torch.Tensor, q_lens: torch.Tensor,
+                   kv_caches, block_table: torch.Tensor, error: torch.Tensor, *, splits: int = 1,
+                   block_n: int | None = None) -> torch.Tensor:
+        """A decode step that also prefills a prompt chunk (model/mixed.py). tokens [B] int64: the
+        decode rows (ctx prepared for them); chunk_tokens [C] int64: q_lens[0] <= C real tokens
+        first; positions / rows [B + C] int32: each token's position and row of block_table
+        (the slot table; -1: padding, no K/V written); table [1, W] int32: the chunk slot's
+        pages; kv_lens [1] int32: its keys including the chunk's (0: no chunk); error: [1] int32
+        sticky flag of the K/V append. One layer loop over B + C rows (`_layers`), one
+        rope_append launch for all of them, the decode rows' attention with the step's plan, the
+        chunk's with the multi-query kernel (`splits`, `block_n`) -> [B, vocab] logits of the
+        decode rows (model dtype). No host sync: capturable."""
+        from graphrt.kernels.multiquery_attention import multiquery_attention
+        b, c = tokens.shape[0], chunk_tokens.shape[0]
+        hq, d = self.local_spec.num_heads, self.local_spec.head_dim
+
+        def attend(i, q):                                            # q [B + C, Hq, D]
+            out = torch.empty_like(q)
+            ctx.attention(i, q[:b], out=out[:b])
+            multiquery_attention(q[b:].view(1, c, hq, d), kv_caches[i], table, kv_lens, q_lens=q_lens,
+                                 splits=splits, block_n=block_n, out=out[b:].view(1, c, hq, d))
+            return out.view(b + c, hq * d)
+
+        h = self._layers(torch.cat([tokens, chunk_tokens]),
+                         self._prefill_rope(positions, rows, kv_caches, block_table, error), attend,
+                         fp8_head=False)
+        return self._logits(h[:b])
+
     def _multiquery(self, tokens, cache_lens, q_lens, kv_caches, block_table, error, *, splits: int,
                     fp8_head: bool, record=(), hidden_out=None, block_n: int | None = None):
         """The layer loop over tokens [B, Q] at positions cache_lens + j -> final-normed hidden

@@ -34,6 +34,11 @@ the device, feeds it back and advances seq_lens on
 the device (by one per step, K per block). Float32 logits of the last step are copied out only with `keep_logits=True` (for
 `last_logits`). seq_lens count the token being decoded (its K/V go to slot seq_len - 1).
 
+mixed_prefill_tokens=C (> 0): greedy and sampled blocks also have a graph whose first step
+prefills a prompt chunk of up to C tokens for one slot with the decode rows (model/mixed.py:
+one weight stream for both): `stage_chunk(slot, tokens, start)`, then
+`decode_slots(n, sampled=..., chunk=True)`.
+
 Split-K (model/splitk.py): the o and down GEMMs of each decode bucket run split S (one GEMM of
 split views, summed by the add+RMSNorm that reads them), S per bucket fixed once before the first
 capture (`mrt.splitk`, a SplitKPlan): measured on CUDA by default, off on CPU; `splitk=` (0, 1,
@@ -88,6 +93,7 @@ from graphrt.model import prefill_graphs
 from graphrt.model.prefill_graphs import PrefillGraphs
 from graphrt.model.sampling import SamplingInputs
 from graphrt.model.quant.kv import kv_scales as _kv_scale_tensor
+from graphrt.model.mixed import MixedChunk, check_mixed_tokens
 from graphrt.model.slots import SlotState
 from graphrt.model.splitk import SplitKPlan, plan_splitk, resolve_setting
 
@@ -101,7 +107,8 @@ class ModelRuntime:
                  fallback_to_one_step: bool = False, token_history: bool = False,
                  processing: bool = False, logprobs_mode: str = "raw", logprobs_width: int = 20,
                  kv_scales: list[tuple[float, float]] | None = None, prefill_graph_tokens: int = 512,
-                 graphed_prefill: bool | None = None, splitk: str | int = "auto", fuse: str = "off"):
+                 graphed_prefill: bool | None = None, splitk: str | int = "auto", fuse: str = "off",
+                 mixed_prefill_tokens: int = 0):
         s = model.spec
         heads = getattr(model, "local_spec", s)  # a tensor-parallel rank's model: its own heads
         want = (heads.num_heads, heads.num_kv_heads, heads.head_dim)
@@ -165,6 +172,11 @@ class ModelRuntime:
         self.prefill_graphs = (PrefillGraphs(model, config, self.device, max_tokens=prefill_graph_tokens)
                                if graphed_prefill and prefill_graph_tokens > 0 else None)
         self._prefill_attention: PrefillAttention | None = None  # built on first prefill
+        if check_mixed_tokens(mixed_prefill_tokens) and getattr(model, "tp", None) is not None:
+            raise ValueError("mixed_prefill_tokens: not under tensor parallelism (use 0)")
+        # a prompt chunk in the first step of a greedy / sampled decode block (model/mixed.py)
+        self.mixed = (MixedChunk(model, config, self.device, max_tokens=mixed_prefill_tokens)
+                      if mixed_prefill_tokens else None)
         self.sampling = sampling  # capture() also captures the sampled graph of every bucket
         if splitk != "auto":
             resolve_setting(splitk)                       # ValueError now; "auto" reads the env later
@@ -294,11 +306,13 @@ class ModelRuntime:
                  float(s[:, 1].max()), s.shape[0])
 
     # ---- the decode phase: K steps over a bucket of slots (pure device work: capturable) -------
-    def _steps(self, size: int, sampled: bool, processed: bool = False, filtered: bool = True) -> None:
+    def _steps(self, size: int, sampled: bool, processed: bool = False, filtered: bool = True,
+               chunk: bool = False) -> None:
         """K decode steps over slots [0, size). sampled: draw each token with the slots' sampling
         rows (advancing their draw index) instead of the argmax; processed (with sampled): the
         slots' logits processing first, log-probabilities recorded, drawn tokens counted;
-        filtered=False: no row uses top-k / top-p (the sampler skips its sort)."""
+        filtered=False: no row uses top-k / top-p (the sampler skips its sort); chunk: the first
+        step also prefills the staged prompt chunk (`self.mixed`)."""
         st, view = self.slots, self.buffers.view(size)
         tokens, seq = st.tokens[:size], view.seq_lens                       # [B] int64, [B] int32
         ctx = AttentionContext(self.backend, view, self.kv_caches)
@@ -307,7 +321,11 @@ class ModelRuntime:
         opts = ({} if split == (1, 1) else {"splitk": split}) | ({} if fuse is None else {"fuse": fuse})
         for step in range(self.k):
             ctx.prepare()
-            logits = self.model.decode_step(ctx, tokens, **opts)             # [B, vocab] model dtype
+            if chunk and step == 0:                                          # + the prompt chunk
+                logits = self.mixed.step(self.model, ctx, tokens, self.kv_caches, st.block_table,
+                                         self.buffers.device_error)
+            else:
+                logits = self.model.decode_step(ctx, tokens, **opts)         # [B, vocab] model dtype
             out = self.out_tokens[step, :size]
             live = seq > 0
             if processed and not filtered:       # process, draw, log-probs, count: fused passes
@@ -335,9 +353,11 @@ class ModelRuntime:
             if step + 1 == self.k and self._logits is not None:
                 self._logits[:size].copy_(logits)                             # float32, on request
 
-    def _key(self, size: int, sampled: bool, processed: bool = False, filtered: bool = False) -> GraphKey:
+    def _key(self, size: int, sampled: bool, processed: bool = False, filtered: bool = False,
+             chunk: bool = False) -> GraphKey:
         return GraphKey("decode", size, steps=self.k, sampled=sampled or processed,
-                        filtered=processed and filtered, processed=processed)
+                        filtered=processed and filtered, processed=processed,
+                        chunk=self.mixed.max_tokens if chunk else 0)
 
     def _host_plan(self, size: int, seq_lens_cpu: torch.Tensor | None = None):
         """The graph runner's prepare hook: a host-planning backend plans from the lengths."""
@@ -366,18 +386,22 @@ class ModelRuntime:
         with self.lock:
             self._plan_splitk()
             for size in reversed(self.config.buckets):
-                kinds = ([(False, False, False)] + [(True, False, False)] * self.sampling
-                         + [(True, True, False), (True, True, True)] * self.processing)
-                for sampled, processed, filtered in kinds:
-                    key = self._key(size, sampled, processed, filtered)
+                kinds = ([(False, False, False, False)] + [(True, False, False, False)] * self.sampling
+                         + [(True, True, False, False), (True, True, True, False)] * self.processing)
+                if self.mixed is not None:                   # greedy / sampled blocks carry chunks
+                    kinds += [(False, False, False, True)] + [(True, False, False, True)] * self.sampling
+                for sampled, processed, filtered, chunk in kinds:
+                    key = self._key(size, sampled, processed, filtered, chunk)
                     if key in self.graphs:
                         continue
                     inputs = [(st.block_table[:size], 0), (st.seq_lens[:size], 1), (st.tokens[:size], 0),
                               (st.step[:size], 0)] + ([] if st.history is None else [(st.history[:size], 0)])
                     if processed:
                         inputs.append((st.proc.counts[:size], 0))
-                    self.graphs.capture(key, lambda s=size, x=sampled, p=processed, f=filtered:
-                                        self._steps(s, x, p, f),
+                    if chunk:
+                        inputs += self.mixed.capture_inputs
+                    self.graphs.capture(key, lambda s=size, x=sampled, p=processed, f=filtered, c=chunk:
+                                        self._steps(s, x, p, f, c),
                                         inputs=inputs, scratch=self.kv_caches, prepare=self._host_plan(size))
             if self.prefill_graphs is not None:
                 self.prefill_graphs.capture(self.graphs, self.kv_caches)
@@ -385,12 +409,12 @@ class ModelRuntime:
             return dict(self.graphs.stats)
 
     def _run(self, n: int, sampled: bool, seq_lens_cpu: torch.Tensor | None = None,
-             processed: bool = False, filtered: bool = True) -> torch.Tensor:
+             processed: bool = False, filtered: bool = True, chunk: bool = False) -> torch.Tensor:
         size = pick_bucket(self.config.buckets, n)
         filtered = processed and filtered
         self._plan_splitk()
-        self.graphs.run(self._key(size, sampled, processed, filtered),
-                        lambda: self._steps(size, sampled, processed, filtered),
+        self.graphs.run(self._key(size, sampled, processed, filtered, chunk),
+                        lambda: self._steps(size, sampled, processed, filtered, chunk),
                         prepare=self._host_plan(size, seq_lens_cpu))
         return self.out_tokens[:, :n]
 
@@ -450,8 +474,18 @@ class ModelRuntime:
             rows = self._run(n, sampling is not None, host_lens)
             return rows if out is None else out.copy_(rows)
 
+    def stage_chunk(self, slot: int, tokens: torch.Tensor, start: int, *, table_row=None) -> None:
+        """The next `decode_slots(..., chunk=True)` block's first step also prefills `tokens` (CPU
+        [n] int64, 1 <= n <= mixed_prefill_tokens) at positions [start, start + n) of `slot`,
+        whose block-table row must hold their pages (table_row: the host mirror, checked);
+        MixedChunk.stage. ValueError names the field (needs mixed_prefill_tokens > 0)."""
+        if self.mixed is None:
+            raise ValueError("mixed_prefill_tokens: this ModelRuntime was built with 0 (no mixed chunks)")
+        with self.lock:
+            self.mixed.stage(slot, tokens, start, table_row=table_row, num_pages=self.num_pages)
+
     def decode_slots(self, n: int, *, sampled: bool, processed: bool = False,
-                     filtered: bool = True) -> torch.Tensor:
+                     filtered: bool = True, chunk: bool = False) -> torch.Tensor:
         """K decode steps over slots [0, n) as they stand in `self.slots` (the engine's path: no
         input copy, no host check, no sync except a host-planning backend reading seq_lens);
         returns [K, n] int64 tokens (a view of a static buffer, valid until the next block).
@@ -462,12 +496,18 @@ class ModelRuntime:
         the sticky flag that check_device_errors() reports. processed: the logits-processing
         graph (needs processing=True; see the module docstring): also fills `self.logprobs` and
         advances the slots' token counts; with filtered=False (no row uses top-k / top-p) the
-        one without the sampler's sort."""
+        one without the sampler's sort. chunk: the block's first step also prefills the chunk
+        staged by `stage_chunk` (greedy / sampled blocks only; each staging runs once)."""
         self._check_sampled(sampled)
         if processed and not self.processing:
             raise ValueError("processed: this ModelRuntime was built with processing=False")
+        if chunk and (self.mixed is None or processed):
+            raise ValueError("chunk: needs mixed_prefill_tokens > 0 and a greedy / sampled block "
+                             "(not processed)")
         with self.lock:
-            return self._run(n, sampled, processed=processed, filtered=filtered)
+            if chunk:
+                self.mixed.take()
+            return self._run(n, sampled, processed=processed, filtered=filtered, chunk=chunk)
 
     def last_logits(self, n: int) -> torch.Tensor:
         """[n, vocab] float32 logits of the last decode step of the bucket serving n rows

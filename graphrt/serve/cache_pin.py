@@ -21,7 +21,7 @@ from graphrt.cache.manifest import Manifest
 
 GEOMETRY = ("num_qo_heads", "num_kv_heads", "head_dim", "page_size", "kv_layout", "dtype")
 ENGINE_FIELDS = ("max_batch", "steps_per_graph", "page_size", "max_model_len", "dtype", "kv_cache_dtype",
-                 "quantization", "backend", "capture", "prefill_graph_tokens", "tensor_parallel",
+                 "quantization", "backend", "capture", "prefill_graph_tokens", "mixed_prefill_tokens", "tensor_parallel",
                  "speculative")
 
 
@@ -72,7 +72,8 @@ def _built_for(model_path, resolved, engine_cfg, device_type: str, *, quantizati
               "page_size": engine_cfg.page_size, "max_model_len": max_len, "dtype": dtype,
               "kv_cache_dtype": engine_cfg.kv_cache_dtype, "quantization": quantization,
               "backend": rc.backend, "capture": engine_cfg.capture,
-              "prefill_graph_tokens": engine_cfg.prefill_graph_tokens, "tensor_parallel": tensor_parallel,
+              "prefill_graph_tokens": engine_cfg.prefill_graph_tokens,
+              "mixed_prefill_tokens": engine_cfg.mixed_prefill_tokens, "tensor_parallel": tensor_parallel,
               "speculative": None if spec is None else {
                   "method": spec.method, "num_tokens": spec.num_tokens, "ngram_min": spec.ngram_min,
                   "ngram_max": spec.ngram_max,

@@ -69,6 +69,10 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                         f"block's measured time (the chunk's tokens follow the measured prefill cost, up to "
                         f"--max-num-batched-tokens; none: chunks by tokens only; default: {d.max_prefill_stall}, "
                         f"or max_prefill_stall in --config)")
+    p.add_argument("--mixed-prefill-tokens", type=int, default=None, metavar="N",
+                   help=f"while requests decode, a decode block carries up to N tokens of a long prompt in "
+                        f"its first step (the weights streamed once for both; 0: off; default: "
+                        f"{d.mixed_prefill_tokens}, or mixed_prefill_tokens in --config)")
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help=f"require 'Authorization: Bearer KEY' on every endpoint but /health (default: "
                         f"${API_KEY_ENV}, or api_key in --config; none: no authentication)")
@@ -100,7 +104,8 @@ def engine_overrides(args, eng_kw: dict) -> dict:
              "kv_cache_dtype": getattr(args, "kv_cache_dtype", None),
              "enable_prefix_caching": getattr(args, "prefix_caching", None),
              "max_num_batched_tokens": getattr(args, "max_num_batched_tokens", None),
-             "max_prefill_stall": getattr(args, "max_prefill_stall", None)}
+             "max_prefill_stall": getattr(args, "max_prefill_stall", None),
+             "mixed_prefill_tokens": getattr(args, "mixed_prefill_tokens", None)}
     out |= {k: v for k, v in flags.items() if v is not None}
     if out.get("max_prefill_stall") == NO_PACING:  # given as `none` (None above means not given)
         out["max_prefill_stall"] = None

@@ -1,0 +1,151 @@
+"""Prompt chunks carried by decode blocks (EngineConfig.mixed_prefill_tokens, model/mixed.py) on
+CPU float32: while rows decode, a long prompt's chunks ride the blocks' first steps, its last
+piece is a prefill; every request's tokens equal the engine's without mixed chunks (greedy and
+seeded sampling), with the prefix cache, aborts and preemption; bad options name the field."""
+from __future__ import annotations
+
+import pytest
+
+from _checkpoints import write
+from _engine_steps import drive
+from graphrt import LLM, SamplingParams
+from graphrt.engine.config import EngineConfig
+
+pytest.importorskip("transformers")
+PS, C = 4, 8
+CPU = dict(device="cpu", backend="reference", max_model_len=64, page_size=PS)
+GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+LONG = list(range(11, 35))                                   # 24 tokens: chunks (0, 8), (8, 16), last (16, 24)
+
+
+def _long(base: int) -> list[int]:
+    """A 24-token prompt of its own per test (the module's engines keep a prefix cache)."""
+    return list(range(base, base + 24))
+RUN = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory):
+    return write(tmp_path_factory, "mixed", shape="tiny", arch="llama")
+
+
+@pytest.fixture(scope="module")
+def mixed(path):
+    return LLM(path, max_batch=4, steps_per_graph=3, mixed_prefill_tokens=C, max_num_batched_tokens=8, **CPU)
+
+
+@pytest.fixture(scope="module")
+def plain(path):
+    return LLM(path, max_batch=4, steps_per_graph=3, max_num_batched_tokens=8, **CPU)
+
+
+def _scenario(llm, early, late, *, abort_after=None, steps_before=1):
+    """`early` (prompt, params) pairs start decoding, then `late` ones arrive; -> (outputs, engine)."""
+    eng = llm.engine
+    eng.scheduler.record = True
+    eng.scheduler.launches.clear()
+    first = [eng.add_request(p, sp) for p, sp in early]
+    for _ in range(steps_before):
+        eng.step()
+    second = [eng.add_request(p, sp) for p, sp in late]
+    if abort_after is not None:
+        for _ in range(abort_after):
+            eng.step()
+        eng.abort(second[0].request_id)
+    drive(eng, max_steps=400)
+    return [s.result() for s in first + second], eng
+
+
+def _all_back(eng):
+    a = eng.scheduler.allocator
+    assert not eng.scheduler.has_work and not eng._pending
+    assert all(a.refcount(p) == 0 for p in range(1, a.num_pages + 1))
+
+
+def _kinds(eng, rid):
+    return [(e[0],) + tuple(e[2:]) for e in eng.scheduler.launches if e[0] in ("prefill", "mixed") and e[1] == rid]
+
+
+def test_decode_blocks_carry_a_long_prompt_with_identical_tokens(mixed, plain):
+    want, _ = _scenario(plain, [([5, 6, 7], RUN)], [(LONG, GREEDY)])
+    before = mixed.engine.stats()
+    got, eng = _scenario(mixed, [([5, 6, 7], RUN)], [(LONG, GREEDY)])
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert _kinds(eng, got[1].request_id) == [("mixed", 0, 8), ("mixed", 8, 16), ("prefill", 16, 24)]
+    st = eng.stats()
+    assert st["prefill_mixed_chunks"] - before["prefill_mixed_chunks"] == 2
+    assert st["prefill_mixed_tokens"] - before["prefill_mixed_tokens"] == 16
+    _all_back(eng)
+    assert "prefill_mixed_chunks" not in plain.engine.stats()
+
+
+def test_seeded_sampling_is_the_same_with_mixed_chunks(mixed, plain):
+    hot = [SamplingParams(max_tokens=12, temperature=0.9, top_p=0.9, seed=s, ignore_eos=True) for s in (1, 2, 3)]
+    long = _long(41)
+    early, late = [([5, 6, 7], hot[0]), ([9, 8], hot[1])], [(long, hot[2]), (long[3:], GREEDY)]
+    want, _ = _scenario(plain, early, late)
+    got, eng = _scenario(mixed, early, late)
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert any(k[0] == "mixed" for k in _kinds(eng, got[2].request_id))
+    _all_back(eng)
+
+
+def test_chunks_start_after_the_cached_prefix(mixed, plain):
+    long = _long(71)
+    mixed.generate([long[:13]], GREEDY, use_tqdm=False)              # caches its first 3 pages
+    want, _ = _scenario(plain, [([5, 6, 7], RUN)], [(long, GREEDY)])
+    got, eng = _scenario(mixed, [([5, 6, 7], RUN)], [(long, GREEDY)])
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert got[1].num_cached_tokens == 12
+    assert _kinds(eng, got[1].request_id) == [("mixed", 12, 20), ("prefill", 20, 24)]
+    _all_back(eng)
+
+
+def test_an_abort_mid_prompt_leaves_the_others_exact(mixed, plain):
+    want, _ = _scenario(plain, [([5, 6, 7], RUN)], [])
+    long = _long(101)
+    got, eng = _scenario(mixed, [([5, 6, 7], RUN)], [(long, GREEDY), (long[2:], GREEDY)], abort_after=2)
+    assert got[0].token_ids == want[0].token_ids
+    assert got[1].finish_reason == "abort"
+    solo = plain.generate([long[2:]], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+    assert got[2].token_ids == solo
+    assert any(e[0] == "mixed" for e in eng.scheduler.launches)
+    _all_back(eng)
+
+
+def test_a_tight_pool_preempts_with_identical_tokens(path):
+    kw = dict(max_batch=3, steps_per_graph=3, num_pages=11, max_num_batched_tokens=8, enable_prefix_caching=False)
+    params = SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True)
+    early, late = [([5, 6, 7], params)], [(LONG, params), (LONG[4:], params)]
+    want, _ = _scenario(LLM(path, **kw, **CPU), early, late)
+    got, eng = _scenario(LLM(path, mixed_prefill_tokens=C, **kw, **CPU), early, late)
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert eng.scheduler.num_preemptions > 0 and eng.stats()["prefill_mixed_chunks"] > 0
+    _all_back(eng)
+
+
+def test_rows_with_logits_processing_keep_separate_chunks(mixed, plain):
+    pen = SamplingParams(max_tokens=12, temperature=0.0, repetition_penalty=1.3, ignore_eos=True)
+    long = _long(131)
+    want, _ = _scenario(plain, [([5, 6, 7], pen)], [(long, GREEDY)])
+    got, eng = _scenario(mixed, [([5, 6, 7], pen)], [(long, GREEDY)])
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert [k[0] for k in _kinds(eng, got[1].request_id)] == ["prefill"] * 3   # a processed graph carries none
+    _all_back(eng)
+
+
+def test_bad_options_name_the_field(path):
+    for bad in (-1, 4096, True, "8", 2.0):
+        with pytest.raises(ValueError, match="mixed_prefill_tokens"):
+            EngineConfig(mixed_prefill_tokens=bad)
+    with pytest.raises(ValueError, match="mixed_prefill_tokens.*speculative"):
+        EngineConfig(mixed_prefill_tokens=8, speculative={"method": "ngram", "num_tokens": 2})
+    with pytest.raises(ValueError, match="mixed_prefill_tokens.*max_num_batched_tokens"):
+        EngineConfig(mixed_prefill_tokens=8, max_num_batched_tokens=None)
+    assert EngineConfig().mixed_prefill_tokens == 0
+    from graphrt.serve.flags import add_model_flags, engine_overrides
+    import argparse
+    p = argparse.ArgumentParser()
+    add_model_flags(p)
+    args = p.parse_args(["--mixed-prefill-tokens", "64"])
+    assert engine_overrides(args, {})["mixed_prefill_tokens"] == 64
