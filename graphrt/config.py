@@ -56,6 +56,18 @@ def check_json_depth(text: str, source: str, max_depth: int = MAX_JSON_DEPTH) ->
         raise ValueError(f"{source}: JSON nested {depth} levels deep; at most {max_depth} allowed")
 
 
+MAX_MIXED_TOKENS = 2048   # a decode block's prompt chunk (model/mixed.py): beyond this its compute dwarfs the weights
+
+
+def check_mixed_tokens(v, *, key: str = "mixed_prefill_tokens") -> int:
+    """v: an int in [0, MAX_MIXED_TOKENS] (prompt tokens a decode block's first step also
+    prefills; 0 = off) -> v; else ValueError naming `key`."""
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_MIXED_TOKENS:
+        raise ValueError(f"{key}: must be an int in [0, {MAX_MIXED_TOKENS}] (prompt tokens a decode block's "
+                         f"first step also prefills; 0 = off), got {v!r}")
+    return v
+
+
 def bucket_rule(max_batch: int) -> tuple[int, ...]:
     """vLLM's capture sizes: [1, 2, 4] then every multiple of 8 up to `max_batch`; `max_batch`
     itself is always the largest bucket (so {max: 12} serves batches of 12)."""

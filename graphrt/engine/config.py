@@ -3,9 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from graphrt.config import BACKENDS, KV_CACHE_DTYPES, RuntimeConfig
+from graphrt.config import BACKENDS, KV_CACHE_DTYPES, RuntimeConfig, check_mixed_tokens
 from graphrt.engine.pacing import check_max_stall
-from graphrt.model.mixed import check_mixed_tokens
 from graphrt.speculative.config import SpeculativeConfig
 
 DEFAULT_MAX_MODEL_LEN = 8192

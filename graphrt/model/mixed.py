@@ -26,19 +26,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from graphrt.config import check_mixed_tokens
 from graphrt.kernels.multiquery_attention import default_splits, query_tiles
 from graphrt.kernels.transfer import copy_into
 
-MAX_MIXED_TOKENS = 2048        # C: beyond this a chunk's own compute dwarfs the weight stream
 SLOT, START, LEN = range(3)    # entries of `ints`
-
-
-def check_mixed_tokens(v, *, key: str = "mixed_prefill_tokens") -> int:
-    """v: an int in [0, MAX_MIXED_TOKENS] (0 = off) -> v; else ValueError naming `key`."""
-    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_MIXED_TOKENS:
-        raise ValueError(f"{key}: must be an int in [0, {MAX_MIXED_TOKENS}] (prompt tokens a decode block's "
-                         f"first step also prefills; 0 = off), got {v!r}")
-    return v
 
 
 class MixedChunk:
@@ -133,4 +125,4 @@ class MixedChunk:
         return model.mixed_step(ctx, tokens, self.tokens, positions.to(torch.int32), rows, table, kv_lens,
                                 n, kv_caches, block_table, error, splits=self.splits, block_n=self.block_n)
 
-__all__ = ["MixedChunk", "check_mixed_tokens", "MAX_MIXED_TOKENS"]
+__all__ = ["MixedChunk"]

