@@ -6,7 +6,8 @@ same engine on host-planned FlashInfer graphs and with HF transformers `generate
         --output-len 6 --prompt-lens 4,12 --out-dir /tmp/bench                       # CPU smoke
 
 Variants: `graphrt` (device-planned graphs: backend flashinfer on CUDA, torch-splitkv on CPU,
-K steps per replay), `graphrt-hostplan` (backend flashinfer-hostplan, K=1: FlashInfer's plan() on
+K steps per replay), `graphrt-k1` (the same with one step per replay; only when named in
+--variants: what K costs in TTFT where a step is long), `graphrt-hostplan` (backend flashinfer-hostplan, K=1: FlashInfer's plan() on
 the host every step, the pattern of today's engines; CUDA only), `hf` (transformers generate on a
 left-padded batch of N prompts with a static cache, in this process: what a user would script).
 Each server runs in a subprocess on 127.0.0.1; N client threads (tools/serve_load.py) each send
@@ -37,6 +38,7 @@ from benchlib import pyplot  # noqa: E402
 from serve_load import run_point, stream_request, summarize, workload  # noqa: E402
 
 VARIANTS = ("graphrt", "graphrt-hostplan", "hf")
+EXTRA_VARIANTS = ("graphrt-k1",)    # device-planned graphs of one step (K=1): asked for by name
 NAME = "bench"
 
 
@@ -51,9 +53,10 @@ class Server:
     """`python -m graphrt.serve` in a subprocess, logging to LOG; ready when /health says ok."""
 
     def __init__(self, args, variant: str, log: Path):
-        backend = {"graphrt": "flashinfer" if args.device == "cuda" else "torch-splitkv",
+        device_planned = "flashinfer" if args.device == "cuda" else "torch-splitkv"
+        backend = {"graphrt": device_planned, "graphrt-k1": device_planned,
                    "graphrt-hostplan": "flashinfer-hostplan"}[variant]
-        k = args.steps_per_graph if variant == "graphrt" else 1      # host-planned graphs: K=1
+        k = args.steps_per_graph if variant == "graphrt" else 1      # graphrt-k1, host-planned graphs: K=1
         cfg = {"backend": backend, "steps_per_graph": k, "max_batch": max(args.concurrency),
                "max_model_len": max(args.prompt_lens) + args.output_len,
                "max_waiting": 4 * max(args.concurrency), "served_model_name": NAME}
@@ -250,9 +253,9 @@ def parse_args(argv=None):
     a.concurrency = [int(x) for x in a.concurrency.split(",")]
     a.prompt_lens = [int(x) for x in a.prompt_lens.split(",")]
     a.variants = a.variants.split(",")
-    bad = sorted(set(a.variants) - set(VARIANTS))
+    bad = sorted(set(a.variants) - set(VARIANTS + EXTRA_VARIANTS))
     if bad:
-        p.error(f"--variants: unknown {bad}; choose from {list(VARIANTS)}")
+        p.error(f"--variants: unknown {bad}; choose from {list(VARIANTS + EXTRA_VARIANTS)}")
     for name in ("requests", "output_len", "steps_per_graph"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(a, name)}")
