@@ -107,16 +107,29 @@ class BlockMixin:
     def _decode(self, rows: list[Request], piece: tuple | None = None) -> None:
         """One block over `rows`: pages for it (preempting if short), the batch's changes
         applied to the slots, one launch (the slots advance on the device). piece: (request,
-        start, end) a prompt chunk the block's first step also prefills (Scheduler.mixed_piece;
-        plain blocks only)."""
+        start, end) context positions the block also prefills (Scheduler.mixed_piece; plain
+        blocks only): [start, end) in its first step, or, when end is the end of the context,
+        [start, end - 1) and the request's row decodes in this block from its last token."""
         s, batch, ex = self.scheduler, self.batch, self.runtime
         if self.spec is not None and all(r.launched >= r.params.max_tokens for r in rows):
             return False                              # every row may be done: read the block in flight
-        rows = s.grow(rows)
+        joining = piece[0] if piece is not None and piece[2] == len(piece[0].context) else None
+        rows = s.grow(rows if joining is None else rows + [joining])   # its pages for the block too
+        if joining is not None and joining.slot < 0:
+            joining = piece = None                    # preempted by the growth: prefilled again later
         if not rows:
             return True
+        chunk = False                                 # whether the block's first step carries a chunk
+        if piece is not None:
+            staged, chunk = self._mixed_chunk(piece, joining is not None)
+            if staged and joining is not None:        # its last token is the row's current token
+                batch.set_token(joining.slot, joining.context[-1])
+                s.activate(joining)
+            elif joining is not None:
+                rows = [r for r in rows if r is not joining]
+                if not rows:
+                    return True
         batch.flush(ex.apply)
-        chunk = piece is not None and self._mixed_chunk(piece)   # staged: the block carries it
         pacer = s.pacer
         mark = pacer.start() if pacer is not None else None
         k = self.spec.num_tokens if self.spec is not None else 0
@@ -144,10 +157,6 @@ class BlockMixin:
                 tokens, lp = extras.decode_block(ex, go, rows)
             elif chunk:                               # + the prompt chunk in its first step
                 tokens, lp = ex.decode_block(go.n, sampled=go.sampled, chunk=True), None
-                req, a, end = piece
-                s.prefilled(req, end, kind="mixed")
-                self.mixed_counts["chunks"] += 1
-                self.mixed_counts["tokens"] += end - a
             else:
                 tokens, lp = ex.decode_block(go.n, sampled=go.sampled), None
             pending = self._to_host(go.rows, tokens, logprobs=lp)
@@ -158,22 +167,29 @@ class BlockMixin:
             pacer.launched("block", mark)
         return True
 
-    def _mixed_chunk(self, piece: tuple) -> bool:
-        """Stage `piece` ((request, start, end)) for the next block to carry -> whether it was
-        staged: not when its request was preempted by the block's growth (prefilled again
-        later), nor when its pages fail the write check or the staging refuses it (the request
-        fails; the block runs without it)."""
+    def _mixed_chunk(self, piece: tuple, joining: bool) -> tuple[bool, bool]:
+        """Stage `piece` ((request, start, end)) for the next block -> (taken, a chunk staged):
+        positions [start, end) (joining: [start, end - 1), none when that is empty) staged as
+        the block's chunk and recorded as prefilled. Not taken when its request was preempted
+        by the block's growth (prefilled again later), nor when its pages fail the write check
+        or the staging refuses it (the request fails; the block runs without it)."""
         req, a, e = piece
         if req.slot < 0 or not req.prefilling or req.computed != a:
-            return False
+            return False, False
+        stop = e - 1 if joining else e
         try:
             self.scheduler.kv.check_writable(req.pages, a, e)   # never a shared or cached page
-            self.runtime.stage_chunk(req.slot, _host(req.context[a:e], np.int64), a,
-                                     table_row=self.batch.block_table_host[req.slot])
+            if stop > a:
+                self.runtime.stage_chunk(req.slot, _host(req.context[a:stop], np.int64), a,
+                                         table_row=self.batch.block_table_host[req.slot])
         except Exception as err:                      # this request's chunk only
             self._fail(req, err)
-            return False
-        return True
+            return False, False
+        self.scheduler.prefilled(req, e, kind="mixed")
+        if stop > a:
+            self.mixed_counts["chunks"] += 1
+            self.mixed_counts["tokens"] += stop - a
+        return True, stop > a
 
     def _to_host(self, rows, tokens: torch.Tensor, emitted=None, proposed=None, *, logprobs=None) -> _Pending:
         """The block's outputs (and the runtime's device-guard flags) copied to the host

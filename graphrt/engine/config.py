@@ -43,9 +43,9 @@ class EngineConfig:
     run as captured prefill graphs in pieces of at most this many tokens (one replay a piece,
     model/prefill_graphs.py; 0: eager prefill, as prompt log-probs always are);
     mixed_prefill_tokens: C > 0: while requests decode, a greedy or sampled decode block carries
-    up to C tokens of a long prompt in its first step instead of a separate chunk between blocks
-    (model/mixed.py: the weights streamed once for both; a prompt's last piece still runs as a
-    prefill; not with speculation or tensor parallelism; 0: off)."""
+    up to C tokens of a prompt in its first step instead of a separate chunk between blocks
+    (model/mixed.py: the weights streamed once for both), and the request decodes in the block
+    that carries its last piece; not with speculation or tensor parallelism; 0: off)."""
 
     max_batch: int = 16
     steps_per_graph: int = 4

@@ -30,8 +30,8 @@ prefill_budget() prompt tokens between two decode blocks (scheduler.py: prefill_
 max_prefill_stall, the share of a decode block's measured time a chunk may add (pacing.py),
 capped by max_num_batched_tokens. With a runtime built with mixed_prefill_tokens=C (no
 speculation), a plain decode block instead carries up to C tokens of the first prefilling
-request in its first step (model/mixed.py: one weight stream for both; Scheduler.mixed_piece);
-a prompt's last piece still runs as a prefill, which draws its first token.
+request in its first step (model/mixed.py: one weight stream for both; Scheduler.mixed_piece),
+and the request decodes in the block that carries its last piece (blocks.py).
 Launching a prefill or a block and reading its tokens back: blocks.py (a mixin of Engine).
 
 Failure policy (docs/engine.md): an exception raised by one request's work (its prefill, its

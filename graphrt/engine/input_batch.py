@@ -5,6 +5,8 @@
     batch.activate(slot, seq_len=.., step=.., temperature=.., top_k=.., top_p=.., seed=..,
                    limit=.., spec_k=..)          # the row decodes from the next block
     batch.set_history(slot, tokens)              # speculation: the slot's prompt + accepted tokens
+    batch.set_token(slot, token)                 # its current token (a row that decodes from its
+                                                 # last context token: no prefill draw before it)
     batch.deactivate(slot)                       # finished, preempted, or no tokens left to draw
     batch.flush(executor.apply)                  # one staged update of what changed
     tokens = executor.decode_block(n, sampled)   # the graphs read the slots in place
@@ -68,6 +70,7 @@ class InputBatch:
         self._dirty_cells: list[int] = []            # flat indices into block_table
         self._dirty_rows: set[int] = set()
         self._history: list[tuple[int, list[int]]] = []   # (slot, tokens from column 0)
+        self._tokens: dict[int, int] = {}                    # slot -> its current token
         self.history_width = history_width           # the slots' token-history width (speculation)
         self._stages = [_Stage(pin), _Stage(pin)]
         self._flip = 0
@@ -112,6 +115,10 @@ class InputBatch:
         self._floats[TEMPERATURE, slot] = 0.0
         self._dirty_rows.add(slot)
 
+    def set_token(self, slot: int, token: int) -> None:
+        """tokens[slot] = token from the next flush (the row's current token)."""
+        self._tokens[slot] = token
+
     def set_history(self, slot: int, tokens: list[int]) -> None:
         """history[slot, :len(tokens)] = tokens (the slot's prompt + accepted tokens)."""
         if self.history_width is None:
@@ -123,7 +130,7 @@ class InputBatch:
     # ---- the update ---------------------------------------------------------------------------
     @property
     def dirty(self) -> bool:
-        return bool(self._dirty_cells or self._dirty_rows or self._history)
+        return bool(self._dirty_cells or self._dirty_rows or self._history or self._tokens)
 
     def flush(self, apply) -> None:
         """Stage every recorded change and hand it to apply(SlotUpdate) (stream-ordered
@@ -137,12 +144,14 @@ class InputBatch:
         rows = np.fromiter(self._dirty_rows, dtype=np.int64, count=len(self._dirty_rows))
         hist, width = self._history, self.history_width or 0
         h = sum(len(t) for _, t in hist)
-        self._dirty_cells, self._history = [], []
+        current, t = self._tokens, len(self._tokens)
+        self._dirty_cells, self._history, self._tokens = [], [], {}
         self._dirty_rows.clear()
         m, s = len(cells), len(rows)
         stage = self._stages[self._flip]
         self._flip ^= 1
-        (i64, n64), (i32, n32), (f32, nf) = stage.take(m + 2 * s + h, m + NUM_INTS * s + h, NUM_FLOATS * s)
+        (i64, n64), (i32, n32), (f32, nf) = stage.take(m + 2 * s + h + 2 * t, m + NUM_INTS * s + h,
+                                                       NUM_FLOATS * s)
         n64[:m] = cells
         n32[:m] = self.block_table_host.reshape(-1)[cells]
         if s:
@@ -155,7 +164,11 @@ class InputBatch:
             n64[m + 2 * s + at:m + 2 * s + at + k] = np.arange(slot * width, slot * width + k)
             n32[m + NUM_INTS * s + at:m + NUM_INTS * s + at + k] = toks
             at += k
-        apply(SlotUpdate(i64, i32, f32, m, s, h))
+        if t:
+            at = m + 2 * s + h
+            n64[at:at + t] = list(current)
+            n64[at + t:at + 2 * t] = list(current.values())
+        apply(SlotUpdate(i64, i32, f32, m, s, h, t))
         if stage.event is not None:
             stage.event.record()                      # behind the copies that read the stage
 

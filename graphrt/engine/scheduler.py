@@ -248,17 +248,26 @@ class Scheduler:
 
     def mixed_piece(self, tokens: int, rows: list[Request]) -> tuple[Request, int, int] | None:
         """(request, start, end): context positions of the first prefilling request that the next
-        decode block over `rows` carries in its first step (model/mixed.py: at most `tokens`,
-        ending on a page boundary where one lies in range), or None: no row decodes, some row
-        needs logits processing (its graph carries no chunk), the request is prefilled whole
-        or shares pages with a sample of its group, or `tokens` or fewer positions are left
-        (its last piece runs as a plain prefill, which draws its first token)."""
+        decode block over `rows` carries (model/mixed.py), or None (prefill_work's paced chunks
+        instead). Its last piece, once at most `tokens` + 1 positions are left, is (start, end of
+        context): positions [start, end - 1) ride the block's first step and the request decodes
+        in that same block from its last context token. Earlier pieces are `tokens` positions
+        (ending on a page boundary where one lies in range), carried only while the pacer's
+        budget is at most `tokens` (a larger budget tolerates a paced chunk between blocks,
+        which makes faster progress). None also when no row decodes, a row or the request
+        needs logits processing (its graph carries no chunk), or the request is prefilled
+        whole or shares pages with a sample of its group."""
         if not self.prefilling or not rows or any(r.params.processed for r in rows):
             return None
         r = self.prefilling[0]
         left = len(r.prompt) + len(r.token_ids) - r.computed
-        if left <= tokens or _whole_prompt(r) or r.shares is not None \
+        if r.params.processed or _whole_prompt(r) or r.shares is not None \
                 or any(x.shares is r for x in self.prefilling):
+            return None
+        if left <= tokens + 1:
+            return r, r.computed, r.computed + left
+        budget = self.prefill_budget()
+        if budget is not None and budget > tokens:
             return None
         end = r.computed + tokens
         if end // self.page_size * self.page_size > r.computed:

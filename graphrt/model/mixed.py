@@ -5,8 +5,9 @@ and the decoding rows wait for all of it. A mixed step runs the decode rows' B t
 C prompt tokens of one slot through one pass of the layer loop (`LlamaDecoder.mixed_step`): the
 GEMMs see B + C rows (one weight stream), one rope_append launch writes the K/V of both, the
 decode rows attend with the step's plan and the chunk with the plan-free multi-query kernel
-(causal over its slot's cached tokens). The chunk's logits are not computed: a chunk never ends
-its prompt (the last piece runs as a plain prefill, which draws the first token).
+(causal over its slot's cached tokens). The chunk's logits are not computed: a prompt's last
+token is not in a chunk but the current token of its slot's decode row, which the engine starts
+in the same block (engine/blocks.py), so the block's first step draws the request's first token.
 
     mc = MixedChunk(model, config, device, max_tokens=128)
     mc.stage(slot, tokens, start, table_row=row, num_pages=P)   # host: checks, one pinned copy

@@ -44,9 +44,11 @@ NUM_INTS, NUM_FLOATS = 5, 2
 class SlotUpdate:
     """Host-staged changes to a SlotState (CPU tensors, pinned when the stager pins).
 
-    i64 = [cells (m) | rows (s) | seeds (s) | history indices (h)], i32 = [cell values (m) |
-    ints (NUM_INTS * s, row-major [NUM_INTS, s]) | history tokens (h)], f32 = [floats
-    (NUM_FLOATS * s)]. cells and history indices are flat indices into block_table / history."""
+    i64 = [cells (m) | rows (s) | seeds (s) | history indices (h) | token rows (t) | tokens (t)],
+    i32 = [cell values (m) | ints (NUM_INTS * s, row-major [NUM_INTS, s]) | history tokens (h)],
+    f32 = [floats (NUM_FLOATS * s)]. cells and history indices are flat indices into block_table /
+    history; token rows get their current token (a row that starts decoding from its last
+    context token, with no prefill draw before it)."""
 
     i64: torch.Tensor
     i32: torch.Tensor
@@ -54,6 +56,7 @@ class SlotUpdate:
     m: int
     s: int
     h: int
+    t: int = 0
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,10 @@ class SlotState:
         if h:
             if self.history is None:
                 raise ValueError("update: history tokens given, but this state keeps no history")
-            self.history.view(-1).index_copy_(0, d64[m + 2 * s:], d32[m + NUM_INTS * s:])
+            self.history.view(-1).index_copy_(0, d64[m + 2 * s:m + 2 * s + h], d32[m + NUM_INTS * s:])
+        if u.t:
+            at = m + 2 * s + h
+            self.tokens.index_copy_(0, d64[at:at + u.t], d64[at + u.t:at + 2 * u.t])
 
     def load(self, n: int, tokens: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
              sampling: SamplingInputs | None) -> None:

@@ -24,6 +24,7 @@ def test_device_rows_follow_random_updates():
     adv = [0] * b
     samp = {}
     used = [0] * b
+    cur = [0] * b                                     # each slot's current token
     for it in range(200):
         op = rng.random()
         slot = rng.randrange(b)
@@ -41,6 +42,9 @@ def test_device_rows_follow_random_updates():
             toks = [rng.randrange(1000) for _ in range(rng.randint(1, 16))]
             batch.set_history(slot, toks)
             hist[slot, :len(toks)] = toks
+            if rng.random() < 0.5:                      # a row joining from its last context token
+                batch.set_token(slot, toks[-1])
+                cur[slot] = toks[-1]
             seq[slot], step[slot], adv[slot], samp[slot] = s0, st, k, row
             samp[slot]["limit"] = s0 + 9
         elif op < 0.6:
@@ -63,7 +67,7 @@ def test_device_rows_follow_random_updates():
         if it % 10 == 0:
             batch.flush(slots.apply)
             live = [r for r in range(b) if seq[r] > 0]
-            assert slots.seq_lens.tolist() == seq
+            assert slots.seq_lens.tolist() == seq and slots.tokens.tolist() == cur
             for r in live:
                 assert slots.block_table[r, :used[r]].tolist() == table[r, :used[r]].tolist()
                 assert slots.history[r].tolist() == hist[r].tolist()

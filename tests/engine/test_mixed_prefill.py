@@ -1,7 +1,9 @@
 """Prompt chunks carried by decode blocks (EngineConfig.mixed_prefill_tokens, model/mixed.py) on
-CPU float32: while rows decode, a long prompt's chunks ride the blocks' first steps, its last
-piece is a prefill; every request's tokens equal the engine's without mixed chunks (greedy and
-seeded sampling), with the prefix cache, aborts and preemption; bad options name the field."""
+CPU float32: while rows decode, a long prompt's chunks ride the blocks' first steps and the
+request decodes in the block that carries its last piece (no prefill launch of its own); every
+request's tokens equal the engine's without mixed chunks (greedy and seeded sampling), with the
+prefix cache, aborts and preemption; a pacer budget above C keeps paced chunks between blocks
+until the last piece; bad options name the field."""
 from __future__ import annotations
 
 import pytest
@@ -71,10 +73,10 @@ def test_decode_blocks_carry_a_long_prompt_with_identical_tokens(mixed, plain):
     before = mixed.engine.stats()
     got, eng = _scenario(mixed, [([5, 6, 7], RUN)], [(LONG, GREEDY)])
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
-    assert _kinds(eng, got[1].request_id) == [("mixed", 0, 8), ("mixed", 8, 16), ("prefill", 16, 24)]
+    assert _kinds(eng, got[1].request_id) == [("mixed", 0, 8), ("mixed", 8, 16), ("mixed", 16, 24)]
     st = eng.stats()
-    assert st["prefill_mixed_chunks"] - before["prefill_mixed_chunks"] == 2
-    assert st["prefill_mixed_tokens"] - before["prefill_mixed_tokens"] == 16
+    assert st["prefill_mixed_chunks"] - before["prefill_mixed_chunks"] == 3
+    assert st["prefill_mixed_tokens"] - before["prefill_mixed_tokens"] == 23   # the last token decodes
     _all_back(eng)
     assert "prefill_mixed_chunks" not in plain.engine.stats()
 
@@ -97,7 +99,26 @@ def test_chunks_start_after_the_cached_prefix(mixed, plain):
     got, eng = _scenario(mixed, [([5, 6, 7], RUN)], [(long, GREEDY)])
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
     assert got[1].num_cached_tokens == 12
-    assert _kinds(eng, got[1].request_id) == [("mixed", 12, 20), ("prefill", 20, 24)]
+    assert _kinds(eng, got[1].request_id) == [("mixed", 12, 20), ("mixed", 20, 24)]
+    _all_back(eng)
+    # all but the last token cached: the row joins the next block with no chunk at all
+    before = eng.stats()["prefill_mixed_chunks"]
+    want, _ = _scenario(plain, [([5, 6, 7], RUN)], [(long[:13], GREEDY)])
+    got, eng = _scenario(mixed, [([5, 6, 7], RUN)], [(long[:13], GREEDY)])
+    assert [g.token_ids for g in got] == [w.token_ids for w in want] and got[1].num_cached_tokens == 12
+    assert _kinds(eng, got[1].request_id) == [("mixed", 12, 13)]
+    assert eng.stats()["prefill_mixed_chunks"] == before
+    _all_back(eng)
+
+
+def test_a_budget_above_c_keeps_paced_chunks_until_the_last_piece(path, plain):
+    wide = LLM(path, max_batch=4, steps_per_graph=3, mixed_prefill_tokens=C, max_num_batched_tokens=12,
+               max_prefill_stall=None, **CPU)
+    long = _long(161)[:20]                                  # 12 (the budget), then 8 <= C + 1 left
+    want, _ = _scenario(plain, [([5, 6, 7], RUN)], [(long, GREEDY)])
+    got, eng = _scenario(wide, [([5, 6, 7], RUN)], [(long, GREEDY)])
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert _kinds(eng, got[1].request_id) == [("prefill", 0, 12), ("mixed", 12, 20)]
     _all_back(eng)
 
 
