@@ -130,7 +130,7 @@ class BlockMixin:
                 if not rows:
                     return True
         batch.flush(ex.apply)
-        pacer = s.pacer
+        pacer = s.pacer if not chunk else None       # the pacer times plain blocks
         mark = pacer.start() if pacer is not None else None
         k = self.spec.num_tokens if self.spec is not None else 0
         forced = False
@@ -163,7 +163,7 @@ class BlockMixin:
             if self.spec is not None:
                 self.spec_counts["plain_blocks"] += 1
         self._pending.append(pending)
-        if pacer is not None and not chunk:           # the pacer times plain blocks
+        if pacer is not None:
             pacer.launched("block", mark)
         return True
 

@@ -93,6 +93,10 @@ class EngineConfig:
             if self.max_num_batched_tokens is None:
                 raise ValueError("mixed_prefill_tokens: needs chunked prefill (max_num_batched_tokens "
                                  "set); use 0")
+            if self.mixed_prefill_tokens > self.max_num_batched_tokens:
+                raise ValueError(f"mixed_prefill_tokens: {self.mixed_prefill_tokens} exceeds "
+                                 f"max_num_batched_tokens={self.max_num_batched_tokens} (the prompt "
+                                 f"tokens a block may carry are at most those)")
         for key in ("overlap", "capture", "enable_prefix_caching"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{key}: expected a bool, got {getattr(self, key)!r}")

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from graphrt.kernels.activation import silu_mul
-from graphrt.kernels.fp8 import Fp8Rows, ScaledAcc, apply_scales, quantize_rows
+from graphrt.kernels.fp8 import Fp8Rows, ScaledAcc, apply_scales, padded_rows, quantize_rows
 from graphrt.kernels.gemv import gemv
 from graphrt.kernels.norm import add_rms_norm, rms_norm
 from graphrt.kernels.rope_append import rope_append_prefill
@@ -330,8 +330,9 @@ class LlamaDecoder:
 
         h = self._layers(torch.cat([tokens, chunk_tokens]),
                          self._prefill_rope(positions, rows, kv_caches, block_table, error), attend,
-                         fp8_head=False)
-        return self._logits(h[:b])
+                         fp8_head=True)                      # the decode rows' head as decode_step's
+        h = Fp8Rows(h.data[:padded_rows(b)], h.scale[:b]) if isinstance(h, Fp8Rows) else h[:b]
+        return self._logits(h)
 
     def _multiquery(self, tokens, cache_lens, q_lens, kv_caches, block_table, error, *, splits: int,
                     fp8_head: bool, record=(), hidden_out=None, block_n: int | None = None):

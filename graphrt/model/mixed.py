@@ -19,8 +19,9 @@ the slot's row is read on the device, never copied per block. Capture and warm-u
 n = 0 (nothing written). Each staged chunk is replayed once (`take`): a second replay of the same
 staging is refused.
 
-Device buffers (the runtime's device): tokens [C] int64 (past the n real ones: 0); ints [3]
-int32: slot, start (tokens of the slot already in the cache), n (real chunk tokens, 0 = none).
+Device buffer (the runtime's device, one host-to-device copy per staging): buf [3 + C] int64 =
+slot, start (tokens of the slot already in the cache), n (real chunk tokens, 0 = none), then the
+C chunk tokens (past the n real ones: 0).
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from graphrt.config import check_mixed_tokens
 from graphrt.kernels.multiquery_attention import default_splits, query_tiles
 from graphrt.kernels.transfer import copy_into
 
-SLOT, START, LEN = range(3)    # entries of `ints`
+SLOT, START, LEN = range(3)    # the first entries of `buf`
 
 
 class MixedChunk:
@@ -45,9 +46,9 @@ class MixedChunk:
             raise ValueError(f"mixed_prefill_tokens: {max_tokens} exceeds max_context_len={config.max_context_len}")
         self.config, self.device, self.max_tokens = config, torch.device(device), max_tokens
         self.vocab = model.spec.vocab_size
-        self.tokens = torch.zeros(max_tokens, dtype=torch.int64, device=self.device)   # [C]
-        self.ints = torch.zeros(3, dtype=torch.int32, device=self.device)             # slot, start, n
-        self._host = torch.zeros(3 + max_tokens, dtype=torch.int64)                   # staging (CPU)
+        self.buf = torch.zeros(3 + max_tokens, dtype=torch.int64, device=self.device)  # slot, start, n, tokens
+        self.tokens = self.buf[3:]                                                     # [C] view
+        self._host = torch.zeros(3 + max_tokens, dtype=torch.int64)                    # staging (CPU)
         self._staged = False
         heads = getattr(model, "local_spec", model.spec)
         group = heads.num_heads // heads.num_kv_heads
@@ -59,7 +60,7 @@ class MixedChunk:
     def capture_inputs(self) -> list:
         """(tensor, fill) pairs the graph runner sets for warm-up and capture (n = 0: nothing
         written) and restores after."""
-        return [(self.ints, 0), (self.tokens, 0)]
+        return [(self.buf, 0)]
 
     def stage(self, slot: int, tokens: torch.Tensor, start: int, *, table_row=None,
               num_pages: int | None = None) -> None:
@@ -94,8 +95,7 @@ class MixedChunk:
         h[SLOT], h[START], h[LEN] = slot, start, n
         h[3:3 + n] = tokens
         h[3 + n:] = 0
-        copy_into(self.ints, h[:3].to(torch.int32))
-        copy_into(self.tokens, h[3:])
+        copy_into(self.buf, h)
         self._staged = True
 
     def take(self) -> None:
@@ -111,9 +111,10 @@ class MixedChunk:
         the staged chunk -> [B, V] logits of the decode rows (model dtype). block_table: the
         runtime's slot table [max_batch, W] int32; error: the sticky device flag the K/V
         appends raise. Fixed shapes, no host sync: capturable."""
-        n = self.ints[LEN:LEN + 1]                                          # [1] int32
-        slot = self.ints[SLOT:SLOT + 1]
-        start = self.ints[START]
+        head = self.buf[:3].to(torch.int32)                                 # slot, start, n
+        n = head[LEN:LEN + 1]                                               # [1] int32
+        slot = head[SLOT:SLOT + 1]
+        start = head[START]
         seq = ctx.view.seq_lens                                             # [B] int32 (decode rows)
         b = tokens.shape[0]
         j = torch.arange(self.max_tokens, device=self.device, dtype=torch.int32)

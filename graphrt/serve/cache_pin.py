@@ -20,6 +20,8 @@ from pathlib import Path
 from graphrt.cache.manifest import Manifest
 
 GEOMETRY = ("num_qo_heads", "num_kv_heads", "head_dim", "page_size", "kv_layout", "dtype")
+# fields added after caches were first pinned, with the value such a cache was built with
+LATER_FIELDS = {"mixed_prefill_tokens": 0}
 ENGINE_FIELDS = ("max_batch", "steps_per_graph", "page_size", "max_model_len", "dtype", "kv_cache_dtype",
                  "quantization", "backend", "capture", "prefill_graph_tokens", "mixed_prefill_tokens", "tensor_parallel",
                  "speculative")
@@ -107,8 +109,9 @@ def check_built_for(cache_dir: Path, manifest_data: dict, want: dict) -> None:
                     f"(config.json of {got_model.get('path')}), this model "
                     f"{str(want['model']['config_sha256'])[:12]}...")
     for k in ENGINE_FIELDS:
-        if got_engine.get(k) != want["engine"][k]:
-            diff.append(f"engine.{k}: cache {got_engine.get(k)!r}, this server {want['engine'][k]!r}")
+        got = got_engine.get(k, LATER_FIELDS.get(k))   # a cache older than a field: its default then
+        if got != want["engine"][k]:
+            diff.append(f"engine.{k}: cache {got!r}, this server {want['engine'][k]!r}")
     if diff:
         raise CacheMismatchError(f"{cache_dir}: built for another model or engine config ("
                                  + "; ".join(diff) + "); build one for this one with graphrt-capture "

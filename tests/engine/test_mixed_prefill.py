@@ -128,6 +128,7 @@ def test_an_abort_mid_prompt_leaves_the_others_exact(mixed, plain):
     got, eng = _scenario(mixed, [([5, 6, 7], RUN)], [(long, GREEDY), (long[2:], GREEDY)], abort_after=2)
     assert got[0].token_ids == want[0].token_ids
     assert got[1].finish_reason == "abort"
+    assert [k[0] for k in _kinds(eng, got[1].request_id)] == ["mixed", "mixed"]   # aborted after two pieces
     solo = plain.generate([long[2:]], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
     assert got[2].token_ids == solo
     assert any(e[0] == "mixed" for e in eng.scheduler.launches)
@@ -142,6 +143,30 @@ def test_a_tight_pool_preempts_with_identical_tokens(path):
     got, eng = _scenario(LLM(path, mixed_prefill_tokens=C, **kw, **CPU), early, late)
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
     assert eng.scheduler.num_preemptions > 0 and eng.stats()["prefill_mixed_chunks"] > 0
+    _all_back(eng)
+
+
+def test_a_request_preempted_between_its_pieces_is_prefilled_again(path):
+    """A block's page growth preempts the request whose pieces the blocks were carrying (the
+    newest): it is prefilled again later from position 0, every token as without mixed chunks."""
+    kw = dict(max_batch=3, steps_per_graph=3, num_pages=14, max_num_batched_tokens=8, enable_prefix_caching=False)
+    early = [([5, 6, 7], SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))]
+    late = [(list(range(11, 51)), SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))]
+    want, _ = _scenario(LLM(path, **kw, **CPU), early, late)
+    llm = LLM(path, mixed_prefill_tokens=C, **kw, **CPU)
+    preempted = []
+    preempt = llm.engine.scheduler.preempt
+
+    def spy(req):
+        preempted.append((req.request_id, req.prefilling))
+        preempt(req)
+    llm.engine.scheduler.preempt = spy
+    got, eng = _scenario(llm, early, late)
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    late_id = got[1].request_id
+    pieces = _kinds(eng, late_id)
+    assert (late_id, True) in preempted                       # mid-prompt
+    assert pieces[0] == ("mixed", 0, 8) and ("prefill", 0, 40) in pieces   # carried, then again whole
     _all_back(eng)
 
 
@@ -164,6 +189,8 @@ def test_bad_options_name_the_field(path):
         EngineConfig(mixed_prefill_tokens=8, speculative={"method": "ngram", "num_tokens": 2})
     with pytest.raises(ValueError, match="mixed_prefill_tokens.*max_num_batched_tokens"):
         EngineConfig(mixed_prefill_tokens=8, max_num_batched_tokens=None)
+    with pytest.raises(ValueError, match="mixed_prefill_tokens.*max_num_batched_tokens=64"):
+        EngineConfig(mixed_prefill_tokens=128, max_num_batched_tokens=64)
     assert EngineConfig().mixed_prefill_tokens == 0
     from graphrt.serve.flags import add_model_flags, engine_overrides
     import argparse
@@ -171,3 +198,37 @@ def test_bad_options_name_the_field(path):
     add_model_flags(p)
     args = p.parse_args(["--mixed-prefill-tokens", "64"])
     assert engine_overrides(args, {})["mixed_prefill_tokens"] == 64
+
+
+def test_a_refused_piece_fails_its_request_only(mixed, plain):
+    want, _ = _scenario(plain, [([5, 6, 7], RUN)], [])
+    ex = mixed.engine.runtime
+    real = ex.stage_chunk
+
+    def refuse(slot, tokens, start, **kw):
+        raise ValueError("tokens: refused for the test")
+    ex.stage_chunk = refuse
+    eng = mixed.engine
+    try:
+        run = eng.add_request([5, 6, 7], RUN)
+        eng.step()
+        late = eng.add_request(_long(191), GREEDY)
+        drive(eng, max_steps=400)
+    finally:
+        ex.stage_chunk = real
+    assert run.result().token_ids == want[0].token_ids
+    with pytest.raises(ValueError, match="refused for the test"):
+        late.result()
+    _all_back(eng)
+
+
+def test_a_cache_pinned_before_the_field_matches_it_off(tmp_path):
+    from graphrt.cache.load import CacheMismatchError
+    from graphrt.serve.cache_pin import ENGINE_FIELDS, check_built_for
+    engine = {k: None for k in ENGINE_FIELDS} | {"mixed_prefill_tokens": 0}
+    want = {"model": {"config_sha256": "x"}, "engine": engine}
+    old = {"built_for": {"model": {"config_sha256": "x"},
+                         "engine": {k: v for k, v in engine.items() if k != "mixed_prefill_tokens"}}}
+    check_built_for(tmp_path, old, want)                      # built before the field: it was 0
+    with pytest.raises(CacheMismatchError, match="mixed_prefill_tokens"):
+        check_built_for(tmp_path, old, want | {"engine": engine | {"mixed_prefill_tokens": 128}})

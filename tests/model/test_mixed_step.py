@@ -80,6 +80,54 @@ def test_a_mixed_block_equals_a_plain_block_plus_a_plain_prefill(kind):
     torch.testing.assert_close(rest[0], ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("mode", ["bf", "w8a8", "kv8", "w8a8+kv8"])
+def test_one_mixed_step_keeps_the_decode_logits_for_every_weight_and_kv_format(mode):
+    """K = 1, logits compared: W8A8 weights (one scale per fused weight, an FP8 LM head: the
+    GEMMs' ScaledAcc into one rope_append over B + C rows) and FP8 pages, and a staging of
+    n = 0 (what capture runs) writes only the decode rows' K/V."""
+    from graphrt.model.fp8_weights import quantize_weights
+    from graphrt.model.spec import LlamaSpec
+    from graphrt.model.weights import fuse_hf_state_dict
+    hf = _hf()
+    spec = LlamaSpec.from_hf(hf.config)
+    model = (LlamaDecoder(spec, quantize_weights(fuse_hf_state_dict(spec, hf.state_dict()), spec, "fused-tensor",
+                                                 lm_head=True)) if "w8a8" in mode else LlamaDecoder.from_hf(hf))
+    cfg = RuntimeConfig(num_qo_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
+                        page_size=PAGE, max_context_len=128, buckets=[1, 4], dtype="float32", backend="reference",
+                        kv_pool_pages=POOL, kv_cache_dtype="fp8" if "kv8" in mode else "auto")
+    mrt = ModelRuntime(model, cfg, "cpu", steps_per_graph=1, mixed_prefill_tokens=C, keep_logits=True)
+    gen = torch.Generator().manual_seed(3)
+    a, b = torch.randint(0, 160, (21,), generator=gen), torch.randint(0, 160, (9,), generator=gen)
+    long = torch.randint(0, 160, (60,), generator=gen)
+    table = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]], dtype=torch.int32)
+    mrt.prefill([a[:-1], b[:-1], long[:16]], table)
+    mrt.slots.load(3, torch.stack([a[-1], b[-1], torch.tensor(0)]), table,
+                   torch.tensor([21, 9, 0], dtype=torch.int32), None)
+    before = _state(mrt)
+    plain = mrt.decode_slots(3, sampled=False).clone()
+    plain_logits = mrt.last_logits(3)[:2].clone()
+    after_plain = [(c.k.clone(), c.v.clone()) for c in mrt.kv_caches]
+    mrt.prefill([long[16:16 + C]], table[2:3], starts=[16])
+    want = [(c.k.clone(), c.v.clone()) for c in mrt.kv_caches]
+
+    _restore(mrt, before)
+    mrt.stage_chunk(2, long[16:16 + C].clone(), 16)
+    mixed = mrt.decode_slots(3, sampled=False, chunk=True).clone()
+    torch.testing.assert_close(mrt.last_logits(3)[:2], plain_logits, rtol=1e-5, atol=1e-5)
+    assert torch.equal(mixed[:, :2], plain[:, :2])
+    for c, (k, v) in zip(mrt.kv_caches, want):
+        torch.testing.assert_close(c.k.float(), k.float(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(c.v.float(), v.float(), rtol=1e-5, atol=1e-5)
+
+    _restore(mrt, before)                                            # n = 0: the capture's staging
+    mrt.mixed.buf.zero_()
+    mrt.mixed._staged = True
+    empty = mrt.decode_slots(3, sampled=False, chunk=True).clone()
+    assert torch.equal(empty[:, :2], plain[:, :2]) and torch.isfinite(mrt.last_logits(3)).all()
+    for c, (k, v) in zip(mrt.kv_caches, after_plain):
+        assert torch.equal(c.k, k) and torch.equal(c.v, v)
+
+
 def test_a_short_chunk_pads_and_writes_only_its_tokens():
     mrt = _runtime(_hf())
     gen = torch.Generator().manual_seed(4)
