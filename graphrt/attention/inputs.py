@@ -2,6 +2,7 @@
 and (for host-known tables) that no row writes a page another row uses."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from graphrt.attention.buckets import pick_bucket
@@ -51,9 +52,11 @@ def _check_table_layout(c, device, n: int, block_table, seq_lens) -> None:
 
 def check_host_values(config, num_pool_pages: int, block_table, seq_lens, *,
                       lens_name: str = "seq_lens") -> None:
-    """Value checks for CPU-resident seq_lens (and block_table): lengths and page ids."""
+    """Value checks for CPU-resident seq_lens (and block_table): lengths and page ids (numpy:
+    a few microseconds on the small arrays of a call)."""
     c = config
-    lo, hi = int(seq_lens.min()), int(seq_lens.max())
+    lens = _host_ints(seq_lens)
+    lo, hi = int(lens.min()), int(lens.max())
     if lo < 0 or hi > c.max_context_len:
         raise ValueError(f"{lens_name}: values in [{lo}, {hi}], allowed [0, max_context_len="
                          f"{c.max_context_len}]")
@@ -61,12 +64,19 @@ def check_host_values(config, num_pool_pages: int, block_table, seq_lens, *,
     if need > block_table.shape[1]:
         raise ValueError(f"block_table: {block_table.shape[1]} columns, {lens_name} needs {need} pages")
     if block_table.device.type == "cpu" and need:
-        used = block_table[:, :need]
-        pages = (seq_lens + c.page_size - 1) // c.page_size
-        live = used[torch.arange(need)[None, :] < pages[:, None]]
-        if live.numel() and (int(live.min()) < 0 or int(live.max()) >= num_pool_pages):
+        used = block_table.numpy()[:, :need]
+        pages = (lens + c.page_size - 1) // c.page_size
+        live = used[np.arange(need)[None, :] < pages[:, None]]
+        if live.size and (int(live.min()) < 0 or int(live.max()) >= num_pool_pages):
             raise ValueError(f"block_table: page ids in [{int(live.min())}, {int(live.max())}], "
                              f"KV pool has {num_pool_pages} pages")
+
+
+def _host_ints(x) -> np.ndarray:
+    """A CPU torch tensor, numpy array or list of ints -> int64 numpy (no copy where possible)."""
+    if isinstance(x, torch.Tensor):
+        x = x.numpy()
+    return np.asarray(x, dtype=np.int64)
 
 
 def check_prefill(config, device, num_pool_pages: int, vocab_size: int, prompts, block_table,
@@ -88,17 +98,24 @@ def check_prefill(config, device, num_pool_pages: int, vocab_size: int, prompts,
         if not 1 <= p.shape[0] <= c.max_context_len:
             raise ValueError(f"prompts[{i}]: length {p.shape[0]}, allowed [1, max_context_len="
                              f"{c.max_context_len}]")
-        lo, hi = int(p.min()), int(p.max())
+        if p.device.type == "cpu":                   # numpy: a microsecond, not torch's dispatch
+            a = p.numpy()
+            lo, hi = int(a.min()), int(a.max())
+        else:
+            lo, hi = int(p.min()), int(p.max())
         if lo < 0 or hi >= vocab_size:
             raise ValueError(f"prompts[{i}]: ids in [{lo}, {hi}], vocabulary has {vocab_size}")
-    first = torch.zeros(len(prompts), dtype=torch.int32) if starts is None else \
-        torch.as_tensor([int(x) for x in starts], dtype=torch.int32)
-    if first.numel() != len(prompts) or (first.numel() and int(first.min()) < 0):
+    try:
+        first = np.zeros(len(prompts), dtype=np.int64) if starts is None else \
+            np.array([int(x) for x in starts], dtype=np.int64)
+    except (TypeError, ValueError):
+        first = None
+    if first is None or first.shape != (len(prompts),) or (first.size and int(first.min()) < 0):
         raise ValueError(f"starts: expected {len(prompts)} ints >= 0, got {list(starts)}")
-    lens = first + torch.tensor([p.shape[0] for p in prompts], dtype=torch.int32)   # end positions
+    lens = first + np.array([p.shape[0] for p in prompts], dtype=np.int64)   # end positions
     if not isinstance(block_table, torch.Tensor):
         raise TypeError(f"block_table: expected a torch.Tensor, got {type(block_table).__name__}")
-    _check_table_layout(c, device, len(prompts), block_table, lens)
+    _check_table_layout(c, device, len(prompts), block_table, torch.from_numpy(lens.astype(np.int32)))
     table = block_table.cpu()  # prefill is eager: one small copy to check every page id
     check_host_values(c, num_pool_pages, table, lens, lens_name="prompt lengths")
     check_exclusive_writes(c, table, first, lens)
@@ -112,25 +129,28 @@ def check_exclusive_writes(config, block_table, first, end) -> None:
     end 0 = padding). A page may be shared by several rows only where none of them writes it:
     the page holding a row's newest token must be the row's own. Vectorised (no batch loop).
     """
+    if block_table.shape[0] < 2:
+        return                                                          # one row shares with none
     p = config.page_size
-    first, end = first.long(), end.long()
-    w = min(block_table.shape[1], int(((end.max() + p - 1) // p).item()) if end.numel() else 0)
-    block_table = block_table[:, :w]                                    # only the columns read
-    n = block_table.shape[0]
-    cols = torch.arange(w)[None, :]
+    first, end = _host_ints(first), _host_ints(end)
+    table = block_table.numpy() if isinstance(block_table, torch.Tensor) else np.asarray(block_table)
+    w = min(table.shape[1], int((end.max() + p - 1) // p) if end.size else 0)
+    table = table[:, :w].astype(np.int64)                               # only the columns read
+    n = table.shape[0]
+    cols = np.arange(w)[None, :]
     live = cols < ((end + p - 1) // p)[:, None]                         # [n, w] pages read
     writes = live & (end > first)[:, None] & (cols >= (first // p)[:, None])
-    written = block_table[writes].long()
-    rows, pages = live.nonzero()[:, 0], block_table[live].long()
-    hit = torch.isin(pages, written)                                    # reads of a written page
-    pairs = torch.unique(pages[hit] * n + rows[hit])                    # (page, row), deduplicated
-    used, count = torch.unique(pairs // n, return_counts=True)
+    written = table[writes]
+    rows, pages = np.nonzero(live)[0], table[live]
+    hit = np.isin(pages, written)                                       # reads of a written page
+    pairs = np.unique(pages[hit] * n + rows[hit])                       # (page, row), deduplicated
+    used, count = np.unique(pairs // n, return_counts=True)
     shared = used[count > 1]                                            # written pages in 2+ rows
-    if not shared.numel():
+    if not shared.size:
         return
-    clash = torch.isin(written, shared)
+    clash = np.isin(written, shared)
     page = int(written[clash][0])
-    writer = int(writes.nonzero()[clash.nonzero()[0, 0], 0])
+    writer = int(np.nonzero(writes)[0][np.nonzero(clash)[0][0]])
     users = sorted(set(rows[pages == page].tolist()))
     raise ValueError(f"block_table: rows {users} share page {page}, which row {writer} writes "
                      f"(positions [{int(first[writer])}, {int(end[writer])})); a page a row writes "
