@@ -6,8 +6,9 @@ same engine on host-planned FlashInfer graphs and with HF transformers `generate
         --output-len 6 --prompt-lens 4,12 --out-dir /tmp/bench                       # CPU smoke
 
 Variants: `graphrt` (device-planned graphs: backend flashinfer on CUDA, torch-splitkv on CPU,
-K steps per replay), `graphrt-k1` (the same with one step per replay; only when named in
---variants: what K costs in TTFT where a step is long), `graphrt-hostplan` (backend flashinfer-hostplan, K=1: FlashInfer's plan() on
+K steps per replay), `graphrt-k1` (the same with one step per replay) and `graphrt-mixed` (K
+steps, prompts carried by the decode blocks: mixed_prefill_tokens = --mixed), both only when named
+in --variants, `graphrt-hostplan` (backend flashinfer-hostplan, K=1: FlashInfer's plan() on
 the host every step, the pattern of today's engines; CUDA only), `hf` (transformers generate on a
 left-padded batch of N prompts with a static cache, in this process: what a user would script).
 Each server runs in a subprocess on 127.0.0.1; N client threads (tools/serve_load.py) each send
@@ -38,7 +39,7 @@ from benchlib import pyplot  # noqa: E402
 from serve_load import run_point, stream_request, summarize, workload  # noqa: E402
 
 VARIANTS = ("graphrt", "graphrt-hostplan", "hf")
-EXTRA_VARIANTS = ("graphrt-k1",)    # device-planned graphs of one step (K=1): asked for by name
+EXTRA_VARIANTS = ("graphrt-k1", "graphrt-mixed")    # asked for by name (see the docstring)
 NAME = "bench"
 
 
@@ -54,12 +55,14 @@ class Server:
 
     def __init__(self, args, variant: str, log: Path):
         device_planned = "flashinfer" if args.device == "cuda" else "torch-splitkv"
-        backend = {"graphrt": device_planned, "graphrt-k1": device_planned,
+        backend = {"graphrt": device_planned, "graphrt-k1": device_planned, "graphrt-mixed": device_planned,
                    "graphrt-hostplan": "flashinfer-hostplan"}[variant]
-        k = args.steps_per_graph if variant == "graphrt" else 1      # graphrt-k1, host-planned graphs: K=1
+        k = args.steps_per_graph if variant in ("graphrt", "graphrt-mixed") else 1   # k1, host-planned: K=1
         cfg = {"backend": backend, "steps_per_graph": k, "max_batch": max(args.concurrency),
                "max_model_len": max(args.prompt_lens) + args.output_len,
                "max_waiting": 4 * max(args.concurrency), "served_model_name": NAME}
+        if variant == "graphrt-mixed":
+            cfg["mixed_prefill_tokens"] = args.mixed
         self.config = cfg
         self.cfg_file = Path(tempfile.mkstemp(suffix=".yaml")[1])
         self.cfg_file.write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in cfg.items()))
@@ -244,6 +247,7 @@ def parse_args(argv=None):
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--steps-per-graph", type=int, default=4, help="K of the graphrt variant")
     p.add_argument("--time-budget-s", type=float, default=120.0, help="per (variant, N) point")
+    p.add_argument("--mixed", type=int, default=256, help="mixed_prefill_tokens of the graphrt-mixed variant")
     p.add_argument("--startup-timeout-s", type=float, default=1200.0)
     p.add_argument("--no-step-time", action="store_true", help="skip measuring the graph step time at each N")
     p.add_argument("--graph-cache", default=None, help="passed to the graphrt servers")
