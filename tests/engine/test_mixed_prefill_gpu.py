@@ -22,8 +22,8 @@ C = 128
 
 @pytest.fixture(scope="module")
 def llm(ckpt_8b):
-    return LLM(ckpt_8b, device="cuda", max_batch=8, steps_per_graph=4, max_model_len=1024,
-               mixed_prefill_tokens=C)
+    return LLM(ckpt_8b, device="cuda", max_batch=8, steps_per_graph=4, max_model_len=1024, num_pages=600,
+               mixed_prefill_tokens=C)                  # a small pool: HF float32 fits beside it
 
 
 def test_mixed_graphs_are_captured(llm):
