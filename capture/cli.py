@@ -91,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     eng.add_argument("--draft-model", default=None, metavar="DIR", help="as serve --draft-model (default: none)")
     eng.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
                      help="as serve --num-speculative-tokens (default: serve's)")
+    eng.add_argument("--mixed-prefill-tokens", type=int, default=None, metavar="N",
+                     help="as serve --mixed-prefill-tokens (default: serve's, 0)")
     eng.add_argument("--revision", default=None, metavar="REV",
                      help="with a repo id: as serve --revision (default: main)")
     p.add_argument("--version", action="version", version=f"graphrt-capture (graphrt) {__version__}")

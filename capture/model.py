@@ -22,7 +22,8 @@ from pathlib import Path
 SERVE_FLAGS = {"engine_config": "--config", "max_model_len": "--max-model-len", "max_num_seqs": "--max-num-seqs",
                "dtype": "--dtype", "kv_cache_dtype": "--kv-cache-dtype", "quantization": "--quantization",
                "speculative_method": "--speculative-method", "draft_model": "--draft-model",
-               "num_speculative_tokens": "--num-speculative-tokens", "revision": "--revision"}
+               "num_speculative_tokens": "--num-speculative-tokens", "mixed_prefill_tokens": "--mixed-prefill-tokens",
+               "revision": "--revision"}
 
 
 def serve_args(args, device: str):
