@@ -26,12 +26,12 @@ def _hf(kind="llama"):
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(tie_word_embeddings=False, **common)).eval()
 
 
-def _runtime(hf, mixed=C):
+def _runtime(hf, mixed=C, backend="reference"):
     model = LlamaDecoder.from_hf(hf)
     s = model.spec
     cfg = RuntimeConfig(num_qo_heads=s.num_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim,
                         page_size=PAGE, max_context_len=128, buckets=[1, 4], dtype="float32",
-                        backend="reference", kv_pool_pages=POOL)
+                        backend=backend, kv_pool_pages=POOL)
     return ModelRuntime(model, cfg, "cpu", steps_per_graph=K, mixed_prefill_tokens=mixed)
 
 
@@ -48,10 +48,12 @@ def _restore(mrt, state):
     mrt.slots.tokens.copy_(tok)
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3"])
-def test_a_mixed_block_equals_a_plain_block_plus_a_plain_prefill(kind):
+@pytest.mark.parametrize("kind,backend", [("llama", "reference"), ("qwen3", "reference"),
+                                          ("llama", "torch-splitkv"), ("llama", "triton-decode")])
+def test_a_mixed_block_equals_a_plain_block_plus_a_plain_prefill(kind, backend):
+    """Every decode backend attends into a slice of the step's output (the decode rows')."""
     hf = _hf(kind)
-    mrt = _runtime(hf)
+    mrt = _runtime(hf, backend=backend)
     gen = torch.Generator().manual_seed(3)
     a, b = torch.randint(0, 160, (21,), generator=gen), torch.randint(0, 160, (9,), generator=gen)
     long = torch.randint(0, 160, (60,), generator=gen)
