@@ -82,7 +82,9 @@ class AsyncEngine:
         return EngineStats(running=running, waiting=waiting, pages_used=alloc.num_pages - free, pages_free=free,
                            spec=None if counts is None else dict(counts),
                            prefix_queries=cache.queries if cache is not None else 0,
-                           prefix_hits=cache.hits if cache is not None else 0)
+                           prefix_hits=cache.hits if cache is not None else 0,
+                           mixed=None if getattr(self.engine, "mixed_counts", None) is None
+                           else dict(self.engine.mixed_counts))
 
     def healthy(self) -> bool:
         """The engine's loop runs and has not died (engine.error: an unattributable failure)."""

@@ -19,7 +19,9 @@ PREFIX = "graphrt_"
 class EngineStats:
     """A snapshot of the engine: requests in decode slots / queued, KV pages used / free;
     spec: with speculation, the engine's cumulative counts (proposed, accepted, rounds, emitted);
-    prefix_queries / prefix_hits: prompt tokens looked up in the prefix cache / found there."""
+    prefix_queries / prefix_hits: prompt tokens looked up in the prefix cache / found there;
+    mixed: with mixed_prefill_tokens, the prompt chunks and tokens decode blocks carried
+    (Engine.mixed_counts: chunks, tokens), else None."""
     running: int
     waiting: int
     pages_used: int
@@ -27,6 +29,7 @@ class EngineStats:
     spec: dict | None = None
     prefix_queries: int = 0
     prefix_hits: int = 0
+    mixed: dict | None = None
 
 
 class Histogram:
@@ -118,6 +121,11 @@ class Metrics:
         metric("time_per_output_token_seconds", "histogram",
                "Per request: (last token time - first token time) / (output tokens - 1).",
                self.tpot.lines(f"{p}time_per_output_token_seconds"))
+        if stats.mixed is not None:                  # prompt chunks carried by decode blocks
+            metric("prefill_mixed_chunks_total", "counter", "Prompt chunks carried by decode blocks.",
+                   [f"{p}prefill_mixed_chunks_total {stats.mixed['chunks']}"])
+            metric("prefill_mixed_tokens_total", "counter", "Prompt tokens prefilled inside decode blocks.",
+                   [f"{p}prefill_mixed_tokens_total {stats.mixed['tokens']}"])
         if stats.spec is not None:                   # speculative decoding (Engine.spec_counts)
             c = stats.spec
             for key, help_ in (("proposed", "Proposed tokens verified."), ("accepted", "Proposed tokens accepted."),
