@@ -232,3 +232,39 @@ def test_a_cache_pinned_before_the_field_matches_it_off(tmp_path):
     check_built_for(tmp_path, old, want)                      # built before the field: it was 0
     with pytest.raises(CacheMismatchError, match="mixed_prefill_tokens"):
         check_built_for(tmp_path, old, want | {"engine": engine | {"mixed_prefill_tokens": 128}})
+
+
+def test_the_piece_choice_is_a_pure_function_of_the_scheduler_state():
+    from types import SimpleNamespace as NS
+
+    from graphrt.engine.input_batch import InputBatch
+    from graphrt.engine.scheduler import Scheduler
+    s = Scheduler(max_batch=4, page_size=4, max_pages_per_seq=16, num_pages=32, steps_per_graph=2,
+                  eos_token_ids=(), batch=InputBatch(max_batch=4, max_pages_per_seq=16), max_num_batched_tokens=8)
+    plain, processed = NS(processed=False, prompt_logprobs=None), NS(processed=True, prompt_logprobs=None)
+
+    def req(n, computed=0, params=plain, shares=None):
+        return NS(prompt=list(range(n)), token_ids=[], computed=computed, params=params, shares=shares)
+    row = req(3)
+    budget = {"v": 8}
+    s.prefill_budget = lambda: budget["v"]
+    assert s.mixed_piece(8, [row]) is None                            # nothing prefilling
+    r = req(30, computed=2)
+    s.prefilling = [r]
+    assert s.mixed_piece(8, []) is None                               # no row decodes
+    assert s.mixed_piece(8, [req(3, params=processed)]) is None       # a processed row's graph
+    assert s.mixed_piece(8, [row]) == (r, 2, 8)                       # to the page boundary
+    r.computed = 8
+    assert s.mixed_piece(8, [row]) == (r, 8, 16)
+    budget["v"] = 16
+    assert s.mixed_piece(8, [row]) is None                            # a paced chunk goes further
+    r.computed = 21
+    assert s.mixed_piece(8, [row]) == (r, 21, 30)                     # the last piece: 9 <= C + 1
+    r.computed = 29
+    assert s.mixed_piece(8, [row]) == (r, 29, 30)                     # only the last token: joins
+    for other in (req(30, params=processed), req(30, params=NS(processed=False, prompt_logprobs=2)),
+                  req(30, shares=r)):
+        s.prefilling = [other]
+        assert s.mixed_piece(8, [row]) is None                        # processed, prompt log-probs, a fork
+    s.prefilling = [r, req(5, shares=r)]
+    assert s.mixed_piece(8, [row]) is None                            # a sample shares its pages
