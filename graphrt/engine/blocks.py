@@ -124,6 +124,7 @@ class BlockMixin:
             staged, chunk = self._mixed_chunk(piece, joining is not None)
             if staged and joining is not None:        # its last token is the row's current token
                 batch.set_token(joining.slot, joining.context[-1])
+                extras.join_row(ex, joining)          # its processing row, as a prefill writes it
                 s.activate(joining)
             elif joining is not None:
                 rows = [r for r in rows if r is not joining]

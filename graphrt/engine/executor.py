@@ -213,6 +213,15 @@ class LocalExecutor:
             return self.runtime.decode_slots(n, sampled=True, processed=True, filtered=filtered)
         return self.runtime.decode_slots(n, sampled=sampled)
 
+    def write_processing(self, slots: list[int], rows: ProcessRows) -> None:
+        """Reset the logits-processing rows of `slots` to `rows` (a processing runtime; what
+        prefill_slots writes for the slots it prefills): for a row that starts decoding without a
+        prefill of its own (a prompt's last piece carried by a decode block)."""
+        st = self.runtime.slots
+        if st.proc is None:
+            raise ValueError("processing: this runtime was built with processing=False")
+        st.proc.write_rows(tensor_on(slots, torch.long, self.device), rows)
+
     def stage_chunk(self, slot: int, tokens: torch.Tensor, start: int, *, table_row=None) -> None:
         """The next `decode_block(..., chunk=True)` also prefills `tokens` (CPU [m] int64, m <=
         mixed_tokens) at positions [start, start + m) of `slot` (ModelRuntime.stage_chunk:

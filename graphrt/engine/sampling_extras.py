@@ -62,6 +62,15 @@ def prefill(ex, prompts, table, slots, inputs, reqs, text, *, starts=None, own=N
     return first, ex.prefill_logprobs if any(r.params.logprobs is not None for r in reqs) else None
 
 
+def join_row(ex, req) -> None:
+    """A request whose row starts decoding inside a decode block (no prefill of its own): its
+    slot's processing row written as a prefill writes it (a processing executor; the slot's
+    previous request must leave nothing a later processed block would apply to this one)."""
+    if getattr(ex, "processing", False):
+        ex.write_processing([req.slot], ProcessRows.build([process_row(req.params, req.rules, req.prompt,
+                                                                       req.token_ids)], ex.model.spec.vocab_size))
+
+
 def decode_block(ex, go, rows):
     """A processed block (go: the scheduler's Launch) -> (tokens [K, n], its log-prob rows or None
     when no row wants them)."""

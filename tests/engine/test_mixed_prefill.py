@@ -268,3 +268,21 @@ def test_the_piece_choice_is_a_pure_function_of_the_scheduler_state():
         assert s.mixed_piece(8, [row]) is None                        # processed, prompt log-probs, a fork
     s.prefilling = [r, req(5, shares=r)]
     assert s.mixed_piece(8, [row]) is None                            # a sample shares its pages
+
+
+def test_a_joined_row_carries_no_processing_state_of_its_slots_last_request(mixed, plain):
+    """A request that starts decoding inside a block gets its slot's processing row written as a
+    prefill writes it: a later processed block (another row's penalty) must not apply the slot's
+    previous request's repetition penalty and prompt mask to it."""
+    long = _long(221)
+    solo = plain.generate([long], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+    stale = SamplingParams(max_tokens=2, temperature=0.0, repetition_penalty=10.0, ignore_eos=True)
+    pen = SamplingParams(max_tokens=12, temperature=0.0, presence_penalty=1.0, ignore_eos=True)
+    early = [([5, 6, 7], RUN), (solo + [3], stale)]         # its prompt: the tokens `long` will draw
+    late = [(long, GREEDY), ([9, 10, 11], pen)]              # `long` takes the freed slot, then decodes
+    want, _ = _scenario(plain, early, late, steps_before=3)  # beside a processed row
+    got, eng = _scenario(mixed, early, late, steps_before=3)
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert got[2].token_ids == solo
+    assert any(k[0] == "mixed" for k in _kinds(eng, got[2].request_id))
+    _all_back(eng)
