@@ -286,3 +286,17 @@ def test_a_joined_row_carries_no_processing_state_of_its_slots_last_request(mixe
     assert got[2].token_ids == solo
     assert any(k[0] == "mixed" for k in _kinds(eng, got[2].request_id))
     _all_back(eng)
+
+
+def test_tensor_parallel_refuses_mixed_chunks_before_any_rank_starts(path):
+    with pytest.raises(ValueError, match="mixed_prefill_tokens: not with tensor_parallel > 1"):
+        LLM(path, tensor_parallel=2, mixed_prefill_tokens=C, max_num_batched_tokens=8, **CPU)
+
+
+def test_a_runtime_refuses_mixed_chunks_under_tensor_parallelism(mixed):
+    from types import SimpleNamespace
+    from graphrt.model.runtime import ModelRuntime
+    mrt = mixed.runtime.runtime
+    ranked = SimpleNamespace(spec=mrt.model.spec, local_spec=mrt.model.spec, tp=object())
+    with pytest.raises(ValueError, match="mixed_prefill_tokens: not under tensor parallelism"):
+        ModelRuntime(ranked, mrt.config, "cpu", mixed_prefill_tokens=C)

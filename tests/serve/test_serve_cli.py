@@ -79,6 +79,11 @@ def test_graphrt_command_dispatch(capsys):
     (["--model", ".", "--device", "cpu", "--speculative-method", "ngram", "--num-speculative-tokens", "0"],
      "--num-speculative-tokens: must be an int in [1, 15], got 0"),
     (["--model", ".", "--device", "cpu", "--speculative-method", "draft"], "--draft-model: method 'draft' needs"),
+    (["--model", ".", "--device", "cpu", "--mixed-prefill-tokens", "-1"], "mixed_prefill_tokens: must be an int in [0, 2048]"),
+    (["--model", ".", "--device", "cpu", "--mixed-prefill-tokens", "4096", "--max-num-batched-tokens", "8192"],
+     "mixed_prefill_tokens: must be an int in [0, 2048]"),
+    (["--model", ".", "--device", "cpu", "--mixed-prefill-tokens", "512", "--max-num-batched-tokens", "256"],
+     "mixed_prefill_tokens: 512 exceeds max_num_batched_tokens=256"),
 ])
 def test_serve_cli_bad_arguments_exit_2_with_one_line(capsys, argv, text):
     if "--port" not in argv:
