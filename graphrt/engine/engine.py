@@ -234,12 +234,14 @@ class Engine(BlockMixin):
         sched = self.scheduler
         launched = False
         sched.admit()
-        rows = sched.decode_rows()
-        piece = sched.mixed_piece(self.mixed_tokens, rows) if self.mixed_tokens and rows else None
-        work = [] if piece is not None else sched.prefill_work()   # a piece rides the block below
+        piece = None
+        if self.mixed_tokens:                  # a piece rides the block below instead of a prefill
+            rows = sched.decode_rows()
+            piece = sched.mixed_piece(self.mixed_tokens, rows) if rows else None
+        work = [] if piece is not None else sched.prefill_work()
         if work:
             pacer = sched.pacer   # paced only while rows decode (a chunk the streams wait for)
-            pacer = pacer if pacer is not None and rows else None
+            pacer = pacer if pacer is not None and sched.decode_rows() else None
             mark = pacer.start() if pacer is not None else None
             launched = self._prefill_guarded(work)
             if pacer is not None:

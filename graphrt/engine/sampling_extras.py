@@ -51,8 +51,7 @@ def prefill(ex, prompts, table, slots, inputs, reqs, text, *, starts=None, own=N
     wants them). own: the requests whose prompts are `prompts` (default reqs; n > 1: the others
     draw from a sibling's logits, fork: prefill_slots' sources / copies)."""
     own = reqs if own is None else own
-    rows = ProcessRows.build([process_row(r.params, r.rules, r.prompt, r.token_ids) for r in reqs],
-                             ex.model.spec.vocab_size)
+    rows = _process_rows(reqs, ex.model.spec.vocab_size)
     want = {i: r.params.prompt_logprobs for i, r in enumerate(own)
             if r.params.prompt_logprobs is not None and not r.token_ids}    # not again after a preemption
     first = ex.prefill_slots(prompts, table, slots, inputs, processing=rows, prompt_logprobs=want, starts=starts,
@@ -67,8 +66,12 @@ def join_row(ex, req) -> None:
     slot's processing row written as a prefill writes it (a processing executor; the slot's
     previous request must leave nothing a later processed block would apply to this one)."""
     if getattr(ex, "processing", False):
-        ex.write_processing([req.slot], ProcessRows.build([process_row(req.params, req.rules, req.prompt,
-                                                                       req.token_ids)], ex.model.spec.vocab_size))
+        ex.write_processing([req.slot], _process_rows([req], ex.model.spec.vocab_size))
+
+
+def _process_rows(reqs, vocab: int) -> ProcessRows:
+    """The processing rows of `reqs` (their params, token rules, prompt and drawn tokens)."""
+    return ProcessRows.build([process_row(r.params, r.rules, r.prompt, r.token_ids) for r in reqs], vocab)
 
 
 def decode_block(ex, go, rows):

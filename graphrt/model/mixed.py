@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from graphrt.attention.inputs import check_host_values
 from graphrt.config import check_mixed_tokens
 from graphrt.kernels.multiquery_attention import default_splits, query_tiles
 from graphrt.kernels.transfer import copy_into
@@ -78,19 +79,20 @@ class MixedChunk:
                 else type(tokens).__name__
             raise ValueError(f"tokens: expected CPU [1..{self.max_tokens}] int64, got {got}")
         n = tokens.numel()
-        lo, hi = int(tokens.min()), int(tokens.max())
+        ids = tokens.numpy()                                   # numpy: no torch dispatch per block
+        lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= self.vocab:
             raise ValueError(f"tokens: ids in [{lo}, {hi}], vocabulary has {self.vocab}")
         if isinstance(start, bool) or not isinstance(start, int) or start < 0 or start + n > c.max_context_len:
             raise ValueError(f"start: must be an int >= 0 with start + {n} <= max_context_len="
                              f"{c.max_context_len}, got {start!r}")
-        if table_row is not None:
-            need = -(-(start + n) // c.page_size)
-            row = np.asarray(table_row)[:need]
-            top = c.pool_pages if num_pages is None else num_pages
-            if row.shape[0] < need or (row < 0).any() or (row >= top).any():
-                raise ValueError(f"table_row: positions < {start + n} need {need} pages in [0, {top}), "
-                                 f"got {row.tolist()}")
+        if table_row is not None:                              # the decode checks' page rule
+            try:
+                check_host_values(c, c.pool_pages if num_pages is None else num_pages,
+                                  torch.from_numpy(np.ascontiguousarray(table_row, dtype=np.int32)[None]),
+                                  np.array([start + n]), lens_name="start + tokens")
+            except ValueError as e:
+                raise ValueError(f"table_row: {e}") from None
         h = self._host
         h[SLOT], h[START], h[LEN] = slot, start, n
         h[3:3 + n] = tokens
