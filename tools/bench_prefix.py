@@ -112,13 +112,15 @@ def arrival(eng, a) -> dict:
     t_first = late.t0 + late.ttft_ms / 1e3
     for r in running:
         r.join()
-    tpot, gaps, s_tpot, s_gaps = [], [], [], []
-    for r in running:
+    tpot, gaps, s_tpot, s_gaps, timeline = [], [], [], [], []
+    for i, r in enumerate(running):
         prev = None
         for t, n in r.deltas:
             if prev is not None and n and t_arr <= t <= t_first + 0.05:
                 gaps.append((t - prev) * 1e3)
                 tpot.append((t - prev) * 1e3 / n)
+                if i == 0:                             # one stream's deltas: where the slow ones fall
+                    timeline.append([round((t - t_arr) * 1e3, 3), round((t - prev) * 1e3, 3), n])
             elif prev is not None and n and t_steady <= prev and t < t_arr:
                 s_gaps.append((t - prev) * 1e3)
                 s_tpot.append((t - prev) * 1e3 / n)
@@ -134,7 +136,8 @@ def arrival(eng, a) -> dict:
             "gap_over_steady_p50": max(gaps) / steady if gaps and s_tpot else float("nan"),
             "prefill_budget_tokens": eng_stats.get("prefill_budget_tokens"),
             "mixed_chunks": (eng_stats.get("prefill_mixed_chunks") or 0) - mixed0,
-            "preemptions": eng.scheduler.num_preemptions, "pages_free": eng_stats["pages_free"]}
+            "preemptions": eng.scheduler.num_preemptions, "pages_free": eng_stats["pages_free"],
+            "timeline_ms": timeline}
 
 
 def chat(eng, a) -> dict:

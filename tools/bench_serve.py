@@ -9,7 +9,9 @@ Variants: `graphrt` (device-planned graphs: backend flashinfer on CUDA, torch-sp
 K steps per replay), `graphrt-k1` (the same with one step per replay) and `graphrt-mixed` (K
 steps, prompts carried by the decode blocks: mixed_prefill_tokens = --mixed), both only when named
 in --variants, `graphrt-hostplan` (backend flashinfer-hostplan, K=1: FlashInfer's plan() on
-the host every step, the pattern of today's engines; CUDA only), `hf` (transformers generate on a
+the host every step, the pattern of today's engines; CUDA only; both K=1 variants prefill
+without pacing (max_prefill_stall None, unless --paced-k1): at K=1 a paced chunk would run between
+every two steps, halving the decode rate while prompts wait), `hf` (transformers generate on a
 left-padded batch of N prompts with a static cache, in this process: what a user would script).
 Each server runs in a subprocess on 127.0.0.1; N client threads (tools/serve_load.py) each send
 `--requests` streaming completions back to back (token-id prompts of mixed lengths, ignore_eos so
@@ -63,6 +65,8 @@ class Server:
                "max_waiting": 4 * max(args.concurrency), "served_model_name": NAME}
         if variant == "graphrt-mixed":
             cfg["mixed_prefill_tokens"] = args.mixed
+        if k == 1 and not args.paced_k1:     # a token budget, as today's engines (see the docstring)
+            cfg["max_prefill_stall"] = None
         self.config = cfg
         self.cfg_file = Path(tempfile.mkstemp(suffix=".yaml")[1])
         self.cfg_file.write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in cfg.items()))
@@ -248,6 +252,8 @@ def parse_args(argv=None):
     p.add_argument("--steps-per-graph", type=int, default=4, help="K of the graphrt variant")
     p.add_argument("--time-budget-s", type=float, default=120.0, help="per (variant, N) point")
     p.add_argument("--mixed", type=int, default=256, help="mixed_prefill_tokens of the graphrt-mixed variant")
+    p.add_argument("--paced-k1", action="store_true",
+                   help="keep the engine's default max_prefill_stall for the K=1 variants")
     p.add_argument("--startup-timeout-s", type=float, default=1200.0)
     p.add_argument("--no-step-time", action="store_true", help="skip measuring the graph step time at each N")
     p.add_argument("--graph-cache", default=None, help="passed to the graphrt servers")

@@ -135,7 +135,7 @@ class LocalExecutor:
         the first draws are processed, counted and their log-probabilities kept in
         `prefill_logprobs` (device views); prompt_logprobs {row i: n}: those rows' prompt
         log-probabilities into `prompt_logprobs` (CPU, synchronous; whole prompts only).
-        defer_check: the target's prefill as ModelRuntime.prefill's (not an EAGLE-3 target's)."""
+        defer_check: the target's prefill as ModelRuntime.prefill's (an EAGLE-3 target's too)."""
         want = dict(prompt_logprobs or {})
         collect = PromptLogprobs(prompts, want) if want else None
         extra = {"on_logits": collect, "logits_rows": frozenset(want)} if collect is not None else {}
@@ -147,10 +147,11 @@ class LocalExecutor:
         eagle = getattr(self.spec, "eagle", None)
         if eagle is not None and sources is not None:
             raise ValueError("sources: an EAGLE-3 head prefills every sample's prompt (no shared prefill)")
+        defer = {"defer_check": True} if defer_check else {}   # the K/V flags read with the block
         if eagle is not None:
-            logits, hidden = eagle.target_prefill(self.runtime, prompts, block_table, **extra)
+            logits, hidden = eagle.target_prefill(self.runtime, prompts, block_table, **extra, **defer)
         else:
-            logits = self.prefill(prompts, block_table, **extra, **({"defer_check": True} if defer_check else {}))
+            logits = self.prefill(prompts, block_table, **extra, **defer)
         self.prompt_logprobs = {i: collect.result(i) for i in want} if collect is not None else {}
         st, dev = self.runtime.slots, self.device
         if sources is not None:

@@ -179,7 +179,8 @@ def _prefill_sync_sites(llm, prompts):
 def test_eagle3_admission_makes_no_more_host_syncs_than_a_plain_prefill(path, head, monkeypatch):
     """An admission of three prompts with a head (the target's prefill graphs with the head's
     pass inside, then the first-draft graph) makes no more synchronising calls than the same
-    admission without speculation (the graphed prefill's one: its K/V error-flag read)."""
+    admission without speculation (on the H200: 0 without speculation, and 1 with the head until
+    its target prefill deferred its K/V error-flag read as the plain one does)."""
     from graphrt.speculative.eagle3.prompt import Eagle3PromptGraphs
     prompts = [[7 + i] * (40 + 13 * i) for i in range(3)]
     plain = LLM(path, **ARGS)
@@ -192,4 +193,4 @@ def test_eagle3_admission_makes_no_more_host_syncs_than_a_plain_prefill(path, he
     sites = _prefill_sync_sites(llm, prompts)
     print(f"\nprefill sync sites: plain {len(base)} {base}; eagle3 {len(sites)} {sites}")
     assert calls == [1]                                  # the graphed head pass, one first-draft replay
-    assert len(sites) <= max(len(base), 1), sites
+    assert len(sites) <= len(base), sites
