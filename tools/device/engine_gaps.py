@@ -8,13 +8,26 @@ LLM.generate), busy (the union of kernel intervals over the generate window / th
 gaps between kernels over 20 us (count, sum, largest) with the host runtime call that ended each
 (what the device waited for), and the synchronising calls sync-debug mode reports, by stack.
 
+"blocks" (block_gaps.py; a generate of --block-tokens): per decode block in the steady state, its
+device time (first kernel to last), its kernels' sum, the capture-time cost it should take
+(rounds x graph_round_us[k] or K x graph_step_us), the device's idle time before the next block and
+the device work launched outside the blocks in between, from a profiled run ("profiler": each
+block's launch inside a profiler range, its kernels matched by correlation id) and from an
+unprofiled one ("events": CUDA events around each launch); medians per k and the share of the
+decode window each explains. Which one is large says where the engine loses to the graphs: the
+blocks' excess over the capture-time cost (the device runs a round slower in the engine), or the
+idle gaps (the host is late), or the outside work. The table closes the output.
+
     python tools/device/engine_gaps.py --out $OUT/engine_gaps.json      # H200: Llama-3.2-1B shape, 4 layers
     python tools/device/engine_gaps.py --device cpu --layers 1 --tokens 8   # CPU smoke (numbers mean nothing)
+    python tools/device/engine_gaps.py --model DIR/target --tokens 128 --out $OUT/engine_gaps.json \
+        --configs "none:1,ngram:1,draft=DIR/draft:1,eagle3=DIR/eagle3:1"   # the trained family (train_tiny.py)
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import sys
 import tempfile
@@ -26,6 +39,10 @@ from pathlib import Path
 TOOLS = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(TOOLS.parent))
 sys.path.insert(0, str(TOOLS))
+
+from block_gaps import (PREFILL, block_label, blocks_from_events, blocks_from_trace, summarize,  # noqa: E402
+                        table, with_expected)
+
 
 def _frames() -> str:
     st = [f for f in traceback.extract_stack() if "/graphrt/" in f.filename]
@@ -193,7 +210,98 @@ def phases(eng, run) -> dict:
     return {"blocks": acc["_decode_n"], "graph_replays": acc["replayed"], "eager_runs": acc["eager"], **{f"{k}_us_per_block": round(acc[k] / n * 1e6, 1) for k in keys}}
 
 
-def configure(path: Path, device: str, spec: str, bs: int, tokens: int, out_dir: Path) -> dict:
+@contextlib.contextmanager
+def marked_blocks(eng, mark):
+    """Within: each decode block's launch (the executor's decode_block / spec_block) runs inside
+    `mark(block_label(...))` and each prefill (Engine._prefill_guarded) inside `mark(PREFILL)`;
+    mark: a context manager factory (torch.profiler.record_function, or CUDA events)."""
+    from graphrt.attention.buckets import pick_bucket
+    ex, saved = eng.runtime, []
+    buckets = tuple(ex.config.buckets)
+    spec_k = eng.spec.num_tokens if eng.spec is not None else 0
+
+    def wrap(obj, name, label):
+        f = getattr(obj, name)
+        saved.append((obj, name))
+
+        def g(*a, **kw):
+            with mark(label(*a, **kw)):
+                return f(*a, **kw)
+        setattr(obj, name, g)
+    wrap(ex, "decode_block", lambda n, **kw: block_label(0, n, pick_bucket(buckets, n), ex.k))
+    if eng.spec is not None:
+        wrap(ex, "spec_block", lambda n, k=None, **kw: block_label(k or spec_k, n, pick_bucket(buckets, n),
+                                                                   ex.rounds))
+    wrap(eng, "_prefill_guarded", lambda work: PREFILL)
+    try:
+        yield
+    finally:
+        for obj, name in saved:
+            delattr(obj, name)
+
+
+def block_trace(eng, run, trace_path: Path) -> tuple[list[dict], int]:
+    """block_gaps.blocks_from_trace over `run()` under torch.profiler, each block's launch in a range."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof, \
+            marked_blocks(eng, record_function):
+        run()
+    prof.export_chrome_trace(str(trace_path))
+    ev = json.loads(trace_path.read_text())
+    return blocks_from_trace(ev["traceEvents"] if isinstance(ev, dict) else ev)
+
+
+def block_events(eng, run) -> tuple[list[dict], float]:
+    """(block_gaps.blocks_from_events, host wall µs) over `run()` without a profiler: a CUDA event
+    recorded before and after each block's launch."""
+    import torch
+    marks = []
+
+    @contextlib.contextmanager
+    def mark(label):
+        if label == PREFILL:
+            marks.append((label, None, None))
+            yield
+            return
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        yield
+        b.record()
+        marks.append((label, a, b))
+    t0 = time.perf_counter()
+    with marked_blocks(eng, mark):
+        run()
+    wall = (time.perf_counter() - t0) * 1e6
+    torch.cuda.synchronize()
+    ref = next((a for _, a, _ in marks if a is not None), None)
+    us = lambda e: ref.elapsed_time(e) * 1e3                  # noqa: E731
+    return blocks_from_events([(lab, None, None) if a is None else (lab, us(a), us(b))
+                               for lab, a, b in marks]), wall
+
+
+def graph_costs(llm) -> dict | None:
+    """The capture-time graph costs a block is compared with: {"graph_step_us": {bucket: us},
+    "graph_round_us": {bucket: {k: us}}}, the policy's (n-gram, draft) or measured as the policy
+    measures them (Executor.measure_costs: EAGLE-3 has no policy; the plain step per bucket without
+    speculation); None on CPU. Replays on the slots as they stand: call it before any request, on
+    empty slots, as the policy does."""
+    ex = llm.engine.runtime
+    pol = getattr(llm.engine, "policy", None)
+    costs = pol.graph_costs if pol is not None else ex.measure_costs() if ex.spec is not None else None
+    if costs is not None:
+        return {"graph_step_us": dict(costs.decode_us),
+                "graph_round_us": {b: {q - 1: costs.round_us(b, q - 1) for q in v}
+                                   for b, v in costs.verify_us.items()}}
+    rt = ex.runtime
+    if not rt.uses_graphs:
+        return None
+    from graphrt.kernels.timing import events_us
+    with rt.lock:
+        return {"graph_step_us": {b: events_us(lambda b=b: rt.decode_slots(b, sampled=False), 10, warmup=1) / rt.k
+                                  for b in rt.config.buckets}, "graph_round_us": {}}
+
+
+def configure(path: Path, device: str, spec: str, bs: int, tokens: int, out_dir: Path, block_tokens: int) -> dict:
     import torch
 
     from bench_engine import step_ms
@@ -201,6 +309,7 @@ def configure(path: Path, device: str, spec: str, bs: int, tokens: int, out_dir:
     from profile_engine import decode_llm
     llm, prompts = decode_llm(path, device, spec, bs)
     try:
+        costs = graph_costs(llm) if device == "cuda" and block_tokens else None   # on empty slots
         p = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
         llm.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)   # warm-up
         walls = []
@@ -236,6 +345,16 @@ def configure(path: Path, device: str, spec: str, bs: int, tokens: int, out_dir:
                                                 for b in g.decode_us},
                              "wall_us": {f"{b}:{k}": us for (b, k), us in pol._wall.items()},
                              "acceptance": {s: pol.acceptance(s) for s in list(pol._slots)}}
+        if block_tokens:                     # per decode block: device time vs capture-time cost, gaps
+            pb = SamplingParams(max_tokens=block_tokens, temperature=0, ignore_eos=True)
+            long = lambda: llm.generate(prompts, pb, use_tqdm=False)   # noqa: E731
+            ev, wall = block_events(llm.engine, long) if device == "cuda" else ([], None)
+            prof, unmatched = block_trace(llm.engine, long, out_dir / f"trace_blocks_{tag}_bs{bs}.json")
+            with_expected(prof, costs)
+            with_expected(ev, costs)
+            row["blocks"] = {"profiler": {**summarize(prof), "unmatched_device_events": unmatched},
+                             "events": summarize(ev, wall_us=wall), "costs": costs}
+            (out_dir / f"blocks_{tag}_bs{bs}.json").write_text(json.dumps({"profiler": prof, "events": ev}))
         return row
     finally:
         llm.shutdown()
@@ -247,19 +366,28 @@ def main() -> None:
     model_args(ap, 192)
     ap.add_argument("--configs", default="none:1,none:4,ngram:1",
                     help="spec:bs pairs; spec none, ngram, draft=DIR (a draft checkpoint) or eagle3=DIR (a head)")
-    ap.add_argument("--out", help="write the rows here (JSON); traces beside it")
+    ap.add_argument("--block-tokens", type=int, default=None,
+                    help="tokens of the per-block run (default 4 x --tokens, within max_model_len; 0: skip it)")
+    ap.add_argument("--out", help="write the rows here (JSON); traces and per-block lists beside it")
     a = ap.parse_args()
+    if a.block_tokens is None:               # decode_llm: 128-token prompts, max_model_len 1024 (CPU 256)
+        a.block_tokens = min(4 * a.tokens, (1024 if a.device == "cuda" else 256) - 160)
+    if a.block_tokens < 0:
+        ap.error(f"--block-tokens: must be >= 0, got {a.block_tokens}")
     with tempfile.TemporaryDirectory() as tmp:
         path = short_step_model(a, tmp)
         out_dir = Path(a.out).parent if a.out else Path(tmp)
+        out_dir.mkdir(parents=True, exist_ok=True)
         rows = []
         for c in a.configs.split(","):
             spec, bs = c.rsplit(":", 1)
-            row = configure(path, a.device, spec, int(bs), a.tokens, out_dir)
+            row = configure(path, a.device, spec, int(bs), a.tokens, out_dir, a.block_tokens)
             print(json.dumps(row, indent=1), flush=True)
             rows.append(row)
-        if a.out:
-            Path(a.out).write_text(json.dumps(rows, indent=1))
+            if a.out:                        # after each config: a timeout keeps the rows so far
+                Path(a.out).write_text(json.dumps(rows, indent=1))
+        if a.block_tokens:
+            print(table(rows), flush=True)
 
 
 if __name__ == "__main__":
