@@ -9,7 +9,7 @@ OUT="${OUT:-/tmp/out}"; L=/tmp/spec_gaps; DIR=/tmp/fam; rm -rf "$L" "$DIR"; mkdi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 T0=$SECONDS; S="$OUT/summary.txt"
 pack() { tar czf "$OUT/spec_gaps.tgz" -C /tmp spec_gaps; }
-cap() { local l=$((${DEADLINE:-570} - (SECONDS - T0))); [ "$1" -lt "$l" ] && echo "$1" || echo $((l > 5 ? l : 5)); }   # a part's timeout within the call's deadline
+cap() { local l=$((${DEADLINE:-540} - (SECONDS - T0))); [ "$1" -lt "$l" ] && echo "$1" || echo $((l > 5 ? l : 5)); }   # a part's timeout within the call's deadline
 say() { echo "$1 at $((SECONDS - T0)) s" | tee -a "$S"; }
 if [ ! -f .device/jit-cache.tgz ]; then   # a fresh pack: build FlashInfer's modules once
   timeout 300 python tools/device/jit_warm.py --head-dims 64,128 --kv bf16 > "$L/jit_warm.log" 2>&1; say "jit_warm rc=$?"
