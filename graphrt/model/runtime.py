@@ -89,7 +89,7 @@ from graphrt.attention.graphs import GraphKey, GraphRunner
 from graphrt.attention.inputs import check_exclusive_writes, check_host_values, check_prefill, check_tables
 from graphrt.attention.kvcache import PagedKVCache
 from graphrt.attention.runtime import raise_device_errors, runtime_device
-from graphrt.config import RuntimeConfig
+from graphrt.config import RuntimeConfig, check_steps
 from graphrt.kernels.argmax import argmax_into
 from graphrt.kernels.sample import sample_tokens
 from graphrt.kernels.transfer import to_device
@@ -106,7 +106,6 @@ from graphrt.config import check_mixed_tokens
 from graphrt.model.mixed import MixedChunk
 from graphrt.model.slots import SlotState
 from graphrt.model.splitk import SplitKPlan, plan_splitk, resolve_setting
-from graphrt.config import check_steps
 from graphrt.model.steps import AUTO, AUTO_STEPS, StepsPlan, steps_for_step_us
 
 log = logging.getLogger("graphrt.model")
@@ -422,11 +421,14 @@ class ModelRuntime:
         t0, size = time.perf_counter(), self.config.buckets[0]
         self._set_steps(1)
         key, inputs = self._key(size, False), self._capture_inputs(size)
-        self.graphs.capture(key, lambda: self._steps(size, False), inputs=inputs, scratch=self.kv_caches)
         # the replays advance seq_lens from 1 by one a replay: stay within max_context_len
         reps = max(1, min(5, (self.config.max_context_len - 2) // 3))
         try:
+            self.graphs.capture(key, lambda: self._steps(size, False), inputs=inputs, scratch=self.kv_caches)
             step_us = self.graphs.time_us(key, inputs=inputs, scratch=self.kv_caches, reps=reps, repeats=3)
+        except BaseException:
+            self._set_steps(self.steps.k)                    # still "auto" unmeasured: AUTO_STEPS
+            raise
         finally:
             self.graphs.drop(key)
         tp = getattr(self.model, "tp", None)
