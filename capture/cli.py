@@ -93,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="as serve --num-speculative-tokens (default: serve's)")
     eng.add_argument("--mixed-prefill-tokens", type=int, default=None, metavar="N",
                      help="as serve --mixed-prefill-tokens (default: serve's, 0)")
+    eng.add_argument("--steps-per-graph", default=None, metavar="K|auto",
+                     help="as serve --steps-per-graph (default: serve's, auto)")
     eng.add_argument("--revision", default=None, metavar="REV",
                      help="with a repo id: as serve --revision (default: main)")
     p.add_argument("--version", action="version", version=f"graphrt-capture (graphrt) {__version__}")

@@ -23,7 +23,7 @@ SERVE_FLAGS = {"engine_config": "--config", "max_model_len": "--max-model-len", 
                "dtype": "--dtype", "kv_cache_dtype": "--kv-cache-dtype", "quantization": "--quantization",
                "speculative_method": "--speculative-method", "draft_model": "--draft-model",
                "num_speculative_tokens": "--num-speculative-tokens", "mixed_prefill_tokens": "--mixed-prefill-tokens",
-               "revision": "--revision"}
+               "steps_per_graph": "--steps-per-graph", "revision": "--revision"}
 
 
 def serve_args(args, device: str):

@@ -68,6 +68,28 @@ def check_mixed_tokens(v, *, key: str = "mixed_prefill_tokens") -> int:
     return v
 
 
+STEPS_AUTO = "auto"     # steps_per_graph: K chosen from the measured decode step (model/steps.py)
+AUTO_STEPS = 4           # ... "auto"'s K where no step is measured, and for a short step
+
+
+def check_steps(v, *, most: int | None = None):
+    """steps_per_graph (decode steps per graph replay): "auto" or an int in [1, most] (no bound
+    when most is None) -> v; else ValueError naming steps_per_graph (bools and floats too)."""
+    if isinstance(v, str) and v == STEPS_AUTO:
+        return v
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1 or (most is not None and v > most):
+        bound = "an int >= 1" if most is None else f"an int in [1, {most}]"
+        raise ValueError(f"steps_per_graph: must be 'auto' or {bound} (decode steps per graph replay), "
+                         f"got {v!r}")
+    return v
+
+
+def max_steps(v) -> int:
+    """The most decode steps a block may run under steps_per_graph `v`: K, or for "auto" the
+    largest K it may choose (AUTO_STEPS): what the KV lookahead is sized for before K is measured."""
+    return AUTO_STEPS if isinstance(check_steps(v), str) else v
+
+
 def bucket_rule(max_batch: int) -> tuple[int, ...]:
     """vLLM's capture sizes: [1, 2, 4] then every multiple of 8 up to `max_batch`; `max_batch`
     itself is always the largest bucket (so {max: 12} serves batches of 12)."""

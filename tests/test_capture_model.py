@@ -133,6 +133,25 @@ def test_engine_flags_need_model(capsys):
     assert e.value.code == 2 and "--max-num-seqs: only with --model" in capsys.readouterr().err
 
 
+def test_steps_per_graph_is_pinned_as_given(built, tmp_path, capsys):
+    """A cache records steps_per_graph as given ("auto" or K; cache_pin.py says why): "auto" serves
+    "auto" whatever K it picks; a cache of K = 1 is refused by an "auto" server, naming the field."""
+    from graphrt.cache.load import CacheMismatchError
+    from graphrt.engine.config import EngineConfig
+    from graphrt.serve.cache_pin import built_for, check_built_for
+    ckpt, _, out = built
+    auto = built_for(ckpt, EngineConfig(max_batch=2, max_model_len=48), "cpu")
+    assert auto["engine"]["steps_per_graph"] == "auto"
+    check_built_for(out, {"built_for": auto}, auto)
+    k1 = json.loads((out / "manifest.json").read_text())                 # built with steps_per_graph: 1
+    with pytest.raises(CacheMismatchError, match="engine.steps_per_graph: cache 1, this server 'auto'"):
+        check_built_for(out, k1, auto)
+    assert capture_main(["--model", str(ckpt), "--out", str(tmp_path / "c"), "--device", "cpu",
+                         "--steps-per-graph", "fast"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("graphrt-capture: steps_per_graph: must be 'auto' or an int"), err
+
+
 def test_model_errors_are_one_line(built, tmp_path, capsys):
     _, _, out = built
     assert capture_main(["--model", str(tmp_path / "none"), "--out", str(tmp_path / "c"), "--device", "cpu"]) == 2

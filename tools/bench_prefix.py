@@ -206,6 +206,7 @@ def main(argv=None) -> int:
     llm = LLM(path, device=a.device, max_batch=a.max_batch, steps_per_graph=a.steps_per_graph,
               max_model_len=a.max_model_len, max_num_batched_tokens=chunk,
               max_prefill_stall=stall, mixed_prefill_tokens=a.mixed)              # prefix cache on
+    stall = llm.config.max_prefill_stall                  # as the engine runs it ("auto" resolved for K)
     work = set(a.workloads.split(","))
     if not work <= {"prefix", "arrival", "chat"}:
         p.error(f"--workloads: {a.workloads!r} is not a subset of prefix,arrival,chat")

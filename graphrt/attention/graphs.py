@@ -5,6 +5,7 @@
     graphs.capture(key, step, inputs=[(seq_lens, 1), (block_table, 0)], scratch=kv_caches,
                    prepare=host_plan)                     # warm-up + capture, inputs restored
     graphs.run(key, step, prepare=host_plan)              # replay (or `step()` eagerly if not captured)
+    us = graphs.time_us(key, inputs=[...], scratch=kv_caches)   # device µs per replay (CUDA events)
 
 It is the only place graphrt captures a CUDA graph: attention decode (DecodeRuntime), the model's
 K-step decode (ModelRuntime) and speculative rounds (SpeculativeRunner) are phases that hand it
@@ -153,6 +154,18 @@ class GraphRunner:
             return False
         self._graphs[key].replay()
         return True
+
+    def time_us(self, key: GraphKey, *, inputs: Iterable[tuple[torch.Tensor, object]] = (),
+                scratch: Sequence = (), reps: int = 5, repeats: int = 3) -> float:
+        """Device µs per replay of key's graph (kernels/timing.py events_us: the median over
+        `repeats` bursts of `reps` replays, one untimed replay first), with `inputs` filled and
+        the page 0 of `scratch` kept as for its capture, both restored afterwards. The inputs
+        are filled once: a graph that advances them (decode: seq_lens) runs 1 + reps * repeats
+        replays from there. CUDA only (a captured key)."""
+        from graphrt.kernels.timing import events_us
+        graph = self._graphs[key]
+        with _filled(inputs), _page0_kept(scratch):
+            return events_us(graph.replay, reps, repeats, warmup=1)
 
     def drop(self, key: GraphKey) -> None:
         """Forget key's graph (and its stats), e.g. after it failed verification; no-op if

@@ -1,15 +1,18 @@
 """EngineConfig: what an LLM instance serves (slots, K, pages, context, backend); validated."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-from graphrt.config import BACKENDS, KV_CACHE_DTYPES, RuntimeConfig, check_mixed_tokens
+from graphrt.config import (BACKENDS, KV_CACHE_DTYPES, STEPS_AUTO as AUTO, RuntimeConfig, check_mixed_tokens,
+                            check_steps, max_steps)
 from graphrt.engine.pacing import check_max_stall
 from graphrt.speculative.config import SpeculativeConfig
 
 DEFAULT_MAX_MODEL_LEN = 8192
 INT32_MAX = 2**31 - 1       # page ids, seq lens and block-table widths are int32 on the device
 MAX_SEED = 2**63 - 1        # seeds are int64 on the device (SamplingParams' bound too)
+DEFAULT_PREFILL_STALL = 1.0  # max_prefill_stall "auto" where K > 1: a chunk may add one block's time
 
 
 def _pos_int(key, v, *, optional=False, most: int = INT32_MAX):
@@ -22,7 +25,10 @@ def _pos_int(key, v, *, optional=False, most: int = INT32_MAX):
 @dataclass(frozen=True, kw_only=True)
 class EngineConfig:
     """max_batch: concurrent requests (decode slots; buckets follow vLLM's rule up to it);
-    steps_per_graph: K decode steps per graph replay; page_size: tokens per KV page;
+    steps_per_graph: K decode steps per graph replay, or "auto" (the default): chosen at start-up
+    from the measured decode step on CUDA, 1 where one step takes >= 2 ms (8B-class models), else
+    4; 4 where nothing is measured (CPU, capture=False); model/steps.py says why; with speculation,
+    K is the plain blocks' (a speculative block runs spec_rounds rounds); page_size: tokens per KV page;
     num_pages: KV pages requests can hold (the pool has one more, the null page; default on CUDA:
     what gpu_memory_utilization leaves after the weights (pool_pages_from_memory), capped at
     every slot holding max_model_len; on CPU: that cap); gpu_memory_utilization: the fraction
@@ -39,7 +45,8 @@ class EngineConfig:
     running streams keep their pace; None: no limit); max_prefill_stall: while requests decode,
     a prompt chunk may add at most this share of a decode block's measured time (its token
     budget follows the measured prefill cost per token, capped by max_num_batched_tokens;
-    engine/pacing.py; None: max_num_batched_tokens alone); prefill_graph_tokens: on CUDA, prompts
+    engine/pacing.py; None: max_num_batched_tokens alone; "auto", the default: 1.0, or None where
+    K is 1, since a chunk then runs between every two steps: prefill_stall); prefill_graph_tokens: on CUDA, prompts
     run as captured prefill graphs in pieces of at most this many tokens (one replay a piece,
     model/prefill_graphs.py; 0: eager prefill, as prompt log-probs always are);
     mixed_prefill_tokens: C > 0: while requests decode, a greedy or sampled decode block carries
@@ -48,7 +55,7 @@ class EngineConfig:
     that carries its last piece; not with speculation or tensor parallelism; 0: off)."""
 
     max_batch: int = 16
-    steps_per_graph: int = 4
+    steps_per_graph: int | str = AUTO
     page_size: int = 16
     num_pages: int | None = None
     gpu_memory_utilization: float = 0.9
@@ -63,13 +70,14 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
     max_num_batched_tokens: int | None = 2048
-    max_prefill_stall: float | None = 1.0
+    max_prefill_stall: float | str | None = AUTO
     prefill_graph_tokens: int = 512
     mixed_prefill_tokens: int = 0
 
     def __post_init__(self):
-        for key in ("max_batch", "steps_per_graph", "page_size"):
+        for key in ("max_batch", "page_size"):
             _pos_int(key, getattr(self, key))
+        check_steps(self.steps_per_graph, most=INT32_MAX)
         _pos_int("num_pages", self.num_pages, optional=True)
         _pos_int("max_model_len", self.max_model_len, optional=True)
         u = self.gpu_memory_utilization
@@ -82,7 +90,8 @@ class EngineConfig:
                                        or self.dtype not in ("bfloat16", "float16", "float32")):
             raise ValueError(f"dtype: {self.dtype!r} is not one of ['bfloat16', 'float16', 'float32']")
         _pos_int("max_num_batched_tokens", self.max_num_batched_tokens, optional=True)
-        check_max_stall(self.max_prefill_stall)
+        if not (isinstance(self.max_prefill_stall, str) and self.max_prefill_stall == AUTO):
+            check_max_stall(self.max_prefill_stall)
         p = self.prefill_graph_tokens
         if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p <= 8192:
             raise ValueError(f"prefill_graph_tokens: must be an int in [0, 8192] (0 = eager prefill), got {p!r}")
@@ -127,9 +136,24 @@ class EngineConfig:
     @property
     def lookahead(self) -> int:
         """Positions past a sequence's max_model_len tokens a block may write K/V for: K decode
-        steps, or the k proposals a verify writes ahead."""
+        steps (for "auto", the largest K it may choose), or the k proposals a verify writes ahead."""
         k = self.speculative.num_tokens if self.speculative is not None else 0
-        return max(self.steps_per_graph, k)
+        return max(max_steps(self.steps_per_graph), k)
+
+    def prefill_stall(self, k: int) -> float | None:
+        """max_prefill_stall as an engine of K decode steps per block runs it: "auto" is None
+        where K = 1 (a paced chunk would run between every two steps, each no longer than one
+        step: measured on an 8B model, unpaced chunks gave K = 1 its first-token and throughput
+        lead, model/steps.py), else DEFAULT_PREFILL_STALL; a value given is kept."""
+        v = self.max_prefill_stall
+        if isinstance(v, str) and v == AUTO:
+            return None if k == 1 else DEFAULT_PREFILL_STALL
+        return v
+
+    def resolved(self, k: int) -> "EngineConfig":
+        """A copy as an engine running K decode steps per block runs it: steps_per_graph = k (what
+        "auto" chose, or 1 where host planning forced it) and max_prefill_stall = prefill_stall(k)."""
+        return dataclasses.replace(self, steps_per_graph=k, max_prefill_stall=self.prefill_stall(k))
 
     def resolve_max_model_len(self, max_position_embeddings: int) -> int:
         limit = max_position_embeddings or DEFAULT_MAX_MODEL_LEN

@@ -14,7 +14,7 @@
 Every call is a pure function of the runtime's slot state (model/slots.py) plus its arguments,
 so a tensor-parallel driver can replay the same call on every rank: a single-GPU engine imports
 nothing from graphrt/parallel/. Attributes the engine reads: config, k (decode steps per block),
-device, num_pages, model, speculative (its SpeculativeConfig or None), rounds, spec_ks (the
+steps (k's StepsPlan), device, num_pages, model, speculative (its SpeculativeConfig or None), rounds, spec_ks (the
 proposal counts a speculative block may run: one graph family each; () without speculation).
 
 With a draft model the executor keeps the draft's K/V consistent across a policy's switches: a
@@ -53,6 +53,7 @@ class LocalExecutor:
     # ---- what the engine reads ----------------------------------------------------------------
     config = property(lambda self: self.runtime.config)
     k = property(lambda self: self.runtime.k)
+    steps = property(lambda self: self.runtime.steps)      # StepsPlan: K and why (model/steps.py)
     device = property(lambda self: self.runtime.device)
     num_pages = property(lambda self: self.runtime.num_pages)
     model = property(lambda self: self.runtime.model)

@@ -141,7 +141,12 @@ class LLM:
     vLLM's constructor names work too (engine/vllm_args.py, docs/engine.md): tensor_parallel_size,
     max_num_seqs (max_batch), block_size (page_size), enforce_eager (capture=False), dtype "auto" /
     "half" / "float"; trust_remote_code is accepted and ignored (graphrt runs no checkpoint code);
-    a vLLM name for a feature graphrt lacks is a ValueError naming it unless given vLLM's default."""
+    a vLLM name for a feature graphrt lacks is a ValueError naming it unless given vLLM's default.
+
+    `llm.config` is the EngineConfig as this LLM runs it (EngineConfig.resolved): steps_per_graph
+    the K its decode graphs run ("auto": chosen from the decode step measured at capture,
+    model/steps.py; `llm.runtime.steps` says why, the start-up line too) and max_prefill_stall
+    "auto" resolved for that K."""
 
     def __init__(self, model=None, device: str | None = None, config: EngineConfig | None = None, *,
                  tensor_parallel: int = 1, tp_timeout_s: float = 120.0, revision: str | None = None,
@@ -198,6 +203,9 @@ class LLM:
                 engine_t += time.perf_counter()
                 graphs = getattr(self.runtime, "graphs", None)
                 times.from_capture(graphs.stats.values() if graphs is not None else ())
+            # K is fixed now ("auto": measured by the capture): the config as this LLM runs it
+            self.config = config = config.resolved(self.runtime.k)
+            times.from_steps(self.runtime.steps)
             tok_eos = self.tokenizer.eos_token_id
             eos = ck.eos_token_ids or ((tok_eos,) if tok_eos is not None else ())
             self.engine = Engine(self.runtime, self.tokenizer, eos_token_ids=eos, max_model_len=max_len,

@@ -5,6 +5,7 @@
     t.weights_s = checkpoint.load_s          # measured by the loader
     t.from_capture(graph_stats)              # kernels (warm-up: compile or load) vs capture
     t.kernels_loaded, t.kernels_compiled = 37, 0   # with a graph cache (graphrt/cache/triton_cache.py)
+    t.from_steps(runtime.steps)              # K decode steps per graph and why (model/steps.py)
     log.info("%s", t.line(pages=.., pool_bytes=..))
     t.as_dict()                              # the same numbers (tools/bench_startup.py's JSON)
 
@@ -15,7 +16,8 @@ Triton / FlashInfer kernels compiled, or loaded from their caches, and first tou
 (CUDA graph capture; counted per phase: decode, prefill, spec, ...; with a graph cache, the Triton
 kernels loaded from it and those compiled outside it), engine (tokenizer, of
 which tokenizer.json and the chat template, and scheduler), and the total since
-the clock started.
+the clock started. The line also names K, the decode steps per graph, and with
+steps_per_graph "auto" the measured step it was chosen from (inside the capture phase).
 """
 from __future__ import annotations
 
@@ -43,6 +45,9 @@ class StartupTimes:
     total_s: float = 0.0
     kernels_loaded: int | None = None     # Triton kernels read from a graph cache (None: no graph cache)
     kernels_compiled: int | None = None   # ... and those it lacked (compiled outside it)
+    steps_per_graph: int | None = None    # K, decode steps per graph replay (None: not known)
+    decode_step_us: float | None = None   # "auto": the measured bucket-1 decode step, device µs
+    steps: str = ""                       # K and why, for the line (StepsPlan.describe)
 
     @contextmanager
     def phase(self, name: str):
@@ -61,6 +66,11 @@ class StartupTimes:
         self.graphs_s = sum(s.capture_ms for s in stats) / 1e3
         phases = [s.key.phase for s in stats if s.key is not None]
         self.graphs_by_phase = {p: phases.count(p) for p in sorted(set(phases), key=phases.index)}
+
+    def from_steps(self, plan) -> None:
+        """K and where it came from, from the runtime's StepsPlan (model/steps.py); None: no plan."""
+        if plan is not None:
+            self.steps_per_graph, self.decode_step_us, self.steps = plan.k, plan.step_us, plan.describe()
 
     def finish(self) -> None:
         self.total_s = time.perf_counter() - self.t0
@@ -86,7 +96,7 @@ class StartupTimes:
                 f"{self.weights_s:.2f} s (config {self.config_s:.2f} s, tensors {self.read_s:.2f} s), "
                 f"runtime + KV pool {self.runtime_s:.2f} s ({pages} pages, {pool_bytes / 2**30:.2f} GiB), "
                 f"{graphs}, engine {self.engine_s:.2f} s (tokenizer {self.tokenizer_s:.2f} s), "
-                f"other {self.other_s:.2f} s")
+                f"other {self.other_s:.2f} s" + (f"; decode {self.steps}" if self.steps else ""))
 
     def as_dict(self) -> dict:
         """Every phase's seconds and the graph counts (JSON-ready; t0 left out)."""

@@ -56,9 +56,17 @@ FP8 KV cache (config.kv_cache_dtype="fp8"): e4m3 pages with per-layer k / v scal
 runtime runs (graphrt/model/quant/kv.py), once, before any page is written with them; the
 scales chosen are logged ("graphrt.model" logger, INFO) and kept in `mrt.kv_scale_source`.
 
+steps_per_graph="auto" (model/steps.py): K is fixed by the first capture(), before any graph is
+kept: the bucket-1 greedy graph is captured at K = 1, timed over a few replays with CUDA events
+(GraphRunner.time_us), and dropped; K = 1 where that step takes >= 2 ms, else 4. Under tensor
+parallelism every rank takes the ranks' mean step, so all choose the same K. Until then, and
+where nothing is captured (CPU, a runtime never captured), "auto" runs K = 4. `mrt.steps` (a
+StepsPlan) says which K and why; `mrt.k` is K.
+
 FlashInfer versions whose plan layout the device planner does not know fall back to host
 planning, which cannot run K > 1 steps in one graph: ModelRuntime raises, or, with
-fallback_to_one_step=True (the engine's choice), warns and runs K = 1 (`mrt.k` says which).
+fallback_to_one_step=True (the engine's choice), warns and runs K = 1 (`mrt.k` says which;
+"auto" runs K = 1 there without a warning).
 
 Threads: prefill(), capture() and decode() hold `mrt.lock` (reentrant) for the whole call, so
 concurrent calls serialise. decode() returns a view of static buffers that the next call
@@ -69,6 +77,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import warnings
 
 import torch
@@ -80,7 +89,7 @@ from graphrt.attention.graphs import GraphKey, GraphRunner
 from graphrt.attention.inputs import check_exclusive_writes, check_host_values, check_prefill, check_tables
 from graphrt.attention.kvcache import PagedKVCache
 from graphrt.attention.runtime import raise_device_errors, runtime_device
-from graphrt.config import RuntimeConfig
+from graphrt.config import RuntimeConfig, check_steps
 from graphrt.kernels.argmax import argmax_into
 from graphrt.kernels.sample import sample_tokens
 from graphrt.kernels.transfer import to_device
@@ -97,13 +106,14 @@ from graphrt.config import check_mixed_tokens
 from graphrt.model.mixed import MixedChunk
 from graphrt.model.slots import SlotState
 from graphrt.model.splitk import SplitKPlan, plan_splitk, resolve_setting
+from graphrt.model.steps import AUTO, AUTO_STEPS, StepsPlan, steps_for_step_us
 
 log = logging.getLogger("graphrt.model")
 
 
 class ModelRuntime:
     def __init__(self, model, config: RuntimeConfig, device="cuda", *, backend: str | None = None,
-                 steps_per_graph: int = 1, num_pages: int | None = None, sampling: bool = False,
+                 steps_per_graph: int | str = 1, num_pages: int | None = None, sampling: bool = False,
                  keep_logits: bool = False, prefill_chunk_tokens: int = 8192,
                  fallback_to_one_step: bool = False, token_history: bool = False,
                  processing: bool = False, logprobs_mode: str = "raw", logprobs_width: int = 20,
@@ -125,9 +135,12 @@ class ModelRuntime:
         if isinstance(prefill_chunk_tokens, bool) or not isinstance(prefill_chunk_tokens, int) \
                 or prefill_chunk_tokens < 1:
             raise ValueError(f"prefill_chunk_tokens: must be an int >= 1, got {prefill_chunk_tokens!r}")
-        if steps_per_graph < 1:
-            raise ValueError(f"steps_per_graph: must be >= 1, got {steps_per_graph}")
-        self.model, self.config, self.k = model, config, steps_per_graph
+        check_steps(steps_per_graph)
+        self.model, self.config = model, config
+        # K: fixed, or "auto" at AUTO_STEPS until the first capture() measures (_plan_steps)
+        self.steps = (StepsPlan(AUTO_STEPS, "default") if steps_per_graph == AUTO
+                      else StepsPlan(steps_per_graph, "fixed"))
+        self.k = self.steps.k
         for name, flag in (("keep_logits", keep_logits), ("sampling", sampling),
                            ("fallback_to_one_step", fallback_to_one_step), ("token_history", token_history),
                            ("processing", processing)):
@@ -138,7 +151,7 @@ class ModelRuntime:
             raise ValueError(f"logprobs_mode: expected 'raw' or 'processed', got {logprobs_mode!r}")
         if isinstance(logprobs_width, bool) or not isinstance(logprobs_width, int) or logprobs_width < 0:
             raise ValueError(f"logprobs_width: must be an int >= 0, got {logprobs_width!r}")
-        logprobs_width = min(logprobs_width, s.vocab_size)     # top-n of a vocabulary holds at most V
+        self._logprobs_width = min(logprobs_width, s.vocab_size)   # top-n of a vocabulary holds at most V
         self.processing, self.logprobs_mode = processing, logprobs_mode
         if num_pages is not None and (isinstance(num_pages, bool) or not isinstance(num_pages, int)
                                       or num_pages < 1):
@@ -189,7 +202,9 @@ class ModelRuntime:
         self.fuse: FusePlan | None = None       # decode buckets' fused GEMVs: chosen after split-K
         self._captured = False
         self.backend.setup([self.buffers.view(x) for x in reversed(config.buckets)])
-        if steps_per_graph > 1 and self.backend.needs_host_inputs:  # after setup: fallback too
+        if self.backend.needs_host_inputs and self.steps.source == "default":   # "auto": one step
+            self.steps = StepsPlan(1, "host planning")
+        elif self.k > 1 and self.backend.needs_host_inputs:  # after setup: fallback too
             if not fallback_to_one_step:
                 raise ValueError("steps_per_graph: backend plans on the host (planner 'host' or a "
                                  "device-planner fallback), which cannot run several steps in one "
@@ -197,12 +212,19 @@ class ModelRuntime:
             reason = getattr(self.backend, "fallback_reason", None) or "host planning"
             warnings.warn(f"graphrt: steps_per_graph={steps_per_graph} needs device planning ({reason}); "
                           f"running 1 step per graph with host planning", stacklevel=2)
-            self.k = 1
-        self.out_tokens = torch.zeros((self.k, b), dtype=torch.int64, device=self.device)  # [K, B]
+            self.steps = StepsPlan(1, "host planning")
         self._logits = (torch.zeros((b, s.vocab_size), dtype=torch.float32, device=self.device)
                         if self.keep_logits else None)                              # last step's
-        self.logprobs = (LogprobBuffers.allocate(steps=self.k, max_batch=b, width=logprobs_width,
-                                                 device=self.device) if processing else None)
+        self._set_steps(self.steps.k)
+
+    def _set_steps(self, k: int) -> None:
+        """K decode steps per graph, and the outputs sized for it (before any decode graph is
+        kept): out_tokens [K, B] int64 and, with processing, the log-probability rows of K steps."""
+        b = self.config.max_batch
+        self.k = k
+        self.out_tokens = torch.zeros((k, b), dtype=torch.int64, device=self.device)   # [K, B]
+        self.logprobs = (LogprobBuffers.allocate(steps=k, max_batch=b, width=self._logprobs_width,
+                                                 device=self.device) if self.processing else None)
 
     def _set_kv_scales(self, kv_scales) -> str | None:
         """FP8 KV: the checkpoint's per-layer (k, v) scales into the caches -> "checkpoint", or
@@ -376,16 +398,58 @@ class ModelRuntime:
         if self.fuse is None:
             self.fuse = plan_fuse(self.model, self.config.buckets, self._fuse_setting, splitk=self.splitk)
 
+    def _capture_inputs(self, size: int, processed: bool = False, chunk: bool = False) -> list:
+        """The graph runner's (tensor, value) fills for a decode graph of `size` rows: every row
+        a 1-token request on page 0 (restored after the capture)."""
+        st = self.slots
+        inputs = [(st.block_table[:size], 0), (st.seq_lens[:size], 1), (st.tokens[:size], 0),
+                  (st.step[:size], 0)] + ([] if st.history is None else [(st.history[:size], 0)])
+        if processed:
+            inputs.append((st.proc.counts[:size], 0))
+        if chunk:
+            inputs += self.mixed.capture_inputs
+        return inputs
+
+    def _plan_steps(self) -> None:
+        """steps_per_graph="auto": fix K once, before the first decode graph is kept (outside
+        any capture; after split-K and fused GEMVs, which change the step). The smallest
+        bucket's greedy graph at K = 1 is captured, timed (device µs per replay) and dropped;
+        K = steps_for_step_us(that). Under tensor parallelism each rank times its shard and
+        all take the ranks' mean, so every rank picks the same K."""
+        if self.steps.source != "default":
+            return
+        t0, size = time.perf_counter(), self.config.buckets[0]
+        self._set_steps(1)
+        key, inputs = self._key(size, False), self._capture_inputs(size)
+        # the replays advance seq_lens from 1 by one a replay: stay within max_context_len
+        reps = max(1, min(5, (self.config.max_context_len - 2) // 3))
+        try:
+            self.graphs.capture(key, lambda: self._steps(size, False), inputs=inputs, scratch=self.kv_caches)
+            step_us = self.graphs.time_us(key, inputs=inputs, scratch=self.kv_caches, reps=reps, repeats=3)
+        except BaseException:
+            self._set_steps(self.steps.k)                    # still "auto" unmeasured: AUTO_STEPS
+            raise
+        finally:
+            self.graphs.drop(key)
+        tp = getattr(self.model, "tp", None)
+        if tp is not None:                                   # one K for every rank
+            mean = tp.nccl_all_reduce(torch.tensor([step_us], dtype=torch.float32, device=self.device))
+            step_us = float(mean) / tp.world_size
+        self.steps = StepsPlan(steps_for_step_us(step_us), "measured", step_us, time.perf_counter() - t0)
+        self._set_steps(self.steps.k)
+        log.info("graphrt: steps_per_graph auto: %s", self.steps.describe())
+
     def capture(self) -> dict:
         """Capture the decode graphs of every bucket not yet captured (largest first; greedy,
         and sampled with sampling=True); returns {GraphKey: CaptureStats} of every graph of the
         runner ({} on CPU). Warm-up and capture run 1-token requests on page 0 of every layer,
-        which the graph runner saves and restores, as it does the slots."""
+        which the graph runner saves and restores, as it does the slots. steps_per_graph="auto":
+        the first call measures the step and fixes K first (_plan_steps)."""
         if not self.uses_graphs:
             return {}
-        st = self.slots
         with self.lock:
             self._plan_splitk()
+            self._plan_steps()
             for size in reversed(self.config.buckets):
                 kinds = ([(False, False, False, False)] + [(True, False, False, False)] * self.sampling
                          + [(True, True, False, False), (True, True, True, False)] * self.processing)
@@ -395,15 +459,9 @@ class ModelRuntime:
                     key = self._key(size, sampled, processed, filtered, chunk)
                     if key in self.graphs:
                         continue
-                    inputs = [(st.block_table[:size], 0), (st.seq_lens[:size], 1), (st.tokens[:size], 0),
-                              (st.step[:size], 0)] + ([] if st.history is None else [(st.history[:size], 0)])
-                    if processed:
-                        inputs.append((st.proc.counts[:size], 0))
-                    if chunk:
-                        inputs += self.mixed.capture_inputs
                     self.graphs.capture(key, lambda s=size, x=sampled, p=processed, f=filtered, c=chunk:
-                                        self._steps(s, x, p, f, c),
-                                        inputs=inputs, scratch=self.kv_caches, prepare=self._host_plan(size))
+                                        self._steps(s, x, p, f, c), inputs=self._capture_inputs(size, processed, chunk),
+                                        scratch=self.kv_caches, prepare=self._host_plan(size))
             if self.prefill_graphs is not None:
                 self.prefill_graphs.capture(self.graphs, self.kv_caches)
             self._captured = True

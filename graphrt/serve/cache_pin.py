@@ -9,6 +9,12 @@ config.json (sha256) and the engine settings that decide which kernels and graph
 (ENGINE_FIELDS); serve refuses a cache built for another, naming each field that differs. A cache
 built from a runtime YAML (`graphrt-capture --config`) has no such record: only the geometry is
 checked, and the model's kernels it lacks are compiled outside it (graphrt/cache/triton_cache.py).
+
+steps_per_graph is recorded and compared as given ("auto" or K), not as the K that "auto"
+chose: the check runs before the model loads, when "auto" has measured nothing yet, and a cache
+holds kernels, not graphs (graphs are captured at every start), so the kernels a cache built with
+"auto" holds serve "auto" whatever K the measurement picks. A cache built with an explicit K is
+served with that K; with "auto" it is refused, naming engine.steps_per_graph (as any field).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """ServeConfig (what the HTTP layer adds to the engine) and the `--config` YAML file.
 
 The YAML file is one flat mapping: EngineConfig fields (max_batch or its vLLM name max_num_seqs,
-steps_per_graph, page_size, num_pages, gpu_memory_utilization, max_model_len, backend, dtype,
+steps_per_graph ("auto" or K), page_size, num_pages, gpu_memory_utilization, max_model_len, backend, dtype,
 overlap, capture, seed, kv_cache_dtype) and ServeConfig fields (served_model_name, max_waiting, max_request_bytes,
 api_key, chat_template: a file or the Jinja text, header_timeout_s, body_timeout_s,
 max_connections, shutdown_timeout_s). An unknown key is an error naming it; invalid YAML is one

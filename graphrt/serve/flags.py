@@ -2,7 +2,7 @@
 
     graphrt serve MODEL --max-model-len 4096 --max-num-seqs 8 --dtype bfloat16 \
         --gpu-memory-utilization 0.85 --api-key KEY --chat-template tmpl.jinja \
-        --no-prefix-caching --max-num-batched-tokens 2048
+        --no-prefix-caching --max-num-batched-tokens 2048 --steps-per-graph auto
 
 MODEL (positional) is `--model`; --max-num-seqs is EngineConfig.max_batch. Each flag has a key
 of the same name in the --config YAML (`max_num_seqs` or `max_batch`); a flag given wins over the
@@ -26,13 +26,23 @@ NO_PACING = "none"                         # --max-prefill-stall none: chunks by
 
 
 def _stall_arg(v: str):
-    """--max-prefill-stall: a number (checked by EngineConfig) or `none`."""
-    if v.strip().lower() == NO_PACING:
-        return NO_PACING
+    """--max-prefill-stall: a number (checked by EngineConfig), `auto` or `none`."""
+    if v.strip().lower() in (NO_PACING, "auto"):
+        return v.strip().lower()
     try:
         return float(v)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number or 'none', got {v!r}") from None
+
+
+def _steps_arg(v: str):
+    """--steps-per-graph: an int, or the text as given (`auto`, or a bad value that EngineConfig
+    refuses in one line naming steps_per_graph)."""
+    text = v.strip().lower()
+    try:
+        return int(text)
+    except ValueError:
+        return text
 
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
@@ -64,11 +74,16 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help=f"prompt tokens prefilled between two decode blocks while requests decode; longer "
                         f"prompts run in chunks (default: {d.max_num_batched_tokens}, or "
                         f"max_num_batched_tokens in --config)")
-    p.add_argument("--max-prefill-stall", type=_stall_arg, default=None, metavar="F|none",
+    p.add_argument("--steps-per-graph", type=_steps_arg, default=None, metavar="K|auto",
+                   help=f"decode steps per CUDA graph replay; auto: 1 where the decode step measured at "
+                        f"start-up takes >= 2 ms (8B-class models: first tokens sooner), else 4 (the host's "
+                        f"work per block hidden behind short steps) (default: {d.steps_per_graph}, or "
+                        f"steps_per_graph in --config)")
+    p.add_argument("--max-prefill-stall", type=_stall_arg, default=None, metavar="F|auto|none",
                    help=f"while requests decode, a prompt chunk may add at most this share of a decode "
                         f"block's measured time (the chunk's tokens follow the measured prefill cost, up to "
-                        f"--max-num-batched-tokens; none: chunks by tokens only; default: {d.max_prefill_stall}, "
-                        f"or max_prefill_stall in --config)")
+                        f"--max-num-batched-tokens; none: chunks by tokens only; auto: 1.0, or none where K "
+                        f"is 1; default: {d.max_prefill_stall}, or max_prefill_stall in --config)")
     p.add_argument("--mixed-prefill-tokens", type=int, default=None, metavar="N",
                    help=f"while requests decode, a decode block carries up to N tokens of a long prompt in "
                         f"its first step (the weights streamed once for both; 0: off; default: "
@@ -100,6 +115,7 @@ def engine_overrides(args, eng_kw: dict) -> dict:
                 raise ValueError(f"--config: {alias} ({out[alias]}) and {field} ({out[field]}) disagree; give one")
             out[field] = out.pop(alias)
     flags = {"max_model_len": args.max_model_len, "max_batch": args.max_num_seqs,
+             "steps_per_graph": getattr(args, "steps_per_graph", None),
              "gpu_memory_utilization": args.gpu_memory_utilization,
              "kv_cache_dtype": getattr(args, "kv_cache_dtype", None),
              "enable_prefix_caching": getattr(args, "prefix_caching", None),

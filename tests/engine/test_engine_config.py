@@ -17,7 +17,9 @@ TINY = LlamaSpec(vocab_size=384, hidden_size=128, intermediate_size=256, num_lay
 @pytest.mark.parametrize("field,value", [
     ("seed", -1), ("seed", "x"), ("seed", 2**63), ("seed", True), ("seed", 1.5),
     ("max_batch", 0), ("max_batch", 2**31), ("max_batch", 4.0), ("max_batch", None),
-    ("steps_per_graph", -2), ("steps_per_graph", "4"), ("page_size", 2**40), ("page_size", False),
+    ("steps_per_graph", -2), ("steps_per_graph", "4"), ("steps_per_graph", 0), ("steps_per_graph", -1),
+    ("steps_per_graph", "fast"), ("steps_per_graph", True), ("steps_per_graph", 2.5), ("steps_per_graph", None),
+    ("max_prefill_stall", "fast"), ("max_prefill_stall", 0), ("page_size", 2**40), ("page_size", False),
     ("num_pages", 0), ("num_pages", 2**31), ("max_model_len", "8k"), ("max_model_len", 0),
     ("gpu_memory_utilization", 0), ("gpu_memory_utilization", 1.5), ("gpu_memory_utilization", "0.9"),
     ("gpu_memory_utilization", float("nan")),
@@ -36,7 +38,9 @@ def test_every_field_is_checked(field, value):
                                          ("num_pages", None), ("max_model_len", None),
                                          ("gpu_memory_utilization", 1), ("backend", "reference"),
                                          ("dtype", "float32"), ("page_size", 1),
-                                         ("prefill_graph_tokens", 0), ("prefill_graph_tokens", 8192)])
+                                         ("prefill_graph_tokens", 0), ("prefill_graph_tokens", 8192),
+                                         ("steps_per_graph", "auto"), ("steps_per_graph", 1),
+                                         ("max_prefill_stall", "auto"), ("max_prefill_stall", None)])
 def test_edge_values_are_accepted(field, value):
     assert getattr(EngineConfig(**{field: value}), field) == value
 

@@ -67,7 +67,8 @@ def test_bad_stall_names_the_field():
             EngineConfig(max_prefill_stall=bad)
         with pytest.raises(ValueError, match="max_prefill_stall"):
             _pacer(stall=bad)
-    assert EngineConfig().max_prefill_stall == 1.0 and EngineConfig(max_prefill_stall=None).max_prefill_stall is None
+    assert EngineConfig().max_prefill_stall == "auto" and EngineConfig().prefill_stall(4) == 1.0   # 1.0 at K > 1
+    assert EngineConfig(max_prefill_stall=None).max_prefill_stall is None
 
 
 @pytest.fixture(scope="module")

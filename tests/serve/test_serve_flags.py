@@ -72,9 +72,28 @@ def test_model_positional_or_flag():
     (["/a", "--chat-template", "/no/such/template.jinja"], "--chat-template: no such file '/no/such/template.jinja'"),
     (["/a", "--api-key", ""], "api_key: expected a non-empty string, got an empty one"),
     (["/a", "--max-prefill-stall", "0"], "max_prefill_stall: must be None or a number in (0, 100]"),
+    (["/a", "--steps-per-graph", "0"], "steps_per_graph: must be 'auto' or an int in [1, 2147483647]"),
+    (["/a", "--steps-per-graph", "-1"], "steps_per_graph: must be 'auto' or an int"),
+    (["/a", "--steps-per-graph", "fast"], "steps_per_graph: must be 'auto' or an int"),
+    (["/a", "--steps-per-graph", "2.5"], "got '2.5'"),
+    (["/a", "--steps-per-graph", "true"], "got 'true'"),
 ])
 def test_bad_values_exit_2_before_loading(capsys, monkeypatch, argv, text):
     assert text in _exit_2(argv, capsys, monkeypatch)
+
+
+def test_steps_per_graph_flag_and_yaml(tmp_path, capsys, monkeypatch):
+    assert serve_cli.resolve_configs(_args(["/m"]))[0].steps_per_graph == "auto"          # the default
+    assert serve_cli.resolve_configs(_args(["/m", "--steps-per-graph", "AUTO"]))[0].steps_per_graph == "auto"
+    y = tmp_path / "k.yaml"
+    y.write_text("steps_per_graph: 1\n")
+    assert serve_cli.resolve_configs(_args(["/m", "--config", str(y)]))[0].steps_per_graph == 1
+    assert serve_cli.resolve_configs(_args(["/m", "--config", str(y), "--steps-per-graph", "auto"]))[0] \
+        .steps_per_graph == "auto"                                                        # the flag wins
+    for bad in ("true", "2.5", "fast", "0"):
+        y.write_text(f"steps_per_graph: {bad}\n")
+        assert _exit_2(["/a", "--config", str(y)], capsys, monkeypatch).startswith(
+            "graphrt serve: error: steps_per_graph: must be 'auto' or an int")
 
 
 def test_dtype_choices_are_argparse_errors(capsys):
@@ -118,7 +137,8 @@ def test_flags_win_over_the_yaml_and_reach_the_configs(tmp_path, monkeypatch):
     assert serve_cli.resolve_configs(_args(["/m", "--config", str(y)]))[1].api_key == "from-env"
     assert serve_cli.resolve_configs(_args(["/m", "--api-key", "k"]))[1].api_key == "k"
     assert "from-env" not in repr(serve_cli.resolve_configs(_args(["/m"]))[1])   # a secret: not in logs
-    assert serve_cli.resolve_configs(_args(["/m"]))[0].max_prefill_stall == 1.0
+    assert serve_cli.resolve_configs(_args(["/m"]))[0].max_prefill_stall == "auto"   # 1.0, or None at K = 1
+    assert serve_cli.resolve_configs(_args(["/m", "--max-prefill-stall", "auto"]))[0].max_prefill_stall == "auto"
     assert serve_cli.resolve_configs(_args(["/m", "--max-prefill-stall", "0.5"]))[0].max_prefill_stall == 0.5
     assert serve_cli.resolve_configs(_args(["/m", "--max-prefill-stall", "none"]))[0].max_prefill_stall is None
     with pytest.raises(SystemExit):
