@@ -40,6 +40,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchlib import k_or_auto  # noqa: E402
+
 
 def _pct(xs, q):
     xs = sorted(xs)
@@ -158,7 +160,7 @@ def main(argv=None) -> int:
     p.add_argument("--make", help="write a random checkpoint of this shape (tools/make_checkpoint.py)")
     p.add_argument("--device", default=None)
     p.add_argument("--max-batch", type=int, default=16)
-    p.add_argument("--steps-per-graph", type=int, default=4)
+    p.add_argument("--steps-per-graph", type=k_or_auto, default="auto", help="K: an int >= 1 or auto (the default)")
     p.add_argument("--prefix-len", type=int, default=4096)
     p.add_argument("--suffix-len", type=int, default=32)
     p.add_argument("--repeats", type=int, default=5)

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import pyplot  # noqa: E402
+from benchlib import k_or_auto, pyplot  # noqa: E402
 from serve_load import run_point, stream_request, summarize, workload  # noqa: E402
 
 VARIANTS = ("graphrt", "graphrt-hostplan", "hf")
@@ -170,7 +170,7 @@ def step_times(args) -> dict:
     llm = LLM(args.model, device=args.device, max_batch=max(args.concurrency), steps_per_graph=args.steps_per_graph,
               max_model_len=max_len, backend="flashinfer" if args.device == "cuda" else "torch-splitkv")
     prompt_len = round(statistics.fmean(args.prompt_lens))
-    reps = max(1, min(32, (max_len - prompt_len - 1) // args.steps_per_graph))
+    reps = max(1, min(32, (max_len - prompt_len - 1) // llm.config.steps_per_graph))
     out = {n: step_ms(llm, n, prompt_len, torch, reps) for n in args.concurrency}
     print(f"  graph step ms at N={list(out)}: {[round(v, 3) for v in out.values()]}", flush=True)
     del llm
@@ -249,7 +249,8 @@ def parse_args(argv=None):
     p.add_argument("--requests", type=int, default=4, help="requests per client per point")
     p.add_argument("--prompt-lens", default="32,128,512,1024", help="mixed prompt lengths (tokens)")
     p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--steps-per-graph", type=int, default=4, help="K of the graphrt variant")
+    p.add_argument("--steps-per-graph", type=k_or_auto, default="auto",
+                   help="K of the graphrt variant: an int >= 1 or auto (the engine's default)")
     p.add_argument("--time-budget-s", type=float, default=120.0, help="per (variant, N) point")
     p.add_argument("--mixed", type=int, default=256, help="mixed_prefill_tokens of the graphrt-mixed variant")
     p.add_argument("--paced-k1", action="store_true",
@@ -266,7 +267,7 @@ def parse_args(argv=None):
     bad = sorted(set(a.variants) - set(VARIANTS + EXTRA_VARIANTS))
     if bad:
         p.error(f"--variants: unknown {bad}; choose from {list(VARIANTS + EXTRA_VARIANTS)}")
-    for name in ("requests", "output_len", "steps_per_graph"):
+    for name in ("requests", "output_len"):                # steps_per_graph: checked by k_or_auto
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(a, name)}")
     if min(a.concurrency) < 1 or min(a.prompt_lens) < 1:

@@ -1,6 +1,7 @@
 """Helpers shared by the benchmarks under tools/ (timing per METHOD.md: events, warm-up, medians)."""
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import time
@@ -55,3 +56,16 @@ def pyplot():
         print("matplotlib not installed: no PNG (pip install matplotlib)", file=sys.stderr)
         return None
     return plt
+
+
+def k_or_auto(text: str):
+    """--steps-per-graph: "auto" or an int >= 1 (argparse type)."""
+    if text == "auto":
+        return text
+    try:
+        k = int(text)
+    except ValueError:
+        k = 0
+    if k < 1:
+        raise argparse.ArgumentTypeError(f"expected auto or an int >= 1, got {text!r}")
+    return k
