@@ -13,6 +13,10 @@ the cache forgets it.
 from __future__ import annotations
 
 from collections import OrderedDict
+from itertools import compress
+from operator import not_
+
+_INT = {int}
 
 
 class PageAllocator:
@@ -52,6 +56,14 @@ class PageAllocator:
     def is_cached(self, page: int) -> bool:
         return bool(self._cached[page])
 
+    def refcounts(self, pages: list[int]) -> list[int]:
+        """Owners of each page (one C-level pass; pages: ids in the pool)."""
+        return list(map(self._refs.__getitem__, pages))
+
+    def any_cached(self, pages: list[int]) -> bool:
+        """Whether some page holds a cached prefix (one C-level pass)."""
+        return any(map(self._cached.__getitem__, pages))
+
     def allocate(self, n: int) -> list[int] | None:
         """n distinct free pages (count 1 each), or None (nothing taken) when fewer are free.
         Plain free pages first; then cached ones, least recently freed first (evicted)."""
@@ -74,13 +86,26 @@ class PageAllocator:
             refs[p] = 1
         return pages
 
-    def set_cached(self, page: int) -> None:
-        """Keep `page`'s contents after its last owner frees it (it holds a full cached page)."""
-        self._check([page], "cannot cache a free page")
-        self._cached[page] = 1
+    def set_cached(self, pages: list[int]) -> None:
+        """Keep each page's contents after its last owner frees it (it holds a full cached page)."""
+        self._check(pages, "cannot cache a free page")
+        cached = self._cached
+        for p in pages:
+            cached[p] = 1
 
-    def _check(self, pages: list[int], what: str, *, revive: bool = False) -> None:
+    def _check(self, pages: list[int], what: str, *, revive: bool = False) -> list[int]:
+        """ValueError unless every page is an int in the pool, held (or, revive, cached and
+        free) and listed once; returns their owner counts. C-level passes over the list (a
+        prefix's hundreds of pages cost microseconds); the per-page loop only names a failure."""
         lo, hi = self.first, self.first + self.num_pages
+        if not pages:
+            return []
+        if set(map(type, pages)) <= _INT and lo <= min(pages) and max(pages) < hi:
+            held = list(map(self._refs.__getitem__, pages))
+            free = 0 in held and list(compress(pages, map(not_, held)))
+            if (not free or revive and all(map(self._evictable.__contains__, free))) \
+                    and len(set(pages)) == len(pages):
+                return held
         for i, p in enumerate(pages):
             if isinstance(p, bool) or not isinstance(p, int) or not lo <= p < hi:
                 raise ValueError(f"pages[{i}]: {p!r} outside the pool [{lo}, {hi})")
@@ -90,26 +115,28 @@ class PageAllocator:
             seen: set[int] = set()
             dup = next(i for i, p in enumerate(pages) if p in seen or seen.add(p))
             raise ValueError(f"pages[{dup}]: page {pages[dup]} listed twice ({what})")
+        return list(map(self._refs.__getitem__, pages))    # ints of a subclass of int: fine
 
     def share(self, pages: list[int]) -> None:
         """One more owner for each of `pages` (each allocated, or a cached page nobody holds,
         which leaves the LRU queue). ValueError, nothing changed, else."""
-        self._check(pages, "cannot share a free page", revive=True)
+        held = self._check(pages, "cannot share a free page", revive=True)
         refs, ev = self._refs, self._evictable
-        for p in pages:
-            if refs[p] == 0:
+        if 0 in held:
+            for p in compress(pages, map(not_, held)):
                 del ev[p]
-            refs[p] += 1
+        for p, n in zip(pages, held):
+            refs[p] = n + 1
 
     def free(self, pages: list[int]) -> None:
         """Drop one owner of each page; pages with no owner left go back to the free list (a
         cached page to the LRU queue's newest end, in the order given). ValueError (and nothing
         freed) for a page that is out of range, not allocated (a double free) or listed twice."""
-        self._check(pages, "double free")
+        held = self._check(pages, "double free")
         refs, free, cached, ev = self._refs, self._free, self._cached, self._evictable
-        for p in pages:
-            refs[p] -= 1
-            if refs[p] == 0:
+        for p, n in zip(pages, held):
+            refs[p] = n - 1
+            if n == 1:
                 if cached[p]:
                     ev[p] = None
                 else:

@@ -107,3 +107,50 @@ def test_random_share_and_free_keep_counts_exact():
     for pages in held:
         alloc.free(pages)
     assert alloc.num_free == 24
+
+
+def test_a_refused_call_names_the_first_bad_page_and_changes_nothing():
+    """The checks run as C-level passes; a failure is named as the per-page rule names it."""
+    alloc = PageAllocator(6, first=1)
+    held = alloc.allocate(3)
+    free = next(p for p in range(1, 7) if p not in held)
+    for pages, what in (([held[0], 7], "pages\\[1\\]: 7 outside the pool \\[1, 7\\)"),
+                        ([held[0], True], "pages\\[1\\]: True outside the pool"),
+                        ([held[0], 2.0], "pages\\[1\\]: 2.0 outside the pool"),
+                        ([free, 0], f"pages\\[0\\]: page {free} is not allocated"),
+                        ([held[1], held[0], held[1]], f"pages\\[2\\]: page {held[1]} listed twice")):
+        for call in (alloc.free, alloc.share):
+            with pytest.raises(ValueError, match=what):
+                call(pages)
+    assert [alloc.refcount(p) for p in held] == [1, 1, 1] and alloc.num_free == 3
+
+
+def test_int_subclass_pages_are_accepted():
+    class Page(int):
+        pass
+    alloc = PageAllocator(4)
+    pages = alloc.allocate(2)
+    alloc.share([Page(p) for p in pages])
+    assert alloc.refcounts(pages) == [2, 2]
+    alloc.free([Page(p) for p in pages])
+    alloc.free(pages)
+    assert alloc.num_free == 4
+
+
+def test_cached_pages_wait_in_lru_order_and_are_revived_by_share():
+    alloc = PageAllocator(4)
+    evicted = []
+    alloc.on_evict = evicted.append
+    a = alloc.allocate(4)
+    alloc.set_cached(a[:3])
+    assert alloc.any_cached(a) and not alloc.any_cached(a[3:])
+    alloc.free([a[1], a[0], a[2], a[3]])                 # LRU: a[1], a[0], a[2]; a[3] plain
+    assert alloc.num_free == 4 and alloc.num_evictable == 3
+    alloc.share([a[0]])                                   # a hit takes it back from the queue
+    assert alloc.refcounts(a) == [1, 0, 0, 0] and alloc.num_evictable == 2
+    with pytest.raises(ValueError, match="not allocated"):
+        alloc.share([a[3]])                               # a plain free page is not revived
+    got = alloc.allocate(3)                               # the plain page, then the LRU's oldest
+    assert got == [a[3], a[1], a[2]] and evicted == [a[1], a[2]] and not alloc.any_cached(got)
+    alloc.free(got + [a[0]])
+    assert alloc.num_free == 4 and alloc.num_evictable == 1
