@@ -7,23 +7,30 @@ per page and returns pages whose count reaches 0. A page is never handed out whi
 Cached pages (prefix_cache.py): a page marked with `set_cached` keeps its contents when its
 last owner frees it. It is then free (counted in `num_free`) but parked in an LRU queue rather
 than the plain free stack: `share` may take it back (a cache hit), and `allocate` hands it out
-only once no plain free page is left, least recently freed first, calling `on_evict(page)` so
-the cache forgets it.
+only once no plain free page is left, least recently freed first, calling `on_evict(pages)` so
+the cache forgets them. The queue is lazy: `share` leaves a revived page's entry in place (it
+only counts it out), `allocate` drops entries of pages held again as it meets them, and `free`
+moves a page's entry to the newest end: a cache hit costs no per-page queue work.
+
+Cost: the counts and cached flags are numpy arrays over the pool, so a call over a list of
+pages (a 4k-token prefix is 256 of them) is a few C-level passes, not a Python loop per page;
+the per-page rule is run only to name what a refused call got wrong.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
-from itertools import compress
-from operator import not_
+from collections import OrderedDict, deque
+from operator import countOf
 
-_INT = {int}
+import numpy as np
+
+_consume = deque(maxlen=0).extend          # runs an iterator to its end in C (itertools' recipe)
 
 
 class PageAllocator:
     """Pages first .. first + num_pages - 1 of the KV pool (the same ids in every layer's cache);
     ids below `first` (the null page) are never handed out. Host only; owned by the engine loop
-    (not thread-safe; `num_free` may be read from any thread). on_evict: called with each
-    cached page that `allocate` reuses (set by the prefix cache)."""
+    (not thread-safe; `num_free` may be read from any thread). on_evict: called with the list of
+    cached pages that an `allocate` reuses (set by the prefix cache)."""
 
     def __init__(self, num_pages: int, *, first: int = 0):
         if isinstance(num_pages, bool) or not isinstance(num_pages, int) or num_pages < 1:
@@ -32,37 +39,39 @@ class PageAllocator:
             raise ValueError(f"first: must be an int >= 0, got {first!r}")
         self.num_pages, self.first = num_pages, first
         self._free = list(range(first + num_pages - 1, first - 1, -1))  # a stack: pops low ids first
-        self._refs = [0] * (first + num_pages)                          # owners per page id
-        self._cached = bytearray(first + num_pages)                     # 1: contents kept when freed
-        self._evictable: OrderedDict[int, None] = OrderedDict()         # cached, count 0; LRU first
+        self._refs = np.zeros(first + num_pages, dtype=np.int32)        # [pool] owners per page id
+        self._cached = np.zeros(first + num_pages, dtype=bool)          # [pool] contents kept when freed
+        # cached pages with count 0, least recently freed first (+ stale entries of pages held again)
+        self._lru: OrderedDict[int, None] = OrderedDict()
+        self._evictable = 0                                              # cached pages with count 0
         self.on_evict = None
 
     @property
     def num_free(self) -> int:
         """Pages `allocate` can hand out: plain free pages plus cached pages nobody holds."""
-        return len(self._free) + len(self._evictable)
+        return len(self._free) + self._evictable
 
     @property
     def num_evictable(self) -> int:
         """Free pages that still hold a cached prefix."""
-        return len(self._evictable)
+        return self._evictable
 
     def can_allocate(self, n: int) -> bool:
         return n <= self.num_free
 
     def refcount(self, page: int) -> int:
-        return self._refs[page]
+        return int(self._refs[page])
 
     def is_cached(self, page: int) -> bool:
         return bool(self._cached[page])
 
     def refcounts(self, pages: list[int]) -> list[int]:
-        """Owners of each page (one C-level pass; pages: ids in the pool)."""
-        return list(map(self._refs.__getitem__, pages))
+        """Owners of each page (pages: ids in the pool)."""
+        return self._refs[pages].tolist() if pages else []
 
     def any_cached(self, pages: list[int]) -> bool:
-        """Whether some page holds a cached prefix (one C-level pass)."""
-        return any(map(self._cached.__getitem__, pages))
+        """Whether some page holds a cached prefix."""
+        return bool(pages) and bool(self._cached[pages].any())
 
     def allocate(self, n: int) -> list[int] | None:
         """n distinct free pages (count 1 each), or None (nothing taken) when fewer are free.
@@ -75,72 +84,75 @@ class PageAllocator:
         k = min(n, len(free))
         pages = free[len(free) - k:][::-1]
         del free[len(free) - k:]
-        for _ in range(n - k):                        # evict: the cache forgets these pages
-            p, _ = self._evictable.popitem(last=False)
-            self._cached[p] = 0
+        if n > k:                                     # evict: the cache forgets these pages
+            pop, refs, evicted = self._lru.popitem, self._refs, []
+            while len(evicted) < n - k:
+                p = pop(last=False)[0]
+                if not refs[p]:                       # else a stale entry: held again
+                    evicted.append(p)
+            self._cached[evicted] = False
+            self._evictable -= len(evicted)
             if self.on_evict is not None:
-                self.on_evict(p)
-            pages.append(p)
-        refs = self._refs
-        for p in pages:
-            refs[p] = 1
+                self.on_evict(evicted)
+            pages += evicted
+        if pages:
+            self._refs[pages] = 1
         return pages
 
     def set_cached(self, pages: list[int]) -> None:
         """Keep each page's contents after its last owner frees it (it holds a full cached page)."""
-        self._check(pages, "cannot cache a free page")
-        cached = self._cached
-        for p in pages:
-            cached[p] = 1
+        self._cached[self._check(pages, "cannot cache a free page")] = True
 
-    def _check(self, pages: list[int], what: str, *, revive: bool = False) -> list[int]:
+    def _check(self, pages: list[int], what: str, *, revive: bool = False) -> np.ndarray:
         """ValueError unless every page is an int in the pool, held (or, revive, cached and
-        free) and listed once; returns their owner counts. C-level passes over the list (a
-        prefix's hundreds of pages cost microseconds); the per-page loop only names a failure."""
+        free: in the LRU queue) and listed once; returns them as an int64 array [len(pages)]."""
         lo, hi = self.first, self.first + self.num_pages
-        if not pages:
-            return []
-        if set(map(type, pages)) <= _INT and lo <= min(pages) and max(pages) < hi:
-            held = list(map(self._refs.__getitem__, pages))
-            free = 0 in held and list(compress(pages, map(not_, held)))
-            if (not free or revive and all(map(self._evictable.__contains__, free))) \
-                    and len(set(pages)) == len(pages):
-                return held
-        for i, p in enumerate(pages):
+        if countOf(map(type, pages), int) == len(pages):
+            try:
+                idx = np.array(pages, dtype=np.int64)
+            except OverflowError:                     # beyond int64: outside the pool
+                idx = None
+            if idx is not None and not idx.size:
+                return idx
+            if idx is not None and lo <= idx.min() and idx.max() < hi:
+                held = self._refs[idx]
+                if (held.all() or revive and self._cached[idx[held == 0]].all()) and len(set(pages)) == len(pages):
+                    return idx
+        for i, p in enumerate(pages):                 # refused (or ints of a subclass): name it
             if isinstance(p, bool) or not isinstance(p, int) or not lo <= p < hi:
                 raise ValueError(f"pages[{i}]: {p!r} outside the pool [{lo}, {hi})")
-            if self._refs[p] == 0 and not (revive and p in self._evictable):
+            if self._refs[p] == 0 and not (revive and self._cached[p]):
                 raise ValueError(f"pages[{i}]: page {p} is not allocated ({what})")
         if len(set(pages)) != len(pages):
             seen: set[int] = set()
             dup = next(i for i, p in enumerate(pages) if p in seen or seen.add(p))
             raise ValueError(f"pages[{dup}]: page {pages[dup]} listed twice ({what})")
-        return list(map(self._refs.__getitem__, pages))    # ints of a subclass of int: fine
+        return np.array([int(p) for p in pages], dtype=np.int64)
 
     def share(self, pages: list[int]) -> None:
         """One more owner for each of `pages` (each allocated, or a cached page nobody holds,
         which leaves the LRU queue). ValueError, nothing changed, else."""
-        held = self._check(pages, "cannot share a free page", revive=True)
-        refs, ev = self._refs, self._evictable
-        if 0 in held:
-            for p in compress(pages, map(not_, held)):
-                del ev[p]
-        for p, n in zip(pages, held):
-            refs[p] = n + 1
+        idx = self._check(pages, "cannot share a free page", revive=True)
+        refs = self._refs
+        self._evictable -= int(np.count_nonzero(refs[idx] == 0))   # revived: their entries go stale
+        refs[idx] += 1                                # pages are distinct (checked)
 
     def free(self, pages: list[int]) -> None:
         """Drop one owner of each page; pages with no owner left go back to the free list (a
         cached page to the LRU queue's newest end, in the order given). ValueError (and nothing
         freed) for a page that is out of range, not allocated (a double free) or listed twice."""
-        held = self._check(pages, "double free")
-        refs, free, cached, ev = self._refs, self._free, self._cached, self._evictable
-        for p, n in zip(pages, held):
-            refs[p] = n - 1
-            if n == 1:
-                if cached[p]:
-                    ev[p] = None
-                else:
-                    free.append(p)
+        idx = self._check(pages, "double free")
+        refs = self._refs
+        refs[idx] -= 1
+        done = idx[refs[idx] == 0]
+        if done.size:
+            kept = self._cached[done]
+            self._free.extend(done[~kept].tolist())
+            if kept.any():                            # to the newest end, in the order given
+                back = done[kept].tolist()
+                self._lru.update(dict.fromkeys(back))
+                _consume(map(self._lru.move_to_end, back))
+                self._evictable += len(back)
 
 
 __all__ = ["PageAllocator"]

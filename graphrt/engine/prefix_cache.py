@@ -128,12 +128,13 @@ class PrefixCache:
             if inp is not None:
                 memo[inp], self._input[p] = key, inp
 
-    def _evicted(self, page: int) -> None:
-        key = self._key.pop(page)
-        del self._page[key]
-        inp = self._input.pop(page, None)
-        if inp is not None:
-            del self._memo[inp]
-
+    def _evicted(self, pages: list[int]) -> None:
+        """The allocator reuses these cached pages: forget their keys and inputs."""
+        page_of, key_of, inputs, memo = self._page, self._key, self._input, self._memo
+        for p in pages:
+            del page_of[key_of.pop(p)]
+            inp = inputs.pop(p, None)
+            if inp is not None:
+                del memo[inp]
 
 __all__ = ["PrefixCache", "int64_bytes"]
