@@ -12,17 +12,21 @@ the cache forgets them. The queue is lazy: `share` leaves a revived page's entry
 only counts it out), `allocate` drops entries of pages held again as it meets them, and `free`
 moves a page's entry to the newest end: a cache hit costs no per-page queue work.
 
-Cost: the counts and cached flags are numpy arrays over the pool, so a call over a list of
-pages (a 4k-token prefix is 256 of them) is a few C-level passes, not a Python loop per page;
-the per-page rule is run only to name what a refused call got wrong.
+Cost: the counts and cached flags are flat arrays over the pool with a numpy view of each, so a
+call over many pages (a 4k-token prefix is 256 of them; BULK_PAGES or more) is a few numpy
+passes, and a call over a few pages (a decode block's growth) a short Python loop, which is
+cheaper there than numpy's per-call cost. The same rules either way; on a refused bulk call the
+per-page loop names what was wrong.
 """
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict, deque
 from operator import countOf
 
 import numpy as np
 
+BULK_PAGES = 32                            # calls over this many pages or more run in numpy
 _consume = deque(maxlen=0).extend          # runs an iterator to its end in C (itertools' recipe)
 
 
@@ -39,8 +43,11 @@ class PageAllocator:
             raise ValueError(f"first: must be an int >= 0, got {first!r}")
         self.num_pages, self.first = num_pages, first
         self._free = list(range(first + num_pages - 1, first - 1, -1))  # a stack: pops low ids first
-        self._refs = np.zeros(first + num_pages, dtype=np.int32)        # [pool] owners per page id
-        self._cached = np.zeros(first + num_pages, dtype=bool)          # [pool] contents kept when freed
+        size = first + num_pages
+        self._refs = array("i", bytes(4 * size))                        # [pool] owners per page id
+        self._cached = bytearray(size)                                  # [pool] 1: contents kept when freed
+        self._refs_np = np.frombuffer(self._refs, dtype=np.int32)       # numpy views of the same memory
+        self._cached_np = np.frombuffer(self._cached, dtype=bool)       # (both are never resized)
         # cached pages with count 0, least recently freed first (+ stale entries of pages held again)
         self._lru: OrderedDict[int, None] = OrderedDict()
         self._evictable = 0                                              # cached pages with count 0
@@ -60,18 +67,18 @@ class PageAllocator:
         return n <= self.num_free
 
     def refcount(self, page: int) -> int:
-        return int(self._refs[page])
+        return self._refs[page]
 
     def is_cached(self, page: int) -> bool:
         return bool(self._cached[page])
 
     def refcounts(self, pages: list[int]) -> list[int]:
-        """Owners of each page (pages: ids in the pool)."""
-        return self._refs[pages].tolist() if pages else []
+        """Owners of each page (pages: ids in the pool; one C-level pass)."""
+        return list(map(self._refs.__getitem__, pages))
 
     def any_cached(self, pages: list[int]) -> bool:
-        """Whether some page holds a cached prefix."""
-        return bool(pages) and bool(self._cached[pages].any())
+        """Whether some page holds a cached prefix (one C-level pass)."""
+        return any(map(self._cached.__getitem__, pages))
 
     def allocate(self, n: int) -> list[int] | None:
         """n distinct free pages (count 1 each), or None (nothing taken) when fewer are free.
@@ -90,35 +97,43 @@ class PageAllocator:
                 p = pop(last=False)[0]
                 if not refs[p]:                       # else a stale entry: held again
                     evicted.append(p)
-            self._cached[evicted] = False
+            self._set(self._cached, self._cached_np, evicted, 0)
             self._evictable -= len(evicted)
             if self.on_evict is not None:
                 self.on_evict(evicted)
             pages += evicted
-        if pages:
-            self._refs[pages] = 1
+        self._set(self._refs, self._refs_np, pages, 1)
         return pages
+
+    @staticmethod
+    def _set(flat, view, pages: list[int], value: int) -> None:
+        """flat[p] = value for each page (through the numpy view for BULK_PAGES or more)."""
+        if len(pages) >= BULK_PAGES:
+            view[pages] = value
+        else:
+            for p in pages:
+                flat[p] = value
 
     def set_cached(self, pages: list[int]) -> None:
         """Keep each page's contents after its last owner frees it (it holds a full cached page)."""
-        self._cached[self._check(pages, "cannot cache a free page")] = True
+        self._check(pages, "cannot cache a free page")
+        self._set(self._cached, self._cached_np, pages, 1)
 
-    def _check(self, pages: list[int], what: str, *, revive: bool = False) -> np.ndarray:
+    def _check(self, pages: list[int], what: str, *, revive: bool = False) -> np.ndarray | None:
         """ValueError unless every page is an int in the pool, held (or, revive, cached and
-        free: in the LRU queue) and listed once; returns them as an int64 array [len(pages)]."""
+        free: in the LRU queue) and listed once. Returns the pages as an int64 array [n] for a
+        bulk call (numpy checks; the per-page loop only to name a failure), else None."""
         lo, hi = self.first, self.first + self.num_pages
-        if countOf(map(type, pages), int) == len(pages):
+        if len(pages) >= BULK_PAGES and countOf(map(type, pages), int) == len(pages):
             try:
                 idx = np.array(pages, dtype=np.int64)
             except OverflowError:                     # beyond int64: outside the pool
                 idx = None
-            if idx is not None and not idx.size:
-                return idx
             if idx is not None and lo <= idx.min() and idx.max() < hi:
-                held = self._refs[idx]
-                if (held.all() or revive and self._cached[idx[held == 0]].all()) and len(set(pages)) == len(pages):
+                held = self._refs_np[idx]
+                if (held.all() or revive and self._cached_np[idx[held == 0]].all()) and len(set(pages)) == len(pages):
                     return idx
-        for i, p in enumerate(pages):                 # refused (or ints of a subclass): name it
+        for i, p in enumerate(pages):
             if isinstance(p, bool) or not isinstance(p, int) or not lo <= p < hi:
                 raise ValueError(f"pages[{i}]: {p!r} outside the pool [{lo}, {hi})")
             if self._refs[p] == 0 and not (revive and self._cached[p]):
@@ -127,32 +142,48 @@ class PageAllocator:
             seen: set[int] = set()
             dup = next(i for i, p in enumerate(pages) if p in seen or seen.add(p))
             raise ValueError(f"pages[{dup}]: page {pages[dup]} listed twice ({what})")
-        return np.array([int(p) for p in pages], dtype=np.int64)
+        return np.array(pages, dtype=np.int64) if len(pages) >= BULK_PAGES else None
 
     def share(self, pages: list[int]) -> None:
         """One more owner for each of `pages` (each allocated, or a cached page nobody holds,
-        which leaves the LRU queue). ValueError, nothing changed, else."""
+        which leaves the LRU queue: its entry goes stale). ValueError, nothing changed, else."""
         idx = self._check(pages, "cannot share a free page", revive=True)
-        refs = self._refs
-        self._evictable -= int(np.count_nonzero(refs[idx] == 0))   # revived: their entries go stale
-        refs[idx] += 1                                # pages are distinct (checked)
+        if idx is None:
+            refs = self._refs
+            for p in pages:
+                if not refs[p]:
+                    self._evictable -= 1
+                refs[p] += 1
+            return
+        refs = self._refs_np
+        held = refs[idx]
+        self._evictable -= int(np.count_nonzero(held == 0))
+        refs[idx] = held + 1                          # pages are distinct (checked)
 
     def free(self, pages: list[int]) -> None:
         """Drop one owner of each page; pages with no owner left go back to the free list (a
         cached page to the LRU queue's newest end, in the order given). ValueError (and nothing
         freed) for a page that is out of range, not allocated (a double free) or listed twice."""
         idx = self._check(pages, "double free")
-        refs = self._refs
-        refs[idx] -= 1
-        done = idx[refs[idx] == 0]
-        if done.size:
-            kept = self._cached[done]
+        if idx is None:
+            refs, cached, back = self._refs, self._cached, []
+            for p in pages:
+                refs[p] -= 1
+                if not refs[p]:
+                    if cached[p]:
+                        back.append(p)
+                    else:
+                        self._free.append(p)
+        else:
+            left = self._refs_np[idx] - 1
+            self._refs_np[idx] = left
+            done = idx[left == 0]
+            kept = self._cached_np[done]
             self._free.extend(done[~kept].tolist())
-            if kept.any():                            # to the newest end, in the order given
-                back = done[kept].tolist()
-                self._lru.update(dict.fromkeys(back))
-                _consume(map(self._lru.move_to_end, back))
-                self._evictable += len(back)
-
+            back = done[kept].tolist()
+        if back:                                      # to the LRU queue's newest end, in order
+            self._lru.update(dict.fromkeys(back))
+            _consume(map(self._lru.move_to_end, back))
+            self._evictable += len(back)
 
 __all__ = ["PageAllocator"]

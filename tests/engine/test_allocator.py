@@ -5,7 +5,17 @@ import random
 
 import pytest
 
+from graphrt.engine import allocator
 from graphrt.engine.allocator import PageAllocator
+
+
+@pytest.fixture(params=["loop", "bulk"])
+def path(request, monkeypatch):
+    """Both implementations of each rule: per-page loops (a few pages) and numpy (every call
+    counts as a bulk call)."""
+    if request.param == "bulk":
+        monkeypatch.setattr(allocator, "BULK_PAGES", 1)
+    return request.param
 
 
 def test_random_allocate_free_never_hands_a_page_out_twice():
@@ -31,7 +41,7 @@ def test_random_allocate_free_never_hands_a_page_out_twice():
     assert alloc.num_free == 40
 
 
-def test_double_free_and_bad_pages_are_refused_without_freeing():
+def test_double_free_and_bad_pages_are_refused_without_freeing(path):
     alloc = PageAllocator(4)
     a = alloc.allocate(2)
     alloc.free(a)
@@ -49,7 +59,7 @@ def test_double_free_and_bad_pages_are_refused_without_freeing():
         PageAllocator(0)
 
 
-def test_shared_pages_return_only_when_the_last_owner_frees_them():
+def test_shared_pages_return_only_when_the_last_owner_frees_them(path):
     alloc = PageAllocator(6, first=1)                  # ids 1..6; 0 is the null page
     prefix = alloc.allocate(3)
     alloc.share(prefix[:2])                          # a second request reuses two prefix pages
@@ -76,7 +86,7 @@ def test_shared_pages_return_only_when_the_last_owner_frees_them():
     assert alloc.num_free == 6 and all(alloc.refcount(p) == 0 for p in range(1, 7))
 
 
-def test_random_share_and_free_keep_counts_exact():
+def test_random_share_and_free_keep_counts_exact(path):
     """Random allocate / share / free against a model of owners per page."""
     rng = random.Random(1)
     alloc = PageAllocator(24, first=1)
@@ -109,7 +119,7 @@ def test_random_share_and_free_keep_counts_exact():
     assert alloc.num_free == 24
 
 
-def test_a_refused_call_names_the_first_bad_page_and_changes_nothing():
+def test_a_refused_call_names_the_first_bad_page_and_changes_nothing(path):
     """The checks run as C-level passes; a failure is named as the per-page rule names it."""
     alloc = PageAllocator(6, first=1)
     held = alloc.allocate(3)
@@ -126,7 +136,7 @@ def test_a_refused_call_names_the_first_bad_page_and_changes_nothing():
     assert [alloc.refcount(p) for p in held] == [1, 1, 1] and alloc.num_free == 3
 
 
-def test_int_subclass_pages_are_accepted():
+def test_int_subclass_pages_are_accepted(path):
     class Page(int):
         pass
     alloc = PageAllocator(4)
@@ -138,7 +148,7 @@ def test_int_subclass_pages_are_accepted():
     assert alloc.num_free == 4
 
 
-def test_cached_pages_wait_in_lru_order_and_are_revived_by_share():
+def test_cached_pages_wait_in_lru_order_and_are_revived_by_share(path):
     alloc = PageAllocator(4)
     evicted = []
     alloc.on_evict = evicted.extend
@@ -195,7 +205,7 @@ class _Reference:
                     self.stack.append(p)
 
 
-def test_random_calls_match_the_per_page_reference():
+def test_random_calls_match_the_per_page_reference(path):
     """Allocations (their ids and order), evictions, counts and the LRU order of the numpy,
     lazy-queue allocator equal a per-page reference over random calls, cache hits included."""
     rng = random.Random(7)
