@@ -70,6 +70,7 @@ from graphrt.engine.speculation import BlockClock, default_policy, spec_stats
 from graphrt.engine.stream import RequestStream
 
 log = logging.getLogger("graphrt.engine")
+ARRAY_FROM_TOKENS = 64     # prompts this long or longer are also kept as an int64 array (_prompt_ids)
 
 
 class Engine(BlockMixin):
@@ -197,11 +198,12 @@ class Engine(BlockMixin):
             self._inbox.put(("abort", rid))
         self._wake.set()
 
-    def _prompt_ids(self, prompt) -> tuple[list[int], np.ndarray]:
-        """The prompt's token ids checked against the vocabulary: (a list, the same ids as a
-        read-only [P] int64 numpy array, which the prefix cache's keys and the prefill's inputs
-        read without converting ints again). C-level passes: a 4k-token prompt costs tens of
-        microseconds here, not a Python loop per token."""
+    def _prompt_ids(self, prompt) -> tuple[list[int], np.ndarray | None]:
+        """The prompt's token ids checked against the vocabulary: (a list, and for a prompt of
+        ARRAY_FROM_TOKENS or more the same ids as a read-only [P] int64 numpy array, which the
+        prefix cache's keys and the prefill's inputs read without converting ints again; None
+        for a shorter one, where numpy's per-call cost exceeds the conversion). C-level passes:
+        a 4k-token prompt costs tens of microseconds here, not a Python loop per token."""
         if isinstance(prompt, str):
             ids = self.tokenizer(prompt).input_ids
             what = "the tokenizer gives id {}, outside the model's vocabulary [0, {}) (tokenizer and checkpoint disagree)"
@@ -212,15 +214,20 @@ class Engine(BlockMixin):
             raise ValueError(f"prompt: expected a string or a list of token ids, got {type(prompt).__name__}")
         if not ids:
             raise ValueError("prompt: empty (at least one token is needed)")
-        try:
-            arr = np.array(ids, dtype=np.int64)
-            ok = 0 <= int(arr.min()) and int(arr.max()) < self.vocab_size
-        except OverflowError:                         # an id beyond int64
-            arr, ok = None, False
+        arr = None
+        if len(ids) < ARRAY_FROM_TOKENS:
+            ok = 0 <= min(ids) and max(ids) < self.vocab_size
+        else:
+            try:
+                arr = np.array(ids, dtype=np.int64)
+                ok = int(arr.view(np.uint64).max()) < self.vocab_size   # a negative id wraps above
+            except OverflowError:                     # an id beyond int64
+                ok = False
         if not ok:
             bad = next(t for t in ids if not 0 <= t < self.vocab_size)
             raise ValueError("prompt: " + what.format(bad, self.vocab_size))
-        arr.flags.writeable = False                   # shared by a group's samples
+        if arr is not None:
+            arr.flags.writeable = False               # shared by a group's samples
         return ids, arr
 
     # ---- the loop -----------------------------------------------------------------------------

@@ -14,8 +14,8 @@ Cost: a key is one BLAKE2b call (~1 us of Python per page), so the cache remembe
 every cached page's key: `extend` looks each input up before hashing it, and a prompt whose
 prefix is cached pays one dict lookup per cached page instead (an exact memo of H: the keys are
 the same). The inputs `extend` hashed wait in a bounded queue (`_recent`, key -> input) until
-`insert` caches their pages. The prompt's ints become bytes in one numpy call (a view of an
-int64 array: no per-token Python); `match` is one C-level pass over the keys.
+`insert` caches their pages. The tokens become bytes in one call (the engine keeps a long
+prompt as an int64 array: no per-token Python); `match` is one C-level pass over the keys.
 
 A cached page is refcounted by its owners as any page (allocator.py); when the last owner frees
 it, the allocator parks it in its LRU queue instead of the free stack, and `match` can hand it
@@ -27,10 +27,10 @@ Host only; owned by the engine loop (through the KV manager).
 from __future__ import annotations
 
 import hashlib
+from array import array
+from collections import OrderedDict
 
 import numpy as np
-
-from collections import OrderedDict
 
 from graphrt.engine.allocator import PageAllocator
 
@@ -42,12 +42,12 @@ def _h(data: bytes) -> bytes:
 
 
 def int64_bytes(tokens, start: int, end: int) -> bytes:
-    """tokens[start:end] as native-order int64 bytes (8 per token). tokens: a list of ints, an
-    int64 numpy array (a view: no per-token work in Python) or anything whose slices are."""
+    """tokens[start:end] as native-order int64 bytes (8 per token). tokens: an int64 numpy
+    array (its bytes: no per-token work), or a list of ints or anything whose slices are."""
     part = tokens[start:end]
-    if isinstance(part, np.ndarray) and part.dtype == np.int64:
-        return part.tobytes()
-    return np.asarray(part, dtype=np.int64).tobytes()
+    if isinstance(part, np.ndarray):
+        return part.astype(np.int64, copy=False).tobytes()
+    return array("q", part).tobytes()                  # C-level; cheaper than numpy on a few pages
 
 
 class PrefixCache:
@@ -136,5 +136,6 @@ class PrefixCache:
             inp = inputs.pop(p, None)
             if inp is not None:
                 del memo[inp]
+
 
 __all__ = ["PrefixCache", "int64_bytes"]
