@@ -96,11 +96,13 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=40)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--max-batch", type=int, default=8, help="the stub's slots (the pool: max_batch full contexts)")
+    p.add_argument("--cases", default=",".join(CASES), help="a subset of " + ",".join(CASES))
     p.add_argument("--profile", choices=CASES, default=None, help="cProfile --rounds requests of this case")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
-    if a.prefix_len < 16 or a.suffix_len < 1 or a.rounds < 1:
-        p.error("--prefix-len >= 16, --suffix-len >= 1, --rounds >= 1")
+    cases = a.cases.split(",")
+    if a.prefix_len < 16 or a.suffix_len < 1 or a.rounds < 1 or not set(cases) <= set(CASES):
+        p.error(f"--prefix-len >= 16, --suffix-len >= 1, --rounds >= 1, --cases among {CASES}")
     torch.set_num_threads(1)
     import graphrt
     from bench_engine_host import _tokenizer
@@ -123,17 +125,17 @@ def main(argv=None) -> int:
             prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
         return 0
-    times = {c: [] for c in CASES}
-    cached = {c: set() for c in CASES}
+    times = {c: [] for c in cases}
+    cached = {c: set() for c in cases}
     for r in range(a.warmup + a.rounds):
-        for c in CASES:
+        for c in cases:
             us, n = first_us(eng_of[c], prompts.case(c, r), a.max_tokens)
             if r >= a.warmup:
                 times[c].append(us)
                 cached[c].add(n)
     print(f"engine from {Path(graphrt.__file__).parent}; prefix {a.prefix_len} + suffix {a.suffix_len} tokens")
     rows = []
-    for c in CASES:
+    for c in cases:
         ts = sorted(times[c])
         row = {"case": c, "first_us": statistics.median(ts), "p10_us": ts[len(ts) // 10],
                "p90_us": ts[(9 * len(ts)) // 10], "cached_tokens": sorted(cached[c])}
