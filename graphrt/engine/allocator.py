@@ -165,25 +165,28 @@ class PageAllocator:
         cached page to the LRU queue's newest end, in the order given). ValueError (and nothing
         freed) for a page that is out of range, not allocated (a double free) or listed twice."""
         idx = self._check(pages, "double free")
+        lru = self._lru
         if idx is None:
-            refs, cached, back = self._refs, self._cached, []
+            refs, cached = self._refs, self._cached
             for p in pages:
                 refs[p] -= 1
                 if not refs[p]:
-                    if cached[p]:
-                        back.append(p)
+                    if cached[p]:                     # to the LRU queue's newest end
+                        lru[p] = None
+                        lru.move_to_end(p)
+                        self._evictable += 1
                     else:
                         self._free.append(p)
-        else:
-            left = self._refs_np[idx] - 1
-            self._refs_np[idx] = left
-            done = idx[left == 0]
-            kept = self._cached_np[done]
-            self._free.extend(done[~kept].tolist())
-            back = done[kept].tolist()
+            return
+        left = self._refs_np[idx] - 1
+        self._refs_np[idx] = left
+        done = idx[left == 0]
+        kept = self._cached_np[done]
+        self._free.extend(done[~kept].tolist())
+        back = done[kept].tolist()
         if back:                                      # to the LRU queue's newest end, in order
-            self._lru.update(dict.fromkeys(back))
-            _consume(map(self._lru.move_to_end, back))
+            lru.update(dict.fromkeys(back))
+            _consume(map(lru.move_to_end, back))
             self._evictable += len(back)
 
 __all__ = ["PageAllocator"]

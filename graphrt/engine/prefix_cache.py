@@ -13,8 +13,8 @@ format), so two engines' keys never meet. H is BLAKE2b-128.
 Cost: a key is one BLAKE2b call (~1 us of Python per page), so the cache remembers the input of
 every cached page's key: `extend` looks each input up before hashing it, and a prompt whose
 prefix is cached pays one dict lookup per cached page instead (an exact memo of H: the keys are
-the same). The inputs `extend` hashed wait in a bounded queue (`_recent`, key -> input) until
-`insert` caches their pages. The tokens become bytes in one call (the engine keeps a long
+the same). The inputs `extend` hashed wait in a bounded map (`_recent`, key -> input, the
+oldest dropped) until `insert` caches their pages. The tokens become bytes in one call (the engine keeps a long
 prompt as an int64 array: no per-token Python); `match` is one C-level pass over the keys.
 
 A cached page is refcounted by its owners as any page (allocator.py); when the last owner frees
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections import OrderedDict
 
 import numpy as np
 
@@ -63,8 +62,8 @@ class PrefixCache:
         self._key: dict[int, bytes] = {}       # page -> key
         self._memo: dict[bytes, bytes] = {}    # H's input (previous key + page bytes) -> key, cached pages
         self._input: dict[int, bytes] = {}     # cached page -> its key's input (in _memo)
-        self._recent: OrderedDict[bytes, bytes] = OrderedDict()   # key -> input, hashed by extend,
-        #                                        not cached yet; the oldest dropped past num_pages
+        self._recent: dict[bytes, bytes] = {}  # key -> input, hashed by extend, not cached yet
+        self._recent_cap = 2 * allocator.num_pages   # past it, the older half is dropped
         self.queries = 0                       # prompt tokens looked up
         self.hits = 0                          # of those, found cached
         allocator.on_evict = self._evicted
@@ -97,8 +96,8 @@ class PrefixCache:
                 prev = _B2(inp, digest_size=16).digest()
                 recent[prev] = inp
             add(prev)
-        while len(recent) > self.allocator.num_pages:
-            recent.popitem(last=False)
+        if len(recent) > self._recent_cap:           # amortized O(1) per key
+            self._recent = dict(list(recent.items())[len(recent) // 2:])
         return hashes
 
     def match(self, hashes: list[bytes], *, count: bool = True) -> list[int]:
