@@ -61,7 +61,7 @@ class BlockMixin:
             if r.shares is not None:                  # sample writes only its partial page's copy)
                 a = len(r.prompt) - len(r.prompt) % s.page_size
             s.kv.check_writable(r.pages, a, e, forks=forks)
-        ctx = {id(r): r.context for r, _, _ in work}
+        ctx = {id(r): r.context_ids for r, _, _ in work}   # [P] int64 arrays where possible
         part = [w for w in work if w[2] < len(ctx[id(w[0])])]
         if part:                                      # chunks that draw nothing yet
             self.runtime.prefill([_host(ctx[id(r)][a:e], np.int64) for r, a, e in part],

@@ -52,6 +52,9 @@ import queue
 import random
 import threading
 from collections import deque
+from operator import countOf
+
+import numpy as np
 
 from graphrt.engine.blocks import BlockMixin
 from graphrt.engine.detokenizer import TextState, make_decoder
@@ -67,6 +70,7 @@ from graphrt.engine.speculation import BlockClock, default_policy, spec_stats
 from graphrt.engine.stream import RequestStream
 
 log = logging.getLogger("graphrt.engine")
+ARRAY_FROM_TOKENS = 64     # prompts this long or longer are also kept as an int64 array (_prompt_ids)
 
 
 class Engine(BlockMixin):
@@ -144,7 +148,7 @@ class Engine(BlockMixin):
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params: expected SamplingParams, got {type(params).__name__}")
         self._check_alive()
-        ids = self._prompt_ids(prompt)
+        ids, ids_array = self._prompt_ids(prompt)
         if len(ids) >= self.max_model_len:
             raise ValueError(f"prompt: {len(ids)} tokens leave no room to generate in max_model_len "
                              f"{self.max_model_len}")
@@ -166,7 +170,7 @@ class Engine(BlockMixin):
         stream = RequestStream(self, rid, prompt=prompt if isinstance(prompt, str) else None)
         text = lambda: TextState(self.tokenizer, child.stop, decode=self._decode_text, table=self._token_bytes)
         if len(seeds) == 1:
-            req = Request(rid, ids, params, seeds[0], text(), stream.put)
+            req = Request(rid, ids, params, seeds[0], text(), stream.put, prompt_array=ids_array)
             req.rules = rules
             self._inbox.put(("add", req))
         else:
@@ -178,7 +182,7 @@ class Engine(BlockMixin):
             self._groups[rid] = cids
             first = None
             for i, (cid, seed) in enumerate(zip(cids, seeds)):
-                req = Request(cid, ids, child, seed, text(), group.sink(i), sibling=first)
+                req = Request(cid, ids, child, seed, text(), group.sink(i), sibling=first, prompt_array=ids_array)
                 req.rules = rules
                 first = first or req
                 self._inbox.put(("add", req))
@@ -194,25 +198,37 @@ class Engine(BlockMixin):
             self._inbox.put(("abort", rid))
         self._wake.set()
 
-    def _prompt_ids(self, prompt) -> list[int]:
-        """The prompt's token ids, checked against the vocabulary (C-level passes: a 4k-token
-        prompt costs microseconds here, not a Python loop per token)."""
+    def _prompt_ids(self, prompt) -> tuple[list[int], np.ndarray | None]:
+        """The prompt's token ids checked against the vocabulary: (a list, and for a prompt of
+        ARRAY_FROM_TOKENS or more the same ids as a read-only [P] int64 numpy array, which the
+        prefix cache's keys and the prefill's inputs read without converting ints again; None
+        for a shorter one, where numpy's per-call cost exceeds the conversion). C-level passes:
+        a 4k-token prompt costs tens of microseconds here, not a Python loop per token."""
         if isinstance(prompt, str):
             ids = self.tokenizer(prompt).input_ids
-            if ids and not 0 <= min(ids) <= max(ids) < self.vocab_size:
-                bad = next(t for t in ids if not 0 <= t < self.vocab_size)
-                raise ValueError(f"prompt: the tokenizer gives id {bad}, outside the model's vocabulary "
-                                 f"[0, {self.vocab_size}) (tokenizer and checkpoint disagree)")
-        elif isinstance(prompt, (list, tuple)) and set(map(type, prompt)) <= {int}:
+            what = "the tokenizer gives id {}, outside the model's vocabulary [0, {}) (tokenizer and checkpoint disagree)"
+        elif isinstance(prompt, (list, tuple)) and countOf(map(type, prompt), int) == len(prompt):
             ids = list(prompt)                        # ints only (not bool, not floats)
-            if ids and not 0 <= min(ids) <= max(ids) < self.vocab_size:
-                bad = next(t for t in ids if not 0 <= t < self.vocab_size)
-                raise ValueError(f"prompt: token id {bad} outside the vocabulary [0, {self.vocab_size})")
+            what = "token id {} outside the vocabulary [0, {})"
         else:
             raise ValueError(f"prompt: expected a string or a list of token ids, got {type(prompt).__name__}")
         if not ids:
             raise ValueError("prompt: empty (at least one token is needed)")
-        return ids
+        arr = None
+        if len(ids) < ARRAY_FROM_TOKENS:
+            ok = 0 <= min(ids) and max(ids) < self.vocab_size
+        else:
+            try:
+                arr = np.array(ids, dtype=np.int64)
+                ok = int(arr.view(np.uint64).max()) < self.vocab_size   # a negative id wraps above
+            except OverflowError:                     # an id beyond int64
+                ok = False
+        if not ok:
+            bad = next(t for t in ids if not 0 <= t < self.vocab_size)
+            raise ValueError("prompt: " + what.format(bad, self.vocab_size))
+        if arr is not None:
+            arr.flags.writeable = False               # shared by a group's samples
+        return ids, arr
 
     # ---- the loop -----------------------------------------------------------------------------
     def step(self) -> bool:

@@ -70,7 +70,7 @@ class KVCacheManager:
     def free_after_sharing(self, pages: list[int]) -> int:
         """num_free once `pages` (a match) are shared: the ones nobody holds stop being free."""
         a = self.allocator
-        return a.num_free - sum(1 for p in pages if a.refcount(p) == 0)
+        return a.num_free - a.refcounts(pages).count(0)
 
     def share(self, pages: list[int]) -> None:
         """One more owner for each page (allocated, or cached and free)."""
@@ -88,7 +88,12 @@ class KVCacheManager:
         forks {page: n}: owners that took the page by `fork` before this, its first write (n > 1:
         the samples sharing this prefill), allowed besides the writer."""
         ps, a = self.page_size, self.allocator
-        for j in range(first // ps, -(-end // ps)):
+        lo, hi = first // ps, -(-end // ps)
+        cols = pages[lo:hi]
+        if not forks and len(cols) == hi - lo and a.refcounts(cols).count(1) == len(cols) \
+                and not a.any_cached(cols):
+            return                                      # the common case: C-level passes only
+        for j in range(lo, hi):
             p = pages[j]
             if a.refcount(p) != 1 + (forks.get(p, 0) if forks else 0) or a.is_cached(p):
                 raise RuntimeError(f"kv: positions [{first}, {end}) would write page {p} (column {j}), "

@@ -33,6 +33,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
+
 from graphrt.engine.detokenizer import TextState
 from graphrt.engine.input_batch import InputBatch
 from graphrt.engine.kv_manager import KVCacheManager
@@ -75,11 +77,20 @@ class Request:
     cached_pages: int = 0             # pages[:cached_pages] are in the prefix cache
     num_cached_tokens: int | None = None   # prompt tokens found cached at its first admission
     cumulative_logprob: float = 0.0   # sum of its delivered tokens' log-probs (with logprobs)
+    prompt_array: np.ndarray | None = None   # [P] int64 host (read-only): the prompt's ids, converted once
 
     @property
     def context(self) -> list[int]:
         """What a prefill runs over: the prompt, plus the accepted tokens after a preemption."""
         return self.prompt + self.token_ids if self.token_ids else self.prompt
+
+    @property
+    def context_ids(self):
+        """`context` as the prompt's int64 array where that is all of it ([P] int64, a prefill's
+        inputs and the prefix cache's keys read it without converting ints), else the list."""
+        if self.token_ids or self.prompt_array is None:
+            return self.context
+        return self.prompt_array
 
 
 class _Joined:
@@ -224,7 +235,7 @@ class Scheduler:
             return []
         m = (n - 1) // self.page_size
         if len(req.hashes) < m:
-            self.kv.cache.extend(req.hashes, req.context, m)
+            self.kv.cache.extend(req.hashes, req.context_ids, m)
         return self.kv.match(req.hashes[:m])
 
     # ---- prefill ------------------------------------------------------------------------------
@@ -289,7 +300,7 @@ class Scheduler:
         if self.record:
             self.launches.append((kind, req.request_id, req.computed, end))
         req.computed = end
-        self._cache_pages(req, end // self.page_size, req.context)
+        self._cache_pages(req, end // self.page_size, req.context_ids)
         if end < len(req.prompt) + len(req.token_ids):
             return False
         req.prefilling = False

@@ -78,6 +78,10 @@ def test_bad_prompts_and_config_name_the_field(llm):
         llm.generate([[1, 9999]])
     with pytest.raises(ValueError, match="prompt: token id -1 outside the vocabulary"):
         llm.generate([[4] * 3000 + [-1, 7]])
+    with pytest.raises(ValueError, match=f"prompt: token id {2**64} outside the vocabulary"):
+        llm.generate([[4, 2**64]])                           # beyond int64
+    with pytest.raises(ValueError, match=f"prompt: token id {2**64} outside the vocabulary"):
+        llm.generate([[4] * 100 + [2**64]])                  # beyond int64, a long prompt (numpy)
     for bad in ([1, True], [1, 2.0], [1, "2"]):              # bool / float / str ids
         with pytest.raises(ValueError, match="prompt: expected a string or a list of token ids"):
             llm.generate([bad])

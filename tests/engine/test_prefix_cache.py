@@ -4,6 +4,10 @@ shared prefixes, a tiny pool that evicts and preempts, an abort mid-prefill), sh
 every page comes back, and a long prompt's chunks interleave with running decode blocks."""
 from __future__ import annotations
 
+import hashlib
+from array import array
+
+import numpy as np
 import pytest
 import torch
 
@@ -62,6 +66,56 @@ def test_cached_pages_are_kept_until_needed_and_evicted_tail_first():
     assert kv.num_free == 6 and all(kv.allocator.refcount(p) == 0 for p in range(1, 7))
     with pytest.raises(ValueError, match="cannot share a free page"):
         kv.share([other[0]])                                        # a plain free page
+
+
+def _keys_from_scratch(seed: str, tokens: list[int], n: int, ps: int) -> list[bytes]:
+    """The key chain computed directly (an independent reference): BLAKE2b-128 of the previous
+    key + the page's tokens as native int64 bytes, from H("graphrt-prefix|" + seed)."""
+    h = lambda b: hashlib.blake2b(b, digest_size=16).digest()          # noqa: E731
+    prev, out = h(b"graphrt-prefix|" + seed.encode()), []
+    for j in range(n):
+        prev = h(prev + array("q", tokens[j * ps:(j + 1) * ps]).tobytes())
+        out.append(prev)
+    return out
+
+
+def test_cached_pages_skip_their_hash_with_the_same_keys(monkeypatch):
+    from graphrt.engine import prefix_cache
+    calls = []
+    real = prefix_cache._B2
+    monkeypatch.setattr(prefix_cache, "_B2", lambda *a, **k: calls.append(1) or real(*a, **k))
+    kv = KVCacheManager(pool_pages=1 + 6, page_size=2, cache_seed="m")
+    calls.clear()                                                         # the root's
+    tokens = [5, 9, 2, 7, 1, 1, 3, 8, 6]
+    keys = kv.cache.extend([], tokens, 4)
+    assert keys == _keys_from_scratch("m", tokens, 4, 2) and len(calls) == 4
+    arr = np.array(tokens, dtype=np.int64)
+    assert kv.cache.extend([], arr, 4) == keys and kv.cache.extend(keys[:1], arr[:8], 4) == keys
+    pages = kv.allocate(4)
+    kv.cache_full_pages(keys, pages, 0, 3)                               # three pages cached
+    calls.clear()
+    assert kv.cache.extend([], arr, 4) == keys and len(calls) == 1        # only the uncached page hashed
+    assert kv.cache.extend([], tokens[:6] + [4, 4], 4)[:3] == keys[:3] and len(calls) == 2
+    kv.release(pages)
+    kv.allocate(6)                                                        # evicts all three
+    assert kv.cache.num_cached == 0 and kv.match(keys) == []
+    calls.clear()
+    assert kv.cache.extend([], arr, 4) == keys and len(calls) == 4        # forgotten with their pages
+    for i in range(10):                                                   # hashed, never cached:
+        kv.cache.extend([], [100 + i] * 8, 4)                             # the queue stays bounded
+    assert len(kv.cache._recent) <= 2 * kv.num_pages
+
+
+def test_match_stops_at_the_first_uncached_key():
+    kv = KVCacheManager(pool_pages=1 + 8, page_size=2, cache_seed="m")
+    keys = kv.cache.extend([], list(range(12)), 6)
+    pages = kv.allocate(6)
+    kv.cache_full_pages(keys, pages, 0, 2)
+    kv.cache_full_pages(keys, pages, 3, 6)                                # a hole at page 2
+    assert kv.match(keys) == pages[:2] and kv.match(keys[3:]) == pages[3:]
+    assert kv.match(keys[2:]) == [] and kv.match([]) == []
+    assert kv.cache.queries == 2 * (6 + 3 + 4) and kv.cache.hits == 2 * (2 + 3)
+    kv.release(pages)
 
 
 # ---- the engine ---------------------------------------------------------------------------------
