@@ -2,7 +2,7 @@
 # One H200 call (~8 min): speculation GPU tests (EAGLE-3, the spec no-host-sync test, the prefill's
 # sync count, pinned copies), the trained family + an EAGLE-3 head, bench_spec part 2 (none / ngram / draft / eagle3 through LLM: tokens/s,
 # acceptance, x runner, x graphs) and engine_gaps.py on the trained target (device gaps per block).
-#   bash .device/bootstrap.sh bash tools/device/spec_round.sh
+#   bash .device/bootstrap.sh bash tools/device/spec_round.sh     (EXTRA_K=8: n-gram at k = 8 as well)
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; L=/tmp/spec_round; DIR=/tmp/fam; rm -rf "$L" "$DIR"; mkdir -p "$L" "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -29,6 +29,11 @@ timeout $(cap 80) python tools/train_eagle3.py --target "$DIR/target" --out "$DI
 timeout $(cap 200) python tools/bench_spec.py --trained "$DIR" --methods none,ngram,draft,eagle3 --prompts 6 \
   --out "$L/bench_spec_trained.json" --png "$L/bench_spec_trained.png" > "$L/bench_spec.log" 2>&1
 say "bench_spec rc=$?"; pack
+if [ -n "${EXTRA_K:-}" ]; then   # n-gram at another k too (round 16: EXTRA_K=8)
+  timeout $(cap 120) python tools/bench_spec.py --trained "$DIR" --methods none,ngram --num-tokens "$EXTRA_K" --prompts 6 \
+    --out "$L/bench_spec_trained_k$EXTRA_K.json" > "$L/bench_spec_k$EXTRA_K.log" 2>&1
+  say "bench_spec k=$EXTRA_K rc=$?"; grep -E "tok/s/stream|^(none|ngram) " "$L/bench_spec_k$EXTRA_K.log" | tail -8 | tee -a "$S"; pack
+fi
 timeout $(cap 190) python tools/device/engine_gaps.py --model "$DIR/target" --configs "none:1,ngram:1,draft=$DIR/draft:1,eagle3=$DIR/eagle3:1" --tokens 128 \
   --out "$L/engine_gaps.json" > "$L/engine_gaps.log" 2>&1; say "engine_gaps rc=$?"
 rm -f "$L"/trace_*.json; pack
