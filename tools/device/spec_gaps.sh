@@ -4,13 +4,8 @@
 # per-block reading (tools/device/block_gaps.py): each decode block's device time vs its capture-time graph
 # cost, the device's idle time between blocks and the device work launched outside them; the table closes.
 #   bash .device/bootstrap.sh bash tools/device/spec_gaps.sh
-set -uo pipefail
-OUT="${OUT:-/tmp/out}"; L=/tmp/spec_gaps; DIR=/tmp/fam; rm -rf "$L" "$DIR"; mkdir -p "$L" "$OUT"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-T0=$SECONDS; S="$OUT/summary.txt"
-pack() { tar czf "$OUT/spec_gaps.tgz" -C /tmp spec_gaps; }
-cap() { local l=$((${DEADLINE:-540} - (SECONDS - T0))); [ "$1" -lt "$l" ] && echo "$1" || echo $((l > 5 ? l : 5)); }   # a part's timeout within the call's deadline
-say() { echo "$1 at $((SECONDS - T0)) s" | tee -a "$S"; }
+NAME=spec_gaps; DEADLINE=${DEADLINE:-540}; . tools/device/lib.sh   # logs, pack, cap, say
+DIR=/tmp/fam; rm -rf "$DIR"
 if [ ! -f .device/jit-cache.tgz ]; then   # a fresh pack: build FlashInfer's modules once
   timeout 300 python tools/device/jit_warm.py --head-dims 64,128 --kv bf16 > "$L/jit_warm.log" 2>&1; say "jit_warm rc=$?"
 fi
