@@ -51,14 +51,22 @@ def test_stats_deltas_and_comparison():
     after["spec_plain_blocks"] = 6
     d = bst.derive(before, after)
     assert d == {"proposed": 40, "accepted": 30, "rounds": 10, "acceptance": 0.75, "tokens_per_round": 4.0,
-                 "blocks_by_k": {4: 3, 1: 3}, "plain_blocks": 6, "decode_over_graphs": None}
+                 "blocks_by_k": {4: 3, 1: 3}, "plain_blocks": 6, "decode_over_graphs": None,
+                 "block_device_s": {}}
     before["spec_block_wall_s"], before["spec_block_graph_s"] = 1.0, 0.5
     after["spec_block_wall_s"], after["spec_block_graph_s"] = 3.0, 2.4
     assert bst.derive(before, after)["decode_over_graphs"] == pytest.approx(0.95)   # (2.4 - 0.5) / 2
     assert bst.derive({}, {"running": 1}) == {"proposed": None, "accepted": None, "rounds": None,
                                               "acceptance": None, "tokens_per_round": None,
                                               "blocks_by_k": {}, "plain_blocks": 0,
-                                              "decode_over_graphs": None}
+                                              "decode_over_graphs": None, "block_device_s": {}}
+    # the engine's own block timing (Engine.time_blocks): decode + spec device time over the wall
+    before["block_device_s"] = {"prefill": 0.1, "decode": 0.2, "spec": 0.3}
+    after["block_device_s"] = {"prefill": 0.15, "decode": 0.5, "spec": 1.0}
+    timed = bst.derive(before, after)
+    assert timed["block_device_s"] == pytest.approx({"prefill": 0.05, "decode": 0.3, "spec": 0.7})
+    assert bst.runner_share(timed, 1.25) == pytest.approx((0.8, 0.84))   # (0.3 + 0.7) / 1.25, 1.05 / 1.25
+    assert bst.runner_share(d, 1.0) == (None, None) and bst.runner_share(timed, 0.0) == (None, None)
     from graphrt.speculative.policy import StepCosts
     costs = StepCosts(decode_us={1: 100.0}, verify_us={1: {2: 110.0, 5: 130.0}})
     # 3 blocks x 2 rounds at k = 4 and at k = 1, 6 plain blocks of 3 steps: 780 + 660 + 1800 µs

@@ -38,6 +38,7 @@ class _Pending:
     logprobs: tuple | None = None         # (token [S, cols], rank, ids [S, cols, N], vals) host
     error: torch.Tensor | None = None     # [1] int32 host: the runtime's sticky device-guard flags
     col_counts: tuple | None = None       # a spec block's per-column counts (speculation.spec_columns)
+    start: object = None                  # Engine.time_blocks: a timing event recorded before the launch
 
 
 def _host(values: list, dtype) -> torch.Tensor:
@@ -86,6 +87,7 @@ class BlockMixin:
                                 _host([r.seed for r in reqs], np.int64),
                                 _host([r.launched for r in reqs], np.int32))
         starts = [a for _, a, _ in own]
+        start = self._block_start()
         if getattr(self.runtime, "processing", False):               # every slot's processing rows
             first, lp = extras.prefill(self.runtime, prompts, table, slots, inputs, reqs, self._token_text,
                                        starts=starts, own=[r for r, _, _ in own], **fork)
@@ -99,7 +101,8 @@ class BlockMixin:
                     self.policy.admit(r.slot)
             r.launched += 1
             s.activate(r)
-        pending = self._to_host([(r, i, r.epoch, 1) for i, r in enumerate(reqs)], first[None], logprobs=lp)
+        pending = self._to_host([(r, i, r.epoch, 1) for i, r in enumerate(reqs)], first[None], logprobs=lp,
+                                start=start)
         pending.kind = "prefill"
         self._pending.append(pending)
         return True
@@ -143,6 +146,7 @@ class BlockMixin:
                 #   rounds stop it on the device (a row with 1..K - 1 draws left may run a K-step block:
                 #   its pages and the context reach max_tokens + K - 1, scheduler._block_end)
             self._clock.launched(self.policy, bucket, k, self.rounds if k else ex.k)
+        start = self._block_start()
         if k:
             go = s.launch_block(rows, block_tokens=self.rounds * (k + 1))
             kw = {"processed": True} if go.processed else {}
@@ -150,7 +154,7 @@ class BlockMixin:
                 kw["sync_draft"] = False              # no catch-up for rows at their limit
             out = ex.spec_block(go.n, k=k, filtered=go.filtered, **kw)
             self.spec_counts["blocks"] += 1
-            pending = self._to_host(go.rows, out.tokens, out.emitted, out.proposed)
+            pending = self._to_host(go.rows, out.tokens, out.emitted, out.proposed, start=start)
             pending.kind, pending.spec_k, pending.forced = "spec", k, forced
         else:
             go = s.launch_block(rows, block_tokens=ex.k)
@@ -160,7 +164,7 @@ class BlockMixin:
                 tokens, lp = ex.decode_block(go.n, sampled=go.sampled, chunk=True), None
             else:
                 tokens, lp = ex.decode_block(go.n, sampled=go.sampled), None
-            pending = self._to_host(go.rows, tokens, logprobs=lp)
+            pending = self._to_host(go.rows, tokens, logprobs=lp, start=start)
             if self.spec is not None:
                 self.spec_counts["plain_blocks"] += 1
         self._pending.append(pending)
@@ -192,9 +196,20 @@ class BlockMixin:
             self.mixed_counts["tokens"] += stop - a
         return True, stop > a
 
-    def _to_host(self, rows, tokens: torch.Tensor, emitted=None, proposed=None, *, logprobs=None) -> _Pending:
+    def _block_start(self):
+        """A timing event recorded now, before a block's launch (Engine.time_blocks on CUDA), else None."""
+        if not self.time_blocks or self.device.type != "cuda":
+            return None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def _to_host(self, rows, tokens: torch.Tensor, emitted=None, proposed=None, *, logprobs=None,
+                 start=None) -> _Pending:
         """The block's outputs (and the runtime's device-guard flags) copied to the host
-        without a sync; valid once the pending's event completed."""
+        without a sync; valid once the pending's event completed. start: the block's timing event
+        (_block_start): the pending's event then times too, and _finish adds the block's device
+        time to Engine.block_device_s."""
         flag = self._error_flag
         if self.device.type != "cuda":
             return _Pending(rows, tokens.clone(), None, *(None if t is None else t.clone()
@@ -203,14 +218,16 @@ class BlockMixin:
                             error=None if flag is None else flag.clone())
         host = [None if t is None else t.to("cpu", non_blocking=True) for t in (tokens, emitted, proposed, flag)]
         lp = None if logprobs is None else tuple(t.to("cpu", non_blocking=True) for t in logprobs)
-        event = torch.cuda.Event()
+        event = torch.cuda.Event(enable_timing=start is not None)
         event.record()
-        return _Pending(rows, host[0], event, host[1], host[2], logprobs=lp, error=host[3])
+        return _Pending(rows, host[0], event, host[1], host[2], logprobs=lp, error=host[3], start=start)
 
     def _finish(self, block: _Pending) -> None:
         """A block's tokens -> stop checks, deltas, finished requests' pages freed."""
         if block.event is not None:
             block.event.synchronize()
+            if block.start is not None:               # complete: no sync
+                self.block_device_s[block.kind] += block.start.elapsed_time(block.event) / 1e3
         if block.error is not None and int(block.error[0]):
             self.runtime.check_device_errors()        # DeviceInputError naming the guard: the engine stops
         if self.scheduler.pacer is not None:

@@ -122,6 +122,10 @@ class Engine(BlockMixin):
         self.policy = policy if policy is not None or spec is None else default_policy(runtime)
         self._clock = BlockClock(None, depth=1 if overlap else 0)   # block wall times -> the policy
         self._pending: deque = deque()         # launched blocks (blocks._Pending), oldest first
+        # time_blocks (CUDA; set by tools, off by default): each block's device time from CUDA
+        # events around its launch, summed per kind in block_device_s (stats()); loop thread
+        self.time_blocks = False
+        self.block_device_s = {"prefill": 0.0, "decode": 0.0, "spec": 0.0}
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._requests: dict[str, Request] = {}       # loop thread only
         self._groups: dict[str, list[str]] = {}       # n > 1: request id -> its samples' ids (group.py)
@@ -380,7 +384,10 @@ class Engine(BlockMixin):
         / prefix_cache_hits: prompt tokens looked up in the prefix cache / found there. With
         max_prefill_stall: prefill_budget_tokens, prefill_us_per_token, decode_block_us (pacing.py).
         With mixed_prefill_tokens: prefill_mixed_chunks / prefill_mixed_tokens, the prompt chunks
-        (and their tokens) carried by decode blocks (model/mixed.py)."""
+        (and their tokens) carried by decode blocks (model/mixed.py). With time_blocks on (CUDA):
+        block_device_s, {"prefill", "decode", "spec"} -> seconds the device spent in the blocks
+        read back so far (CUDA events around each launch: the runner's own time for the blocks
+        the engine ran, at their real contexts)."""
         sched, alloc = self.scheduler, self.scheduler.allocator
         free, cache = alloc.num_free, sched.kv.cache
         out = {"running": sum(r is not None for r in list(sched.slots)), "waiting": len(sched.waiting),
@@ -393,6 +400,8 @@ class Engine(BlockMixin):
             out.update(spec_stats(self.spec_counts, self._clock))
         if sched.pacer is not None:
             out.update(sched.pacer.stats())
+        if self.time_blocks:
+            out["block_device_s"] = dict(self.block_device_s)
         if self.mixed_counts is not None:
             out.update(prefill_mixed_chunks=self.mixed_counts["chunks"],
                        prefill_mixed_tokens=self.mixed_counts["tokens"])

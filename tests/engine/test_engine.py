@@ -175,3 +175,18 @@ def test_max_tokens_is_exact_for_every_k(path, greedy12, k):
     assert [len(o.token_ids) for o in outs] == caps and all(o.finish_reason == "length" for o in outs)
     assert [o.token_ids for o in outs] == [w[:n] for w, n in zip(greedy12, caps)]
     _pages_back(llm)
+
+
+def test_block_timing_on_cpu_records_nothing_and_changes_nothing(llm):
+    """Engine.time_blocks times blocks with CUDA events: on a CPU engine it records nothing (the
+    totals stay 0) and the tokens are the same (the GPU test checks the times)."""
+    params = SamplingParams(max_tokens=9, temperature=0, ignore_eos=True)
+    prompts = [[5, 6, 7], list(range(3, 40))]
+    plain = [o.token_ids for o in llm.generate(prompts, params)]
+    llm.engine.time_blocks = True
+    try:
+        timed = [o.token_ids for o in llm.generate(prompts, params)]
+        assert llm.engine.stats()["block_device_s"] == {"prefill": 0.0, "decode": 0.0, "spec": 0.0}
+    finally:
+        llm.engine.time_blocks = False
+    assert timed == plain and "block_device_s" not in llm.engine.stats()
