@@ -87,6 +87,7 @@ class BlockMixin:
                                 _host([r.seed for r in reqs], np.int64),
                                 _host([r.launched for r in reqs], np.int32))
         starts = [a for _, a, _ in own]
+        fork |= self._draft_choice(slots, fork)       # a draft model's prefill may wait
         start = self._block_start()
         if getattr(self.runtime, "processing", False):               # every slot's processing rows
             first, lp = extras.prefill(self.runtime, prompts, table, slots, inputs, reqs, self._token_text,
@@ -195,6 +196,17 @@ class BlockMixin:
             self.mixed_counts["chunks"] += 1
             self.mixed_counts["tokens"] += stop - a
         return True, stop > a
+
+    def _draft_choice(self, slots: list[int], fork: dict) -> dict:
+        """{"draft": False} when a draft model's prefill can wait: the policy starts these new
+        rows on plain decode (SpecPolicy.start_k: the engine-wide acceptance says speculation
+        does not pay), so the draft is caught up only if a later block speculates (never, for a
+        request that stays plain); {} otherwise (and for forked samples)."""
+        ex = self.runtime
+        if self.policy is None or not getattr(ex, "_proposer_state", False) or fork.get("sources") is not None:
+            return {}
+        bucket = pick_bucket(ex.config.buckets, max(slots) + 1)
+        return {"draft": False} if self.policy.start_k(bucket) == 0 else {}
 
     def _block_start(self):
         """A timing event recorded now, before a block's launch (Engine.time_blocks on CUDA), else None."""

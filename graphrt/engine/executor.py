@@ -121,7 +121,7 @@ class LocalExecutor:
                       sampling: SamplingInputs, *, processing: ProcessRows | None = None,
                       prompt_logprobs: dict[int, int] | None = None, starts=None,
                       sources: list[int] | None = None, copies: list[tuple[int, int]] = (),
-                      defer_check: bool = False) -> torch.Tensor:
+                      defer_check: bool = False, draft: bool = True) -> torch.Tensor:
         """Prefill each prompt (row i of block_table, from position starts[i], default 0), draw
         each slot's next token with sampling's row i (its step is not advanced) from the last
         logits of prompt sources[i] (default: slot i's own prompt, i < m) and write it as the
@@ -136,7 +136,11 @@ class LocalExecutor:
         the first draws are processed, counted and their log-probabilities kept in
         `prefill_logprobs` (device views); prompt_logprobs {row i: n}: those rows' prompt
         log-probabilities into `prompt_logprobs` (CPU, synchronous; whole prompts only).
-        defer_check: the target's prefill as ModelRuntime.prefill's (an EAGLE-3 target's too)."""
+        defer_check: the target's prefill as ModelRuntime.prefill's (an EAGLE-3 target's too).
+        draft=False (a draft model, no sources or copies): the draft's prefill is left out and
+        the slots are marked stale from position 0 (the policy starts them on plain decode: a
+        later speculative block catches the draft up over the whole context, as after plain
+        blocks; a request that never speculates never runs its draft)."""
         want = dict(prompt_logprobs or {})
         collect = PromptLogprobs(prompts, want) if want else None
         extra = {"on_logits": collect, "logits_rows": frozenset(want)} if collect is not None else {}
@@ -178,10 +182,15 @@ class LocalExecutor:
             at = tensor_on([s * st.history.shape[1] + base[j] + prompts[j].numel() for s, j in zip(slots, src)],
                            torch.long, dev)
             st.history.view(-1).index_copy_(0, at, first.to(torch.int32))
-        draft = self.spec.draft if self._proposer_state else None
-        if draft is not None:
-            draft.prefill([to_device(p, dev) for p in prompts], block_table)
+        draft_model = self.spec.draft if self._proposer_state else None
+        if draft_model is not None and not draft and sources is None and not copies:
+            self._draft_since.index_fill_(0, idx, 0)     # the draft holds no K/V for these slots
+            self._draft_stale.update(slots)
+            draft_model = None
+        elif draft_model is not None:
+            draft_model.prefill([to_device(p, dev) for p in prompts], block_table)
             self._draft_stale.difference_update(slots)
+        draft = draft_model
         if copies:
             _copy_pages(list(self.runtime.kv_caches) + (list(draft.kv_caches) if draft is not None else []),
                         copies, dev)

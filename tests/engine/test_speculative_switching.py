@@ -155,3 +155,39 @@ def test_lookahead_at_max_model_len_stays_in_the_slots_pages(path, plain, method
     assert untouched
     for c in caches:
         assert bool((c.k[untouched] == 1234.5).all()) and bool((c.v[untouched] == 1234.5).all())
+
+
+class _StartsPlain(ScriptedPolicy):
+    """The scripted policy whose engine-wide acceptance says a new request starts on plain decode
+    (SpecPolicy.start_k == 0): the engine leaves the draft's prompt prefill out."""
+
+    def start_k(self, bucket):
+        return 0
+
+
+def test_draft_prefill_waits_for_the_first_speculative_block(path, plain, monkeypatch):
+    """start_k == 0: no draft prefill at admission; the first speculative block catches the draft
+    up over the whole context (prompt + plain-block tokens, from position 0), its K/V then equal
+    the target's, greedy output identical; a request that never speculates never runs the draft."""
+    prompts = _prompts(3)
+    params = [SamplingParams(max_tokens=20 + 2 * i, temperature=0, ignore_eos=True) for i in range(3)]
+    want = plain.generate(prompts, params, use_tqdm=False)
+    llm, bad = _spec(path, "draft"), []
+    ex = llm.engine.runtime
+    llm.engine.policy = _StartsPlain((0, 0, 3, 1, 0, 2), ex.spec_ks, ex.config.max_batch, ex.config.buckets)
+    _draft_kv_checker(llm, bad)
+    runner, calls = ex.spec, []
+    prefill = runner.draft.prefill
+    monkeypatch.setattr(runner.draft, "prefill", lambda ps, table, starts=None: (
+        calls.append([(0 if starts is None else a, len(p)) for a, p in zip(starts or [0] * len(ps), ps)]),
+        prefill(ps, table, starts=starts))[1])
+    _same(llm.generate(prompts, params, use_tqdm=False), want)
+    assert not bad and set(llm.engine.policy.ran) == {0, 1, 2, 3}
+    # the first draft prefill is a catch-up from 0 over more than each prompt (plain blocks ran first)
+    assert calls and all(a == 0 for a, _ in calls[0]), calls
+    assert sorted(n for _, n in calls[0]) > sorted(len(p) for p in prompts), calls
+    # a policy that never speculates: the draft never runs
+    calls.clear()
+    llm.engine.policy = _StartsPlain((0,), ex.spec_ks, ex.config.max_batch, ex.config.buckets)
+    _same(llm.generate(prompts, params, use_tqdm=False), want)
+    assert calls == [] and set(llm.engine.policy.ran) == {0}
