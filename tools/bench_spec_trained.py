@@ -44,7 +44,8 @@ from pathlib import Path
 from benchlib import pyplot
 
 METHODS = ("none", "ngram", "draft")               # the default set; eagle3 also needs DIR/eagle3
-ALL_METHODS = METHODS + ("eagle3",)
+ALL_METHODS = METHODS + ("eagle3", "draft-eager")   # draft-eager: the draft prefilled at every admission
+#   (the engine's behaviour before a draft's prefill could wait for its first speculative block): an A/B row
 COUNTS = ("spec_proposed", "spec_accepted", "spec_rounds")
 PART1 = Path(__file__).resolve().parent.parent / "docs" / "results" / "bench_spec_h200.json"
 
@@ -98,8 +99,8 @@ def workloads(tokenizer, plan: Plan, files: list[tuple[str, str]], bos: int = 0)
 def spec_config(method: str, plan: Plan, family: Path):
     if method == "none":
         return None
-    out = {"method": method, "num_tokens": plan.k}
-    if method == "draft":
+    out = {"method": "draft" if method == "draft-eager" else method, "num_tokens": plan.k}
+    if method in ("draft", "draft-eager"):
         out["model"] = str(family / "draft")
     if method == "eagle3":                              # tools/train_eagle3.py --out DIR/eagle3
         out["model"] = str(family / "eagle3")
@@ -184,6 +185,8 @@ def run_method(method: str, family: Path, plan: Plan, loads: dict, device: str, 
         llm.generate(loads["heldout"][: max(plan.batches)], SamplingParams(max_tokens=4, ignore_eos=True),
                      use_tqdm=False)                      # warm-up: kernels compiled, graphs replayed
         eng, ex = llm.engine, llm.engine.runtime
+        if method == "draft-eager":                       # A/B: the draft's prompt prefill never waits
+            eng._draft_choice = lambda slots, fork: {}
         eng.time_blocks = device != "cpu"                 # each block's device time (CUDA events)
         costs = None
         if spec is not None:                              # the policy's measured costs (CUDA graphs)
