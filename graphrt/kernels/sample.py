@@ -43,15 +43,16 @@ def gumbel_score(v, top, safe_t, seed, t_shifted, tok):
 def _sample_kernel(vals_ptr, idx_ptr, vocab, n_rows, temperature_ptr, top_k_ptr, top_p_ptr,
                    seed_ptr, step_ptr, out_ptr, kept_ptr, top_ptr, SORTED: tl.constexpr,
                    ADVANCE: tl.constexpr, KEPT: tl.constexpr, ROWS: tl.constexpr,
-                   BLOCK: tl.constexpr):
+                   BLOCK: tl.constexpr, Q: tl.constexpr):
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     live = r < n_rows
     r = tl.where(live, r, 0)
     row = vals_ptr + r.to(tl.int64)[:, None] * vocab           # [ROWS, 1] row starts
     irow = idx_ptr + r.to(tl.int64)[:, None] * vocab
     offs = tl.arange(0, BLOCK)[None, :]
-    temp = tl.load(temperature_ptr + r)
-    t = tl.load(step_ptr + r)
+    sr = r // Q                                                # the row's slot (Q rows a slot)
+    temp = tl.load(temperature_ptr + sr)
+    t = tl.load(step_ptr + sr) + r % Q                         # draw index: the slot's, + j
     sampled = live & (temp > 0)
     safe_t = tl.where(temp > 0, temp, 1.0)
     # row maximum and greedy token (lowest id among the maxima); unsorted: kernels/argmax.py's,
@@ -66,9 +67,9 @@ def _sample_kernel(vals_ptr, idx_ptr, vocab, n_rows, temperature_ptr, top_k_ptr,
     k = tl.full((ROWS,), 0, tl.int32) + vocab
     m_kept = k
     if SORTED:
-        k = tl.load(top_k_ptr + r)
+        k = tl.load(top_k_ptr + sr)
         k = tl.where((k <= 0) | (k > vocab), vocab, k)
-        p = tl.load(top_p_ptr + r)
+        p = tl.load(top_p_ptr + sr)
         if KEPT:
             need = live                                   # every row's kept set is asked for
         else:
@@ -96,7 +97,7 @@ def _sample_kernel(vals_ptr, idx_ptr, vocab, n_rows, temperature_ptr, top_k_ptr,
             m_kept = tl.where(p < 1.0, cnt, k)
     # Gumbel-max over the kept tokens, noise keyed by (seed, t, token id)
     if tl.max(sampled.to(tl.int32), axis=0) > 0:
-        seed = tl.load(seed_ptr + r)[:, None]
+        seed = tl.load(seed_ptr + sr)[:, None]
         tt = t.to(tl.int64)[:, None] << 32
         n_scan = tl.max(tl.where(sampled, m_kept, 0), axis=0)
         g_best = tl.full((ROWS,), float("-inf"), tl.float32)
@@ -129,7 +130,7 @@ def _rows_per_program(device: torch.device, n: int) -> int:
 
 
 def _launch(vals, idx, temperature, top_k, top_p, seed, step, out, kept, *, sorted_: bool,
-            advance: bool) -> None:
+            advance: bool, q: int = 1) -> None:
     n, vocab = vals.shape
     if n == 0:
         return
@@ -144,12 +145,13 @@ def _launch(vals, idx, temperature, top_k, top_p, seed, step, out, kept, *, sort
     _sample_kernel[(triton.cdiv(n, rows),)](
         vals, idx, vocab, n, temperature, top_k, top_p, seed, step, out,
         kept if kept is not None else out, top, SORTED=sorted_, ADVANCE=advance, KEPT=kept is not None,
-        ROWS=rows, BLOCK=block, num_warps=4)
+        ROWS=rows, BLOCK=block, Q=q, num_warps=4)
 
 
 def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                   top_p: torch.Tensor, seed: torch.Tensor, step: torch.Tensor,
-                  out: torch.Tensor, *, advance: bool = True, filtered: bool = True) -> None:
+                  out: torch.Tensor, *, advance: bool = True, filtered: bool = True,
+                  rows_per_slot: int = 1) -> None:
     """Draw one token per row into `out`; with `advance`, step += 1. All tensors on one device.
 
     logits [B, V] float (float32 or the model dtype), contiguous; every [B] tensor contiguous
@@ -157,18 +159,30 @@ def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.
     (0 = greedy); top_k [B] int32 (0 = off); top_p [B] float32 in (0, 1] (1 = off); seed [B]
     int64; step [B] int32 (the row's draw index t); out [B] int64. filtered=False: no sort,
     top_k / top_p are not read (the caller guarantees every row has them off). Capturable.
+
+    rows_per_slot Q > 1 (a verify: Q positions per slot, advance=False): logits and out have
+    S * Q rows, the sampling tensors S (one per slot); row s * Q + j draws with slot s's
+    sampling row at draw index step[s] + j, exactly as if each were expanded to its Q rows.
     """
-    for name, t in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p),
-                    ("seed", seed), ("step", step), ("out", out)):
-        if t.dim() != 1 or t.shape[0] != logits.shape[0] or not t.is_contiguous():
-            raise ValueError(f"{name}: expected a contiguous [{logits.shape[0]}] tensor, got "
+    q = rows_per_slot
+    if isinstance(q, bool) or not isinstance(q, int) or q < 1:
+        raise ValueError(f"rows_per_slot: must be an int >= 1, got {q!r}")
+    if q > 1 and advance:
+        raise ValueError("rows_per_slot: a verify's draws (Q > 1) do not advance step")
+    n = logits.shape[0]
+    if n % q:
+        raise ValueError(f"rows_per_slot: {q} does not divide the {n} logits rows")
+    for name, t, m in (("temperature", temperature, n // q), ("top_k", top_k, n // q), ("top_p", top_p, n // q),
+                       ("seed", seed, n // q), ("step", step, n // q), ("out", out, n)):
+        if t.dim() != 1 or t.shape[0] != m or not t.is_contiguous():
+            raise ValueError(f"{name}: expected a contiguous [{m}] tensor, got "
                              f"{tuple(t.shape)} strides {t.stride()}")
     if filtered:
         vals, idx = torch.sort(logits, dim=-1, descending=True, stable=True)   # [B, V] each
     else:
         vals, idx = logits, logits
     _launch(vals, idx, temperature, top_k, top_p, seed, step, out, None, sorted_=filtered,
-            advance=advance)
+            advance=advance, q=q)
 
 
 def kept_lengths(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,

@@ -340,15 +340,11 @@ class LlamaDecoder:
         states [B * Q, H] (Fp8Rows with fp8_head and a W8A8 LM head); q_lens None: every token
         real, else [B] int32 real tokens per row."""
         from graphrt.kernels.multiquery_attention import multiquery_attention
+        from graphrt.kernels.query_layout import query_layout
         b, nq = tokens.shape
-        live = cache_lens >= 0
-        steps = torch.arange(nq, device=tokens.device, dtype=torch.int32)
-        positions = (cache_lens.clamp_min(0)[:, None] + steps[None, :]).reshape(-1)        # [B * Q]
-        real = live[:, None] if q_lens is None else live[:, None] & (steps[None, :] < q_lens[:, None])
-        rows = torch.where(real, torch.arange(b, device=tokens.device, dtype=torch.int32)[:, None], -1)
-        rows = rows.expand(b, nq).reshape(-1).contiguous()                                    # [B * Q]
-        new = nq if q_lens is None else q_lens
-        kv_lens = torch.where(live, cache_lens + new, 0).to(torch.int32)                     # [B]
+        positions, rows, kv_lens = query_layout(                     # [B * Q], [B * Q] (-1: padding), [B]
+            cache_lens.to(torch.int32).contiguous(), nq,
+            None if q_lens is None else q_lens.to(torch.int32).contiguous())
         hq, d = self.local_spec.num_heads, self.local_spec.head_dim
 
         def attend(i, q):                                            # q [B * Q, Hq, D]

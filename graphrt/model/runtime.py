@@ -92,6 +92,7 @@ from graphrt.attention.runtime import raise_device_errors, runtime_device
 from graphrt.config import RuntimeConfig, check_steps
 from graphrt.kernels.argmax import argmax_into
 from graphrt.kernels.sample import sample_tokens
+from graphrt.kernels.step_advance import step_advance
 from graphrt.kernels.transfer import to_device
 from graphrt.model.context import AttentionContext
 from graphrt.model.fuse import FusePlan, plan_fuse, resolve_setting as resolve_fuse
@@ -350,7 +351,7 @@ class ModelRuntime:
             else:
                 logits = self.model.decode_step(ctx, tokens, **opts)         # [B, vocab] model dtype
             out = self.out_tokens[step, :size]
-            live = seq > 0
+            live = seq > 0 if processed else None
             if processed and not filtered:       # process, draw, log-probs, count: fused passes
                 st.proc.draw(logits, size, st.seed[:size], st.step[:size], st.temperature[:size], live, out,
                              self.logprobs.rows(step, size), source=self.logprobs_mode)
@@ -367,12 +368,8 @@ class ModelRuntime:
                               st.seed[:size], st.step[:size], out)
             else:
                 argmax_into(logits, out)                                     # greedy
-            tokens.copy_(out)
-            if st.history is not None:                                        # token at index seq_len
-                at = seq.long().clamp(max=st.history.shape[1] - 1)[:, None]
-                old = st.history[:size].gather(1, at)
-                st.history[:size].scatter_(1, at, torch.where(live[:, None], out[:, None].int(), old))
-            seq.add_(live.to(seq.dtype))
+            # current token, history at index seq_len (speculation's input), seq_len + 1: one launch
+            step_advance(out, tokens, seq, None if st.history is None else st.history[:size])
             if step + 1 == self.k and self._logits is not None:
                 self._logits[:size].copy_(logits)                             # float32, on request
 

@@ -15,10 +15,10 @@ reject y follows p with x removed, renormalised; the bonus token follows p. More
 emits exactly the tokens sampled decoding would emit from the same logits, whatever else is in the
 batch, whether or not it speculates.
 
-Two launches: `judge` (the sampler over all B * Q rows, then a comparison) writes accept [B, Q]
-and fallback [B, Q]; `advance` (grid B) takes the accepted prefix, clips it to the slot's token
-limit and writes the tokens into the slot's token buffer, moving num_tokens and step. No host
-sync: capturable. Runs on CPU under TRITON_INTERPRET=1.
+`judge` (the sampler over all B * Q rows, reading each slot's sampling row for its Q rows, then
+one comparison launch) writes accept [B, Q] and fallback [B, Q]; `advance` (grid B) takes the
+accepted prefix, clips it to the slot's token limit and writes the tokens into the slot's token
+buffer, moving num_tokens and step. No host sync: capturable. Runs on CPU under TRITON_INTERPRET=1.
 """
 from __future__ import annotations
 
@@ -59,6 +59,22 @@ def _advance_kernel(accept_ptr, fallback_ptr, prop_ptr, tok_ptr, tok_stride, wid
     tl.store(num_ptr + b1, n1 + e1, mask=live1)
     tl.store(step_ptr + b1, tl.load(step_ptr + b1, mask=live1, other=0) + e1, mask=live1)
     tl.store(emitted_ptr + b1, e1, mask=live1)
+
+
+@triton.jit(do_not_specialize=["n_rows"])
+def _accept_kernel(fallback_ptr, prop_ptr, count_ptr, accept_ptr, n_rows, Q: tl.constexpr, QB: tl.constexpr,
+                   ROWS: tl.constexpr):
+    """accept[b, j] = j < count[b] and fallback[b, j] == proposals[b, j] (j < Q - 1); 0 at Q - 1."""
+    b1 = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    live1 = b1 < n_rows
+    b1 = tl.where(live1, b1, 0)
+    b, live = b1[:, None], live1[:, None]
+    j = tl.arange(0, QB)[None, :]
+    prop = (j < Q - 1) & live
+    c = tl.load(count_ptr + b, mask=live, other=0)
+    x = tl.load(prop_ptr + b * (Q - 1) + j, mask=prop, other=-1)
+    y = tl.load(fallback_ptr + b * Q + j, mask=prop, other=-2)
+    tl.store(accept_ptr + b * Q + j, (prop & (j < c) & (x == y)).to(tl.int32), mask=(j < Q) & live)
 
 
 def _rows_per_program(device: torch.device, n: int) -> int:
@@ -108,17 +124,13 @@ def judge(logits: torch.Tensor, proposals: torch.Tensor, count: torch.Tensor,
             _need(tuple(t.shape) == (b,) and t.dtype == dt, f"{name}: expected [{b}] {dt}, got "
                   f"{tuple(t.shape)} {t.dtype}")
 
-    def rows(t: torch.Tensor) -> torch.Tensor:          # [B] -> [B * Q], row b * Q + j = t[b]
-        return t[:, None].expand(b, q).contiguous().view(b * q)
-
-    j = torch.arange(q, dtype=torch.int32, device=dev)
-    draw = (step[:, None] + j[None, :]).reshape(b * q)   # [B * Q] int32: the draw index of (b, j)
-    temp = rows(temperature)
-    sample_tokens(logits, temp, rows(top_k) if filtered else draw, rows(top_p) if filtered else temp,
-                  rows(seed), draw, fallback.view(b * q), advance=False, filtered=filtered)
-    hit = (fallback[:, : q - 1] == proposals) & (j[None, : q - 1] < count[:, None])   # [B, Q - 1]
-    accept[:, : q - 1].copy_(hit)
-    accept[:, q - 1].zero_()
+    # row b * Q + j draws with slot b's sampling row at draw index step[b] + j (the sampler reads
+    # the [B] rows per slot: no [B * Q] copies)
+    sample_tokens(logits, temperature, top_k if filtered else step, top_p if filtered else temperature,
+                  seed, step, fallback.view(b * q), advance=False, filtered=filtered, rows_per_slot=q)
+    rows = _rows_per_program(dev, b)
+    _accept_kernel[(triton.cdiv(b, rows),)](fallback, proposals, count, accept, b, Q=q,
+                                           QB=triton.next_power_of_2(q), ROWS=rows)
 
 
 def advance(accept: torch.Tensor, fallback: torch.Tensor, proposals: torch.Tensor,

@@ -17,7 +17,9 @@ set-up: attention/graphs.py) and device-error flags, so the engine's input batch
 rounds read and the decode graphs and the rounds advance one state; the standalone constructor
 allocates the same objects for itself. Each round: the n-gram kernel (or a DraftProposer,
 draft.py) proposes from each slot's token history, or an EAGLE-3 head's phase (eagle3/phase.py)
-hands over the proposals it drafted after the previous round; the target verifies k + 1 tokens
+hands over the proposals it drafted after the previous round; one launch lays out the verify's
+inputs (prologue.py: the slot's cap on k, the current token + proposals, cache lengths, the
+proposals counted); the target verifies k + 1 tokens
 per slot in one forward (`model.verify_step`; with EAGLE-3 it records its hidden states, and
 after acceptance the head drafts the next round's proposals from them), `judge` + `advance`
 accept and write the emitted tokens into
@@ -49,6 +51,7 @@ from graphrt.speculative.buffers import SpecBuffers
 from graphrt.speculative.config import SpeculativeConfig
 from graphrt.speculative.draft import DraftProposer
 from graphrt.speculative.ngram import ngram_propose
+from graphrt.speculative.prologue import round_inputs
 
 
 def capture_ks(k: int) -> tuple[int, ...]:
@@ -228,18 +231,17 @@ class SpeculativeRunner:
         num, limit, hist, step = st.seq_lens[:size], st.limit[:size], st.history[:size], st.step[:size]
         temperature = st.temperature[:size]
         table = st.block_table[:size]
-        active = (num > 0) & (num < limit)
         if self.eagle is not None:                                   # made by the previous round
-            self.eagle.propose(size, active, v.proposals, v.count)
+            self.eagle.propose(size, (num > 0) & (num < limit), v.proposals, v.count)
         elif self.draft is not None:
-            self.draft.propose(hist, num, active, table, v.proposals, v.count, self.device_error)
+            self.draft.propose(hist, num, (num > 0) & (num < limit), table, v.proposals, v.count,
+                               self.device_error)
         else:
             ngram_propose(hist, num, v.proposals, v.count, min_n=c.ngram_min, max_n=c.ngram_max)
-        v.count.copy_(torch.minimum(v.count, st.spec_k[:size]))      # the slot's own cap
-        last = (num.long() - 1).clamp_min(0)[:, None]
-        cur = hist.gather(1, last).long()                            # [B, 1] current tokens
-        tokens = torch.cat([cur, v.proposals], dim=1)                # [B, k + 1]
-        cache_lens = torch.where(active, num - 1, -1).to(torch.int32)
+        # count capped by the slot's own k, tokens [B, k + 1] (the current token, then the
+        # proposals), cache_lens (-1: inactive), proposed[r]: one launch (speculative/prologue.py)
+        tokens, cache_lens = round_inputs(hist, num, limit, st.spec_k[:size], v.proposals, v.count,
+                                          v.proposed[r])
         record = self.eagle.verify_kwargs(size) if self.eagle is not None else {}
         logits = self.model.verify_step(tokens, cache_lens, self.kv_caches, table, self.device_error,
                                         splits=self.splits[size], **record)   # [B * (k + 1), V]
@@ -248,7 +250,6 @@ class SpeculativeRunner:
         kept = dict(top_k=st.top_k[:size], top_p=st.top_p[:size]) if filtered else {}
         judge(logits, v.proposals, v.count, temperature, st.seed[:size], step, v.accept, v.fallback,
               **kept)                                                # the sampler's kept set
-        v.proposed[r].copy_(torch.where(active, v.count, 0))
         advance(v.accept, v.fallback, v.proposals, hist, num, limit, step, v.out_tokens[r], v.emitted[r])
         if processed:                         # the emitted tokens counted for the penalties
             out = v.out_tokens[r]                                    # [B, Q], -1 past the emitted

@@ -141,15 +141,16 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from graphrt.kernels.sample import _sample_kernel
-for vals, sorted_, advance, kept in (("*fp32", True, True, False), ("*bf16", True, True, False),
-                                     ("*bf16", False, False, False), ("*fp32", True, False, True)):
+for vals, sorted_, advance, kept, q in (("*fp32", True, True, False, 1), ("*bf16", True, True, False, 1),
+                                        ("*bf16", False, False, False, 1), ("*fp32", True, False, True, 1),
+                                        ("*bf16", False, False, False, 5), ("*fp32", True, False, False, 3)):
     sig = {"vals_ptr": vals, "idx_ptr": "*i64" if sorted_ else vals, "vocab": "i32", "n_rows": "i32",
            "temperature_ptr": "*fp32", "top_k_ptr": "*i32", "top_p_ptr": "*fp32", "seed_ptr": "*i64",
            "step_ptr": "*i32", "out_ptr": "*i64", "kept_ptr": "*i32" if kept else "*i64",
            "top_ptr": vals if sorted_ else "*fp32",
            "SORTED": "constexpr", "ADVANCE": "constexpr", "KEPT": "constexpr", "ROWS": "constexpr",
-           "BLOCK": "constexpr"}
-    const = {"SORTED": sorted_, "ADVANCE": advance, "KEPT": kept, "ROWS": 1, "BLOCK": 1024}
+           "BLOCK": "constexpr", "Q": "constexpr"}
+    const = {"SORTED": sorted_, "ADVANCE": advance, "KEPT": kept, "ROWS": 1, "BLOCK": 1024, "Q": q}
     k = triton.compile(ASTSource(fn=_sample_kernel, signature=sig, constexprs=const),
                        target=GPUTarget("cuda", 90, 32))
     assert "ptx" in k.asm

@@ -27,6 +27,7 @@ import torch
 from graphrt.kernels.activation import silu_mul
 from graphrt.kernels.multiquery_attention import multiquery_attention
 from graphrt.kernels.norm import add_rms_norm, rms_norm
+from graphrt.kernels.query_layout import query_layout
 from graphrt.kernels.rope_append import rope_append_prefill
 from graphrt.kernels.transfer import tensor_on
 from graphrt.model.linear import linear
@@ -97,15 +98,8 @@ class Eagle3Head:
         """Rows of [B, Q] tokens at positions cache_lens[b] + j -> (positions [B * Q] int32,
         block-table rows [B * Q] int32 (-1: padding row or, with q_lens [B] int32, j >= q_lens[b]),
         kv_lens [B] int32 (0 for padding rows))."""
-        b, dev = cache_lens.shape[0], cache_lens.device
-        live = cache_lens >= 0
-        steps = torch.arange(nq, device=dev, dtype=torch.int32)
-        positions = (cache_lens.clamp_min(0)[:, None] + steps[None, :]).reshape(-1)        # [B * Q]
-        real = live[:, None] if q_lens is None else live[:, None] & (steps[None, :] < q_lens[:, None])
-        rows = torch.where(real, torch.arange(b, device=dev, dtype=torch.int32)[:, None], -1)
-        rows = rows.expand(b, nq).reshape(-1).contiguous()                                    # [B * Q]
-        kv_lens = torch.where(live, cache_lens + (nq if q_lens is None else q_lens), 0).to(torch.int32)
-        return positions, rows, kv_lens
+        return query_layout(cache_lens.to(torch.int32).contiguous(), nq,      # one launch
+                            None if q_lens is None else q_lens.to(torch.int32).contiguous())
 
     def _rows(self, g, tokens, cache_lens, kv_cache, block_table, error, splits):
         """g [B * Q, H], tokens [B, Q] at positions cache_lens[b] + j (-1 = padding row)."""

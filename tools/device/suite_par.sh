@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# One H200 call (~9 min): the whole GPU suite in parallel processes, then an A/B of the speculative
+# round on a freshly trained family.
+#  1. the tests that time the GPU (the K choice of steps_per_graph="auto") alone;
+#  2. every other GPU test file, in $PAR pytest processes at once (default 4; they share the GPU:
+#     nothing there is timed), while the tiny family trains in the background;
+#  3. the trained-family quality gate (tests/test_trained_models.py) on it;
+#  4. with AB=DIR (a mirror of source files to swap in: the "before" tree), bench_spec none / ngram
+#     on the tree as it was and as it is, same family, one after the other.
+#   DEADLINE=560 bash .device/bootstrap.sh bash tools/device/suite_par.sh
+NAME=suite_par; DEADLINE=${DEADLINE:-560}; . tools/device/lib.sh   # logs, pack, cap, say
+PAR=${PAR:-4}; DIR=/tmp/fam; rm -rf "$DIR"
+timeout $(cap 120) python -m pytest -m gpu -q -rfEs --tb=short -p no:cacheprovider --timeout 120 \
+  tests/model/test_steps_gpu.py tests/engine/test_steps_auto_gpu.py > "$L/timed.log" 2>&1
+say "timed tests rc=$?: $(grep -E "passed|failed" "$L/timed.log" | tail -1)"
+( timeout 100 python tools/train_tiny.py --out "$DIR" --models draft,target --time-budget-s draft=8,target=50 \
+    > "$L/train_tiny.log" 2>&1; echo "train_tiny rc=$?" >> "$L/train_tiny.log" ) &
+TRAIN=$!
+# every GPU test file but the timed ones and the trained gate, heaviest first, dealt round-robin
+FILES=$(python -m pytest -m gpu --collect-only -q -p no:cacheprovider tests 2>/dev/null | grep "::" | cut -d: -f1 \
+  | sort | uniq -c | sort -rn | awk '{print $2}' \
+  | grep -v -e test_steps_gpu.py -e test_steps_auto_gpu.py -e test_trained_models.py)
+i=0; for f in $FILES; do echo "$f" >> "$L/group$((i % PAR)).txt"; i=$((i + 1)); done
+PIDS=""
+for g in $(seq 0 $((PAR - 1))); do
+  [ -f "$L/group$g.txt" ] || continue
+  timeout $(cap 330) python -m pytest -m gpu -q -rfEs --tb=short -p no:cacheprovider --timeout 300 \
+    $(cat "$L/group$g.txt") > "$L/gpu_group$g.log" 2>&1 &
+  PIDS="$PIDS $!"
+done
+for p in $PIDS; do wait $p; done
+for g in $(seq 0 $((PAR - 1))); do
+  [ -f "$L/gpu_group$g.log" ] && say "group $g: $(grep -E "passed|failed|error" "$L/gpu_group$g.log" | tail -1)"
+done
+grep -hE "^(FAILED|ERROR)" "$L"/gpu_group*.log | cut -c1-300 | tee -a "$S"; pack
+wait $TRAIN; say "$(tail -1 "$L/train_tiny.log")"
+GRAPHRT_TRAINED_DIR=$DIR timeout $(cap 90) python -m pytest -m gpu -q -s -rfEs --tb=short -p no:cacheprovider \
+  tests/test_trained_models.py > "$L/trained.log" 2>&1
+say "trained-family tests rc=$?: $(grep -E "passed|failed" "$L/trained.log" | tail -1)"; pack
+if [ -n "${AB:-}" ]; then
+  rm -rf /tmp/before && mkdir -p /tmp/before && cp -r graphrt tools /tmp/before/ && cp -r "$AB"/. /tmp/before/
+  (cd /tmp/before && PYTHONPATH=/tmp/before:/tmp/graphrt-site:/tmp/site timeout $(cap 90) python tools/bench_spec.py --trained "$DIR" \
+     --methods none,ngram --prompts 6 --out "$L/bench_before.json" > "$L/bench_before.log" 2>&1); say "bench before rc=$?"
+  timeout $(cap 90) python tools/bench_spec.py --trained "$DIR" --methods none,ngram --prompts 6 \
+    --out "$L/bench_after.json" > "$L/bench_after.log" 2>&1; say "bench after rc=$?"
+  for w in before after; do echo "== $w"; sed -n '/^part 2/,/^$/p' "$L/bench_$w.log"; done | tee -a "$S"
+fi
+pack; cat "$S"
