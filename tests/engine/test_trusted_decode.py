@@ -66,8 +66,11 @@ def _check(device):
         cur[:n] = want[-1].cpu()
         assert slotted.slots.seq_lens[:n].tolist() == seq[:n].tolist()      # advanced on the device
         assert slotted.slots.tokens[:n].tolist() == cur[:n].tolist()
+    # the served rows' pages (page 0 is the capture's scratch page: what a warm-up writes there,
+    # from buffers it has not filled, is nobody's K/V and may differ between the two runtimes)
+    pages = table[:n].flatten().to(public.kv_caches[0].k.device)
     for a, b_ in zip(public.kv_caches, slotted.kv_caches):
-        assert torch.equal(a.k, b_.k) and torch.equal(a.v, b_.v)
+        assert torch.equal(a.k[pages], b_.k[pages]) and torch.equal(a.v[pages], b_.v[pages])
     slotted.check_device_errors()
 
 
