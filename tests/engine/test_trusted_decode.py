@@ -27,8 +27,10 @@ def _pair(device, k=2):
     rc = RuntimeConfig(num_qo_heads=2, num_kv_heads=1, head_dim=64, page_size=16, max_context_len=128,
                        buckets=[1, 2, 4, 8], dtype="float32" if device == "cpu" else "bfloat16",
                        backend="torch-splitkv" if device == "cpu" else "flashinfer", kv_pool_pages=40)
+    # splitk=1: "auto" measures split-K per runtime on a GPU, and two runtimes that chose
+    # differently would sum the o / down GEMMs in another order (bf16 K/V unequal, tokens equal)
     return [ModelRuntime(LlamaDecoder.from_hf(hf, dtype=dtype, device=device), rc, device, steps_per_graph=k,
-                         sampling=True) for _ in range(2)]
+                         sampling=True, splitk=1) for _ in range(2)]
 
 
 def _check(device):
