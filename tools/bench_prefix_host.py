@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))   # the repository (graphrt) without an install
 
 CASES = ("new", "cached", "cold", "cold_nocache")
 

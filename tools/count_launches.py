@@ -2,9 +2,9 @@
 captured step or round holds on a GPU (one per kernel launched while it is captured).
 
 A random tiny checkpoint (tools/make_checkpoint.py's "tiny" shape, float32) is served through
-`graphrt.LLM` on CPU under TRITON_INTERPRET=1 twice, each on one greedy request of --tokens
-tokens: without speculation (steps_per_graph 1) and with n-gram speculation (k = --k, one round a
-block, every block speculative). Inside what a GPU captures into a graph (ModelRuntime._steps, the
+`graphrt.LLM` on CPU under TRITON_INTERPRET=1 three times, each on one greedy request of --tokens
+tokens: without speculation (steps_per_graph 1), with n-gram speculation and with an EAGLE-3 head
+of random weights (k = --k, one round a block, every block speculative). Inside what a GPU captures into a graph (ModelRuntime._steps, the
 decode step; SpeculativeRunner._block, the rounds), which on CPU runs eagerly each time, every
 aten op that launches device work (views, reshapes, allocations and host reads are left out) and
 every Triton kernel launch is counted; over the decode steps or the rounds run, that is the
@@ -88,6 +88,21 @@ def _host_copy(args, kwargs) -> bool:
     return False
 
 
+def tiny_head(target: Path, out: Path) -> Path:
+    """An EAGLE-3 head with random weights for the tiny checkpoint `target` (bench_eagle3_step's
+    writer at the target's geometry, its whole vocabulary as the draft vocabulary)."""
+    from bench_eagle3_step import write_random_head
+    t = json.loads((target / "config.json").read_text())
+    shape = dict(hidden=t["hidden_size"], intermediate=2 * t["hidden_size"], heads=t["num_attention_heads"],
+                 kv_heads=t["num_key_value_heads"], head_dim=t["head_dim"], vocab=t["vocab_size"],
+                 draft_vocab=t["vocab_size"], layers=t["num_hidden_layers"])
+    path = write_random_head(out, shape=shape, device="cpu")
+    cfg = json.loads((path / "config.json").read_text())   # a 2-layer target: states 0, 1, 2 (the
+    cfg["eagle_aux_hidden_state_layer_ids"] = [0, 1, 2]      # default ids need more layers)
+    (path / "config.json").write_text(json.dumps(cfg))
+    return path
+
+
 def measure(ckpt: str, *, spec: dict | None, tokens: int, steps: int) -> dict:
     import torch
     from graphrt import LLM, SamplingParams
@@ -147,9 +162,12 @@ def main(argv=None) -> int:
         return 2
     from make_checkpoint import write_checkpoint
     with tempfile.TemporaryDirectory() as tmp:
-        ckpt = str(write_checkpoint(Path(tmp), shape="tiny", dtype="float32", seed=3))
+        ckpt = str(write_checkpoint(Path(tmp) / "target", shape="tiny", dtype="float32", seed=3))
+        head = str(tiny_head(Path(ckpt), Path(tmp) / "eagle3"))
         rows = {"decode": measure(ckpt, spec=None, tokens=a.tokens, steps=1),
-                "ngram": measure(ckpt, spec={"method": "ngram", "num_tokens": a.k}, tokens=a.tokens, steps=1)}
+                "ngram": measure(ckpt, spec={"method": "ngram", "num_tokens": a.k}, tokens=a.tokens, steps=1),
+                "eagle3": measure(ckpt, spec={"method": "eagle3", "model": head, "num_tokens": a.k},
+                                  tokens=a.tokens, steps=1)}
     for name, r in rows.items():
         top = ", ".join(f"{k} {v}" for k, v in list(r["by_op_per_unit"].items())[:12])
         print(f"{name}: {r['launches_per_unit']:.1f} launches per {r['per']} ({r['units']} {r['per']}s); {top}")
