@@ -210,7 +210,7 @@ class BlockMixin:
 
     def _block_start(self):
         """A timing event recorded now, before a block's launch (Engine.time_blocks on CUDA), else None."""
-        if not self.time_blocks or self.device.type != "cuda":
+        if not self._time_blocks or self.device.type != "cuda":
             return None
         event = torch.cuda.Event(enable_timing=True)
         event.record()

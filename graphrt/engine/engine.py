@@ -124,7 +124,7 @@ class Engine(BlockMixin):
         self._pending: deque = deque()         # launched blocks (blocks._Pending), oldest first
         # time_blocks (CUDA; set by tools, off by default): each block's device time from CUDA
         # events around its launch, summed per kind in block_device_s (stats()); loop thread
-        self.time_blocks = False
+        self._time_blocks = False
         self.block_device_s = {"prefill": 0.0, "decode": 0.0, "spec": 0.0}
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._requests: dict[str, Request] = {}       # loop thread only
@@ -371,6 +371,18 @@ class Engine(BlockMixin):
         self.dead.set()
         for req in reqs:
             req.sink(err)
+
+    @property
+    def time_blocks(self) -> bool:
+        """Whether each block's device time is measured (CUDA events around its launch, summed
+        per kind in stats()["block_device_s"]; nothing is recorded on CPU). Off by default."""
+        return self._time_blocks
+
+    @time_blocks.setter
+    def time_blocks(self, on: bool) -> None:
+        if not isinstance(on, bool):
+            raise ValueError(f"time_blocks: expected True or False, got {on!r}")
+        self._time_blocks = on
 
     def stats(self) -> dict:
         """A snapshot for monitoring, safe to call from any thread (each count is read once; the

@@ -190,3 +190,7 @@ def test_block_timing_on_cpu_records_nothing_and_changes_nothing(llm):
     finally:
         llm.engine.time_blocks = False
     assert timed == plain and "block_device_s" not in llm.engine.stats()
+    for bad in (1, "yes", None):
+        with pytest.raises(ValueError, match="time_blocks"):
+            llm.engine.time_blocks = bad
+    assert llm.engine.time_blocks is False
