@@ -96,13 +96,13 @@ def run(batches, context: int, k: int, log=print) -> dict:
         table = torch.arange(b * pages_per, dtype=torch.int32, device=dev).view(b, pages_per).contiguous()
         splits = default_splits(dev, b, c.num_kv_heads, context + 2 * k)
         err = torch.zeros(1, dtype=torch.int32, device=dev)
-        h_prev = torch.randn(b, c.hidden_size, device=dev, dtype=torch.bfloat16)
+        h_prev = torch.randn(b, c.hidden_size, device=dev, dtype=torch.bfloat16)   # consumed (written in
+        h_prev *= 1e-3                            # place) each replay: small, so replays stay finite
         toks = torch.randint(0, c.vocab_size, (b,), device=dev)
         cl = torch.full((b,), context - 1, dtype=torch.int32, device=dev)
         h3 = torch.randn(b, k + 1, 3 * c.hidden_size, device=dev, dtype=torch.bfloat16)
         emitted = torch.randint(0, c.vocab_size, (b, k + 1), device=dev)
-        acc = torch.full((b,), k // 2, dtype=torch.int32, device=dev)
-        active = torch.ones(b, dtype=torch.bool, device=dev)
+        count = torch.full((b,), k // 2 + 1, dtype=torch.int32, device=dev)      # a + 1 emitted, a = k // 2
         props = torch.empty(b, k, dtype=torch.int64, device=dev)
         drafter = Eagle3Drafter(head, cache, k, max_len=context + 2 * k, splits=splits)
         kv_row = 2 * c.num_kv_heads * c.head_dim * el                       # K + V bytes per position
@@ -111,7 +111,7 @@ def run(batches, context: int, k: int, log=print) -> dict:
                            layer + b * context * kv_row),
             f"extend (Q={k + 1})": (lambda: head.extend(h3, emitted, cl - k, cache, table, err, splits=splits),
                                     fc + layer + b * context * kv_row),
-            f"round (k={k})": (lambda: drafter.round(h3, emitted, cl - k, acc, active, table, props, err),
+            f"round (k={k})": (lambda: drafter.round(h3, emitted, cl - k, count, table, props, err),
                                fc + k * layer + b * k * context * kv_row)}
         for name, (fn, nbytes) in calls.items():
             us = device_us(graphed(fn), torch, reps=50, repeats=5)

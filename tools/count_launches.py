@@ -3,8 +3,9 @@ captured step or round holds on a GPU (one per kernel launched while it is captu
 
 A random tiny checkpoint (tools/make_checkpoint.py's "tiny" shape, float32) is served through
 `graphrt.LLM` on CPU under TRITON_INTERPRET=1 three times, each on one greedy request of --tokens
-tokens: without speculation (steps_per_graph 1), with n-gram speculation and with an EAGLE-3 head
-of random weights (k = --k, one round a block, every block speculative). Inside what a GPU captures into a graph (ModelRuntime._steps, the
+tokens: without speculation (steps_per_graph 1), with n-gram speculation, with the checkpoint as
+its own draft model and with an EAGLE-3 head of random weights (k = --k, one round a block, every
+block speculative; --methods picks rows). Inside what a GPU captures into a graph (ModelRuntime._steps, the
 decode step; SpeculativeRunner._block, the rounds), which on CPU runs eagerly each time, every
 aten op that launches device work (views, reshapes, allocations and host reads are left out) and
 every Triton kernel launch is counted; over the decode steps or the rounds run, that is the
@@ -156,18 +157,25 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--methods", default="decode,ngram,draft,eagle3", help="rows to measure (comma-separated)")
     a = ap.parse_args(argv)
+    methods = a.methods.split(",")
+    unknown = sorted(set(methods) - {"decode", "ngram", "draft", "eagle3"})
+    if unknown:
+        print(f"count_launches: --methods: unknown {unknown}; choose from decode, ngram, draft, eagle3",
+              file=sys.stderr)
+        return 2
     if os.environ.get("TRITON_INTERPRET") != "1":
         print("count_launches: run with TRITON_INTERPRET=1 (CPU)", file=sys.stderr)
         return 2
     from make_checkpoint import write_checkpoint
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = str(write_checkpoint(Path(tmp) / "target", shape="tiny", dtype="float32", seed=3))
-        head = str(tiny_head(Path(ckpt), Path(tmp) / "eagle3"))
-        rows = {"decode": measure(ckpt, spec=None, tokens=a.tokens, steps=1),
-                "ngram": measure(ckpt, spec={"method": "ngram", "num_tokens": a.k}, tokens=a.tokens, steps=1),
-                "eagle3": measure(ckpt, spec={"method": "eagle3", "model": head, "num_tokens": a.k},
-                                  tokens=a.tokens, steps=1)}
+        head = str(tiny_head(Path(ckpt), Path(tmp) / "eagle3")) if "eagle3" in methods else None
+        specs = {"decode": None, "ngram": {"method": "ngram", "num_tokens": a.k},
+                 "draft": {"method": "draft", "model": ckpt, "num_tokens": a.k},      # the target drafts itself
+                 "eagle3": {"method": "eagle3", "model": head, "num_tokens": a.k}}
+        rows = {m: measure(ckpt, spec=specs[m], tokens=a.tokens, steps=1) for m in methods}
     for name, r in rows.items():
         top = ", ".join(f"{k} {v}" for k, v in list(r["by_op_per_unit"].items())[:12])
         print(f"{name}: {r['launches_per_unit']:.1f} launches per {r['per']} ({r['units']} {r['per']}s); {top}")

@@ -90,7 +90,6 @@ def eagle_rounds(ck, head_embed, seq, h3, prompt_len, k, max_positions) -> tuple
     props = torch.empty(1, k, dtype=torch.int64, device=dev)
     seq_dev = torch.tensor(seq + [0] * (k + 2), device=dev)
     h3 = torch.cat([h3, h3.new_zeros(k + 2, h3.shape[1])]).to(dt)
-    one = torch.ones(1, dtype=torch.bool, device=dev)
 
     def first():
         drafter.prefill(h3[:prompt_len], seq_dev[1: prompt_len + 1], [prompt_len], table, props, err)
@@ -100,7 +99,7 @@ def eagle_rounds(ck, head_embed, seq, h3, prompt_len, k, max_positions) -> tuple
         emitted = seq_dev[n + 1: n + k + 2].clone()[None]
         emitted[0, a + 1:] = -1
         drafter.round(h3[None, n: n + k + 1], emitted, torch.tensor([n], dtype=torch.int32, device=dev),
-                      torch.tensor([a], dtype=torch.int32, device=dev), one, table, props, err)
+                      torch.tensor([a + 1], dtype=torch.int32, device=dev), table, props, err)
         return props[0].tolist()
 
     with torch.no_grad():

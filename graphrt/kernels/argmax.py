@@ -2,6 +2,7 @@
 
     argmax_into(logits, out)                  # out [R] int64 <- torch.argmax(logits, dim=-1)
     argmax_into(logits, out, top=top)         # and top [R] float32 <- the row maxima
+    argmax_into(logits, out, ids=ids)         # out <- ids[torch.argmax(logits, dim=-1)] (a vocabulary map)
 
 torch.argmax runs one thread block per row: over a 128k vocabulary 30-36 us a decode step on an
 H200 at batch 1 (0.7% of an 8B step, ~7% of a tiny one's). Here the row is split in chunks:
@@ -63,15 +64,17 @@ def _chunks(logits_ptr, l_stride, V, S, xmax_ptr, xarg_ptr, CHUNK: tl.constexpr,
 
 
 @triton.jit
-def _rows(xmax_ptr, xarg_ptr, S, out_ptr, top_ptr, TOP: tl.constexpr, SP2: tl.constexpr,
-          PDL: tl.constexpr):
+def _rows(xmax_ptr, xarg_ptr, S, out_ptr, out_stride, top_ptr, ids_ptr, TOP: tl.constexpr, MAP: tl.constexpr,
+          SP2: tl.constexpr, PDL: tl.constexpr):
     pdl_prologue(PDL)
     r = tl.program_id(0).to(tl.int64)
     sj = tl.arange(0, SP2)
     sm = sj < S
     xm = tl.load(xmax_ptr + r * S + sj, mask=sm, other=float("-inf"))
     m, tok = first_max(xm, tl.load(xarg_ptr + r * S + sj, mask=sm, other=0), sm, BIG)
-    tl.store(out_ptr + r, tok)
+    if MAP:                                      # tok < V always: a row's lanes are all valid ids
+        tok = tl.load(ids_ptr + tok)
+    tl.store(out_ptr + r * out_stride, tok)
     if TOP:
         tl.store(top_ptr + r, m)
 
@@ -89,7 +92,8 @@ def triton_runs_on(t: torch.Tensor) -> bool:
     return t.device.type == "cuda" or isinstance(_chunks, InterpretedFunction)
 
 
-def _check(logits: torch.Tensor, out: torch.Tensor, top: torch.Tensor | None, chunk: int | None) -> None:
+def _check(logits: torch.Tensor, out: torch.Tensor, top: torch.Tensor | None, chunk: int | None,
+           ids: torch.Tensor | None = None) -> None:
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.dtype not in _DTYPES:
         got = f"{tuple(logits.shape)} {logits.dtype}" if isinstance(logits, torch.Tensor) else repr(logits)
         raise ValueError(f"logits: expected [R, V] float32 / bfloat16 / float16, got {got}")
@@ -97,40 +101,46 @@ def _check(logits: torch.Tensor, out: torch.Tensor, top: torch.Tensor | None, ch
     if v < 1 or (r > 1 and (logits.stride(1) != 1 or logits.stride(0) < v)) or (r == 1 and logits.stride(1) != 1):
         raise ValueError(f"logits: expected rows contiguous along the vocabulary (stride(1) == 1, "
                          f"stride(0) >= V = {v}), got shape {tuple(logits.shape)} strides {logits.stride()}")
-    for name, t, dt in (("out", out, torch.int64), ("top", top, torch.float32)):
+    for name, t, dt, want in (("out", out, torch.int64, (r,)), ("top", top, torch.float32, (r,)),
+                              ("ids", ids, torch.int64, (v,))):
         if t is None:
             continue
-        if not isinstance(t, torch.Tensor) or tuple(t.shape) != (r,) or t.dtype != dt \
-                or not t.is_contiguous() or t.device != logits.device:
+        contiguous = name != "out" or r < 2        # out: any stride (a column of a proposals table)
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != want or t.dtype != dt \
+                or (contiguous and not t.is_contiguous()) or t.device != logits.device:
             got = f"{tuple(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else repr(t)
-            raise ValueError(f"{name}: expected a contiguous [{r}] {dt} tensor on {logits.device}, got {got}")
+            kind = "a contiguous" if name != "out" else "an"
+            raise ValueError(f"{name}: expected {kind} [{want[0]}] {dt} tensor on {logits.device}, got {got}")
     if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 16
                               or chunk & (chunk - 1)):
         raise ValueError(f"chunk: expected a power of two >= 16, got {chunk!r}")
 
 
 def argmax_into(logits: torch.Tensor, out: torch.Tensor, *, top: torch.Tensor | None = None,
-                chunk: int | None = None) -> torch.Tensor:
-    """out <- torch.argmax(logits, dim=-1), the same ids; returns out.
+                chunk: int | None = None, ids: torch.Tensor | None = None) -> torch.Tensor:
+    """out <- torch.argmax(logits, dim=-1), the same ids (ids[...] of them with a map); returns out.
 
     Parameters
     ----------
     logits : [R, V] float32, bfloat16 or float16; rows may be a strided view (stride(1) == 1,
         stride(0) >= V).
-    out : [R] int64, contiguous, on logits' device: the lowest id of each row's maximum (the
-        first NaN of a row holding one; 0 for a row of -inf).
+    out : [R] int64 on logits' device, any stride (a column of a [R, k] table): the lowest id of
+        each row's maximum (the first NaN of a row holding one; 0 for a row of -inf).
     top : optional [R] float32, contiguous: the row maxima (NaN for a row holding one).
     chunk : ids per pass-1 program (a power of two; default CHUNK on the GPU).
+    ids : optional [V] int64, contiguous: out[r] = ids[that id] (an EAGLE-3 head's draft
+        vocabulary -> target ids), in the same launch.
 
     Capturable: two launches, no host sync, scratch shapes fixed by (R, V). Raises ValueError
     naming the argument for a wrong shape, dtype, layout or device.
     """
-    _check(logits, out, top, chunk)
+    _check(logits, out, top, chunk, ids)
     r, v = logits.shape
     if r == 0:
         return out
     if not triton_runs_on(logits):                     # a CPU tensor, kernels compiled for a GPU
-        out.copy_(torch.argmax(logits, dim=-1))
+        best = torch.argmax(logits, dim=-1)
+        out.copy_(best if ids is None else ids[best])
         if top is not None:
             top.copy_(logits.max(dim=-1).values)
         return out
@@ -141,7 +151,8 @@ def argmax_into(logits: torch.Tensor, out: torch.Tensor, *, top: torch.Tensor | 
     pdl = use_pdl(logits)
     opts = {"PDL": pdl, **pdl_options(pdl), **({"num_warps": 4} if logits.device.type == "cuda" else {})}
     _chunks[(r, s)](logits, logits.stride(0), v, s, xmax, xarg, CHUNK=ch, **opts)
-    _rows[(r,)](xmax, xarg, s, out, top if top is not None else xmax, TOP=top is not None,
+    _rows[(r,)](xmax, xarg, s, out, out.stride(0) if r > 1 else 1, top if top is not None else xmax,
+                ids if ids is not None else xarg, TOP=top is not None, MAP=ids is not None,
                 SP2=triton.next_power_of_2(s), **opts)
     return out
 

@@ -3,6 +3,8 @@
     rms_norm(x, w, eps)               out = x / sqrt(mean(x^2) + eps) * w
     add_rms_norm(x, residual, w, eps) residual += x (stored in residual's dtype), then
                                       out = rms_norm(residual, w, eps) of the stored residual
+    embed_rms_norm(table, ids, w, eps) out = rms_norm(table[max(ids, 0)], w, eps): the embedding
+                                      rows gathered as they are loaded (negative ids: padding, row 0)
 
 x, residual, out: [T, H] with unit stride along H (rows may be strided); w: [H]. float32 or
 bfloat16/float16 in and out; the sum, mean and scaling run in float32 with one rounding at the
@@ -34,15 +36,20 @@ from graphrt.kernels.splitk import SplitAcc, check_split
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, x_stride, rs_ptr, cs_ptr, res_ptr, res_stride, w_ptr, out_ptr,
-                     out_stride, os_ptr, H, eps, BLOCK: tl.constexpr, ADD: tl.constexpr,
-                     X_SCALED: tl.constexpr, X_COL: tl.constexpr, FP8_OUT: tl.constexpr,
-                     SPLIT: tl.constexpr, PDL: tl.constexpr):
+                     out_stride, os_ptr, ids_ptr, ids_stride, copy_ptr, copy_stride, H, eps, BLOCK: tl.constexpr,
+                     ADD: tl.constexpr, X_SCALED: tl.constexpr, X_COL: tl.constexpr, FP8_OUT: tl.constexpr,
+                     SPLIT: tl.constexpr, GATHER: tl.constexpr, STORE_RES: tl.constexpr, COPY: tl.constexpr,
+                     PDL: tl.constexpr):
     pdl_prologue(PDL)
     r = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < H
-    # x[r, c] = sum_s acc[SPLIT * r + s, SPLIT * c + s] (SPLIT = 1: the row itself)
-    x_row = x_ptr + r * SPLIT * x_stride + cols * SPLIT
+    # x[r, c] = sum_s acc[SPLIT * r + s, SPLIT * c + s] (SPLIT = 1: the row itself); GATHER: row
+    # max(ids[r], 0) of a table
+    src = r
+    if GATHER:
+        src = tl.maximum(tl.load(ids_ptr + r * ids_stride), 0).to(tl.int64)
+    x_row = x_ptr + src * SPLIT * x_stride + cols * SPLIT
     x = tl.load(x_row, mask=m, other=0.0).to(tl.float32)
     for s in tl.static_range(1, SPLIT):
         x += tl.load(x_row + s * x_stride + s, mask=m, other=0.0).to(tl.float32)
@@ -55,6 +62,10 @@ def _rms_norm_kernel(x_ptr, x_stride, rs_ptr, cs_ptr, res_ptr, res_stride, w_ptr
         s = (x + res).to(res_ptr.dtype.element_ty)
         tl.store(res_ptr + r * res_stride + cols, s, mask=m)
         x = s.to(tl.float32)
+    if STORE_RES:  # GATHER: the gathered row is the residual stream's start
+        tl.store(res_ptr + r * res_stride + cols, x.to(res_ptr.dtype.element_ty), mask=m)
+    if COPY:       # the residual stream as stored, once more (an EAGLE-3 head's recorded state)
+        tl.store(copy_ptr + r * copy_stride + cols, x.to(copy_ptr.dtype.element_ty), mask=m)
     w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
     inv = tl.rsqrt(tl.sum(x * x, axis=0) / H + eps)
     if FP8_OUT:   # amax(|x * w|) reduces alongside sum(x^2): y's amax is inv times it
@@ -72,12 +83,21 @@ def _check(name: str, t: torch.Tensor, h: int) -> None:
                          f"{tuple(t.shape)} strides {t.stride()}")
 
 
-def _launch(x, residual, weight, eps, out, fp8):
+def _launch(x, residual, weight, eps, out, fp8, *, ids=None, copy_to=None):
+    """ids None: x [T, H] (a tensor, ScaledAcc or SplitAcc), residual (optional) added into in
+    place. ids [T]: x is a [V, H] table whose rows ids gather; residual (optional) receives them.
+    copy_to (optional) [T, H]: the residual stream once more (after the add, or the gathered rows)."""
     if weight.dim() != 1 or not weight.is_contiguous():
         raise ValueError(f"weight: expected a contiguous [H] tensor, got {tuple(weight.shape)}")
     h = weight.shape[0]
     split = 1
-    if isinstance(x, SplitAcc):
+    if ids is not None:
+        _check("table", x, h)
+        if ids.dim() != 1 or ids.dtype not in (torch.int32, torch.int64) or ids.device != x.device:
+            raise ValueError(f"ids: expected a [T] int32 / int64 tensor on {x.device}, got "
+                             f"{tuple(ids.shape)} {ids.dtype} on {ids.device}")
+        acc, t, rs, cs = x, ids.shape[0], None, None
+    elif isinstance(x, SplitAcc):
         check_split("x", x, h)
         acc, t, split = x.acc, x.rows, x.split
         rs, cs = x.row_scale, x.col_scale
@@ -105,16 +125,21 @@ def _launch(x, residual, weight, eps, out, fp8):
             raise ValueError(f"out: {out.shape[0]} rows, x has {t}")
         dst, dst_stride, dst_scale = out, out.stride(0), weight
     res = acc if residual is None else residual
-    if residual is not None:
-        _check("residual", residual, h)
-        if residual.shape[0] != t:
-            raise ValueError(f"residual: {residual.shape[0]} rows, x has {t}")
+    for name, tt in (("residual", residual), ("copy_to", copy_to)):
+        if tt is not None:
+            _check(name, tt, h)
+            if tt.shape[0] != t:
+                raise ValueError(f"{name}: {tt.shape[0]} rows, x has {t}")
+    cp = dst if copy_to is None else copy_to
     if t:
         block, pdl = triton.next_power_of_2(h), use_pdl(acc)
         _rms_norm_kernel[(t,)](acc, acc.stride(0), rs, cs, res, res.stride(0), weight, dst, dst_stride,
-                               dst_scale, h, float(eps), BLOCK=block, ADD=residual is not None,
-                               X_SCALED=scaled, X_COL=col, FP8_OUT=fp8, SPLIT=split, PDL=pdl,
-                               num_warps=min(16, max(1, block // 512)), **pdl_options(pdl))
+                               dst_scale, weight if ids is None else ids,
+                               0 if ids is None else (ids.stride(0) if t > 1 else 1), cp, cp.stride(0),
+                               h, float(eps), BLOCK=block, ADD=residual is not None and ids is None,
+                               X_SCALED=scaled, X_COL=col, FP8_OUT=fp8, SPLIT=split, GATHER=ids is not None,
+                               STORE_RES=residual is not None and ids is not None, COPY=copy_to is not None,
+                               PDL=pdl, num_warps=min(16, max(1, block // 512)), **pdl_options(pdl))
     return rows if fp8 else out
 
 
@@ -126,11 +151,26 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Te
 
 
 def add_rms_norm(x: torch.Tensor | ScaledAcc | SplitAcc, residual: torch.Tensor, weight: torch.Tensor,
-                 eps: float, *, out: torch.Tensor | None = None,
-                 fp8: bool = False) -> torch.Tensor | Fp8Rows:
+                 eps: float, *, out: torch.Tensor | None = None, fp8: bool = False,
+                 copy_to: torch.Tensor | None = None) -> torch.Tensor | Fp8Rows:
     """residual [T, H] += x [T, H] (a tensor, a ScaledAcc or a SplitAcc) in place; returns
-    rms_norm(residual) (residual's dtype unless `out`; Fp8Rows with fp8=True)."""
-    return _launch(x, residual, weight, eps, out, fp8)
+    rms_norm(residual) (residual's dtype unless `out`; Fp8Rows with fp8=True). copy_to: an
+    optional [T, H] (rows may be strided) that receives the new residual too (a recorded state)."""
+    return _launch(x, residual, weight, eps, out, fp8, copy_to=copy_to)
 
 
-__all__ = ["rms_norm", "add_rms_norm"]
+def embed_rms_norm(table: torch.Tensor, ids: torch.Tensor, weight: torch.Tensor, eps: float, *,
+                   out: torch.Tensor | None = None, fp8: bool = False, residual: torch.Tensor | None = None,
+                   copy_to: torch.Tensor | None = None) -> torch.Tensor | Fp8Rows:
+    """rms_norm(table[ids.clamp_min(0)]) in one launch, the rows gathered as they are loaded.
+
+    table [V, H] (unit stride along H) float32 / bfloat16 / float16; ids [T] int32 / int64, any
+    stride, on table's device (< V; negative = a padding row: row 0 is read, its output unused);
+    weight [H]; out [T, H] (table's dtype unless given; rows may be strided), or Fp8Rows with
+    fp8=True. residual / copy_to: optional [T, H] that receive the gathered rows themselves (a
+    decoder's residual stream starts there; a recorded state). Returns out. Capturable; the same
+    values as the gather then `rms_norm` (the same row is loaded)."""
+    return _launch(table, residual, weight, eps, out, fp8, ids=ids, copy_to=copy_to)
+
+
+__all__ = ["rms_norm", "add_rms_norm", "embed_rms_norm"]

@@ -30,8 +30,9 @@ loop, 3 launches fewer per layer; plain model-dtype weights, one rank, M <= 16).
 chooses it per decode bucket before capture (measured on CUDA).
 
 Decode, verify and prefill can record residual-stream states for an EAGLE-3 head (`record=` layer
-ids, `hidden_out=` a persistent [rows, len(record) * H] buffer: one copy per id inside the loop;
-off by default, and then the loop is the same ops).
+ids, `hidden_out=` a persistent [rows, len(record) * H] buffer: the RMSNorm kernel that stores a
+recorded residual state stores it there too, a copy per id on the fused-GEMV decode path; off by
+default, and then the loop is the same ops).
 
 `prefill` runs eagerly: the same GEMMs and kernels over all prompts' tokens at once (rope_append
 in prefill mode writes the paged cache), with attention per prompt in float32 torch over the
@@ -45,7 +46,7 @@ import torch.nn.functional as F
 from graphrt.kernels.activation import silu_mul
 from graphrt.kernels.fp8 import Fp8Rows, ScaledAcc, apply_scales, padded_rows, quantize_rows
 from graphrt.kernels.gemv import gemv
-from graphrt.kernels.norm import add_rms_norm, rms_norm
+from graphrt.kernels.norm import add_rms_norm, embed_rms_norm, rms_norm
 from graphrt.kernels.rope_append import rope_append_prefill
 from graphrt.kernels.transfer import tensor_on, to_device
 from graphrt.model.fuse import MAX_ROWS as FUSE_MAX_ROWS, LayerGemvs, fusable
@@ -159,18 +160,24 @@ class LlamaDecoder:
         GEMVs that normalize the residual stream in their prologue (qkv, gate_up), add into it in
         their epilogue (o, down) and form SiLU-mul as they load (down); the final norm is one
         rms_norm after the loop.
-        record / hidden_out: see `check_record` (one copy_ per recorded id; none when off).
+        record / hidden_out: see `check_record` (the norm kernel that stores a recorded state
+        writes it into hidden_out too; a copy_ per id on the fused-GEMV path; none when off).
         splitk: (S_o, S_down), the split-K factors of the o and down GEMMs (1: unsplit)."""
         w, eps, fp8 = self.weights, self.spec.rms_norm_eps, self._fp8_in
         split_o, split_down = splitk
         layers = w.layers
-        residual = self._embed(tokens)                               # [T, H] (a copy)
-        h = None if fuse else rms_norm(residual, layers[0].input_norm, eps, fp8=fp8(layers[0].qkv))
-        width = residual.shape[1]
+        width = self.spec.hidden_size
+        rec = {i: hidden_out[:, r * width:(r + 1) * width] for r, i in enumerate(record)}   # id -> its columns
+        if fuse or self.tp is not None:
+            residual = self._embed(tokens)                           # [T, H] (a copy)
+            h = None if fuse else rms_norm(residual, layers[0].input_norm, eps, fp8=fp8(layers[0].qkv))
+        else:                                # the gather, the residual's start and its norm: one launch
+            residual = torch.empty((tokens.shape[0], width), dtype=w.embed.dtype, device=w.embed.device)
+            h = embed_rms_norm(w.embed, tokens, layers[0].input_norm, eps, fp8=fp8(layers[0].qkv),
+                               residual=residual, copy_to=rec.pop(0, None))
         for i, layer in enumerate(layers):
-            if i in record:                                          # the stream entering layer i
-                r = record.index(i)
-                hidden_out[:, r * width:(r + 1) * width].copy_(residual)
+            if i in rec and (fuse or i == 0):                        # the stream entering layer i
+                rec[i].copy_(residual)                               # (else the norm kernel stored it)
             if fuse:                                                 # [T, (Hq + 2Hkv) D]
                 qkv = gemv(residual, layer.qkv, layer.qkv_bias, norm=layer.input_norm, eps=eps, config=fuse.qkv)
             else:
@@ -186,10 +193,9 @@ class LlamaDecoder:
             m = silu_mul(self._mm(h, layer.gate_up), fp8=fp8(layer.down))
             nxt = layers[i + 1].qkv if i + 1 < len(layers) else (w.lm_head if fp8_head else None)
             h = add_rms_norm(self._reduce(self._mm(m, layer.down, split=split_down)), residual,
-                             self._next_norm(i), eps, fp8=fp8(nxt))
-        if len(layers) in record:                                    # after the last layer, pre-norm
-            r = record.index(len(layers))
-            hidden_out[:, r * width:(r + 1) * width].copy_(residual)
+                             self._next_norm(i), eps, fp8=fp8(nxt), copy_to=rec.get(i + 1))
+        if fuse and len(layers) in rec:                              # after the last layer, pre-norm
+            rec[len(layers)].copy_(residual)
         if fuse:
             h = rms_norm(residual, w.final_norm, eps, fp8=fp8_head and fp8(w.lm_head))
         return h
@@ -265,11 +271,13 @@ class LlamaDecoder:
 
     # ---- verify and prefill chunks (graph-capturable): Q tokens per request ------------------
     def verify_step(self, tokens: torch.Tensor, cache_lens: torch.Tensor, kv_caches, block_table: torch.Tensor,
-                    error: torch.Tensor, *, splits: int = 1, record=(), hidden_out=None) -> torch.Tensor:
-        """tokens [B, Q] int64 (device): row b's current token then its proposals, at positions
-        cache_lens[b] + j; cache_lens [B] int32: K/V already in the cache (-1 = padding row: no
-        K/V written, its logits are garbage). Returns [B * Q, vocab] logits in the model dtype;
-        row (b, j) predicts the token after tokens[b, j].
+                    error: torch.Tensor, *, splits: int = 1, record=(), hidden_out=None,
+                    offset: int = 0) -> torch.Tensor:
+        """tokens [B, Q] int64 (device; rows may be strided): row b's current token then its
+        proposals, at positions cache_lens[b] + offset + j; cache_lens [B] int32: K/V already in
+        the cache, less the host int `offset` (-1 = padding row: no K/V written, its logits are
+        garbage; a draft model's steps read one base tensor at growing offsets). Returns [B * Q,
+        vocab] logits in the model dtype; row (b, j) predicts the token after tokens[b, j].
 
         The decode step's layer loop and kernels (`_layers`): writes the Q tokens' K/V at
         positions cache_lens .. cache_lens + Q - 1 of every layer (rope_append_prefill), then
@@ -282,7 +290,7 @@ class LlamaDecoder:
         record = self.check_record(record, hidden_out, b * nq)
         return self._logits(self._multiquery(tokens, cache_lens, None, kv_caches, block_table, error,
                                              splits=splits, fp8_head=True, record=record,
-                                             hidden_out=hidden_out))
+                                             hidden_out=hidden_out, offset=offset))
 
     def prefill_step(self, tokens: torch.Tensor, cache_lens: torch.Tensor, q_lens: torch.Tensor, kv_caches,
                      block_table: torch.Tensor, error: torch.Tensor, *, splits: int = 1, record=(),
@@ -335,16 +343,16 @@ class LlamaDecoder:
         return self._logits(h)
 
     def _multiquery(self, tokens, cache_lens, q_lens, kv_caches, block_table, error, *, splits: int,
-                    fp8_head: bool, record=(), hidden_out=None, block_n: int | None = None):
-        """The layer loop over tokens [B, Q] at positions cache_lens + j -> final-normed hidden
-        states [B * Q, H] (Fp8Rows with fp8_head and a W8A8 LM head); q_lens None: every token
-        real, else [B] int32 real tokens per row."""
+                    fp8_head: bool, record=(), hidden_out=None, block_n: int | None = None, offset: int = 0):
+        """The layer loop over tokens [B, Q] at positions cache_lens + offset + j (live rows) ->
+        final-normed hidden states [B * Q, H] (Fp8Rows with fp8_head and a W8A8 LM head); q_lens
+        None: every token real, else [B] int32 real tokens per row."""
         from graphrt.kernels.multiquery_attention import multiquery_attention
         from graphrt.kernels.query_layout import query_layout
         b, nq = tokens.shape
         positions, rows, kv_lens = query_layout(                     # [B * Q], [B * Q] (-1: padding), [B]
             cache_lens.to(torch.int32).contiguous(), nq,
-            None if q_lens is None else q_lens.to(torch.int32).contiguous())
+            None if q_lens is None else q_lens.to(torch.int32).contiguous(), offset=offset)
         hq, d = self.local_spec.num_heads, self.local_spec.head_dim
 
         def attend(i, q):                                            # q [B * Q, Hq, D]

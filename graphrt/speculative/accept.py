@@ -31,8 +31,8 @@ from graphrt.kernels.sample import sample_tokens
 
 @triton.jit(do_not_specialize=["width", "n_rows"])
 def _advance_kernel(accept_ptr, fallback_ptr, prop_ptr, tok_ptr, tok_stride, width, n_rows,
-                    num_ptr, limit_ptr, step_ptr, out_ptr, emitted_ptr, Q: tl.constexpr,
-                    QB: tl.constexpr, ROWS: tl.constexpr):
+                    num_ptr, limit_ptr, step_ptr, out_ptr, emitted_ptr, cur_ptr, Q: tl.constexpr,
+                    QB: tl.constexpr, ROWS: tl.constexpr, CUR: tl.constexpr):
     b1 = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     live1 = b1 < n_rows
     b1 = tl.where(live1, b1, 0)
@@ -59,6 +59,11 @@ def _advance_kernel(accept_ptr, fallback_ptr, prop_ptr, tok_ptr, tok_stride, wid
     tl.store(num_ptr + b1, n1 + e1, mask=live1)
     tl.store(step_ptr + b1, tl.load(step_ptr + b1, mask=live1, other=0) + e1, mask=live1)
     tl.store(emitted_ptr + b1, e1, mask=live1)
+    if CUR:   # the slot's current token: its last emitted one, else the one it held (row n - 1)
+        last = tl.sum(tl.where(j == emitted - 1, toks, 0), axis=1)
+        held = tl.load(tok_ptr + b1.to(tl.int64) * tok_stride + tl.minimum(tl.maximum(n1 - 1, 0), width - 1),
+                       mask=live1 & (n1 > 0) & (e1 == 0), other=0)
+        tl.store(cur_ptr + b1, tl.where(e1 > 0, last, held.to(tl.int64)), mask=live1 & (n1 > 0))
 
 
 @triton.jit(do_not_specialize=["n_rows"])
@@ -135,14 +140,18 @@ def judge(logits: torch.Tensor, proposals: torch.Tensor, count: torch.Tensor,
 
 def advance(accept: torch.Tensor, fallback: torch.Tensor, proposals: torch.Tensor,
             token_buf: torch.Tensor, num_tokens: torch.Tensor, limit: torch.Tensor,
-            step: torch.Tensor, out_tokens: torch.Tensor, emitted: torch.Tensor) -> None:
+            step: torch.Tensor, out_tokens: torch.Tensor, emitted: torch.Tensor, *,
+            current: torch.Tensor | None = None) -> None:
     """Emit each row's accepted prefix + its fallback token, clipped to the slot's limit.
 
     accept [B, Q] int32, fallback [B, Q] int64 (from `judge`), proposals [B, Q - 1] int64;
     token_buf [B, W] int32 (row b's tokens; the emitted ones are written at num_tokens[b]..),
     num_tokens [B] int32 (tokens held; 0 = empty slot, emits nothing), limit [B] int32 (the
     most tokens the slot may hold: prompt + max_tokens; clipped to W), step [B] int32 (advanced
-    by the emitted count); out_tokens [B, Q] int64 (-1 past the emitted ones), emitted [B] int32.
+    by the emitted count); out_tokens [B, Q] int64 (-1 past the emitted ones), emitted [B] int32;
+    current: optional [B] int64 (contiguous): each non-empty slot's current token afterwards
+    (token_buf[b, num_tokens[b] - 1]: the last emitted one, or the one it held), for the decode
+    graphs that read it; an empty slot's entry is left as it is.
     """
     b, q = accept.shape
     _need(token_buf.dim() == 2 and token_buf.shape[0] == b and token_buf.dtype == torch.int32
@@ -154,10 +163,15 @@ def advance(accept: torch.Tensor, fallback: torch.Tensor, proposals: torch.Tenso
     _need(tuple(out_tokens.shape) == (b, q) and out_tokens.dtype == torch.int64
           and out_tokens.is_contiguous(), f"out_tokens: expected contiguous [{b}, {q}] int64, got "
           f"{tuple(out_tokens.shape)} {out_tokens.dtype}")
+    _need(current is None or (tuple(current.shape) == (b,) and current.dtype == torch.int64
+                              and current.is_contiguous() and current.device == accept.device),
+          f"current: expected contiguous [{b}] int64 on {accept.device}, got "
+          f"{None if current is None else (tuple(current.shape), current.dtype, str(current.device))}")
     rows = _rows_per_program(accept.device, b)
     _advance_kernel[(triton.cdiv(b, rows),)](
         accept, fallback, proposals, token_buf, token_buf.stride(0), token_buf.shape[1], b,
-        num_tokens, limit, step, out_tokens, emitted, Q=q, QB=triton.next_power_of_2(q), ROWS=rows)
+        num_tokens, limit, step, out_tokens, emitted, current if current is not None else out_tokens,
+        Q=q, QB=triton.next_power_of_2(q), ROWS=rows, CUR=current is not None)
 
 
 __all__ = ["judge", "advance"]

@@ -231,26 +231,28 @@ class SpeculativeRunner:
         num, limit, hist, step = st.seq_lens[:size], st.limit[:size], st.history[:size], st.step[:size]
         temperature = st.temperature[:size]
         table = st.block_table[:size]
+        proposals = v.proposals
         if self.eagle is not None:                                   # made by the previous round
-            self.eagle.propose(size, (num > 0) & (num < limit), v.proposals, v.count)
+            proposals = self.eagle.propose(size, v.count)            # read in place
         elif self.draft is not None:
-            self.draft.propose(hist, num, (num > 0) & (num < limit), table, v.proposals, v.count,
-                               self.device_error)
+            self.draft.propose(hist, num, limit, table, v.proposals, v.count, self.device_error)
         else:
             ngram_propose(hist, num, v.proposals, v.count, min_n=c.ngram_min, max_n=c.ngram_max)
         # count capped by the slot's own k, tokens [B, k + 1] (the current token, then the
         # proposals), cache_lens (-1: inactive), proposed[r]: one launch (speculative/prologue.py)
-        tokens, cache_lens = round_inputs(hist, num, limit, st.spec_k[:size], v.proposals, v.count,
+        tokens, cache_lens = round_inputs(hist, num, limit, st.spec_k[:size], proposals, v.count,
                                           v.proposed[r])
         record = self.eagle.verify_kwargs(size) if self.eagle is not None else {}
         logits = self.model.verify_step(tokens, cache_lens, self.kv_caches, table, self.device_error,
                                         splits=self.splits[size], **record)   # [B * (k + 1), V]
         if processed:                         # the slots' logits processing, per verified position
-            logits = st.proc.process_verify(logits, size, v.proposals, step, temperature)
+            logits = st.proc.process_verify(logits, size, proposals, step, temperature)
         kept = dict(top_k=st.top_k[:size], top_p=st.top_p[:size]) if filtered else {}
-        judge(logits, v.proposals, v.count, temperature, st.seed[:size], step, v.accept, v.fallback,
+        judge(logits, proposals, v.count, temperature, st.seed[:size], step, v.accept, v.fallback,
               **kept)                                                # the sampler's kept set
-        advance(v.accept, v.fallback, v.proposals, hist, num, limit, step, v.out_tokens[r], v.emitted[r])
+        last = r == self.rounds - 1           # the decode graphs' input: each slot's current token
+        advance(v.accept, v.fallback, proposals, hist, num, limit, step, v.out_tokens[r], v.emitted[r],
+                current=st.tokens[:size] if last else None)
         if processed:                         # the emitted tokens counted for the penalties
             out = v.out_tokens[r]                                    # [B, Q], -1 past the emitted
             st.proc.counts[:size].scatter_add_(1, out.clamp_min(0), (out >= 0).to(torch.int32))
@@ -258,12 +260,8 @@ class SpeculativeRunner:
             self.eagle.after(size, v.out_tokens[r], v.emitted[r], cache_lens, table, self.device_error)
 
     def _block(self, size: int, filtered: bool, k: int, processed: bool = False) -> None:
-        for r in range(self.rounds):
-            self._round(size, r, filtered, k, processed)
-        st = self.slots                                              # the decode graphs' input
-        num, tokens = st.seq_lens[:size], st.tokens[:size]
-        cur = st.history[:size].gather(1, (num.long() - 1).clamp_min(0)[:, None])[:, 0]
-        tokens.copy_(torch.where(num > 0, cur.long(), tokens))
+        for r in range(self.rounds):          # the last round's advance leaves each slot's current
+            self._round(size, r, filtered, k, processed)             # token where decode reads it
 
     def _key(self, size: int, filtered: bool, k: int, processed: bool = False) -> GraphKey:
         return GraphKey("spec", size, query_len=k + 1, steps=self.rounds, sampled=True,

@@ -89,6 +89,27 @@ def test_torch_fallback_where_triton_cannot_run(monkeypatch):
     monkeypatch.setattr(am, "triton_runs_on", lambda t: False)
     x = _hard_rows(17, 3000, 1024, torch.float32, seed=4)
     _check(x)
+    _check_mapped(x)
+
+
+def _check_mapped(logits: torch.Tensor, **kw) -> None:
+    """ids[argmax] into each column of an [R, 3] table (a strided out), the other columns untouched."""
+    r, v = logits.shape
+    ids = torch.randperm(4 * v, generator=torch.Generator().manual_seed(v))[:v].long()   # a draft->target map
+    table = torch.full((r, 3), -5, dtype=torch.int64)
+    for j in range(3):
+        assert argmax_into(logits, table[:, j], ids=ids, **kw).data_ptr() == table[:, j].data_ptr()
+        assert torch.equal(table[:, j], ids[torch.argmax(logits, dim=-1)])
+        assert (table[:, j + 1:] == -5).all()
+
+
+@pytest.mark.parametrize("r", [1, 17])
+def test_vocabulary_map_into_a_strided_column(r):
+    """The EAGLE-3 chain's form: the draft vocabulary's argmax mapped to target ids and written
+    into a column of the proposals table, one call (no index, no copy)."""
+    x = _hard_rows(r, 3000, 1024, torch.float32, seed=r)
+    _check_mapped(x, chunk=1024)
+    _check_mapped(x.to(torch.bfloat16))
 
 
 def test_bad_arguments_are_refused_by_name():
@@ -98,7 +119,9 @@ def test_bad_arguments_are_refused_by_name():
         (dict(out=torch.empty(4, dtype=torch.int32)), "out"),
         (dict(out=torch.empty(5, dtype=torch.int64)), "out"),
         (dict(out=torch.empty(4, 1, dtype=torch.int64)), "out"),
-        (dict(out=torch.empty(8, dtype=torch.int64)[::2]), "out"),
+        (dict(ids=torch.arange(299)), "ids"),
+        (dict(ids=torch.arange(300, dtype=torch.int32)), "ids"),
+        (dict(ids=torch.arange(600)[::2]), "ids"),
         (dict(out=torch.empty(4, dtype=torch.int64, device="meta")), "out"),
         (dict(out=[0, 0, 0, 0]), "out"),
         (dict(top=torch.empty(4, dtype=torch.float16)), "top"),
@@ -113,9 +136,9 @@ def test_bad_arguments_are_refused_by_name():
         (dict(chunk=True), "chunk"),
     ]
     for change, name in bad:
-        kw = dict(logits=x, out=out, top=None, chunk=None) | change
+        kw = dict(logits=x, out=out, top=None, chunk=None, ids=None) | change
         with pytest.raises(ValueError, match=f"^{name}: expected"):
-            argmax_into(kw["logits"], kw["out"], top=kw["top"], chunk=kw["chunk"])
+            argmax_into(kw["logits"], kw["out"], top=kw["top"], chunk=kw["chunk"], ids=kw["ids"])
 
 
 _COMPILE = r'''
@@ -137,14 +160,14 @@ for dt in ("*bf16", "*fp16", "*fp32"):
     for pdl in (False, True):
         build(am._chunks, dict(logits_ptr=dt, l_stride="i64", V="i32", S="i32", xmax_ptr="*fp32",
               xarg_ptr="*i64"), dict(CHUNK=am.CHUNK, PDL=pdl))
-for top in (False, True):
-    build(am._rows, dict(xmax_ptr="*fp32", xarg_ptr="*i64", S="i32", out_ptr="*i64", top_ptr="*fp32"),
-          dict(TOP=top, SP2=32, PDL=True))
+for top, mapped in ((False, False), (True, False), (False, True)):
+    build(am._rows, dict(xmax_ptr="*fp32", xarg_ptr="*i64", S="i32", out_ptr="*i64", out_stride="i32",
+                         top_ptr="*fp32", ids_ptr="*i64"), dict(TOP=top, MAP=mapped, SP2=32, PDL=True))
 '''
 
 
 def test_kernels_compile_for_sm90():
-    compile_for_sm90(_COMPILE, 8)
+    compile_for_sm90(_COMPILE, 9)
 
 
 @pytest.mark.gpu

@@ -39,6 +39,13 @@ for add, split in itertools.product((True, False), (1, 2)):
     build(norm._rms_norm_kernel, dict(x_ptr="*bf16", x_stride="i32", res_ptr="*bf16", res_stride="i32",
           w_ptr="*bf16", out_ptr="*bf16", out_stride="i32", H="i32", eps="fp32"),
           dict(BLOCK=4096, ADD=add, SPLIT=split), 8)
+build(norm._rms_norm_kernel, dict(x_ptr="*bf16", x_stride="i32", w_ptr="*bf16", out_ptr="*bf16",   # embed_rms_norm
+      out_stride="i32", ids_ptr="*i64", ids_stride="i32", res_ptr="*bf16", res_stride="i32", copy_ptr="*bf16",
+      copy_stride="i32", H="i32", eps="fp32"),
+      dict(BLOCK=4096, ADD=False, SPLIT=1, GATHER=True, STORE_RES=True, COPY=True), 8)
+build(norm._rms_norm_kernel, dict(x_ptr="*bf16", x_stride="i32", res_ptr="*bf16", res_stride="i32",   # + a record
+      w_ptr="*bf16", out_ptr="*bf16", out_stride="i32", copy_ptr="*bf16", copy_stride="i32", H="i32", eps="fp32"),
+      dict(BLOCK=4096, ADD=True, SPLIT=1, COPY=True), 8)
 build(activation._silu_mul_kernel, dict(x_ptr="*bf16", x_stride="i32", out_ptr="*bf16",
       out_stride="i32", I="i32"), dict(BLOCK=1024), 4)
 # the GEMV: plain, and the fused variants of the decode step (model/fuse.py): qkv (norm, +- bias),
@@ -63,4 +70,4 @@ def test_kernels_compile_for_sm90():
     run = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-4000:]
-    assert run.stdout.count("ok ") == 31, run.stdout
+    assert run.stdout.count("ok ") == 33, run.stdout

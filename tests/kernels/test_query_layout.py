@@ -8,9 +8,10 @@ import torch
 from graphrt.kernels.query_layout import query_layout
 
 
-def _reference(cache_lens, nq, q_lens):
+def _reference(cache_lens, nq, q_lens, offset=0):
     b = cache_lens.shape[0]
     live = cache_lens >= 0
+    cache_lens = torch.where(live, cache_lens + offset, cache_lens)
     steps = torch.arange(nq, dtype=torch.int32)
     positions = (cache_lens.clamp_min(0)[:, None] + steps[None, :]).reshape(-1)
     real = live[:, None] if q_lens is None else live[:, None] & (steps[None, :] < q_lens[:, None])
@@ -33,6 +34,20 @@ def test_query_layout_equals_the_torch_ops(b, nq, partial):
         assert x.dtype == torch.int32 and torch.equal(x, w.to(torch.int32))
 
 
+@pytest.mark.parametrize("offset", [1, 3, 17])
+def test_query_layout_offset_shifts_live_rows_only(offset):
+    """The EAGLE-3 chain's form: one base tensor (-1 = idle slot), each step at its own offset;
+    the same as the torch ops on base + offset with the padding rows left at -1."""
+    cache_lens = torch.tensor([-1, 0, 5, 40, -1, 2], dtype=torch.int32)
+    want = _reference(cache_lens, 1, None, offset)
+    got = query_layout(cache_lens, 1, offset=offset)
+    for w, x in zip(want, got):
+        assert torch.equal(x, w.to(torch.int32))
+    shifted = torch.where(cache_lens >= 0, cache_lens + offset, -1).to(torch.int32)
+    for w, x in zip(query_layout(shifted, 1), got):
+        assert torch.equal(x, w)
+
+
 def test_query_layout_names_the_bad_field():
     ok = torch.zeros(3, dtype=torch.int32)
     with pytest.raises(ValueError, match="cache_lens"):
@@ -41,3 +56,6 @@ def test_query_layout_names_the_bad_field():
         query_layout(ok, 0)
     with pytest.raises(ValueError, match="q_lens"):
         query_layout(ok, 2, torch.zeros(4, dtype=torch.int32))
+    for bad in (-1, True, 2.0, 2 ** 30):
+        with pytest.raises(ValueError, match="^offset: "):
+            query_layout(ok, 2, offset=bad)

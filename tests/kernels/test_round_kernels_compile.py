@@ -1,5 +1,5 @@
 """The small per-round / per-step kernels (speculative/prologue.py, kernels/step_advance.py,
-kernels/query_layout.py, speculative/accept.py's comparison) compile to PTX for sm_90 without a
+kernels/query_layout.py, speculative/accept.py's comparison and advance, the EAGLE-3 and draft rounds' preps) compile to PTX for sm_90 without a
 GPU: the interpreter accepts code the compiler refuses."""
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ from triton.compiler import ASTSource
 from graphrt.speculative.prologue import _round_inputs_kernel
 from graphrt.kernels.step_advance import _step_advance_kernel
 from graphrt.kernels.query_layout import _query_layout_kernel
-from graphrt.speculative.accept import _accept_kernel
+from graphrt.speculative.accept import _accept_kernel, _advance_kernel
+from graphrt.speculative.eagle3.propose import _round_prep_kernel
+from graphrt.speculative.draft import _draft_prep_kernel
 cases = [
     (_round_inputs_kernel, {"hist_ptr": "*i32", "hist_stride": "i32", "width": "i32", "n_rows": "i32",
                             "num_ptr": "*i32", "limit_ptr": "*i32", "cap_ptr": "*i32", "prop_ptr": "*i64",
@@ -33,12 +35,24 @@ for hist in (True, False):
 for q, has in ((5, False), (16, True), (1, False)):
     cases.append((_query_layout_kernel, {"cache_lens_ptr": "*i32", "q_lens_ptr": "*i32", "positions_ptr": "*i32",
                                          "rows_ptr": "*i32", "kv_lens_ptr": "*i32", "n_rows": "i32",
-                                         "Q": "constexpr", "QB": "constexpr", "HAS_Q_LENS": "constexpr",
+                                         "offset": "i32", "Q": "constexpr", "QB": "constexpr", "HAS_Q_LENS": "constexpr",
                                          "ROWS": "constexpr"},
                   {"Q": q, "QB": triton.next_power_of_2(q), "HAS_Q_LENS": has, "ROWS": 1}))
 cases.append((_accept_kernel, {"fallback_ptr": "*i64", "prop_ptr": "*i64", "count_ptr": "*i32", "accept_ptr": "*i32",
                                "n_rows": "i32", "Q": "constexpr", "QB": "constexpr", "ROWS": "constexpr"},
               {"Q": 5, "QB": 8, "ROWS": 1}))
+for cur in (False, True):
+    cases.append((_advance_kernel, {"accept_ptr": "*i32", "fallback_ptr": "*i64", "prop_ptr": "*i64", "tok_ptr": "*i32",
+                                    "tok_stride": "i32", "width": "i32", "n_rows": "i32", "num_ptr": "*i32",
+                                    "limit_ptr": "*i32", "step_ptr": "*i32", "out_ptr": "*i64", "emitted_ptr": "*i32",
+                                    "cur_ptr": "*i64", "Q": "constexpr", "QB": "constexpr", "ROWS": "constexpr",
+                                    "CUR": "constexpr"}, {"Q": 5, "QB": 8, "ROWS": 1, "CUR": cur}))
+cases.append((_round_prep_kernel, {"emitted_ptr": "*i32", "cache_lens_ptr": "*i32", "cl_ptr": "*i32", "at_ptr": "*i64",
+                                   "base_ptr": "*i32", "n_rows": "i32", "Q": "constexpr", "ROWS": "constexpr"},
+              {"Q": 5, "ROWS": 1}))
+cases.append((_draft_prep_kernel, {"hist_ptr": "*i32", "hist_stride": "i32", "width": "i32", "num_ptr": "*i32",
+                                   "limit_ptr": "*i32", "toks_ptr": "*i64", "base_ptr": "*i32", "count_ptr": "*i32",
+                                   "n_rows": "i32", "K": "constexpr", "ROWS": "constexpr"}, {"K": 4, "ROWS": 1}))
 last = None
 for fn, sig, const in cases:
     sig = sig or last
@@ -54,4 +68,4 @@ def test_round_kernels_compile_for_sm90_without_a_gpu():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "compiled 8" in r.stdout
+    assert "compiled 12" in r.stdout

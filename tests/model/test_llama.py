@@ -16,7 +16,7 @@ from graphrt.model import LlamaDecoder
 from graphrt.model.fuse import LayerGemvs
 
 transformers = pytest.importorskip("transformers")
-SHAPE_OPS = {"t", "view", "_unsafe_view", "reshape", "expand", "detach", "alias"}  # no kernel
+SHAPE_OPS = {"t", "view", "_unsafe_view", "reshape", "expand", "detach", "alias", "empty"}  # no kernel
 
 
 class _Record(TorchDispatchMode):
@@ -53,6 +53,7 @@ def test_decode_step_issues_only_fused_kernels_and_gemms(kind, fused, monkeypatc
     h, act = torch.zeros(b, s.hidden_size), torch.zeros(b, s.intermediate_size)
     monkeypatch.setattr(llama, "rms_norm", stand_in("rms_norm", lambda *a: h))
     monkeypatch.setattr(llama, "add_rms_norm", stand_in("add_rms_norm", lambda *a: h))
+    monkeypatch.setattr(llama, "embed_rms_norm", stand_in("embed_rms_norm", lambda *a: h))
     monkeypatch.setattr(llama, "silu_mul",
                         stand_in("silu_mul", lambda x: act))
 
@@ -81,4 +82,4 @@ def test_decode_step_issues_only_fused_kernels_and_gemms(kind, fused, monkeypatc
                  "gemv+norm", "gemv+silu+add"]
         assert log == ["index"] + layer * s.num_layers + ["rms_norm", "mm"]
     else:
-        assert log == ["index", "rms_norm"] + layer * s.num_layers + ["mm"]
+        assert log == ["embed_rms_norm"] + layer * s.num_layers + ["mm"]   # gather + norm: one launch

@@ -72,16 +72,43 @@ def test_verify_records_every_row_like_hf(hf):
 
 
 class _Ops(TorchDispatchMode):
+    """aten ops issued, and Triton launches by kernel name; the interpreter's own copies of a
+    kernel's arguments (on CPU) are not counted: they are no op of the model's."""
+
     def __init__(self):
         super().__init__()
         self.ops = Counter()
+        self.quiet = False
+
+    def __enter__(self):
+        import triton.runtime.interpreter as interp
+        run, outer = interp.InterpretedFunction.run, self
+
+        def counted(fn, *a, **kw):
+            outer.ops["triton." + fn.fn.__name__] += 1
+            outer.quiet = True
+            try:
+                return run(fn, *a, **kw)
+            finally:
+                outer.quiet = False
+        self._restore = (interp.InterpretedFunction, run)
+        interp.InterpretedFunction.run = counted
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        cls, run = self._restore
+        cls.run = run
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[str(func.overloadpacket)] += 1
+        if not self.quiet:
+            self.ops[str(func.overloadpacket)] += 1
         return func(*args, **(kwargs or {}))
 
 
 def test_recording_off_adds_no_op(hf):
+    """Off: the same ops, op for op. On: no launch more (the RMSNorm that forms a recorded state
+    stores it too), only the column views of hidden_out."""
     model = LlamaDecoder.from_hf(hf)
     tokens = torch.randint(0, VOCAB, (2, 3), generator=torch.Generator().manual_seed(2))
     counts = []
@@ -90,8 +117,9 @@ def test_recording_off_adds_no_op(hf):
             _verify(model, tokens, **kw)
         counts.append(m.ops)
     assert counts[0] == counts[1]                                     # off: the same ops, op for op
+    assert counts[0]["triton._rms_norm_kernel"] == 2 * L + 1          # the loop's norms were counted
     extra = counts[2] - counts[0]
-    assert extra["aten.copy_"] == 2 and set(extra) <= {"aten.copy_", "aten.slice"}, extra
+    assert set(extra) <= {"aten.slice"} and not counts[0] - counts[2], extra
 
 
 @pytest.mark.parametrize("chunk", [None, 4])

@@ -132,3 +132,34 @@ def test_bad_input():
                       ("fallback", torch.zeros((b, q), dtype=torch.int32))):
         with pytest.raises(ValueError, match=name):
             judge(**{**args, name: bad})
+
+
+def test_advance_leaves_each_slot_current_token():
+    """`current`: the token a slot holds last after the round (what the decode graphs read as
+    its current token): the last emitted one; for a slot at its limit (emits nothing) the one
+    it held; an empty slot's entry untouched. The same as the gather of the history at n - 1."""
+    gen = torch.Generator().manual_seed(4)
+    b, k, v, width = 5, 3, 40, 12
+    logits = torch.randn((b, k + 1, v), generator=gen)
+    target = logits.argmax(-1)
+    props = torch.randint(0, v, (b, k), generator=gen)
+    props[0] = target[0, :k]                                          # all accepted + bonus
+    props[1, 0] = (target[1, 0] + 1) % v                               # rejected at once: 1 token
+    props[4] = target[4, :k]                                          # all accepted, clipped to 2
+    count = torch.full((b,), k, dtype=torch.int32)
+    num = torch.tensor([4, 4, 6, 0, 5], dtype=torch.int32)
+    limit = torch.tensor([50, 50, 6, 50, 7], dtype=torch.int32)       # slot 2 at its limit, 4 clipped
+    buf = torch.randint(0, v, (b, width), generator=gen, dtype=torch.int32)
+    acc = torch.empty((b, k + 1), dtype=torch.int32)
+    fb = torch.empty((b, k + 1), dtype=torch.int64)
+    step = torch.zeros(b, dtype=torch.int32)
+    judge(logits, props, count, torch.zeros(b), torch.zeros(b, dtype=torch.int64), step, acc, fb)
+    current = torch.full((b,), -7, dtype=torch.int64)
+    out, emitted, n = torch.empty((b, k + 1), dtype=torch.int64), torch.empty(b, dtype=torch.int32), num.clone()
+    advance(acc, fb, props, buf, n, limit, step, out, emitted, current=current)
+    assert emitted.tolist()[:3] == [4, 1, 0] and int(emitted[3]) == 0 and int(emitted[4]) == 2
+    want = buf.gather(1, (n.long() - 1).clamp_min(0)[:, None])[:, 0]
+    assert torch.equal(current[n > 0], want[n > 0]) and int(current[3]) == -7
+    assert int(current[0]) == int(target[0, k]) and int(current[2]) == int(buf[2, 5])
+    with pytest.raises(ValueError, match="^current: "):
+        advance(acc, fb, props, buf, n, limit, step, out, emitted, current=current.int())

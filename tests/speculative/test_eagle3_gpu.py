@@ -33,8 +33,8 @@ def _inputs(seed, dev, dtype):
     vh = torch.randn(2, K + 1, 3 * H, generator=g).to(dev, dtype)
     emitted = torch.randint(0, V, (2, K + 1), generator=g).to(dev)
     lens = torch.randint(3, 20, (2,), generator=g).to(dev, torch.int32)
-    acc = torch.randint(0, K + 1, (2,), generator=g).to(dev, torch.int32)
-    return vh, emitted, lens, acc
+    count = torch.randint(1, K + 2, (2,), generator=g).to(dev, torch.int32)   # a + 1 emitted
+    return vh, emitted, lens, count
 
 
 def test_round_float32_matches_dense():
@@ -63,7 +63,6 @@ def test_captured_round_replays_like_eager():
     head, cache, table, _, _ = _parts(torch.bfloat16)
     dev, dt = head.device, torch.bfloat16
     drafter = Eagle3Drafter(head, cache, K, max_len=64)
-    active = torch.ones(2, dtype=torch.bool, device=dev)
     static = [t.clone() for t in _inputs(0, dev, dt)]
     props = torch.empty(2, K, dtype=torch.int64, device=dev)
     err = torch.zeros(1, dtype=torch.int32, device=dev)
@@ -71,11 +70,11 @@ def test_captured_round_replays_like_eager():
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        drafter.round(*static, active, table, props, err)             # warm-up (compiles)
+        drafter.round(*static, table, props, err)             # warm-up (compiles)
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        drafter.round(*static, active, table, props, err)
+        drafter.round(*static, table, props, err)
     for seed in (1, 2):
         fresh = _inputs(seed, dev, dt)
         cache.k.copy_(k0)
@@ -87,6 +86,6 @@ def test_captured_round_replays_like_eager():
         cache.k.copy_(k0)
         cache.v.copy_(v0)
         want = torch.empty_like(props)
-        drafter.round(*fresh, active, table, want, err)
+        drafter.round(*fresh, table, want, err)
         assert torch.equal(got, want) and torch.equal(got_k, cache.k)
     assert int(err) == 0

@@ -133,8 +133,7 @@ def test_round_after_verify_matches_dense(accepted):
         emitted[r, :a] = first[r, :a]
         emitted[r, a] = int(torch.randint(0, V, (1,), generator=g))
     props = torch.empty(2, k, dtype=torch.int64)
-    drafter.round(vh, emitted, torch.tensor(lens, dtype=torch.int32), acc, torch.ones(2, dtype=torch.bool),
-                  table, props, err)
+    drafter.round(vh, emitted, torch.tensor(lens, dtype=torch.int32), acc + 1, table, props, err)
     start = 0
     for r, n in enumerate(lens):
         ref = _dense(tensors, embed)

@@ -3,10 +3,13 @@
 # part 2 (none / ngram / eagle3 through LLM, x runner and busy from the engine's block times) on the
 # tree "before" (this tree with the files under $AB swapped in) and on this tree, same family, one
 # after the other: the A/B of a change to the speculative round or the decode step.
-# Make the mirror first (here, not on the device), e.g. for round 17's fewer-nodes commit:
-#   rm -rf .ab; for f in $(git diff --name-only 358275a~1 358275a -- graphrt); do
-#     git cat-file -e 358275a~1:$f 2>/dev/null && mkdir -p .ab/$(dirname $f) && git show 358275a~1:$f > .ab/$f; done
+# Make the mirror first (here, not on the device): the whole graphrt/ of the "before" commit laid
+# over this tree's (a file only this tree has stays, unused by the older code). E.g. round 18's
+# launch cuts against the tree before them:
+#   rm -rf .ab && mkdir .ab && git archive 28f640b graphrt | tar -x -C .ab
+# (round 17's fewer-nodes commit: 358275a~1; its bench_spec lacks nothing this script asks for)
 #   AB=.ab DEADLINE=540 bash .device/bootstrap.sh bash tools/device/spec_ab.sh      (carry .device and .ab)
+# The before tree keeps this tree's tools/ (the same bench for both).
 NAME=spec_ab; DEADLINE=${DEADLINE:-540}; . tools/device/lib.sh   # logs, pack, cap, say
 DIR=/tmp/fam; rm -rf "$DIR"
 [ -n "${AB:-}" ] && [ -d "$AB" ] || { echo "spec_ab: AB=DIR (the before-tree mirror) is required" >&2; exit 2; }
@@ -17,7 +20,7 @@ timeout $(cap 80) python tools/train_eagle3.py --target "$DIR/target" --out "$DI
 rm -rf /tmp/before && mkdir -p /tmp/before && cp -r graphrt tools /tmp/before/ && cp -r "$AB"/. /tmp/before/
 for w in before after; do
   if [ $w = before ]; then cd /tmp/before; export PYTHONPATH=/tmp/before:/tmp/graphrt-site:/tmp/site; else cd "$OLDPWD"; export PYTHONPATH="$PWD:/tmp/graphrt-site:/tmp/site"; fi
-  timeout $(cap 150) python tools/bench_spec.py --trained "$DIR" --methods none,ngram,eagle3 --prompts 6 \
+  timeout $(cap 150) python tools/bench_spec.py --trained "$DIR" --methods none,ngram,draft,eagle3 --prompts 6 \
     --out "$L/bench_$w.json" > "$L/bench_$w.log" 2>&1; say "bench $w rc=$?"; pack
 done
 for w in before after; do echo "== $w"; sed -n '/^part 2/,/^$/p' "$L/bench_$w.log"; done | tee -a "$S"

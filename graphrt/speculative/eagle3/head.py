@@ -26,7 +26,7 @@ import torch
 
 from graphrt.kernels.activation import silu_mul
 from graphrt.kernels.multiquery_attention import multiquery_attention
-from graphrt.kernels.norm import add_rms_norm, rms_norm
+from graphrt.kernels.norm import add_rms_norm, embed_rms_norm, rms_norm
 from graphrt.kernels.query_layout import query_layout
 from graphrt.kernels.rope_append import rope_append_prefill
 from graphrt.kernels.transfer import tensor_on
@@ -70,53 +70,51 @@ class Eagle3Head:
 
     # ---- the layer --------------------------------------------------------------------------
     def _project(self, g, tokens, positions, rows, kv_cache, block_table, error):
-        """The layer's first half: g [T, H], tokens [T] int64 (< 0: padding ids) -> (x [T, 2H],
-        rotated q [T, Hq, D]); each token's K/V written at its position in its row's pages
-        (rows [T] int32, -1 = padding: nothing written). A position's K/V needs nothing else:
-        the prompt pass (`write_kv`) stops here."""
+        """The layer's first half: g [T, H], tokens [T] int64 (any stride; < 0: padding ids) ->
+        (x [T, 2H], rotated q [T, Hq, D]); each token's K/V written at its position in its row's
+        pages (rows [T] int32, -1 = padding: nothing written). A position's K/V needs nothing
+        else: the prompt pass (`write_kv`) stops here."""
         w, c = self.weights, self.config
         eps, (t, h) = c.rms_norm_eps, g.shape
         x = torch.empty((t, 2 * h), dtype=g.dtype, device=g.device)
-        rms_norm(self.embed[tokens.clamp_min(0)], w.input_norm, eps, out=x[:, :h])
+        embed_rms_norm(self.embed, tokens, w.input_norm, eps, out=x[:, :h])     # gathered as loaded
         rms_norm(g, w.hidden_norm, eps, out=x[:, h:])
         q = rope_append_prefill(linear(x, w.qkv), self.cos_sin, kv_cache, block_table, positions, rows,
                                 error, num_q_heads=c.num_heads, eps=eps)        # [T, Hq, D]
         return x, q
 
-    def _layer(self, g, tokens, positions, rows, kv_cache, block_table, error, attend):
-        """g [T, H], tokens [T] int64 -> (draft logits [T, Vd], pre-norm h [T, H]), model dtype."""
+    def _layer(self, g, tokens, positions, rows, kv_cache, block_table, error, attend, at=None):
+        """g [T, H] (consumed: it becomes the residual stream, written in place), tokens [T]
+        int64 -> (draft logits [T, Vd], pre-norm h [T, H]), model dtype; with at [B] int64 (rows
+        of T), only those rows: ([B, Vd], [B, H]), the LM head run on B rows."""
         w, c = self.weights, self.config
         eps, h = c.rms_norm_eps, g.shape[1]
         x, q = self._project(g, tokens, positions, rows, kv_cache, block_table, error)
-        residual = (x[:, h:] if c.norm_before_residual else g).clone()       # add_rms_norm writes it
+        # the residual stream in place: x is dead once qkv has read it, g once its norm has
+        residual = x[:, h:] if c.norm_before_residual else g
         y = add_rms_norm(linear(attend(q), w.o), residual, w.post_attn_norm, eps)   # residual: g + attn
         out = add_rms_norm(linear(silu_mul(linear(y, w.gate_up)), w.down), residual, w.norm, eps)
+        if at is not None:
+            out, residual = out.index_select(0, at), residual.index_select(0, at)
         return linear(out, w.lm_head), residual                                  # residual: pre-norm h
 
-    @staticmethod
-    def _layout(cache_lens, nq: int, q_lens):
-        """Rows of [B, Q] tokens at positions cache_lens[b] + j -> (positions [B * Q] int32,
-        block-table rows [B * Q] int32 (-1: padding row or, with q_lens [B] int32, j >= q_lens[b]),
-        kv_lens [B] int32 (0 for padding rows))."""
-        return query_layout(cache_lens.to(torch.int32).contiguous(), nq,      # one launch
-                            None if q_lens is None else q_lens.to(torch.int32).contiguous())
-
-    def _rows(self, g, tokens, cache_lens, kv_cache, block_table, error, splits):
-        """g [B * Q, H], tokens [B, Q] at positions cache_lens[b] + j (-1 = padding row)."""
+    def _rows(self, g, tokens, cache_lens, kv_cache, block_table, error, splits, *, offset=0, at=None):
+        """g [B * Q, H] (consumed), tokens [B, Q] at positions cache_lens[b] + offset + j (-1 =
+        padding row) -> ([B, Q, Vd], [B, Q, H]); with at [B] int64 (rows of B * Q): ([B, Vd], [B, H])."""
         b, nq = tokens.shape
-        positions, rows, kv_lens = self._layout(cache_lens, nq, None)
+        positions, rows, kv_lens = query_layout(cache_lens, nq, offset=offset)   # one launch
         hq, d = self.config.num_heads, self.config.head_dim
 
         def attend(q):                                                   # q [B * Q, Hq, D]
             o = multiquery_attention(q.view(b, nq, hq, d), kv_cache, block_table, kv_lens, splits=splits)
             return o.view(b * nq, hq * d)
 
-        logits, h = self._layer(g, tokens.reshape(-1), positions, rows, kv_cache, block_table, error, attend)
-        return logits.view(b, nq, -1), h.view(b, nq, -1)
+        logits, h = self._layer(g, tokens.reshape(-1), positions, rows, kv_cache, block_table, error, attend, at)
+        return (logits, h) if at is not None else (logits.view(b, nq, -1), h.view(b, nq, -1))
 
     # ---- graph-capturable entry points -------------------------------------------------------
     def extend(self, hidden3: torch.Tensor, tokens: torch.Tensor, cache_lens: torch.Tensor, kv_cache,
-               block_table: torch.Tensor, error: torch.Tensor, *, splits: int = 1):
+               block_table: torch.Tensor, error: torch.Tensor, *, splits: int = 1, at: torch.Tensor | None = None):
         """Target-hidden path (and draft-extend after a verify).
 
         hidden3 [B, Q, 3H] (model dtype): the target's recorded hidden states at positions
@@ -124,18 +122,23 @@ class Eagle3Head:
         shifted input; < 0 allowed in slots whose outputs are unused); cache_lens [B] int32:
         head K/V already cached per row (-1 = padding row: nothing written). Writes the Q
         positions' K/V into kv_cache (block_table [>= B, W] int32 rows; error [1] int32
-        device_error). Returns draft logits [B, Q, Vd] and pre-norm h [B, Q, H]."""
+        device_error). Returns draft logits [B, Q, Vd] and pre-norm h [B, Q, H]; with at [B]
+        int64 (row b * Q + j of each row's position to read), only those: [B, Vd] and [B, H] (the
+        LM head over B rows, not B * Q)."""
         b, nq, _ = hidden3.shape
         g = linear(hidden3.reshape(b * nq, -1), self.weights.fc)                 # [B * Q, H]
-        return self._rows(g, tokens, cache_lens, kv_cache, block_table, error, splits)
+        return self._rows(g, tokens, cache_lens.to(torch.int32).contiguous(), kv_cache, block_table, error,
+                          splits, at=at)
 
     def chain_step(self, h_prev: torch.Tensor, tokens: torch.Tensor, cache_lens: torch.Tensor, kv_cache,
-                   block_table: torch.Tensor, error: torch.Tensor, *, splits: int = 1):
+                   block_table: torch.Tensor, error: torch.Tensor, *, splits: int = 1, offset: int = 0):
         """One draft step per row: h_prev [B, H] (the head's pre-norm h at the previous
-        position), tokens [B] int64 (the previous draft token, target ids), at position
-        cache_lens[b] (-1 = padding row); one K/V entry written per live row. Returns draft
-        logits [B, Vd] and pre-norm h [B, H]."""
-        logits, h = self._rows(h_prev, tokens[:, None], cache_lens, kv_cache, block_table, error, splits)
+        position; consumed: the returned h is written over it), tokens [B] int64 (any stride:
+        the previous draft token, target ids), at position cache_lens[b] + offset (cache_lens
+        [B] int32, -1 = padding row; offset a host int); one K/V entry written per live row.
+        Returns draft logits [B, Vd] and pre-norm h [B, H]."""
+        logits, h = self._rows(h_prev, tokens[:, None], cache_lens.to(torch.int32).contiguous(), kv_cache,
+                               block_table, error, splits, offset=offset)
         return logits[:, 0], h[:, 0]
 
     def write_kv(self, hidden3: torch.Tensor, tokens: torch.Tensor, cache_lens: torch.Tensor, kv_cache,
@@ -147,7 +150,8 @@ class Eagle3Head:
         real positions, the rest padding (no K/V written). Capturable."""
         b, nq, _ = hidden3.shape
         g = linear(hidden3.reshape(b * nq, -1), self.weights.fc)                 # [B * Q, H]
-        positions, rows, _ = self._layout(cache_lens, nq, q_lens)
+        positions, rows, _ = query_layout(cache_lens.to(torch.int32).contiguous(), nq,
+                                          None if q_lens is None else q_lens.to(torch.int32).contiguous())
         self._project(g, tokens.reshape(-1), positions, rows, kv_cache, block_table, error)
 
     # ---- eager ------------------------------------------------------------------------------

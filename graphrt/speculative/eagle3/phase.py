@@ -61,11 +61,13 @@ class Eagle3Phase:
         return self.drafter.kv_cache
 
     # ---- the runner's hooks (capturable: fixed shapes, no host sync) -------------------------
-    def propose(self, size: int, active: torch.Tensor, proposals: torch.Tensor, count: torch.Tensor) -> None:
-        """The round's proposals: the slots' stored ones -> proposals [size, k] int64; count
-        [size] int32 = k for active [size] bool slots, else 0."""
-        proposals.copy_(self.proposals[:size])
-        count.copy_(torch.where(active, self.k, 0))
+    def propose(self, size: int, count: torch.Tensor) -> torch.Tensor:
+        """The round's proposals: the slots' stored ones, read in place -> proposals [size, k]
+        int64 (a view of this phase's rows: the round reads it before `after` overwrites it);
+        count [size] int32 <- k (one fill; an idle slot's count is ignored: the round's
+        inputs mark it inactive and it emits nothing, as with n-gram proposals)."""
+        count.fill_(self.k)
+        return self.proposals[:size]
 
     def verify_kwargs(self, size: int) -> dict:
         """What the target's verify_step records: every layer id into hidden's first size * Q rows."""
@@ -77,9 +79,8 @@ class Eagle3Phase:
         inactive slot), cache_lens [size] int32 (the verify's first position, -1 for inactive);
         the head's draft-extend + chain write the next proposals of the emitting slots."""
         q = self.k + 1
-        accepted = (emitted - 1).clamp_min(0).to(torch.int32)
-        self.drafter.round(self.hidden[: size * q].view(size, q, -1), out_tokens, cache_lens, accepted,
-                           emitted > 0, block_table, self.proposals[:size], error)
+        self.drafter.round(self.hidden[: size * q].view(size, q, -1), out_tokens, cache_lens, emitted,
+                           block_table, self.proposals[:size], error)
 
     # ---- after a prefill ---------------------------------------------------------------------
     def attach_prefill(self, runtime) -> None:

@@ -22,15 +22,54 @@ sampling exact (as for the draft-model proposer).
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
 from graphrt.kernels.argmax import argmax_into
 from graphrt.kernels.multiquery_attention import default_splits
 from graphrt.speculative.eagle3.head import last_positions
 
 
-def _greedy(logits: torch.Tensor) -> torch.Tensor:
-    """logits [B, Vd] -> [B] int64 draft ids: torch.argmax's, by the chunked kernel."""
-    return argmax_into(logits, torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device))
+@triton.jit(do_not_specialize=["n_rows"])
+def _round_prep_kernel(emitted_ptr, cache_lens_ptr, cl_ptr, at_ptr, base_ptr, n_rows, Q: tl.constexpr,
+                       ROWS: tl.constexpr):
+    b = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    live = b < n_rows
+    e = tl.load(emitted_ptr + b, mask=live, other=0)
+    c = tl.load(cache_lens_ptr + b, mask=live, other=-1)
+    act = (e > 0) & (c >= 0)
+    tl.store(cl_ptr + b, tl.where(act, c, -1), mask=live)
+    tl.store(at_ptr + b, b.to(tl.int64) * Q + tl.minimum(tl.maximum(e - 1, 0), Q - 1), mask=live)
+    tl.store(base_ptr + b, tl.where(act, c + e, -1), mask=live)
+
+
+def round_prep(emitted: torch.Tensor, cache_lens: torch.Tensor, q: int
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A round's head inputs from the verify's outcome, in one launch (as torch ops: a dozen small
+    launches, each a graph node).
+
+    emitted [B] int32 (a + 1 tokens emitted; 0 = an idle slot), cache_lens [B] int32 (the
+    verify's first position n; -1 = idle), q = k + 1 ->
+        cl   [B] int32   n for an emitting slot, else -1       (draft-extend's cache lengths)
+        at   [B] int64   b * q + min(max(a, 0), q - 1)         (the row whose output seeds the chain)
+        base [B] int32   n + a + 1 for an emitting slot, else -1   (the first chain position)
+    New tensors on emitted's device; capturable; runs on CPU under TRITON_INTERPRET=1."""
+    b = emitted.shape[0]
+    for name, t in (("emitted", emitted), ("cache_lens", cache_lens)):
+        if t.dim() != 1 or t.shape[0] != b or t.dtype != torch.int32 or not t.is_contiguous():
+            raise ValueError(f"{name}: expected a contiguous [{b}] int32 tensor, got {tuple(t.shape)} {t.dtype}")
+    if cache_lens.device != emitted.device:
+        raise ValueError(f"cache_lens: on {cache_lens.device}, emitted on {emitted.device}")
+    if isinstance(q, bool) or not isinstance(q, int) or q < 1:
+        raise ValueError(f"q: must be an int >= 1, got {q!r}")
+    dev = emitted.device
+    cl = torch.empty(b, dtype=torch.int32, device=dev)
+    at = torch.empty(b, dtype=torch.int64, device=dev)
+    base = torch.empty(b, dtype=torch.int32, device=dev)
+    if b:
+        rows = 1 if dev.type == "cuda" else min(64, triton.next_power_of_2(b))
+        _round_prep_kernel[(triton.cdiv(b, rows),)](emitted, cache_lens, cl, at, base, b, Q=q, ROWS=rows)
+    return cl, at, base
 
 
 class Eagle3Drafter:
@@ -43,34 +82,33 @@ class Eagle3Drafter:
         self.head, self.kv_cache, self.k = head, kv_cache, k
         self.splits = splits or default_splits(kv_cache.device, 1, head.config.num_kv_heads, max_len)
 
-    def _chain(self, logits0, h0, next_pos, active, block_table, proposals, error) -> None:
-        """d_1 = argmax(logits0) [B, Vd]; k - 1 chain steps from h0 [B, H], the first at
-        next_pos [B] int32; proposals [B, k] int64 (target ids) written in place."""
-        d = self.head.to_target(_greedy(logits0))
-        proposals[:, 0].copy_(d)
+    def _chain(self, logits0, h0, base, block_table, proposals, error) -> None:
+        """d_1 = argmax(logits0 [B, Vd]) as a target id; k - 1 chain steps from h0 [B, H]
+        (consumed), step j at base + j - 1 (base [B] int32, -1 = idle row): proposals [B, k]
+        int64 (target ids) written in place, each argmax straight into its column."""
+        ids = self.head.weights.draft_ids
+        argmax_into(logits0, proposals[:, 0], ids=ids)
         h = h0
         for j in range(1, self.k):
-            pos = torch.where(active, next_pos + (j - 1), -1).to(torch.int32)
-            logits, h = self.head.chain_step(h, d, pos, self.kv_cache, block_table, error, splits=self.splits)
-            d = self.head.to_target(_greedy(logits))
-            proposals[:, j].copy_(d)
+            logits, h = self.head.chain_step(h, proposals[:, j - 1], base, self.kv_cache, block_table, error,
+                                             splits=self.splits, offset=j - 1)
+            argmax_into(logits, proposals[:, j], ids=ids)
 
-    def round(self, hidden3: torch.Tensor, emitted: torch.Tensor, cache_lens: torch.Tensor,
-              accepted: torch.Tensor, active: torch.Tensor, block_table: torch.Tensor,
-              proposals: torch.Tensor, error: torch.Tensor) -> None:
+    def round(self, hidden3: torch.Tensor, emitted_tokens: torch.Tensor, cache_lens: torch.Tensor,
+              emitted: torch.Tensor, block_table: torch.Tensor, proposals: torch.Tensor,
+              error: torch.Tensor) -> None:
         """Draft-extend + chain after a verify (capturable).
 
         hidden3 [B, k + 1, 3H]: the target's recorded hidden states of the verified tokens;
-        emitted [B, k + 1] int64: the emitted tokens (entries past accepted[b] ignored, may
-        be -1); cache_lens [B] int32: the verify's first position n; accepted [B] int32 (a);
-        active [B] bool; proposals [B, k] int64 out (target ids); error [1] int32."""
-        cl = torch.where(active, cache_lens, -1).to(torch.int32)
-        logits, h = self.head.extend(hidden3, emitted, cl, self.kv_cache, block_table, error,
-                                     splits=self.splits)                       # [B, Q, Vd], [B, Q, H]
-        sel = accepted.long().clamp(0, hidden3.shape[1] - 1)
-        rows = torch.arange(sel.shape[0], device=sel.device)
-        self._chain(logits[rows, sel], h[rows, sel], (cache_lens + accepted + 1).to(torch.int32), active,
-                    block_table, proposals, error)
+        emitted_tokens [B, k + 1] int64: the emitted tokens (entries past the emitted count
+        ignored, may be -1); cache_lens [B] int32: the verify's first position n (-1: idle);
+        emitted [B] int32: a + 1 tokens emitted (0: an idle slot: nothing written, its
+        proposals garbage but valid ids); proposals [B, k] int64 out (target ids); error [1]
+        int32."""
+        cl, at, base = round_prep(emitted, cache_lens, hidden3.shape[1])
+        logits, h = self.head.extend(hidden3, emitted_tokens, cl, self.kv_cache, block_table, error,
+                                     splits=self.splits, at=at)                # [B, Vd], [B, H]
+        self._chain(logits, h, base, block_table, proposals, error)
 
     def first(self, hidden3: torch.Tensor, tokens: torch.Tensor, cache_lens: torch.Tensor,
               block_table: torch.Tensor, proposals: torch.Tensor, error: torch.Tensor) -> None:
@@ -79,8 +117,8 @@ class Eagle3Drafter:
         ([B] int32, -1 = padding row: nothing written), tokens [B] int64: the first sampled
         token; the prompt's earlier positions' K/V must be written (`Eagle3Head.write_kv`).
         proposals [B, k] int64 out (target ids), error [1] int32."""
-        zero = torch.zeros_like(cache_lens)
-        self.round(hidden3[:, None], tokens[:, None], cache_lens, zero, cache_lens >= 0, block_table,
+        cache_lens = cache_lens.to(torch.int32).contiguous()
+        self.round(hidden3[:, None], tokens[:, None], cache_lens, (cache_lens >= 0).to(torch.int32), block_table,
                    proposals, error)
 
     @torch.no_grad()
@@ -94,4 +132,4 @@ class Eagle3Drafter:
         self.first(hidden3[rows], tokens[rows], at, block_table[:len(lens)], proposals, error)
 
 
-__all__ = ["Eagle3Drafter"]
+__all__ = ["Eagle3Drafter", "round_prep"]
