@@ -24,13 +24,16 @@ import triton.language as tl
 @triton.jit(do_not_specialize=["width", "n_rows"])
 def _round_inputs_kernel(hist_ptr, hist_stride, width, n_rows, num_ptr, limit_ptr, cap_ptr, prop_ptr,
                          count_ptr, tokens_ptr, cache_lens_ptr, proposed_ptr, K: tl.constexpr,
-                         KB: tl.constexpr, ROWS: tl.constexpr):
+                         KB: tl.constexpr, ROWS: tl.constexpr, FILL: tl.constexpr):
     b = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     live = b < n_rows
     b = tl.where(live, b, 0)
     n = tl.load(num_ptr + b, mask=live, other=0)
     act = live & (n > 0) & (n < tl.load(limit_ptr + b, mask=live, other=0))
-    c = tl.minimum(tl.load(count_ptr + b, mask=live, other=0), tl.load(cap_ptr + b, mask=live, other=0))
+    if FILL:                                           # every slot proposed k (an EAGLE-3 head)
+        c = tl.minimum(tl.full((ROWS,), K, tl.int32), tl.load(cap_ptr + b, mask=live, other=0))
+    else:
+        c = tl.minimum(tl.load(count_ptr + b, mask=live, other=0), tl.load(cap_ptr + b, mask=live, other=0))
     tl.store(count_ptr + b, c, mask=live)
     last = tl.minimum(tl.maximum(n - 1, 0), width - 1)
     cur = tl.load(hist_ptr + b.to(tl.int64) * hist_stride + last, mask=live, other=0).to(tl.int64)
@@ -45,11 +48,12 @@ def _round_inputs_kernel(hist_ptr, hist_stride, width, n_rows, num_ptr, limit_pt
 
 
 def round_inputs(history: torch.Tensor, num_tokens: torch.Tensor, limit: torch.Tensor, cap: torch.Tensor,
-                 proposals: torch.Tensor, count: torch.Tensor, proposed: torch.Tensor
+                 proposals: torch.Tensor, count: torch.Tensor, proposed: torch.Tensor, *, full: bool = False
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """The round's verify inputs (see the module docstring) -> (tokens [B, k + 1] int64,
     cache_lens [B] int32), new tensors on the slots' device; count is capped in place and
-    proposed written.
+    proposed written. full=True: every slot proposed k (count's values are not read, only
+    written: min(k, cap)), as an EAGLE-3 head's are.
 
     history [B, W] int32 (unit column stride; row b's tokens), num_tokens / limit / cap / count /
     proposed [B] int32 contiguous, proposals [B, k] int64 contiguous (k >= 1). One device.
@@ -74,7 +78,7 @@ def round_inputs(history: torch.Tensor, num_tokens: torch.Tensor, limit: torch.T
     rows = 1 if dev.type == "cuda" else min(64, triton.next_power_of_2(max(b, 1)))
     _round_inputs_kernel[(triton.cdiv(b, rows),)](
         history, history.stride(0), history.shape[1], b, num_tokens, limit, cap, proposals, count,
-        tokens, cache_lens, proposed, K=k, KB=triton.next_power_of_2(k), ROWS=rows)
+        tokens, cache_lens, proposed, K=k, KB=triton.next_power_of_2(k), ROWS=rows, FILL=bool(full))
     return tokens, cache_lens
 
 

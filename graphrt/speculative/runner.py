@@ -233,7 +233,7 @@ class SpeculativeRunner:
         table = st.block_table[:size]
         proposals = v.proposals
         if self.eagle is not None:                                   # made by the previous round
-            proposals = self.eagle.propose(size, v.count)            # read in place
+            proposals = self.eagle.proposals_of(size)                # read in place, k each
         elif self.draft is not None:
             self.draft.propose(hist, num, limit, table, v.proposals, v.count, self.device_error)
         else:
@@ -241,7 +241,7 @@ class SpeculativeRunner:
         # count capped by the slot's own k, tokens [B, k + 1] (the current token, then the
         # proposals), cache_lens (-1: inactive), proposed[r]: one launch (speculative/prologue.py)
         tokens, cache_lens = round_inputs(hist, num, limit, st.spec_k[:size], proposals, v.count,
-                                          v.proposed[r])
+                                          v.proposed[r], full=self.eagle is not None)
         record = self.eagle.verify_kwargs(size) if self.eagle is not None else {}
         logits = self.model.verify_step(tokens, cache_lens, self.kv_caches, table, self.device_error,
                                         splits=self.splits[size], **record)   # [B * (k + 1), V]

@@ -23,9 +23,10 @@ cases = [
     (_round_inputs_kernel, {"hist_ptr": "*i32", "hist_stride": "i32", "width": "i32", "n_rows": "i32",
                             "num_ptr": "*i32", "limit_ptr": "*i32", "cap_ptr": "*i32", "prop_ptr": "*i64",
                             "count_ptr": "*i32", "tokens_ptr": "*i64", "cache_lens_ptr": "*i32",
-                            "proposed_ptr": "*i32", "K": "constexpr", "KB": "constexpr", "ROWS": "constexpr"},
-     {"K": 4, "KB": 4, "ROWS": 1}),
-    (_round_inputs_kernel, None, {"K": 3, "KB": 4, "ROWS": 1}),
+                            "proposed_ptr": "*i32", "K": "constexpr", "KB": "constexpr", "ROWS": "constexpr",
+                            "FILL": "constexpr"},
+     {"K": 4, "KB": 4, "ROWS": 1, "FILL": False}),
+    (_round_inputs_kernel, None, {"K": 3, "KB": 4, "ROWS": 1, "FILL": True}),
 ]
 for hist in (True, False):
     cases.append((_step_advance_kernel, {"out_ptr": "*i64", "tokens_ptr": "*i64", "seq_ptr": "*i32",

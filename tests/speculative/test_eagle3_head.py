@@ -85,12 +85,38 @@ def test_warm_prefill_reaches_every_specialisation_and_writes_nothing(monkeypatc
     def spy_attn(q, *a, **kw):
         attn.append(q.shape[1])
         return real_attn(q, *a, **kw)
+    aligned, real_embed = [], head_mod.embed_rms_norm
+
+    def spy_embed(table_, ids, *a, **kw):
+        aligned.append(ids.data_ptr() % 16 == 0)
+        return real_embed(table_, ids, *a, **kw)
     monkeypatch.setattr(head_mod, "rope_append_prefill", spy)
     monkeypatch.setattr(head_mod, "multiquery_attention", spy_attn)
+    monkeypatch.setattr(head_mod, "embed_rms_norm", spy_embed)
     before = [t.clone() for t in cache.as_tuple()]
     err = torch.zeros(1, dtype=torch.int32)
     head.warm_prefill(cache, table, err)
     assert sorted(set(seen)) == [1, 16, 17] == sorted(head_mod.WARM_TOKENS) and attn == [1]
+    assert set(aligned) == {True, False}          # token pointers 16-byte aligned and not (Triton specialises)
+    assert all(torch.equal(a, b) for a, b in zip(before, cache.as_tuple())) and int(err) == 0
+
+
+def test_warm_first_compiles_the_q1_round_and_writes_nothing(monkeypatch):
+    """Eagle3Drafter.warm_first (run at capture on CUDA): the eager first draft on a padding row,
+    its round inputs at q = 1 (the variant no round graph compiles where the prompt pass is
+    eager); the head's cache unchanged, no error flagged."""
+    import graphrt.speculative.eagle3.propose as propose_mod
+    head, _, _, _, cache, table = _setup(3)
+    qs, real = [], propose_mod.round_prep
+
+    def spy(emitted, cache_lens, q):
+        qs.append(q)
+        return real(emitted, cache_lens, q)
+    monkeypatch.setattr(propose_mod, "round_prep", spy)
+    before = [t.clone() for t in cache.as_tuple()]
+    err = torch.zeros(1, dtype=torch.int32)
+    Eagle3Drafter(head, cache, 3, max_len=64).warm_first(table, err)
+    assert qs == [1]
     assert all(torch.equal(a, b) for a, b in zip(before, cache.as_tuple())) and int(err) == 0
 
 

@@ -37,6 +37,12 @@ def test_round_inputs_equal_the_torch_ops(b, k):
     assert torch.equal(cache_lens, want[1]) and cache_lens.dtype == torch.int32
     assert torch.equal(got_count, want[2]) and torch.equal(proposed, want[3])
     assert (cache_lens[num == 0] == -1).all() and (cache_lens[num >= limit] == -1).all()
+    # full=True (an EAGLE-3 head: k proposals every slot): count's values not read, only written
+    full_count = torch.full((b,), -9, dtype=torch.int32)
+    want = _reference(hist, num, limit, cap, proposals, torch.full((b,), k, dtype=torch.int32))
+    tokens, cache_lens = round_inputs(hist, num, limit, cap, proposals, full_count, proposed, full=True)
+    assert torch.equal(tokens, want[0]) and torch.equal(cache_lens, want[1])
+    assert torch.equal(full_count, want[2]) and torch.equal(proposed, want[3])
 
 
 def test_round_inputs_name_the_bad_field():

@@ -187,15 +187,16 @@ class Eagle3Head:
     def warm_prefill(self, kv_cache, block_table: torch.Tensor, error: torch.Tensor) -> None:
         """Compile the eager prompt pass's kernels before serving: `write_kv` at WARM_TOKENS
         positions (Triton specialises an int argument, such as a kernel's token count, on
-        whether it is 1 or a multiple of 16: these reach every variant, whatever the prompt
-        length) and `extend` at one position, on a padding row (cache_lens -1: nothing
+        whether it is 1 or a multiple of 16, and a pointer on its 16-byte alignment: these reach
+        every variant, whatever the prompt length and its place in a batch) and `extend` at one position, on a padding row (cache_lens -1: nothing
         written). block_table [>= 1, W] int32 (read only), error [1] int32 device_error."""
         h3, dev = self.weights.fc.shape[1], self.device
         pad = torch.full((1,), -1, dtype=torch.int32, device=dev)
         for q in WARM_TOKENS:
             hidden = torch.zeros((1, q, h3), dtype=self.weights.dtype, device=dev)
-            tokens = torch.zeros((1, q), dtype=torch.int64, device=dev)
-            self.write_kv(hidden, tokens, pad, kv_cache, block_table[:1], error)
+            tokens = torch.zeros((1, q + 1), dtype=torch.int64, device=dev)
+            for ids in (tokens[:, :q], tokens[:, 1:]):     # a prompt's tokens 16-byte aligned or not
+                self.write_kv(hidden, ids, pad, kv_cache, block_table[:1], error)   # (a later prompt's slice)
         self.extend(hidden[:, :1], tokens[:, :1], pad, kv_cache, block_table[:1], error)
 
 

@@ -61,12 +61,11 @@ class Eagle3Phase:
         return self.drafter.kv_cache
 
     # ---- the runner's hooks (capturable: fixed shapes, no host sync) -------------------------
-    def propose(self, size: int, count: torch.Tensor) -> torch.Tensor:
-        """The round's proposals: the slots' stored ones, read in place -> proposals [size, k]
-        int64 (a view of this phase's rows: the round reads it before `after` overwrites it);
-        count [size] int32 <- k (one fill; an idle slot's count is ignored: the round's
-        inputs mark it inactive and it emits nothing, as with n-gram proposals)."""
-        count.fill_(self.k)
+    def proposals_of(self, size: int) -> torch.Tensor:
+        """The round's proposals: the slots' stored ones, read in place -> [size, k] int64 (a
+        view of this phase's rows: the round reads it before `after` overwrites it). Every slot
+        proposes k (round_inputs(full=True)); an idle slot's are ignored: the round's inputs mark
+        it inactive and it emits nothing, as with n-gram proposals."""
         return self.proposals[:size]
 
     def verify_kwargs(self, size: int) -> dict:
@@ -97,11 +96,12 @@ class Eagle3Phase:
                                          buckets=runtime.config.buckets, proposals=self.proposals)
 
     def capture(self, block_table: torch.Tensor, error: torch.Tensor) -> None:
-        """Before serving (the runner's capture): the eager prompt pass's kernels compiled on CUDA
-        (Eagle3Head.warm_prefill; writes nothing), then the first-draft graphs where the prompt
+        """Before serving (the runner's capture): the eager prompt pass's and first draft's kernels
+        compiled on CUDA (Eagle3Head.warm_prefill, Eagle3Drafter.warm_first; they write nothing), then the first-draft graphs where the prompt
         pass is graphed. block_table [>= 1, W] int32, error [1] int32 (the runner's flag)."""
         if self.device.type == "cuda":
             self.drafter.head.warm_prefill(self.kv_cache, block_table, error)
+            self.drafter.warm_first(block_table, error)
         if self.prompt is not None:
             self.prompt.capture(error)
 

@@ -122,6 +122,18 @@ class Eagle3Drafter:
                    proposals, error)
 
     @torch.no_grad()
+    def warm_first(self, block_table: torch.Tensor, error: torch.Tensor) -> None:
+        """Compile the eager first draft's kernels before serving (`first` on one padding row:
+        its q = 1 round inputs; nothing written). Where the prompt pass runs in prefill graphs,
+        the first-draft graphs compile them too. block_table [>= 1, W] int32, error [1] int32."""
+        dev, w = self.head.device, self.head.weights
+        hidden = torch.zeros((1, w.fc.shape[1]), dtype=w.dtype, device=dev)
+        tokens = torch.zeros(1, dtype=torch.int64, device=dev)
+        pad = torch.full((1,), -1, dtype=torch.int32, device=dev)
+        self.first(hidden, tokens, pad, block_table[:1], torch.empty((1, self.k), dtype=torch.int64, device=dev),
+                   error)
+
+    @torch.no_grad()
     def prefill(self, hidden3: torch.Tensor, tokens: torch.Tensor, lens, block_table: torch.Tensor,
                 proposals: torch.Tensor, error: torch.Tensor) -> None:
         """Eager, after the target's prefill: hidden3 [T, 3H] / tokens [T] as for
