@@ -49,6 +49,8 @@ def draft_prep(history: torch.Tensor, num_tokens: torch.Tensor, limit: torch.Ten
     clamped into [0, W)), base [B] int32: n - 2 for an active slot (0 < n < limit), else -1);
     count [B] int32 <- k for an active slot, else 0 (in place). Capturable."""
     b = num_tokens.shape[0]
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k: must be an int >= 1, got {k!r}")
     if history.dim() != 2 or history.shape[0] != b or history.dtype != torch.int32 or history.stride(1) != 1:
         raise ValueError(f"history: expected [{b}, W] int32 with unit column stride, got "
                          f"{tuple(history.shape)} {history.dtype}")

@@ -72,13 +72,15 @@ def round_inputs(history: torch.Tensor, num_tokens: torch.Tensor, limit: torch.T
                          f"{tuple(proposals.shape)} {proposals.dtype}")
     if len({t.device for t in (history, num_tokens, limit, cap, proposals, count, proposed)}) != 1:
         raise ValueError("history, num_tokens, limit, cap, proposals, count, proposed: must be on one device")
+    if not isinstance(full, bool):
+        raise ValueError(f"full: expected a bool, got {full!r}")
     k, dev = proposals.shape[1], proposals.device
     tokens = torch.empty((b, k + 1), dtype=torch.int64, device=dev)
     cache_lens = torch.empty(b, dtype=torch.int32, device=dev)
     rows = 1 if dev.type == "cuda" else min(64, triton.next_power_of_2(max(b, 1)))
     _round_inputs_kernel[(triton.cdiv(b, rows),)](
         history, history.stride(0), history.shape[1], b, num_tokens, limit, cap, proposals, count,
-        tokens, cache_lens, proposed, K=k, KB=triton.next_power_of_2(k), ROWS=rows, FILL=bool(full))
+        tokens, cache_lens, proposed, K=k, KB=triton.next_power_of_2(k), ROWS=rows, FILL=full)
     return tokens, cache_lens
 
 

@@ -151,6 +151,9 @@ def test_bad_record_arguments_name_the_field(hf):
         _verify(model, tokens, record=(0, 1), hidden_out=torch.zeros(3, 2 * H))
     with pytest.raises(ValueError, match="hidden_out: given without record"):
         _verify(model, tokens, hidden_out=torch.zeros(2, H))
+    for bad in (-1, 1.5, True):                                      # verify_step(offset=): a host int >= 0
+        with pytest.raises(ValueError, match="^offset: "):
+            _verify(model, tokens, offset=bad)
 
 
 def test_bad_host_table_names_the_field(hf):

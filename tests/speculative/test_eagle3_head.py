@@ -214,3 +214,15 @@ def test_bad_input():
     err = torch.zeros(1, dtype=torch.int32)
     with pytest.raises(ValueError, match="lens"):
         head.prefill(torch.randn(5, 3 * H), torch.zeros(5, dtype=torch.int64), [2, 2], cache, table, err)
+
+
+def test_bad_at_and_offset_name_the_field():
+    """extend(at=): [B] int64 rows of B * Q on the head's device; chain_step(offset=): a host int >= 0."""
+    head, _, _, _, cache, table = _setup(3)
+    h3, toks = torch.zeros(2, 3, 3 * H), torch.zeros(2, 3, dtype=torch.int64)
+    cl, err = torch.tensor([0, 4], dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    for bad in (torch.zeros(2, dtype=torch.int32), torch.zeros(3, dtype=torch.int64), [0, 1]):
+        with pytest.raises(ValueError, match="^at: "):
+            head.extend(h3, toks, cl, cache, table, err, at=bad)
+    with pytest.raises(ValueError, match="^offset: "):
+        head.chain_step(torch.zeros(2, H), toks[:, 0], cl, cache, table, err, offset=-2)

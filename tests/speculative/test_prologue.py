@@ -59,3 +59,5 @@ def test_round_inputs_name_the_bad_field():
                       ("proposed", torch.zeros((b, 2), dtype=torch.int32)[:, 0])):
         with pytest.raises(ValueError, match=name):
             round_inputs(**(ok | {name: bad}))
+    with pytest.raises(ValueError, match="^full: "):
+        round_inputs(**ok, full="yes")

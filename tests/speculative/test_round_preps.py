@@ -60,3 +60,6 @@ def test_draft_prep_equals_the_torch_ops(b, k):
     assert torch.equal(count, torch.where(active, k, 0).to(torch.int32))
     with pytest.raises(ValueError, match="^limit: "):
         draft_prep(history, num, limit.long(), k, count)
+    for bad in (0, True, 2.0):
+        with pytest.raises(ValueError, match="^k: "):
+            draft_prep(history, num, limit, bad, count)

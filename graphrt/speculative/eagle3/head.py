@@ -126,6 +126,10 @@ class Eagle3Head:
         int64 (row b * Q + j of each row's position to read), only those: [B, Vd] and [B, H] (the
         LM head over B rows, not B * Q)."""
         b, nq, _ = hidden3.shape
+        if at is not None and (not isinstance(at, torch.Tensor) or tuple(at.shape) != (b,)
+                               or at.dtype != torch.int64 or at.device != hidden3.device):
+            got = f"{tuple(at.shape)} {at.dtype} on {at.device}" if isinstance(at, torch.Tensor) else repr(at)
+            raise ValueError(f"at: expected a [{b}] int64 tensor on {hidden3.device} (rows of B * Q), got {got}")
         g = linear(hidden3.reshape(b * nq, -1), self.weights.fc)                 # [B * Q, H]
         return self._rows(g, tokens, cache_lens.to(torch.int32).contiguous(), kv_cache, block_table, error,
                           splits, at=at)
