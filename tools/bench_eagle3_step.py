@@ -1,15 +1,17 @@
 """Cost of an EAGLE-3 head step in the Llama-3.1-8B shape vs its weight-bytes floor (CUDA).
 
     python tools/bench_eagle3_step.py [--batch 1,4] [--context 1024] [--k 4] [--json OUT.json]
+                                      [--profile "chain step,extend"]
 
 Writes a head with random weights in the public original layout (config.json as the public
 Llama-3.1-8B heads: hidden 4096, 32/8 heads, intermediate 14336, vocabulary 128256, draft
 vocabulary 32000, float16, d2t/t2d), loads it through graphrt's loader (bf16), and times, each
-as one captured CUDA graph replayed: a chain step (no fc), a draft-extend over k + 1 tokens, and
+as one captured CUDA graph replayed: a chain step (no fc; the decode attention kernel at the
+drafter's MAX_SPLITS), a draft-extend over k + 1 tokens (multi-query attention), and
 a whole round (draft-extend + k - 1 chain steps), at each batch size with every row holding
 --context tokens. Floor of a call = bytes it must read (the weights it uses, plus the K/V it
 attends to) / the measured device copy bandwidth; ratio = time / floor. Prints a table, --json
-writes it.
+writes it; --profile adds a per-kernel table (torch.profiler over replays) of the calls named.
 """
 from __future__ import annotations
 
@@ -71,7 +73,27 @@ def graphed(fn):
     return capture(fn).replay
 
 
-def run(batches, context: int, k: int, log=print) -> dict:
+def kernel_table(replay, replays: int = 20) -> list[dict]:
+    """Per-kernel device µs per replay() of a captured graph (torch.profiler), largest first."""
+    from torch.profiler import ProfilerActivity, profile
+    replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            replay()
+        torch.cuda.synchronize()
+    us, n = {}, {}
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA or "Memcpy" in e.name or "Memset" in e.name:
+            continue
+        t = (e.device_time if hasattr(e, "device_time") else e.cuda_time) / replays
+        us[e.name[:70]] = us.get(e.name[:70], 0.0) + t
+        n[e.name[:70]] = n.get(e.name[:70], 0) + 1
+    return [{"kernel": k, "us": round(v, 2), "launches": n[k] / replays}
+            for k, v in sorted(us.items(), key=lambda kv: -kv[1])]
+
+
+def run(batches, context: int, k: int, log=print, profile_calls=()) -> dict:
     from benchlib import copy_bandwidth, device_us
     from graphrt.attention.kvcache import PagedKVCache
     from graphrt.kernels.multiquery_attention import default_splits
@@ -104,20 +126,29 @@ def run(batches, context: int, k: int, log=print) -> dict:
         emitted = torch.randint(0, c.vocab_size, (b, k + 1), device=dev)
         count = torch.full((b,), k // 2 + 1, dtype=torch.int32, device=dev)      # a + 1 emitted, a = k // 2
         props = torch.empty(b, k, dtype=torch.int64, device=dev)
-        drafter = Eagle3Drafter(head, cache, k, max_len=context + 2 * k, splits=splits)
+        drafter = Eagle3Drafter(head, cache, k, max_len=context + 2 * k, splits=splits, max_batch=b)
         kv_row = 2 * c.num_kv_heads * c.head_dim * el                       # K + V bytes per position
         calls = {
-            "chain step": (lambda: head.chain_step(h_prev, toks, cl, cache, table, err, splits=splits),
+            "chain step": (lambda: head.chain_step(h_prev, toks, cl, cache, table, err, splits=drafter.chain_splits(b),
+                                                   scratch=drafter.scratch),
                            layer + b * context * kv_row),
             f"extend (Q={k + 1})": (lambda: head.extend(h3, emitted, cl - k, cache, table, err, splits=splits),
                                     fc + layer + b * context * kv_row),
             f"round (k={k})": (lambda: drafter.round(h3, emitted, cl - k, count, table, props, err),
                                fc + k * layer + b * k * context * kv_row)}
         for name, (fn, nbytes) in calls.items():
-            us = device_us(graphed(fn), torch, reps=50, repeats=5)
+            replay = graphed(fn)
+            us = device_us(replay, torch, reps=50, repeats=5)
             floor = nbytes / bw * 1e6
             rows.append({"batch": b, "call": name, "us": round(us, 1), "bytes": nbytes, "floor_us": round(floor, 1),
                          "ratio": round(us / floor, 2)})
+            if name.split(" (")[0] in profile_calls:
+                rows[-1]["kernels"] = kernel_table(replay)
+                kern = sum(r["us"] for r in rows[-1]["kernels"])
+                log(f"batch {b} {name}: {us:.1f} us, kernels {kern:.1f} us in "
+                    f"{sum(r['launches'] for r in rows[-1]['kernels']):.0f} launches")
+                for r in rows[-1]["kernels"]:
+                    log(f"  {r['us']:8.2f} us  x{r['launches']:.0f}  {r['kernel']}")
         if int(err):
             raise RuntimeError(f"device_error {int(err)}")
     log(f"copy bandwidth {bw / 1e12:.2f} TB/s; head weights {w.nbytes / 1e6:.0f} MB "
@@ -136,6 +167,7 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--json", default=None)
+    p.add_argument("--profile", default="", help="calls to profile per kernel: chain step, extend, round (comma list)")
     a = p.parse_args(argv)
     try:
         batches = [int(x) for x in a.batch.split(",") if x]
@@ -144,10 +176,15 @@ def main(argv=None) -> int:
     if not batches or min(batches) < 1 or a.context < 2 * a.k or a.k < 1:
         print("bench_eagle3_step: --batch: ints >= 1; --k >= 1; --context >= 2k", file=sys.stderr)
         return 2
+    known = {"chain step", "extend", "round"}
+    prof = tuple(x.strip() for x in a.profile.split(",") if x.strip())
+    if set(prof) - known:
+        print(f"bench_eagle3_step: --profile: {sorted(set(prof) - known)} not among {sorted(known)}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("bench_eagle3_step: needs a CUDA GPU", file=sys.stderr)
         return 2
-    out = run(batches, a.context, a.k)
+    out = run(batches, a.context, a.k, profile_calls=prof)
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
     return 0

@@ -32,7 +32,7 @@ def load_eagle3_phase(mrt, spec):
     rc = c.replace(num_qo_heads=hc.num_heads, num_kv_heads=hc.num_kv_heads, head_dim=hc.head_dim,
                    kv_cache_dtype="auto")   # the head's own cache: model dtype, also under an FP8 target cache
     cache = PagedKVCache.allocate(rc, mrt.num_pages, mrt.device, seed=c.seed + 2000)
-    drafter = Eagle3Drafter(head, cache, spec.num_tokens, max_len=c.max_context_len)
+    drafter = Eagle3Drafter(head, cache, spec.num_tokens, max_len=c.max_context_len, max_batch=c.max_batch)
     phase = Eagle3Phase(drafter, ck.layer_ids, target_hidden=model.spec.hidden_size, max_batch=c.max_batch,
                         dtype=model.dtype, device=mrt.device)
     phase.attach_prefill(mrt)     # graphed target prompts: they record the head's states and run its pass

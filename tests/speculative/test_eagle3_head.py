@@ -3,6 +3,8 @@ target-hidden path over ragged prompts, chain steps, draft-extend after a verify
 accepted counts, padding rows, norm_before_residual, the draft vocabulary mapping, bad input."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -65,6 +67,40 @@ def test_prefill_then_chain_matches_dense(nbr):
             _close(h[r], hh)
             dense[r] = (ref, hh)
     assert int(err) == 0
+
+
+def test_long_chain_steps_split_the_decode_attention_and_match_dense():
+    """Chain steps attend through the one-launch decode kernel: at 150+ cached keys with the
+    drafter's MAX_SPLITS (> 1: partials merged by the last split, in the drafter's scratch) and
+    with one split, both equal the dense float32 head; the scratch's counters end at zero."""
+    head, _, tensors, embed, _, _ = _setup(6)
+    g = torch.Generator().manual_seed(8)
+    pool = 48
+    cache0 = PagedKVCache(torch.randn(pool, PAGE, HKV, D, generator=g), torch.randn(pool, PAGE, HKV, D, generator=g))
+    table = torch.randperm(pool, generator=g)[None].to(torch.int32).contiguous()     # [1, 48]: 192 positions
+    n = 150
+    h3 = torch.randn(n, 3 * H, generator=g)
+    toks = torch.randint(0, V, (n,), generator=g)
+    chain = torch.randint(0, V, (3,), generator=g)
+    drafter = Eagle3Drafter(head, cache0, 4, max_len=pool * PAGE, max_batch=2)
+    splits = drafter.chain_splits(1)
+    assert splits > 1
+    ref = _dense(tensors, embed)
+    for t in range(n):
+        lg0, hh0 = ref.target(h3[t], int(toks[t]), t)
+    err = torch.zeros(1, dtype=torch.int32)
+    for s in (splits, 1):
+        cache = PagedKVCache(cache0.k.clone(), cache0.v.clone())
+        logits, h = head.prefill(h3, toks, [n], cache, table, err)
+        _close(logits[0], lg0)
+        r, hh = copy.deepcopy(ref), hh0                  # the dense head after the prompt, per variant
+        for j in range(3):
+            logits, h = head.chain_step(h, chain[j:j + 1], torch.tensor([n], dtype=torch.int32), cache, table, err,
+                                        splits=s, offset=j, scratch=drafter.scratch if s > 1 else None)
+            lg, hh = r.step(hh, int(chain[j]), n + j)
+            _close(logits[0], lg)
+            _close(h[0], hh)
+    assert int(err) == 0 and int(drafter.scratch.counters.abs().sum()) == 0
 
 
 def test_warm_prefill_reaches_every_specialisation_and_writes_nothing(monkeypatch):
@@ -211,6 +247,11 @@ def test_bad_input():
         Eagle3Head(head.config, head.weights, target_embed=None)
     with pytest.raises(ValueError, match="k: must be"):
         Eagle3Drafter(head, cache, 0, max_len=8)
+    with pytest.raises(ValueError, match="max_batch: must be"):
+        Eagle3Drafter(head, cache, 2, max_len=8, max_batch=0)
+    with pytest.raises(ValueError, match="scratch"):     # a split chain step needs the drafter's scratch
+        head.chain_step(torch.zeros(1, H), torch.zeros(1, dtype=torch.int64), torch.tensor([3], dtype=torch.int32),
+                        cache, table, torch.zeros(1, dtype=torch.int32), splits=2)
     err = torch.zeros(1, dtype=torch.int32)
     with pytest.raises(ValueError, match="lens"):
         head.prefill(torch.randn(5, 3 * H), torch.zeros(5, dtype=torch.int64), [2, 2], cache, table, err)

@@ -9,14 +9,22 @@
 #   rm -rf .ab && mkdir .ab && git archive 28f640b graphrt | tar -x -C .ab
 # (round 17's fewer-nodes commit: 358275a~1; its bench_spec lacks nothing this script asks for)
 #   AB=.ab DEADLINE=540 bash .device/bootstrap.sh bash tools/device/spec_ab.sh      (carry .device and .ab)
+# TESTS="tests/x.py::test_y ..." runs those GPU tests beside the training (logged to tests.log).
 # The before tree keeps this tree's tools/ (the same bench for both).
 NAME=spec_ab; DEADLINE=${DEADLINE:-540}; . tools/device/lib.sh   # logs, pack, cap, say
 DIR=/tmp/fam; rm -rf "$DIR"
 [ -n "${AB:-}" ] && [ -d "$AB" ] || { echo "spec_ab: AB=DIR (the before-tree mirror) is required" >&2; exit 2; }
+# TESTS="pytest node ids": GPU tests run during the training (nothing there is timed), done before the benches
+if [ -n "${TESTS:-}" ]; then
+  ( timeout $(cap 200) python -m pytest -m gpu -q -s -rfEs --tb=short -p no:cacheprovider $TESTS > "$L/tests.log" 2>&1
+    echo "tests rc=$?" >> "$L/tests.log" ) &
+  TPID=$!
+fi
 timeout $(cap 100) python tools/train_tiny.py --out "$DIR" --models draft,target --time-budget-s draft=8,target=50 \
   > "$L/train_tiny.log" 2>&1; say "train_tiny rc=$?"
 timeout $(cap 80) python tools/train_eagle3.py --target "$DIR/target" --out "$DIR/eagle3" --time-budget-s 35 \
   --eval-prompts 0 > "$L/train_eagle3.log" 2>&1; say "train_eagle3 rc=$?"; pack
+[ -n "${TESTS:-}" ] && { wait $TPID; say "$(grep -E "passed|failed" "$L/tests.log" | tail -1)"; }
 rm -rf /tmp/before && mkdir -p /tmp/before && cp -r graphrt tools /tmp/before/ && cp -r "$AB"/. /tmp/before/
 for w in before after; do
   if [ $w = before ]; then cd /tmp/before; export PYTHONPATH=/tmp/before:/tmp/graphrt-site:/tmp/site; else cd "$OLDPWD"; export PYTHONPATH="$PWD:/tmp/graphrt-site:/tmp/site"; fi

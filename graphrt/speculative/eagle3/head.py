@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from graphrt.kernels.activation import silu_mul
+from graphrt.kernels.decode_attention import decode_attention
 from graphrt.kernels.multiquery_attention import multiquery_attention
 from graphrt.kernels.norm import add_rms_norm, embed_rms_norm, rms_norm
 from graphrt.kernels.query_layout import query_layout
@@ -98,15 +99,22 @@ class Eagle3Head:
             out, residual = out.index_select(0, at), residual.index_select(0, at)
         return linear(out, w.lm_head), residual                                  # residual: pre-norm h
 
-    def _rows(self, g, tokens, cache_lens, kv_cache, block_table, error, splits, *, offset=0, at=None):
+    def _rows(self, g, tokens, cache_lens, kv_cache, block_table, error, splits, *, offset=0, at=None,
+              scratch=None, one_query=False):
         """g [B * Q, H] (consumed), tokens [B, Q] at positions cache_lens[b] + offset + j (-1 =
-        padding row) -> ([B, Q, Vd], [B, Q, H]); with at [B] int64 (rows of B * Q): ([B, Vd], [B, H])."""
+        padding row) -> ([B, Q, Vd], [B, Q, H]); with at [B] int64 (rows of B * Q): ([B, Vd], [B, H]).
+        Attention: the multi-query kernel (static `splits`), or with one_query (Q = 1) the decode
+        kernel (MAX_SPLITS `splits`, `scratch`)."""
         b, nq = tokens.shape
         positions, rows, kv_lens = query_layout(cache_lens, nq, offset=offset)   # one launch
         hq, d = self.config.num_heads, self.config.head_dim
 
         def attend(q):                                                   # q [B * Q, Hq, D]
-            o = multiquery_attention(q.view(b, nq, hq, d), kv_cache, block_table, kv_lens, splits=splits)
+            if one_query:   # one launch, pipelined key loop, merge by the last split: no combine
+                o = decode_attention(q.view(b, hq, d), kv_cache, block_table, kv_lens, max_splits=splits,
+                                     scratch=scratch)
+            else:
+                o = multiquery_attention(q.view(b, nq, hq, d), kv_cache, block_table, kv_lens, splits=splits)
             return o.view(b * nq, hq * d)
 
         logits, h = self._layer(g, tokens.reshape(-1), positions, rows, kv_cache, block_table, error, attend, at)
@@ -135,14 +143,17 @@ class Eagle3Head:
                           splits, at=at)
 
     def chain_step(self, h_prev: torch.Tensor, tokens: torch.Tensor, cache_lens: torch.Tensor, kv_cache,
-                   block_table: torch.Tensor, error: torch.Tensor, *, splits: int = 1, offset: int = 0):
+                   block_table: torch.Tensor, error: torch.Tensor, *, splits: int = 1, offset: int = 0,
+                   scratch=None):
         """One draft step per row: h_prev [B, H] (the head's pre-norm h at the previous
         position; consumed: the returned h is written over it), tokens [B] int64 (any stride:
         the previous draft token, target ids), at position cache_lens[b] + offset (cache_lens
         [B] int32, -1 = padding row; offset a host int); one K/V entry written per live row.
-        Returns draft logits [B, Vd] and pre-norm h [B, H]."""
+        One query per row: attention is the one-launch decode kernel (kernels/decode_attention.py),
+        `splits` its MAX_SPLITS (> 1 needs `scratch`, a DecodeScratch for B rows; the drafter
+        owns one). Returns draft logits [B, Vd] and pre-norm h [B, H]."""
         logits, h = self._rows(h_prev, tokens[:, None], cache_lens.to(torch.int32).contiguous(), kv_cache,
-                               block_table, error, splits, offset=offset)
+                               block_table, error, splits, offset=offset, scratch=scratch, one_query=True)
         return logits[:, 0], h[:, 0]
 
     def write_kv(self, hidden3: torch.Tensor, tokens: torch.Tensor, cache_lens: torch.Tensor, kv_cache,

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from graphrt.kernels.argmax import argmax_into
+from graphrt.kernels.decode_attention import DecodeScratch, default_max_splits
 from graphrt.kernels.multiquery_attention import default_splits
 from graphrt.speculative.eagle3.head import last_positions
 
@@ -72,15 +73,36 @@ def round_prep(emitted: torch.Tensor, cache_lens: torch.Tensor, q: int
     return cl, at, base
 
 
+NOMINAL_SMS = 132      # the split structure of an H200 where there is no GPU to ask (CPU)
+
+
 class Eagle3Drafter:
     """head: Eagle3Head; kv_cache: its PagedKVCache (indexed by the target's block tables, at
-    least as many pages as the target's pool); k: proposals a round."""
+    least as many pages as the target's pool); k: proposals a round; max_len: longest sequence;
+    splits: draft-extend's static multi-query split count (default: by max_len); max_batch: most
+    rows a round serves (sizes the chain steps' decode scratch).
 
-    def __init__(self, head, kv_cache, k: int, *, max_len: int, splits: int | None = None):
+    Chain steps (one query per row) attend through the one-launch decode kernel with MAX_SPLITS
+    `chain_splits(B)` (about two waves of programs over B x KV heads, by max_len) and the
+    drafter's own DecodeScratch (float32 partials, allocated here, outside any graph; its
+    counters are left zero by every launch, so successive chain steps and graphs share it)."""
+
+    def __init__(self, head, kv_cache, k: int, *, max_len: int, splits: int | None = None, max_batch: int = 256):
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"k: must be an int >= 1, got {k!r}")
-        self.head, self.kv_cache, self.k = head, kv_cache, k
-        self.splits = splits or default_splits(kv_cache.device, 1, head.config.num_kv_heads, max_len)
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"max_batch: must be an int >= 1, got {max_batch!r}")
+        self.head, self.kv_cache, self.k, self.max_len = head, kv_cache, k, max_len
+        c, dev = head.config, kv_cache.device
+        self.splits = splits or default_splits(dev, 1, c.num_kv_heads, max_len)
+        self.sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else NOMINAL_SMS
+        self.scratch = DecodeScratch.allocate(((b, self.chain_splits(b)) for b in range(1, max_batch + 1)),
+                                              num_kv_heads=c.num_kv_heads, group=c.num_heads // c.num_kv_heads,
+                                              head_dim=c.head_dim, device=dev)
+
+    def chain_splits(self, batch: int) -> int:
+        """MAX_SPLITS of a chain step's decode attention over `batch` rows."""
+        return default_max_splits(self.sms, batch, self.head.config.num_kv_heads, self.max_len)
 
     def _chain(self, logits0, h0, base, block_table, proposals, error) -> None:
         """d_1 = argmax(logits0 [B, Vd]) as a target id; k - 1 chain steps from h0 [B, H]
@@ -88,10 +110,10 @@ class Eagle3Drafter:
         int64 (target ids) written in place, each argmax straight into its column."""
         ids = self.head.weights.draft_ids
         argmax_into(logits0, proposals[:, 0], ids=ids)
-        h = h0
+        h, splits = h0, self.chain_splits(h0.shape[0])
         for j in range(1, self.k):
             logits, h = self.head.chain_step(h, proposals[:, j - 1], base, self.kv_cache, block_table, error,
-                                             splits=self.splits, offset=j - 1)
+                                             splits=splits, offset=j - 1, scratch=self.scratch)
             argmax_into(logits, proposals[:, j], ids=ids)
 
     def round(self, hidden3: torch.Tensor, emitted_tokens: torch.Tensor, cache_lens: torch.Tensor,
