@@ -19,8 +19,9 @@ add, down with SiLU-mul + the add) per config over all layers, and one pass over
 the four fused GEMVs against the unfused kernels they replace (cuBLAS + add+RMSNorm + SiLU-mul;
 split-K (1, 1)); per layer µs and the decision.
 
-Decode attention (one layer, bs B, context C): graphrt's multi-query kernel at Q = 1 (its
-split-KV + combine: two launches) for several split counts; compare with the FlashInfer decode
+Decode attention (one layer, bs B, context C): graphrt's multi-query kernel at Q = 1 (--attn-q:
+also Q = 5, a k = 4 verify; its split-KV + combine: two launches) for several split counts (the
+default_splits of the context marked *; the runner uses that of its max_context_len); compare with the FlashInfer decode
 per layer from tools/profile_step.py (attention + merge families / layers).
 
 Decode backends side by side (--parts decode): per layer, the attention backends' attend() as
@@ -155,7 +156,7 @@ def fuse_rows(torch, ms, models) -> list[dict]:
     return rows
 
 
-def attention_rows(torch, batches, contexts, split_list) -> list[dict]:
+def attention_rows(torch, batches, contexts, split_list, qs=(1,)) -> list[dict]:
     from graphrt.kernels.multiquery_attention import default_splits, multiquery_attention
     from graphrt.kernels.timing import graph_us
 
@@ -177,16 +178,18 @@ def attention_rows(torch, batches, contexts, split_list) -> list[dict]:
                     cache = Cache(k, v, kv == "fp8", torch.ones(2, device="cuda"))
                     table = torch.arange(b * pages, dtype=torch.int32, device="cuda").view(b, pages)
                     lens = torch.full((b,), c, dtype=torch.int32, device="cuda")
-                    q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
-                    out = torch.empty_like(q)
-                    auto = default_splits(q.device, b, hkv, c)
-                    for s in sorted(set(split_list + [auto])):
-                        us = graph_us(lambda s=s: multiquery_attention(q, cache, table, lens, splits=s, out=out), 20, 5)
-                        kv_bytes = 2 * b * c * hkv * d * (2 if kv == "bf16" else 1)
-                        rows.append({"attn": shape, "kv": kv, "batch": b, "context": c, "splits": s,
-                                     "auto": s == auto, "us": us, "kv_bytes": kv_bytes})
-                        print(f"attn {shape} kv={kv} bs{b} ctx{c} splits={s}{'*' if s == auto else ' '}: {us:7.2f} us",
-                              flush=True)
+                    auto = default_splits(torch.device("cuda"), b, hkv, c)
+                    for nq in qs:
+                        q = torch.randn(b, nq, hq, d, device="cuda", dtype=torch.bfloat16)
+                        out = torch.empty_like(q)
+                        for s in sorted(set(split_list + [auto])):
+                            us = graph_us(lambda s=s: multiquery_attention(q, cache, table, lens, splits=s, out=out),
+                                          20, 5)
+                            kv_bytes = 2 * b * c * hkv * d * (2 if kv == "bf16" else 1)
+                            rows.append({"attn": shape, "kv": kv, "batch": b, "context": c, "q": nq, "splits": s,
+                                         "auto": s == auto, "us": us, "kv_bytes": kv_bytes})
+                            print(f"attn {shape} kv={kv} bs{b} ctx{c} q={nq} splits={s}{'*' if s == auto else ' '}: "
+                                  f"{us:7.2f} us", flush=True)
     return rows
 
 
@@ -296,6 +299,7 @@ def main(argv=None) -> int:
     p.add_argument("--batches", default="1,16")
     p.add_argument("--contexts", default="1024,8192")
     p.add_argument("--attn-splits", default="1,4,8,16,32")
+    p.add_argument("--attn-q", default="1", help="query tokens per row of the multi-query kernel (5: a k = 4 verify)")
     p.add_argument("--decode-splits", default="1,2,4,8,16,32,64", help="triton-decode MAX_SPLITS values")
     p.add_argument("--decode-kernels", default="triton-decode,flashinfer,flashinfer-cuda-core,xqa")
     p.add_argument("--decode-variants", default="",
@@ -321,7 +325,8 @@ def main(argv=None) -> int:
         out["fuse"] = fuse_rows(torch, ints(args.ms), args.models.split(","))
         Path(args.out).write_text(json.dumps(out, indent=1))
     if "attention" in args.parts:
-        out["attention"] = attention_rows(torch, ints(args.batches), ints(args.contexts), ints(args.attn_splits))
+        out["attention"] = attention_rows(torch, ints(args.batches), ints(args.contexts), ints(args.attn_splits),
+                                          ints(args.attn_q))
         Path(args.out).write_text(json.dumps(out, indent=1))
     if "decode" in args.parts:
         out["decode"] = decode_rows(torch, ints(args.batches), ints(args.contexts), ints(args.decode_splits),

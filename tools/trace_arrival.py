@@ -9,9 +9,12 @@ torch.cuda.synchronize() after every phase, so each phase's time includes its GP
 perturbs the overlap: read it for the split, not the totals).
 
 Prints per engine step within the arrival window: each phase's milliseconds and the streams'
-delta times; writes JSON (--out).
+delta times; writes JSON (--out). --workload reuse traces instead a repeated --long-len prefix +
+32 new tokens with nothing else running (bench_prefix's shared-prefix row): the steps from its
+arrival to its first token ("long TTFT" is then that request's).
 
     python tools/trace_arrival.py --make llama-3.2-1b --chunk 512 --out /tmp/trace.json --sync
+    python tools/trace_arrival.py --make llama-3.2-1b --workload reuse --streams 0 --out /tmp/reuse.json --sync
 """
 from __future__ import annotations
 
@@ -99,6 +102,26 @@ def traced_arrival(eng, a, tl: Timeline) -> dict:
             "largest_gaps_ms_at": gaps[:6], "steps": steps_table(tl.events, deltas, t_arr)}
 
 
+def traced_reuse(eng, a, tl: Timeline) -> dict:
+    """The shared-prefix workload traced: a --long-len prefix + 32 tokens (cold: its pages cached),
+    then the same prefix + 32 other tokens with the timeline on (nothing else running): where
+    the repeated request's time to first token goes, step by step."""
+    from bench_prefix import _head, _request
+    base = _head(a) + list(range(100, 99 + a.long_len))
+    _request(eng, base + [(7 * j) % 90 + 5 for j in range(32)], 2).join()
+    tl.events.clear()
+    tl.on = True
+    t_arr = time.perf_counter()
+    r = _request(eng, base + [(11 * j) % 90 + 5 for j in range(32)], 2)
+    r.join()
+    t_first = r.t0 + r.ttft_ms / 1e3
+    time.sleep(0.02)
+    tl.on = False
+    return {"long_ttft_ms": r.ttft_ms, "first_token_at_ms": (t_first - t_arr) * 1e3,
+            "cached_tokens": r.out.num_cached_tokens, "largest_gaps_ms_at": [],
+            "steps": steps_table(tl.events, [t_first], t_arr)}
+
+
 def show(name: str, res: dict) -> str:
     cols = [lab for _, lab in ((o, f"{o}.{n}") for o, n in PHASES) if lab != "engine._step"]
     cols = [c for c in cols if any(c in r for r in res["steps"])]
@@ -125,6 +148,9 @@ def main(argv=None) -> int:
     p.add_argument("--chunk", type=int, default=512)
     p.add_argument("--max-model-len", type=int, default=8192)
     p.add_argument("--sync", action="store_true", help="also a run with a synchronize after every phase")
+    p.add_argument("--workload", default="arrival", choices=["arrival", "reuse"],
+                   help="arrival: --streams decoding, then a --long-len prompt; reuse: a repeated "
+                        "--long-len prefix + 32 new tokens alone (its TTFT's steps)")
     p.add_argument("--out", default="trace_arrival.json")
     a = p.parse_args(argv)
     from graphrt import LLM
@@ -144,10 +170,11 @@ def main(argv=None) -> int:
         for o, n in PHASES:
             tl.wrap(owners(eng)[o], n, f"{o}.{n}")
         eng.start()
+        traced = traced_arrival if a.workload == "arrival" else traced_reuse
         for _ in range(2):
-            traced_arrival(eng, a, tl)                   # warm-up: every path of the workload once
+            traced(eng, a, tl)                           # warm-up: every path of the workload once
         name = "synced" if sync else "overlapped"
-        out[name] = traced_arrival(eng, a, tl)
+        out[name] = traced(eng, a, tl)
         eng.shutdown()
         print(show(name, out[name]), "\n", flush=True)
         for o, n in PHASES:                               # unwrap: the instance attribute goes
