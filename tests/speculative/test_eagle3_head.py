@@ -141,19 +141,34 @@ def test_warm_first_compiles_the_q1_round_and_writes_nothing(monkeypatch):
     """Eagle3Drafter.warm_first (run at capture on CUDA): the eager first draft on a padding row,
     its round inputs at q = 1 (the variant no round graph compiles where the prompt pass is
     eager); the head's cache unchanged, no error flagged."""
+    import graphrt.speculative.eagle3.head as head_mod
     import graphrt.speculative.eagle3.propose as propose_mod
     head, _, _, _, cache, table = _setup(3)
     qs, real = [], propose_mod.round_prep
+    splits, real_attn = [], head_mod.decode_attention
 
     def spy(emitted, cache_lens, q):
         qs.append(q)
         return real(emitted, cache_lens, q)
+
+    def spy_attn(*a, max_splits=1, **kw):
+        splits.append(max_splits)
+        return real_attn(*a, max_splits=max_splits, **kw)
     monkeypatch.setattr(propose_mod, "round_prep", spy)
+    monkeypatch.setattr(head_mod, "decode_attention", spy_attn)
     before = [t.clone() for t in cache.as_tuple()]
     err = torch.zeros(1, dtype=torch.int32)
-    Eagle3Drafter(head, cache, 3, max_len=64).warm_first(table, err)
+    drafter = Eagle3Drafter(head, cache, 3, max_len=4096, max_batch=24)
+    drafter.warm_first(table, err)
     assert qs == [1]
+    # every MAX_SPLITS a chain step can take (batch rounded up to a power of two, <= max_batch):
+    # the eager first draft runs at any row count, and each value is a kernel of its own
+    variants = drafter.chain_variants()
+    assert set(splits) == set(variants) and len(variants) > 2
+    assert variants == sorted({drafter.chain_splits(b) for b in range(1, 25)}, reverse=True)
+    assert drafter.chain_splits(5) == drafter.chain_splits(8) and drafter.chain_splits(24) == drafter.chain_splits(17)
     assert all(torch.equal(a, b) for a, b in zip(before, cache.as_tuple())) and int(err) == 0
+    assert int(drafter.scratch.counters.abs().sum()) == 0
 
 
 def test_write_kv_writes_the_extend_kv_and_padding_writes_nothing():

@@ -83,16 +83,18 @@ class Eagle3Drafter:
     rows a round serves (sizes the chain steps' decode scratch).
 
     Chain steps (one query per row) attend through the one-launch decode kernel with MAX_SPLITS
-    `chain_splits(B)` (about two waves of programs over B x KV heads, by max_len) and the
-    drafter's own DecodeScratch (float32 partials, allocated here, outside any graph; its
-    counters are left zero by every launch, so successive chain steps and graphs share it)."""
+    `chain_splits(B)` (about two waves of programs over B x KV heads, by max_len, B rounded up to
+    a power of two: MAX_SPLITS is a compile-time constant, so few kernel variants, each compiled
+    by `warm_first` at capture) and the drafter's own DecodeScratch (float32 partials, allocated
+    here, outside any graph; its counters are left zero by every launch, so successive chain
+    steps and graphs share it)."""
 
     def __init__(self, head, kv_cache, k: int, *, max_len: int, splits: int | None = None, max_batch: int = 256):
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"k: must be an int >= 1, got {k!r}")
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch: must be an int >= 1, got {max_batch!r}")
-        self.head, self.kv_cache, self.k, self.max_len = head, kv_cache, k, max_len
+        self.head, self.kv_cache, self.k, self.max_len, self.max_batch = head, kv_cache, k, max_len, max_batch
         c, dev = head.config, kv_cache.device
         self.splits = splits or default_splits(dev, 1, c.num_kv_heads, max_len)
         self.sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else NOMINAL_SMS
@@ -101,8 +103,15 @@ class Eagle3Drafter:
                                               head_dim=c.head_dim, device=dev)
 
     def chain_splits(self, batch: int) -> int:
-        """MAX_SPLITS of a chain step's decode attention over `batch` rows."""
-        return default_max_splits(self.sms, batch, self.head.config.num_kv_heads, self.max_len)
+        """MAX_SPLITS of a chain step's decode attention over `batch` rows (batch rounded up to
+        a power of two, at most max_batch: the eager first draft's row count is any number of
+        prompts, and each MAX_SPLITS is a kernel of its own)."""
+        rows = min(1 << max(0, batch - 1).bit_length(), self.max_batch)
+        return default_max_splits(self.sms, rows, self.head.config.num_kv_heads, self.max_len)
+
+    def chain_variants(self) -> list[int]:
+        """Every MAX_SPLITS a chain step can use (batch 1 .. max_batch), largest first."""
+        return sorted({self.chain_splits(b) for b in range(1, self.max_batch + 1)}, reverse=True)
 
     def _chain(self, logits0, h0, base, block_table, proposals, error) -> None:
         """d_1 = argmax(logits0 [B, Vd]) as a target id; k - 1 chain steps from h0 [B, H]
@@ -146,14 +155,20 @@ class Eagle3Drafter:
     @torch.no_grad()
     def warm_first(self, block_table: torch.Tensor, error: torch.Tensor) -> None:
         """Compile the eager first draft's kernels before serving (`first` on one padding row:
-        its q = 1 round inputs; nothing written). Where the prompt pass runs in prefill graphs,
-        the first-draft graphs compile them too. block_table [>= 1, W] int32, error [1] int32."""
+        its q = 1 round inputs; nothing written), and a chain step at every MAX_SPLITS of
+        `chain_variants` (the eager first draft runs at any row count, not only at the buckets
+        the round graphs compile). Where the prompt pass runs in prefill graphs, the first-draft
+        graphs compile the rest too. block_table [>= 1, W] int32, error [1] int32."""
         dev, w = self.head.device, self.head.weights
         hidden = torch.zeros((1, w.fc.shape[1]), dtype=w.dtype, device=dev)
         tokens = torch.zeros(1, dtype=torch.int64, device=dev)
         pad = torch.full((1,), -1, dtype=torch.int32, device=dev)
         self.first(hidden, tokens, pad, block_table[:1], torch.empty((1, self.k), dtype=torch.int64, device=dev),
                    error)
+        h = torch.zeros((1, w.fc.shape[0]), dtype=w.dtype, device=dev)
+        for splits in self.chain_variants():        # one padding row: kv_len 0, nothing read or written
+            self.head.chain_step(h, tokens, pad, self.kv_cache, block_table[:1], error, splits=splits,
+                                 scratch=self.scratch)
 
     @torch.no_grad()
     def prefill(self, hidden3: torch.Tensor, tokens: torch.Tensor, lens, block_table: torch.Tensor,
