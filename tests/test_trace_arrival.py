@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 TOOLS = Path(__file__).resolve().parent.parent / "tools"
+pytest.importorskip("transformers")      # the tiny checkpoint's tokenizer (tools/make_checkpoint.py)
 
 
 def test_reuse_workload_traces_the_repeated_request(tmp_path):
