@@ -54,6 +54,7 @@ class LocalExecutor:
     config = property(lambda self: self.runtime.config)
     k = property(lambda self: self.runtime.k)
     steps = property(lambda self: self.runtime.steps)      # StepsPlan: K and why (model/steps.py)
+    plan_seconds = property(lambda self: self.runtime.plan_seconds)   # {plan: host s} measured at capture
     device = property(lambda self: self.runtime.device)
     num_pages = property(lambda self: self.runtime.num_pages)
     model = property(lambda self: self.runtime.model)

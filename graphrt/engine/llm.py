@@ -206,6 +206,7 @@ class LLM:
             # K is fixed now ("auto": measured by the capture): the config as this LLM runs it
             self.config = config = config.resolved(self.runtime.k)
             times.from_steps(self.runtime.steps)
+            times.plans = dict(getattr(self.runtime, "plan_seconds", {}))
             tok_eos = self.tokenizer.eos_token_id
             eos = ck.eos_token_ids or ((tok_eos,) if tok_eos is not None else ())
             self.engine = Engine(self.runtime, self.tokenizer, eos_token_ids=eos, max_model_len=max_len,

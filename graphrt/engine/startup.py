@@ -48,6 +48,8 @@ class StartupTimes:
     steps_per_graph: int | None = None    # K, decode steps per graph replay (None: not known)
     decode_step_us: float | None = None   # "auto": the measured bucket-1 decode step, device µs
     steps: str = ""                       # K and why, for the line (StepsPlan.describe)
+    plans: dict = field(default_factory=dict)   # {plan: s} measured inside the capture call (split-K,
+    #                                       fused GEMVs, steps per graph): ModelRuntime.plan_seconds
 
     @contextmanager
     def phase(self, name: str):
@@ -78,10 +80,15 @@ class StartupTimes:
     @property
     def other_s(self) -> float:
         """What no phase holds: the total less the phases, and the capture call less its
-        warm-up and capture (the graph runner's set-up per graph)."""
+        warm-up, capture and measured plans (the graph runner's set-up per graph)."""
         other = max(self.total_s - self.setup_s - self.weights_s - self.runtime_s - self.capture_s
                     - self.engine_s, 0.0)
-        return other + max(self.capture_s - self.kernels_s - self.graphs_s, 0.0)
+        return other + max(self.capture_s - self.kernels_s - self.graphs_s - self.plans_s, 0.0)
+
+    @property
+    def plans_s(self) -> float:
+        """Seconds of the plans measured inside the capture call (sum of `plans`)."""
+        return sum(self.plans.values())
 
     def line(self, *, pages: int, pool_bytes: int) -> str:
         """The one summary line (runtime_s includes the weights when they were read inside it)."""
@@ -95,7 +102,9 @@ class StartupTimes:
         return (f"startup: ready in {self.total_s:.2f} s: imports + checks {self.setup_s:.2f} s, weights read "
                 f"{self.weights_s:.2f} s (config {self.config_s:.2f} s, tensors {self.read_s:.2f} s), "
                 f"runtime + KV pool {self.runtime_s:.2f} s ({pages} pages, {pool_bytes / 2**30:.2f} GiB), "
-                f"{graphs}, engine {self.engine_s:.2f} s (tokenizer {self.tokenizer_s:.2f} s), "
+                f"{graphs}, " + (f"plans {self.plans_s:.2f} s (" + ", ".join(
+                    f"{k} {v:.2f} s" for k, v in self.plans.items()) + "), " if self.plans else "")
+                + f"engine {self.engine_s:.2f} s (tokenizer {self.tokenizer_s:.2f} s), "
                 f"other {self.other_s:.2f} s" + (f"; decode {self.steps}" if self.steps else ""))
 
     def as_dict(self) -> dict:
@@ -103,6 +112,8 @@ class StartupTimes:
         out = {k: v for k, v in vars(self).items() if k != "t0"}
         out["graphs_by_phase"] = dict(self.graphs_by_phase)
         out["other_s"] = self.other_s
+        out["plans"] = dict(self.plans)
+        out["plans_s"] = self.plans_s
         return out
 
 

@@ -197,6 +197,7 @@ class ModelRuntime:
             resolve_setting(splitk)                       # ValueError now; "auto" reads the env later
         self._splitk_setting = splitk
         self.splitk: SplitKPlan | None = None   # decode buckets' split-K: chosen once, before the first graph
+        self.plan_seconds: dict[str, float] = {}  # host seconds of the measured plans at capture (start-up line)
         if fuse != "auto":
             resolve_fuse(fuse)                            # ValueError now; "auto" reads the env later
         self._fuse_setting = fuse
@@ -391,9 +392,15 @@ class ModelRuntime:
         """Fix the decode buckets' split-K plan, then their fused-GEMV plan, once (measured on
         CUDA: outside any capture)."""
         if self.splitk is None:
+            t = time.perf_counter()
             self.splitk = plan_splitk(self.model, self.config.buckets, self._splitk_setting)
+            if self.splitk.source == "measured":
+                self.plan_seconds["split-K"] = time.perf_counter() - t
         if self.fuse is None:
+            t = time.perf_counter()
             self.fuse = plan_fuse(self.model, self.config.buckets, self._fuse_setting, splitk=self.splitk)
+            if self.fuse.source == "measured":
+                self.plan_seconds["fused GEMVs"] = time.perf_counter() - t
 
     def _capture_inputs(self, size: int, processed: bool = False, chunk: bool = False) -> list:
         """The graph runner's (tensor, value) fills for a decode graph of `size` rows: every row
@@ -433,6 +440,7 @@ class ModelRuntime:
             mean = tp.nccl_all_reduce(torch.tensor([step_us], dtype=torch.float32, device=self.device))
             step_us = float(mean) / tp.world_size
         self.steps = StepsPlan(steps_for_step_us(step_us), "measured", step_us, time.perf_counter() - t0)
+        self.plan_seconds["steps"] = self.steps.seconds
         self._set_steps(self.steps.k)
         log.info("graphrt: steps_per_graph auto: %s", self.steps.describe())
 
