@@ -309,6 +309,13 @@ def main(argv=None) -> int:
     p.add_argument("--parts", default="gemm,attention,decode", help="of gemm, splitk, fuse, attention, decode")
     p.add_argument("--out", default="bench_step_parts.json")
     args = p.parse_args(argv)
+    try:
+        attn_q = [int(x) for x in args.attn_q.split(",") if x]
+    except ValueError:
+        attn_q = []
+    if not attn_q or min(attn_q) < 1:
+        print(f"bench_step_parts: --attn-q: comma-separated ints >= 1, got {args.attn_q!r}", file=sys.stderr)
+        return 2
     import torch
     sys.path.insert(0, str(Path(__file__).parent))
     from benchlib import copy_bandwidth
@@ -326,7 +333,7 @@ def main(argv=None) -> int:
         Path(args.out).write_text(json.dumps(out, indent=1))
     if "attention" in args.parts:
         out["attention"] = attention_rows(torch, ints(args.batches), ints(args.contexts), ints(args.attn_splits),
-                                          ints(args.attn_q))
+                                          attn_q)
         Path(args.out).write_text(json.dumps(out, indent=1))
     if "decode" in args.parts:
         out["decode"] = decode_rows(torch, ints(args.batches), ints(args.contexts), ints(args.decode_splits),

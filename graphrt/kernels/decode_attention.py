@@ -208,6 +208,16 @@ class DecodeScratch:
                              f"{tuple(self.counters.shape)} {self.counters.dtype} on {self.partial.device}")
 
 
+NOMINAL_SMS = 132      # an H200: the split structure used where there is no GPU to ask (CPU)
+
+
+def device_sms(device) -> int:
+    """Streaming multiprocessors of a CUDA device, or NOMINAL_SMS elsewhere (the CPU interpreter
+    then runs the same split structure as an H200)."""
+    device = torch.device(device)
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else NOMINAL_SMS
+
+
 def default_max_splits(sms: int, batch: int, num_kv_heads: int, max_context_len: int, *,
                        waves: int = 2, min_keys: int = MIN_KEYS_PER_SPLIT, cap: int = 64) -> int:
     """Static MAX_SPLITS of a bucket: about `waves` programs per SM over batch * Hkv (b, kv head)
@@ -300,5 +310,5 @@ def decode_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor, seq_l
     return out
 
 
-__all__ = ["DecodeScratch", "decode_attention", "default_max_splits", "BLOCK_N", "MIN_KEYS_PER_SPLIT", "STAGES",
+__all__ = ["DecodeScratch", "decode_attention", "default_max_splits", "device_sms", "NOMINAL_SMS", "BLOCK_N", "MIN_KEYS_PER_SPLIT", "STAGES",
            "BLOCK_N_FP8"]

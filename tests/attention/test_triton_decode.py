@@ -10,7 +10,8 @@ import torch
 
 from graphrt import DecodeRuntime, PagedKVCache, RuntimeConfig
 from graphrt.attention.backends import make_backend
-from graphrt.attention.backends.triton_decode import NOMINAL_SMS, TritonDecodeBackend
+from graphrt.attention.backends.triton_decode import TritonDecodeBackend
+from graphrt.kernels.decode_attention import NOMINAL_SMS
 from graphrt.attention.reference import reference_decode
 from graphrt.config import ConfigError
 from graphrt.kernels.decode_attention import default_max_splits

@@ -11,13 +11,9 @@ largest need over the buckets, is shared by every layer and bucket (one stream).
 """
 from __future__ import annotations
 
-import torch
-
 from graphrt.attention.buffers import BucketView
 from graphrt.attention.backends.base import AttentionBackend
-from graphrt.kernels.decode_attention import DecodeScratch, decode_attention, default_max_splits
-
-NOMINAL_SMS = 132      # an H200: the split structure used where there is no GPU to ask
+from graphrt.kernels.decode_attention import DecodeScratch, decode_attention, default_max_splits, device_sms
 
 
 class TritonDecodeBackend(AttentionBackend):
@@ -38,8 +34,7 @@ class TritonDecodeBackend(AttentionBackend):
                 isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in max_splits.values())):
             raise ValueError(f"max_splits: expected {{bucket: int >= 1}}, got {max_splits!r}")
         self._override = dict(max_splits or {})
-        self.sms = (torch.cuda.get_device_properties(device).multi_processor_count
-                    if device.type == "cuda" else NOMINAL_SMS)
+        self.sms = device_sms(device)
         self.max_splits: dict[int, int] = {}
         self.scratch: DecodeScratch | None = None
 

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from graphrt.kernels.argmax import argmax_into
-from graphrt.kernels.decode_attention import DecodeScratch, default_max_splits
+from graphrt.kernels.decode_attention import DecodeScratch, default_max_splits, device_sms
 from graphrt.kernels.multiquery_attention import default_splits
 from graphrt.speculative.eagle3.head import last_positions
 
@@ -73,9 +73,6 @@ def round_prep(emitted: torch.Tensor, cache_lens: torch.Tensor, q: int
     return cl, at, base
 
 
-NOMINAL_SMS = 132      # the split structure of an H200 where there is no GPU to ask (CPU)
-
-
 class Eagle3Drafter:
     """head: Eagle3Head; kv_cache: its PagedKVCache (indexed by the target's block tables, at
     least as many pages as the target's pool); k: proposals a round; max_len: longest sequence;
@@ -97,7 +94,7 @@ class Eagle3Drafter:
         self.head, self.kv_cache, self.k, self.max_len, self.max_batch = head, kv_cache, k, max_len, max_batch
         c, dev = head.config, kv_cache.device
         self.splits = splits or default_splits(dev, 1, c.num_kv_heads, max_len)
-        self.sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else NOMINAL_SMS
+        self.sms = device_sms(dev)
         self.scratch = DecodeScratch.allocate(((b, self.chain_splits(b)) for b in range(1, max_batch + 1)),
                                               num_kv_heads=c.num_kv_heads, group=c.num_heads // c.num_kv_heads,
                                               head_dim=c.head_dim, device=dev)

@@ -1,0 +1,24 @@
+"""Bad arguments of GPU-only benchmark tools are refused on any machine: one line naming the flag,
+exit 2, before a GPU is asked for (tools/bench_eagle3_step.py --profile, tools/bench_step_parts.py
+--attn-q)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TOOLS = Path(__file__).resolve().parent.parent / "tools"
+
+
+@pytest.mark.parametrize("tool, args, flag", [
+    ("bench_eagle3_step.py", ["--profile", "chain step,nope"], "--profile"),
+    ("bench_step_parts.py", ["--parts", "attention", "--attn-q", "0"], "--attn-q"),
+    ("bench_step_parts.py", ["--parts", "attention", "--attn-q", "five"], "--attn-q"),
+])
+def test_bad_flag_exits_2_naming_it(tool, args, flag, tmp_path):
+    r = subprocess.run([sys.executable, str(TOOLS / tool), *args], capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path)
+    assert r.returncode == 2, r.stderr[-1000:]
+    assert flag in r.stderr and "Traceback" not in r.stderr
