@@ -47,8 +47,7 @@ VARIANTS = 16                           # canned blocks cycled
 
 class StubExecutor:
     """The executor interface (executor.py) with no device work: every call returns canned,
-    correctly shaped host tensors at once. method: None, "ngram" or "draft" (a draft prefills
-    whole prompts: partial_prefill False)."""
+    correctly shaped host tensors at once. method: None, "ngram" or "draft"."""
 
     def __init__(self, *, max_batch: int, k_steps: int, method: str | None, spec_k: int, rounds: int,
                  context: int, page_size: int, text_ids: list[int], vocab: int):
@@ -68,7 +67,6 @@ class StubExecutor:
         self.rounds = rounds if method else 0
         self.spec_ks = () if method is None else tuple(sorted({1, 2, spec_k}))
         self.history_width = self.config.max_context_len if method else None
-        self.partial_prefill = method != "draft"
         self.processing = False
         self.logprobs_width = 0
         self.device_error_flag = torch.zeros(1, dtype=torch.int32)

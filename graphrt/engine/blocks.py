@@ -67,7 +67,8 @@ class BlockMixin:
         if part:                                      # chunks that draw nothing yet
             self.runtime.prefill([_host(ctx[id(r)][a:e], np.int64) for r, a, e in part],
                                  torch.from_numpy(self.batch.block_table_host[[r.slot for r, _, _ in part]]),
-                                 starts=[a for _, a, _ in part], **defer)
+                                 starts=[a for _, a, _ in part], after=[int(ctx[id(r)][e]) for r, _, e in part],
+                                 **defer)                # after: the token each chunk's last position precedes
             for r, _, e in part:
                 s.prefilled(r, e)
         work = [w for w in work if w[2] == len(ctx[id(w[0])])]

@@ -105,7 +105,7 @@ class Engine(BlockMixin):
                                    spec_rounds=self.rounds, cache_seed=seed_key,
                                    max_num_batched_tokens=budget)
         check_max_stall(max_prefill_stall)
-        if max_prefill_stall is not None and getattr(runtime, "partial_prefill", True):   # chunks allowed
+        if max_prefill_stall is not None:
             self.scheduler.pacer = PrefillPacer(max_prefill_stall, page_size=c.page_size, max_tokens=budget,
                                                 device=self.device)
         self.scheduler.forks = getattr(spec, "eagle", None) is None   # an EAGLE-3 head prefills every sample
@@ -113,8 +113,7 @@ class Engine(BlockMixin):
         # (model/mixed.py); not with speculation (its blocks verify instead) or without chunked
         # prefill. May be set to 0 between steps (chunks between blocks instead), never above
         # the runtime's C
-        self.mixed_tokens = (getattr(runtime, "mixed_tokens", 0) if spec is None and budget is not None
-                       and getattr(runtime, "partial_prefill", True) else 0)
+        self.mixed_tokens = getattr(runtime, "mixed_tokens", 0) if spec is None and budget is not None else 0
         self.mixed_counts = {"chunks": 0, "tokens": 0} if self.mixed_tokens else None   # loop thread
         self.spec_counts = {"proposed": 0, "accepted": 0, "rounds": 0, "emitted": 0,   # loop thread
                             "blocks": 0, "plain_blocks": 0}
@@ -464,16 +463,12 @@ class Engine(BlockMixin):
 
 
 def prefill_options(runtime, enable_prefix_caching: bool, max_num_batched_tokens: int | None):
-    """(prefix-cache seed or None, prefill token budget or None) for an engine over `runtime`: a
-    draft model or an EAGLE-3 head prefills whole prompts only (neither a cached prefix nor chunks:
-    the executor's partial_prefill)."""
+    """(prefix-cache seed or None, prefill token budget or None) for an engine over `runtime`.
+    The seed names what changes a page's K/V (the model, its dtype, the KV format). A
+    speculative proposer's K/V in a cached page (a draft model's, an EAGLE-3 head's) is its
+    writer's: it changes acceptance only, never a token, so it is not part of the key."""
     if not isinstance(enable_prefix_caching, bool):
         raise ValueError(f"enable_prefix_caching: expected a bool, got {enable_prefix_caching!r}")
-    if not getattr(runtime, "partial_prefill", True):
-        if enable_prefix_caching or max_num_batched_tokens is not None:
-            log.info("engine: a draft model or an EAGLE-3 head prefills whole prompts: prefix caching "
-                     "and chunked prefill off")
-        return None, None
     model = runtime.model
     seed = f"{type(model).__name__}|{model.spec!r}|{runtime.config!r}"   # the model, dtype, KV format
     return (seed if enable_prefix_caching else None), max_num_batched_tokens

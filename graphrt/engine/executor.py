@@ -90,33 +90,36 @@ class LocalExecutor:
                      sum(s.capture_ms + s.warmup_ms for s in spec), sum(s.graph_bytes for s in spec) / 2**20)
         return stats
 
-    def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor, *, starts=None,
+    def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor, *, starts=None, after=None,
                 defer_check: bool = False, **record) -> torch.Tensor:
         """As ModelRuntime.prefill: [m, V] float32 last-token logits (prompts[i] from position
-        starts[i], default 0). With a draft model only whole prompts (starts 0). record:
-        ModelRuntime.prefill's on_logits / logits_rows (prompt log-probs). defer_check: as
-        ModelRuntime.prefill's (the flags into `device_error_flag`)."""
-        if starts is not None and any(starts):
-            self._check_partial_prefill()
-        return self.runtime.prefill(prompts, block_table, starts=starts, defer_check=defer_check, **record)
+        starts[i], default 0), for pieces of a context that draw nothing yet (a chunk; the last
+        piece goes through prefill_slots). A proposer with K/V of its own follows: a draft
+        model prefills the same positions; an EAGLE-3 head writes its K/V there from the
+        target's recorded states, pairing each piece's last position with after[i] (host int,
+        the context's next token). record: ModelRuntime.prefill's on_logits / logits_rows
+        (prompt log-probs). defer_check: as ModelRuntime.prefill's (the flags into
+        `device_error_flag`)."""
+        eagle = getattr(self.spec, "eagle", None)
+        after = [None] * len(prompts) if after is None else list(after)
+        if len(after) != len(prompts):
+            raise ValueError(f"after: {len(after)} tokens for {len(prompts)} prompts")
+        if eagle is not None:
+            logits, hidden = eagle.target_prefill(self.runtime, prompts, block_table, starts=starts, after=after,
+                                                  defer_check=defer_check, **record)
+            eagle.prefill_part(hidden, prompts, after, block_table,
+                               [0] * len(prompts) if starts is None else starts, self.spec.device_error)
+            return logits
+        logits = self.runtime.prefill(prompts, block_table, starts=starts, defer_check=defer_check, **record)
+        if self._proposer_state:
+            self.spec.draft.prefill([to_device(p, self.device) for p in prompts], block_table, starts=starts)
+        return logits
 
     @property
     def device_error_flag(self) -> torch.Tensor:
         """The target runtime's sticky device-guard flags ([1] int32, device): nonzero after a
         prepare or K/V-append kernel flagged bad inputs (check_device_errors says which)."""
         return self.runtime.buffers.device_error
-
-    @property
-    def partial_prefill(self) -> bool:
-        """Whether a prefill may start after cached tokens (a prefix-cache hit, a chunk): not with
-        a draft model or an EAGLE-3 head, which prefill whole prompts (engine.prefill_options
-        turns prefix caching and chunking off for them)."""
-        return self.spec is None or (self.spec.draft is None and getattr(self.spec, "eagle", None) is None)
-
-    def _check_partial_prefill(self) -> None:
-        if not self.partial_prefill:
-            raise ValueError("starts: a draft model or an EAGLE-3 head prefills whole prompts (no cached "
-                             "prefix or chunks)")
 
     def prefill_slots(self, prompts: list[torch.Tensor], block_table: torch.Tensor, slots: list[int],
                       sampling: SamplingInputs, *, processing: ProcessRows | None = None,
@@ -129,9 +132,11 @@ class LocalExecutor:
         slot's current token (and into its token history at index start + len(prompt)). copies:
         (src, dst) KV pages copied after the prefill, in every layer (n > 1: a sample's copy of
         the prompt's partial last page). With a draft model, the draft's caches are prefilled
-        (and copied) too; with an EAGLE-3 head, the target's prefill records its hidden states
-        and the head's prefill makes the slots' first proposals (both: whole prompts only; no
-        sources with EAGLE-3). Returns the [s] int64 first tokens (device), one per slot.
+        over the same positions (and copied) too; with an EAGLE-3 head, the target's prefill
+        records its hidden states and the head's prefill makes the slots' first proposals (no
+        sources with EAGLE-3). Either proposer's K/V below starts[i] is what the pages hold (a
+        cached prefix: its writer's; an earlier chunk: this request's); it changes only how many
+        proposals are accepted, never a token. Returns the [s] int64 first tokens (device).
 
         processing (a processing runtime): the slots' processing rows are reset to it first and
         the first draws are processed, counted and their log-probabilities kept in
@@ -139,16 +144,15 @@ class LocalExecutor:
         log-probabilities into `prompt_logprobs` (CPU, synchronous; whole prompts only).
         defer_check: the target's prefill as ModelRuntime.prefill's (an EAGLE-3 target's too).
         draft=False (a draft model, no sources or copies): the draft's prefill is left out and
-        the slots are marked stale from position 0 (the policy starts them on plain decode: a
-        later speculative block catches the draft up over the whole context, as after plain
-        blocks; a request that never speculates never runs its draft)."""
+        the slots are marked stale from their start (the policy starts them on plain decode: a
+        later speculative block catches the draft up from there, as after plain blocks; a
+        request that never speculates never runs its draft)."""
         want = dict(prompt_logprobs or {})
         collect = PromptLogprobs(prompts, want) if want else None
         extra = {"on_logits": collect, "logits_rows": frozenset(want)} if collect is not None else {}
         if starts is not None and any(starts):
             if want:
                 raise ValueError("starts: prompt_logprobs need the whole prompt prefilled")
-            self._check_partial_prefill()
             extra["starts"] = starts
         eagle = getattr(self.spec, "eagle", None)
         if eagle is not None and sources is not None:
@@ -185,18 +189,21 @@ class LocalExecutor:
             st.history.view(-1).index_copy_(0, at, first.to(torch.int32))
         draft_model = self.spec.draft if self._proposer_state else None
         if draft_model is not None and not draft and sources is None and not copies:
-            self._draft_since.index_fill_(0, idx, 0)     # the draft holds no K/V for these slots
+            # the draft holds no K/V from each prompt's start (sync_draft writes from since - 2)
+            since = [int(starts[j]) + 2 if starts is not None and starts[j] else 0 for j in range(len(slots))]
+            self._draft_since.index_copy_(0, idx, tensor_on(since, self._draft_since.dtype, dev))
             self._draft_stale.update(slots)
             draft_model = None
         elif draft_model is not None:
-            draft_model.prefill([to_device(p, dev) for p in prompts], block_table)
+            draft_model.prefill([to_device(p, dev) for p in prompts], block_table,
+                                starts=starts if starts is not None and any(starts) else None)
             self._draft_stale.difference_update(slots)
         draft = draft_model
         if copies:
             _copy_pages(list(self.runtime.kv_caches) + (list(draft.kv_caches) if draft is not None else []),
                         copies, dev)
         if eagle is not None:
-            eagle.prefill(hidden, prompts, first, block_table, slots, self.spec.device_error)
+            eagle.prefill(hidden, prompts, first, block_table, slots, self.spec.device_error, starts=starts)
         return first
 
     def apply(self, update) -> None:

@@ -183,10 +183,13 @@ class PrefillGraphs:
 
     def prefill(self, graphs: GraphRunner, prompts: list[torch.Tensor], host_table: torch.Tensor, starts,
                 kv_caches, *, hidden_out: torch.Tensor | None = None,
-                hidden_last: torch.Tensor | None = None, error_into: torch.Tensor | None = None) -> torch.Tensor:
+                hidden_last: torch.Tensor | None = None, error_into: torch.Tensor | None = None,
+                after=None) -> torch.Tensor:
         """prompts: n [T_i] int64 on the device (checked by the caller), prompt i on row i of
         host_table ([n, W] int32, CPU) from position starts[i] -> [n, V] float32 logits of each
-        prompt's last token. hidden_out [sum T_i, len(record) * H] (with record_states): each
+        prompt's last token. after: n host ints or None, the token that follows each prompt
+        where it is known (a chunk of a longer context): a stage pairing position t with token
+        t + 1 reads it at the last position (else a stale token there). hidden_out [sum T_i, len(record) * H] (with record_states): each
         token's recorded states, prompts concatenated in order; hidden_last [>= n, len(record) *
         H]: row i gets prompt i's last token's (device copies, no sync). Raises RuntimeError if
         the K/V append (the target's or the stage's) flagged bad pages (one host sync); with
@@ -215,6 +218,8 @@ class PrefillGraphs:
             a = s - starts[i]
             m = min(n + 1, lens[i] - a)                                   # + the next token, if any
             b.tokens[:m].copy_(prompts[i][a: a + m])
+            if m == n and after is not None and after[i] is not None:
+                b.tokens[n].fill_(int(after[i]))                          # the token after a chunk
             ints[0], ints[1] = s, n
             ints[2:2 + w].copy_(host_table[i])
             copy_into(b.ints, ints)

@@ -267,7 +267,8 @@ class ModelRuntime:
 
     def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor, *, on_logits=None,
                 logits_rows=frozenset(), record=(), hidden_out: torch.Tensor | None = None,
-                hidden_last: torch.Tensor | None = None, starts=None, defer_check: bool = False) -> torch.Tensor:
+                hidden_last: torch.Tensor | None = None, starts=None, defer_check: bool = False,
+                after=None) -> torch.Tensor:
         """Prefill each prompt into rows of block_table; returns [n, vocab] float32 last-token
         logits. Through the prefill graphs (model/prefill_graphs.py: one replay per piece of at
         most prefill_graph_tokens) where they are on and the call has at most
@@ -282,6 +283,8 @@ class ModelRuntime:
         record / hidden_out: the model's hidden-state recording (LlamaDecoder.prefill);
         hidden_last [>= n, len(record) * H]: each prompt's last token's recorded states, through
         the prefill graphs only (`prefill_graphed`; ValueError on the eager path).
+        after: n host ints or None, the token after each prompt where known (a chunk), for a
+        recording stage in the prefill graphs (PrefillGraphs.prefill; the eager path ignores it).
         defer_check: through the prefill graphs, the K/V append's flags go into the sticky
         device_error (check_device_errors; the engine reads it with each block's tokens) instead
         of a host sync and RuntimeError here; the eager path always checks at once."""
@@ -302,7 +305,7 @@ class ModelRuntime:
                 return self.prefill_graphs.prefill(self.graphs, prompts, host_table, starts, self.kv_caches,
                                                    error_into=self.buffers.device_error if defer_check else None,
                                                    hidden_out=hidden_out if record else None,
-                                                   hidden_last=hidden_last)
+                                                   hidden_last=hidden_last, after=after)
             if hidden_last is not None:
                 raise ValueError("hidden_last: only through the prefill graphs (prefill_graphed() is False "
                                  "for this call)")

@@ -116,8 +116,8 @@ def test_graphed_prompt_pass_equals_the_eager_one_and_the_dense_head(parts):
 def test_a_suffix_after_a_cached_prefix_writes_from_its_start(parts):
     """The stage writes positions cache_len .. cache_len + q_len - 1 of a piece after cached ones
     (a suffix call with starts): the eager pass's K/V there, positions below untouched. (A call's
-    last position is paired with the token after it, which that call does not have: the engine's
-    EAGLE-3 prefills are whole prompts, whose last position the first draft rewrites.)"""
+    last position is paired with the token after it, which that call does not have; the engine's
+    piece passes it as `after`: test_an_admission_in_pieces_equals_a_whole_one.)"""
     p = _prompts([60], seed=3)[0]
     row = torch.arange(1, 9, dtype=torch.int32)[None]
     mrt, phase = _phase(parts, graphed=True, tokens=16)
@@ -135,6 +135,32 @@ def test_a_suffix_after_a_cached_prefix_writes_from_its_start(parts):
     torch.testing.assert_close(flat(cache.v)[32:59], flat(eager.kv_cache.v)[32:59], rtol=1e-4, atol=1e-4)
     assert torch.equal(flat(cache.k)[:32], flat(before)[:32])
     torch.testing.assert_close(flat(cache.k)[:31], flat(eager.kv_cache.k)[:31], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("graphed", [True, False])
+def test_an_admission_in_pieces_equals_a_whole_one(parts, graphed):
+    """A 70-token prompt admitted in pieces, as the engine runs a cached prefix and chunks:
+    positions [0, 20) and [20, 45) as chunks that draw nothing (LocalExecutor.prefill's path:
+    target_prefill with `after`, the context's next token, then prefill_part), then the last
+    piece [45, 70) with starts and the first token (prefill). The head's K/V at every position
+    and its first proposals equal one whole admission's, graphed and eager."""
+    p = _prompts([70], seed=5)[0]
+    row = torch.arange(1, 9, dtype=torch.int32)[None]
+    first = torch.tensor([17])
+    err = torch.zeros(1, dtype=torch.int32)
+    mrt, whole = _phase(parts, graphed=graphed, tokens=16)
+    _admit(mrt, whole, [p], row, first, [2])
+    mrt, split = _phase(parts, graphed=graphed, tokens=16)
+    for a, e in ((0, 20), (20, 45)):
+        _, hidden = split.target_prefill(mrt, [p[a:e]], row, starts=[a], after=[int(p[e])])
+        split.prefill_part(hidden, [p[a:e]], [int(p[e])], row, [a], err)
+    _, hidden = split.target_prefill(mrt, [p[45:]], row, starts=[45])
+    split.prefill(hidden, [p[45:]], first, row, [2], err, starts=[45])
+    assert int(err) == 0
+    flat = lambda c: c[row[0].long()].flatten(0, 1)[:70 + K - 1]       # noqa: E731  written positions
+    torch.testing.assert_close(flat(split.kv_cache.k), flat(whole.kv_cache.k), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(flat(split.kv_cache.v), flat(whole.kv_cache.v), rtol=1e-4, atol=1e-4)
+    assert torch.equal(split.proposals[2], whole.proposals[2])
 
 
 def test_stage_rows():

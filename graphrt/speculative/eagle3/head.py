@@ -172,29 +172,35 @@ class Eagle3Head:
     # ---- eager ------------------------------------------------------------------------------
     @torch.no_grad()
     def prefill_kv(self, hidden3: torch.Tensor, tokens: torch.Tensor, lens, kv_cache,
-                   block_table: torch.Tensor, error: torch.Tensor) -> None:
-        """Eager prompt pass over ragged prompts, prompt i on block-table row i: `write_kv` of
-        positions 0 .. len - 2 of each (its last position pairs with the first sampled token:
-        `prefill`, or the drafter's first draft, writes it). hidden3 [T, 3H] and tokens [T]
-        (the token after each position: the prompt shifted by one, then the first sampled
-        token) of all prompts, concatenated; lens: prompt lengths (host ints >= 1)."""
+                   block_table: torch.Tensor, error: torch.Tensor, *, starts=None, whole=False) -> None:
+        """Eager prompt pass over ragged prompts, prompt i on block-table row i from position
+        starts[i] (default 0: earlier positions' K/V are already in its pages, a cached prefix or
+        an earlier chunk): `write_kv` of its positions but the last (that one pairs with the first
+        sampled token: `prefill`, or the drafter's first draft, writes it), or of every position
+        with whole=True (a chunk whose next token is known). hidden3 [T, 3H] and tokens [T] (the
+        token after each position: the prompt shifted by one, then the first sampled token or
+        the chunk's next token) of all prompts, concatenated; lens: prompt lengths (host ints >= 1)."""
         check_ragged(hidden3, tokens, lens)
-        zero = torch.zeros(1, dtype=torch.int32, device=self.device)
+        starts = [0] * len(lens) if starts is None else [int(a) for a in starts]
+        if len(starts) != len(lens) or min(starts, default=0) < 0:
+            raise ValueError(f"starts: expected {len(lens)} ints >= 0, got {starts}")
+        cache_lens = tensor_on(starts, torch.int32, self.device)             # [n], one host copy
         start = 0
         for r, n in enumerate(lens):
-            if n > 1:
-                self.write_kv(hidden3[None, start: start + n - 1], tokens[None, start: start + n - 1], zero,
+            m = n if whole else n - 1
+            if m > 0:
+                self.write_kv(hidden3[None, start: start + m], tokens[None, start: start + m], cache_lens[r:r + 1],
                               kv_cache, block_table[r:r + 1], error)
             start += n
 
     @torch.no_grad()
     def prefill(self, hidden3: torch.Tensor, tokens: torch.Tensor, lens, kv_cache,
-                block_table: torch.Tensor, error: torch.Tensor):
+                block_table: torch.Tensor, error: torch.Tensor, *, starts=None):
         """Eager: `prefill_kv`, then every prompt's last position (one `extend` over the n
-        prompts, one position each). Writes positions 0 .. len - 1 of each row; returns the last
-        positions' draft logits [n, Vd] and pre-norm h [n, H]."""
-        self.prefill_kv(hidden3, tokens, lens, kv_cache, block_table, error)
-        rows, at = last_positions(lens, self.device)
+        prompts, one position each). Writes positions start .. start + len - 1 of each row;
+        returns the last positions' draft logits [n, Vd] and pre-norm h [n, H]."""
+        self.prefill_kv(hidden3, tokens, lens, kv_cache, block_table, error, starts=starts)
+        rows, at = last_positions(lens, self.device, starts)
         logits, h = self.extend(hidden3[rows, None], tokens[rows, None], at, kv_cache, block_table, error)
         return logits[:, 0], h[:, 0]
 
@@ -228,14 +234,16 @@ def check_ragged(hidden3: torch.Tensor, tokens: torch.Tensor, lens) -> None:
                          f"and tokens {tuple(tokens.shape)}")
 
 
-def last_positions(lens, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each prompt's last position of ragged prompts of `lens` (host ints) -> (its row in the
-    concatenation [n] int64, the position len - 1 [n] int32), on `device` (one host copy)."""
+def last_positions(lens, device, starts=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each prompt's last position of ragged prompts of `lens` (host ints) starting at `starts`
+    (host ints, default 0) -> (its row in the concatenation [n] int64, the position start + len
+    - 1 [n] int32), on `device` (one host copy)."""
+    starts = [0] * len(lens) if starts is None else starts
     ends, at = [], 0
     for n in lens:
         at += n
         ends.append(at - 1)
-    both = tensor_on([ends, [n - 1 for n in lens]], torch.int64, device)        # [2, n]
+    both = tensor_on([ends, [int(a) + n - 1 for a, n in zip(starts, lens)]], torch.int64, device)   # [2, n]
     return both[0], both[1].to(torch.int32)
 
 

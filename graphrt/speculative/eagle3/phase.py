@@ -105,41 +105,61 @@ class Eagle3Phase:
         if self.prompt is not None:
             self.prompt.capture(error)
 
-    def target_prefill(self, runtime, prompts: list[torch.Tensor], block_table: torch.Tensor, **kw):
-        """The target's prefill through `runtime` (ModelRuntime.prefill, its other keywords `kw`)
-        recording the head's hidden states -> ([m, V] float32 logits, states). states None:
-        the call ran through the runtime's prefill graphs with the head's prompt pass inside
-        (every prompt position's head K/V written, each prompt's last states kept for the first
-        draft); else [sum T_i, 3H], every prompt token's, for the eager pass."""
+    def target_prefill(self, runtime, prompts: list[torch.Tensor], block_table: torch.Tensor, *, after=None,
+                       **kw):
+        """The target's prefill through `runtime` (ModelRuntime.prefill, its other keywords `kw`:
+        starts, ...) recording the head's hidden states -> ([m, V] float32 logits, states).
+        states None: the call ran through the runtime's prefill graphs with the head's prompt
+        pass inside (every position's head K/V written, the last paired with after[i] where
+        given (a chunk), each prompt's last states kept for the first draft); else [sum T_i,
+        3H], every new token's, for the eager pass (`prefill` or `prefill_part`)."""
         new = sum(p.numel() for p in prompts)
         with runtime.lock:                              # the decision and the prefill, together
             if self.prompt is not None and runtime.prefill_graphs is self.prompt.prefill_graphs \
                     and len(prompts) <= self.max_batch and runtime.prefill_graphed(
                         new, logits_rows=kw.get("logits_rows", frozenset()), record=self.layer_ids):
                 return runtime.prefill(prompts, block_table, record=self.layer_ids,
-                                       hidden_last=self.prompt.buf.hidden, **kw), None
+                                       hidden_last=self.prompt.buf.hidden, after=after, **kw), None
             hidden = torch.empty((new, self.hidden.shape[1]), dtype=self.hidden.dtype, device=self.device)
             logits = runtime.prefill(prompts, block_table, record=self.layer_ids, hidden_out=hidden, **kw)
             return logits, hidden
 
     @torch.no_grad()
     def prefill(self, hidden: torch.Tensor | None, prompts: list[torch.Tensor], first: torch.Tensor,
-                block_table: torch.Tensor, slots: list[int], error: torch.Tensor) -> None:
+                block_table: torch.Tensor, slots: list[int], error: torch.Tensor, *, starts=None) -> None:
         """The head over each prompt paired with the next tokens (the prompt shifted by one, then
         first[i], its first sampled token, [m] int64 device), then k - 1 chain steps: the first
         proposals of slots[i]. hidden: target_prefill's states (None: graphed, the prompt pass
         is done; one replay drafts); prompt i on row i of block_table [m, W] int32 (a host
-        table: no sync). error: [1] int32 device_error."""
+        table: no sync) from position starts[i] (host ints, default 0: the head's K/V below it
+        is already in the pages, see `prefill_part`). error: [1] int32 device_error."""
         dev = self.device
+        starts = [0] * len(prompts) if starts is None else [int(a) for a in starts]
         if hidden is None:
             host = block_table if block_table.device.type == "cpu" else block_table.cpu()
-            self.prompt.first_draft(first, slots, [p.numel() for p in prompts], host, error)
+            self.prompt.first_draft(first, slots, [a + p.numel() for a, p in zip(starts, prompts)], host, error)
             return
         tokens = torch.cat([t for i, p in enumerate(prompts) for t in (to_device(p, dev)[1:], first[i:i + 1])])
         props = torch.empty((len(prompts), self.k), dtype=torch.int64, device=dev)
         self.drafter.prefill(hidden, tokens, [p.numel() for p in prompts], to_device(block_table, dev), props,
-                             error)
+                             error, starts=starts)
         self.proposals.index_copy_(0, tensor_on(slots, torch.long, dev), props)
+
+    @torch.no_grad()
+    def prefill_part(self, hidden: torch.Tensor | None, prompts: list[torch.Tensor], after,
+                     block_table: torch.Tensor, starts, error: torch.Tensor) -> None:
+        """After target_prefill of chunks that draw nothing yet (prompt i: positions [starts[i],
+        starts[i] + T_i) of a longer context, row i of block_table): the head's K/V at those
+        positions, the last paired with after[i] (host int: the context's next token; None: a
+        stale token, as at a prompt's last position until its first draft). Graphed (hidden None):
+        done inside the target's graphs. No proposals: the request draws after its last piece."""
+        if hidden is None:
+            return
+        dev = self.device
+        nxt = [to_device(torch.tensor([0 if a is None else int(a)], dtype=torch.int64), dev) for a in after]
+        tokens = torch.cat([t for i, p in enumerate(prompts) for t in (to_device(p, dev)[1:], nxt[i])])
+        self.drafter.head.prefill_kv(hidden, tokens, [p.numel() for p in prompts], self.kv_cache,
+                                     to_device(block_table, dev), error, starts=starts, whole=True)
 
 
 __all__ = ["Eagle3Phase"]

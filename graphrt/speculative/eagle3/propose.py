@@ -169,12 +169,13 @@ class Eagle3Drafter:
 
     @torch.no_grad()
     def prefill(self, hidden3: torch.Tensor, tokens: torch.Tensor, lens, block_table: torch.Tensor,
-                proposals: torch.Tensor, error: torch.Tensor) -> None:
+                proposals: torch.Tensor, error: torch.Tensor, *, starts=None) -> None:
         """Eager, after the target's prefill: hidden3 [T, 3H] / tokens [T] as for
-        Eagle3Head.prefill_kv (prompt i on block-table row i, lens host ints); proposals [n, k]
-        out. The prompt pass, then `first` over the prompts' last positions."""
-        self.head.prefill_kv(hidden3, tokens, lens, self.kv_cache, block_table, error)
-        rows, at = last_positions(lens, hidden3.device)
+        Eagle3Head.prefill_kv (prompt i on block-table row i from position starts[i], default 0;
+        lens host ints); proposals [n, k] out. The prompt pass, then `first` over the prompts'
+        last positions."""
+        self.head.prefill_kv(hidden3, tokens, lens, self.kv_cache, block_table, error, starts=starts)
+        rows, at = last_positions(lens, hidden3.device, starts)
         self.first(hidden3[rows], tokens[rows], at, block_table[:len(lens)], proposals, error)
 
 
