@@ -8,8 +8,9 @@ server runs besides: greedy and sampled decoding (with and without top-k / top-p
 processing (penalties, logit bias, min_tokens, min_p) with log-probabilities, prompt
 log-probabilities (eager prefill), a prefix-cache hit, a long prompt in prefill chunks, n = 2, and
 each request alone as well as all at once. Every kernel compiled meanwhile lands in DIR; then the
-manifest records each file's sha256 and what the cache was built for (graphrt/serve/cache_pin.py
-built_for: the checkpoint's config.json, the engine settings, and the versions and GPU).
+manifest records each file's sha256, what the cache was built for (graphrt/serve/cache_pin.py
+built_for: the checkpoint's config.json, the engine settings, and the versions and GPU) and the
+decode plans the capture measured (split-K, K: graphrt/model/plans.py), which a warm start takes.
 """
 from __future__ import annotations
 
@@ -106,8 +107,9 @@ def capture_model(args, device: str, out: Path) -> int:
     rows = [{"bucket": b, "backend": rc.backend, "backend_name": rc.backend} for b in rc.buckets]
     record = built_for(llm.checkpoint.path, engine_cfg, llm.runtime.device.type,
                        quantization=sargs.quantization, tensor_parallel=1)
+    plans = getattr(llm.runtime, "measured_plans", None)      # split-K, K: a warm start measures neither
     write_cache_manifest(out, rc, rows, mode="CUDA graphs" if startup.num_graphs else "eager",
-                         built_for=record)
+                         built_for=record, plans=plans() if plans is not None else None)
     return 0
 
 

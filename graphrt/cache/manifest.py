@@ -113,9 +113,11 @@ class Manifest:
 
 
 def build_manifest(config, rows: list[dict], artifacts: dict[str, str], *, mode: str,
-                   path: str | None = None, built_for: dict | None = None) -> Manifest:
+                   path: str | None = None, built_for: dict | None = None, plans: dict | None = None) -> Manifest:
     """built_for: what a model cache (graphrt-capture --model) was built for, {"model": {...},
-    "engine": {...}} (graphrt/serve/cache_pin.py: built_for); absent for a runtime cache."""
+    "engine": {...}} (graphrt/serve/cache_pin.py: built_for); absent for a runtime cache.
+    plans: the decode plans its capture measured (graphrt/model/plans.py; a warm start takes
+    them instead of measuring), absent where nothing was measured."""
     data = {
         "format": FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "mode": mode, "config": config.to_dict(), "config_digest": config.digest(),
@@ -125,17 +127,19 @@ def build_manifest(config, rows: list[dict], artifacts: dict[str, str], *, mode:
     }
     if built_for is not None:
         data["built_for"] = built_for
+    if plans:
+        data["plans"] = plans
     return Manifest.from_data(data)
 
 
 def write_cache_manifest(cache_dir: Path, config, rows: list[dict], *, mode: str,
-                         built_for: dict | None = None) -> str:
+                         built_for: dict | None = None, plans: dict | None = None) -> str:
     """Hash every file in `cache_dir`, write the manifest, drop group/other write permission
     (graphrt-capture's last step). Returns the manifest digest to pin."""
     cache_dir = Path(cache_dir)
     drop_group_other_write(cache_dir)
     manifest = build_manifest(config, rows, collect_artifacts(cache_dir), mode=mode,
-                              path=str(cache_dir.resolve()), built_for=built_for)
+                              path=str(cache_dir.resolve()), built_for=built_for, plans=plans)
     digest = manifest.write(cache_dir)
     drop_group_other_write(cache_dir)
     return digest

@@ -55,6 +55,7 @@ class LocalExecutor:
     k = property(lambda self: self.runtime.k)
     steps = property(lambda self: self.runtime.steps)      # StepsPlan: K and why (model/steps.py)
     plan_seconds = property(lambda self: self.runtime.plan_seconds)   # {plan: host s} measured at capture
+    measured_plans = property(lambda self: self.runtime.measured_plans)   # -> model/plans.py's dict
     device = property(lambda self: self.runtime.device)
     num_pages = property(lambda self: self.runtime.num_pages)
     model = property(lambda self: self.runtime.model)

@@ -47,10 +47,12 @@ from graphrt.engine.vllm_args import translate
 log = logging.getLogger("graphrt.engine")
 
 
-def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None, quantization=None, times=None):
+def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None, quantization=None, times=None,
+                   plans=None):
     """Load (the rank's shard of) the checkpoint, build the rank's model, ModelRuntime and (with
     speculation) speculative runner -> (Checkpoint, max_model_len, LocalExecutor). times: a
-    StartupTimes whose runtime phase gets the model, runtime and runner construction."""
+    StartupTimes whose runtime phase gets the model, runtime and runner construction; plans:
+    ModelRuntime's (decode plans measured by an earlier start, model/plans.py)."""
     from graphrt.engine.executor import LocalExecutor
     from graphrt.engine.loader import load_checkpoint
     from graphrt.engine.model import build_model
@@ -91,7 +93,7 @@ def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None, q
                        processing=tp is None, logprobs_width=MAX_LOGPROBS,
                        kv_scales=kv_scales_for(ck, rc), prefill_graph_tokens=config.prefill_graph_tokens,
                        graphed_prefill=None if config.capture else False,
-                       mixed_prefill_tokens=config.mixed_prefill_tokens)
+                       mixed_prefill_tokens=config.mixed_prefill_tokens, plans=plans)
     runner = None
     if spec is not None:
         from graphrt.engine.speculation import build_runner
@@ -137,6 +139,9 @@ class LLM:
     quantization="fp8": a float checkpoint's linear layers as FP8 (per channel) while loading;
     FP8 checkpoints load as FP8 without it (graphrt/engine/quant_loader.py); with
     tensor_parallel, each rank loads its shard of the FP8 weights and scales.
+    plans: decode plans measured by an earlier start (`llm.runtime.measured_plans()`; a graph
+    cache's manifest keeps its capture's, which `graphrt serve --graph-cache` passes): split-K and
+    "auto"'s K are taken from them instead of measured (graphrt/model/plans.py; one GPU only).
 
     vLLM's constructor names work too (engine/vllm_args.py, docs/engine.md): tensor_parallel_size,
     max_num_seqs (max_batch), block_size (page_size), enforce_eager (capture=False), dtype "auto" /
@@ -150,7 +155,7 @@ class LLM:
 
     def __init__(self, model=None, device: str | None = None, config: EngineConfig | None = None, *,
                  tensor_parallel: int = 1, tp_timeout_s: float = 120.0, revision: str | None = None,
-                 quantization: str | None = None, **overrides):
+                 quantization: str | None = None, plans: dict | None = None, **overrides):
         if model is None:
             raise ValueError("model: expected a checkpoint directory or a Hugging Face repo id")
         path, overrides = model, translate(overrides, model=model)      # vLLM's names -> graphrt's
@@ -182,7 +187,8 @@ class LLM:
         times.setup_s = time.perf_counter() - times.t0     # imports, device checks, the model's files
         if tensor_parallel == 1:
             self.checkpoint, max_len, self.runtime = _build_runtime(path, dev, config, dtype,
-                                                                    quantization=quantization, times=times)
+                                                                    quantization=quantization, times=times,
+                                                                    plans=plans)
         else:
             ck, max_len = self._start_tensor_parallel(path, dev, config, dtype, tensor_parallel, tp_timeout_s,
                                                       quantization, times)

@@ -44,6 +44,9 @@ split views, summed by the add+RMSNorm that reads them), S per bucket fixed once
 capture (`mrt.splitk`, a SplitKPlan): measured on CUDA by default, off on CPU; `splitk=` (0, 1,
 2, 4 or "auto") or, for "auto", GRAPHRT_SPLITK sets it.
 
+`plans=` (model/plans.py, e.g. a graph cache's, from an earlier start's `measured_plans()`): the
+split-K table and "auto"'s K taken as measured instead of measuring them again (source "cached").
+
 Fused GEMVs (model/fuse.py): decode buckets of at most 16 rows may run each layer as four GEMVs
 with the norms, residual adds and SiLU-mul fused in (3 launches fewer a layer), fixed once
 before the first capture after split-K (`mrt.fuse`, a FusePlan; a fused bucket runs split-K
@@ -106,7 +109,8 @@ from graphrt.model.quant.kv import kv_scales as _kv_scale_tensor
 from graphrt.config import check_mixed_tokens
 from graphrt.model.mixed import MixedChunk
 from graphrt.model.slots import SlotState
-from graphrt.model.splitk import SplitKPlan, plan_splitk, resolve_setting
+from graphrt.model.plans import check_plans, plans_dict
+from graphrt.model.splitk import MAX_ROWS as SPLITK_MAX_ROWS, SplitKPlan, plan_splitk, resolve_setting
 from graphrt.model.steps import AUTO, AUTO_STEPS, StepsPlan, steps_for_step_us
 
 log = logging.getLogger("graphrt.model")
@@ -120,7 +124,7 @@ class ModelRuntime:
                  processing: bool = False, logprobs_mode: str = "raw", logprobs_width: int = 20,
                  kv_scales: list[tuple[float, float]] | None = None, prefill_graph_tokens: int = 512,
                  graphed_prefill: bool | None = None, splitk: str | int = "auto", fuse: str = "off",
-                 mixed_prefill_tokens: int = 0):
+                 mixed_prefill_tokens: int = 0, plans: dict | None = None):
         s = model.spec
         heads = getattr(model, "local_spec", s)  # a tensor-parallel rank's model: its own heads
         want = (heads.num_heads, heads.num_kv_heads, heads.head_dim)
@@ -196,6 +200,7 @@ class ModelRuntime:
         if splitk != "auto":
             resolve_setting(splitk)                       # ValueError now; "auto" reads the env later
         self._splitk_setting = splitk
+        self._plans = check_plans(plans)      # split-K / K measured by an earlier start (model/plans.py)
         self.splitk: SplitKPlan | None = None   # decode buckets' split-K: chosen once, before the first graph
         self.plan_seconds: dict[str, float] = {}  # host seconds of the measured plans at capture (start-up line)
         if fuse != "auto":
@@ -396,7 +401,8 @@ class ModelRuntime:
         CUDA: outside any capture)."""
         if self.splitk is None:
             t = time.perf_counter()
-            self.splitk = plan_splitk(self.model, self.config.buckets, self._splitk_setting)
+            self.splitk = self._cached_splitk() or plan_splitk(self.model, self.config.buckets,
+                                                               self._splitk_setting)
             if self.splitk.source == "measured":
                 self.plan_seconds["split-K"] = time.perf_counter() - t
         if self.fuse is None:
@@ -404,6 +410,28 @@ class ModelRuntime:
             self.fuse = plan_fuse(self.model, self.config.buckets, self._fuse_setting, splitk=self.splitk)
             if self.fuse.source == "measured":
                 self.plan_seconds["fused GEMVs"] = time.perf_counter() - t
+
+    def _cached_splitk(self) -> SplitKPlan | None:
+        """The split-K plan of `plans` where it applies: setting "auto", CUDA, one GPU, and its
+        table's rows exactly the buckets plan_splitk would measure; else None (measured)."""
+        table = self._plans["splitk"]
+        if table is None or resolve_setting(self._splitk_setting) != "auto" or self.device.type != "cuda" \
+                or getattr(self.model, "tp", None) is not None:
+            return None
+        rows = {int(b) for b in self.config.buckets if b <= SPLITK_MAX_ROWS}
+        if set(table) != rows:
+            log.info("graphrt: cached split-K plan for rows %s, these buckets %s: measured instead",
+                     sorted(table), sorted(rows))
+            return None
+        log.info("graphrt: split-K of o / down by decode rows %s (cached)", table)
+        return SplitKPlan(dict(table), "cached")
+
+    def measured_plans(self) -> dict:
+        """The plans this runtime measured (or took cached) at capture, in model/plans.py's JSON
+        form, for a later start's `plans=`: {} before capture or where nothing was measured."""
+        sk = self.splitk if self.splitk is not None and self.splitk.source in ("measured", "cached") else None
+        st = self.steps if self.steps.source in ("measured", "cached") else None
+        return plans_dict(None if sk is None else dict(sk.table), None if st is None else (st.k, st.step_us))
 
     def _capture_inputs(self, size: int, processed: bool = False, chunk: bool = False) -> list:
         """The graph runner's (tensor, value) fills for a decode graph of `size` rows: every row
@@ -424,6 +452,12 @@ class ModelRuntime:
         K = steps_for_step_us(that). Under tensor parallelism each rank times its shard and
         all take the ranks' mean, so every rank picks the same K."""
         if self.steps.source != "default":
+            return
+        cached = self._plans["steps"]
+        if cached is not None and getattr(self.model, "tp", None) is None:
+            self.steps = StepsPlan(cached[0], "cached", cached[1])
+            self._set_steps(self.steps.k)
+            log.info("graphrt: steps_per_graph auto: %s", self.steps.describe())
             return
         t0, size = time.perf_counter(), self.config.buckets[0]
         self._set_steps(1)

@@ -113,8 +113,8 @@ def split_matmul(x: torch.Tensor | Fp8Rows, w, split: int, *, unit: torch.Tensor
 class SplitKPlan:
     """Split factors of the decode step's o and down GEMMs by decode row count.
 
-    table: rows M -> (S_o, S_down) (rows not listed: (1, 1)); source: "off", "fixed" or
-    "measured"; timings_us: measured device µs of one pass over the layers, keyed (M, gemm, S)
+    table: rows M -> (S_o, S_down) (rows not listed: (1, 1)); source: "off", "fixed",
+    "measured" or "cached" (measured by an earlier start: model/plans.py); timings_us: measured device µs of one pass over the layers, keyed (M, gemm, S)
     (empty unless measured); seconds: host time the choice took."""
     table: Mapping[int, tuple[int, int]] = field(default_factory=dict)
     source: str = "off"

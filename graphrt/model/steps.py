@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from graphrt.config import AUTO_STEPS, STEPS_AUTO as AUTO, check_steps
 
 ONE_STEP_FROM_US = 2000.0    # a measured bucket-1 step at least this long (device µs): K = 1
-SOURCES = ("fixed", "measured", "default", "host planning")
+SOURCES = ("fixed", "measured", "default", "host planning", "cached")
 
 
 def steps_for_step_us(step_us: float) -> int:
@@ -52,8 +52,9 @@ def steps_for_step_us(step_us: float) -> int:
 @dataclass(frozen=True)
 class StepsPlan:
     """K as a runtime runs it and where it came from. k: decode steps per graph replay; source:
-    "fixed" (an int given), "measured" ("auto", from step_us), "default" ("auto" without a
-    measurement: AUTO_STEPS), "host planning" (a host-planning backend runs one step per graph);
+    "fixed" (an int given), "measured" ("auto", from step_us), "cached" ("auto", K and step_us
+    measured by an earlier start: model/plans.py), "default" ("auto" without a measurement:
+    AUTO_STEPS), "host planning" (a host-planning backend runs one step per graph);
     step_us: the measured device µs of one bucket-1 greedy decode step (None unless measured);
     seconds: host seconds the measurement took (its graph's capture and replays)."""
     k: int
@@ -72,6 +73,8 @@ class StepsPlan:
             cmp = ">=" if self.step_us >= ONE_STEP_FROM_US else "<"
             return (f"K={self.k} (auto: bucket-1 decode step {self.step_us:.0f} us {cmp} "
                     f"{ONE_STEP_FROM_US:.0f} us, measured in {self.seconds:.2f} s)")
+        if self.source == "cached":
+            return f"K={self.k} (auto: bucket-1 decode step {self.step_us:.0f} us, measured by the graph cache's capture)"
         if self.source == "default":
             return f"K={self.k} (auto: no CUDA graph to time, the default)"
         if self.source == "host planning":

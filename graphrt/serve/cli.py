@@ -228,8 +228,9 @@ def load(args, *, keep=None):
     stack = keep if keep is not None else ExitStack()
     with nullcontext() if keep is not None else stack:   # Triton reads the cache while the engine loads
         kernels = stack.enter_context(reading_from(cache_dir)) if cache_dir is not None else None
+        plans = opened.manifest.data.get("plans") if cache_dir is not None else None   # split-K, K measured
         llm = LLM(model_dir, device=device, config=engine_cfg, tensor_parallel=args.tensor_parallel,
-                  quantization=args.quantization)
+                  quantization=args.quantization, plans=plans)
     total = time.perf_counter() - t0
     ck = llm.checkpoint
     log.info("weights: %s %s (%d layers, hidden %d) %.2f GB in %.2f s (%.2f GB/s) from %s", ck.arch, ck.dtype,

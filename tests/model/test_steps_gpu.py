@@ -20,7 +20,7 @@ pytestmark = pytest.mark.gpu
 SHAPES = {"llama-3.1-8b": (4096, 14336, 32, 8, 128, False), "llama-3.2-1b": (2048, 8192, 16, 8, 64, True)}
 
 
-def _runtime(shape: str):
+def _runtime(shape: str, *, plans=None, buckets=(1,)):
     from graphrt.model import LlamaDecoder, LlamaSpec
     from graphrt.model.runtime import ModelRuntime
     from graphrt.parallel.random_weights import random_weights
@@ -29,9 +29,9 @@ def _runtime(shape: str):
                      num_kv_heads=kv, head_dim=d, rms_norm_eps=1e-5, rope_theta=500000.0,
                      tie_word_embeddings=tied, attention_bias=False, max_position_embeddings=4096)
     cfg = RuntimeConfig(num_qo_heads=32, num_kv_heads=kv, head_dim=d, page_size=16, max_context_len=256,
-                        buckets=[1], dtype="bfloat16", backend="flashinfer", kv_pool_pages=17)
+                        buckets=list(buckets), dtype="bfloat16", backend="flashinfer", kv_pool_pages=17)
     model = LlamaDecoder(spec, random_weights(spec, dtype=torch.bfloat16, device="cuda"))
-    return ModelRuntime(model, cfg, "cuda", steps_per_graph="auto", graphed_prefill=False)
+    return ModelRuntime(model, cfg, "cuda", steps_per_graph="auto", graphed_prefill=False, plans=plans)
 
 
 @pytest.mark.parametrize("shape,k", [("llama-3.1-8b", 1), ("llama-3.2-1b", 4)])
@@ -52,5 +52,32 @@ def test_auto_measures_the_step_and_picks_k(shape, k):
     assert out.shape == (k, 1)                                  # K steps a replay
     mrt.check_device_errors()                                   # the timed replays flagged nothing
     del mrt, out
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def test_a_later_start_takes_the_measured_plans():
+    """measured_plans() of a captured runtime (split-K per bucket, K) given to the next runtime's
+    `plans`: both taken as "cached" (nothing measured: no plan seconds), the same table and K;
+    a split-K table for other buckets is measured instead."""
+    mrt = _runtime("llama-3.2-1b")
+    mrt.capture()
+    plans = mrt.measured_plans()
+    print(f"\nplans: {plans}; measured in {mrt.plan_seconds}")
+    assert set(plans) == {"splitk", "steps"} and plans["steps"]["k"] == mrt.k
+    table, k = dict(mrt.splitk.table), mrt.k
+    del mrt
+    gc.collect()
+    again = _runtime("llama-3.2-1b", plans=plans)
+    again.capture()
+    assert again.splitk.source == "cached" and dict(again.splitk.table) == table
+    assert again.steps.source == "cached" and again.k == k and again.plan_seconds == {}
+    assert again.measured_plans() == plans
+    del again
+    gc.collect()
+    other = _runtime("llama-3.2-1b", plans={"splitk": {"4": [1, 2]}}, buckets=(1, 2))
+    other.capture()
+    assert other.splitk.source == "measured" and other.steps.source == "measured"
+    del other
     gc.collect()
     torch.cuda.empty_cache()
