@@ -2,7 +2,10 @@
 
     python tools/bench_prefix.py --make llama-3.2-1b --device cuda --out-dir docs/results   # H200
     python tools/bench_prefix.py --make tiny --device cpu --prefix-len 24 --suffix-len 4 \
-        --streams 2 --long-len 32 --decode-tokens 12 --turns 2 --repeats 2 --out-dir /tmp/b  # CPU smoke
+        --streams 2 --long-len 32 --decode-tokens 12 --turns 2 --repeats 2 --max-model-len 128 --answer-tokens 8 \
+        --out-dir /tmp/b                                                               # CPU smoke
+    python tools/bench_prefix.py --model TARGET --speculative '{"method": "eagle3", "model": "HEAD",
+        "num_tokens": 4}' --workloads prefix,chat     # the same rows under speculation (+ acceptance)
 
 Every workload call starts its prompts with a token no other call used (no call reuses another's
 cached pages). 1. shared prefix: after a short warm-up request, a --prefix-len prompt prefix +
@@ -154,6 +157,32 @@ def chat(eng, a) -> dict:
     return {"ttft_ms": ttft, "cached_tokens": cached, "final_prompt_len": len(prompt)}
 
 
+def _speculative(text: str) -> dict:
+    """--speculative's JSON object (argparse turns the ValueError into exit 2 naming the flag)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
+def _with_spec(eng, fn, *args) -> dict:
+    """fn(eng, *args)'s row, plus the engine's speculative counts over it (with speculation)."""
+    before = eng.stats()
+    row = fn(eng, *args)
+    after = eng.stats()
+    if "spec_proposed" in after:
+        proposed = after["spec_proposed"] - before["spec_proposed"]
+        accepted = after["spec_accepted"] - before["spec_accepted"]
+        rounds = after["spec_rounds"] - before["spec_rounds"]
+        row["spec"] = {"proposed": proposed, "accepted": accepted, "rounds": rounds,
+                       "acceptance": accepted / proposed if proposed else float("nan"),
+                       "tokens_per_round": (accepted + rounds) / rounds if rounds else float("nan")}
+    return row
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="a checkpoint directory")
@@ -186,6 +215,9 @@ def main(argv=None) -> int:
                    help="comma-separated subset of prefix, arrival, chat")
     p.add_argument("--out-dir", default="docs/results")
     p.add_argument("--name", default=None)
+    p.add_argument("--speculative", type=_speculative, default=None, metavar="JSON",
+                   help='speculative decoding, as LLM(speculative=...): e.g. \'{"method": "eagle3", "model": DIR, '
+                        '"num_tokens": 4}\' (each workload row then records acceptance)')
     a = p.parse_args(argv)
     if (a.model is None) == (a.make is None):
         p.error("give one of --model DIR or --make SHAPE")
@@ -207,7 +239,8 @@ def main(argv=None) -> int:
     stall = a.stall if a.stall is not None else EngineConfig().max_prefill_stall
     llm = LLM(path, device=a.device, max_batch=a.max_batch, steps_per_graph=a.steps_per_graph,
               max_model_len=a.max_model_len, max_num_batched_tokens=chunk,
-              max_prefill_stall=stall, mixed_prefill_tokens=a.mixed)              # prefix cache on
+              max_prefill_stall=stall, mixed_prefill_tokens=a.mixed,              # prefix cache on
+              **({"speculative": a.speculative} if a.speculative else {}))
     stall = llm.config.max_prefill_stall                  # as the engine runs it ("auto" resolved for K)
     work = set(a.workloads.split(","))
     if not work <= {"prefix", "arrival", "chat"}:
@@ -228,23 +261,23 @@ def main(argv=None) -> int:
         for key, eng in (("on", cached), ("off", plain)):
             eng.start()
             if "prefix" in work:
-                res["shared_prefix"][tag + key] = shared_prefix(eng, a)
+                res["shared_prefix"][tag + key] = _with_spec(eng, shared_prefix, a)
             if "chat" in work:
-                res["chat"][tag + key] = chat(eng, a)
+                res["chat"][tag + key] = _with_spec(eng, chat, a)
             if key == "on" and "arrival" in work:
                 if a.mixed:                                # chunks ride the decode blocks
-                    res["arrival"][f"{tag}mixed_{a.mixed}_cap_{chunk}"] = arrival(eng, a)
+                    res["arrival"][f"{tag}mixed_{a.mixed}_cap_{chunk}"] = _with_spec(eng, arrival, a)
                 mixed, eng.mixed_tokens = eng.mixed_tokens, 0   # the rows below: chunks between blocks
                 pacer, sched = eng.scheduler.pacer, eng.scheduler
                 for st in (a.stalls or [stall]) if pacer is not None else ():
                     pacer.max_stall = st                   # the measured costs carry over: the model's
-                    res["arrival"][f"{tag}paced_{st:g}_cap_{chunk}"] = arrival(eng, a)
+                    res["arrival"][f"{tag}paced_{st:g}_cap_{chunk}"] = _with_spec(eng, arrival, a)
                 if pacer is not None:
                     pacer.max_stall = stall
                 sched.pacer = None                         # unpaced: max_num_batched_tokens alone
                 for limit in (chunk, None):
                     sched.max_num_batched_tokens = limit
-                    res["arrival"][f"{tag}chunk_{limit}"] = arrival(eng, a)
+                    res["arrival"][f"{tag}chunk_{limit}"] = _with_spec(eng, arrival, a)
                 sched.max_num_batched_tokens, sched.pacer = chunk, pacer
                 eng.mixed_tokens = mixed
             eng.shutdown()                                 # a stopped engine starts again
@@ -274,6 +307,11 @@ def _table(res) -> str:
     lines += ["", "| chat | TTFT ms per turn | cached tokens per turn |", "|---|---|---|"]
     for k, v in res["chat"].items():
         lines.append(f"| cache {k} | {', '.join(f'{t:.1f}' for t in v['ttft_ms'])} | {v['cached_tokens']} |")
+    spec = [(w, k, v["spec"]) for w in ("shared_prefix", "arrival", "chat") for k, v in res[w].items() if "spec" in v]
+    if spec:
+        lines += ["", "| speculation | row | acceptance | tokens / round | rounds |", "|---|---|---|---|---|"]
+        lines += [f"| {w} | {k} | {v['acceptance']:.3f} | {v['tokens_per_round']:.2f} | {v['rounds']} |"
+                  for w, k, v in spec]
     return "\n".join(lines) + "\n"
 
 
