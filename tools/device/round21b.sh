@@ -4,8 +4,7 @@
 #     (981e91f: a later runtime takes split-K and K from measured_plans(), measures nothing);
 #  2. a model graph cache with plans: graphrt-capture --model (1B shape), then two warm starts through
 #     serve's load path: their start-up lines (no "plans" seconds; split-K and K "cached");
-#  3. the multi-query (verify) attention over split counts at Q = 1 and 5 and the repeated 4k prefix's
-#     trace (probe_verify_ttft.sh's measurements), for #29 / #30's next changes.
+#  3. the repeated 4k prefix's trace to its first token (#30's 0.18 -> 0.15 of cold).
 #   DEADLINE=560 bash .device/bootstrap.sh bash tools/device/round21b.sh      (carry .device)
 NAME=round21b; DEADLINE=${DEADLINE:-560}; . tools/device/lib.sh   # logs, pack, cap, say
 timeout $(cap 150) python -m pytest -m gpu -q -s -rfEs --tb=short -p no:cacheprovider tests/model/test_steps_gpu.py \
@@ -22,11 +21,7 @@ for i in 1 2; do
   say "warm start $i rc=$?"
   grep -E "startup: ready|split-K|steps_per_graph auto|after process start" "$L/warm_$i.log" | tee -a "$S"
 done; pack
-timeout $(cap 150) python tools/bench_step_parts.py --parts attention --attn-q 1,5 --batches 1,4,16 \
-  --contexts 1024,8192 --attn-splits 1,2,4,8,16,32,64 --out "$L/attention_splits.json" \
-  > "$L/attention_splits.log" 2>&1; say "attention splits rc=$?"; pack
 timeout $(cap 120) python tools/trace_arrival.py --make llama-3.2-1b --workload reuse --streams 0 --long-len 4096 \
   --chunk 2048 --sync --out "$L/trace_reuse.json" > "$L/trace_reuse.log" 2>&1; say "trace reuse rc=$?"; pack
-grep -E "\*:" "$L/attention_splits.log" | head -40 | tee -a "$S"
 grep -A12 "^## " "$L/trace_reuse.log" | tee -a "$S"
 cat "$S"
