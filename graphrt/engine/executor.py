@@ -162,7 +162,7 @@ class LocalExecutor:
         if eagle is not None:
             logits, hidden = eagle.target_prefill(self.runtime, prompts, block_table, **extra, **defer)
         else:
-            logits = self.prefill(prompts, block_table, **extra, **defer)
+            logits = self.runtime.prefill(prompts, block_table, **extra, **defer)   # the draft's: below
         self.prompt_logprobs = {i: collect.result(i) for i in want} if collect is not None else {}
         st, dev = self.runtime.slots, self.device
         if sources is not None:

@@ -185,6 +185,8 @@ class LLM:
             raise ValueError(f"mixed_prefill_tokens: not with tensor_parallel > 1 (got tensor_parallel="
                              f"{tensor_parallel}); use 0")
         times.setup_s = time.perf_counter() - times.t0     # imports, device checks, the model's files
+        if plans and tensor_parallel != 1:
+            log.info("plans: not taken with tensor_parallel > 1 (each start measures its own)")
         if tensor_parallel == 1:
             self.checkpoint, max_len, self.runtime = _build_runtime(path, dev, config, dtype,
                                                                     quantization=quantization, times=times,

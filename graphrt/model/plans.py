@@ -43,13 +43,13 @@ def check_plans(plans) -> dict:
             except (TypeError, ValueError):
                 m = 0
             if m < 1 or not isinstance(pair, (list, tuple)) or len(pair) != 2 \
-                    or any(isinstance(s, bool) or s not in SPLITS for s in pair):
+                    or any(isinstance(s, bool) or not isinstance(s, int) or s not in SPLITS for s in pair):
                 raise ValueError(f"plans.splitk[{rows!r}]: expected rows >= 1 -> two factors in {SPLITS}, "
                                  f"got {pair!r}")
             out["splitk"][m] = (int(pair[0]), int(pair[1]))
     steps = plans.get("steps")
     if steps is not None:
-        k = steps.get("k") if isinstance(steps, dict) else None
+        k = steps.get("k") if isinstance(steps, dict) and set(steps) == {"k", "step_us"} else None
         us = steps.get("step_us") if isinstance(steps, dict) else None
         if isinstance(k, bool) or not isinstance(k, int) or k < 1 or isinstance(us, bool) \
                 or not isinstance(us, (int, float)) or not math.isfinite(us) or us <= 0:

@@ -130,9 +130,9 @@ class TPDriver:
     def capture(self) -> dict:
         return self._call("capture")
 
-    def prefill(self, prompts, block_table, *, starts=None, after=None) -> torch.Tensor:
+    def prefill(self, prompts, block_table, *, starts=None, after=None, defer_check: bool = False) -> torch.Tensor:
         """As LocalExecutor.prefill ([n, V] float32 logits, identical on every rank)."""
-        return self._call("prefill", prompts, block_table, starts=starts, after=after)
+        return self._call("prefill", prompts, block_table, starts=starts, after=after, defer_check=defer_check)
 
     def decode(self, tokens, block_table, seq_lens, *, out=None, sampling: SamplingInputs | None = None):
         """As ModelRuntime.decode ([K, n] int64 tokens, identical on every rank); `out` stays

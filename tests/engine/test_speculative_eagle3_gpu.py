@@ -166,11 +166,14 @@ def test_graphed_head_prompt_pass_matches_the_eager_one(path, head):
 
 
 def test_a_cached_prefix_and_chunks_under_a_head(path, head):
-    """Prefix caching and chunked prefill with a head (graphed prompt pass): four prompts sharing
-    a 256-token prefix, run twice (the second run finds the prefix cached), then again while
+    """Prefix caching and chunked prefill with a head, through the graphed prompt pass (starts and
+    the chunk's next token staged into the prefill graphs): four prompts sharing a 256-token
+    prefix, run twice (every request of the second run finds the prefix cached), then again while
     chunks of at most 64 tokens run between speculative blocks: every output follows HF float32
-    up to a tie, the cached run accepts at least 0.9x the cold run's proposals, and every page
-    comes back."""
+    up to a tie, the cached run accepts at least 0.9x the cold run's proposals (the repeat head
+    proposes from the target's states, not from its own K/V: this checks the graphed path runs and
+    keeps acceptance, not the head's K/V, which tests/speculative/test_eagle3_prompt.py compares),
+    and every page comes back."""
     from graphrt.engine.engine import Engine
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).cuda().eval()
     gen = torch.Generator().manual_seed(7)
@@ -188,19 +191,23 @@ def test_a_cached_prefix_and_chunks_under_a_head(path, head):
         for pr, o in zip(prompts, outs):
             assert_greedy_matches_hf(hf, pr, o.token_ids)
     print(f"\ncached tokens {cached}; acceptance cold {rates[0]:.3f}, cached {rates[1]:.3f}")
-    assert max(cached[1]) >= 256 and rates[1] >= 0.9 * rates[0]
+    assert min(cached[1]) >= 256 and rates[1] >= 0.9 * rates[0]
     e = llm.engine
     eng = Engine(llm.runtime, llm.tokenizer, eos_token_ids=tuple(e.scheduler.eos), max_model_len=e.max_model_len,
                  max_num_batched_tokens=64, max_prefill_stall=None, enable_prefix_caching=False)
-    long = SamplingParams(max_tokens=120, temperature=0, ignore_eos=True)
+    long = SamplingParams(max_tokens=300, temperature=0, ignore_eos=True)   # decoding through the chunks
+    eng.scheduler.record = True
     running = [eng.add_request(x, long) for x in _prompts(3)]
     eng.step()
     late = [eng.add_request(x, p) for x in prompts]
     drive(eng, max_steps=2000)
+    ids = {s.request_id for s in late}
+    pieces = [e for e in eng.scheduler.launches if e[0] == "prefill" and e[1] in ids]
+    assert len(pieces) > len(prompts) and any(e[3] - e[2] == 64 for e in pieces)   # chunks ran
     for pr, s in zip(prompts, late):
         assert_greedy_matches_hf(hf, pr, s.result().token_ids)
     for pr, s in zip(_prompts(3), running):
-        assert len(s.result().token_ids) == 120
+        assert len(s.result().token_ids) == 300
     assert eng.scheduler.allocator.num_free == eng.scheduler.allocator.num_pages
 
 

@@ -7,6 +7,8 @@ page is its writer's: with the target as its own draft model, a request that fin
 cached proposes and accepts exactly as one that prefills it (the draft's K/V there is right)."""
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
@@ -15,6 +17,8 @@ from _eagle3_heads import write_random_head
 from _engine_steps import drive
 from graphrt import LLM, SamplingParams
 from graphrt.engine.engine import Engine
+from graphrt.speculative.draft import DraftProposer
+from graphrt.speculative.eagle3.phase import Eagle3Phase
 
 pytest.importorskip("transformers")
 PS = 4
@@ -34,6 +38,13 @@ def path(tmp_path_factory):
 @pytest.fixture(scope="module")
 def head(path, tmp_path_factory):
     return write_random_head(path, tmp_path_factory.mktemp("specprefix-head") / "repeat", repeat=True)
+
+
+@pytest.fixture(scope="module")
+def random_head(path, tmp_path_factory):
+    """A head with random weights: unlike the repeat head (o_proj zero), its proposals depend on
+    its attention over the K/V of every earlier position."""
+    return write_random_head(path, tmp_path_factory.mktemp("specprefix-rhead") / "random", seed=3)
 
 
 def _speculative(method, path, head):
@@ -178,3 +189,64 @@ def test_tiny_pool_evicts_and_preempts_with_identical_tokens(path, head, referen
         st = tight.engine.stats()
         assert tight.engine.scheduler.num_preemptions > 0 and st["prefix_cache_hits"] > 0, (method, st)
         _all_back(tight.engine)
+
+
+def test_a_cached_prefix_gives_the_head_the_first_proposals_of_a_prefilled_one(path, random_head, monkeypatch):
+    """A random head's first proposals after a prompt read its K/V at every prompt position: the
+    same prompt prefilled whole (cache off), then twice with the cache (the second run finds 12
+    of its 14 tokens cached and runs the head's pass from position 12 over the first run's K/V):
+    the same first proposals every time, and the same tokens."""
+    llm = LLM(path, max_batch=4, steps_per_graph=3, spec_rounds=2,
+              speculative={"method": "eagle3", "num_tokens": 3, "model": str(random_head)}, **CPU)
+    firsts, real = [], Eagle3Phase.prefill
+
+    def spy(self, hidden, prompts, first, table, slots, error, *, starts=None):
+        real(self, hidden, prompts, first, table, slots, error, starts=starts)
+        firsts.append((list(starts or [0] * len(slots)), self.proposals[slots].clone()))
+    monkeypatch.setattr(Eagle3Phase, "prefill", spy)
+    outs = [_run(_engine(llm, enable_prefix_caching=False), PROMPTS[1:2])[0]]
+    eng = _engine(llm)
+    outs += [_run(eng, PROMPTS[1:2])[0] for _ in range(2)]
+    assert [f[0] for f in firsts] == [[0], [0], [12]] and [o.num_cached_tokens for o in outs] == [0, 0, 12]
+    assert all(torch.equal(f[1], firsts[0][1]) for f in firsts)
+    assert outs[0].token_ids == outs[1].token_ids == outs[2].token_ids
+    _all_back(eng)
+
+
+def test_the_draft_prefills_each_position_once_and_not_at_all_when_it_waits(path, monkeypatch):
+    """With a draft model an admission prefills the draft once over the target's new positions
+    (a chunk's too; a cached prefix's not), and not at all where the engine lets it wait
+    (`draft=False`: a later speculative block catches it up from the prompt's start)."""
+    llm = LLM(path, max_batch=4, steps_per_graph=3, spec_rounds=2,
+              speculative={"method": "draft", "num_tokens": 3, "model": str(path)}, **CPU)
+    calls, real = [], DraftProposer.prefill
+
+    def spy(self, prompts, block_table, *, starts=None):
+        callers.append(inspect.stack()[1].function)
+        calls.append([(0 if not starts else int(starts[i]), int(p.numel())) for i, p in enumerate(prompts)])
+        return real(self, prompts, block_table, starts=starts)
+    callers = []
+    monkeypatch.setattr(DraftProposer, "prefill", spy)
+    eng = _engine(llm, max_num_batched_tokens=8, max_prefill_stall=None)
+    _run(eng, PROMPTS[:1])
+    assert calls == [[(0, 14)]]                                  # no decode rows: one whole prefill
+    calls.clear()
+    _run(eng, PROMPTS[1:2])                                      # 8 of 14 cached
+    assert calls == [[(8, 6)]]
+    calls.clear()
+    run = eng.add_request(PROMPTS[2], SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True))
+    eng.step()
+    late = eng.add_request(LONG, GREEDY)                         # chunks of 8 while a row decodes
+    drive(eng, max_steps=400)
+    assert calls == [[(8, 6)], [(8, 8)], [(16, 8)], [(24, 1)]]   # its 8 cached, 2 chunks, its last piece
+    assert run.result().token_ids and late.result().token_ids
+    _all_back(eng)
+    want = _run(_engine(llm, enable_prefix_caching=False), PROMPTS[:1])[0].token_ids
+    calls.clear()
+    callers.clear()
+    monkeypatch.setattr(Engine, "_draft_choice", lambda self, slots, fork: {"draft": False})
+    lazy = _engine(llm)
+    for _ in range(2):                                           # the second time 12 tokens are cached
+        assert _run(lazy, PROMPTS[:1])[0].token_ids == want
+    assert callers == ["sync_draft"] * 2 and calls == [[(0, 14)], [(12, 2)]]   # caught up from each start
+    _all_back(lazy)

@@ -31,6 +31,8 @@ def test_round_trip_through_json():
     ({"steps": {"k": 0, "step_us": 5.0}}, "plans.steps"),
     ({"steps": {"k": 4, "step_us": float("nan")}}, "plans.steps"),
     ({"steps": {"k": 4}}, "plans.steps"),
+    ({"steps": {"k": 4, "step_us": 9.0, "x": 1}}, "plans.steps"),
+    ({"splitk": {"1": [1, 2.0]}}, r"plans.splitk\['1'\]"),
     ({"fuse": {}}, "plans"),
     ([1], "plans"),
 ])

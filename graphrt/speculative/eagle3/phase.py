@@ -156,8 +156,8 @@ class Eagle3Phase:
         if hidden is None:
             return
         dev = self.device
-        nxt = [to_device(torch.tensor([0 if a is None else int(a)], dtype=torch.int64), dev) for a in after]
-        tokens = torch.cat([t for i, p in enumerate(prompts) for t in (to_device(p, dev)[1:], nxt[i])])
+        nxt = tensor_on([0 if a is None else int(a) for a in after], torch.int64, dev)     # one host copy
+        tokens = torch.cat([t for i, p in enumerate(prompts) for t in (to_device(p, dev)[1:], nxt[i:i + 1])])
         self.drafter.head.prefill_kv(hidden, tokens, [p.numel() for p in prompts], self.kv_cache,
                                      to_device(block_table, dev), error, starts=starts, whole=True)
 
