@@ -1,5 +1,6 @@
-"""Test helper: drive an engine a bounded number of steps (a stuck request fails the test with
-a message naming what is left, not by the suite's timeout)."""
+"""Test helpers: drive an engine a bounded number of steps (a stuck request fails the test with
+a message naming what is left, not by the suite's timeout); a second engine over an LLM's
+executor; run requests to their end; every page back."""
 from __future__ import annotations
 
 
@@ -45,3 +46,26 @@ def prefill_sync_sites(eng) -> list[str]:
         finally:
             torch.cuda.set_sync_debug_mode("default")
     return sites
+
+
+def engine_over(llm, **kw):
+    """A second Engine over the LLM's executor (its weights, pools and proposer; one engine runs
+    at a time), with the LLM's stop ids and max_model_len; kw: Engine's options."""
+    from graphrt.engine.engine import Engine
+    e = llm.engine
+    return Engine(llm.runtime, llm.tokenizer, eos_token_ids=tuple(e.scheduler.eos), max_model_len=e.max_model_len,
+                  **kw)
+
+
+def run_requests(eng, prompts, params, *, on_step=None, max_steps: int = 400) -> list:
+    """Add each prompt with `params`, drive the engine until done -> their RequestOutputs."""
+    streams = [eng.add_request(p, params) for p in prompts]
+    drive(eng, max_steps=max_steps, on_step=on_step)
+    return [s.result() for s in streams]
+
+
+def assert_all_back(eng) -> None:
+    """No work left and every page of the pool free, none referenced."""
+    a = eng.scheduler.allocator
+    assert a.num_free == a.num_pages and not eng.scheduler.has_work and not eng._pending
+    assert all(a.refcount(p) == 0 for p in range(1, a.num_pages + 1))

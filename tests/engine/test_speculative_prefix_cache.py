@@ -14,7 +14,7 @@ import torch
 
 from _checkpoints import write
 from _eagle3_heads import write_random_head
-from _engine_steps import drive
+from _engine_steps import assert_all_back, drive, engine_over, run_requests
 from graphrt import LLM, SamplingParams
 from graphrt.engine.engine import Engine
 from graphrt.speculative.draft import DraftProposer
@@ -66,22 +66,14 @@ def reference(path):
 
 
 def _engine(llm, **kw) -> Engine:
-    """A second engine over the LLM's executor (its weights, pools and proposer)."""
-    e = llm.engine
-    return Engine(llm.runtime, llm.tokenizer, eos_token_ids=tuple(e.scheduler.eos), max_model_len=e.max_model_len,
-                  **kw)
+    return engine_over(llm, **kw)
 
 
 def _run(eng, prompts, params=GREEDY, *, on_step=None):
-    streams = [eng.add_request(p, params) for p in prompts]
-    drive(eng, max_steps=400, on_step=on_step)
-    return [s.result() for s in streams]
+    return run_requests(eng, prompts, params, on_step=on_step)
 
 
-def _all_back(eng):
-    a = eng.scheduler.allocator
-    assert a.num_free == a.num_pages and not eng.scheduler.has_work and not eng._pending
-    assert all(a.refcount(p) == 0 for p in range(1, a.num_pages + 1))
+_all_back = assert_all_back
 
 
 def _caches(llm):

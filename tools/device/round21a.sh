@@ -16,10 +16,7 @@ DIR=/tmp/fam; rm -rf "$DIR"
     tests/engine/test_speculative_gpu.py > "$L/tests.log" 2>&1
   echo "tests rc=$?" >> "$L/tests.log" ) &
 TPID=$!
-timeout $(cap 100) python tools/train_tiny.py --out "$DIR" --models draft,target --time-budget-s draft=8,target=50 \
-  > "$L/train_tiny.log" 2>&1; say "train_tiny rc=$?"
-timeout $(cap 80) python tools/train_eagle3.py --target "$DIR/target" --out "$DIR/eagle3" --time-budget-s 35 \
-  --eval-prompts 0 > "$L/train_eagle3.log" 2>&1; say "train_eagle3 rc=$?"; pack
+train_family "$DIR"
 wait $TPID; say "tests: $(grep -E "passed|failed" "$L/tests.log" | tail -1)"; pack
 timeout $(cap 160) python tools/bench_spec.py --trained "$DIR" --methods none,ngram,draft,eagle3 --prompts 6 \
   --out "$L/bench_spec.json" > "$L/bench_spec.log" 2>&1; say "bench_spec rc=$?"; pack

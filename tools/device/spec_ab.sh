@@ -20,10 +20,7 @@ if [ -n "${TESTS:-}" ]; then
     echo "tests rc=$?" >> "$L/tests.log" ) &
   TPID=$!
 fi
-timeout $(cap 100) python tools/train_tiny.py --out "$DIR" --models draft,target --time-budget-s draft=8,target=50 \
-  > "$L/train_tiny.log" 2>&1; say "train_tiny rc=$?"
-timeout $(cap 80) python tools/train_eagle3.py --target "$DIR/target" --out "$DIR/eagle3" --time-budget-s 35 \
-  --eval-prompts 0 > "$L/train_eagle3.log" 2>&1; say "train_eagle3 rc=$?"; pack
+train_family "$DIR"
 [ -n "${TESTS:-}" ] && { wait $TPID; say "$(grep -E "passed|failed" "$L/tests.log" | tail -1)"; }
 rm -rf /tmp/before && mkdir -p /tmp/before && cp -r graphrt tools /tmp/before/ && cp -r "$AB"/. /tmp/before/
 for w in before after; do
