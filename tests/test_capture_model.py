@@ -160,3 +160,33 @@ def test_model_errors_are_one_line(built, tmp_path, capsys):
     assert capture_main(["--model", str(tmp_path), "--out", str(out), "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"graphrt-capture: --out {out} exists and is not empty"]
+
+
+def test_serve_passes_the_caches_plans_to_the_engine(built, tmp_path, monkeypatch):
+    """A cache whose manifest keeps decode plans (a GPU capture writes them: graphrt/model/plans.py)
+    hands them to the engine it serves (LLM(plans=)); a CPU capture measures none and writes none."""
+    import shutil
+
+    import graphrt.engine
+    from graphrt.serve.cli import load
+    ckpt, engine, out = built
+    assert "plans" not in json.loads((out / "manifest.json").read_text())
+    copy = tmp_path / "cache"
+    shutil.copytree(out, copy)
+    (copy / "manifest.json").chmod(0o644)
+    data = json.loads((copy / "manifest.json").read_text())
+    data["plans"] = {"splitk": {"1": [1, 2], "2": [1, 1]}, "steps": {"k": 4, "step_us": 812.5}}
+    (copy / "manifest.json").write_text(json.dumps(data))
+    (copy / "manifest.json").chmod(0o444)
+    for k in ENV:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "private"))
+    seen, real = [], graphrt.engine.LLM
+
+    def spy(*a, plans=None, **kw):
+        seen.append(plans)
+        return real(*a, plans=plans, **kw)
+    monkeypatch.setattr(graphrt.engine, "LLM", spy)
+    llm, _ = load(_serve_args(ckpt, engine, copy))
+    llm.shutdown()
+    assert seen == [data["plans"]]
