@@ -92,15 +92,18 @@ class LocalExecutor:
         return stats
 
     def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor, *, starts=None, after=None,
-                defer_check: bool = False, **record) -> torch.Tensor:
+                defer_check: bool = False, proposer: bool = True, **record) -> torch.Tensor:
         """As ModelRuntime.prefill: [m, V] float32 last-token logits (prompts[i] from position
-        starts[i], default 0), for pieces of a context that draw nothing yet (a chunk; the last
-        piece goes through prefill_slots). A proposer with K/V of its own follows: a draft
-        model prefills the same positions; an EAGLE-3 head writes its K/V there from the
-        target's recorded states, pairing each piece's last position with after[i] (host int,
-        the context's next token). record: ModelRuntime.prefill's on_logits / logits_rows
-        (prompt log-probs). defer_check: as ModelRuntime.prefill's (the flags into
-        `device_error_flag`)."""
+        starts[i], default 0): every target prefill goes through here (prefill_slots' too). For
+        pieces of a context that draw nothing yet (a chunk) a proposer with K/V of its own
+        follows: a draft model prefills the same positions; an EAGLE-3 head writes its K/V there
+        from the target's recorded states, pairing each piece's last position with after[i] (host
+        int, the context's next token). proposer=False: the target alone (prefill_slots, which
+        runs the draft after its draws; an EAGLE-3 target's prefill records states: not here).
+        record: ModelRuntime.prefill's on_logits / logits_rows (prompt log-probs). defer_check:
+        as ModelRuntime.prefill's (the flags into `device_error_flag`)."""
+        if not proposer:
+            return self.runtime.prefill(prompts, block_table, starts=starts, defer_check=defer_check, **record)
         eagle = getattr(self.spec, "eagle", None)
         after = [None] * len(prompts) if after is None else list(after)
         if len(after) != len(prompts):
@@ -162,7 +165,7 @@ class LocalExecutor:
         if eagle is not None:
             logits, hidden = eagle.target_prefill(self.runtime, prompts, block_table, **extra, **defer)
         else:
-            logits = self.runtime.prefill(prompts, block_table, **extra, **defer)   # the draft's: below
+            logits = self.prefill(prompts, block_table, proposer=False, **extra, **defer)   # the draft's: below
         self.prompt_logprobs = {i: collect.result(i) for i in want} if collect is not None else {}
         st, dev = self.runtime.slots, self.device
         if sources is not None:

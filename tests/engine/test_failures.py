@@ -74,10 +74,10 @@ def test_one_failing_request_leaves_the_others(path, reference, monkeypatch, whe
     if where == "prefill":                            # raises while batched with the good prompts
         orig = llm.runtime.prefill
 
-        def prefill(prompts, table, *, starts=None):
+        def prefill(prompts, table, *, starts=None, **kw):
             if any(int(p[0]) == BAD[0] for p in prompts):
                 raise RuntimeError("injected prefill fault")
-            return orig(prompts, table, starts=starts)
+            return orig(prompts, table, starts=starts, **kw)
         monkeypatch.setattr(llm.runtime, "prefill", prefill)
     else:                                             # raises mid-stream, after 2 tokens
         orig = eng.scheduler.accept

@@ -69,9 +69,9 @@ def test_a_preempted_request_resumes_at_its_accepted_position(path, monkeypatch)
     prefilled, at_preempt, resumed = [], {}, []
     real_prefill, real_preempt, real_activate = eng.runtime.prefill, sched.preempt, sched.activate
 
-    def prefill(prompts_, table, *, starts=None):       # the end position of each prompt
+    def prefill(prompts_, table, *, starts=None, **kw):  # the end position of each prompt
         prefilled.append([int(p.numel()) + (starts[i] if starts else 0) for i, p in enumerate(prompts_)])
-        return real_prefill(prompts_, table, starts=starts)
+        return real_prefill(prompts_, table, starts=starts, **kw)
 
     def preempt(req):
         real_preempt(req)
