@@ -110,7 +110,8 @@ from graphrt.config import check_mixed_tokens
 from graphrt.model.mixed import MixedChunk
 from graphrt.model.slots import SlotState
 from graphrt.model.plans import check_plans, plans_dict
-from graphrt.model.splitk import MAX_ROWS as SPLITK_MAX_ROWS, SplitKPlan, plan_splitk, resolve_setting
+from graphrt.model.splitk import GEMMS as SPLITK_GEMMS, MAX_ROWS as SPLITK_MAX_ROWS, SplitKPlan, plan_splitk, \
+    resolve_setting, splittable
 from graphrt.model.steps import AUTO, AUTO_STEPS, StepsPlan, steps_for_step_us
 
 log = logging.getLogger("graphrt.model")
@@ -412,8 +413,9 @@ class ModelRuntime:
                 self.plan_seconds["fused GEMVs"] = time.perf_counter() - t
 
     def _cached_splitk(self) -> SplitKPlan | None:
-        """The split-K plan of `plans` where it applies: setting "auto", CUDA, one GPU, and its
-        table's rows exactly the buckets plan_splitk would measure; else None (measured)."""
+        """The split-K plan of `plans` where it applies: setting "auto", CUDA, one GPU, its table's
+        rows exactly the buckets plan_splitk would measure and every factor fitting the o / down
+        weights (splittable); else None (measured)."""
         table = self._plans["splitk"]
         if table is None or resolve_setting(self._splitk_setting) != "auto" or self.device.type != "cuda" \
                 or getattr(self.model, "tp", None) is not None:
@@ -422,6 +424,12 @@ class ModelRuntime:
         if set(table) != rows:
             log.info("graphrt: cached split-K plan for rows %s, these buckets %s: measured instead",
                      sorted(table), sorted(rows))
+            return None
+        layers = getattr(getattr(self.model, "weights", None), "layers", None) or []
+        if any(not splittable(getattr(layer, g), pair[i]) for pair in table.values()
+               for i, g in enumerate(SPLITK_GEMMS) for layer in layers):
+            log.info("graphrt: cached split-K plan %s does not fit this model's o / down weights: measured "
+                     "instead", table)
             return None
         log.info("graphrt: split-K of o / down by decode rows %s (cached)", table)
         return SplitKPlan(dict(table), "cached")

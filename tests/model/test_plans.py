@@ -41,11 +41,11 @@ def test_malformed_plans_name_the_field(plans, field):
         check_plans(plans)
 
 
-def _runtime(plans):
+def _runtime(plans, intermediate: int = 64):
     from graphrt.model import LlamaDecoder, LlamaSpec
     from graphrt.model.runtime import ModelRuntime
     from graphrt.parallel.random_weights import random_weights
-    spec = LlamaSpec(vocab_size=64, hidden_size=64, intermediate_size=64, num_layers=1, num_heads=1,
+    spec = LlamaSpec(vocab_size=64, hidden_size=64, intermediate_size=intermediate, num_layers=1, num_heads=1,
                      num_kv_heads=1, head_dim=64, rms_norm_eps=1e-5, rope_theta=10000.0,
                      tie_word_embeddings=True, attention_bias=False, max_position_embeddings=128)
     cfg = RuntimeConfig(num_qo_heads=1, num_kv_heads=1, head_dim=64, page_size=16, max_context_len=64,
@@ -69,3 +69,20 @@ def test_the_manifest_keeps_the_plans():
     plans = plans_dict({1: (1, 2)}, (4, 900.0))
     assert build_manifest(cfg, [], {}, mode="eager", plans=plans).data["plans"] == plans
     assert "plans" not in build_manifest(cfg, [], {}, mode="eager", plans={}).data
+
+
+
+@pytest.mark.parametrize("plans,want", [
+    ({"splitk": {"1": [2, 1]}}, {1: (2, 1)}),            # o: K = 64 splits by 2 (32, a multiple of 16)
+    ({"splitk": {"1": [1, 1], "2": [1, 1]}}, None),      # another bucket set
+    ({"splitk": {"1": [1, 2]}}, None),                   # down: K = 48 by 2 is 24, not a multiple of 16
+])
+def test_a_cached_split_k_plan_is_taken_only_where_it_fits(monkeypatch, plans, want):
+    """_cached_splitk (the CUDA path's choice; host only, so the device is pretended here) takes a
+    table of exactly this runtime's buckets whose factors fit its o / down weights; anything else
+    is measured instead (None here)."""
+    mrt = _runtime(plans, intermediate=48)
+    monkeypatch.setattr(mrt, "device", torch.device("cuda"))
+    got = mrt._cached_splitk()
+    assert (None if got is None else dict(got.table)) == want
+    assert got is None or got.source == "cached"
