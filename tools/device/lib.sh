@@ -39,3 +39,16 @@ train_family() {
   timeout $(cap 80) python tools/train_eagle3.py --target "$1/target" --out "$1/eagle3" --time-budget-s 35 \
     --eval-prompts 0 > "$L/train_eagle3.log" 2>&1; say "train_eagle3 rc=$?"; pack
 }
+# a model graph cache of checkpoint $1 in $2 (graphrt-capture --model, max_num_seqs 16, 8k; cold), its
+# manifest's plans, then two warm starts through serve's load path (seconds from process start to ready)
+cache_and_warm_starts() {
+  timeout $(cap 240) python -m capture --model "$1" --out "$2" --max-num-seqs 16 --max-model-len 8192 \
+    > "$L/capture.log" 2>&1; say "capture rc=$?"; pack
+  python -c "import json,sys; print('manifest plans:', json.load(open(sys.argv[1])).get('plans'))" "$2/manifest.json" \
+    | tee -a "$S"
+  for i in 1 2; do
+    timeout $(cap 90) python tools/device/serve_load.py "$1" "$2" "$(date +%s.%N)" > "$L/warm_$i.log" 2>&1
+    say "warm start $i rc=$?"
+    grep -E "startup: ready|graph cache|split-K|steps_per_graph auto|after process start" "$L/warm_$i.log" | tee -a "$S"
+  done; pack
+}

@@ -12,15 +12,7 @@ timeout $(cap 150) python -m pytest -m gpu -q -s -rfEs --tb=short -p no:cachepro
 CK=/tmp/ck1b; CACHE=/tmp/gc1b; rm -rf "$CK" "$CACHE"
 timeout $(cap 60) python tools/make_checkpoint.py "$CK" --shape llama-3.2-1b --dtype bfloat16 --device cuda \
   > "$L/make_ck.log" 2>&1
-timeout $(cap 150) python -m capture --model "$CK" --out "$CACHE" --max-num-seqs 16 --max-model-len 8192 \
-  > "$L/capture.log" 2>&1; say "capture rc=$?"; pack
-python -c "import json,sys; print('manifest plans:', json.load(open(sys.argv[1])).get('plans'))" "$CACHE/manifest.json" \
-  | tee -a "$S"
-for i in 1 2; do
-  timeout $(cap 90) python tools/device/serve_load.py "$CK" "$CACHE" "$(date +%s.%N)" > "$L/warm_$i.log" 2>&1
-  say "warm start $i rc=$?"
-  grep -E "startup: ready|split-K|steps_per_graph auto|after process start" "$L/warm_$i.log" | tee -a "$S"
-done; pack
+cache_and_warm_starts "$CK" "$CACHE"
 timeout $(cap 120) python tools/trace_arrival.py --make llama-3.2-1b --workload reuse --streams 0 --long-len 4096 \
   --chunk 2048 --sync --out "$L/trace_reuse.json" > "$L/trace_reuse.log" 2>&1; say "trace reuse rc=$?"; pack
 grep -A12 "^## " "$L/trace_reuse.log" | tee -a "$S"
