@@ -242,3 +242,11 @@ def test_the_draft_prefills_each_position_once_and_not_at_all_when_it_waits(path
         assert _run(lazy, PROMPTS[:1])[0].token_ids == want
     assert callers == ["sync_draft"] * 2 and calls == [[(0, 14)], [(12, 2)]]   # caught up from each start
     _all_back(lazy)
+
+
+def test_chunk_prefill_refuses_after_tokens_that_do_not_match_the_pieces(llm):
+    """LocalExecutor.prefill's `after` (the token following each chunk) must name one token per
+    prompt piece: a ValueError naming it, before anything is written."""
+    table = torch.zeros((1, llm.runtime.config.max_pages_per_seq), dtype=torch.int32)
+    with pytest.raises(ValueError, match="after: 2 tokens for 1 prompts"):
+        llm.runtime.prefill([torch.tensor([5, 6, 7])], table, starts=[0], after=[1, 2])
