@@ -51,7 +51,8 @@ class EngineConfig:
     model/prefill_graphs.py; 0: eager prefill, as prompt log-probs always are);
     mixed_prefill_tokens: C > 0: while requests decode, a greedy or sampled decode block carries
     up to C tokens of a prompt in its first step instead of a separate chunk between blocks
-    (model/mixed.py: the weights streamed once for both), and the request decodes in the block
+    (model/mixed.py: the weights streamed once for both; every piece rides a block, whatever
+    max_prefill_stall would allow between blocks), and the request decodes in the block
     that carries its last piece; not with speculation or tensor parallelism; 0: off)."""
 
     max_batch: int = 16

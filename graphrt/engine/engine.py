@@ -31,7 +31,8 @@ max_prefill_stall, the share of a decode block's measured time a chunk may add (
 capped by max_num_batched_tokens. With a runtime built with mixed_prefill_tokens=C (no
 speculation), a plain decode block instead carries up to C tokens of the first prefilling
 request in its first step (model/mixed.py: one weight stream for both; Scheduler.mixed_piece),
-and the request decodes in the block that carries its last piece (blocks.py).
+whatever the pacer's budget (the streams' pace first), and the request decodes in the block
+that carries its last piece (blocks.py).
 Launching a prefill or a block and reading its tokens back: blocks.py (a mixin of Engine).
 
 Failure policy (docs/engine.md): an exception raised by one request's work (its prefill, its

@@ -263,9 +263,10 @@ class Scheduler:
         instead). Its last piece, once at most `tokens` + 1 positions are left, is (start, end of
         context): positions [start, end - 1) ride the block's first step and the request decodes
         in that same block from its last context token. Earlier pieces are `tokens` positions
-        (ending on a page boundary where one lies in range), carried only while the pacer's
-        budget is at most `tokens` (a larger budget tolerates a paced chunk between blocks,
-        which makes faster progress). None also when no row decodes, a row or the request
+        (ending on a page boundary where one lies in range), whatever the pacer's budget: a
+        runtime built to carry pieces keeps the streams' pace first (a paced chunk between
+        blocks would make faster progress and add up to max_prefill_stall of a block to every
+        stream's gap). None also when no row decodes, a row or the request
         needs logits processing (its graph carries no chunk), or the request is prefilled
         whole or shares pages with a sample of its group."""
         if not self.prefilling or not rows or any(r.params.processed for r in rows):
@@ -277,9 +278,6 @@ class Scheduler:
             return None
         if left <= tokens + 1:
             return r, r.computed, r.computed + left
-        budget = self.prefill_budget()
-        if budget is not None and budget > tokens:
-            return None
         end = r.computed + tokens
         if end // self.page_size * self.page_size > r.computed:
             end = end // self.page_size * self.page_size

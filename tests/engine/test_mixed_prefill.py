@@ -2,8 +2,8 @@
 CPU float32: while rows decode, a long prompt's chunks ride the blocks' first steps and the
 request decodes in the block that carries its last piece (no prefill launch of its own); every
 request's tokens equal the engine's without mixed chunks (greedy and seeded sampling), with the
-prefix cache, aborts and preemption; a pacer budget above C keeps paced chunks between blocks
-until the last piece; bad options name the field."""
+prefix cache, aborts and preemption; pieces ride the blocks whatever the pacer's budget; bad
+options name the field."""
 from __future__ import annotations
 
 import pytest
@@ -111,14 +111,14 @@ def test_chunks_start_after_the_cached_prefix(mixed, plain):
     _all_back(eng)
 
 
-def test_a_budget_above_c_keeps_paced_chunks_until_the_last_piece(path, plain):
+def test_pieces_ride_the_blocks_whatever_the_pacers_budget(path, plain):
     wide = LLM(path, max_batch=4, steps_per_graph=3, mixed_prefill_tokens=C, max_num_batched_tokens=12,
                max_prefill_stall=None, **CPU)
-    long = _long(161)[:20]                                  # 12 (the budget), then 8 <= C + 1 left
+    long = _long(161)[:20]                                  # a budget of 12 > C: still pieces of C
     want, _ = _scenario(plain, [([5, 6, 7], RUN)], [(long, GREEDY)])
     got, eng = _scenario(wide, [([5, 6, 7], RUN)], [(long, GREEDY)])
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
-    assert _kinds(eng, got[1].request_id) == [("prefill", 0, 12), ("mixed", 12, 20)]
+    assert _kinds(eng, got[1].request_id) == [("mixed", 0, 8), ("mixed", 8, 16), ("mixed", 16, 20)]
     _all_back(eng)
 
 
@@ -257,7 +257,7 @@ def test_the_piece_choice_is_a_pure_function_of_the_scheduler_state():
     r.computed = 8
     assert s.mixed_piece(8, [row]) == (r, 8, 16)
     budget["v"] = 16
-    assert s.mixed_piece(8, [row]) is None                            # a paced chunk goes further
+    assert s.mixed_piece(8, [row]) == (r, 8, 16)                      # a larger budget: still C
     r.computed = 21
     assert s.mixed_piece(8, [row]) == (r, 21, 30)                     # the last piece: 9 <= C + 1
     r.computed = 29
