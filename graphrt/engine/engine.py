@@ -91,8 +91,9 @@ class Engine(BlockMixin):
             raise ValueError(f"max_model_len: {max_model_len} + lookahead {ahead} (K, or k proposals) "
                              f"exceeds the runtime's max_context_len {c.max_context_len}")
         self.runtime, self.tokenizer, self.device = runtime, tokenizer, runtime.device
-        # the device guards' sticky flags, read with every block's tokens (None: a tensor-parallel
-        # driver, whose ranks check each prefill at once)
+        # the device guards' sticky flags, read with every block's tokens; under tensor parallelism
+        # rank 0's (TPDriver forwards the attribute): every rank runs the same inputs, so its guards
+        # see what the others' see (None only for a runtime without device guards)
         self._error_flag = getattr(runtime, "device_error_flag", None)
         self.vocab_size, self.max_model_len, self.overlap = runtime.model.spec.vocab_size, max_model_len, overlap
         self.spec, self.rounds = spec, runtime.rounds
