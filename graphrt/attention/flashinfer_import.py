@@ -8,12 +8,24 @@ device planner knows, `flashinfer_layout.KNOWN_VERSIONS`).
     fi = import_flashinfer("backend 'flashinfer'")             # the module, or FlashInferMissing
     decode = import_flashinfer("backend 'xqa'", "flashinfer.decode")
     require_flashinfer("device 'cuda'")                        # before loading anything: no import
+    prefetch_flashinfer()    # a CUDA start-up: the import runs on a thread while the weights load
+    ...
+    join_prefetch()          # before the environment it read changes (import_flashinfer joins too)
+
+FlashInfer's import takes seconds (hundreds of modules); a start-up that needs it anyway starts it
+on a daemon thread first, so it overlaps the checkpoint read and CUDA's initialisation, which
+wait on I/O and the driver, not on the interpreter. import_flashinfer joins that thread before it
+imports, so graphrt's own import of FlashInfer never races it; a failed prefetch leaves nothing
+behind (Python removes a module whose import raised), and the import on the caller's thread then
+raises the error itself. GRAPHRT_PREFETCH_IMPORTS=0 turns the thread off.
 """
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
+import threading
 
 # Imports nothing of graphrt at module level: `graphrt serve` checks for FlashInfer before it has
 # chosen Triton's mode, and flashinfer_layout pulls in graphrt.kernels (Triton kernels).
@@ -46,10 +58,40 @@ def require_flashinfer(what: str) -> None:
         raise FlashInferMissing(what)
 
 
+_prefetch: threading.Thread | None = None      # the one prefetch thread of this process
+
+
+def prefetch_flashinfer() -> bool:
+    """Start importing FlashInfer on a daemon thread -> whether one started (not when it is
+    imported or missing, a prefetch is running, or GRAPHRT_PREFETCH_IMPORTS=0). Errors stay on
+    the thread: the caller's own import raises them."""
+    global _prefetch
+    if os.environ.get("GRAPHRT_PREFETCH_IMPORTS", "1") == "0" or "flashinfer" in sys.modules \
+            or (_prefetch is not None and _prefetch.is_alive()) or not flashinfer_installed():
+        return False
+
+    def run():
+        try:
+            importlib.import_module("flashinfer")
+        except BaseException:          # noqa: BLE001 - import_flashinfer raises it on the caller's thread
+            pass
+    _prefetch = threading.Thread(target=run, name="graphrt-import-flashinfer", daemon=True)
+    _prefetch.start()
+    return True
+
+
+def join_prefetch() -> None:
+    """Wait for a running prefetch (FlashInfer reads its environment while it imports)."""
+    t = _prefetch
+    if t is not None and t is not threading.current_thread():
+        t.join()
+
+
 def import_flashinfer(what: str, module: str = "flashinfer"):
-    """Import `module` (flashinfer or one of its submodules) for `what`. A missing FlashInfer is
-    FlashInferMissing with the install line; any other import error of an installed FlashInfer
-    (a CUDA or torch mismatch) is raised as it is."""
+    """Import `module` (flashinfer or one of its submodules) for `what`, after a prefetch under
+    way. A missing FlashInfer is FlashInferMissing with the install line; any other import error
+    of an installed FlashInfer (a CUDA or torch mismatch) is raised as it is."""
+    join_prefetch()
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as e:
@@ -58,4 +100,5 @@ def import_flashinfer(what: str, module: str = "flashinfer"):
         raise
 
 
-__all__ = ["FlashInferMissing", "install_line", "flashinfer_installed", "import_flashinfer", "require_flashinfer"]
+__all__ = ["FlashInferMissing", "install_line", "flashinfer_installed", "import_flashinfer", "require_flashinfer",
+           "prefetch_flashinfer", "join_prefetch"]

@@ -81,3 +81,59 @@ def test_llm_on_cuda_refuses_before_loading(no_flashinfer, monkeypatch, tmp_path
     with pytest.raises(FlashInferMissing) as err:        # the path does not exist: nothing was read
         LLM(tmp_path / "not-a-checkpoint", device="cuda")
     _assert_install_line(err, "device 'cuda'")
+
+
+@pytest.fixture
+def fake_flashinfer(tmp_path, monkeypatch):
+    """A `flashinfer` package on sys.path whose import takes 0.3 s and counts itself (body: extra
+    lines appended to its __init__)."""
+    import graphrt.attention.flashinfer_import as fi
+    for name in [m for m in sys.modules if m == "flashinfer" or m.startswith("flashinfer.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(fi, "_prefetch", None)
+    monkeypatch.delenv("GRAPHRT_PREFETCH_IMPORTS", raising=False)
+    pkg = tmp_path / "flashinfer"
+    pkg.mkdir()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "fake_flashinfer_imports", 0, raising=False)
+
+    def write(extra=""):
+        (pkg / "__init__.py").write_text("import sys, threading, time\nsys.fake_flashinfer_imports += 1\n"
+                                         "time.sleep(0.3)\nimporter = threading.current_thread().name\n"
+                                         "__version__ = '0.7.4'\n" + extra)
+    yield write
+    for name in [m for m in sys.modules if m == "flashinfer" or m.startswith("flashinfer.")]:
+        sys.modules.pop(name, None)
+
+
+def test_a_prefetch_imports_flashinfer_once_on_its_thread(fake_flashinfer):
+    import time
+
+    from graphrt.attention.flashinfer_import import prefetch_flashinfer
+    fake_flashinfer()
+    t = time.perf_counter()
+    assert prefetch_flashinfer() is True
+    assert time.perf_counter() - t < 0.2                  # the caller goes on while it imports
+    assert prefetch_flashinfer() is False                 # one at a time
+    mod = import_flashinfer("backend 'flashinfer'")       # joins the prefetch, imports nothing more
+    assert mod.importer == "graphrt-import-flashinfer" and sys.fake_flashinfer_imports == 1
+    assert prefetch_flashinfer() is False                 # imported already
+
+
+def test_a_failed_prefetch_raises_on_the_callers_import(fake_flashinfer):
+    from graphrt.attention.flashinfer_import import prefetch_flashinfer
+    fake_flashinfer("raise RuntimeError('CUDA driver too old for this FlashInfer build')\n")
+    assert prefetch_flashinfer() is True
+    with pytest.raises(RuntimeError, match="driver too old"):
+        import_flashinfer("backend 'flashinfer'")
+    assert sys.fake_flashinfer_imports == 2               # the caller's own import ran and raised
+
+
+def test_no_prefetch_when_turned_off_or_missing(fake_flashinfer, monkeypatch):
+    from graphrt.attention.flashinfer_import import prefetch_flashinfer
+    fake_flashinfer()
+    monkeypatch.setenv("GRAPHRT_PREFETCH_IMPORTS", "0")
+    assert prefetch_flashinfer() is False and "flashinfer" not in sys.modules
+    monkeypatch.delenv("GRAPHRT_PREFETCH_IMPORTS")
+    monkeypatch.setitem(sys.modules, "flashinfer", None)  # hidden: missing
+    assert prefetch_flashinfer() is False
