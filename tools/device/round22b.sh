@@ -8,9 +8,11 @@
 #     pacer's budget) at C = 64 and 128, beside the paced default, one process each.
 #   DEADLINE=560 bash .device/bootstrap.sh bash tools/device/round22b.sh      (carry .device, .whl)
 NAME=round22b; DEADLINE=${DEADLINE:-560}; . tools/device/lib.sh   # logs, pack, cap, say
+PARTS=${PARTS:-startup serve arrival}   # a subset of the three parts, in this order
 CK=/tmp/ck1b; CACHE=/tmp/gc1b; rm -rf "$CK" "$CACHE"
 timeout $(cap 60) python tools/make_checkpoint.py "$CK" --shape llama-3.2-1b --dtype bfloat16 --device cuda \
   > "$L/make_ck.log" 2>&1
+if [[ " $PARTS " == *" startup "* ]]; then
 cache_and_warm_starts "$CK" "$CACHE"
 GRAPHRT_PREFETCH_IMPORTS=0 timeout $(cap 60) python tools/device/serve_load.py "$CK" "$CACHE" "$(date +%s.%N)" \
   > "$L/warm_noprefetch.log" 2>&1; say "warm start, FlashInfer not prefetched rc=$?"
@@ -19,13 +21,18 @@ timeout $(cap 90) python -X importtime tools/device/startup_profile.py "$CK" "$C
   > "$L/profile.log" 2> "$L/importtime.txt"; say "profiled start rc=$?"
 grep -E "after process start" "$L/profile.log" | tee -a "$S"
 sort -t'|' -k2 -n -r "$L/importtime.txt" 2>/dev/null | head -25 > "$L/importtime_top.txt"; pack
+fi
+if [[ " $PARTS " == *" serve "* ]]; then
 timeout $(cap 300) python tools/bench_serve.py --make llama-3.1-8b --make-dir /tmp/ck8b --device cuda \
   --variants graphrt,graphrt-hostplan --concurrency 8 --requests 12 --no-step-time --out-dir "$L" --name bench_serve_8c \
   > "$L/bench_serve.log" 2>&1; say "bench_serve rc=$?"
 grep -E "^\| graphrt" "$L/bench_serve.log" | cut -c1-220 | tee -a "$S"; pack
+fi
+if [[ " $PARTS " == *" arrival "* ]]; then
 for C in 64 128; do
   timeout $(cap 150) python tools/bench_prefix.py --model "$CK" --device cuda --workloads arrival --mixed $C \
     --out-dir "$L" --name arrival_mixed_$C > "$L/arrival_mixed_$C.log" 2>&1; say "arrival mixed $C rc=$?"; pack
   grep -E "^\| (mixed|paced)" "$L/arrival_mixed_$C.md" 2>/dev/null | tee -a "$S"
 done
+fi
 cat "$S"

@@ -2,7 +2,8 @@
 # #29's closing call (one H100/H200, DEADLINE s, default 540; ~495 s expected): where every weight / KV
 # format's decode step stands against its floor, side by side in one run, with per-kernel profiles,
 # FP8 quality on a trained target and the verify step; tools/device/step_final_table.py prints the
-# gates (table.md). Steps, most important first, each bounded and packed as it ends:
+# gates (table.md). Steps, in the order they run (most important first: 1, 4, 5, 2, 6, 3, 7), each
+# bounded and packed as it ends:
 #                                                                              estimate   bound
 #  1. bench_e2e bs 1 / 1k: 8B + 1B, bf16 + FP8 weights, FlashInfer + triton-decode (8 rows)   70 s   150
 #  2. bench_e2e bs 16 / 8k: 8B, bf16 + FP8 weights, bf16 + FP8 KV, both backends (8 rows)     95 s   150
@@ -38,7 +39,17 @@ e2e() {
   grep -E "^(copy|llama)" "$L/$name.log" | tee -a "$S"; pack
 }
 e2e e2e_bs1_1k 150 --models llama-3.1-8b,llama-3.2-1b --weights "$W" --kv bf16 --batches 1 --contexts 1024
+timeout $(cap 100) python tools/train_tiny.py --out "$DIR" --size full --models target --device cuda \
+  --time-budget-s target=50 > "$L/train_tiny.log" 2>&1; say "train_tiny rc=$?"
+grep -E "^target " "$L/train_tiny.log" | tee -a "$S"; cp "$DIR/train.json" "$L/" 2>/dev/null; pack
+say "jit_warm $(kill -0 $JIT 2>/dev/null && echo "still running" || echo done): $(tr '\n' ';' < "$L/jit_warm.log" | tail -c 200)"
+timeout $(cap 130) python tools/quality_fp8.py "$DIR/target" --device cuda --variants bf16,fp8,fp8-kv,fp8+fp8-kv \
+  --json "$L/quality_fp8.json" --check > "$L/quality_fp8.log" 2>&1; say "quality_fp8 rc=$? (1: a gate failed or an error; the log says which)"
+grep -A8 "^variant" "$L/quality_fp8.log" | tee -a "$S"; pack
 e2e e2e_bs16_8k 150 --models llama-3.1-8b --weights "$W" --kv bf16,fp8 --batches 16 --contexts 8192
+timeout $(cap 60) python tools/bench_spec.py --models llama-3.1-8b --batches 1 --context 1024 --qs 1,5 --no-round \
+  --no-attention --out "$L/verify_bs1_1k.json" > "$L/verify.log" 2>&1; say "bench_spec verify rc=$?"
+grep -A3 "^context" "$L/verify.log" | tee -a "$S"; pack
 for item in ${PROFILES:-llama-3.1-8b:bf16 llama-3.1-8b:fp8-tensor-head llama-3.2-1b:bf16 llama-3.2-1b:fp8-tensor-head}; do
   IFS=: read -r m w kv bs ctx <<< "$item"   # model:weights[:kv:batch:context]
   timeout $(cap 45) python tools/profile_step.py --model "$m" --weights "$w" --backend "$PB" --kv "${kv:-auto}" \
@@ -47,16 +58,6 @@ for item in ${PROFILES:-llama-3.1-8b:bf16 llama-3.1-8b:fp8-tensor-head llama-3.2
   say "profile $item rc=$?"
 done
 grep -v "Warn\|_warn_once" "$L/profile_step.log" | cut -c1-250 | tee -a "$S"; pack
-timeout $(cap 100) python tools/train_tiny.py --out "$DIR" --size full --models target --device cuda \
-  --time-budget-s target=50 > "$L/train_tiny.log" 2>&1; say "train_tiny rc=$?"
-grep -E "^target " "$L/train_tiny.log" | tee -a "$S"; cp "$DIR/train.json" "$L/" 2>/dev/null; pack
-say "jit_warm $(kill -0 $JIT 2>/dev/null && echo "still running" || echo done): $(tr '\n' ';' < "$L/jit_warm.log" | tail -c 200)"
-timeout $(cap 130) python tools/quality_fp8.py "$DIR/target" --device cuda --variants bf16,fp8,fp8-kv,fp8+fp8-kv \
-  --json "$L/quality_fp8.json" --check > "$L/quality_fp8.log" 2>&1; say "quality_fp8 rc=$? (1: a gate failed or an error; the log says which)"
-grep -A8 "^variant" "$L/quality_fp8.log" | tee -a "$S"; pack
-timeout $(cap 60) python tools/bench_spec.py --models llama-3.1-8b --batches 1 --context 1024 --qs 1,5 --no-round \
-  --no-attention --out "$L/verify_bs1_1k.json" > "$L/verify.log" 2>&1; say "bench_spec verify rc=$?"
-grep -A3 "^context" "$L/verify.log" | tee -a "$S"; pack
 e2e e2e_bs16_1k 120 --models llama-3.1-8b,llama-3.2-1b --weights "$W" --kv bf16 --batches 16 --contexts 1024
 wait $JIT
 python tools/device/step_final_table.py "$L" > "$L/table.md" 2> "$L/table.err"; say "table rc=$?"; pack
