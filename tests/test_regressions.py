@@ -148,3 +148,11 @@ def test_cuda_core_empty_rows_before_a_long_row_decode_correctly_on_cpu():
     rt.check_device_errors()
     ref = reference_decode(q, kv.k, kv.v, table, lens, layout=cfg.kv_layout)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_graph_warmup_runs_name_the_variable():
+    from graphrt.attention.graphs import _warmup_steps
+    assert _warmup_steps("1") == 1 and _warmup_steps("3") == 3
+    for bad in ("0", "-1", "two", ""):
+        with pytest.raises(ValueError, match="GRAPHRT_GRAPH_WARMUP: must be an int >= 1"):
+            _warmup_steps(bad)

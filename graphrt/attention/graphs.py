@@ -16,8 +16,10 @@ written once here:
 - scratch: KV caches whose page 0 the warm-up and capture may write: saved and restored;
 - prepare: host-side preparation run before the warm-up, before the capture and before every
   replay (a host-planning attention backend writes its plan into the captured workspace);
-- one memory pool for every graph (captured largest first by the callers), a labelled warm-up
-  on a side stream (compilation, first touch and allocator growth stay out of the graph);
+- one memory pool for every graph (captured largest first by the callers), a warm-up on a side
+  stream (compilation, first touch and allocator growth stay out of the graph): one run of the
+  step (GRAPHRT_GRAPH_WARMUP=N: N runs; each costs about as much host time as the capture
+  itself, a start-up's second largest share after its imports);
 - capture_error_mode: "thread_local" when other threads touch CUDA during capture (the NCCL
   process group's watchdog of a tensor-parallel model).
 On a CPU device nothing is captured: `run` calls the step eagerly (the same code path).
@@ -27,6 +29,7 @@ the phases' (a pure function); this module is only the mechanism.
 from __future__ import annotations
 
 import gc
+import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -34,7 +37,16 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
-WARMUP_STEPS = 2
+
+
+def _warmup_steps(v: str) -> int:
+    """GRAPHRT_GRAPH_WARMUP: runs of a step before its capture (an int >= 1)."""
+    if not v.strip().isdigit() or int(v) < 1:
+        raise ValueError(f"GRAPHRT_GRAPH_WARMUP: must be an int >= 1, got {v!r}")
+    return int(v)
+
+
+WARMUP_STEPS = _warmup_steps(os.environ.get("GRAPHRT_GRAPH_WARMUP", "1"))
 
 
 @dataclass(frozen=True)

@@ -4,5 +4,5 @@
 # steps first). Both pack into $OUT (round22b.tgz, step_final.tgz).
 #   bash .device/bootstrap.sh bash tools/device/round22.sh      (carry .device, .whl)
 T0=$SECONDS
-PARTS=startup DEADLINE=170 bash tools/device/round22b.sh
+PARTS=startup DEADLINE=185 bash tools/device/round22b.sh
 DEADLINE=$((560 - (SECONDS - T0))) bash tools/device/step_final.sh

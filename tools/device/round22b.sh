@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One H100/H200 call (~9 min): #30's remaining rows.
 #  1. a 1B-shape model graph cache, two warm starts through serve's load path (FlashInfer's import
-#     prefetched on a thread), one without the prefetch, then one under cProfile and -X importtime
+#     prefetched on a thread, one warm-up run a graph), one without the prefetch, one as before this
+#     round (no prefetch, GRAPHRT_GRAPH_WARMUP=2), then one under cProfile and -X importtime
 #     (where the 7.5 s from process start go: #30 asks for 5 s);
 #  2. 8B TTFT at 8 clients, graphrt vs the host-planned variant (bench_serve, 12 requests a client);
 #  3. the arrival stall (8 streams, a 4k prompt) with every piece riding a block (0092da0: whatever the
@@ -17,6 +18,9 @@ cache_and_warm_starts "$CK" "$CACHE"
 GRAPHRT_PREFETCH_IMPORTS=0 timeout $(cap 60) python tools/device/serve_load.py "$CK" "$CACHE" "$(date +%s.%N)" \
   > "$L/warm_noprefetch.log" 2>&1; say "warm start, FlashInfer not prefetched rc=$?"
 grep -E "startup: ready|after process start" "$L/warm_noprefetch.log" | tee -a "$S"
+GRAPHRT_PREFETCH_IMPORTS=0 GRAPHRT_GRAPH_WARMUP=2 timeout $(cap 60) python tools/device/serve_load.py "$CK" "$CACHE" \
+  "$(date +%s.%N)" > "$L/warm_before.log" 2>&1; say "warm start as before this round (no prefetch, 2 warm-up runs) rc=$?"
+grep -E "startup: ready|after process start" "$L/warm_before.log" | tee -a "$S"
 timeout $(cap 90) python -X importtime tools/device/startup_profile.py "$CK" "$CACHE" "$(date +%s.%N)" "$L/profile" \
   > "$L/profile.log" 2> "$L/importtime.txt"; say "profiled start rc=$?"
 grep -E "after process start" "$L/profile.log" | tee -a "$S"
