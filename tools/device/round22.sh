@@ -5,4 +5,4 @@
 #   bash .device/bootstrap.sh bash tools/device/round22.sh      (carry .device, .whl)
 T0=$SECONDS
 PARTS=startup DEADLINE=185 bash tools/device/round22b.sh
-DEADLINE=$((${TOTAL:-480} - (SECONDS - T0))) bash tools/device/step_final.sh
+DEADLINE=$((${TOTAL:-430} - (SECONDS - T0))) bash tools/device/step_final.sh
