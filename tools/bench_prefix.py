@@ -19,7 +19,7 @@ cached pages). 1. shared prefix: after a short warm-up request, a --prefix-len p
    and the steady gap's for the largest gap). Rows: paced (max_prefill_stall = --stall, or each
    of --stalls, capped at --chunk), then unpaced with max_num_batched_tokens = --chunk and without a limit (None);
    with --mixed C first a row where decode blocks carry the prompt's chunks of C tokens
-   (EngineConfig.mixed_prefill_tokens; its last piece paced as the rows after it).
+   (EngineConfig.mixed_prefill_tokens: every piece rides a block, whatever the pacer's budget).
 3. multi-turn chat: --turns turns, each prompt = the previous prompt + its answer + a new user
    message (token ids, so the previous turn's pages are reusable): TTFT per turn, cache on / off.
 
