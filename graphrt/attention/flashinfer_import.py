@@ -8,16 +8,17 @@ device planner knows, `flashinfer_layout.KNOWN_VERSIONS`).
     fi = import_flashinfer("backend 'flashinfer'")             # the module, or FlashInferMissing
     decode = import_flashinfer("backend 'xqa'", "flashinfer.decode")
     require_flashinfer("device 'cuda'")                        # before loading anything: no import
-    prefetch_flashinfer()    # a CUDA start-up: the import runs on a thread while the weights load
+    prefetch_flashinfer()    # GRAPHRT_PREFETCH_IMPORTS=1: the import runs on a thread while the weights load
     ...
     join_prefetch()          # before the environment it read changes (import_flashinfer joins too)
 
-FlashInfer's import takes seconds (hundreds of modules); a start-up that needs it anyway starts it
-on a daemon thread first, so it overlaps the checkpoint read and CUDA's initialisation, which
-wait on I/O and the driver, not on the interpreter. import_flashinfer joins that thread before it
-imports, so graphrt's own import of FlashInfer never races it; a failed prefetch leaves nothing
-behind (Python removes a module whose import raised), and the import on the caller's thread then
-raises the error itself. GRAPHRT_PREFETCH_IMPORTS=0 turns the thread off.
+FlashInfer's import takes seconds (hundreds of modules); with GRAPHRT_PREFETCH_IMPORTS=1 a CUDA
+start-up starts it on a daemon thread first, so it overlaps the checkpoint read and CUDA's
+initialisation, which wait on I/O and the driver, not on the interpreter. import_flashinfer joins
+that thread before it imports, so graphrt's own import of FlashInfer never races it; a failed
+prefetch leaves nothing behind (Python removes a module whose import raised), and the import on
+the caller's thread then raises the error itself. Off by default until a GPU start-up has
+measured it (tools/device/round22e.sh A/Bs the two).
 """
 from __future__ import annotations
 
@@ -62,11 +63,11 @@ _prefetch: threading.Thread | None = None      # the one prefetch thread of this
 
 
 def prefetch_flashinfer() -> bool:
-    """Start importing FlashInfer on a daemon thread -> whether one started (not when it is
-    imported or missing, a prefetch is running, or GRAPHRT_PREFETCH_IMPORTS=0). Errors stay on
-    the thread: the caller's own import raises them."""
+    """Start importing FlashInfer on a daemon thread -> whether one started (only with
+    GRAPHRT_PREFETCH_IMPORTS=1, and not when it is imported or missing or a prefetch is running).
+    Errors stay on the thread: the caller's own import raises them."""
     global _prefetch
-    if os.environ.get("GRAPHRT_PREFETCH_IMPORTS", "1") == "0" or "flashinfer" in sys.modules \
+    if os.environ.get("GRAPHRT_PREFETCH_IMPORTS", "0") != "1" or "flashinfer" in sys.modules \
             or (_prefetch is not None and _prefetch.is_alive()) or not flashinfer_installed():
         return False
 

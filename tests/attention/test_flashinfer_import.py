@@ -91,7 +91,7 @@ def fake_flashinfer(tmp_path, monkeypatch):
     for name in [m for m in sys.modules if m == "flashinfer" or m.startswith("flashinfer.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setattr(fi, "_prefetch", None)
-    monkeypatch.delenv("GRAPHRT_PREFETCH_IMPORTS", raising=False)
+    monkeypatch.setenv("GRAPHRT_PREFETCH_IMPORTS", "1")
     pkg = tmp_path / "flashinfer"
     pkg.mkdir()
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -129,11 +129,15 @@ def test_a_failed_prefetch_raises_on_the_callers_import(fake_flashinfer):
     assert sys.fake_flashinfer_imports == 2               # the caller's own import ran and raised
 
 
-def test_no_prefetch_when_turned_off_or_missing(fake_flashinfer, monkeypatch):
+def test_no_prefetch_unless_turned_on_nor_when_missing(fake_flashinfer, monkeypatch):
     from graphrt.attention.flashinfer_import import prefetch_flashinfer
     fake_flashinfer()
-    monkeypatch.setenv("GRAPHRT_PREFETCH_IMPORTS", "0")
-    assert prefetch_flashinfer() is False and "flashinfer" not in sys.modules
-    monkeypatch.delenv("GRAPHRT_PREFETCH_IMPORTS")
+    for off in ("0", None):                               # off, and the default
+        if off is None:
+            monkeypatch.delenv("GRAPHRT_PREFETCH_IMPORTS")
+        else:
+            monkeypatch.setenv("GRAPHRT_PREFETCH_IMPORTS", off)
+        assert prefetch_flashinfer() is False and "flashinfer" not in sys.modules
+    monkeypatch.setenv("GRAPHRT_PREFETCH_IMPORTS", "1")
     monkeypatch.setitem(sys.modules, "flashinfer", None)  # hidden: missing
     assert prefetch_flashinfer() is False

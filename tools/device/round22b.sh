@@ -14,8 +14,8 @@ CK=/tmp/ck1b; CACHE=/tmp/gc1b; rm -rf "$CK" "$CACHE"
 timeout $(cap 60) python tools/make_checkpoint.py "$CK" --shape llama-3.2-1b --dtype bfloat16 --device cuda \
   > "$L/make_ck.log" 2>&1
 if [[ " $PARTS " == *" startup "* ]]; then
-cache_and_warm_starts "$CK" "$CACHE"
-GRAPHRT_PREFETCH_IMPORTS=0 timeout $(cap 60) python tools/device/serve_load.py "$CK" "$CACHE" "$(date +%s.%N)" \
+GRAPHRT_PREFETCH_IMPORTS=1 GRAPHRT_GRAPH_WARMUP=1 cache_and_warm_starts "$CK" "$CACHE"
+GRAPHRT_PREFETCH_IMPORTS=0 GRAPHRT_GRAPH_WARMUP=1 timeout $(cap 60) python tools/device/serve_load.py "$CK" "$CACHE" "$(date +%s.%N)" \
   > "$L/warm_noprefetch.log" 2>&1; say "warm start, FlashInfer not prefetched rc=$?"
 grep -E "startup: ready|after process start" "$L/warm_noprefetch.log" | tee -a "$S"
 GRAPHRT_PREFETCH_IMPORTS=0 GRAPHRT_GRAPH_WARMUP=2 timeout $(cap 60) python tools/device/serve_load.py "$CK" "$CACHE" \

@@ -28,10 +28,10 @@ start() {  # NAME ENV...: one warm start through serve's load path
   env "$@" timeout $(cap 40) python tools/device/serve_load.py "$CK" "$CACHE" "$(date +%s.%N)" > "$L/warm_$name.log" 2>&1
   say "warm start $name ($*) rc=$?"; grep -E "startup: ready|after process start" "$L/warm_$name.log" | tee -a "$S"
 }
-start new_1 X=1
-start noprefetch GRAPHRT_PREFETCH_IMPORTS=0
+start new_1 GRAPHRT_PREFETCH_IMPORTS=1 GRAPHRT_GRAPH_WARMUP=1
+start noprefetch GRAPHRT_PREFETCH_IMPORTS=0 GRAPHRT_GRAPH_WARMUP=1
 start before GRAPHRT_PREFETCH_IMPORTS=0 GRAPHRT_GRAPH_WARMUP=2
-start new_2 X=1
+start new_2 GRAPHRT_PREFETCH_IMPORTS=1 GRAPHRT_GRAPH_WARMUP=1
 timeout $(cap 40) python -X importtime tools/device/startup_profile.py "$CK" "$CACHE" "$(date +%s.%N)" "$L/profile" \
   > "$L/profile.log" 2> "$L/importtime.txt"; say "profiled start rc=$?"
 grep -E "after process start" "$L/profile.log" | tee -a "$S"; pack

@@ -7,7 +7,7 @@
 #  3. bench_e2e bs 1 / 1k, 8B + 1B, bf16 + FP8 weights, FlashInfer + triton-decode, one process.
 #   bash .device/bootstrap.sh bash tools/device/round22e.sh      (carry .device, .whl)
 NAME=round22e; DEADLINE=${DEADLINE:-300}; . tools/device/lib.sh   # logs, pack, cap, say
-export GRAPHRT_FUSE=off
+export GRAPHRT_FUSE=off GRAPHRT_GRAPH_WARMUP=1     # every capture of this call with one warm-up run
 DIR=/tmp/fam22; CK=/tmp/ck1b; rm -rf "$DIR" "$CK"
 ( timeout 110 python tools/train_tiny.py --out "$DIR" --size full --models target --device cuda \
     --time-budget-s target=50 > "$L/train_tiny.log" 2>&1; echo "train_tiny rc=$?" >> "$L/train_tiny.log" ) &
