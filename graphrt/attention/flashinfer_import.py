@@ -18,7 +18,7 @@ initialisation, which wait on I/O and the driver, not on the interpreter. import
 that thread before it imports, so graphrt's own import of FlashInfer never races it; a failed
 prefetch leaves nothing behind (Python removes a module whose import raised), and the import on
 the caller's thread then raises the error itself. Off by default until a GPU start-up has
-measured it (tools/device/round22e.sh A/Bs the two).
+measured it (tools/device/round22d.sh A/Bs the two).
 """
 from __future__ import annotations
 

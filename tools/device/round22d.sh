@@ -32,7 +32,7 @@ start new_1 GRAPHRT_PREFETCH_IMPORTS=1 GRAPHRT_GRAPH_WARMUP=1
 start noprefetch GRAPHRT_PREFETCH_IMPORTS=0 GRAPHRT_GRAPH_WARMUP=1
 start before GRAPHRT_PREFETCH_IMPORTS=0 GRAPHRT_GRAPH_WARMUP=2
 start new_2 GRAPHRT_PREFETCH_IMPORTS=1 GRAPHRT_GRAPH_WARMUP=1
-timeout $(cap 40) python -X importtime tools/device/startup_profile.py "$CK" "$CACHE" "$(date +%s.%N)" "$L/profile" \
+GRAPHRT_PREFETCH_IMPORTS=1 GRAPHRT_GRAPH_WARMUP=1 timeout $(cap 40) python -X importtime tools/device/startup_profile.py "$CK" "$CACHE" "$(date +%s.%N)" "$L/profile" \
   > "$L/profile.log" 2> "$L/importtime.txt"; say "profiled start rc=$?"
 grep -E "after process start" "$L/profile.log" | tee -a "$S"; pack
 say "jit_warm $(kill -0 $JIT 2>/dev/null && echo "still running" || echo done)"
