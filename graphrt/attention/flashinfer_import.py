@@ -64,10 +64,14 @@ _prefetch: threading.Thread | None = None      # the one prefetch thread of this
 
 def prefetch_flashinfer() -> bool:
     """Start importing FlashInfer on a daemon thread -> whether one started (only with
-    GRAPHRT_PREFETCH_IMPORTS=1, and not when it is imported or missing or a prefetch is running).
-    Errors stay on the thread: the caller's own import raises them."""
+    GRAPHRT_PREFETCH_IMPORTS=1, and not when it is imported or missing or a prefetch is running;
+    another value than 0 or 1 is a ValueError naming it). Errors stay on the thread: the caller's
+    own import raises them."""
     global _prefetch
-    if os.environ.get("GRAPHRT_PREFETCH_IMPORTS", "0") != "1" or "flashinfer" in sys.modules \
+    on = os.environ.get("GRAPHRT_PREFETCH_IMPORTS", "0")
+    if on not in ("0", "1"):
+        raise ValueError(f"GRAPHRT_PREFETCH_IMPORTS: must be 0 or 1, got {on!r}")
+    if on == "0" or "flashinfer" in sys.modules \
             or (_prefetch is not None and _prefetch.is_alive()) or not flashinfer_installed():
         return False
 

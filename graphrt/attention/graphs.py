@@ -38,7 +38,6 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 
-
 def _warmup_steps(v: str) -> int:
     """GRAPHRT_GRAPH_WARMUP: runs of a step before its capture (an int >= 1)."""
     if not v.strip().isdigit() or int(v) < 1:

@@ -141,3 +141,16 @@ def test_no_prefetch_unless_turned_on_nor_when_missing(fake_flashinfer, monkeypa
     monkeypatch.setenv("GRAPHRT_PREFETCH_IMPORTS", "1")
     monkeypatch.setitem(sys.modules, "flashinfer", None)  # hidden: missing
     assert prefetch_flashinfer() is False
+    for bad in ("yes", "true", "2", ""):
+        monkeypatch.setenv("GRAPHRT_PREFETCH_IMPORTS", bad)
+        with pytest.raises(ValueError, match="GRAPHRT_PREFETCH_IMPORTS: must be 0 or 1"):
+            prefetch_flashinfer()
+
+
+def test_join_waits_for_the_prefetch(fake_flashinfer):
+    import graphrt.attention.flashinfer_import as fi
+    fake_flashinfer()
+    assert fi.prefetch_flashinfer() is True
+    assert fi._prefetch.is_alive()                        # still importing (0.3 s)
+    fi.join_prefetch()
+    assert not fi._prefetch.is_alive() and sys.modules["flashinfer"].importer == "graphrt-import-flashinfer"
