@@ -22,15 +22,20 @@
 # so a gate takes the faster row. GRAPHRT_FUSE=off: the engine's default (no fused-GEMV measurement).
 # FlashInfer's FP8-KV module at head_dim 64 (the trained target's; not in .device/jit-cache.tgz)
 # compiles in the background from the start (nice, 8 jobs: host work only, device times unaffected).
+# STEPS="e2e_bs1_1k train quality e2e_bs16_8k verify profiles e2e_bs16_1k" (the default: all) picks steps,
+# for a call after round22d.sh, which ran the first three.
 #   DEADLINE=540 bash .device/bootstrap.sh bash tools/device/step_final.sh      (carry .device)
 NAME=step_final; DEADLINE=${DEADLINE:-540}; . tools/device/lib.sh   # logs, pack, cap, say
 export GRAPHRT_FUSE=off
+STEPS=" ${STEPS:-e2e_bs1_1k train quality e2e_bs16_8k verify profiles e2e_bs16_1k} "
+want() { [[ "$STEPS" == *" $1 "* ]]; }
 W=${E2E_WEIGHTS:-bf16,fp8-tensor-head}; PB=${PROFILE_BACKEND:-triton-decode}; DIR=/tmp/step_final_family
 rm -rf "$DIR"
 python -c "import torch, triton, flashinfer; print(torch.__version__, torch.version.cuda, triton.__version__, flashinfer.__version__)" \
   >> "$L/gpu.txt" 2>&1; tee -a "$S" < "$L/gpu.txt"
-( MAX_JOBS=8 timeout $(cap 420) nice -n 10 python tools/device/jit_warm.py --head-dims 64 --kv fp8 > "$L/jit_warm.log" 2>&1 ) &
-JIT=$!
+JIT=
+want quality && ( MAX_JOBS=8 timeout $(cap 420) nice -n 10 python tools/device/jit_warm.py --head-dims 64 --kv fp8 > "$L/jit_warm.log" 2>&1 ) &
+want quality && JIT=$!
 # NAME BOUND ARGS...: one bench_e2e process, K = 4 step graphs, FlashInfer and triton-decode rows
 e2e() {
   local name=$1 bound=$2; shift 2
@@ -38,28 +43,34 @@ e2e() {
     --steps 16 --out "$L/$name.json" > "$L/$name.log" 2>&1; say "$name rc=$?"
   grep -E "^(copy|llama)" "$L/$name.log" | tee -a "$S"; pack
 }
-e2e e2e_bs1_1k 150 --models llama-3.1-8b,llama-3.2-1b --weights "$W" --kv bf16 --batches 1 --contexts 1024
+want e2e_bs1_1k && e2e e2e_bs1_1k 150 --models llama-3.1-8b,llama-3.2-1b --weights "$W" --kv bf16 --batches 1 --contexts 1024
+if want train; then
 timeout $(cap 100) python tools/train_tiny.py --out "$DIR" --size full --models target --device cuda \
   --time-budget-s target=50 > "$L/train_tiny.log" 2>&1; say "train_tiny rc=$?"
 grep -E "^target " "$L/train_tiny.log" | tee -a "$S"; cp "$DIR/train.json" "$L/" 2>/dev/null; pack
+fi
+if want quality; then
 say "jit_warm $(kill -0 $JIT 2>/dev/null && echo "still running" || echo done): $(tr '\n' ';' < "$L/jit_warm.log" | tail -c 200)"
 timeout $(cap 130) python tools/quality_fp8.py "$DIR/target" --device cuda --variants bf16,fp8,fp8-kv,fp8+fp8-kv \
   --json "$L/quality_fp8.json" --check > "$L/quality_fp8.log" 2>&1; say "quality_fp8 rc=$? (1: a gate failed or an error; the log says which)"
 grep -A8 "^variant" "$L/quality_fp8.log" | tee -a "$S"; pack
-e2e e2e_bs16_8k 150 --models llama-3.1-8b --weights "$W" --kv bf16,fp8 --batches 16 --contexts 8192
+fi
+want e2e_bs16_8k && e2e e2e_bs16_8k 150 --models llama-3.1-8b --weights "$W" --kv bf16,fp8 --batches 16 --contexts 8192
+if want verify; then
 timeout $(cap 60) python tools/bench_spec.py --models llama-3.1-8b --batches 1 --context 1024 --qs 1,5 --no-round \
   --no-attention --out "$L/verify_bs1_1k.json" > "$L/verify.log" 2>&1; say "bench_spec verify rc=$?"
 grep -A3 "^context" "$L/verify.log" | tee -a "$S"; pack
-for item in ${PROFILES:-llama-3.1-8b:bf16 llama-3.1-8b:fp8-tensor-head llama-3.2-1b:bf16 llama-3.2-1b:fp8-tensor-head}; do
+fi
+want profiles && for item in ${PROFILES:-llama-3.1-8b:bf16 llama-3.1-8b:fp8-tensor-head llama-3.2-1b:bf16 llama-3.2-1b:fp8-tensor-head}; do
   IFS=: read -r m w kv bs ctx <<< "$item"   # model:weights[:kv:batch:context]
   timeout $(cap 45) python tools/profile_step.py --model "$m" --weights "$w" --backend "$PB" --kv "${kv:-auto}" \
     --batch "${bs:-1}" --context "${ctx:-1024}" --fuse off \
     --out "$L/profile_${m}_${w}_${PB}_${kv:-auto}_bs${bs:-1}_${ctx:-1024}.json" >> "$L/profile_step.log" 2>&1
   say "profile $item rc=$?"
 done
-grep -v "Warn\|_warn_once" "$L/profile_step.log" | cut -c1-250 | tee -a "$S"; pack
-e2e e2e_bs16_1k 120 --models llama-3.1-8b,llama-3.2-1b --weights "$W" --kv bf16 --batches 16 --contexts 1024
-wait $JIT
+want profiles && { grep -v "Warn\|_warn_once" "$L/profile_step.log" | cut -c1-250 | tee -a "$S"; pack; }
+want e2e_bs16_1k && e2e e2e_bs16_1k 120 --models llama-3.1-8b,llama-3.2-1b --weights "$W" --kv bf16 --batches 16 --contexts 1024
+[ -n "$JIT" ] && wait $JIT
 python tools/device/step_final_table.py "$L" > "$L/table.md" 2> "$L/table.err"; say "table rc=$?"; pack
 cat "$L/table.md"; tail -3 "$L/table.err"
 cat "$S"
