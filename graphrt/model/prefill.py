@@ -110,9 +110,9 @@ class PrefillAttention:
         self.config, self.device = config, torch.device(device)
         self._wrapper = None
         if self.device.type == "cuda":
-            flashinfer = import_flashinfer("prefill attention on CUDA")   # lazy: CUDA only
+            prefill = import_flashinfer("prefill attention on CUDA", "flashinfer.prefill")   # lazy: CUDA only
             ws = torch.empty(workspace_mb << 20, dtype=torch.uint8, device=self.device)
-            self._wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, config.kv_layout,
+            self._wrapper = prefill.BatchPrefillWithPagedKVCacheWrapper(ws, config.kv_layout,
                                                                            backend=backend)
         self._meta: PrefillMeta | None = None
 

@@ -97,10 +97,17 @@ def fake_flashinfer(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(sys, "fake_flashinfer_imports", 0, raising=False)
 
-    def write(extra=""):
+    def write(extra="", lean=False, files=None):
         (pkg / "__init__.py").write_text("import sys, threading, time\nsys.fake_flashinfer_imports += 1\n"
                                          "time.sleep(0.3)\nimporter = threading.current_thread().name\n"
                                          "__version__ = '0.7.4'\n" + extra)
+        if lean:      # the known version's build file and the submodules graphrt imports
+            (pkg / "_build_meta.py").write_text(f'__version__ = "{lean}"\n')
+            files = {"version.py": "__version__ = '0.7.4'\n",
+                     "decode.py": "class BatchDecodeWithPagedKVCacheWrapper: pass\n",
+                     "prefill.py": "class BatchPrefillWithPagedKVCacheWrapper: pass\n", **(files or {})}
+        for name, text in (files or {}).items():
+            (pkg / name).write_text(text)
     yield write
     for name in [m for m in sys.modules if m == "flashinfer" or m.startswith("flashinfer.")]:
         sys.modules.pop(name, None)
@@ -154,3 +161,73 @@ def test_join_waits_for_the_prefetch(fake_flashinfer):
     assert fi._prefetch.is_alive()                        # still importing (0.3 s)
     fi.join_prefetch()
     assert not fi._prefetch.is_alive() and sys.modules["flashinfer"].importer == "graphrt-import-flashinfer"
+
+
+LEAN_INIT = "from .decode import BatchDecodeWithPagedKVCacheWrapper\nfrom .other import thing\n"
+
+
+def test_a_lean_import_runs_no_package_init_until_a_name_it_lacks(fake_flashinfer, monkeypatch):
+    import graphrt.attention.flashinfer_import as fi
+    monkeypatch.delenv("GRAPHRT_PREFETCH_IMPORTS")
+    fake_flashinfer(LEAN_INIT, lean="0.7.4", files={"other.py": "thing = 7\n", "lazy.py": "x = 3\n"})
+    decode = import_flashinfer("backend 'flashinfer'", "flashinfer.decode")
+    assert sys.fake_flashinfer_imports == 0 and fi.flashinfer_version("backend 'flashinfer'") == "0.7.4"
+    pkg = sys.modules["flashinfer"]
+    assert pkg.lazy.x == 3 and sys.fake_flashinfer_imports == 0        # a submodule: imported alone
+    assert pkg.thing == 7 and sys.fake_flashinfer_imports == 1          # a name of the __init__: run once
+    from flashinfer import BatchDecodeWithPagedKVCacheWrapper, importer
+    assert BatchDecodeWithPagedKVCacheWrapper is decode.BatchDecodeWithPagedKVCacheWrapper
+    assert importer == "MainThread" and sys.fake_flashinfer_imports == 1 and sys.modules["flashinfer"] is pkg
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        pkg.nope
+    assert import_flashinfer("backend 'flashinfer'") is pkg and sys.fake_flashinfer_imports == 1
+
+
+def test_whole_import_when_turned_off_or_another_version(fake_flashinfer, monkeypatch):
+    monkeypatch.delenv("GRAPHRT_PREFETCH_IMPORTS")
+    for env, version in (("0", "0.7.4"), ("1", "0.7.3")):
+        for name in [m for m in sys.modules if m == "flashinfer" or m.startswith("flashinfer.")]:
+            del sys.modules[name]
+        sys.fake_flashinfer_imports = 0
+        monkeypatch.setenv("GRAPHRT_LEAN_IMPORTS", env)
+        fake_flashinfer(LEAN_INIT, lean=version, files={"other.py": "thing = 7\n"})
+        import_flashinfer("backend 'flashinfer'", "flashinfer.decode")
+        assert sys.fake_flashinfer_imports == 1 and "_graphrt_lean" not in vars(sys.modules["flashinfer"])
+    monkeypatch.setenv("GRAPHRT_LEAN_IMPORTS", "yes")
+    del sys.modules["flashinfer"]
+    with pytest.raises(ValueError, match="GRAPHRT_LEAN_IMPORTS: must be 0 or 1"):
+        import_flashinfer("backend 'flashinfer'", "flashinfer.decode")
+
+
+def test_a_failed_lean_import_imports_whole_and_says_so(fake_flashinfer, monkeypatch, caplog):
+    monkeypatch.delenv("GRAPHRT_PREFETCH_IMPORTS")
+    # decode needs a name only the __init__ defines: the lean import fails, the whole one works
+    fake_flashinfer("helper = 5\n", lean="0.7.4",
+                    files={"decode.py": "from flashinfer import helper\nclass BatchDecodeWithPagedKVCacheWrapper: pass\n"})
+    with caplog.at_level("WARNING", logger="graphrt.attention"):
+        decode = import_flashinfer("backend 'flashinfer'", "flashinfer.decode")
+    assert decode.helper == 5 and sys.fake_flashinfer_imports == 1
+    assert "FlashInfer's lean import failed (ImportError" in caplog.text
+
+
+def test_an_init_that_raises_leaves_no_package(fake_flashinfer, monkeypatch):
+    monkeypatch.delenv("GRAPHRT_PREFETCH_IMPORTS")
+    fake_flashinfer("raise RuntimeError('CUDA driver too old for this FlashInfer build')\n", lean="0.7.4")
+    import_flashinfer("backend 'flashinfer'", "flashinfer.decode")          # lean: the __init__ not run
+    with pytest.raises(RuntimeError, match="driver too old"):
+        sys.modules["flashinfer"].something_else
+    assert "flashinfer" not in sys.modules and sys.fake_flashinfer_imports == 1
+    with pytest.raises(RuntimeError, match="driver too old"):             # whole: raised as it is, once
+        import_flashinfer("backend 'flashinfer'")
+    assert "flashinfer" not in sys.modules and sys.fake_flashinfer_imports == 2
+
+
+def test_a_lean_prefetch_imports_the_used_submodules_on_its_thread(fake_flashinfer):
+    import graphrt.attention.flashinfer_import as fi
+    fake_flashinfer(LEAN_INIT, lean="0.7.4", files={"other.py": "thing = 7\n",
+                                                     "prefill.py": "import threading, time\ntime.sleep(0.3)\n"
+                                                     "by = threading.current_thread().name\n"})
+    assert fi.prefetch_flashinfer() is True
+    prefill = import_flashinfer("prefill attention on CUDA", "flashinfer.prefill")   # joins
+    assert prefill.by == "graphrt-import-flashinfer" and sys.fake_flashinfer_imports == 0
+    assert set(fi.USED) <= set(sys.modules)

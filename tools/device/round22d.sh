@@ -3,8 +3,9 @@
 # start-up question, in the fewest device seconds.
 #  1. in the background: the tiny target trains (50 s) and FlashInfer's FP8-KV module at head_dim 64
 #     compiles, while a 1B-shape model graph cache is captured (nothing of these is timed);
-#  2. four warm starts through serve's load path (this round: FlashInfer prefetched, one warm-up run
-#     per capture; without the prefetch; as before: neither), then one under cProfile + -X importtime;
+#  2. five warm starts through serve's load path (FlashInfer imported lean, prefetched, one warm-up run
+#     per capture; lean + one warm-up; lean alone; as before: none of them; all again), then one
+#     under cProfile + -X importtime;
 #  3. quality_fp8 on the trained target (bf16, FP8 weights, FP8 KV, both: ppl, greedy agreement);
 #  4. bench_e2e bs 1 / 1k, 8B + 1B, bf16 + FP8 weights, FlashInfer + triton-decode, one process.
 #   bash .device/bootstrap.sh bash tools/device/round22d.sh      (carry .device, .whl)
@@ -28,10 +29,11 @@ start() {  # NAME ENV...: one warm start through serve's load path
   env "$@" timeout $(cap 40) python tools/device/serve_load.py "$CK" "$CACHE" "$(date +%s.%N)" > "$L/warm_$name.log" 2>&1
   say "warm start $name ($*) rc=$?"; grep -E "startup: ready|after process start" "$L/warm_$name.log" | tee -a "$S"
 }
-start new_1 GRAPHRT_PREFETCH_IMPORTS=1 GRAPHRT_GRAPH_WARMUP=1
-start noprefetch GRAPHRT_PREFETCH_IMPORTS=0 GRAPHRT_GRAPH_WARMUP=1
-start before GRAPHRT_PREFETCH_IMPORTS=0 GRAPHRT_GRAPH_WARMUP=2
-start new_2 GRAPHRT_PREFETCH_IMPORTS=1 GRAPHRT_GRAPH_WARMUP=1
+start all_1 GRAPHRT_LEAN_IMPORTS=1 GRAPHRT_PREFETCH_IMPORTS=1 GRAPHRT_GRAPH_WARMUP=1
+start lean_warmup1 GRAPHRT_LEAN_IMPORTS=1 GRAPHRT_PREFETCH_IMPORTS=0 GRAPHRT_GRAPH_WARMUP=1
+start lean GRAPHRT_LEAN_IMPORTS=1 GRAPHRT_PREFETCH_IMPORTS=0 GRAPHRT_GRAPH_WARMUP=2
+start before GRAPHRT_LEAN_IMPORTS=0 GRAPHRT_PREFETCH_IMPORTS=0 GRAPHRT_GRAPH_WARMUP=2
+start all_2 GRAPHRT_LEAN_IMPORTS=1 GRAPHRT_PREFETCH_IMPORTS=1 GRAPHRT_GRAPH_WARMUP=1
 GRAPHRT_PREFETCH_IMPORTS=1 GRAPHRT_GRAPH_WARMUP=1 timeout $(cap 40) python -X importtime tools/device/startup_profile.py "$CK" "$CACHE" "$(date +%s.%N)" "$L/profile" \
   > "$L/profile.log" 2> "$L/importtime.txt"; say "profiled start rc=$?"
 grep -E "after process start" "$L/profile.log" | tee -a "$S"; pack

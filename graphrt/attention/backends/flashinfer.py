@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from graphrt.attention import flashinfer_layout as layout
-from graphrt.attention.flashinfer_import import import_flashinfer
+from graphrt.attention.flashinfer_import import flashinfer_version, import_flashinfer
 from graphrt.attention.buffers import BucketView
 from graphrt.attention.planner import compare_plans, graphrt_plan, plan_fits
 from graphrt.attention.backends.base import AttentionBackend
@@ -61,9 +61,8 @@ class FlashInferBackend(AttentionBackend):
         if device.type != "cuda":
             raise RuntimeError(f"backend {config.backend!r}: FlashInfer runs on CUDA devices only; "
                                f"use backend 'reference' on {device}")
-        flashinfer = import_flashinfer(f"backend {config.backend!r}")   # lazy: CUDA only
-        self._fi = flashinfer
-        self.version = flashinfer.__version__
+        self._decode = import_flashinfer(f"backend {config.backend!r}", "flashinfer.decode")   # lazy: CUDA only
+        self.version = flashinfer_version(f"backend {config.backend!r}")
         self.kind = config.decode_kernel
         self.planner = planner
         self.name = f"flashinfer-{'device' if planner == 'device' else 'host'}plan-{self.kind}"
@@ -80,7 +79,7 @@ class FlashInferBackend(AttentionBackend):
 
     # ---- capture-time -----------------------------------------------------------------
     def _wrapper(self, indptr, indices, last_page_len, int_workspace=None):
-        w = self._fi.BatchDecodeWithPagedKVCacheWrapper(
+        w = self._decode.BatchDecodeWithPagedKVCacheWrapper(
             self.float_workspace, self.config.kv_layout, use_cuda_graph=True,
             use_tensor_cores=self.kind == layout.TENSOR_CORE,
             paged_kv_indptr_buffer=indptr, paged_kv_indices_buffer=indices,
