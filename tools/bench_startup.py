@@ -55,7 +55,9 @@ def runtime_child(mode: str, config_path: str, cache: str) -> dict:
         os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-cold-")
     if mode == "warm-preimported":
         os.environ["FLASHINFER_WORKSPACE_BASE"] = str((Path(cache) / "flashinfer").resolve())
-        import flashinfer  # noqa: F401  (the engine imported it at its own start)
+        from graphrt.attention.flashinfer_import import import_flashinfer   # as the engine imports it
+        import_flashinfer("warm-preimported", "flashinfer.decode")
+        import_flashinfer("warm-preimported", "flashinfer.prefill")
     import torch
 
     from graphrt import DecodeRuntime, PagedKVCache, load_config

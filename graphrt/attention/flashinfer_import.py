@@ -12,14 +12,11 @@ device planner knows, `flashinfer_layout.KNOWN_VERSIONS`).
     ...
     join_prefetch()          # before the environment it read changes (import_flashinfer joins too)
 
-FlashInfer's import takes seconds: its package `__init__` imports hundreds of modules (MoE, GEMM,
-Mamba, ...) of which graphrt uses two, `flashinfer.decode` and `flashinfer.prefill` (2.2 s against
-0.7 s on a 2-core host). For the FlashInfer versions whose `__init__` only re-exports
-(LEAN_VERSIONS), graphrt puts the package into sys.modules without running its `__init__` and
-imports the submodules it uses; the first attribute the package lacks (another library's
-`flashinfer.X`, `from flashinfer import X`) runs the whole `__init__` into the same module, so
-the package is what `import flashinfer` would have made. GRAPHRT_LEAN_IMPORTS=0 imports it
-whole from the start. A lean import that fails imports it whole, logged.
+FlashInfer's import takes seconds: its package `__init__` imports hundreds of modules, of which
+graphrt uses two. Where the installed FlashInfer allows it, graphrt imports the package lean: those
+submodules without the `__init__`, which runs on the first name the package lacks, so any other code
+sees the whole package (flashinfer_lean.py, the one module that knows the `__init__`;
+GRAPHRT_LEAN_IMPORTS=0 imports it whole).
 
 With GRAPHRT_PREFETCH_IMPORTS=1 a CUDA start-up also starts that import on a daemon thread first,
 so it overlaps the checkpoint read and CUDA's initialisation, which wait on I/O and the driver,
@@ -30,22 +27,14 @@ Off by default until a GPU start-up has measured it (tools/device/round22d.sh A/
 """
 from __future__ import annotations
 
-import importlib
 import importlib.util
-import logging
 import os
 import sys
 import threading
 
-log = logging.getLogger("graphrt.attention")
+from graphrt.attention.flashinfer_lean import USED, import_modules
 
-# FlashInfer versions whose package __init__ only re-exports its submodules (plus opt-in tracing and
-# a version log line under FLASHINFER_LOGLEVEL), so that flashinfer.decode / flashinfer.prefill work
-# without it: read in 0.7.4's __init__.py. Another version imports whole.
-LEAN_VERSIONS = ("0.7.4",)
-USED = ("flashinfer.decode", "flashinfer.prefill")   # what graphrt's CUDA paths import
-
-# Imports nothing of graphrt at module level: `graphrt serve` checks for FlashInfer before it has
+# Imports nothing else of graphrt at module level (flashinfer_lean: the standard library): `graphrt serve` checks for FlashInfer before it has
 # chosen Triton's mode, and flashinfer_layout pulls in graphrt.kernels (Triton kernels).
 
 
@@ -94,7 +83,7 @@ def prefetch_flashinfer() -> bool:
 
     def run():
         try:
-            _import(USED)
+            import_modules(USED)
         except BaseException:          # noqa: BLE001 - import_flashinfer raises it on the caller's thread
             pass
     _prefetch = threading.Thread(target=run, name="graphrt-import-flashinfer", daemon=True)
@@ -116,7 +105,7 @@ def import_flashinfer(what: str, module: str = "flashinfer"):
     other import error of an installed FlashInfer (a CUDA or torch mismatch) is raised as it is."""
     join_prefetch()
     try:
-        return _import((module,))[0]
+        return import_modules((module,))[0]
     except ModuleNotFoundError as e:
         if e.name is not None and e.name.split(".")[0] == "flashinfer" and not flashinfer_installed():
             raise FlashInferMissing(what) from e
@@ -128,94 +117,5 @@ def flashinfer_version(what: str) -> str:
     return import_flashinfer(what, "flashinfer.version").__version__
 
 
-_lean_lock = threading.RLock()
-
-
-def _import(modules: tuple[str, ...]) -> list:
-    """Import each of `modules`: the package lean first where it is not imported yet and its
-    version allows; a lean import that raises completes the package (the whole __init__), logged,
-    and imports again, so an error of the whole import is raised as it is."""
-    with _lean_lock:
-        lean = "flashinfer" not in sys.modules and _lean_allowed() and _lean_package()
-        package = sys.modules.get("flashinfer")
-        state = getattr(package, "__dict__", {}).get("_graphrt_lean")
-        try:
-            if state is not None:
-                state.importing = True
-            return [_complete() if m == "flashinfer" else importlib.import_module(m) for m in modules]
-        except Exception as e:        # noqa: BLE001 - imported whole below, which raises its own error
-            if not lean or sys.modules.get("flashinfer") is not package:   # or the whole __init__ raised
-                raise
-            log.warning("FlashInfer's lean import failed (%s: %s); importing it whole (GRAPHRT_LEAN_IMPORTS=0 "
-                        "skips the attempt)", type(e).__name__, e)
-        finally:
-            if state is not None:
-                state.importing = False
-        _complete()
-        return [importlib.import_module(m) for m in modules]
-
-
-def _lean_allowed() -> bool:
-    on = os.environ.get("GRAPHRT_LEAN_IMPORTS", "1")
-    if on not in ("0", "1"):
-        raise ValueError(f"GRAPHRT_LEAN_IMPORTS: must be 0 or 1, got {on!r}")
-    if on == "0" or not flashinfer_installed():
-        return False
-    from graphrt.cache.manifest import flashinfer_version as installed_version   # read, not imported
-    return installed_version() in LEAN_VERSIONS
-
-
-class _Lean:
-    """A lean package's state: `importing` while graphrt imports its submodules, `running` while
-    its __init__ runs, `done` after."""
-
-    def __init__(self):
-        self.importing = self.running = self.done = False
-
-
-def _lean_package() -> bool:
-    """Put FlashInfer's package module into sys.modules without running its __init__ -> True.
-    Its __getattr__ imports a submodule it is asked for (an import inside FlashInfer, now or later)
-    and runs the __init__ (into the same module) for the first other name it lacks; while graphrt's
-    own submodule imports run, such a name is an AttributeError (the lean import then fails)."""
-    spec = importlib.util.find_spec("flashinfer")
-    if spec is None or spec.loader is None or not spec.submodule_search_locations:
-        return False
-    mod, state = importlib.util.module_from_spec(spec), _Lean()
-
-    def __getattr__(name):
-        if not (state.running or state.done):
-            if not name.startswith("__") and importlib.util.find_spec(f"flashinfer.{name}") is not None:
-                return importlib.import_module(f"flashinfer.{name}")
-            if not state.importing:
-                return getattr(_complete(), name)
-        raise AttributeError(f"module 'flashinfer' has no attribute {name!r}")
-    mod.__getattr__ = __getattr__
-    mod._graphrt_lean = state
-    sys.modules["flashinfer"] = mod
-    return True
-
-
-def _complete():
-    """The whole flashinfer package: a lean one's __init__ run into it once; one imported whole as
-    it is. An __init__ that raises leaves no package in sys.modules (as a failed import does)."""
-    with _lean_lock:
-        mod = sys.modules.get("flashinfer")
-        state = getattr(mod, "__dict__", {}).get("_graphrt_lean")
-        if state is None or state.done:
-            return importlib.import_module("flashinfer")
-        state.running = True
-        try:
-            mod.__spec__.loader.exec_module(mod)
-            state.done = True
-        except BaseException:
-            if sys.modules.get("flashinfer") is mod:
-                del sys.modules["flashinfer"]
-            raise
-        finally:
-            state.running = False
-        return mod
-
-
 __all__ = ["FlashInferMissing", "install_line", "flashinfer_installed", "import_flashinfer", "require_flashinfer",
-           "prefetch_flashinfer", "join_prefetch", "flashinfer_version", "LEAN_VERSIONS", "USED"]
+           "prefetch_flashinfer", "join_prefetch", "flashinfer_version"]

@@ -87,7 +87,10 @@ def test_llm_on_cuda_refuses_before_loading(no_flashinfer, monkeypatch, tmp_path
 def fake_flashinfer(tmp_path, monkeypatch):
     """A `flashinfer` package on sys.path whose import takes 0.3 s and counts itself (body: extra
     lines appended to its __init__)."""
+    import hashlib
+
     import graphrt.attention.flashinfer_import as fi
+    import graphrt.attention.flashinfer_lean as lean_mod
     for name in [m for m in sys.modules if m == "flashinfer" or m.startswith("flashinfer.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setattr(fi, "_prefetch", None)
@@ -98,12 +101,15 @@ def fake_flashinfer(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "fake_flashinfer_imports", 0, raising=False)
 
     def write(extra="", lean=False, files=None):
-        (pkg / "__init__.py").write_text("import sys, threading, time\nsys.fake_flashinfer_imports += 1\n"
-                                         "time.sleep(0.3)\nimporter = threading.current_thread().name\n"
-                                         "__version__ = '0.7.4'\n" + extra)
-        if lean:      # the known version's build file and the submodules graphrt imports
-            (pkg / "_build_meta.py").write_text(f'__version__ = "{lean}"\n')
-            files = {"version.py": "__version__ = '0.7.4'\n",
+        """lean: the __init__ is one of LEAN_INITS, with the submodules graphrt imports."""
+        init = pkg / "__init__.py"
+        init.write_text("import sys, threading, time\nsys.fake_flashinfer_imports += 1\n"
+                        "time.sleep(0.3)\nimporter = threading.current_thread().name\n"
+                        "__version__ = '0.7.4'\n" + extra)
+        known = {hashlib.sha256(init.read_bytes()).hexdigest(): "0.7.4"} if lean else {}
+        monkeypatch.setattr(lean_mod, "LEAN_INITS", known)
+        if lean:
+            files = {"version.py": "__version__ = '0.7.4'\n__git_commit__ = 'abc'\n",
                      "decode.py": "class BatchDecodeWithPagedKVCacheWrapper: pass\n",
                      "prefill.py": "class BatchPrefillWithPagedKVCacheWrapper: pass\n", **(files or {})}
         for name, text in (files or {}).items():
@@ -163,18 +169,31 @@ def test_join_waits_for_the_prefetch(fake_flashinfer):
     assert not fi._prefetch.is_alive() and sys.modules["flashinfer"].importer == "graphrt-import-flashinfer"
 
 
-LEAN_INIT = "from .decode import BatchDecodeWithPagedKVCacheWrapper\nfrom .other import thing\n"
+LEAN_INIT = ("from .decode import BatchDecodeWithPagedKVCacheWrapper\nfrom .other import thing\n"
+             "from .xqa import xqa as xqa\n")
+LEAN_FILES = {"other.py": "thing = 7\n", "lazy.py": "x = 3\n", "xqa.py": "def xqa():\n    return 1\n",
+              "decode.py": "from .xqa import xqa\nclass BatchDecodeWithPagedKVCacheWrapper: pass\n"}
+
+
+def _forget():
+    for name in [m for m in sys.modules if m == "flashinfer" or m.startswith("flashinfer.")]:
+        del sys.modules[name]
+    sys.fake_flashinfer_imports = 0
 
 
 def test_a_lean_import_runs_no_package_init_until_a_name_it_lacks(fake_flashinfer, monkeypatch):
+    import importlib
+
     import graphrt.attention.flashinfer_import as fi
     monkeypatch.delenv("GRAPHRT_PREFETCH_IMPORTS")
-    fake_flashinfer(LEAN_INIT, lean="0.7.4", files={"other.py": "thing = 7\n", "lazy.py": "x = 3\n"})
+    fake_flashinfer(LEAN_INIT, lean=True, files=LEAN_FILES)
     decode = import_flashinfer("backend 'flashinfer'", "flashinfer.decode")
     assert sys.fake_flashinfer_imports == 0 and fi.flashinfer_version("backend 'flashinfer'") == "0.7.4"
     pkg = sys.modules["flashinfer"]
-    assert pkg.lazy.x == 3 and sys.fake_flashinfer_imports == 0        # a submodule: imported alone
-    assert pkg.thing == 7 and sys.fake_flashinfer_imports == 1          # a name of the __init__: run once
+    assert (pkg.__version__, pkg.__git_commit__) == ("0.7.4", "abc") and sys.fake_flashinfer_imports == 0
+    assert importlib.import_module("flashinfer.lazy").x == 3 and sys.fake_flashinfer_imports == 0
+    assert pkg.xqa() == 1 and sys.fake_flashinfer_imports == 1     # the __init__'s xqa, not the submodule
+    assert pkg.thing == 7 and sys.fake_flashinfer_imports == 1     # run once
     from flashinfer import BatchDecodeWithPagedKVCacheWrapper, importer
     assert BatchDecodeWithPagedKVCacheWrapper is decode.BatchDecodeWithPagedKVCacheWrapper
     assert importer == "MainThread" and sys.fake_flashinfer_imports == 1 and sys.modules["flashinfer"] is pkg
@@ -183,36 +202,65 @@ def test_a_lean_import_runs_no_package_init_until_a_name_it_lacks(fake_flashinfe
     assert import_flashinfer("backend 'flashinfer'") is pkg and sys.fake_flashinfer_imports == 1
 
 
-def test_whole_import_when_turned_off_or_another_version(fake_flashinfer, monkeypatch):
+def test_a_lean_package_names_what_the_whole_one_does(fake_flashinfer, monkeypatch):
     monkeypatch.delenv("GRAPHRT_PREFETCH_IMPORTS")
-    for env, version in (("0", "0.7.4"), ("1", "0.7.3")):
-        for name in [m for m in sys.modules if m == "flashinfer" or m.startswith("flashinfer.")]:
-            del sys.modules[name]
-        sys.fake_flashinfer_imports = 0
+    fake_flashinfer(LEAN_INIT, lean=True, files=LEAN_FILES)
+    import_flashinfer("backend 'flashinfer'", "flashinfer.decode")
+    pkg = sys.modules["flashinfer"]
+    with pytest.raises(AttributeError, match="no attribute 'lazy'"):   # a submodule nobody imported
+        pkg.lazy
+    assert sys.fake_flashinfer_imports == 1 and "thing" in dir(pkg) and "xqa" in dir(pkg)
+
+
+def test_whole_import_when_turned_off_another_init_or_an_opt_in(fake_flashinfer, monkeypatch):
+    monkeypatch.delenv("GRAPHRT_PREFETCH_IMPORTS")
+    for env, lean, opt_in in (("0", True, None), ("1", False, None), ("1", True, "FLASHINFER_TRACE_APPLY"),
+                              ("1", True, "FLASHINFER_LOGLEVEL")):
+        _forget()
         monkeypatch.setenv("GRAPHRT_LEAN_IMPORTS", env)
-        fake_flashinfer(LEAN_INIT, lean=version, files={"other.py": "thing = 7\n"})
+        for name in ("FLASHINFER_TRACE_APPLY", "FLASHINFER_LOGLEVEL"):
+            monkeypatch.delenv(name, raising=False)
+        if opt_in:
+            monkeypatch.setenv(opt_in, "0")                   # off, as FlashInfer reads it: still lean
+            fake_flashinfer(LEAN_INIT, lean=lean, files=LEAN_FILES)
+            import_flashinfer("backend 'flashinfer'", "flashinfer.decode")
+            assert sys.fake_flashinfer_imports == 0
+            _forget()
+            monkeypatch.setenv(opt_in, "1")
+        fake_flashinfer(LEAN_INIT, lean=lean, files=LEAN_FILES)
         import_flashinfer("backend 'flashinfer'", "flashinfer.decode")
         assert sys.fake_flashinfer_imports == 1 and "_graphrt_lean" not in vars(sys.modules["flashinfer"])
     monkeypatch.setenv("GRAPHRT_LEAN_IMPORTS", "yes")
-    del sys.modules["flashinfer"]
+    _forget()
     with pytest.raises(ValueError, match="GRAPHRT_LEAN_IMPORTS: must be 0 or 1"):
         import_flashinfer("backend 'flashinfer'", "flashinfer.decode")
 
 
 def test_a_failed_lean_import_imports_whole_and_says_so(fake_flashinfer, monkeypatch, caplog):
     monkeypatch.delenv("GRAPHRT_PREFETCH_IMPORTS")
-    # decode needs a name only the __init__ defines: the lean import fails, the whole one works
-    fake_flashinfer("helper = 5\n", lean="0.7.4",
-                    files={"decode.py": "from flashinfer import helper\nclass BatchDecodeWithPagedKVCacheWrapper: pass\n"})
+    # prefill needs a name only the __init__ defines: decode imports lean, prefill (a later call) whole
+    fake_flashinfer("helper = 5\n", lean=True, files={
+        "prefill.py": "from flashinfer import helper\nclass BatchPrefillWithPagedKVCacheWrapper: pass\n"})
+    import_flashinfer("backend 'flashinfer'", "flashinfer.decode")
+    assert sys.fake_flashinfer_imports == 0
     with caplog.at_level("WARNING", logger="graphrt.attention"):
-        decode = import_flashinfer("backend 'flashinfer'", "flashinfer.decode")
-    assert decode.helper == 5 and sys.fake_flashinfer_imports == 1
+        prefill = import_flashinfer("prefill attention on CUDA", "flashinfer.prefill")
+    assert prefill.helper == 5 and sys.fake_flashinfer_imports == 1
     assert "FlashInfer's lean import failed (ImportError" in caplog.text
+
+
+def test_a_missing_dependency_is_raised_as_it_is(fake_flashinfer, monkeypatch, caplog):
+    monkeypatch.delenv("GRAPHRT_PREFETCH_IMPORTS")
+    fake_flashinfer("", lean=True, files={"comm.py": "import no_such_cuda_binding\n"})
+    with caplog.at_level("WARNING", logger="graphrt.attention"), pytest.raises(ModuleNotFoundError) as err:
+        import_flashinfer("one-shot all-reduce", "flashinfer.comm")
+    assert err.value.name == "no_such_cuda_binding" and not isinstance(err.value, FlashInferMissing)
+    assert sys.fake_flashinfer_imports == 0 and "lean import failed" not in caplog.text
 
 
 def test_an_init_that_raises_leaves_no_package(fake_flashinfer, monkeypatch):
     monkeypatch.delenv("GRAPHRT_PREFETCH_IMPORTS")
-    fake_flashinfer("raise RuntimeError('CUDA driver too old for this FlashInfer build')\n", lean="0.7.4")
+    fake_flashinfer("raise RuntimeError('CUDA driver too old for this FlashInfer build')\n", lean=True)
     import_flashinfer("backend 'flashinfer'", "flashinfer.decode")          # lean: the __init__ not run
     with pytest.raises(RuntimeError, match="driver too old"):
         sys.modules["flashinfer"].something_else
@@ -222,12 +270,26 @@ def test_an_init_that_raises_leaves_no_package(fake_flashinfer, monkeypatch):
     assert "flashinfer" not in sys.modules and sys.fake_flashinfer_imports == 2
 
 
+SLOW_PREFILL = {"prefill.py": "import threading, time\ntime.sleep(0.3)\nby = threading.current_thread().name\n"}
+
+
 def test_a_lean_prefetch_imports_the_used_submodules_on_its_thread(fake_flashinfer):
     import graphrt.attention.flashinfer_import as fi
-    fake_flashinfer(LEAN_INIT, lean="0.7.4", files={"other.py": "thing = 7\n",
-                                                     "prefill.py": "import threading, time\ntime.sleep(0.3)\n"
-                                                     "by = threading.current_thread().name\n"})
+    from graphrt.attention.flashinfer_lean import USED
+    fake_flashinfer(LEAN_INIT, lean=True, files={**LEAN_FILES, **SLOW_PREFILL})
     assert fi.prefetch_flashinfer() is True
     prefill = import_flashinfer("prefill attention on CUDA", "flashinfer.prefill")   # joins
     assert prefill.by == "graphrt-import-flashinfer" and sys.fake_flashinfer_imports == 0
-    assert set(fi.USED) <= set(sys.modules)
+    assert set(USED) <= set(sys.modules)
+
+
+def test_another_thread_waits_for_a_lean_import_under_way(fake_flashinfer):
+    import time
+
+    import graphrt.attention.flashinfer_import as fi
+    fake_flashinfer(LEAN_INIT, lean=True, files={**LEAN_FILES, **SLOW_PREFILL})
+    assert fi.prefetch_flashinfer() is True
+    time.sleep(0.1)                                       # the thread is inside prefill's import
+    import flashinfer                                     # the lean package, as another library would
+    assert flashinfer.thing == 7                          # waits, then runs the __init__ on this thread
+    assert sys.fake_flashinfer_imports == 1 and flashinfer.importer == "MainThread"
