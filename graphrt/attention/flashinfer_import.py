@@ -23,7 +23,8 @@ so it overlaps the checkpoint read and CUDA's initialisation, which wait on I/O 
 not on the interpreter. import_flashinfer joins that thread before it imports, so graphrt's own
 import of FlashInfer never races it; a failed prefetch leaves nothing behind (Python removes a
 module whose import raised), and the import on the caller's thread then raises the error itself.
-Off by default until a GPU start-up has measured it (tools/device/round22d.sh A/Bs the two).
+Off by default: measured on the H200 it gained nothing (the import and the checkpoint read share
+the interpreter; the read took 2.1 s instead of 0.9 s; docs/results/round22/warm_*.log).
 """
 from __future__ import annotations
 

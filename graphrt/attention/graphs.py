@@ -17,9 +17,10 @@ written once here:
 - prepare: host-side preparation run before the warm-up, before the capture and before every
   replay (a host-planning attention backend writes its plan into the captured workspace);
 - one memory pool for every graph (captured largest first by the callers), a warm-up on a side
-  stream (compilation, first touch and allocator growth stay out of the graph): two runs of the
-  step (GRAPHRT_GRAPH_WARMUP=N: N runs; each costs about as much host time as the capture
-  itself; whether one suffices on every path is for a GPU run to show);
+  stream (compilation, first touch and allocator growth stay out of the graph): one run of the
+  step (GRAPHRT_GRAPH_WARMUP=N: N runs; each costs about as much host time as the capture itself:
+  a second took a warm 1B start's kernels phase from 1.04 to 1.48 s on the H200, and the GPU
+  tests pass with one, docs/results/round22);
 - capture_error_mode: "thread_local" when other threads touch CUDA during capture (the NCCL
   process group's watchdog of a tensor-parallel model).
 On a CPU device nothing is captured: `run` calls the step eagerly (the same code path).
@@ -45,7 +46,7 @@ def _warmup_steps(v: str) -> int:
     return int(v)
 
 
-WARMUP_STEPS = _warmup_steps(os.environ.get("GRAPHRT_GRAPH_WARMUP", "2"))
+WARMUP_STEPS = _warmup_steps(os.environ.get("GRAPHRT_GRAPH_WARMUP", "1"))
 
 
 @dataclass(frozen=True)
