@@ -8,35 +8,23 @@ device planner knows, `flashinfer_layout.KNOWN_VERSIONS`).
     fi = import_flashinfer("backend 'flashinfer'")             # the module, or FlashInferMissing
     decode = import_flashinfer("backend 'xqa'", "flashinfer.decode")
     require_flashinfer("device 'cuda'")                        # before loading anything: no import
-    prefetch_flashinfer()    # GRAPHRT_PREFETCH_IMPORTS=1: the import runs on a thread while the weights load
-    ...
-    join_prefetch()          # before the environment it read changes (import_flashinfer joins too)
 
 FlashInfer's import takes seconds: its package `__init__` imports hundreds of modules, of which
 graphrt uses two. Where the installed FlashInfer allows it, graphrt imports the package lean: those
 submodules without the `__init__`, which runs on the first name the package lacks, so any other code
 sees the whole package (flashinfer_lean.py, the one module that knows the `__init__`;
 GRAPHRT_LEAN_IMPORTS=0 imports it whole).
-
-With GRAPHRT_PREFETCH_IMPORTS=1 a CUDA start-up also starts that import on a daemon thread first,
-so it overlaps the checkpoint read and CUDA's initialisation, which wait on I/O and the driver,
-not on the interpreter. import_flashinfer joins that thread before it imports, so graphrt's own
-import of FlashInfer never races it; a failed prefetch leaves nothing behind (Python removes a
-module whose import raised), and the import on the caller's thread then raises the error itself.
-Off by default: measured on the H200 it gained nothing (the import and the checkpoint read share
-the interpreter; the read took 2.1 s instead of 0.9 s; docs/results/round22/warm_*.log).
 """
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
-import threading
 
-from graphrt.attention.flashinfer_lean import USED, import_modules
+from graphrt.attention.flashinfer_lean import import_modules
 
-# Imports nothing else of graphrt at module level (flashinfer_lean: the standard library): `graphrt serve` checks for FlashInfer before it has
-# chosen Triton's mode, and flashinfer_layout pulls in graphrt.kernels (Triton kernels).
+# Imports nothing else of graphrt at module level (flashinfer_lean: the standard library only):
+# `graphrt serve` checks for FlashInfer before it has chosen Triton's mode, and flashinfer_layout
+# pulls in graphrt.kernels (Triton kernels).
 
 
 def install_line() -> str:
@@ -66,45 +54,11 @@ def require_flashinfer(what: str) -> None:
         raise FlashInferMissing(what)
 
 
-_prefetch: threading.Thread | None = None      # the one prefetch thread of this process
-
-
-def prefetch_flashinfer() -> bool:
-    """Start importing FlashInfer on a daemon thread -> whether one started (only with
-    GRAPHRT_PREFETCH_IMPORTS=1, and not when it is imported or missing or a prefetch is running;
-    another value than 0 or 1 is a ValueError naming it). Errors stay on the thread: the caller's
-    own import raises them."""
-    global _prefetch
-    on = os.environ.get("GRAPHRT_PREFETCH_IMPORTS", "0")
-    if on not in ("0", "1"):
-        raise ValueError(f"GRAPHRT_PREFETCH_IMPORTS: must be 0 or 1, got {on!r}")
-    if on == "0" or "flashinfer" in sys.modules \
-            or (_prefetch is not None and _prefetch.is_alive()) or not flashinfer_installed():
-        return False
-
-    def run():
-        try:
-            import_modules(USED)
-        except BaseException:          # noqa: BLE001 - import_flashinfer raises it on the caller's thread
-            pass
-    _prefetch = threading.Thread(target=run, name="graphrt-import-flashinfer", daemon=True)
-    _prefetch.start()
-    return True
-
-
-def join_prefetch() -> None:
-    """Wait for a running prefetch (FlashInfer reads its environment while it imports)."""
-    t = _prefetch
-    if t is not None and t is not threading.current_thread():
-        t.join()
-
-
 def import_flashinfer(what: str, module: str = "flashinfer"):
     """Import `module` (flashinfer or one of its submodules; graphrt's paths name the submodule
-    they use) for `what`, after a prefetch under way; a submodule imports lean where the version
-    allows (module docstring). A missing FlashInfer is FlashInferMissing with the install line; any
+    they use) for `what`; a submodule imports lean where the installed FlashInfer allows it
+    (module docstring). A missing FlashInfer is FlashInferMissing with the install line; any
     other import error of an installed FlashInfer (a CUDA or torch mismatch) is raised as it is."""
-    join_prefetch()
     try:
         return import_modules((module,))[0]
     except ModuleNotFoundError as e:
@@ -119,4 +73,4 @@ def flashinfer_version(what: str) -> str:
 
 
 __all__ = ["FlashInferMissing", "install_line", "flashinfer_installed", "import_flashinfer", "require_flashinfer",
-           "prefetch_flashinfer", "join_prefetch", "flashinfer_version"]
+           "flashinfer_version"]

@@ -170,9 +170,6 @@ class LLM:
         dev = resolve_device(device)
         check_device_support(dev, config.dtype)        # before anything loads: dtype, FlashInfer
         select_triton_mode(dev)                        # before any kernel module is imported
-        if dev.type == "cuda":                         # its import overlaps the weights' read
-            from graphrt.attention.flashinfer_import import prefetch_flashinfer
-            prefetch_flashinfer()
         path = resolve_model(path, revision=revision)  # local directory, or the hub snapshot's
         from graphrt.engine.engine import Engine
         from graphrt.engine.loader import file_dtype, load_tokenizer
@@ -198,8 +195,6 @@ class LLM:
             ck, max_len = self._start_tensor_parallel(path, dev, config, dtype, tensor_parallel, tp_timeout_s,
                                                       quantization, times)
             self.checkpoint = ck
-        from graphrt.attention.flashinfer_import import join_prefetch
-        join_prefetch()                                # done inside a graph cache's environment
         try:
             ck = self.checkpoint
             engine_t = time.perf_counter()

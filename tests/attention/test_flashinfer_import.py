@@ -89,12 +89,9 @@ def fake_flashinfer(tmp_path, monkeypatch):
     lines appended to its __init__)."""
     import hashlib
 
-    import graphrt.attention.flashinfer_import as fi
     import graphrt.attention.flashinfer_lean as lean_mod
     for name in [m for m in sys.modules if m == "flashinfer" or m.startswith("flashinfer.")]:
         monkeypatch.delitem(sys.modules, name)
-    monkeypatch.setattr(fi, "_prefetch", None)
-    monkeypatch.setenv("GRAPHRT_PREFETCH_IMPORTS", "1")
     pkg = tmp_path / "flashinfer"
     pkg.mkdir()
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -119,56 +116,6 @@ def fake_flashinfer(tmp_path, monkeypatch):
         sys.modules.pop(name, None)
 
 
-def test_a_prefetch_imports_flashinfer_once_on_its_thread(fake_flashinfer):
-    import time
-
-    from graphrt.attention.flashinfer_import import prefetch_flashinfer
-    fake_flashinfer()
-    t = time.perf_counter()
-    assert prefetch_flashinfer() is True
-    assert time.perf_counter() - t < 0.2                  # the caller goes on while it imports
-    assert prefetch_flashinfer() is False                 # one at a time
-    mod = import_flashinfer("backend 'flashinfer'")       # joins the prefetch, imports nothing more
-    assert mod.importer == "graphrt-import-flashinfer" and sys.fake_flashinfer_imports == 1
-    assert prefetch_flashinfer() is False                 # imported already
-
-
-def test_a_failed_prefetch_raises_on_the_callers_import(fake_flashinfer):
-    from graphrt.attention.flashinfer_import import prefetch_flashinfer
-    fake_flashinfer("raise RuntimeError('CUDA driver too old for this FlashInfer build')\n")
-    assert prefetch_flashinfer() is True
-    with pytest.raises(RuntimeError, match="driver too old"):
-        import_flashinfer("backend 'flashinfer'")
-    assert sys.fake_flashinfer_imports == 2               # the caller's own import ran and raised
-
-
-def test_no_prefetch_unless_turned_on_nor_when_missing(fake_flashinfer, monkeypatch):
-    from graphrt.attention.flashinfer_import import prefetch_flashinfer
-    fake_flashinfer()
-    for off in ("0", None):                               # off, and the default
-        if off is None:
-            monkeypatch.delenv("GRAPHRT_PREFETCH_IMPORTS")
-        else:
-            monkeypatch.setenv("GRAPHRT_PREFETCH_IMPORTS", off)
-        assert prefetch_flashinfer() is False and "flashinfer" not in sys.modules
-    monkeypatch.setenv("GRAPHRT_PREFETCH_IMPORTS", "1")
-    monkeypatch.setitem(sys.modules, "flashinfer", None)  # hidden: missing
-    assert prefetch_flashinfer() is False
-    for bad in ("yes", "true", "2", ""):
-        monkeypatch.setenv("GRAPHRT_PREFETCH_IMPORTS", bad)
-        with pytest.raises(ValueError, match="GRAPHRT_PREFETCH_IMPORTS: must be 0 or 1"):
-            prefetch_flashinfer()
-
-
-def test_join_waits_for_the_prefetch(fake_flashinfer):
-    import graphrt.attention.flashinfer_import as fi
-    fake_flashinfer()
-    assert fi.prefetch_flashinfer() is True
-    assert fi._prefetch.is_alive()                        # still importing (0.3 s)
-    fi.join_prefetch()
-    assert not fi._prefetch.is_alive() and sys.modules["flashinfer"].importer == "graphrt-import-flashinfer"
-
-
 LEAN_INIT = ("from .decode import BatchDecodeWithPagedKVCacheWrapper\nfrom .other import thing\n"
              "from .xqa import xqa as xqa\n")
 LEAN_FILES = {"other.py": "thing = 7\n", "lazy.py": "x = 3\n", "xqa.py": "def xqa():\n    return 1\n",
@@ -185,7 +132,6 @@ def test_a_lean_import_runs_no_package_init_until_a_name_it_lacks(fake_flashinfe
     import importlib
 
     import graphrt.attention.flashinfer_import as fi
-    monkeypatch.delenv("GRAPHRT_PREFETCH_IMPORTS")
     fake_flashinfer(LEAN_INIT, lean=True, files=LEAN_FILES)
     decode = import_flashinfer("backend 'flashinfer'", "flashinfer.decode")
     assert sys.fake_flashinfer_imports == 0 and fi.flashinfer_version("backend 'flashinfer'") == "0.7.4"
@@ -203,7 +149,6 @@ def test_a_lean_import_runs_no_package_init_until_a_name_it_lacks(fake_flashinfe
 
 
 def test_a_lean_package_names_what_the_whole_one_does(fake_flashinfer, monkeypatch):
-    monkeypatch.delenv("GRAPHRT_PREFETCH_IMPORTS")
     fake_flashinfer(LEAN_INIT, lean=True, files=LEAN_FILES)
     import_flashinfer("backend 'flashinfer'", "flashinfer.decode")
     pkg = sys.modules["flashinfer"]
@@ -213,7 +158,6 @@ def test_a_lean_package_names_what_the_whole_one_does(fake_flashinfer, monkeypat
 
 
 def test_whole_import_when_turned_off_another_init_or_an_opt_in(fake_flashinfer, monkeypatch):
-    monkeypatch.delenv("GRAPHRT_PREFETCH_IMPORTS")
     for env, lean, opt_in in (("0", True, None), ("1", False, None), ("1", True, "FLASHINFER_TRACE_APPLY"),
                               ("1", True, "FLASHINFER_LOGLEVEL")):
         _forget()
@@ -237,7 +181,6 @@ def test_whole_import_when_turned_off_another_init_or_an_opt_in(fake_flashinfer,
 
 
 def test_a_failed_lean_import_imports_whole_and_says_so(fake_flashinfer, monkeypatch, caplog):
-    monkeypatch.delenv("GRAPHRT_PREFETCH_IMPORTS")
     # prefill needs a name only the __init__ defines: decode imports lean, prefill (a later call) whole
     fake_flashinfer("helper = 5\n", lean=True, files={
         "prefill.py": "from flashinfer import helper\nclass BatchPrefillWithPagedKVCacheWrapper: pass\n"})
@@ -250,7 +193,6 @@ def test_a_failed_lean_import_imports_whole_and_says_so(fake_flashinfer, monkeyp
 
 
 def test_a_missing_dependency_is_raised_as_it_is(fake_flashinfer, monkeypatch, caplog):
-    monkeypatch.delenv("GRAPHRT_PREFETCH_IMPORTS")
     fake_flashinfer("", lean=True, files={"comm.py": "import no_such_cuda_binding\n"})
     with caplog.at_level("WARNING", logger="graphrt.attention"), pytest.raises(ModuleNotFoundError) as err:
         import_flashinfer("one-shot all-reduce", "flashinfer.comm")
@@ -259,7 +201,6 @@ def test_a_missing_dependency_is_raised_as_it_is(fake_flashinfer, monkeypatch, c
 
 
 def test_an_init_that_raises_leaves_no_package(fake_flashinfer, monkeypatch):
-    monkeypatch.delenv("GRAPHRT_PREFETCH_IMPORTS")
     fake_flashinfer("raise RuntimeError('CUDA driver too old for this FlashInfer build')\n", lean=True)
     import_flashinfer("backend 'flashinfer'", "flashinfer.decode")          # lean: the __init__ not run
     with pytest.raises(RuntimeError, match="driver too old"):
@@ -273,23 +214,16 @@ def test_an_init_that_raises_leaves_no_package(fake_flashinfer, monkeypatch):
 SLOW_PREFILL = {"prefill.py": "import threading, time\ntime.sleep(0.3)\nby = threading.current_thread().name\n"}
 
 
-def test_a_lean_prefetch_imports_the_used_submodules_on_its_thread(fake_flashinfer):
-    import graphrt.attention.flashinfer_import as fi
-    from graphrt.attention.flashinfer_lean import USED
-    fake_flashinfer(LEAN_INIT, lean=True, files={**LEAN_FILES, **SLOW_PREFILL})
-    assert fi.prefetch_flashinfer() is True
-    prefill = import_flashinfer("prefill attention on CUDA", "flashinfer.prefill")   # joins
-    assert prefill.by == "graphrt-import-flashinfer" and sys.fake_flashinfer_imports == 0
-    assert set(USED) <= set(sys.modules)
-
-
 def test_another_thread_waits_for_a_lean_import_under_way(fake_flashinfer):
+    import threading
     import time
-
-    import graphrt.attention.flashinfer_import as fi
     fake_flashinfer(LEAN_INIT, lean=True, files={**LEAN_FILES, **SLOW_PREFILL})
-    assert fi.prefetch_flashinfer() is True
+    t = threading.Thread(target=import_flashinfer, args=("prefill attention on CUDA", "flashinfer.prefill"),
+                         name="importer")
+    t.start()
     time.sleep(0.1)                                       # the thread is inside prefill's import
     import flashinfer                                     # the lean package, as another library would
     assert flashinfer.thing == 7                          # waits, then runs the __init__ on this thread
+    t.join()
     assert sys.fake_flashinfer_imports == 1 and flashinfer.importer == "MainThread"
+    assert sys.modules["flashinfer.prefill"].by == "importer"

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# One H100/H200 call (~9 min), after round22d.sh: the GPU tests of this round's changed paths (mixed
+# One H100/H200 call (~9 min), after round22f.sh: the GPU tests of this round's changed paths (mixed
 # pieces riding whatever the budget; one warm-up run per capture; FlashInfer prefetched by LLM()),
 # in two processes beside each other, then round22b's 8B TTFT row and the arrival rows.
 #   bash .device/bootstrap.sh bash tools/device/round22c.sh      (carry .device, .whl)
 NAME=round22c; DEADLINE=${DEADLINE:-200}; . tools/device/lib.sh   # logs, pack, cap, say
-export GRAPHRT_PREFETCH_IMPORTS=1 GRAPHRT_GRAPH_WARMUP=1   # the GPU tests over the start path the switches would make default
+export GRAPHRT_GRAPH_WARMUP=1   # the default since round 22
 T0=$SECONDS
 timeout $(cap 190) python -m pytest -m gpu -q -rfEs --tb=short -p no:cacheprovider --timeout 180 \
   tests/engine/test_mixed_prefill_gpu.py tests/model/test_prefill_graphs_gpu.py tests/model/test_fallback_gpu.py \

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# One H100/H200 call (~6.5 min, DEADLINE 400) for a session with little device time left: round22d.sh
-# and round22e.sh's GPU tests in one call.
+# One H100/H200 call (~6.5 min, DEADLINE 400) for a session with little device time left: the warm-start
+# A/B, FP8 quality and the changed paths' GPU tests in one call.
 #  1. beside each other: the GPU tests of this round's changed paths (FlashInfer imported lean and
 #     prefetched, one warm-up run per capture, mixed pieces whatever the budget; two processes), the
 #     tiny target's training (50 s), FlashInfer's FP8-KV module at head_dim 64, and a 1B-shape
 #     checkpoint with its model graph cache (nothing of these is timed);
-#  2. five warm starts through serve's load path (round22d.sh's A/B), one under cProfile + importtime;
+#  2. five warm starts through serve's load path (lean import, warm-up runs, prefetch), one under cProfile + importtime;
 #  3. quality_fp8 on the trained target; 4. bench_e2e bs 1 / 1k, 8B + 1B, bf16 + FP8 weights.
 #   bash .device/bootstrap.sh bash tools/device/round22f.sh      (carry .device, .whl)
+# (GRAPHRT_PREFETCH_IMPORTS was removed after this call measured no gain; it is now ignored.)
 NAME=round22f; DEADLINE=${DEADLINE:-400}; . tools/device/lib.sh   # logs, pack, cap, say
 export GRAPHRT_FUSE=off
 DIR=/tmp/fam22; CK=/tmp/ck1b; CACHE=/tmp/gc1b; rm -rf "$DIR" "$CK" "$CACHE"

@@ -23,7 +23,7 @@
 # FlashInfer's FP8-KV module at head_dim 64 (the trained target's; not in .device/jit-cache.tgz)
 # compiles in the background from the start (nice, 8 jobs: host work only, device times unaffected).
 # STEPS="e2e_bs1_1k train quality e2e_bs16_8k verify profiles e2e_bs16_1k" (the default: all) picks steps,
-# for a call after round22d.sh, which ran the first three.
+# for a call after round22f.sh, which ran the first three.
 #   DEADLINE=540 bash .device/bootstrap.sh bash tools/device/step_final.sh      (carry .device)
 NAME=step_final; DEADLINE=${DEADLINE:-540}; . tools/device/lib.sh   # logs, pack, cap, say
 export GRAPHRT_FUSE=off
