@@ -51,7 +51,7 @@ class _Lean:
     the __init__ runs (both on thread `owner`), `done` after the __init__ ran."""
 
     def __init__(self, init_path: Path):
-        self.init_path = init_path
+        self.rebound = _rebound_names(init_path)    # read once: what the __init__ binds (_drop_rebound)
         self.importing = self.running = self.done = False
         self.owner: int | None = None
 
@@ -159,7 +159,7 @@ def _drop_rebound(mod, state: _Lean) -> None:
     for name in VERSION_NAMES:
         if version is not None and hasattr(version, name):
             setattr(mod, name, getattr(version, name))
-    for name in _rebound_names(state.init_path):
+    for name in state.rebound:
         value = vars(mod).get(name)
         if value is not None and value is sys.modules.get(f"flashinfer.{name}"):
             delattr(mod, name)

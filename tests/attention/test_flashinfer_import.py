@@ -117,9 +117,10 @@ def fake_flashinfer(tmp_path, monkeypatch):
 
 
 LEAN_INIT = ("from .decode import BatchDecodeWithPagedKVCacheWrapper\nfrom .other import thing\n"
-             "from .xqa import xqa as xqa\n")
+             "from .xqa import xqa as xqa\ntry:\n    from .trace import trace as trace\nexcept ImportError:\n    pass\n")
 LEAN_FILES = {"other.py": "thing = 7\n", "lazy.py": "x = 3\n", "xqa.py": "def xqa():\n    return 1\n",
-              "decode.py": "from .xqa import xqa\nclass BatchDecodeWithPagedKVCacheWrapper: pass\n"}
+              "trace.py": "def trace():\n    return 2\n",
+              "decode.py": "from .xqa import xqa\nfrom .trace import trace\nclass BatchDecodeWithPagedKVCacheWrapper: pass\n"}
 
 
 def _forget():
@@ -138,6 +139,7 @@ def test_a_lean_import_runs_no_package_init_until_a_name_it_lacks(fake_flashinfe
     pkg = sys.modules["flashinfer"]
     assert (pkg.__version__, pkg.__git_commit__) == ("0.7.4", "abc") and sys.fake_flashinfer_imports == 0
     assert importlib.import_module("flashinfer.lazy").x == 3 and sys.fake_flashinfer_imports == 0
+    assert pkg.trace() == 2 and sys.fake_flashinfer_imports == 1   # the __init__'s (in a try block), not the submodule
     assert pkg.xqa() == 1 and sys.fake_flashinfer_imports == 1     # the __init__'s xqa, not the submodule
     assert pkg.thing == 7 and sys.fake_flashinfer_imports == 1     # run once
     from flashinfer import BatchDecodeWithPagedKVCacheWrapper, importer
