@@ -49,7 +49,8 @@ def stream_request(port: int, prompt: list[int], max_tokens: int, timeout: float
     conn.close()
     if tokens != max_tokens or t_first is None:
         raise RuntimeError(f"expected {max_tokens} tokens, got {tokens}")
-    return {"ttft_s": t_first - t0, "tpot_s": (t_last - t_first) / max(tokens - 1, 1), "tokens": tokens}
+    return {"ttft_s": t_first - t0, "tpot_s": (t_last - t_first) / max(tokens - 1, 1), "tokens": tokens,
+            "sent_s": t0, "prompt_len": len(prompt)}
 
 
 def run_point(port: int, prompts: list[list[int]], n: int, *, output_len: int, time_budget_s: float,
@@ -77,10 +78,14 @@ def run_point(port: int, prompts: list[list[int]], n: int, *, output_len: int, t
         t.start()
     for t in threads:
         t.join()
+    for r in results:                       # send times from the point's start
+        r["sent_s"] -= t0
     return summarize(results, time.perf_counter() - t0, errors)
 
 
 def summarize(results: list[dict], wall_s: float, errors: list[str]) -> dict:
+    """p50 / p99 / mean of TTFT and TPOT (ms), tokens/s; and per request, in send order,
+    [sent ms from the point's start, prompt tokens, TTFT ms] (where the results carry them)."""
     def pct(key, q):
         xs = sorted(r[key] for r in results)
         if not xs:
@@ -92,6 +97,9 @@ def summarize(results: list[dict], wall_s: float, errors: list[str]) -> dict:
         name = key[:-2]
         out[f"{name}_p50_ms"], out[f"{name}_p99_ms"] = pct(key, 0.5), pct(key, 0.99)
         out[f"{name}_mean_ms"] = statistics.fmean(r[key] for r in results) * 1e3 if results else None
+    if results and all("sent_s" in r for r in results):
+        out["per_request"] = [[round(r["sent_s"] * 1e3, 2), r["prompt_len"], round(r["ttft_s"] * 1e3, 2)]
+                              for r in sorted(results, key=lambda r: r["sent_s"])]
     return out
 
 

@@ -4,12 +4,18 @@
 #  1. the tests that time the GPU (the K choice of steps_per_graph="auto") alone;
 #  2. every other GPU test file, in $PAR pytest processes at once (default 4; they share the GPU:
 #     nothing there is timed), while the tiny family trains in the background;
+#     Where the GPU has under 100 GiB (an H100), four processes can hold four 8B models at once and a
+#     test's LLM() then finds too little memory: every test that failed or errored there runs again,
+#     alone, after the groups (both results are said);
 #  3. the trained-family quality gate (tests/test_trained_models.py) on it;
 #  4. with AB=DIR (a mirror of source files to swap in: the "before" tree), bench_spec none / ngram
 #     on the tree as it was and as it is, same family, one after the other.
 #   DEADLINE=560 bash .device/bootstrap.sh bash tools/device/suite_par.sh
 NAME=suite_par; DEADLINE=${DEADLINE:-560}; . tools/device/lib.sh   # logs, pack, cap, say
 PAR=${PAR:-4}; DIR=/tmp/fam; rm -rf "$DIR"
+# the server's GPU tests skip at collection when its packages do not import: say so first
+python -c "import fastapi, uvicorn, openai; print('serve packages import:', fastapi.__version__, uvicorn.__version__, openai.__version__)" \
+  2>&1 | tail -1 | tee -a "$S"
 timeout $(cap 240) python -m pytest -m gpu -q -rfEs --tb=short -p no:cacheprovider --timeout 200 \
   tests/model/test_steps_gpu.py tests/engine/test_steps_auto_gpu.py > "$L/timed.log" 2>&1
 say "timed tests rc=$?: $(grep -E "passed|failed" "$L/timed.log" | tail -1)"
@@ -50,6 +56,13 @@ for g in $(seq 0 $((PAR - 1))); do
   [ -f "$L/gpu_group$g.log" ] && say "group $g: $(grep -E "passed|failed|error" "$L/gpu_group$g.log" | tail -1)"
 done
 grep -hE "^(FAILED|ERROR)" "$L"/gpu_group*.log | cut -c1-300 | tee -a "$S"; pack
+AGAIN=$(grep -hE "^(FAILED|ERROR) tests/" "$L"/gpu_group*.log | awk '{print $2}' | sort -u)
+if [ -n "$AGAIN" ]; then
+  timeout $(cap 240) python -m pytest -m gpu -q -rfEs --tb=short -p no:cacheprovider --timeout 200 $AGAIN \
+    > "$L/gpu_again_alone.log" 2>&1
+  say "failed or errored in the groups, run again alone: $(grep -E "passed|failed|error" "$L/gpu_again_alone.log" | tail -1)"
+  grep -hE "^(FAILED|ERROR)" "$L/gpu_again_alone.log" | cut -c1-300 | tee -a "$S"; pack
+fi
 wait $TRAIN; say "$(tail -1 "$L/train_tiny.log")"
 GRAPHRT_TRAINED_DIR=$DIR timeout $(cap 90) python -m pytest -m gpu -q -s -rfEs --tb=short -p no:cacheprovider \
   tests/test_trained_models.py > "$L/trained.log" 2>&1
