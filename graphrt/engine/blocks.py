@@ -15,7 +15,7 @@ import torch
 
 from graphrt.attention.buckets import pick_bucket
 from graphrt.model.sampling import SamplingInputs
-from graphrt.engine.group import fork_args, fork_owners
+from graphrt.engine.group import fork_args, fork_owners, prefill_groups
 from graphrt.engine import sampling_extras as extras
 from graphrt.engine.scheduler import Request
 from graphrt.engine.speculation import observe, spec_columns
@@ -108,6 +108,27 @@ class BlockMixin:
         pending.kind = "prefill"
         self._pending.append(pending)
         return True
+
+    def _prefill_launches(self, work: list) -> list[list]:
+        """The step's prefill work ((request, start, end)) as launches, each read back on its own
+        (one `_pending` entry): where the executor prefills this many tokens through its prefill
+        graphs (one replay per piece of one request either way: splitting adds no weight pass),
+        the requests whose context this step completes go one prefill group (samples sharing a
+        prefill) per launch, fewest new tokens first, so a short prompt's first token streams
+        when its own prefill ends, not when the step's last one does; chunks that draw nothing
+        go last, in one launch. Else (eager prefill, one batched pass; prompt log-probs; one
+        item) the work as one launch."""
+        graphed = getattr(self.runtime, "prefill_graphed", None)
+        if len(work) < 2 or graphed is None or any(r.params.prompt_logprobs for r, _, _ in work) \
+                or not graphed(sum(e - a for _, a, e in work)):
+            return [work]
+        done = [w for w in work if w[2] == len(w[0].prompt) + len(w[0].token_ids)]
+        part = [w for w in work if w[2] < len(w[0].prompt) + len(w[0].token_ids)]
+        leads = {id(w[0]) for w in done}
+        if any(w[0].shares is not None and id(w[0].shares) not in leads for w in done):
+            return [work]                             # a sample without its prefill's owner: as it came
+        groups = sorted(prefill_groups(done), key=lambda g: sum(e - a for _, a, e in g))  # stable
+        return groups + ([part] if part else [])
 
     def _decode(self, rows: list[Request], piece: tuple | None = None) -> None:
         """One block over `rows`: pages for it (preempting if short), the batch's changes

@@ -264,7 +264,8 @@ class Engine(BlockMixin):
             pacer = sched.pacer   # paced only while rows decode (a chunk the streams wait for)
             pacer = pacer if pacer is not None and sched.decode_rows() else None
             mark = pacer.start() if pacer is not None else None
-            launched = self._prefill_guarded(work)
+            for part in self._prefill_launches(work):
+                launched = self._prefill_guarded(part) or launched
             if pacer is not None:
                 pacer.launched("chunk", mark, tokens=sum(e - a for _, a, e in work))
         rows = sched.decode_rows()

@@ -91,6 +91,12 @@ class LocalExecutor:
                      sum(s.capture_ms + s.warmup_ms for s in spec), sum(s.graph_bytes for s in spec) / 2**20)
         return stats
 
+    def prefill_graphed(self, new_tokens: int) -> bool:
+        """Whether a target prefill of `new_tokens` new tokens (no prompt log-probs) runs through
+        the runtime's prefill graphs (ModelRuntime.prefill_graphed): one replay per piece of one
+        request, so separate calls cost no extra weight pass."""
+        return self.runtime.prefill_graphed(new_tokens)
+
     def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor, *, starts=None, after=None,
                 defer_check: bool = False, proposer: bool = True, **record) -> torch.Tensor:
         """As ModelRuntime.prefill: [m, V] float32 last-token logits (prompts[i] from position

@@ -1,0 +1,101 @@
+"""Engine._prefill_launches on CPU float32: where the executor prefills through its prefill graphs
+(one replay per piece of one request either way), requests whose prompts complete in the same
+step are launched one prefill group at a time, fewest new tokens first, each read back on its own;
+every request's tokens equal the one-launch engine's (greedy and seeded sampling, with the prefix
+cache); samples sharing a prefill stay in one launch; prompt log-probs, an eager prefill and a
+single request keep one launch. (On CPU the runtime has no prefill graphs: the tests say the
+executor's `prefill_graphed` is True, which changes only how the work is grouped.)"""
+from __future__ import annotations
+
+import pytest
+
+from _checkpoints import write
+from _engine_steps import drive
+from graphrt import LLM, SamplingParams
+
+pytest.importorskip("transformers")
+CPU = dict(device="cpu", backend="reference", max_model_len=64, page_size=4)
+GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+SEEDED = SamplingParams(max_tokens=6, temperature=0.9, top_p=0.9, seed=77, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory):
+    return write(tmp_path_factory, "launches", shape="tiny", arch="llama")
+
+
+@pytest.fixture(scope="module")
+def plain(path):
+    return LLM(path, max_batch=4, steps_per_graph=2, **CPU)
+
+
+@pytest.fixture()
+def split(path, monkeypatch):
+    llm = LLM(path, max_batch=4, steps_per_graph=2, **CPU)
+    asked = []
+    monkeypatch.setattr(llm.engine.runtime, "prefill_graphed", lambda n: asked.append(n) or n <= 2048)
+    calls = []
+    inner = llm.engine._prefill
+
+    def spy(work):
+        calls.append([(r.request_id, a, e) for r, a, e in work])
+        return inner(work)
+    monkeypatch.setattr(llm.engine, "_prefill", spy)
+    llm.calls, llm.asked = calls, asked
+    return llm
+
+
+def _run(llm, items):
+    """Add every (prompt, params) at once, drive to the end; -> (outputs, request ids), pages back."""
+    eng = llm.engine
+    streams = [eng.add_request(p, sp) for p, sp in items]
+    drive(eng, max_steps=200)
+    a = eng.scheduler.allocator
+    assert not eng._pending and all(a.refcount(p) == 0 for p in range(1, a.num_pages + 1))
+    return [s.result() for s in streams], [s.request_id for s in streams]
+
+
+def test_short_prompts_launch_first_and_tokens_do_not_change(split, plain):
+    items = [(list(range(20, 40)), GREEDY), (list(range(5, 10)), SEEDED), (list(range(50, 62)), GREEDY)]
+    got, ids = _run(split, items)
+    want, _ = _run(plain, items)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert split.asked == [37]                                        # the step's new tokens
+    assert split.calls == [[(ids[1], 0, 5)], [(ids[2], 0, 12)], [(ids[0], 0, 20)]]
+    # again: the prefix cache holds their full pages, the launches start after them; new tokens
+    # 1, 4, 4: ties keep their arrival order
+    split.calls.clear()
+    again, ids = _run(split, items)
+    assert [o.token_ids for o in again] == [o.token_ids for o in want]
+    assert split.calls == [[(ids[1], 4, 5)], [(ids[0], 16, 20)], [(ids[2], 8, 12)]]
+
+
+def test_samples_sharing_a_prefill_stay_in_one_launch(split, plain):
+    two = SamplingParams(max_tokens=5, temperature=0.8, seed=3, n=2, ignore_eos=True)
+    items = [(list(range(30, 47)), two), (list(range(3, 9)), GREEDY)]
+    got, ids = _run(split, items)
+    want, _ = _run(plain, items)
+    assert [[c.token_ids for c in o.outputs] for o in got] == [[c.token_ids for c in o.outputs] for o in want]
+    assert len(got[0].outputs) == 2
+    sizes = [len(c) for c in split.calls]
+    assert sizes == [1, 2]                                            # the short prompt, then both samples
+    assert split.calls[0][0][2] == 6
+
+
+def test_one_launch_where_grouping_gains_nothing(split, path, monkeypatch):
+    lp = SamplingParams(max_tokens=3, temperature=0.0, prompt_logprobs=2, ignore_eos=True)
+    _run(split, [(list(range(10, 19)), lp), (list(range(60, 64)), GREEDY)])
+    assert [len(c) for c in split.calls] == [2]                       # prompt log-probs: eager, batched
+    split.calls.clear()
+    _run(split, [(list(range(70, 79)), GREEDY)])
+    assert [len(c) for c in split.calls] == [1]                       # one request
+    split.calls.clear()
+    monkeypatch.setattr(split.engine.runtime, "prefill_graphed", lambda n: False)   # eager prefill
+    _run(split, [(list(range(80, 89)), GREEDY), (list(range(90, 94)), GREEDY)])
+    assert [len(c) for c in split.calls] == [2]
+
+
+def test_the_executor_asks_its_runtime(plain):
+    ex = plain.engine.runtime
+    assert ex.prefill_graphed(8) is False                             # CPU: no prefill graphs
+    assert ex.prefill_graphed(8) == ex.runtime.prefill_graphed(8)
