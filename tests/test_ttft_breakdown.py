@@ -1,0 +1,26 @@
+"""tools/serve_load.py's per-request records and tools/ttft_breakdown.py's split of them."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+from serve_load import summarize  # noqa: E402
+from ttft_breakdown import breakdown  # noqa: E402
+
+
+def test_summarize_keeps_each_request_in_send_order():
+    rs = [{"ttft_s": 0.05, "tpot_s": 0.006, "tokens": 4, "sent_s": 0.010, "prompt_len": 32},
+          {"ttft_s": 0.09, "tpot_s": 0.007, "tokens": 4, "sent_s": 0.002, "prompt_len": 1024}]
+    out = summarize(rs, 1.0, [])
+    assert out["per_request"] == [[2.0, 1024, 90.0], [10.0, 32, 50.0]]
+    assert out["requests"] == 2 and out["ttft_p50_ms"] in (50.0, 90.0)
+    assert "per_request" not in summarize([{"ttft_s": 0.1, "tpot_s": 0.01, "tokens": 2}], 1.0, [])
+
+
+def test_breakdown_by_prompt_length_and_burst():
+    rows = [[0.0, 32, 40.0], [5.0, 1024, 100.0], [10.0, 32, 60.0], [500.0, 1024, 80.0]]
+    by_len, by_burst = breakdown(rows, 15.0)
+    assert by_len == {32: (2, 50.0), 1024: (2, 90.0)}
+    assert by_burst == {1: (1, 80.0), 3: (3, 60.0)}     # the first three were sent within 15 ms
