@@ -11,7 +11,13 @@ off, 2 / 4 = forced); the S used is printed and kept in the JSON. Fused GEMVs (g
 the norms, residual adds and SiLU-mul inside the decode GEMVs) follow --fuse (auto = GRAPHRT_FUSE
 or measured at capture; on; off); whether the bucket ran fused is printed and kept in the JSON.
 
+--mixed C (with --chunk-at S): the same decode rows in a step that also prefills C tokens of one
+more slot at positions [S, S + C) (model/mixed.py: what the engine's mixed_prefill_tokens blocks
+run), profiled after the plain step in the same process: both steps' families side by side, and
+what the chunk adds.
+
     python tools/profile_step.py --model llama-3.1-8b --batch 1 --context 1024 --out profile.json
+    python tools/profile_step.py --model llama-3.2-1b --batch 8 --mixed 64 --chunk-at 3968 --out mixed.json
 """
 from __future__ import annotations
 
@@ -40,6 +46,8 @@ def main(argv=None) -> int:
     p.add_argument("--backend", default="flashinfer", help="attention backend (flashinfer, xqa, ...)")
     p.add_argument("--kv", default="auto", help="KV cache dtype: auto (the model's) or fp8")
     p.add_argument("--fuse", default="auto", help="fused GEMVs: auto (GRAPHRT_FUSE, else measured), on, off")
+    p.add_argument("--mixed", type=int, default=0, help="C: also profile a step carrying C prompt tokens")
+    p.add_argument("--chunk-at", type=int, default=0, help="S: the chunk's first position (tokens already cached)")
     p.add_argument("--out", default="profile_step.json")
     args = p.parse_args(argv)
     import torch
@@ -51,43 +59,61 @@ def main(argv=None) -> int:
     model, _ = random_model(args.model, torch)
     model, _ = with_weights(model, args.weights, torch)
     torch.cuda.empty_cache()
-    s, n, ctx = model.spec, args.batch, args.context
-    pages = -(-(ctx + 64) // 16)
+    s, n, ctx, c = model.spec, args.batch, args.context, args.mixed
+    pages = -(-(max(ctx, args.chunk_at + c) + 64) // 16)
+    rows = n + 1 if c else n                     # the chunk's slot: one more (padding) row
     cfg = RuntimeConfig(num_qo_heads=s.num_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim,
-                        page_size=16, max_pages_per_seq=pages, buckets=[n], dtype="bfloat16",
-                        backend=args.backend, kv_pool_pages=n * pages + 1,
+                        page_size=16, max_pages_per_seq=pages, buckets=[rows], dtype="bfloat16",
+                        backend=args.backend, kv_pool_pages=rows * pages + 1,
                         kv_cache_dtype=args.kv)
-    mrt = ModelRuntime(model, cfg, "cuda", fuse=args.fuse)
+    mrt = ModelRuntime(model, cfg, "cuda", fuse=args.fuse, **({"mixed_prefill_tokens": c} if c else {}))
     mrt.capture()
-    table = torch.arange(n * pages, dtype=torch.int32, device="cuda").view(n, pages)
-    lens = torch.full((n,), ctx, dtype=torch.int32, device="cuda")
-    tokens = torch.zeros(n, dtype=torch.int64, device="cuda")
-    for _ in range(3):
-        mrt.decode(tokens, table, lens)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(args.replays):
-            mrt.decode(tokens, table, lens)
+    table = torch.arange(rows * pages, dtype=torch.int32, device="cuda").view(rows, pages)
+    lens = torch.full((rows,), ctx, dtype=torch.int32, device="cuda")
+    if c:
+        lens[n] = 0                               # the chunk's slot decodes nothing
+    tokens = torch.zeros(rows, dtype=torch.int64, device="cuda")
+    chunk = torch.randint(0, s.vocab_size, (c,)) if c else None
+    row = table[n].cpu().numpy() if c else None
+
+    def plain():
+        mrt.decode(tokens[:n], table[:n], lens[:n])
+
+    def mixed():                                  # the slots as the engine leaves them, then a chunk
+        mrt.slots.load(rows, tokens, table, lens, None)
+        mrt.stage_chunk(n, chunk.clone(), args.chunk_at, table_row=row)
+        mrt.decode_slots(rows, sampled=False, chunk=True)
+
+    def measure(step):
+        for _ in range(3):
+            step()
         torch.cuda.synchronize()
-    fam_us, fam_n, names = defaultdict(float), defaultdict(int), defaultdict(float)
-    total_us, launches = 0.0, 0
-    for e in prof.events():
-        if e.device_type != torch.autograd.DeviceType.CUDA or "Memcpy" in e.name or "Memset" in e.name:
-            continue
-        us = e.device_time / args.replays if hasattr(e, "device_time") else e.cuda_time / args.replays
-        fam = next((f for f, rx in FAMILIES if re.search(rx, e.name)), "other")
-        fam_us[fam] += us
-        fam_n[fam] += 1
-        names[e.name[:80]] += us
-        total_us += us
-        launches += 1
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(args.replays):
-        mrt.decode(tokens, table, lens)
-    b.record()
-    b.synchronize()
-    step_us = a.elapsed_time(b) * 1e3 / args.replays
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(args.replays):
+                step()
+            torch.cuda.synchronize()
+        fam_us, fam_n, names = defaultdict(float), defaultdict(int), defaultdict(float)
+        total_us, launches = 0.0, 0
+        for e in prof.events():
+            if e.device_type != torch.autograd.DeviceType.CUDA or "Memcpy" in e.name or "Memset" in e.name:
+                continue
+            us = e.device_time / args.replays if hasattr(e, "device_time") else e.cuda_time / args.replays
+            fam = next((f for f, rx in FAMILIES if re.search(rx, e.name)), "other")
+            fam_us[fam] += us
+            fam_n[fam] += 1
+            names[e.name[:80]] += us
+            total_us += us
+            launches += 1
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(args.replays):
+            step()
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b) * 1e3 / args.replays, total_us, launches, fam_us, fam_n, names
+
+    step_us, total_us, launches, fam_us, fam_n, names = measure(plain)
+    chunked = measure(mixed) if c else None
     fused = mrt.fuse.get(n)
     split = [1, 1] if fused else list(mrt.splitk.get(n))
     out = {"model": args.model, "weights": args.weights, "backend": args.backend, "kv": args.kv, "pdl": "0" if os.environ.get("GRAPHRT_PDL") == "0" else "1",
@@ -98,11 +124,25 @@ def main(argv=None) -> int:
            "kernel_us_per_step": total_us, "launches_per_step": launches / args.replays,
            "families_us": dict(fam_us), "families_launches": {k: v / args.replays for k, v in fam_n.items()},
            "top_kernels_us": dict(sorted(names.items(), key=lambda kv: -kv[1])[:25])}
+    if chunked is not None:
+        m_step, m_total, m_launches, m_fam, m_n, m_names = chunked
+        out["mixed"] = {"chunk_tokens": c, "chunk_at": args.chunk_at, "device_us_per_step": m_step,
+                        "kernel_us_per_step": m_total, "launches_per_step": m_launches / args.replays,
+                        "families_us": dict(m_fam), "families_launches": {k: v / args.replays for k, v in m_n.items()},
+                        "top_kernels_us": dict(sorted(m_names.items(), key=lambda kv: -kv[1])[:25]),
+                        "added_us": m_step - step_us}
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"{args.model} {args.weights} {args.backend} kv={args.kv} pdl={out['pdl']} splitk={split} fused={'yes' if fused else 'no'} bs{n} ctx{ctx}: device {step_us:.0f} us/step, kernels {total_us:.0f} us in "
           f"{launches / args.replays:.0f} launches (gaps {step_us - total_us:.0f} us)")
     for f, us in sorted(fam_us.items(), key=lambda kv: -kv[1]):
         print(f"  {f:<14} {us:8.1f} us  {fam_n[f] / args.replays:6.0f} launches")
+    if chunked is not None:
+        m = out["mixed"]
+        print(f"with a {c}-token chunk at {args.chunk_at}: device {m['device_us_per_step']:.0f} us/step "
+              f"(+{m['added_us']:.0f} us), kernels {m['kernel_us_per_step']:.0f} us in {m['launches_per_step']:.0f} launches")
+        for f in sorted(set(fam_us) | set(m["families_us"]), key=lambda f: -m["families_us"].get(f, 0.0)):
+            print(f"  {f:<14} {fam_us.get(f, 0.0):8.1f} -> {m['families_us'].get(f, 0.0):8.1f} us  "
+                  f"{fam_n.get(f, 0) / args.replays:4.0f} -> {m['families_launches'].get(f, 0):4.0f} launches")
     return 0
 
 
