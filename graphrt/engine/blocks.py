@@ -118,16 +118,18 @@ class BlockMixin:
         when its own prefill ends, not when the step's last one does; chunks that draw nothing
         go last, in one launch. Else (eager prefill, one batched pass; prompt log-probs; one
         item) the work as one launch."""
+        def new_tokens(items):                        # a sample sharing its owner's prefill runs none
+            return sum(e - a for r, a, e in items if r.shares is None)
         graphed = getattr(self.runtime, "prefill_graphed", None)
-        if len(work) < 2 or graphed is None or any(r.params.prompt_logprobs for r, _, _ in work) \
-                or not graphed(sum(e - a for _, a, e in work)):
+        if len(work) < 2 or graphed is None or not graphed(new_tokens(work)) \
+                or any(r.params.prompt_logprobs is not None for r, _, _ in work):
             return [work]
         done = [w for w in work if w[2] == len(w[0].prompt) + len(w[0].token_ids)]
         part = [w for w in work if w[2] < len(w[0].prompt) + len(w[0].token_ids)]
         leads = {id(w[0]) for w in done}
         if any(w[0].shares is not None and id(w[0].shares) not in leads for w in done):
             return [work]                             # a sample without its prefill's owner: as it came
-        groups = sorted(prefill_groups(done), key=lambda g: sum(e - a for _, a, e in g))  # stable
+        groups = sorted(prefill_groups(done), key=new_tokens)   # stable: ties keep their order
         return groups + ([part] if part else [])
 
     def _decode(self, rows: list[Request], piece: tuple | None = None) -> None:

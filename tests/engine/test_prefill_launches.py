@@ -41,7 +41,15 @@ def split(path, monkeypatch):
         calls.append([(r.request_id, a, e) for r, a, e in work])
         return inner(work)
     monkeypatch.setattr(llm.engine, "_prefill", spy)
-    llm.calls, llm.asked = calls, asked
+    read = []                                         # prefill read-backs: request ids, in order
+    finish = llm.engine._finish
+
+    def finish_spy(block):
+        if block.kind == "prefill":
+            read.append([r.request_id for r, _, _, _ in block.rows])
+        return finish(block)
+    monkeypatch.setattr(llm.engine, "_finish", finish_spy)
+    llm.calls, llm.asked, llm.read = calls, asked, read
     return llm
 
 
@@ -62,6 +70,7 @@ def test_short_prompts_launch_first_and_tokens_do_not_change(split, plain):
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     assert split.asked == [37]                                        # the step's new tokens
     assert split.calls == [[(ids[1], 0, 5)], [(ids[2], 0, 12)], [(ids[0], 0, 20)]]
+    assert split.read == [[ids[1]], [ids[2]], [ids[0]]]               # each first token read on its own
     # again: the prefix cache holds their full pages, the launches start after them; new tokens
     # 1, 4, 4: ties keep their arrival order
     split.calls.clear()
@@ -71,21 +80,50 @@ def test_short_prompts_launch_first_and_tokens_do_not_change(split, plain):
 
 
 def test_samples_sharing_a_prefill_stay_in_one_launch(split, plain):
+    """n = 2: the samples share one 10-token prefill (counted once: 10 new tokens, before a lone
+    15-token prompt), in one launch and one read-back."""
     two = SamplingParams(max_tokens=5, temperature=0.8, seed=3, n=2, ignore_eos=True)
-    items = [(list(range(30, 47)), two), (list(range(3, 9)), GREEDY)]
+    items = [(list(range(30, 45)), GREEDY), (list(range(3, 13)), two)]
     got, ids = _run(split, items)
     want, _ = _run(plain, items)
     assert [[c.token_ids for c in o.outputs] for o in got] == [[c.token_ids for c in o.outputs] for o in want]
-    assert len(got[0].outputs) == 2
-    sizes = [len(c) for c in split.calls]
-    assert sizes == [1, 2]                                            # the short prompt, then both samples
-    assert split.calls[0][0][2] == 6
+    assert len(got[1].outputs) == 2
+    assert [len(c) for c in split.calls] == [2, 1]
+    assert [e for _, _, e in split.calls[0]] == [10, 10] and split.calls[1] == [(ids[0], 0, 15)]
+    assert split.asked == [25]
+    assert [len(r) for r in split.read] == [2, 1]
+
+
+def test_a_failing_launch_fails_its_request_only(split, plain, monkeypatch):
+    items = [(list(range(100, 120)), GREEDY), (list(range(120, 126)), SEEDED), (list(range(130, 142)), GREEDY)]
+    want, _ = _run(plain, items)
+    ex = split.engine.runtime
+    real = ex.prefill_slots
+
+    def refuse(prompts, *args, **kw):
+        if any(p.numel() == 12 for p in prompts):
+            raise ValueError("prompt: refused for the test")
+        return real(prompts, *args, **kw)
+    monkeypatch.setattr(ex, "prefill_slots", refuse)
+    eng = split.engine
+    streams = [eng.add_request(p, sp) for p, sp in items]
+    drive(eng, max_steps=200)
+    with pytest.raises(ValueError, match="refused for the test"):
+        streams[2].result()
+    assert [streams[i].result().token_ids for i in (0, 1)] == [want[i].token_ids for i in (0, 1)]
+    a = eng.scheduler.allocator
+    assert not eng._pending and all(a.refcount(p) == 0 for p in range(1, a.num_pages + 1))
+    assert [len(c) for c in split.calls] == [1, 1, 1]                 # three launches: the failure alone
 
 
 def test_one_launch_where_grouping_gains_nothing(split, path, monkeypatch):
     lp = SamplingParams(max_tokens=3, temperature=0.0, prompt_logprobs=2, ignore_eos=True)
     _run(split, [(list(range(10, 19)), lp), (list(range(60, 64)), GREEDY)])
     assert [len(c) for c in split.calls] == [2]                       # prompt log-probs: eager, batched
+    split.calls.clear()
+    lp0 = SamplingParams(max_tokens=3, temperature=0.0, prompt_logprobs=0, ignore_eos=True)
+    _run(split, [(list(range(40, 49)), lp0), (list(range(50, 54)), GREEDY)])
+    assert [len(c) for c in split.calls] == [2]                       # prompt_logprobs=0 too
     split.calls.clear()
     _run(split, [(list(range(70, 79)), GREEDY)])
     assert [len(c) for c in split.calls] == [1]                       # one request
