@@ -114,8 +114,8 @@ def main(argv=None) -> int:
 
     step_us, total_us, launches, fam_us, fam_n, names = measure(plain)
     chunked = measure(mixed) if c else None
-    fused = mrt.fuse.get(n)
-    split = [1, 1] if fused else list(mrt.splitk.get(n))
+    fused = mrt.fuse.get(rows)
+    split = [1, 1] if fused else list(mrt.splitk.get(rows))
     out = {"model": args.model, "weights": args.weights, "backend": args.backend, "kv": args.kv, "pdl": "0" if os.environ.get("GRAPHRT_PDL") == "0" else "1",
            "splitk_env": os.environ.get("GRAPHRT_SPLITK", "auto"), "splitk": split, "splitk_source": mrt.splitk.source,
            "fuse_setting": args.fuse, "fused": fused is not None, "fuse_source": mrt.fuse.source,
