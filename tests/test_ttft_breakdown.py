@@ -1,8 +1,11 @@
-"""tools/serve_load.py's per-request records and tools/ttft_breakdown.py's split of them."""
+"""tools/serve_load.py's per-request records, tools/ttft_breakdown.py's split of them, and the
+bad arguments ttft_breakdown and profile_step --mixed refuse (exit 2 naming the flag)."""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
@@ -24,3 +27,19 @@ def test_breakdown_by_prompt_length_and_burst():
     by_len, by_burst = breakdown(rows, 15.0)
     assert by_len == {32: (2, 50.0), 1024: (2, 90.0)}
     assert by_burst == {1: (1, 80.0), 3: (3, 60.0)}     # the first three were sent within 15 ms
+
+
+@pytest.mark.parametrize("argv,field", [(["x.json", "--window", "0"], "--window")])
+def test_ttft_breakdown_refuses_a_bad_window(argv, field, capsys):
+    from ttft_breakdown import main
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and field in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,field", [(["--mixed", "-1"], "--mixed"), (["--chunk-at", "64"], "--chunk-at")])
+def test_profile_step_refuses_a_bad_chunk(argv, field, capsys):
+    from profile_step import main
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and field in capsys.readouterr().err

@@ -50,6 +50,10 @@ def main(argv=None) -> int:
     p.add_argument("--chunk-at", type=int, default=0, help="S: the chunk's first position (tokens already cached)")
     p.add_argument("--out", default="profile_step.json")
     args = p.parse_args(argv)
+    if args.mixed < 0 or args.chunk_at < 0:
+        p.error(f"--mixed / --chunk-at: must be >= 0, got {args.mixed} / {args.chunk_at}")
+    if args.chunk_at and not args.mixed:
+        p.error("--chunk-at: needs --mixed C > 0 (the chunk it places)")
     import torch
     from torch.profiler import ProfilerActivity, profile
 

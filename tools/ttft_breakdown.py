@@ -29,11 +29,13 @@ def breakdown(per_request: list, window_ms: float) -> tuple[dict, dict]:
     return med(by_len), med(by_burst)
 
 
-def main() -> None:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("json", nargs="+", help="bench_serve output JSON")
     p.add_argument("--window", type=float, default=15.0, help="ms: requests sent this close form a burst")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if not args.window > 0:
+        p.error(f"--window: must be > 0 ms, got {args.window}")
     for f in args.json:
         res = json.load(open(f))
         for variant, points in res["variants"].items():

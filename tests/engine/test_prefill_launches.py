@@ -114,6 +114,9 @@ def test_a_failing_launch_fails_its_request_only(split, plain, monkeypatch):
     a = eng.scheduler.allocator
     assert not eng._pending and all(a.refcount(p) == 0 for p in range(1, a.num_pages + 1))
     assert [len(c) for c in split.calls] == [1, 1, 1]                 # three launches: the failure alone
+    later = eng.add_request(list(range(100, 120)), GREEDY)            # the engine keeps serving
+    drive(eng, max_steps=200)
+    assert later.result().token_ids == want[0].token_ids
 
 
 def test_one_launch_where_grouping_gains_nothing(split, path, monkeypatch):
@@ -137,3 +140,34 @@ def test_the_executor_asks_its_runtime(plain):
     ex = plain.engine.runtime
     assert ex.prefill_graphed(8) is False                             # CPU: no prefill graphs
     assert ex.prefill_graphed(8) == ex.runtime.prefill_graphed(8)
+
+
+def _item(n, *, done=True, shares=None, logprobs=None):
+    """A (request, start, end) work item of n new tokens: its context complete or a chunk of it."""
+    from types import SimpleNamespace
+    r = SimpleNamespace(prompt=[0] * (n if done else 2 * n), token_ids=[], shares=shares,
+                        params=SimpleNamespace(prompt_logprobs=logprobs))
+    return (r, 0, n)
+
+
+def test_the_grouping_rule_on_its_own():
+    """BlockMixin._prefill_launches over hand-made work: the order, and the guards that keep one launch."""
+    from types import SimpleNamespace
+    from graphrt.engine.blocks import BlockMixin
+    graphs = SimpleNamespace(runtime=SimpleNamespace(prefill_graphed=lambda n: n <= 2048))
+
+    def launches(eng, work):
+        return BlockMixin._prefill_launches(eng, work)
+    chunk, long, short = _item(30, done=False), _item(20), _item(5)
+    assert launches(graphs, [chunk, long, short]) == [[short], [long], [chunk]]   # the chunk last
+    work = [long, short]
+    assert launches(SimpleNamespace(runtime=SimpleNamespace()), work) == [work]   # no prefill graphs
+    big = [long, _item(2040)]
+    assert launches(graphs, big) == [big]                                         # over 2048: eager, batched
+    logprobs = [long, _item(5, logprobs=0)]
+    assert launches(graphs, logprobs) == [logprobs]                               # prompt log-probs
+    owner = _item(8)
+    orphan = [long, _item(8, shares=owner[0])]                                    # its owner not in the step
+    assert launches(graphs, orphan) == [orphan]
+    together = [long, owner, _item(8, shares=owner[0])]
+    assert launches(graphs, together) == [[owner, together[2]], [long]]           # 8 new tokens, once
