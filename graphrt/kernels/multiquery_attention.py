@@ -7,7 +7,8 @@ head and the query tokens form one [tokens * G, D] tile, so each K/V page is rea
 head and tile. A graphed prefill chunk runs the same kernel with Q = its token bucket and
 per-row q_lens (<= Q real tokens; query j at kv_lens[b] - q_lens[b] + j, rows j >= q_lens[b] are
 padding whose output is never used); when Q * G exceeds one tile (128 rows) the tokens are
-split into tiles of 128 // G, and each tile reads keys only up to its last query's position.
+split into tiles of 128 // G, and each tile reads keys only up to its last query's position (a
+tile of padding tokens only reads none: its rows are zeros).
 
 Grid: (B * tiles, Hkv, splits). Split s covers an equal share of the tile's keys (by BLOCK_N blocks);
 with splits > 1 each program writes a partial output and its log-sum-exp and one combine launch
@@ -60,6 +61,7 @@ def _mq_attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, bt_stride, lens_ptr, qlens
         qlen = tl.load(qlens_ptr + b)
     qpos = kv_len - qlen + j                           # [BLOCK_M] absolute query positions
     top = tl.minimum(kv_len, kv_len - qlen + tl.minimum(t0 + TILE_T, Q))   # causal: keys < top
+    top = tl.where(t0 < qlen, top, 0)                  # a tile of padding tokens only: no keys
     n_blocks = tl.cdiv(top, BLOCK_N)
     per = tl.cdiv(n_blocks, splits)
     lo = sp * per * BLOCK_N
@@ -127,9 +129,36 @@ def default_splits(device: torch.device, batch: int, num_kv_heads: int, max_kv_l
     return max(1, min(want, triton.cdiv(max_kv_len, 4 * block_n)))
 
 
+def piece_block_n(q_tokens: int) -> int:
+    """BLOCK_N (keys per loop iteration) for a prompt piece of q_tokens query tokens."""
+    return 128 if q_tokens >= 64 else 64
+
+
+def piece_launch(device: torch.device, q_tokens: int, group: int, num_kv_heads: int,
+                 max_kv_len: int) -> tuple[int, int]:
+    """(splits, block_n) of a captured prompt piece: q_tokens query tokens of one row, G = group
+    query heads per KV head, keys up to max_kv_len. Measured on an H100 (Llama-3.2-1B heads, 16
+    layers' distinct caches a graph, `tools/bench_prefill_attention.py --sweep`): at 64 and 128
+    tokens 128-key blocks and about one wave of programs beat 64-key blocks and two waves at 0,
+    2k and 4k cached keys (64 tokens after 4032: 25.2 against 34.6 us a layer, FlashInfer's
+    batch prefill 25.5), since each program's few key blocks left its loads unpipelined and
+    every split writes a partial the combine reads back. Outside 64..128 tokens: the earlier
+    rule (64-key blocks below 64 tokens, two waves). One wave: as many splits as fill the SMs
+    once without a partial second wave (tiles x KV heads x splits <= SMs; 8 and 4 splits of the
+    1B shape's 16 and 32 tile-heads on 132 SMs, the sweep's fastest)."""
+    block_n = piece_block_n(q_tokens)
+    tiles = query_tiles(q_tokens, group)[2]
+    if device.type != "cuda" or not 64 <= q_tokens <= 128:
+        return default_splits(device, tiles, num_kv_heads, max_kv_len, block_n=block_n), block_n
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    cap = triton.cdiv(max_kv_len, 4 * block_n)                # at most one split per 4 key blocks
+    return max(1, min(sms // (tiles * num_kv_heads), cap)), block_n
+
+
 def multiquery_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor,
                          kv_lens: torch.Tensor, *, q_lens: torch.Tensor | None = None, splits: int = 1,
-                         out: torch.Tensor | None = None, block_n: int | None = None) -> torch.Tensor:
+                         out: torch.Tensor | None = None, block_n: int | None = None,
+                         num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
     """q [B, Q, Hq, D] (cache dtype, contiguous) -> [B, Q, Hq, D] attention over the paged cache.
 
     kv_cache: graphrt PagedKVCache (NHD or HND; float8_e4m3fn pages with its `scale`: q then
@@ -139,6 +168,9 @@ def multiquery_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor,
     of row b then sits at kv_lens[b] - q_lens[b] + j, and rows j >= q_lens[b] are padding
     (finite, unused). splits: static split-KV factor (see default_splits). Capturable in a
     CUDA graph (nothing depends on device values but the kernel's own loop bounds).
+    block_n (keys per loop iteration, default 64), num_warps (default 8 for 128-row query tiles,
+    else 4) and num_stages (Triton's software pipelining of the key loop; default Triton's):
+    launch configuration only, the same arithmetic per key block.
     """
     kc, vc = kv_cache.as_tuple()
     nhd = kv_cache.layout == "NHD"
@@ -182,7 +214,8 @@ def multiquery_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor,
         splits, n_tiles, d ** -0.5 * LOG2E, scale if fp8 else kv_lens, nq, HQ=hq, HKV=hkv, D=d,
         TILE_T=tile_t, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=split,
         PREC="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=fp8, QLENS=q_lens is not None,
-        num_warps=8 if block_m >= 128 else 4)   # float32: no tf32
+        num_warps=num_warps or (8 if block_m >= 128 else 4),   # float32: no tf32
+        **({} if num_stages is None else {"num_stages": num_stages}))
     if split:
         _combine_kernel[(b * nq * hq,)](part, lse, out, splits, D=d,
                                         SB=triton.next_power_of_2(splits))
@@ -204,4 +237,4 @@ def query_tiles(q_tokens: int, group: int) -> tuple[int, int, int]:
     return tile_t, MAX_TILE_ROWS, triton.cdiv(q_tokens, tile_t)
 
 
-__all__ = ["multiquery_attention", "default_splits", "query_tiles"]
+__all__ = ["multiquery_attention", "default_splits", "piece_block_n", "piece_launch", "query_tiles"]

@@ -30,7 +30,7 @@ import torch
 
 from graphrt.attention.inputs import check_host_values
 from graphrt.config import check_mixed_tokens
-from graphrt.kernels.multiquery_attention import default_splits, query_tiles
+from graphrt.kernels.multiquery_attention import piece_launch
 from graphrt.kernels.transfer import copy_into
 
 SLOT, START, LEN = range(3)    # the first entries of `buf`
@@ -53,9 +53,8 @@ class MixedChunk:
         self._staged = False
         heads = getattr(model, "local_spec", model.spec)
         group = heads.num_heads // heads.num_kv_heads
-        self.splits = default_splits(self.device, query_tiles(max_tokens, group)[2], heads.num_kv_heads,
-                                     config.max_context_len)
-        self.block_n = 128 if max_tokens >= 256 else 64      # as the graphed prefill's key block
+        self.splits, self.block_n = piece_launch(self.device, max_tokens, group, heads.num_kv_heads,
+                                                 config.max_context_len)   # as the graphed prefill's
 
     @property
     def capture_inputs(self) -> list:

@@ -35,7 +35,7 @@ import torch
 
 from graphrt.attention.buckets import pick_bucket
 from graphrt.attention.graphs import GraphKey, GraphRunner
-from graphrt.kernels.multiquery_attention import default_splits, query_tiles
+from graphrt.kernels.multiquery_attention import piece_block_n, piece_launch
 from graphrt.kernels.transfer import copy_into
 
 MIN_BUCKET = 16
@@ -50,7 +50,7 @@ EAGER_ABOVE_TOKENS = 2048
 # 64 below (32 tokens: 92 vs 120 us).
 def key_block(tokens: int) -> int:
     """BLOCK_N of the multi-query kernel for a piece bucket of `tokens` query tokens."""
-    return 128 if tokens >= 256 else 64
+    return piece_block_n(tokens)
 
 
 
@@ -130,8 +130,8 @@ class PrefillGraphs:
         heads = getattr(model, "local_spec", model.spec)
         group = heads.num_heads // heads.num_kv_heads
         # a short piece after a long cached prefix is one tile per KV head: split its keys
-        self.splits = {t: default_splits(self.device, query_tiles(t, group)[2], heads.num_kv_heads,
-                                         config.max_context_len) for t in self.buckets}
+        self.splits = {t: piece_launch(self.device, t, group, heads.num_kv_heads, config.max_context_len)[0]
+                       for t in self.buckets}
         self.record: tuple[int, ...] = ()            # residual-stream ids recorded (record_states)
         self.stage = None                             # add_stage's pass, run in every graph
         self._stage_caches: list = []                 # the KV caches it writes (capture scratch)

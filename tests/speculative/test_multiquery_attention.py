@@ -7,7 +7,7 @@ import torch
 
 from _spec_helpers import PAGE, multiquery_reference
 from graphrt.attention.kvcache import PagedKVCache
-from graphrt.kernels.multiquery_attention import multiquery_attention, query_tiles
+from graphrt.kernels.multiquery_attention import multiquery_attention, piece_launch, query_tiles
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("splits,nq,hq,hkv", [(1, 3, 4, 2), (2, 5, 4, 2), (3, 2, 2, 2), (1, 1, 8, 2)])
@@ -51,6 +51,35 @@ def test_query_tiles_and_row_lengths(splits, nq, hq, hkv):
     full = multiquery_attention(q, cache, table, lens, q_lens=torch.full((4,), nq, dtype=torch.int32),
                                 splits=splits)
     torch.testing.assert_close(same, full, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_a_tile_of_padding_tokens_reads_no_keys(splits):
+    """A short last piece in a larger bucket: the tiles holding only padding tokens attend to no
+    key (zeros; a captured chunk's cost follows its real tokens), the real ones are unchanged."""
+    gen = torch.Generator().manual_seed(11 + splits)
+    nq, hq, hkv, d, pool = 40, 8, 2, 32, 12
+    cache = PagedKVCache(torch.randn((pool, PAGE, hkv, d), generator=gen),
+                         torch.randn((pool, PAGE, hkv, d), generator=gen), "NHD")
+    tile_t, _, tiles = query_tiles(nq, hq // hkv)
+    assert (tile_t, tiles) == (32, 2)
+    q_lens = torch.tensor([5], dtype=torch.int32)
+    lens = torch.tensor([60 + 5], dtype=torch.int32)                  # 60 cached keys, then 5 new
+    table = torch.randperm(pool, generator=gen)[:5].to(torch.int32).view(1, 5)
+    q = torch.randn((1, nq, hq, d), generator=gen)
+    got = multiquery_attention(q, cache, table, lens, q_lens=q_lens, splits=splits)
+    ref = multiquery_reference(q[:, :5].contiguous(), cache, table, lens)
+    torch.testing.assert_close(got[:, :5], ref, rtol=1e-4, atol=1e-4)
+    assert got[0, tile_t:].eq(0).all()                     # the padding tile: no keys read
+    assert got[0, 5:tile_t].abs().sum() > 0                # padding inside a real tile: attended, unused
+
+
+def test_piece_launch():
+    """One split on CPU; 128-key blocks from 64 tokens up, 64 below (the measured rule)."""
+    cpu = torch.device("cpu")
+    assert piece_launch(cpu, 64, 4, 8, 8192) == (1, 128)
+    assert piece_launch(cpu, 512, 4, 8, 8192) == (1, 128)
+    assert piece_launch(cpu, 32, 4, 8, 8192) == (1, 64)
 
 
 def test_query_tiles():
