@@ -38,3 +38,22 @@ def test_speculative_rows_record_acceptance_and_cached_tokens(tmp_path):
 def test_bad_speculative_exits_2():
     r = _tool("--make", "tiny", "--speculative", "[1]")
     assert r.returncode == 2 and "--speculative" in r.stderr
+
+
+def test_arrival_rows_repeat_and_name_the_join_gap(tmp_path):
+    """--arrival-repeats 2: every arrival row twice (ROW, ROW_run2), each with the gap of the block
+    the long prompt joins in and the largest other gap."""
+    r = _tool("--make", "tiny", "--device", "cpu", "--streams", "2", "--long-len", "24", "--decode-tokens", "16",
+              "--steady-tokens", "2", "--max-model-len", "64", "--workloads", "arrival", "--chunk", "16",
+              "--arrival-repeats", "2", "--out-dir", str(tmp_path), "--name", "a")
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = json.loads((tmp_path / "a.json").read_text())["arrival"]
+    assert set(rows) == {f"{k}{s}" for k in ("paced_1_cap_16", "chunk_16", "chunk_None") for s in ("", "_run2")}
+    for row in rows.values():
+        assert row["join_gap_ms"] > 0 and row["join_gap_ms"] <= row["largest_gap_ms"]
+    assert "| join gap ms |" in (tmp_path / "a.md").read_text()
+
+
+def test_bad_arrival_repeats_exits_2():
+    r = _tool("--make", "tiny", "--arrival-repeats", "0")
+    assert r.returncode == 2 and "--arrival-repeats" in r.stderr

@@ -16,7 +16,9 @@ cached pages). 1. shared prefix: after a short warm-up request, a --prefix-len p
    worth of tokens each), then a --long-len prompt arrives; per running stream, the gaps between
    its deltas divided by the tokens they carry (TPOT) from the arrival until the long request's
    first token: p50 / p99 and the largest gap, each also over the steady state's p50 (TPOT's,
-   and the steady gap's for the largest gap). Rows: paced (max_prefill_stall = --stall, or each
+   and the steady gap's for the largest gap); the join gap (median over the streams of the gap of
+   the delta nearest the long prompt's first token: the block it joins in) and the largest other
+   gap. --arrival-repeats N runs each row N times in the process. Rows: paced (max_prefill_stall = --stall, or each
    of --stalls, capped at --chunk), then unpaced with max_num_batched_tokens = --chunk and without a limit (None);
    with --mixed C first a row where decode blocks carry the prompt's chunks of C tokens
    (EngineConfig.mixed_prefill_tokens: every piece rides a block, whatever the pacer's budget).
@@ -117,19 +119,24 @@ def arrival(eng, a) -> dict:
     t_first = late.t0 + late.ttft_ms / 1e3
     for r in running:
         r.join()
-    tpot, gaps, s_tpot, s_gaps, timeline = [], [], [], [], []
+    tpot, gaps, s_tpot, s_gaps, timeline, join, other = [], [], [], [], [], [], []
     for i, r in enumerate(running):
-        prev = None
+        prev, window = None, []
         for t, n in r.deltas:
             if prev is not None and n and t_arr <= t <= t_first + 0.05:
                 gaps.append((t - prev) * 1e3)
                 tpot.append((t - prev) * 1e3 / n)
+                window.append((abs(t - t_first), (t - prev) * 1e3))
                 if i == 0:                             # one stream's deltas: where the slow ones fall
                     timeline.append([round((t - t_arr) * 1e3, 3), round((t - prev) * 1e3, 3), n])
             elif prev is not None and n and t_steady <= prev and t < t_arr:
                 s_gaps.append((t - prev) * 1e3)
                 s_tpot.append((t - prev) * 1e3 / n)
             prev = t if n else prev
+        if window:                                     # the block the long prompt joins in: its
+            at = min(range(len(window)), key=lambda k: window[k][0])   # delta nearest that first token
+            join.append(window[at][1])
+            other += [g for k, (_, g) in enumerate(window) if k != at]
     eng_stats = eng.stats()
     steady, steady_gap = _pct(s_tpot, 0.5), _pct(s_gaps, 0.5)
     return {"long_ttft_ms": late.ttft_ms, "tpot_p50_ms": _pct(tpot, 0.5), "tpot_p99_ms": _pct(tpot, 0.99),
@@ -139,6 +146,8 @@ def arrival(eng, a) -> dict:
             "p99_over_steady_p50": _pct(tpot, 0.99) / steady if tpot and s_tpot else float("nan"),
             "gap_over_steady_gap": max(gaps) / steady_gap if gaps and s_gaps else float("nan"),
             "gap_over_steady_p50": max(gaps) / steady if gaps and s_tpot else float("nan"),
+            "join_gap_ms": statistics.median(join) if join else float("nan"),
+            "largest_other_gap_ms": max(other) if other else float("nan"),
             "prefill_budget_tokens": eng_stats.get("prefill_budget_tokens"),
             "mixed_chunks": (eng_stats.get("prefill_mixed_chunks") or 0) - mixed0,
             "preemptions": eng.scheduler.num_preemptions, "pages_free": eng_stats["pages_free"],
@@ -183,6 +192,12 @@ def _with_spec(eng, fn, *args) -> dict:
     return row
 
 
+def _arrivals(res, key, eng, a) -> None:
+    """The arrival row `key`, --arrival-repeats times (key, key_run2, ...)."""
+    for i in range(a.arrival_repeats):
+        res["arrival"][key if i == 0 else f"{key}_run{i + 1}"] = _with_spec(eng, arrival, a)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="a checkpoint directory")
@@ -211,6 +226,9 @@ def main(argv=None) -> int:
     p.add_argument("--mixed", type=int, default=0, metavar="C",
                    help="mixed_prefill_tokens: an arrival row `mixed_C` where decode blocks carry the long "
                         "prompt's chunks (the other rows run with it off; 0: no such row)")
+    p.add_argument("--arrival-repeats", type=int, default=1, metavar="N",
+                   help="arrival: each row N times in this process (the second and later keyed ROW_runI): "
+                        "a graph's first replay in the process against its later ones")
     p.add_argument("--workloads", default="prefix,arrival,chat",
                    help="comma-separated subset of prefix, arrival, chat")
     p.add_argument("--out-dir", default="docs/results")
@@ -221,6 +239,8 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if (a.model is None) == (a.make is None):
         p.error("give one of --model DIR or --make SHAPE")
+    if a.arrival_repeats < 1:
+        p.error(f"--arrival-repeats: must be >= 1, got {a.arrival_repeats}")
     import torch
 
     import logging
@@ -266,18 +286,18 @@ def main(argv=None) -> int:
                 res["chat"][tag + key] = _with_spec(eng, chat, a)
             if key == "on" and "arrival" in work:
                 if a.mixed:                                # chunks ride the decode blocks
-                    res["arrival"][f"{tag}mixed_{a.mixed}_cap_{chunk}"] = _with_spec(eng, arrival, a)
+                    _arrivals(res, f"{tag}mixed_{a.mixed}_cap_{chunk}", eng, a)
                 mixed, eng.mixed_tokens = eng.mixed_tokens, 0   # the rows below: chunks between blocks
                 pacer, sched = eng.scheduler.pacer, eng.scheduler
                 for st in (a.stalls or [stall]) if pacer is not None else ():
                     pacer.max_stall = st                   # the measured costs carry over: the model's
-                    res["arrival"][f"{tag}paced_{st:g}_cap_{chunk}"] = _with_spec(eng, arrival, a)
+                    _arrivals(res, f"{tag}paced_{st:g}_cap_{chunk}", eng, a)
                 if pacer is not None:
                     pacer.max_stall = stall
                 sched.pacer = None                         # unpaced: max_num_batched_tokens alone
                 for limit in (chunk, None):
                     sched.max_num_batched_tokens = limit
-                    res["arrival"][f"{tag}chunk_{limit}"] = _with_spec(eng, arrival, a)
+                    _arrivals(res, f"{tag}chunk_{limit}", eng, a)
                 sched.max_num_batched_tokens, sched.pacer = chunk, pacer
                 eng.mixed_tokens = mixed
             eng.shutdown()                                 # a stopped engine starts again
@@ -299,11 +319,13 @@ def _table(res) -> str:
         lines.append(f"| cache {k} | {v['cold_ttft_ms']:.1f} | {v['repeated_ttft_ms']:.1f} | "
                      f"{v['repeated_over_cold']:.2f} | {v['cached_tokens']} |")
     lines += ["", "| arrival | long TTFT ms | steady TPOT p50 ms | TPOT p50 ms | TPOT p99 ms | p99 / steady p50 | "
-              "largest gap ms | gap / steady gap | gap / steady p50 | samples |", "|---|---|---|---|---|---|---|---|---|---|"]
+              "largest gap ms | gap / steady gap | gap / steady p50 | samples | join gap ms | largest other gap ms |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for k, v in res["arrival"].items():
         lines.append(f"| {k} | {v['long_ttft_ms']:.1f} | {v['steady_tpot_p50_ms']:.2f} | {v['tpot_p50_ms']:.2f} | "
                      f"{v['tpot_p99_ms']:.2f} | {v['p99_over_steady_p50']:.2f} | {v['largest_gap_ms']:.2f} | "
-                     f"{v['gap_over_steady_gap']:.2f} | {v['gap_over_steady_p50']:.2f} | {v['samples']} |")
+                     f"{v['gap_over_steady_gap']:.2f} | {v['gap_over_steady_p50']:.2f} | {v['samples']} | "
+                     f"{v['join_gap_ms']:.2f} | {v['largest_other_gap_ms']:.2f} |")
     lines += ["", "| chat | TTFT ms per turn | cached tokens per turn |", "|---|---|---|"]
     for k, v in res["chat"].items():
         lines.append(f"| cache {k} | {', '.join(f'{t:.1f}' for t in v['ttft_ms'])} | {v['cached_tokens']} |")
