@@ -29,26 +29,35 @@ from benchlib import device_us  # noqa: E402
 SHAPES = {"llama-3.2-1b": (32, 8, 64), "llama-3.1-8b": (32, 8, 128)}   # Hq, Hkv, head_dim
 
 
-def one(torch, fi, shape, t, cached, page=16):
+def _case(torch, fi, shape, t, cached, caches=1, page=16):
+    """T query tokens after `cached` keys at a shape's heads (CUDA, bf16): `caches` distinct
+    paged caches, the block table, q, kv_lens, q_lens and FlashInfer's batch prefill planned for
+    them (its reference output over the first cache)."""
     from graphrt.attention.kvcache import PagedKVCache
-    from graphrt.kernels.multiquery_attention import default_splits, multiquery_attention, query_tiles
     hq, hkv, d = SHAPES[shape]
     dev = torch.device("cuda")
     n = cached + t
     pages = -(-n // page)
-    k = torch.randn(pages, page, hkv, d, device=dev, dtype=torch.bfloat16)
-    cache = PagedKVCache(k, torch.randn_like(k), "NHD")
+    kv = [PagedKVCache(torch.randn(pages, page, hkv, d, device=dev, dtype=torch.bfloat16),
+                       torch.randn(pages, page, hkv, d, device=dev, dtype=torch.bfloat16), "NHD")
+          for _ in range(caches)]
     table = torch.arange(pages, dtype=torch.int32, device=dev)[None]
     q = torch.randn(1, t, hq, d, device=dev, dtype=torch.bfloat16)
     lens = torch.tensor([n], dtype=torch.int32, device=dev)
     qlens = torch.tensor([t], dtype=torch.int32, device=dev)
-    splits = default_splits(dev, query_tiles(t, hq // hkv)[2], hkv, 8192)
     ws = torch.zeros(128 << 20, dtype=torch.uint8, device=dev)
     w = fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend="fa2")
     w.plan(torch.tensor([0, t], dtype=torch.int32, device=dev), torch.tensor([0, pages], dtype=torch.int32, device=dev),
            table[0], torch.tensor([n - (pages - 1) * page], dtype=torch.int32, device=dev), hq, hkv, d, page,
            causal=True, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
-    ref = w.run(q[0], (cache.k, cache.v))
+    return kv, table, q, lens, qlens, w, w.run(q[0], (kv[0].k, kv[0].v))
+
+
+def one(torch, fi, shape, t, cached):
+    from graphrt.kernels.multiquery_attention import default_splits, multiquery_attention, query_tiles
+    hq, hkv, _ = SHAPES[shape]
+    (cache,), table, q, lens, qlens, w, ref = _case(torch, fi, shape, t, cached)
+    splits = default_splits(q.device, query_tiles(t, hq // hkv)[2], hkv, 8192)
     row = {"shape": shape, "tokens": t, "cached": cached, "splits": splits}
     row["flashinfer_us"] = device_us(lambda: w.run(q[0], (cache.k, cache.v)), torch)
     for bn in (64, 128):
@@ -61,36 +70,22 @@ def one(torch, fi, shape, t, cached, page=16):
     return row
 
 
-def sweep(torch, fi, shape, t, cached, layers, page=16):
+def sweep(torch, fi, shape, t, cached, layers):
     """Every launch configuration of the multi-query kernel for T tokens after `cached` ones,
     `layers` calls per graph over distinct caches -> rows sorted by µs (+ FlashInfer's)."""
     import itertools
-    from graphrt.attention.kvcache import PagedKVCache
-    from graphrt.kernels.multiquery_attention import default_splits, multiquery_attention, query_tiles
+    from graphrt.kernels.multiquery_attention import default_splits, multiquery_attention, piece_launch, query_tiles
     from graphrt.kernels.timing import graph_us
-    hq, hkv, d = SHAPES[shape]
-    dev = torch.device("cuda")
-    n = cached + t
-    pages = -(-n // page)
-    caches = [PagedKVCache(torch.randn(pages, page, hkv, d, device=dev, dtype=torch.bfloat16),
-                           torch.randn(pages, page, hkv, d, device=dev, dtype=torch.bfloat16), "NHD")
-              for _ in range(layers)]
-    table = torch.arange(pages, dtype=torch.int32, device=dev)[None]
-    q = torch.randn(1, t, hq, d, device=dev, dtype=torch.bfloat16)
+    hq, hkv, _ = SHAPES[shape]
+    caches, table, q, lens, qlens, w, ref = _case(torch, fi, shape, t, cached, layers)
     out = torch.empty_like(q)
-    lens = torch.tensor([n], dtype=torch.int32, device=dev)
-    qlens = torch.tensor([t], dtype=torch.int32, device=dev)
-    default = default_splits(dev, query_tiles(t, hq // hkv)[2], hkv, 8192)
-    ws = torch.zeros(128 << 20, dtype=torch.uint8, device=dev)
-    w = fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend="fa2")
-    w.plan(torch.tensor([0, t], dtype=torch.int32, device=dev), torch.tensor([0, pages], dtype=torch.int32, device=dev),
-           table[0], torch.tensor([n - (pages - 1) * page], dtype=torch.int32, device=dev), hq, hkv, d, page,
-           causal=True, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
-    ref = w.run(q[0], (caches[0].k, caches[0].v))
-    base = {"shape": shape, "tokens": t, "cached": cached, "layers": layers, "default_splits": default}
+    default = default_splits(q.device, query_tiles(t, hq // hkv)[2], hkv, 8192)
+    chosen = piece_launch(q.device, t, hq // hkv, hkv, 8192)        # (splits, block_n) a captured piece runs
+    base = {"shape": shape, "tokens": t, "cached": cached, "layers": layers, "default_splits": default,
+            "piece_launch": list(chosen)}
     fi_us = graph_us(lambda: [w.run(q[0], (c.k, c.v)) for c in caches], 4, 5)
     rows = []
-    for sp, bn, nw, ns in itertools.product(sorted({1, 2, 4, 8, default}), (32, 64, 128), (4, 8), (1, 2, 3, 4)):
+    for sp, bn, nw, ns in itertools.product(sorted({1, 2, 4, 8, default, chosen[0]}), (32, 64, 128), (4, 8), (1, 2, 3, 4)):
         def run(c, sp=sp, bn=bn, nw=nw, ns=ns):
             return multiquery_attention(q, c, table, lens, q_lens=qlens, splits=sp, block_n=bn, out=out,
                                         num_warps=nw, num_stages=ns)
@@ -121,6 +116,11 @@ def main_sweep(a, torch, fi) -> int:
                 print(f"{s} T={t} cached={c}: flashinfer {ok[0]['flashinfer_us'] / a.layers:.1f} us/layer; "
                       f"default (splits {ok[0]['default_splits']}, n64, w8, s3) "
                       f"{dflt[0]['us_per_layer'] if dflt else float('nan'):.1f}; best:")
+                mine = [r for r in ok if [r["splits"], r["block_n"]] == r["piece_launch"] and r["num_warps"] == 8
+                        and r["num_stages"] == 3]
+                if mine:
+                    print(f"   piece_launch (splits {mine[0]['splits']}, n{mine[0]['block_n']}, w8, s3): "
+                          f"{mine[0]['us_per_layer']:.1f} us/layer")
                 for r in ok[:6]:
                     print(f"   splits {r['splits']:>2} n{r['block_n']:<3} w{r['num_warps']} s{r['num_stages']}: "
                           f"{r['us_per_layer']:.1f} us/layer ({r['x_flashinfer']:.2f}x flashinfer, max|d| {r['max_abs_diff']:.3f})")
