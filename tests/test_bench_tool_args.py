@@ -1,6 +1,6 @@
 """Bad arguments of GPU-only benchmark tools are refused on any machine: one line naming the flag,
 exit 2, before a GPU is asked for (tools/bench_eagle3_step.py --profile, tools/bench_step_parts.py
---attn-q)."""
+--attn-q, tools/bench_prefill_attention.py --layers)."""
 from __future__ import annotations
 
 import subprocess
@@ -16,6 +16,7 @@ TOOLS = Path(__file__).resolve().parent.parent / "tools"
     ("bench_eagle3_step.py", ["--profile", "chain step,nope"], "--profile"),
     ("bench_step_parts.py", ["--parts", "attention", "--attn-q", "0"], "--attn-q"),
     ("bench_step_parts.py", ["--parts", "attention", "--attn-q", "five"], "--attn-q"),
+    ("bench_prefill_attention.py", ["--sweep", "--layers", "0"], "--layers"),
 ])
 def test_bad_flag_exits_2_naming_it(tool, args, flag, tmp_path):
     r = subprocess.run([sys.executable, str(TOOLS / tool), *args], capture_output=True, text=True, timeout=120,
