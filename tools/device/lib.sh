@@ -52,3 +52,13 @@ cache_and_warm_starts() {
     grep -E "startup: ready|graph cache|split-K|steps_per_graph auto|after process start" "$L/warm_$i.log" | tee -a "$S"
   done; pack
 }
+# a random Llama-3.2-1B-shape bf16 checkpoint in /tmp/ck1b (made once a machine); sets CK
+ck_1b() {
+  CK=/tmp/ck1b
+  [ -f "$CK/config.json" ] || timeout $(cap 60) python tools/make_checkpoint.py "$CK" --shape llama-3.2-1b \
+    --dtype bfloat16 --device cuda > "$L/make_ck.log" 2>&1
+}
+# tree_with DEST SRC: a copy of graphrt/ and tools/ at DEST with SRC's graphrt/ files laid over (an A/B's
+# other tree: a process cannot hold two); in_tree DIR CMD...: CMD run from DIR, importing DIR's graphrt
+tree_with() { rm -rf "$1"; mkdir -p "$1"; cp -r graphrt tools "$1"/; cp -r "$2"/graphrt/. "$1"/graphrt/; }
+in_tree() { local d=$1; shift; ( cd "$d" && PYTHONPATH="$d:$PYTHONPATH" "$@" ); }

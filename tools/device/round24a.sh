@@ -17,14 +17,12 @@ for S in 3968 0; do
     --chunk-at $S --fuse off --out "$L/mixed_64_at_${S}.json" > "$L/mixed_64_at_${S}.log" 2>&1
   say "mixed C=64 at $S rc=$?: $(grep -E "^with a" "$L/mixed_64_at_${S}.log")"
 done; pack
-CK=/tmp/ck1b
-timeout $(cap 60) python tools/make_checkpoint.py "$CK" --shape llama-3.2-1b --dtype bfloat16 --device cuda \
-  > "$L/make_ck.log" 2>&1
-B=/tmp/before; rm -rf "$B"; mkdir -p "$B"; cp -r graphrt tools "$B"/; cp -r .ab/round24/graphrt/. "$B"/graphrt/
+ck_1b
+tree_with /tmp/before .ab/round24
 for V in before after; do
-  D=$PWD; [ $V = before ] && D=$B
-  ( cd "$D" && PYTHONPATH="$D:$PYTHONPATH" timeout $(cap 100) python tools/bench_prefix.py --model "$CK" --device cuda \
-      --workloads arrival --mixed 64 --out-dir "$L" --name arrival_mixed_64_$V > "$L/arrival_mixed_64_$V.log" 2>&1 )
+  D=$PWD; [ $V = before ] && D=/tmp/before
+  in_tree "$D" timeout $(cap 100) python tools/bench_prefix.py --model "$CK" --device cuda --workloads arrival \
+    --mixed 64 --out-dir "$L" --name arrival_mixed_64_$V > "$L/arrival_mixed_64_$V.log" 2>&1
   say "arrival mixed 64 $V rc=$?: $(grep -E "^\| mixed" "$L/arrival_mixed_64_$V.md" 2>/dev/null)"; pack
 done
 pack; cat "$S"

@@ -6,14 +6,12 @@
 #   bash .device/bootstrap.sh bash tools/device/round24d.sh      (carry .device, .whl, .ab)
 NAME=round24d; DEADLINE=${DEADLINE:-250}; . tools/device/lib.sh   # logs, pack, cap, say
 nvidia-smi --query-gpu=name --format=csv,noheader | tee -a "$S"
-CK=/tmp/ck1b
-timeout $(cap 60) python tools/make_checkpoint.py "$CK" --shape llama-3.2-1b --dtype bfloat16 --device cuda \
-  > "$L/make_ck.log" 2>&1
-B=/tmp/before; rm -rf "$B"; mkdir -p "$B"; cp -r graphrt tools "$B"/; cp -r .ab/round24/graphrt/. "$B"/graphrt/
+ck_1b
+tree_with /tmp/before .ab/round24
 for i in 1 2 3; do for V in after before; do
-  D=$PWD; [ $V = before ] && D=$B
-  ( cd "$D" && PYTHONPATH="$D:$PYTHONPATH" timeout $(cap 45) python tools/bench_prefix.py --model "$CK" --device cuda \
-      --workloads arrival --mixed 64 --out-dir "$L" --name arrival_mixed_64_${V}_$i > "$L/arrival_mixed_64_${V}_$i.log" 2>&1 )
+  D=$PWD; [ $V = before ] && D=/tmp/before
+  in_tree "$D" timeout $(cap 45) python tools/bench_prefix.py --model "$CK" --device cuda --workloads arrival \
+    --mixed 64 --out-dir "$L" --name arrival_mixed_64_${V}_$i > "$L/arrival_mixed_64_${V}_$i.log" 2>&1
   say "arrival mixed 64 $V ($i) rc=$?: $(grep -E "^\| mixed" "$L/arrival_mixed_64_${V}_$i.md" 2>/dev/null)"; pack
 done; done
 timeout $(cap 40) python tools/profile_step.py --model llama-3.2-1b --batch 8 --context 1024 --mixed 64 \

@@ -10,17 +10,14 @@
 #   bash .device/bootstrap.sh bash tools/device/round25a.sh      (carry .device, .whl, .ab)
 NAME=round25a; DEADLINE=${DEADLINE:-300}; . tools/device/lib.sh   # logs, pack, cap, say
 nvidia-smi --query-gpu=name --format=csv,noheader | tee -a "$S"
-CK=/tmp/ck1b
-timeout $(cap 60) python tools/make_checkpoint.py "$CK" --shape llama-3.2-1b --dtype bfloat16 --device cuda \
-  > "$L/make_ck.log" 2>&1
+ck_1b
 # as it is, then with one warm replay of every graph right after its capture (.ab/round25: the runner
 # with that line; its start-up time is in each JSON's startup_s)
-W=/tmp/warm; rm -rf "$W"; mkdir -p "$W"; cp -r graphrt tools "$W"/; cp -r .ab/round25/graphrt/. "$W"/graphrt/
+tree_with /tmp/warm .ab/round25
 for V in main warm; do
-  D=$PWD; [ $V = warm ] && D=$W
-  ( cd "$D" && PYTHONPATH="$D:$PYTHONPATH" timeout $(cap 80) python tools/bench_prefix.py --model "$CK" --device cuda \
-      --workloads arrival --mixed 64 --arrival-repeats 3 --out-dir "$L" --name arrival_repeats_$V \
-      > "$L/arrival_repeats_$V.log" 2>&1 )
+  D=$PWD; [ $V = warm ] && D=/tmp/warm
+  in_tree "$D" timeout $(cap 80) python tools/bench_prefix.py --model "$CK" --device cuda --workloads arrival \
+    --mixed 64 --arrival-repeats 3 --out-dir "$L" --name arrival_repeats_$V > "$L/arrival_repeats_$V.log" 2>&1
   say "arrival repeats $V rc=$?: startup $(grep -o '"startup_s": [0-9.]*' "$L/arrival_repeats_$V.json")"
   grep -E "^\| mixed" "$L/arrival_repeats_$V.md" | tee -a "$S"; pack
 done
