@@ -45,9 +45,10 @@ MIN_BUCKET = 16
 # 4096 cached ones: 8.2 ms vs 19.0; the multi-query kernel is 1.1-2.5x FlashInfer's attention,
 # tools/bench_prefill_attention.py).
 EAGER_ABOVE_TOKENS = 2048
-# Key block of the multi-query kernel per piece size: 128 keys a step from 256 query tokens up
-# (H200: a 512-token piece after 4096 cached, 1B shape 171 vs 226 us, 8B shape 296 vs 426 us),
-# 64 below (32 tokens: 92 vs 120 us).
+# Key block of the multi-query kernel per piece size (kernels/multiquery_attention.py piece_launch,
+# with the split count): 128 keys a step from 64 query tokens up (H200: a 512-token piece after 4096
+# cached, 1B shape 171 vs 226 us, 8B shape 296 vs 426 us; H100, 64 and 128 tokens at 0-4k cached:
+# faster at both shapes), 64 below (32 tokens: 92 vs 120 us).
 def key_block(tokens: int) -> int:
     """BLOCK_N of the multi-query kernel for a piece bucket of `tokens` query tokens."""
     return piece_block_n(tokens)
