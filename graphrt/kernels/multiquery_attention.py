@@ -198,6 +198,10 @@ def multiquery_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor,
                          f"{getattr(q_lens, 'shape', q_lens)!r} {getattr(q_lens, 'dtype', '')}")
     if isinstance(splits, bool) or not isinstance(splits, int) or splits < 1:
         raise ValueError(f"splits: must be an int >= 1, got {splits!r}")
+    for name, v, ok in (("block_n", block_n, (16, 32, 64, 128, 256)), ("num_warps", num_warps, (1, 2, 4, 8, 16)),
+                        ("num_stages", num_stages, range(1, 9))):
+        if v is not None and (isinstance(v, bool) or v not in ok):
+            raise ValueError(f"{name}: expected one of {list(ok)} or None, got {v!r}")
     if out is None:
         out = torch.empty_like(q)
     elif out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous():

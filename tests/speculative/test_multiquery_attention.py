@@ -106,3 +106,6 @@ def test_bad_input():
         multiquery_attention(q, cache, table, lens, splits=0)
     with pytest.raises(ValueError, match="q_lens"):
         multiquery_attention(q, cache, table, lens, q_lens=lens.long())
+    for bad in (dict(block_n=48), dict(num_warps=3), dict(num_stages=0), dict(num_warps=True)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            multiquery_attention(q, cache, table, lens, **bad)
