@@ -35,7 +35,7 @@ import torch
 
 from graphrt.attention.buckets import pick_bucket
 from graphrt.attention.graphs import GraphKey, GraphRunner
-from graphrt.kernels.multiquery_attention import piece_block_n, piece_launch
+from graphrt.kernels.multiquery_attention import piece_launch
 from graphrt.kernels.transfer import copy_into
 
 MIN_BUCKET = 16
@@ -45,14 +45,6 @@ MIN_BUCKET = 16
 # 4096 cached ones: 8.2 ms vs 19.0; the multi-query kernel is 1.1-2.5x FlashInfer's attention,
 # tools/bench_prefill_attention.py).
 EAGER_ABOVE_TOKENS = 2048
-# Key block of the multi-query kernel per piece size (kernels/multiquery_attention.py piece_launch,
-# with the split count): 128 keys a step from 64 query tokens up (H200: a 512-token piece after 4096
-# cached, 1B shape 171 vs 226 us, 8B shape 296 vs 426 us; H100, 64 and 128 tokens at 0-4k cached:
-# faster at both shapes), 64 below (32 tokens: 92 vs 120 us).
-def key_block(tokens: int) -> int:
-    """BLOCK_N of the multi-query kernel for a piece bucket of `tokens` query tokens."""
-    return piece_block_n(tokens)
-
 
 
 def prefill_token_buckets(max_tokens: int) -> tuple[int, ...]:
@@ -131,7 +123,11 @@ class PrefillGraphs:
         heads = getattr(model, "local_spec", model.spec)
         group = heads.num_heads // heads.num_kv_heads
         # a short piece after a long cached prefix is one tile per KV head: split its keys
-        self.splits = {t: piece_launch(self.device, t, group, heads.num_kv_heads, config.max_context_len)[0]
+        # (splits, block_n) per bucket: kernels/multiquery_attention.py piece_launch (128 keys a step
+        # from 64 query tokens up: H200, a 512-token piece after 4096 cached, 1B shape 171 vs 226 us,
+        # 8B shape 296 vs 426 us; H100, 64 and 128 tokens at 0-4k cached: faster at both shapes; 64
+        # below: 32 tokens 92 vs 120 us)
+        self.launch = {t: piece_launch(self.device, t, group, heads.num_kv_heads, config.max_context_len)
                        for t in self.buckets}
         self.record: tuple[int, ...] = ()            # residual-stream ids recorded (record_states)
         self.stage = None                             # add_stage's pass, run in every graph
@@ -167,7 +163,7 @@ class PrefillGraphs:
         b = self.buf
         rec = {"record": self.record, "hidden_out": b.hidden[:t]} if self.record else {}
         logits = self.model.prefill_step(b.tokens[:t].view(1, t), b.cache_len, b.q_len, kv_caches, b.table,
-                                         b.error, splits=self.splits[t], block_n=key_block(t), **rec)
+                                         b.error, splits=self.launch[t][0], block_n=self.launch[t][1], **rec)
         b.logits.copy_(logits)
         if self.stage is not None:
             self.stage(t, b)
@@ -238,5 +234,5 @@ class PrefillGraphs:
         return out
 
 
-__all__ = ["PrefillGraphs", "PrefillBuffers", "prefill_token_buckets", "reachable_buckets", "plan_pieces", "key_block",
+__all__ = ["PrefillGraphs", "PrefillBuffers", "prefill_token_buckets", "reachable_buckets", "plan_pieces",
            "EAGER_ABOVE_TOKENS"]
