@@ -237,8 +237,8 @@ def trained_costs(family: Path, plan: Plan) -> list[dict]:
     target and draft checkpoints, at the plan's batch sizes and about its mean context."""
     import torch
     from bench_spec import bench_model
-    from graphrt.engine.loader import load_checkpoint
-    from graphrt.engine.model import build_model
+    from graphrt.checkpoint.loader import load_checkpoint
+    from graphrt.checkpoint.decoder import build_model
     rows, ctx = [], plan.prompt_tokens + plan.gen_tokens // 2
     for name in ("target", "draft"):
         model = build_model(load_checkpoint(str(family / name), device="cuda", dtype=torch.bfloat16))

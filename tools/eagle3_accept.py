@@ -179,7 +179,7 @@ def main(argv=None) -> int:
             print(f"eagle3_accept: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
             return 2
     from graphrt.engine.device import select_triton_mode
-    from graphrt.model.hf_files import CheckpointError
+    from graphrt.checkpoint.hf_files import CheckpointError
     select_triton_mode(torch.device(a.device))
     try:
         out = measure(a.target, a.head, k=a.k, prompts=a.prompts, prompt_tokens=a.prompt_tokens,

@@ -25,7 +25,7 @@ def main(argv=None) -> int:
     p.add_argument("--check", metavar="TARGET_DIR", default=None,
                    help="load SRC against the target checkpoint's config.json and print a summary")
     a = p.parse_args(argv)
-    from graphrt.model.hf_files import CheckpointError
+    from graphrt.checkpoint.hf_files import CheckpointError
     from graphrt.speculative.eagle3 import convert_head
     try:
         if a.check is not None:
@@ -42,7 +42,7 @@ def main(argv=None) -> int:
 
 
 def _check(src: Path, target: Path) -> int:
-    from graphrt.engine.loader import read_config
+    from graphrt.checkpoint.loader import read_config
     from graphrt.model.spec import LlamaSpec
     from graphrt.speculative.eagle3 import load_eagle3
     import transformers

@@ -78,8 +78,8 @@ def hf_logits(hf, ids: list[int], device) -> torch.Tensor:
 def graphrt_runtime(path, device, *, rows: int, context: int):
     """(model, ModelRuntime with 1-step graphs keeping logits, rows x context pages); bf16 on CUDA."""
     from graphrt.config import RuntimeConfig
-    from graphrt.engine.loader import load_checkpoint
-    from graphrt.engine.model import build_model
+    from graphrt.checkpoint.loader import load_checkpoint
+    from graphrt.checkpoint.decoder import build_model
     from graphrt.model.runtime import ModelRuntime
     cuda = device.type == "cuda"
     ck = load_checkpoint(path, device=device, dtype=torch.bfloat16 if cuda else torch.float32)

@@ -52,8 +52,8 @@ GATES = {"fp8": 1.01, "fp8+fp8-kv": 1.02}         # perplexity ratio over bf16, 
 def runtime(path, device, *, quantization, kv_cache_dtype, rows: int, context: int):
     """(model, ModelRuntime: 1-step graphs keeping logits, rows x context pages)."""
     from graphrt.config import RuntimeConfig
-    from graphrt.engine.loader import load_checkpoint
-    from graphrt.engine.model import build_model
+    from graphrt.checkpoint.loader import load_checkpoint
+    from graphrt.checkpoint.decoder import build_model
     from graphrt.model.runtime import ModelRuntime
     cuda = device.type == "cuda"
     ck = load_checkpoint(path, device=device, dtype=torch.bfloat16 if cuda else torch.float32,

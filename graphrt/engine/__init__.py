@@ -1,14 +1,13 @@
-"""The generation engine: checkpoint loading, page allocation, scheduling, streaming, `LLM`.
+"""The generation engine: page allocation, scheduling, streaming, the offline `LLM` API.
 
-checkpoint_files.py (a checkpoint's tensor files: names, shapes, reading, values check; shared by
-loader.py: HF directory -> fused weights, and quant_loader.py: FP8), model.py (fused weights -> LlamaDecoder),
 params.py (SamplingParams, RequestOutput, CompletionOutput), group.py (n > 1: samples sharing a
 prefill), vllm_args.py (vLLM's LLM argument names), config.py (EngineConfig, the pool from memory),
 allocator.py (refcounted KV pages), kv_manager.py (pages per request, the null page),
 input_batch.py (the persistent device batch), token_bytes.py + detokenizer.py (text and stop
 strings), scheduler.py (admission, growth, preemption, slots, stops), stream.py, engine.py
 (the loop, overlap, background thread), llm.py (the offline API),
-device.py (default device, Triton interpreter on CPU), hub.py (Hugging Face repo ids -> local snapshots).
+device.py (default device, Triton interpreter on CPU). Checkpoints (files, loaders, tokenizer,
+chat template, hub ids) are read by `graphrt.checkpoint`, one layer below.
 
 Names resolve on first access (PEP 562): importing the package loads no Triton kernel.
 """

@@ -17,7 +17,7 @@ def load_eagle3_phase(mrt, spec):
     """spec.draft_model's EAGLE-3 head as an Eagle3Phase over caches indexed like mrt's.
     ValueError naming speculative.model when the head cannot be read or does not fit."""
     from graphrt.attention.kvcache import PagedKVCache
-    from graphrt.model.hf_files import CheckpointError
+    from graphrt.checkpoint.hf_files import CheckpointError
     from graphrt.speculative.eagle3 import Eagle3Drafter, Eagle3Head, load_eagle3
     from graphrt.speculative.eagle3.phase import Eagle3Phase
     model, c = mrt.model, mrt.config

@@ -35,7 +35,7 @@ import torch
 
 from graphrt.engine.config import EngineConfig
 from graphrt.engine.device import available_bytes, check_device_support, resolve_device, select_triton_mode
-from graphrt.engine.hub import resolve_model
+from graphrt.checkpoint.hub import resolve_model
 from graphrt.engine.params import RequestOutput, SamplingParams
 from graphrt.engine.startup import StartupTimes
 from graphrt.engine.stream import interrupt_after
@@ -54,8 +54,8 @@ def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None, q
     StartupTimes whose runtime phase gets the model, runtime and runner construction; plans:
     ModelRuntime's (decode plans measured by an earlier start, model/plans.py)."""
     from graphrt.engine.executor import LocalExecutor
-    from graphrt.engine.loader import load_checkpoint
-    from graphrt.engine.model import build_model
+    from graphrt.checkpoint.loader import load_checkpoint
+    from graphrt.checkpoint.decoder import build_model
     from graphrt.model.runtime import ModelRuntime
     world, rank = (1, 0) if tp is None else (tp.world_size, tp.rank)
     t = time.perf_counter()
@@ -137,7 +137,7 @@ class LLM:
     only its slices; every prefill / decode is broadcast to them. A rank that dies makes the
     next call raise RankError (collectives in flight end at tp_timeout_s). `shutdown()` ends them.
     quantization="fp8": a float checkpoint's linear layers as FP8 (per channel) while loading;
-    FP8 checkpoints load as FP8 without it (graphrt/engine/quant_loader.py); with
+    FP8 checkpoints load as FP8 without it (graphrt/checkpoint/fp8_loader.py); with
     tensor_parallel, each rank loads its shard of the FP8 weights and scales.
     plans: decode plans measured by an earlier start (`llm.runtime.measured_plans()`; a graph
     cache's manifest keeps its capture's, which `graphrt serve --graph-cache` passes): split-K and
@@ -172,7 +172,7 @@ class LLM:
         select_triton_mode(dev)                        # before any kernel module is imported
         path = resolve_model(path, revision=revision)  # local directory, or the hub snapshot's
         from graphrt.engine.engine import Engine
-        from graphrt.engine.loader import file_dtype, load_tokenizer
+        from graphrt.checkpoint.loader import file_dtype, load_tokenizer
         dtype = config.dtype or ("float32" if dev.type == "cpu" else
                                  {torch.float16: "float16"}.get(file_dtype(path), "bfloat16"))
         self.config, self._workers = config, None
@@ -236,7 +236,7 @@ class LLM:
 
     def _start_tensor_parallel(self, path, dev, config, dtype, n: int, timeout_s: float, quantization,
                                times=None):
-        from graphrt.engine.checkpoint_files import read_spec
+        from graphrt.checkpoint.files import read_spec
         from graphrt.parallel import check_tp_size
         from graphrt.parallel.driver import TPDriver
         from graphrt.parallel.launch import RankError

@@ -6,7 +6,7 @@
 
 Method "ngram" needs nothing more than the runtime's token history; method "eagle3" loads the
 head with engine/eagle_load.py (its prefill and rounds: speculative/eagle3/phase.py). Method "draft" loads the
-draft checkpoint like the target (engine/loader.py, same dtype and device), checks that it shares
+draft checkpoint like the target (graphrt/checkpoint/loader.py, same dtype and device), checks that it shares
 the target's vocabulary, and gives it its own paged KV caches with the target's page ids (the
 same pool size, its own geometry), so the scheduler's pages serve both models.
 
@@ -40,8 +40,8 @@ def build_runner(mrt, spec, *, rounds: int, dtype: str, target=None):
 def load_draft(mrt, spec, *, dtype: str, target=None):
     """The draft model of spec.draft_model as a DraftProposer over caches indexed like mrt's."""
     from graphrt.attention.kvcache import PagedKVCache
-    from graphrt.engine.loader import load_checkpoint
-    from graphrt.engine.model import build_model
+    from graphrt.checkpoint.loader import load_checkpoint
+    from graphrt.checkpoint.decoder import build_model
     from graphrt.speculative.draft import DraftProposer
     try:
         ck = load_checkpoint(spec.draft_model, device=mrt.device, dtype=getattr(torch, dtype))

@@ -35,8 +35,8 @@ ENGINE_FIELDS = ("max_batch", "steps_per_graph", "page_size", "max_model_len", "
 
 def _resolved(model_path, engine_cfg, device_type: str):
     """(LlamaSpec, dtype, max_model_len) as LLM resolves them, from config.json only."""
-    from graphrt.engine.checkpoint_files import read_spec
-    from graphrt.engine.loader import file_dtype
+    from graphrt.checkpoint.files import read_spec
+    from graphrt.checkpoint.loader import file_dtype
     path = Path(model_path)
     raw, _, spec = read_spec(path)
     import torch

@@ -196,7 +196,7 @@ def load(args, *, keep=None):
     from contextlib import ExitStack, nullcontext
 
     from graphrt.engine.device import resolve_device, select_triton_mode
-    from graphrt.engine.hub import resolve_model
+    from graphrt.checkpoint.hub import resolve_model
     from graphrt.serve.flags import model_path
     model = model_path(args)
     device = resolve_device(args.device)

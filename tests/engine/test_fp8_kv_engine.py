@@ -18,7 +18,7 @@ from _checkpoints import write
 from _fp8_checkpoints import write_fp8
 from graphrt import LLM, SamplingParams
 from graphrt.engine import EngineConfig
-from graphrt.engine.loader import CheckpointError, load_checkpoint
+from graphrt.checkpoint.loader import CheckpointError, load_checkpoint
 from graphrt.model.spec import LlamaSpec
 
 transformers = pytest.importorskip("transformers")

@@ -82,8 +82,8 @@ def test_llm_startup_parts_sum_within_the_total(llm):
 def test_valid_tokenizer_json_is_parsed_once(llm, monkeypatch):
     # tokenizer.json is read by the tokenizers library only; graphrt's own JSON check (a second
     # full parse, over a second for Llama 3's 9 MB) runs when the tokenizer fails to load
-    import graphrt.engine.loader as loader
-    import graphrt.engine.tokenizer as tokenizer
+    import graphrt.checkpoint.loader as loader
+    import graphrt.checkpoint.tokenizer as tokenizer
     seen = []
     real = tokenizer.read_json
     monkeypatch.setattr(tokenizer, "read_json", lambda f, **kw: seen.append(f.name) or real(f, **kw))
@@ -124,7 +124,7 @@ def test_serve_without_fastapi_says_so_before_loading(monkeypatch):
 
 
 def test_llm_start_imports_no_transformers(tmp_path_factory):
-    # config.json (LlamaSpec.from_config) and tokenizer.json (engine/tokenizer.py) are read
+    # config.json (LlamaSpec.from_config) and tokenizer.json (graphrt/checkpoint/tokenizer.py) are read
     # without transformers: its import alone was 13 s of a 1B model's 22-25 s start on the GPU host
     path = write(tmp_path_factory, "no-transformers", shape="tiny", dtype="float32")
     stmt = (f"from graphrt import LLM; llm = LLM({str(path)!r}, device='cpu', max_batch=2, max_model_len=64); "

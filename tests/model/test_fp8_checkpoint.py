@@ -1,4 +1,4 @@
-"""FP8 checkpoints through engine/loader.py (graphrt/engine/quant_loader.py): compressed-tensors
+"""FP8 checkpoints through graphrt/checkpoint/loader.py (graphrt/checkpoint/fp8_loader.py): compressed-tensors
 per-tensor / per-channel, transformers fp8 with block scales, `quantization="fp8"` on a float
 checkpoint. A test helper rewrites a random float checkpoint into each format's on-disk layout
 (F8_E4M3 weights, scale tensors, shards that split a weight from its scale, an `ignore` list);
@@ -18,8 +18,8 @@ import torch
 from _checkpoints import write
 from _fp8_checkpoints import FP8_MAX, write_fp8
 from graphrt import RuntimeConfig
-from graphrt.engine.loader import CheckpointError, load_checkpoint
-from graphrt.engine.model import build_model
+from graphrt.checkpoint.loader import CheckpointError, load_checkpoint
+from graphrt.checkpoint.decoder import build_model
 from graphrt.model import LlamaDecoder
 from graphrt.model.quant import Fp8Weight
 from graphrt.model.runtime import ModelRuntime

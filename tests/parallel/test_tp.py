@@ -12,8 +12,8 @@ import torch
 
 import _checkpoints
 from graphrt import RuntimeConfig
-from graphrt.engine.loader import load_checkpoint
-from graphrt.engine.model import build_model
+from graphrt.checkpoint.loader import load_checkpoint
+from graphrt.checkpoint.decoder import build_model
 from graphrt.model.runtime import ModelRuntime
 from graphrt.model.llama import LlamaDecoder
 from graphrt.parallel import TensorParallel, check_tp_size, shard_runtime_config, shard_spec, shard_weights

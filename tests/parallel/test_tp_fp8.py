@@ -1,4 +1,4 @@
-"""FP8 weights under tensor parallelism (engine/quant_loader.py, model/quant/shard.py): each rank
+"""FP8 weights under tensor parallelism (graphrt/checkpoint/fp8_loader.py, model/quant/shard.py): each rank
 loads its block of the FP8 data and its part of the scales; a rank's dequantized weights equal
 the single-process dequantized weights sharded by parallel/shard.py (an independent slicing of
 the whole tensors); a shard that cuts a scale block is refused naming the tensor and the block;
@@ -13,8 +13,8 @@ import torch
 from _checkpoints import write
 from _fp8_checkpoints import FP8_MAX, write_fp8
 from graphrt import RuntimeConfig
-from graphrt.engine.loader import CheckpointError, load_checkpoint
-from graphrt.engine.model import build_model
+from graphrt.checkpoint.loader import CheckpointError, load_checkpoint
+from graphrt.checkpoint.decoder import build_model
 from graphrt.parallel.driver import TPDriver, follow, rank_runtime
 from graphrt.parallel.launch import launch
 from graphrt.model.quant import Fp8Weight

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import _checkpoints
-from graphrt.engine.loader import load_checkpoint
+from graphrt.checkpoint.loader import load_checkpoint
 from graphrt.model.spec import LlamaSpec
 from graphrt.parallel import check_tp_size, shard_spec
 from graphrt.parallel.shard import shard_vocab, vocab_rows

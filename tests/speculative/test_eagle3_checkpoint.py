@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from _eagle3_ref import H, V, original_config, random_tensors, target_spec
-from graphrt.model.hf_files import CheckpointError
+from graphrt.checkpoint.hf_files import CheckpointError
 from graphrt.speculative.eagle3 import convert_head, default_layer_ids, load_eagle3, parse_config
 from graphrt.speculative.eagle3.checkpoint import read_head, write_head
 from graphrt.speculative.eagle3.convert import speculators_config

@@ -12,7 +12,7 @@ Formats read (facts from their on-disk layouts):
   graphrt always quantizes activations per token at run time (static input scales unused).
   `kv_cache_scheme` ({num_bits: 8, type: "float", strategy: "tensor"}, static): per-layer
   `self_attn.k_scale` / `self_attn.v_scale` ([] or [1] float) for an FP8 KV cache
-  (graphrt/engine/kv_scales.py reads them; they apply with kv_cache_dtype="fp8").
+  (graphrt/checkpoint/kv_scales.py reads them; they apply with kv_cache_dtype="fp8").
 - transformers `quant_method: "fp8"` (the official Qwen3 FP8 releases): `fmt: "e4m3"`,
   `activation_scheme: "dynamic"`, `weight_block_size: [128, 128]` (or null: per tensor),
   `modules_to_not_convert`. Tensors: `<module>.weight` F8_E4M3 and `<module>.weight_scale_inv`

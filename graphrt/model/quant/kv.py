@@ -7,7 +7,7 @@
 A stored element e means e * scale. Scales are per tensor (one k and one v scale per layer,
 held by the layer's PagedKVCache as `scale`, [2] float32 on its device). Where they come from:
 - the checkpoint, when it has them (compressed-tensors `kv_cache_scheme` with per-layer
-  `self_attn.k_scale` / `v_scale`: graphrt/engine/kv_scales.py), set before anything runs;
+  `self_attn.k_scale` / `v_scale`: graphrt/checkpoint/kv_scales.py), set before anything runs;
 - else calibrated on the first prefill the runtime runs (`calibrate_layer`, called per layer by
   the decoder's prefill before that layer's first K/V is written): k scale = the largest norm
   of a rotary pair of the prompt's keys (after q/k norm) / 448, the largest value any rotation

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from graphrt.model.hf_files import CheckpointError, read_json, reading
+from graphrt.checkpoint.hf_files import CheckpointError, read_json, reading
 from graphrt.speculative.eagle3.config import Eagle3Config, parse_config
 from graphrt.speculative.eagle3.weights import Eagle3Weights, from_layout, fuse, to_layout
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from graphrt.model.hf_files import CheckpointError
+from graphrt.checkpoint.hf_files import CheckpointError
 from graphrt.speculative.eagle3.checkpoint import read_head, write_head
 from graphrt.speculative.eagle3.config import LAYOUTS, Eagle3Config
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from graphrt.model.hf_files import CheckpointError
+from graphrt.checkpoint.hf_files import CheckpointError
 
 LAYER_PREFIX = {"original": "midlayer.", "speculators": "layers.0."}
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)              # old transformers saved it; unused

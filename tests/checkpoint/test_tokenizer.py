@@ -1,4 +1,4 @@
-"""engine/tokenizer.py + chat_template.py: tokenizer.json and tokenizer_config.json read without
+"""graphrt/checkpoint/tokenizer.py + chat_template.py: tokenizer.json and tokenizer_config.json read without
 transformers give what transformers' AutoTokenizer gives (ids, text, special tokens, chat
 template output, the detokenizer's incremental text), for make_checkpoint's tokenizer and a
 Llama-3-like one (a BOS post-processor, a system-message template, a pad token missing from
@@ -14,7 +14,7 @@ import pytest
 from _checkpoints import make_checkpoint_module
 from graphrt.engine.detokenizer import TextState, make_decoder
 from graphrt.engine.token_bytes import token_bytes
-from graphrt.engine.tokenizer import Tokenizer, load_tokenizer
+from graphrt.checkpoint.tokenizer import Tokenizer, load_tokenizer
 
 transformers = pytest.importorskip("transformers")
 jinja2 = pytest.importorskip("jinja2")
@@ -230,7 +230,7 @@ def test_without_tokenizer_json_falls_back_to_transformers_loudly(tmp_path, capl
     bpe.train_from_iterator(["hello world, the graph token"] * 20, vocab_size=300, show_progress=False)
     bpe.save_model(str(tmp_path))                      # vocab.json + merges.txt only
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "GPT2Tokenizer"}))
-    with caplog.at_level(logging.WARNING, logger="graphrt.engine.tokenizer"):
+    with caplog.at_level(logging.WARNING, logger="graphrt.checkpoint.tokenizer"):
         tok = load_tokenizer(tmp_path)
     assert not isinstance(tok, Tokenizer) and "no tokenizer.json" in caplog.text
     assert tok.decode(tok("hello world").input_ids) == "hello world"

@@ -3,7 +3,7 @@
     ck = load_checkpoint(path, device="cuda")                       # config.json says FP8
     ck = load_checkpoint(path, device="cuda", quantization="fp8")   # float checkpoint -> FP8
 
-Reached from `graphrt.engine.loader.load_checkpoint` when config.json has a
+Reached from `graphrt.checkpoint.loader.load_checkpoint` when config.json has a
 `quantization_config` or `quantization` is given; the formats are parsed by
 `graphrt.model.quant.formats`. The result is the loader's `Checkpoint` with the same fused
 weights dict, except that each linear field (qkv / o / gate_up / down, lm_head unless ignored)
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from graphrt.engine.kv_scales import kv_scale_names, read_kv_scales
-from graphrt.engine.checkpoint_files import (F8_KIND, FILE_DTYPES, Checkpoint, CheckpointError, FiniteCheck,
+from graphrt.checkpoint.kv_scales import kv_scale_names, read_kv_scales
+from graphrt.checkpoint.files import (F8_KIND, FILE_DTYPES, Checkpoint, CheckpointError, FiniteCheck,
                                              TensorFiles, check_scale, eos_token_ids, expected_tensors,
                                              retie_or_warn, warn_unused)
 from graphrt.model.quant.fp8 import FP8, Fp8Weight, quantize_fp8

@@ -9,7 +9,7 @@ non-finite scale is a CheckpointError naming the tensor and the file.
 """
 from __future__ import annotations
 
-from graphrt.engine.checkpoint_files import CheckpointError, TensorFiles, check_scale
+from graphrt.checkpoint.files import CheckpointError, TensorFiles, check_scale
 
 _NAMES = (("self_attn.k_scale", "self_attn.v_scale"),
           ("self_attn.k_proj.output_scale", "self_attn.v_proj.output_scale"))

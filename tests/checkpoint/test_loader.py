@@ -1,4 +1,4 @@
-"""engine/loader.py: HF checkpoints (single file and sharded; Llama, Qwen2, Qwen3) into the fused
+"""graphrt/checkpoint/loader.py: HF checkpoints (single file and sharded; Llama, Qwen2, Qwen3) into the fused
 layout, compared tensor by tensor with transformers' own load; every bad checkpoint a clear error."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from _checkpoints import write
-from graphrt.engine.loader import CheckpointError, load_checkpoint, load_tokenizer
+from graphrt.checkpoint.loader import CheckpointError, load_checkpoint, load_tokenizer
 
 transformers = pytest.importorskip("transformers")
 
@@ -134,14 +134,13 @@ def _graphrt_imports(rel: str) -> list[tuple[str, str]]:
 
 
 def test_loaders_share_one_public_checkpoint_files_module():
-    """The float and FP8 loaders both read checkpoint_files.py: no private name crosses a module,
-    and quant_loader never imports loader (loader reaches quant_loader lazily, one way)."""
-    for rel in ("engine/loader.py", "engine/quant_loader.py", "engine/checkpoint_files.py", "engine/model.py"):
+    """The float and FP8 loaders both read checkpoint/files.py: no private name crosses a module,
+    and fp8_loader never imports loader (loader reaches fp8_loader lazily, one way)."""
+    for rel in ("checkpoint/loader.py", "checkpoint/fp8_loader.py", "checkpoint/files.py", "checkpoint/decoder.py"):
         imports = _graphrt_imports(rel)
         assert not [x for x in imports if x[1].startswith("_")], (rel, imports)
-    assert all(m != "graphrt.engine.loader" for m, _ in _graphrt_imports("engine/quant_loader.py"))
-    assert all(not m.startswith("graphrt.engine.") or m == "graphrt.model.hf_files"
-               for m, _ in _graphrt_imports("engine/checkpoint_files.py"))
+    assert all(m != "graphrt.checkpoint.loader" for m, _ in _graphrt_imports("checkpoint/fp8_loader.py"))
+    assert all(not m.startswith("graphrt.engine") for m, _ in _graphrt_imports("checkpoint/files.py"))
 
 
 def test_model_quant_imports_nothing_from_the_model():

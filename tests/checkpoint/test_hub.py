@@ -1,4 +1,4 @@
-"""Hugging Face repo ids (graphrt/engine/hub.py): resolved offline from a pre-populated cache
+"""Hugging Face repo ids (graphrt/checkpoint/hub.py): resolved offline from a pre-populated cache
 layout (models--org--name/snapshots/<commit>/..., refs/<branch>), a local directory wins, and
 names that resolve to nothing fail with one line naming the field."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from _checkpoints import write
-from graphrt.engine.hub import looks_like_repo_id, resolve_model
+from graphrt.checkpoint.hub import looks_like_repo_id, resolve_model
 
 hub = pytest.importorskip("huggingface_hub")
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +40,7 @@ def _resolve_in_subprocess(cache: Path, *args: str) -> list[str]:
     reads HF_HUB_CACHE and HF_HUB_OFFLINE when it is imported)."""
     env = dict(os.environ, HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1",
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    script = ("import json, sys\nfrom graphrt.engine.hub import resolve_model\nout = []\n"
+    script = ("import json, sys\nfrom graphrt.checkpoint.hub import resolve_model\nout = []\n"
               "for a in json.loads(sys.argv[1]):\n"
               "    try:\n        out.append(str(resolve_model(a[0], revision=a[1])))\n"
               "    except ValueError as e:\n        out.append('ValueError ' + str(e))\n"

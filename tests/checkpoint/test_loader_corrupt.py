@@ -1,4 +1,4 @@
-"""Corrupt or inconsistent checkpoint files (engine/loader.py, model/hf_files.py): each is one
+"""Corrupt or inconsistent checkpoint files (graphrt/checkpoint/loader.py, graphrt/checkpoint/hf_files.py): each is one
 CheckpointError line (a ValueError) naming the file and the field or tensor; `graphrt serve`
 prints that line and exits 2."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from _checkpoints import write
 from graphrt import LLM
-from graphrt.engine.loader import CheckpointError
+from graphrt.checkpoint.loader import CheckpointError
 
 pytest.importorskip("transformers")
 

@@ -1,7 +1,7 @@
 """Load a local HF checkpoint straight into graphrt's fused weight layout on the target device.
 
     ckpt = load_checkpoint("path/to/dir", device="cuda")   # Checkpoint: spec + fused weights
-    tok = load_tokenizer("path/to/dir")                     # graphrt/engine/tokenizer.py (no transformers)
+    tok = load_tokenizer("path/to/dir")                     # graphrt/checkpoint/tokenizer.py (no transformers)
 
 Reads config.json (architecture, shapes) and the safetensors file(s), single or sharded
 (model.safetensors.index.json). Each fused tensor is allocated once on the target device and the
@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 
-from graphrt.engine.checkpoint_files import (FILE_DTYPES, Checkpoint, CheckpointError, FiniteCheck,
+from graphrt.checkpoint.files import (FILE_DTYPES, Checkpoint, CheckpointError, FiniteCheck,
                                              TensorFiles, eos_token_ids, expected_tensors, read_config,
                                              read_spec, retie_or_warn, untie_if_present, warn_unused)
-from graphrt.engine.tokenizer import load_tokenizer
+from graphrt.checkpoint.tokenizer import load_tokenizer
 from graphrt.model.spec import LlamaSpec, owned_slice, shard_spec, vocab_rows
 
 VOCAB_TENSORS = ("model.embed_tokens.weight", "lm_head.weight")   # rows padded under tensor parallel
@@ -75,7 +75,7 @@ def load_checkpoint(path, *, device="cpu", dtype: torch.dtype | None = None, ran
     (safetensors get_slice) into the per-rank fused layout (graphrt/parallel/shard.py).
     quantization: "fp8" quantizes a float checkpoint's linear layers while loading; FP8
     checkpoints (config.json `quantization_config`) load as FP8 without it
-    (graphrt/engine/quant_loader.py).
+    (graphrt/checkpoint/fp8_loader.py).
     Raises CheckpointError naming the file and tensor for a missing, unreadable or truncated
     file or tensor, an unsupported architecture, activation, RoPE setting or dtype, a shape that
     does not match config.json, or a weight holding NaN / Inf (checked on `device`).
@@ -95,7 +95,7 @@ def load_checkpoint(path, *, device="cpu", dtype: torch.dtype | None = None, ran
     files = TensorFiles(path)
     spec, untie = untie_if_present(spec, files.names)
     if quantization is not None or raw.get("quantization_config") is not None:
-        from graphrt.engine.quant_loader import load_quantized   # FP8 (graphrt/model/quant)
+        from graphrt.checkpoint.fp8_loader import load_quantized   # FP8 (graphrt/model/quant)
         return dataclasses.replace(load_quantized(path, raw, arch, spec, quantization, files, device=device,
                                                   dtype=dtype, untie=untie, rank=rank, world_size=world_size),
                                    config_s=config_s)

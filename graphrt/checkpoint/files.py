@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from graphrt.model.hf_files import CheckpointError, check_config, eos_ids, read_json, reading
+from graphrt.checkpoint.hf_files import CheckpointError, check_config, eos_ids, read_json, reading
 from graphrt.model.spec import LlamaSpec
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
@@ -39,7 +39,7 @@ class Checkpoint:
     describe the tensor copy (config_s: reading config.json, the start-up line's). With world_size > 1, `spec` is the whole model's and `weights` hold
     rank's tensor-parallel shard (graphrt/parallel/shard.py), nbytes only the bytes that rank read.
     kv_scales: the checkpoint's FP8 KV cache scales, ((k, v) per layer), or None
-    (graphrt/engine/kv_scales.py)."""
+    (graphrt/checkpoint/kv_scales.py)."""
 
     path: Path
     arch: str

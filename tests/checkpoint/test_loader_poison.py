@@ -1,4 +1,4 @@
-"""Poison and surplus in checkpoint tensors (engine/checkpoint_files.py, loader.py, quant_loader.py):
+"""Poison and surplus in checkpoint tensors (graphrt/checkpoint/files.py, loader.py, quant_loader.py):
 non-finite weights (float and FP8, checked on the device the weights land on), NaN / Inf / zero /
 negative FP8 scales, scale shapes per strategy, unreadable FP8 shards and malformed
 quantization_config fields are one CheckpointError line naming the file and the tensor or field;
@@ -15,7 +15,7 @@ import torch
 
 from _checkpoints import write
 from _fp8_checkpoints import write_fp8
-from graphrt.engine.loader import CheckpointError, load_checkpoint
+from graphrt.checkpoint.loader import CheckpointError, load_checkpoint
 
 pytest.importorskip("transformers")
 SHARD = "model-00001-of-00001.safetensors"
@@ -74,7 +74,7 @@ def test_non_finite_weight_is_named(base, tmp_path, tensor, value):
 def test_non_finite_check_reads_each_tensor_once_on_its_device(base, tmp_path, monkeypatch, device):
     """One reduction per tensor on the weights' device and one host sync: the flags are
     gathered, not read one by one (a .item() per tensor would be a sync per tensor)."""
-    from graphrt.engine import checkpoint_files
+    from graphrt.checkpoint import files as checkpoint_files
     calls = []
     real = torch.aminmax
     monkeypatch.setattr(checkpoint_files.torch, "aminmax", lambda t: calls.append(t.device) or real(t))

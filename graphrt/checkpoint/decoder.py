@@ -5,7 +5,7 @@ from dataclasses import fields
 
 from graphrt.model.llama import LlamaDecoder
 from graphrt.model.weights import LayerWeights, ModelWeights
-from graphrt.engine.checkpoint_files import Checkpoint
+from graphrt.checkpoint.files import Checkpoint
 
 
 def build_model(ckpt: Checkpoint, *, max_positions: int | None = None, tp=None) -> LlamaDecoder:

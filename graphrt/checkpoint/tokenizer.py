@@ -23,8 +23,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from graphrt.engine.chat_template import ChatTemplate
-from graphrt.model.hf_files import CheckpointError, read_json, reading
+from graphrt.checkpoint.chat_template import ChatTemplate
+from graphrt.checkpoint.hf_files import CheckpointError, read_json, reading
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import os
 import re
 from pathlib import Path
 
-# files graphrt reads from a checkpoint (graphrt/engine/loader.py, tokenizer.py; AutoTokenizer without tokenizer.json)
+# files graphrt reads from a checkpoint (graphrt/checkpoint/loader.py, tokenizer.py; AutoTokenizer without tokenizer.json)
 ALLOW_PATTERNS = ("*.json", "*.safetensors", "tokenizer.model", "*.tiktoken", "merges.txt", "vocab.txt",
                   "*.jinja")
 # "name" or "org/name" (letters, digits, '-', '_', '.'; no '--' or '..', not starting or ending with '-' or '.')
