@@ -31,14 +31,10 @@ weights, so this is where FP8 KV shows:
     python tools/bench_e2e.py --models llama-3.1-8b --batches 16 --contexts 8192 \
         --variants graphrt-k4 --kv bf16,fp8 --no-prefill
 
-Fused GEMVs (graphrt/model/fuse.py: norms, residual adds and SiLU-mul inside the decode GEMVs)
-follow GRAPHRT_FUSE in every variant (unset / auto = measured at capture, on, off) except the
-A/B pair graphrt-fused / graphrt-unfused (forced on / off, 1 step a graph; not in the default
---variants); each row records whether its bucket ran fused (`fused`, `fuse_configs`), and with
---count-kernels the CUDA kernels per step (`kernels_per_step`):
+With --count-kernels each row records the CUDA kernels per step (`kernels_per_step`):
 
     python tools/bench_e2e.py --models llama-3.2-1b,llama-3.1-8b --batches 1,16 --contexts 1024 \
-        --variants graphrt-unfused,graphrt-fused --no-prefill --count-kernels
+        --variants graphrt --no-prefill --count-kernels
 
 Split-K of the o and down GEMMs follows GRAPHRT_SPLITK (graphrt/model/splitk.py: unset / auto =
 measured at capture, 1 = off, 2 / 4 = forced); each row records the (S_o, S_down) its bucket ran
@@ -66,9 +62,6 @@ SHAPES = {  # hidden, intermediate, layers, q heads, kv heads, head_dim, vocab, 
 VARIANTS = {"eager": ("flashinfer", 1, False), "hostplan": ("flashinfer-hostplan", 1, True),
             "graphrt": ("flashinfer", 1, True), "graphrt-k4": ("flashinfer", 4, True),
             "graphrt-k8": ("flashinfer", 8, True), "graphrt-td-k4": ("triton-decode", 4, True)}
-# the fused-GEMV A/B (graphrt/model/fuse.py: ModelRuntime fuse="on" / "off"; the variants above
-# run fuse="auto", i.e. GRAPHRT_FUSE or measured at capture); not in the default --variants
-FUSE_VARIANTS = {"graphrt-fused": ("flashinfer", 1, True, "on"), "graphrt-unfused": ("flashinfer", 1, True, "off")}
 KV_KINDS = {"bf16": "auto", "fp8": "fp8"}   # --kv -> RuntimeConfig.kv_cache_dtype
 
 
@@ -316,22 +309,20 @@ def run(args) -> dict:
             for n in [int(x) for x in args.batches.split(",")]:
                 pages = -(-(ctx + args.steps * 8 + 16) // 16)
                 for variant, kv in [(v, x) for v in args.variants.split(",") for x in args.kv.split(",")]:
-                    if variant not in VARIANTS and variant not in FUSE_VARIANTS:
-                        raise SystemExit(f"--variants: {variant!r} is not one of {sorted(VARIANTS) + sorted(FUSE_VARIANTS)}")
-                    backend, k, graphs, fuse = (VARIANTS[variant] + ("auto",)) if variant in VARIANTS \
-                        else FUSE_VARIANTS[variant]
+                    if variant not in VARIANTS:
+                        raise SystemExit(f"--variants: {variant!r} is not one of {sorted(VARIANTS)}")
+                    backend, k, graphs = VARIANTS[variant]
                     if kv not in KV_KINDS:
                         raise SystemExit(f"--kv: {kv!r} is not one of {sorted(KV_KINDS)}")
                     cfg = RuntimeConfig(num_qo_heads=s.num_heads, num_kv_heads=s.num_kv_heads,
                                         head_dim=s.head_dim, page_size=16, max_pages_per_seq=pages,
                                         buckets=[n], dtype="bfloat16", backend=backend,
                                         kv_pool_pages=n * pages + 1, kv_cache_dtype=KV_KINDS[kv])
-                    mrt = ModelRuntime(model, cfg, "cuda", steps_per_graph=k, fuse=fuse)
+                    mrt = ModelRuntime(model, cfg, "cuda", steps_per_graph=k)
                     if graphs:
                         mrt.capture()
                     step_us, dev_us, launches = measure(mrt, n, ctx, args.steps, torch)
                     n_kernels = kernels_per_step(mrt, n, ctx, torch) if args.count_kernels else None
-                    fused = mrt.fuse.get(n) if mrt.fuse else None
                     kv_bytes = s.num_layers * n * ctx * s.num_kv_heads * s.head_dim * 2 * (1 if kv == "fp8" else 2)
                     floor = (weight_bytes + kv_bytes) / bw * 1e6
                     rows.append(dict(model=name, weights=wkind, kv=kv, variant=variant, batch=n, context=ctx,
@@ -339,7 +330,6 @@ def run(args) -> dict:
                                      tok_s=n / step_us * 1e6, device_us=dev_us,
                                      idle=max(0.0, 1 - dev_us / step_us), launches_per_token=launches,
                                      splitk=list(mrt.splitk.get(n)) if mrt.splitk else [1, 1],
-                                     fused=fused is not None, fuse_configs=fused.names if fused else None,
                                      kernels_per_step=n_kernels,
                                      floor_us=floor, gemm_only_us=gemm[n],
                                      device_over_floor=dev_us / floor,
@@ -359,12 +349,12 @@ def print_table(result: dict) -> None:
           f"{result['matmul_tflops']:.0f} TFLOP/s ({result['device']})")
     print(f"{'model':<13} {'weights':<9} {'kv':<4} {'variant':<11} {'bs':>3} {'ctx':>5} {'step us':>8} {'tok/s':>8} "
           f"{'device us':>9} {'idle':>5} {'floor us':>8} {'x floor':>7} {'gemm us':>8} {'x gemm':>6} "
-          f"{'TB/s':>5} {'%bw':>4} {'fused':>5} {'kernels':>7}")
+          f"{'TB/s':>5} {'%bw':>4} {'kernels':>7}")
     for r in result["rows"]:
         print(f"{r['model']:<13} {r.get('weights', 'bf16'):<9} {r.get('kv', 'bf16'):<4} {r['variant']:<11} {r['batch']:>3} {r['context']:>5} {r['step_us']:>8.1f} "
               f"{r['tok_s']:>8.0f} {r['device_us']:>9.1f} {r['idle']:>5.2f} {r['floor_us']:>8.1f} "
               f"{r['device_over_floor']:>7.2f} {r['gemm_only_us']:>8.1f} {r['device_over_gemm_only']:>6.2f} "
-              f"{r['achieved_tb_s']:>5.2f} {r['pct_copy_bw']:>4.0f} {'yes' if r.get('fused') else 'no':>5} "
+              f"{r['achieved_tb_s']:>5.2f} {r['pct_copy_bw']:>4.0f} "
               f"{r['kernels_per_step'] if r.get('kernels_per_step') is not None else '-':>7}")
     for r in result.get("fp8_kernels", []):
         print(f"gemm {r['model']:<13} {r['shape']:<8} {r['n']:>6}x{r['k']:<6} {r['weights']:<9} bs {r['batch']:>3}: "

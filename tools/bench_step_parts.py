@@ -12,13 +12,6 @@ graphrt's split-K path (--parts splitk): the o and down GEMMs as the decode step
 their consumer add_rms_norm, which sums the S partials as it loads: what the GEMM-alone rows
 leave out (the partials' extra output bytes, read back strided). FP8: per-tensor weight scales.
 
-Fused GEMVs (--parts fuse; graphrt/model/fuse.py): for random bf16 models of the 1B / 8B shapes
-(tools/bench_e2e.py's), the measurement ModelRuntime makes at capture (plan_fuse, setting auto):
-per row count M, each fused GEMV (qkv / gate_up with the RMSNorm prologue, o with the residual
-add, down with SiLU-mul + the add) per config over all layers, and one pass over every layer of
-the four fused GEMVs against the unfused kernels they replace (cuBLAS + add+RMSNorm + SiLU-mul;
-split-K (1, 1)); per layer µs and the decision.
-
 Decode attention (one layer, bs B, context C): graphrt's multi-query kernel at Q = 1 (--attn-q:
 also Q = 5, a k = 4 verify; its split-KV + combine: two launches) for several split counts (the
 default_splits of the context marked *; the runner uses that of its max_context_len); compare with the FlashInfer decode
@@ -35,7 +28,6 @@ step, shared by all layers).
     python tools/bench_step_parts.py --out bench_step_parts.json
     python tools/bench_step_parts.py --parts decode --batches 1,4,16 --contexts 1024,8192
     python tools/bench_step_parts.py --parts splitk --ms 1,4,16,64 --splits 1,2,4
-    python tools/bench_step_parts.py --parts fuse --ms 1,16 --models llama-3.2-1b,llama-3.1-8b
 """
 from __future__ import annotations
 
@@ -126,33 +118,6 @@ def splitk_rows(torch, ms, splits, bw) -> list[dict]:
                                  "floor_us": floor, "x_floor": us / floor})
                     print(f"splitk {name:<8} {dtype:<4} M={m:<3} S={s}: {us:7.2f} us GEMM + add_rms_norm  "
                           f"x floor {us / floor:5.2f}", flush=True)
-    return rows
-
-
-def fuse_rows(torch, ms, models) -> list[dict]:
-    """plan_fuse's measurement (model/fuse.py) per model shape and M: rows of per-layer µs."""
-    from bench_e2e import random_model
-    from graphrt.model.fuse import GEMMS, choose_fused, plan_fuse
-    rows = []
-    for name in models:
-        model, _ = random_model(name, torch)
-        plan = plan_fuse(model, ms, "auto")
-        nl, t = model.spec.num_layers, plan.timings_us
-        for m in ms:
-            if (m, "fused") not in t:
-                continue
-            best = {g: min((us, key[1]) for (r, key), us in t.items()
-                           if r == m and isinstance(key, tuple) and key[0] == g) for g in GEMMS}
-            row = {"model": name, "m": m, "fused_layer_us": t[(m, "fused")] / nl,
-                   "unfused_layer_us": t[(m, "unfused")] / nl, "fused": choose_fused(t, m),
-                   **{f"{g}_us": us / nl for g, (us, _) in best.items()},
-                   **{f"{g}_config": cfg for g, (_, cfg) in best.items()}}
-            rows.append(row)
-            print(f"fuse {name:<13} M={m:<3} per layer: fused {row['fused_layer_us']:6.1f} us vs unfused "
-                  f"{row['unfused_layer_us']:6.1f} us -> {'fused' if row['fused'] else 'unfused'}; "
-                  + " ".join(f"{g} {us / nl:.1f} ({cfg})" for g, (us, cfg) in best.items()), flush=True)
-        del model
-        torch.cuda.empty_cache()
     return rows
 
 
@@ -305,8 +270,7 @@ def main(argv=None) -> int:
     p.add_argument("--decode-variants", default="",
                    help="triton-decode tuning variants, e.g. 'stages=2;stages=3,block_n=128;fp8_dot=q' (each at the "
                         "default MAX_SPLITS, half and double)")
-    p.add_argument("--models", default="llama-3.2-1b,llama-3.1-8b", help="--parts fuse: bench_e2e shapes")
-    p.add_argument("--parts", default="gemm,attention,decode", help="of gemm, splitk, fuse, attention, decode")
+    p.add_argument("--parts", default="gemm,attention,decode", help="of gemm, splitk, attention, decode")
     p.add_argument("--out", default="bench_step_parts.json")
     args = p.parse_args(argv)
     try:
@@ -327,9 +291,6 @@ def main(argv=None) -> int:
         Path(args.out).write_text(json.dumps(out, indent=1))
     if "splitk" in args.parts:
         out["splitk"] = splitk_rows(torch, ints(args.ms), ints(args.splits), bw)
-        Path(args.out).write_text(json.dumps(out, indent=1))
-    if "fuse" in args.parts:
-        out["fuse"] = fuse_rows(torch, ints(args.ms), args.models.split(","))
         Path(args.out).write_text(json.dumps(out, indent=1))
     if "attention" in args.parts:
         out["attention"] = attention_rows(torch, ints(args.batches), ints(args.contexts), ints(args.attn_splits),

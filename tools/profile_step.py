@@ -7,9 +7,7 @@ fp8-head = per-channel with an FP8 LM head, fp8-tensor(-head) = one scale per fu
 fp8-block). Programmatic dependent launch of the
 element-wise kernels follows GRAPHRT_PDL (graphrt/kernels/launch.py); split-K of the o and down
 GEMMs follows GRAPHRT_SPLITK (graphrt/model/splitk.py: unset or auto = measured at capture, 1 =
-off, 2 / 4 = forced); the S used is printed and kept in the JSON. Fused GEMVs (graphrt/model/fuse.py:
-the norms, residual adds and SiLU-mul inside the decode GEMVs) follow --fuse (auto = GRAPHRT_FUSE
-or measured at capture; on; off); whether the bucket ran fused is printed and kept in the JSON.
+off, 2 / 4 = forced); the S used is printed and kept in the JSON.
 
 --mixed C (with --chunk-at S): the same decode rows in a step that also prefills C tokens of one
 more slot at positions [S, S + C) (model/mixed.py: what the engine's mixed_prefill_tokens blocks
@@ -45,7 +43,6 @@ def main(argv=None) -> int:
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--backend", default="flashinfer", help="attention backend (flashinfer, xqa, ...)")
     p.add_argument("--kv", default="auto", help="KV cache dtype: auto (the model's) or fp8")
-    p.add_argument("--fuse", default="auto", help="fused GEMVs: auto (GRAPHRT_FUSE, else measured), on, off")
     p.add_argument("--mixed", type=int, default=0, help="C: also profile a step carrying C prompt tokens")
     p.add_argument("--chunk-at", type=int, default=0, help="S: the chunk's first position (tokens already cached)")
     p.add_argument("--out", default="profile_step.json")
@@ -70,7 +67,7 @@ def main(argv=None) -> int:
                         page_size=16, max_pages_per_seq=pages, buckets=[rows], dtype="bfloat16",
                         backend=args.backend, kv_pool_pages=rows * pages + 1,
                         kv_cache_dtype=args.kv)
-    mrt = ModelRuntime(model, cfg, "cuda", fuse=args.fuse, **({"mixed_prefill_tokens": c} if c else {}))
+    mrt = ModelRuntime(model, cfg, "cuda", **({"mixed_prefill_tokens": c} if c else {}))
     mrt.capture()
     table = torch.arange(rows * pages, dtype=torch.int32, device="cuda").view(rows, pages)
     lens = torch.full((rows,), ctx, dtype=torch.int32, device="cuda")
@@ -118,12 +115,9 @@ def main(argv=None) -> int:
 
     step_us, total_us, launches, fam_us, fam_n, names = measure(plain)
     chunked = measure(mixed) if c else None
-    fused = mrt.fuse.get(rows)
-    split = [1, 1] if fused else list(mrt.splitk.get(rows))
+    split = list(mrt.splitk.get(rows))
     out = {"model": args.model, "weights": args.weights, "backend": args.backend, "kv": args.kv, "pdl": "0" if os.environ.get("GRAPHRT_PDL") == "0" else "1",
            "splitk_env": os.environ.get("GRAPHRT_SPLITK", "auto"), "splitk": split, "splitk_source": mrt.splitk.source,
-           "fuse_setting": args.fuse, "fused": fused is not None, "fuse_source": mrt.fuse.source,
-           "fuse_configs": fused.names if fused else None,
            "batch": n, "context": ctx, "device_us_per_step": step_us,
            "kernel_us_per_step": total_us, "launches_per_step": launches / args.replays,
            "families_us": dict(fam_us), "families_launches": {k: v / args.replays for k, v in fam_n.items()},
@@ -136,7 +130,7 @@ def main(argv=None) -> int:
                         "top_kernels_us": dict(sorted(m_names.items(), key=lambda kv: -kv[1])[:25]),
                         "added_us": m_step - step_us}
     Path(args.out).write_text(json.dumps(out, indent=1))
-    print(f"{args.model} {args.weights} {args.backend} kv={args.kv} pdl={out['pdl']} splitk={split} fused={'yes' if fused else 'no'} bs{n} ctx{ctx}: device {step_us:.0f} us/step, kernels {total_us:.0f} us in "
+    print(f"{args.model} {args.weights} {args.backend} kv={args.kv} pdl={out['pdl']} splitk={split} bs{n} ctx{ctx}: device {step_us:.0f} us/step, kernels {total_us:.0f} us in "
           f"{launches / args.replays:.0f} launches (gaps {step_us - total_us:.0f} us)")
     for f, us in sorted(fam_us.items(), key=lambda kv: -kv[1]):
         print(f"  {f:<14} {us:8.1f} us  {fam_n[f] / args.replays:6.0f} launches")

@@ -49,7 +49,7 @@ class StartupTimes:
     decode_step_us: float | None = None   # "auto": the measured bucket-1 decode step, device µs
     steps: str = ""                       # K and why, for the line (StepsPlan.describe)
     plans: dict = field(default_factory=dict)   # {plan: s} measured inside the capture call (split-K,
-    #                                       fused GEMVs, steps per graph): ModelRuntime.plan_seconds
+    #                                       steps per graph): ModelRuntime.plan_seconds
 
     @contextmanager
     def phase(self, name: str):

@@ -24,14 +24,9 @@ as one GEMM of split-K views each (S x the output tiles, the same weight bytes);
 that reads them sums the S partials as it loads. ModelRuntime chooses S per decode bucket
 before capture; verify and prefill run S = 1.
 
-Fused GEMVs (model/fuse.py): `decode_step(..., fuse=LayerGemvs(...))` runs each layer as four
-GEMVs with the norms, the residual adds and SiLU-mul in their prologues / epilogues (the same
-loop, 3 launches fewer per layer; plain model-dtype weights, one rank, M <= 16). ModelRuntime
-chooses it per decode bucket before capture (measured on CUDA).
-
 Decode, verify and prefill can record residual-stream states for an EAGLE-3 head (`record=` layer
 ids, `hidden_out=` a persistent [rows, len(record) * H] buffer: the RMSNorm kernel that stores a
-recorded residual state stores it there too, a copy per id on the fused-GEMV decode path; off by
+recorded residual state stores it there too; off by
 default, and then the loop is the same ops).
 
 `prefill` runs eagerly: the same GEMMs and kernels over all prompts' tokens at once (rope_append
@@ -45,11 +40,9 @@ import torch.nn.functional as F
 
 from graphrt.kernels.activation import silu_mul
 from graphrt.kernels.fp8 import Fp8Rows, ScaledAcc, apply_scales, padded_rows, quantize_rows
-from graphrt.kernels.gemv import gemv
 from graphrt.kernels.norm import add_rms_norm, embed_rms_norm, rms_norm
 from graphrt.kernels.rope_append import rope_append_prefill
 from graphrt.kernels.transfer import tensor_on, to_device
-from graphrt.model.fuse import MAX_ROWS as FUSE_MAX_ROWS, LayerGemvs, fusable
 from graphrt.model.linear import fp8_matmul, linear
 from graphrt.model.quant.fp8 import Fp8Weight
 from graphrt.model.quant.kv import calibrate_layer
@@ -148,7 +141,7 @@ class LlamaDecoder:
                     eps=self.spec.rms_norm_eps)
 
     def _layers(self, tokens: torch.Tensor, rope, attend, *, fp8_head: bool, record=(), hidden_out=None,
-                splitk: tuple[int, int] = (1, 1), fuse: LayerGemvs | None = None):
+                splitk: tuple[int, int] = (1, 1)):
         """The one layer loop of decode, verify and prefill. tokens [T] int64 -> final-normed
         hidden states [T, H] (Fp8Rows when fp8_head and the LM head is W8A8). rope(i, qkv, layer)
         -> q [T, Hq, D] (writes the layer's K/V); attend(i, q) -> [T, Hq * D] (model dtype).
@@ -156,48 +149,32 @@ class LlamaDecoder:
         -> SiLU-mul -> GEMM down -> add+RMSNorm; with W8A8 weights the norms and SiLU-mul write
         FP8 rows, the attention output is quantized by one kernel, and each GEMM's scales are
         applied by its consumer (rope_append, add+RMSNorm, SiLU-mul).
-        fuse (model/fuse.py; T <= 16, plain weights, one rank, splitk (1, 1)): the four GEMMs are
-        GEMVs that normalize the residual stream in their prologue (qkv, gate_up), add into it in
-        their epilogue (o, down) and form SiLU-mul as they load (down); the final norm is one
-        rms_norm after the loop.
         record / hidden_out: see `check_record` (the norm kernel that stores a recorded state
-        writes it into hidden_out too; a copy_ per id on the fused-GEMV path; none when off).
+        writes it into hidden_out too; none when off).
         splitk: (S_o, S_down), the split-K factors of the o and down GEMMs (1: unsplit)."""
         w, eps, fp8 = self.weights, self.spec.rms_norm_eps, self._fp8_in
         split_o, split_down = splitk
         layers = w.layers
         width = self.spec.hidden_size
         rec = {i: hidden_out[:, r * width:(r + 1) * width] for r, i in enumerate(record)}   # id -> its columns
-        if fuse or self.tp is not None:
+        if self.tp is not None:
             residual = self._embed(tokens)                           # [T, H] (a copy)
-            h = None if fuse else rms_norm(residual, layers[0].input_norm, eps, fp8=fp8(layers[0].qkv))
+            h = rms_norm(residual, layers[0].input_norm, eps, fp8=fp8(layers[0].qkv))
         else:                                # the gather, the residual's start and its norm: one launch
             residual = torch.empty((tokens.shape[0], width), dtype=w.embed.dtype, device=w.embed.device)
             h = embed_rms_norm(w.embed, tokens, layers[0].input_norm, eps, fp8=fp8(layers[0].qkv),
                                residual=residual, copy_to=rec.pop(0, None))
         for i, layer in enumerate(layers):
-            if i in rec and (fuse or i == 0):                        # the stream entering layer i
+            if i in rec and i == 0:                                  # the stream entering layer 0
                 rec[i].copy_(residual)                               # (else the norm kernel stored it)
-            if fuse:                                                 # [T, (Hq + 2Hkv) D]
-                qkv = gemv(residual, layer.qkv, layer.qkv_bias, norm=layer.input_norm, eps=eps, config=fuse.qkv)
-            else:
-                qkv = self._mm(h, layer.qkv, layer.qkv_bias)        # (this rank's heads)
+            qkv = self._mm(h, layer.qkv, layer.qkv_bias)            # (this rank's heads)
             a = attend(i, rope(i, qkv, layer))                       # [T, Hq * D]
-            if fuse:                                                 # residual updated in place
-                gemv(a, layer.o, residual=residual, config=fuse.o)
-                gu = gemv(residual, layer.gate_up, norm=layer.post_attn_norm, eps=eps, config=fuse.gate_up)
-                gemv(gu, layer.down, silu=True, residual=residual, config=fuse.down)
-                continue
             o = self._reduce(self._mm(quantize_rows(a) if fp8(layer.o) else a, layer.o, split=split_o))
             h = add_rms_norm(o, residual, layer.post_attn_norm, eps, fp8=fp8(layer.gate_up))
             m = silu_mul(self._mm(h, layer.gate_up), fp8=fp8(layer.down))
             nxt = layers[i + 1].qkv if i + 1 < len(layers) else (w.lm_head if fp8_head else None)
             h = add_rms_norm(self._reduce(self._mm(m, layer.down, split=split_down)), residual,
                              self._next_norm(i), eps, fp8=fp8(nxt), copy_to=rec.get(i + 1))
-        if fuse and len(layers) in rec:                              # after the last layer, pre-norm
-            rec[len(layers)].copy_(residual)
-        if fuse:
-            h = rms_norm(residual, w.final_norm, eps, fp8=fp8_head and fp8(w.lm_head))
         return h
 
     def check_record(self, record, hidden_out, rows: int) -> tuple[int, ...]:
@@ -225,35 +202,22 @@ class LlamaDecoder:
 
     # ---- decode (graph-capturable) ------------------------------------------------------------
     def decode_step(self, ctx, tokens: torch.Tensor, *, record=(), hidden_out=None,
-                    splitk: tuple[int, int] = (1, 1), fuse: LayerGemvs | None = None) -> torch.Tensor:
+                    splitk: tuple[int, int] = (1, 1)) -> torch.Tensor:
         """tokens [B] int64 (device) -> logits [B, vocab] in the model dtype.
 
         ctx.prepare() must have run. Writes each row's K/V at slot seq_len - 1 of every layer.
         record / hidden_out [B, len(record) * H]: residual-stream states copied out (`check_record`).
         splitk: (S_o, S_down) split-K factors of the o and down GEMMs (model/splitk.py; each
-        weight must be `splittable`; (1, 1) under tensor parallelism).
-        fuse: the fused layer's GEMV configs (model/fuse.py; B <= 16, `fusable` weights,
-        splitk (1, 1)) or None (the unfused kernels)."""
+        weight must be `splittable`; (1, 1) under tensor parallelism)."""
         b = tokens.shape[0]
         record = self.check_record(record, hidden_out, b)
         self._check_splitk(splitk)
-        if fuse is not None:
-            self._check_fuse(fuse, b, splitk)
 
         def rope(i, qkv, layer):
             return ctx.rope_append(i, qkv, self.cos_sin, **self._qk_norm_args(layer))
         h = self._layers(tokens, rope, lambda i, q: ctx.attention(i, q).view(b, -1), fp8_head=True,
-                         record=record, hidden_out=hidden_out, splitk=splitk, fuse=fuse)
+                         record=record, hidden_out=hidden_out, splitk=splitk)
         return self._logits(h)
-
-    def _check_fuse(self, fuse, rows: int, splitk) -> None:
-        """ValueError unless `fuse` is a LayerGemvs this model can run at `rows` rows (host check)."""
-        if not isinstance(fuse, LayerGemvs):
-            raise ValueError(f"fuse: expected a graphrt.model.fuse.LayerGemvs or None, got {fuse!r}")
-        if not 1 <= rows <= FUSE_MAX_ROWS or splitk != (1, 1) or not fusable(self):
-            raise ValueError(f"fuse: the fused layer needs 1..{FUSE_MAX_ROWS} rows (got {rows}), splitk (1, 1) "
-                             f"(got {splitk}), one rank and plain {self.dtype} qkv / o / gate_up / down "
-                             f"weights (fusable: {fusable(self)})")
 
     def _check_splitk(self, splitk) -> None:
         """ValueError unless splitk is (S_o, S_down) that every layer's o and down can run (host

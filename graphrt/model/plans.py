@@ -14,8 +14,7 @@ settings, the library versions and the GPU, which are what the measurement depen
 
 A plan is used only for what it was measured for: split-K when the setting is "auto" and its
 table covers exactly the buckets this runtime would measure; K when steps_per_graph is "auto".
-Anything else is measured as usual (and logged). Fused GEMVs (fuse="auto", off by default) are
-not kept. Pure host code; ValueError names the field of a malformed plan.
+Anything else is measured as usual (and logged). Pure host code; ValueError names the field of a malformed plan.
 """
 from __future__ import annotations
 

@@ -47,12 +47,8 @@ capture (`mrt.splitk`, a SplitKPlan): measured on CUDA by default, off on CPU; `
 `plans=` (model/plans.py, e.g. a graph cache's, from an earlier start's `measured_plans()`): the
 split-K table and "auto"'s K taken as measured instead of measuring them again (source "cached").
 
-Fused GEMVs (model/fuse.py): decode buckets of at most 16 rows may run each layer as four GEMVs
-with the norms, residual adds and SiLU-mul fused in (3 launches fewer a layer), fixed once
-before the first capture after split-K (`mrt.fuse`, a FusePlan; a fused bucket runs split-K
-(1, 1)): off by default (on the H200 the fused GEMVs measured 2.6x slower than cuBLAS plus
-the separate kernels: docs/benchmarks.md); `fuse=` ("off", "on", "auto": GRAPHRT_FUSE, else
-measured against the unfused kernels on CUDA, off on CPU).
+The fused-GEMV decode layer (norms, residual adds and SiLU-mul in the GEMVs) measured 2.6x
+slower than cuBLAS plus the separate kernels on the H200; removed.
 
 FP8 KV cache (config.kv_cache_dtype="fp8"): e4m3 pages with per-layer k / v scales, given as
 `kv_scales` (the checkpoint's, [(k, v)] per layer) or calibrated on the first prefill this
@@ -98,7 +94,6 @@ from graphrt.kernels.sample import sample_tokens
 from graphrt.kernels.step_advance import step_advance
 from graphrt.kernels.transfer import to_device
 from graphrt.model.context import AttentionContext
-from graphrt.model.fuse import FusePlan, plan_fuse, resolve_setting as resolve_fuse
 from graphrt.model.logprobs import LogprobBuffers
 from graphrt.model.processing import drawn_from
 from graphrt.model.prefill import PrefillAttention
@@ -124,7 +119,7 @@ class ModelRuntime:
                  fallback_to_one_step: bool = False, token_history: bool = False,
                  processing: bool = False, logprobs_mode: str = "raw", logprobs_width: int = 20,
                  kv_scales: list[tuple[float, float]] | None = None, prefill_graph_tokens: int = 512,
-                 graphed_prefill: bool | None = None, splitk: str | int = "auto", fuse: str = "off",
+                 graphed_prefill: bool | None = None, splitk: str | int = "auto",
                  mixed_prefill_tokens: int = 0, plans: dict | None = None):
         s = model.spec
         heads = getattr(model, "local_spec", s)  # a tensor-parallel rank's model: its own heads
@@ -204,10 +199,6 @@ class ModelRuntime:
         self._plans = check_plans(plans)      # split-K / K measured by an earlier start (model/plans.py)
         self.splitk: SplitKPlan | None = None   # decode buckets' split-K: chosen once, before the first graph
         self.plan_seconds: dict[str, float] = {}  # host seconds of the measured plans at capture (start-up line)
-        if fuse != "auto":
-            resolve_fuse(fuse)                            # ValueError now; "auto" reads the env later
-        self._fuse_setting = fuse
-        self.fuse: FusePlan | None = None       # decode buckets' fused GEMVs: chosen after split-K
         self._captured = False
         self.backend.setup([self.buffers.view(x) for x in reversed(config.buckets)])
         if self.backend.needs_host_inputs and self.steps.source == "default":   # "auto": one step
@@ -350,9 +341,8 @@ class ModelRuntime:
         st, view = self.slots, self.buffers.view(size)
         tokens, seq = st.tokens[:size], view.seq_lens                       # [B] int64, [B] int32
         ctx = AttentionContext(self.backend, view, self.kv_caches)
-        fuse = None if self.fuse is None else self.fuse.get(size)
-        split = (1, 1) if self.splitk is None or fuse is not None else self.splitk.get(size)
-        opts = ({} if split == (1, 1) else {"splitk": split}) | ({} if fuse is None else {"fuse": fuse})
+        split = (1, 1) if self.splitk is None else self.splitk.get(size)
+        opts = {} if split == (1, 1) else {"splitk": split}
         for step in range(self.k):
             ctx.prepare()
             if chunk and step == 0:                                          # + the prompt chunk
@@ -398,19 +388,13 @@ class ModelRuntime:
             view, view.seq_lens.cpu() if seq_lens_cpu is None else seq_lens_cpu)
 
     def _plan_splitk(self) -> None:
-        """Fix the decode buckets' split-K plan, then their fused-GEMV plan, once (measured on
-        CUDA: outside any capture)."""
+        """Fix the decode buckets' split-K plan once (measured on CUDA: outside any capture)."""
         if self.splitk is None:
             t = time.perf_counter()
             self.splitk = self._cached_splitk() or plan_splitk(self.model, self.config.buckets,
                                                                self._splitk_setting)
             if self.splitk.source == "measured":
                 self.plan_seconds["split-K"] = time.perf_counter() - t
-        if self.fuse is None:
-            t = time.perf_counter()
-            self.fuse = plan_fuse(self.model, self.config.buckets, self._fuse_setting, splitk=self.splitk)
-            if self.fuse.source == "measured":
-                self.plan_seconds["fused GEMVs"] = time.perf_counter() - t
 
     def _cached_splitk(self) -> SplitKPlan | None:
         """The split-K plan of `plans` where it applies: setting "auto", CUDA, one GPU, its table's
@@ -455,7 +439,7 @@ class ModelRuntime:
 
     def _plan_steps(self) -> None:
         """steps_per_graph="auto": fix K once, before the first decode graph is kept (outside
-        any capture; after split-K and fused GEMVs, which change the step). The smallest
+        any capture; after split-K, which changes the step). The smallest
         bucket's greedy graph at K = 1 is captured, timed (device µs per replay) and dropped;
         K = steps_for_step_us(that). Under tensor parallelism each rank times its shard and
         all take the ranks' mean, so every rank picks the same K."""
