@@ -103,13 +103,13 @@ def capture_model(args, device: str, out: Path) -> int:
         print(f"graphrt-capture: {'; '.join(lines)}", file=sys.stderr)
         return 2
     print(f"graphrt-capture: warm requests: {n} requests, {tokens} tokens in {warm_s:.2f} s")
-    rc, startup = llm.runtime.config, llm.startup
+    rc, startup = llm.runtime.caps.config, llm.startup
     rows = [{"bucket": b, "backend": rc.backend, "backend_name": rc.backend} for b in rc.buckets]
-    record = built_for(llm.checkpoint.path, engine_cfg, llm.runtime.device.type,
+    record = built_for(llm.checkpoint.path, engine_cfg, llm.runtime.caps.device.type,
                        quantization=sargs.quantization, tensor_parallel=1)
-    plans = getattr(llm.runtime, "measured_plans", None)      # split-K, K: a warm start measures neither
+    plans = llm.runtime.runtime.measured_plans()      # split-K, K: a warm start measures neither
     write_cache_manifest(out, rc, rows, mode="CUDA graphs" if startup.num_graphs else "eager",
-                         built_for=record, plans=plans() if plans is not None else None)
+                         built_for=record, plans=plans)
     return 0
 
 

@@ -1,6 +1,6 @@
 """The package layers, read from the source (ast; nothing is imported): imports point down only.
 
-Layers, bottom up: kernels -> cache -> attention -> model -> checkpoint -> speculative -> parallel ->
+Layers, bottom up: kernels -> cache -> attention -> model -> checkpoint -> speculative -> worker -> parallel ->
 engine -> serve, then graphrt/cli.py. graphrt/config.py is a leaf (imports nothing of graphrt) that any
 layer may use; the root package `graphrt` (lazy) may be imported for `__version__` only. Lazy imports
 inside functions count like top-level ones. No private name (`_x`) is imported from another
@@ -13,7 +13,8 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "graphrt"
-LAYERS = ["kernels", "cache", "attention", "model", "checkpoint", "speculative", "parallel", "engine", "serve", "cli"]
+LAYERS = ["kernels", "cache", "attention", "model", "checkpoint", "speculative", "worker", "parallel", "engine",
+          "serve", "cli"]
 RANK = {name: i for i, name in enumerate(LAYERS)}
 
 # Known violations, each owned by a change in flight (empty: none today). An entry that is no

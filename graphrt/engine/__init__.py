@@ -3,11 +3,11 @@
 params.py (SamplingParams, RequestOutput, CompletionOutput), group.py (n > 1: samples sharing a
 prefill), vllm_args.py (vLLM's LLM argument names), config.py (EngineConfig, the pool from memory),
 allocator.py (refcounted KV pages), kv_manager.py (pages per request, the null page),
-input_batch.py (the persistent device batch), token_bytes.py + detokenizer.py (text and stop
-strings), scheduler.py (admission, growth, preemption, slots, stops), stream.py, engine.py
+token_bytes.py + detokenizer.py (text and stop strings), scheduler.py (admission, growth, preemption, slots, stops), stream.py, engine.py
 (the loop, overlap, background thread), llm.py (the offline API),
 device.py (default device, Triton interpreter on CPU). Checkpoints (files, loaders, tokenizer,
-chat template, hub ids) are read by `graphrt.checkpoint`, one layer below.
+chat template, hub ids) are read by `graphrt.checkpoint`; the device is driven through
+`graphrt.worker`'s Executor protocol (the input batch, the local executor), below `parallel`.
 
 Names resolve on first access (PEP 562): importing the package loads no Triton kernel.
 """

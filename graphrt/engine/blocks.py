@@ -1,7 +1,8 @@
 """The engine's blocks: launching a prefill or a decode block and reading its tokens back.
 
 A mixin of Engine (engine.py), which owns the state these methods use: the scheduler, the input
-batch, the executor (`runtime`), the speculation policy and its clock, and `_pending`, the
+batch, the executor (`runtime`, graphrt/worker's protocol) and its capabilities (`caps`), the
+speculation policy and its clock, and `_pending`, the
 launched blocks whose tokens are not read yet (a deque of _Pending, oldest first). `_prefill`
 and `_decode` launch (and append to `_pending`); `_finish` reads one block back on the host:
 stop checks, deltas streamed, finished requests' pages freed.
@@ -19,6 +20,7 @@ from graphrt.engine.group import fork_args, fork_owners, prefill_groups
 from graphrt.engine import sampling_extras as extras
 from graphrt.engine.scheduler import Request
 from graphrt.engine.speculation import observe, spec_columns
+from graphrt.worker.launch import Block, Draw, Prefill
 
 
 @dataclass
@@ -65,10 +67,11 @@ class BlockMixin:
         ctx = {id(r): r.context_ids for r, _, _ in work}   # [P] int64 arrays where possible
         part = [w for w in work if w[2] < len(ctx[id(w[0])])]
         if part:                                      # chunks that draw nothing yet
-            self.runtime.prefill([_host(ctx[id(r)][a:e], np.int64) for r, a, e in part],
-                                 torch.from_numpy(self.batch.block_table_host[[r.slot for r, _, _ in part]]),
-                                 starts=[a for _, a, _ in part], after=[int(ctx[id(r)][e]) for r, _, e in part],
-                                 **defer)                # after: the token each chunk's last position precedes
+            self.runtime.prefill(Prefill(
+                [_host(ctx[id(r)][a:e], np.int64) for r, a, e in part],
+                torch.from_numpy(self.batch.block_table_host[[r.slot for r, _, _ in part]]),
+                starts=[a for _, a, _ in part], after=[int(ctx[id(r)][e]) for r, _, e in part],
+                **defer))                             # after: the token each chunk's last position precedes
             for r, _, e in part:
                 s.prefilled(r, e)
         work = [w for w in work if w[2] == len(ctx[id(w[0])])]
@@ -90,12 +93,13 @@ class BlockMixin:
         starts = [a for _, a, _ in own]
         fork |= self._draft_choice(slots, fork)       # a draft model's prefill may wait
         start = self._block_start()
-        if getattr(self.runtime, "processing", False):               # every slot's processing rows
-            first, lp = extras.prefill(self.runtime, prompts, table, slots, inputs, reqs, self._token_text,
-                                       starts=starts, own=[r for r, _, _ in own], **fork)
-        else:
-            first, lp = self.runtime.prefill_slots(prompts, table, slots, inputs, starts=starts, **fork), None
-        for r, _, e in work:                          # first: [len(reqs)] device
+        own_reqs = [r for r, _, _ in own]
+        if self.caps.processing:                      # every slot's processing rows
+            fork |= extras.prefill_launch(reqs, self.vocab_size, own=own_reqs)
+        res = self.runtime.prefill(Prefill(prompts, table, starts=starts, slots=slots, sampling=inputs, **fork))
+        if res.prompt_logprobs:
+            extras.take_prompt_logprobs(res, own_reqs, self._token_text)
+        for r, _, e in work:                          # res.tokens: [1, len(reqs)] device
             s.prefilled(r, e)
             if self.spec is not None:
                 self.batch.set_history(r.slot, r.context)  # the first token: written on the device
@@ -103,8 +107,8 @@ class BlockMixin:
                     self.policy.admit(r.slot)
             r.launched += 1
             s.activate(r)
-        pending = self._to_host([(r, i, r.epoch, 1) for i, r in enumerate(reqs)], first[None], logprobs=lp,
-                                start=start)
+        pending = self._to_host([(r, i, r.epoch, 1) for i, r in enumerate(reqs)], res.tokens,
+                                logprobs=res.logprobs, start=start)
         pending.kind = "prefill"
         self._pending.append(pending)
         return True
@@ -120,8 +124,7 @@ class BlockMixin:
         item) the work as one launch."""
         def new_tokens(items):                        # a sample sharing its owner's prefill runs none
             return sum(e - a for r, a, e in items if r.shares is None)
-        graphed = getattr(self.runtime, "prefill_graphed", None)
-        if len(work) < 2 or graphed is None or not graphed(new_tokens(work)) \
+        if len(work) < 2 or not self.runtime.prefill_graphed(new_tokens(work)) \
                 or any(r.params.prompt_logprobs is not None for r, _, _ in work):
             return [work]
         done = [w for w in work if w[2] == len(w[0].prompt) + len(w[0].token_ids)]
@@ -152,7 +155,8 @@ class BlockMixin:
             staged, chunk = self._mixed_chunk(piece, joining is not None)
             if staged and joining is not None:        # its last token is the row's current token
                 batch.set_token(joining.slot, joining.context[-1])
-                extras.join_row(ex, joining)          # its processing row, as a prefill writes it
+                if self.caps.processing:              # its processing row, as a prefill writes it
+                    ex.apply(extras.processing_update(joining, self.vocab_size))
                 s.activate(joining)
             elif joining is not None:
                 rows = [r for r in rows if r is not joining]
@@ -164,32 +168,29 @@ class BlockMixin:
         k = self.spec.num_tokens if self.spec is not None else 0
         forced = False
         if k and self.policy is not None:             # speculate this block, or a plain one
-            bucket = pick_bucket(ex.config.buckets, max(r.slot for r in rows) + 1)
+            bucket = pick_bucket(self.caps.config.buckets, max(r.slot for r in rows) + 1)
             k = self.policy.choose([r.slot for r in rows], bucket=bucket).k
             if not k and any(r.launched >= r.params.max_tokens for r in rows):
-                k, forced = ex.spec_ks[0], True   # a row at its limit must not decode on: speculative
+                k, forced = self.caps.spec_ks[0], True   # a row at its limit must not decode on: speculative
                 #   rounds stop it on the device (a row with 1..K - 1 draws left may run a K-step block:
                 #   its pages and the context reach max_tokens + K - 1, scheduler._block_end)
-            self._clock.launched(self.policy, bucket, k, self.rounds if k else ex.k)
+            self._clock.launched(self.policy, bucket, k, self.rounds if k else self.caps.steps_per_graph)
         start = self._block_start()
         if k:
             go = s.launch_block(rows, block_tokens=self.rounds * (k + 1))
-            kw = {"processed": True} if go.processed else {}
-            if forced and getattr(ex, "_proposer_state", False):
-                kw["sync_draft"] = False              # no catch-up for rows at their limit
-            out = ex.spec_block(go.n, k=k, filtered=go.filtered, **kw)
+            # no draft catch-up for rows at their limit (forced): their proposals no longer matter
+            out = ex.run(Block(go.n, k=k, draw=Draw(sampled=go.sampled, processed=go.processed, filtered=go.filtered),
+                               sync_draft=not forced))
             self.spec_counts["blocks"] += 1
             pending = self._to_host(go.rows, out.tokens, out.emitted, out.proposed, start=start)
             pending.kind, pending.spec_k, pending.forced = "spec", k, forced
         else:
-            go = s.launch_block(rows, block_tokens=ex.k)
-            if go.processed:                          # logits processing: + the block's log-probs
-                tokens, lp = extras.decode_block(ex, go, rows)
-            elif chunk:                               # + the prompt chunk in its first step
-                tokens, lp = ex.decode_block(go.n, sampled=go.sampled, chunk=True), None
-            else:
-                tokens, lp = ex.decode_block(go.n, sampled=go.sampled), None
-            pending = self._to_host(go.rows, tokens, logprobs=lp, start=start)
+            go = s.launch_block(rows, block_tokens=self.caps.steps_per_graph)
+            # processed: logits processing, + the block's log-probs; chunk: + the prompt chunk
+            want_lp = go.processed and any(r.params.logprobs is not None for r in rows)
+            out = ex.run(Block(go.n, draw=Draw(sampled=go.sampled, processed=go.processed, filtered=go.filtered),
+                               chunk=chunk, logprobs=want_lp))
+            pending = self._to_host(go.rows, out.tokens, logprobs=out.logprobs, start=start)
             if self.spec is not None:
                 self.spec_counts["plain_blocks"] += 1
         self._pending.append(pending)
@@ -226,10 +227,9 @@ class BlockMixin:
         rows on plain decode (SpecPolicy.start_k: the engine-wide acceptance says speculation
         does not pay), so the draft is caught up only if a later block speculates (never, for a
         request that stays plain); {} otherwise (and for forked samples)."""
-        ex = self.runtime
-        if self.policy is None or not getattr(ex, "_proposer_state", False) or fork.get("sources") is not None:
+        if self.policy is None or not self.caps.draft_state or fork.get("sources") is not None:
             return {}
-        bucket = pick_bucket(ex.config.buckets, max(slots) + 1)
+        bucket = pick_bucket(self.caps.config.buckets, max(slots) + 1)
         return {"draft": False} if self.policy.start_k(bucket) == 0 else {}
 
     def _block_start(self):

@@ -1,6 +1,6 @@
 """The engine loop: requests in, prefill, K-step decode blocks, tokens streamed out.
 
-    engine = Engine(executor, tokenizer, eos_token_ids=(...), max_model_len=4096)   # executor.py
+    engine = Engine(executor, tokenizer, eos_token_ids=(...), max_model_len=4096)   # graphrt/worker
     stream = engine.add_request("Hello", SamplingParams(max_tokens=32))   # thread-safe
     for delta in stream: ...                      # RequestOutput deltas; the last has finish_reason
     engine.abort(stream.request_id)               # thread-safe; frees the pages in the loop
@@ -13,7 +13,7 @@ read. While the GPU runs block N+1 the host waits for block N's tokens (a non-bl
 an event), detokenizes them, checks stops, streams deltas, frees finished requests' pages and
 admits (and prefills) new requests; block N+1 reads the runtime's per-slot device state in place
 (model/slots.py: input tokens, lengths, block table, sampling rows, token history), which the
-input batch updates with only what changed (input_batch.py) and the graphs advance on the
+input batch updates with only what changed (worker/input_batch.py) and the graphs advance on the
 device (by K, or by each row's accepted count).
 
 Speculation (EngineConfig.speculative): a block is R rounds of propose -> verify -> accept on
@@ -61,7 +61,6 @@ from graphrt.engine.blocks import BlockMixin
 from graphrt.engine.detokenizer import TextState, make_decoder
 from graphrt.engine.failure import EngineDeadError, attributable
 from graphrt.engine.group import GroupSink, child_params, child_seeds, prefill_groups
-from graphrt.engine.input_batch import InputBatch
 from graphrt.engine.token_bytes import token_bytes
 from graphrt.engine.params import RequestOutput, SamplingParams
 from graphrt.engine import sampling_extras as extras
@@ -69,58 +68,58 @@ from graphrt.engine.scheduler import Request, Scheduler
 from graphrt.engine.pacing import PrefillPacer, check_max_stall
 from graphrt.engine.speculation import BlockClock, default_policy, spec_stats
 from graphrt.engine.stream import RequestStream
+from graphrt.worker.input_batch import InputBatch
+from graphrt.worker.protocol import check_executor
 
 log = logging.getLogger("graphrt.engine")
 ARRAY_FROM_TOKENS = 64     # prompts this long or longer are also kept as an int64 array (_prompt_ids)
 
 
 class Engine(BlockMixin):
-    """runtime: the executor (executor.py: LocalExecutor, or the tensor-parallel TPDriver);
-    a bare ModelRuntime is wrapped in a LocalExecutor."""
+    """runtime: the executor (graphrt/worker/protocol.py's Executor: a LocalExecutor, the
+    tensor-parallel TPExecutor, or any object implementing the protocol). The engine reads its
+    `caps` once here and drives it through the protocol's calls only."""
 
     def __init__(self, runtime, tokenizer, *, eos_token_ids: tuple[int, ...], max_model_len: int,
                  overlap: bool = True, seed: int | None = None, policy=None,
                  enable_prefix_caching: bool = True, max_num_batched_tokens: int | None = None,
                  max_prefill_stall: float | None = None):
-        if not callable(getattr(runtime, "decode_block", None)):
-            from graphrt.engine.executor import LocalExecutor
-            runtime = LocalExecutor(runtime)
-        c, spec = runtime.config, runtime.speculative
-        ahead = max(runtime.k, spec.num_tokens if spec is not None else 0)
+        caps = check_executor(runtime).caps
+        c, spec = caps.config, caps.speculative
+        ahead = max(caps.steps_per_graph, caps.spec_tokens)
         if max_model_len + ahead > c.max_context_len:
             raise ValueError(f"max_model_len: {max_model_len} + lookahead {ahead} (K, or k proposals) "
                              f"exceeds the runtime's max_context_len {c.max_context_len}")
-        self.runtime, self.tokenizer, self.device = runtime, tokenizer, runtime.device
-        # the device guards' sticky flags, read with every block's tokens; under tensor parallelism
-        # rank 0's (TPDriver forwards the attribute): every rank runs the same inputs, so its guards
-        # see what the others' see (None only for a runtime without device guards)
-        self._error_flag = getattr(runtime, "device_error_flag", None)
-        self.vocab_size, self.max_model_len, self.overlap = runtime.model.spec.vocab_size, max_model_len, overlap
-        self.spec, self.rounds = spec, runtime.rounds
+        self.runtime, self.caps, self.tokenizer, self.device = runtime, caps, tokenizer, caps.device
+        # the device guards' sticky flags, read with every block's tokens (None: the executor
+        # keeps none); under tensor parallelism rank 0's: every rank runs the same inputs
+        self._error_flag = runtime.error_flag if caps.device_errors else None
+        self.vocab_size, self.max_model_len, self.overlap = caps.vocab_size, max_model_len, overlap
+        self.spec, self.rounds = spec, caps.spec_rounds
         self.batch = InputBatch(max_batch=c.max_batch, max_pages_per_seq=c.max_pages_per_seq,
-                                pin=self.device.type == "cuda", history_width=runtime.history_width)
-        seed_key, budget = prefill_options(runtime, enable_prefix_caching, max_num_batched_tokens)
+                                pin=self.device.type == "cuda", history_width=caps.history_width)
+        seed_key, budget = prefill_options(caps, enable_prefix_caching, max_num_batched_tokens)
         self.scheduler = Scheduler(max_batch=c.max_batch, page_size=c.page_size,
-                                   max_pages_per_seq=c.max_pages_per_seq, num_pages=runtime.num_pages - 1,
-                                   steps_per_graph=runtime.k, eos_token_ids=tuple(eos_token_ids),
-                                   batch=self.batch, spec_k=spec.num_tokens if spec is not None else 0,
+                                   max_pages_per_seq=c.max_pages_per_seq, num_pages=caps.num_pages - 1,
+                                   steps_per_graph=caps.steps_per_graph, eos_token_ids=tuple(eos_token_ids),
+                                   batch=self.batch, spec_k=caps.spec_tokens,
                                    spec_rounds=self.rounds, cache_seed=seed_key,
                                    max_num_batched_tokens=budget)
         check_max_stall(max_prefill_stall)
         if max_prefill_stall is not None:
             self.scheduler.pacer = PrefillPacer(max_prefill_stall, page_size=c.page_size, max_tokens=budget,
                                                 device=self.device)
-        self.scheduler.forks = getattr(spec, "eagle", None) is None   # an EAGLE-3 head prefills every sample
+        self.scheduler.forks = caps.shared_prefill    # an EAGLE-3 head prefills every sample
         # mixed_tokens C > 0: a plain decode block carries a prompt chunk of up to C tokens
         # (model/mixed.py); not with speculation (its blocks verify instead) or without chunked
         # prefill. May be set to 0 between steps (chunks between blocks instead), never above
         # the runtime's C
-        self.mixed_tokens = getattr(runtime, "mixed_tokens", 0) if spec is None and budget is not None else 0
+        self.mixed_tokens = caps.mixed_tokens if spec is None and budget is not None else 0
         self.mixed_counts = {"chunks": 0, "tokens": 0} if self.mixed_tokens else None   # loop thread
         self.spec_counts = {"proposed": 0, "accepted": 0, "rounds": 0, "emitted": 0,   # loop thread
                             "blocks": 0, "plain_blocks": 0}
         # the speculation policy (speculative/policy.py): per block, k or a plain decode block
-        self.policy = policy if policy is not None or spec is None else default_policy(runtime)
+        self.policy = policy if policy is not None or spec is None else default_policy(runtime, caps)
         self._clock = BlockClock(None, depth=1 if overlap else 0)   # block wall times -> the policy
         self._pending: deque = deque()         # launched blocks (blocks._Pending), oldest first
         # time_blocks (CUDA; set by tools, off by default): each block's device time from CUDA
@@ -170,8 +169,7 @@ class Engine(BlockMixin):
         with self._lock:
             rid = request_id if request_id is not None else f"req-{next(self._ids)}"
             seeds = child_seeds(params, lambda: self._rng.randrange(2**63))
-        rules = extras.check_request(self.runtime, child, self.tokenizer, self.scheduler.eos, self.vocab_size,
-                                     speculative=self.spec is not None)
+        rules = extras.check_request(self.caps, child, self.tokenizer, self.scheduler.eos, self.vocab_size)
         stream = RequestStream(self, rid, prompt=prompt if isinstance(prompt, str) else None)
         text = lambda: TextState(self.tokenizer, child.stop, decode=self._decode_text, table=self._token_bytes)
         if len(seeds) == 1:
@@ -465,16 +463,15 @@ class Engine(BlockMixin):
                 self._wake.clear()
 
 
-def prefill_options(runtime, enable_prefix_caching: bool, max_num_batched_tokens: int | None):
-    """(prefix-cache seed or None, prefill token budget or None) for an engine over `runtime`.
-    The seed names what changes a page's K/V (the model, its dtype, the KV format). A
+def prefill_options(caps, enable_prefix_caching: bool, max_num_batched_tokens: int | None):
+    """(prefix-cache seed or None, prefill token budget or None) for an engine over an executor
+    of Capabilities `caps`. The seed names what changes a page's K/V (caps.model_key: the model,
+    its dtype, the KV format). A
     speculative proposer's K/V in a cached page (a draft model's, an EAGLE-3 head's) is its
     writer's: it changes acceptance only, never a token, so it is not part of the key."""
     if not isinstance(enable_prefix_caching, bool):
         raise ValueError(f"enable_prefix_caching: expected a bool, got {enable_prefix_caching!r}")
-    model = runtime.model
-    seed = f"{type(model).__name__}|{model.spec!r}|{runtime.config!r}"   # the model, dtype, KV format
-    return (seed if enable_prefix_caching else None), max_num_batched_tokens
+    return (caps.model_key if enable_prefix_caching else None), max_num_batched_tokens
 
 
 __all__ = ["Engine", "EngineDeadError"]

@@ -53,7 +53,7 @@ def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None, q
     speculation) speculative runner -> (Checkpoint, max_model_len, LocalExecutor). times: a
     StartupTimes whose runtime phase gets the model, runtime and runner construction; plans:
     ModelRuntime's (decode plans measured by an earlier start, model/plans.py)."""
-    from graphrt.engine.executor import LocalExecutor
+    from graphrt.worker.local import LocalExecutor
     from graphrt.checkpoint.loader import load_checkpoint
     from graphrt.checkpoint.decoder import build_model
     from graphrt.model.runtime import ModelRuntime
@@ -116,8 +116,8 @@ def _tp_worker(ctx, path, config: EngineConfig, dtype: str, quantization: str | 
     """Ranks 1..n-1 of LLM(..., tensor_parallel=n): build the rank's runtime, follow rank 0."""
     from graphrt.parallel.driver import follow
     select_triton_mode(ctx.device)                     # a spawned process: before its kernels load
-    _, _, runtime = _build_runtime(path, ctx.device, config, dtype, tp=ctx.tp, quantization=quantization)
-    follow(runtime, ctx.control)
+    _, _, ex = _build_runtime(path, ctx.device, config, dtype, tp=ctx.tp, quantization=quantization)
+    follow(ex, ctx.control, runtime=ex.runtime)
 
 
 class LLM:
@@ -139,7 +139,7 @@ class LLM:
     quantization="fp8": a float checkpoint's linear layers as FP8 (per channel) while loading;
     FP8 checkpoints load as FP8 without it (graphrt/checkpoint/fp8_loader.py); with
     tensor_parallel, each rank loads its shard of the FP8 weights and scales.
-    plans: decode plans measured by an earlier start (`llm.runtime.measured_plans()`; a graph
+    plans: decode plans measured by an earlier start (`llm.runtime.runtime.measured_plans()`; a graph
     cache's manifest keeps its capture's, which `graphrt serve --graph-cache` passes): split-K and
     "auto"'s K are taken from them instead of measured (graphrt/model/plans.py; one GPU only).
 
@@ -150,7 +150,7 @@ class LLM:
 
     `llm.config` is the EngineConfig as this LLM runs it (EngineConfig.resolved): steps_per_graph
     the K its decode graphs run ("auto": chosen from the decode step measured at capture,
-    model/steps.py; `llm.runtime.steps` says why, the start-up line too) and max_prefill_stall
+    model/steps.py; `llm.runtime.runtime.steps` says why, the start-up line too) and max_prefill_stall
     "auto" resolved for that K."""
 
     def __init__(self, model=None, device: str | None = None, config: EngineConfig | None = None, *,
@@ -178,12 +178,9 @@ class LLM:
         self.config, self._workers = config, None
         if isinstance(tensor_parallel, bool) or not isinstance(tensor_parallel, int) or tensor_parallel < 1:
             raise ValueError(f"tensor_parallel: expected an int >= 1, got {tensor_parallel!r}")
-        if config.speculative is not None and tensor_parallel != 1:
-            raise ValueError(f"speculative: speculative decoding is not supported with tensor_parallel > 1 "
-                             f"(got tensor_parallel={tensor_parallel}); use tensor_parallel=1 or drop speculative")
-        if config.mixed_prefill_tokens and tensor_parallel != 1:
-            raise ValueError(f"mixed_prefill_tokens: not with tensor_parallel > 1 (got tensor_parallel="
-                             f"{tensor_parallel}); use 0")
+        if tensor_parallel != 1:                       # what the TP executor declares it lacks
+            from graphrt.parallel.executor import check_config
+            check_config(config, tensor_parallel)
         times.setup_s = time.perf_counter() - times.t0     # imports, device checks, the model's files
         if plans and tensor_parallel != 1:
             log.info("plans: not taken with tensor_parallel > 1 (each start measures its own)")
@@ -209,12 +206,12 @@ class LLM:
                 with times.phase("capture"):
                     self.runtime.capture()
                 engine_t += time.perf_counter()
-                graphs = getattr(self.runtime, "graphs", None)
+                graphs = self.runtime.runtime.graphs    # rank 0's ModelRuntime
                 times.from_capture(graphs.stats.values() if graphs is not None else ())
             # K is fixed now ("auto": measured by the capture): the config as this LLM runs it
-            self.config = config = config.resolved(self.runtime.k)
-            times.from_steps(self.runtime.steps)
-            times.plans = dict(getattr(self.runtime, "plan_seconds", {}))
+            self.config = config = config.resolved(self.runtime.caps.steps_per_graph)
+            times.from_steps(self.runtime.runtime.steps)
+            times.plans = dict(self.runtime.runtime.plan_seconds)
             tok_eos = self.tokenizer.eos_token_id
             eos = ck.eos_token_ids or ((tok_eos,) if tok_eos is not None else ())
             self.engine = Engine(self.runtime, self.tokenizer, eos_token_ids=eos, max_model_len=max_len,
@@ -232,13 +229,13 @@ class LLM:
             times.kernels_loaded, times.kernels_compiled = graph_cache.counts()
         times.finish()
         self.startup = times
-        log.info("%s", times.line(pages=self.engine.scheduler.allocator.num_pages, pool_bytes=_pool_bytes(self.runtime)))
+        log.info("%s", times.line(pages=self.engine.scheduler.allocator.num_pages, pool_bytes=_pool_bytes(self.runtime.runtime)))
 
     def _start_tensor_parallel(self, path, dev, config, dtype, n: int, timeout_s: float, quantization,
                                times=None):
         from graphrt.checkpoint.files import read_spec
         from graphrt.parallel import check_tp_size
-        from graphrt.parallel.driver import TPDriver
+        from graphrt.parallel.executor import TPExecutor
         from graphrt.parallel.launch import RankError
         from graphrt.parallel.workers import WorkerGroup
         check_tp_size(read_spec(Path(path))[2], n)    # before spawning
@@ -251,7 +248,7 @@ class LLM:
             ctx = self._workers.ctx
             ck, max_len, local = _build_runtime(path, ctx.device, config, dtype, tp=ctx.tp,
                                                 quantization=quantization, times=times)
-            self.runtime = TPDriver(local, ctx.control, health=self._workers.failure)
+            self.runtime = TPExecutor(local, ctx.control, health=self._workers.failure)
             if self._workers.failure() is not None:      # a worker failed while building its rank
                 raise RankError(self._workers.failure())
             return ck, max_len
@@ -354,11 +351,8 @@ def _prompt_of(p: dict):
 
 
 def _pool_bytes(runtime) -> int:
-    """Bytes of this process's KV pool (K and V of every layer), 0 if not reachable."""
-    while runtime is not None and not hasattr(runtime, "kv_caches"):
-        runtime = getattr(runtime, "runtime", None)
-    caches = getattr(runtime, "kv_caches", None) or []
-    return sum(t.numel() * t.element_size() for c in caches for t in c.as_tuple())
+    """Bytes of this process's KV pool (K and V of every layer) of a ModelRuntime."""
+    return sum(t.numel() * t.element_size() for c in runtime.kv_caches for t in c.as_tuple())
 
 
 def _collect(streams, *, progress: bool) -> list[RequestOutput]:

@@ -1,8 +1,8 @@
 """The engine side of logits processing and log-probabilities (the device side: model/processing.py,
 model/logprobs.py).
 
-- `check_request`, `prefill`, `decode_block`, `attach`: the engine's calls (add_request, a
-  prefill, a processed block, a delta).
+- `check_request`, `prefill_launch`, `take_prompt_logprobs`, `processing_update`, `attach`: the
+  engine's calls (add_request, a prefill, its prompt log-probs, a row joining a block, a delta).
 - `token_rules`: a request's logit_bias, bad_words and min_tokens as the slots' token rules
   (id, value, until), checked when the request is added (ValueError naming the field).
 - `process_row`: a request's row of ProcessRows, written into its slot by its prefill.
@@ -19,66 +19,62 @@ from __future__ import annotations
 from graphrt.engine.params import Logprob, SamplingParams
 from graphrt.model.processing import (FOREVER, FREQUENCY, MIN_P, NEUTRAL, PRESENCE, REPETITION, RULE_WIDTH,
                                      ProcessRows)
+from graphrt.model.slots import SlotUpdate
 
 
-def check_request(runtime, params: SamplingParams, tokenizer, eos_ids, vocab: int, *, speculative: bool = False):
+def check_request(caps, params: SamplingParams, tokenizer, eos_ids, vocab: int):
     """The request's token rules (None when it needs no processing); ValueError naming the field
-    when it needs logits processing the runtime (the executor) lacks, or more log-probs than it
-    keeps; under speculation, `logprobs` (the rounds record none yet)."""
+    when it needs logits processing the executor (its Capabilities `caps`) lacks, or more
+    log-probs than it keeps; under speculation, `logprobs` unless the rounds record them."""
     if not (params.processed or params.prompt_logprobs is not None):
         return None
-    if speculative and params.logprobs is not None and not getattr(runtime, "spec_logprobs", False):
+    if caps.speculative is not None and params.logprobs is not None and not caps.spec_logprobs:
         raise ValueError("logprobs: not supported with speculative decoding yet (prompt_logprobs, the "
                          "penalties, logit_bias, bad_words, min_tokens and min_p are)")
-    if not getattr(runtime, "processing", False):
+    if not caps.processing:
         default = SamplingParams()
         field = next(f for f in ("logprobs", "prompt_logprobs", "presence_penalty", "frequency_penalty",
                                  "repetition_penalty", "min_p", "logit_bias", "min_tokens", "bad_words")
                      if getattr(params, f) != getattr(default, f))
         raise ValueError(f"{field}: needs logits processing, which this engine's runtime does not "
                          f"have (not supported with speculative decoding or tensor parallel yet)")
-    width = runtime.logprobs_width
+    width = caps.logprobs_width
     for f in ("logprobs", "prompt_logprobs"):
         if (getattr(params, f) or 0) > width:
             raise ValueError(f"{f}: at most {width} (the runtime's captured width), got {getattr(params, f)}")
     return token_rules(params, tokenizer, eos_ids, vocab)
 
 
-def prefill(ex, prompts, table, slots, inputs, reqs, text, *, starts=None, own=None, **fork):
-    """ex.prefill_slots with every request's processing row (a processing executor) and the prompt
-    log-probs asked for (set on each request as `prompt_lp`, for its first delta) ->
-    (first tokens [len(reqs)] device, the first draws' log-prob rows or None when no request
-    wants them). own: the requests whose prompts are `prompts` (default reqs; n > 1: the others
-    draw from a sibling's logits, fork: prefill_slots' sources / copies)."""
+def prefill_launch(reqs, vocab: int, *, own=None) -> dict:
+    """The processing fields of a Prefill (graphrt/worker/launch.py) for `reqs` (a processing
+    executor): every request's processing row, the prompt log-probs asked for (rows of `own`,
+    the requests whose prompts the launch carries; default reqs; n > 1: the others draw from a
+    sibling's logits) and whether the first draws' log-probs come back."""
     own = reqs if own is None else own
-    rows = _process_rows(reqs, ex.model.spec.vocab_size)
     want = {i: r.params.prompt_logprobs for i, r in enumerate(own)
             if r.params.prompt_logprobs is not None and not r.token_ids}    # not again after a preemption
-    first = ex.prefill_slots(prompts, table, slots, inputs, processing=rows, prompt_logprobs=want, starts=starts,
-                             **fork)
-    for i, res in ex.prompt_logprobs.items():
-        own[i].prompt_lp = prompt_logprob_dicts(res, own[i].prompt, want[i], text)
-    return first, ex.prefill_logprobs if any(r.params.logprobs is not None for r in reqs) else None
+    return {"processing": _process_rows(reqs, vocab), "prompt_logprobs": want,
+            "logprobs": any(r.params.logprobs is not None for r in reqs)}
 
 
-def join_row(ex, req) -> None:
+def take_prompt_logprobs(result, own, text) -> None:
+    """A prefill Result's prompt log-probs onto the requests they belong to (`prompt_lp`, for
+    each one's first delta); own: the requests whose prompts the launch carried."""
+    for i, res in result.prompt_logprobs.items():
+        r = own[i]
+        r.prompt_lp = prompt_logprob_dicts(res, r.prompt, r.params.prompt_logprobs, text)
+
+
+def processing_update(req, vocab: int) -> SlotUpdate:
     """A request whose row starts decoding inside a decode block (no prefill of its own): its
-    slot's processing row written as a prefill writes it (a processing executor; the slot's
+    slot's processing row as a prefill writes it, as a SlotUpdate for Executor.apply (the slot's
     previous request must leave nothing a later processed block would apply to this one)."""
-    if getattr(ex, "processing", False):
-        ex.write_processing([req.slot], _process_rows([req], ex.model.spec.vocab_size))
+    return SlotUpdate.processing_rows([req.slot], _process_rows([req], vocab))
 
 
 def _process_rows(reqs, vocab: int) -> ProcessRows:
     """The processing rows of `reqs` (their params, token rules, prompt and drawn tokens)."""
     return ProcessRows.build([process_row(r.params, r.rules, r.prompt, r.token_ids) for r in reqs], vocab)
-
-
-def decode_block(ex, go, rows):
-    """A processed block (go: the scheduler's Launch) -> (tokens [K, n], its log-prob rows or None
-    when no row wants them)."""
-    tokens = ex.decode_block(go.n, sampled=go.sampled, processed=True, filtered=go.filtered)
-    return tokens, ex.block_logprobs(go.n) if any(r.params.logprobs is not None for r in rows) else None
 
 
 def attach(req, delta, lp, col: int, text) -> None:
@@ -164,4 +160,4 @@ def prompt_logprob_dicts(result, prompt: list[int], n: int, text) -> list[dict[i
                      for s in range(len(tok_lp))]
 
 
-__all__ = ["ProcessRows", "check_request", "prefill", "decode_block", "attach", "token_rules", "process_row", "logprob_dicts", "prompt_logprob_dicts", "TokenText"]
+__all__ = ["ProcessRows", "check_request", "prefill_launch", "take_prompt_logprobs", "processing_update", "attach", "token_rules", "process_row", "logprob_dicts", "prompt_logprob_dicts", "TokenText"]

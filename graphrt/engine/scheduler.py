@@ -1,7 +1,7 @@
 """Admission, decode slots, KV growth and preemption, and what each generated token does.
 
 Host-only decisions (the engine runs the device work; kv_manager.py counts pages;
-input_batch.py holds the rows on the device):
+worker/input_batch.py stages the rows on the device):
 - Blocks: K decode steps (K tokens per row), or with speculation R rounds of k proposals (up
   to R * (k + 1) tokens per row, how many is known only when the block's counts are read).
 - Admission (FIFO): a waiting request is admitted when a slot is free and the free pages cover
@@ -36,7 +36,7 @@ from typing import NamedTuple
 import numpy as np
 
 from graphrt.engine.detokenizer import TextState
-from graphrt.engine.input_batch import InputBatch
+from graphrt.worker.input_batch import InputBatch
 from graphrt.engine.kv_manager import KVCacheManager
 from graphrt.engine.params import RequestOutput, SamplingParams
 

@@ -188,14 +188,14 @@ def spec_stats(counts: dict, clock: BlockClock | None = None) -> dict:
             "spec_blocks_by_k": dict(c.get("by_k", {})), **timing}
 
 
-def default_policy(executor):
+def default_policy(executor, caps):
     """The speculation policy over the executor's measured step costs (CUDA graphs only), or
     None (speculate every block) where nothing can be measured or the policy module is absent,
-    and for EAGLE-3 (its head must see every token: a plain block would leave it behind)."""
-    if executor.speculative.method == "eagle3":
+    and for EAGLE-3 (its head must see every token: a plain block would leave it behind).
+    caps: the executor's Capabilities."""
+    if caps.speculative.method == "eagle3":
         return None
-    measure = getattr(executor, "measure_costs", None)
-    costs = measure() if measure is not None else None
+    costs = executor.measure_costs()
     if costs is None:
         return None
     try:
@@ -203,8 +203,7 @@ def default_policy(executor):
     except ImportError:
         log.warning("engine: graphrt/speculative/policy.py not found; speculating every block")
         return None
-    ks = getattr(executor, "spec_ks", ()) or (executor.speculative.num_tokens,)
-    return SpecPolicy(costs, ks=ks, max_slots=executor.config.max_batch)
+    return SpecPolicy(costs, ks=caps.spec_ks, max_slots=caps.config.max_batch)
 
 
 __all__ = ["build_runner", "load_draft", "spec_columns", "observe", "spec_stats", "default_policy",

@@ -31,7 +31,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from graphrt.model.processing import ProcessState
+from graphrt.model.processing import ProcessRows, ProcessState
 from graphrt.model.sampling import SamplingInputs
 
 PAD_PAGE = -1                                  # block-table entries past a request's pages
@@ -48,7 +48,9 @@ class SlotUpdate:
     i32 = [cell values (m) | ints (NUM_INTS * s, row-major [NUM_INTS, s]) | history tokens (h)],
     f32 = [floats (NUM_FLOATS * s)]. cells and history indices are flat indices into block_table /
     history; token rows get their current token (a row that starts decoding from its last
-    context token, with no prefill draw before it)."""
+    context token, with no prefill draw before it). proc_slots / proc_rows: slots whose
+    logits-processing rows are reset to `proc_rows` (model/processing.py ProcessRows; a row that
+    starts decoding without a prefill of its own), or () / None."""
 
     i64: torch.Tensor
     i32: torch.Tensor
@@ -57,6 +59,17 @@ class SlotUpdate:
     s: int
     h: int
     t: int = 0
+    proc_slots: tuple = ()
+    proc_rows: ProcessRows | None = None
+
+    @classmethod
+    def processing_rows(cls, slots: list[int], rows: ProcessRows) -> "SlotUpdate":
+        """An update that only resets `slots`' processing rows to `rows`."""
+        if len(slots) != rows.params.shape[0]:
+            raise ValueError(f"rows: {rows.params.shape[0]} processing rows for {len(slots)} slots")
+        empty = torch.empty(0, dtype=torch.int64)
+        return cls(empty, empty.to(torch.int32), empty.to(torch.float32), 0, 0, 0,
+                   proc_slots=tuple(slots), proc_rows=rows)
 
 
 @dataclass(frozen=True)
@@ -142,6 +155,10 @@ class SlotState:
         if u.t:
             at = m + 2 * s + h
             self.tokens.index_copy_(0, d64[at:at + u.t], d64[at + u.t:at + 2 * u.t])
+        if u.proc_rows is not None:
+            if self.proc is None:
+                raise ValueError("update: processing rows given, but this state keeps none (processing=False)")
+            self.proc.write_rows(torch.tensor(u.proc_slots, dtype=torch.int64), u.proc_rows)
 
     def load(self, n: int, tokens: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
              sampling: SamplingInputs | None) -> None:

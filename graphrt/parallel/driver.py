@@ -1,13 +1,15 @@
-"""Rank 0 drives, the other ranks follow: every executor call is broadcast first.
+"""Rank 0 drives, the other ranks follow: every call is broadcast first.
 
-TPDriver is the tensor-parallel implementation of the engine's executor interface
-(engine/executor.py: prefill_slots, apply, decode_block, spec_block, capture), over each rank's
-LocalExecutor; it also drives a bare ModelRuntime (prefill, decode, capture).
+TPDriver broadcasts one call (a name in CALLS, its arguments) to the workers, then runs it on
+rank 0's own target; `follow` is a worker's loop running each call on its target. The target is
+a bare ModelRuntime (prefill, decode, capture: the tests' and tools' path) or a LocalExecutor
+(capture, apply, prefill, run: the engine's, through TPExecutor in executor.py).
 
     # on every rank (inside launch.launch's fn), with its own sharded ModelRuntime `mrt`:
     if ctx.rank == 0:
         drv = TPDriver(mrt, ctx.control)
         drv.capture(); drv.prefill(prompts, table); toks = drv.decode(tokens, table, seq_lens)
+        drv.runtime.last_logits(n)           # rank 0's runtime, read locally (no broadcast)
         drv.shutdown()                       # releases the workers' loops
     else:
         follow(mrt, ctx.control)             # replays what rank 0 runs, until shutdown
@@ -16,7 +18,7 @@ The call (its name, its host tensors: block table, seq_lens, sampling parameters
 workers over the gloo `control` group (`broadcast_object_list`); its device tensors (the
 engine's next tokens, on the GPU) follow with `broadcast` over the model's group, ordered on
 the stream like the graph replay after it (no host sync); then
-every rank runs the same ModelRuntime call: the same bucket, the same graph, the same
+every rank runs the same call: the same bucket, the same graph, the same
 collectives in the same order. Tokens are identical on every rank because each rank takes the
 argmax (or the seeded sample, whose random stream depends only on (seed, step)) of the same
 all-gathered logits. The broadcast precedes the graph launch, never runs inside it.
@@ -24,7 +26,7 @@ all-gathered logits. The broadcast precedes the graph launch, never runs inside 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, is_dataclass
 
 import torch
 import torch.distributed as dist
@@ -53,6 +55,8 @@ def _split(x, device_tensors: list):
         return {k: _split(v, device_tensors) for k, v in x.items()}
     if isinstance(x, SamplingInputs):
         return SamplingInputs(**{f.name: getattr(x, f.name).cpu() for f in fields(x)})
+    if is_dataclass(x) and not isinstance(x, type):      # a launch description (graphrt/worker)
+        return type(x)(**{f.name: _split(getattr(x, f.name), device_tensors) for f in fields(x)})
     return x
 
 
@@ -67,35 +71,41 @@ def _fill(x, runtime, received: list):
         return type(x)(_fill(v, runtime, received) for v in x)
     if isinstance(x, dict):
         return {k: _fill(v, runtime, received) for k, v in x.items()}
+    if is_dataclass(x) and not isinstance(x, type) and not isinstance(x, SamplingInputs):
+        return type(x)(**{f.name: _fill(getattr(x, f.name), runtime, received) for f in fields(x)})
     return x
 
 
-CALLS = ("prefill", "decode", "capture", "prefill_slots", "apply", "decode_block", "spec_block")
+CALLS = ("prefill", "decode", "capture", "apply", "run")   # a ModelRuntime's or a LocalExecutor's
 
 
-def _run(mrt, name: str, args: tuple, kwargs: dict):
+def _run(target, runtime, name: str, args: tuple, kwargs: dict):
+    """Run call `name` on `target`; runtime: the rank's ModelRuntime (target itself, or the
+    LocalExecutor's)."""
     if name not in CALLS:
         raise ValueError(f"call: {name!r} is not one of {CALLS}")
-    if name == "capture" and mrt.model.tp is not None and mrt.uses_graphs:
-        mrt.model.tp.warm_up(mrt.device)         # the NCCL communicator exists before capture
-    return getattr(mrt, name)(*args, **kwargs)
+    if name == "capture" and runtime.model.tp is not None and runtime.uses_graphs:
+        runtime.model.tp.warm_up(runtime.device)     # the NCCL communicator exists before capture
+    return getattr(target, name)(*args, **kwargs)
 
 
 class TPDriver:
-    """Rank 0's handle over its ModelRuntime: each call is broadcast to the workers, then run.
-    Other attributes (config, k, device, num_pages, model, graphs, ...) are the runtime's.
+    """Rank 0's handle: each call is broadcast to the workers, then run on `target` (a
+    ModelRuntime, or a LocalExecutor with runtime= its ModelRuntime). `runtime` is rank 0's
+    ModelRuntime, read locally (last_logits, graphs, config: nothing broadcast).
 
     health: a callable returning None, or a message naming a dead rank (WorkerGroup.failure);
     calls then raise RankError instead of waiting on a collective that cannot complete."""
 
-    def __init__(self, runtime, control, *, health=None):
-        self.runtime, self.control, self.health = runtime, control, health
+    def __init__(self, target, control, *, runtime=None, health=None):
+        self.target, self.control, self.health = target, control, health
+        self.runtime = target if runtime is None else runtime
 
-    def __getattr__(self, name):
-        return getattr(self.runtime, name)
-
-    def _call(self, name: str, *args, **kwargs):
+    def call(self, name: str, *args, **kwargs):
+        """Broadcast call `name` (one of CALLS) with its arguments, then run it here."""
         from graphrt.parallel.launch import RankError
+        if name not in CALLS:
+            raise ValueError(f"call: {name!r} is not one of {CALLS}")
         failure = self.health() if self.health is not None else None
         if failure:
             raise RankError(failure)
@@ -110,7 +120,7 @@ class TPDriver:
             raise RankError(self._failure(wait_s=1.0) or f"tensor parallel: broadcasting {name!r} "
                             f"failed: {e}") from e
         try:
-            return _run(self.runtime, name, args, kwargs)
+            return _run(self.target, self.runtime, name, args, kwargs)
         except RuntimeError as e:               # a collective inside the call saw a peer vanish
             failure = self._failure(wait_s=1.0)
             if failure:
@@ -128,47 +138,35 @@ class TPDriver:
         return None
 
     def capture(self) -> dict:
-        return self._call("capture")
+        return self.call("capture")
 
     def prefill(self, prompts, block_table, *, starts=None, after=None, defer_check: bool = False) -> torch.Tensor:
-        """As LocalExecutor.prefill ([n, V] float32 logits, identical on every rank)."""
-        return self._call("prefill", prompts, block_table, starts=starts, after=after, defer_check=defer_check)
+        """As ModelRuntime.prefill ([n, V] float32 logits, identical on every rank; a bare runtime)."""
+        return self.call("prefill", prompts, block_table, starts=starts, after=after, defer_check=defer_check)
 
     def decode(self, tokens, block_table, seq_lens, *, out=None, sampling: SamplingInputs | None = None):
         """As ModelRuntime.decode ([K, n] int64 tokens, identical on every rank); `out` stays
         on rank 0."""
-        rows = self._call("decode", tokens, block_table, seq_lens, sampling=sampling)
+        rows = self.call("decode", tokens, block_table, seq_lens, sampling=sampling)
         if out is None:
             return rows
         with self.runtime.lock:
             return out.copy_(rows)
-
-    # ---- the executor interface (engine/executor.py), every rank running the same call --------
-    def prefill_slots(self, prompts, block_table, slots, sampling, **kwargs):
-        return self._call("prefill_slots", prompts, block_table, slots, sampling, **kwargs)
-
-    def apply(self, update) -> None:
-        """The input batch's staged update (host tensors, pickled to the workers) on every rank."""
-        self._call("apply", update)
-
-    def decode_block(self, n: int, *, sampled: bool):
-        return self._call("decode_block", n, sampled=sampled)
-
-    def spec_block(self, n: int, *, k: int | None = None, filtered: bool = False):
-        return self._call("spec_block", n, k=k, filtered=filtered)
 
     def shutdown(self) -> None:
         """Ends the workers' `follow` loops."""
         dist.broadcast_object_list([None], src=0, group=self.control)
 
 
-def follow(runtime, control, *, on_result=None) -> int:
-    """A worker's loop: receive each call from rank 0 and run it on this rank's runtime, until
-    rank 0's shutdown. Returns the number of calls run; on_result(name, result) sees each result.
+def follow(target, control, *, runtime=None, on_result=None) -> int:
+    """A worker's loop: receive each call from rank 0 and run it on this rank's target (a
+    ModelRuntime, or a LocalExecutor with runtime= its ModelRuntime), until rank 0's shutdown.
+    Returns the number of calls run; on_result(name, result) sees each result.
 
     A call that this rank refuses as bad input (ValueError / TypeError, raised by the runtime's
     checks before any collective) was refused by rank 0 too, which raised it to its caller: the
     loop goes on."""
+    runtime = target if runtime is None else runtime
     calls = 0
     while True:
         msg = [None]
@@ -179,7 +177,7 @@ def follow(runtime, control, *, on_result=None) -> int:
         received: list = []
         args, kwargs = _fill(args, runtime, received), _fill(kwargs, runtime, received)
         try:
-            out = _run(runtime, name, args, kwargs)
+            out = _run(target, runtime, name, args, kwargs)
         except (ValueError, TypeError):
             continue
         calls += 1

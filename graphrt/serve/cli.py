@@ -238,9 +238,9 @@ def load(args, *, keep=None):
              ck.nbytes / 1e9 / max(ck.load_s, 1e-9), ck.path)
     for line in capture_report(llm, total):
         log.info("%s", line)
-    rc = llm.runtime.config
+    rc = llm.runtime.caps.config
     log.info("engine: backend %s, max_batch %d, K=%d, page_size %d, %d KV pages, max_model_len %d; total %.2f s",
-             rc.backend, llm.config.max_batch, llm.config.steps_per_graph, rc.page_size, llm.runtime.num_pages,
+             rc.backend, llm.config.max_batch, llm.config.steps_per_graph, rc.page_size, llm.runtime.caps.num_pages,
              llm.engine.max_model_len, total)
     if cache_dir is not None:
         from graphrt.serve.cache_pin import log_after_load

@@ -237,7 +237,7 @@ def test_a_cache_pinned_before_the_field_matches_it_off(tmp_path):
 def test_the_piece_choice_is_a_pure_function_of_the_scheduler_state():
     from types import SimpleNamespace as NS
 
-    from graphrt.engine.input_batch import InputBatch
+    from graphrt.worker.input_batch import InputBatch
     from graphrt.engine.scheduler import Scheduler
     s = Scheduler(max_batch=4, page_size=4, max_pages_per_seq=16, num_pages=32, steps_per_graph=2,
                   eos_token_ids=(), batch=InputBatch(max_batch=4, max_pages_per_seq=16), max_num_batched_tokens=8)

@@ -61,7 +61,7 @@ def test_a_preempted_request_resumes_at_its_accepted_position(path, monkeypatch)
     """At every (re)activation, a request's prefill ran over prompt + its accepted tokens and
     its row starts at seq_len = that + 1 (the drawn token) with draw index len(accepted) + 1;
     after a preemption nothing launched but not accepted is kept."""
-    from graphrt.engine.input_batch import SEQ, STEP
+    from graphrt.worker.input_batch import SEQ, STEP
     prompts = [[3 + i, 40, 41 + i, 7, 9, 11, 13 + i, 2] for i in range(4)]
     params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
     llm = LLM(path, max_batch=4, steps_per_graph=3, num_pages=6, **CPU)

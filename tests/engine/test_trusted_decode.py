@@ -34,7 +34,7 @@ def _pair(device, k=2):
 
 
 def _check(device):
-    from graphrt.engine.input_batch import InputBatch
+    from graphrt.worker.input_batch import InputBatch
     public, slotted = _pair(device)
     for rt in (public, slotted):
         rt.capture()

@@ -1,21 +1,19 @@
-"""The executor: the engine's one interface to the device, in this process or over ranks.
+"""The local executor: the Executor protocol (protocol.py) over one process's ModelRuntime.
 
-    ex = LocalExecutor(ModelRuntime(...), spec=SpeculativeRunner.attach(mrt, ...))   # one GPU
-    ex = TPDriver(LocalExecutor(rank 0's runtime), control, health=...)   # graphrt/parallel: the
-                                                                           # same calls, broadcast
+    ex = LocalExecutor(ModelRuntime(...), spec=SpeculativeRunner.attach(mrt, ...))
     ex.capture()
-    first = ex.prefill_slots(prompts, table, slots, sampling)   # prefill + first draws into the slots
-    first = ex.prefill_slots(..., processing=rows, prompt_logprobs={0: 5})   # processing runtimes:
-    ex.prefill_logprobs, ex.prompt_logprobs     # the first draws' log-probs; prompt log-probs (CPU)
-    ex.apply(update)                                            # the input batch's staged changes
-    tokens = ex.decode_block(n, sampled=False)                  # [K, n]: K decode steps
-    out = ex.spec_block(n, k=2, filtered=False)                 # BlockOutput: R rounds, k in spec_ks
+    caps = ex.caps                                                  # Capabilities (caps.py)
+    first = ex.prefill(Prefill(prompts, table, slots=slots, sampling=inputs)).tokens   # [1, m]
+    ex.prefill(Prefill(pieces, table, starts=starts, after=after))   # chunks that draw nothing
+    ex.apply(update)                                                # SlotUpdate (model/slots.py)
+    tokens = ex.run(Block(n, draw=Draw(sampled=True))).tokens      # [K, n]: K decode steps
+    out = ex.run(Block(n, k=2))                                     # R rounds: tokens, emitted, proposed
 
 Every call is a pure function of the runtime's slot state (model/slots.py) plus its arguments,
-so a tensor-parallel driver can replay the same call on every rank: a single-GPU engine imports
-nothing from graphrt/parallel/. Attributes the engine reads: config, k (decode steps per block),
-steps (k's StepsPlan), device, num_pages, model, speculative (its SpeculativeConfig or None), rounds, spec_ks (the
-proposal counts a speculative block may run: one graph family each; () without speculation).
+so the tensor-parallel executor (graphrt/parallel/executor.py) replays the same call on every
+rank: a single-GPU engine imports nothing from graphrt/parallel/. `runtime` (the ModelRuntime)
+and `spec` (the SpeculativeRunner or None) are this implementation's, for tools and tests; the
+engine reads `caps` and calls the protocol only.
 
 With a draft model the executor keeps the draft's K/V consistent across a policy's switches: a
 plain decode block runs only the target, so the slots it served are marked, and the next
@@ -32,8 +30,11 @@ from graphrt.kernels.transfer import tensor_on, to_device
 from graphrt.model.logprobs import PromptLogprobs, token_logprobs
 from graphrt.model.processing import ProcessRows, drawn_from
 from graphrt.model.sampling import SamplingInputs, sample_eager
+from graphrt.model.slots import SlotUpdate
+from graphrt.worker.caps import Capabilities
+from graphrt.worker.launch import Block, Prefill, Result
 
-log = logging.getLogger("graphrt.engine")
+log = logging.getLogger("graphrt.worker")
 
 
 class LocalExecutor:
@@ -45,36 +46,45 @@ class LocalExecutor:
             raise ValueError("spec: the speculative runner must share the runtime's slots "
                              "(SpeculativeRunner.attach)")
         self.runtime, self.spec = runtime, spec
-        self.prefill_logprobs = None     # (token [1, m], rank, top ids [1, m, N], top vals): the last prefill's
-        self.prompt_logprobs: dict = {}  # {row: (logprob [T - 1], rank, ids, vals)} CPU, the last prefill's
         self._draft_stale: set[int] = set()   # slots whose draft K/V misses plain-block tokens
         self._draft_since = torch.zeros_like(runtime.slots.seq_lens)   # [B] their lengths then (device)
+        self._caps: Capabilities | None = None
 
-    # ---- what the engine reads ----------------------------------------------------------------
-    config = property(lambda self: self.runtime.config)
-    k = property(lambda self: self.runtime.k)
-    steps = property(lambda self: self.runtime.steps)      # StepsPlan: K and why (model/steps.py)
-    plan_seconds = property(lambda self: self.runtime.plan_seconds)   # {plan: host s} measured at capture
-    measured_plans = property(lambda self: self.runtime.measured_plans)   # -> model/plans.py's dict
-    device = property(lambda self: self.runtime.device)
-    num_pages = property(lambda self: self.runtime.num_pages)
-    model = property(lambda self: self.runtime.model)
-    graphs = property(lambda self: self.runtime.graphs)
-    lock = property(lambda self: self.runtime.lock)
-    uses_graphs = property(lambda self: self.runtime.uses_graphs)
-    speculative = property(lambda self: None if self.spec is None else self.spec.config)
-    rounds = property(lambda self: 0 if self.spec is None else self.spec.rounds)
-    processing = property(lambda self: self.runtime.processing)
-    spec_logprobs = False        # speculative rounds do not record log-probabilities (yet)
-    logprobs_width = property(lambda self: self.runtime.logprobs.width if self.runtime.processing else 0)
-    spec_ks = property(lambda self: () if self.spec is None else self.spec.ks)
-    # C > 0: a plain block may carry a prompt chunk of up to C tokens (model/mixed.py)
-    mixed_tokens = property(lambda self: 0 if self.runtime.mixed is None else self.runtime.mixed.max_tokens)
-    # a speculative phase whose proposer keeps per-slot device state of its own (a draft model's
-    # K/V) has `draft` (with prefill) and `sync_draft(slots)`: it is caught up after plain blocks
-    _proposer_state = property(lambda self: getattr(self.spec, "draft", None) is not None)
-    history_width = property(lambda self: None if self.runtime.slots.history is None
-                             else self.runtime.slots.history.shape[1])
+    @property
+    def caps(self) -> Capabilities:
+        """What this executor can do (read after capture: K "auto" is fixed there)."""
+        rt, spec = self.runtime, self.spec
+        caps = self._caps
+        if caps is None or caps.steps_per_graph != rt.k:
+            model = rt.model
+            caps = self._caps = Capabilities(
+                config=rt.config, device=rt.device, num_pages=rt.num_pages, vocab_size=model.spec.vocab_size,
+                model_key=f"{type(model).__name__}|{model.spec!r}|{rt.config!r}", steps_per_graph=rt.k,
+                speculative=None if spec is None else spec.config,
+                spec_ks=() if spec is None else tuple(spec.ks), spec_rounds=0 if spec is None else spec.rounds,
+                spec_logprobs=False,          # speculative rounds do not record log-probabilities (yet)
+                processing=rt.processing, logprobs_width=rt.logprobs.width if rt.processing else 0,
+                mixed_tokens=0 if rt.mixed is None else rt.mixed.max_tokens,
+                history_width=None if rt.slots.history is None else rt.slots.history.shape[1],
+                draft_state=self._draft is not None, shared_prefill=self._eagle is None,
+                device_errors=True)
+        return caps
+
+    @property
+    def error_flag(self) -> torch.Tensor:
+        """The target runtime's sticky device-guard flags ([1] int32, device): nonzero after a
+        prepare or K/V-append kernel flagged bad inputs (check_device_errors says which)."""
+        return self.runtime.buffers.device_error
+
+    @property
+    def _draft(self):
+        """The draft model proposer (a phase with per-slot K/V of its own), or None."""
+        return None if self.spec is None else self.spec.draft
+
+    @property
+    def _eagle(self):
+        """The EAGLE-3 phase, or None."""
+        return None if self.spec is None else self.spec.eagle
 
     # ---- calls --------------------------------------------------------------------------------
     def capture(self) -> dict:
@@ -87,7 +97,7 @@ class LocalExecutor:
             stats = dict(self.runtime.graphs.stats)
             spec = [s for key, s in stats.items() if key.phase == "spec"]
             log.info("speculative graphs: %d (buckets %s x k in %s), %.0f ms capture, %.1f MiB",
-                     len(spec), list(self.config.buckets), list(self.spec.ks),
+                     len(spec), list(self.runtime.config.buckets), list(self.spec.ks),
                      sum(s.capture_ms + s.warmup_ms for s in spec), sum(s.graph_bytes for s in spec) / 2**20)
         return stats
 
@@ -97,20 +107,48 @@ class LocalExecutor:
         request, so separate calls cost no extra weight pass."""
         return self.runtime.prefill_graphed(new_tokens)
 
-    def prefill(self, prompts: list[torch.Tensor], block_table: torch.Tensor, *, starts=None, after=None,
-                defer_check: bool = False, proposer: bool = True, **record) -> torch.Tensor:
+    def prefill(self, launch: Prefill) -> Result:
+        """A prefill (launch.py): pieces that draw nothing (launch.slots None: `_prefill_pieces`)
+        or prompts whose slots draw their next token (`_prefill_slots`)."""
+        if not launch.draws:
+            self._prefill_pieces(launch.prompts, launch.block_table, starts=launch.starts, after=launch.after,
+                                 defer_check=launch.defer_check)
+            return Result(None)
+        first, lp, plp = self._prefill_slots(
+            launch.prompts, launch.block_table, launch.slots, launch.sampling, processing=launch.processing,
+            prompt_logprobs=launch.prompt_logprobs, starts=launch.starts, sources=launch.sources,
+            copies=launch.copies, defer_check=launch.defer_check, draft=launch.draft)
+        return Result(first[None], logprobs=lp if launch.logprobs else None, prompt_logprobs=plp)
+
+    def run(self, block: Block) -> Result:
+        """One block (launch.py): k = 0, K plain decode steps; k > 0, R speculative rounds."""
+        d = block.draw
+        if block.k:
+            caps = self.caps
+            caps.refuse("k", block.k in caps.spec_ks, f"{block.k} is not one of this executor's "
+                        f"speculative proposal counts {caps.spec_ks}")
+            out = self._spec_block(block.n, k=block.k, filtered=d.filtered, processed=d.processed,
+                                   sync_draft=block.sync_draft)
+            return Result(out.tokens, out.emitted, out.proposed)
+        if d.processed:
+            tokens = self._decode_block(block.n, sampled=True, processed=True, filtered=d.filtered)
+            return Result(tokens, logprobs=self.runtime.logprobs.view(block.n) if block.logprobs else None)
+        return Result(self._decode_block(block.n, sampled=d.sampled, chunk=block.chunk))
+
+    def _prefill_pieces(self, prompts: list[torch.Tensor], block_table: torch.Tensor, *, starts=None,
+                        after=None, defer_check: bool = False, proposer: bool = True, **record) -> torch.Tensor:
         """As ModelRuntime.prefill: [m, V] float32 last-token logits (prompts[i] from position
-        starts[i], default 0): every target prefill goes through here (prefill_slots' too). For
+        starts[i], default 0): every target prefill goes through here (_prefill_slots' too). For
         pieces of a context that draw nothing yet (a chunk) a proposer with K/V of its own
         follows: a draft model prefills the same positions; an EAGLE-3 head writes its K/V there
         from the target's recorded states, pairing each piece's last position with after[i] (host
-        int, the context's next token). proposer=False: the target alone (prefill_slots, which
+        int, the context's next token). proposer=False: the target alone (_prefill_slots, which
         runs the draft after its draws; an EAGLE-3 target's prefill records states: not here).
         record: ModelRuntime.prefill's on_logits / logits_rows (prompt log-probs). defer_check:
-        as ModelRuntime.prefill's (the flags into `device_error_flag`)."""
+        as ModelRuntime.prefill's (the flags into `error_flag`)."""
         if not proposer:
             return self.runtime.prefill(prompts, block_table, starts=starts, defer_check=defer_check, **record)
-        eagle = getattr(self.spec, "eagle", None)
+        eagle = self._eagle
         after = [None] * len(prompts) if after is None else list(after)
         if len(after) != len(prompts):
             raise ValueError(f"after: {len(after)} tokens for {len(prompts)} prompts")
@@ -121,37 +159,33 @@ class LocalExecutor:
                                [0] * len(prompts) if starts is None else starts, self.spec.device_error)
             return logits
         logits = self.runtime.prefill(prompts, block_table, starts=starts, defer_check=defer_check, **record)
-        if self._proposer_state:
-            self.spec.draft.prefill([to_device(p, self.device) for p in prompts], block_table, starts=starts)
+        if self._draft is not None:
+            self._draft.prefill([to_device(p, self.runtime.device) for p in prompts], block_table, starts=starts)
         return logits
 
-    @property
-    def device_error_flag(self) -> torch.Tensor:
-        """The target runtime's sticky device-guard flags ([1] int32, device): nonzero after a
-        prepare or K/V-append kernel flagged bad inputs (check_device_errors says which)."""
-        return self.runtime.buffers.device_error
-
-    def prefill_slots(self, prompts: list[torch.Tensor], block_table: torch.Tensor, slots: list[int],
-                      sampling: SamplingInputs, *, processing: ProcessRows | None = None,
-                      prompt_logprobs: dict[int, int] | None = None, starts=None,
-                      sources: list[int] | None = None, copies: list[tuple[int, int]] = (),
-                      defer_check: bool = False, draft: bool = True) -> torch.Tensor:
+    def _prefill_slots(self, prompts: list[torch.Tensor], block_table: torch.Tensor, slots: list[int],
+                       sampling: SamplingInputs, *, processing: ProcessRows | None = None,
+                       prompt_logprobs: dict[int, int] | None = None, starts=None,
+                       sources: list[int] | None = None, copies: list[tuple[int, int]] = (),
+                       defer_check: bool = False, draft: bool = True) -> tuple:
         """Prefill each prompt (row i of block_table, from position starts[i], default 0), draw
         each slot's next token with sampling's row i (its step is not advanced) from the last
         logits of prompt sources[i] (default: slot i's own prompt, i < m) and write it as the
-        slot's current token (and into its token history at index start + len(prompt)). copies:
+        slot's current token (and into its token history at index start + len(prompt)) -> (the
+        [m] int64 first tokens (device), the first draws' log-prob rows or None, the prompt
+        log-probs {row: ...} CPU). copies:
         (src, dst) KV pages copied after the prefill, in every layer (n > 1: a sample's copy of
         the prompt's partial last page). With a draft model, the draft's caches are prefilled
         over the same positions (and copied) too; with an EAGLE-3 head, the target's prefill
         records its hidden states and the head's prefill makes the slots' first proposals (no
         sources with EAGLE-3). Either proposer's K/V below starts[i] is what the pages hold (a
         cached prefix: its writer's; an earlier chunk: this request's); it changes only how many
-        proposals are accepted, never a token. Returns the [s] int64 first tokens (device).
+        proposals are accepted, never a token.
 
         processing (a processing runtime): the slots' processing rows are reset to it first and
-        the first draws are processed, counted and their log-probabilities kept in
-        `prefill_logprobs` (device views); prompt_logprobs {row i: n}: those rows' prompt
-        log-probabilities into `prompt_logprobs` (CPU, synchronous; whole prompts only).
+        the first draws are processed, counted and their log-probabilities returned (device
+        views); prompt_logprobs {row i: n}: those rows' prompt log-probabilities (CPU,
+        synchronous; whole prompts only).
         defer_check: the target's prefill as ModelRuntime.prefill's (an EAGLE-3 target's too).
         draft=False (a draft model, no sources or copies): the draft's prefill is left out and
         the slots are marked stale from their start (the policy starts them on plain decode: a
@@ -164,16 +198,17 @@ class LocalExecutor:
             if want:
                 raise ValueError("starts: prompt_logprobs need the whole prompt prefilled")
             extra["starts"] = starts
-        eagle = getattr(self.spec, "eagle", None)
+        eagle = self._eagle
         if eagle is not None and sources is not None:
             raise ValueError("sources: an EAGLE-3 head prefills every sample's prompt (no shared prefill)")
         defer = {"defer_check": True} if defer_check else {}   # the K/V flags read with the block
         if eagle is not None:
             logits, hidden = eagle.target_prefill(self.runtime, prompts, block_table, **extra, **defer)
         else:
-            logits = self.prefill(prompts, block_table, proposer=False, **extra, **defer)   # the draft's: below
-        self.prompt_logprobs = {i: collect.result(i) for i in want} if collect is not None else {}
-        st, dev = self.runtime.slots, self.device
+            logits = self._prefill_pieces(prompts, block_table, proposer=False, **extra, **defer)   # the draft's: below
+        prompt_lp = {i: collect.result(i) for i in want} if collect is not None else {}
+        first_lp = None
+        st, dev = self.runtime.slots, self.runtime.device
         if sources is not None:
             logits = logits.index_select(0, tensor_on(sources, torch.long, logits.device))   # [s, V]
         idx = tensor_on(slots, torch.long, dev)
@@ -186,7 +221,7 @@ class LocalExecutor:
             first = sample_eager(x, sampling)                            # [m] device
             src = logits if self.runtime.logprobs_mode == "raw" else \
                 drawn_from(x, temp, to_device(sampling.top_k, dev), to_device(sampling.top_p, dev))
-            self.prefill_logprobs = tuple(t[None] for t in token_logprobs(src, first, self.logprobs_width))
+            first_lp = tuple(t[None] for t in token_logprobs(src, first, self.caps.logprobs_width))
             st.proc.count(idx, first, torch.ones_like(first, dtype=torch.bool))
         else:
             first = sample_eager(logits, sampling)                       # [m] device
@@ -197,7 +232,7 @@ class LocalExecutor:
             at = tensor_on([s * st.history.shape[1] + base[j] + prompts[j].numel() for s, j in zip(slots, src)],
                            torch.long, dev)
             st.history.view(-1).index_copy_(0, at, first.to(torch.int32))
-        draft_model = self.spec.draft if self._proposer_state else None
+        draft_model = self._draft
         if draft_model is not None and not draft and sources is None and not copies:
             # the draft holds no K/V from each prompt's start (sync_draft writes from since - 2)
             since = [int(starts[j]) + 2 if starts is not None and starts[j] else 0 for j in range(len(slots))]
@@ -214,54 +249,41 @@ class LocalExecutor:
                         copies, dev)
         if eagle is not None:
             eagle.prefill(hidden, prompts, first, block_table, slots, self.spec.device_error, starts=starts)
-        return first
+        return first, first_lp, prompt_lp
 
-    def apply(self, update) -> None:
+    def apply(self, update: SlotUpdate) -> None:
         """An input batch's staged changes into the slots (SlotState.apply)."""
         self.runtime.slots.apply(update)
 
-    def decode_block(self, n: int, *, sampled: bool, processed: bool = False,
-                     filtered: bool = True, chunk: bool = False) -> torch.Tensor:
+    def _decode_block(self, n: int, *, sampled: bool, processed: bool = False,
+                      filtered: bool = True, chunk: bool = False) -> torch.Tensor:
         """K decode steps over slots [0, n) -> [K, n] int64 (a view, valid until the next block);
-        processed: the logits-processing graph (then `block_logprobs(n)` holds the block's);
+        processed: the logits-processing graph (then `runtime.logprobs` holds the block's);
         filtered (with processed): some row uses top-k / top-p; chunk: the block's first step
         also prefills the prompt chunk staged by `stage_chunk` (not with processed)."""
         if chunk:
             return self.runtime.decode_slots(n, sampled=sampled, chunk=True)
-        if self._proposer_state:
+        if self._draft is not None:
             fresh = [s for s in range(n) if s not in self._draft_stale]
-            if fresh and self.spec.draft is not None:    # where each slot's draft K/V stops (device)
+            if fresh:    # where each slot's draft K/V stops (device)
                 lens = self.runtime.slots.seq_lens
                 if len(fresh) == n:                      # after a spec block: no host tensor (a
                     self._draft_since[:n].copy_(lens[:n])   # pageable copy would wait for the stream)
                 else:
-                    idx = torch.tensor(fresh, dtype=torch.long, device=self.device)
+                    idx = torch.tensor(fresh, dtype=torch.long, device=self.runtime.device)
                     self._draft_since.index_copy_(0, idx, lens.index_select(0, idx))
             self._draft_stale.update(range(n))
         if processed:
             return self.runtime.decode_slots(n, sampled=True, processed=True, filtered=filtered)
         return self.runtime.decode_slots(n, sampled=sampled)
 
-    def write_processing(self, slots: list[int], rows: ProcessRows) -> None:
-        """Reset the logits-processing rows of `slots` to `rows` (a processing runtime; what
-        prefill_slots writes for the slots it prefills): for a row that starts decoding without a
-        prefill of its own (a prompt's last piece carried by a decode block)."""
-        st = self.runtime.slots
-        if st.proc is None:
-            raise ValueError("processing: this runtime was built with processing=False")
-        st.proc.write_rows(tensor_on(slots, torch.long, self.device), rows)
-
     def stage_chunk(self, slot: int, tokens: torch.Tensor, start: int, *, table_row=None) -> None:
-        """The next `decode_block(..., chunk=True)` also prefills `tokens` (CPU [m] int64, m <=
-        mixed_tokens) at positions [start, start + m) of `slot` (ModelRuntime.stage_chunk:
+        """The next `run(Block(..., chunk=True))` also prefills `tokens` (CPU [m] int64, m <=
+        caps.mixed_tokens) at positions [start, start + m) of `slot` (ModelRuntime.stage_chunk:
         ValueError names the field)."""
         self.runtime.stage_chunk(slot, tokens, start, table_row=table_row)
 
-    def block_logprobs(self, n: int):
-        """The last processed block's log-probabilities: (token [K, n], rank, ids [K, n, N], vals)."""
-        return self.runtime.logprobs.view(n)
-
-    def spec_block(self, n: int, *, k: int | None = None, filtered: bool = False, processed: bool = False,
+    def _spec_block(self, n: int, *, k: int | None = None, filtered: bool = False, processed: bool = False,
                    sync_draft: bool = True):
         """R speculative rounds with k proposals a round (one of spec_ks; default the configured
         num_tokens) over slots [0, n) -> BlockOutput views (speculative/runner.py); filtered:
@@ -269,7 +291,7 @@ class LocalExecutor:
         no catch-up of stale draft K/V first (they stay stale: the draft proposes from what it
         has, which acceptance keeps exact; for a block whose rows are at their limit)."""
         if self.spec is None:
-            raise ValueError("spec_block: this executor was built without speculation")
+            raise ValueError("k: this executor was built without speculation (k must be 0)")
         if self._draft_stale and sync_draft:
             stale = sorted(s for s in self._draft_stale if s < n)
             self.spec.sync_draft(stale, since=self._draft_since)
@@ -298,6 +320,7 @@ class LocalExecutor:
         return StepCosts(decode_us=decode, verify_us=verify)
 
     def check_device_errors(self) -> None:
+        """Raise DeviceInputError naming the guard that flagged (ModelRuntime.check_device_errors)."""
         self.runtime.check_device_errors()
 
 

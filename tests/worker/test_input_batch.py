@@ -1,4 +1,4 @@
-"""engine/input_batch.py: the runtime's slot state (model/slots.py) equals a dense reference
+"""worker/input_batch.py: the runtime's slot state (model/slots.py) equals a dense reference
 after random admissions, growths, deactivations, history writes and device advances; only what
 changed is staged."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 import numpy as np
 import torch
 
-from graphrt.engine.input_batch import InputBatch
+from graphrt.worker.input_batch import InputBatch
 from graphrt.model.slots import SlotState
 
 

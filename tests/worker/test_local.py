@@ -1,6 +1,7 @@
-"""engine/executor.py: a single-GPU (here: CPU) LLM runs through the LocalExecutor and imports
-nothing from graphrt/parallel/ (checked in a fresh interpreter); the executor's calls are the
-tensor-parallel driver's list."""
+"""worker/local.py: a single-GPU (here: CPU) LLM runs through the LocalExecutor and imports
+nothing from graphrt/parallel/ (checked in a fresh interpreter); the local and the
+tensor-parallel executors both implement every call of the Executor protocol, and every call
+that changes device state is one the driver broadcasts."""
 from __future__ import annotations
 
 import json
@@ -39,10 +40,16 @@ print(json.dumps({{"parallel": sorted(m for m in sys.modules if m.startswith("gr
     assert got == {"parallel": [], "executor": "LocalExecutor", "tokens": 3}
 
 
-def test_the_driver_forwards_every_executor_call():
-    from graphrt.engine.executor import LocalExecutor
+def test_both_executors_implement_the_protocol_and_the_driver_broadcasts_their_calls():
     from graphrt.parallel.driver import CALLS, TPDriver
-    calls = [n for n in ("prefill", "capture", "prefill_slots", "apply", "decode_block", "spec_block")
-             if callable(getattr(LocalExecutor, n, None))]
-    assert set(calls) <= set(CALLS)
-    assert all(callable(getattr(TPDriver, n, None)) for n in calls)
+    from graphrt.parallel.executor import TPExecutor
+    from graphrt.worker.local import LocalExecutor
+    from graphrt.worker.protocol import Executor
+    calls = [n for n in dir(Executor) if not n.startswith("_") and callable(getattr(Executor, n))]
+    assert set(calls) == {"capture", "apply", "stage_chunk", "prefill", "run", "prefill_graphed",
+                          "measure_costs", "check_device_errors"}
+    for cls in (LocalExecutor, TPExecutor):
+        assert all(callable(getattr(cls, n, None)) for n in calls), cls
+        assert isinstance(getattr(cls, "caps"), property) and isinstance(getattr(cls, "error_flag"), property)
+    assert {"capture", "apply", "prefill", "run"} <= set(CALLS)
+    assert "__getattr__" not in vars(TPDriver) and "__getattr__" not in vars(TPExecutor)

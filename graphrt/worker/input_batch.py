@@ -9,7 +9,7 @@
                                                  # last context token: no prefill draw before it)
     batch.deactivate(slot)                       # finished, preempted, or no tokens left to draw
     batch.flush(executor.apply)                  # one staged update of what changed
-    tokens = executor.decode_block(n, sampled)   # the graphs read the slots in place
+    tokens = executor.run(Block(n)).tokens       # the graphs read the slots in place
 
 The device rows themselves are the runtime's SlotState (model/slots.py: one owner); this object
 keeps a host mirror of every row (numpy) and the set of dirty cells / rows, and `flush` packs

@@ -1,0 +1,197 @@
+"""The engine against a pure-Python executor that implements only graphrt.worker's protocol.
+
+The fake draws deterministic tokens (a prefill's first token from the context's length and last
+token, then +1 a step, mod V), so every request's whole output is known in advance; it has no
+attribute beyond the protocol's, so an engine that probed for anything else would fail here.
+What it lacks (logits processing, speculation) is declared in its Capabilities and refused where a
+request asks for it, with a ValueError naming the field.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graphrt.config import RuntimeConfig
+from graphrt.engine.engine import Engine
+from graphrt.engine.params import SamplingParams
+from graphrt.worker.caps import Capabilities
+from graphrt.worker.launch import Block, Prefill, Result
+from graphrt.worker.protocol import Executor
+
+V, K, B = 97, 3, 4
+
+
+def _first(context_len: int, last: int) -> int:
+    return (context_len + 7 * last) % V
+
+
+class FakeExecutor:
+    """The Executor protocol with no device: `calls` records (name, launch) per call."""
+
+    def __init__(self, **caps):
+        config = RuntimeConfig(num_qo_heads=2, num_kv_heads=2, head_dim=64, page_size=4, max_context_len=64,
+                               buckets={"max": B}, dtype="float32", backend="reference")
+        self.caps = Capabilities(config=config, device=torch.device("cpu"), num_pages=64, vocab_size=V,
+                                 model_key="fake", steps_per_graph=K, **caps)
+        self.error_flag = None
+        self.calls: list = []
+        self._current = [0] * B                       # each slot's current token
+
+    def capture(self) -> dict:
+        return {}
+
+    def apply(self, update) -> None:
+        self.calls.append(("apply", update))
+
+    def stage_chunk(self, slot, tokens, start, *, table_row=None) -> None:
+        raise AssertionError("caps.mixed_tokens is 0: no chunk may be staged")
+
+    def prefill(self, launch: Prefill) -> Result:
+        self.calls.append(("prefill", launch))
+        if not launch.draws:
+            return Result(None)
+        starts = launch.starts or [0] * len(launch.prompts)
+        first = []
+        for slot, prompt, start in zip(launch.slots, launch.prompts, starts):
+            self._current[slot] = _first(start + prompt.numel(), int(prompt[-1]))
+            first.append(self._current[slot])
+        return Result(torch.tensor([first], dtype=torch.int64))
+
+    def run(self, block: Block) -> Result:
+        self.calls.append(("run", block))
+        assert block.k == 0 and not block.chunk and not block.draw.processed
+        out = torch.empty((K, block.n), dtype=torch.int64)
+        for s in range(block.n):
+            for j in range(K):
+                self._current[s] = (self._current[s] + 1) % V
+                out[j, s] = self._current[s]
+        return Result(out)
+
+    def prefill_graphed(self, new_tokens: int) -> bool:
+        return False
+
+    def measure_costs(self):
+        return None
+
+    def check_device_errors(self) -> None:
+        pass
+
+
+class _Tokenizer:
+    """Token ids as words: enough for the engine's detokenizer and stop checks."""
+
+    def __call__(self, text, add_special_tokens=True):
+        return type("Enc", (), {"input_ids": [int(w[1:]) for w in text.split()]})()
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(f" t{i}" for i in ids)
+
+    def __len__(self):
+        return V
+
+
+def _engine(ex, **kw):
+    return Engine(ex, _Tokenizer(), eos_token_ids=(V - 1,), max_model_len=48, **kw)
+
+
+def _expected(prompt: list[int], n: int) -> list[int]:
+    first = _first(len(prompt), prompt[-1])
+    return [(first + i) % V for i in range(n)]
+
+
+def _drain(engine, streams) -> list:
+    for _ in range(200):
+        if not engine.step():
+            break
+    return [s.result() for s in streams]
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_requests_run_to_completion_through_the_protocol_only(overlap):
+    ex = FakeExecutor()
+    assert isinstance(ex, Executor)
+    eng = _engine(ex, overlap=overlap)
+    prompts = [[5, 6, 7], [11, 12, 13, 14, 15, 16, 17, 18, 19], [40], [3, 3, 3, 3, 3]]
+    maxes = [5, 7, 1, 9]
+    params = [SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True) for m in maxes]
+    params[1] = SamplingParams(max_tokens=7, temperature=0.8, seed=3, ignore_eos=True)   # one samples
+    streams = [eng.add_request(p, sp) for p, sp in zip(prompts, params)]
+    outs = _drain(eng, streams)
+    for p, m, out in zip(prompts, maxes, outs):
+        assert out.token_ids == _expected(p, m), (p, out.token_ids)
+        assert out.finish_reason == "length"
+    names = {name for name, _ in ex.calls}
+    assert names == {"apply", "prefill", "run"}
+    blocks = [b for name, b in ex.calls if name == "run"]
+    assert any(b.draw.sampled for b in blocks)              # the sampling request's blocks
+    assert eng.stats()["running"] == 0 and eng.stats()["pages_used"] == 0
+
+
+def test_a_stop_token_ends_a_request_inside_a_block():
+    ex = FakeExecutor()
+    eng = _engine(ex)
+    prompt = [2, 9]                              # first = (2 + 63) % 97 = 65, then 66, 67, ...
+    want = _expected(prompt, 10)
+    stream = eng.add_request(prompt, SamplingParams(max_tokens=10, temperature=0.0, stop_token_ids=[want[4]]))
+    out = _drain(eng, [stream])[0]
+    assert out.token_ids == want[:5] and out.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("field,params", [
+    ("logprobs", dict(logprobs=2)),
+    ("presence_penalty", dict(presence_penalty=0.5)),
+    ("prompt_logprobs", dict(prompt_logprobs=1)),
+])
+def test_a_capability_the_executor_lacks_is_refused_naming_the_field(field, params):
+    eng = _engine(FakeExecutor())                # caps.processing False
+    with pytest.raises(ValueError, match=rf"^{field}: needs logits processing"):
+        eng.add_request([1, 2, 3], SamplingParams(max_tokens=2, **params))
+
+
+def test_log_probs_wider_than_the_executor_keeps_are_refused():
+    eng = _engine(FakeExecutor(processing=True, logprobs_width=2))
+    with pytest.raises(ValueError, match=r"^logprobs: at most 2"):
+        eng.add_request([1, 2, 3], SamplingParams(max_tokens=2, logprobs=3))
+
+
+def test_an_object_without_the_protocol_is_refused():
+    class NotAnExecutor:
+        caps = None
+    with pytest.raises(ValueError, match=r"^executor: NotAnExecutor does not implement graphrt.worker.Executor"):
+        _engine(NotAnExecutor())
+
+
+@pytest.mark.parametrize("kw,field", [
+    (dict(steps_per_graph=0), "steps_per_graph"),
+    (dict(spec_ks=(2,)), "spec_ks"),
+    (dict(logprobs_width=4), "logprobs_width"),
+    (dict(mixed_tokens=-1), "mixed_tokens"),
+    (dict(history_width=0), "history_width"),
+    (dict(tensor_parallel=0), "tensor_parallel"),
+])
+def test_capabilities_refuse_bad_fields(kw, field):
+    base = dict(config=FakeExecutor().caps.config, device=torch.device("cpu"), num_pages=8, vocab_size=V,
+                model_key="x", steps_per_graph=1)
+    with pytest.raises(ValueError, match=rf"^{field}:"):
+        Capabilities(**{**base, **kw})
+
+
+@pytest.mark.parametrize("kw,field", [
+    (dict(n=0), "n"), (dict(n=2, k=-1), "k"), (dict(n=2, k=2, chunk=True), "chunk"),
+    (dict(n=2, logprobs=True), "logprobs"), (dict(n=2, draw="greedy"), "draw"),
+])
+def test_block_launches_refuse_bad_fields(kw, field):
+    with pytest.raises(ValueError, match=rf"^{field}:"):
+        Block(**kw)
+
+
+def test_prefill_launches_refuse_bad_fields():
+    table = torch.zeros((1, 4), dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"^after: 2 tokens for 1 prompts"):
+        Prefill([torch.tensor([1, 2])], table, after=[1, 2])
+    with pytest.raises(ValueError, match=r"^sampling:"):
+        Prefill([torch.tensor([1, 2])], table, slots=[0])
+    with pytest.raises(ValueError, match=r"^starts: 2 for 1 prompts"):
+        Prefill([torch.tensor([1, 2])], table, starts=[0, 1])
+    with pytest.raises(ValueError, match=r"^slots: a prefill that draws nothing"):
+        Prefill([torch.tensor([1, 2])], table, copies=((1, 2),))
