@@ -11,6 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from graphrt.worker.launch import Block, Draw
+
 DEVICE = Path(__file__).resolve().parents[1] / "tools" / "device"
 sys.path.insert(0, str(DEVICE))
 
@@ -143,18 +145,12 @@ def test_table_lists_each_config_and_k():
 
 
 class _Executor:
-    config = SimpleNamespace(buckets=(1, 2, 4))
-    k, rounds = 8, 4
-
-    def decode_block(self, n, *, sampled):
-        return "plain"
-
-    def spec_block(self, n, *, k=None, filtered=False):
-        return "spec"
+    def run(self, block):
+        return "spec" if block.k else "plain"
 
 
 class _Engine:
-    spec = SimpleNamespace(num_tokens=4)
+    caps = SimpleNamespace(config=SimpleNamespace(buckets=(1, 2, 4)), steps_per_graph=8, spec_rounds=4)
 
     def __init__(self):
         self.runtime = _Executor()
@@ -172,12 +168,12 @@ def test_marked_blocks_labels_each_launch_and_restores_the_methods():
         seen.append(label)
         yield
     with engine_gaps.marked_blocks(eng, mark):
-        assert eng.runtime.decode_block(3, sampled=False) == "plain"
-        assert eng.runtime.spec_block(1, k=2) == "spec"
-        eng.runtime.spec_block(2, filtered=True)
+        assert eng.runtime.run(Block(3)) == "plain"
+        assert eng.runtime.run(Block(1, k=2)) == "spec"
+        eng.runtime.run(Block(2, k=4, draw=Draw(filtered=True)))
         eng._prefill_guarded([])
     assert seen == [block_label(0, 3, 4, 8), block_label(2, 1, 1, 4), block_label(4, 2, 2, 4), PREFILL]
-    assert not {"decode_block", "spec_block"} & set(vars(eng.runtime)) and "_prefill_guarded" not in vars(eng)
+    assert "run" not in vars(eng.runtime) and "_prefill_guarded" not in vars(eng)
 
 
 def test_graph_costs_reads_the_policy_rounds():

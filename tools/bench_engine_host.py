@@ -1,11 +1,11 @@
 """Host cost of the engine per block and per request, over a stub executor (no GPU, no model).
 
-The stub (`StubExecutor`) answers every executor call the engine makes (executor.py's
-LocalExecutor interface) at once, with outputs shaped as the real one returns them: prefill_slots
--> [m] int64 first tokens; decode_block -> [K, n] int64; spec_block -> BlockOutput(tokens
-[R, n, k + 1] int64 with -1 past each round's emitted count, emitted [R, n] int32, proposed
-[R, n] int32); the sticky device-error flag [1] int32; measure_costs -> StepCosts under which the
-policy speculates. The tokens are real text of a byte-level BPE built locally (so detokenization
+The stub (`StubExecutor`) implements the Executor protocol (graphrt/worker/protocol.py) with
+no device work, answering at once with outputs shaped as the real one returns them: a drawing
+prefill -> Result(tokens [1, m] int64); a plain block -> [K, n] int64; a speculative block ->
+Result(tokens [R, n, k + 1] int64 with -1 past each round's emitted count, emitted [R, n] int32,
+proposed [R, n] int32); the sticky device-error flag [1] int32; measure_costs -> StepCosts under
+which the policy speculates. The tokens are real text of a byte-level BPE built locally (so detokenization
 and stop strings do real work). All time measured is then the engine's host time: scheduler,
 input batch, policy and block clock, read-back, stop checks, detokenization, deltas, streams.
 
@@ -35,7 +35,6 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
@@ -46,37 +45,35 @@ VARIANTS = 16                           # canned blocks cycled
 
 
 class StubExecutor:
-    """The executor interface (executor.py) with no device work: every call returns canned,
-    correctly shaped host tensors at once. method: None, "ngram" or "draft"."""
+    """The Executor protocol (graphrt/worker/protocol.py) with no device work: every call returns
+    canned, correctly shaped host tensors at once. method: None, "ngram" or "draft"."""
 
     def __init__(self, *, max_batch: int, k_steps: int, method: str | None, spec_k: int, rounds: int,
                  context: int, page_size: int, text_ids: list[int], vocab: int):
         from graphrt.config import RuntimeConfig
         from graphrt.speculative.config import SpeculativeConfig
-        from graphrt.speculative.runner import BlockOutput
-        self._out = BlockOutput
-        self.config = RuntimeConfig(num_qo_heads=8, num_kv_heads=8, head_dim=64, page_size=page_size,
-                                    max_context_len=context + 64, buckets={"max": max_batch},
-                                    dtype="float32", backend="reference")
-        self.k, self.device = k_steps, torch.device("cpu")
-        self.num_pages = max_batch * self.config.max_pages_per_seq + 2
-        self.model = SimpleNamespace(spec=SimpleNamespace(vocab_size=vocab))
-        self.speculative = None if method is None else SpeculativeConfig(
-            method="ngram", num_tokens=spec_k)        # the engine reads num_tokens and method only
-        self.method = method
-        self.rounds = rounds if method else 0
-        self.spec_ks = () if method is None else tuple(sorted({1, 2, spec_k}))
-        self.history_width = self.config.max_context_len if method else None
-        self.processing = False
-        self.logprobs_width = 0
-        self.device_error_flag = torch.zeros(1, dtype=torch.int32)
+        from graphrt.worker.caps import Capabilities
+        from graphrt.worker.launch import Result
+        self._result = Result
+        config = RuntimeConfig(num_qo_heads=8, num_kv_heads=8, head_dim=64, page_size=page_size,
+                               max_context_len=context + 64, buckets={"max": max_batch},
+                               dtype="float32", backend="reference")
+        spec_ks = () if method is None else tuple(sorted({1, 2, spec_k}))
+        self.caps = Capabilities(
+            config=config, device=torch.device("cpu"), num_pages=max_batch * config.max_pages_per_seq + 2,
+            vocab_size=vocab, model_key="stub", steps_per_graph=k_steps,
+            speculative=None if method is None else SpeculativeConfig(method="ngram", num_tokens=spec_k),
+            spec_ks=spec_ks, spec_rounds=rounds if method else 0,
+            history_width=config.max_context_len if method else None, draft_state=method == "draft",
+            device_errors=True)
+        self.error_flag = torch.zeros(1, dtype=torch.int32)
         b = max_batch
         text = torch.tensor(text_ids, dtype=torch.int64)
         need = VARIANTS * b * max(k_steps, rounds * (spec_k + 1))
         text = text.repeat(-(-need // len(text)))
         self._decode = [text[i * k_steps * b:(i + 1) * k_steps * b].view(k_steps, b) for i in range(VARIANTS)]
         self._spec = {}
-        for kk in self.spec_ks:
+        for kk in spec_ks:
             outs = []
             for v in range(VARIANTS):
                 toks = text[v * rounds * b * (kk + 1):(v + 1) * rounds * b * (kk + 1)].view(rounds, b, kk + 1).clone()
@@ -88,26 +85,27 @@ class StubExecutor:
         self._first = text[:b]
         self._n = 0
 
-    _proposer_state = property(lambda self: self.method == "draft")
+    def capture(self) -> dict:
+        return {}
 
-    def prefill(self, prompts, block_table, *, starts=None, defer_check=False, **record):
-        return None
-
-    def prefill_slots(self, prompts, block_table, slots, sampling, *, starts=None, sources=None,
-                      copies=(), defer_check=False, **kw):
-        return self._first[:len(slots)]
+    def prefill(self, launch):
+        return self._result(None if launch.slots is None else self._first[:len(launch.slots)][None])
 
     def apply(self, update) -> None:
         pass
 
-    def decode_block(self, n: int, *, sampled: bool, processed: bool = False, filtered: bool = True):
-        self._n += 1
-        return self._decode[self._n % VARIANTS][:, :n]
+    def stage_chunk(self, slot, tokens, start, *, table_row=None) -> None:
+        raise ValueError("mixed_tokens: the stub carries no chunks")
 
-    def spec_block(self, n: int, *, k=None, filtered=False, processed=False, sync_draft=True):
+    def run(self, block):
         self._n += 1
-        toks, em, prop = self._spec[k][self._n % VARIANTS]
-        return self._out(toks[:, :n], em[:, :n], prop[:, :n])
+        if not block.k:
+            return self._result(self._decode[self._n % VARIANTS][:, :block.n])
+        toks, em, prop = self._spec[block.k][self._n % VARIANTS]
+        return self._result(toks[:, :block.n], em[:, :block.n], prop[:, :block.n])
+
+    def prefill_graphed(self, new_tokens: int) -> bool:
+        return False
 
     def check_device_errors(self) -> None:
         pass
@@ -116,9 +114,9 @@ class StubExecutor:
         """Graph costs under which speculation at k = 4 wins, above any host wall time per round
         or step here (so the policy's choice does not depend on this machine's speed)."""
         from graphrt.speculative.policy import StepCosts
-        bs = list(self.config.buckets)
+        bs = list(self.caps.config.buckets)
         return StepCosts(decode_us={b: 2000.0 for b in bs},
-                         verify_us={b: {kk + 1: 2200.0 for kk in self.spec_ks} for b in bs})
+                         verify_us={b: {kk + 1: 2200.0 for kk in self.caps.spec_ks} for b in bs})
 
 
 def _tokenizer(tmp: Path):

@@ -100,7 +100,7 @@ def main(argv=None) -> None:
               max_model_len=a.max_model_len, **({"backend": "reference"} if a.device == "cpu" else {}))
     greedy = SamplingParams(max_tokens=a.tokens, temperature=0.0, ignore_eos=True)
     proc = SamplingParams(max_tokens=a.tokens, temperature=0.0, ignore_eos=True, **PROCESSED)
-    result = {"dir": str(path), "device": a.device, "k": llm.runtime.k, "tokens": a.tokens,
+    result = {"dir": str(path), "device": a.device, "k": llm.runtime.caps.steps_per_graph, "tokens": a.tokens,
               "processed": PROCESSED, "runs": []}
     llm.engine.start()
     try:
@@ -117,7 +117,7 @@ def main(argv=None) -> None:
             result["runs"].append(run)
     finally:
         llm.engine.shutdown()
-    with llm.runtime.lock:                            # the engine is stopped: the slots are empty
+    with llm.runtime.runtime.lock:                            # the engine is stopped: the slots are empty
         for run in result["runs"]:
             b = run["batch"]
             run["step_plain_us"] = step_us(llm, b, False, torch, a.reps)

@@ -51,6 +51,7 @@ def null_runtime(*, max_batch: int, k: int, context: int, page_size: int, vocab:
             self.graphs = GraphRunner(self.device)
             self.lock = threading.RLock()
             self.sampling, self._captured, self.keep_logits, self._logits = True, False, False, None
+            self.processing, self.mixed = False, None
             self.out_tokens = torch.zeros((k, b), dtype=torch.int64)
             text = torch.tensor(text_ids, dtype=torch.int64)
             reps = -(-(k * b * 64) // len(text))
@@ -61,7 +62,7 @@ def null_runtime(*, max_batch: int, k: int, context: int, page_size: int, vocab:
         def num_pages(self) -> int:
             return self._pool
 
-        def prefill(self, prompts, block_table):
+        def prefill(self, prompts, block_table, **kw):
             return torch.zeros((len(prompts), vocab), dtype=torch.float32)
 
         def _steps(self, size, sampled=False):
@@ -78,9 +79,10 @@ def host_cost(*, batch: int, k: int, context: int = 8192, prompt_len: int = 4000
     the time the OS ran other processes: the development machine is shared)."""
     from graphrt import SamplingParams
     from graphrt.engine.engine import Engine
+    from graphrt.worker.local import LocalExecutor
     rt = null_runtime(max_batch=batch, k=k, context=context, page_size=page_size,
                       vocab=len(tokenizer), text_ids=text_ids)
-    eng = Engine(rt, tokenizer, eos_token_ids=(), max_model_len=context, overlap=True, seed=0)
+    eng = Engine(LocalExecutor(rt), tokenizer, eos_token_ids=(), max_model_len=context, overlap=True, seed=0)
     max_tokens = (blocks + 8) * k + 1
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True,
                             **(dict(temperature=0.8, top_p=0.9, seed=1) if sampled else dict(temperature=0.0)))

@@ -78,6 +78,7 @@ import logging
 import threading
 import time
 import warnings
+from dataclasses import dataclass
 
 import torch
 
@@ -89,13 +90,11 @@ from graphrt.attention.inputs import check_exclusive_writes, check_host_values, 
 from graphrt.attention.kvcache import PagedKVCache
 from graphrt.attention.runtime import raise_device_errors, runtime_device
 from graphrt.config import RuntimeConfig, check_steps
-from graphrt.kernels.argmax import argmax_into
-from graphrt.kernels.sample import sample_tokens
 from graphrt.kernels.step_advance import step_advance
 from graphrt.kernels.transfer import to_device
 from graphrt.model.context import AttentionContext
+from graphrt.model.draw import Draw, DrawRows, draw
 from graphrt.model.logprobs import LogprobBuffers
-from graphrt.model.processing import drawn_from
 from graphrt.model.prefill import PrefillAttention
 from graphrt.model import prefill_graphs
 from graphrt.model.prefill_graphs import PrefillGraphs
@@ -110,6 +109,20 @@ from graphrt.model.splitk import GEMMS as SPLITK_GEMMS, MAX_ROWS as SPLITK_MAX_R
 from graphrt.model.steps import AUTO, AUTO_STEPS, StepsPlan, steps_for_step_us
 
 log = logging.getLogger("graphrt.model")
+
+
+@dataclass(frozen=True)
+class DecodeKind:
+    """One decode graph family: how its steps draw (model/draw.py's Draw, normalised by
+    Draw.key) and whether its first step also prefills a staged prompt chunk (model/mixed.py)."""
+
+    draw: Draw = Draw()
+    chunk: bool = False
+
+
+GREEDY, SAMPLED = DecodeKind(Draw()), DecodeKind(Draw(sampled=True))
+PROCESSED, PROCESSED_FILTERED = DecodeKind(Draw(True, True, False)), DecodeKind(Draw(True, True, True))
+GREEDY_CHUNK, SAMPLED_CHUNK = DecodeKind(Draw(), chunk=True), DecodeKind(Draw(sampled=True), chunk=True)
 
 
 class ModelRuntime:
@@ -331,15 +344,14 @@ class ModelRuntime:
                  float(s[:, 1].max()), s.shape[0])
 
     # ---- the decode phase: K steps over a bucket of slots (pure device work: capturable) -------
-    def _steps(self, size: int, sampled: bool, processed: bool = False, filtered: bool = True,
-               chunk: bool = False) -> None:
-        """K decode steps over slots [0, size). sampled: draw each token with the slots' sampling
-        rows (advancing their draw index) instead of the argmax; processed (with sampled): the
-        slots' logits processing first, log-probabilities recorded, drawn tokens counted;
-        filtered=False: no row uses top-k / top-p (the sampler skips its sort); chunk: the first
-        step also prefills the staged prompt chunk (`self.mixed`)."""
-        st, view = self.slots, self.buffers.view(size)
+    def _steps(self, size: int, kind: DecodeKind = GREEDY) -> None:
+        """K decode steps over slots [0, size), each token drawn as kind.draw says (model/draw.py:
+        the argmax; the slots' sampling rows, advancing their draw index; processed: the slots'
+        logits processing first, log-probabilities recorded, drawn tokens counted); kind.chunk:
+        the first step also prefills the staged prompt chunk (`self.mixed`)."""
+        st, view, how, chunk = self.slots, self.buffers.view(size), kind.draw, kind.chunk
         tokens, seq = st.tokens[:size], view.seq_lens                       # [B] int64, [B] int32
+        rows = DrawRows(st.temperature[:size], st.top_k[:size], st.top_p[:size], st.seed[:size], st.step[:size])
         ctx = AttentionContext(self.backend, view, self.kv_caches)
         split = (1, 1) if self.splitk is None else self.splitk.get(size)
         opts = {} if split == (1, 1) else {"splitk": split}
@@ -351,33 +363,22 @@ class ModelRuntime:
             else:
                 logits = self.model.decode_step(ctx, tokens, **opts)         # [B, vocab] model dtype
             out = self.out_tokens[step, :size]
-            live = seq > 0 if processed else None
-            if processed and not filtered:       # process, draw, log-probs, count: fused passes
-                st.proc.draw(logits, size, st.seed[:size], st.step[:size], st.temperature[:size], live, out,
-                             self.logprobs.rows(step, size), source=self.logprobs_mode)
-            elif processed:
-                x = st.proc.process(logits, size, st.step[:size], st.temperature[:size])   # [B, V] f32
-                src = logits if self.logprobs_mode == "raw" else \
-                    drawn_from(x, st.temperature[:size], st.top_k[:size], st.top_p[:size])
-                sample_tokens(x, st.temperature[:size], st.top_k[:size], st.top_p[:size],
-                              st.seed[:size], st.step[:size], out, filtered=filtered)
-                self.logprobs.record(step, size, src, out)
-                st.proc.count(size, out, live)
-            elif sampled:
-                sample_tokens(logits, st.temperature[:size], st.top_k[:size], st.top_p[:size],
-                              st.seed[:size], st.step[:size], out)
+            if how.processed:                    # the step's log-prob rows (the fused pass fills them)
+                src = draw(logits, rows, how, out, proc=st.proc, sel=size, live=seq > 0,
+                           logprob_rows=self.logprobs.rows(step, size), source=self.logprobs_mode)
+                if src is not None:
+                    self.logprobs.record(step, size, src, out)
             else:
-                argmax_into(logits, out)                                     # greedy
+                draw(logits, rows, how, out)
             # current token, history at index seq_len (speculation's input), seq_len + 1: one launch
             step_advance(out, tokens, seq, None if st.history is None else st.history[:size])
             if step + 1 == self.k and self._logits is not None:
                 self._logits[:size].copy_(logits)                             # float32, on request
 
-    def _key(self, size: int, sampled: bool, processed: bool = False, filtered: bool = False,
-             chunk: bool = False) -> GraphKey:
-        return GraphKey("decode", size, steps=self.k, sampled=sampled or processed,
-                        filtered=processed and filtered, processed=processed,
-                        chunk=self.mixed.max_tokens if chunk else 0)
+    def _key(self, size: int, kind: DecodeKind = GREEDY) -> GraphKey:
+        how = kind.draw
+        return GraphKey("decode", size, steps=self.k, sampled=how.sampled, filtered=how.filtered,
+                        processed=how.processed, chunk=self.mixed.max_tokens if kind.chunk else 0)
 
     def _host_plan(self, size: int, seq_lens_cpu: torch.Tensor | None = None):
         """The graph runner's prepare hook: a host-planning backend plans from the lengths."""
@@ -453,11 +454,11 @@ class ModelRuntime:
             return
         t0, size = time.perf_counter(), self.config.buckets[0]
         self._set_steps(1)
-        key, inputs = self._key(size, False), self._capture_inputs(size)
+        key, inputs = self._key(size), self._capture_inputs(size)
         # the replays advance seq_lens from 1 by one a replay: stay within max_context_len
         reps = max(1, min(5, (self.config.max_context_len - 2) // 3))
         try:
-            self.graphs.capture(key, lambda: self._steps(size, False), inputs=inputs, scratch=self.kv_caches)
+            self.graphs.capture(key, lambda: self._steps(size), inputs=inputs, scratch=self.kv_caches)
             step_us = self.graphs.time_us(key, inputs=inputs, scratch=self.kv_caches, reps=reps, repeats=3)
         except BaseException:
             self._set_steps(self.steps.k)                    # still "auto" unmeasured: AUTO_STEPS
@@ -484,17 +485,15 @@ class ModelRuntime:
         with self.lock:
             self._plan_splitk()
             self._plan_steps()
-            for size in reversed(self.config.buckets):
-                kinds = ([(False, False, False, False)] + [(True, False, False, False)] * self.sampling
-                         + [(True, True, False, False), (True, True, True, False)] * self.processing)
-                if self.mixed is not None:                   # greedy / sampled blocks carry chunks
-                    kinds += [(False, False, False, True)] + [(True, False, False, True)] * self.sampling
-                for sampled, processed, filtered, chunk in kinds:
-                    key = self._key(size, sampled, processed, filtered, chunk)
+            kinds = ([GREEDY] + [SAMPLED] * self.sampling + [PROCESSED, PROCESSED_FILTERED] * self.processing
+                     + ([GREEDY_CHUNK] + [SAMPLED_CHUNK] * self.sampling if self.mixed is not None else []))
+            for size in reversed(self.config.buckets):      # greedy / sampled blocks carry chunks
+                for kind in kinds:
+                    key = self._key(size, kind)
                     if key in self.graphs:
                         continue
-                    self.graphs.capture(key, lambda s=size, x=sampled, p=processed, f=filtered, c=chunk:
-                                        self._steps(s, x, p, f, c), inputs=self._capture_inputs(size, processed, chunk),
+                    self.graphs.capture(key, lambda s=size, d=kind: self._steps(s, d),
+                                        inputs=self._capture_inputs(size, kind.draw.processed, kind.chunk),
                                         scratch=self.kv_caches, prepare=self._host_plan(size))
             if self.prefill_graphs is not None:
                 self.prefill_graphs.capture(self.graphs, self.kv_caches)
@@ -504,10 +503,9 @@ class ModelRuntime:
     def _run(self, n: int, sampled: bool, seq_lens_cpu: torch.Tensor | None = None,
              processed: bool = False, filtered: bool = True, chunk: bool = False) -> torch.Tensor:
         size = pick_bucket(self.config.buckets, n)
-        filtered = processed and filtered
+        kind = DecodeKind(Draw(sampled=sampled, processed=processed, filtered=filtered).key(), chunk)
         self._plan_splitk()
-        self.graphs.run(self._key(size, sampled, processed, filtered, chunk),
-                        lambda: self._steps(size, sampled, processed, filtered, chunk),
+        self.graphs.run(self._key(size, kind), lambda: self._steps(size, kind),
                         prepare=self._host_plan(size, seq_lens_cpu))
         return self.out_tokens[:, :n]
 

@@ -42,7 +42,8 @@ NUM_INTS, NUM_FLOATS = 5, 2
 
 @dataclass(frozen=True)
 class SlotUpdate:
-    """Host-staged changes to a SlotState (CPU tensors, pinned when the stager pins).
+    """Staged changes to a SlotState (CPU tensors, pinned when the stager pins; or tensors on
+    the state's device, e.g. a row whose last token a prefill drew there: `SlotState.row_update`).
 
     i64 = [cells (m) | rows (s) | seeds (s) | history indices (h) | token rows (t) | tokens (t)],
     i32 = [cell values (m) | ints (NUM_INTS * s, row-major [NUM_INTS, s]) | history tokens (h)],
@@ -136,6 +137,40 @@ class SlotState:
                               self.step[:n])
 
     # ---- host -> device ---------------------------------------------------------------------
+    def row_update(self, slot: int, *, seq_len: int = 0, limit: int = 0, step: int = 0, top_k: int = 0,
+                   spec_k: int = 0, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
+                   block_table: torch.Tensor | None = None, history: torch.Tensor | None = None,
+                   append: torch.Tensor | None = None) -> SlotUpdate:
+        """A SlotUpdate that rewrites one slot's whole row (apply() writes it; the defaults are an
+        empty slot's). block_table: [w] int32 CPU page ids (the rest of the row -> 0), None = the
+        row's pages unchanged; history: [h] int32 CPU tokens from position 0, then `append` (a
+        one-element device tensor such as a prefill's first token: no host sync); the row's
+        current token becomes the last of them."""
+        dev, w_all = self.tokens.device, self.block_table.shape[1]
+        cells = vals = torch.empty(0, dtype=torch.int64)
+        if block_table is not None:
+            cells = slot * w_all + torch.arange(w_all, dtype=torch.int64)
+            vals = torch.zeros(w_all, dtype=torch.int64)
+            vals[:block_table.numel()] = block_table.reshape(-1).to("cpu", torch.int64)
+        ints = [0] * NUM_INTS
+        ints[SEQ], ints[STEP], ints[TOP_K], ints[LIMIT], ints[SPEC_K] = seq_len, step, top_k, limit, spec_k
+        floats = [0.0] * NUM_FLOATS
+        floats[TEMPERATURE], floats[TOP_P] = temperature, top_p
+        hist = torch.empty(0, dtype=torch.int64) if history is None else history.reshape(-1).to("cpu", torch.int64)
+        h = hist.numel() + (0 if append is None else 1)
+        at = slot * (0 if self.history is None else self.history.shape[1]) + torch.arange(h, dtype=torch.int64)
+        t = 1 if h else 0
+        i64 = torch.cat([cells, torch.tensor([slot, seed], dtype=torch.int64), at,
+                         torch.tensor([slot] * t, dtype=torch.int64)])
+        i32 = torch.cat([vals, torch.tensor(ints, dtype=torch.int64), hist]).to(torch.int32)
+        if append is not None:                       # the last token stays on the device
+            last = append.reshape(1).to(device=dev, dtype=torch.int64)
+            i64 = torch.cat([i64.to(dev), last])
+            i32 = torch.cat([i32.to(dev), last.to(torch.int32)])
+        elif t:
+            i64 = torch.cat([i64, hist[-1:]])
+        return SlotUpdate(i64, i32, torch.tensor(floats, dtype=torch.float32), cells.numel(), 1, h, t)
+
     def apply(self, u: SlotUpdate) -> None:
         """Scatter a staged update into the state (non-blocking copies, stream-ordered, no sync)."""
         m, s, h = u.m, u.s, u.h

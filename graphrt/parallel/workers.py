@@ -2,9 +2,9 @@
 
     group = WorkerGroup.start(n, backend="nccl", timeout_s=120, target=fn, args=(...))
     ctx = group.ctx                           # rank 0's RankContext (this process joined the group)
-    drv = TPDriver(runtime, ctx.control, health=group.failure)   # calls fail fast once a rank died
+    ex = TPExecutor(local, ctx.control, health=group.failure)   # calls fail fast once a rank died
     ...
-    group.close(drv)                          # workers leave their loops; groups destroyed; joined
+    group.close(ex)                           # workers leave their loops; groups destroyed; joined
 
 Each worker runs target(ctx, *args) (launch.py's rank main: its traceback is reported, its exit
 code is non-zero on error). A watchdog thread here polls the workers: when one raises or dies,

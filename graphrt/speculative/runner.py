@@ -45,6 +45,7 @@ import torch
 from graphrt.attention.buckets import pick_bucket
 from graphrt.attention.graphs import GraphKey, GraphRunner
 from graphrt.kernels.multiquery_attention import default_splits
+from graphrt.model.draw import Draw
 from graphrt.model.slots import SlotState
 from graphrt.speculative.accept import advance, judge
 from graphrt.speculative.buffers import SpecBuffers
@@ -204,21 +205,13 @@ class SpeculativeRunner:
             raise ValueError(f"top_p: must be in (0, 1], got {top_p}")
         if not self.filtered and (top_k > 0 or top_p < 1.0):
             raise ValueError(f"top_k, top_p: {top_k}, {top_p} need a runner built with filtered=True")
-        hist = st.history
-        hist[slot, : tokens.numel()].copy_(tokens)
-        if append is not None:
-            hist[slot, n - 1: n].copy_(append.reshape(1), non_blocking=True)
-        st.tokens[slot:slot + 1].copy_(hist[slot, n - 1: n])
-        st.seq_lens[slot], st.limit[slot], st.spec_k[slot] = n, limit, k
-        st.block_table[slot].fill_(0)
-        st.block_table[slot, : block_table.numel()].copy_(block_table)
-        st.temperature[slot], st.seed[slot], st.step[slot] = float(temperature), int(seed), int(step)
-        st.top_k[slot], st.top_p[slot] = top_k, float(top_p)
+        st.apply(st.row_update(slot, seq_len=n, limit=limit, step=int(step), top_k=top_k, spec_k=k,
+                               temperature=float(temperature), top_p=float(top_p), seed=int(seed),
+                               block_table=block_table, history=tokens, append=append))
 
     def clear_slot(self, slot: int) -> None:
         """Empty a slot (finished or aborted request): it emits nothing and writes no K/V."""
-        self.slots.seq_lens[slot] = 0
-        self.slots.limit[slot] = 0
+        self.slots.apply(self.slots.row_update(slot))
 
     def slot_tokens(self, slot: int) -> list[int]:
         """The slot's tokens (prompt + output) read back to the host (a sync; tests, debugging)."""
@@ -226,7 +219,10 @@ class SpeculativeRunner:
         return self.slots.history[slot, :n].tolist()
 
     # ---- device side: the block of R rounds ----------------------------------------------------
-    def _round(self, size: int, r: int, filtered: bool, k: int, processed: bool = False) -> None:
+    def _round(self, size: int, r: int, k: int, how: Draw) -> None:
+        """Round r of a block: propose, verify, accept (model/draw.py's Draw: how.processed, the
+        slots' logits processing per verified position; how.filtered, acceptance within the
+        sampler's kept set of top_k / top_p)."""
         c, st, v = self.config, self.slots, self.bufs[k].view(size)
         num, limit, hist, step = st.seq_lens[:size], st.limit[:size], st.history[:size], st.step[:size]
         temperature = st.temperature[:size]
@@ -245,27 +241,27 @@ class SpeculativeRunner:
         record = self.eagle.verify_kwargs(size) if self.eagle is not None else {}
         logits = self.model.verify_step(tokens, cache_lens, self.kv_caches, table, self.device_error,
                                         splits=self.splits[size], **record)   # [B * (k + 1), V]
-        if processed:                         # the slots' logits processing, per verified position
+        if how.processed:                     # the slots' logits processing, per verified position
             logits = st.proc.process_verify(logits, size, proposals, step, temperature)
-        kept = dict(top_k=st.top_k[:size], top_p=st.top_p[:size]) if filtered else {}
+        kept = dict(top_k=st.top_k[:size], top_p=st.top_p[:size]) if how.filtered else {}
         judge(logits, proposals, v.count, temperature, st.seed[:size], step, v.accept, v.fallback,
               **kept)                                                # the sampler's kept set
         last = r == self.rounds - 1           # the decode graphs' input: each slot's current token
         advance(v.accept, v.fallback, proposals, hist, num, limit, step, v.out_tokens[r], v.emitted[r],
                 current=st.tokens[:size] if last else None)
-        if processed:                         # the emitted tokens counted for the penalties
+        if how.processed:                     # the emitted tokens counted for the penalties
             out = v.out_tokens[r]                                    # [B, Q], -1 past the emitted
             st.proc.counts[:size].scatter_add_(1, out.clamp_min(0), (out >= 0).to(torch.int32))
         if self.eagle is not None:                                   # the next round's proposals
             self.eagle.after(size, v.out_tokens[r], v.emitted[r], cache_lens, table, self.device_error)
 
-    def _block(self, size: int, filtered: bool, k: int, processed: bool = False) -> None:
+    def _block(self, size: int, k: int, how: Draw) -> None:
         for r in range(self.rounds):          # the last round's advance leaves each slot's current
-            self._round(size, r, filtered, k, processed)             # token where decode reads it
+            self._round(size, r, k, how)                             # token where decode reads it
 
-    def _key(self, size: int, filtered: bool, k: int, processed: bool = False) -> GraphKey:
+    def _key(self, size: int, k: int, how: Draw) -> GraphKey:
         return GraphKey("spec", size, query_len=k + 1, steps=self.rounds, sampled=True,
-                        filtered=filtered, processed=processed)
+                        filtered=how.filtered, processed=how.processed)
 
     def capture(self) -> None:
         """Capture one graph of R rounds per (bucket, k in ks, filtered variant) (CUDA only;
@@ -284,11 +280,12 @@ class SpeculativeRunner:
             for k in reversed(self.ks):
                 for filtered in (False, True) if self.filtered else (False,):
                     for processed in (False, True) if st.proc is not None else (False,):
-                        key = self._key(size, filtered, k, processed)
+                        how = Draw(sampled=True, processed=processed, filtered=filtered)
+                        key = self._key(size, k, how)
                         if key not in self.graphs:
                             kept = [(self.eagle.proposals[:size], 0)] if self.eagle is not None else []
                             self.graphs.capture(
-                                key, lambda s=size, f=filtered, q=k, p=processed: self._block(s, f, q, p),
+                                key, lambda s=size, q=k, d=how: self._block(s, q, d),
                                 inputs=[(st.seq_lens[:size], 0), (st.limit[:size], 0),
                                         (st.tokens[:size], 0)] + kept, scratch=scratch)
 
@@ -311,7 +308,8 @@ class SpeculativeRunner:
         if filtered and not self.filtered:
             raise ValueError("filtered: this runner was built with filtered=False")
         size = pick_bucket(list(self.buckets), n)
-        self.graphs.run(self._key(size, filtered, k, processed), lambda: self._block(size, filtered, k, processed))
+        how = Draw(sampled=True, processed=processed, filtered=filtered)
+        self.graphs.run(self._key(size, k, how), lambda: self._block(size, k, how))
         b = self.bufs[k]
         return BlockOutput(b.out_tokens[:, :n], b.emitted[:, :n], b.proposed[:, :n])
 

@@ -16,25 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-
-@dataclass(frozen=True)
-class Draw:
-    """How a launch's tokens are drawn (model/draw.py decides which kernels run for it).
-
-    sampled: some row samples (its temperature > 0); else every row takes the argmax.
-    processed: the slots' logits processing first (penalties, logit_bias, min_p, token rules),
-    the drawn tokens counted and their log-probabilities recorded (Capabilities.processing).
-    filtered: some row uses top-k / top-p (the sampler sorts); with processed only, for plain
-    blocks, and for speculative rounds' acceptance."""
-
-    sampled: bool = False
-    processed: bool = False
-    filtered: bool = False
-
-    def __post_init__(self):
-        for name in ("sampled", "processed", "filtered"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"draw.{name}: expected a bool, got {getattr(self, name)!r}")
+from graphrt.model.draw import Draw   # how a launch's tokens are drawn (one rule, every phase)
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,9 @@ import torch
 
 from graphrt.kernels.transfer import tensor_on, to_device
 from graphrt.model.logprobs import PromptLogprobs, token_logprobs
-from graphrt.model.processing import ProcessRows, drawn_from
-from graphrt.model.sampling import SamplingInputs, sample_eager
+from graphrt.model.draw import Draw, DrawRows, draw
+from graphrt.model.processing import ProcessRows
+from graphrt.model.sampling import SamplingInputs
 from graphrt.model.slots import SlotUpdate
 from graphrt.worker.caps import Capabilities
 from graphrt.worker.launch import Block, Prefill, Result
@@ -216,15 +217,17 @@ class LocalExecutor:
             if st.proc is None:
                 raise ValueError("processing: this runtime was built with processing=False")
             st.proc.write_rows(idx, processing)
-            temp, step = to_device(sampling.temperature, dev), to_device(sampling.step, dev)
-            x = st.proc.process(logits, idx, step, temp)
-            first = sample_eager(x, sampling)                            # [m] device
-            src = logits if self.runtime.logprobs_mode == "raw" else \
-                drawn_from(x, temp, to_device(sampling.top_k, dev), to_device(sampling.top_p, dev))
+        # the first draw: the sampler over every row (greedy rows: temperature 0), the slots' step
+        # copied, not advanced; processed: the slots' processing first, counted, log-probs read
+        sampling.check(len(slots), logits.device)
+        rows = DrawRows(*(to_device(t, dev) for t in (sampling.temperature, sampling.top_k, sampling.top_p,
+                                                      sampling.seed)), to_device(sampling.step, dev).clone())
+        first = torch.empty(len(slots), dtype=torch.int64, device=dev)              # [m] device
+        src = draw(logits, rows, Draw(sampled=True, processed=processing is not None, filtered=True), first,
+                   proc=st.proc, sel=idx, source=self.runtime.logprobs_mode,
+                   live=None if processing is None else torch.ones(len(slots), dtype=torch.bool, device=dev))
+        if src is not None:
             first_lp = tuple(t[None] for t in token_logprobs(src, first, self.caps.logprobs_width))
-            st.proc.count(idx, first, torch.ones_like(first, dtype=torch.bool))
-        else:
-            first = sample_eager(logits, sampling)                       # [m] device
         st.tokens.index_copy_(0, idx, first)
         src = sources if sources is not None else range(len(slots))
         if st.history is not None:

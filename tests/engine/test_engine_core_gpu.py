@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from graphrt.worker.launch import Block, Draw
 
 from _checkpoints import assert_greedy_matches_hf
 from _engine_steps import drive, prefill_sync_sites
@@ -56,7 +57,7 @@ def test_block_launch_makes_no_host_sync(path):
             rows = sched.grow(rows)                  # the launch half of Engine._decode
             batch.flush(llm.runtime.apply)
             go = sched.launch_block(rows)
-            llm.runtime.decode_block(go.n, sampled=go.sampled)   # the slots advance on the device
+            llm.runtime.run(Block(go.n, draw=Draw(sampled=go.sampled)))   # the slots advance on the device
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
@@ -89,5 +90,5 @@ def test_pool_is_sized_from_free_memory(path):
     pages = llm.engine.scheduler.allocator.num_pages
     free, total = torch.cuda.mem_get_info()
     print(f"\npool: {pages} pages (cap {cap}); GPU {free / 2**30:.1f} of {total / 2**30:.1f} GiB free")
-    assert 0 < pages <= cap and llm.runtime.num_pages == pages + 1
+    assert 0 < pages <= cap and llm.runtime.caps.num_pages == pages + 1
     assert total - free <= 0.9 * total + (1 << 30)   # the utilization (plus this test's slack)

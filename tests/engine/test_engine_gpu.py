@@ -55,7 +55,7 @@ def test_seeded_sampling_reproducible_across_k(path, llm):
     # the split-K the first LLM measured: a second measurement can choose another where the
     # timings are close, and another summation order changes the logits
     k1 = LLM(path, device="cuda", max_batch=16, steps_per_graph=1, max_model_len=1024,
-             plans=llm.runtime.measured_plans())
+             plans=llm.runtime.runtime.measured_plans())
     assert k1.runtime.runtime.splitk.get(1) == llm.runtime.runtime.splitk.get(1)
     assert k1.generate([prompt], params)[0].token_ids == k4   # same bucket (1): identical logits
     # same bucket (4 rows), neighbours of other tokens and seeds, another slot: the same draws.

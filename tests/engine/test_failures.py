@@ -72,13 +72,13 @@ def test_one_failing_request_leaves_the_others(path, reference, monkeypatch, whe
     llm = _llm(path)
     eng = llm.engine
     if where == "prefill":                            # raises while batched with the good prompts
-        orig = llm.runtime.prefill
+        orig = llm.runtime.runtime.prefill            # the ModelRuntime's (every target prefill)
 
         def prefill(prompts, table, *, starts=None, **kw):
             if any(int(p[0]) == BAD[0] for p in prompts):
                 raise RuntimeError("injected prefill fault")
             return orig(prompts, table, starts=starts, **kw)
-        monkeypatch.setattr(llm.runtime, "prefill", prefill)
+        monkeypatch.setattr(llm.runtime.runtime, "prefill", prefill)
     else:                                             # raises mid-stream, after 2 tokens
         orig = eng.scheduler.accept
 
@@ -113,7 +113,7 @@ def test_unattributable_failure_fails_everyone_and_stays_dead(path, monkeypatch,
 
     def decode(*a, **k):
         raise RuntimeError("CUDA error: an illegal memory access was encountered (injected)")
-    monkeypatch.setattr(llm.runtime, "decode_block", decode)   # the engine's path
+    monkeypatch.setattr(llm.runtime, "run", decode)   # the engine's path (blocks)
     if threaded:
         eng.start()
     errors = []

@@ -47,7 +47,7 @@ def llm(tmp_path_factory):
 
 
 def test_cpu_runs_float32_and_chat_uses_the_template(llm):
-    assert llm.checkpoint.dtype == torch.float32 and llm.runtime.config.dtype == "float32"
+    assert llm.checkpoint.dtype == torch.float32 and llm.runtime.caps.config.dtype == "float32"
     msgs = [{"role": "user", "content": "Hi there"}]
     out = llm.chat(msgs, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
     ids = llm.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)

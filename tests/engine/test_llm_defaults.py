@@ -41,7 +41,7 @@ outs = llm.generate(["Hello world", [5, 6, 7]], SamplingParams(max_tokens=5, tem
 hf = transformers.AutoModelForCausalLM.from_pretrained({str(ckpt)!r}, dtype=torch.float32).eval()
 ref = [hf.generate(torch.tensor([o.prompt_token_ids]), max_new_tokens=5, do_sample=False,
                    eos_token_id=None, pad_token_id=0)[0, len(o.prompt_token_ids):].tolist() for o in outs]
-print(json.dumps({{"device": str(llm.runtime.device) if hasattr(llm.runtime, "device") else None,
+print(json.dumps({{"device": str(llm.runtime.caps.device),
                    "interp": os.environ.get("TRITON_INTERPRET"),
                    "tokens": [o.token_ids for o in outs], "ref": ref}}))
 """

@@ -27,7 +27,7 @@ def llm(ckpt_8b):
 
 
 def test_mixed_graphs_are_captured(llm):
-    keys = [k for k in llm.runtime.graphs.stats if k.phase == "decode" and k.chunk]
+    keys = [k for k in llm.runtime.runtime.graphs.stats if k.phase == "decode" and k.chunk]
     assert keys and all(k.chunk == C and not k.processed for k in keys)
     print(f"\nmixed graphs: {len(keys)} ({sorted({k.bucket for k in keys})} x greedy/sampled)")
 

@@ -134,7 +134,7 @@ def test_a_flagged_device_guard_stops_the_engine_with_its_reason(llm):
     eng = _engine(llm)
     s = eng.add_request([5, 6, 7], SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True))
     eng.step()
-    flag = eng.runtime.device_error_flag
+    flag = eng.runtime.error_flag
     flag.fill_(2)                                             # ERR_PAGE_ID, as the kernels set it
     with pytest.raises(DeviceInputError, match="page ids"):
         for _ in range(20):

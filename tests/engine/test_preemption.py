@@ -67,7 +67,7 @@ def test_a_preempted_request_resumes_at_its_accepted_position(path, monkeypatch)
     llm = LLM(path, max_batch=4, steps_per_graph=3, num_pages=6, **CPU)
     eng, sched = llm.engine, llm.engine.scheduler
     prefilled, at_preempt, resumed = [], {}, []
-    real_prefill, real_preempt, real_activate = eng.runtime.prefill, sched.preempt, sched.activate
+    real_prefill, real_preempt, real_activate = eng.runtime.runtime.prefill, sched.preempt, sched.activate
 
     def prefill(prompts_, table, *, starts=None, **kw):  # the end position of each prompt
         prefilled.append([int(p.numel()) + (starts[i] if starts else 0) for i, p in enumerate(prompts_)])
@@ -91,7 +91,7 @@ def test_a_preempted_request_resumes_at_its_accepted_position(path, monkeypatch)
         if req.preemptions:
             assert req.token_ids == at_preempt[req.request_id]    # resumed where it was preempted
             resumed.append((req.request_id, accepted))
-    monkeypatch.setattr(eng.runtime, "prefill", prefill)
+    monkeypatch.setattr(eng.runtime.runtime, "prefill", prefill)
     monkeypatch.setattr(sched, "preempt", preempt)
     monkeypatch.setattr(sched, "activate", activate)
     streams = [eng.add_request(p, params) for p in prompts]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from graphrt.worker.launch import Block, Draw
 
 from _checkpoints import BF16_GAP, assert_greedy_matches_hf, write
 from _eagle3_heads import repeat_head_counts, write_random_head
@@ -103,7 +104,7 @@ def test_eagle3_block_launch_makes_no_host_sync(path, head):
             rows = sched.grow(rows)                  # the launch half of Engine._decode
             batch.flush(ex.apply)
             go = sched.launch_block(rows)
-            ex.spec_block(go.n, filtered=go.filtered)
+            ex.run(Block(go.n, k=ex.caps.spec_tokens, draw=Draw(filtered=go.filtered)))
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from graphrt.worker.launch import Block, Draw
 
 from _checkpoints import BF16_GAP, assert_greedy_matches_hf, write
 from graphrt import LLM, SamplingParams
@@ -101,7 +102,7 @@ def test_spec_block_launch_and_admission_make_no_host_sync(path):
             rows = sched.grow(rows)                  # the launch half of Engine._decode
             batch.flush(ex.apply)
             go = sched.launch_block(rows)
-            ex.spec_block(go.n, filtered=go.filtered)
+            ex.run(Block(go.n, k=ex.caps.spec_tokens, draw=Draw(filtered=go.filtered)))
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()

@@ -245,8 +245,9 @@ def test_the_draft_prefills_each_position_once_and_not_at_all_when_it_waits(path
 
 
 def test_chunk_prefill_refuses_after_tokens_that_do_not_match_the_pieces(llm):
-    """LocalExecutor.prefill's `after` (the token following each chunk) must name one token per
+    """A Prefill launch's `after` (the token following each chunk) must name one token per
     prompt piece: a ValueError naming it, before anything is written."""
-    table = torch.zeros((1, llm.runtime.config.max_pages_per_seq), dtype=torch.int32)
+    from graphrt.worker.launch import Prefill
+    table = torch.zeros((1, llm.runtime.caps.config.max_pages_per_seq), dtype=torch.int32)
     with pytest.raises(ValueError, match="after: 2 tokens for 1 prompts"):
-        llm.runtime.prefill([torch.tensor([5, 6, 7])], table, starts=[0], after=[1, 2])
+        llm.runtime.prefill(Prefill([torch.tensor([5, 6, 7])], table, starts=[0], after=[1, 2]))

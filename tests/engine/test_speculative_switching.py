@@ -111,7 +111,7 @@ def test_draft_switching_catches_up_the_draft_kv(path, plain, monkeypatch):
     _same(llm.generate(prompts, params, use_tqdm=False), want)
     assert set(llm.engine.policy.ran) == {0, 1, 2, 3} and not bad, llm.engine.policy.ran
     # incremental: each catch-up writes from where the draft stopped (a few plain-block tokens)
-    assert catch_ups and all(a > 0 and n <= 3 * llm.engine.runtime.k + 2 for c in catch_ups for a, n in c), catch_ups
+    assert catch_ups and all(a > 0 and n <= 3 * llm.engine.runtime.caps.steps_per_graph + 2 for c in catch_ups for a, n in c), catch_ups
     assert llm.engine.stats()["spec_acceptance_rate"] > 0.9     # the draft is the target, in sync
     # the check has teeth: without the catch-up the draft misses the plain blocks' K/V
     stale, bad2 = _spec(path, "draft"), []

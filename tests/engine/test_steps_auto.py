@@ -35,8 +35,8 @@ def _tokens(llm):
 
 def test_auto_is_the_default_and_resolves_to_4_on_cpu(auto, path, caplog):
     assert EngineConfig().steps_per_graph == "auto"
-    assert auto.config.steps_per_graph == 4 and auto.runtime.k == auto.engine.scheduler.k == 4
-    assert (auto.runtime.steps.source, auto.runtime.steps.step_us) == ("default", None)
+    assert auto.config.steps_per_graph == 4 and auto.runtime.caps.steps_per_graph == auto.engine.scheduler.k == 4
+    assert (auto.runtime.runtime.steps.source, auto.runtime.runtime.steps.step_us) == ("default", None)
     assert auto.config.max_prefill_stall == 1.0 and auto.engine.scheduler.pacer.max_stall == 1.0
     d = auto.startup.as_dict()
     assert (d["steps_per_graph"], d["decode_step_us"]) == (4, None)
@@ -44,7 +44,7 @@ def test_auto_is_the_default_and_resolves_to_4_on_cpu(auto, path, caplog):
     with caplog.at_level(logging.INFO, logger="graphrt.engine"):
         fixed = LLM(path, steps_per_graph=4, **CPU)
     assert "decode K=4 (steps_per_graph=4)" in caplog.text                 # the start-up line
-    assert fixed.runtime.steps.source == "fixed" and _tokens(auto) == _tokens(fixed)
+    assert fixed.runtime.runtime.steps.source == "fixed" and _tokens(auto) == _tokens(fixed)
 
 
 def test_prefill_stall_auto_follows_k(path):

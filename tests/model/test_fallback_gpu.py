@@ -32,7 +32,7 @@ def test_unknown_flashinfer_version_runs_k1_with_host_planning(path, monkeypatch
     params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
     device = LLM(path, device="cuda", max_batch=4, steps_per_graph=4, max_model_len=512)
     want = [o.token_ids for o in device.generate(prompts, params, use_tqdm=False)]
-    assert device.runtime.k == 4
+    assert device.runtime.caps.steps_per_graph == 4
     device.shutdown()
     del device
     from graphrt.attention import flashinfer_layout
@@ -43,7 +43,7 @@ def test_unknown_flashinfer_version_runs_k1_with_host_planning(path, monkeypatch
     text = " ".join(str(w.message) for w in seen)
     assert "device planning refused" in text and "0.7" in text, text   # names the version
     assert "running 1 step per graph" in text, text
-    assert host.runtime.k == 1
+    assert host.runtime.caps.steps_per_graph == 1
     got = [o.token_ids for o in host.generate(prompts, params, use_tqdm=False)]
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).cuda().eval()
     margins = []

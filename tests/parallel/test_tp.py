@@ -52,7 +52,7 @@ def _inputs():
     return prompts, table
 
 
-def _script(run):
+def _script(run, runtime=None):
     """Prefill, then STEPS K-step greedy decode calls through `run` (a ModelRuntime or a
     TPDriver, keep_logits=True): (prefill logits [n, V], tokens [STEPS*K, n], the last step's
     logits of every call [STEPS, n, V])."""
@@ -64,7 +64,7 @@ def _script(run):
     for _ in range(STEPS):
         step = run.decode(tokens, table, seq).clone()        # [K, n]
         out.append(step)
-        last.append(run.last_logits(len(prompts)).clone())
+        last.append((runtime or run).last_logits(len(prompts)).clone())   # read on rank 0
         tokens, seq = step[-1].clone(), seq + K
     return logits, torch.cat(out), torch.stack(last)
 
@@ -85,7 +85,7 @@ def _tp_job(ctx, path):
     if ctx.rank == 0:
         drv = TPDriver(mrt, ctx.control)
         drv.capture()
-        mine = _script(drv)
+        mine = _script(drv, drv.runtime)
         drv.shutdown()
         seen = [mine[1]]
     else:

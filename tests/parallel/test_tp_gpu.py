@@ -162,7 +162,7 @@ def test_llm_tensor_parallel_engine_on_two_gpus(tmp_path):
         assert [len(o.token_ids) for o in outs] == [12, 12, 12]
         again = llm.generate(["Hello world", [5, 6, 7], "the graph"], params)
         assert [o.token_ids for o in again] == [o.token_ids for o in outs]   # deterministic
-        assert llm.runtime.graphs is not None                                 # captured on rank 0
+        assert llm.runtime.runtime.graphs is not None                                 # captured on rank 0
     finally:
         llm.shutdown()
     assert all(p.exitcode == 0 for p in llm._workers.procs)

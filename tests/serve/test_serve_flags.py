@@ -176,7 +176,7 @@ def _raw(srv, method, path, headers=None, body=None):
 def test_flags_reach_the_engine(served):
     llm, _ = served
     assert llm.engine.max_model_len == 64 and llm.config.max_batch == 2
-    assert llm.runtime.config.dtype == "float32"
+    assert llm.runtime.caps.config.dtype == "float32"
 
 
 def test_api_key_opens_every_endpoint(served):

@@ -390,7 +390,7 @@ def test_engine_death_turns_health_503_and_serve_exits_non_zero(ckpt, monkeypatc
 
     def decode(*a, **k):
         raise RuntimeError("CUDA error: device-side assert triggered (injected)")
-    monkeypatch.setattr(llm.runtime, "decode_block", decode)   # the engine's path
+    monkeypatch.setattr(llm.runtime, "run", decode)   # the engine's path (blocks)
     code, _, body = cmpl(live, max_tokens=5)
     assert code == 500 and "CUDA error" in json.loads(body)["error"]["message"]
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)

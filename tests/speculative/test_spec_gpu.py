@@ -8,6 +8,7 @@ import torch
 from _spec_helpers import PAGE, multiquery_reference
 from graphrt import RuntimeConfig
 from graphrt.attention.kvcache import PagedKVCache
+from graphrt.model.draw import Draw
 from graphrt.kernels.multiquery_attention import default_splits, multiquery_attention
 from graphrt.model import LlamaDecoder
 from graphrt.speculative import SpeculativeConfig, SpeculativeRunner
@@ -69,7 +70,7 @@ def test_graph_replay_matches_eager_and_never_syncs():
                 torch.cuda.synchronize()
                 torch.cuda.set_sync_debug_mode("error")     # any host sync inside a block raises
                 try:
-                    runner._block(4, False, 4)          # bucket 4, unfiltered, k = 4: run(3)'s graph
+                    runner._block(4, 4, Draw(sampled=True))   # bucket 4, unfiltered, k = 4: run(3)'s graph
                 finally:
                     torch.cuda.set_sync_debug_mode("default")
                 out, emitted = runner.bufs[4].out_tokens[:, :3], runner.bufs[4].emitted[:, :3]

@@ -185,9 +185,7 @@ def phases(eng, run) -> dict:
         wrap(eng, name, name)
     wrap(eng.scheduler, "grow", "grow")
     wrap(eng.batch, "flush", "flush")
-    for name in ("decode_block", "spec_block"):
-        if hasattr(eng.runtime, name):
-            wrap(eng.runtime, name, name)
+    wrap(eng.runtime, "run", "run")              # the executor's block launches (graphrt/worker)
     runners = {id(g): g for g in (getattr(getattr(eng.runtime, "runtime", None), "graphs", None),
                                   getattr(getattr(eng.runtime, "spec", None), "graphs", None)) if g is not None}
     for g in runners.values():                # replays vs eager runs (a key never captured)
@@ -205,20 +203,19 @@ def phases(eng, run) -> dict:
         for obj, name in saved:
             delattr(obj, name)
     n = max(acc["_decode_n"], 1)
-    keys = ("_step", "_drain_inbox", "_prefill_guarded", "_decode", "grow", "flush", "decode_block",
-            "spec_block", "_finish", "finish_wait")
+    keys = ("_step", "_drain_inbox", "_prefill_guarded", "_decode", "grow", "flush", "run",
+            "_finish", "finish_wait")
     return {"blocks": acc["_decode_n"], "graph_replays": acc["replayed"], "eager_runs": acc["eager"], **{f"{k}_us_per_block": round(acc[k] / n * 1e6, 1) for k in keys}}
 
 
 @contextlib.contextmanager
 def marked_blocks(eng, mark):
-    """Within: each decode block's launch (the executor's decode_block / spec_block) runs inside
+    """Within: each decode block's launch (the executor's run(Block)) runs inside
     `mark(block_label(...))` and each prefill (Engine._prefill_guarded) inside `mark(PREFILL)`;
     mark: a context manager factory (torch.profiler.record_function, or CUDA events)."""
     from graphrt.attention.buckets import pick_bucket
-    ex, saved = eng.runtime, []
-    buckets = tuple(ex.config.buckets)
-    spec_k = eng.spec.num_tokens if eng.spec is not None else 0
+    ex, caps, saved = eng.runtime, eng.caps, []
+    buckets = tuple(caps.config.buckets)
 
     def wrap(obj, name, label):
         f = getattr(obj, name)
@@ -228,10 +225,8 @@ def marked_blocks(eng, mark):
             with mark(label(*a, **kw)):
                 return f(*a, **kw)
         setattr(obj, name, g)
-    wrap(ex, "decode_block", lambda n, **kw: block_label(0, n, pick_bucket(buckets, n), ex.k))
-    if eng.spec is not None:
-        wrap(ex, "spec_block", lambda n, k=None, **kw: block_label(k or spec_k, n, pick_bucket(buckets, n),
-                                                                   ex.rounds))
+    wrap(ex, "run", lambda b: block_label(b.k, b.n, pick_bucket(buckets, b.n),
+                                          caps.spec_rounds if b.k else caps.steps_per_graph))
     wrap(eng, "_prefill_guarded", lambda work: PREFILL)
     try:
         yield

@@ -118,6 +118,7 @@ def main(argv=None) -> int:
     llm = LLM(str(path), device=a.device, max_batch=max(batches), steps_per_graph=a.k,
               max_model_len=256 if not cuda else 1024, **({} if cuda else {"backend": "reference"}))
     rt = llm.runtime.runtime
+    from graphrt.model.runtime import PROCESSED
     print(f"checkpoint {path}  vocab {llm.checkpoint.spec.vocab_size}  k {rt.k}  logprobs width "
           f"{rt.logprobs.width}  mode {rt.logprobs_mode}  ({time.perf_counter() - t0:.1f} s)", flush=True)
     result = {"dir": str(path), "device": a.device, "k": rt.k, "width": rt.logprobs.width, "runs": []}
@@ -129,8 +130,8 @@ def main(argv=None) -> int:
             run["step_extra_us"] = run["step_processed_us"] - run["step_plain_us"]
             logits = torch.randn((b, llm.checkpoint.spec.vocab_size), generator=gen).to(
                 rt.device, dtype=torch.bfloat16 if cuda else torch.float32)        # [b, V] model dtype
-            cases = [("processed step (eager)", lambda: rt._steps(b, True, True, False)),
-                     ("plain greedy step (eager)", lambda: rt._steps(b, False)),
+            cases = [("processed step (eager)", lambda: rt._steps(b, PROCESSED)),
+                     ("plain greedy step (eager)", lambda: rt._steps(b)),
                      ] + processing_cases(rt, b, logits)
             for name, fn in cases:
                 table, dev = profile(fn, a.steps, cuda, a.rows, torch)
