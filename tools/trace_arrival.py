@@ -3,8 +3,8 @@
 Runs bench_prefix's arrival workload (--streams short requests decoding, then one --long-len
 prompt in chunks of --chunk tokens) on a random checkpoint through graphrt.LLM, twice for warm-up,
 then once with the engine's phases timed on the host (perf_counter around the scheduler's admit /
-prefill_work / grow, the engine's _prefill / _decode / _finish, the executor's prefill,
-prefill_slots and decode_block, the input batch's flush). With --sync a second traced run calls
+prefill_work / grow, the engine's _prefill / _decode / _finish, the executor's prefill and
+run (graphrt/worker's launches), the input batch's flush). With --sync a second traced run calls
 torch.cuda.synchronize() after every phase, so each phase's time includes its GPU work (this
 perturbs the overlap: read it for the split, not the totals).
 
@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 PHASES = [("scheduler", "admit"), ("scheduler", "prefill_work"), ("scheduler", "grow"),
           ("engine", "_prefill"), ("engine", "_decode"), ("engine", "_finish"), ("engine", "_step"),
-          ("runtime", "prefill"), ("runtime", "prefill_slots"), ("runtime", "decode_block"),
+          ("runtime", "prefill"), ("runtime", "run"),
           ("batch", "flush")]
 
 

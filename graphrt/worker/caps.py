@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from graphrt.config import RuntimeConfig
+from graphrt.speculative.config import SpeculativeConfig
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class Capabilities:
     vocab_size: int
     model_key: str
     steps_per_graph: int
-    speculative: object = None
+    speculative: SpeculativeConfig | None = None
     spec_ks: tuple[int, ...] = ()
     spec_rounds: int = 0
     spec_logprobs: bool = False

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import torch
 
 from graphrt.model.draw import Draw   # how a launch's tokens are drawn (one rule, every phase)
+from graphrt.model.processing import ProcessRows
+from graphrt.model.sampling import SamplingInputs
 
 
 @dataclass(frozen=True)
@@ -71,9 +73,9 @@ class Prefill:
     block_table: torch.Tensor
     starts: list | None = None
     slots: list | None = None
-    sampling: object = None
+    sampling: SamplingInputs | None = None
     after: list | None = None
-    processing: object = None
+    processing: ProcessRows | None = None
     logprobs: bool = False
     prompt_logprobs: dict | None = None
     sources: list | None = None

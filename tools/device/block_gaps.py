@@ -1,7 +1,7 @@
 """Per decode block: where the device time goes in the engine, read from a torch.profiler chrome
 trace (and from CUDA events) that tools/device/engine_gaps.py records. Pure functions, no torch.
 
-engine_gaps.py runs each executor decode_block / spec_block call inside a profiler range named by
+engine_gaps.py runs each executor run(Block) call inside a profiler range named by
 `block_label` ("gaps.block k=4 n=1 b=1 u=4": k proposals a round, 0 for a plain block; n rows;
 bucket b; u rounds or steps) and each prefill inside one named PREFILL. A block's device work is
 what the CUDA runtime / driver calls inside its range launched, matched by correlation id (the
