@@ -98,13 +98,13 @@ def test_a_failing_launch_fails_its_request_only(split, plain, monkeypatch):
     items = [(list(range(100, 120)), GREEDY), (list(range(120, 126)), SEEDED), (list(range(130, 142)), GREEDY)]
     want, _ = _run(plain, items)
     ex = split.engine.runtime
-    real = ex.prefill_slots
+    real = ex.prefill
 
-    def refuse(prompts, *args, **kw):
-        if any(p.numel() == 12 for p in prompts):
+    def refuse(launch):
+        if any(p.numel() == 12 for p in launch.prompts):
             raise ValueError("prompt: refused for the test")
-        return real(prompts, *args, **kw)
-    monkeypatch.setattr(ex, "prefill_slots", refuse)
+        return real(launch)
+    monkeypatch.setattr(ex, "prefill", refuse)
     eng = split.engine
     streams = [eng.add_request(p, sp) for p, sp in items]
     drive(eng, max_steps=200)
