@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Issue 18 on one GPU: train the draft/target family (tools/train_tiny.py, ~4 min on an H200), then
+# The trained tiny family on one GPU: train the draft/target family (tools/train_tiny.py, ~4 min on an H200), then
 # held-out perplexity / greedy agreement / draft agreement (tools/eval_ppl.py). Checkpoints go to
 # $GRAPHRT_TRAINED_DIR (default /tmp/trained, never under $OUT); what comes back goes to $OUT (8 files):
 #   train.log train.json loss_curves.png eval.log eval_target.json eval_target-qwen3.json eval_draft.json gpu.txt
-#   bash .device/bootstrap.sh bash tools/trained_family_check.sh
+#   bash .device/bootstrap.sh bash tools/device/trained.sh
 # REUSE=1 skips training when $GRAPHRT_TRAINED_DIR already holds train.json. CPU smoke run:
 #   OUT=/tmp/o GRAPHRT_TRAINED_DIR=/tmp/m SIZE=micro DEVICE=cpu TRAIN_ARGS="--steps 8" \
-#   EVAL_ARGS="--max-files 2 --window 24 --decode-tokens 4 --prompts 1 --prompt-tokens 8 --gen-tokens 4" bash tools/trained_family_check.sh
+#   EVAL_ARGS="--max-files 2 --window 24 --decode-tokens 4 --prompts 1 --prompt-tokens 8 --gen-tokens 4" bash tools/device/trained.sh
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 DIR="${GRAPHRT_TRAINED_DIR:-/tmp/trained}"

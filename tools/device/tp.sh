@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Two GPUs (nvidia-h200-x2), one device call, under ~6 minutes: the tensor-parallel GPU tests
+# A host with two GPUs, one call, under ~6 minutes: the tensor-parallel GPU tests
 # (odd-vocabulary K-step graphs vs TP 1, the one-shot all-reduce vs NCCL eager and captured, a
 # worker SIGKILLed mid-stream on NCCL; the `graphrt serve` variant skips without fastapi/uvicorn),
 # the FP8 tensor-parallel CPU tests, then bench_tp.py (8B and 70B shapes, bf16 and FP8, NCCL vs
 # one-shot, bs 1 and 8, context 1k). Logs and results under $OUT.
-#   bash .device/bootstrap.sh bash tools/device/tp2.sh
+#   bash .device/bootstrap.sh bash tools/device/tp.sh
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"

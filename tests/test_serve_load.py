@@ -1,5 +1,5 @@
-"""tools/serve_load.py's per-request records, tools/ttft_breakdown.py's split of them, and the
-bad arguments ttft_breakdown and profile_step --mixed refuse (exit 2 naming the flag)."""
+"""tools/serve_load.py's per-request records (bench_serve's load generator), and the bad arguments
+profile_step --mixed refuses (exit 2 naming the flag)."""
 from __future__ import annotations
 
 import sys
@@ -10,7 +10,6 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
 from serve_load import summarize  # noqa: E402
-from ttft_breakdown import breakdown  # noqa: E402
 
 
 def test_summarize_keeps_each_request_in_send_order():
@@ -20,21 +19,6 @@ def test_summarize_keeps_each_request_in_send_order():
     assert out["per_request"] == [[2.0, 1024, 90.0], [10.0, 32, 50.0]]
     assert out["requests"] == 2 and out["ttft_p50_ms"] in (50.0, 90.0)
     assert "per_request" not in summarize([{"ttft_s": 0.1, "tpot_s": 0.01, "tokens": 2}], 1.0, [])
-
-
-def test_breakdown_by_prompt_length_and_burst():
-    rows = [[0.0, 32, 40.0], [5.0, 1024, 100.0], [10.0, 32, 60.0], [500.0, 1024, 80.0]]
-    by_len, by_burst = breakdown(rows, 15.0)
-    assert by_len == {32: (2, 50.0), 1024: (2, 90.0)}
-    assert by_burst == {1: (1, 80.0), 3: (3, 60.0)}     # the first three were sent within 15 ms
-
-
-@pytest.mark.parametrize("argv,field", [(["x.json", "--window", "0"], "--window")])
-def test_ttft_breakdown_refuses_a_bad_window(argv, field, capsys):
-    from ttft_breakdown import main
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    assert e.value.code == 2 and field in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv,field", [(["--mixed", "-1"], "--mixed"), (["--chunk-at", "64"], "--chunk-at")])
