@@ -25,7 +25,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader | tee -a "$S"
 # NAME BOUND ARGS...: one bench_e2e process (device us per decode step against the floor)
 e2e() {
   local name=$1 bound=$2; shift 2
-  timeout $(cap "$bound") python tools/bench_e2e.py "$@" --no-prefill --out "$L/$name.json" > "$L/$name.log" 2>&1
+  timeout $(cap "$bound") python tools/bench_e2e.py "$@" --no-prefill --steps 16 --out "$L/$name.json" > "$L/$name.log" 2>&1
   say "$name rc=$?"; grep -E "^(copy|llama)" "$L/$name.log" | tee -a "$S"; pack
 }
 ck_8b() {
