@@ -70,6 +70,7 @@ prefill)
     --arrival-repeats 3 --out-dir "$L" --name arrival_mixed_64 > "$L/arrival_mixed_64.log" 2>&1
   say "bench_prefix --mixed 64 rc=$?"; pack ;;
 startup)
+  export PYTHONPYCACHEPREFIX=/tmp/pyc   # Python's bytecode cached, as on an installed machine
   timeout $(cap 200) python tools/bench_startup.py --what llm,serve --shapes llama-3.2-1b,llama-3.1-8b \
     --workdir /tmp/bench_startup_work --out "$L/bench_startup.json" > "$L/bench_startup.log" 2>&1
   say "bench_startup rc=$?"; pack
