@@ -12,7 +12,7 @@ Sharing: sample 0 is the one prefilled; a sibling admitted in the same step (sch
 takes sample 0's full prompt pages with one more owner each (KVCacheManager.fork), a fresh page
 for the prompt's partial last page, filled by a device copy after the prefill (copy-on-write:
 both append there), and its first token drawn with its own seed from sample 0's last logits
-(executor.prefill_slots' sources / copies). A sibling admitted later (no free slot then), or
+(a Prefill launch's sources / copies, graphrt/worker). A sibling admitted later (no free slot then), or
 after a preemption, is prefilled on its own: the same tokens, without the sharing. Pages go
 back by refcount, whichever sample finishes or is aborted first.
 
@@ -80,7 +80,7 @@ def fork_owners(work: list, page_size: int) -> dict[int, int]:
 
 
 def fork_args(own: list, reqs: list) -> dict:
-    """executor.prefill_slots' keywords when some of `reqs` share a prefill: sources (each
+    """A Prefill launch's keywords (graphrt/worker) when some of `reqs` share a prefill: sources (each
     request's row among the `own` prompts prefilled) and copies (partial pages, src -> dst)."""
     at = {id(r): i for i, r in enumerate(own)}
     return {"sources": [at[id(r.shares if r.shares is not None else r)] for r in reqs],
