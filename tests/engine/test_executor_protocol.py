@@ -52,8 +52,9 @@ class FakeExecutor:
             return Result(None)
         starts = launch.starts or [0] * len(launch.prompts)
         first = []
-        for slot, prompt, start in zip(launch.slots, launch.prompts, starts):
-            self._current[slot] = _first(start + prompt.numel(), int(prompt[-1]))
+        for slot, j in zip(launch.slots, launch.sources or range(len(launch.slots))):   # sources: n > 1
+            prompt = launch.prompts[j]
+            self._current[slot] = _first(starts[j] + prompt.numel(), int(prompt[-1]))
             first.append(self._current[slot])
         return Result(torch.tensor([first], dtype=torch.int64))
 
@@ -135,6 +136,20 @@ def test_a_stop_token_ends_a_request_inside_a_block():
     stream = eng.add_request(prompt, SamplingParams(max_tokens=10, temperature=0.0, stop_token_ids=[want[4]]))
     out = _drain(eng, [stream])[0]
     assert out.token_ids == want[:5] and out.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_samples_share_a_prefill_only_where_the_executor_can(shared):
+    """n > 1: the samples' prompt is prefilled once and drawn from by each (Prefill.sources) only
+    where caps.shared_prefill says the executor can (an EAGLE-3 head prefills every sample)."""
+    ex = FakeExecutor(shared_prefill=shared)
+    eng = _engine(ex)
+    prompt = [4, 5, 6, 7, 8]
+    out = _drain(eng, [eng.add_request(prompt, SamplingParams(n=2, max_tokens=4, temperature=0.0,
+                                                              ignore_eos=True))])[0]
+    assert [c.token_ids for c in out.outputs] == [_expected(prompt, 4)] * 2
+    drawing = [launch for name, launch in ex.calls if name == "prefill" and launch.draws]
+    assert any(launch.sources is not None for launch in drawing) == shared
 
 
 @pytest.mark.parametrize("field,params", [
