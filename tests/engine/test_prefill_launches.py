@@ -161,7 +161,7 @@ def test_the_grouping_rule_on_its_own():
     chunk, long, short = _item(30, done=False), _item(20), _item(5)
     assert launches(graphs, [chunk, long, short]) == [[short], [long], [chunk]]   # the chunk last
     work = [long, short]
-    assert launches(SimpleNamespace(runtime=SimpleNamespace()), work) == [work]   # no prefill graphs
+    assert launches(SimpleNamespace(runtime=SimpleNamespace(prefill_graphed=lambda n: False)), work) == [work]   # eager
     big = [long, _item(2040)]
     assert launches(graphs, big) == [big]                                         # over 2048: eager, batched
     logprobs = [long, _item(5, logprobs=0)]
