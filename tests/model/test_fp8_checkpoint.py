@@ -189,5 +189,5 @@ def test_serve_cli_quantization_flag():
     assert build_parser().parse_args(["--model", "m", "--quantization", "fp8"]).quantization == "fp8"
     assert build_parser().parse_args(["--model", "m"]).quantization is None
     with pytest.raises(SystemExit) as e:
-        build_parser().parse_args(["--model", "m", "--quantization", "int4"])
+        build_parser().parse_args(["--model", "m", "--quantization", "int8"])
     assert e.value.code == 2
