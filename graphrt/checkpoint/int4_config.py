@@ -146,11 +146,14 @@ def parse_int4(raw: dict, quantization: str | None = None) -> Int4Format:
     q = raw.get("quantization_config")
     if quantization == METHOD:
         if q is not None:
+            method = q.get("quant_method") if isinstance(q, dict) else q
             raise ValueError(f"quantization: 'int4' quantizes a float checkpoint, but config.json has a "
-                             f"quantization_config (quant_method {q.get('quant_method') if isinstance(q, dict) else q!r}); "
-                             f"load it with quantization=None")
+                             f"quantization_config (quant_method {method!r}); load it with quantization=None")
         return Int4Format("quantize", RTN_GROUP, False)
     method = q.get("quant_method")
+    if quantization is not None:
+        raise ValueError(f"quantization: {quantization!r} quantizes a float checkpoint, but config.json has a "
+                         f"quantization_config (quant_method {method!r}, int4); load it with quantization=None")
     if method == "gptq":
         return _gptq(q)
     if method == "awq":

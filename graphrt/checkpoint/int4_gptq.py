@@ -12,7 +12,6 @@ label (a v2 file labelled "gptq" would otherwise decode to garbage) and reports 
 """
 from __future__ import annotations
 
-import torch
 
 from graphrt.checkpoint.files import CheckpointError, TensorFiles
 from graphrt.checkpoint.int4_config import Int4Format

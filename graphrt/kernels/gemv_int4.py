@@ -256,4 +256,5 @@ def dequantize_int4(qweight: torch.Tensor, scale: torch.Tensor, group_size: int,
     return w
 
 
-__all__ = ["CANDIDATES", "Int4GemvConfig", "MAX_M", "default_config", "dequantize_int4", "tile_k", "gemv_int4", "int4_tile"]
+__all__ = ["CANDIDATES", "Int4GemvConfig", "MAX_M", "TARGET_PROGRAMS", "default_config", "dequantize_int4",
+           "gemv_int4", "int4_tile", "tile_k"]

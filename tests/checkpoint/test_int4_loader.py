@@ -97,9 +97,11 @@ def test_quantize_while_loading(src):
         err = (w4.dequantize() - w).abs()       # RTN: half a step inside the range, one at its clipped edge
         assert bool((err <= step * 1.001).all()) and float((err / step).mean()) < 0.3
     assert not isinstance(ck.weights["lm_head"], Int4Weight)
-    with pytest.raises(CheckpointError, match="quantization: 'int4' quantizes a float checkpoint"):
-        write_int4(src, src.parent / "qq", "awq")
-        load_checkpoint(src.parent / "qq", quantization="int4")
+    write_int4(src, src.parent / "qq", "awq")
+    for q in ("int4", "fp8", "int8"):
+        with pytest.raises(CheckpointError, match=f"quantization: '{q}' quantizes a float checkpoint, but "
+                                                  f"config.json has a quantization_config \\(quant_method 'awq'"):
+            load_checkpoint(src.parent / "qq", quantization=q)
 
 
 def test_llm_greedy_equals_hf_over_dequantized_weights(src, tmp_path):
