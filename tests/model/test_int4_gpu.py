@@ -1,7 +1,8 @@
 """GPU tests of int4 weights (W4A16): the int4 GEMV (every candidate config, split-K, act-order,
 asymmetric / symmetric, Llama-3.1-8B shapes) and the dequantize + cuBLAS path against float32 over
-the dequantized weight; then decode graphs over an 8B-shaped 2-layer checkpoint written as GPTQ
-act-order (tests/_int4_checkpoints.py) and over `quantization="int4"` (RTN g128): greedy tokens
+the dequantized weight; then decode graphs over a small checkpoint written as GPTQ act-order
+(tests/_int4_checkpoints.py, group 32) and over the 8B-shaped 2-layer checkpoint with
+`quantization="int4"` (RTN g128): greedy tokens
 (batch 8 with 4-step graphs, batch 1) equal HF float32 over the dequantized weights up to bf16
 ties (the int4 path is weight-only and exact to its arithmetic: like block-scaled FP8).
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _checkpoints import assert_greedy_matches_hf
+from _checkpoints import assert_greedy_matches_hf, write
 from _int4_checkpoints import write_int4
 from graphrt import LLM, SamplingParams
 from graphrt.kernels.gemv_int4 import CANDIDATES, default_config, gemv_int4
@@ -73,16 +74,22 @@ def test_gemv_int4_captured_in_a_graph():
     _close(out, x.float() @ w4.dequantize().T)
 
 
-def _prompts(n, gen):
+def _prompts(n, gen, vocab):
     lens = torch.randint(1, 8, (n,), generator=gen).tolist()
-    return [torch.randint(2, 4096, (m,), generator=gen).tolist() for m in lens]
+    return [torch.randint(2, vocab, (m,), generator=gen).tolist() for m in lens]
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    return write(tmp_path_factory, "int4small", shape="tiny-gqa", arch="llama", dtype="bfloat16")
 
 
 @pytest.mark.parametrize("kind", ["gptq-act-order", "quantize"])
-def test_int4_greedy_equals_hf_over_dequantized_weights(ckpt_8b, tmp_path, kind):
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(ckpt_8b), dtype=torch.float32).eval()
+def test_int4_greedy_equals_hf_over_dequantized_weights(request, tmp_path, kind):
+    src = request.getfixturevalue("ckpt_8b" if kind == "quantize" else "small")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32).eval()
     if kind == "quantize":
-        llm = LLM(ckpt_8b, device="cuda", max_batch=8, steps_per_graph=4, max_model_len=1024, quantization="int4")
+        llm = LLM(src, device="cuda", max_batch=8, steps_per_graph=4, max_model_len=1024, quantization="int4")
         sd = hf.state_dict()
         for i, layer in enumerate(llm.checkpoint.weights["layers"]):   # truth: graphrt's own RTN weights
             p = f"model.layers.{i}."
@@ -93,13 +100,13 @@ def test_int4_greedy_equals_hf_over_dequantized_weights(ckpt_8b, tmp_path, kind)
                 for n, t in zip(names, parts):
                     sd[p + n + ".weight"].copy_(t)
     else:
-        truth = write_int4(ckpt_8b, tmp_path / "q", "gptq", group_size=128, sym=False, act_order=True)
+        truth = write_int4(src, tmp_path / "q", "gptq", group_size=32, sym=False, act_order=True)
         hf.load_state_dict(truth, strict=False)
         llm = LLM(tmp_path / "q", device="cuda", max_batch=8, steps_per_graph=4, max_model_len=1024)
     w = llm.checkpoint.weights["layers"][0]
     assert isinstance(w["gate_up"], Int4Weight) and (w["qkv"].perm is not None) == (kind != "quantize")
     hf = hf.cuda()
-    prompts = _prompts(8, torch.Generator().manual_seed(0))
+    prompts = _prompts(8, torch.Generator().manual_seed(0), hf.config.vocab_size)
     params = SamplingParams(max_tokens=STEPS, temperature=0, ignore_eos=True)
     for p, o in zip(prompts, llm.generate(prompts, params)):
         assert len(o.token_ids) == STEPS
