@@ -11,8 +11,9 @@ Read (bits 4 only; group sizes 32 / 64 / 128 or -1 = per channel; symmetric or a
   llm-compressor's W4A16): one config group targeting `Linear` with `weights: {num_bits: 4,
   type: "int", symmetric, strategy: "group" | "channel", group_size, actorder: null | "group" |
   "weight", dynamic: false}`, `input_activations: null`, `ignore`. Reader: int4_ct.py.
-- `quantization="int4"` on a float checkpoint: round-to-nearest, group 128, asymmetric, every
-  decoder linear layer (the LM head and embeddings stay in the model dtype).
+- `quantization="int4"` on a float checkpoint: round-to-nearest, group 128 (64 or 32 where 128
+  does not divide a layer's K, else per channel), asymmetric, every decoder linear layer (the LM
+  head and embeddings stay in the model dtype).
 Anything else: ValueError naming the field (the loader adds the file: one CheckpointError line).
 """
 from __future__ import annotations

@@ -33,6 +33,15 @@ READERS = {"gptq": int4_gptq, "awq": int4_awq, "compressed-tensors": int4_ct}
 LINEAR_FIELDS = ("qkv", "o", "gate_up", "down")
 
 
+def rtn_group(group_size: int, k: int) -> int:
+    """The RTN group size for K columns: group_size if it divides K, else the largest of 64 / 32
+    that does (SmolLM2's 576 columns: 64), else one group per row (-1)."""
+    for g in (group_size, 64, 32):
+        if 0 < g <= group_size and k % g == 0:
+            return g
+    return -1
+
+
 def _plan(fmt: Int4Format, expected: dict) -> dict[tuple, dict]:
     """Fused key -> {"shape", "rows", "parts": [(HF name, rows, offset)], "int4": bool}."""
     plan: dict[tuple, dict] = {}
@@ -68,9 +77,9 @@ def _check_headers(fmt: Int4Format, plan: dict, expected: dict, rd: TensorFiles)
                 raise CheckpointError(f"{f}: tensor {name!r} has shape {list(got)}, config.json implies {list(shape)}")
             if kind not in FILE_DTYPES:
                 raise CheckpointError(f"{f}: tensor {name!r} has dtype {kind}; supported {sorted(FILE_DTYPES)}")
-            if p["int4"] and (shape[1] % 8 or shape[1] % min(fmt.group_size if fmt.group_size > 0 else 8, shape[1])):
-                raise CheckpointError(f"{f}: tensor {name!r} {list(shape)}: quantization='int4' needs K a "
-                                      f"multiple of 8 and of the group size {fmt.group_size}")
+            if p["int4"] and shape[1] % 8:
+                raise CheckpointError(f"{f}: tensor {name!r} {list(shape)}: quantization='int4' needs K (its "
+                                      f"columns) a multiple of 8")
             used.add(name)
             if name == "model.embed_tokens.weight":
                 embed_dtype = FILE_DTYPES[kind]
@@ -116,7 +125,7 @@ def load_int4(path: Path, raw: dict, arch: str, spec: LlamaSpec, quantization: s
                 w = rd.tensor(name).to(device)
                 nbytes += w.nbytes
                 finite.add(name, rd.file(name), w)
-                parts.append(quantize_int4(w, fmt.group_size, symmetric=fmt.symmetric))
+                parts.append(quantize_int4(w, rtn_group(fmt.group_size, w.shape[1]), symmetric=fmt.symmetric))
                 continue
             k = p["shape"][0]
             if fmt.source == "gptq":
@@ -157,4 +166,4 @@ def load_int4(path: Path, raw: dict, arch: str, spec: LlamaSpec, quantization: s
                       nbytes, time.perf_counter() - t0, rank, world_size)
 
 
-__all__ = ["load_int4"]
+__all__ = ["load_int4", "rtn_group"]

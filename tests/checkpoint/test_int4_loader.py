@@ -104,13 +104,21 @@ def test_quantize_while_loading(src):
             load_checkpoint(src.parent / "qq", quantization=q)
 
 
+def test_rtn_group_falls_back_where_128_does_not_divide_k():
+    from graphrt.checkpoint.int4_loader import rtn_group
+    assert rtn_group(128, 4096) == 128 and rtn_group(128, 576) == 64 and rtn_group(128, 96) == 32
+    assert rtn_group(128, 200) == -1 and rtn_group(32, 576) == 32
+
+
 def test_llm_greedy_equals_hf_over_dequantized_weights(src, tmp_path):
-    """LLM over a GPTQ act-order checkpoint and over quantization="int4": greedy tokens equal HF
-    transformers' generate (float32, CPU) with the dequantized weights loaded."""
+    """LLM over a GPTQ act-order checkpoint (plain, and with n-gram speculation: its verify step
+    reads the same weights) and over quantization="int4": greedy tokens equal HF transformers'
+    generate (float32, CPU) with the dequantized weights loaded."""
     import transformers
     from graphrt import LLM, SamplingParams
     truth = write_int4(src, tmp_path / "q", "gptq", sym=False, act_order=True)
     params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    prompts = ["Hello world", [5, 6, 7, 5, 6, 7, 5, 6]]
     rtn = LLM(src, device="cpu", max_batch=2, quantization="int4")
     rtn_truth = {}
     for i, layer in enumerate(rtn.checkpoint.weights["layers"]):
@@ -118,12 +126,13 @@ def test_llm_greedy_equals_hf_over_dequantized_weights(src, tmp_path):
             rows = torch.split(layer[field].dequantize(), [truth[f"model.layers.{i}.{block}.{n}.weight"].shape[0]
                                                            for n in names])
             rtn_truth |= {f"model.layers.{i}.{block}.{n}.weight": r for n, r in zip(names, rows)}
-    for llm, weights in ((LLM(tmp_path / "q", device="cpu", max_batch=2), truth), (rtn, rtn_truth)):
+    spec = LLM(tmp_path / "q", device="cpu", max_batch=2, speculative={"method": "ngram", "num_tokens": 3})
+    for llm, weights in ((spec, truth), (rtn, rtn_truth)):
         hf = transformers.AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32).eval()
         hf.load_state_dict(weights, strict=False)
         hf.generation_config.eos_token_id = None
         assert isinstance(llm.checkpoint.weights["layers"][0]["down"], Int4Weight)
-        for o in llm.generate(["Hello world", [5, 6, 7, 8, 9, 10, 11]], params):
+        for o in llm.generate(prompts, params):
             ref = hf.generate(torch.tensor([o.prompt_token_ids]), max_new_tokens=5, do_sample=False,
                               pad_token_id=0)[0, len(o.prompt_token_ids):].tolist()
             assert o.token_ids == ref
