@@ -28,6 +28,10 @@ each as `<bos>` + its first `--window - 1` tokens (files under 16 tokens skipped
 (FP8 per channel; int4 round-to-nearest group 128, docs/int4.md); the HF float32 reference keeps
 the original weights, so the ratios report the format's loss.
 
+--reference FLOAT_DIR: HF float32 (and bf16) from FLOAT_DIR instead of CHECKPOINT, for a checkpoint
+transformers cannot load by itself (an int4 GPTQ checkpoint written by tools/quantize_int4.py):
+graphrt runs CHECKPOINT, HF the float weights it was made from.
+
 Prints a table; --json writes every number. Runs on a GPU or on a CPU (tiny
 settings; Triton through the interpreter).
 """
@@ -217,7 +221,7 @@ def score_against_fp32(hf, ps: list[list[int]], outs: list[list[int]], device) -
 
 @torch.no_grad()
 def greedy_agreement(path, hf, seqs, device, *, prompts: int, prompt_tokens: int, gen_tokens: int,
-                     quantization: str | None = None) -> dict:
+                     quantization: str | None = None, reference=None) -> dict:
     """graphrt's greedy continuations and HF bfloat16's own, each scored against HF float32
     (score_against_fp32): a bf16 engine is judged against what bf16 arithmetic itself reaches."""
     from graphrt import LLM, SamplingParams
@@ -240,7 +244,7 @@ def greedy_agreement(path, hf, seqs, device, *, prompts: int, prompt_tokens: int
            "prompt_tokens": prompt_tokens, "gen_tokens": gen_tokens}
     res |= score_against_fp32(hf, ps, got, device)
     from transformers import AutoModelForCausalLM
-    hf16 = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.bfloat16).to(device).eval()
+    hf16 = AutoModelForCausalLM.from_pretrained(str(reference or path), dtype=torch.bfloat16).to(device).eval()
     ref16 = hf_greedy(hf16, ps, gen_tokens, device)
     del hf16
     res["hf_bf16"] = score_against_fp32(hf, ps, ref16, device)
@@ -269,6 +273,7 @@ def main(argv=None) -> int:
     p.add_argument("--agree-with", default=None, help="a target checkpoint: top-1 agreement + ppl ratio")
     p.add_argument("--quantization", default=None, choices=["fp8", "int4"],
                    help="graphrt quantizes the float checkpoint while loading (HF stays float32)")
+    p.add_argument("--reference", default=None, help="HF float weights from this directory (default: CHECKPOINT)")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     cuda = a.device == "cuda"
@@ -291,7 +296,7 @@ def main(argv=None) -> int:
         print("eval_ppl: --device cuda but CUDA is not available; use --device cpu", file=sys.stderr)
         return 2
     ckpt = Path(a.checkpoint)
-    for c in [ckpt] + ([Path(a.agree_with)] if a.agree_with else []):
+    for c in [ckpt] + [Path(x) for x in (a.agree_with, a.reference) if x]:
         if not (c / "config.json").is_file():
             print(f"eval_ppl: {c}: not a checkpoint directory (no config.json)", file=sys.stderr)
             return 2
@@ -313,7 +318,8 @@ def _evaluate(a, ckpt: Path, cuda: bool) -> int:
     res = {"checkpoint": str(ckpt), "device": a.device, "graphrt_dtype": "bfloat16" if cuda else "float32",
            "files": len(seqs), "window": a.window, "tokens_scored": sum(len(s) - 1 for s in seqs)}
     t0 = time.perf_counter()
-    hf = hf_model(ckpt, device)
+    hf = hf_model(a.reference or ckpt, device)
+    res["reference"] = a.reference
     res["params"] = sum(p.numel() for p in hf.parameters())
     res["arch"] = hf.config.model_type
     hf_nll = [nll_rows(hf_logits(hf, s, device)[:-1], torch.tensor(s[1:], device=device)) for s in seqs]
@@ -342,7 +348,7 @@ def _evaluate(a, ckpt: Path, cuda: bool) -> int:
     if a.prompts:
         res["greedy"] = greedy_agreement(ckpt, hf, seqs, device, prompts=a.prompts,
                                          prompt_tokens=a.prompt_tokens, gen_tokens=a.gen_tokens,
-                                         quantization=a.quantization)
+                                         quantization=a.quantization, reference=a.reference)
     if a.agree_with:
         other = hf_model(a.agree_with, device)
         same = total = 0
