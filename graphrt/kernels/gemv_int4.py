@@ -53,8 +53,9 @@ class Int4GemvConfig:
 
 
 # timed on a GPU by tools/bench_e2e.py --int4-kernels; default_config picks one without timing
-CANDIDATES = (Int4GemvConfig(16, 128, 4, 4), Int4GemvConfig(32, 128, 4, 4), Int4GemvConfig(64, 128, 8, 3),
-              Int4GemvConfig(16, 128, 4, 4, 2), Int4GemvConfig(16, 128, 4, 4, 4), Int4GemvConfig(32, 64, 4, 4))
+CANDIDATES = (Int4GemvConfig(16, 128, 4, 4), Int4GemvConfig(32, 128, 4, 4), Int4GemvConfig(64, 128, 4, 4),
+              Int4GemvConfig(64, 128, 8, 3), Int4GemvConfig(128, 128, 8, 4), Int4GemvConfig(16, 128, 4, 4, 2),
+              Int4GemvConfig(16, 128, 4, 4, 4), Int4GemvConfig(32, 128, 4, 4, 2), Int4GemvConfig(32, 64, 4, 4))
 TARGET_PROGRAMS = 264          # about 2 programs per SM on a 132-SM H100 / H200
 
 
