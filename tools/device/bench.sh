@@ -13,6 +13,7 @@
 #   bash .device/bootstrap.sh bash tools/device/bench.sh startup     # cold / warm start, model graph cache
 #   bash .device/bootstrap.sh bash tools/device/bench.sh fp8         # FP8 weights / KV: speed and quality
 #   bash .device/bootstrap.sh bash tools/device/bench.sh int4        # int4 GPU tests, bf16 / FP8 / int4 step rows
+#                                                                    # (INT4_KERNELS=1: + the int4 GEMM table)
 # Tensor parallelism needs two GPUs: tools/device/tp.sh.
 Q=${1:-}
 case "$Q" in
@@ -88,12 +89,11 @@ fp8)
     --json "$L/quality_fp8.json" --check > "$L/quality_fp8.log" 2>&1
   say "quality_fp8 rc=$? (1: a gate failed; the log says which)"; grep -A8 "^variant" "$L/quality_fp8.log" | tee -a "$S"; pack ;;
 int4)
-  timeout $(cap 130) python -m pytest -m gpu -q -p no:cacheprovider tests/model/test_int4_gpu.py -s \
+  timeout $(cap 110) python -m pytest -m gpu -q -p no:cacheprovider tests/model/test_int4_gpu.py -s \
     > "$L/int4_gpu_tests.log" 2>&1
   say "int4 GPU tests rc=$?"; tail -4 "$L/int4_gpu_tests.log" | tee -a "$S"; pack
-  e2e int4_8b 110 --models llama-3.1-8b --weights bf16,fp8,int4 --batches 1,16 --contexts 1024 --variants graphrt \
-    --int4-kernels
-  grep -E "^gemm" "$L/int4_8b.log" | tee -a "$S"
-  e2e int4_1b 60 --models llama-3.2-1b --weights bf16,fp8,int4 --batches 1,16 --contexts 1024 --variants graphrt ;;
+  e2e int4_step 190 --models llama-3.1-8b,llama-3.2-1b --weights bf16,fp8,int4 --batches 1,16 --contexts 1024 \
+    --variants graphrt $([ "${INT4_KERNELS:-0}" = 1 ] && echo --int4-kernels)
+  grep -E "^gemm" "$L/int4_step.log" | tee -a "$S" ;;
 esac
 pack; cat "$S"
