@@ -10,8 +10,9 @@ perm int32 [K] or None (act-order: stored column j multiplies x[:, perm[j]]); G 
 The same streaming scheme as graphrt/kernels/gemv.py (the model-dtype / FP8 GEMV body), as its
 int4 family: program (m, n, s) reads rows [n * BLOCK_N, +BLOCK_N) of the packed weight in BLOCK_K
 wide tiles (BLOCK_K / 8 int32 words per row: 64 bytes at BLOCK_K = 128), unpacks the codes in
-registers (`int4_tile`: q - zero, small integers exact in bf16 / fp16), multiplies them by all M
-rows of x with tl.dot (float32 accumulation) and scales each BLOCK_K tile's partial sum by its
+registers (`int4_tile`: q - zero, small integers exact in bf16 / fp16), multiplies them by its
+rows of x (up to 16 with tl.dot, float32 accumulation; or 1 / 2 / 4 rows in float32 FMAs,
+config.block_m) and scales each BLOCK_K tile's partial sum by its
 group's scale (BLOCK_K divides the group size, so a tile lies in one group). Scales and zeros
 are streamed with the codes (one [BLOCK_N] load per tile). Split-K (config.split_k = S > 1, for
 small N where N / BLOCK_N programs under-fill the GPU): program s covers K range s of S and
@@ -38,24 +39,30 @@ MAX_M = 16                     # rows per program (the grid tiles larger M in 16
 @dataclass(frozen=True)
 class Int4GemvConfig:
     """One launch configuration. block_k must divide the group size (and be a multiple of 8);
-    split_k: K ranges per output tile (1: no split; > 1 adds a float32 workspace and a reduce)."""
+    split_k: K ranges per output tile (1: no split; > 1 adds a float32 workspace and a reduce);
+    block_m: activation rows per program: 16 multiplies on the tensor cores (tl.dot, rows padded
+    to 16), 1 / 2 / 4 in float32 FMAs with a reduction along K (no padding; the grid tiles M)."""
 
     block_n: int
     block_k: int
     num_warps: int
     num_stages: int
     split_k: int = 1
+    block_m: int = 16
 
     @property
     def name(self) -> str:
         return (f"triton-gemv-int4-n{self.block_n}-k{self.block_k}-w{self.num_warps}-s{self.num_stages}"
-                f"-split{self.split_k}")
+                f"-split{self.split_k}" + ("" if self.block_m == MAX_M else f"-m{self.block_m}"))
 
 
 # timed on a GPU by tools/bench_e2e.py --int4-kernels; default_config picks one without timing
 CANDIDATES = (Int4GemvConfig(16, 128, 4, 4), Int4GemvConfig(32, 128, 4, 4), Int4GemvConfig(64, 128, 4, 4),
               Int4GemvConfig(64, 128, 8, 3), Int4GemvConfig(128, 128, 8, 4), Int4GemvConfig(16, 128, 4, 4, 2),
-              Int4GemvConfig(16, 128, 4, 4, 4), Int4GemvConfig(32, 128, 4, 4, 2), Int4GemvConfig(32, 64, 4, 4))
+              Int4GemvConfig(16, 128, 4, 4, 4), Int4GemvConfig(32, 128, 4, 4, 2), Int4GemvConfig(32, 64, 4, 4),
+              Int4GemvConfig(16, 128, 4, 4, 1, 1), Int4GemvConfig(32, 128, 4, 4, 1, 1),
+              Int4GemvConfig(16, 128, 4, 4, 2, 1), Int4GemvConfig(16, 128, 4, 4, 1, 4),
+              Int4GemvConfig(16, 128, 4, 4, 2, 4))
 TARGET_PROGRAMS = 264          # about 2 programs per SM on a 132-SM H100 / H200
 
 
@@ -130,7 +137,9 @@ def _gemv_int4_kernel(x_ptr, q_ptr, s_ptr, z_ptr, p_ptr, b_ptr, y_ptr, M, N, K, 
         x = tl.load(x_rows + cols[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)   # [BM, BK]
         w = int4_tile(q_ptr, stride_q, z_ptr, stride_z, rn, k0, n_ok, k_ok, group, BLOCK_N, BLOCK_K,
                       HAS_ZERO)                                                             # [BN, BK]
-        if DOT_F32:
+        if BLOCK_M < 16:              # FMAs: [BM, 1, BK] x [1, BN, BK] summed along K
+            part = tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+        elif DOT_F32:
             part = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), out_dtype=tl.float32)
         else:
             part = tl.dot(x, tl.trans(w.to(x.dtype)), out_dtype=tl.float32)
@@ -211,13 +220,15 @@ def gemv_int4(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, group
         raise ValueError(f"out: expected [{m}, {n}] with unit column stride, got {tuple(out.shape)}")
     split = c.split_k
     dst = y if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-    grid = (triton.cdiv(m, MAX_M), triton.cdiv(n, c.block_n), split)
+    if c.block_m not in (1, 2, 4, MAX_M):
+        raise ValueError(f"config: block_m={c.block_m}, expected 1, 2, 4 or {MAX_M}")
+    grid = (triton.cdiv(m, c.block_m), triton.cdiv(n, c.block_n), split)
     _gemv_int4_kernel[grid](
         x, qweight, scale, zero if zero is not None else scale, perm if perm is not None else qweight,
         bias if bias is not None else scale, dst, m, n, k, group_size, k // split,
         x.stride(0), qweight.stride(0), scale.stride(0), zero.stride(0) if zero is not None else 0,
         dst.stride(-2), dst.stride(0) if split > 1 else 0,
-        BLOCK_M=MAX_M, BLOCK_N=c.block_n, BLOCK_K=c.block_k, HAS_ZERO=zero is not None,
+        BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, HAS_ZERO=zero is not None,
         HAS_PERM=perm is not None, HAS_BIAS=bias is not None, PARTIAL=split > 1,
         DOT_F32=x.device.type != "cuda", num_warps=c.num_warps, num_stages=c.num_stages)
     if split > 1:

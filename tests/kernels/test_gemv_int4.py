@@ -21,19 +21,21 @@ def _weight(n, k, group, sym, perm=False, seed=0) -> Int4Weight:
     return w4
 
 
-@pytest.mark.parametrize("n,k,group,sym,perm,m,split,dtype", [
-    (48, 256, 32, False, False, 3, 1, torch.float32),
-    (40, 256, 64, True, True, 1, 2, torch.float32),
-    (64, 256, 128, False, True, 16, 1, torch.bfloat16),
-    (32, 128, -1, True, False, 5, 1, torch.float16),
-    (24, 512, 128, False, False, 20, 4, torch.float32),     # two M tiles, split-K 4
+@pytest.mark.parametrize("n,k,group,sym,perm,m,split,dtype,bm", [
+    (48, 256, 32, False, False, 3, 1, torch.float32, 16),
+    (40, 256, 64, True, True, 1, 2, torch.float32, 16),
+    (64, 256, 128, False, True, 16, 1, torch.bfloat16, 16),
+    (32, 128, -1, True, False, 5, 1, torch.float16, 16),
+    (24, 512, 128, False, False, 20, 4, torch.float32, 16),     # two M tiles, split-K 4
+    (40, 256, 64, False, True, 1, 1, torch.bfloat16, 1),        # FMA path, one row a program
+    (24, 256, 32, True, False, 6, 2, torch.float32, 4),         # FMA path, two M tiles of 4, split 2
 ])
-def test_gemv_int4_matches_float32(n, k, group, sym, perm, m, split, dtype):
+def test_gemv_int4_matches_float32(n, k, group, sym, perm, m, split, dtype, bm):
     w4 = _weight(n, k, group, sym, perm)
     x = torch.randn(m, k).to(dtype)
     bias = torch.randn(n).to(dtype) if m % 2 else None
     ref = x.float() @ w4.dequantize().T + (0 if bias is None else bias.float())
-    cfg = Int4GemvConfig(16, tile_k(w4.group_size) // (2 if group == 32 else 1) or 16, 4, 1, split)
+    cfg = Int4GemvConfig(16, tile_k(w4.group_size) // (2 if group == 32 else 1) or 16, 4, 1, split, bm)
     y = gemv_int4(x, w4.qweight, w4.scale, w4.group_size, zero=w4.zero, perm=w4.perm, bias=bias, config=cfg)
     assert y.dtype == dtype and y.shape == (m, n)
     # float32: exact up to summation order; half types: the output's rounding
@@ -95,5 +97,7 @@ def test_bad_arguments_are_named():
         gemv_int4(x, *args, config=Int4GemvConfig(16, 64, 4, 1))
     with pytest.raises(ValueError, match="config: split_k=3"):
         gemv_int4(x, *args, config=Int4GemvConfig(16, 32, 4, 1, 3))
+    with pytest.raises(ValueError, match="config: block_m=8, expected 1, 2, 4 or 16"):
+        gemv_int4(x, *args, config=Int4GemvConfig(16, 32, 4, 1, 1, 8))
     with pytest.raises(ValueError, match="out: expected \\[1, 16\\]"):
         gemv_int4(x, *args, out=torch.empty(2, 16))

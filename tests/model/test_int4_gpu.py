@@ -1,4 +1,5 @@
-"""GPU tests of int4 weights (W4A16): the int4 GEMV (default and two other configs, split-K, act-order,
+"""GPU tests of int4 weights (W4A16): the int4 GEMV (default and four other configs: tensor-core and
+FMA rows, split-K; act-order,
 asymmetric / symmetric, Llama-3.1-8B shapes) and the dequantize + cuBLAS path against float32 over
 the dequantized weight; then decode graphs over a small checkpoint written as GPTQ act-order
 (tests/_int4_checkpoints.py, group 32) and over an 8B-shaped 1-layer checkpoint with
@@ -16,7 +17,7 @@ import torch
 from _checkpoints import assert_greedy_matches_hf, write
 from _int4_checkpoints import write_int4
 from graphrt import LLM, SamplingParams
-from graphrt.kernels.gemv_int4 import CANDIDATES, default_config, gemv_int4
+from graphrt.kernels.gemv_int4 import CANDIDATES, Int4GemvConfig, default_config, gemv_int4
 from graphrt.model.linear import INT4_GEMV_MAX_M, int4_linear
 from graphrt.model.quant.int4 import Int4Weight, quantize_int4
 
@@ -48,8 +49,10 @@ def test_gemv_int4_8b_shapes_match_float32(name, group, sym, perm):
     for m in (1, 16, 33):
         x = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
         ref = x.float() @ wf.T
-        configs = [None] + [c for c in (CANDIDATES[1], CANDIDATES[-2]) if w4.group_size % c.block_k == 0
-                            and k % (c.split_k * c.block_k) == 0]   # the default, a wider tile, split-K
+        picks = (Int4GemvConfig(32, 128, 4, 4), Int4GemvConfig(16, 128, 4, 4, 2),     # wider tile, split-K,
+                 Int4GemvConfig(16, 128, 4, 4, 1, 1), Int4GemvConfig(16, 128, 4, 4, 2, 4))   # FMA rows 1 / 4
+        configs = [None] + [c for c in picks if c in CANDIDATES and w4.group_size % c.block_k == 0
+                            and k % (c.split_k * c.block_k) == 0]
         for c in configs:
             _close(gemv_int4(x, w4.qweight, w4.scale, w4.group_size, zero=w4.zero, perm=w4.perm, config=c), ref)
     x = torch.randn(INT4_GEMV_MAX_M + 36, k, device="cuda", generator=gen).bfloat16()   # dequantize + cuBLAS
