@@ -194,8 +194,8 @@ def run_method(method: str, family: Path, plan: Plan, loads: dict, device: str, 
         for name, prompts in loads.items():
             for bs in plan.batches:
                 tok_s, outs, st = measure(llm, prompts, bs, plan.gen_tokens, sampling)
-                capture = engine_over_runner(st, st["wall_s"], costs, pick_bucket(list(ex.config.buckets), bs),
-                                             ex.rounds, ex.k)
+                capture = engine_over_runner(st, st["wall_s"], costs, pick_bucket(list(ex.caps.config.buckets), bs),
+                                             ex.caps.spec_rounds, ex.caps.steps_per_graph)
                 ratio, busy = runner_share(st, st["wall_s"])
                 rows.append({"method": method, "workload": name, "batch": bs, "k": plan.k if spec else 0,
                              "tok_s_per_stream": tok_s, "build_s": build_s, "outputs": outs,

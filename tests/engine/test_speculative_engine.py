@@ -211,13 +211,13 @@ def test_the_policy_is_told_each_blocks_wall_time_and_output_is_unchanged(plain,
     llm = LLM(path, max_batch=4, steps_per_graph=3, speculative={"method": "ngram", "num_tokens": 3},
               spec_rounds=2, **CPU)
     ex = llm.runtime
-    buckets = ex.config.buckets
+    buckets = ex.caps.config.buckets
     costs = StepCosts(decode_us={b: 1.0 for b in buckets},
-                      verify_us={b: {k + 1: 1.0 for k in ex.spec_ks} for b in buckets})
-    pol = llm.engine.policy = SpecPolicy(costs, ks=ex.spec_ks, max_slots=ex.config.max_batch)
+                      verify_us={b: {k + 1: 1.0 for k in ex.caps.spec_ks} for b in buckets})
+    pol = llm.engine.policy = SpecPolicy(costs, ks=ex.caps.spec_ks, max_slots=ex.caps.config.max_batch)
     prompts = _prompts(3)
     params = [SamplingParams(max_tokens=24, temperature=0, ignore_eos=True) for _ in range(3)]
     _same(llm.generate(prompts, params, use_tqdm=False), plain.generate(prompts, params, use_tqdm=False))
     walls = {key: us for key, us in pol._wall.items()}
     assert walls and all(us > 1.0 for us in walls.values())   # eager CPU blocks: far above 1 µs
-    assert {k for _, k in walls} <= {0, *ex.spec_ks}
+    assert {k for _, k in walls} <= {0, *ex.caps.spec_ks}

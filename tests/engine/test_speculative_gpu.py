@@ -123,13 +123,13 @@ def test_several_k_captured_measured_and_switched(path, hf, method):
     spec = {"method": method, "num_tokens": 4} | ({"model": str(path)} if method == "draft" else {})
     llm = LLM(path, speculative=spec, spec_rounds=2, **ARGS)
     ex = llm.runtime
-    assert ex.spec_ks == (1, 2, 4)
-    keys = {(k.bucket, k.query_len, k.filtered) for k in ex.graphs.keys() if k.phase == "spec"}
-    assert keys == {(b, k + 1, f) for b in ex.config.buckets for k in ex.spec_ks for f in (False, True)}
+    assert ex.caps.spec_ks == (1, 2, 4)
+    keys = {(k.bucket, k.query_len, k.filtered) for k in ex.runtime.graphs.keys() if k.phase == "spec"}
+    assert keys == {(b, k + 1, f) for b in ex.caps.config.buckets for k in ex.caps.spec_ks for f in (False, True)}
     costs = llm.engine.policy.graph_costs
-    assert all(set(costs.verify_us[b]) == {2, 3, 5} for b in ex.config.buckets)
-    llm.engine.policy = ScriptedPolicy((4, 0, 1, 0, 2, 4, 0), ex.spec_ks, ex.config.max_batch,
-                                       ex.config.buckets)
+    assert all(set(costs.verify_us[b]) == {2, 3, 5} for b in ex.caps.config.buckets)
+    llm.engine.policy = ScriptedPolicy((4, 0, 1, 0, 2, 4, 0), ex.caps.spec_ks, ex.caps.config.max_batch,
+                                       ex.caps.config.buckets)
     p = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
     prompts = _prompts(3)
     got = llm.generate(prompts, p, use_tqdm=False)

@@ -42,8 +42,8 @@ def _spec(path, method, **kw):
     spec = {"method": method, "num_tokens": 3} | ({"model": str(path)} if method == "draft" else {})
     llm = LLM(path, max_batch=8, steps_per_graph=3, spec_rounds=2, speculative=spec, **(CPU | kw))
     ex = llm.engine.runtime
-    assert ex.spec_ks == (1, 2, 3)                      # several k captured per bucket
-    llm.engine.policy = ScriptedPolicy(SCRIPT, ex.spec_ks, ex.config.max_batch, ex.config.buckets)
+    assert ex.caps.spec_ks == (1, 2, 3)                      # several k captured per bucket
+    llm.engine.policy = ScriptedPolicy(SCRIPT, ex.caps.spec_ks, ex.caps.config.max_batch, ex.caps.config.buckets)
     return llm
 
 
@@ -151,7 +151,7 @@ def test_lookahead_at_max_model_len_stays_in_the_slots_pages(path, plain, method
     _same(got, want)
     assert len(got[0].token_ids) == params[0].max_tokens and got[1].finish_reason == "stop"
     assert int(ex.runtime.buffers.device_error) == 0
-    untouched = [p for p in range(ex.num_pages) if p not in handed and p != 0]
+    untouched = [p for p in range(ex.caps.num_pages) if p not in handed and p != 0]
     assert untouched
     for c in caches:
         assert bool((c.k[untouched] == 1234.5).all()) and bool((c.v[untouched] == 1234.5).all())
@@ -174,7 +174,7 @@ def test_draft_prefill_waits_for_the_first_speculative_block(path, plain, monkey
     want = plain.generate(prompts, params, use_tqdm=False)
     llm, bad = _spec(path, "draft"), []
     ex = llm.engine.runtime
-    llm.engine.policy = _StartsPlain((0, 0, 3, 1, 0, 2), ex.spec_ks, ex.config.max_batch, ex.config.buckets)
+    llm.engine.policy = _StartsPlain((0, 0, 3, 1, 0, 2), ex.caps.spec_ks, ex.caps.config.max_batch, ex.caps.config.buckets)
     _draft_kv_checker(llm, bad)
     runner, calls = ex.spec, []
     prefill = runner.draft.prefill
@@ -188,6 +188,6 @@ def test_draft_prefill_waits_for_the_first_speculative_block(path, plain, monkey
     assert sorted(n for _, n in calls[0]) > sorted(len(p) for p in prompts), calls
     # a policy that never speculates: the draft never runs
     calls.clear()
-    llm.engine.policy = _StartsPlain((0,), ex.spec_ks, ex.config.max_batch, ex.config.buckets)
+    llm.engine.policy = _StartsPlain((0,), ex.caps.spec_ks, ex.caps.config.max_batch, ex.caps.config.buckets)
     _same(llm.generate(prompts, params, use_tqdm=False), want)
     assert calls == [] and set(llm.engine.policy.ran) == {0}
