@@ -65,6 +65,8 @@ class LocalExecutor:
     speculative = property(lambda self: None if self.spec is None else self.spec.config)
     rounds = property(lambda self: 0 if self.spec is None else self.spec.rounds)
     processing = property(lambda self: self.runtime.processing)
+    # constrained decoding: per-slot allowed-token masks read by the processed draws (model/token_mask.py)
+    structured = property(lambda self: self.runtime.token_mask is not None)
     spec_logprobs = False        # speculative rounds do not record log-probabilities (yet)
     logprobs_width = property(lambda self: self.runtime.logprobs.width if self.runtime.processing else 0)
     spec_ks = property(lambda self: () if self.spec is None else self.spec.ks)
@@ -183,6 +185,7 @@ class LocalExecutor:
             st.proc.write_rows(idx, processing)
             temp, step = to_device(sampling.temperature, dev), to_device(sampling.step, dev)
             x = st.proc.process(logits, idx, step, temp)
+            self.runtime.token_mask.apply(x, idx)                        # constrained rows' first draws
             first = sample_eager(x, sampling)                            # [m] device
             src = logits if self.runtime.logprobs_mode == "raw" else \
                 drawn_from(x, temp, to_device(sampling.top_k, dev), to_device(sampling.top_p, dev))
@@ -221,9 +224,10 @@ class LocalExecutor:
         self.runtime.slots.apply(update)
 
     def decode_block(self, n: int, *, sampled: bool, processed: bool = False,
-                     filtered: bool = True, chunk: bool = False) -> torch.Tensor:
+                     filtered: bool = True, chunk: bool = False, steps: int | None = None) -> torch.Tensor:
         """K decode steps over slots [0, n) -> [K, n] int64 (a view, valid until the next block);
-        processed: the logits-processing graph (then `block_logprobs(n)` holds the block's);
+        processed: the logits-processing graph (then `block_logprobs(n)` holds the block's), with
+        steps=1 a one-step block ([1, n]: constrained rows, whose masks change every token);
         filtered (with processed): some row uses top-k / top-p; chunk: the block's first step
         also prefills the prompt chunk staged by `stage_chunk` (not with processed)."""
         if chunk:
@@ -239,7 +243,7 @@ class LocalExecutor:
                     self._draft_since.index_copy_(0, idx, lens.index_select(0, idx))
             self._draft_stale.update(range(n))
         if processed:
-            return self.runtime.decode_slots(n, sampled=True, processed=True, filtered=filtered)
+            return self.runtime.decode_slots(n, sampled=True, processed=True, filtered=filtered, steps=steps)
         return self.runtime.decode_slots(n, sampled=sampled)
 
     def write_processing(self, slots: list[int], rows: ProcessRows) -> None:
@@ -250,6 +254,13 @@ class LocalExecutor:
         if st.proc is None:
             raise ValueError("processing: this runtime was built with processing=False")
         st.proc.write_rows(tensor_on(slots, torch.long, self.device), rows)
+
+    def write_token_mask(self, slots: list[int], bits: torch.Tensor, active: torch.Tensor) -> None:
+        """The allowed-token masks of `slots` (bits [m, W] int32, active [m] int32, CPU; TokenMask.write),
+        read by the next draws of those slots (a prefill's first draw, the processed blocks)."""
+        if self.runtime.token_mask is None:
+            raise ValueError("structured_outputs: this runtime was built with processing=False")
+        self.runtime.token_mask.write(slots, bits, active)
 
     def stage_chunk(self, slot: int, tokens: torch.Tensor, start: int, *, table_row=None) -> None:
         """The next `decode_block(..., chunk=True)` also prefills `tokens` (CPU [m] int64, m <=

@@ -74,10 +74,11 @@ def _process_rows(reqs, vocab: int) -> ProcessRows:
     return ProcessRows.build([process_row(r.params, r.rules, r.prompt, r.token_ids) for r in reqs], vocab)
 
 
-def decode_block(ex, go, rows):
+def decode_block(ex, go, rows, *, steps: int | None = None):
     """A processed block (go: the scheduler's Launch) -> (tokens [K, n], its log-prob rows or None
-    when no row wants them)."""
-    tokens = ex.decode_block(go.n, sampled=go.sampled, processed=True, filtered=go.filtered)
+    when no row wants them). steps=1: one step (constrained rows; tokens [1, n])."""
+    kw = {} if steps is None else {"steps": steps}
+    tokens = ex.decode_block(go.n, sampled=go.sampled, processed=True, filtered=go.filtered, **kw)
     return tokens, ex.block_logprobs(go.n) if any(r.params.logprobs is not None for r in rows) else None
 
 

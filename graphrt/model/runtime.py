@@ -109,6 +109,7 @@ from graphrt.model.quant.kv import kv_scales as _kv_scale_tensor
 from graphrt.config import check_mixed_tokens
 from graphrt.model.mixed import MixedChunk
 from graphrt.model.slots import SlotState
+from graphrt.model.token_mask import TokenMask
 from graphrt.model.plans import check_plans, plans_dict
 from graphrt.model.splitk import GEMMS as SPLITK_GEMMS, MAX_ROWS as SPLITK_MAX_ROWS, SplitKPlan, plan_splitk, \
     resolve_setting, splittable
@@ -171,6 +172,8 @@ class ModelRuntime:
         self.slots = SlotState.allocate(b, config.max_pages_per_seq, self.device,
                                         history_width=config.max_context_len if token_history else None,
                                         vocab=s.vocab_size if processing else None)
+        # constrained decoding's allowed-token masks (model/token_mask.py): read by the processed draws
+        self.token_mask = TokenMask.allocate(b, s.vocab_size, self.device) if processing else None
         self.buffers = StaticBuffers(config, self.device, block_table=self.slots.block_table,
                                      seq_lens=self.slots.seq_lens)   # the graphs read the slots
         self.backend = make_backend(config, self.kv_caches[0], self.device, name=backend)
@@ -341,10 +344,12 @@ class ModelRuntime:
 
     # ---- the decode phase: K steps over a bucket of slots (pure device work: capturable) -------
     def _steps(self, size: int, sampled: bool, processed: bool = False, filtered: bool = True,
-               chunk: bool = False) -> None:
-        """K decode steps over slots [0, size). sampled: draw each token with the slots' sampling
+               chunk: bool = False, steps: int | None = None) -> None:
+        """K decode steps over slots [0, size) (steps: 1 instead, a processed block with
+        constrained rows). sampled: draw each token with the slots' sampling
         rows (advancing their draw index) instead of the argmax; processed (with sampled): the
-        slots' logits processing first, log-probabilities recorded, drawn tokens counted;
+        slots' allowed-token masks (constrained rows only) and logits processing first,
+        log-probabilities recorded, drawn tokens counted;
         filtered=False: no row uses top-k / top-p (the sampler skips its sort); chunk: the first
         step also prefills the staged prompt chunk (`self.mixed`)."""
         st, view = self.slots, self.buffers.view(size)
@@ -353,7 +358,8 @@ class ModelRuntime:
         fuse = None if self.fuse is None else self.fuse.get(size)
         split = (1, 1) if self.splitk is None or fuse is not None else self.splitk.get(size)
         opts = ({} if split == (1, 1) else {"splitk": split}) | ({} if fuse is None else {"fuse": fuse})
-        for step in range(self.k):
+        k = self.k if steps is None else steps
+        for step in range(k):
             ctx.prepare()
             if chunk and step == 0:                                          # + the prompt chunk
                 logits = self.mixed.step(self.model, ctx, tokens, self.kv_caches, st.block_table,
@@ -362,6 +368,8 @@ class ModelRuntime:
                 logits = self.model.decode_step(ctx, tokens, **opts)         # [B, vocab] model dtype
             out = self.out_tokens[step, :size]
             live = seq > 0 if processed else None
+            if processed:                        # constrained rows: disallowed tokens -> -inf
+                self.token_mask.apply(logits, size)
             if processed and not filtered:       # process, draw, log-probs, count: fused passes
                 st.proc.draw(logits, size, st.seed[:size], st.step[:size], st.temperature[:size], live, out,
                              self.logprobs.rows(step, size), source=self.logprobs_mode)
@@ -380,12 +388,12 @@ class ModelRuntime:
                 argmax_into(logits, out)                                     # greedy
             # current token, history at index seq_len (speculation's input), seq_len + 1: one launch
             step_advance(out, tokens, seq, None if st.history is None else st.history[:size])
-            if step + 1 == self.k and self._logits is not None:
+            if step + 1 == k and self._logits is not None:
                 self._logits[:size].copy_(logits)                             # float32, on request
 
     def _key(self, size: int, sampled: bool, processed: bool = False, filtered: bool = False,
-             chunk: bool = False) -> GraphKey:
-        return GraphKey("decode", size, steps=self.k, sampled=sampled or processed,
+             chunk: bool = False, steps: int | None = None) -> GraphKey:
+        return GraphKey("decode", size, steps=self.k if steps is None else steps, sampled=sampled or processed,
                         filtered=processed and filtered, processed=processed,
                         chunk=self.mixed.max_tokens if chunk else 0)
 
@@ -501,16 +509,18 @@ class ModelRuntime:
             self._plan_splitk()
             self._plan_steps()
             for size in reversed(self.config.buckets):
-                kinds = ([(False, False, False, False)] + [(True, False, False, False)] * self.sampling
-                         + [(True, True, False, False), (True, True, True, False)] * self.processing)
+                kinds = ([(False, False, False, False, None)] + [(True, False, False, False, None)] * self.sampling
+                         + [(True, True, False, False, None), (True, True, True, False, None)] * self.processing)
+                if self.processing and self.k > 1:           # constrained rows: one step a block
+                    kinds += [(True, True, False, False, 1), (True, True, True, False, 1)]
                 if self.mixed is not None:                   # greedy / sampled blocks carry chunks
-                    kinds += [(False, False, False, True)] + [(True, False, False, True)] * self.sampling
-                for sampled, processed, filtered, chunk in kinds:
-                    key = self._key(size, sampled, processed, filtered, chunk)
+                    kinds += [(False, False, False, True, None)] + [(True, False, False, True, None)] * self.sampling
+                for sampled, processed, filtered, chunk, steps in kinds:
+                    key = self._key(size, sampled, processed, filtered, chunk, steps)
                     if key in self.graphs:
                         continue
-                    self.graphs.capture(key, lambda s=size, x=sampled, p=processed, f=filtered, c=chunk:
-                                        self._steps(s, x, p, f, c), inputs=self._capture_inputs(size, processed, chunk),
+                    self.graphs.capture(key, lambda s=size, x=sampled, p=processed, f=filtered, c=chunk, k=steps:
+                                        self._steps(s, x, p, f, c, k), inputs=self._capture_inputs(size, processed, chunk),
                                         scratch=self.kv_caches, prepare=self._host_plan(size))
             if self.prefill_graphs is not None:
                 self.prefill_graphs.capture(self.graphs, self.kv_caches)
@@ -518,14 +528,16 @@ class ModelRuntime:
             return dict(self.graphs.stats)
 
     def _run(self, n: int, sampled: bool, seq_lens_cpu: torch.Tensor | None = None,
-             processed: bool = False, filtered: bool = True, chunk: bool = False) -> torch.Tensor:
+             processed: bool = False, filtered: bool = True, chunk: bool = False,
+             steps: int | None = None) -> torch.Tensor:
         size = pick_bucket(self.config.buckets, n)
         filtered = processed and filtered
+        steps = None if steps == self.k else steps
         self._plan_splitk()
-        self.graphs.run(self._key(size, sampled, processed, filtered, chunk),
-                        lambda: self._steps(size, sampled, processed, filtered, chunk),
+        self.graphs.run(self._key(size, sampled, processed, filtered, chunk, steps),
+                        lambda: self._steps(size, sampled, processed, filtered, chunk, steps),
                         prepare=self._host_plan(size, seq_lens_cpu))
-        return self.out_tokens[:, :n]
+        return self.out_tokens[:, :n] if steps is None else self.out_tokens[:steps, :n]
 
     def _check_sampled(self, sampled: bool) -> None:
         if sampled and self._captured and not self.sampling:
@@ -594,7 +606,7 @@ class ModelRuntime:
             self.mixed.stage(slot, tokens, start, table_row=table_row, num_pages=self.num_pages)
 
     def decode_slots(self, n: int, *, sampled: bool, processed: bool = False,
-                     filtered: bool = True, chunk: bool = False) -> torch.Tensor:
+                     filtered: bool = True, chunk: bool = False, steps: int | None = None) -> torch.Tensor:
         """K decode steps over slots [0, n) as they stand in `self.slots` (the engine's path: no
         input copy, no host check, no sync except a host-planning backend reading seq_lens);
         returns [K, n] int64 tokens (a view of a static buffer, valid until the next block).
@@ -606,8 +618,13 @@ class ModelRuntime:
         graph (needs processing=True; see the module docstring): also fills `self.logprobs` and
         advances the slots' token counts; with filtered=False (no row uses top-k / top-p) the
         one without the sampler's sort. chunk: the block's first step also prefills the chunk
-        staged by `stage_chunk` (greedy / sampled blocks only; each staging runs once)."""
+        staged by `stage_chunk` (greedy / sampled blocks only; each staging runs once).
+        steps=1 (processed only): one step instead of K (a block with constrained rows, whose
+        allowed-token masks the host refills after every token: model/token_mask.py); returns
+        [1, n]."""
         self._check_sampled(sampled)
+        if steps is not None and steps != self.k and (steps != 1 or not processed):
+            raise ValueError(f"steps: {self.k} (K) or 1 with processed=True, got {steps!r}")
         if processed and not self.processing:
             raise ValueError("processed: this ModelRuntime was built with processing=False")
         if chunk and (self.mixed is None or processed):
@@ -616,7 +633,7 @@ class ModelRuntime:
         with self.lock:
             if chunk:
                 self.mixed.take()
-            return self._run(n, sampled, processed=processed, filtered=filtered, chunk=chunk)
+            return self._run(n, sampled, processed=processed, filtered=filtered, chunk=chunk, steps=steps)
 
     def last_logits(self, n: int) -> torch.Tensor:
         """[n, vocab] float32 logits of the last decode step of the bucket serving n rows
