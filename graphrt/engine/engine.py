@@ -181,7 +181,7 @@ class Engine(BlockMixin):
         if len(seeds) == 1:
             req = Request(rid, ids, params, seeds[0], text(), stream.put, prompt_array=ids_array)
             req.rules = rules
-            req.grammar = None if compiled is None else self._grammars.state(compiled)
+            req.grammar = None if compiled is None else self._grammars.state(compiled, child.structured_outputs.kind)
             self._inbox.put(("add", req))
         else:
             if rid in self._groups:
@@ -194,7 +194,7 @@ class Engine(BlockMixin):
             for i, (cid, seed) in enumerate(zip(cids, seeds)):
                 req = Request(cid, ids, child, seed, text(), group.sink(i), sibling=first, prompt_array=ids_array)
                 req.rules = rules
-                req.grammar = None if compiled is None else self._grammars.state(compiled)
+                req.grammar = None if compiled is None else self._grammars.state(compiled, child.structured_outputs.kind)
                 first = first or req
                 self._inbox.put(("add", req))
         self._wake.set()

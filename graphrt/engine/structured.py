@@ -66,6 +66,10 @@ class Grammars:
                 raise ValueError(f"structured_outputs: not supported for this tokenizer ({_one_line(e)})") from None
         self.vocab, self.timeout_s = vocab, timeout_s
         self.words = (vocab + 31) // 32
+        # JSON forbids raw control characters (U+0000..U+001F) in strings, which xgrammar's JSON
+        # grammar lets through; compact JSON has none outside strings either: JSON constraints
+        # also ban every token holding such a byte ([W] int32, the same bit layout)
+        self._json_bits = _without_control_bytes(table, vocab) if table is not None else None
         self._compiler = xgr.GrammarCompiler(info, max_threads=COMPILE_WORKERS, cache_enabled=False)
         self._pool = ThreadPoolExecutor(COMPILE_WORKERS, thread_name_prefix="graphrt-grammar")
         self._cache: OrderedDict = OrderedDict()      # key -> Future[CompiledGrammar]
@@ -108,18 +112,29 @@ class Grammars:
             return c.compile_grammar("root ::= " + " | ".join(json.dumps(x) for x in so.choice))
         return c.compile_grammar(so.grammar)
 
-    def state(self, compiled) -> "GrammarState":
-        return GrammarState(self._xgr, compiled, self.words)
+    def state(self, compiled, kind: str = "") -> "GrammarState":
+        """A fresh matcher over `compiled` (kind: the constraint's, StructuredOutputsParams.kind)."""
+        extra = self._json_bits if kind in ("json", "json_object") else None
+        return GrammarState(self._xgr, compiled, self.words, extra)
+
+
+def _without_control_bytes(table: list[bytes], vocab: int) -> torch.Tensor:
+    """[ceil(vocab / 32)] int32: bit t set unless token t's bytes hold one below 0x20."""
+    ok = torch.tensor([not any(b < 0x20 for b in tok) for tok in table] + [False] * (vocab - len(table)),
+                      dtype=torch.int64)
+    words = (vocab + 31) // 32
+    ok = torch.nn.functional.pad(ok, (0, words * 32 - vocab)).view(words, 32)
+    packed = (ok << torch.arange(32, dtype=torch.int64)).sum(1)                   # [W] in [0, 2**32)
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
 
 
 class GrammarState:
     """One request's matcher over its compiled grammar (host); `failed` once a token was refused
     (the mask makes that impossible unless a logit_bias banned every allowed token)."""
 
-    def __init__(self, xgr, compiled, words: int):
+    def __init__(self, xgr, compiled, words: int, extra: torch.Tensor | None = None):
         self.matcher = xgr.GrammarMatcher(compiled)
-        self.words = words
-        self._fill = xgr.GrammarMatcher.fill_next_token_bitmask
+        self.words, self.extra = words, extra  # extra: [W] int32 bits AND-ed into every mask
         self.accepted = 0                     # tokens the matcher has taken
 
     def advance(self, tokens: list[int]) -> None:
@@ -137,6 +152,8 @@ class GrammarState:
         """out[row] <- the next token's allowed-token bits (out: [m, W] int32 CPU). A terminated
         matcher allows only its stop tokens (xgrammar's rule)."""
         self.matcher.fill_next_token_bitmask(out, row)
+        if self.extra is not None:
+            out[row].bitwise_and_(self.extra)
 
     @property
     def done(self) -> bool:
