@@ -34,6 +34,7 @@ from pydantic import ValidationError
 from graphrt.serve.bridge import AsyncEngine, DeltaStream
 from graphrt.serve.errors import APIError, sse_error
 from graphrt.serve.logprobs import chat_logprobs, completion_logprobs, merge
+from graphrt.serve.structured import constraint, relabel
 from graphrt.serve.protocol import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                        ChatCompletionResponse, ChatDelta, CompletionChoice, CompletionRequest, CompletionResponse,
                        Usage)
@@ -97,7 +98,8 @@ class Generation:
                                   logprobs=logprobs, prompt_logprobs=prompt_logprobs,
                                   presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
                                   repetition_penalty=body.repetition_penalty, min_p=body.min_p,
-                                  logit_bias=body.bias(), min_tokens=body.min_tokens)
+                                  logit_bias=body.bias(), min_tokens=body.min_tokens,
+                                  structured_outputs=constraint(body))
         except ValueError as e:
             raise APIError.from_value_error(e) from None
 
@@ -134,7 +136,10 @@ class Generation:
         if body.echo:
             texts = [t if t is not None else await self.bridge.run(self.tokenizer.decode, p)
                      for p, t in zip(prompts, texts)]
-        rid, streams = await self._submit(prompts, params, kind="cmpl")
+        try:
+            rid, streams = await self._submit(prompts, params, kind="cmpl")
+        except APIError as e:
+            raise relabel(e, body)
         echoes = [_Echo(self, body, p, t) for p, t in zip(prompts, texts)]
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -167,6 +172,7 @@ class Generation:
         try:
             rid, streams = await self._submit([ids], params, kind="chatcmpl")
         except APIError as e:
+            relabel(e, body)
             if e.param == "prompt":
                 e.param = "messages"
             elif e.param == "max_tokens" and body.max_completion_tokens is not None:

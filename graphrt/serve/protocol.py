@@ -57,6 +57,7 @@ class _Request(BaseModel):
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     return_token_ids: bool = False             # add each choice's output token ids (vLLM's name)
+    structured_outputs: dict | None = None     # vLLM's: {json | regex | choice | grammar | json_object}
 
     def refuse_unsupported(self) -> None:
         """Raise a 400 for each field the engine cannot honour (instead of ignoring it)."""
@@ -158,9 +159,6 @@ class ChatCompletionRequest(_Request):
             raise APIError.bad_request("top_logprobs: needs logprobs=true", param="top_logprobs")
         if self.tools or self.tool_choice not in (None, "none"):
             raise APIError.bad_request("tools: tool calls are not supported", param="tools")
-        if self.response_format is not None and self.response_format.get("type") != "text":
-            raise APIError.bad_request("response_format: only {'type': 'text'} is supported",
-                                       param="response_format")
 
 
 _Request.model_rebuild()
