@@ -27,6 +27,8 @@ no single request caused, docs/engine.md), every caller raises EngineDeadError.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import time
 from pathlib import Path
@@ -310,13 +312,20 @@ class LLM:
                 self.engine.step()
 
     def chat(self, messages, sampling_params: SamplingParams | list | None = None, *,
-             use_tqdm: bool = True) -> "ChatOutputs":
+             use_tqdm: bool = True, tools: list | None = None, tool_choice=None) -> "ChatOutputs":
         """Conversations through the tokenizer's chat template with the generation prompt
         appended: one conversation (a list of {"role", "content"} dicts) or a list of them;
         sampling_params: one for all or one per conversation. Returns one RequestOutput per
         conversation in a list (as vLLM's chat does, also for a single conversation); for one
         conversation the list also answers RequestOutput's attributes (`llm.chat(msgs).text`, as
-        graphrt's chat returned one RequestOutput before)."""
+        graphrt's chat returned one RequestOutput before).
+
+        tools (OpenAI's [{"type": "function", "function": {name, description, parameters}}]):
+        rendered by the chat template; tool_choice "required" or {"type": "function", "function":
+        {"name": N}} constrains each output to one call in the checkpoint's format (Llama 3.x JSON
+        or Hermes `<tool_call>`: engine/tool_calls.py), "auto" / "none" / None leave it free.
+        engine.tool_calls.parse_tool_calls(text, tool_format(llm.tokenizer), check_tools(tools))
+        reads the calls back. ValueError naming tools / tool_choice."""
         convs = [messages] if isinstance(messages, list) and messages and isinstance(messages[0], dict) else messages
         if (not isinstance(convs, (list, tuple)) or not convs
                 or not all(isinstance(c, list) and c and all(isinstance(m, dict) for m in c) for c in convs)):
@@ -325,8 +334,17 @@ class LLM:
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("messages: the tokenizer has no chat template")
         prompts = []
+        if tools is not None:
+            from graphrt.engine.tool_calls import check_tools, template_messages, tool_constraint, tool_format
+            so = tool_constraint(check_tools(tools), tool_choice, tool_format(self.tokenizer))
+            convs = [template_messages(c) for c in convs]
+            if so is not None:
+                sps = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(convs)
+                sampling_params = [dataclasses.replace(p or SamplingParams(), structured_outputs=so) for p in sps]
+        elif tool_choice is not None:
+            raise ValueError("tool_choice: needs tools")
         for c in convs:
-            ids = self.tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True)
+            ids = self.tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True, tools=tools)
             if isinstance(ids, dict) or hasattr(ids, "input_ids"):
                 ids = ids["input_ids"]
             prompts.append(list(ids))

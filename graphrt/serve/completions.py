@@ -35,6 +35,7 @@ from graphrt.serve.bridge import AsyncEngine, DeltaStream
 from graphrt.serve.errors import APIError, sse_error
 from graphrt.serve.logprobs import chat_logprobs, completion_logprobs, merge
 from graphrt.serve.structured import constraint, relabel
+from graphrt.serve.tools import ToolCalls, fragments
 from graphrt.serve.protocol import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                        ChatCompletionResponse, ChatDelta, CompletionChoice, CompletionRequest, CompletionResponse,
                        Usage)
@@ -82,7 +83,7 @@ class Generation:
                                        f"{self.model_name!r}", param="model")
         body.refuse_unsupported()
 
-    def _params(self, body, max_tokens: int):
+    def _params(self, body, max_tokens: int, so=None):
         from graphrt.engine import SamplingParams              # the engine package is heavy; import on use
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
         if isinstance(body, ChatCompletionRequest):
@@ -99,15 +100,20 @@ class Generation:
                                   presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
                                   repetition_penalty=body.repetition_penalty, min_p=body.min_p,
                                   logit_bias=body.bias(), min_tokens=body.min_tokens,
-                                  structured_outputs=constraint(body))
+                                  structured_outputs=so if so is not None else constraint(body))
         except ValueError as e:
             raise APIError.from_value_error(e) from None
 
     def chat_prompt_ids(self, body: ChatCompletionRequest) -> list[int]:
         if not getattr(self.tokenizer, "chat_template", None):
             raise APIError.bad_request("messages: the model's tokenizer has no chat template", param="messages")
-        msgs = [{"role": m.role, "content": m.text()} for m in body.messages]
-        ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        from graphrt.engine.tool_calls import template_messages
+        try:
+            msgs = template_messages([m.for_template() for m in body.messages])
+        except ValueError as e:
+            raise APIError.bad_request(" ".join(str(e).split()), param="messages") from None
+        ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
+                                                 tools=body.tools or None)
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return list(ids)
@@ -159,8 +165,24 @@ class Generation:
         usage = _usage(streams, output=body.max_tokens != 0)
         return _json(CompletionResponse(id=rid, model=self.model_name, usage=usage, choices=choices))
 
+    def _tooling(self, body: ChatCompletionRequest):
+        """(ToolCalls or None: how the output is read back, the tool_choice's constraint or None);
+        APIError 400 naming tools / tool_choice."""
+        if not body.tools:
+            return None, None
+        from graphrt.engine.tool_calls import check_tools, tool_constraint, tool_format
+        try:
+            tools = check_tools(body.tools)
+            fmt = tool_format(self.tokenizer)
+            so = tool_constraint(tools, body.tool_choice, fmt)
+        except ValueError as e:
+            msg = " ".join(str(e).split())
+            raise APIError.bad_request(msg, param="tool_choice" if msg.startswith("tool_choice") else "tools") from None
+        return (None if body.tool_choice == "none" else ToolCalls(fmt, tools)), so
+
     async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
         self._check(body)
+        calls, tool_so = await self.bridge.run(self._tooling, body)
         ids = await self._off_loop(self.chat_prompt_ids, body, param="messages")
         limit = body.token_limit
         if limit is None:                             # OpenAI: up to the context
@@ -168,10 +190,12 @@ class Generation:
             if limit < 1:
                 raise APIError.bad_request(f"messages: the conversation is {len(ids)} tokens, the context "
                                            f"(max_model_len) is {self.max_model_len}", param="messages")
-        params = await self.bridge.run(self._params, body, limit)
+        params = await self.bridge.run(self._params, body, limit, tool_so)
         try:
             rid, streams = await self._submit([ids], params, kind="chatcmpl")
         except APIError as e:
+            if tool_so is not None and e.message.startswith("structured_outputs"):
+                e.param, e.message = "tools", "tools: " + e.message.partition(": ")[2]
             relabel(e, body)
             if e.param == "prompt":
                 e.param = "messages"
@@ -181,16 +205,19 @@ class Generation:
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
             return SSEResponse(self._chat_events(rid, streams, body.n, usage, body.return_token_ids,
-                                                 (body.top_logprobs or 0) if body.logprobs else None),
+                                                 (body.top_logprobs or 0) if body.logprobs else None, calls),
                                on_close=lambda: _close(streams))
         got = await _collect(streams, request)
         if got is None:
             return Response(status_code=499)
-        choices = [ChatChoice(index=i, message=AssistantMessage(content=text), finish_reason=reason,
-                              logprobs=chat_logprobs(out_ids, entries, body.top_logprobs or 0, self.token_text)
-                              if body.logprobs else None,
-                              token_ids=out_ids if body.return_token_ids else None)
-                   for i, (text, out_ids, entries, reason) in sorted(got[0][0].items())]
+        choices = []
+        for i, (text, out_ids, entries, reason) in sorted(got[0][0].items()):
+            content, tcs = calls.whole(text) if calls is not None and reason == "stop" else (text, [])
+            choices.append(ChatChoice(index=i, message=AssistantMessage(content=content, tool_calls=tcs or None),
+                                      finish_reason="tool_calls" if tcs else reason,
+                                      logprobs=chat_logprobs(out_ids, entries, body.top_logprobs or 0, self.token_text)
+                                      if body.logprobs else None,
+                                      token_ids=out_ids if body.return_token_ids else None))
         return _json(ChatCompletionResponse(id=rid, model=self.model_name, usage=_usage(streams), choices=choices))
 
     # ---- streams ----------------------------------------------------------------------------------
@@ -220,14 +247,27 @@ class Generation:
             yield event
 
     async def _chat_events(self, rid: str, streams, n: int, include_usage: bool, with_ids: bool,
-                           top: int | None = None):
-        def chunk(k, index, text, reason=None, ids=None, entries=None, delta=None, role=None):
+                           top: int | None = None, calls: ToolCalls | None = None):
+        def one(index, text, reason=None, ids=None, entries=None, role=None, tool_calls=None):
             lp = chat_logprobs(ids, entries, top, self.token_text) if top is not None and ids else None
             c = ChatCompletionChunk(id=rid, model=self.model_name, choices=[ChatChunkChoice(
-                index=index, delta=ChatDelta(role=role, content=text if reason is None and (text or role) else None),
+                index=index, delta=ChatDelta(role=role, content=text if reason is None and (text or role) else None,
+                                             tool_calls=tool_calls),
                 finish_reason=reason, logprobs=lp,
                 token_ids=ids if with_ids else None)])
             return f"data: {c.model_dump_json()}\n\n"
+
+        def chunk(k, index, text, reason=None, ids=None, entries=None, delta=None, role=None):
+            if calls is None or role is not None:
+                return one(index, text, reason, ids, entries, role)
+            if reason is None:                        # tool calls: text that may start a call is held
+                text = calls.feed(index, text)
+                return one(index, text, None, ids, entries) if text or ids else None
+            rest, tcs = calls.finish(index)
+            out = one(index, rest, None, ids, entries) if rest else ""
+            out += "".join(one(index, "", None, tool_calls=f) for f in fragments(tcs))
+            return out + one(index, "", "tool_calls" if tcs and reason == "stop" else reason,
+                             None if rest else ids, None if rest else entries)
 
         for i in range(n):                            # {"role": "assistant", "content": ""}, as OpenAI's
             yield chunk(0, i, "", role="assistant")
