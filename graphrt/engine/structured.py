@@ -55,7 +55,11 @@ class Grammars:
 
     def __init__(self, tokenizer, table: list[bytes] | None, *, vocab: int, eos_ids,
                  timeout_s: float = COMPILE_TIMEOUT_S):
-        import xgrammar as xgr
+        try:
+            import xgrammar as xgr
+        except ImportError:
+            raise ValueError("structured_outputs: needs the xgrammar package (pip install "
+                             "'graphrt[structured]')") from None
         self._xgr = xgr
         if table is not None:
             info = xgr.TokenizerInfo(table, xgr.VocabType.RAW, vocab_size=vocab, stop_token_ids=list(eos_ids))

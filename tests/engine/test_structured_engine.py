@@ -57,3 +57,17 @@ def test_bad_grammar_fails_alone(llm):
     out = llm.generate(["x"], [SamplingParams(max_tokens=6, temperature=0, structured_outputs={"choice": ["a", "b"]})],
                        use_tqdm=False)[0]
     assert out.outputs[0].text in ("a", "b")
+
+
+def test_with_ngram_speculation(llm, tmp_path_factory):
+    """Under n-gram speculation a block with a constrained row runs one plain step (no verify can
+    accept a token its mask forbids); a free greedy neighbour keeps speculating and equals its
+    output without speculation."""
+    spec = LLM(llm.engine.tokenizer.name_or_path, max_batch=4, steps_per_graph=3,
+               speculative={"method": "ngram", "num_tokens": 3}, **CPU)
+    free = SamplingParams(max_tokens=8, temperature=0)
+    outs = spec.generate(["to be or not to be", "to be or not"],
+                         [free, SamplingParams(max_tokens=10, temperature=0, structured_outputs={"regex": r"(to|be){2}"})],
+                         use_tqdm=False)
+    assert re.fullmatch(r"(to|be){2}", outs[1].outputs[0].text)
+    assert outs[0].outputs[0].token_ids == llm.generate(["to be or not to be"], [free], use_tqdm=False)[0].outputs[0].token_ids

@@ -56,7 +56,7 @@ def _schema(name):
 def test_named_and_required_calls(llm, client, template, fmt):
     llm.tokenizer.chat_template = template
     assert tool_format(llm.tokenizer) == fmt
-    r = client.chat.completions.create(model=NAME, messages=MSG, tools=TOOLS, max_tokens=60, temperature=0,
+    r = client.chat.completions.create(model=NAME, messages=MSG, tools=TOOLS, max_tokens=70, temperature=0,
                                        tool_choice={"type": "function", "function": {"name": "wx"}})
     c = r.choices[0]
     assert c.finish_reason == "tool_calls" and len(c.message.tool_calls) == 1
@@ -65,7 +65,7 @@ def test_named_and_required_calls(llm, client, template, fmt):
     jsonschema.validate(json.loads(call.function.arguments), PARAMS)
     if fmt != "hermes":                           # streamed: one format is enough (CPU time)
         return
-    chunks = list(client.chat.completions.create(model=NAME, messages=MSG, tools=TOOLS, max_tokens=60, temperature=0,
+    chunks = list(client.chat.completions.create(model=NAME, messages=MSG, tools=TOOLS, max_tokens=70, temperature=0,
                                                  tool_choice="required", stream=True))
     frags = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
     assert frags and frags[0].id and frags[0].function.name in ("wx", "tz")
