@@ -155,6 +155,7 @@ class BlockMixin:
             if staged and joining is not None:        # its last token is the row's current token
                 batch.set_token(joining.slot, joining.context[-1])
                 extras.join_row(ex, joining)          # its processing row, as a prefill writes it
+                self._write_masks([joining], prefill=True)   # a constrained predecessor's mask flag off
                 s.activate(joining)
             elif joining is not None:
                 rows = [r for r in rows if r is not joining]
