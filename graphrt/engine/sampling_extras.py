@@ -33,7 +33,8 @@ def check_request(runtime, params: SamplingParams, tokenizer, eos_ids, vocab: in
     if not getattr(runtime, "processing", False):
         default = SamplingParams()
         field = next(f for f in ("logprobs", "prompt_logprobs", "presence_penalty", "frequency_penalty",
-                                 "repetition_penalty", "min_p", "logit_bias", "min_tokens", "bad_words")
+                                 "repetition_penalty", "min_p", "logit_bias", "min_tokens", "bad_words",
+                                 "structured_outputs")
                      if getattr(params, f) != getattr(default, f))
         raise ValueError(f"{field}: needs logits processing, which this engine's runtime does not "
                          f"have (not supported with speculative decoding or tensor parallel yet)")

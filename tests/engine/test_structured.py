@@ -197,3 +197,11 @@ def test_compile_timeout_fails_alone(setup):
         slow.compile(StructuredOutputsParams(regex="[a-z]{1,40}@[a-z]{1,40}\\.(com|org|net)"))
     text, complete = _generate(grammars, table, StructuredOutputsParams(regex="q[0-9]"), 0, kernel=False)   # others go on
     assert complete and re.fullmatch("q[0-9]", text)
+
+
+def test_runtime_without_processing_refuses():
+    from types import SimpleNamespace
+    from graphrt.engine.sampling_extras import check_request
+    with pytest.raises(ValueError, match="^structured_outputs: needs logits processing"):
+        check_request(SimpleNamespace(processing=False), SamplingParams(structured_outputs={"regex": "a"}),
+                      None, (1,), VOCAB)
