@@ -70,8 +70,11 @@ def _template_source(path: Path, config: dict):
 
 
 class Tokenizer:
-    """tokenizer.json + tokenizer_config.json (see the module doc). Host only; encode and decode
-    release the GIL (the Rust backend)."""
+    """tokenizer.json + tokenizer_config.json (see the module doc). Host only. encode and decode
+    go through the backend's batch calls, which release the GIL while the Rust code runs
+    (`tokenizers`' single-text `encode` / `decode` hold it for the whole call: seconds for a
+    megabyte prompt, during which no other Python thread of the process, e.g. a server's event
+    loop, runs)."""
 
     def __init__(self, path):
         from tokenizers import AddedToken
@@ -171,14 +174,14 @@ class Tokenizer:
 
     # --- text <-> ids
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+        return self._backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def __call__(self, text: str, add_special_tokens: bool = True) -> Encoding:
         return Encoding(input_ids=self.encode(text, add_special_tokens))
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
-        text = self._backend.decode([ids] if isinstance(ids, int) else list(ids),
-                                    skip_special_tokens=skip_special_tokens)
+        text = self._backend.decode_batch([[ids] if isinstance(ids, int) else list(ids)],
+                                          skip_special_tokens=skip_special_tokens)[0]
         return _clean_up(text) if self.clean_up_tokenization_spaces else text
 
     # --- chat
