@@ -37,9 +37,10 @@ def test_a_vllm_style_script_runs_unchanged(llm):
     outs = llm.generate(prompts, SamplingParams(n=2, temperature=0.8, seed=1, max_tokens=8), use_tqdm=False)
     assert llm.config.max_batch == 4 and llm.config.page_size == PAGE and llm.config.capture is False
     assert [len(o.outputs) for o in outs] == [2, 2]
+    tok = llm.get_tokenizer()                                # vLLM's accessor
     for prompt, out in zip(prompts, outs):
         assert out.prompt == prompt and out.finished
-        assert out.prompt_token_ids == llm.tokenizer(prompt).input_ids
+        assert out.prompt_token_ids == tok(prompt).input_ids == tok.encode(prompt)
         for i, c in enumerate(out.outputs):
             assert c.index == i and isinstance(c.text, str) and c.finish_reason in ("stop", "length")
             assert 1 <= len(c.token_ids) <= 8
