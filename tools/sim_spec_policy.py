@@ -80,11 +80,35 @@ def _clock(policy, now, overlap=True):
         return speculation.BlockClock(None)
 
 
+def trained_costs(path: str | Path, **kw) -> Costs:
+    """Costs with the graph costs of a GPU run of tools/bench_spec.py --trained (its
+    `trained_step_costs` rows: the target's decode and verify, the draft's decode step), the
+    realized factors and host costs of `Costs`. A round at k is verify(k + 1) + k draft steps;
+    a verify length the run did not measure is interpolated linearly in q between its neighbours."""
+    rows = json.loads(Path(path).read_text())["trained_step_costs"]
+    target = {r["batch"]: r for r in rows if r["model"] == "trained-target"}
+    draft = {r["batch"]: r["decode_us"] for r in rows if r["model"] == "trained-draft"}
+    step, rounds = {}, {}
+    for b, r in sorted(target.items()):
+        v = {int(q): us for q, us in r["verify_us"].items()}
+        v.setdefault(1, r["decode_us"])
+        qs = sorted(v)
+
+        def verify(q):
+            lo = max(x for x in qs if x <= q)
+            hi = min((x for x in qs if x >= q), default=lo)
+            return v[lo] if hi == lo else v[lo] + (v[hi] - v[lo]) * (q - lo) / (hi - lo)
+        step[b] = r["decode_us"]
+        rounds[b] = {k: verify(k + 1) + k * draft[b] for k in (1, 2, 4)}
+    return Costs(graph_step=step, graph_round=rounds, **kw)
+
+
 def run(method: str, a: float, bs: int, *, waves: int, tokens: int, costs: Costs, seed: int,
-        R: int = 4, K: int = 4, ks=(1, 2, 4), policy_kw=None, lazy_prefill: bool = False) -> dict:
-    """lazy_prefill: skip the draft's prefill of a batch the policy starts on plain decode (a
-    lever the engine does not have yet: its catch-up would then prefill the whole context)."""
-    """One workload: `waves` batches of bs requests admitted together, `tokens` each."""
+        R: int = 4, K: int = 4, ks=(1, 2, 4), policy_kw=None, lazy_prefill: bool = True) -> dict:
+    """One workload: `waves` batches of bs requests admitted together, `tokens` each.
+    lazy_prefill (the engine's rule, engine/blocks.py `_draft_choice`): the draft's prefill of a
+    batch the policy starts on plain decode is skipped; the batch's first catch-up then prefills
+    the draft over the whole context (draft_prefill_us on top of catchup_us)."""
     rng = random.Random(seed)
     now = SimClock()
     step_costs = StepCosts(decode_us=dict(costs.graph_step),
@@ -109,6 +133,7 @@ def run(method: str, a: float, bs: int, *, waves: int, tokens: int, costs: Costs
             for s in range(bs):
                 pol.admit(s)
             skip = new and lazy_prefill and start(b) == 0
+            unprefilled = skip
             if skip:
                 stale = [True] * bs
             else:
@@ -137,6 +162,9 @@ def run(method: str, a: float, bs: int, *, waves: int, tokens: int, costs: Costs
                     if any(stale[s] for s in rows) and not (forced and new):
                         now.t = max(now.t, gpu)               # sync_draft's host read, then eager prefill
                         now.t += costs.catchup_us
+                        if unprefilled:                       # the skipped prefill, now over the context
+                            now.t += costs.draft_prefill_us
+                            unprefilled = False
                         gpu = now.t
                         stats["catchups"] += 1
                         stale = [False] * bs
@@ -204,6 +232,7 @@ def run(method: str, a: float, bs: int, *, waves: int, tokens: int, costs: Costs
 
 
 def table(acceptances, batches, *, seeds: int, waves: int, tokens: int, costs: Costs) -> list[dict]:
+    """One row per (bs, a): the draft method's tokens/s over plain decode's (x_plain), mean of seeds."""
     rows = []
     for bs in batches:
         base = sum(run("none", 0.0, bs, waves=waves, tokens=tokens, costs=costs, seed=s)["tok_s"]
@@ -232,9 +261,11 @@ def main() -> None:
     ap.add_argument("--waves", type=int, default=6, help="batches of bs requests admitted together")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--catchup-us", type=float, default=Costs.catchup_us)
+    ap.add_argument("--costs", metavar="JSON", help="graph costs from a GPU run of tools/bench_spec.py --trained "
+                    "(e.g. docs/results/bench_spec_trained_h200.json); default: the engine_gaps H200 table")
     ap.add_argument("--json", help="write the rows here")
     a = ap.parse_args()
-    costs = Costs(catchup_us=a.catchup_us)
+    costs = trained_costs(a.costs, catchup_us=a.catchup_us) if a.costs else Costs(catchup_us=a.catchup_us)
     accs = [round(0.1 * i, 1) for i in range(1, 10)]
     rows = table(accs, (1, 4), seeds=a.seeds, waves=a.waves, tokens=a.tokens, costs=costs)
     print(f"{'bs':>3} {'a':>4} {'x plain':>8} {'spec':>6} {'plain':>6} {'forced':>6} {'catchup':>7} "
