@@ -154,4 +154,6 @@ def test_health_answers_while_a_4mb_prompt_is_tokenized(live, llm):
     conn.close()
     t.join(60)
     assert took and len(waits) > 10, (took, len(waits))
-    assert max(waits) < 0.5, (max(waits), took)
+    # holding the GIL, the tokenizer stalled /health for its whole run (seconds); released, a wait
+    # is short: 0.5 s, or a fifth of the request where a loaded machine stretches everything
+    assert max(waits) < max(0.5, 0.2 * took[0]), (max(waits), took)
