@@ -86,9 +86,9 @@ class Generation:
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
         if isinstance(body, ChatCompletionRequest):
             logprobs, prompt_logprobs = (body.top_logprobs or 0) if body.logprobs else None, None
-        else:
-            logprobs = body.logprobs
-            prompt_logprobs = body.logprobs if body.echo else None
+        else:                                      # echo with max_tokens 0 (lm-eval's loglikelihood): the
+            logprobs = body.logprobs if body.max_tokens != 0 else None   # drawn token is dropped, so are its
+            prompt_logprobs = body.logprobs if body.echo else None       # log-probs (a speculative engine serves it)
         try:
             return SamplingParams(max_tokens=max(max_tokens, 1), temperature=body.temperature, top_p=body.top_p,
                                   top_k=body.top_k, seed=body.seed, stop=stop,
