@@ -181,6 +181,8 @@ def test_bad_input():
         PersistentStep(model.weights, caches, model.cos_sin, geometry=g, rows=1, eps=1e-5, programs=4)
     with pytest.raises(ValueError, match="num_warps"):
         PersistentStep(model.weights, caches, model.cos_sin, geometry=g, rows=1, eps=1e-5, num_warps=3)
+    with pytest.raises(ValueError, match="spin_limit"):
+        PersistentStep(model.weights, caches, model.cos_sin, geometry=g, rows=1, eps=1e-5, spin_limit=0)
     with pytest.raises(ValueError, match="prefetch"):
         PersistentStep(model.weights, caches, model.cos_sin, geometry=g, rows=1, eps=1e-5, prefetch=1)
     step = PersistentStep(model.weights, caches, model.cos_sin, geometry=g, rows=2, eps=1e-5)

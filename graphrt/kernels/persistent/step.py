@@ -176,11 +176,14 @@ def unsupported(weights, kv_caches, rows: int) -> str | None:
 
 class PersistentStep:
     """One bucket's persistent step: its schedule, device tables and scratch (allocated here,
-    once, outside any graph), and the launch. See the module docstring for the arguments."""
+    once, outside any graph), and the launch. See the module docstring for the arguments;
+    programs: default the SM count on a GPU, 1 elsewhere; tiles: the schedule's tile sizes;
+    num_warps: per program; prefetch: L2 prefetch distance in units (default_prefetch);
+    spin_limit: counter reads before a wait gives up (the watchdog, ERR_STALL)."""
 
     def __init__(self, weights, kv_caches, cos_sin: torch.Tensor, *, geometry: Geometry, rows: int, eps: float,
                  programs: int | None = None, tiles: Tiles = Tiles(), max_context_len: int = 4096,
-                 num_warps: int = 4, prefetch: int | None = None):
+                 num_warps: int = 4, prefetch: int | None = None, spin_limit: int = SPIN_LIMIT):
         why = unsupported(weights, kv_caches, rows)
         if why is not None:
             raise ValueError(f"persistent step: {why}")
@@ -190,6 +193,9 @@ class PersistentStep:
         if dev.type != "cuda" and programs != 1:
             raise ValueError(f"programs: {programs}; off the GPU (the interpreter runs programs one after "
                              f"another) only 1 can run a schedule with waits")
+        if isinstance(spin_limit, bool) or not isinstance(spin_limit, int) or spin_limit < 1:
+            raise ValueError(f"spin_limit: expected an int >= 1, got {spin_limit!r}")
+        self.spin_limit = spin_limit
         if num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"num_warps: expected 1, 2, 4, 8 or 16, got {num_warps!r}")
         self.device, self.dtype, self.geometry, self.rows, self.eps = dev, weights.embed.dtype, geometry, rows, eps
@@ -296,7 +302,7 @@ class PersistentStep:
             MIN_KEYS=s.tiles.min_keys, BMA=max(16, gp), GP=gp, RT=64, ARR=c.arrivals, HEAD_CTR=c.head,
             DONE=c.done, NCTR=c.count, HAS_BIAS=layer0.qkv_bias is not None, QK_NORM=layer0.q_norm is not None,
             PREFETCH=self.prefetch, DOT_F32=cpu, PREC="ieee" if self.dtype == torch.float32 else "tf32",
-            SPIN=SPIN_LIMIT, num_warps=self.num_warps, **opts)
+            SPIN=self.spin_limit, num_warps=self.num_warps, **opts)
         return out
 
 
