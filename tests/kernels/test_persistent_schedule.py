@@ -76,6 +76,8 @@ def test_bad_arguments():
         build_schedule(TINY, 1, 1, tiles=Tiles(qkv_bn=64))          # 64 does not divide head_dim 32
     with pytest.raises(ValueError, match="head_bn"):
         build_schedule(TINY, 1, 1, tiles=Tiles(head_bn=24))
+    with pytest.raises(ValueError, match="block_k"):
+        build_schedule(TINY, 1, 1, tiles=Tiles(block_k=32))           # head_bn 64 rows
     with pytest.raises(ValueError, match="splits"):
         build_schedule(TINY, 1, 1, tiles=Tiles(splits=65))
     with pytest.raises(ValueError, match="min_keys"):

@@ -88,7 +88,8 @@ class Geometry:
 @dataclass(frozen=True)
 class Tiles:
     """Output rows per GEMV unit of each weight (powers of 2, >= 16; qkv_bn divides head_dim),
-    block_k: the K columns of one weight load; splits: KV splits per (row, kv head) (0: chosen
+    block_k: the K columns of one weight load of a 16-row tile (a tile of n rows loads block_k *
+    16 / n columns: the same registers; block_k >= every tile's rows); splits: KV splits per (row, kv head) (0: chosen
     by `build_schedule` to give about one attention unit per program); block_kv: keys per
     attention block; min_keys: keys per split at least (a multiple of block_kv)."""
     qkv_bn: int = 16
@@ -106,6 +107,9 @@ class Tiles:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 16 or v & (v - 1):
                 raise ValueError(f"tiles.{name}: expected a power of 2 >= 16, got {v!r}")
+        widest = max(self.qkv_bn, self.o_bn, self.gu_bn, self.down_bn, self.head_bn)
+        if self.block_k < widest:
+            raise ValueError(f"tiles.block_k: {self.block_k} below the widest tile's {widest} rows")
         if g.head_dim % self.qkv_bn:
             raise ValueError(f"tiles.qkv_bn: {self.qkv_bn} must divide head_dim={g.head_dim} (a tile "
                              f"never spans two heads)")

@@ -46,6 +46,16 @@ _OP_FIELD = {OP_QKV: W_QKV, OP_O: W_O, OP_GU: W_GU, OP_DOWN: W_DOWN}
 
 
 @triton.jit
+def _woff(offs, k: tl.constexpr, ALIGN: tl.constexpr):
+    """Element offset k of a layer's row of the offset table (ALIGN: elements it is known to be a
+    multiple of: 16-byte aligned tensors give vectorised weight loads)."""
+    o = tl.load(offs + k)
+    if ALIGN > 1:
+        o = tl.multiple_of(o, ALIGN)
+    return o
+
+
+@triton.jit
 def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, woffs_ptr, embed_ptr, fnorm_ptr, head_ptr,
                  cs_ptr, tok_ptr, lens_ptr, bt_ptr, bt_stride, num_pages, out_ptr, logits_ptr, res_ptr,
                  qkv_ptr, att_ptr, mlp_ptr, ss_o_ptr, ss_d_ptr, part_ptr, lse_ptr, amax_ptr, aidx_ptr,
@@ -59,9 +69,15 @@ def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, woffs_ptr, embe
                  MIN_KEYS: tl.constexpr, BMA: tl.constexpr, GP: tl.constexpr, RT: tl.constexpr,
                  ARR: tl.constexpr, HEAD_CTR: tl.constexpr, DONE: tl.constexpr, NCTR: tl.constexpr,
                  HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, PREFETCH: tl.constexpr,
-                 DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN: tl.constexpr):
+                 DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN: tl.constexpr, ALIGN: tl.constexpr):
     BM: tl.constexpr = 16
     QKVW: tl.constexpr = (HQ + 2 * HKV) * D
+    # K columns per weight chunk: BK for 16-row tiles, the same elements (registers) for wider ones
+    QKV_BK: tl.constexpr = BK * 16 // QKV_BN
+    O_BK: tl.constexpr = BK * 16 // O_BN
+    GU_BK: tl.constexpr = BK * 16 // GU_BN
+    DOWN_BK: tl.constexpr = BK * 16 // DOWN_BN
+    HEAD_BK: tl.constexpr = BK * 16 // HEAD_BN
     pid = tl.program_id(0)
     lo = tl.load(starts_ptr + pid)
     hi = tl.load(starts_ptr + pid + 1)
@@ -96,15 +112,15 @@ def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, woffs_ptr, embe
         ctr_s = ctr_ptr + tl.maximum(field(row, f, 7), 0)
         offs = woffs_ptr + layer * 11
         if op == 1:                                              # QKV
-            qkv_unit(layer, a, res_rows, m_ok, w_ptr + tl.load(offs + 0), w_ptr + tl.load(offs + 1),
-                     w_ptr + tl.load(offs + 5), ss_d_ptr, emb_rows, qkv_ptr, ctr_w, target, ctr_s, err_ptr,
-                     eps, H, QKVW, NDOWN, NDP, BM, QKV_BN, BK, HAS_BIAS, DOT_F32, PREC, SPIN)
+            qkv_unit(layer, a, res_rows, m_ok, w_ptr + _woff(offs, 0, ALIGN), w_ptr + _woff(offs, 1, ALIGN),
+                     w_ptr + _woff(offs, 5, ALIGN), ss_d_ptr, emb_rows, qkv_ptr, ctr_w, target, ctr_s, err_ptr,
+                     eps, H, QKVW, NDOWN, NDP, BM, QKV_BN, QKV_BK, HAS_BIAS, DOT_F32, PREC, SPIN)
         elif op == 2:                                            # ATT
             b = a
             kvh = field(row, f, 3).to(tl.int32)
             sp = field(row, f, 4).to(tl.int32)
-            attention_unit(b, kvh, sp, qkv_ptr, att_ptr, cs_ptr, w_ptr + tl.load(offs + 7),
-                           w_ptr + tl.load(offs + 8), w_ptr + tl.load(offs + 9), w_ptr + tl.load(offs + 10),
+            attention_unit(b, kvh, sp, qkv_ptr, att_ptr, cs_ptr, w_ptr + _woff(offs, 7, ALIGN),
+                           w_ptr + _woff(offs, 8, ALIGN), w_ptr + _woff(offs, 9, ALIGN), w_ptr + _woff(offs, 10, ALIGN),
                            bt_ptr, bt_stride, lens_ptr, num_pages, part_ptr, lse_ptr, ctr_w, target,
                            ctr_ptr + ARR + b * HKV + kvh, ctr_s, err_ptr, eps, qk_scale, HQ, HKV, D, PAGE,
                            S_PAGE, S_SLOT, S_HEAD, S, MERGE_S, BMA, GP, BKV, MIN_KEYS, QK_NORM, DOT_F32,
@@ -114,21 +130,21 @@ def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, woffs_ptr, embe
                 src = emb_rows
             else:
                 src = res_rows
-            residual_unit(a, a // O_BN, att_ptr + rm[:, None] * (HQ * D), m_ok, w_ptr + tl.load(offs + 2),
-                          HQ * D, src, res_ptr, ss_o_ptr, ctr_w, target, ctr_s, err_ptr, H, BM, O_BN, BK,
+            residual_unit(a, a // O_BN, att_ptr + rm[:, None] * (HQ * D), m_ok, w_ptr + _woff(offs, 2, ALIGN),
+                          HQ * D, src, res_ptr, ss_o_ptr, ctr_w, target, ctr_s, err_ptr, H, BM, O_BN, O_BK,
                           DOT_F32, PREC, SPIN)
         elif op == 4:                                            # GU
-            gate_up_unit(a, res_rows, m_ok, w_ptr + tl.load(offs + 3), w_ptr + tl.load(offs + 6), ss_o_ptr,
-                         mlp_ptr, ctr_w, target, ctr_s, err_ptr, eps, H, I, NO, NOP, BM, GU_BN, BK, DOT_F32,
+            gate_up_unit(a, res_rows, m_ok, w_ptr + _woff(offs, 3, ALIGN), w_ptr + _woff(offs, 6, ALIGN), ss_o_ptr,
+                         mlp_ptr, ctr_w, target, ctr_s, err_ptr, eps, H, I, NO, NOP, BM, GU_BN, GU_BK, DOT_F32,
                          PREC, SPIN)
         elif op == 5:                                            # DOWN: residual += mlp @ down.T
-            residual_unit(a, a // DOWN_BN, mlp_ptr + rm[:, None] * I, m_ok, w_ptr + tl.load(offs + 4), I,
-                          res_rows, res_ptr, ss_d_ptr, ctr_w, target, ctr_s, err_ptr, H, BM, DOWN_BN, BK,
+            residual_unit(a, a // DOWN_BN, mlp_ptr + rm[:, None] * I, m_ok, w_ptr + _woff(offs, 4, ALIGN), I,
+                          res_rows, res_ptr, ss_d_ptr, ctr_w, target, ctr_s, err_ptr, H, BM, DOWN_BN, DOWN_BK,
                           DOT_F32, PREC, SPIN)
         elif op == 6:                                            # HEAD
             head_unit(a, a // HEAD_BN, res_rows, m_ok, head_ptr, fnorm_ptr, ss_d_ptr, logits_ptr, amax_ptr,
                       aidx_ptr, out_ptr, ctr_w, target, ctr_ptr + HEAD_CTR, err_ptr, eps, B, H, V, NDOWN, NDP,
-                      NHEAD, BM, HEAD_BN, BK, RT, DOT_F32, PREC, SPIN)
+                      NHEAD, BM, HEAD_BN, HEAD_BK, RT, DOT_F32, PREC, SPIN)
     tl.debug_barrier()
     if tl.atomic_add(ctr_ptr + DONE, 1, sem="acq_rel", scope="gpu") == programs - 1:
         c = tl.arange(0, 1024)                                   # the last program: counters to zero
@@ -223,6 +239,8 @@ class PersistentStep:
                                    layer.post_attn_norm, layer.q_norm, layer.k_norm, cache.k, cache.v)]
                  for layer, cache in zip(weights.layers, kv_caches)]
         self.woffs = torch.tensor(table, dtype=torch.int64, device=dev)                # [L, NF]
+        vec = 16 // esize                                          # elements in 16 bytes
+        self._align = vec if base.data_ptr() % 16 == 0 and all(o % vec == 0 for r in table for o in r) else 1
         units = torch.tensor(self.schedule.units, dtype=torch.int64)                   # [N, 12]
         for op, col in _OP_FIELD.items():                         # weight-relative -> base-relative
             sel = (units[:, F_OP] == op) & (units[:, F_LAYER] < geometry.layers)
@@ -302,7 +320,7 @@ class PersistentStep:
             MIN_KEYS=s.tiles.min_keys, BMA=max(16, gp), GP=gp, RT=64, ARR=c.arrivals, HEAD_CTR=c.head,
             DONE=c.done, NCTR=c.count, HAS_BIAS=layer0.qkv_bias is not None, QK_NORM=layer0.q_norm is not None,
             PREFETCH=self.prefetch, DOT_F32=cpu, PREC="ieee" if self.dtype == torch.float32 else "tf32",
-            SPIN=self.spin_limit, num_warps=self.num_warps, **opts)
+            SPIN=self.spin_limit, ALIGN=self._align, num_warps=self.num_warps, **opts)
         return out
 
 
