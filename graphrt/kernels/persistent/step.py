@@ -46,13 +46,18 @@ _OP_FIELD = {OP_QKV: W_QKV, OP_O: W_O, OP_GU: W_GU, OP_DOWN: W_DOWN}
 
 
 @triton.jit
-def _woff(offs, k: tl.constexpr, ALIGN: tl.constexpr):
-    """Element offset k of a layer's row of the offset table (ALIGN: elements it is known to be a
-    multiple of: 16-byte aligned tensors give vectorised weight loads)."""
-    o = tl.load(offs + k)
+def _aligned(o, ALIGN: tl.constexpr):
+    """An element offset known to be a multiple of ALIGN (16-byte aligned tensors and tiles:
+    vectorised weight loads)."""
     if ALIGN > 1:
         o = tl.multiple_of(o, ALIGN)
     return o
+
+
+@triton.jit
+def _woff(offs, k: tl.constexpr, ALIGN: tl.constexpr):
+    """Element offset k of a layer's row of the offset table."""
+    return _aligned(tl.load(offs + k), ALIGN)
 
 
 @triton.jit
@@ -95,11 +100,15 @@ def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, woffs_ptr, embe
                 prefetch_l2(w_ptr + field(r, f, 8), field(r, f, 9).to(tl.int32))
             if field(r, f, 11) > 0:
                 prefetch_l2(w_ptr + field(r, f, 10), field(r, f, 11).to(tl.int32))
+    row = tl.load(units_ptr + lo * 12 + f, mask=fm & (f * 0 + lo < hi), other=0)
     for u in range(lo, hi):
-        row = tl.load(units_ptr + u * 12 + f, mask=fm, other=0)
+        nxt = tl.load(units_ptr + (u + 1) * 12 + f, mask=fm & (f * 0 + u + 1 < hi), other=0)   # the next row, early
         if PREFETCH > 0:
             if u + PREFETCH < hi:
-                r = tl.load(units_ptr + (u + PREFETCH) * 12 + f, mask=fm, other=0)
+                if PREFETCH == 1:
+                    r = nxt
+                else:
+                    r = tl.load(units_ptr + (u + PREFETCH) * 12 + f, mask=fm, other=0)
                 if field(r, f, 9) > 0:
                     prefetch_l2(w_ptr + field(r, f, 8), field(r, f, 9).to(tl.int32))
                 if field(r, f, 11) > 0:
@@ -111,8 +120,10 @@ def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, woffs_ptr, embe
         target = field(row, f, 6).to(tl.int32)
         ctr_s = ctr_ptr + tl.maximum(field(row, f, 7), 0)
         offs = woffs_ptr + layer * 11
+        wt0 = w_ptr + _aligned(field(row, f, 8), ALIGN)         # the unit's weight tile (gate for GU)
+        wt1 = w_ptr + _aligned(field(row, f, 10), ALIGN)        # GU: the up rows
         if op == 1:                                              # QKV
-            qkv_unit(layer, a, res_rows, m_ok, w_ptr + _woff(offs, 0, ALIGN), w_ptr + _woff(offs, 1, ALIGN),
+            qkv_unit(layer, a, res_rows, m_ok, wt0, w_ptr + _woff(offs, 1, ALIGN),
                      w_ptr + _woff(offs, 5, ALIGN), ss_d_ptr, emb_rows, qkv_ptr, ctr_w, target, ctr_s, err_ptr,
                      eps, H, QKVW, NDOWN, NDP, BM, QKV_BN, QKV_BK, HAS_BIAS, DOT_F32, PREC, SPIN)
         elif op == 2:                                            # ATT
@@ -130,21 +141,22 @@ def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, woffs_ptr, embe
                 src = emb_rows
             else:
                 src = res_rows
-            residual_unit(a, a // O_BN, att_ptr + rm[:, None] * (HQ * D), m_ok, w_ptr + _woff(offs, 2, ALIGN),
+            residual_unit(a, a // O_BN, att_ptr + rm[:, None] * (HQ * D), m_ok, wt0,
                           HQ * D, src, res_ptr, ss_o_ptr, ctr_w, target, ctr_s, err_ptr, H, BM, O_BN, O_BK,
                           DOT_F32, PREC, SPIN)
         elif op == 4:                                            # GU
-            gate_up_unit(a, res_rows, m_ok, w_ptr + _woff(offs, 3, ALIGN), w_ptr + _woff(offs, 6, ALIGN), ss_o_ptr,
+            gate_up_unit(a, res_rows, m_ok, wt0, wt1, w_ptr + _woff(offs, 6, ALIGN), ss_o_ptr,
                          mlp_ptr, ctr_w, target, ctr_s, err_ptr, eps, H, I, NO, NOP, BM, GU_BN, GU_BK, DOT_F32,
                          PREC, SPIN)
         elif op == 5:                                            # DOWN: residual += mlp @ down.T
-            residual_unit(a, a // DOWN_BN, mlp_ptr + rm[:, None] * I, m_ok, w_ptr + _woff(offs, 4, ALIGN), I,
+            residual_unit(a, a // DOWN_BN, mlp_ptr + rm[:, None] * I, m_ok, wt0, I,
                           res_rows, res_ptr, ss_d_ptr, ctr_w, target, ctr_s, err_ptr, H, BM, DOWN_BN, DOWN_BK,
                           DOT_F32, PREC, SPIN)
         elif op == 6:                                            # HEAD
-            head_unit(a, a // HEAD_BN, res_rows, m_ok, head_ptr, fnorm_ptr, ss_d_ptr, logits_ptr, amax_ptr,
+            head_unit(a, a // HEAD_BN, res_rows, m_ok, wt0, fnorm_ptr, ss_d_ptr, logits_ptr, amax_ptr,
                       aidx_ptr, out_ptr, ctr_w, target, ctr_ptr + HEAD_CTR, err_ptr, eps, B, H, V, NDOWN, NDP,
                       NHEAD, BM, HEAD_BN, HEAD_BK, RT, DOT_F32, PREC, SPIN)
+        row = nxt
     tl.debug_barrier()
     if tl.atomic_add(ctr_ptr + DONE, 1, sem="acq_rel", scope="gpu") == programs - 1:
         c = tl.arange(0, 1024)                                   # the last program: counters to zero
@@ -239,8 +251,6 @@ class PersistentStep:
                                    layer.post_attn_norm, layer.q_norm, layer.k_norm, cache.k, cache.v)]
                  for layer, cache in zip(weights.layers, kv_caches)]
         self.woffs = torch.tensor(table, dtype=torch.int64, device=dev)                # [L, NF]
-        vec = 16 // esize                                          # elements in 16 bytes
-        self._align = vec if base.data_ptr() % 16 == 0 and all(o % vec == 0 for r in table for o in r) else 1
         units = torch.tensor(self.schedule.units, dtype=torch.int64)                   # [N, 12]
         for op, col in _OP_FIELD.items():                         # weight-relative -> base-relative
             sel = (units[:, F_OP] == op) & (units[:, F_LAYER] < geometry.layers)
@@ -252,6 +262,12 @@ class PersistentStep:
         units[sel, F_PF0] += off(weights.lm_head)
         units[:, F_PB0] -= units[:, F_PB0] % 16                    # bulk prefetch: multiples of 16 bytes
         units[:, F_PB1] -= units[:, F_PB1] % 16
+        vec = 16 // esize                                          # elements in 16 bytes
+        self._align = vec if base.data_ptr() % 16 == 0 and all(o % vec == 0 for r in table for o in r) \
+            and bool((units[:, F_PF0] % vec == 0).all()) and bool((units[:, F_PF1] % vec == 0).all()) else 1
+        if self._align == 1:                                       # no bulk prefetch of unaligned tiles
+            units[:, F_PB0] = 0
+            units[:, F_PB1] = 0
         self.units = units.to(dev)
         self.starts = torch.tensor(self.schedule.starts, dtype=torch.int64, device=dev)
         s, g = self.schedule, geometry

@@ -21,17 +21,17 @@ from graphrt.kernels.persistent.sync import arrive, signal, wait_for
 
 
 @triton.jit
-def residual_unit(n0, tile, x_rows, m_ok, w_rows_base, K: tl.constexpr, src_rows, res_ptr, ss_out,
+def residual_unit(n0, tile, x_rows, m_ok, w_tile, K: tl.constexpr, src_rows, res_ptr, ss_out,
                   ctr_w, target, ctr_s, err_ptr, H: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                   BK: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN: tl.constexpr):
-    """O / DOWN: res[:, n0:n0+BN] = round(src[:, n0:n0+BN] + round(x @ w[n0:n0+BN].T)); the
-    tile's per-row sum of squares of the new values into ss_out[tile]."""
+    """O / DOWN: res[:, n0:n0+BN] = round(src[:, n0:n0+BN] + round(x @ w[n0:n0+BN].T)) (w_tile:
+    row n0 of w); the tile's per-row sum of squares of the new values into ss_out[tile]."""
     rn = n0 + tl.arange(0, BN)
     n_ok = rn < H
-    w_rows = w_rows_base + rn.to(tl.int64)[:, None] * K
+    w_rows = w_tile + tl.arange(0, BN)[:, None] * K
     w0 = first_chunk(w_rows, n_ok, K, BK)
     wait_for(ctr_w, target, err_ptr, SPIN)
-    acc = gemv_acc(x_rows, m_ok, 1.0, w_rows_base, w_rows, n_ok, w0, K, BM, BN, BK, False, DOT_F32, PREC)
+    acc = gemv_acc(x_rows, m_ok, 1.0, w_tile, w_rows, n_ok, w0, K, BM, BN, BK, False, DOT_F32, PREC)
     dt = res_ptr.dtype.element_ty
     mask = m_ok[:, None] & n_ok[None, :]
     old = tl.load(src_rows + rn[None, :], mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
@@ -44,7 +44,7 @@ def residual_unit(n0, tile, x_rows, m_ok, w_rows_base, K: tl.constexpr, src_rows
 
 
 @triton.jit
-def qkv_unit(layer, n0, x_rows, m_ok, w_ptr, bias_ptr, g_ptr, ss_parts, res_rows_first,
+def qkv_unit(layer, n0, x_rows, m_ok, w_tile, bias_ptr, g_ptr, ss_parts, res_rows_first,
              qkv_out, ctr_w, target, ctr_s, err_ptr, eps, H: tl.constexpr, QKVW: tl.constexpr,
              NT: tl.constexpr, NTP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
              HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN: tl.constexpr):
@@ -53,7 +53,7 @@ def qkv_unit(layer, n0, x_rows, m_ok, w_ptr, bias_ptr, g_ptr, ss_parts, res_rows
     stream (sums of squares from the DOWN tiles' partials)."""
     rn = n0 + tl.arange(0, BN)
     n_ok = rn < QKVW
-    w_rows = w_ptr + rn.to(tl.int64)[:, None] * H
+    w_rows = w_tile + tl.arange(0, BN)[:, None] * H
     w0 = first_chunk(w_rows, n_ok, H, BK)
     wait_for(ctr_w, target, err_ptr, SPIN)
     if layer == 0:
@@ -72,15 +72,16 @@ def qkv_unit(layer, n0, x_rows, m_ok, w_ptr, bias_ptr, g_ptr, ss_parts, res_rows
 
 
 @triton.jit
-def gate_up_unit(n0, x_rows, m_ok, w_ptr, g_ptr, ss_parts, mlp_out, ctr_w, target, ctr_s, err_ptr, eps,
+def gate_up_unit(n0, x_rows, m_ok, g_tile, u_tile, g_ptr, ss_parts, mlp_out, ctr_w, target, ctr_s, err_ptr, eps,
                  H: tl.constexpr, I: tl.constexpr, NT: tl.constexpr, NTP: tl.constexpr, BM: tl.constexpr,
                  BN: tl.constexpr, BK: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr,
                  SPIN: tl.constexpr):
-    """mlp[:, n0:n0+BN] = round(silu(round(gate)) * round(up)) of the normed residual stream."""
+    """mlp[:, n0:n0+BN] = round(silu(round(gate)) * round(up)) of the normed residual stream
+    (g_tile / u_tile: gate_up rows n0 and I + n0)."""
     rn = n0 + tl.arange(0, BN)
     n_ok = rn < I
-    g_rows = w_ptr + rn.to(tl.int64)[:, None] * H
-    u_rows = w_ptr + (I + rn).to(tl.int64)[:, None] * H
+    g_rows = g_tile + tl.arange(0, BN)[:, None] * H
+    u_rows = u_tile + tl.arange(0, BN)[:, None] * H
     wg = first_chunk(g_rows, n_ok, H, BK)
     wu = first_chunk(u_rows, n_ok, H, BK)
     wait_for(ctr_w, target, err_ptr, SPIN)
@@ -97,7 +98,7 @@ def gate_up_unit(n0, x_rows, m_ok, w_ptr, g_ptr, ss_parts, mlp_out, ctr_w, targe
 
 
 @triton.jit
-def head_unit(n0, tile, x_rows, m_ok, w_ptr, g_ptr, ss_parts, logits_ptr, amax_ptr, aidx_ptr, out_ptr,
+def head_unit(n0, tile, x_rows, m_ok, w_tile, g_ptr, ss_parts, logits_ptr, amax_ptr, aidx_ptr, out_ptr,
               ctr_w, target, ctr_arr, err_ptr, eps, B: tl.constexpr, H: tl.constexpr, V: tl.constexpr,
               NT: tl.constexpr, NTP: tl.constexpr, NH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
               BK: tl.constexpr, RT: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr,
@@ -106,7 +107,7 @@ def head_unit(n0, tile, x_rows, m_ok, w_ptr, g_ptr, ss_parts, logits_ptr, amax_p
     per-row argmax; the last of the NH tiles to arrive writes out[b] = argmax of row b."""
     rn = n0 + tl.arange(0, BN)
     n_ok = rn < V
-    w_rows = w_ptr + rn.to(tl.int64)[:, None] * H
+    w_rows = w_tile + tl.arange(0, BN)[:, None] * H
     w0 = first_chunk(w_rows, n_ok, H, BK)
     wait_for(ctr_w, target, err_ptr, SPIN)
     inv = inv_from_parts(ss_parts, NT, NTP, BM, H, eps)
