@@ -26,7 +26,7 @@ def test_tiny_units_and_protocol(rows, programs):
     assert _count(s, OP_QKV) == L * s.n_qkv == L * (4 + 4) * 32 // 16
     assert _count(s, OP_ATT) == L * rows * TINY.kv_heads * 2
     assert _count(s, OP_O) == L * s.n_o and _count(s, OP_GU) == L * s.n_gu == L * 13
-    assert _count(s, OP_DOWN) == L * s.n_down and _count(s, OP_HEAD) == s.n_head == 3
+    assert _count(s, OP_DOWN) == L * s.n_down and _count(s, OP_HEAD) == s.n_head == 5
     assert s.starts[0] == 0 and s.starts[-1] == len(s.units) and list(s.starts) == sorted(s.starts)
     lens = [s.starts[p + 1] - s.starts[p] for p in range(programs)]
     assert max(lens) - min(lens) <= 6                      # round-robin per phase keeps them even
@@ -60,7 +60,7 @@ def test_first_layer_waits_for_nothing():
 def test_real_geometries(g, rows):
     s = build_schedule(g, rows, 132, max_context_len=4096)
     assert s.splits == default_splits(g, rows, 132, 4096, Tiles().min_keys)
-    assert s.n_head == -(-g.vocab // 64) and s.n_qkv == g.qkv_rows // 16
+    assert s.n_head == -(-g.vocab // 32) and s.n_qkv == g.qkv_rows // 16
     assert s.counters.count < 2 ** 16
     simulate(s)
 
@@ -77,7 +77,7 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="head_bn"):
         build_schedule(TINY, 1, 1, tiles=Tiles(head_bn=24))
     with pytest.raises(ValueError, match="block_k"):
-        build_schedule(TINY, 1, 1, tiles=Tiles(block_k=32))           # head_bn 64 rows
+        build_schedule(TINY, 1, 1, tiles=Tiles(block_k=16))           # head_bn 32 rows
     with pytest.raises(ValueError, match="splits"):
         build_schedule(TINY, 1, 1, tiles=Tiles(splits=65))
     with pytest.raises(ValueError, match="min_keys"):

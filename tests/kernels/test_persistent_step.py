@@ -100,10 +100,10 @@ def reference_step(model, caches, table, lens, tokens):
     return logits, new_kv
 
 
-def _run(model, caches, lens, tokens, tiles=Tiles(splits=2, min_keys=64)):
+def _run(model, caches, lens, tokens, tiles=Tiles(splits=2, min_keys=64), gemv="auto"):
     b = len(lens)
     step = PersistentStep(model.weights, caches, model.cos_sin, geometry=geometry(model), rows=b,
-                          eps=model.spec.rms_norm_eps, tiles=tiles)
+                          eps=model.spec.rms_norm_eps, tiles=tiles, gemv=gemv)
     table = torch.arange(PAGES, dtype=torch.int32)[torch.randperm(PAGES, generator=torch.Generator().manual_seed(2))]
     table = table[: 4 * b].view(b, 4).contiguous()
     out = torch.full((b,), -1, dtype=torch.int64)
@@ -112,18 +112,19 @@ def _run(model, caches, lens, tokens, tiles=Tiles(splits=2, min_keys=64)):
     return step, table, out, err
 
 
-CASES = [("llama", torch.float32, "NHD", [37]), ("llama", torch.float32, "HND", [5, 40, 0]),
-         ("qwen2", torch.float32, "NHD", [1, 17, 0]), ("qwen3", torch.float32, "NHD", [9, 33, 0])]
+CASES = [("llama", torch.float32, "NHD", [37], "fma"), ("llama", torch.float32, "HND", [5, 40, 0], "dot"),
+         ("qwen2", torch.float32, "NHD", [1, 17, 0], "fma"), ("qwen3", torch.float32, "NHD", [9, 33, 0], "dot")]
 
 
-@pytest.mark.parametrize("kind,dtype,layout,lens", CASES)
-def test_against_float32_reference(kind, dtype, layout, lens):
+@pytest.mark.parametrize("kind,dtype,layout,lens,gemv", CASES)
+def test_against_float32_reference(kind, dtype, layout, lens, gemv):
     model = _model(kind, dtype)
     caches = _caches(model, layout)
     before = [(c.k.clone(), c.v.clone()) for c in caches]
     lens_t = torch.tensor(lens, dtype=torch.int32)
     tokens = torch.tensor([3, 150, 7][: len(lens)])
-    step, table, out, err = _run(model, caches, lens_t, tokens)
+    step, table, out, err = _run(model, caches, lens_t, tokens, gemv=gemv)
+    assert step.gemv == gemv
     ref = [(c.__class__(k, v, layout=layout)) for c, (k, v) in zip(caches, before)]
     logits, new_kv = reference_step(model, ref, table, lens_t, tokens)
     assert int(err) == 0 and int(step.counters.abs().sum()) == 0       # counters back at zero
@@ -149,7 +150,7 @@ def test_bf16_against_float32_reference():
     lens = torch.tensor([5, 40, 0], dtype=torch.int32)
     tokens = torch.tensor([3, 150, 7])
     before = [PagedKVCache(c.k.clone(), c.v.clone()) for c in caches]
-    step, table, out, err = _run(model, caches, lens, tokens)
+    step, table, out, err = _run(model, caches, lens, tokens, gemv="dot")
     logits, _ = reference_step(model, before, table, lens, tokens)
     assert int(err) == 0 and int(step.counters.abs().sum()) == 0
     for b in (0, 1):
@@ -181,6 +182,10 @@ def test_bad_input():
         PersistentStep(model.weights, caches, model.cos_sin, geometry=g, rows=1, eps=1e-5, programs=4)
     with pytest.raises(ValueError, match="num_warps"):
         PersistentStep(model.weights, caches, model.cos_sin, geometry=g, rows=1, eps=1e-5, num_warps=3)
+    with pytest.raises(ValueError, match="gemv"):
+        PersistentStep(model.weights, caches, model.cos_sin, geometry=g, rows=5, eps=1e-5, gemv="fma")
+    with pytest.raises(ValueError, match="gemv"):
+        PersistentStep(model.weights, caches, model.cos_sin, geometry=g, rows=1, eps=1e-5, gemv="mma")
     with pytest.raises(ValueError, match="spin_limit"):
         PersistentStep(model.weights, caches, model.cos_sin, geometry=g, rows=1, eps=1e-5, spin_limit=0)
     with pytest.raises(ValueError, match="prefetch"):

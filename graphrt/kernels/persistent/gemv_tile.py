@@ -5,7 +5,9 @@
     acc = gemv_acc(x_rows, m_ok, inv, g_ptr, w_rows, n_ok, w, K, BK, NORM, DOT_F32, PREC)
 
 w_rows: [BN, 1] pointers to BN weight rows (row-major, K contiguous); x_rows: [BM, 1]
-pointers to the activation rows (rows m_ok live). The K loop keeps one weight chunk in flight
+pointers to the activation rows (rows m_ok live). FMA = 0: one tl.dot per chunk (BM = 16 rows,
+the tensor cores' smallest tile); FMA = n (1..4): rows 0 .. n - 1 by multiply-add and a
+reduction over K, the form for 1-4 live rows. The K loop keeps one weight chunk in flight
 ahead of the one it multiplies (register double buffering); the first chunk is loaded by the
 caller before it waits, so a unit's weight stream starts before its inputs are ready.
 NORM: x is the residual stream, normalised as it is loaded: round(x * inv * g) in x's dtype
@@ -41,11 +43,12 @@ def dequant(w, x):
 @triton.jit
 def gemv_acc(x_rows, m_ok, inv, g_ptr, w_rows, n_ok, w_first, K: tl.constexpr, BM: tl.constexpr,
              BN: tl.constexpr, BK: tl.constexpr, NORM: tl.constexpr, DOT_F32: tl.constexpr,
-             PREC: tl.constexpr):
+             PREC: tl.constexpr, FMA: tl.constexpr):
     rk = tl.arange(0, BK)
+    rm = tl.arange(0, BM)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     w = w_first
-    for k0 in range(0, K, BK):
+    for k0 in tl.range(0, K, BK, loop_unroll_factor=1):
         kn = k0 + BK + rk                                            # the next chunk, in flight
         w_next = tl.load(w_rows + kn[None, :], mask=n_ok[:, None] & (kn < K)[None, :], other=0.0,
                          eviction_policy="evict_first")
@@ -56,7 +59,14 @@ def gemv_acc(x_rows, m_ok, inv, g_ptr, w_rows, n_ok, w_first, K: tl.constexpr, B
             g = tl.load(g_ptr + k0 + rk, mask=k_ok, other=0.0).to(tl.float32)
             x = (x.to(tl.float32) * inv[:, None] * g[None, :]).to(x.dtype)
         wq = dequant(w, x)
-        if DOT_F32:    # the CPU interpreter's tl.dot multiplies bf16's raw storage (Triton 3.9)
+        if FMA > 0:    # rows 0 .. FMA - 1 by multiply-add and a reduction over K (no tensor core:
+            wf = wq.to(tl.float32)                  # at 1-4 rows tl.dot's 16-row tile is idle work)
+            xf = x.to(tl.float32)
+            for m in tl.static_range(FMA):
+                xm = tl.sum(tl.where(rm[:, None] == m, xf, 0.0), axis=0)              # [BK] row m
+                part = tl.sum(wf * xm[None, :], axis=1)                               # [BN]
+                acc += tl.where(rm[:, None] == m, part[None, :], 0.0)
+        elif DOT_F32:  # the CPU interpreter's tl.dot multiplies bf16's raw storage (Triton 3.9)
             acc += tl.dot(x.to(tl.float32), tl.trans(wq.to(tl.float32)), input_precision="ieee")
         else:
             acc += tl.dot(x, tl.trans(wq), input_precision=PREC, out_dtype=tl.float32)
@@ -69,7 +79,7 @@ def row_ss(x_rows, m_ok, K: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
     """[BM] float32 sum of squares of the rows (a full pass over K)."""
     rk = tl.arange(0, BK)
     ss = tl.zeros((BM,), dtype=tl.float32)
-    for k0 in range(0, K, BK):
+    for k0 in tl.range(0, K, BK, loop_unroll_factor=1):
         x = tl.load(x_rows + (k0 + rk)[None, :], mask=m_ok[:, None] & ((k0 + rk) < K)[None, :], other=0.0,
                     cache_modifier=".cg").to(tl.float32)
         ss += tl.sum(x * x, axis=1)

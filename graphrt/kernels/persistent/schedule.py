@@ -96,10 +96,10 @@ class Tiles:
     o_bn: int = 16
     gu_bn: int = 16
     down_bn: int = 16
-    head_bn: int = 64
-    block_k: int = 512
+    head_bn: int = 32
+    block_k: int = 256
     splits: int = 0
-    block_kv: int = 64
+    block_kv: int = 32
     min_keys: int = 256
 
     def check(self, g: Geometry) -> None:

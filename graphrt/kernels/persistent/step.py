@@ -42,6 +42,7 @@ from graphrt.kernels.persistent.units import attention_unit, gate_up_unit, head_
 W_QKV, W_BIAS, W_O, W_GU, W_DOWN, W_IN, W_POST, W_QN, W_KN, W_KC, W_VC = range(11)
 NF = 11
 PREFETCH_ENV = "GRAPHRT_PERSISTENT_PREFETCH"
+FMA_MAX_ROWS = 4            # the multiply-add GEMV below this many rows (tl.dot's tile is 16)
 _OP_FIELD = {OP_QKV: W_QKV, OP_O: W_O, OP_GU: W_GU, OP_DOWN: W_DOWN}
 
 
@@ -74,7 +75,8 @@ def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, woffs_ptr, embe
                  MIN_KEYS: tl.constexpr, BMA: tl.constexpr, GP: tl.constexpr, RT: tl.constexpr,
                  ARR: tl.constexpr, HEAD_CTR: tl.constexpr, DONE: tl.constexpr, NCTR: tl.constexpr,
                  HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, PREFETCH: tl.constexpr,
-                 DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN: tl.constexpr, ALIGN: tl.constexpr):
+                 DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN: tl.constexpr, ALIGN: tl.constexpr,
+                 FMA: tl.constexpr, OPS: tl.constexpr = 127):
     BM: tl.constexpr = 16
     QKVW: tl.constexpr = (HQ + 2 * HKV) * D
     # K columns per weight chunk: BK for 16-row tiles, the same elements (registers) for wider ones
@@ -122,40 +124,46 @@ def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, woffs_ptr, embe
         offs = woffs_ptr + layer * 11
         wt0 = w_ptr + _aligned(field(row, f, 8), ALIGN)         # the unit's weight tile (gate for GU)
         wt1 = w_ptr + _aligned(field(row, f, 10), ALIGN)        # GU: the up rows
-        if op == 1:                                              # QKV
-            qkv_unit(layer, a, res_rows, m_ok, wt0, w_ptr + _woff(offs, 1, ALIGN),
-                     w_ptr + _woff(offs, 5, ALIGN), ss_d_ptr, emb_rows, qkv_ptr, ctr_w, target, ctr_s, err_ptr,
-                     eps, H, QKVW, NDOWN, NDP, BM, QKV_BN, QKV_BK, HAS_BIAS, DOT_F32, PREC, SPIN)
-        elif op == 2:                                            # ATT
-            b = a
-            kvh = field(row, f, 3).to(tl.int32)
-            sp = field(row, f, 4).to(tl.int32)
-            attention_unit(b, kvh, sp, qkv_ptr, att_ptr, cs_ptr, w_ptr + _woff(offs, 7, ALIGN),
-                           w_ptr + _woff(offs, 8, ALIGN), w_ptr + _woff(offs, 9, ALIGN), w_ptr + _woff(offs, 10, ALIGN),
-                           bt_ptr, bt_stride, lens_ptr, num_pages, part_ptr, lse_ptr, ctr_w, target,
-                           ctr_ptr + ARR + b * HKV + kvh, ctr_s, err_ptr, eps, qk_scale, HQ, HKV, D, PAGE,
-                           S_PAGE, S_SLOT, S_HEAD, S, MERGE_S, BMA, GP, BKV, MIN_KEYS, QK_NORM, DOT_F32,
-                           PREC, SPIN)
-        elif op == 3:                                            # O: residual += attention @ o.T
-            if layer == 0:
-                src = emb_rows
-            else:
-                src = res_rows
-            residual_unit(a, a // O_BN, att_ptr + rm[:, None] * (HQ * D), m_ok, wt0,
-                          HQ * D, src, res_ptr, ss_o_ptr, ctr_w, target, ctr_s, err_ptr, H, BM, O_BN, O_BK,
-                          DOT_F32, PREC, SPIN)
-        elif op == 4:                                            # GU
-            gate_up_unit(a, res_rows, m_ok, wt0, wt1, w_ptr + _woff(offs, 6, ALIGN), ss_o_ptr,
-                         mlp_ptr, ctr_w, target, ctr_s, err_ptr, eps, H, I, NO, NOP, BM, GU_BN, GU_BK, DOT_F32,
-                         PREC, SPIN)
-        elif op == 5:                                            # DOWN: residual += mlp @ down.T
-            residual_unit(a, a // DOWN_BN, mlp_ptr + rm[:, None] * I, m_ok, wt0, I,
-                          res_rows, res_ptr, ss_d_ptr, ctr_w, target, ctr_s, err_ptr, H, BM, DOWN_BN, DOWN_BK,
-                          DOT_F32, PREC, SPIN)
-        elif op == 6:                                            # HEAD
-            head_unit(a, a // HEAD_BN, res_rows, m_ok, wt0, fnorm_ptr, ss_d_ptr, logits_ptr, amax_ptr,
-                      aidx_ptr, out_ptr, ctr_w, target, ctr_ptr + HEAD_CTR, err_ptr, eps, B, H, V, NDOWN, NDP,
-                      NHEAD, BM, HEAD_BN, HEAD_BK, RT, DOT_F32, PREC, SPIN)
+        if (OPS & 2) != 0:                                # QKV
+            if op == 1:
+                qkv_unit(layer, a, res_rows, m_ok, wt0, w_ptr + _woff(offs, 1, ALIGN),
+                         w_ptr + _woff(offs, 5, ALIGN), ss_d_ptr, emb_rows, qkv_ptr, ctr_w, target, ctr_s, err_ptr,
+                         eps, H, QKVW, NDOWN, NDP, BM, QKV_BN, QKV_BK, HAS_BIAS, DOT_F32, PREC, SPIN, FMA)
+        if (OPS & 4) != 0:                                # ATT
+            if op == 2:
+                b = a
+                kvh = field(row, f, 3).to(tl.int32)
+                sp = field(row, f, 4).to(tl.int32)
+                attention_unit(b, kvh, sp, qkv_ptr, att_ptr, cs_ptr, w_ptr + _woff(offs, 7, ALIGN),
+                               w_ptr + _woff(offs, 8, ALIGN), w_ptr + _woff(offs, 9, ALIGN), w_ptr + _woff(offs, 10, ALIGN),
+                               bt_ptr, bt_stride, lens_ptr, num_pages, part_ptr, lse_ptr, ctr_w, target,
+                               ctr_ptr + ARR + b * HKV + kvh, ctr_s, err_ptr, eps, qk_scale, HQ, HKV, D, PAGE,
+                               S_PAGE, S_SLOT, S_HEAD, S, MERGE_S, BMA, GP, BKV, MIN_KEYS, QK_NORM, DOT_F32,
+                               PREC, SPIN)
+        if (OPS & 8) != 0:                                # O: residual += attention @ o.T
+            if op == 3:
+                if layer == 0:
+                    src = emb_rows
+                else:
+                    src = res_rows
+                residual_unit(a, a // O_BN, att_ptr + rm[:, None] * (HQ * D), m_ok, wt0,
+                              HQ * D, src, res_ptr, ss_o_ptr, ctr_w, target, ctr_s, err_ptr, H, BM, O_BN, O_BK,
+                              DOT_F32, PREC, SPIN, FMA)
+        if (OPS & 16) != 0:                               # GU
+            if op == 4:
+                gate_up_unit(a, res_rows, m_ok, wt0, wt1, w_ptr + _woff(offs, 6, ALIGN), ss_o_ptr,
+                             mlp_ptr, ctr_w, target, ctr_s, err_ptr, eps, H, I, NO, NOP, BM, GU_BN, GU_BK, DOT_F32,
+                             PREC, SPIN, FMA)
+        if (OPS & 32) != 0:                               # DOWN: residual += mlp @ down.T
+            if op == 5:
+                residual_unit(a, a // DOWN_BN, mlp_ptr + rm[:, None] * I, m_ok, wt0, I,
+                              res_rows, res_ptr, ss_d_ptr, ctr_w, target, ctr_s, err_ptr, H, BM, DOWN_BN, DOWN_BK,
+                              DOT_F32, PREC, SPIN, FMA)
+        if (OPS & 64) != 0:                               # HEAD
+            if op == 6:
+                head_unit(a, a // HEAD_BN, res_rows, m_ok, wt0, fnorm_ptr, ss_d_ptr, logits_ptr, amax_ptr,
+                          aidx_ptr, out_ptr, ctr_w, target, ctr_ptr + HEAD_CTR, err_ptr, eps, B, H, V, NDOWN, NDP,
+                          NHEAD, BM, HEAD_BN, HEAD_BK, RT, DOT_F32, PREC, SPIN, FMA)
         row = nxt
     tl.debug_barrier()
     if tl.atomic_add(ctr_ptr + DONE, 1, sem="acq_rel", scope="gpu") == programs - 1:
@@ -207,11 +215,14 @@ class PersistentStep:
     once, outside any graph), and the launch. See the module docstring for the arguments;
     programs: default the SM count on a GPU, 1 elsewhere; tiles: the schedule's tile sizes;
     num_warps: per program; prefetch: L2 prefetch distance in units (default_prefetch);
-    spin_limit: counter reads before a wait gives up (the watchdog, ERR_STALL)."""
+    spin_limit: counter reads before a wait gives up (the watchdog, ERR_STALL); gemv: the GEMV
+    tiles' arithmetic, "dot" (tl.dot over 16-row tiles) or "fma" (multiply-add and a reduction
+    over K, 1..FMA_MAX_ROWS rows); "auto": fma up to FMA_MAX_ROWS rows."""
 
     def __init__(self, weights, kv_caches, cos_sin: torch.Tensor, *, geometry: Geometry, rows: int, eps: float,
                  programs: int | None = None, tiles: Tiles = Tiles(), max_context_len: int = 4096,
-                 num_warps: int = 4, prefetch: int | None = None, spin_limit: int = SPIN_LIMIT):
+                 num_warps: int = 4, prefetch: int | None = None, spin_limit: int = SPIN_LIMIT,
+                 gemv: str = "auto"):
         why = unsupported(weights, kv_caches, rows)
         if why is not None:
             raise ValueError(f"persistent step: {why}")
@@ -224,6 +235,10 @@ class PersistentStep:
         if isinstance(spin_limit, bool) or not isinstance(spin_limit, int) or spin_limit < 1:
             raise ValueError(f"spin_limit: expected an int >= 1, got {spin_limit!r}")
         self.spin_limit = spin_limit
+        if gemv not in ("auto", "dot", "fma") or (gemv == "fma" and rows > FMA_MAX_ROWS):
+            raise ValueError(f"gemv: expected 'auto', 'dot' or 'fma' (fma: at most {FMA_MAX_ROWS} rows), got "
+                             f"{gemv!r} at {rows} rows")
+        self.gemv = ("fma" if rows <= FMA_MAX_ROWS else "dot") if gemv == "auto" else gemv
         if num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"num_warps: expected 1, 2, 4, 8 or 16, got {num_warps!r}")
         self.device, self.dtype, self.geometry, self.rows, self.eps = dev, weights.embed.dtype, geometry, rows, eps
@@ -332,11 +347,13 @@ class PersistentStep:
             S=s.splits, MERGE_S=max(1, min(sp, 2048 // (gp * half))), NO=s.n_o,
             NOP=triton.next_power_of_2(s.n_o), NDOWN=s.n_down, NDP=triton.next_power_of_2(s.n_down),
             NHEAD=s.n_head, QKV_BN=s.tiles.qkv_bn, O_BN=s.tiles.o_bn, GU_BN=s.tiles.gu_bn,
-            DOWN_BN=s.tiles.down_bn, HEAD_BN=s.tiles.head_bn, BK=s.tiles.block_k, BKV=s.tiles.block_kv,
+            DOWN_BN=s.tiles.down_bn, HEAD_BN=s.tiles.head_bn, BK=s.tiles.block_k if self.gemv == "fma" else max(16, s.tiles.block_k // 2),   # dot: A operand per warp
+            BKV=s.tiles.block_kv,
             MIN_KEYS=s.tiles.min_keys, BMA=max(16, gp), GP=gp, RT=64, ARR=c.arrivals, HEAD_CTR=c.head,
             DONE=c.done, NCTR=c.count, HAS_BIAS=layer0.qkv_bias is not None, QK_NORM=layer0.q_norm is not None,
             PREFETCH=self.prefetch, DOT_F32=cpu, PREC="ieee" if self.dtype == torch.float32 else "tf32",
-            SPIN=self.spin_limit, ALIGN=self._align, num_warps=self.num_warps, **opts)
+            SPIN=self.spin_limit, ALIGN=self._align,
+            FMA=b if self.gemv == "fma" else 0, num_warps=self.num_warps, **opts)
         return out
 
 

@@ -23,7 +23,8 @@ from graphrt.kernels.persistent.sync import arrive, signal, wait_for
 @triton.jit
 def residual_unit(n0, tile, x_rows, m_ok, w_tile, K: tl.constexpr, src_rows, res_ptr, ss_out,
                   ctr_w, target, ctr_s, err_ptr, H: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                  BK: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN: tl.constexpr):
+                  BK: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN: tl.constexpr,
+                  FMA: tl.constexpr):
     """O / DOWN: res[:, n0:n0+BN] = round(src[:, n0:n0+BN] + round(x @ w[n0:n0+BN].T)) (w_tile:
     row n0 of w); the tile's per-row sum of squares of the new values into ss_out[tile]."""
     rn = n0 + tl.arange(0, BN)
@@ -31,7 +32,7 @@ def residual_unit(n0, tile, x_rows, m_ok, w_tile, K: tl.constexpr, src_rows, res
     w_rows = w_tile + tl.arange(0, BN)[:, None] * K
     w0 = first_chunk(w_rows, n_ok, K, BK)
     wait_for(ctr_w, target, err_ptr, SPIN)
-    acc = gemv_acc(x_rows, m_ok, 1.0, w_tile, w_rows, n_ok, w0, K, BM, BN, BK, False, DOT_F32, PREC)
+    acc = gemv_acc(x_rows, m_ok, 1.0, w_tile, w_rows, n_ok, w0, K, BM, BN, BK, False, DOT_F32, PREC, FMA)
     dt = res_ptr.dtype.element_ty
     mask = m_ok[:, None] & n_ok[None, :]
     old = tl.load(src_rows + rn[None, :], mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
@@ -47,7 +48,8 @@ def residual_unit(n0, tile, x_rows, m_ok, w_tile, K: tl.constexpr, src_rows, res
 def qkv_unit(layer, n0, x_rows, m_ok, w_tile, bias_ptr, g_ptr, ss_parts, res_rows_first,
              qkv_out, ctr_w, target, ctr_s, err_ptr, eps, H: tl.constexpr, QKVW: tl.constexpr,
              NT: tl.constexpr, NTP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-             HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN: tl.constexpr):
+             HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN: tl.constexpr,
+             FMA: tl.constexpr):
     """qkv[:, n0:n0+BN] = round(rmsnorm(x) @ w[n0:n0+BN].T (+ bias)); layer 0's x is the
     embedding rows (res_rows_first, sums of squares by a full pass), later layers' the residual
     stream (sums of squares from the DOWN tiles' partials)."""
@@ -62,7 +64,7 @@ def qkv_unit(layer, n0, x_rows, m_ok, w_tile, bias_ptr, g_ptr, ss_parts, res_row
     else:
         rows = x_rows
         inv = inv_from_parts(ss_parts, NT, NTP, BM, H, eps)
-    acc = gemv_acc(rows, m_ok, inv, g_ptr, w_rows, n_ok, w0, H, BM, BN, BK, True, DOT_F32, PREC)
+    acc = gemv_acc(rows, m_ok, inv, g_ptr, w_rows, n_ok, w0, H, BM, BN, BK, True, DOT_F32, PREC, FMA)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     rm = tl.arange(0, BM)
@@ -75,7 +77,7 @@ def qkv_unit(layer, n0, x_rows, m_ok, w_tile, bias_ptr, g_ptr, ss_parts, res_row
 def gate_up_unit(n0, x_rows, m_ok, g_tile, u_tile, g_ptr, ss_parts, mlp_out, ctr_w, target, ctr_s, err_ptr, eps,
                  H: tl.constexpr, I: tl.constexpr, NT: tl.constexpr, NTP: tl.constexpr, BM: tl.constexpr,
                  BN: tl.constexpr, BK: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr,
-                 SPIN: tl.constexpr):
+                 SPIN: tl.constexpr, FMA: tl.constexpr):
     """mlp[:, n0:n0+BN] = round(silu(round(gate)) * round(up)) of the normed residual stream
     (g_tile / u_tile: gate_up rows n0 and I + n0)."""
     rn = n0 + tl.arange(0, BN)
@@ -87,8 +89,8 @@ def gate_up_unit(n0, x_rows, m_ok, g_tile, u_tile, g_ptr, ss_parts, mlp_out, ctr
     wait_for(ctr_w, target, err_ptr, SPIN)
     inv = inv_from_parts(ss_parts, NT, NTP, BM, H, eps)
     dt = mlp_out.dtype.element_ty
-    gate = gemv_acc(x_rows, m_ok, inv, g_ptr, g_rows, n_ok, wg, H, BM, BN, BK, True, DOT_F32, PREC)
-    up = gemv_acc(x_rows, m_ok, inv, g_ptr, u_rows, n_ok, wu, H, BM, BN, BK, True, DOT_F32, PREC)
+    gate = gemv_acc(x_rows, m_ok, inv, g_ptr, g_rows, n_ok, wg, H, BM, BN, BK, True, DOT_F32, PREC, FMA)
+    up = gemv_acc(x_rows, m_ok, inv, g_ptr, u_rows, n_ok, wu, H, BM, BN, BK, True, DOT_F32, PREC, FMA)
     gate = gate.to(dt).to(tl.float32)
     up = up.to(dt).to(tl.float32)
     y = gate / (1.0 + tl.exp(-gate)) * up
@@ -102,7 +104,7 @@ def head_unit(n0, tile, x_rows, m_ok, w_tile, g_ptr, ss_parts, logits_ptr, amax_
               ctr_w, target, ctr_arr, err_ptr, eps, B: tl.constexpr, H: tl.constexpr, V: tl.constexpr,
               NT: tl.constexpr, NTP: tl.constexpr, NH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
               BK: tl.constexpr, RT: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr,
-              SPIN: tl.constexpr):
+              SPIN: tl.constexpr, FMA: tl.constexpr):
     """Logits of vocabulary rows [n0, n0 + BN) of the final-normed stream (model dtype), the tile's
     per-row argmax; the last of the NH tiles to arrive writes out[b] = argmax of row b."""
     rn = n0 + tl.arange(0, BN)
@@ -111,7 +113,7 @@ def head_unit(n0, tile, x_rows, m_ok, w_tile, g_ptr, ss_parts, logits_ptr, amax_
     w0 = first_chunk(w_rows, n_ok, H, BK)
     wait_for(ctr_w, target, err_ptr, SPIN)
     inv = inv_from_parts(ss_parts, NT, NTP, BM, H, eps)
-    acc = gemv_acc(x_rows, m_ok, inv, g_ptr, w_rows, n_ok, w0, H, BM, BN, BK, True, DOT_F32, PREC)
+    acc = gemv_acc(x_rows, m_ok, inv, g_ptr, w_rows, n_ok, w0, H, BM, BN, BK, True, DOT_F32, PREC, FMA)
     logit = acc.to(logits_ptr.dtype.element_ty)
     rm = tl.arange(0, BM)
     valid = m_ok[:, None] & n_ok[None, :]
