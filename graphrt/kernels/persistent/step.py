@@ -76,7 +76,7 @@ def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, woffs_ptr, embe
                  ARR: tl.constexpr, HEAD_CTR: tl.constexpr, DONE: tl.constexpr, NCTR: tl.constexpr,
                  HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, PREFETCH: tl.constexpr,
                  DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN: tl.constexpr, ALIGN: tl.constexpr,
-                 FMA: tl.constexpr, OPS: tl.constexpr = 127):
+                 FMA: tl.constexpr, OPS: tl.constexpr):
     BM: tl.constexpr = 16
     QKVW: tl.constexpr = (HQ + 2 * HKV) * D
     # K columns per weight chunk: BK for 16-row tiles, the same elements (registers) for wider ones
@@ -170,6 +170,27 @@ def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, woffs_ptr, embe
         c = tl.arange(0, 1024)                                   # the last program: counters to zero
         for c0 in range(0, NCTR, 1024):
             tl.store(ctr_ptr + c0 + c, tl.zeros((1024,), tl.int32), mask=c0 + c < NCTR)
+
+
+def kernel_constexprs(s: Schedule, *, gemv: str, prefetch: int, has_bias: bool, qk_norm: bool, interpreter: bool,
+                      fp32: bool, spin_limit: int, align: int, PAGE: int, S_PAGE: int, S_SLOT: int,
+                      S_HEAD: int) -> dict:
+    """The compile-time arguments of `_step_kernel` for schedule s (pure: the launch and the sm_90
+    compile test share it). PAGE / S_*: the KV pages' size and element strides (page, slot, head)."""
+    g, c, t = s.geometry, s.counters, s.tiles
+    gp = triton.next_power_of_2(g.group)
+    sp = triton.next_power_of_2(s.splits)
+    return dict(B=s.rows, H=g.hidden, I=g.inter, HQ=g.heads, HKV=g.kv_heads, D=g.head_dim, V=g.vocab, PAGE=PAGE,
+                S_PAGE=S_PAGE, S_SLOT=S_SLOT, S_HEAD=S_HEAD, S=s.splits,
+                MERGE_S=max(1, min(sp, 2048 // (gp * (g.head_dim // 2)))), NO=s.n_o,
+                NOP=triton.next_power_of_2(s.n_o), NDOWN=s.n_down, NDP=triton.next_power_of_2(s.n_down),
+                NHEAD=s.n_head, QKV_BN=t.qkv_bn, O_BN=t.o_bn, GU_BN=t.gu_bn, DOWN_BN=t.down_bn, HEAD_BN=t.head_bn,
+                # tl.dot holds its 16-row A operand whole in every warp: half the columns a chunk
+                BK=t.block_k if gemv == "fma" else max(16, t.block_k // 2), BKV=t.block_kv, MIN_KEYS=t.min_keys,
+                BMA=max(16, gp), GP=gp, RT=64, ARR=c.arrivals, HEAD_CTR=c.head, DONE=c.done, NCTR=c.count,
+                HAS_BIAS=has_bias, QK_NORM=qk_norm, PREFETCH=prefetch, DOT_F32=interpreter,
+                PREC="ieee" if fp32 else "tf32", SPIN=spin_limit, ALIGN=align, FMA=s.rows if gemv == "fma" else 0,
+                OPS=127)   # bit op: the unit kinds compiled in (all; fewer: a register-use probe)
 
 
 def default_prefetch(device: torch.device) -> int:
@@ -307,6 +328,11 @@ class PersistentStep:
         self._kv = dict(PAGE=k.shape[1] if nhd else k.shape[2], S_PAGE=k.stride(0),
                         S_SLOT=k.stride(1 if nhd else 2), S_HEAD=k.stride(2 if nhd else 1))
         self._num_pages = k.shape[0]
+        layer0 = weights.layers[0]
+        self.constexprs = kernel_constexprs(self.schedule, gemv=self.gemv, prefetch=self.prefetch,
+                                            has_bias=layer0.qkv_bias is not None, qk_norm=layer0.q_norm is not None,
+                                            interpreter=dev.type != "cuda", fp32=self.dtype == torch.float32,
+                                            spin_limit=spin_limit, align=self._align, **self._kv)
 
     @property
     def programs(self) -> int:
@@ -328,33 +354,16 @@ class PersistentStep:
         if device_error.dtype != torch.int32 or device_error.device != self.device:
             raise ValueError(f"device_error: expected int32 on {self.device}, got {device_error.dtype} "
                              f"on {device_error.device}")
-        s, g = self.schedule, self.geometry
-        weights, kv_caches, cos_sin = self._tensors
-        layer0 = weights.layers[0]
-        c = s.counters
-        gp = triton.next_power_of_2(g.group)
-        half = g.head_dim // 2
-        sp = triton.next_power_of_2(s.splits)
-        cpu = self.device.type != "cuda"
-        opts = {"launch_cooperative_grid": True} if not cpu and s.programs > 1 else {}
+        s = self.schedule
+        weights, _, cos_sin = self._tensors
+        opts = {"launch_cooperative_grid": True} if self.device.type == "cuda" and s.programs > 1 else {}
         _step_kernel[(s.programs,)](
             self.units, self.starts, self.counters, device_error, self._base, self.woffs, weights.embed,
             weights.final_norm, weights.lm_head, cos_sin, tokens, seq_lens, block_table, block_table.stride(0),
             self._num_pages, out, self.logits, self.residual, self.qkv, self.att, self.mlp, self.ss_o, self.ss_d,
             self.part, self.lse, self.amax, self.aidx, s.programs, float(self.eps),
-            g.head_dim ** -0.5 * 1.4426950408889634,
-            B=b, H=g.hidden, I=g.inter, HQ=g.heads, HKV=g.kv_heads, D=g.head_dim, V=g.vocab, **self._kv,
-            S=s.splits, MERGE_S=max(1, min(sp, 2048 // (gp * half))), NO=s.n_o,
-            NOP=triton.next_power_of_2(s.n_o), NDOWN=s.n_down, NDP=triton.next_power_of_2(s.n_down),
-            NHEAD=s.n_head, QKV_BN=s.tiles.qkv_bn, O_BN=s.tiles.o_bn, GU_BN=s.tiles.gu_bn,
-            DOWN_BN=s.tiles.down_bn, HEAD_BN=s.tiles.head_bn, BK=s.tiles.block_k if self.gemv == "fma" else max(16, s.tiles.block_k // 2),   # dot: A operand per warp
-            BKV=s.tiles.block_kv,
-            MIN_KEYS=s.tiles.min_keys, BMA=max(16, gp), GP=gp, RT=64, ARR=c.arrivals, HEAD_CTR=c.head,
-            DONE=c.done, NCTR=c.count, HAS_BIAS=layer0.qkv_bias is not None, QK_NORM=layer0.q_norm is not None,
-            PREFETCH=self.prefetch, DOT_F32=cpu, PREC="ieee" if self.dtype == torch.float32 else "tf32",
-            SPIN=self.spin_limit, ALIGN=self._align,
-            FMA=b if self.gemv == "fma" else 0, num_warps=self.num_warps, **opts)
+            self.geometry.head_dim ** -0.5 * 1.4426950408889634, **self.constexprs, num_warps=self.num_warps, **opts)
         return out
 
 
-__all__ = ["PersistentStep", "unsupported", "default_prefetch", "PREFETCH_ENV"]
+__all__ = ["PersistentStep", "unsupported", "default_prefetch", "kernel_constexprs", "PREFETCH_ENV", "FMA_MAX_ROWS"]
