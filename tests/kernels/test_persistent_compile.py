@@ -26,12 +26,13 @@ ARGS = dict(units_ptr="*i64", starts_ptr="*i64", ctr_ptr="*i32", err_ptr="*i32",
             embed_ptr="*bf16", fnorm_ptr="*bf16", head_ptr="*bf16", cs_ptr="*fp32", tok_ptr="*i64", lens_ptr="*i32",
             bt_ptr="*i32", bt_stride="i32", num_pages="i32", out_ptr="*i64", logits_ptr="*bf16", res_ptr="*bf16",
             qkv_ptr="*bf16", att_ptr="*bf16", mlp_ptr="*bf16", ss_o_ptr="*fp32", ss_d_ptr="*fp32", part_ptr="*fp32",
-            lse_ptr="*fp32", amax_ptr="*fp32", aidx_ptr="*i32", programs="i32", eps="fp32", qk_scale="fp32")
+            lse_ptr="*fp32", amax_ptr="*fp32", aidx_ptr="*i32", programs="i32", eps="fp32", qk_scale="fp32",
+            SPIN="i32")
 G = Geometry(layers=16, hidden=2048, inter=8192, heads=32, kv_heads=8, head_dim=64, vocab=128256)
 for rows, gemv, prefetch in ((1, "fma", 1), (16, "dot", 0)):
     s = build_schedule(G, rows, 132, max_context_len=4096)
     cx = kernel_constexprs(s, gemv=gemv, prefetch=prefetch, has_bias=False, qk_norm=False, interpreter=False,
-                           fp32=False, spin_limit=1 << 20, align=8, PAGE=16, S_PAGE=16 * 8 * 64, S_SLOT=8 * 64,
+                           fp32=False, align=8, PAGE=16, S_PAGE=16 * 8 * 64, S_SLOT=8 * 64,
                            S_HEAD=64)
     sig = {n: ARGS.get(n, "constexpr") for n in _step_kernel.arg_names}
     k = triton.compile(ASTSource(_step_kernel, sig, constexprs=cx), target=GPUTarget("cuda", 90, 32),

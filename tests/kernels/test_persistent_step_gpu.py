@@ -1,7 +1,7 @@
 """GPU tests of the persistent decode step's kernel (graphrt/kernels/persistent/), random bf16
 weights at Llama-3.2-1B / 3.1-8B layer shapes (2 layers, the full vocabulary): the grid of one
-program per SM against one program (which runs the units in schedule order and never waits;
-one layer and a small vocabulary: one SM streams it all) and against a grid of a third as many
+program per SM against one program (which runs the units in schedule order and never waits)
+and against a grid of a third as many
 programs: the same logits and tokens bit for bit (one compiled kernel, and each unit computes
 the same values whichever program runs it, so any stale read or lost ordering shows), launch
 after launch with changing lengths, eagerly and replayed 2000 times from a CUDA graph, every
@@ -68,12 +68,12 @@ def _sms() -> int:
 
 
 def test_grid_equals_one_program():
-    _compare(random_model("1b", layers=1, vocab=8192), 4, 1, _sms(), 2, prefetch=1)
+    _compare(random_model("1b"), 4, 1, _sms(), 1, prefetch=1)       # one SM streams it all: seconds
 
 
-@pytest.mark.parametrize("name", list(SHAPES))
-@pytest.mark.parametrize("rows", [1, 4, 16])
-@pytest.mark.parametrize("prefetch", [0, 1])
+# (kernels compile per rows / prefetch / geometry: these share them with the tests below)
+@pytest.mark.parametrize("name,rows,prefetch", [("1b", 1, 1), ("1b", 16, 1), ("1b", 4, 0), ("8b", 1, 1),
+                                                ("8b", 16, 1)])
 def test_grids_agree(name, rows, prefetch):
     _compare(random_model(name), rows, _sms() // 3 + 1, _sms(), 20, prefetch)
 

@@ -13,7 +13,8 @@ counting the new token (0: a padding row), block_table [>= B, W] int32, out [B] 
 device_error [>= 1] int32 (sticky: ERR_STALL when a wait hit the watchdog).
 
 The kernel (`_step_kernel`): grid = `programs` (the SM count on a GPU, launched cooperatively
-so the driver refuses a grid that cannot be co-resident instead of letting it hang); program p
+so the driver refuses a grid that cannot be co-resident instead of letting it hang;
+GRAPHRT_PERSISTENT_COOPERATIVE=0 launches it plainly); program p
 walks its units of the static schedule (schedule.py) in order, dispatching on the op
 (units.py). Pointers to per-layer tensors are one model-dtype base pointer plus an int64
 element offset per (layer, field) read from a device table; unit rows also carry the next
@@ -42,6 +43,7 @@ from graphrt.kernels.persistent.units import attention_unit, gate_up_unit, head_
 W_QKV, W_BIAS, W_O, W_GU, W_DOWN, W_IN, W_POST, W_QN, W_KN, W_KC, W_VC = range(11)
 NF = 11
 PREFETCH_ENV = "GRAPHRT_PERSISTENT_PREFETCH"
+COOPERATIVE_ENV = "GRAPHRT_PERSISTENT_COOPERATIVE"
 FMA_MAX_ROWS = 4            # the multiply-add GEMV below this many rows (tl.dot's tile is 16)
 _OP_FIELD = {OP_QKV: W_QKV, OP_O: W_O, OP_GU: W_GU, OP_DOWN: W_DOWN}
 
@@ -61,7 +63,7 @@ def _woff(offs, k: tl.constexpr, ALIGN: tl.constexpr):
     return _aligned(tl.load(offs + k), ALIGN)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["SPIN"])
 def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, woffs_ptr, embed_ptr, fnorm_ptr, head_ptr,
                  cs_ptr, tok_ptr, lens_ptr, bt_ptr, bt_stride, num_pages, out_ptr, logits_ptr, res_ptr,
                  qkv_ptr, att_ptr, mlp_ptr, ss_o_ptr, ss_d_ptr, part_ptr, lse_ptr, amax_ptr, aidx_ptr,
@@ -75,7 +77,7 @@ def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, woffs_ptr, embe
                  MIN_KEYS: tl.constexpr, BMA: tl.constexpr, GP: tl.constexpr, RT: tl.constexpr,
                  ARR: tl.constexpr, HEAD_CTR: tl.constexpr, DONE: tl.constexpr, NCTR: tl.constexpr,
                  HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, PREFETCH: tl.constexpr,
-                 DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN: tl.constexpr, ALIGN: tl.constexpr,
+                 DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN, ALIGN: tl.constexpr,
                  FMA: tl.constexpr, OPS: tl.constexpr):
     BM: tl.constexpr = 16
     QKVW: tl.constexpr = (HQ + 2 * HKV) * D
@@ -173,7 +175,7 @@ def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, woffs_ptr, embe
 
 
 def kernel_constexprs(s: Schedule, *, gemv: str, prefetch: int, has_bias: bool, qk_norm: bool, interpreter: bool,
-                      fp32: bool, spin_limit: int, align: int, PAGE: int, S_PAGE: int, S_SLOT: int,
+                      fp32: bool, align: int, PAGE: int, S_PAGE: int, S_SLOT: int,
                       S_HEAD: int) -> dict:
     """The compile-time arguments of `_step_kernel` for schedule s (pure: the launch and the sm_90
     compile test share it). PAGE / S_*: the KV pages' size and element strides (page, slot, head)."""
@@ -189,7 +191,7 @@ def kernel_constexprs(s: Schedule, *, gemv: str, prefetch: int, has_bias: bool, 
                 BK=t.block_k if gemv == "fma" else max(16, t.block_k // 2), BKV=t.block_kv, MIN_KEYS=t.min_keys,
                 BMA=max(16, gp), GP=gp, RT=64, ARR=c.arrivals, HEAD_CTR=c.head, DONE=c.done, NCTR=c.count,
                 HAS_BIAS=has_bias, QK_NORM=qk_norm, PREFETCH=prefetch, DOT_F32=interpreter,
-                PREC="ieee" if fp32 else "tf32", SPIN=spin_limit, ALIGN=align, FMA=s.rows if gemv == "fma" else 0,
+                PREC="ieee" if fp32 else "tf32", ALIGN=align, FMA=s.rows if gemv == "fma" else 0,
                 OPS=127)   # bit op: the unit kinds compiled in (all; fewer: a register-use probe)
 
 
@@ -328,11 +330,14 @@ class PersistentStep:
         self._kv = dict(PAGE=k.shape[1] if nhd else k.shape[2], S_PAGE=k.stride(0),
                         S_SLOT=k.stride(1 if nhd else 2), S_HEAD=k.stride(2 if nhd else 1))
         self._num_pages = k.shape[0]
+        # the driver refuses a cooperative grid it cannot keep resident (instead of a hang);
+        # GRAPHRT_PERSISTENT_COOPERATIVE=0 launches plainly (the grid is then one program per SM)
+        self.cooperative = dev.type == "cuda" and programs > 1 and os.environ.get(COOPERATIVE_ENV, "1") != "0"
         layer0 = weights.layers[0]
         self.constexprs = kernel_constexprs(self.schedule, gemv=self.gemv, prefetch=self.prefetch,
                                             has_bias=layer0.qkv_bias is not None, qk_norm=layer0.q_norm is not None,
                                             interpreter=dev.type != "cuda", fp32=self.dtype == torch.float32,
-                                            spin_limit=spin_limit, align=self._align, **self._kv)
+                                            align=self._align, **self._kv)
 
     @property
     def programs(self) -> int:
@@ -356,13 +361,14 @@ class PersistentStep:
                              f"on {device_error.device}")
         s = self.schedule
         weights, _, cos_sin = self._tensors
-        opts = {"launch_cooperative_grid": True} if self.device.type == "cuda" and s.programs > 1 else {}
+        opts = {"launch_cooperative_grid": True} if self.cooperative else {}
         _step_kernel[(s.programs,)](
             self.units, self.starts, self.counters, device_error, self._base, self.woffs, weights.embed,
             weights.final_norm, weights.lm_head, cos_sin, tokens, seq_lens, block_table, block_table.stride(0),
             self._num_pages, out, self.logits, self.residual, self.qkv, self.att, self.mlp, self.ss_o, self.ss_d,
             self.part, self.lse, self.amax, self.aidx, s.programs, float(self.eps),
-            self.geometry.head_dim ** -0.5 * 1.4426950408889634, **self.constexprs, num_warps=self.num_warps, **opts)
+            self.geometry.head_dim ** -0.5 * 1.4426950408889634, SPIN=self.spin_limit, **self.constexprs,
+            num_warps=self.num_warps, **opts)
         return out
 
 

@@ -26,7 +26,7 @@ SPIN_LIMIT = 1 << 20              # reads of a counter before the watchdog trips
 
 
 @triton.jit
-def wait_for(ptr, target, err_ptr, SPIN: tl.constexpr):
+def wait_for(ptr, target, err_ptr, SPIN):
     """Spin until *ptr >= target (target <= 0: returns after one read), then a CTA barrier."""
     seen = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
     n = 0

@@ -23,7 +23,7 @@ from graphrt.kernels.persistent.sync import arrive, signal, wait_for
 @triton.jit
 def residual_unit(n0, tile, x_rows, m_ok, w_tile, K: tl.constexpr, src_rows, res_ptr, ss_out,
                   ctr_w, target, ctr_s, err_ptr, H: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                  BK: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN: tl.constexpr,
+                  BK: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN,
                   FMA: tl.constexpr):
     """O / DOWN: res[:, n0:n0+BN] = round(src[:, n0:n0+BN] + round(x @ w[n0:n0+BN].T)) (w_tile:
     row n0 of w); the tile's per-row sum of squares of the new values into ss_out[tile]."""
@@ -48,7 +48,7 @@ def residual_unit(n0, tile, x_rows, m_ok, w_tile, K: tl.constexpr, src_rows, res
 def qkv_unit(layer, n0, x_rows, m_ok, w_tile, bias_ptr, g_ptr, ss_parts, res_rows_first,
              qkv_out, ctr_w, target, ctr_s, err_ptr, eps, H: tl.constexpr, QKVW: tl.constexpr,
              NT: tl.constexpr, NTP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-             HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN: tl.constexpr,
+             HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN,
              FMA: tl.constexpr):
     """qkv[:, n0:n0+BN] = round(rmsnorm(x) @ w[n0:n0+BN].T (+ bias)); layer 0's x is the
     embedding rows (res_rows_first, sums of squares by a full pass), later layers' the residual
@@ -77,7 +77,7 @@ def qkv_unit(layer, n0, x_rows, m_ok, w_tile, bias_ptr, g_ptr, ss_parts, res_row
 def gate_up_unit(n0, x_rows, m_ok, g_tile, u_tile, g_ptr, ss_parts, mlp_out, ctr_w, target, ctr_s, err_ptr, eps,
                  H: tl.constexpr, I: tl.constexpr, NT: tl.constexpr, NTP: tl.constexpr, BM: tl.constexpr,
                  BN: tl.constexpr, BK: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr,
-                 SPIN: tl.constexpr, FMA: tl.constexpr):
+                 SPIN, FMA: tl.constexpr):
     """mlp[:, n0:n0+BN] = round(silu(round(gate)) * round(up)) of the normed residual stream
     (g_tile / u_tile: gate_up rows n0 and I + n0)."""
     rn = n0 + tl.arange(0, BN)
@@ -104,7 +104,7 @@ def head_unit(n0, tile, x_rows, m_ok, w_tile, g_ptr, ss_parts, logits_ptr, amax_
               ctr_w, target, ctr_arr, err_ptr, eps, B: tl.constexpr, H: tl.constexpr, V: tl.constexpr,
               NT: tl.constexpr, NTP: tl.constexpr, NH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
               BK: tl.constexpr, RT: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr,
-              SPIN: tl.constexpr, FMA: tl.constexpr):
+              SPIN, FMA: tl.constexpr):
     """Logits of vocabulary rows [n0, n0 + BN) of the final-normed stream (model dtype), the tile's
     per-row argmax; the last of the NH tiles to arrive writes out[b] = argmax of row b."""
     rn = n0 + tl.arange(0, BN)
@@ -149,7 +149,7 @@ def attention_unit(b, kvh, sp, qkv_ptr, att_ptr, cs_ptr, qn_ptr, kn_ptr, k_ptr, 
                    S_PAGE: tl.constexpr, S_SLOT: tl.constexpr, S_HEAD: tl.constexpr, S: tl.constexpr,
                    MERGE_S: tl.constexpr, BMA: tl.constexpr, GP: tl.constexpr, BKV: tl.constexpr,
                    MIN_KEYS: tl.constexpr, QK_NORM: tl.constexpr, DOT_F32: tl.constexpr,
-                   PREC: tl.constexpr, SPIN: tl.constexpr):
+                   PREC: tl.constexpr, SPIN):
     """Row b, kv head kvh, split sp of S: RoPE (and Qwen3's q / k norm) of the group's q heads
     and of the new k from the qkv scratch; the split's keys of the cache (positions < seq - 1),
     split 0 also the new key (and it writes the new k, v into the cache); the partial (S > 1)
