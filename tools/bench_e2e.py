@@ -23,6 +23,17 @@ kinds); its floor counts the bytes actually streamed (FP8 data + float32 scales 
 KV), and its gemm-only graph runs the GEMMs the step makes (LlamaDecoder._mm: W8A8
 torch._scaled_mm over FP8 rows; the FP8 GEMV for block scales).
 
+int4 weights (--weights int4, int4-sym, int4-head): qkv / o / gate_up / down as graphrt's int4
+layout (round-to-nearest, group 128, asymmetric; -sym: zero 8, no zeros streamed; -head: the LM
+head too, untied heads only); the floor counts the packed codes + fp16 scales + uint8 zeros + the
+bf16 LM head + KV. The step's GEMMs run int4_linear (the int4 GEMV, dequantized in registers, up
+to 64 rows). --int4-kernels adds a per-shape table: bf16 cuBLAS / GEMV against every int4 GEMV
+config and dequantize + cuBLAS (Linear.choose), each x its bytes floor. bf16, FP8 and int4 side by
+side in one run:
+
+    python tools/bench_e2e.py --models llama-3.2-1b,llama-3.1-8b --weights bf16,fp8,int4 \
+        --batches 1,16 --contexts 1024 --variants graphrt --no-prefill --int4-kernels
+
 FP8 KV cache (--kv bf16,fp8): the same rows with the KV pool in e4m3 (kv_cache_dtype="fp8",
 one byte per element: the floor counts half the KV bytes); FlashInfer planned with an FP8 KV
 dtype, the scales folded on the device. At bs 16 / 8k context the 8B model's KV bytes exceed its
@@ -93,15 +104,23 @@ def parse_args(argv=None):
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--steps", type=int, default=32, help="timed decode steps per measurement")
     p.add_argument("--no-prefill", dest="prefill", action="store_false", help="skip prefill rows")
-    p.add_argument("--weights", default="bf16", help="comma list of bf16, fp8, fp8-tensor, fp8-head, fp8-tensor-head, fp8-block")
+    p.add_argument("--weights", default="bf16", help="comma list of bf16, fp8, fp8-tensor, fp8-head, fp8-tensor-head, "
+                                                     "fp8-block, int4, int4-sym, int4-head")
     p.add_argument("--kv", default="bf16", help="comma list of KV cache dtypes: bf16, fp8 (e4m3)")
     p.add_argument("--count-kernels", action="store_true",
                    help="also count kernels per decode step (torch.profiler over 3 replays; each row's `kernels`)")
     p.add_argument("--fp8-kernels", action="store_true",
                    help="per-shape table: bf16 cuBLAS / bf16 GEMV vs FP8 GEMV candidates / _scaled_mm")
+    p.add_argument("--int4-kernels", action="store_true",
+                   help="per-shape table: bf16 cuBLAS / bf16 GEMV vs int4 GEMV configs / dequantize + cuBLAS")
     p.add_argument("--out", default="bench_e2e.json")
     p.add_argument("--png", default=None)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    kinds = ["bf16"] + sorted(WEIGHT_KINDS) + sorted(INT4_KINDS)
+    bad = [k for k in args.weights.split(",") if k not in kinds]
+    if bad:
+        p.error(f"--weights: {bad[0]!r} is not one of {kinds}")
+    return args
 
 
 def random_model(name: str, torch):
@@ -133,8 +152,8 @@ def random_model(name: str, torch):
 def streamed_bytes(weights) -> int:
     """Bytes a decode step must read: every matmul weight once (FP8: data + scales; the
     embedding row is negligible)."""
-    def nbytes(t):
-        return t.nbytes if hasattr(t, "block") else t.numel() * t.element_size()
+    def nbytes(t):       # Fp8Weight / Int4Weight: their streamed bytes (codes, scales, zeros)
+        return t.nbytes if hasattr(t, "block") or hasattr(t, "group_size") else t.numel() * t.element_size()
     return (sum(nbytes(t) for x in weights.layers for t in (x.qkv, x.o, x.gate_up, x.down))
             + nbytes(weights.lm_head))
 
@@ -142,19 +161,26 @@ def streamed_bytes(weights) -> int:
 WEIGHT_KINDS = {"fp8": ("channel", False), "fp8-tensor": ("fused-tensor", False),
                 "fp8-tensor-head": ("fused-tensor", True),
                 "fp8-head": ("channel", True), "fp8-block": ("block", False)}
+INT4_KINDS = {"int4": (False, False), "int4-sym": (True, False), "int4-head": (False, True)}   # symmetric, head
 
 
 def with_weights(model, kind: str, torch):
     """The model with its decoder linears as `kind` ("bf16": unchanged; "fp8": per-channel
     e4m3, W8A8; "fp8-tensor": one scale per fused weight (quantize_weights "fused-tensor");
     "fp8-head" / "fp8-tensor-head": the same with the LM head in FP8 too (untied heads only);
-    "fp8-block": 128 x 128 block scales) -> (model, streamed bytes)."""
+    "fp8-block": 128 x 128 block scales; "int4" / "int4-sym" / "int4-head": RTN group 128
+    int4, asymmetric / symmetric / with the LM head) -> (model, streamed bytes)."""
     from graphrt.model import LlamaDecoder
     from graphrt.model.fp8_weights import quantize_weights
+    from graphrt.model.int4_weights import quantize_weights_int4
     if kind == "bf16":
         return model, streamed_bytes(model.weights)
+    if kind in INT4_KINDS:
+        sym, head = INT4_KINDS[kind]
+        w4 = quantize_weights_int4(model.weights, group_size=128, symmetric=sym, lm_head=head)
+        return LlamaDecoder(model.spec, w4), streamed_bytes(w4)
     if kind not in WEIGHT_KINDS:
-        raise SystemExit(f"--weights: {kind!r} is not bf16 or one of {sorted(WEIGHT_KINDS)}")
+        raise SystemExit(f"--weights: {kind!r} is not bf16 or one of {sorted(WEIGHT_KINDS) + sorted(INT4_KINDS)}")
     strategy, head = WEIGHT_KINDS[kind]
     w8 = quantize_weights(model.weights, model.spec, strategy, lm_head=head)
     return LlamaDecoder(model.spec, w8), streamed_bytes(w8)
@@ -172,6 +198,28 @@ def fp8_kernel_rows(model, batches, torch) -> list[dict]:
                     ("down", layer.down)):
         for kind, lin in (("bf16", Linear(w)), ("fp8", Linear(quantize_fp8(w, "channel"))),
                           ("fp8-block", Linear(quantize_fp8(w, "block")))):
+            lin.choose(batches)
+            nbytes = w.numel() * 2 if kind == "bf16" else lin.weight.nbytes
+            for m, times in lin.timings_us.items():
+                best = min(times, key=times.get)
+                rows.append(dict(shape=name, n=w.shape[0], k=w.shape[1], weights=kind, batch=m,
+                                 best=best, best_us=times[best], floor_us=nbytes / bw * 1e6,
+                                 best_over_floor=times[best] / (nbytes / bw * 1e6), times_us=times))
+                print(rows[-1], file=sys.stderr)
+    return rows
+
+
+def int4_kernel_rows(model, batches, torch) -> list[dict]:
+    """Per distinct decode GEMM shape: device µs of bf16 cuBLAS / GEMV configs and of every int4
+    GEMV config / dequantize + cuBLAS (RTN g128 asymmetric and symmetric), from Linear.choose
+    (CUDA graph, weights rotated past the L2), with each one's bytes floor."""
+    from benchlib import copy_bandwidth
+    from graphrt.model.linear import Linear
+    from graphrt.model.quant.int4 import quantize_int4
+    bw, rows, layer = copy_bandwidth(torch), [], model.weights.layers[0]
+    for name, w in (("qkv", layer.qkv), ("o", layer.o), ("gate_up", layer.gate_up), ("down", layer.down)):
+        for kind, lin in (("bf16", Linear(w)), ("int4", Linear(quantize_int4(w, 128))),
+                          ("int4-sym", Linear(quantize_int4(w, 128, symmetric=True)))):
             lin.choose(batches)
             nbytes = w.numel() * 2 if kind == "bf16" else lin.weight.nbytes
             for m, times in lin.timings_us.items():
@@ -319,6 +367,9 @@ def run(args) -> dict:
         if args.fp8_kernels and wkind == args.weights.split(",")[0]:
             kernels += [dict(model=name, **r) for r in
                         fp8_kernel_rows(model, [int(x) for x in args.batches.split(",")], torch)]
+        if args.int4_kernels and wkind == args.weights.split(",")[0]:
+            kernels += [dict(model=name, **r) for r in
+                        int4_kernel_rows(model, [int(x) for x in args.batches.split(",")], torch)]
         model, weight_bytes = with_weights(model, wkind, torch)
         torch.cuda.empty_cache()
         s = model.spec

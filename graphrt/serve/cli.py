@@ -67,8 +67,10 @@ def build_parser(prog: str = "graphrt serve") -> argparse.ArgumentParser:
                    help="default: cuda if available, else cpu (Triton kernels interpreted: slow, for tests)")
     p.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
                    help="shard the model over N GPUs, one process each (graphrt/parallel)")
-    p.add_argument("--quantization", default=None, choices=["fp8"],
-                   help="fp8: quantize a float checkpoint's linear layers to FP8 while loading (default: none; FP8 checkpoints load as FP8 by themselves)")
+    p.add_argument("--quantization", default=None, choices=["fp8", "int4"],
+                   help="fp8 / int4: quantize a float checkpoint's linear layers to FP8 (per channel) / int4 "
+                        "(round-to-nearest, group 128) while loading (default: none; FP8, GPTQ, AWQ and "
+                        "compressed-tensors checkpoints load as such by themselves)")
     p.add_argument("--speculative-method", default=None, choices=["ngram", "draft", "eagle3"],
                    help="speculative decoding: ngram (prompt lookup over each request's own tokens), "
                         "draft (a smaller checkpoint, --draft-model) or eagle3 (an EAGLE-3 head, --draft-model) "
