@@ -265,6 +265,11 @@ class LLM:
             self._workers.close()
             raise
 
+    def get_tokenizer(self):
+        """The checkpoint's tokenizer (vLLM's LLM.get_tokenizer): graphrt.checkpoint.tokenizer's
+        Tokenizer, or transformers' AutoTokenizer for a checkpoint without tokenizer.json."""
+        return self.tokenizer
+
     def shutdown(self) -> None:
         """End the tensor-parallel workers (no-op for tensor_parallel=1); idempotent."""
         if self._workers is not None:
