@@ -20,7 +20,13 @@ _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 
 def _bad(msg: str, param: str) -> APIError:
-    return APIError.bad_request(f"{param}: {msg}", param=param)
+    return _named(APIError.bad_request(f"{param}: {msg}", param=param))
+
+
+def _named(err: APIError) -> APIError:
+    """An error that already names the field the client wrote (relabel leaves it)."""
+    err.client_field = True
+    return err
 
 
 def _from_response_format(rf) -> dict | None:
@@ -80,7 +86,7 @@ def constraint(body):
                                  f"grammar, json_object)")
         return StructuredOutputsParams(**spec)
     except (ValueError, TypeError) as e:
-        raise APIError.bad_request(_relabel_text(str(e), field), param=field) from None
+        raise _named(APIError.bad_request(_relabel_text(str(e), field), param=field)) from None
 
 
 def _relabel_text(msg: str, field: str) -> str:
@@ -96,7 +102,7 @@ def _relabel_text(msg: str, field: str) -> str:
 def relabel(err: APIError, body) -> APIError:
     """An APIError from the engine about the constraint (its message starts with
     `structured_outputs`): param and message name the field the client used."""
-    if not err.message.startswith("structured_outputs"):
+    if not err.message.startswith("structured_outputs") or getattr(err, "client_field", False):
         return err
     field = "response_format" if getattr(body, "response_format", None) is not None else "structured_outputs"
     err.message, err.param = _relabel_text(err.message, field), field
