@@ -82,7 +82,7 @@ def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None, q
         tp = configure(tp, hidden=ck.spec.hidden_size, max_tokens=max(rc.buckets), dtype=getattr(torch, dtype),
                        device=device)
     t = time.perf_counter()
-    model = build_model(ck, max_positions=rc.max_context_len, tp=tp)
+    model = build_model(ck, max_positions=rc.max_context_len, tp=tp, kernels=config.kernels)
     if tp is not None:                                 # the rank's own heads
         from graphrt.parallel.shard import shard_runtime_config
         rc = shard_runtime_config(rc, tp.world_size)
