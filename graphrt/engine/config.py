@@ -14,6 +14,8 @@ DEFAULT_MAX_MODEL_LEN = 8192
 INT32_MAX = 2**31 - 1       # page ids, seq lens and block-table widths are int32 on the device
 MAX_SEED = 2**63 - 1        # seeds are int64 on the device (SamplingParams' bound too)
 DEFAULT_PREFILL_STALL = 1.0  # max_prefill_stall "auto" where K > 1: a chunk may add one block's time
+CPU_KV_FRACTION = 0.1        # a CPU's default KV pool: this share of the host's available memory,
+CPU_KV_MAX_BYTES = 1 << 30   # at most 1 GiB (a CPU decodes a few streams; the pool is filled at start)
 
 
 def _pos_int(key, v, *, optional=False, most: int = INT32_MAX):
@@ -32,7 +34,8 @@ class EngineConfig:
     K is the plain blocks' (a speculative block runs spec_rounds rounds); page_size: tokens per KV page;
     num_pages: KV pages requests can hold (the pool has one more, the null page; default on CUDA:
     what gpu_memory_utilization leaves after the weights (pool_pages_from_memory), capped at
-    every slot holding max_model_len; on CPU: that cap); gpu_memory_utilization: the fraction
+    every slot holding max_model_len; on CPU: CPU_KV_FRACTION of the host's available memory
+    up to CPU_KV_MAX_BYTES, at least one sequence of max_model_len and at most that cap (cpu_pool_pages)); gpu_memory_utilization: the fraction
     of the GPU's memory the process may use (weights, activations and the KV pool); max_model_len:
     prompt + max_tokens limit (default: min(max_position_embeddings, 8192)); backend: attention
     backend (default torch on CPU: attention in torch, no plan; flashinfer on CUDA); dtype: weights and KV (default
@@ -194,6 +197,17 @@ class EngineConfig:
                 f"one sequence of max_model_len={max_model_len} needs ({per_seq} pages of "
                 f"{page_bytes / 2**20:.1f} MiB); raise it, lower max_model_len, or give num_pages")
         return pages
+
+    def cpu_pool_pages(self, spec, *, max_model_len: int, dtype_bytes: int, available_bytes: int,
+                       num_kv_heads: int | None = None) -> int:
+        """A CPU's default pool: the pages CPU_KV_FRACTION of the host's available memory (at most
+        CPU_KV_MAX_BYTES) holds (K and V in every layer), at least one sequence of max_model_len (check_memory then says
+        whether that fits) and at most every slot holding max_model_len. Pure: tested."""
+        kv_heads = num_kv_heads or spec.num_kv_heads
+        page_bytes = 2 * spec.num_layers * self.page_size * kv_heads * spec.head_dim * self.kv_dtype_bytes(dtype_bytes)
+        per_seq = self.pages_per_seq(max_model_len)
+        share = int(min(available_bytes * CPU_KV_FRACTION, CPU_KV_MAX_BYTES) // page_bytes) - 1   # - 1: null page
+        return max(per_seq, min(share, self.max_batch * per_seq))
 
     def reserve_bytes(self, spec, *, dtype_bytes: int, prefill_tokens: int = 8192) -> int:
         """Memory kept out of the KV pool for what runs beside it: a prefill chunk's activations
