@@ -283,6 +283,9 @@ class LlamaDecoder:
         ok = isinstance(splitk, tuple) and len(splitk) == 2 and all(
             not isinstance(s, bool) and isinstance(s, int) and s >= 1 for s in splitk)
         if ok and splitk != (1, 1):
+            if self.kernels != "triton":
+                raise ValueError(f"splitk: {splitk!r} needs the Triton kernels (add+RMSNorm sums the split "
+                                 f"partials); this model runs kernels={self.kernels!r}")
             ok = self.tp is None and all(splittable(layer.o, splitk[0]) and splittable(layer.down, splitk[1])
                                          for layer in self.weights.layers)
         if not ok:
