@@ -29,7 +29,7 @@ pytest.importorskip("transformers")
 
 def _logits(model, steps=2):
     cfg = RuntimeConfig(num_qo_heads=2, num_kv_heads=1, head_dim=64, page_size=16, max_context_len=64,
-                        buckets=[2], dtype="float32", backend="torch-splitkv", kv_pool_pages=8)
+                        buckets=[2], dtype="float32", backend="torch", kv_pool_pages=8)
     mrt = ModelRuntime(model, cfg, "cpu", keep_logits=True)
     prompts = [torch.arange(6) * 5 % 300, torch.arange(13) * 7 % 300]
     table = torch.arange(8, dtype=torch.int32).view(2, 4)

@@ -88,7 +88,7 @@ def test_decode_step_refuses_bad_fuse():
 
 def _config(dtype, buckets):
     return RuntimeConfig(num_qo_heads=2, num_kv_heads=1, head_dim=64, page_size=16, max_context_len=64,
-                         buckets=buckets, dtype=dtype, backend="torch-splitkv", kv_pool_pages=16)
+                         buckets=buckets, dtype=dtype, backend="torch", kv_pool_pages=16)
 
 
 def _logits(model, dtype, fuse, steps=3):

@@ -20,7 +20,7 @@ H, L, VOCAB, POOL = 128, 2, 64, 48
 
 def runtime_config():
     return RuntimeConfig(num_qo_heads=4, num_kv_heads=2, head_dim=64, page_size=16, max_context_len=128,
-                         buckets=[1, 2, 4], dtype="float32", backend="torch-splitkv", kv_pool_pages=POOL)
+                         buckets=[1, 2, 4], dtype="float32", backend="torch", kv_pool_pages=POOL)
 
 
 def page_table():
