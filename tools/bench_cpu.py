@@ -1,7 +1,7 @@
 """graphrt on a CPU against HF transformers on the same cores, side by side in one process.
 
     python tools/bench_cpu.py [--model DIR] [--threads 2] [--tokens 32] [--prompt-len 16]
-                              [--repeats 5] [--kernels torch|triton] [--json OUT.json]
+                              [--repeats 5] [--kernels torch|triton] [--out OUT.json]
 
 Without --model a random float32 checkpoint of SmolLM2-135M's geometry (30 layers, 9 query / 3
 KV heads of 64, hidden 576, vocab 49152, tied embeddings; tools/make_checkpoint.py's
@@ -17,7 +17,7 @@ from other processes on a shared machine falls on both), and the medians are rep
 
 HF: `model.generate(ids, max_new_tokens=N, do_sample=False)` with its dynamic KV cache. graphrt:
 `LLM(dir, device="cpu", max_model_len=..., max_batch=1)` and `llm.generate(ids, max_tokens=N,
-temperature=0, ignore_eos=True)`. Prints a table and writes JSON (--json).
+temperature=0, ignore_eos=True)`. Prints a table and writes JSON (--out).
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def main(argv=None) -> dict:
     p.add_argument("--prompt-len", type=int, default=16, help="prompt tokens")
     p.add_argument("--repeats", type=int, default=5, help="alternating repeats (medians)")
     p.add_argument("--kernels", default=None, choices=["torch", "triton"], help="graphrt's kernel set (default: torch)")
-    p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--out", default=None, help="write the results here (JSON)")
     a = p.parse_args(argv)
     for name in ("threads", "tokens", "prompt_len", "repeats"):
         v = getattr(a, name)
@@ -104,8 +104,8 @@ def main(argv=None) -> dict:
         print(f"| {name} | {o['ms_per_token']} | {o['first_ms']} | {o['call_ms']} |")
     print(f"graphrt / HF per token: {out['ratio']}x ({a.threads} threads, kernels {out['kernels']}, "
           f"greedy tokens equal: {same}, graphrt start {out['graphrt_start_s']} s)")
-    if a.json:
-        Path(a.json).write_text(json.dumps(out, indent=2))
+    if a.out:
+        Path(a.out).write_text(json.dumps(out, indent=2))
     llm.shutdown()
     if tmp is not None:
         tmp.cleanup()

@@ -109,7 +109,7 @@ class _Ops(TorchDispatchMode):
 def test_recording_off_adds_no_op(hf):
     """Off: the same ops, op for op. On: no launch more (the RMSNorm that forms a recorded state
     stores it too), only the column views of hidden_out."""
-    model = LlamaDecoder.from_hf(hf)
+    model = LlamaDecoder.from_hf(hf, kernels="triton")                # the kernels it counts
     tokens = torch.randint(0, VOCAB, (2, 3), generator=torch.Generator().manual_seed(2))
     counts = []
     for kw in ({}, {"record": ()}, {"record": (0, 2), "hidden_out": torch.zeros(6, 2 * H)}):
