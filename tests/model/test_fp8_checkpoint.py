@@ -70,6 +70,7 @@ def src(tmp_path_factory):
     return write(tmp_path_factory, "fp8src", arch="qwen3", dtype="bfloat16")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,strategy,ignore,scale_dtype", [
     ("compressed-tensors", "channel", ("lm_head",), torch.bfloat16),
     ("compressed-tensors", "tensor", (), torch.float32),
@@ -102,6 +103,7 @@ def test_fp8_checkpoint_logits(src, tmp_path, kind, strategy, ignore, scale_dtyp
     assert 0 < rel < 0.1
 
 
+@pytest.mark.slow
 def test_quantize_while_loading_per_channel(src):
     ck = load_checkpoint(src, dtype=torch.float32, quantization="fp8")
     qkv = ck.weights["layers"][1]["qkv"]
@@ -163,6 +165,7 @@ def test_other_refusals(src, tmp_path):
         load_checkpoint(tmp_path / "c")
 
 
+@pytest.mark.slow
 def test_llm_greedy_equals_hf_over_dequantized_weights(src, tmp_path):
     """graphrt.LLM over an FP8 checkpoint and over `quantization="fp8"`: greedy tokens equal HF
     transformers' generate with the dequantized weights loaded (float32, CPU)."""

@@ -166,6 +166,7 @@ def _fed_tokens(steps=4, rows=2):
     return torch.stack([torch.randint(0, 160, (rows,), generator=gen) for _ in range(steps)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,strategy,lm_head", [("llama", "channel", False), ("llama", "tensor", True),
                                                    ("llama", "fused-tensor", True),
                                                    ("qwen3", "channel", False), ("qwen3", "block", False)])

@@ -157,6 +157,7 @@ for vals, sorted_, advance, kept, q in (("*fp32", True, True, False, 1), ("*bf16
 """
 
 
+@pytest.mark.slow
 def test_sample_kernel_compiles_for_sm90_without_a_gpu():
     """The interpreter accepts code the compiler refuses (loop-carried types): compile to PTX."""
     import os

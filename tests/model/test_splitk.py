@@ -154,6 +154,7 @@ def _logits(model, splitk, steps=3):
     return torch.stack(out), mrt.splitk
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("weights", ["float32", "channel", "tensor"])
 def test_decode_step_split_equals_unsplit(weights, monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
