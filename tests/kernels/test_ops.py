@@ -36,8 +36,9 @@ def test_bad_names_are_refused(bad):
 
 
 def test_torch_set_runs_without_triton():
-    """The torch kernel set and `import graphrt` need no Triton: a subprocess whose `import triton`
-    fails runs a layer's kernels (norm, rope_append into a paged cache, silu_mul, argmax)."""
+    """The torch kernel set, the torch attention backend and `import graphrt` need no Triton: a
+    subprocess whose `import triton` fails runs a layer's kernels (norm, rope_append into a paged
+    cache, silu_mul, argmax)."""
     code = textwrap.dedent('''
         import importlib.abc, sys
         class Block(importlib.abc.MetaPathFinder):
@@ -46,6 +47,7 @@ def test_torch_set_runs_without_triton():
                     raise ImportError("triton is blocked in this test")
         sys.meta_path.insert(0, Block())
         import torch, graphrt
+        import graphrt.attention.backends.torch_decode            # the CPU's attention backend
         from graphrt.attention.kvcache import PagedKVCache
         from graphrt.kernels.ops import kernel_ops
         ops = kernel_ops("torch")
