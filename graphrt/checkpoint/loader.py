@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from graphrt.checkpoint.files import (FILE_DTYPES, Checkpoint, CheckpointError, FiniteCheck,
-                                             TensorFiles, eos_token_ids, expected_tensors, read_config,
+                                             eos_token_ids, expected_tensors, open_tensors, read_config,
                                              read_spec, retie_or_warn, untie_if_present, warn_unused)
 from graphrt.checkpoint.tokenizer import load_tokenizer
 from graphrt.model.spec import LlamaSpec, owned_slice, shard_spec, vocab_rows
@@ -58,8 +58,8 @@ def _destination(weights: dict, where: tuple, rows: int) -> torch.Tensor:
 def file_dtype(path) -> torch.dtype:
     """The dtype the checkpoint stores its embedding in (reads one header, no tensor data)."""
     path = Path(path)
-    read_config(path)
-    f, _, kind = TensorFiles(path).header("model.embed_tokens.weight")
+    raw, _ = read_config(path)
+    f, _, kind = open_tensors(path, raw).header("model.embed_tokens.weight")
     if kind not in FILE_DTYPES:
         raise CheckpointError(f"{f}: tensor 'model.embed_tokens.weight' has dtype {kind}; "
                               f"supported {sorted(FILE_DTYPES)}")
@@ -68,7 +68,8 @@ def file_dtype(path) -> torch.dtype:
 
 def load_checkpoint(path, *, device="cpu", dtype: torch.dtype | None = None, rank: int = 0,
                     world_size: int = 1, quantization: str | None = None) -> Checkpoint:
-    """Read `path` (a local HF directory) into the fused layout on `device`.
+    """Read `path` (a local HF directory, or a GGUF file / a directory holding one GGUF file and
+    no config.json: graphrt/checkpoint/gguf_file.py) into the fused layout on `device`.
 
     dtype: the weights' dtype on the device (default: the checkpoint's, from its embedding).
     rank, world_size: tensor parallelism; the rank reads only its slice of every sharded tensor
@@ -92,7 +93,7 @@ def load_checkpoint(path, *, device="cpu", dtype: torch.dtype | None = None, ran
             raise ValueError(f"{name}: expected an int, got {v!r}")
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank: {rank} is not in [0, world_size={world_size})")
-    files = TensorFiles(path)
+    files = open_tensors(path, raw)                   # safetensors, or a GGUF file dequantized on the host
     spec, untie = untie_if_present(spec, files.names)
     if quantization is not None or raw.get("quantization_config") is not None:
         from graphrt.checkpoint.fp8_loader import load_quantized   # FP8 (graphrt/model/quant)
@@ -103,7 +104,7 @@ def load_checkpoint(path, *, device="cpu", dtype: torch.dtype | None = None, ran
     expected = expected_tensors(spec, arch)
     missing = [n for n in expected if n not in files.names]
     if missing:
-        raise CheckpointError(f"{path}: tensor {missing[0]!r} missing from the safetensors files "
+        raise CheckpointError(f"{path}: tensor {missing[0]!r} missing from the tensor files "
                               f"({len(missing)} missing in all)")
     # check every header (shapes, dtypes) before allocating device memory
     for name, (shape_want, _) in expected.items():

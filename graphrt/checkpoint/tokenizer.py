@@ -114,6 +114,18 @@ class Tokenizer:
         self.clean_up_tokenization_spaces = cleanup and type(self._backend.model).__name__ != "BPE"
         self._compiled: tuple[str, ChatTemplate] | None = None
 
+    @classmethod
+    def from_backend(cls, backend, *, special: dict[str, str], chat_template, name_or_path: str) -> "Tokenizer":
+        """A Tokenizer over a built `tokenizers.Tokenizer` (a GGUF file's: gguf_tokenizer.py);
+        special: {"bos_token": text, ...} for the named special tokens that are set (each already
+        in the backend's vocabulary); chat_template: its Jinja source or None."""
+        self = cls.__new__(cls)
+        self._backend, self._special, self._extra = backend, dict(special), []
+        self.chat_template, self.name_or_path = chat_template, name_or_path
+        self.clean_up_tokenization_spaces = False
+        self._compiled = None
+        return self
+
     # --- the backend and sizes
     @property
     def backend_tokenizer(self):
@@ -219,10 +231,16 @@ class Tokenizer:
 
 
 def load_tokenizer(path):
-    """The checkpoint's tokenizer: `Tokenizer` when it has tokenizer.json; otherwise (a
+    """The checkpoint's tokenizer: `Tokenizer` when it has tokenizer.json or is a GGUF file (the
+    tokenizer its metadata describes: gguf_tokenizer.py); otherwise (a
     sentencepiece tokenizer.model, vocab.json + merges.txt) transformers' AutoTokenizer, with a
     warning line saying so. CheckpointError (one line naming the file) for unreadable files."""
     path = Path(path)
+    from graphrt.checkpoint.gguf_file import find_gguf, open_gguf
+    gguf = find_gguf(path)
+    if gguf is not None:                               # built from the GGUF metadata (gguf_tokenizer.py)
+        from graphrt.checkpoint.gguf_tokenizer import gguf_tokenizer
+        return gguf_tokenizer(open_gguf(gguf))
     if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
         raise CheckpointError(f"{path}: no tokenizer files (tokenizer.json, tokenizer.model or vocab.json)")
     for name in ("tokenizer_config.json", "special_tokens_map.json"):
