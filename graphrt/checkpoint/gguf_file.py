@@ -38,6 +38,8 @@ def find_gguf(path) -> Path | None:
     without config.json (a directory with config.json is a HF checkpoint). None otherwise.
     CheckpointError for a directory holding several .gguf files and no config.json."""
     path = Path(path)
+    if path.suffix.lower() == SUFFIX and not path.exists():
+        raise CheckpointError(f"{path}: no such GGUF file")
     if path.is_file():
         return path if path.suffix.lower() == SUFFIX else None
     if not path.is_dir() or (path / "config.json").exists():

@@ -50,7 +50,7 @@ def resolve_model(model, *, revision: str | None = None) -> Path:
                              f"{'directory' if local.is_dir() else 'GGUF file'} "
                              f"(a revision selects a Hugging Face repo's snapshot)")
         return local
-    if isinstance(model, Path) or not looks_like_repo_id(name):
+    if isinstance(model, Path) or not looks_like_repo_id(name) or local.suffix.lower() == ".gguf":
         return local                                   # the loader says the directory is missing
     return _snapshot(name, revision)
 
