@@ -217,3 +217,23 @@ def test_bad_metadata_names_the_key(hf_dirs, tmp_path):
                      extra=lambda w: _replace(w, "llama.feed_forward_length", w.add_string, "many"))
     with pytest.raises(CheckpointError, match="'llama.feed_forward_length': expected int"):
         load_checkpoint(bad)
+
+
+def _same(a, b) -> bool:
+    """Equal tensors (dtype and values), equal dataclasses of them (Fp8Weight), or equal values."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a.float(), b.float())
+    if dataclasses.is_dataclass(a):
+        return type(a) is type(b) and all(_same(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
+    return a == b
+
+
+def test_gguf_tensor_parallel_shards_and_fp8_match_safetensors(tmp_path_factory, tmp_path):
+    """The loader's tensor-parallel slices and FP8 quantization read a GGUF as a safetensors checkpoint."""
+    src = write(tmp_path_factory, "hf_gqa", shape="tiny-gqa", arch="qwen2", dtype="float32", seed=4)
+    gguf = write_gguf(src, tmp_path / "gqa.gguf")
+    for kw in ({"rank": 0, "world_size": 2}, {"rank": 1, "world_size": 2}, {"quantization": "fp8"}):
+        a, b = load_checkpoint(gguf, dtype=torch.float32, **kw), load_checkpoint(src, dtype=torch.float32, **kw)
+        ref = dict(_fused(b))
+        for name, t in _fused(a):
+            assert _same(t, ref[name]), (kw, name)
