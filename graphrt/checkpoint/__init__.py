@@ -5,5 +5,7 @@ files.py (a checkpoint's tensor files: names, shapes, reading, the values check;
 loader), loader.py (HF directory -> fused weights; the entry point `load_checkpoint`),
 fp8_loader.py (FP8 checkpoints, or a float one quantized while loading), kv_scales.py (FP8 KV
 scales), decoder.py (fused weights -> LlamaDecoder), tokenizer.py + chat_template.py (tokenizer.json
-and the chat template without transformers), hub.py (Hugging Face repo ids -> local snapshots).
+and the chat template without transformers), hub.py (Hugging Face repo ids -> local snapshots),
+gguf_file.py + gguf_tensors.py + gguf_tokenizer.py (llama.cpp GGUF files: metadata -> config,
+tensors dequantized under HF names, the tokenizer from the metadata; docs/gguf.md).
 """

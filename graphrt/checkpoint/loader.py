@@ -2,6 +2,7 @@
 
     ckpt = load_checkpoint("path/to/dir", device="cuda")   # Checkpoint: spec + fused weights
     tok = load_tokenizer("path/to/dir")                     # graphrt/checkpoint/tokenizer.py (no transformers)
+    ck = load_checkpoint("model.gguf")                      # a llama.cpp GGUF file (gguf_file.py), dequantized
 
 Reads config.json (architecture, shapes) and the safetensors file(s), single or sharded
 (model.safetensors.index.json). Each fused tensor is allocated once on the target device and the
@@ -24,7 +25,8 @@ import torch
 from graphrt.checkpoint.files import (FILE_DTYPES, Checkpoint, CheckpointError, FiniteCheck,
                                              eos_token_ids, expected_tensors, open_tensors, read_config,
                                              read_spec, retie_or_warn, untie_if_present, warn_unused)
-from graphrt.checkpoint.tokenizer import load_tokenizer
+from graphrt.checkpoint.gguf_file import find_gguf, open_gguf
+from graphrt.checkpoint.tokenizer import load_tokenizer as load_hf_tokenizer
 from graphrt.model.spec import LlamaSpec, owned_slice, shard_spec, vocab_rows
 
 VOCAB_TENSORS = ("model.embed_tokens.weight", "lm_head.weight")   # rows padded under tensor parallel
@@ -53,6 +55,16 @@ def _destination(weights: dict, where: tuple, rows: int) -> torch.Tensor:
         return weights["layers"][layer][name][off:off + rows]
     name, off = where
     return weights[name][off:off + rows]
+
+
+def load_tokenizer(path):
+    """The checkpoint's tokenizer: a GGUF file's from its metadata (gguf_tokenizer.py), else the
+    directory's tokenizer files (tokenizer.py's load_tokenizer)."""
+    gguf = find_gguf(Path(path))
+    if gguf is None:
+        return load_hf_tokenizer(path)
+    from graphrt.checkpoint.gguf_tokenizer import gguf_tokenizer
+    return gguf_tokenizer(open_gguf(gguf))
 
 
 def file_dtype(path) -> torch.dtype:

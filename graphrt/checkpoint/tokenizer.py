@@ -231,16 +231,11 @@ class Tokenizer:
 
 
 def load_tokenizer(path):
-    """The checkpoint's tokenizer: `Tokenizer` when it has tokenizer.json or is a GGUF file (the
-    tokenizer its metadata describes: gguf_tokenizer.py); otherwise (a
+    """The checkpoint's tokenizer (a GGUF file's: loader.load_tokenizer): `Tokenizer` when it
+    has tokenizer.json; otherwise (a
     sentencepiece tokenizer.model, vocab.json + merges.txt) transformers' AutoTokenizer, with a
     warning line saying so. CheckpointError (one line naming the file) for unreadable files."""
     path = Path(path)
-    from graphrt.checkpoint.gguf_file import find_gguf, open_gguf
-    gguf = find_gguf(path)
-    if gguf is not None:                               # built from the GGUF metadata (gguf_tokenizer.py)
-        from graphrt.checkpoint.gguf_tokenizer import gguf_tokenizer
-        return gguf_tokenizer(open_gguf(gguf))
     if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
         raise CheckpointError(f"{path}: no tokenizer files (tokenizer.json, tokenizer.model or vocab.json)")
     for name in ("tokenizer_config.json", "special_tokens_map.json"):

@@ -20,8 +20,7 @@ from _gguf_files import hf_tensors, llama_cpp_permute, roundtrip, write_gguf
 from graphrt.checkpoint.files import CheckpointError
 from graphrt.checkpoint.gguf_tensors import unpermute_rope_rows
 from graphrt.checkpoint.hub import resolve_model
-from graphrt.checkpoint.loader import file_dtype, load_checkpoint
-from graphrt.checkpoint.tokenizer import load_tokenizer
+from graphrt.checkpoint.loader import file_dtype, load_checkpoint, load_tokenizer
 
 TEXTS = ["Hello world", "the graph token ka lo mi", "  two  spaces\nand a line", "<|user|>Hi<|end|>",
          "naïve café 日本 🤖", "don't 12345 x**2", ""]
