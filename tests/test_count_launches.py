@@ -1,7 +1,7 @@
 """tools/count_launches.py: the launches a speculative round holds (the graph's nodes on a GPU),
 counted on CPU. A guard on their number: the round's bookkeeping around the verify forward is a
 handful of launches, and each of the one-launch kernels runs once a round. The 2-layer tiny model
-at k = 4 (docs/results/round18/count_launches_*.json): an n-gram round 71 -> 37 -> 28 launches; a
+at k = 4 (docs/results/count_launches_cpu.json, after the cuts): an n-gram round 71 -> 37 -> 28 launches; a
 self-draft round 166 -> 120; an EAGLE-3 round (a random head) 217 -> 149 -> 91."""
 from __future__ import annotations
 

@@ -145,7 +145,7 @@ def test_trained_family_quality_gates(tmp_path_factory):
     and its mean identical prefix at least HF bf16's minus 2 tokens (both counts measured in this
     run: a bf16 engine is held to bf16 arithmetic, not to float32); the draft at least 1.5x worse
     than the target. Trains the draft and the Llama target (about 2 min on an H200) unless
-    GRAPHRT_TRAINED_DIR names a directory train_tiny.py already wrote (tools/trained_family_check.sh
+    GRAPHRT_TRAINED_DIR names a directory train_tiny.py already wrote (tools/device/trained.sh
     leaves one in /tmp/trained)."""
     root = os.environ.get("GRAPHRT_TRAINED_DIR")
     if root is None or not (Path(root) / "train.json").is_file():

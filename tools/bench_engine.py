@@ -14,11 +14,7 @@ Reports, per concurrency c (c requests of --prompt-len random tokens, greedy, ig
 and the checkpoint load: GB, seconds, GB/s (tensor copy into the fused layout on the device).
 --device cpu runs the same path eagerly (a smoke test; numbers mean nothing).
 
-    python tools/bench_engine.py --host-cost --out docs/results/engine_host_cost.json
-
-Host-cost table (no checkpoint, no GPU): host µs per K-step block of the engine loop at
-B = 1..256, K = 1 and 8, 8k context, with a null runtime on the CPU (tools/host_cost.py): the
-scheduler, input staging, the runtime's host path, detokenization, stops and deltas.
+The engine's host cost alone (no GPU, no model): tools/bench_engine_host.py.
 """ 
 from __future__ import annotations
 
@@ -83,11 +79,7 @@ def engine_tpot(llm, c: int, prompt_len: int, n_tokens: int, torch, seed: int, *
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("dir", nargs="?", help="checkpoint (not needed with --host-cost)")
-    p.add_argument("--host-cost", action="store_true", help="host µs per block, null runtime on CPU")
-    p.add_argument("--batches", default="1,4,16,64,128,256")
-    p.add_argument("--ks", default="1,8")
-    p.add_argument("--blocks", type=int, default=40)
+    p.add_argument("dir", nargs="?", help="checkpoint directory (tools/make_checkpoint.py)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--concurrency", default="1,8")
     p.add_argument("--tokens", type=int, default=128)
@@ -98,19 +90,8 @@ def main(argv=None) -> None:
     p.add_argument("--sampled", action="store_true", help="also time sampled requests (sort + kernel)")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
-    if a.host_cost:
-        import os
-        import tempfile
-        os.environ.setdefault("TRITON_INTERPRET", "1")   # the prefill's sampler, on the CPU
-        from host_cost import host_cost_table
-        with tempfile.TemporaryDirectory() as tmp:
-            rows = host_cost_table([int(x) for x in a.batches.split(",")], [int(x) for x in a.ks.split(",")],
-                                   tmp=Path(tmp), blocks=a.blocks, sampled=a.sampled)
-        if a.out:
-            Path(a.out).write_text(json.dumps({"host_cost": rows, "device": "cpu (null runtime)"}, indent=2))
-        return
     if a.dir is None:
-        p.error("dir: a checkpoint directory is needed (or --host-cost)")
+        p.error("dir: a checkpoint directory is needed")
     import torch
     from graphrt import LLM
     concs = [int(x) for x in a.concurrency.split(",")]

@@ -20,7 +20,7 @@ written once here:
   stream (compilation, first touch and allocator growth stay out of the graph): one run of the
   step (GRAPHRT_GRAPH_WARMUP=N: N runs; each costs about as much host time as the capture itself:
   a second took a warm 1B start's kernels phase from 1.04 to 1.48 s on the H200, and the GPU
-  tests pass with one, docs/results/round22);
+  tests pass with one; measured 2026-12-06);
 - capture_error_mode: "thread_local" when other threads touch CUDA during capture (the NCCL
   process group's watchdog of a tensor-parallel model).
 On a CPU device nothing is captured: `run` calls the step eagerly (the same code path).

@@ -1,4 +1,4 @@
-# Sourced by the device scripts after they set NAME: logs under /tmp/$NAME, packed into
+# Sourced by tools/device/suite_par.sh and bench.sh after they set NAME: logs under /tmp/$NAME, packed into
 # $OUT/$NAME.tgz by `pack`; `cap S` bounds a step by S seconds and by what is left of DEADLINE
 # (default 480); `say LINE` appends to the summary with the elapsed seconds.
 set -uo pipefail
@@ -47,7 +47,7 @@ cache_and_warm_starts() {
   python -c "import json,sys; print('manifest plans:', json.load(open(sys.argv[1])).get('plans'))" "$2/manifest.json" \
     | tee -a "$S"
   for i in 1 2; do
-    timeout $(cap 90) python tools/device/serve_load.py "$1" "$2" "$(date +%s.%N)" > "$L/warm_$i.log" 2>&1
+    timeout $(cap 90) python tools/device/warm_start.py "$1" "$2" "$(date +%s.%N)" > "$L/warm_$i.log" 2>&1
     say "warm start $i rc=$?"
     grep -E "startup: ready|graph cache|split-K|steps_per_graph auto|after process start" "$L/warm_$i.log" | tee -a "$S"
   done; pack
@@ -58,7 +58,3 @@ ck_1b() {
   [ -f "$CK/config.json" ] || timeout $(cap 60) python tools/make_checkpoint.py "$CK" --shape llama-3.2-1b \
     --dtype bfloat16 --device cuda > "$L/make_ck.log" 2>&1
 }
-# tree_with DEST SRC: a copy of graphrt/ and tools/ at DEST with SRC's graphrt/ files laid over (an A/B's
-# other tree: a process cannot hold two); in_tree DIR CMD...: CMD run from DIR, importing DIR's graphrt
-tree_with() { rm -rf "$1"; mkdir -p "$1"; cp -r graphrt tools "$1"/; cp -r "$2"/graphrt/. "$1"/graphrt/; }
-in_tree() { local d=$1; shift; ( cd "$d" && PYTHONPATH="$d:$PYTHONPATH" "$@" ); }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One H200 call (~9 min): the whole GPU suite (pytest -m gpu over tests/, the host-planning fallback
+# One GPU call (~9 min on an H200): the whole GPU suite (pytest -m gpu over tests/, the host-planning fallback
 # test included), the tiny family trained in the background, then the trained-family quality gate
 # on it. Logs in $OUT/suite.tgz; one line per part in $OUT/summary.txt.
 #   bash .device/bootstrap.sh bash tools/device/suite.sh

@@ -1,15 +1,13 @@
 #!/usr/bin/env bash
-# One H200 call (~9 min): the whole GPU suite in parallel processes, then an A/B of the speculative
-# round on a freshly trained family.
+# One GPU call (~9 min): the whole GPU suite in parallel processes, and the trained-family gate.
 #  1. the tests that time the GPU (the K choice of steps_per_graph="auto") alone;
 #  2. every other GPU test file, in $PAR pytest processes at once (default 4; they share the GPU:
 #     nothing there is timed), while the tiny family trains in the background;
 #     Where the GPU has under 100 GiB (an H100), four processes can hold four 8B models at once and a
 #     test's LLM() then finds too little memory: every test that failed or errored there runs again,
 #     alone, after the groups (both results are said);
-#  3. the trained-family quality gate (tests/test_trained_models.py) on it;
-#  4. with AB=DIR (a mirror of source files to swap in: the "before" tree), bench_spec none / ngram
-#     on the tree as it was and as it is, same family, one after the other.
+#  3. the trained-family quality gate (tests/test_trained_models.py) on it.
+# Logs in $OUT/suite_par.tgz, one line per part in the summary (printed last).
 #   DEADLINE=560 bash .device/bootstrap.sh bash tools/device/suite_par.sh
 NAME=suite_par; DEADLINE=${DEADLINE:-560}; . tools/device/lib.sh   # logs, pack, cap, say
 PAR=${PAR:-4}; DIR=/tmp/fam; rm -rf "$DIR"
@@ -23,8 +21,8 @@ say "timed tests rc=$?: $(grep -E "passed|failed" "$L/timed.log" | tail -1)"
     > "$L/train_tiny.log" 2>&1; echo "train_tiny rc=$?" >> "$L/train_tiny.log" ) &
 TRAIN=$!
 # every GPU test file but the timed ones and the trained gate, dealt to the least loaded group by
-# an estimate of its seconds (heaviest first; round 17's run: the engine's speculative files and the
-# cache's capture test took minutes each, most other files well under one)
+# an estimate of its seconds (heaviest first: the engine's speculative files and the cache's
+# capture test take minutes each, most other files well under one)
 python - "$L" "$PAR" <<'PY'
 import subprocess, sys, collections
 L, par = sys.argv[1], int(sys.argv[2])
@@ -34,7 +32,7 @@ count = collections.Counter(line.split("::")[0] for line in out.splitlines() if 
 skip = ("test_steps_gpu.py", "test_steps_auto_gpu.py", "test_trained_models.py")
 heavy = {"test_speculative_eagle3_gpu.py": 160, "test_speculative_gpu.py": 130, "test_cache.py": 150,
          "test_engine_gpu.py": 110, "test_mixed_prefill_gpu.py": 90, "test_serve_gpu.py": 90,
-         "test_engine_core_gpu.py": 80, "test_fuse_gpu.py": 60, "test_vllm_api_gpu.py": 60}
+         "test_engine_core_gpu.py": 80, "test_vllm_api_gpu.py": 60}
 files = sorted((f for f in count if not f.endswith(skip)),
                key=lambda f: -heavy.get(f.rsplit("/", 1)[-1], 5 * count[f]))
 load = [0] * par
@@ -67,12 +65,4 @@ wait $TRAIN; say "$(tail -1 "$L/train_tiny.log")"
 GRAPHRT_TRAINED_DIR=$DIR timeout $(cap 90) python -m pytest -m gpu -q -s -rfEs --tb=short -p no:cacheprovider \
   tests/test_trained_models.py > "$L/trained.log" 2>&1
 say "trained-family tests rc=$?: $(grep -E "passed|failed" "$L/trained.log" | tail -1)"; pack
-if [ -n "${AB:-}" ]; then
-  rm -rf /tmp/before && mkdir -p /tmp/before && cp -r graphrt tools /tmp/before/ && cp -r "$AB"/. /tmp/before/
-  (cd /tmp/before && PYTHONPATH=/tmp/before:/tmp/graphrt-site:/tmp/site timeout $(cap 90) python tools/bench_spec.py --trained "$DIR" \
-     --methods none,ngram --prompts 6 --out "$L/bench_before.json" > "$L/bench_before.log" 2>&1); say "bench before rc=$?"
-  timeout $(cap 90) python tools/bench_spec.py --trained "$DIR" --methods none,ngram --prompts 6 \
-    --out "$L/bench_after.json" > "$L/bench_after.log" 2>&1; say "bench after rc=$?"
-  for w in before after; do echo "== $w"; sed -n '/^part 2/,/^$/p' "$L/bench_$w.log"; done | tee -a "$S"
-fi
-pack; cat "$S"
+cat "$S"

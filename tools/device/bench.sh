@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The product benchmarks of docs/benchmarks.md on one GPU, one question per call (each fits about
+# 9 minutes on an H100 or H200; DEADLINE bounds the call, default 540 s). Random-weight checkpoints
+# are made on the machine (tools/make_checkpoint.py); the trained tiny family is trained in the call
+# (tools/train_tiny.py, tools/train_eagle3.py). Logs and the tools' JSON / tables / plots under
+# /tmp/bench_<question>, packed into $OUT/bench_<question>.tgz; one line per part in the summary.
+#
+#   bash .device/bootstrap.sh bash tools/device/bench.sh step        # the step against its floor
+#   bash .device/bootstrap.sh bash tools/device/bench.sh attention   # device-planned vs host plan()
+#   bash .device/bootstrap.sh bash tools/device/bench.sh spec        # n-gram / draft / EAGLE-3 through LLM
+#   bash .device/bootstrap.sh bash tools/device/bench.sh serve       # 8B server: graphrt, host-planned, HF
+#   bash .device/bootstrap.sh bash tools/device/bench.sh prefill     # first tokens, shared prefix, arrival
+#   bash .device/bootstrap.sh bash tools/device/bench.sh startup     # cold / warm start, model graph cache
+#   bash .device/bootstrap.sh bash tools/device/bench.sh fp8         # FP8 weights / KV: speed and quality
+# Tensor parallelism needs two GPUs: tools/device/tp.sh.
+Q=${1:-}
+case "$Q" in
+  step|attention|spec|serve|prefill|startup|fp8) ;;
+  *) echo "bench.sh: the question must be one of step, attention, spec, serve, prefill, startup, fp8 (got '$Q')" >&2
+     exit 2 ;;
+esac
+NAME=bench_$Q; DEADLINE=${DEADLINE:-540}; . tools/device/lib.sh   # logs, pack, cap, say
+nvidia-smi --query-gpu=name --format=csv,noheader | tee -a "$S"
+
+# NAME BOUND ARGS...: one bench_e2e process (device us per decode step against the floor)
+e2e() {
+  local name=$1 bound=$2; shift 2
+  timeout $(cap "$bound") python tools/bench_e2e.py "$@" --no-prefill --steps 16 --out "$L/$name.json" > "$L/$name.log" 2>&1
+  say "$name rc=$?"; grep -E "^(copy|llama)" "$L/$name.log" | tee -a "$S"; pack
+}
+ck_8b() {
+  CK8=/tmp/ck8b
+  [ -f "$CK8/config.json" ] || timeout $(cap 150) python tools/make_checkpoint.py "$CK8" --shape llama-3.1-8b \
+    --dtype bfloat16 --device cuda --max-shard-mb 4096 > "$L/make_ck8.log" 2>&1
+}
+
+case "$Q" in
+step)
+  e2e bs1_1k 200 --models llama-3.1-8b,llama-3.2-1b --batches 1 --contexts 1024 \
+    --variants hostplan,graphrt,graphrt-k4,graphrt-td-k4
+  e2e bs16_8k 150 --models llama-3.1-8b --batches 16 --contexts 8192 --variants graphrt-k4,graphrt-td-k4
+  for m in llama-3.1-8b llama-3.2-1b; do
+    timeout $(cap 45) python tools/profile_step.py --model $m --out "$L/profile_$m.json" >> "$L/profile_step.log" 2>&1
+    say "profile_step $m rc=$?"
+  done; pack ;;
+attention)
+  timeout $(cap 400) python tools/bench_attention.py --out "$L/bench_attention.json" --png "$L/bench_attention.png" \
+    > "$L/bench_attention.log" 2>&1; say "bench_attention rc=$?"; tail -12 "$L/bench_attention.log" | tee -a "$S"
+  timeout $(cap 100) python tools/bench_prefill_attention.py --out "$L/bench_prefill_attention.json" \
+    > "$L/bench_prefill_attention.log" 2>&1; say "bench_prefill_attention rc=$?"; pack ;;
+spec)
+  DIR=/tmp/fam; rm -rf "$DIR"; train_family "$DIR"
+  timeout $(cap 220) python tools/bench_spec.py --trained "$DIR" --methods none,ngram,draft,eagle3 --prompts 6 \
+    --out "$L/bench_spec_trained.json" --png "$L/bench_spec_trained.png" > "$L/bench_spec_trained.log" 2>&1
+  say "bench_spec --trained rc=$?"; grep -E "tok/s/stream|^(none|ngram|draft|eagle3) " "$L/bench_spec_trained.log" | tee -a "$S"; pack
+  timeout $(cap 60) python tools/bench_spec.py --models llama-3.1-8b --batches 1 --context 1024 --qs 1,5 --no-round \
+    --no-attention --out "$L/verify_bs1_1k.json" > "$L/verify.log" 2>&1; say "bench_spec verify rc=$?"
+  grep -A3 "^context" "$L/verify.log" | tee -a "$S"; pack ;;
+serve)
+  ck_8b; say "checkpoint 8B"
+  timeout $(cap 420) python tools/bench_serve.py --model "$CK8" --device cuda --concurrency 1,8 \
+    --out-dir "$L" --name bench_serve > "$L/bench_serve.log" 2>&1
+  say "bench_serve rc=$?"; grep -E "^\| (variant|graphrt|hf)" "$L/bench_serve.log" | cut -c1-200 | tee -a "$S"; pack ;;
+prefill)
+  ck_1b; say "checkpoint 1B"
+  timeout $(cap 300) python tools/bench_prefix.py --model "$CK" --device cuda --workloads prefix,chat,arrival \
+    --prefill-modes graphed,eager --out-dir "$L" --name bench_prefix > "$L/bench_prefix.log" 2>&1
+  say "bench_prefix rc=$?"; grep -E "^\|" "$L/bench_prefix.md" 2>/dev/null | cut -c1-200 | tee -a "$S"
+  timeout $(cap 200) python tools/bench_prefix.py --model "$CK" --device cuda --workloads arrival --mixed 64 \
+    --arrival-repeats 3 --out-dir "$L" --name arrival_mixed_64 > "$L/arrival_mixed_64.log" 2>&1
+  say "bench_prefix --mixed 64 rc=$?"; pack ;;
+startup)
+  export PYTHONPYCACHEPREFIX=/tmp/pyc   # Python's bytecode cached, as on an installed machine
+  timeout $(cap 200) python tools/bench_startup.py --what llm,serve --shapes llama-3.2-1b,llama-3.1-8b \
+    --workdir /tmp/bench_startup_work --out "$L/bench_startup.json" > "$L/bench_startup.log" 2>&1
+  say "bench_startup rc=$?"; pack
+  ck_8b; cache_and_warm_starts "$CK8" /tmp/gc8b ;;
+fp8)
+  e2e fp8_bs1_1k 150 --models llama-3.1-8b,llama-3.2-1b --weights bf16,fp8-tensor-head --batches 1 --contexts 1024 \
+    --variants graphrt-k4,graphrt-td-k4
+  e2e fp8_bs16_8k 150 --models llama-3.1-8b --weights bf16,fp8-tensor-head --kv bf16,fp8 --batches 16 \
+    --contexts 8192 --variants graphrt-k4,graphrt-td-k4
+  DIR=/tmp/fp8_family; rm -rf "$DIR"
+  timeout $(cap 100) python tools/train_tiny.py --out "$DIR" --size full --models target --device cuda \
+    --time-budget-s target=50 > "$L/train_tiny.log" 2>&1; say "train_tiny rc=$?"
+  timeout $(cap 130) python tools/quality_fp8.py "$DIR/target" --device cuda --variants bf16,fp8,fp8-kv,fp8+fp8-kv \
+    --json "$L/quality_fp8.json" --check > "$L/quality_fp8.log" 2>&1
+  say "quality_fp8 rc=$? (1: a gate failed; the log says which)"; grep -A8 "^variant" "$L/quality_fp8.log" | tee -a "$S"; pack ;;
+esac
+pack; cat "$S"
