@@ -4,7 +4,7 @@ transformers' own GGUF reader dequantizes (tools/bench_real_model.py's hf_model_
 weights, the chat template's ids, greedy tokens (a divergence only at a near-tie; every position's
 margin printed), the stop at `<|im_end|>`, streamed text equal to the final text, log-probs, and
 n-gram / draft (the model as its own draft) speculation greedy-identical to plain decoding. Short
-generations (12 tokens at most): on CPU each token runs the whole 30-layer model."""
+generations (10 tokens at most): on CPU each token runs the whole 30-layer model."""
 from __future__ import annotations
 
 import importlib.util
@@ -16,11 +16,12 @@ import torch
 from _real_model import smollm2_gguf  # noqa: F401 (a fixture)
 from graphrt import LLM, SamplingParams
 
-pytestmark = pytest.mark.real_model
+# on a CPU each prompt's prefill and each token run the 30-layer model (a loaded 2-core machine: minutes)
+pytestmark = [pytest.mark.real_model, pytest.mark.timeout(2400)]
 transformers = pytest.importorskip("transformers")
 MESSAGES = [[{"role": "user", "content": "What is the capital of France?"}],
-            [{"role": "user", "content": "Name one primary color. Answer in one word: naïve café?"}]]
-MAX_TOKENS = 12
+            [{"role": "user", "content": "Reply with one word: what colour is a clear sky? (naïve café)"}]]
+MAX_TOKENS = 10
 TIE = 1e-3            # float32 vs float32 over the same weights: a top-2 gap under this is a tie
 IM_END = 2            # the file's eos: <|im_end|>
 
@@ -91,7 +92,7 @@ def test_chat_template_ids_equal_transformers(llm, smollm2_gguf, run):
 
 
 def test_greedy_tokens_match_hf_float32(run, hf):
-    for prompt, _, ids, _, last in run:
+    for prompt, _, ids, _, _ in run:
         seq = ids                                 # a stop's <|im_end|> included: HF must predict it too
         with torch.no_grad():
             logits = hf(torch.tensor([prompt + seq])).logits[0, len(prompt) - 1:].float()
