@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from graphrt.checkpoint.gguf_file import find_gguf, open_gguf
-from graphrt.checkpoint.hf_files import CheckpointError, check_config, eos_ids, read_json, reading
+from graphrt.checkpoint.hf_files import CheckpointError, check_config, eos_ids, present, read_json, reading
 from graphrt.model.spec import LlamaSpec
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
@@ -73,7 +73,7 @@ def read_config(path: Path) -> tuple[dict, str]:
     if not path.is_dir():
         raise CheckpointError(f"checkpoint: {str(path)!r} is not a directory")
     cfg_file = path / "config.json"
-    if not cfg_file.is_file():
+    if not present(cfg_file):
         raise CheckpointError(f"{cfg_file}: missing (a HF checkpoint needs config.json)")
     raw = read_json(cfg_file)
     archs = raw.get("architectures") or []
@@ -111,7 +111,7 @@ def weight_files(path: Path) -> dict[str, Path]:
     """HF tensor name -> the safetensors file holding it (the index, or every file's header)."""
     from safetensors import safe_open
     index = path / INDEX
-    if index.is_file():
+    if present(index):
         weight_map = read_json(index).get("weight_map")
         if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
             raise CheckpointError(f"{index}: weight_map: expected an object of tensor name -> file name")
@@ -166,7 +166,7 @@ def expected_tensors(spec: LlamaSpec, arch: str) -> dict[str, tuple[tuple[int, .
 def eos_token_ids(path: Path, raw: dict, vocab_size: int) -> tuple[int, ...]:
     """End-of-sequence ids: generation_config.json's, else config.json's, else ()."""
     gen = path / "generation_config.json"
-    if gen.exists():
+    if present(gen):
         eos = read_json(gen).get("eos_token_id")
         if eos is not None:
             return eos_ids(eos, gen, vocab_size)

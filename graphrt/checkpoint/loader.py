@@ -26,6 +26,7 @@ from graphrt.checkpoint.files import (FILE_DTYPES, Checkpoint, CheckpointError, 
                                              eos_token_ids, expected_tensors, open_tensors, read_config,
                                              read_spec, retie_or_warn, untie_if_present, warn_unused)
 from graphrt.checkpoint.gguf_file import find_gguf, open_gguf
+from graphrt.checkpoint.int4_config import is_int4
 from graphrt.checkpoint.tokenizer import load_tokenizer as load_hf_tokenizer
 from graphrt.model.spec import LlamaSpec, owned_slice, shard_spec, vocab_rows
 
@@ -86,9 +87,9 @@ def load_checkpoint(path, *, device="cpu", dtype: torch.dtype | None = None, ran
     dtype: the weights' dtype on the device (default: the checkpoint's, from its embedding).
     rank, world_size: tensor parallelism; the rank reads only its slice of every sharded tensor
     (safetensors get_slice) into the per-rank fused layout (graphrt/parallel/shard.py).
-    quantization: "fp8" quantizes a float checkpoint's linear layers while loading; FP8
-    checkpoints (config.json `quantization_config`) load as FP8 without it
-    (graphrt/checkpoint/fp8_loader.py).
+    quantization: "fp8" / "int4" quantizes a float checkpoint's linear layers while loading; FP8
+    and int4 checkpoints (config.json `quantization_config`: GPTQ, AWQ, compressed-tensors) load
+    as such without it (graphrt/checkpoint/fp8_loader.py, int4_loader.py).
     Raises CheckpointError naming the file and tensor for a missing, unreadable or truncated
     file or tensor, an unsupported architecture, activation, RoPE setting or dtype, a shape that
     does not match config.json, or a weight holding NaN / Inf (checked on `device`).
@@ -107,6 +108,11 @@ def load_checkpoint(path, *, device="cpu", dtype: torch.dtype | None = None, ran
         raise ValueError(f"rank: {rank} is not in [0, world_size={world_size})")
     files = open_tensors(path, raw)                   # safetensors, or a GGUF file dequantized on the host
     spec, untie = untie_if_present(spec, files.names)
+    if is_int4(raw, quantization):
+        from graphrt.checkpoint.int4_loader import load_int4         # GPTQ / AWQ / W4A16 / RTN int4
+        return dataclasses.replace(load_int4(path, raw, arch, spec, quantization, files, device=device,
+                                             dtype=dtype, untie=untie, rank=rank, world_size=world_size),
+                                   config_s=config_s)
     if quantization is not None or raw.get("quantization_config") is not None:
         from graphrt.checkpoint.fp8_loader import load_quantized   # FP8 (graphrt/model/quant)
         return dataclasses.replace(load_quantized(path, raw, arch, spec, quantization, files, device=device,
