@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="as serve --dtype (default: serve's, auto)")
     eng.add_argument("--kv-cache-dtype", default=None, choices=("auto", "fp8"),
                      help="as serve --kv-cache-dtype (default: serve's, auto)")
-    eng.add_argument("--quantization", default=None, choices=("fp8",),
+    eng.add_argument("--quantization", default=None, choices=("fp8", "int4"),
                      help="as serve --quantization (default: none)")
     eng.add_argument("--speculative-method", default=None, choices=("ngram", "draft", "eagle3"),
                      help="as serve --speculative-method (default: none)")

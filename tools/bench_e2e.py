@@ -23,6 +23,17 @@ kinds); its floor counts the bytes actually streamed (FP8 data + float32 scales 
 KV), and its gemm-only graph runs the GEMMs the step makes (LlamaDecoder._mm: W8A8
 torch._scaled_mm over FP8 rows; the FP8 GEMV for block scales).
 
+int4 weights (--weights int4, int4-sym, int4-head): qkv / o / gate_up / down as graphrt's int4
+layout (round-to-nearest, group 128, asymmetric; -sym: zero 8, no zeros streamed; -head: the LM
+head too, untied heads only); the floor counts the packed codes + fp16 scales + uint8 zeros + the
+bf16 LM head + KV. The step's GEMMs run int4_linear (the int4 GEMV, dequantized in registers, up
+to 64 rows). --int4-kernels adds a per-shape table: bf16 cuBLAS / GEMV against every int4 GEMV
+config and dequantize + cuBLAS (Linear.choose), each x its bytes floor. bf16, FP8 and int4 side by
+side in one run:
+
+    python tools/bench_e2e.py --models llama-3.2-1b,llama-3.1-8b --weights bf16,fp8,int4 \
+        --batches 1,16 --contexts 1024 --variants graphrt --no-prefill --int4-kernels
+
 FP8 KV cache (--kv bf16,fp8): the same rows with the KV pool in e4m3 (kv_cache_dtype="fp8",
 one byte per element: the floor counts half the KV bytes); FlashInfer planned with an FP8 KV
 dtype, the scales folded on the device. At bs 16 / 8k context the 8B model's KV bytes exceed its
@@ -39,6 +50,14 @@ A/B pair graphrt-fused / graphrt-unfused (forced on / off, 1 step a graph; not i
 
     python tools/bench_e2e.py --models llama-3.2-1b,llama-3.1-8b --batches 1,16 --contexts 1024 \
         --variants graphrt-unfused,graphrt-fused --no-prefill --count-kernels
+
+The decode step as one persistent kernel (graphrt/model/persistent.py): graphrt-persistent /
+graphrt-persistent-k4 run greedy buckets <= 16 rows with decode_backend="persistent" (1 / 4
+steps a graph; not in the default --variants), every other variant the kernel sequence; each row
+records whether its bucket ran the persistent step (`persistent`):
+
+    python tools/bench_e2e.py --models llama-3.2-1b,llama-3.1-8b --batches 1,4,16 --contexts 1024 \
+        --variants graphrt,graphrt-persistent --no-prefill
 
 Split-K of the o and down GEMMs follows GRAPHRT_SPLITK (graphrt/model/splitk.py: unset / auto =
 measured at capture, 1 = off, 2 / 4 = forced); each row records the (S_o, S_down) its bucket ran
@@ -69,6 +88,11 @@ VARIANTS = {"eager": ("flashinfer", 1, False), "hostplan": ("flashinfer-hostplan
 # the fused-GEMV A/B (graphrt/model/fuse.py: ModelRuntime fuse="on" / "off"; the variants above
 # run fuse="auto", i.e. GRAPHRT_FUSE or measured at capture); not in the default --variants
 FUSE_VARIANTS = {"graphrt-fused": ("flashinfer", 1, True, "on"), "graphrt-unfused": ("flashinfer", 1, True, "off")}
+# the decode step as one persistent kernel (graphrt/model/persistent.py: ModelRuntime
+# decode_backend="persistent", greedy buckets <= 16 rows; every other variant runs the kernel
+# sequence); not in the default --variants: run beside `graphrt` / `graphrt-k4`
+PERSISTENT_VARIANTS = {"graphrt-persistent": ("flashinfer", 1, True, "auto"),
+                       "graphrt-persistent-k4": ("flashinfer", 4, True, "auto")}
 KV_KINDS = {"bf16": "auto", "fp8": "fp8"}   # --kv -> RuntimeConfig.kv_cache_dtype
 
 
@@ -80,15 +104,23 @@ def parse_args(argv=None):
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--steps", type=int, default=32, help="timed decode steps per measurement")
     p.add_argument("--no-prefill", dest="prefill", action="store_false", help="skip prefill rows")
-    p.add_argument("--weights", default="bf16", help="comma list of bf16, fp8, fp8-tensor, fp8-head, fp8-tensor-head, fp8-block")
+    p.add_argument("--weights", default="bf16", help="comma list of bf16, fp8, fp8-tensor, fp8-head, fp8-tensor-head, "
+                                                     "fp8-block, int4, int4-sym, int4-head")
     p.add_argument("--kv", default="bf16", help="comma list of KV cache dtypes: bf16, fp8 (e4m3)")
     p.add_argument("--count-kernels", action="store_true",
                    help="also count kernels per decode step (torch.profiler over 3 replays; each row's `kernels`)")
     p.add_argument("--fp8-kernels", action="store_true",
                    help="per-shape table: bf16 cuBLAS / bf16 GEMV vs FP8 GEMV candidates / _scaled_mm")
+    p.add_argument("--int4-kernels", action="store_true",
+                   help="per-shape table: bf16 cuBLAS / bf16 GEMV vs int4 GEMV configs / dequantize + cuBLAS")
     p.add_argument("--out", default="bench_e2e.json")
     p.add_argument("--png", default=None)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    kinds = ["bf16"] + sorted(WEIGHT_KINDS) + sorted(INT4_KINDS)
+    bad = [k for k in args.weights.split(",") if k not in kinds]
+    if bad:
+        p.error(f"--weights: {bad[0]!r} is not one of {kinds}")
+    return args
 
 
 def random_model(name: str, torch):
@@ -120,8 +152,8 @@ def random_model(name: str, torch):
 def streamed_bytes(weights) -> int:
     """Bytes a decode step must read: every matmul weight once (FP8: data + scales; the
     embedding row is negligible)."""
-    def nbytes(t):
-        return t.nbytes if hasattr(t, "block") else t.numel() * t.element_size()
+    def nbytes(t):       # Fp8Weight / Int4Weight: their streamed bytes (codes, scales, zeros)
+        return t.nbytes if hasattr(t, "block") or hasattr(t, "group_size") else t.numel() * t.element_size()
     return (sum(nbytes(t) for x in weights.layers for t in (x.qkv, x.o, x.gate_up, x.down))
             + nbytes(weights.lm_head))
 
@@ -129,19 +161,26 @@ def streamed_bytes(weights) -> int:
 WEIGHT_KINDS = {"fp8": ("channel", False), "fp8-tensor": ("fused-tensor", False),
                 "fp8-tensor-head": ("fused-tensor", True),
                 "fp8-head": ("channel", True), "fp8-block": ("block", False)}
+INT4_KINDS = {"int4": (False, False), "int4-sym": (True, False), "int4-head": (False, True)}   # symmetric, head
 
 
 def with_weights(model, kind: str, torch):
     """The model with its decoder linears as `kind` ("bf16": unchanged; "fp8": per-channel
     e4m3, W8A8; "fp8-tensor": one scale per fused weight (quantize_weights "fused-tensor");
     "fp8-head" / "fp8-tensor-head": the same with the LM head in FP8 too (untied heads only);
-    "fp8-block": 128 x 128 block scales) -> (model, streamed bytes)."""
+    "fp8-block": 128 x 128 block scales; "int4" / "int4-sym" / "int4-head": RTN group 128
+    int4, asymmetric / symmetric / with the LM head) -> (model, streamed bytes)."""
     from graphrt.model import LlamaDecoder
     from graphrt.model.fp8_weights import quantize_weights
+    from graphrt.model.int4_weights import quantize_weights_int4
     if kind == "bf16":
         return model, streamed_bytes(model.weights)
+    if kind in INT4_KINDS:
+        sym, head = INT4_KINDS[kind]
+        w4 = quantize_weights_int4(model.weights, group_size=128, symmetric=sym, lm_head=head)
+        return LlamaDecoder(model.spec, w4), streamed_bytes(w4)
     if kind not in WEIGHT_KINDS:
-        raise SystemExit(f"--weights: {kind!r} is not bf16 or one of {sorted(WEIGHT_KINDS)}")
+        raise SystemExit(f"--weights: {kind!r} is not bf16 or one of {sorted(WEIGHT_KINDS) + sorted(INT4_KINDS)}")
     strategy, head = WEIGHT_KINDS[kind]
     w8 = quantize_weights(model.weights, model.spec, strategy, lm_head=head)
     return LlamaDecoder(model.spec, w8), streamed_bytes(w8)
@@ -159,6 +198,28 @@ def fp8_kernel_rows(model, batches, torch) -> list[dict]:
                     ("down", layer.down)):
         for kind, lin in (("bf16", Linear(w)), ("fp8", Linear(quantize_fp8(w, "channel"))),
                           ("fp8-block", Linear(quantize_fp8(w, "block")))):
+            lin.choose(batches)
+            nbytes = w.numel() * 2 if kind == "bf16" else lin.weight.nbytes
+            for m, times in lin.timings_us.items():
+                best = min(times, key=times.get)
+                rows.append(dict(shape=name, n=w.shape[0], k=w.shape[1], weights=kind, batch=m,
+                                 best=best, best_us=times[best], floor_us=nbytes / bw * 1e6,
+                                 best_over_floor=times[best] / (nbytes / bw * 1e6), times_us=times))
+                print(rows[-1], file=sys.stderr)
+    return rows
+
+
+def int4_kernel_rows(model, batches, torch) -> list[dict]:
+    """Per distinct decode GEMM shape: device µs of bf16 cuBLAS / GEMV configs and of every int4
+    GEMV config / dequantize + cuBLAS (RTN g128 asymmetric and symmetric), from Linear.choose
+    (CUDA graph, weights rotated past the L2), with each one's bytes floor."""
+    from benchlib import copy_bandwidth
+    from graphrt.model.linear import Linear
+    from graphrt.model.quant.int4 import quantize_int4
+    bw, rows, layer = copy_bandwidth(torch), [], model.weights.layers[0]
+    for name, w in (("qkv", layer.qkv), ("o", layer.o), ("gate_up", layer.gate_up), ("down", layer.down)):
+        for kind, lin in (("bf16", Linear(w)), ("int4", Linear(quantize_int4(w, 128))),
+                          ("int4-sym", Linear(quantize_int4(w, 128, symmetric=True)))):
             lin.choose(batches)
             nbytes = w.numel() * 2 if kind == "bf16" else lin.weight.nbytes
             for m, times in lin.timings_us.items():
@@ -306,6 +367,9 @@ def run(args) -> dict:
         if args.fp8_kernels and wkind == args.weights.split(",")[0]:
             kernels += [dict(model=name, **r) for r in
                         fp8_kernel_rows(model, [int(x) for x in args.batches.split(",")], torch)]
+        if args.int4_kernels and wkind == args.weights.split(",")[0]:
+            kernels += [dict(model=name, **r) for r in
+                        int4_kernel_rows(model, [int(x) for x in args.batches.split(",")], torch)]
         model, weight_bytes = with_weights(model, wkind, torch)
         torch.cuda.empty_cache()
         s = model.spec
@@ -316,17 +380,20 @@ def run(args) -> dict:
             for n in [int(x) for x in args.batches.split(",")]:
                 pages = -(-(ctx + args.steps * 8 + 16) // 16)
                 for variant, kv in [(v, x) for v in args.variants.split(",") for x in args.kv.split(",")]:
-                    if variant not in VARIANTS and variant not in FUSE_VARIANTS:
-                        raise SystemExit(f"--variants: {variant!r} is not one of {sorted(VARIANTS) + sorted(FUSE_VARIANTS)}")
-                    backend, k, graphs, fuse = (VARIANTS[variant] + ("auto",)) if variant in VARIANTS \
-                        else FUSE_VARIANTS[variant]
+                    known = VARIANTS | {v: x[:3] for v, x in FUSE_VARIANTS.items()} | \
+                        {v: x[:3] for v, x in PERSISTENT_VARIANTS.items()}
+                    if variant not in known:
+                        raise SystemExit(f"--variants: {variant!r} is not one of {sorted(known)}")
+                    backend, k, graphs = known[variant]
+                    fuse = FUSE_VARIANTS[variant][3] if variant in FUSE_VARIANTS else "auto"
+                    decode_backend = "persistent" if variant in PERSISTENT_VARIANTS else "sequence"
                     if kv not in KV_KINDS:
                         raise SystemExit(f"--kv: {kv!r} is not one of {sorted(KV_KINDS)}")
                     cfg = RuntimeConfig(num_qo_heads=s.num_heads, num_kv_heads=s.num_kv_heads,
                                         head_dim=s.head_dim, page_size=16, max_pages_per_seq=pages,
                                         buckets=[n], dtype="bfloat16", backend=backend,
                                         kv_pool_pages=n * pages + 1, kv_cache_dtype=KV_KINDS[kv])
-                    mrt = ModelRuntime(model, cfg, "cuda", steps_per_graph=k, fuse=fuse)
+                    mrt = ModelRuntime(model, cfg, "cuda", steps_per_graph=k, fuse=fuse, decode_backend=decode_backend)
                     if graphs:
                         mrt.capture()
                     step_us, dev_us, launches = measure(mrt, n, ctx, args.steps, torch)
@@ -340,6 +407,7 @@ def run(args) -> dict:
                                      idle=max(0.0, 1 - dev_us / step_us), launches_per_token=launches,
                                      splitk=list(mrt.splitk.get(n)) if mrt.splitk else [1, 1],
                                      fused=fused is not None, fuse_configs=fused.names if fused else None,
+                                     persistent=bool(mrt.persistent and mrt.persistent.get(n)),
                                      kernels_per_step=n_kernels,
                                      floor_us=floor, gemm_only_us=gemm[n],
                                      device_over_floor=dev_us / floor,
@@ -357,15 +425,15 @@ def run(args) -> dict:
 def print_table(result: dict) -> None:
     print(f"copy bandwidth {result['copy_bw_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul "
           f"{result['matmul_tflops']:.0f} TFLOP/s ({result['device']})")
-    print(f"{'model':<13} {'weights':<9} {'kv':<4} {'variant':<11} {'bs':>3} {'ctx':>5} {'step us':>8} {'tok/s':>8} "
+    print(f"{'model':<13} {'weights':<9} {'kv':<4} {'variant':<21} {'bs':>3} {'ctx':>5} {'step us':>8} {'tok/s':>8} "
           f"{'device us':>9} {'idle':>5} {'floor us':>8} {'x floor':>7} {'gemm us':>8} {'x gemm':>6} "
-          f"{'TB/s':>5} {'%bw':>4} {'fused':>5} {'kernels':>7}")
+          f"{'TB/s':>5} {'%bw':>4} {'fused':>5} {'pers':>4} {'kernels':>7}")
     for r in result["rows"]:
-        print(f"{r['model']:<13} {r.get('weights', 'bf16'):<9} {r.get('kv', 'bf16'):<4} {r['variant']:<11} {r['batch']:>3} {r['context']:>5} {r['step_us']:>8.1f} "
+        print(f"{r['model']:<13} {r.get('weights', 'bf16'):<9} {r.get('kv', 'bf16'):<4} {r['variant']:<21} {r['batch']:>3} {r['context']:>5} {r['step_us']:>8.1f} "
               f"{r['tok_s']:>8.0f} {r['device_us']:>9.1f} {r['idle']:>5.2f} {r['floor_us']:>8.1f} "
               f"{r['device_over_floor']:>7.2f} {r['gemm_only_us']:>8.1f} {r['device_over_gemm_only']:>6.2f} "
               f"{r['achieved_tb_s']:>5.2f} {r['pct_copy_bw']:>4.0f} {'yes' if r.get('fused') else 'no':>5} "
-              f"{r['kernels_per_step'] if r.get('kernels_per_step') is not None else '-':>7}")
+              f"{'yes' if r.get('persistent') else 'no':>4} {r['kernels_per_step'] if r.get('kernels_per_step') is not None else '-':>7}")
     for r in result.get("fp8_kernels", []):
         print(f"gemm {r['model']:<13} {r['shape']:<8} {r['n']:>6}x{r['k']:<6} {r['weights']:<9} bs {r['batch']:>3}: "
               f"best {r['best']:<28} {r['best_us']:>7.1f} us, floor {r['floor_us']:>6.1f} us, "

@@ -2,7 +2,7 @@
 
     python tools/eval_ppl.py CHECKPOINT [--device cuda|cpu] [--max-files 64] [--window 512]
         [--decode-tokens 128] [--prompts 64] [--prompt-tokens 32] [--gen-tokens 64]
-        [--agree-with TARGET_DIR] [--json OUT]
+        [--agree-with TARGET_DIR] [--quantization fp8|int4] [--json OUT]
 
 Held-out text: the files `train_tiny.is_heldout` keeps out of training (the same fixed split),
 each as `<bos>` + its first `--window - 1` tokens (files under 16 tokens skipped), in path order.
@@ -23,6 +23,14 @@ each as `<bos>` + its first `--window - 1` tokens (files under 16 tokens skipped
    With fewer files than prompts, each file gives several evenly spaced prompts.
 4. --agree-with TARGET: HF float32 top-1 agreement of this checkpoint (the draft) with TARGET at
    every held-out position, and both perplexities (their ratio).
+
+--quantization fp8 / int4: graphrt quantizes the float checkpoint's linear layers while loading
+(FP8 per channel; int4 round-to-nearest group 128, docs/int4.md); the HF float32 reference keeps
+the original weights, so the ratios report the format's loss.
+
+--reference FLOAT_DIR: HF float32 (and bf16) from FLOAT_DIR instead of CHECKPOINT, for a checkpoint
+transformers cannot load by itself (an int4 GPTQ checkpoint written by tools/quantize_int4.py):
+graphrt runs CHECKPOINT, HF the float weights it was made from.
 
 Prints a table; --json writes every number. Runs on a GPU or on a CPU (tiny
 settings; Triton through the interpreter).
@@ -75,14 +83,16 @@ def hf_logits(hf, ids: list[int], device) -> torch.Tensor:
 
 
 # ---- graphrt ------------------------------------------------------------------------------------
-def graphrt_runtime(path, device, *, rows: int, context: int):
-    """(model, ModelRuntime with 1-step graphs keeping logits, rows x context pages); bf16 on CUDA."""
+def graphrt_runtime(path, device, *, rows: int, context: int, quantization: str | None = None):
+    """(model, ModelRuntime with 1-step graphs keeping logits, rows x context pages); bf16 on CUDA;
+    quantization: load_checkpoint's (None, "fp8", "int4")."""
     from graphrt.config import RuntimeConfig
     from graphrt.checkpoint.loader import load_checkpoint
     from graphrt.checkpoint.decoder import build_model
     from graphrt.model.runtime import ModelRuntime
     cuda = device.type == "cuda"
-    ck = load_checkpoint(path, device=device, dtype=torch.bfloat16 if cuda else torch.float32)
+    ck = load_checkpoint(path, device=device, dtype=torch.bfloat16 if cuda else torch.float32,
+                         quantization=quantization)
     s, page = ck.spec, 16
     rc = RuntimeConfig(num_qo_heads=s.num_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim,
                        page_size=page, max_context_len=context, buckets=[rows],
@@ -210,7 +220,8 @@ def score_against_fp32(hf, ps: list[list[int]], outs: list[list[int]], device) -
 
 
 @torch.no_grad()
-def greedy_agreement(path, hf, seqs, device, *, prompts: int, prompt_tokens: int, gen_tokens: int) -> dict:
+def greedy_agreement(path, hf, seqs, device, *, prompts: int, prompt_tokens: int, gen_tokens: int,
+                     quantization: str | None = None, reference=None) -> dict:
     """graphrt's greedy continuations and HF bfloat16's own, each scored against HF float32
     (score_against_fp32): a bf16 engine is judged against what bf16 arithmetic itself reaches."""
     from graphrt import LLM, SamplingParams
@@ -220,7 +231,7 @@ def greedy_agreement(path, hf, seqs, device, *, prompts: int, prompt_tokens: int
     cuda = device.type == "cuda"
     t0 = time.perf_counter()
     llm = LLM(str(path), device=str(device), max_batch=16 if cuda else 4,
-              max_model_len=prompt_tokens + gen_tokens + 8)
+              max_model_len=prompt_tokens + gen_tokens + 8, quantization=quantization)
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     outs = llm.generate(ps, SamplingParams(max_tokens=gen_tokens, temperature=0.0, ignore_eos=True))
@@ -233,7 +244,7 @@ def greedy_agreement(path, hf, seqs, device, *, prompts: int, prompt_tokens: int
            "prompt_tokens": prompt_tokens, "gen_tokens": gen_tokens}
     res |= score_against_fp32(hf, ps, got, device)
     from transformers import AutoModelForCausalLM
-    hf16 = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.bfloat16).to(device).eval()
+    hf16 = AutoModelForCausalLM.from_pretrained(str(reference or path), dtype=torch.bfloat16).to(device).eval()
     ref16 = hf_greedy(hf16, ps, gen_tokens, device)
     del hf16
     res["hf_bf16"] = score_against_fp32(hf, ps, ref16, device)
@@ -260,6 +271,9 @@ def main(argv=None) -> int:
     p.add_argument("--rows", type=int, default=None, help="graphrt batch rows (default 16 CUDA, 4 CPU)")
     p.add_argument("--chunk-tokens", type=int, default=4096, help="prefill chunk size")
     p.add_argument("--agree-with", default=None, help="a target checkpoint: top-1 agreement + ppl ratio")
+    p.add_argument("--quantization", default=None, choices=["fp8", "int4"],
+                   help="graphrt quantizes the float checkpoint while loading (HF stays float32)")
+    p.add_argument("--reference", default=None, help="HF float weights from this directory (default: CHECKPOINT)")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     cuda = a.device == "cuda"
@@ -282,7 +296,7 @@ def main(argv=None) -> int:
         print("eval_ppl: --device cuda but CUDA is not available; use --device cpu", file=sys.stderr)
         return 2
     ckpt = Path(a.checkpoint)
-    for c in [ckpt] + ([Path(a.agree_with)] if a.agree_with else []):
+    for c in [ckpt] + [Path(x) for x in (a.agree_with, a.reference) if x]:
         if not (c / "config.json").is_file():
             print(f"eval_ppl: {c}: not a checkpoint directory (no config.json)", file=sys.stderr)
             return 2
@@ -304,14 +318,17 @@ def _evaluate(a, ckpt: Path, cuda: bool) -> int:
     res = {"checkpoint": str(ckpt), "device": a.device, "graphrt_dtype": "bfloat16" if cuda else "float32",
            "files": len(seqs), "window": a.window, "tokens_scored": sum(len(s) - 1 for s in seqs)}
     t0 = time.perf_counter()
-    hf = hf_model(ckpt, device)
+    hf = hf_model(a.reference or ckpt, device)
+    res["reference"] = a.reference
     res["params"] = sum(p.numel() for p in hf.parameters())
     res["arch"] = hf.config.model_type
     hf_nll = [nll_rows(hf_logits(hf, s, device)[:-1], torch.tensor(s[1:], device=device)) for s in seqs]
     res["hf_fp32_ppl"] = ppl(torch.cat(hf_nll))
     res["hf_s"] = round(time.perf_counter() - t0, 2)
     t0 = time.perf_counter()
-    model, mrt = graphrt_runtime(ckpt, device, rows=a.rows, context=max(a.window, a.decode_tokens + 1))
+    res["quantization"] = a.quantization
+    model, mrt = graphrt_runtime(ckpt, device, rows=a.rows, context=max(a.window, a.decode_tokens + 1),
+                                 quantization=a.quantization)
     gr_nll = graphrt_prefill_nll(model, mrt, seqs, chunk_tokens=a.chunk_tokens)
     res["graphrt_prefill_ppl"] = ppl(torch.cat(gr_nll))
     res["prefill_ratio"] = res["graphrt_prefill_ppl"] / res["hf_fp32_ppl"]
@@ -330,7 +347,8 @@ def _evaluate(a, ckpt: Path, cuda: bool) -> int:
     del mrt, model
     if a.prompts:
         res["greedy"] = greedy_agreement(ckpt, hf, seqs, device, prompts=a.prompts,
-                                         prompt_tokens=a.prompt_tokens, gen_tokens=a.gen_tokens)
+                                         prompt_tokens=a.prompt_tokens, gen_tokens=a.gen_tokens,
+                                         quantization=a.quantization, reference=a.reference)
     if a.agree_with:
         other = hf_model(a.agree_with, device)
         same = total = 0
@@ -352,7 +370,8 @@ def _evaluate(a, ckpt: Path, cuda: bool) -> int:
 
 def report(r: dict) -> None:
     print(f"{r['checkpoint']} ({r['arch']}, {r['params'] / 1e6:.2f} M params): {r['files']} held-out files, "
-          f"{r['tokens_scored']} tokens, window {r['window']}")
+          f"{r['tokens_scored']} tokens, window {r['window']}"
+          + (f", graphrt weights quantization={r['quantization']}" if r.get("quantization") else ""))
     print(f"  perplexity  HF float32 {r['hf_fp32_ppl']:.4f} | graphrt {r['graphrt_dtype']} prefill "
           f"{r['graphrt_prefill_ppl']:.4f} | ratio {r['prefill_ratio']:.5f}")
     if "decode" in r:

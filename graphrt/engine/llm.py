@@ -13,6 +13,7 @@
     llm = LLM(path, tensor_parallel=2)                     # one process per GPU (graphrt/parallel)
     llm.shutdown()                                         # ends the tensor-parallel workers
     llm = LLM(path, quantization="fp8")                    # FP8 weights from a float checkpoint
+    llm = LLM(path, quantization="int4")                   # int4 (RTN, group 128) from a float one: docs/int4.md
     llm = LLM(path, kv_cache_dtype="fp8")                  # FP8 (e4m3) KV cache: docs/fp8.md
     llm = LLM(path, speculative={"method": "ngram", "num_tokens": 4})       # speculative decoding
     llm = LLM(path, speculative={"method": "draft", "num_tokens": 4, "model": DRAFT_DIR})
@@ -143,6 +144,9 @@ class LLM:
     quantization="fp8": a float checkpoint's linear layers as FP8 (per channel) while loading;
     FP8 checkpoints load as FP8 without it (graphrt/checkpoint/fp8_loader.py); with
     tensor_parallel, each rank loads its shard of the FP8 weights and scales.
+    quantization="int4": a float checkpoint's linear layers as int4 (round-to-nearest, group
+    128, asymmetric); GPTQ, AWQ and compressed-tensors W4A16 checkpoints load as int4 without it
+    (graphrt/checkpoint/int4_loader.py, docs/int4.md; one GPU: tensor_parallel is refused).
     plans: decode plans measured by an earlier start (`llm.runtime.measured_plans()`; a graph
     cache's manifest keeps its capture's, which `graphrt serve --graph-cache` passes): split-K and
     "auto"'s K are taken from them instead of measured (graphrt/model/plans.py; one GPU only).
@@ -262,6 +266,11 @@ class LLM:
         except BaseException:
             self._workers.close()
             raise
+
+    def get_tokenizer(self):
+        """The checkpoint's tokenizer (vLLM's LLM.get_tokenizer): graphrt.checkpoint.tokenizer's
+        Tokenizer, or transformers' AutoTokenizer for a checkpoint without tokenizer.json."""
+        return self.tokenizer
 
     def shutdown(self) -> None:
         """End the tensor-parallel workers (no-op for tensor_parallel=1); idempotent."""

@@ -21,6 +21,7 @@ from dataclasses import replace
 import torch
 
 from graphrt.model.quant.fp8 import Fp8Weight, cat_rows, quantize_fp8
+from graphrt.model.quant.int4 import Int4Weight
 from graphrt.model.spec import LlamaSpec
 from graphrt.model.weights import ModelWeights
 
@@ -55,11 +56,11 @@ def quantize_weights(weights: ModelWeights, spec: LlamaSpec, strategy: str = "ch
 
 
 def dequantize_weights(weights: ModelWeights, dtype: torch.dtype = torch.float32) -> ModelWeights:
-    """Every tensor in `dtype`; Fp8Weight fields dequantized (data * scale, computed in float32)."""
+    """Every tensor in `dtype`; Fp8Weight / Int4Weight fields dequantized (computed in float32)."""
     def d(t):
         if t is None:
             return None
-        return t.dequantize(dtype) if isinstance(t, Fp8Weight) else t.to(dtype)
+        return t.dequantize(dtype) if isinstance(t, (Fp8Weight, Int4Weight)) else t.to(dtype)
     layers = tuple(replace(layer, **{f: d(getattr(layer, f)) for f in layer.__dataclass_fields__})
                    for layer in weights.layers)
     embed = d(weights.embed)

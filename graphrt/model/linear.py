@@ -4,7 +4,7 @@
     lin.choose(batch_sizes)                    # on a GPU, at capture: times both per batch size
     y = lin(x)                                 # x [M, K] -> [M, N]; dispatch on M (host int)
 
-    y = linear(x, w, bias)                     # the model's call: w a tensor or an Fp8Weight
+    y = linear(x, w, bias)                     # the model's call: w a tensor, an Fp8Weight or an Int4Weight
     acc = fp8_matmul(xq, w8, unit=one)         # W8A8: Fp8Rows x per-channel Fp8Weight -> ScaledAcc
 
 The choice is a pure host-side decision keyed by the row count, made before any graph is
@@ -22,6 +22,11 @@ reference path CI runs); on CUDA the FP8 GEMV (`gemv_fp8`, dequant in registers)
 and above that `torch._scaled_mm` with per-token dynamic activation scales (per-channel
 weights) or, block-scaled, the same Triton kernel tiled over M (M < 256) / a dequantized bf16
 copy and cuBLAS (prefill-sized M); see SCALED_MM_MIN_M.
+
+int4 weights (W4A16, `Int4Weight`, `int4_linear`): on CPU the float32 dequantized weight (the
+reference path); on CUDA the int4 GEMV (`gemv_int4`: codes unpacked in registers, group scales
+on the float32 partial sums, split-K for small N) for M <= INT4_GEMV_MAX_M, and above that one
+dequantizing kernel into a model-dtype copy, then cuBLAS (prefill-sized M).
 """
 from __future__ import annotations
 
@@ -31,7 +36,9 @@ import torch.nn.functional as F
 from graphrt.kernels.fp8 import Fp8Rows, ScaledAcc
 from graphrt.kernels.timing import graph_us
 from graphrt.kernels.gemv import CANDIDATES, FP8_CANDIDATES, MAX_M, GemvConfig, gemv, gemv_fp8
+from graphrt.kernels.gemv_int4 import CANDIDATES as INT4_CANDIDATES, Int4GemvConfig, dequantize_int4, gemv_int4
 from graphrt.model.quant.fp8 import FP8, FP8_MAX, Fp8Weight
+from graphrt.model.quant.int4 import Int4Weight
 
 CUBLAS = "cublas"
 L2_BYTES = 128 << 20  # > the H100/H200 L2 (50-60 MB) with margin
@@ -41,6 +48,7 @@ L2_BYTES = 128 << 20  # > the H100/H200 L2 (50-60 MB) with margin
 # PREFILL_DEQUANT_M, a dequantized copy + cuBLAS above. Retune from bench_e2e --fp8-kernels.
 SCALED_MM_MIN_M = 64
 PREFILL_DEQUANT_M = 256
+INT4_GEMV_MAX_M = 64       # int4 on CUDA: the GEMV up to this many rows, dequantize + cuBLAS above
 
 
 def fp8_matmul(x: Fp8Rows, w: Fp8Weight, bias: torch.Tensor | None = None, *, unit: torch.Tensor,
@@ -67,7 +75,31 @@ def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor
         return w(x) if bias is None else w(x) + bias
     if isinstance(w, Fp8Weight):
         return fp8_linear(x, w, bias)
+    if isinstance(w, Int4Weight):
+        return int4_linear(x, w, bias)
     return F.linear(x, w, bias)
+
+
+def int4_linear(x: torch.Tensor, w: Int4Weight, bias: torch.Tensor | None = None, *,
+                config: Int4GemvConfig | None = None) -> torch.Tensor:
+    """x [M, K] (bf16 / fp16 / fp32, model channel order) times an int4 weight [N, K] -> [M, N]
+    in x's dtype (module docstring). config: the GEMV's (default: gemv_int4's pure choice);
+    with M > INT4_GEMV_MAX_M on CUDA the dequantized copy is used regardless."""
+    if x.device.type != "cuda":          # CPU: float32 reference (dequantized weight)
+        y = F.linear(x.float(), w.dequantize(torch.float32), None if bias is None else bias.float())
+        return y.to(x.dtype)
+    if x.shape[0] <= INT4_GEMV_MAX_M:
+        return gemv_int4(x, w.qweight, w.scale, w.group_size, zero=w.zero, perm=w.perm, bias=bias,
+                         config=config)
+    return int4_dequant_mm(x, w, bias)
+
+
+def int4_dequant_mm(x: torch.Tensor, w: Int4Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """CUDA: one dequantizing kernel into a [N, K] copy in x's dtype, then cuBLAS (act-order:
+    x's columns gathered into the stored order first). [M, N] in x's dtype; capturable."""
+    wd = dequantize_int4(w.qweight, w.scale, w.group_size, zero=w.zero, dtype=x.dtype)
+    xs = x if w.perm is None else x.index_select(1, w.perm)
+    return F.linear(xs, wd, bias)
 
 
 def fp8_linear(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None, *,
@@ -106,13 +138,17 @@ def scaled_mm_per_token(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None
 class Linear:
     """One weight matrix [N, K] (+ bias [N]) with a per-batch-size kernel choice."""
 
-    def __init__(self, weight: torch.Tensor | Fp8Weight, bias: torch.Tensor | None = None):
+    def __init__(self, weight: torch.Tensor | Fp8Weight | Int4Weight, bias: torch.Tensor | None = None):
         self.weight, self.bias = weight, bias
         self.choice: dict[int, GemvConfig | None] = {}   # rows -> config (None = cuBLAS)
         self.timings_us: dict[int, dict[str, float]] = {}
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         cfg = self.choice.get(x.shape[0])
+        if isinstance(self.weight, Int4Weight):
+            if x.shape[0] in self.choice and cfg is None and x.device.type == "cuda":
+                return int4_dequant_mm(x, self.weight, self.bias)       # measured faster
+            return int4_linear(x, self.weight, self.bias, config=cfg)
         if isinstance(self.weight, Fp8Weight):
             if x.shape[0] in self.choice and cfg is None and x.device.type == "cuda":
                 return scaled_mm_per_token(x, self.weight, self.bias)   # measured faster
@@ -127,9 +163,19 @@ class Linear:
         back-to-back calls rotating over copies of the weight that together exceed the L2 (a
         decode step never finds its weights in L2), CUDA events, median of `repeats`."""
         w8 = self.weight if isinstance(self.weight, Fp8Weight) else None
+        w4 = self.weight if isinstance(self.weight, Int4Weight) else None
         if self.weight.device.type != "cuda":
             return {}
-        if w8 is None:
+        if w4 is not None:           # int4: the GEMV configs that fit the groups, and dequant + cuBLAS
+            w_bytes, k, g = w4.nbytes, w4.shape[1], w4.group_size
+
+            def clone(w):
+                return Int4Weight(w.qweight.clone(), w.scale.clone(), w.group_size,
+                                  None if w.zero is None else w.zero.clone(), w.perm)
+            cands = [(c.name, c, lambda x, w, c=c: int4_linear(x, w, self.bias, config=c))
+                     for c in INT4_CANDIDATES if g % c.block_k == 0 and k % (c.split_k * c.block_k) == 0]
+            cands.append((CUBLAS, None, lambda x, w: int4_dequant_mm(x, w, self.bias)))
+        elif w8 is None:
             w_bytes = self.weight.numel() * self.weight.element_size()
             clone = torch.Tensor.clone
             cands = [(CUBLAS, None, lambda x, w: F.linear(x, w, self.bias))] + [
@@ -145,7 +191,7 @@ class Linear:
             if w8.block is None:
                 cands.append((CUBLAS, None, lambda x, w: scaled_mm_per_token(x, w, self.bias)))
         copies = [self.weight] + [clone(self.weight) for _ in range(min(15, L2_BYTES // w_bytes))]
-        dtype = self.weight.dtype if w8 is None else torch.bfloat16
+        dtype = self.weight.dtype if w8 is None and w4 is None else torch.bfloat16
         for m in batch_sizes:
             if m > MAX_M:
                 continue

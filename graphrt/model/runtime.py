@@ -106,6 +106,8 @@ from graphrt.model.sampling import SamplingInputs
 from graphrt.model.quant.kv import kv_scales as _kv_scale_tensor
 from graphrt.config import check_mixed_tokens
 from graphrt.model.mixed import MixedChunk
+from graphrt.model.persistent import PersistentPlan, choose as choose_persistent, \
+    resolve_setting as resolve_persistent
 from graphrt.model.slots import SlotState
 from graphrt.model.plans import check_plans, plans_dict
 from graphrt.model.splitk import GEMMS as SPLITK_GEMMS, MAX_ROWS as SPLITK_MAX_ROWS, SplitKPlan, plan_splitk, \
@@ -123,7 +125,7 @@ class ModelRuntime:
                  processing: bool = False, logprobs_mode: str = "raw", logprobs_width: int = 20,
                  kv_scales: list[tuple[float, float]] | None = None, prefill_graph_tokens: int = 512,
                  graphed_prefill: bool | None = None, splitk: str | int = "auto", fuse: str = "off",
-                 mixed_prefill_tokens: int = 0, plans: dict | None = None):
+                 mixed_prefill_tokens: int = 0, plans: dict | None = None, decode_backend: str = "sequence"):
         s = model.spec
         heads = getattr(model, "local_spec", s)  # a tensor-parallel rank's model: its own heads
         want = (heads.num_heads, heads.num_kv_heads, heads.head_dim)
@@ -206,6 +208,10 @@ class ModelRuntime:
             resolve_fuse(fuse)                            # ValueError now; "auto" reads the env later
         self._fuse_setting = fuse
         self.fuse: FusePlan | None = None       # decode buckets' fused GEMVs: chosen after split-K
+        if decode_backend != "auto":
+            resolve_persistent(decode_backend)           # ValueError now; "auto" reads the env later
+        self._persistent_setting = decode_backend
+        self.persistent: PersistentPlan | None = None   # greedy buckets <= 16 rows: persistent step or sequence
         self._captured = False
         self.backend.setup([self.buffers.view(x) for x in reversed(config.buckets)])
         if self.backend.needs_host_inputs and self.steps.source == "default":   # "auto": one step
@@ -352,14 +358,19 @@ class ModelRuntime:
         fuse = None if self.fuse is None else self.fuse.get(size)
         split = (1, 1) if self.splitk is None or fuse is not None else self.splitk.get(size)
         opts = ({} if split == (1, 1) else {"splitk": split}) | ({} if fuse is None else {"fuse": fuse})
+        # greedy blocks of a bucket the plan gives a persistent step: the step and its argmax, one launch
+        pstep = None if sampled or processed or chunk or self.persistent is None else self.persistent.get(size)
         for step in range(self.k):
             ctx.prepare()
-            if chunk and step == 0:                                          # + the prompt chunk
+            out = self.out_tokens[step, :size]
+            if pstep is not None:                                            # model/persistent.py
+                logits = pstep.logits                                        # [B, vocab] model dtype
+                pstep.launch(tokens, seq, view.block_table, out, self.buffers.device_error)
+            elif chunk and step == 0:                                        # + the prompt chunk
                 logits = self.mixed.step(self.model, ctx, tokens, self.kv_caches, st.block_table,
                                          self.buffers.device_error)
             else:
                 logits = self.model.decode_step(ctx, tokens, **opts)         # [B, vocab] model dtype
-            out = self.out_tokens[step, :size]
             live = seq > 0 if processed else None
             if processed and not filtered:       # process, draw, log-probs, count: fused passes
                 st.proc.draw(logits, size, st.seed[:size], st.step[:size], st.temperature[:size], live, out,
@@ -375,7 +386,7 @@ class ModelRuntime:
             elif sampled:
                 sample_tokens(logits, st.temperature[:size], st.top_k[:size], st.top_p[:size],
                               st.seed[:size], st.step[:size], out)
-            else:
+            elif pstep is None:
                 ops.argmax_into(logits, out)                                 # greedy
             # current token, history at index seq_len (speculation's input), seq_len + 1: one launch
             ops.step_advance(out, tokens, seq, None if st.history is None else st.history[:size])
@@ -410,6 +421,41 @@ class ModelRuntime:
             self.fuse = plan_fuse(self.model, self.config.buckets, self._fuse_setting, splitk=self.splitk)
             if self.fuse.source == "measured":
                 self.plan_seconds["fused GEMVs"] = time.perf_counter() - t
+        if self.persistent is None:                      # measured ("auto" on CUDA) in capture()
+            self.persistent = PersistentPlan.build(self.model, self.kv_caches, self.config.buckets,
+                                                   self._persistent_setting,
+                                                   max_context_len=self.config.max_context_len)
+
+    def _measure_persistent(self) -> None:
+        """decode_backend "auto" on CUDA (after K is fixed, outside any capture): per bucket with a
+        persistent step, its greedy graph and the kernel sequence's are captured, timed and
+        dropped; the persistent step stays where `choose_persistent` says (a step that fails to
+        compile or launch is dropped, logged)."""
+        plan = self.persistent
+        if plan.source != "measured" or plan.timings_us:
+            return
+        t0 = time.perf_counter()
+        steps = plan.candidates
+        reps = max(1, min(5, (self.config.max_context_len - 2) // (4 * self.k)))
+        for size, pstep in steps.items():
+            key, inputs = self._key(size, False), self._capture_inputs(size)
+            for name, table in (("sequence", {}), ("persistent", {size: pstep})):
+                plan.table = table
+                try:
+                    self.graphs.capture(key, lambda: self._steps(size, False), inputs=inputs, scratch=self.kv_caches)
+                    plan.timings_us[(size, name)] = self.graphs.time_us(key, inputs=inputs, scratch=self.kv_caches,
+                                                                        reps=reps, repeats=3)
+                except Exception as e:                   # noqa: BLE001 - the sequence stays
+                    if name == "sequence":
+                        raise
+                    log.warning("graphrt: persistent decode step at %d rows failed (%s): kernel sequence", size, e)
+                    plan.timings_us[(size, name)] = float("inf")
+                finally:
+                    self.graphs.drop(key)
+        plan.table = {size: p for size, p in steps.items() if choose_persistent(plan.timings_us, size)}
+        self.plan_seconds["persistent step"] = time.perf_counter() - t0
+        log.info("graphrt: persistent decode step at rows %s of %s (measured, µs %s)", sorted(plan.table),
+                 sorted(steps), {k: round(v, 1) for k, v in plan.timings_us.items()})
 
     def _cached_splitk(self) -> SplitKPlan | None:
         """The split-K plan of `plans` where it applies: setting "auto", CUDA, one GPU, its table's
@@ -499,6 +545,7 @@ class ModelRuntime:
         with self.lock:
             self._plan_splitk()
             self._plan_steps()
+            self._measure_persistent()
             for size in reversed(self.config.buckets):
                 kinds = ([(False, False, False, False)] + [(True, False, False, False)] * self.sampling
                          + [(True, True, False, False), (True, True, True, False)] * self.processing)

@@ -25,7 +25,8 @@ Every producer (`fuse_hf_state_dict` here, a safetensors loader elsewhere) build
 H = hidden_size, V = vocab_size, I = intermediate_size, Hq / Hkv = num_heads / num_kv_heads,
 D = head_dim (need not equal H / Hq). Every tensor: the model dtype (norm weights too), one
 device, contiguous; except that qkv / o / gate_up / down / lm_head may be FP8 weights
-(`graphrt.model.quant.Fp8Weight`: e4m3 data of the same shape + float32 scales), which the
+(`graphrt.model.quant.Fp8Weight`: e4m3 data of the same shape + float32 scales) or int4
+weights (`graphrt.model.quant.int4.Int4Weight`: packed codes + group scales / zeros), which the
 model's `linear` dequantizes (graphrt/model/quant/). Within a q/k/v block, rows are head-major (head h owns rows h*D .. h*D+D-1),
 as in HF. `ModelWeights.check(spec)` validates all of this, naming the field.
 
@@ -39,9 +40,10 @@ from dataclasses import dataclass, fields
 import torch
 
 from graphrt.model.quant.fp8 import Fp8Weight
+from graphrt.model.quant.int4 import Int4Weight
 from graphrt.model.spec import LlamaSpec
 
-QUANTIZABLE = ("qkv", "o", "gate_up", "down", "lm_head")   # fields that may hold an Fp8Weight
+QUANTIZABLE = ("qkv", "o", "gate_up", "down", "lm_head")   # fields that may hold an Fp8Weight / Int4Weight
 
 
 @dataclass(frozen=True)
@@ -104,11 +106,12 @@ def _check_tensor(name, t, shape, dtype, device) -> None:
         if t is not None:
             raise ValueError(f"{name}: must be None for this model, got a tensor {tuple(t.shape)}")
         return
-    if isinstance(t, Fp8Weight) and name.rsplit(".", 1)[-1] in QUANTIZABLE:
+    if isinstance(t, (Fp8Weight, Int4Weight)) and name.rsplit(".", 1)[-1] in QUANTIZABLE:
+        kind = "FP8" if isinstance(t, Fp8Weight) else "int4"
         if tuple(t.shape) != shape:
-            raise ValueError(f"{name}: FP8 weight of shape {tuple(t.shape)}, expected {shape}")
+            raise ValueError(f"{name}: {kind} weight of shape {tuple(t.shape)}, expected {shape}")
         if t.device != device or not t.is_contiguous():
-            raise ValueError(f"{name}: FP8 weight on {t.device} (contiguous: {t.is_contiguous()}), "
+            raise ValueError(f"{name}: {kind} weight on {t.device} (contiguous: {t.is_contiguous()}), "
                              f"expected contiguous on {device} (embed's)")
         return
     if not isinstance(t, torch.Tensor):

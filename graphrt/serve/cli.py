@@ -67,8 +67,10 @@ def build_parser(prog: str = "graphrt serve") -> argparse.ArgumentParser:
                    help="default: cuda if available, else cpu (Triton kernels interpreted: slow, for tests)")
     p.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
                    help="shard the model over N GPUs, one process each (graphrt/parallel)")
-    p.add_argument("--quantization", default=None, choices=["fp8"],
-                   help="fp8: quantize a float checkpoint's linear layers to FP8 while loading (default: none; FP8 checkpoints load as FP8 by themselves)")
+    p.add_argument("--quantization", default=None, choices=["fp8", "int4"],
+                   help="fp8 / int4: quantize a float checkpoint's linear layers to FP8 (per channel) / int4 "
+                        "(round-to-nearest, group 128) while loading (default: none; FP8, GPTQ, AWQ and "
+                        "compressed-tensors checkpoints load as such by themselves)")
     p.add_argument("--speculative-method", default=None, choices=["ngram", "draft", "eagle3"],
                    help="speculative decoding: ngram (prompt lookup over each request's own tokens), "
                         "draft (a smaller checkpoint, --draft-model) or eagle3 (an EAGLE-3 head, --draft-model) "
@@ -84,8 +86,8 @@ def build_parser(prog: str = "graphrt serve") -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", default=None, metavar="NAME",
                    help="the `model` clients send (default: --model as given)")
     p.add_argument("--max-waiting", type=int, default=None, metavar="N",
-                   help=f"queued requests beyond the decode slots before 503 (default: {DEFAULT_MAX_WAITING}, "
-                        f"or max_waiting in --config)")
+                   help=f"queued sequences (a prompt's n samples each count) beyond the decode slots before "
+                        f"503 (default: {DEFAULT_MAX_WAITING}, or max_waiting in --config)")
     p.add_argument("--max-request-bytes", type=int, default=None, metavar="N",
                    help="refuse request bodies larger than N bytes with 413 (default: 4 MiB)")
     p.add_argument("--header-timeout", type=float, default=None, metavar="SECONDS", dest="header_timeout_s",

@@ -32,7 +32,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import ValidationError
 
 from graphrt.serve.bridge import AsyncEngine, DeltaStream
-from graphrt.serve.errors import APIError, sse_error
+from graphrt.serve.errors import APIError, clip, sse_error
 from graphrt.serve.logprobs import chat_logprobs, completion_logprobs, merge
 from graphrt.serve.protocol import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                        ChatCompletionResponse, ChatDelta, CompletionChoice, CompletionRequest, CompletionResponse,
@@ -77,7 +77,7 @@ class Generation:
     # ---- request -> engine ------------------------------------------------------------------------
     def _check(self, body) -> None:
         if body.model != self.model_name:
-            raise APIError.bad_request(f"model: {body.model!r} is not served here; this server serves "
+            raise APIError.bad_request(f"model: {clip(body.model)} is not served here; this server serves "
                                        f"{self.model_name!r}", param="model")
         body.refuse_unsupported()
 
@@ -86,9 +86,9 @@ class Generation:
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
         if isinstance(body, ChatCompletionRequest):
             logprobs, prompt_logprobs = (body.top_logprobs or 0) if body.logprobs else None, None
-        else:
-            logprobs = body.logprobs
-            prompt_logprobs = body.logprobs if body.echo else None
+        else:                                      # echo with max_tokens 0 (lm-eval's loglikelihood): the
+            logprobs = body.logprobs if body.max_tokens != 0 else None   # drawn token is dropped, so are its
+            prompt_logprobs = body.logprobs if body.echo else None       # log-probs (a speculative engine serves it)
         try:
             return SamplingParams(max_tokens=max(max_tokens, 1), temperature=body.temperature, top_p=body.top_p,
                                   top_k=body.top_k, seed=body.seed, stop=stop,
@@ -110,14 +110,18 @@ class Generation:
             ids = ids["input_ids"]
         return list(ids)
 
-    async def _submit(self, prompts: list, params, *, kind: str) -> tuple[str, list[DeltaStream]]:
-        """One engine request per prompt -> (the response id: the first's, their streams); if one
-        is refused, those already queued are aborted."""
-        streams = []
+    async def _submit(self, prompts: list, params, *, kind: str, field: str) -> tuple[str, list[DeltaStream]]:
+        """One engine request per prompt -> (the response id: the first's, their streams). Every
+        prompt's samples are admitted at once before any is queued (400 naming `field` past the
+        limit, 503 when they do not fit now); if one is refused, those already queued are aborted."""
+        self.bridge.admit(len(prompts) * params.samples, field=field)
+        streams, left = [], len(prompts)
         try:
             for p in prompts:
-                streams.append(await self.bridge.submit(p, params, kind=kind))
+                left -= 1                              # submit gives its own back when it fails
+                streams.append(await self.bridge.submit(p, params, kind=kind, held=True))
         except BaseException:
+            self.bridge.release(left * params.samples)
             for _, ds in streams:
                 ds.close()
             raise
@@ -128,13 +132,16 @@ class Generation:
         self._check(body)
         params = await self.bridge.run(self._params, body, 16 if body.max_tokens is None else body.max_tokens)
         prompts = body.prompts(most=self.bridge.capacity)   # null max_tokens: OpenAI's 16
+        field = ("best_of" if body.best_of is not None and body.best_of > body.n else "n") \
+            if len(prompts) == 1 or params.samples > 1 else "prompt"
+        self.bridge.check_size(len(prompts) * params.samples, field=field)    # before any tokenization
         texts = [p if isinstance(p, str) else None for p in prompts]
         prompts = [await self._off_loop(self._tokenize, p, param="prompt") if isinstance(p, str) else p
                    for p in prompts]
         if body.echo:
             texts = [t if t is not None else await self.bridge.run(self.tokenizer.decode, p)
                      for p, t in zip(prompts, texts)]
-        rid, streams = await self._submit(prompts, params, kind="cmpl")
+        rid, streams = await self._submit(prompts, params, kind="cmpl", field=field)
         echoes = [_Echo(self, body, p, t) for p, t in zip(prompts, texts)]
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -163,15 +170,14 @@ class Generation:
             if limit < 1:
                 raise APIError.bad_request(f"messages: the conversation is {len(ids)} tokens, the context "
                                            f"(max_model_len) is {self.max_model_len}", param="messages")
-        params = await self.bridge.run(self._params, body, limit)
+        names = {"prompt": "messages", "logprobs": "top_logprobs"}       # engine field -> chat's
+        if body.max_completion_tokens is not None:
+            names["max_tokens"] = "max_completion_tokens"
         try:
-            rid, streams = await self._submit([ids], params, kind="chatcmpl")
+            params = await self.bridge.run(self._params, body, limit)
+            rid, streams = await self._submit([ids], params, kind="chatcmpl", field="n")
         except APIError as e:
-            if e.param == "prompt":
-                e.param = "messages"
-            elif e.param == "max_tokens" and body.max_completion_tokens is not None:
-                e.param = "max_completion_tokens"
-            raise
+            raise e.renamed(names) from None
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
             return SSEResponse(self._chat_events(rid, streams, body.n, usage, body.return_token_ids,

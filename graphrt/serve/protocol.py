@@ -18,7 +18,7 @@ from typing import Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from graphrt.serve.errors import APIError
+from graphrt.serve.errors import APIError, clip
 from graphrt.serve.logprobs import ChatLogprobs, CompletionLogprobs
 
 
@@ -70,8 +70,17 @@ class _Request(BaseModel):
         try:
             return {int(k): v for k, v in self.logit_bias.items()}
         except ValueError:
-            raise APIError.bad_request(f"logit_bias: keys must be token ids, got {sorted(self.logit_bias)[:3]}",
+            bad = next(k for k in self.logit_bias if not _is_int(k))
+            raise APIError.bad_request(f"logit_bias: keys must be token ids, got {clip(bad)}",
                                        param="logit_bias") from None
+
+
+def _is_int(key: str) -> bool:
+    try:
+        int(key)
+    except ValueError:
+        return False
+    return True
 
 
 class StreamOptions(BaseModel):

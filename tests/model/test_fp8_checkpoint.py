@@ -123,8 +123,9 @@ def _edit(path, fn):
 
 
 @pytest.mark.parametrize("edit,match", [
-    (lambda q: q.update(quant_method="gptq"), r"quantization_config.quant_method: 'gptq'"),
-    (lambda q: q.update(format="pack-quantized"), r"quantization_config.format: 'pack-quantized'"),
+    (lambda q: q.update(quant_method="bitsandbytes"), r"quantization_config.quant_method: 'bitsandbytes'"),
+    (lambda q: q.update(format="int-quantized"), r"quantization_config.format: 'int-quantized'"),
+    (lambda q: q.update(format="pack-quantized"), r"config_groups.group_0.weights.num_bits: 8"),   # int4 reader
     (lambda q: q["config_groups"]["group_0"]["weights"].update(num_bits=4),
      r"config_groups.group_0.weights.num_bits: 4"),
     (lambda q: q["config_groups"]["group_0"]["weights"].update(type="int"),
@@ -191,5 +192,5 @@ def test_serve_cli_quantization_flag():
     assert build_parser().parse_args(["--model", "m", "--quantization", "fp8"]).quantization == "fp8"
     assert build_parser().parse_args(["--model", "m"]).quantization is None
     with pytest.raises(SystemExit) as e:
-        build_parser().parse_args(["--model", "m", "--quantization", "int4"])
+        build_parser().parse_args(["--model", "m", "--quantization", "int8"])
     assert e.value.code == 2

@@ -12,11 +12,13 @@
 #   bash .device/bootstrap.sh bash tools/device/bench.sh prefill     # first tokens, shared prefix, arrival
 #   bash .device/bootstrap.sh bash tools/device/bench.sh startup     # cold / warm start, model graph cache
 #   bash .device/bootstrap.sh bash tools/device/bench.sh fp8         # FP8 weights / KV: speed and quality
+#   bash .device/bootstrap.sh bash tools/device/bench.sh int4        # int4 GPU tests, bf16 / FP8 / int4 step rows
+#                                                                    # (INT4_KERNELS=1: + the int4 GEMM table)
 # Tensor parallelism needs two GPUs: tools/device/tp.sh.
 Q=${1:-}
 case "$Q" in
-  step|attention|spec|serve|prefill|startup|fp8) ;;
-  *) echo "bench.sh: the question must be one of step, attention, spec, serve, prefill, startup, fp8 (got '$Q')" >&2
+  step|attention|spec|serve|prefill|startup|fp8|int4) ;;
+  *) echo "bench.sh: the question must be one of step, attention, spec, serve, prefill, startup, fp8, int4 (got '$Q')" >&2
      exit 2 ;;
 esac
 NAME=bench_$Q; DEADLINE=${DEADLINE:-540}; . tools/device/lib.sh   # logs, pack, cap, say
@@ -86,5 +88,12 @@ fp8)
   timeout $(cap 130) python tools/quality_fp8.py "$DIR/target" --device cuda --variants bf16,fp8,fp8-kv,fp8+fp8-kv \
     --json "$L/quality_fp8.json" --check > "$L/quality_fp8.log" 2>&1
   say "quality_fp8 rc=$? (1: a gate failed; the log says which)"; grep -A8 "^variant" "$L/quality_fp8.log" | tee -a "$S"; pack ;;
+int4)
+  timeout $(cap 110) python -m pytest -m gpu -q -p no:cacheprovider tests/model/test_int4_gpu.py -s \
+    > "$L/int4_gpu_tests.log" 2>&1
+  say "int4 GPU tests rc=$?"; tail -4 "$L/int4_gpu_tests.log" | tee -a "$S"; pack
+  e2e int4_step 190 --models llama-3.1-8b,llama-3.2-1b --weights bf16,fp8,int4 --batches 1,16 --contexts 1024 \
+    --variants graphrt $([ "${INT4_KERNELS:-0}" = 1 ] && echo --int4-kernels)
+  grep -E "^gemm" "$L/int4_step.log" | tee -a "$S" ;;
 esac
 pack; cat "$S"

@@ -26,7 +26,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-METHODS = ("fp8",)                        # values of LLM(..., quantization=)
+METHODS = ("fp8",)                        # values of LLM(..., quantization=) this module reads
+ALL_METHODS = ("fp8", "int4")             # every value (int4: graphrt/checkpoint/int4_config.py)
 LINEAR_FIELDS = ("qkv", "o", "gate_up", "down", "lm_head")
 
 
@@ -137,7 +138,7 @@ def parse_quantization(raw: dict, quantization: str | None = None) -> Fp8Format 
     a plain float checkpoint. Raises ValueError naming the unsupported field."""
     if quantization is not None and quantization not in METHODS:
         raise ValueError(f"quantization: {quantization!r} is not supported; expected one of "
-                         f"{METHODS} or None")
+                         f"{ALL_METHODS} or None")
     q = raw.get("quantization_config")
     if q is None:
         return Fp8Format("quantize", "channel") if quantization == "fp8" else None
@@ -149,7 +150,8 @@ def parse_quantization(raw: dict, quantization: str | None = None) -> Fp8Format 
     if method == "fp8":
         return _transformers_fp8(q)
     raise ValueError(f"quantization_config.quant_method: {method!r} is not supported; graphrt reads "
-                     f"'compressed-tensors' (float-quantized FP8) and 'fp8'")
+                     f"'compressed-tensors' (float-quantized FP8, pack-quantized int4), 'fp8', 'gptq' "
+                     f"and 'awq'")
 
 
-__all__ = ["Fp8Format", "LINEAR_FIELDS", "METHODS", "parse_quantization"]
+__all__ = ["ALL_METHODS", "Fp8Format", "LINEAR_FIELDS", "METHODS", "parse_quantization"]

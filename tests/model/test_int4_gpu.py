@@ -1,0 +1,126 @@
+"""GPU tests of int4 weights (W4A16): the int4 GEMV (default and four other configs: tensor-core and
+FMA rows, split-K; act-order,
+asymmetric / symmetric, Llama-3.1-8B shapes) and the dequantize + cuBLAS path against float32 over
+the dequantized weight; then decode graphs over a small checkpoint written as GPTQ act-order
+(tests/_int4_checkpoints.py, group 32) and over an 8B-shaped 1-layer checkpoint with
+`quantization="int4"` (RTN g128): greedy tokens
+(batch 8 with 4-step graphs, batch 1) equal HF float32 over the dequantized weights up to bf16
+ties (the int4 path is weight-only and exact to its arithmetic: like block-scaled FP8).
+
+Run on the GPU machine: python -m pytest -m gpu -q tests/model/test_int4_gpu.py -s
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from _checkpoints import assert_greedy_matches_hf, write
+from _int4_checkpoints import write_int4
+from graphrt import LLM, SamplingParams
+from graphrt.kernels.gemv_int4 import CANDIDATES, Int4GemvConfig, default_config, gemv_int4
+from graphrt.model.linear import INT4_GEMV_MAX_M, int4_linear
+from graphrt.model.quant.int4 import Int4Weight, quantize_int4
+
+pytestmark = pytest.mark.gpu
+transformers = pytest.importorskip("transformers")
+
+SHAPES_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+STEPS = 16
+
+
+def _close(y: torch.Tensor, ref: torch.Tensor) -> None:
+    """y (bf16) within one bf16 rounding of the float32 reference, plus float32 summation order."""
+    err = (y.float() - ref).abs()
+    bound = ref.abs() * 2 ** -8 + 1e-4 * float(ref.abs().max())
+    assert bool((err <= bound).all()), float((err - bound).max())
+
+
+@pytest.mark.parametrize("name", list(SHAPES_8B))
+@pytest.mark.parametrize("group,sym,perm", [(128, False, False), (128, True, True), (32, False, False),
+                                            (-1, True, False)])
+def test_gemv_int4_8b_shapes_match_float32(name, group, sym, perm):
+    n, k = SHAPES_8B[name]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    w4 = quantize_int4(torch.randn(n, k, device="cuda", generator=gen) * 0.02, group, symmetric=sym)
+    if perm:
+        w4 = Int4Weight(w4.qweight, w4.scale, w4.group_size, w4.zero,
+                        torch.randperm(k, device="cuda", generator=gen).to(torch.int32))
+    wf = w4.dequantize(torch.float32)
+    for m in (1, 16, 33):
+        x = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
+        ref = x.float() @ wf.T
+        picks = (Int4GemvConfig(32, 128, 4, 4), Int4GemvConfig(16, 128, 4, 4, 2),     # wider tile, split-K,
+                 Int4GemvConfig(16, 128, 4, 4, 1, 1), Int4GemvConfig(16, 128, 4, 4, 2, 4))   # FMA rows 1 / 4
+        configs = [None] + [c for c in picks if c in CANDIDATES and w4.group_size % c.block_k == 0
+                            and k % (c.split_k * c.block_k) == 0]
+        for c in configs:
+            _close(gemv_int4(x, w4.qweight, w4.scale, w4.group_size, zero=w4.zero, perm=w4.perm, config=c), ref)
+    x = torch.randn(INT4_GEMV_MAX_M + 36, k, device="cuda", generator=gen).bfloat16()   # dequantize + cuBLAS
+    ref = x.float() @ wf.T
+    y = int4_linear(x, w4)
+    assert float((y.float() - ref).norm() / ref.norm()) < 1e-2
+    print(f"{name} g{group} sym={sym} perm={perm}: default {default_config(n, k, w4.group_size).name}")
+
+
+def test_gemv_int4_captured_in_a_graph():
+    w4 = quantize_int4(torch.randn(4096, 4096, device="cuda") * 0.02, 128)
+    x = torch.randn(2, 4096, device="cuda").bfloat16()
+    out = torch.empty(2, 4096, device="cuda", dtype=torch.bfloat16)
+    cfg = default_config(4096, 4096, 128)
+    assert cfg.split_k > 1                                       # the workspace path
+    gemv_int4(x, w4.qweight, w4.scale, 128, zero=w4.zero, config=cfg, out=out)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        gemv_int4(x, w4.qweight, w4.scale, 128, zero=w4.zero, config=cfg, out=out)
+    x.copy_(torch.randn_like(x))
+    g.replay()
+    _close(out, x.float() @ w4.dequantize().T)
+
+
+def _prompts(n, gen, vocab):
+    lens = torch.randint(1, 8, (n,), generator=gen).tolist()
+    return [torch.randint(2, vocab, (m,), generator=gen).tolist() for m in lens]
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    return write(tmp_path_factory, "int4small", shape="tiny-gqa", arch="llama", dtype="bfloat16")
+
+
+@pytest.fixture(scope="module")
+def one_layer_8b(tmp_path_factory):
+    """A random Llama-3.1-8B-shaped checkpoint with one layer, drawn on the GPU (fast)."""
+    return write(tmp_path_factory, "int4_8b", shape="llama-3.1-8b", arch="llama", dtype="bfloat16", num_layers=1,
+                 max_shard_mb=4096, tokenizer_vocab=4096, device="cuda")
+
+
+@pytest.mark.parametrize("kind", ["gptq-act-order", "quantize"])
+def test_int4_greedy_equals_hf_over_dequantized_weights(request, tmp_path, kind):
+    src = request.getfixturevalue("one_layer_8b" if kind == "quantize" else "small")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32).eval()
+    if kind == "quantize":
+        llm = LLM(src, device="cuda", max_batch=8, steps_per_graph=4, max_model_len=1024, quantization="int4")
+        sd = hf.state_dict()
+        for i, layer in enumerate(llm.checkpoint.weights["layers"]):   # truth: graphrt's own RTN weights
+            p = f"model.layers.{i}."
+            for field, names in (("qkv", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+                                 ("gate_up", ("mlp.gate_proj", "mlp.up_proj")), ("o", ("self_attn.o_proj",)),
+                                 ("down", ("mlp.down_proj",))):
+                parts = torch.split(layer[field].dequantize().cpu(), [sd[p + n + ".weight"].shape[0] for n in names])
+                for n, t in zip(names, parts):
+                    sd[p + n + ".weight"].copy_(t)
+    else:
+        truth = write_int4(src, tmp_path / "q", "gptq", group_size=32, sym=False, act_order=True)
+        hf.load_state_dict(truth, strict=False)
+        llm = LLM(tmp_path / "q", device="cuda", max_batch=8, steps_per_graph=4, max_model_len=1024)
+    w = llm.checkpoint.weights["layers"][0]
+    assert isinstance(w["gate_up"], Int4Weight) and (w["qkv"].perm is not None) == (kind != "quantize")
+    hf = hf.cuda()
+    prompts = _prompts(8, torch.Generator().manual_seed(0), hf.config.vocab_size)
+    params = SamplingParams(max_tokens=STEPS, temperature=0, ignore_eos=True)
+    for p, o in zip(prompts, llm.generate(prompts, params)):
+        assert len(o.token_ids) == STEPS
+        assert_greedy_matches_hf(hf, p, o.token_ids)
+    one = llm.generate([prompts[0]], params)[0]
+    assert_greedy_matches_hf(hf, prompts[0], one.token_ids)      # bucket 1
+    llm.shutdown()
