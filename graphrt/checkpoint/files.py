@@ -6,6 +6,7 @@ config.json does not use.
     raw, arch = read_config(path)                    # config.json, checked (hf_files.check_config)
     raw, arch, spec = read_spec(path)                # ... and its LlamaSpec (no transformers import)
     files = TensorFiles(path)                        # HF name -> file; handles opened on first use
+    files = open_tensors(path, raw)                  # ... or a GGUF file's (gguf_tensors.py)
     expected = expected_tensors(spec, arch)          # HF name -> (shape, (fused field, row offset))
     warn_unused(path, files.names, used)             # one warning line naming every unused tensor
     check = FiniteCheck(); check.add(name, file, t)  # device reductions, one host sync in check.raise_bad()
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from graphrt.checkpoint.gguf_file import find_gguf, open_gguf
 from graphrt.checkpoint.hf_files import CheckpointError, check_config, eos_ids, present, read_json, reading
 from graphrt.model.spec import LlamaSpec
 
@@ -59,7 +61,15 @@ class Checkpoint:
 
 
 def read_config(path: Path) -> tuple[dict, str]:
-    """config.json as a dict and the architecture family ('llama', 'qwen2', 'qwen3')."""
+    """config.json as a dict and the architecture family ('llama', 'qwen2', 'qwen3'). A GGUF file
+    (or a directory holding one and no config.json): the config.json its metadata stands for
+    (graphrt/checkpoint/gguf_file.py), checked the same way."""
+    path = Path(path)
+    gguf = find_gguf(path)
+    if gguf is not None:
+        raw, arch = open_gguf(gguf).config()
+        check_config(raw, gguf)
+        return raw, arch
     if not path.is_dir():
         raise CheckpointError(f"checkpoint: {str(path)!r} is not a directory")
     cfg_file = path / "config.json"
@@ -82,9 +92,19 @@ def read_spec(path: Path) -> tuple[dict, str, LlamaSpec]:
     with the json module (LlamaSpec.from_config: transformers' defaults, without importing it);
     a value LlamaSpec refuses is one CheckpointError naming config.json."""
     raw, arch = read_config(path)
-    with reading(path / "config.json"):
+    with reading(find_gguf(path) or path / "config.json"):
         spec = LlamaSpec.from_config(raw)
     return raw, arch, spec
+
+
+def open_tensors(path: Path, raw: dict):
+    """The checkpoint's tensors by HF name: TensorFiles (safetensors), or GGUFTensors for a GGUF
+    file (dequantized on the host; gguf_tensors.py); `raw`: read_config's dict."""
+    gguf = find_gguf(Path(path))
+    if gguf is None:
+        return TensorFiles(path)
+    from graphrt.checkpoint.gguf_tensors import GGUFTensors
+    return GGUFTensors(open_gguf(gguf), raw)
 
 
 def weight_files(path: Path) -> dict[str, Path]:
@@ -280,5 +300,5 @@ def check_scale(name: str, file: Path, s: torch.Tensor) -> None:
 
 
 __all__ = ["ARCHITECTURES", "Checkpoint", "CheckpointError", "F8_KIND", "FILE_DTYPES", "FiniteCheck",
-           "INDEX", "TensorFiles", "check_scale", "eos_token_ids", "expected_tensors", "read_config",
+           "INDEX", "TensorFiles", "check_scale", "eos_token_ids", "expected_tensors", "open_tensors", "read_config",
            "retie_or_warn", "untie_if_present", "warn_unused", "weight_files"]

@@ -119,6 +119,18 @@ class Tokenizer:
         self.clean_up_tokenization_spaces = cleanup and type(self._backend.model).__name__ != "BPE"
         self._compiled: tuple[str, ChatTemplate] | None = None
 
+    @classmethod
+    def from_backend(cls, backend, *, special: dict[str, str], chat_template, name_or_path: str) -> "Tokenizer":
+        """A Tokenizer over a built `tokenizers.Tokenizer` (a GGUF file's: gguf_tokenizer.py);
+        special: {"bos_token": text, ...} for the named special tokens that are set (each already
+        in the backend's vocabulary); chat_template: its Jinja source or None."""
+        self = cls.__new__(cls)
+        self._backend, self._special, self._extra = backend, dict(special), []
+        self.chat_template, self.name_or_path = chat_template, name_or_path
+        self.clean_up_tokenization_spaces = False
+        self._compiled = None
+        return self
+
     # --- the backend and sizes
     @property
     def backend_tokenizer(self):
@@ -224,7 +236,8 @@ class Tokenizer:
 
 
 def load_tokenizer(path):
-    """The checkpoint's tokenizer: `Tokenizer` when it has tokenizer.json; otherwise (a
+    """The checkpoint's tokenizer (a GGUF file's: loader.load_tokenizer): `Tokenizer` when it
+    has tokenizer.json; otherwise (a
     sentencepiece tokenizer.model, vocab.json + merges.txt) transformers' AutoTokenizer, with a
     warning line saying so. CheckpointError (one line naming the file) for unreadable files, a
     symlink loop, or a file over its size cap (hf_files.MAX_BYTES)."""

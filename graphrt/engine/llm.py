@@ -74,6 +74,10 @@ def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None, q
         free, total = torch.cuda.mem_get_info(device)
         pages = config.pool_pages_from_memory(ck.spec, max_model_len=max_len, free_bytes=free, total_bytes=total,
                                               dtype_bytes=torch.empty(0, dtype=getattr(torch, dtype)).element_size())
+    elif device.type == "cpu" and config.num_pages is None:               # a share of the host's memory
+        pages = config.cpu_pool_pages(ck.spec, max_model_len=max_len, available_bytes=available_bytes(device),
+                                      dtype_bytes=torch.empty(0, dtype=getattr(torch, dtype)).element_size(),
+                                      num_kv_heads=ck.spec.num_kv_heads // world)
     rc = config.runtime_config(ck.spec, device_type=device.type, dtype=dtype, max_model_len=max_len,
                                num_pages=pages)
     needed = config.memory_needed(ck.spec, max_model_len=max_len, pool_pages=rc.pool_pages,
@@ -85,7 +89,7 @@ def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None, q
         tp = configure(tp, hidden=ck.spec.hidden_size, max_tokens=max(rc.buckets), dtype=getattr(torch, dtype),
                        device=device)
     t = time.perf_counter()
-    model = build_model(ck, max_positions=rc.max_context_len, tp=tp)
+    model = build_model(ck, max_positions=rc.max_context_len, tp=tp, kernels=config.kernels)
     if tp is not None:                                 # the rank's own heads
         from graphrt.parallel.shard import shard_runtime_config
         rc = shard_runtime_config(rc, tp.world_size)

@@ -93,9 +93,7 @@ from graphrt.attention.inputs import check_exclusive_writes, check_host_values, 
 from graphrt.attention.kvcache import PagedKVCache
 from graphrt.attention.runtime import raise_device_errors, runtime_device
 from graphrt.config import RuntimeConfig, check_steps
-from graphrt.kernels.argmax import argmax_into
 from graphrt.kernels.sample import sample_tokens
-from graphrt.kernels.step_advance import step_advance
 from graphrt.kernels.transfer import to_device
 from graphrt.model.context import AttentionContext
 from graphrt.model.fuse import FusePlan, plan_fuse, resolve_setting as resolve_fuse
@@ -361,6 +359,7 @@ class ModelRuntime:
         st, view = self.slots, self.buffers.view(size)
         tokens, seq = st.tokens[:size], view.seq_lens                       # [B] int64, [B] int32
         ctx = AttentionContext(self.backend, view, self.kv_caches)
+        ops = self.model.ops                                                # the model's kernel set
         fuse = None if self.fuse is None else self.fuse.get(size)
         split = (1, 1) if self.splitk is None or fuse is not None else self.splitk.get(size)
         opts = ({} if split == (1, 1) else {"splitk": split}) | ({} if fuse is None else {"fuse": fuse})
@@ -396,9 +395,9 @@ class ModelRuntime:
                 sample_tokens(logits, st.temperature[:size], st.top_k[:size], st.top_p[:size],
                               st.seed[:size], st.step[:size], out)
             elif pstep is None:
-                argmax_into(logits, out)                                     # greedy
+                ops.argmax_into(logits, out)                                 # greedy
             # current token, history at index seq_len (speculation's input), seq_len + 1: one launch
-            step_advance(out, tokens, seq, None if st.history is None else st.history[:size])
+            ops.step_advance(out, tokens, seq, None if st.history is None else st.history[:size])
             if step + 1 == k and self._logits is not None:
                 self._logits[:size].copy_(logits)                             # float32, on request
 

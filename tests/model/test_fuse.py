@@ -88,7 +88,7 @@ def test_decode_step_refuses_bad_fuse():
 
 def _config(dtype, buckets):
     return RuntimeConfig(num_qo_heads=2, num_kv_heads=1, head_dim=64, page_size=16, max_context_len=64,
-                         buckets=buckets, dtype=dtype, backend="torch-splitkv", kv_pool_pages=16)
+                         buckets=buckets, dtype=dtype, backend="torch", kv_pool_pages=16)
 
 
 def _logits(model, dtype, fuse, steps=3):
@@ -107,6 +107,7 @@ def _logits(model, dtype, fuse, steps=3):
     return torch.stack(out), torch.stack(toks), mrt.fuse
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])                    # qwen2: qkv bias
 def test_decode_step_fused_equals_unfused_float32(kind, monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
@@ -118,6 +119,7 @@ def test_decode_step_fused_equals_unfused_float32(kind, monkeypatch):
     assert torch.equal(tok, ref_tok)
 
 
+@pytest.mark.slow
 def test_decode_step_fused_equals_unfused_bf16(monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
     model = LlamaDecoder.from_hf(_hf(), dtype=torch.bfloat16)
@@ -134,6 +136,7 @@ def test_decode_step_fused_equals_unfused_bf16(monkeypatch):
     assert torch.equal(tok[clear], ref_tok[clear])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("split", [(1, 1), (2, 1)])          # down K = 200: S = 1 only
 def test_measurement_runs_every_candidate_and_both_passes(split, monkeypatch):
     """plan_fuse's CUDA measurement (fuse.measure) with a stand-in timer that runs each timed
