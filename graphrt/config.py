@@ -19,8 +19,8 @@ import yaml
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
 KV_LAYOUTS = ("NHD", "HND")
-BACKENDS = ("reference", "torch-splitkv", "flashinfer", "flashinfer-hostplan", "xqa", "triton-decode", "auto")
-FLOAT32_BACKENDS = ("reference", "torch-splitkv", "triton-decode", "auto")   # the others: bf16 / fp16
+BACKENDS = ("reference", "torch", "torch-splitkv", "flashinfer", "flashinfer-hostplan", "xqa", "triton-decode", "auto")
+FLOAT32_BACKENDS = ("reference", "torch", "torch-splitkv", "triton-decode", "auto")   # the others: bf16 / fp16
 DECODE_KERNELS = ("tensor-core", "cuda-core")
 PLANNERS = ("device", "host")
 XQA_PAGE_SIZES = (16, 32, 64, 128)

@@ -1,5 +1,5 @@
 """tools/serve_load.py's per-request records (bench_serve's load generator), and the bad arguments
-profile_step --mixed refuses (exit 2 naming the flag)."""
+profile_step --mixed / --decode-backend refuse (exit 2 naming the flag)."""
 from __future__ import annotations
 
 import sys
@@ -21,7 +21,8 @@ def test_summarize_keeps_each_request_in_send_order():
     assert "per_request" not in summarize([{"ttft_s": 0.1, "tpot_s": 0.01, "tokens": 2}], 1.0, [])
 
 
-@pytest.mark.parametrize("argv,field", [(["--mixed", "-1"], "--mixed"), (["--chunk-at", "64"], "--chunk-at")])
+@pytest.mark.parametrize("argv,field", [(["--mixed", "-1"], "--mixed"), (["--chunk-at", "64"], "--chunk-at"),
+                                        (["--decode-backend", "fused"], "--decode-backend")])
 def test_profile_step_refuses_a_bad_chunk(argv, field, capsys):
     from profile_step import main
     with pytest.raises(SystemExit) as e:

@@ -47,6 +47,14 @@ With --count-kernels each row records the CUDA kernels per step (`kernels_per_st
     python tools/bench_e2e.py --models llama-3.2-1b,llama-3.1-8b --batches 1,16 --contexts 1024 \
         --variants graphrt --no-prefill --count-kernels
 
+The decode step as one persistent kernel (graphrt/model/persistent.py): graphrt-persistent /
+graphrt-persistent-k4 run greedy buckets <= 16 rows with decode_backend="persistent" (1 / 4
+steps a graph; not in the default --variants), every other variant the kernel sequence; each row
+records whether its bucket ran the persistent step (`persistent`):
+
+    python tools/bench_e2e.py --models llama-3.2-1b,llama-3.1-8b --batches 1,4,16 --contexts 1024 \
+        --variants graphrt,graphrt-persistent --no-prefill
+
 Split-K of the o and down GEMMs follows GRAPHRT_SPLITK (graphrt/model/splitk.py: unset / auto =
 measured at capture, 1 = off, 2 / 4 = forced); each row records the (S_o, S_down) its bucket ran
 (`splitk`). The gemm-only graph stays unsplit.
@@ -73,6 +81,11 @@ SHAPES = {  # hidden, intermediate, layers, q heads, kv heads, head_dim, vocab, 
 VARIANTS = {"eager": ("flashinfer", 1, False), "hostplan": ("flashinfer-hostplan", 1, True),
             "graphrt": ("flashinfer", 1, True), "graphrt-k4": ("flashinfer", 4, True),
             "graphrt-k8": ("flashinfer", 8, True), "graphrt-td-k4": ("triton-decode", 4, True)}
+# the decode step as one persistent kernel (graphrt/model/persistent.py: ModelRuntime
+# decode_backend="persistent", greedy buckets <= 16 rows; every other variant runs the kernel
+# sequence); not in the default --variants: run beside `graphrt` / `graphrt-k4`
+PERSISTENT_VARIANTS = {"graphrt-persistent": ("flashinfer", 1, True, "auto"),
+                       "graphrt-persistent-k4": ("flashinfer", 4, True, "auto")}
 KV_KINDS = {"bf16": "auto", "fp8": "fp8"}   # --kv -> RuntimeConfig.kv_cache_dtype
 
 
@@ -360,16 +373,18 @@ def run(args) -> dict:
             for n in [int(x) for x in args.batches.split(",")]:
                 pages = -(-(ctx + args.steps * 8 + 16) // 16)
                 for variant, kv in [(v, x) for v in args.variants.split(",") for x in args.kv.split(",")]:
-                    if variant not in VARIANTS:
-                        raise SystemExit(f"--variants: {variant!r} is not one of {sorted(VARIANTS)}")
-                    backend, k, graphs = VARIANTS[variant]
+                    known = VARIANTS | {v: x[:3] for v, x in PERSISTENT_VARIANTS.items()}
+                    if variant not in known:
+                        raise SystemExit(f"--variants: {variant!r} is not one of {sorted(known)}")
+                    backend, k, graphs = known[variant]
+                    decode_backend = "persistent" if variant in PERSISTENT_VARIANTS else "sequence"
                     if kv not in KV_KINDS:
                         raise SystemExit(f"--kv: {kv!r} is not one of {sorted(KV_KINDS)}")
                     cfg = RuntimeConfig(num_qo_heads=s.num_heads, num_kv_heads=s.num_kv_heads,
                                         head_dim=s.head_dim, page_size=16, max_pages_per_seq=pages,
                                         buckets=[n], dtype="bfloat16", backend=backend,
                                         kv_pool_pages=n * pages + 1, kv_cache_dtype=KV_KINDS[kv])
-                    mrt = ModelRuntime(model, cfg, "cuda", steps_per_graph=k)
+                    mrt = ModelRuntime(model, cfg, "cuda", steps_per_graph=k, decode_backend=decode_backend)
                     if graphs:
                         mrt.capture()
                     step_us, dev_us, launches = measure(mrt, n, ctx, args.steps, torch)
@@ -381,6 +396,7 @@ def run(args) -> dict:
                                      tok_s=n / step_us * 1e6, device_us=dev_us,
                                      idle=max(0.0, 1 - dev_us / step_us), launches_per_token=launches,
                                      splitk=list(mrt.splitk.get(n)) if mrt.splitk else [1, 1],
+                                     persistent=bool(mrt.persistent and mrt.persistent.get(n)),
                                      kernels_per_step=n_kernels,
                                      floor_us=floor, gemm_only_us=gemm[n],
                                      device_over_floor=dev_us / floor,
@@ -398,15 +414,15 @@ def run(args) -> dict:
 def print_table(result: dict) -> None:
     print(f"copy bandwidth {result['copy_bw_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul "
           f"{result['matmul_tflops']:.0f} TFLOP/s ({result['device']})")
-    print(f"{'model':<13} {'weights':<9} {'kv':<4} {'variant':<11} {'bs':>3} {'ctx':>5} {'step us':>8} {'tok/s':>8} "
+    print(f"{'model':<13} {'weights':<9} {'kv':<4} {'variant':<21} {'bs':>3} {'ctx':>5} {'step us':>8} {'tok/s':>8} "
           f"{'device us':>9} {'idle':>5} {'floor us':>8} {'x floor':>7} {'gemm us':>8} {'x gemm':>6} "
-          f"{'TB/s':>5} {'%bw':>4} {'kernels':>7}")
+          f"{'TB/s':>5} {'%bw':>4} {'pers':>4} {'kernels':>7}")
     for r in result["rows"]:
-        print(f"{r['model']:<13} {r.get('weights', 'bf16'):<9} {r.get('kv', 'bf16'):<4} {r['variant']:<11} {r['batch']:>3} {r['context']:>5} {r['step_us']:>8.1f} "
+        print(f"{r['model']:<13} {r.get('weights', 'bf16'):<9} {r.get('kv', 'bf16'):<4} {r['variant']:<21} {r['batch']:>3} {r['context']:>5} {r['step_us']:>8.1f} "
               f"{r['tok_s']:>8.0f} {r['device_us']:>9.1f} {r['idle']:>5.2f} {r['floor_us']:>8.1f} "
               f"{r['device_over_floor']:>7.2f} {r['gemm_only_us']:>8.1f} {r['device_over_gemm_only']:>6.2f} "
               f"{r['achieved_tb_s']:>5.2f} {r['pct_copy_bw']:>4.0f} "
-              f"{r['kernels_per_step'] if r.get('kernels_per_step') is not None else '-':>7}")
+              f"{'yes' if r.get('persistent') else 'no':>4} {r['kernels_per_step'] if r.get('kernels_per_step') is not None else '-':>7}")
     for r in result.get("fp8_kernels", []):
         print(f"gemm {r['model']:<13} {r['shape']:<8} {r['n']:>6}x{r['k']:<6} {r['weights']:<9} bs {r['batch']:>3}: "
               f"best {r['best']:<28} {r['best_us']:>7.1f} us, floor {r['floor_us']:>6.1f} us, "

@@ -32,6 +32,7 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|
 SHAPES = {
     "tiny": (128, 256, 2, 2, 1, 64, None, False, 10000.0),
     "tiny-gqa": (128, 256, 2, 4, 2, 64, 384, False, 10000.0),   # divisible by tensor_parallel=2
+    "smollm2-135m": (576, 1536, 30, 9, 3, 64, 49152, True, 100000.0),   # SmolLM2-135M's geometry
     "llama-3.2-1b": (2048, 8192, 16, 32, 8, 64, 128256, True, 500000.0),
     "llama-3.1-8b": (4096, 14336, 32, 32, 8, 128, 128256, False, 500000.0),
     "qwen3-8b": (4096, 12288, 36, 32, 8, 128, 151936, False, 1000000.0),

@@ -8,6 +8,8 @@ fp8-block). Programmatic dependent launch of the
 element-wise kernels follows GRAPHRT_PDL (graphrt/kernels/launch.py); split-K of the o and down
 GEMMs follows GRAPHRT_SPLITK (graphrt/model/splitk.py: unset or auto = measured at capture, 1 =
 off, 2 / 4 = forced); the S used is printed and kept in the JSON.
+--decode-backend persistent: the greedy step as one persistent launch (graphrt/model/persistent.py;
+its kernel is the "persistent" family), whether the bucket ran it printed and kept in the JSON.
 
 --mixed C (with --chunk-at S): the same decode rows in a step that also prefills C tokens of one
 more slot at positions [S, S + C) (model/mixed.py: what the engine's mixed_prefill_tokens blocks
@@ -27,7 +29,7 @@ from pathlib import Path
 
 from bench_e2e import random_model, with_weights
 
-FAMILIES = [("fp8_quant", r"quantize_rows|quantize_tiles"), ("fp8_scales", r"apply_scales"),
+FAMILIES = [("persistent", r"_step_kernel"), ("fp8_quant", r"quantize_rows|quantize_tiles"), ("fp8_scales", r"apply_scales"),
             ("gemm", r"nvjet|gemm|cutlass|sm90_xmma|splitK|Kernel2|gemv"), ("attention", r"BatchPrefill|BatchDecode|Decode|Prefill|decode_attention"),
             ("merge", r"MergeStates|merge"), ("rope_append", r"rope_append"), ("norm", r"rms_norm"),
             ("silu_mul", r"silu_mul"), ("prepare", r"prepare"), ("argmax/sample", r"argmax|sample|sort"),
@@ -43,6 +45,8 @@ def main(argv=None) -> int:
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--backend", default="flashinfer", help="attention backend (flashinfer, xqa, ...)")
     p.add_argument("--kv", default="auto", help="KV cache dtype: auto (the model's) or fp8")
+    p.add_argument("--decode-backend", default="sequence", choices=["sequence", "persistent", "auto"],
+                   help="sequence (the kernel sequence), persistent (one persistent launch a greedy step), auto")
     p.add_argument("--mixed", type=int, default=0, help="C: also profile a step carrying C prompt tokens")
     p.add_argument("--chunk-at", type=int, default=0, help="S: the chunk's first position (tokens already cached)")
     p.add_argument("--out", default="profile_step.json")
@@ -67,7 +71,8 @@ def main(argv=None) -> int:
                         page_size=16, max_pages_per_seq=pages, buckets=[rows], dtype="bfloat16",
                         backend=args.backend, kv_pool_pages=rows * pages + 1,
                         kv_cache_dtype=args.kv)
-    mrt = ModelRuntime(model, cfg, "cuda", **({"mixed_prefill_tokens": c} if c else {}))
+    mrt = ModelRuntime(model, cfg, "cuda", decode_backend=args.decode_backend,
+                       **({"mixed_prefill_tokens": c} if c else {}))
     mrt.capture()
     table = torch.arange(rows * pages, dtype=torch.int32, device="cuda").view(rows, pages)
     lens = torch.full((rows,), ctx, dtype=torch.int32, device="cuda")
@@ -118,6 +123,7 @@ def main(argv=None) -> int:
     split = list(mrt.splitk.get(rows))
     out = {"model": args.model, "weights": args.weights, "backend": args.backend, "kv": args.kv, "pdl": "0" if os.environ.get("GRAPHRT_PDL") == "0" else "1",
            "splitk_env": os.environ.get("GRAPHRT_SPLITK", "auto"), "splitk": split, "splitk_source": mrt.splitk.source,
+           "decode_backend": args.decode_backend, "persistent": bool(mrt.persistent and mrt.persistent.get(rows)),
            "batch": n, "context": ctx, "device_us_per_step": step_us,
            "kernel_us_per_step": total_us, "launches_per_step": launches / args.replays,
            "families_us": dict(fam_us), "families_launches": {k: v / args.replays for k, v in fam_n.items()},
@@ -130,7 +136,7 @@ def main(argv=None) -> int:
                         "top_kernels_us": dict(sorted(m_names.items(), key=lambda kv: -kv[1])[:25]),
                         "added_us": m_step - step_us}
     Path(args.out).write_text(json.dumps(out, indent=1))
-    print(f"{args.model} {args.weights} {args.backend} kv={args.kv} pdl={out['pdl']} splitk={split} bs{n} ctx{ctx}: device {step_us:.0f} us/step, kernels {total_us:.0f} us in "
+    print(f"{args.model} {args.weights} {args.backend} kv={args.kv} pdl={out['pdl']} splitk={split} persistent={'yes' if out['persistent'] else 'no'} bs{n} ctx{ctx}: device {step_us:.0f} us/step, kernels {total_us:.0f} us in "
           f"{launches / args.replays:.0f} launches (gaps {step_us - total_us:.0f} us)")
     for f, us in sorted(fam_us.items(), key=lambda kv: -kv[1]):
         print(f"  {f:<14} {us:8.1f} us  {fam_n[f] / args.replays:6.0f} launches")

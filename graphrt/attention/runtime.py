@@ -37,6 +37,7 @@ from graphrt.attention.inputs import check_exclusive_writes, check_inputs
 from graphrt.kernels import ERR_GRID, ERR_PAGE_ID, ERR_SEQ_LEN
 from graphrt.kernels.append_kv import ERR_KV_SLOT
 from graphrt.kernels.rope_append import ERR_POSITION
+from graphrt.kernels.persistent.sync import ERR_STALL
 from graphrt.attention.kvcache import PagedKVCache
 
 
@@ -295,6 +296,8 @@ def raise_device_errors(device_error: torch.Tensor, config: RuntimeConfig, num_p
                    "(it must hold pages for every decoded token; K/V not written)")
     if flags & ERR_POSITION:
         why.append("a token position fell outside the model's RoPE cos/sin table (K/V not written)")
+    if flags & ERR_STALL:
+        why.append("a persistent decode step's wait hit its watchdog bound (its tokens are garbage)")
     raise DeviceInputError("device input guard: " + "; ".join(why))
 
 

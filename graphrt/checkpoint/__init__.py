@@ -7,5 +7,7 @@ fp8_loader.py (FP8 checkpoints, or a float one quantized while loading), int4_lo
 checkpoints: int4_config.py parses quantization_config, int4_gptq.py / int4_awq.py / int4_ct.py
 read GPTQ / AWQ / compressed-tensors layouts, int4_packing.py their shared unpacking; or a float
 checkpoint quantized while loading), kv_scales.py (FP8 KV scales), decoder.py (fused weights -> LlamaDecoder), tokenizer.py + chat_template.py (tokenizer.json
-and the chat template without transformers), hub.py (Hugging Face repo ids -> local snapshots).
+and the chat template without transformers), hub.py (Hugging Face repo ids -> local snapshots),
+gguf_file.py + gguf_tensors.py + gguf_tokenizer.py (llama.cpp GGUF files: metadata -> config,
+tensors dequantized under HF names, the tokenizer from the metadata; docs/gguf.md).
 """

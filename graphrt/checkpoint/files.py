@@ -6,6 +6,7 @@ config.json does not use.
     raw, arch = read_config(path)                    # config.json, checked (hf_files.check_config)
     raw, arch, spec = read_spec(path)                # ... and its LlamaSpec (no transformers import)
     files = TensorFiles(path)                        # HF name -> file; handles opened on first use
+    files = open_tensors(path, raw)                  # ... or a GGUF file's (gguf_tensors.py)
     expected = expected_tensors(spec, arch)          # HF name -> (shape, (fused field, row offset))
     warn_unused(path, files.names, used)             # one warning line naming every unused tensor
     check = FiniteCheck(); check.add(name, file, t)  # device reductions, one host sync in check.raise_bad()
@@ -20,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from graphrt.checkpoint.hf_files import CheckpointError, check_config, eos_ids, read_json, reading
+from graphrt.checkpoint.gguf_file import find_gguf, open_gguf
+from graphrt.checkpoint.hf_files import CheckpointError, check_config, eos_ids, present, read_json, reading
 from graphrt.model.spec import LlamaSpec
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
@@ -59,11 +61,19 @@ class Checkpoint:
 
 
 def read_config(path: Path) -> tuple[dict, str]:
-    """config.json as a dict and the architecture family ('llama', 'qwen2', 'qwen3')."""
+    """config.json as a dict and the architecture family ('llama', 'qwen2', 'qwen3'). A GGUF file
+    (or a directory holding one and no config.json): the config.json its metadata stands for
+    (graphrt/checkpoint/gguf_file.py), checked the same way."""
+    path = Path(path)
+    gguf = find_gguf(path)
+    if gguf is not None:
+        raw, arch = open_gguf(gguf).config()
+        check_config(raw, gguf)
+        return raw, arch
     if not path.is_dir():
         raise CheckpointError(f"checkpoint: {str(path)!r} is not a directory")
     cfg_file = path / "config.json"
-    if not cfg_file.is_file():
+    if not present(cfg_file):
         raise CheckpointError(f"{cfg_file}: missing (a HF checkpoint needs config.json)")
     raw = read_json(cfg_file)
     archs = raw.get("architectures") or []
@@ -82,16 +92,26 @@ def read_spec(path: Path) -> tuple[dict, str, LlamaSpec]:
     with the json module (LlamaSpec.from_config: transformers' defaults, without importing it);
     a value LlamaSpec refuses is one CheckpointError naming config.json."""
     raw, arch = read_config(path)
-    with reading(path / "config.json"):
+    with reading(find_gguf(path) or path / "config.json"):
         spec = LlamaSpec.from_config(raw)
     return raw, arch, spec
+
+
+def open_tensors(path: Path, raw: dict):
+    """The checkpoint's tensors by HF name: TensorFiles (safetensors), or GGUFTensors for a GGUF
+    file (dequantized on the host; gguf_tensors.py); `raw`: read_config's dict."""
+    gguf = find_gguf(Path(path))
+    if gguf is None:
+        return TensorFiles(path)
+    from graphrt.checkpoint.gguf_tensors import GGUFTensors
+    return GGUFTensors(open_gguf(gguf), raw)
 
 
 def weight_files(path: Path) -> dict[str, Path]:
     """HF tensor name -> the safetensors file holding it (the index, or every file's header)."""
     from safetensors import safe_open
     index = path / INDEX
-    if index.is_file():
+    if present(index):
         weight_map = read_json(index).get("weight_map")
         if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
             raise CheckpointError(f"{index}: weight_map: expected an object of tensor name -> file name")
@@ -146,7 +166,7 @@ def expected_tensors(spec: LlamaSpec, arch: str) -> dict[str, tuple[tuple[int, .
 def eos_token_ids(path: Path, raw: dict, vocab_size: int) -> tuple[int, ...]:
     """End-of-sequence ids: generation_config.json's, else config.json's, else ()."""
     gen = path / "generation_config.json"
-    if gen.exists():
+    if present(gen):
         eos = read_json(gen).get("eos_token_id")
         if eos is not None:
             return eos_ids(eos, gen, vocab_size)
@@ -280,5 +300,5 @@ def check_scale(name: str, file: Path, s: torch.Tensor) -> None:
 
 
 __all__ = ["ARCHITECTURES", "Checkpoint", "CheckpointError", "F8_KIND", "FILE_DTYPES", "FiniteCheck",
-           "INDEX", "TensorFiles", "check_scale", "eos_token_ids", "expected_tensors", "read_config",
+           "INDEX", "TensorFiles", "check_scale", "eos_token_ids", "expected_tensors", "open_tensors", "read_config",
            "retie_or_warn", "untie_if_present", "warn_unused", "weight_files"]

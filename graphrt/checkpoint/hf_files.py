@@ -3,10 +3,13 @@
 config.json, generation_config.json, model.safetensors.index.json and the tokenizer files are
 user-supplied: a truncated download, a hand edit or a wrong path must end in one
 `CheckpointError` line ("<file>: <field>: <what is wrong>"), never a traceback from json,
-transformers or safetensors.
+transformers or safetensors. Each file is size-capped before it is parsed (`MAX_BYTES`: a
+50 MB config.json is refused at once, not after a minute of parsing), and a symlink loop is
+named as such, not reported as a missing file (`present`).
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
 from contextlib import contextmanager
@@ -23,10 +26,49 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split())[:300] or type(e).__name__
 
 
-def read_json(file: Path, *, kind: type | None = dict):
-    """The JSON value in `file` (a `kind` when given); CheckpointError naming the file otherwise."""
+MiB = 2**20
+# the most bytes graphrt reads of each small file (real ones: config.json tens of kB, the largest
+# tokenizer.json ~35 MB, a 671B model's index ~10 MB); other files: DEFAULT_MAX_BYTES
+MAX_BYTES = {"config.json": 4 * MiB, "generation_config.json": 4 * MiB, "special_tokens_map.json": 4 * MiB,
+             "tokenizer_config.json": 16 * MiB, "chat_template.jinja": 4 * MiB, "tokenizer.json": 128 * MiB,
+             "model.safetensors.index.json": 64 * MiB, "vocab.json": 64 * MiB, "merges.txt": 64 * MiB,
+             "tokenizer.model": 64 * MiB}
+DEFAULT_MAX_BYTES = 16 * MiB
+
+
+def present(file: Path) -> bool:
+    """Whether `file` exists (following symlinks); CheckpointError for a symlink loop (which
+    Path.exists / is_file report as missing) or a path that cannot be examined."""
+    try:
+        file.stat()
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise CheckpointError(f"{file}: a symlink loop (the link leads back to itself), not a file") from None
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):
+            return False
+        raise CheckpointError(f"{file}: cannot read: {_one_line(e)}") from None
+    return True
+
+
+def check_size(file: Path) -> int:
+    """`file`'s size in bytes after `present` and regular-file checks; CheckpointError naming the
+    file and its cap (MAX_BYTES) when larger, before anything reads it."""
+    if not present(file):
+        raise CheckpointError(f"{file}: missing")
     if not file.is_file():
         raise CheckpointError(f"{file}: not a regular file")
+    size = file.stat().st_size
+    cap = MAX_BYTES.get(file.name, DEFAULT_MAX_BYTES)
+    if size > cap:
+        raise CheckpointError(f"{file}: {size} bytes, over graphrt's cap of {cap} bytes ({cap // MiB} MiB) for "
+                              f"{file.name}; not read")
+    return size
+
+
+def read_json(file: Path, *, kind: type | None = dict):
+    """The JSON value in `file` (a `kind` when given); CheckpointError naming the file otherwise
+    (size over its cap, a symlink loop, not a regular file, invalid JSON)."""
+    check_size(file)
     try:
         text = file.read_text(encoding="utf-8")
         check_json_depth(text, str(file))
@@ -145,4 +187,4 @@ def reading(file: Path, what: str = ""):
         raise CheckpointError(f"{file}: {where}{type(e).__name__}: {_one_line(e)}") from None
 
 
-__all__ = ["CheckpointError", "read_json", "check_config", "eos_ids", "reading"]
+__all__ = ["CheckpointError", "MAX_BYTES", "present", "check_size", "read_json", "check_config", "eos_ids", "reading"]

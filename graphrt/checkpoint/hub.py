@@ -1,6 +1,7 @@
 """Model names: a local checkpoint directory, or a Hugging Face repo id resolved to a snapshot.
 
     resolve_model("/srv/ckpt/llama8b")                       # an existing directory: itself
+    resolve_model("/srv/models/smollm2.Q4_1.gguf")           # an existing GGUF file: itself
     resolve_model("Qwen/Qwen2.5-0.5B-Instruct")              # huggingface_hub's cache (downloads if missing)
     resolve_model("org/name", revision="v1.0")               # a branch, tag or commit
 
@@ -30,7 +31,7 @@ def looks_like_repo_id(name: str) -> bool:
 
 
 def resolve_model(model, *, revision: str | None = None) -> Path:
-    """model: a local checkpoint directory (str or Path) or a Hugging Face repo id.
+    """model: a local checkpoint directory or GGUF file (str or Path) or a Hugging Face repo id.
     -> the local directory to load. An existing directory always wins (then revision must be
     None). Raises ValueError naming `model` (or `revision`) and what to do when the name is
     neither an existing directory nor a repo id that can be resolved."""
@@ -43,12 +44,13 @@ def resolve_model(model, *, revision: str | None = None) -> Path:
     if revision is not None and (not isinstance(revision, str) or not revision.strip()):
         raise ValueError(f"revision: expected a non-empty branch, tag or commit, got {revision!r}")
     local = Path(name).expanduser()
-    if local.is_dir():
+    if local.is_dir() or (local.is_file() and local.suffix.lower() == ".gguf"):   # a GGUF file: gguf_file.py
         if revision is not None:
-            raise ValueError(f"revision: {revision!r} given, but model {name!r} is a local directory "
+            raise ValueError(f"revision: {revision!r} given, but model {name!r} is a local "
+                             f"{'directory' if local.is_dir() else 'GGUF file'} "
                              f"(a revision selects a Hugging Face repo's snapshot)")
         return local
-    if isinstance(model, Path) or not looks_like_repo_id(name):
+    if isinstance(model, Path) or not looks_like_repo_id(name) or local.suffix.lower() == ".gguf":
         return local                                   # the loader says the directory is missing
     return _snapshot(name, revision)
 

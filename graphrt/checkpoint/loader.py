@@ -2,6 +2,7 @@
 
     ckpt = load_checkpoint("path/to/dir", device="cuda")   # Checkpoint: spec + fused weights
     tok = load_tokenizer("path/to/dir")                     # graphrt/checkpoint/tokenizer.py (no transformers)
+    ck = load_checkpoint("model.gguf")                      # a llama.cpp GGUF file (gguf_file.py), dequantized
 
 Reads config.json (architecture, shapes) and the safetensors file(s), single or sharded
 (model.safetensors.index.json). Each fused tensor is allocated once on the target device and the
@@ -22,10 +23,11 @@ from pathlib import Path
 import torch
 
 from graphrt.checkpoint.files import (FILE_DTYPES, Checkpoint, CheckpointError, FiniteCheck,
-                                             TensorFiles, eos_token_ids, expected_tensors, read_config,
+                                             eos_token_ids, expected_tensors, open_tensors, read_config,
                                              read_spec, retie_or_warn, untie_if_present, warn_unused)
-from graphrt.checkpoint.tokenizer import load_tokenizer
+from graphrt.checkpoint.gguf_file import find_gguf, open_gguf
 from graphrt.checkpoint.int4_config import is_int4
+from graphrt.checkpoint.tokenizer import load_tokenizer as load_hf_tokenizer
 from graphrt.model.spec import LlamaSpec, owned_slice, shard_spec, vocab_rows
 
 VOCAB_TENSORS = ("model.embed_tokens.weight", "lm_head.weight")   # rows padded under tensor parallel
@@ -56,11 +58,21 @@ def _destination(weights: dict, where: tuple, rows: int) -> torch.Tensor:
     return weights[name][off:off + rows]
 
 
+def load_tokenizer(path):
+    """The checkpoint's tokenizer: a GGUF file's from its metadata (gguf_tokenizer.py), else the
+    directory's tokenizer files (tokenizer.py's load_tokenizer)."""
+    gguf = find_gguf(Path(path))
+    if gguf is None:
+        return load_hf_tokenizer(path)
+    from graphrt.checkpoint.gguf_tokenizer import gguf_tokenizer
+    return gguf_tokenizer(open_gguf(gguf))
+
+
 def file_dtype(path) -> torch.dtype:
     """The dtype the checkpoint stores its embedding in (reads one header, no tensor data)."""
     path = Path(path)
-    read_config(path)
-    f, _, kind = TensorFiles(path).header("model.embed_tokens.weight")
+    raw, _ = read_config(path)
+    f, _, kind = open_tensors(path, raw).header("model.embed_tokens.weight")
     if kind not in FILE_DTYPES:
         raise CheckpointError(f"{f}: tensor 'model.embed_tokens.weight' has dtype {kind}; "
                               f"supported {sorted(FILE_DTYPES)}")
@@ -69,7 +81,8 @@ def file_dtype(path) -> torch.dtype:
 
 def load_checkpoint(path, *, device="cpu", dtype: torch.dtype | None = None, rank: int = 0,
                     world_size: int = 1, quantization: str | None = None) -> Checkpoint:
-    """Read `path` (a local HF directory) into the fused layout on `device`.
+    """Read `path` (a local HF directory, or a GGUF file / a directory holding one GGUF file and
+    no config.json: graphrt/checkpoint/gguf_file.py) into the fused layout on `device`.
 
     dtype: the weights' dtype on the device (default: the checkpoint's, from its embedding).
     rank, world_size: tensor parallelism; the rank reads only its slice of every sharded tensor
@@ -93,7 +106,7 @@ def load_checkpoint(path, *, device="cpu", dtype: torch.dtype | None = None, ran
             raise ValueError(f"{name}: expected an int, got {v!r}")
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank: {rank} is not in [0, world_size={world_size})")
-    files = TensorFiles(path)
+    files = open_tensors(path, raw)                   # safetensors, or a GGUF file dequantized on the host
     spec, untie = untie_if_present(spec, files.names)
     if is_int4(raw, quantization):
         from graphrt.checkpoint.int4_loader import load_int4         # GPTQ / AWQ / W4A16 / RTN int4
@@ -109,7 +122,7 @@ def load_checkpoint(path, *, device="cpu", dtype: torch.dtype | None = None, ran
     expected = expected_tensors(spec, arch)
     missing = [n for n in expected if n not in files.names]
     if missing:
-        raise CheckpointError(f"{path}: tensor {missing[0]!r} missing from the safetensors files "
+        raise CheckpointError(f"{path}: tensor {missing[0]!r} missing from the tensor files "
                               f"({len(missing)} missing in all)")
     # check every header (shapes, dtypes) before allocating device memory
     for name, (shape_want, _) in expected.items():

@@ -24,7 +24,7 @@ import logging
 from pathlib import Path
 
 from graphrt.checkpoint.chat_template import ChatTemplate
-from graphrt.checkpoint.hf_files import CheckpointError, read_json, reading
+from graphrt.checkpoint.hf_files import CheckpointError, check_size, present, read_json, reading
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,8 @@ def _template_source(path: Path, config: dict):
     """chat_template.jinja, else tokenizer_config.json's chat_template (a string, or a list of
     {"name", "template"}: a dict by name), else None."""
     jinja = path / "chat_template.jinja"
-    if jinja.is_file():
+    if present(jinja):
+        check_size(jinja)
         with reading(jinja, "chat template"):
             return jinja.read_text(encoding="utf-8")
     source = config.get("chat_template")
@@ -70,16 +71,20 @@ def _template_source(path: Path, config: dict):
 
 
 class Tokenizer:
-    """tokenizer.json + tokenizer_config.json (see the module doc). Host only; encode and decode
-    release the GIL (the Rust backend)."""
+    """tokenizer.json + tokenizer_config.json (see the module doc). Host only. encode and decode
+    go through the backend's batch calls, which release the GIL while the Rust code runs
+    (`tokenizers`' single-text `encode` / `decode` hold it for the whole call: seconds for a
+    megabyte prompt, during which no other Python thread of the process, e.g. a server's event
+    loop, runs)."""
 
     def __init__(self, path):
         from tokenizers import AddedToken
         from tokenizers import Tokenizer as Backend
         path = Path(path)
-        config = read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").is_file() else {}
+        config = read_json(path / "tokenizer_config.json") if present(path / "tokenizer_config.json") else {}
         special_map = path / "special_tokens_map.json"
-        specials = read_json(special_map) if special_map.is_file() else {}
+        specials = read_json(special_map) if present(special_map) else {}
+        check_size(path / "tokenizer.json")                # before the backend parses it
         with reading(path / "tokenizer.json", "tokenizer"):
             try:
                 self._backend = Backend.from_file(str(path / "tokenizer.json"))
@@ -113,6 +118,18 @@ class Tokenizer:
         cleanup = bool(config.get("clean_up_tokenization_spaces", False))
         self.clean_up_tokenization_spaces = cleanup and type(self._backend.model).__name__ != "BPE"
         self._compiled: tuple[str, ChatTemplate] | None = None
+
+    @classmethod
+    def from_backend(cls, backend, *, special: dict[str, str], chat_template, name_or_path: str) -> "Tokenizer":
+        """A Tokenizer over a built `tokenizers.Tokenizer` (a GGUF file's: gguf_tokenizer.py);
+        special: {"bos_token": text, ...} for the named special tokens that are set (each already
+        in the backend's vocabulary); chat_template: its Jinja source or None."""
+        self = cls.__new__(cls)
+        self._backend, self._special, self._extra = backend, dict(special), []
+        self.chat_template, self.name_or_path = chat_template, name_or_path
+        self.clean_up_tokenization_spaces = False
+        self._compiled = None
+        return self
 
     # --- the backend and sizes
     @property
@@ -171,14 +188,14 @@ class Tokenizer:
 
     # --- text <-> ids
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+        return self._backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def __call__(self, text: str, add_special_tokens: bool = True) -> Encoding:
         return Encoding(input_ids=self.encode(text, add_special_tokens))
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
-        text = self._backend.decode([ids] if isinstance(ids, int) else list(ids),
-                                    skip_special_tokens=skip_special_tokens)
+        text = self._backend.decode_batch([[ids] if isinstance(ids, int) else list(ids)],
+                                          skip_special_tokens=skip_special_tokens)[0]
         return _clean_up(text) if self.clean_up_tokenization_spaces else text
 
     # --- chat
@@ -219,16 +236,21 @@ class Tokenizer:
 
 
 def load_tokenizer(path):
-    """The checkpoint's tokenizer: `Tokenizer` when it has tokenizer.json; otherwise (a
+    """The checkpoint's tokenizer (a GGUF file's: loader.load_tokenizer): `Tokenizer` when it
+    has tokenizer.json; otherwise (a
     sentencepiece tokenizer.model, vocab.json + merges.txt) transformers' AutoTokenizer, with a
-    warning line saying so. CheckpointError (one line naming the file) for unreadable files."""
+    warning line saying so. CheckpointError (one line naming the file) for unreadable files, a
+    symlink loop, or a file over its size cap (hf_files.MAX_BYTES)."""
     path = Path(path)
-    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+    found = [f for f in ("tokenizer.json", "tokenizer.model", "vocab.json", "merges.txt") if present(path / f)]
+    if not set(found) - {"merges.txt"}:
         raise CheckpointError(f"{path}: no tokenizer files (tokenizer.json, tokenizer.model or vocab.json)")
+    for name in found:
+        check_size(path / name)                        # one line naming the file and its cap
     for name in ("tokenizer_config.json", "special_tokens_map.json"):
-        if (path / name).exists():
+        if present(path / name):
             read_json(path / name)                     # one line naming the file, line and column
-    if (path / "tokenizer.json").is_file():
+    if "tokenizer.json" in found:
         return Tokenizer(path)
     log.warning("%s: no tokenizer.json; loading the tokenizer through transformers' AutoTokenizer "
                 "(imports transformers: seconds)", path)

@@ -18,6 +18,7 @@ from graphrt.attention.buckets import pick_bucket
 from graphrt.model.sampling import SamplingInputs
 from graphrt.engine.group import fork_args, fork_owners, prefill_groups
 from graphrt.engine import sampling_extras as extras
+from graphrt.engine import structured
 from graphrt.engine.scheduler import Request
 from graphrt.engine.speculation import observe, spec_columns
 from graphrt.worker.launch import Block, Draw, Prefill
@@ -92,6 +93,7 @@ class BlockMixin:
                                 _host([r.launched for r in reqs], np.int32))
         starts = [a for _, a, _ in own]
         fork |= self._draft_choice(slots, fork)       # a draft model's prefill may wait
+        self._write_masks(reqs, prefill=True)      # constrained first draws (and flags off for the others)
         start = self._block_start()
         own_reqs = [r for r, _, _ in own]
         if self.caps.processing:                      # every slot's processing rows
@@ -157,6 +159,7 @@ class BlockMixin:
                 batch.set_token(joining.slot, joining.context[-1])
                 if self.caps.processing:              # its processing row, as a prefill writes it
                     ex.apply(extras.processing_update(joining, self.vocab_size))
+                self._write_masks([joining], prefill=True)   # a constrained predecessor's mask flag off
                 s.activate(joining)
             elif joining is not None:
                 rows = [r for r in rows if r is not joining]
@@ -167,6 +170,10 @@ class BlockMixin:
         mark = pacer.start() if pacer is not None else None
         k = self.spec.num_tokens if self.spec is not None else 0
         forced = False
+        one = any(r.grammar is not None for r in rows)   # constrained rows: one step, a fresh mask
+        if one:                                       # (the previous block's tokens were read: Engine._step)
+            k = 0
+            self._write_masks(rows)
         if k and self.policy is not None:             # speculate this block, or a plain one
             bucket = pick_bucket(self.caps.config.buckets, max(r.slot for r in rows) + 1)
             k = self.policy.choose([r.slot for r in rows], bucket=bucket).k
@@ -185,11 +192,12 @@ class BlockMixin:
             pending = self._to_host(go.rows, out.tokens, out.emitted, out.proposed, start=start)
             pending.kind, pending.spec_k, pending.forced = "spec", k, forced
         else:
-            go = s.launch_block(rows, block_tokens=self.caps.steps_per_graph)
-            # processed: logits processing, + the block's log-probs; chunk: + the prompt chunk
+            go = s.launch_block(rows, block_tokens=1 if one else self.caps.steps_per_graph)
+            # processed: logits processing, + the block's log-probs (constrained rows: one step);
+            # chunk: + the prompt chunk
             want_lp = go.processed and any(r.params.logprobs is not None for r in rows)
             out = ex.run(Block(go.n, draw=Draw(sampled=go.sampled, processed=go.processed, filtered=go.filtered),
-                               chunk=chunk, logprobs=want_lp))
+                               chunk=chunk, steps=1 if one else None, logprobs=want_lp))
             pending = self._to_host(go.rows, out.tokens, logprobs=out.logprobs, start=start)
             if self.spec is not None:
                 self.spec_counts["plain_blocks"] += 1
@@ -197,6 +205,18 @@ class BlockMixin:
         if pacer is not None:
             pacer.launched("block", mark)
         return True
+
+    def _write_masks(self, reqs: list, *, prefill: bool = False) -> None:
+        """The allowed-token masks of the constrained requests among `reqs` into their slots
+        before a launch draws for them (engine/structured.py); a prefill also clears the flag of
+        a slot a constrained request held before."""
+        masked = self._masked_slots
+        rows = [r for r in reqs if r.grammar is not None or (prefill and r.slot in masked)]
+        if not rows:
+            return
+        structured.write_masks(self.runtime, rows, self.vocab_size)
+        for r in rows:
+            (masked.add if r.grammar is not None else masked.discard)(r.slot)
 
     def _mixed_chunk(self, piece: tuple, joining: bool) -> tuple[bool, bool]:
         """Stage `piece` ((request, start, end)) for the next block -> (taken, a chunk staged):
@@ -281,7 +301,10 @@ class BlockMixin:
             try:
                 if self.spec is not None:
                     sched.settle(req, counted, len(cols[col]))
+                held = len(req.token_ids)
                 delta = accept(req, cols[col])
+                if req.grammar is not None:           # the matcher sees each accepted token
+                    req.grammar.advance(req.token_ids[held:])
                 if req.finish_reason is not None:     # pages back before the final delta is seen
                     self.scheduler.release(req)
                     self._requests.pop(req.request_id, None)

@@ -7,12 +7,15 @@ from dataclasses import dataclass
 from graphrt.config import (BACKENDS, KV_CACHE_DTYPES, STEPS_AUTO as AUTO, RuntimeConfig, check_mixed_tokens,
                             check_steps, max_steps)
 from graphrt.engine.pacing import check_max_stall
+from graphrt.kernels.ops import check_kernels
 from graphrt.speculative.config import SpeculativeConfig
 
 DEFAULT_MAX_MODEL_LEN = 8192
 INT32_MAX = 2**31 - 1       # page ids, seq lens and block-table widths are int32 on the device
 MAX_SEED = 2**63 - 1        # seeds are int64 on the device (SamplingParams' bound too)
 DEFAULT_PREFILL_STALL = 1.0  # max_prefill_stall "auto" where K > 1: a chunk may add one block's time
+CPU_KV_FRACTION = 0.1        # a CPU's default KV pool: this share of the host's available memory,
+CPU_KV_MAX_BYTES = 1 << 30   # at most 1 GiB (a CPU decodes a few streams; the pool is filled at start)
 
 
 def _pos_int(key, v, *, optional=False, most: int = INT32_MAX):
@@ -31,10 +34,11 @@ class EngineConfig:
     K is the plain blocks' (a speculative block runs spec_rounds rounds); page_size: tokens per KV page;
     num_pages: KV pages requests can hold (the pool has one more, the null page; default on CUDA:
     what gpu_memory_utilization leaves after the weights (pool_pages_from_memory), capped at
-    every slot holding max_model_len; on CPU: that cap); gpu_memory_utilization: the fraction
+    every slot holding max_model_len; on CPU: CPU_KV_FRACTION of the host's available memory
+    up to CPU_KV_MAX_BYTES, at least one sequence of max_model_len and at most that cap (cpu_pool_pages)); gpu_memory_utilization: the fraction
     of the GPU's memory the process may use (weights, activations and the KV pool); max_model_len:
     prompt + max_tokens limit (default: min(max_position_embeddings, 8192)); backend: attention
-    backend (default torch-splitkv on CPU, flashinfer on CUDA); dtype: weights and KV (default
+    backend (default torch on CPU: attention in torch, no plan; flashinfer on CUDA); dtype: weights and KV (default
     float32 on CPU, the checkpoint's bf16/fp16 on CUDA); overlap: launch block N+1 before reading
     block N (engine.py); capture: capture CUDA graphs (CUDA only); seed: the engine's seed for
     requests that give none (None: random); kv_cache_dtype: "auto" (the KV pages in the model
@@ -53,7 +57,10 @@ class EngineConfig:
     up to C tokens of a prompt in its first step instead of a separate chunk between blocks
     (model/mixed.py: the weights streamed once for both; every piece rides a block, whatever
     max_prefill_stall would allow between blocks), and the request decodes in the block
-    that carries its last piece; not with speculation or tensor parallelism; 0: off)."""
+    that carries its last piece; not with speculation or tensor parallelism; 0: off); kernels:
+    the model's per-layer kernels (kernels/ops.py): "torch" (their torch references: a CPU's
+    default, PyTorch's speed, no Triton needed), "triton" (CUDA's default; on a CPU Triton's
+    interpreter), None / "auto" for the default (triton wherever the weights are W8A8 FP8)."""
 
     max_batch: int = 16
     steps_per_graph: int | str = AUTO
@@ -74,6 +81,7 @@ class EngineConfig:
     max_prefill_stall: float | str | None = AUTO
     prefill_graph_tokens: int = 512
     mixed_prefill_tokens: int = 0
+    kernels: str | None = None
 
     def __post_init__(self):
         for key in ("max_batch", "page_size"):
@@ -107,6 +115,7 @@ class EngineConfig:
                 raise ValueError(f"mixed_prefill_tokens: {self.mixed_prefill_tokens} exceeds "
                                  f"max_num_batched_tokens={self.max_num_batched_tokens} (the prompt "
                                  f"tokens a block may carry are at most those)")
+        check_kernels(self.kernels)
         for key in ("overlap", "capture", "enable_prefix_caching"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{key}: expected a bool, got {getattr(self, key)!r}")
@@ -189,6 +198,17 @@ class EngineConfig:
                 f"{page_bytes / 2**20:.1f} MiB); raise it, lower max_model_len, or give num_pages")
         return pages
 
+    def cpu_pool_pages(self, spec, *, max_model_len: int, dtype_bytes: int, available_bytes: int,
+                       num_kv_heads: int | None = None) -> int:
+        """A CPU's default pool: the pages CPU_KV_FRACTION of the host's available memory (at most
+        CPU_KV_MAX_BYTES) holds (K and V in every layer), at least one sequence of max_model_len (check_memory then says
+        whether that fits) and at most every slot holding max_model_len. Pure: tested."""
+        kv_heads = num_kv_heads or spec.num_kv_heads
+        page_bytes = 2 * spec.num_layers * self.page_size * kv_heads * spec.head_dim * self.kv_dtype_bytes(dtype_bytes)
+        per_seq = self.pages_per_seq(max_model_len)
+        share = int(min(available_bytes * CPU_KV_FRACTION, CPU_KV_MAX_BYTES) // page_bytes) - 1   # - 1: null page
+        return max(per_seq, min(share, self.max_batch * per_seq))
+
     def reserve_bytes(self, spec, *, dtype_bytes: int, prefill_tokens: int = 8192) -> int:
         """Memory kept out of the KV pool for what runs beside it: a prefill chunk's activations
         (hidden, qkv, gate_up per token), the decode's [B, vocab] float32 logits with the sampler's
@@ -234,7 +254,7 @@ class EngineConfig:
         pool of num_pages (default: self.num_pages, else every slot at max_model_len) + the null page."""
         ctx = max_model_len + self.lookahead
         pages = num_pages or self.num_pages or self.max_batch * self.pages_per_seq(max_model_len)
-        backend = self.backend or ("flashinfer" if device_type == "cuda" else "torch-splitkv")
+        backend = self.backend or ("flashinfer" if device_type == "cuda" else "torch")
         return RuntimeConfig(num_qo_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
                              head_dim=spec.head_dim, page_size=self.page_size, max_context_len=ctx,
                              buckets={"max": self.max_batch}, dtype=dtype, backend=backend,

@@ -64,6 +64,7 @@ from graphrt.engine.group import GroupSink, child_params, child_seeds, prefill_g
 from graphrt.engine.token_bytes import token_bytes
 from graphrt.engine.params import RequestOutput, SamplingParams
 from graphrt.engine import sampling_extras as extras
+from graphrt.engine.structured import Grammars
 from graphrt.engine.scheduler import Request, Scheduler
 from graphrt.engine.pacing import PrefillPacer, check_max_stall
 from graphrt.engine.speculation import BlockClock, default_policy, spec_stats
@@ -142,6 +143,8 @@ class Engine(BlockMixin):
         self._decode_text = make_decoder(tokenizer)    # one per engine, shared by requests
         self._token_bytes = token_bytes(tokenizer, self.vocab_size)   # None: decode through the tokenizer
         self._token_text = extras.TokenText(self._decode_text)        # Logprob.decoded_token
+        self._grammars: Grammars | None = None         # built with the first constrained request
+        self._masked_slots: set[int] = set()           # slots whose mask flag is on (loop thread)
 
     # ---- requests (any thread) ----------------------------------------------------------------
     def add_request(self, prompt, params: SamplingParams | None = None, *,
@@ -170,11 +173,13 @@ class Engine(BlockMixin):
             rid = request_id if request_id is not None else f"req-{next(self._ids)}"
             seeds = child_seeds(params, lambda: self._rng.randrange(2**63))
         rules = extras.check_request(self.caps, child, self.tokenizer, self.scheduler.eos, self.vocab_size)
+        compiled = self._compile(child) if child.structured_outputs is not None else None
         stream = RequestStream(self, rid, prompt=prompt if isinstance(prompt, str) else None)
         text = lambda: TextState(self.tokenizer, child.stop, decode=self._decode_text, table=self._token_bytes)
         if len(seeds) == 1:
             req = Request(rid, ids, params, seeds[0], text(), stream.put, prompt_array=ids_array)
             req.rules = rules
+            req.grammar = None if compiled is None else self._grammars.state(compiled, child.structured_outputs.kind)
             self._inbox.put(("add", req))
         else:
             if rid in self._groups:
@@ -187,12 +192,25 @@ class Engine(BlockMixin):
             for i, (cid, seed) in enumerate(zip(cids, seeds)):
                 req = Request(cid, ids, child, seed, text(), group.sink(i), sibling=first, prompt_array=ids_array)
                 req.rules = rules
+                req.grammar = None if compiled is None else self._grammars.state(compiled, child.structured_outputs.kind)
                 first = first or req
                 self._inbox.put(("add", req))
         self._wake.set()
         if self.error is not None:                      # died meanwhile: the loop may never see it
             stream.put(self._dead_error())
         return stream
+
+    def _compile(self, params: SamplingParams):
+        """The request's compiled grammar (engine/structured.py; on the caller's thread, bounded
+        by the compile timeout). ValueError naming the field."""
+        if not self.caps.structured:
+            raise ValueError("structured_outputs: needs a runtime with logits processing (not supported "
+                             "under tensor parallelism yet)")
+        with self._lock:
+            if self._grammars is None:
+                self._grammars = Grammars(self.tokenizer, self._token_bytes, vocab=self.vocab_size,
+                                          eos_ids=sorted(self.scheduler.eos))
+        return self._grammars.compile(params.structured_outputs)
 
     def abort(self, request_id: str) -> None:
         """Cancel a request (a no-op if it already finished); its stream ends with "abort".
@@ -267,6 +285,10 @@ class Engine(BlockMixin):
             if pacer is not None:
                 pacer.launched("chunk", mark, tokens=sum(e - a for _, a, e in work))
         rows = sched.decode_rows()
+        if rows and self._pending and any(r.grammar is not None for r in rows):
+            while self._pending:               # constrained rows: their matchers see every token
+                self._finish(self._pending.popleft())   # before the next draw's mask is written
+            rows = sched.decode_rows()
         if work or not rows:
             self._clock.interrupted()
         if rows:

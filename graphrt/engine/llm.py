@@ -28,6 +28,8 @@ no single request caused, docs/engine.md), every caller raises EngineDeadError.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import time
 from pathlib import Path
@@ -72,6 +74,10 @@ def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None, q
         free, total = torch.cuda.mem_get_info(device)
         pages = config.pool_pages_from_memory(ck.spec, max_model_len=max_len, free_bytes=free, total_bytes=total,
                                               dtype_bytes=torch.empty(0, dtype=getattr(torch, dtype)).element_size())
+    elif device.type == "cpu" and config.num_pages is None:               # a share of the host's memory
+        pages = config.cpu_pool_pages(ck.spec, max_model_len=max_len, available_bytes=available_bytes(device),
+                                      dtype_bytes=torch.empty(0, dtype=getattr(torch, dtype)).element_size(),
+                                      num_kv_heads=ck.spec.num_kv_heads // world)
     rc = config.runtime_config(ck.spec, device_type=device.type, dtype=dtype, max_model_len=max_len,
                                num_pages=pages)
     needed = config.memory_needed(ck.spec, max_model_len=max_len, pool_pages=rc.pool_pages,
@@ -83,7 +89,7 @@ def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None, q
         tp = configure(tp, hidden=ck.spec.hidden_size, max_tokens=max(rc.buckets), dtype=getattr(torch, dtype),
                        device=device)
     t = time.perf_counter()
-    model = build_model(ck, max_positions=rc.max_context_len, tp=tp)
+    model = build_model(ck, max_positions=rc.max_context_len, tp=tp, kernels=config.kernels)
     if tp is not None:                                 # the rank's own heads
         from graphrt.parallel.shard import shard_runtime_config
         rc = shard_runtime_config(rc, tp.world_size)
@@ -260,6 +266,11 @@ class LLM:
             self._workers.close()
             raise
 
+    def get_tokenizer(self):
+        """The checkpoint's tokenizer (vLLM's LLM.get_tokenizer): graphrt.checkpoint.tokenizer's
+        Tokenizer, or transformers' AutoTokenizer for a checkpoint without tokenizer.json."""
+        return self.tokenizer
+
     def shutdown(self) -> None:
         """End the tensor-parallel workers (no-op for tensor_parallel=1); idempotent."""
         if self._workers is not None:
@@ -311,13 +322,20 @@ class LLM:
                 self.engine.step()
 
     def chat(self, messages, sampling_params: SamplingParams | list | None = None, *,
-             use_tqdm: bool = True) -> "ChatOutputs":
+             use_tqdm: bool = True, tools: list | None = None, tool_choice=None) -> "ChatOutputs":
         """Conversations through the tokenizer's chat template with the generation prompt
         appended: one conversation (a list of {"role", "content"} dicts) or a list of them;
         sampling_params: one for all or one per conversation. Returns one RequestOutput per
         conversation in a list (as vLLM's chat does, also for a single conversation); for one
         conversation the list also answers RequestOutput's attributes (`llm.chat(msgs).text`, as
-        graphrt's chat returned one RequestOutput before)."""
+        graphrt's chat returned one RequestOutput before).
+
+        tools (OpenAI's [{"type": "function", "function": {name, description, parameters}}]):
+        rendered by the chat template; tool_choice "required" or {"type": "function", "function":
+        {"name": N}} constrains each output to one call in the checkpoint's format (Llama 3.x JSON
+        or Hermes `<tool_call>`: engine/tool_calls.py), "auto" / "none" / None leave it free.
+        engine.tool_calls.parse_tool_calls(text, tool_format(llm.tokenizer), check_tools(tools))
+        reads the calls back. ValueError naming tools / tool_choice."""
         convs = [messages] if isinstance(messages, list) and messages and isinstance(messages[0], dict) else messages
         if (not isinstance(convs, (list, tuple)) or not convs
                 or not all(isinstance(c, list) and c and all(isinstance(m, dict) for m in c) for c in convs)):
@@ -326,8 +344,17 @@ class LLM:
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("messages: the tokenizer has no chat template")
         prompts = []
+        if tools is not None:
+            from graphrt.engine.tool_calls import check_tools, template_messages, tool_constraint, tool_format
+            so = tool_constraint(check_tools(tools), tool_choice, tool_format(self.tokenizer))
+            convs = [template_messages(c) for c in convs]
+            if so is not None:
+                sps = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(convs)
+                sampling_params = [dataclasses.replace(p or SamplingParams(), structured_outputs=so) for p in sps]
+        elif tool_choice is not None:
+            raise ValueError("tool_choice: needs tools")
         for c in convs:
-            ids = self.tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True)
+            ids = self.tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True, tools=tools)
             if isinstance(ids, dict) or hasattr(ids, "input_ids"):
                 ids = ids["input_ids"]
             prompts.append(list(ids))

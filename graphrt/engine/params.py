@@ -21,7 +21,7 @@ MAX_BEST_OF = 128           # samples of one prompt (n, best_of)
 # only at that value (it changes nothing); any other value is a ValueError naming the field.
 VLLM_DEFAULTS = {
     "allowed_token_ids": None, "logits_processors": None,
-    "truncate_prompt_tokens": None, "guided_decoding": None, "structured_outputs": None,
+    "truncate_prompt_tokens": None, "guided_decoding": None,
     "skip_special_tokens": True, "spaces_between_special_tokens": True, "detokenize": True,
     "include_stop_str_in_output": False, "extra_args": None,
 }
@@ -31,6 +31,8 @@ MAX_BAD_WORDS = 64          # bad_words per request
 MAX_PENALTY = 2.0           # |presence_penalty|, |frequency_penalty| (OpenAI's range)
 MAX_REPETITION_PENALTY = 10.0
 MAX_BIAS = 100.0            # |logit_bias value| (OpenAI's range)
+MAX_GRAMMAR_CHARS = 65536   # a structured-output constraint's text (schema JSON, regex, EBNF, choices)
+MAX_CHOICES = 1024          # structured_outputs.choice entries
 
 
 def _short(value) -> str:
@@ -79,6 +81,85 @@ def _vllm_names(cls):
 
     cls.__init__ = __init__
     return cls
+
+
+@dataclass(frozen=True, kw_only=True)
+class StructuredOutputsParams:
+    """A constraint on the output's text (vLLM's StructuredOutputsParams); exactly one of:
+    json: a JSON schema (a dict, or its JSON text); regex: a regular expression the whole output
+    matches; choice: the output is one of these strings; grammar: an EBNF grammar (xgrammar's
+    GBNF dialect, root rule `root`); json_object=True: any JSON object. At most
+    MAX_GRAMMAR_CHARS characters of constraint text. Validated on construction (ValueError
+    naming `structured_outputs.<field>`); whether the constraint compiles is checked when the
+    request is added (engine/structured.py)."""
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    def __post_init__(self):
+        import json as _json
+        given = [f.name for f in fields(self) if getattr(self, f.name) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError(f"structured_outputs: give exactly one of json, regex, choice, grammar, "
+                             f"json_object, got {', '.join(given) or 'none'}")
+        if self.json is not None:
+            if isinstance(self.json, dict):
+                text = _json.dumps(self.json)
+            elif isinstance(self.json, str):
+                try:
+                    obj = _json.loads(self.json)
+                except ValueError as e:
+                    raise ValueError(f"structured_outputs.json: not valid JSON: {e}") from None
+                if not isinstance(obj, (dict, bool)):
+                    raise ValueError("structured_outputs.json: a JSON schema is an object")
+                text = self.json
+            else:
+                raise ValueError(f"structured_outputs.json: expected a schema (dict or JSON text), got "
+                                 f"{type(self.json).__name__}")
+            _size("json", len(text))
+        for name in ("regex", "grammar"):
+            v = getattr(self, name)
+            if v is not None:
+                if not isinstance(v, str) or not v:
+                    raise ValueError(f"structured_outputs.{name}: expected a non-empty string, got {_short(v)}")
+                _size(name, len(v))
+        if self.choice is not None:
+            c = self.choice
+            if not isinstance(c, (list, tuple)) or not c or not all(isinstance(x, str) and x for x in c):
+                raise ValueError(f"structured_outputs.choice: expected a non-empty list of non-empty strings, "
+                                 f"got {_short(c)}")
+            if len(c) > MAX_CHOICES:
+                raise ValueError(f"structured_outputs.choice: at most {MAX_CHOICES} choices, got {len(c)}")
+            _size("choice", sum(map(len, c)))
+            object.__setattr__(self, "choice", tuple(c))
+        if self.json_object is not None and not isinstance(self.json_object, bool):
+            raise ValueError(f"structured_outputs.json_object: expected true, got {_short(self.json_object)}")
+
+    @property
+    def kind(self) -> str:
+        """Which constraint: "json" | "regex" | "choice" | "grammar" | "json_object"."""
+        return next(f.name for f in fields(self) if getattr(self, f.name) not in (None, False))
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """(kind, canonical text): the compiled-grammar cache's key."""
+        import json as _json
+        kind, v = self.kind, getattr(self, self.kind)
+        if kind == "json":
+            v = _json.dumps(v if isinstance(v, dict) else _json.loads(v), sort_keys=True)
+        elif kind == "choice":
+            v = _json.dumps(list(v))
+        elif kind == "json_object":
+            v = ""
+        return kind, v
+
+
+def _size(name: str, n: int) -> None:
+    if n > MAX_GRAMMAR_CHARS:
+        raise ValueError(f"structured_outputs.{name}: {n} characters, at most {MAX_GRAMMAR_CHARS}")
 
 
 @_vllm_names
@@ -134,6 +215,8 @@ class SamplingParams:
     # ---- n > 1 (engine/group.py): pure API, no per-token processing ----
     n: int = 1
     best_of: int | None = None
+    # ---- constrained decoding (engine/structured.py) ----
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self):
         _int("n", self.n, 1, MAX_BEST_OF)
@@ -208,6 +291,23 @@ class SamplingParams:
         if len(words) > MAX_BAD_WORDS:
             raise ValueError(f"bad_words: at most {MAX_BAD_WORDS} words, got {len(words)}")
         object.__setattr__(self, "bad_words", tuple(words))
+        so = self.structured_outputs
+        if isinstance(so, dict):
+            unknown = sorted(set(so) - {f.name for f in fields(StructuredOutputsParams)})
+            if unknown:
+                raise ValueError(f"structured_outputs: unknown field {unknown[0]!r} (fields: json, regex, "
+                                 f"choice, grammar, json_object)")
+            so = StructuredOutputsParams(**{k: v for k, v in so.items() if v is not None})
+            object.__setattr__(self, "structured_outputs", so)
+        if so is not None:
+            if not isinstance(so, StructuredOutputsParams):
+                raise ValueError(f"structured_outputs: expected StructuredOutputsParams, got {type(so).__name__}")
+            if self.min_tokens:
+                raise ValueError("structured_outputs: not with min_tokens (the grammar decides where the "
+                                 "output may end)")
+            if self.ignore_eos:
+                raise ValueError("structured_outputs: not with ignore_eos (a constrained output ends with an "
+                                 "end-of-sequence token once its grammar is complete)")
 
         object.__setattr__(self, "_processed", self._needs_processing())
 
@@ -220,7 +320,7 @@ class SamplingParams:
     def _needs_processing(self) -> bool:
         return (self.logprobs is not None or self.presence_penalty != 0 or self.frequency_penalty != 0
                 or self.repetition_penalty != 1 or self.min_p > 0 or bool(self.logit_bias)
-                or self.min_tokens > 0 or bool(self.bad_words))
+                or self.min_tokens > 0 or bool(self.bad_words) or self.structured_outputs is not None)
 
     @property
     def greedy(self) -> bool:
@@ -339,6 +439,6 @@ class RequestOutput:
                 f"finished={self.finished}, num_cached_tokens={self.num_cached_tokens})")
 
 
-__all__ = ["SamplingParams", "RequestOutput", "CompletionOutput", "Logprob", "merge_delta", "MAX_TEMPERATURE",
+__all__ = ["SamplingParams", "StructuredOutputsParams", "MAX_GRAMMAR_CHARS", "RequestOutput", "CompletionOutput", "Logprob", "merge_delta", "MAX_TEMPERATURE",
            "MAX_SEED", "MAX_STOP_STRINGS", "MAX_STOP_CHARS", "MAX_BEST_OF", "MAX_LOGPROBS", "MAX_LOGIT_BIAS",
            "VLLM_DEFAULTS"]

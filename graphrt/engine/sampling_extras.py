@@ -34,7 +34,8 @@ def check_request(caps, params: SamplingParams, tokenizer, eos_ids, vocab: int):
     if not caps.processing:
         default = SamplingParams()
         field = next(f for f in ("logprobs", "prompt_logprobs", "presence_penalty", "frequency_penalty",
-                                 "repetition_penalty", "min_p", "logit_bias", "min_tokens", "bad_words")
+                                 "repetition_penalty", "min_p", "logit_bias", "min_tokens", "bad_words",
+                                 "structured_outputs")
                      if getattr(params, f) != getattr(default, f))
         raise ValueError(f"{field}: needs logits processing, which this engine's runtime does not "
                          f"have (not supported with speculative decoding or tensor parallel yet)")
@@ -97,6 +98,7 @@ def token_rules(params: SamplingParams, tokenizer, eos_ids, vocab: int) -> list[
         if tok >= vocab:
             raise ValueError(f"logit_bias: token id {tok} outside the vocabulary [0, {vocab})")
         rules.append((tok, v, FOREVER))
+    _at_most(rules, "logit_bias")
     for word in params.bad_words:
         ids = set()
         for variant in (word, " " + word):
@@ -107,13 +109,20 @@ def token_rules(params: SamplingParams, tokenizer, eos_ids, vocab: int) -> list[
             raise ValueError(f"bad_words: {word[:40]!r} is more than one token; only words of one token "
                              f"are supported")
         rules += [(t, float("-inf"), FOREVER) for t in sorted(ids) if t < vocab]
+    _at_most(rules, "bad_words")
     if params.min_tokens:
         stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_ids))
         rules += [(t, float("-inf"), params.min_tokens) for t in sorted(stops) if t < vocab]
-    if len(rules) > RULE_WIDTH:
-        raise ValueError(f"logit_bias: with bad_words and min_tokens' stop ids {len(rules)} token rules, "
-                         f"at most {RULE_WIDTH}")
+        _at_most(rules, "stop_token_ids" if params.stop_token_ids else "min_tokens")
     return rules
+
+
+def _at_most(rules: list, field: str) -> None:
+    """ValueError naming `field` (the client's field whose rules went past the limit) when the
+    rules so far exceed the slots' RULE_WIDTH."""
+    if len(rules) > RULE_WIDTH:
+        raise ValueError(f"{field}: {len(rules)} token rules in all (logit_bias entries, bad_words' tokens, "
+                         f"and with min_tokens the stop token ids and eos), at most {RULE_WIDTH}")
 
 
 def process_row(params: SamplingParams, rules, prompt: list[int], output: list[int]) -> dict:

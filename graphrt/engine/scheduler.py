@@ -78,6 +78,7 @@ class Request:
     num_cached_tokens: int | None = None   # prompt tokens found cached at its first admission
     cumulative_logprob: float = 0.0   # sum of its delivered tokens' log-probs (with logprobs)
     prompt_array: np.ndarray | None = None   # [P] int64 host (read-only): the prompt's ids, converted once
+    grammar: object = None            # constrained decoding: its matcher (engine/structured.py GrammarState)
 
     @property
     def context(self) -> list[int]:

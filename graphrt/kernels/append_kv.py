@@ -16,9 +16,8 @@ import triton
 import triton.language as tl
 
 from graphrt.kernels.fp8 import round_e4m3
-from graphrt.kernels.prepare import ERR_PAGE_ID
+from graphrt.kernels.flags import ERR_KV_SLOT, ERR_PAGE_ID
 
-ERR_KV_SLOT = 8
 
 
 @triton.jit

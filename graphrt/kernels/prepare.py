@@ -33,11 +33,9 @@ import torch
 import triton
 import triton.language as tl
 
+from graphrt.kernels.flags import ERR_GRID, ERR_PAGE_ID, ERR_SEQ_LEN  # noqa: F401 (re-exported)
 from graphrt.kernels.plan_layout import ABSENT, PlanSpec
 
-ERR_SEQ_LEN = 1
-ERR_PAGE_ID = 2
-ERR_GRID = 4
 BLOCK_P = 256  # page ids per packing program
 BLOCK_T = 8    # work tiles per planning program
 

@@ -36,13 +36,10 @@ import torch
 import triton
 import triton.language as tl
 
-from graphrt.kernels.append_kv import ERR_KV_SLOT
 from graphrt.kernels.append_kv import kv_e4m3
 from graphrt.kernels.fp8 import ScaledAcc, check_scaled
 from graphrt.kernels.launch import pdl_options, pdl_prologue, use_pdl
-from graphrt.kernels.prepare import ERR_PAGE_ID
-
-ERR_POSITION = 16
+from graphrt.kernels.flags import ERR_KV_SLOT, ERR_PAGE_ID, ERR_POSITION
 
 
 @triton.jit

@@ -6,9 +6,10 @@
 A decode step (model/runtime.py), a prefill's first token (worker/local.py) and a speculative
 round's acceptance (speculative/runner.py: `how.processed`, `how.filtered`) read the same Draw.
 The kernels, by what the Draw says:
-- greedy (not sampled, not processed): argmax (kernels/argmax.py);
+- greedy (not sampled, not processed): argmax (kernels/argmax.py, or the model's kernel set's);
 - sampled: the seeded sampler over the rows' temperature / top_k / top_p (kernels/sample.py);
-- processed: the rows' logits processing first (model/processing.py: penalties, logit_bias,
+- processed: constrained rows' allowed-token masks (model/token_mask.py), then the rows' logits
+  processing (model/processing.py: penalties, logit_bias,
   min_p, token rules), then the sampler, the drawn tokens counted for the penalties, and the
   log-probabilities read from the raw logits or the distribution drawn from; with
   filtered=False (a promise that no row uses top-k / top-p: no sort) and log-probability rows
@@ -64,16 +65,22 @@ class DrawRows:
 
 
 def draw(logits: torch.Tensor, rows: DrawRows, how: Draw, out: torch.Tensor, *, proc=None, sel=None,
-         live: torch.Tensor | None = None, logprob_rows=None, source: str = "raw") -> torch.Tensor | None:
+         live: torch.Tensor | None = None, logprob_rows=None, source: str = "raw", mask=None,
+         ops=None) -> torch.Tensor | None:
     """One token per row of logits [B, V] (model dtype or float32) into out [B] int64.
 
     proc / sel (how.processed): the ProcessState and the rows' slots (an int B: slots [0, B); or
     a [B] int64 index tensor); live [B] bool: rows whose draws are counted. logprob_rows: the
     step's LogprobBuffers.rows, which the fused pass (processed, not filtered) writes itself;
     source: "raw" (log-probs of the model's logits) or the processed distribution's.
+    mask (how.processed): the runtime's TokenMask (model/token_mask.py); its constrained rows of
+    sel get their disallowed tokens set to -inf in logits first (None: no constrained rows).
+    ops: the model's kernel set (kernels/ops.py) whose argmax a greedy draw runs (None: Triton's).
     Returns the [B, V] logits the caller reads log-probabilities from (processed draws that
     did not record them: LogprobBuffers.record / model.logprobs.token_logprobs), else None."""
     if how.processed:
+        if mask is not None:                                     # constrained rows: disallowed -> -inf
+            mask.apply(logits, sel)
         if not how.filtered and logprob_rows is not None:       # process, draw, log-probs, count: fused
             proc.draw(logits, sel, rows.seed, rows.step, rows.temperature, live, out, logprob_rows, source=source)
             return None
@@ -86,7 +93,7 @@ def draw(logits: torch.Tensor, rows: DrawRows, how: Draw, out: torch.Tensor, *, 
     if how.sampled:
         sample_tokens(logits.contiguous(), rows.temperature, rows.top_k, rows.top_p, rows.seed, rows.step, out)
     else:
-        argmax_into(logits, out)                                                   # greedy
+        (argmax_into if ops is None else ops.argmax_into)(logits, out)            # greedy
     return None
 
 

@@ -38,10 +38,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from graphrt.kernels.activation import silu_mul
 from graphrt.kernels.fp8 import Fp8Rows, ScaledAcc, apply_scales, padded_rows, quantize_rows
-from graphrt.kernels.norm import add_rms_norm, embed_rms_norm, rms_norm
-from graphrt.kernels.rope_append import rope_append_prefill
+from graphrt.kernels.ops import KernelOps, kernel_ops, resolve_kernels
 from graphrt.kernels.transfer import tensor_on, to_device
 from graphrt.model.linear import fp8_matmul, linear
 from graphrt.model.quant.fp8 import Fp8Weight
@@ -61,10 +59,14 @@ class LlamaDecoder:
     shard (`graphrt.parallel.shard`, geometry from `spec.shard_spec`), o / down outputs are all-reduced,
     the embedding is vocab-parallel and the LM head's vocab slices are all-gathered, so
     decode_step returns the full [B, V] logits on every rank. `spec` stays the whole model's.
+    kernels: the per-layer kernels' implementation (kernels/ops.py), fixed here: "triton", "torch"
+    (the kernels' torch references), or None / "auto": torch on a CPU, triton on CUDA, and triton
+    wherever a weight is W8A8 FP8 (the torch set reads no FP8 activations; "torch" there is a
+    ValueError). `self.ops` is the chosen set, `self.kernels` its name.
     """
 
     def __init__(self, spec: LlamaSpec, weights: ModelWeights, *, max_positions: int | None = None,
-                 tp=None):
+                 tp=None, kernels: str | None = None):
         self.tp = tp if tp is not None and tp.world_size > 1 else None   # None: no collectives
         if self.tp is None:
             self.local_spec = spec
@@ -76,19 +78,34 @@ class LlamaDecoder:
         self.max_positions = spec.max_position_embeddings if max_positions is None else max_positions
         self.cos_sin = cos_sin_cache(spec, self.max_positions, weights.device)  # [P, D] float32
         self._unit = torch.ones((), dtype=torch.float32, device=weights.device)  # FP8 GEMM scales
+        self.kernels = self._resolve_kernels(kernels)
+        self.ops: KernelOps = kernel_ops(self.kernels)
+
+    def _resolve_kernels(self, kernels) -> str:
+        w = self.weights
+        w8a8 = any(self._fp8_in(x) for layer in w.layers for x in (layer.qkv, layer.o, layer.gate_up, layer.down)) \
+            or self._fp8_in(w.lm_head)
+        name = resolve_kernels(kernels, w.device)
+        if name == "torch" and w8a8:
+            if kernels == "torch":
+                raise ValueError("kernels: 'torch' runs no FP8 activations, and this model has W8A8 FP8 "
+                                 "weights; use 'triton' (or leave kernels out)")
+            return "triton"
+        return name
 
     @classmethod
     def from_state_dict(cls, spec: LlamaSpec, state_dict: dict, *, dtype=torch.float32, device="cpu",
-                        max_positions: int | None = None) -> "LlamaDecoder":
+                        max_positions: int | None = None, kernels: str | None = None) -> "LlamaDecoder":
         """From HF-named weights (see weights.fuse_hf_state_dict)."""
-        return cls(spec, fuse_hf_state_dict(spec, state_dict, dtype, device), max_positions=max_positions)
+        return cls(spec, fuse_hf_state_dict(spec, state_dict, dtype, device), max_positions=max_positions,
+                   kernels=kernels)
 
     @classmethod
     def from_hf(cls, hf_model, *, dtype=torch.float32, device="cpu",
-                max_positions: int | None = None) -> "LlamaDecoder":
+                max_positions: int | None = None, kernels: str | None = None) -> "LlamaDecoder":
         """From a transformers LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM."""
         return cls.from_state_dict(LlamaSpec.from_hf(hf_model.config), hf_model.state_dict(),
-                                   dtype=dtype, device=device, max_positions=max_positions)
+                                   dtype=dtype, device=device, max_positions=max_positions, kernels=kernels)
 
     # ---- pieces shared by decode, verify and prefill -----------------------------------------
     def _next_norm(self, i: int) -> torch.Tensor:
@@ -152,17 +169,17 @@ class LlamaDecoder:
         record / hidden_out: see `check_record` (the norm kernel that stores a recorded state
         writes it into hidden_out too; none when off).
         splitk: (S_o, S_down), the split-K factors of the o and down GEMMs (1: unsplit)."""
-        w, eps, fp8 = self.weights, self.spec.rms_norm_eps, self._fp8_in
+        w, eps, fp8, ops = self.weights, self.spec.rms_norm_eps, self._fp8_in, self.ops
         split_o, split_down = splitk
         layers = w.layers
         width = self.spec.hidden_size
         rec = {i: hidden_out[:, r * width:(r + 1) * width] for r, i in enumerate(record)}   # id -> its columns
         if self.tp is not None:
             residual = self._embed(tokens)                           # [T, H] (a copy)
-            h = rms_norm(residual, layers[0].input_norm, eps, fp8=fp8(layers[0].qkv))
+            h = ops.rms_norm(residual, layers[0].input_norm, eps, fp8=fp8(layers[0].qkv))
         else:                                # the gather, the residual's start and its norm: one launch
             residual = torch.empty((tokens.shape[0], width), dtype=w.embed.dtype, device=w.embed.device)
-            h = embed_rms_norm(w.embed, tokens, layers[0].input_norm, eps, fp8=fp8(layers[0].qkv),
+            h = ops.embed_rms_norm(w.embed, tokens, layers[0].input_norm, eps, fp8=fp8(layers[0].qkv),
                                residual=residual, copy_to=rec.pop(0, None))
         for i, layer in enumerate(layers):
             if i in rec and i == 0:                                  # the stream entering layer 0
@@ -170,10 +187,10 @@ class LlamaDecoder:
             qkv = self._mm(h, layer.qkv, layer.qkv_bias)            # (this rank's heads)
             a = attend(i, rope(i, qkv, layer))                       # [T, Hq * D]
             o = self._reduce(self._mm(quantize_rows(a) if fp8(layer.o) else a, layer.o, split=split_o))
-            h = add_rms_norm(o, residual, layer.post_attn_norm, eps, fp8=fp8(layer.gate_up))
-            m = silu_mul(self._mm(h, layer.gate_up), fp8=fp8(layer.down))
+            h = ops.add_rms_norm(o, residual, layer.post_attn_norm, eps, fp8=fp8(layer.gate_up))
+            m = ops.silu_mul(self._mm(h, layer.gate_up), fp8=fp8(layer.down))
             nxt = layers[i + 1].qkv if i + 1 < len(layers) else (w.lm_head if fp8_head else None)
-            h = add_rms_norm(self._reduce(self._mm(m, layer.down, split=split_down)), residual,
+            h = ops.add_rms_norm(self._reduce(self._mm(m, layer.down, split=split_down)), residual,
                              self._next_norm(i), eps, fp8=fp8(nxt), copy_to=rec.get(i + 1))
         return h
 
@@ -213,8 +230,13 @@ class LlamaDecoder:
         record = self.check_record(record, hidden_out, b)
         self._check_splitk(splitk)
 
-        def rope(i, qkv, layer):
-            return ctx.rope_append(i, qkv, self.cos_sin, **self._qk_norm_args(layer))
+        view = ctx.view
+
+        def rope(i, qkv, layer):                                     # as ctx.rope_append, this model's kernels
+            cache = ctx.kv_caches[i]
+            return self.ops.rope_append_decode(qkv, self.cos_sin, cache, view.block_table, view.seq_lens,
+                                               view.device_error, kv_scale=cache.scale,
+                                               **self._qk_norm_args(layer))
         h = self._layers(tokens, rope, lambda i, q: ctx.attention(i, q).view(b, -1), fp8_head=True,
                          record=record, hidden_out=hidden_out, splitk=splitk)
         return self._logits(h)
@@ -225,6 +247,9 @@ class LlamaDecoder:
         ok = isinstance(splitk, tuple) and len(splitk) == 2 and all(
             not isinstance(s, bool) and isinstance(s, int) and s >= 1 for s in splitk)
         if ok and splitk != (1, 1):
+            if self.kernels != "triton":
+                raise ValueError(f"splitk: {splitk!r} needs the Triton kernels (add+RMSNorm sums the split "
+                                 f"partials); this model runs kernels={self.kernels!r}")
             ok = self.tp is None and all(splittable(layer.o, splitk[0]) and splittable(layer.down, splitk[1])
                                          for layer in self.weights.layers)
         if not ok:
@@ -338,7 +363,7 @@ class LlamaDecoder:
                 s = self.local_spec
                 calibrate_layer(cache.scale, qkv, num_q_heads=s.num_heads, num_kv_heads=s.num_kv_heads,
                                 head_dim=s.head_dim, k_norm=layer.k_norm, eps=self.spec.rms_norm_eps)
-            return rope_append_prefill(qkv, self.cos_sin, cache, block_table, positions, rows,
+            return self.ops.rope_append_prefill(qkv, self.cos_sin, cache, block_table, positions, rows,
                                        error, **self._qk_norm_args(layer), kv_scale=cache.scale)
         return rope
 

@@ -90,7 +90,6 @@ from graphrt.attention.inputs import check_exclusive_writes, check_host_values, 
 from graphrt.attention.kvcache import PagedKVCache
 from graphrt.attention.runtime import raise_device_errors, runtime_device
 from graphrt.config import RuntimeConfig, check_steps
-from graphrt.kernels.step_advance import step_advance
 from graphrt.kernels.transfer import to_device
 from graphrt.model.context import AttentionContext
 from graphrt.model.draw import Draw, DrawRows, draw
@@ -102,7 +101,10 @@ from graphrt.model.sampling import SamplingInputs
 from graphrt.model.quant.kv import kv_scales as _kv_scale_tensor
 from graphrt.config import check_mixed_tokens
 from graphrt.model.mixed import MixedChunk
+from graphrt.model.persistent import PersistentPlan, choose as choose_persistent, \
+    resolve_setting as resolve_persistent
 from graphrt.model.slots import SlotState
+from graphrt.model.token_mask import TokenMask
 from graphrt.model.plans import check_plans, plans_dict
 from graphrt.model.splitk import GEMMS as SPLITK_GEMMS, MAX_ROWS as SPLITK_MAX_ROWS, SplitKPlan, plan_splitk, \
     resolve_setting, splittable
@@ -114,14 +116,19 @@ log = logging.getLogger("graphrt.model")
 @dataclass(frozen=True)
 class DecodeKind:
     """One decode graph family: how its steps draw (model/draw.py's Draw, normalised by
-    Draw.key) and whether its first step also prefills a staged prompt chunk (model/mixed.py)."""
+    Draw.key), whether its first step also prefills a staged prompt chunk (model/mixed.py), and
+    how many steps it runs (None: K; 1: the processed block of constrained rows, whose masks the
+    host refills after every token: model/token_mask.py)."""
 
     draw: Draw = Draw()
     chunk: bool = False
+    steps: int | None = None     # None: the runtime's K; 1: a processed block with constrained rows
 
 
 GREEDY, SAMPLED = DecodeKind(Draw()), DecodeKind(Draw(sampled=True))
 PROCESSED, PROCESSED_FILTERED = DecodeKind(Draw(True, True, False)), DecodeKind(Draw(True, True, True))
+PROCESSED_STEP = DecodeKind(PROCESSED.draw, steps=1)                    # constrained rows: one step a block
+PROCESSED_FILTERED_STEP = DecodeKind(PROCESSED_FILTERED.draw, steps=1)
 GREEDY_CHUNK, SAMPLED_CHUNK = DecodeKind(Draw(), chunk=True), DecodeKind(Draw(sampled=True), chunk=True)
 
 
@@ -133,7 +140,7 @@ class ModelRuntime:
                  processing: bool = False, logprobs_mode: str = "raw", logprobs_width: int = 20,
                  kv_scales: list[tuple[float, float]] | None = None, prefill_graph_tokens: int = 512,
                  graphed_prefill: bool | None = None, splitk: str | int = "auto",
-                 mixed_prefill_tokens: int = 0, plans: dict | None = None):
+                 mixed_prefill_tokens: int = 0, plans: dict | None = None, decode_backend: str = "sequence"):
         s = model.spec
         heads = getattr(model, "local_spec", s)  # a tensor-parallel rank's model: its own heads
         want = (heads.num_heads, heads.num_kv_heads, heads.head_dim)
@@ -179,6 +186,8 @@ class ModelRuntime:
         self.slots = SlotState.allocate(b, config.max_pages_per_seq, self.device,
                                         history_width=config.max_context_len if token_history else None,
                                         vocab=s.vocab_size if processing else None)
+        # constrained decoding's allowed-token masks (model/token_mask.py): read by the processed draws
+        self.token_mask = TokenMask.allocate(b, s.vocab_size, self.device) if processing else None
         self.buffers = StaticBuffers(config, self.device, block_table=self.slots.block_table,
                                      seq_lens=self.slots.seq_lens)   # the graphs read the slots
         self.backend = make_backend(config, self.kv_caches[0], self.device, name=backend)
@@ -212,6 +221,10 @@ class ModelRuntime:
         self._plans = check_plans(plans)      # split-K / K measured by an earlier start (model/plans.py)
         self.splitk: SplitKPlan | None = None   # decode buckets' split-K: chosen once, before the first graph
         self.plan_seconds: dict[str, float] = {}  # host seconds of the measured plans at capture (start-up line)
+        if decode_backend != "auto":
+            resolve_persistent(decode_backend)           # ValueError now; "auto" reads the env later
+        self._persistent_setting = decode_backend
+        self.persistent: PersistentPlan | None = None   # greedy buckets <= 16 rows: persistent step or sequence
         self._captured = False
         self.backend.setup([self.buffers.view(x) for x in reversed(config.buckets)])
         if self.backend.needs_host_inputs and self.steps.source == "default":   # "auto": one step
@@ -345,40 +358,52 @@ class ModelRuntime:
 
     # ---- the decode phase: K steps over a bucket of slots (pure device work: capturable) -------
     def _steps(self, size: int, kind: DecodeKind = GREEDY) -> None:
-        """K decode steps over slots [0, size), each token drawn as kind.draw says (model/draw.py:
-        the argmax; the slots' sampling rows, advancing their draw index; processed: the slots'
-        logits processing first, log-probabilities recorded, drawn tokens counted); kind.chunk:
-        the first step also prefills the staged prompt chunk (`self.mixed`)."""
+        """kind.steps decode steps (None: K; 1: a processed block with constrained rows) over slots
+        [0, size), each token drawn as kind.draw says (model/draw.py: the argmax of the model's
+        kernel set; the slots' sampling rows, advancing their draw index; processed: the slots'
+        allowed-token masks (constrained rows only) and logits processing first, log-probabilities
+        recorded, drawn tokens counted); kind.chunk: the first step also prefills the staged prompt
+        chunk (`self.mixed`). A greedy block of a bucket the persistent plan covers runs its step
+        and argmax as one launch (model/persistent.py)."""
         st, view, how, chunk = self.slots, self.buffers.view(size), kind.draw, kind.chunk
         tokens, seq = st.tokens[:size], view.seq_lens                       # [B] int64, [B] int32
         rows = DrawRows(st.temperature[:size], st.top_k[:size], st.top_p[:size], st.seed[:size], st.step[:size])
         ctx = AttentionContext(self.backend, view, self.kv_caches)
+        ops = self.model.ops                                                # the model's kernel set
         split = (1, 1) if self.splitk is None else self.splitk.get(size)
         opts = {} if split == (1, 1) else {"splitk": split}
-        for step in range(self.k):
+        # greedy blocks of a bucket the plan gives a persistent step: the step and its argmax, one launch
+        greedy = not (how.sampled or how.processed or chunk)
+        pstep = None if not greedy or self.persistent is None else self.persistent.get(size)
+        k = self.k if kind.steps is None else kind.steps
+        for step in range(k):
             ctx.prepare()
-            if chunk and step == 0:                                          # + the prompt chunk
+            out = self.out_tokens[step, :size]
+            if pstep is not None:                                            # model/persistent.py
+                logits = pstep.logits                                        # [B, vocab] model dtype
+                pstep.launch(tokens, seq, view.block_table, out, self.buffers.device_error)
+            elif chunk and step == 0:                                        # + the prompt chunk
                 logits = self.mixed.step(self.model, ctx, tokens, self.kv_caches, st.block_table,
                                          self.buffers.device_error)
             else:
                 logits = self.model.decode_step(ctx, tokens, **opts)         # [B, vocab] model dtype
-            out = self.out_tokens[step, :size]
             if how.processed:                    # the step's log-prob rows (the fused pass fills them)
-                src = draw(logits, rows, how, out, proc=st.proc, sel=size, live=seq > 0,
+                src = draw(logits, rows, how, out, proc=st.proc, sel=size, live=seq > 0, mask=self.token_mask,
                            logprob_rows=self.logprobs.rows(step, size), source=self.logprobs_mode)
                 if src is not None:
                     self.logprobs.record(step, size, src, out)
-            else:
-                draw(logits, rows, how, out)
+            elif pstep is None:                  # (the persistent step wrote its argmax)
+                draw(logits, rows, how, out, ops=ops)
             # current token, history at index seq_len (speculation's input), seq_len + 1: one launch
-            step_advance(out, tokens, seq, None if st.history is None else st.history[:size])
-            if step + 1 == self.k and self._logits is not None:
+            ops.step_advance(out, tokens, seq, None if st.history is None else st.history[:size])
+            if step + 1 == k and self._logits is not None:
                 self._logits[:size].copy_(logits)                             # float32, on request
 
     def _key(self, size: int, kind: DecodeKind = GREEDY) -> GraphKey:
         how = kind.draw
-        return GraphKey("decode", size, steps=self.k, sampled=how.sampled, filtered=how.filtered,
-                        processed=how.processed, chunk=self.mixed.max_tokens if kind.chunk else 0)
+        return GraphKey("decode", size, steps=self.k if kind.steps is None else kind.steps, sampled=how.sampled,
+                        filtered=how.filtered, processed=how.processed,
+                        chunk=self.mixed.max_tokens if kind.chunk else 0)
 
     def _host_plan(self, size: int, seq_lens_cpu: torch.Tensor | None = None):
         """The graph runner's prepare hook: a host-planning backend plans from the lengths."""
@@ -396,6 +421,41 @@ class ModelRuntime:
                                                                self._splitk_setting)
             if self.splitk.source == "measured":
                 self.plan_seconds["split-K"] = time.perf_counter() - t
+        if self.persistent is None:                      # measured ("auto" on CUDA) in capture()
+            self.persistent = PersistentPlan.build(self.model, self.kv_caches, self.config.buckets,
+                                                   self._persistent_setting,
+                                                   max_context_len=self.config.max_context_len)
+
+    def _measure_persistent(self) -> None:
+        """decode_backend "auto" on CUDA (after K is fixed, outside any capture): per bucket with a
+        persistent step, its greedy graph and the kernel sequence's are captured, timed and
+        dropped; the persistent step stays where `choose_persistent` says (a step that fails to
+        compile or launch is dropped, logged)."""
+        plan = self.persistent
+        if plan.source != "measured" or plan.timings_us:
+            return
+        t0 = time.perf_counter()
+        steps = plan.candidates
+        reps = max(1, min(5, (self.config.max_context_len - 2) // (4 * self.k)))
+        for size, pstep in steps.items():
+            key, inputs = self._key(size, GREEDY), self._capture_inputs(size)
+            for name, table in (("sequence", {}), ("persistent", {size: pstep})):
+                plan.table = table
+                try:
+                    self.graphs.capture(key, lambda: self._steps(size, GREEDY), inputs=inputs, scratch=self.kv_caches)
+                    plan.timings_us[(size, name)] = self.graphs.time_us(key, inputs=inputs, scratch=self.kv_caches,
+                                                                        reps=reps, repeats=3)
+                except Exception as e:                   # noqa: BLE001 - the sequence stays
+                    if name == "sequence":
+                        raise
+                    log.warning("graphrt: persistent decode step at %d rows failed (%s): kernel sequence", size, e)
+                    plan.timings_us[(size, name)] = float("inf")
+                finally:
+                    self.graphs.drop(key)
+        plan.table = {size: p for size, p in steps.items() if choose_persistent(plan.timings_us, size)}
+        self.plan_seconds["persistent step"] = time.perf_counter() - t0
+        log.info("graphrt: persistent decode step at rows %s of %s (measured, µs %s)", sorted(plan.table),
+                 sorted(steps), {k: round(v, 1) for k, v in plan.timings_us.items()})
 
     def _cached_splitk(self) -> SplitKPlan | None:
         """The split-K plan of `plans` where it applies: setting "auto", CUDA, one GPU, its table's
@@ -485,7 +545,9 @@ class ModelRuntime:
         with self.lock:
             self._plan_splitk()
             self._plan_steps()
+            self._measure_persistent()
             kinds = ([GREEDY] + [SAMPLED] * self.sampling + [PROCESSED, PROCESSED_FILTERED] * self.processing
+                     + [PROCESSED_STEP, PROCESSED_FILTERED_STEP] * (self.processing and self.k > 1)
                      + ([GREEDY_CHUNK] + [SAMPLED_CHUNK] * self.sampling if self.mixed is not None else []))
             for size in reversed(self.config.buckets):      # greedy / sampled blocks carry chunks
                 for kind in kinds:
@@ -501,13 +563,15 @@ class ModelRuntime:
             return dict(self.graphs.stats)
 
     def _run(self, n: int, sampled: bool, seq_lens_cpu: torch.Tensor | None = None,
-             processed: bool = False, filtered: bool = True, chunk: bool = False) -> torch.Tensor:
+             processed: bool = False, filtered: bool = True, chunk: bool = False,
+             steps: int | None = None) -> torch.Tensor:
         size = pick_bucket(self.config.buckets, n)
-        kind = DecodeKind(Draw(sampled=sampled, processed=processed, filtered=filtered).key(), chunk)
+        steps = None if steps == self.k else steps
+        kind = DecodeKind(Draw(sampled=sampled, processed=processed, filtered=filtered).key(), chunk, steps)
         self._plan_splitk()
         self.graphs.run(self._key(size, kind), lambda: self._steps(size, kind),
                         prepare=self._host_plan(size, seq_lens_cpu))
-        return self.out_tokens[:, :n]
+        return self.out_tokens[:, :n] if steps is None else self.out_tokens[:steps, :n]
 
     def _check_sampled(self, sampled: bool) -> None:
         if sampled and self._captured and not self.sampling:
@@ -576,7 +640,7 @@ class ModelRuntime:
             self.mixed.stage(slot, tokens, start, table_row=table_row, num_pages=self.num_pages)
 
     def decode_slots(self, n: int, *, sampled: bool, processed: bool = False,
-                     filtered: bool = True, chunk: bool = False) -> torch.Tensor:
+                     filtered: bool = True, chunk: bool = False, steps: int | None = None) -> torch.Tensor:
         """K decode steps over slots [0, n) as they stand in `self.slots` (the engine's path: no
         input copy, no host check, no sync except a host-planning backend reading seq_lens);
         returns [K, n] int64 tokens (a view of a static buffer, valid until the next block).
@@ -588,8 +652,13 @@ class ModelRuntime:
         graph (needs processing=True; see the module docstring): also fills `self.logprobs` and
         advances the slots' token counts; with filtered=False (no row uses top-k / top-p) the
         one without the sampler's sort. chunk: the block's first step also prefills the chunk
-        staged by `stage_chunk` (greedy / sampled blocks only; each staging runs once)."""
+        staged by `stage_chunk` (greedy / sampled blocks only; each staging runs once).
+        steps=1 (processed only): one step instead of K (a block with constrained rows, whose
+        allowed-token masks the host refills after every token: model/token_mask.py); returns
+        [1, n]."""
         self._check_sampled(sampled)
+        if steps is not None and steps != self.k and (steps != 1 or not processed):
+            raise ValueError(f"steps: {self.k} (K) or 1 with processed=True, got {steps!r}")
         if processed and not self.processing:
             raise ValueError("processed: this ModelRuntime was built with processing=False")
         if chunk and (self.mixed is None or processed):
@@ -598,7 +667,7 @@ class ModelRuntime:
         with self.lock:
             if chunk:
                 self.mixed.take()
-            return self._run(n, sampled, processed=processed, filtered=filtered, chunk=chunk)
+            return self._run(n, sampled, processed=processed, filtered=filtered, chunk=chunk, steps=steps)
 
     def last_logits(self, n: int) -> torch.Tensor:
         """[n, vocab] float32 logits of the last decode step of the bucket serving n rows

@@ -57,7 +57,7 @@ class TPExecutor:
         c = self.local.caps
         tp = self.runtime.model.tp
         return replace(c, speculative=None, spec_ks=(), spec_rounds=0, spec_logprobs=False, processing=False,
-                       logprobs_width=0, mixed_tokens=0, draft_state=False,
+                       logprobs_width=0, structured=False, mixed_tokens=0, draft_state=False,
                        tensor_parallel=1 if tp is None else tp.world_size)
 
     @property
@@ -75,6 +75,10 @@ class TPExecutor:
     def stage_chunk(self, slot: int, tokens: torch.Tensor, start: int, *, table_row=None) -> None:
         self.caps.refuse("mixed_tokens", False, "prompt chunks inside decode blocks are not supported "
                                                 "with tensor parallelism")
+
+    def write_token_mask(self, slots: list[int], bits: torch.Tensor, active: torch.Tensor) -> None:
+        self.caps.refuse("structured_outputs", False, "constrained decoding (it needs logits processing) "
+                                                      "is not supported with tensor parallelism")
 
     def prefill(self, launch: Prefill) -> Result:
         caps = self.caps

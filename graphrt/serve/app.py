@@ -23,7 +23,7 @@ from graphrt.serve.auth import ApiKeyAuth
 from graphrt.serve.bridge import AsyncEngine
 from graphrt.serve.completions import Generation
 from graphrt.serve.config import ServeConfig
-from graphrt.serve.errors import APIError, error_body, install_handlers
+from graphrt.serve.errors import APIError, clip, error_body, install_handlers
 from graphrt.serve.limits import BodyLimit
 from graphrt.serve.metrics import Metrics
 from graphrt.serve.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
@@ -82,7 +82,7 @@ def create_app(llm, config: ServeConfig | None = None, *, model_name: str | None
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str):
         if model_id != name:
-            raise APIError(404, f"model: {model_id!r} is not served here; this server serves {name!r}",
+            raise APIError(404, f"model: {clip(model_id)} is not served here; this server serves {name!r}",
                            param="model")
         return ModelCard(id=name, max_model_len=engine.max_model_len)
 

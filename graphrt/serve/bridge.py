@@ -6,8 +6,12 @@ iterator: one small pump thread per request blocks on the engine's stream and ha
 to the event loop (`call_soon_threadsafe`). Leaving the async iterator early (client gone,
 server error) aborts the request so the engine frees its pages.
 
-Admission: at most max_batch (decode slots) + max_waiting requests are in flight; one more is
-refused with 503 before it reaches the engine.
+Admission counts engine sequences, not HTTP requests: a prompt with n (or best_of) samples is
+that many sequences, a completions request with several prompts the sum. At most max_batch
+(decode slots) + max_waiting sequences are in flight. A request's sequences are held all at once
+(`admit`) before any of its prompts is queued: a request that alone exceeds the limit is a 400
+naming its field and the limit (it could never be admitted), one that does not fit now a 503 (retry
+later).
 
 Work that takes the event loop's thread for long is run on a small worker pool (`run`): request
 parsing and validation, tokenization and chat templates, and the engine's add_request (its
@@ -42,14 +46,14 @@ class Finished:
 
 class AsyncEngine:
     """engine: a started graphrt Engine (add_request / abort / scheduler); max_batch: its decode
-    slots; max_waiting: how many more requests may queue before 503."""
+    slots; max_waiting: how many more sequences (a request's samples each count) may queue before 503."""
 
     def __init__(self, engine, *, max_batch: int, max_waiting: int, metrics: Metrics, workers: int | None = None):
         if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 0:
             raise ValueError(f"max_waiting: must be an int >= 0, got {max_waiting!r}")
         self.engine, self.metrics = engine, metrics
-        self.capacity = max_batch + max_waiting
-        self.in_flight = 0                             # event-loop thread only
+        self.capacity = max_batch + max_waiting        # engine sequences
+        self.in_flight = 0                             # sequences held; event-loop thread only
         self.closing = False                           # event-loop thread only: set by close_streams
         self._open: set[DeltaStream] = set()           # event-loop thread only
         n = workers or min(4, os.cpu_count() or 1)     # HF fast tokenizers release the GIL
@@ -90,54 +94,80 @@ class AsyncEngine:
         """The engine's loop runs and has not died (engine.error: an unattributable failure)."""
         return bool(getattr(self.engine, "threaded", True)) and getattr(self.engine, "error", None) is None
 
-    async def submit(self, prompt, params, *, kind: str = "cmpl") -> tuple[str, "DeltaStream"]:
-        """Queue a prompt (engine.add_request on the worker pool); returns (request id, async
-        iterator of deltas). Raises APIError 503 when full or shutting down, 400 (from the
-        engine's ValueError) for a bad prompt or parameters."""
+    def admit(self, seqs: int, *, field: str = "n") -> None:
+        """Hold `seqs` engine sequences for a request about to be queued (event-loop thread), or
+        raise: 503 when the engine is down, shutting down, or the sequences do not fit now; 400
+        naming `field` when they exceed the limit on their own. The caller queues them with
+        `submit(..., held=True)` or gives back what it does not queue (`release`)."""
         if not self.healthy():
             raise APIError(503, "engine: the engine loop is not running")
         if self.closing:
             raise APIError(503, "server: shutting down")
-        if self.in_flight >= self.capacity:
+        self.check_size(seqs, field=field)
+        if self.in_flight + seqs > self.capacity:
             self.metrics.rejected += 1
-            raise APIError(503, f"queue full: {self.in_flight} requests in flight, the limit is "
-                                f"max_batch + max_waiting = {self.capacity}; retry later")
+            raise APIError(503, f"queue full: {self.in_flight} sequences in flight and this request's {seqs}, "
+                                f"the limit is max_batch + max_waiting = {self.capacity}; retry later")
+        self.in_flight += seqs
+
+    def check_size(self, seqs: int, *, field: str = "n") -> None:
+        """400 naming `field` when a request of `seqs` sequences could never be admitted (a check
+        a route makes before it tokenizes anything; `admit` makes it again)."""
+        if seqs > self.capacity:
+            raise APIError.bad_request(f"{field}: the request is {seqs} sequences (prompts x n or best_of), the "
+                                       f"server admits at most max_batch + max_waiting = {self.capacity} "
+                                       f"(--max-waiting)", param=field)
+
+    def release(self, seqs: int) -> None:
+        """Give back sequences held by `admit` that were not queued."""
+        self.in_flight -= seqs
+
+    async def submit(self, prompt, params, *, kind: str = "cmpl", held: bool = False) -> tuple[str, "DeltaStream"]:
+        """Queue a prompt (engine.add_request on the worker pool); returns (request id, async
+        iterator of deltas). Its params.samples sequences are held here (`admit`), or were held
+        by the caller (held=True); they are given back when it fails or its stream closes.
+        Raises APIError 503 when full or shutting down, 400 (from the engine's ValueError) for a
+        bad prompt or parameters."""
+        seqs = params.samples
+        if not held:
+            self.admit(seqs)
+        elif self.closing:
+            self.release(seqs)
+            raise APIError(503, "server: shutting down")
         rid = f"{kind}-{uuid.uuid4().hex}"
-        self.in_flight += 1                            # the place is held while add_request runs
         loop = asyncio.get_running_loop()
         added = loop.run_in_executor(self._pool, functools.partial(self.engine.add_request, prompt, params,
                                                                    request_id=rid))
         try:
             stream = await asyncio.shield(added)
         except asyncio.CancelledError:                 # the route was cancelled: abort once it is added
-            self.in_flight -= 1
+            self.release(seqs)
             added.add_done_callback(lambda f: f.cancelled() or f.exception() or self.engine.abort(rid))
             raise
         except ValueError as e:
-            self.in_flight -= 1
+            self.release(seqs)
             raise APIError.from_value_error(e) from None
         except RuntimeError as e:                      # EngineDeadError: it died since healthy()
-            self.in_flight -= 1
+            self.release(seqs)
             raise APIError(503, f"engine: {e}") from None
         except BaseException:
-            self.in_flight -= 1
+            self.release(seqs)
             raise
-        ds = DeltaStream(self, rid, stream, loop)
+        ds = DeltaStream(self, rid, stream, loop, seqs)
         self._open.add(ds)
         if self.closing:                               # shutdown began while add_request ran
             ds._queue.put_nowait(APIError(503, "server: shutting down"))
         return rid, ds
-
-    def _release(self) -> None:
-        self.in_flight -= 1
 
 
 class DeltaStream:
     """Async iterator over one request's RequestOutput deltas; `totals` is filled as it goes.
     Close it (async for ... break, or aclose()) to abort the request if unfinished."""
 
-    def __init__(self, owner: AsyncEngine, request_id: str, stream, loop: asyncio.AbstractEventLoop):
+    def __init__(self, owner: AsyncEngine, request_id: str, stream, loop: asyncio.AbstractEventLoop,
+                 seqs: int = 1):
         self.owner, self.request_id, self.totals = owner, request_id, Finished()
+        self.seqs = seqs                                # the engine sequences it holds (owner.admit)
         self._queue: asyncio.Queue = asyncio.Queue()
         self._t0 = time.perf_counter()
         self._t_first: float | None = None
@@ -151,7 +181,8 @@ class DeltaStream:
             for delta in stream:
                 loop.call_soon_threadsafe(self._queue.put_nowait, delta)
         except BaseException as e:                      # handed to the reader
-            loop.call_soon_threadsafe(self._queue.put_nowait, e)
+            if not loop.is_closed():                    # closed: the server is gone, no reader is left
+                loop.call_soon_threadsafe(self._queue.put_nowait, e)
 
     def __aiter__(self):
         return self._iterate()
@@ -196,7 +227,7 @@ class DeltaStream:
         if t.finish_reason is None:                     # left early: free the engine's pages
             self.owner.engine.abort(self.request_id)
             t.finish_reason = "abort"
-        self.owner._release()
+        self.owner.release(self.seqs)
         ttft = self._t_first - self._t0 if self._t_first is not None else None
         decode = (self._t_last - self._t_first
                   if self._t_first is not None and t.finish_reason in ("stop", "length") else None)

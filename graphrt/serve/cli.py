@@ -86,8 +86,8 @@ def build_parser(prog: str = "graphrt serve") -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", default=None, metavar="NAME",
                    help="the `model` clients send (default: --model as given)")
     p.add_argument("--max-waiting", type=int, default=None, metavar="N",
-                   help=f"queued requests beyond the decode slots before 503 (default: {DEFAULT_MAX_WAITING}, "
-                        f"or max_waiting in --config)")
+                   help=f"queued sequences (a prompt's n samples each count) beyond the decode slots before "
+                        f"503 (default: {DEFAULT_MAX_WAITING}, or max_waiting in --config)")
     p.add_argument("--max-request-bytes", type=int, default=None, metavar="N",
                    help="refuse request bodies larger than N bytes with 413 (default: 4 MiB)")
     p.add_argument("--header-timeout", type=float, default=None, metavar="SECONDS", dest="header_timeout_s",

@@ -32,8 +32,10 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import ValidationError
 
 from graphrt.serve.bridge import AsyncEngine, DeltaStream
-from graphrt.serve.errors import APIError, sse_error
+from graphrt.serve.errors import APIError, clip, sse_error
 from graphrt.serve.logprobs import chat_logprobs, completion_logprobs, merge
+from graphrt.serve.structured import constraint, relabel
+from graphrt.serve.tools import ToolCalls, fragments
 from graphrt.serve.protocol import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                        ChatCompletionResponse, ChatDelta, CompletionChoice, CompletionRequest, CompletionResponse,
                        Usage)
@@ -77,18 +79,18 @@ class Generation:
     # ---- request -> engine ------------------------------------------------------------------------
     def _check(self, body) -> None:
         if body.model != self.model_name:
-            raise APIError.bad_request(f"model: {body.model!r} is not served here; this server serves "
+            raise APIError.bad_request(f"model: {clip(body.model)} is not served here; this server serves "
                                        f"{self.model_name!r}", param="model")
         body.refuse_unsupported()
 
-    def _params(self, body, max_tokens: int):
+    def _params(self, body, max_tokens: int, so=None):
         from graphrt.engine import SamplingParams              # the engine package is heavy; import on use
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
         if isinstance(body, ChatCompletionRequest):
             logprobs, prompt_logprobs = (body.top_logprobs or 0) if body.logprobs else None, None
-        else:
-            logprobs = body.logprobs
-            prompt_logprobs = body.logprobs if body.echo else None
+        else:                                      # echo with max_tokens 0 (lm-eval's loglikelihood): the
+            logprobs = body.logprobs if body.max_tokens != 0 else None   # drawn token is dropped, so are its
+            prompt_logprobs = body.logprobs if body.echo else None       # log-probs (a speculative engine serves it)
         try:
             return SamplingParams(max_tokens=max(max_tokens, 1), temperature=body.temperature, top_p=body.top_p,
                                   top_k=body.top_k, seed=body.seed, stop=stop,
@@ -97,27 +99,37 @@ class Generation:
                                   logprobs=logprobs, prompt_logprobs=prompt_logprobs,
                                   presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
                                   repetition_penalty=body.repetition_penalty, min_p=body.min_p,
-                                  logit_bias=body.bias(), min_tokens=body.min_tokens)
+                                  logit_bias=body.bias(), min_tokens=body.min_tokens,
+                                  structured_outputs=so if so is not None else constraint(body))
         except ValueError as e:
             raise APIError.from_value_error(e) from None
 
     def chat_prompt_ids(self, body: ChatCompletionRequest) -> list[int]:
         if not getattr(self.tokenizer, "chat_template", None):
             raise APIError.bad_request("messages: the model's tokenizer has no chat template", param="messages")
-        msgs = [{"role": m.role, "content": m.text()} for m in body.messages]
-        ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        from graphrt.engine.tool_calls import template_messages
+        try:
+            msgs = template_messages([m.for_template() for m in body.messages])
+        except ValueError as e:
+            raise APIError.bad_request(" ".join(str(e).split()), param="messages") from None
+        ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
+                                                 tools=body.tools or None)
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return list(ids)
 
-    async def _submit(self, prompts: list, params, *, kind: str) -> tuple[str, list[DeltaStream]]:
-        """One engine request per prompt -> (the response id: the first's, their streams); if one
-        is refused, those already queued are aborted."""
-        streams = []
+    async def _submit(self, prompts: list, params, *, kind: str, field: str) -> tuple[str, list[DeltaStream]]:
+        """One engine request per prompt -> (the response id: the first's, their streams). Every
+        prompt's samples are admitted at once before any is queued (400 naming `field` past the
+        limit, 503 when they do not fit now); if one is refused, those already queued are aborted."""
+        self.bridge.admit(len(prompts) * params.samples, field=field)
+        streams, left = [], len(prompts)
         try:
             for p in prompts:
-                streams.append(await self.bridge.submit(p, params, kind=kind))
+                left -= 1                              # submit gives its own back when it fails
+                streams.append(await self.bridge.submit(p, params, kind=kind, held=True))
         except BaseException:
+            self.bridge.release(left * params.samples)
             for _, ds in streams:
                 ds.close()
             raise
@@ -128,13 +140,19 @@ class Generation:
         self._check(body)
         params = await self.bridge.run(self._params, body, 16 if body.max_tokens is None else body.max_tokens)
         prompts = body.prompts(most=self.bridge.capacity)   # null max_tokens: OpenAI's 16
+        field = ("best_of" if body.best_of is not None and body.best_of > body.n else "n") \
+            if len(prompts) == 1 or params.samples > 1 else "prompt"
+        self.bridge.check_size(len(prompts) * params.samples, field=field)    # before any tokenization
         texts = [p if isinstance(p, str) else None for p in prompts]
         prompts = [await self._off_loop(self._tokenize, p, param="prompt") if isinstance(p, str) else p
                    for p in prompts]
         if body.echo:
             texts = [t if t is not None else await self.bridge.run(self.tokenizer.decode, p)
                      for p, t in zip(prompts, texts)]
-        rid, streams = await self._submit(prompts, params, kind="cmpl")
+        try:
+            rid, streams = await self._submit(prompts, params, kind="cmpl", field=field)
+        except APIError as e:
+            raise relabel(e, body) from None
         echoes = [_Echo(self, body, p, t) for p, t in zip(prompts, texts)]
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -154,8 +172,24 @@ class Generation:
         usage = _usage(streams, output=body.max_tokens != 0)
         return _json(CompletionResponse(id=rid, model=self.model_name, usage=usage, choices=choices))
 
+    def _tooling(self, body: ChatCompletionRequest):
+        """(ToolCalls or None: how the output is read back, the tool_choice's constraint or None);
+        APIError 400 naming tools / tool_choice."""
+        if not body.tools:
+            return None, None
+        from graphrt.engine.tool_calls import check_tools, tool_constraint, tool_format
+        try:
+            tools = check_tools(body.tools)
+            fmt = tool_format(self.tokenizer)
+            so = tool_constraint(tools, body.tool_choice, fmt)
+        except ValueError as e:
+            msg = " ".join(str(e).split())
+            raise APIError.bad_request(msg, param="tool_choice" if msg.startswith("tool_choice") else "tools") from None
+        return (None if body.tool_choice == "none" else ToolCalls(fmt, tools)), so
+
     async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
         self._check(body)
+        calls, tool_so = await self.bridge.run(self._tooling, body)
         ids = await self._off_loop(self.chat_prompt_ids, body, param="messages")
         limit = body.token_limit
         if limit is None:                             # OpenAI: up to the context
@@ -163,28 +197,33 @@ class Generation:
             if limit < 1:
                 raise APIError.bad_request(f"messages: the conversation is {len(ids)} tokens, the context "
                                            f"(max_model_len) is {self.max_model_len}", param="messages")
-        params = await self.bridge.run(self._params, body, limit)
+        names = {"prompt": "messages", "logprobs": "top_logprobs"}       # engine field -> chat's
+        if body.max_completion_tokens is not None:
+            names["max_tokens"] = "max_completion_tokens"
         try:
-            rid, streams = await self._submit([ids], params, kind="chatcmpl")
+            params = await self.bridge.run(self._params, body, limit, tool_so)
+            rid, streams = await self._submit([ids], params, kind="chatcmpl", field="n")
         except APIError as e:
-            if e.param == "prompt":
-                e.param = "messages"
-            elif e.param == "max_tokens" and body.max_completion_tokens is not None:
-                e.param = "max_completion_tokens"
-            raise
+            if tool_so is not None and e.message.startswith("structured_outputs"):
+                e.param, e.message = "tools", "tools: " + e.message.partition(": ")[2]
+            relabel(e, body)
+            raise e.renamed(names) from None
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
             return SSEResponse(self._chat_events(rid, streams, body.n, usage, body.return_token_ids,
-                                                 (body.top_logprobs or 0) if body.logprobs else None),
+                                                 (body.top_logprobs or 0) if body.logprobs else None, calls),
                                on_close=lambda: _close(streams))
         got = await _collect(streams, request)
         if got is None:
             return Response(status_code=499)
-        choices = [ChatChoice(index=i, message=AssistantMessage(content=text), finish_reason=reason,
-                              logprobs=chat_logprobs(out_ids, entries, body.top_logprobs or 0, self.token_text)
-                              if body.logprobs else None,
-                              token_ids=out_ids if body.return_token_ids else None)
-                   for i, (text, out_ids, entries, reason) in sorted(got[0][0].items())]
+        choices = []
+        for i, (text, out_ids, entries, reason) in sorted(got[0][0].items()):
+            content, tcs = calls.whole(text) if calls is not None and reason == "stop" else (text, [])
+            choices.append(ChatChoice(index=i, message=AssistantMessage(content=content, tool_calls=tcs or None),
+                                      finish_reason="tool_calls" if tcs else reason,
+                                      logprobs=chat_logprobs(out_ids, entries, body.top_logprobs or 0, self.token_text)
+                                      if body.logprobs else None,
+                                      token_ids=out_ids if body.return_token_ids else None))
         return _json(ChatCompletionResponse(id=rid, model=self.model_name, usage=_usage(streams), choices=choices))
 
     # ---- streams ----------------------------------------------------------------------------------
@@ -214,14 +253,27 @@ class Generation:
             yield event
 
     async def _chat_events(self, rid: str, streams, n: int, include_usage: bool, with_ids: bool,
-                           top: int | None = None):
-        def chunk(k, index, text, reason=None, ids=None, entries=None, delta=None, role=None):
+                           top: int | None = None, calls: ToolCalls | None = None):
+        def one(index, text, reason=None, ids=None, entries=None, role=None, tool_calls=None):
             lp = chat_logprobs(ids, entries, top, self.token_text) if top is not None and ids else None
             c = ChatCompletionChunk(id=rid, model=self.model_name, choices=[ChatChunkChoice(
-                index=index, delta=ChatDelta(role=role, content=text if reason is None and (text or role) else None),
+                index=index, delta=ChatDelta(role=role, content=text if reason is None and (text or role) else None,
+                                             tool_calls=tool_calls),
                 finish_reason=reason, logprobs=lp,
                 token_ids=ids if with_ids else None)])
             return f"data: {c.model_dump_json()}\n\n"
+
+        def chunk(k, index, text, reason=None, ids=None, entries=None, delta=None, role=None):
+            if calls is None or role is not None:
+                return one(index, text, reason, ids, entries, role)
+            if reason is None:                        # tool calls: text that may start a call is held
+                text = calls.feed(index, text)
+                return one(index, text, None, ids, entries) if text or ids else None
+            rest, tcs = calls.finish(index)
+            out = one(index, rest, None, ids, entries) if rest else ""
+            out += "".join(one(index, "", None, tool_calls=f) for f in fragments(tcs))
+            return out + one(index, "", "tool_calls" if tcs and reason == "stop" else reason,
+                             None if rest else ids, None if rest else entries)
 
         for i in range(n):                            # {"role": "assistant", "content": ""}, as OpenAI's
             yield chunk(0, i, "", role="assistant")

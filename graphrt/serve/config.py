@@ -27,7 +27,8 @@ DEFAULT_SHUTDOWN_TIMEOUT_S = 10.0
 @dataclass(frozen=True, kw_only=True)
 class ServeConfig:
     """served_model_name: the `model` clients must send (None: the --model argument as given);
-    max_waiting: requests that may queue beyond the engine's decode slots before 503;
+    max_waiting: engine sequences (each prompt's n or best_of samples) that may queue beyond the
+    engine's decode slots before 503;
     max_request_bytes: a larger request body is refused with 413 before it is parsed;
     api_key: when set, every endpoint but /health needs `Authorization: Bearer <api_key>` (401
     otherwise, auth.py); chat_template: Jinja text that replaces the tokenizer's chat template;

@@ -18,7 +18,7 @@ from typing import Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from graphrt.serve.errors import APIError
+from graphrt.serve.errors import APIError, clip
 from graphrt.serve.logprobs import ChatLogprobs, CompletionLogprobs
 
 
@@ -57,6 +57,7 @@ class _Request(BaseModel):
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     return_token_ids: bool = False             # add each choice's output token ids (vLLM's name)
+    structured_outputs: dict | None = None     # vLLM's: {json | regex | choice | grammar | json_object}
 
     def refuse_unsupported(self) -> None:
         """Raise a 400 for each field the engine cannot honour (instead of ignoring it)."""
@@ -70,8 +71,17 @@ class _Request(BaseModel):
         try:
             return {int(k): v for k, v in self.logit_bias.items()}
         except ValueError:
-            raise APIError.bad_request(f"logit_bias: keys must be token ids, got {sorted(self.logit_bias)[:3]}",
+            bad = next(k for k in self.logit_bias if not _is_int(k))
+            raise APIError.bad_request(f"logit_bias: keys must be token ids, got {clip(bad)}",
                                        param="logit_bias") from None
+
+
+def _is_int(key: str) -> bool:
+    try:
+        int(key)
+    except ValueError:
+        return False
+    return True
 
 
 class StreamOptions(BaseModel):
@@ -121,14 +131,54 @@ class TextPart(BaseModel):
     text: str
 
 
-class ChatMessage(BaseModel):
+class ToolCallFunction(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    name: str
+    arguments: str                                # JSON text (OpenAI's)
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class ChatMessage(BaseModel):
+    """A message of the conversation; an assistant's may carry tool_calls (content then may be
+    null), a tool's answers one by tool_call_id."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _content_needed(self):
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content: required (null only for an assistant message with tool_calls)")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("tool_calls: only on assistant messages")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("tool_call_id: required on a tool message")
+        return self
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+    def for_template(self) -> dict:
+        """The message as chat templates read it (engine/tool_calls.py template_messages)."""
+        m = {"role": self.role, "content": self.text()}
+        if self.tool_calls:
+            m["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            m["tool_call_id"] = self.tool_call_id
+        if self.name is not None and self.role == "tool":
+            m["name"] = self.name
+        return m
 
 
 class ChatCompletionRequest(_Request):
@@ -156,10 +206,10 @@ class ChatCompletionRequest(_Request):
         super().refuse_unsupported()
         if self.top_logprobs is not None and not self.logprobs:
             raise APIError.bad_request("top_logprobs: needs logprobs=true", param="top_logprobs")
-        if self.tools or self.tool_choice not in (None, "none"):
-            raise APIError.bad_request("tools: tool calls are not supported", param="tools")
-        if self.response_format is not None and self.response_format.get("type") != "text":
-            raise APIError.bad_request("response_format: only {'type': 'text'} is supported",
+        if self.tool_choice not in (None, "none") and not self.tools:
+            raise APIError.bad_request("tool_choice: needs tools", param="tool_choice")
+        if self.tools and self.tool_choice not in (None, "none", "auto") and self.response_format is not None:
+            raise APIError.bad_request("response_format: not with a required or named tool_choice",
                                        param="response_format")
 
 
@@ -207,14 +257,15 @@ class CompletionResponse(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = Field(**_OMIT_NONE)
 
 
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
-    finish_reason: Literal["stop", "length"]
+    finish_reason: Literal["stop", "length", "tool_calls"]
     token_ids: list[int] | None = Field(**_OMIT_NONE)
 
 
@@ -232,13 +283,14 @@ class ChatDelta(BaseModel):
     fields are left out of the JSON (never `"role": null`), so the last chunk's delta is {}."""
     role: Literal["assistant"] | None = Field(**_OMIT_NONE)
     content: str | None = Field(**_OMIT_NONE)
+    tool_calls: list[dict] | None = Field(**_OMIT_NONE)     # {index, id?, type?, function: {name?, arguments}}
 
 
 class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: ChatDelta
     logprobs: ChatLogprobs | None = None
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
     token_ids: list[int] | None = Field(**_OMIT_NONE)
 
 
@@ -266,4 +318,4 @@ class ModelList(BaseModel):
 
 __all__ = ["CompletionRequest", "ChatCompletionRequest", "ChatMessage", "Usage", "CompletionChoice",
            "CompletionResponse", "ChatCompletionResponse", "ChatCompletionChunk", "ChatChunkChoice",
-           "ChatDelta", "ChatChoice", "AssistantMessage", "ModelCard", "ModelList", "StreamOptions"]
+           "ChatDelta", "ChatChoice", "AssistantMessage", "ToolCall", "ToolCallFunction", "ModelCard", "ModelList", "StreamOptions"]

@@ -327,9 +327,19 @@ class SpecPolicy:
 
     def start_k(self, bucket: int) -> int:
         """The k a new request would run alone at `bucket` (0: it starts on plain decode; the
-        engine then need not prefill its draft), from the engine-wide acceptance."""
+        engine then need not prefill its draft), from the engine-wide acceptance. Starting on
+        speculation costs the draft's prefill; once a switch has been measured (observe_switch:
+        a catch-up, of the order of that prefill) the start must pay it back over the same horizon
+        as turning speculation on in `choose` (probe_every blocks of `rounds` rounds), else 0: near
+        break-even a draft prefill per request costs more than speculation gains."""
         ks = self._ks(bucket)
-        return best_k([self._start], self.costs, bucket, ks, margin=self.margin)[0]
+        k, rate = best_k([self._start], self.costs, bucket, ks, margin=self.margin)
+        switch = self._switch.get(bucket)
+        if k and switch:
+            step, round_us = self._table(bucket, ks)
+            if self.probe_every * self.rounds * round_us[k] * (1.0 - (1.0 / step) / rate) < switch:
+                return 0
+        return k
 
     def realized_us(self, bucket: int, k: int) -> float | None:
         """The averaged wall µs per round (k >= 1) or per step (k = 0), None before any block."""

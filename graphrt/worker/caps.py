@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from graphrt.config import RuntimeConfig
+from graphrt.kernels.ops import KERNELS
 from graphrt.speculative.config import SpeculativeConfig
 
 
@@ -33,11 +34,13 @@ class Capabilities:
 
     processing: logits processing (penalties, logit_bias, min_p, bad_words, min_tokens) and
     log-probabilities in decode and prefill; logprobs_width: the most log-probs a draw keeps (0
-    without processing); mixed_tokens: C > 0, a plain block may carry a prompt chunk of up to C
+    without processing); structured: per-slot allowed-token masks for constrained decoding
+    (`Executor.write_token_mask`, read by the processed draws; needs processing); mixed_tokens: C > 0, a plain block may carry a prompt chunk of up to C
     tokens in its first step (0: none); history_width: the token history's width (None: no
     history kept); draft_state: the proposer keeps per-slot device state of its own (a draft
     model's K/V), caught up after plain blocks; shared_prefill: samples of one prompt (n > 1) may
     share one prefill (False for an EAGLE-3 head, which prefills every sample);
+    kernels: the model's per-layer kernel set (kernels/ops.py: "triton" or "torch");
     device_errors: the executor keeps sticky device-guard flags (`Executor.error_flag`);
     tensor_parallel: ranks the executor drives (1: this process alone)."""
 
@@ -53,10 +56,12 @@ class Capabilities:
     spec_logprobs: bool = False
     processing: bool = False
     logprobs_width: int = 0
+    structured: bool = False
     mixed_tokens: int = 0
     history_width: int | None = None
     draft_state: bool = False
     shared_prefill: bool = True
+    kernels: str = "triton"
     device_errors: bool = False
     tensor_parallel: int = 1
 
@@ -78,6 +83,10 @@ class Capabilities:
             raise ValueError(f"spec_rounds: expected >= 1 with speculation, got {self.spec_rounds}")
         if self.logprobs_width and not self.processing:
             raise ValueError(f"logprobs_width: {self.logprobs_width} without processing (log-probs need it)")
+        if self.kernels not in KERNELS:
+            raise ValueError(f"kernels: {self.kernels!r} is not one of {list(KERNELS)}")
+        if self.structured and not self.processing:
+            raise ValueError("structured: allowed-token masks without processing (the processed draws read them)")
         if self.history_width is not None and (isinstance(self.history_width, bool)
                                                or not isinstance(self.history_width, int) or self.history_width < 1):
             raise ValueError(f"history_width: expected None or an int >= 1, got {self.history_width!r}")

@@ -4,6 +4,7 @@
     res = ex.prefill(Prefill(prompts, table, starts=[0, 64], after=[17, 9]))    # chunks: no draw
     res = ex.run(Block(n=4, draw=Draw(sampled=True)))                 # plain: res.tokens [K, n]
     res = ex.run(Block(n=4, k=2, draw=Draw()))                        # speculative: [R, n, k + 1]
+    res = ex.run(Block(n=4, draw=Draw(True, True), steps=1))          # constrained rows: [1, n]
 
 A launch is plain host data (lists, CPU tensors, device tensors the engine drew), so a
 tensor-parallel driver can send the same description to every rank. A Result's tensors are
@@ -28,6 +29,8 @@ class Block:
 
     chunk: the block's first step also prefills the prompt chunk staged by `stage_chunk`
     (plain blocks of a runtime with mixed_tokens only; not with draw.processed).
+    steps: None, the runtime's K; 1, one step (draw.processed plain blocks only: constrained rows,
+    whose allowed-token masks the engine rewrites after every token) -> tokens [1, n].
     logprobs: the result carries the block's log-probabilities (draw.processed only).
     sync_draft: with a proposer that keeps device state (Capabilities.draft_state), catch stale
     slots up first (False: rows at their limit, where the proposals no longer matter)."""
@@ -36,6 +39,7 @@ class Block:
     k: int = 0
     draw: Draw = Draw()
     chunk: bool = False
+    steps: int | None = None
     logprobs: bool = False
     sync_draft: bool = True
 
@@ -48,6 +52,8 @@ class Block:
             raise ValueError(f"draw: expected a Draw, got {type(self.draw).__name__}")
         if self.chunk and (self.k or self.draw.processed):
             raise ValueError("chunk: only in a plain block without logits processing")
+        if self.steps is not None and (self.steps != 1 or self.k or not self.draw.processed):
+            raise ValueError(f"steps: None (K) or 1 in a plain block with draw.processed, got {self.steps!r}")
         if self.logprobs and not self.draw.processed:
             raise ValueError("logprobs: a block records log-probabilities only with draw.processed")
 

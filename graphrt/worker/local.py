@@ -65,9 +65,10 @@ class LocalExecutor:
                 spec_ks=() if spec is None else tuple(spec.ks), spec_rounds=0 if spec is None else spec.rounds,
                 spec_logprobs=False,          # speculative rounds do not record log-probabilities (yet)
                 processing=rt.processing, logprobs_width=rt.logprobs.width if rt.processing else 0,
+                structured=rt.token_mask is not None,
                 mixed_tokens=0 if rt.mixed is None else rt.mixed.max_tokens,
                 history_width=None if rt.slots.history is None else rt.slots.history.shape[1],
-                draft_state=self._draft is not None, shared_prefill=self._eagle is None,
+                draft_state=self._draft is not None, shared_prefill=self._eagle is None, kernels=model.kernels,
                 device_errors=True)
         return caps
 
@@ -132,7 +133,8 @@ class LocalExecutor:
                                    sync_draft=block.sync_draft)
             return Result(out.tokens, out.emitted, out.proposed)
         if d.processed:
-            tokens = self._decode_block(block.n, sampled=True, processed=True, filtered=d.filtered)
+            tokens = self._decode_block(block.n, sampled=True, processed=True, filtered=d.filtered,
+                                        steps=block.steps)
             return Result(tokens, logprobs=self.runtime.logprobs.view(block.n) if block.logprobs else None)
         return Result(self._decode_block(block.n, sampled=d.sampled, chunk=block.chunk))
 
@@ -218,13 +220,15 @@ class LocalExecutor:
                 raise ValueError("processing: this runtime was built with processing=False")
             st.proc.write_rows(idx, processing)
         # the first draw: the sampler over every row (greedy rows: temperature 0), the slots' step
-        # copied, not advanced; processed: the slots' processing first, counted, log-probs read
+        # copied, not advanced; processed: constrained rows' allowed-token masks and the slots'
+        # processing first, counted, log-probs read
         sampling.check(len(slots), logits.device)
         rows = DrawRows(*(to_device(t, dev) for t in (sampling.temperature, sampling.top_k, sampling.top_p,
                                                       sampling.seed)), to_device(sampling.step, dev).clone())
         first = torch.empty(len(slots), dtype=torch.int64, device=dev)              # [m] device
         src = draw(logits, rows, Draw(sampled=True, processed=processing is not None, filtered=True), first,
                    proc=st.proc, sel=idx, source=self.runtime.logprobs_mode,
+                   mask=None if processing is None else self.runtime.token_mask,
                    live=None if processing is None else torch.ones(len(slots), dtype=torch.bool, device=dev))
         if src is not None:
             first_lp = tuple(t[None] for t in token_logprobs(src, first, self.caps.logprobs_width))
@@ -259,9 +263,10 @@ class LocalExecutor:
         self.runtime.slots.apply(update)
 
     def _decode_block(self, n: int, *, sampled: bool, processed: bool = False,
-                      filtered: bool = True, chunk: bool = False) -> torch.Tensor:
+                      filtered: bool = True, chunk: bool = False, steps: int | None = None) -> torch.Tensor:
         """K decode steps over slots [0, n) -> [K, n] int64 (a view, valid until the next block);
-        processed: the logits-processing graph (then `runtime.logprobs` holds the block's);
+        processed: the logits-processing graph (then `runtime.logprobs` holds the block's), with
+        steps=1 a one-step block ([1, n]: constrained rows, whose masks change every token);
         filtered (with processed): some row uses top-k / top-p; chunk: the block's first step
         also prefills the prompt chunk staged by `stage_chunk` (not with processed)."""
         if chunk:
@@ -277,8 +282,15 @@ class LocalExecutor:
                     self._draft_since.index_copy_(0, idx, lens.index_select(0, idx))
             self._draft_stale.update(range(n))
         if processed:
-            return self.runtime.decode_slots(n, sampled=True, processed=True, filtered=filtered)
+            return self.runtime.decode_slots(n, sampled=True, processed=True, filtered=filtered, steps=steps)
         return self.runtime.decode_slots(n, sampled=sampled)
+
+    def write_token_mask(self, slots: list[int], bits: torch.Tensor, active: torch.Tensor) -> None:
+        """The allowed-token masks of `slots` (bits [m, W] int32, active [m] int32, CPU; TokenMask.write),
+        read by the next draws of those slots (a prefill's first draw, the processed blocks)."""
+        self.caps.refuse("structured_outputs", self.caps.structured,
+                         "this runtime was built with processing=False")
+        self.runtime.token_mask.write(slots, bits, active)
 
     def stage_chunk(self, slot: int, tokens: torch.Tensor, start: int, *, table_row=None) -> None:
         """The next `run(Block(..., chunk=True))` also prefills `tokens` (CPU [m] int64, m <=

@@ -52,6 +52,12 @@ class Executor(Protocol):
     def run(self, block: Block) -> Result:
         """Run one block (launch.py's Block) -> Result of device views."""
 
+    def write_token_mask(self, slots: list[int], bits: torch.Tensor, active: torch.Tensor) -> None:
+        """Constrained decoding (caps.structured): the allowed-token masks of `slots` (bits [m, W]
+        int32, W = ceil(vocab / 32); active [m] int32, 1 = constrained; CPU), read by the next
+        processed draws of those slots (a prefill's first draws, processed blocks); stream-ordered,
+        no sync. ValueError naming structured_outputs where caps.structured is False."""
+
     def prefill_graphed(self, new_tokens: int) -> bool:
         """Whether a prefill of this many new tokens (no prompt log-probs) runs through prefill
         graphs (one replay per piece of one request: splitting a step's prefill adds no weight
@@ -68,7 +74,7 @@ class Executor(Protocol):
 def check_executor(executor) -> Executor:
     """`executor` when it implements the protocol, else ValueError naming what is missing."""
     if not isinstance(executor, Executor):
-        missing = [n for n in ("caps", "error_flag", "capture", "apply", "stage_chunk", "prefill", "run",
+        missing = [n for n in ("caps", "error_flag", "capture", "apply", "stage_chunk", "prefill", "run", "write_token_mask",
                                "prefill_graphed", "measure_costs", "check_device_errors")
                    if not hasattr(executor, n)]
         raise ValueError(f"executor: {type(executor).__name__} does not implement graphrt.worker.Executor "

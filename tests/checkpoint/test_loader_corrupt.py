@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 
 import pytest
 
@@ -53,7 +54,24 @@ def _dir_instead(name):
     return f
 
 
+def _huge(name, size):
+    """`name` made a sparse file of `size` bytes (its first bytes valid JSON): no disk, no time to write."""
+    def f(d):
+        with open(d / name, "r+b") as fh:
+            fh.truncate(size)
+    return f
+
+
+def _loop(name):
+    """`name` a symlink to itself (Path.exists / is_file say False: a loop looked missing)."""
+    def f(d):
+        (d / name).unlink()
+        (d / name).symlink_to(d / name)
+    return f
+
+
 ST = "model.safetensors"
+MB = 2**20
 CASES = {  # id: (mutation, file named, text in the message)
     "truncated_header": (_truncate(ST, lambda n: 100), ST, "safetensors header"),
     "truncated_data": (_truncate(ST, lambda n: n - 1000), ST, ""),
@@ -80,6 +98,14 @@ CASES = {  # id: (mutation, file named, text in the message)
                     "nested 5000 levels deep"),
     "gen_deep": (_write("generation_config.json", b"[" * 3000 + b"]" * 3000), "generation_config.json",
                  "nested 3000 levels deep"),
+    "config_50mb": (_huge("config.json", 50 * MB), "config.json", "over graphrt's cap of 4194304 bytes"),
+    "gen_50mb": (_huge("generation_config.json", 50 * MB), "generation_config.json", "cap of 4194304 bytes"),
+    "tok_cfg_50mb": (_huge("tokenizer_config.json", 50 * MB), "tokenizer_config.json", "cap of 16777216 bytes"),
+    "tok_200mb": (_huge("tokenizer.json", 200 * MB), "tokenizer.json", "cap of 134217728 bytes"),
+    "config_loop": (_loop("config.json"), "config.json", "a symlink loop"),
+    "gen_loop": (_loop("generation_config.json"), "generation_config.json", "a symlink loop"),
+    "tok_loop": (_loop("tokenizer.json"), "tokenizer.json", "a symlink loop"),
+    "tok_cfg_loop": (_loop("tokenizer_config.json"), "tokenizer_config.json", "a symlink loop"),
     "gelu": (_edit_json("config.json", hidden_act="gelu"), "config.json", "hidden_act: 'gelu'"),
     "rope_tiny": (_edit_json("config.json", rope_theta=1e-300), "config.json", "rope_theta"),
     "rope_one": (_edit_json("config.json", rope_theta=1), "config.json", "rope_theta"),
@@ -106,8 +132,11 @@ def test_corrupt_file_is_one_line_naming_it(base, tmp_path, case):
     mutate, fname, text = CASES[case]
     d = _copy(base, tmp_path)
     mutate(d)
+    t0 = time.monotonic()
     with pytest.raises(CheckpointError) as e:
         LLM(d, device="cpu", backend="reference", max_batch=1, max_model_len=32)
+    if case.endswith("mb"):                              # refused before parsing: no time spent on it
+        assert time.monotonic() - t0 < 5.0
     msg = str(e.value)
     assert "\n" not in msg and str(d / fname) in msg and text in msg, msg
     assert isinstance(e.value, ValueError) and len(msg) < 600
@@ -135,7 +164,7 @@ def test_corrupt_sharded_checkpoint(sharded, tmp_path, case):
     assert "\n" not in str(e.value) and str(named) in str(e.value), str(e.value)
 
 
-@pytest.mark.parametrize("case", ["garbage", "zero_heads", "eos_str"])
+@pytest.mark.parametrize("case", ["garbage", "zero_heads", "eos_str", "config_50mb", "tok_loop"])
 def test_serve_cli_exits_2_with_one_line(base, tmp_path, capsys, case):
     from graphrt.serve.cli import main
     d = _copy(base, tmp_path)

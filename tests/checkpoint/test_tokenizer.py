@@ -234,3 +234,44 @@ def test_without_tokenizer_json_falls_back_to_transformers_loudly(tmp_path, capl
         tok = load_tokenizer(tmp_path)
     assert not isinstance(tok, Tokenizer) and "no tokenizer.json" in caplog.text
     assert tok.decode(tok("hello world").input_ids) == "hello world"
+
+
+def _longest_pause(fn) -> tuple[float, float]:
+    """fn() while another Python thread wakes every millisecond -> (fn's seconds, the longest
+    time that thread waited between two wakes: the GIL held for that long)."""
+    import threading
+    import time
+    gaps, done = [0.0], threading.Event()
+
+    def tick():
+        last = time.perf_counter()
+        while not done.is_set():
+            time.sleep(0.001)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+    t = threading.Thread(target=tick)
+    t.start()
+    time.sleep(0.02)
+    t0 = time.perf_counter()
+    try:
+        fn()
+    finally:
+        elapsed = time.perf_counter() - t0
+        done.set()
+        t.join()
+    return elapsed, max(gaps)
+
+
+def test_a_megabyte_text_leaves_other_threads_running(tmp_path):
+    """encode / decode of a ~2 MB text: the Rust work runs without the GIL (`tokenizers`' single
+    encode held it for the whole call, so a server's event loop stalled for seconds)."""
+    make_checkpoint_module().build_tokenizer(tmp_path, vocab_size=400, seed=3)
+    tok = load_tokenizer(tmp_path)
+    text = "".join(random.Random(0).choice(TEXTS) + " " for _ in range(40_000))[:2_000_000]
+    ids = []
+    elapsed, pause = _longest_pause(lambda: ids.extend(tok.encode(text)))
+    assert len(ids) > 100_000
+    assert pause < max(0.3 * elapsed, 0.05), f"encode: another thread waited {pause:.2f} s of {elapsed:.2f} s"
+    elapsed, pause = _longest_pause(lambda: tok.decode(ids))
+    assert pause < max(0.3 * elapsed, 0.05), f"decode: another thread waited {pause:.2f} s of {elapsed:.2f} s"

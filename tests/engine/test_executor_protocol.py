@@ -68,6 +68,9 @@ class FakeExecutor:
                 out[j, s] = self._current[s]
         return Result(out)
 
+    def write_token_mask(self, slots, bits, active) -> None:
+        raise AssertionError("caps.structured is False: no mask may be written")
+
     def prefill_graphed(self, new_tokens: int) -> bool:
         return False
 

@@ -160,3 +160,16 @@ def test_bad_values_are_value_errors_naming_the_field(llm):
         eng.add_request([1, 2], SamplingParams(logit_bias={100000: 1.0}))
     with pytest.raises(ValueError, match="bad_words"):
         eng.add_request([1, 2], SamplingParams(bad_words=["a much longer phrase than one token"]))
+
+
+def test_too_many_token_rules_name_the_field_the_client_sent(llm):
+    """logit_bias + min_tokens' stop ids past the slots' rule width: the error names
+    stop_token_ids (or min_tokens when the stop ids are only eos), not logit_bias."""
+    from graphrt.model.processing import RULE_WIDTH
+    eng, bias = llm.engine, {i: 1.0 for i in range(60)}
+    stops = list(range(100, 100 + RULE_WIDTH))
+    for kw, field in ((dict(logit_bias=bias, min_tokens=2, stop_token_ids=stops), "stop_token_ids"),
+                      (dict(min_tokens=2, stop_token_ids=stops + [1000]), "stop_token_ids")):
+        with pytest.raises(ValueError, match=f"^{field}: [0-9]+ token rules.*at most {RULE_WIDTH}"):
+            eng.add_request([1, 2], SamplingParams(**kw))
+    eng.add_request([1, 2], SamplingParams(logit_bias=bias, stop_token_ids=stops, max_tokens=1)).result()

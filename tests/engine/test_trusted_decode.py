@@ -26,7 +26,7 @@ def _pair(device, k=2):
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     rc = RuntimeConfig(num_qo_heads=2, num_kv_heads=1, head_dim=64, page_size=16, max_context_len=128,
                        buckets=[1, 2, 4, 8], dtype="float32" if device == "cpu" else "bfloat16",
-                       backend="torch-splitkv" if device == "cpu" else "flashinfer", kv_pool_pages=40)
+                       backend="torch" if device == "cpu" else "flashinfer", kv_pool_pages=40)
     # splitk=1: "auto" measures split-K per runtime on a GPU, and two runtimes that chose
     # differently would sum the o / down GEMMs in another order (bf16 K/V unequal, tokens equal)
     return [ModelRuntime(LlamaDecoder.from_hf(hf, dtype=dtype, device=device), rc, device, steps_per_graph=k,
@@ -102,7 +102,7 @@ def test_host_planning_fallback_runs_one_step_per_graph_when_allowed(monkeypatch
                                    num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False)
     model = LlamaDecoder.from_hf(transformers.LlamaForCausalLM(cfg).eval())
     rc = RuntimeConfig(num_qo_heads=2, num_kv_heads=1, head_dim=64, page_size=16, max_context_len=64,
-                       buckets=[1, 2], dtype="float32", backend="torch-splitkv", kv_pool_pages=8)
+                       buckets=[1, 2], dtype="float32", backend="torch", kv_pool_pages=8)
     with pytest.raises(ValueError, match="steps_per_graph"):
         ModelRuntime(model, rc, "cpu", steps_per_graph=4)
     with pytest.warns(UserWarning, match="unknown plan layout"):

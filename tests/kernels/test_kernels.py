@@ -1,13 +1,25 @@
-"""Metadata half of the prepare kernel vs a numpy reference (TRITON_INTERPRET=1 on CPU)."""
+"""Metadata half of the prepare kernel, and its torch reference (kernels/reference.py: the torch
+backend's prepare), vs a numpy reference (TRITON_INTERPRET=1 on CPU)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
 from graphrt.attention.buffers import StaticBuffers
 from graphrt.config import RuntimeConfig
 from graphrt.kernels import ERR_PAGE_ID, ERR_SEQ_LEN, PrepareLaunch
+from graphrt.kernels.reference import prepare_metadata
+
+
+def _prepare(impl: str, view, page_size, max_context_len, pool, checked_table=False) -> None:
+    """One metadata-only prepare of `view` by the Triton kernel or its torch reference."""
+    if impl == "triton":
+        PrepareLaunch(view, page_size, max_context_len, pool, checked_table=checked_table)()
+    else:
+        prepare_metadata(view, page_size=page_size, max_context_len=max_context_len, num_pool_pages=pool,
+                         checked_table=checked_table)
 
 
 def numpy_csr(seq_lens: np.ndarray, table: np.ndarray, page_size: int):
@@ -38,9 +50,10 @@ def cases(draw):
     return page_size, max_pages, buckets, size, lens, seed
 
 
-@settings(max_examples=40, deadline=None)
-@given(cases())
-def test_metadata_matches_numpy(case):
+@pytest.mark.parametrize("impl", ["triton", "torch"])
+@settings(max_examples=25, deadline=None)
+@given(case=cases())
+def test_metadata_matches_numpy(impl, case):
     page_size, max_pages, buckets, size, lens, seed = case
     cfg = _config(page_size, max_pages, buckets)
     bufs = StaticBuffers(cfg, torch.device("cpu"))
@@ -52,7 +65,7 @@ def test_metadata_matches_numpy(case):
     view.seq_lens[: len(lens)] = torch.tensor(lens, dtype=torch.int32)
     view.paged_kv_indices.fill_(-7)                 # poison
     view.paged_kv_last_page_len.fill_(-7)
-    PrepareLaunch(view, page_size, cfg.max_context_len, pool)()
+    _prepare(impl, view, page_size, cfg.max_context_len, pool)
     indptr, indices, last = numpy_csr(view.seq_lens.numpy().astype(np.int64),
                                       view.block_table.numpy(), page_size)
     assert view.paged_kv_indptr.tolist() == indptr.tolist()
@@ -64,14 +77,15 @@ def test_metadata_matches_numpy(case):
     assert (np.diff(indptr)[n:] == 0).all() and (last[n:] == 0).all()
 
 
-def test_guard_rewrites_bad_rows_and_flags():
+@pytest.mark.parametrize("impl", ["triton", "torch"])
+def test_guard_rewrites_bad_rows_and_flags(impl):
     cfg = _config(16, 8, [4])
     view = StaticBuffers(cfg, torch.device("cpu")).view(4)
     view.block_table.copy_(torch.arange(32, dtype=torch.int32).view(4, 8))
     view.seq_lens.copy_(torch.tensor([5, cfg.max_context_len + 1, -3, 40], dtype=torch.int32))
     view.block_table[3, 1] = 1000                   # page id outside a 64-page pool
     view.block_table_checked.fill_(-5)
-    PrepareLaunch(view, 16, cfg.max_context_len, 64, checked_table=True)()
+    _prepare(impl, view, 16, cfg.max_context_len, 64, checked_table=True)
     assert int(view.device_error) == ERR_SEQ_LEN | ERR_PAGE_ID
     assert view.seq_lens.tolist() == [5, 0, 0, 40]  # bad rows neutralised in place
     assert int(view.block_table[3, 1]) == 1000      # the input keeps the bad id (K/V append skips it)

@@ -11,62 +11,27 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from graphrt.kernels.append_kv import ERR_KV_SLOT
-from graphrt.kernels.prepare import ERR_PAGE_ID
-from graphrt.kernels.rope_append import ERR_POSITION, rope_append_decode, rope_append_prefill
+from graphrt.kernels import reference as ref
+from graphrt.kernels.flags import ERR_KV_SLOT, ERR_PAGE_ID, ERR_POSITION
+from graphrt.kernels.rope_append import rope_append_decode, rope_append_prefill
 from graphrt.attention.kvcache import PagedKVCache
 
 EPS = 1e-6
 
 
-def _rotate(x, cos_sin, pos, w):
-    """x [T, H, D] float32, pos [T] (valid rows of cos_sin) -> rotated (after optional RMSNorm)."""
-    if w is not None:
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * w.float()
-    half = x.shape[-1] // 2
-    c, s = cos_sin[pos, :half][:, None], cos_sin[pos, half:][:, None]
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
-
-
-def _slot(cache, page, slot):
-    return (cache.k[page, slot], cache.v[page, slot]) if cache.layout == "NHD" else \
-        (cache.k[page, :, slot], cache.v[page, :, slot])
-
-
-def _reference(qkv, cos_sin, cache, table, pos, rows, live, hq, qn, kn):
-    """Expected q, the expected K/V cache contents and flags (pure torch, one token at a time)."""
-    k_exp, v_exp = cache.k.clone(), cache.v.clone()
-    exp = PagedKVCache(k_exp, v_exp, cache.layout)
-    t, d = qkv.shape[0], cos_sin.shape[1]
-    hkv = (qkv.shape[1] // d - hq) // 2
-    heads = qkv.float().view(t, hq + 2 * hkv, d)
-    npos = cos_sin.shape[0]
-    ok = (pos >= 0) & (pos < npos)
-    pc = torch.where(ok, pos, 0)
-    q = _rotate(heads[:, :hq], cos_sin, pc, qn) * ok[:, None, None]
-    k = _rotate(heads[:, hq:hq + hkv], cos_sin, pc, kn)
-    v = heads[:, hq + hkv:]
-    page_size = cache.k.shape[1] if cache.layout == "NHD" else cache.k.shape[2]
-    flags = 0
-    for i in range(t):
-        if not live[i]:
-            continue
-        if not ok[i]:
-            flags |= ERR_POSITION
-            continue
-        col = int(pos[i]) // page_size
-        if col >= table.shape[1] or int(rows[i]) >= table.shape[0]:
-            flags |= ERR_KV_SLOT
-            continue
-        page = int(table[rows[i], col])
-        if not 0 <= page < cache.num_pages:
-            flags |= ERR_PAGE_ID
-            continue
-        kk, vv = _slot(exp, page, int(pos[i]) % page_size)
-        kk.copy_(k[i])
-        vv.copy_(v[i])
-    return q, exp, flags
+def _reference(qkv, cos_sin, cache, table, hq, qn, kn, *, lens=None, pos=None, rows=None):
+    """Expected q, the expected K/V cache contents and flags: the kernel's torch reference
+    (graphrt/kernels/reference.py, the CPU path's rope_append) on a copy of the cache; decode
+    mode with lens, prefill mode with pos / rows."""
+    exp = PagedKVCache(cache.k.clone(), cache.v.clone(), cache.layout)
+    err = torch.zeros(1, dtype=torch.int32)
+    if lens is not None:
+        q = ref.rope_append_decode(qkv, cos_sin, exp, table, lens, err, num_q_heads=hq, q_norm=qn,
+                                   k_norm=kn, eps=EPS)
+    else:
+        q = ref.rope_append_prefill(qkv, cos_sin, exp, table, pos, rows, err, num_q_heads=hq, q_norm=qn,
+                                    k_norm=kn, eps=EPS)
+    return q.float(), exp, int(err)
 
 
 def _check(q, cache, want_q, want_cache, dtype):
@@ -121,9 +86,7 @@ def test_decode_matches_reference(geo, b, data, seed):
         col = max(int(lens[r]) - 1, 0) // page_size
         if col < table.shape[1]:
             table[r, col] = data.draw(st.sampled_from([-1, cache.num_pages, 2**30]))
-    pos = (lens.long() - 1).clamp_min(0)
-    want_q, want_cache, flags = _reference(qkv, cos_sin, cache, table, pos, torch.arange(b),
-                                           lens > 0, hq, qn, kn)
+    want_q, want_cache, flags = _reference(qkv, cos_sin, cache, table, hq, qn, kn, lens=lens)
     err = torch.zeros(1, dtype=torch.int32)
     bh = data.draw(st.sampled_from([1, 2, None]))   # 1: the GPU's decode choice; None: all heads
     q = rope_append_decode(qkv, cos_sin, cache, table, lens, err, num_q_heads=hq, q_norm=qn,
@@ -147,8 +110,7 @@ def test_prefill_ragged_matches_reference(geo, data, seed):
     pos, rows = pos[order].to(torch.int32), rows[order].to(torch.int32)
     t, d, hkv = pos.shape[0], geo[0], geo[1]
     qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen).to(dtype)
-    want_q, want_cache, flags = _reference(qkv, cos_sin, cache, table, pos.long(), rows.long(),
-                                           rows >= 0, hq, qn, kn)
+    want_q, want_cache, flags = _reference(qkv, cos_sin, cache, table, hq, qn, kn, pos=pos, rows=rows)
     err = torch.zeros(1, dtype=torch.int32)
     q = rope_append_prefill(qkv, cos_sin, cache, table, pos, rows, err, num_q_heads=hq, q_norm=qn,
                             k_norm=kn, eps=EPS, heads_per_program=data.draw(st.sampled_from([1, 4, None])))
@@ -156,7 +118,9 @@ def test_prefill_ragged_matches_reference(geo, data, seed):
     assert int(err) == flags == 0
 
 
-def test_prefill_flags_rows_past_the_table_and_bad_positions():
+@pytest.mark.parametrize("rope_append_prefill", [rope_append_prefill, ref.rope_append_prefill],
+                         ids=["triton", "torch"])
+def test_prefill_flags_rows_past_the_table_and_bad_positions(rope_append_prefill):
     gen = torch.Generator().manual_seed(0)
     geo = (64, 1, 2, 4, 2, "NHD", torch.float32, False, 0)
     cache, cos_sin, table, _, _, _, _ = _setup(geo, 2, gen)

@@ -5,18 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from graphrt.kernels import reference as ref
 from graphrt.kernels.step_advance import step_advance
 
 
 def _reference(out, tokens, seq, history):
-    live = seq > 0
-    tokens = out.clone()
-    if history is not None:
-        history = history.clone()
-        at = seq.long().clamp(max=history.shape[1] - 1)[:, None]
-        old = history.gather(1, at)
-        history.scatter_(1, at, torch.where(live[:, None], out[:, None].int(), old))
-    return tokens, seq + live.to(seq.dtype), history
+    """The torch kernel set's step_advance (kernels/reference.py) on copies."""
+    tokens, seq = tokens.clone(), seq.clone()
+    history = None if history is None else history.clone()
+    ref.step_advance(out, tokens, seq, history)
+    return tokens, seq, history
 
 
 @pytest.mark.parametrize("b", [1, 5, 70])

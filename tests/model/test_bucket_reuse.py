@@ -24,7 +24,7 @@ def _runtime():
                                    tie_word_embeddings=False)
     hf = transformers.LlamaForCausalLM(cfg).eval()
     rc = RuntimeConfig(num_qo_heads=2, num_kv_heads=1, head_dim=64, page_size=PAGE, max_context_len=64,
-                       buckets=[4], dtype="float32", backend="torch-splitkv", kv_pool_pages=POOL)
+                       buckets=[4], dtype="float32", backend="torch", kv_pool_pages=POOL)
     return ModelRuntime(LlamaDecoder.from_hf(hf), rc, "cpu", steps_per_graph=K)
 
 

@@ -29,7 +29,7 @@ pytest.importorskip("transformers")
 
 def _logits(model, steps=2):
     cfg = RuntimeConfig(num_qo_heads=2, num_kv_heads=1, head_dim=64, page_size=16, max_context_len=64,
-                        buckets=[2], dtype="float32", backend="torch-splitkv", kv_pool_pages=8)
+                        buckets=[2], dtype="float32", backend="torch", kv_pool_pages=8)
     mrt = ModelRuntime(model, cfg, "cpu", keep_logits=True)
     prompts = [torch.arange(6) * 5 % 300, torch.arange(13) * 7 % 300]
     table = torch.arange(8, dtype=torch.int32).view(2, 4)
@@ -70,6 +70,7 @@ def src(tmp_path_factory):
     return write(tmp_path_factory, "fp8src", arch="qwen3", dtype="bfloat16")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,strategy,ignore,scale_dtype", [
     ("compressed-tensors", "channel", ("lm_head",), torch.bfloat16),
     ("compressed-tensors", "tensor", (), torch.float32),
@@ -102,6 +103,7 @@ def test_fp8_checkpoint_logits(src, tmp_path, kind, strategy, ignore, scale_dtyp
     assert 0 < rel < 0.1
 
 
+@pytest.mark.slow
 def test_quantize_while_loading_per_channel(src):
     ck = load_checkpoint(src, dtype=torch.float32, quantization="fp8")
     qkv = ck.weights["layers"][1]["qkv"]
@@ -164,6 +166,7 @@ def test_other_refusals(src, tmp_path):
         load_checkpoint(tmp_path / "c")
 
 
+@pytest.mark.slow
 def test_llm_greedy_equals_hf_over_dequantized_weights(src, tmp_path):
     """graphrt.LLM over an FP8 checkpoint and over `quantization="fp8"`: greedy tokens equal HF
     transformers' generate with the dequantized weights loaded (float32, CPU)."""

@@ -85,7 +85,7 @@ def _logits(model, prompts, steps=4):
     """Prefill logits then `steps` decode steps' logits [steps + 1, B, V] (fixed token feed)."""
     cfg = RuntimeConfig(num_qo_heads=2, num_kv_heads=1, head_dim=64, page_size=16,
                         max_context_len=64, buckets=[1, 2], dtype="float32",
-                        backend="torch-splitkv", kv_pool_pages=16)
+                        backend="torch", kv_pool_pages=16)
     mrt = ModelRuntime(model, cfg, "cpu", keep_logits=True)
     table = torch.arange(8, dtype=torch.int32).view(2, 4)[: len(prompts)]
     out = [mrt.prefill(prompts, table)]
@@ -148,7 +148,7 @@ def test_fp8_verify_step_runs_the_w8a8_layer_loop():
     w8 = quantize_weights(fuse_hf_state_dict(spec, hf.state_dict()), spec, "fused-tensor", lm_head=True)
     model = LlamaDecoder(spec, w8)
     cfg = RuntimeConfig(num_qo_heads=2, num_kv_heads=1, head_dim=64, page_size=16, max_context_len=64,
-                        buckets=[1], dtype="float32", backend="torch-splitkv", kv_pool_pages=8)
+                        buckets=[1], dtype="float32", backend="torch", kv_pool_pages=8)
     caches = [PagedKVCache.allocate(cfg, 8, "cpu", seed=i) for i in range(spec.num_layers)]
     prompt, toks = torch.arange(7) * 5 % 160, torch.tensor([[5, 9, 33]])
     table = torch.arange(4, dtype=torch.int32).view(1, 4)
@@ -166,6 +166,7 @@ def _fed_tokens(steps=4, rows=2):
     return torch.stack([torch.randint(0, 160, (rows,), generator=gen) for _ in range(steps)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,strategy,lm_head", [("llama", "channel", False), ("llama", "tensor", True),
                                                    ("llama", "fused-tensor", True),
                                                    ("qwen3", "channel", False), ("qwen3", "block", False)])

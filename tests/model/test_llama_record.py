@@ -20,7 +20,7 @@ H, L, VOCAB, POOL = 128, 2, 64, 48
 
 def runtime_config():
     return RuntimeConfig(num_qo_heads=4, num_kv_heads=2, head_dim=64, page_size=16, max_context_len=128,
-                         buckets=[1, 2, 4], dtype="float32", backend="torch-splitkv", kv_pool_pages=POOL)
+                         buckets=[1, 2, 4], dtype="float32", backend="torch", kv_pool_pages=POOL)
 
 
 def page_table():
@@ -109,7 +109,7 @@ class _Ops(TorchDispatchMode):
 def test_recording_off_adds_no_op(hf):
     """Off: the same ops, op for op. On: no launch more (the RMSNorm that forms a recorded state
     stores it too), only the column views of hidden_out."""
-    model = LlamaDecoder.from_hf(hf)
+    model = LlamaDecoder.from_hf(hf, kernels="triton")                # the kernels it counts
     tokens = torch.randint(0, VOCAB, (2, 3), generator=torch.Generator().manual_seed(2))
     counts = []
     for kw in ({}, {"record": ()}, {"record": (0, 2), "hidden_out": torch.zeros(6, 2 * H)}):

@@ -82,6 +82,7 @@ def test_a_mixed_block_equals_a_plain_block_plus_a_plain_prefill(kind, backend):
     torch.testing.assert_close(rest[0], ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["bf", "w8a8", "kv8", "w8a8+kv8"])
 def test_one_mixed_step_keeps_the_decode_logits_for_every_weight_and_kv_format(mode):
     """K = 1, logits compared: W8A8 weights (one scale per fused weight, an FP8 LM head: the

@@ -36,7 +36,7 @@ def _hf(kind: str, seed: int = 0):
     return transformers.Qwen2ForCausalLM(cfg).eval()
 
 
-def _runtime(hf, *, k=1, backend="torch-splitkv", buckets=(1, 2, 4), keep_logits=False,
+def _runtime(hf, *, k=1, backend="torch", buckets=(1, 2, 4), keep_logits=False,
              layout="NHD"):
     model = LlamaDecoder.from_hf(hf)
     cfg = RuntimeConfig(num_qo_heads=2, num_kv_heads=1, head_dim=64, page_size=PAGE,
@@ -78,7 +78,7 @@ def test_logits_match_hf(kind, lens):
         assert tokens[0].tolist() == ref.argmax(-1).tolist()
 
 
-@pytest.mark.parametrize("backend", ["torch-splitkv", "reference", "triton-decode"])
+@pytest.mark.parametrize("backend", ["torch", "torch-splitkv", "reference", "triton-decode"])
 def test_multi_step_tokens_equal_single_steps(backend):
     hf = _hf("llama", seed=1)
     gen = torch.Generator().manual_seed(5)

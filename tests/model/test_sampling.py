@@ -110,7 +110,7 @@ def _runtime(k):
                                    num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
     model = LlamaDecoder.from_hf(transformers.LlamaForCausalLM(cfg).eval())
     rc = RuntimeConfig(num_qo_heads=2, num_kv_heads=1, head_dim=64, page_size=16, max_context_len=64,
-                       buckets=[1, 2, 4], dtype="float32", backend="torch-splitkv", kv_pool_pages=16)
+                       buckets=[1, 2, 4], dtype="float32", backend="torch", kv_pool_pages=16)
     return ModelRuntime(model, rc, "cpu", steps_per_graph=k, sampling=True)
 
 
@@ -157,6 +157,7 @@ for vals, sorted_, advance, kept, q in (("*fp32", True, True, False, 1), ("*bf16
 """
 
 
+@pytest.mark.slow
 def test_sample_kernel_compiles_for_sm90_without_a_gpu():
     """The interpreter accepts code the compiler refuses (loop-carried types): compile to PTX."""
     import os

@@ -140,7 +140,7 @@ def test_plan(monkeypatch):
 def _logits(model, splitk, steps=3):
     """Prefill then `steps` decode steps' float32 logits [steps, B, V] (fixed token feed)."""
     cfg = RuntimeConfig(num_qo_heads=2, num_kv_heads=1, head_dim=64, page_size=16, max_context_len=64,
-                        buckets=[1, 3], dtype="float32", backend="torch-splitkv", kv_pool_pages=16)
+                        buckets=[1, 3], dtype="float32", backend="torch", kv_pool_pages=16)
     mrt = ModelRuntime(model, cfg, "cpu", keep_logits=True, splitk=splitk)
     prompts = [torch.arange(5) * 7 % 160, torch.arange(11) * 3 % 160, torch.arange(3) + 9]
     table = torch.arange(12, dtype=torch.int32).view(3, 4)
@@ -154,12 +154,13 @@ def _logits(model, splitk, steps=3):
     return torch.stack(out), mrt.splitk
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("weights", ["float32", "channel", "tensor"])
 def test_decode_step_split_equals_unsplit(weights, monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
     from graphrt.model.fp8_weights import quantize_weights
     hf = _hf()
-    model = LlamaDecoder.from_hf(hf)
+    model = LlamaDecoder.from_hf(hf, kernels="triton")      # add+RMSNorm's Triton kernel sums the partials
     if weights != "float32":
         model = LlamaDecoder(model.spec, quantize_weights(model.weights, model.spec, weights))
     ref, plan1 = _logits(model, 1)

@@ -54,7 +54,7 @@ def _runtime(k, buckets=(1, 2)):
                                    num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False)
     model = LlamaDecoder.from_hf(transformers.LlamaForCausalLM(cfg).eval())
     rc = RuntimeConfig(num_qo_heads=2, num_kv_heads=1, head_dim=64, page_size=16, max_context_len=64,
-                       buckets=list(buckets), dtype="float32", backend="torch-splitkv", kv_pool_pages=16)
+                       buckets=list(buckets), dtype="float32", backend="torch", kv_pool_pages=16)
     return ModelRuntime(model, rc, "cpu", steps_per_graph=k, processing=True)
 
 

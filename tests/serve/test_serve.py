@@ -253,7 +253,7 @@ def test_bad_completion_requests_are_400_naming_the_field(client, kwargs, param,
     (dict(messages=[]), "messages", "at least 1"),
     (dict(messages=[{"role": "wizard", "content": "x"}]), "messages", "messages.0.role"),
     (dict(messages=[{"role": "user", "content": "x " * 120}]), "messages", "max_model_len"),
-    (dict(tools=[{"type": "function", "function": {"name": "f"}}]), "tools", "not supported"),
+    (dict(tools=[{"type": "code"}]), "tools", "tools[0]"),
     (dict(presence_penalty=2.5), "presence_penalty", "[-2, 2]"),
 ])
 def test_bad_chat_requests_are_400(client, kwargs, param, text):

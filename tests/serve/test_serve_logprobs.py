@@ -149,3 +149,23 @@ def test_n_and_several_prompts_with_echo_and_logprobs(llm, hf, client):
     best = client.completions.create(model=NAME, prompt=texts[0], n=1, best_of=3, max_tokens=2, temperature=0.8,
                                      seed=4, extra_body={"ignore_eos": True})
     assert len(best.choices) == 1 and best.choices[0].logprobs is None
+
+
+def test_loglikelihood_requests_on_a_speculative_server(ckpt, hf):
+    """echo + logprobs with max_tokens 0 (lm-eval's loglikelihood) needs only the prompt's
+    log-probs, which a speculative engine computes from the prefill: served, equal to HF's;
+    log-probs of generated tokens under speculation stay a 400 naming `logprobs`."""
+    spec = LLM(ckpt, device="cpu", max_batch=2, steps_per_graph=2, max_model_len=96,
+               speculative={"method": "ngram", "num_tokens": 2})
+    with LiveServer(create_app(spec, ServeConfig(served_model_name=NAME, max_waiting=4))) as srv:
+        client = srv.client()
+        ids = spec.tokenizer("the graph runs on the device").input_ids
+        logp = _logp(hf, ids)
+        r = client.completions.create(model=NAME, prompt=ids, echo=True, logprobs=2, max_tokens=0, temperature=0)
+        lp = r.choices[0].logprobs
+        assert lp.token_logprobs[0] is None and len(lp.token_logprobs) == len(ids)
+        assert all(abs(lp.token_logprobs[i] - float(logp[i - 1, ids[i]])) < 1e-4 for i in range(1, len(ids)))
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model=NAME, prompt=ids, echo=True, logprobs=2, max_tokens=2)
+        assert e.value.body["param"] == "logprobs"
+    assert spec.engine.error is None

@@ -323,3 +323,34 @@ def test_probes_stay_within_their_budget_and_pay_for_the_switch():
         pol.observe_switch(1, -1.0)
     with pytest.raises(ValueError, match="probe_budget"):
         SpecPolicy(c, ks=(1,), max_slots=1, probe_budget=2.0)
+
+
+def test_a_new_request_starts_on_speculation_only_if_it_pays_the_draft_prefill_back():
+    """start_k near break-even: speculation's predicted gain over probe_every blocks of `rounds`
+    rounds must exceed the measured switch (a draft prefill / catch-up), else the request starts
+    on plain decode (its draft is not prefilled); far from break-even it starts speculating."""
+    c = StepCosts(decode_us={1: 470.0}, verify_us={1: {2: 630.0, 3: 750.0}})
+    pol = SpecPolicy(c, ks=(1, 2), max_slots=1, prior=0.6, margin=0.02, probe_every=8, rounds=4)
+    k, rate = best_k([0.6], c, 1, (1, 2), margin=0.02)
+    assert k > 0 and pol.start_k(1) == k                       # no switch measured: the rate alone
+    gain = 8 * 4 * c.round_us(1, k) * (1 - (1 / 470.0) / rate)  # µs saved over the horizon
+    pol.observe_switch(1, gain * 1.5)
+    assert pol.start_k(1) == 0                                 # a 4.5 ms prefill for a 3 ms gain: plain
+    pol2 = SpecPolicy(c, ks=(1, 2), max_slots=1, prior=0.95, probe_every=8, rounds=4)
+    pol2.observe_switch(1, gain * 1.5)
+    assert pol2.start_k(1) > 0                                 # high acceptance pays it back
+
+
+def test_the_engine_loop_simulation_stays_near_plain_on_the_measured_tables():
+    """The policy in a CPU simulation of the engine loop (tests/speculative/_spec_sim.py: the real
+    SpecPolicy and BlockClock, host and device costs, draft prefills and catch-ups, seeded
+    Bernoulli acceptance) over the measured cost tables: the engine_gaps H200 table and the
+    trained-family H100 run (docs/results/spec_trained_h100.json), at batch 1 and 4, across
+    acceptance around break-even (where the policy toggles). Deterministic (seeded); the bound
+    is what the policy reaches now (0.97x is the aim; see the simulation's docstring)."""
+    import _spec_sim as sim
+    root = Path(__file__).resolve().parents[2]
+    tables = (sim.Costs(), sim.trained_costs(root / "docs" / "results" / "spec_trained_h100.json"))
+    worst = min((r["x_plain"], r["bs"], r["a"]) for c in tables
+                for r in sim.table([0.1, 0.5, 0.55, 0.6, 0.9], (1, 4), seeds=3, waves=6, tokens=128, costs=c))
+    assert worst[0] >= 0.95, worst

@@ -1,6 +1,7 @@
 """Attention backends behind one interface (see base.py); FlashInfer ones import it lazily.
 
-triton-decode is graphrt's own one-launch split-KV decode kernel (CUDA and CPU, FP8 KV too)."""
+triton-decode is graphrt's own one-launch split-KV decode kernel (CUDA and CPU, FP8 KV too);
+torch is the torch path's (a CPU's default: no Triton, no plan)."""
 from __future__ import annotations
 
 from graphrt.attention.backends.base import AttentionBackend
@@ -19,6 +20,9 @@ def make_backend(config, kv_cache, device, *, name: str | None = None,
         planner = "host" if name == "flashinfer-hostplan" else config.planner
         extra = {} if parity_sets is None else {"parity_sets": parity_sets}
         return FlashInferBackend(config, kv_cache, device, planner=planner, **extra)
+    if name == "torch":
+        from graphrt.attention.backends.torch_decode import TorchDecodeBackend
+        return TorchDecodeBackend(config, kv_cache, device)
     if name == "torch-splitkv":
         from graphrt.attention.backends.torch_splitkv import TorchSplitKVBackend
         return TorchSplitKVBackend(config, kv_cache, device)
@@ -28,7 +32,7 @@ def make_backend(config, kv_cache, device, *, name: str | None = None,
     if name == "xqa":
         from graphrt.attention.backends.xqa import XqaBackend
         return XqaBackend(config, kv_cache, device)
-    raise ValueError(f"backend: {name!r} is not one of ['reference', 'flashinfer', "
+    raise ValueError(f"backend: {name!r} is not one of ['reference', 'torch', 'flashinfer', "
                      f"'flashinfer-hostplan', 'xqa', 'torch-splitkv', 'triton-decode'] ('auto' is resolved by graphrt-capture)")
 
 

@@ -17,7 +17,6 @@ import torch
 
 from graphrt.attention.buffers import BucketView
 from graphrt.config import RuntimeConfig
-from graphrt.kernels import PrepareLaunch
 from graphrt.attention.kvcache import PagedKVCache
 
 
@@ -32,14 +31,17 @@ class AttentionBackend(ABC):
         self.kv_cache = kv_cache
         self.device = device
         self.sm_scale = config.head_dim ** -0.5
-        self._prepare: dict[int, PrepareLaunch] = {}
+        self._prepare: dict = {}                  # bucket size -> its PrepareLaunch
 
     def setup(self, views: list[BucketView]) -> None:
         """Capture time, all buckets. Default: the metadata-only prepare launch per bucket."""
         for view in views:
             self._prepare[view.size] = self._metadata_launch(view)
 
-    def _metadata_launch(self, view: BucketView, **plan) -> PrepareLaunch:
+    def _metadata_launch(self, view: BucketView, **plan):
+        """The prepare kernel's launch for a bucket (kernels/prepare.py, imported here: a backend
+        that never launches it, the torch one, imports no Triton)."""
+        from graphrt.kernels.prepare import PrepareLaunch
         c = self.config
         return PrepareLaunch(view, c.page_size, c.max_context_len, self.kv_cache.num_pages,
                              checked_table=self.reads_block_table, **plan)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from graphrt.checkpoint.hf_files import CheckpointError, read_json, reading
+from graphrt.checkpoint.hf_files import CheckpointError, present, read_json, reading
 from graphrt.speculative.eagle3.config import Eagle3Config, parse_config
 from graphrt.speculative.eagle3.weights import Eagle3Weights, from_layout, fuse, to_layout
 
@@ -47,7 +47,7 @@ def read_head(path) -> tuple[dict, Eagle3Config, dict[str, torch.Tensor]]:
     if not path.is_dir():
         raise CheckpointError(f"draft model: {str(path)!r} is not a directory")
     cfg_file = path / "config.json"
-    if not cfg_file.is_file():
+    if not present(cfg_file):
         raise CheckpointError(f"{cfg_file}: missing (an EAGLE-3 head needs config.json)")
     raw = read_json(cfg_file)
     cfg = parse_config(raw, cfg_file)

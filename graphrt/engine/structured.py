@@ -1,0 +1,181 @@
+"""Constrained decoding on the host: grammars compiled off the engine thread, one matcher per
+request, the allowed-token masks written into the runtime's slots (model/token_mask.py).
+
+    grammars = Grammars(tokenizer, table, vocab=V, eos_ids=(2,))   # one per engine
+    compiled = grammars.compile(params.structured_outputs)    # add_request's thread; cached;
+                                                              # ValueError naming the field
+    state = GrammarState(compiled)                            # per request (each of n samples)
+    state.advance(tokens)                                     # after a block's tokens are read
+    state.fill(row)                                           # [W] int32: the next token's mask
+
+Library: xgrammar (GrammarCompiler / GrammarMatcher): the ecosystem's standard (vLLM's and
+SGLang's default), installed with graphrt; its bitmask layout is the one the device applies
+(kernels/token_mask.py). The vocabulary is the model's logits width (ids past the tokenizer's
+are never allowed).
+
+Compilation runs on a small thread pool with a time bound (COMPILE_TIMEOUT_S): a request whose
+grammar does not compile in time fails alone (ValueError naming the field; the compile keeps its
+worker until it ends, and its result is cached for a later request). Compiled grammars are kept
+in an LRU of CACHE_SIZE entries keyed by the constraint's canonical text.
+
+How the engine draws (engine/blocks.py): a block with a constrained row runs ONE step (the
+mask changes with every token) and is launched only after the previous block's tokens are read
+(the matcher must see them first): the host work per token is reading the token back,
+`advance` and `fill` (tens of microseconds on xgrammar's precomputed per-state masks) and one
+[m, W] int32 copy to the device.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError as FutureTimeout
+
+import torch
+
+from graphrt.engine.params import StructuredOutputsParams
+
+COMPILE_TIMEOUT_S = 10.0     # a grammar compiling longer fails its request (400 over HTTP)
+COMPILE_WORKERS = 2
+CACHE_SIZE = 256             # compiled grammars kept (LRU)
+
+
+def _one_line(e: BaseException, limit: int = 200) -> str:
+    s = " ".join(str(e).split())
+    return s if len(s) <= limit else s[:limit - 3] + "..."
+
+
+class Grammars:
+    """The engine's grammar compiler: xgrammar's TokenizerInfo over the model's vocabulary
+    (table: each id's bytes, engine/token_bytes.py, b"" for special tokens, which a grammar never
+    allows; None: xgrammar reads a transformers tokenizer itself; vocab: the logits width;
+    eos_ids: the ids that end an output once the grammar is complete), a compile pool and an
+    LRU of compiled grammars. Thread-safe. ValueError when the tokenizer is of a kind neither
+    path reads."""
+
+    def __init__(self, tokenizer, table: list[bytes] | None, *, vocab: int, eos_ids,
+                 timeout_s: float = COMPILE_TIMEOUT_S):
+        try:
+            import xgrammar as xgr
+        except ImportError:
+            raise ValueError("structured_outputs: needs the xgrammar package (pip install "
+                             "'graphrt[structured]')") from None
+        self._xgr = xgr
+        if table is not None:
+            info = xgr.TokenizerInfo(table, xgr.VocabType.RAW, vocab_size=vocab, stop_token_ids=list(eos_ids))
+        else:
+            try:
+                info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab, stop_token_ids=list(eos_ids))
+            except ValueError as e:
+                raise ValueError(f"structured_outputs: not supported for this tokenizer ({_one_line(e)})") from None
+        self.vocab, self.timeout_s = vocab, timeout_s
+        self.words = (vocab + 31) // 32
+        # JSON forbids raw control characters (U+0000..U+001F) in strings, which xgrammar's JSON
+        # grammar lets through; compact JSON has none outside strings either: JSON constraints
+        # also ban every token holding such a byte ([W] int32, the same bit layout)
+        self._json_bits = _without_control_bytes(table, vocab) if table is not None else None
+        self._compiler = xgr.GrammarCompiler(info, max_threads=COMPILE_WORKERS, cache_enabled=False)
+        self._pool = ThreadPoolExecutor(COMPILE_WORKERS, thread_name_prefix="graphrt-grammar")
+        self._cache: OrderedDict = OrderedDict()      # key -> Future[CompiledGrammar]
+        self._lock = threading.Lock()
+
+    def compile(self, so: StructuredOutputsParams, *, field: str = "structured_outputs"):
+        """The compiled grammar of `so` (cached). ValueError naming `field` (and the constraint's
+        kind) when it is malformed, unsupported, or does not compile within timeout_s."""
+        key = so.key
+        with self._lock:
+            fut = self._cache.get(key)
+            if fut is None:
+                fut = self._pool.submit(self._compile, so)
+                self._cache[key] = fut
+                while len(self._cache) > CACHE_SIZE:
+                    self._cache.popitem(last=False)
+            else:
+                self._cache.move_to_end(key)
+        name = field if field != "structured_outputs" else f"structured_outputs.{so.kind}"
+        try:
+            return fut.result(timeout=self.timeout_s)
+        except FutureTimeout:
+            raise ValueError(f"{name}: the grammar did not compile within {self.timeout_s:g} s") from None
+        except Exception as e:
+            with self._lock:                          # not cached: a failure is cheap to repeat
+                if self._cache.get(key) is fut:
+                    del self._cache[key]
+            raise ValueError(f"{name}: {_one_line(e)}") from None
+
+    def _compile(self, so: StructuredOutputsParams):
+        c, kind = self._compiler, so.kind
+        if kind == "json":
+            schema = so.json if isinstance(so.json, str) else json.dumps(so.json)
+            return c.compile_json_schema(schema, any_whitespace=False, strict_mode=True)
+        if kind == "json_object":
+            return c.compile_json_schema('{"type": "object"}', any_whitespace=False)
+        if kind == "regex":
+            return c.compile_regex(so.regex)
+        if kind == "choice":
+            return c.compile_grammar("root ::= " + " | ".join(json.dumps(x) for x in so.choice))
+        return c.compile_grammar(so.grammar)
+
+    def state(self, compiled, kind: str = "") -> "GrammarState":
+        """A fresh matcher over `compiled` (kind: the constraint's, StructuredOutputsParams.kind)."""
+        extra = self._json_bits if kind in ("json", "json_object") else None
+        return GrammarState(self._xgr, compiled, self.words, extra)
+
+
+def _without_control_bytes(table: list[bytes], vocab: int) -> torch.Tensor:
+    """[ceil(vocab / 32)] int32: bit t set unless token t's bytes hold one below 0x20."""
+    ok = torch.tensor([not any(b < 0x20 for b in tok) for tok in table] + [False] * (vocab - len(table)),
+                      dtype=torch.int64)
+    words = (vocab + 31) // 32
+    ok = torch.nn.functional.pad(ok, (0, words * 32 - vocab)).view(words, 32)
+    packed = (ok << torch.arange(32, dtype=torch.int64)).sum(1)                   # [W] in [0, 2**32)
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+
+
+class GrammarState:
+    """One request's matcher over its compiled grammar (host); `failed` once a token was refused
+    (the mask makes that impossible unless a logit_bias banned every allowed token)."""
+
+    def __init__(self, xgr, compiled, words: int, extra: torch.Tensor | None = None):
+        self.matcher = xgr.GrammarMatcher(compiled)
+        self.words, self.extra = words, extra  # extra: [W] int32 bits AND-ed into every mask
+        self.accepted = 0                     # tokens the matcher has taken
+
+    def advance(self, tokens: list[int]) -> None:
+        """Feed the request's new tokens; ValueError when the grammar refuses one."""
+        m = self.matcher
+        for t in tokens:
+            if m.is_terminated():
+                return                        # tokens after the end-of-sequence: the request stops
+            if not m.accept_token(t):
+                raise ValueError(f"structured_outputs: token {t} refused by the grammar after "
+                                 f"{self.accepted} tokens")
+            self.accepted += 1
+
+    def fill(self, out: torch.Tensor, row: int) -> None:
+        """out[row] <- the next token's allowed-token bits (out: [m, W] int32 CPU). A terminated
+        matcher allows only its stop tokens (xgrammar's rule)."""
+        self.matcher.fill_next_token_bitmask(out, row)
+        if self.extra is not None:
+            out[row].bitwise_and_(self.extra)
+
+    @property
+    def done(self) -> bool:
+        return self.matcher.is_terminated()
+
+
+def write_masks(ex, reqs, vocab: int) -> None:
+    """Before a launch that draws for `reqs` (a prefill's first draws or a processed block):
+    each constrained request's next-token mask and active flag 1, each other request's flag 0,
+    into the executor's slots (one copy; vocab: the model's logits width)."""
+    words = (vocab + 31) // 32
+    bits = torch.full((len(reqs), words), -1, dtype=torch.int32)
+    active = torch.zeros(len(reqs), dtype=torch.int32)
+    for i, r in enumerate(reqs):
+        if r.grammar is not None:
+            r.grammar.fill(bits, i)
+            active[i] = 1
+    ex.write_token_mask([r.slot for r in reqs], bits, active)
+
+
+__all__ = ["Grammars", "GrammarState", "write_masks", "COMPILE_TIMEOUT_S", "CACHE_SIZE"]

@@ -1,0 +1,375 @@
+"""The persistent decode step: one launch runs a whole decoder step of one bucket (1-16 rows).
+
+    step = PersistentStep(weights, kv_caches, cos_sin, geometry=g, rows=4, eps=1e-5)
+    step.launch(tokens, seq_lens, block_table, out, device_error)   # out [B] int64 greedy tokens
+    step.logits                                                      # [B, V] model dtype
+
+weights: a graphrt ModelWeights (embed, final_norm, lm_head, layers with input_norm,
+post_attn_norm, qkv, qkv_bias, q_norm, k_norm, o, gate_up, down; read by attribute), every
+tensor contiguous in one model dtype (bfloat16, float16 or float32); kv_caches: one paged cache
+per layer (.k, .v, .layout "NHD" / "HND") in the model dtype; cos_sin [max_positions, D]
+float32 (graphrt.model.rope). Launch inputs (device): tokens [B] int64, seq_lens [B] int32
+counting the new token (0: a padding row), block_table [>= B, W] int32, out [B] int64,
+device_error [>= 1] int32 (sticky: ERR_STALL when a wait hit the watchdog).
+
+The kernel (`_step_kernel`): grid = `programs` (the SM count on a GPU, launched cooperatively
+so the driver refuses a grid that cannot be co-resident instead of letting it hang;
+GRAPHRT_PERSISTENT_COOPERATIVE=0 launches it plainly); program p
+walks its units of the static schedule (schedule.py) in order, dispatching on the op
+(units.py). Pointers to per-layer tensors are one model-dtype base pointer plus an int64
+element offset per (layer, field) read from a device table; unit rows also carry the next
+units' weight-tile offsets and sizes, which a GPU program prefetches into L2 `prefetch` units
+ahead (cp.async.bulk.prefetch; GRAPHRT_PERSISTENT_PREFETCH=N sets N, 0 = off). The last program
+to finish zeroes every counter for the next launch: no host reset, capturable in a CUDA graph.
+
+With programs=1 (the CPU interpreter) the one program runs every unit in schedule order and
+no wait spins: tests compare it with a float32 reference and with the kernel sequence.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from graphrt.kernels.persistent.schedule import (FIELDS, MAX_ROWS, OP_ATT, OP_DOWN, OP_GU, OP_HEAD, OP_O, OP_QKV,
+                                                 F_LAYER, F_OP, F_PF0, F_PF1, F_PB0, F_PB1, Geometry, Schedule,
+                                                 Tiles, build_schedule)
+from graphrt.kernels.persistent.sync import SPIN_LIMIT, field, prefetch_l2
+from graphrt.kernels.persistent.units import attention_unit, gate_up_unit, head_unit, qkv_unit, residual_unit
+
+# the device table of per-layer offsets: one row per layer, these columns
+W_QKV, W_BIAS, W_O, W_GU, W_DOWN, W_IN, W_POST, W_QN, W_KN, W_KC, W_VC = range(11)
+NF = 11
+PREFETCH_ENV = "GRAPHRT_PERSISTENT_PREFETCH"
+COOPERATIVE_ENV = "GRAPHRT_PERSISTENT_COOPERATIVE"
+FMA_MAX_ROWS = 4            # the multiply-add GEMV below this many rows (tl.dot's tile is 16)
+_OP_FIELD = {OP_QKV: W_QKV, OP_O: W_O, OP_GU: W_GU, OP_DOWN: W_DOWN}
+
+
+@triton.jit
+def _aligned(o, ALIGN: tl.constexpr):
+    """An element offset known to be a multiple of ALIGN (16-byte aligned tensors and tiles:
+    vectorised weight loads)."""
+    if ALIGN > 1:
+        o = tl.multiple_of(o, ALIGN)
+    return o
+
+
+@triton.jit
+def _woff(offs, k: tl.constexpr, ALIGN: tl.constexpr):
+    """Element offset k of a layer's row of the offset table."""
+    return _aligned(tl.load(offs + k), ALIGN)
+
+
+@triton.jit(do_not_specialize=["SPIN"])
+def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, woffs_ptr, embed_ptr, fnorm_ptr, head_ptr,
+                 cs_ptr, tok_ptr, lens_ptr, bt_ptr, bt_stride, num_pages, out_ptr, logits_ptr, res_ptr,
+                 qkv_ptr, att_ptr, mlp_ptr, ss_o_ptr, ss_d_ptr, part_ptr, lse_ptr, amax_ptr, aidx_ptr,
+                 programs, eps, qk_scale,
+                 B: tl.constexpr, H: tl.constexpr, I: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
+                 D: tl.constexpr, V: tl.constexpr, PAGE: tl.constexpr, S_PAGE: tl.constexpr,
+                 S_SLOT: tl.constexpr, S_HEAD: tl.constexpr, S: tl.constexpr, MERGE_S: tl.constexpr,
+                 NO: tl.constexpr, NOP: tl.constexpr, NDOWN: tl.constexpr, NDP: tl.constexpr,
+                 NHEAD: tl.constexpr, QKV_BN: tl.constexpr, O_BN: tl.constexpr, GU_BN: tl.constexpr,
+                 DOWN_BN: tl.constexpr, HEAD_BN: tl.constexpr, BK: tl.constexpr, BKV: tl.constexpr,
+                 MIN_KEYS: tl.constexpr, BMA: tl.constexpr, GP: tl.constexpr, RT: tl.constexpr,
+                 ARR: tl.constexpr, HEAD_CTR: tl.constexpr, DONE: tl.constexpr, NCTR: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, PREFETCH: tl.constexpr,
+                 DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN, ALIGN: tl.constexpr,
+                 FMA: tl.constexpr, OPS: tl.constexpr):
+    BM: tl.constexpr = 16
+    QKVW: tl.constexpr = (HQ + 2 * HKV) * D
+    # K columns per weight chunk: BK for 16-row tiles, the same elements (registers) for wider ones
+    QKV_BK: tl.constexpr = BK * 16 // QKV_BN
+    O_BK: tl.constexpr = BK * 16 // O_BN
+    GU_BK: tl.constexpr = BK * 16 // GU_BN
+    DOWN_BK: tl.constexpr = BK * 16 // DOWN_BN
+    HEAD_BK: tl.constexpr = BK * 16 // HEAD_BN
+    pid = tl.program_id(0)
+    lo = tl.load(starts_ptr + pid)
+    hi = tl.load(starts_ptr + pid + 1)
+    f = tl.arange(0, 16)
+    fm = f < 12
+    rm = tl.arange(0, BM)
+    m_ok = rm < B
+    toks = tl.maximum(tl.load(tok_ptr + rm, mask=m_ok, other=0), 0)
+    emb_rows = embed_ptr + toks[:, None] * H                     # [BM, 1] the embedding rows
+    res_rows = res_ptr + rm[:, None] * H                         # [BM, 1] the residual stream
+    if PREFETCH > 0:                                             # this program's first units
+        for u in range(lo, tl.minimum(lo + PREFETCH, hi)):
+            r = tl.load(units_ptr + u * 12 + f, mask=fm, other=0)
+            if field(r, f, 9) > 0:
+                prefetch_l2(w_ptr + field(r, f, 8), field(r, f, 9).to(tl.int32))
+            if field(r, f, 11) > 0:
+                prefetch_l2(w_ptr + field(r, f, 10), field(r, f, 11).to(tl.int32))
+    row = tl.load(units_ptr + lo * 12 + f, mask=fm & (f * 0 + lo < hi), other=0)
+    for u in range(lo, hi):
+        nxt = tl.load(units_ptr + (u + 1) * 12 + f, mask=fm & (f * 0 + u + 1 < hi), other=0)   # the next row, early
+        if PREFETCH > 0:
+            if u + PREFETCH < hi:
+                if PREFETCH == 1:
+                    r = nxt
+                else:
+                    r = tl.load(units_ptr + (u + PREFETCH) * 12 + f, mask=fm, other=0)
+                if field(r, f, 9) > 0:
+                    prefetch_l2(w_ptr + field(r, f, 8), field(r, f, 9).to(tl.int32))
+                if field(r, f, 11) > 0:
+                    prefetch_l2(w_ptr + field(r, f, 10), field(r, f, 11).to(tl.int32))
+        op = field(row, f, 0)
+        layer = field(row, f, 1)
+        a = field(row, f, 2).to(tl.int32)
+        ctr_w = ctr_ptr + tl.maximum(field(row, f, 5), 0)
+        target = field(row, f, 6).to(tl.int32)
+        ctr_s = ctr_ptr + tl.maximum(field(row, f, 7), 0)
+        offs = woffs_ptr + layer * 11
+        wt0 = w_ptr + _aligned(field(row, f, 8), ALIGN)         # the unit's weight tile (gate for GU)
+        wt1 = w_ptr + _aligned(field(row, f, 10), ALIGN)        # GU: the up rows
+        if (OPS & 2) != 0:                                # QKV
+            if op == 1:
+                qkv_unit(layer, a, res_rows, m_ok, wt0, w_ptr + _woff(offs, 1, ALIGN),
+                         w_ptr + _woff(offs, 5, ALIGN), ss_d_ptr, emb_rows, qkv_ptr, ctr_w, target, ctr_s, err_ptr,
+                         eps, H, QKVW, NDOWN, NDP, BM, QKV_BN, QKV_BK, HAS_BIAS, DOT_F32, PREC, SPIN, FMA)
+        if (OPS & 4) != 0:                                # ATT
+            if op == 2:
+                b = a
+                kvh = field(row, f, 3).to(tl.int32)
+                sp = field(row, f, 4).to(tl.int32)
+                attention_unit(b, kvh, sp, qkv_ptr, att_ptr, cs_ptr, w_ptr + _woff(offs, 7, ALIGN),
+                               w_ptr + _woff(offs, 8, ALIGN), w_ptr + _woff(offs, 9, ALIGN), w_ptr + _woff(offs, 10, ALIGN),
+                               bt_ptr, bt_stride, lens_ptr, num_pages, part_ptr, lse_ptr, ctr_w, target,
+                               ctr_ptr + ARR + b * HKV + kvh, ctr_s, err_ptr, eps, qk_scale, HQ, HKV, D, PAGE,
+                               S_PAGE, S_SLOT, S_HEAD, S, MERGE_S, BMA, GP, BKV, MIN_KEYS, QK_NORM, DOT_F32,
+                               PREC, SPIN)
+        if (OPS & 8) != 0:                                # O: residual += attention @ o.T
+            if op == 3:
+                if layer == 0:
+                    src = emb_rows
+                else:
+                    src = res_rows
+                residual_unit(a, a // O_BN, att_ptr + rm[:, None] * (HQ * D), m_ok, wt0,
+                              HQ * D, src, res_ptr, ss_o_ptr, ctr_w, target, ctr_s, err_ptr, H, BM, O_BN, O_BK,
+                              DOT_F32, PREC, SPIN, FMA)
+        if (OPS & 16) != 0:                               # GU
+            if op == 4:
+                gate_up_unit(a, res_rows, m_ok, wt0, wt1, w_ptr + _woff(offs, 6, ALIGN), ss_o_ptr,
+                             mlp_ptr, ctr_w, target, ctr_s, err_ptr, eps, H, I, NO, NOP, BM, GU_BN, GU_BK, DOT_F32,
+                             PREC, SPIN, FMA)
+        if (OPS & 32) != 0:                               # DOWN: residual += mlp @ down.T
+            if op == 5:
+                residual_unit(a, a // DOWN_BN, mlp_ptr + rm[:, None] * I, m_ok, wt0, I,
+                              res_rows, res_ptr, ss_d_ptr, ctr_w, target, ctr_s, err_ptr, H, BM, DOWN_BN, DOWN_BK,
+                              DOT_F32, PREC, SPIN, FMA)
+        if (OPS & 64) != 0:                               # HEAD
+            if op == 6:
+                head_unit(a, a // HEAD_BN, res_rows, m_ok, wt0, fnorm_ptr, ss_d_ptr, logits_ptr, amax_ptr,
+                          aidx_ptr, out_ptr, ctr_w, target, ctr_ptr + HEAD_CTR, err_ptr, eps, B, H, V, NDOWN, NDP,
+                          NHEAD, BM, HEAD_BN, HEAD_BK, RT, DOT_F32, PREC, SPIN, FMA)
+        row = nxt
+    tl.debug_barrier()
+    if tl.atomic_add(ctr_ptr + DONE, 1, sem="acq_rel", scope="gpu") == programs - 1:
+        c = tl.arange(0, 1024)                                   # the last program: counters to zero
+        for c0 in range(0, NCTR, 1024):
+            tl.store(ctr_ptr + c0 + c, tl.zeros((1024,), tl.int32), mask=c0 + c < NCTR)
+
+
+def kernel_constexprs(s: Schedule, *, gemv: str, prefetch: int, has_bias: bool, qk_norm: bool, interpreter: bool,
+                      fp32: bool, align: int, PAGE: int, S_PAGE: int, S_SLOT: int,
+                      S_HEAD: int) -> dict:
+    """The compile-time arguments of `_step_kernel` for schedule s (pure: the launch and the sm_90
+    compile test share it). PAGE / S_*: the KV pages' size and element strides (page, slot, head)."""
+    g, c, t = s.geometry, s.counters, s.tiles
+    gp = triton.next_power_of_2(g.group)
+    sp = triton.next_power_of_2(s.splits)
+    return dict(B=s.rows, H=g.hidden, I=g.inter, HQ=g.heads, HKV=g.kv_heads, D=g.head_dim, V=g.vocab, PAGE=PAGE,
+                S_PAGE=S_PAGE, S_SLOT=S_SLOT, S_HEAD=S_HEAD, S=s.splits,
+                MERGE_S=max(1, min(sp, 2048 // (gp * (g.head_dim // 2)))), NO=s.n_o,
+                NOP=triton.next_power_of_2(s.n_o), NDOWN=s.n_down, NDP=triton.next_power_of_2(s.n_down),
+                NHEAD=s.n_head, QKV_BN=t.qkv_bn, O_BN=t.o_bn, GU_BN=t.gu_bn, DOWN_BN=t.down_bn, HEAD_BN=t.head_bn,
+                # tl.dot holds its 16-row A operand whole in every warp: half the columns a chunk
+                BK=t.block_k if gemv == "fma" else max(16, t.block_k // 2), BKV=t.block_kv, MIN_KEYS=t.min_keys,
+                BMA=max(16, gp), GP=gp, RT=64, ARR=c.arrivals, HEAD_CTR=c.head, DONE=c.done, NCTR=c.count,
+                HAS_BIAS=has_bias, QK_NORM=qk_norm, PREFETCH=prefetch, DOT_F32=interpreter,
+                PREC="ieee" if fp32 else "tf32", ALIGN=align, FMA=s.rows if gemv == "fma" else 0,
+                OPS=127)   # bit op: the unit kinds compiled in (all; fewer: a register-use probe)
+
+
+def default_prefetch(device: torch.device) -> int:
+    """L2 prefetch distance in units: GRAPHRT_PERSISTENT_PREFETCH when set, else 1 on sm_90+
+    GPUs and 0 elsewhere (the interpreter cannot run the prefetch's inline PTX)."""
+    if device.type != "cuda":
+        return 0
+    env = os.environ.get(PREFETCH_ENV, "").strip()
+    if env:
+        if not env.isdigit() or int(env) > 8:
+            raise ValueError(f"{PREFETCH_ENV}: expected an int in [0, 8], got {env!r}")
+        return int(env)
+    return 1 if torch.cuda.get_device_capability(device) >= (9, 0) else 0
+
+
+def unsupported(weights, kv_caches, rows: int) -> str | None:
+    """Why the persistent step cannot run this model at `rows` rows (None: it can): model-dtype
+    contiguous tensors only (no FP8 weights or FP8 KV pages yet), 1..16 rows, head_dim a power of
+    2 >= 32 (the qkv tile never spans two heads)."""
+    if not 1 <= rows <= MAX_ROWS:
+        return f"rows: {rows} outside 1..{MAX_ROWS}"
+    dt = weights.embed.dtype
+    if dt not in (torch.bfloat16, torch.float16, torch.float32):
+        return f"dtype: {dt} (bfloat16, float16 or float32 only)"
+    tensors = [weights.embed, weights.final_norm, weights.lm_head]
+    for layer in weights.layers:
+        tensors += [layer.input_norm, layer.post_attn_norm, layer.qkv, layer.o, layer.gate_up, layer.down]
+        tensors += [t for t in (layer.qkv_bias, layer.q_norm, layer.k_norm) if t is not None]
+    for t in tensors:
+        if not isinstance(t, torch.Tensor) or t.dtype != dt or not t.is_contiguous():
+            return f"weights: a {type(t).__name__} that is not a contiguous {dt} tensor (FP8 / int4: not yet)"
+    for c in kv_caches:
+        if c.k.dtype != dt or c.k.stride() != c.v.stride() or c.k.stride(3) != 1:
+            return f"kv_caches: {c.k.dtype} pages (the model dtype {dt} only)"
+    d = kv_caches[0].k.shape[3]
+    if d < 32 or d & (d - 1):
+        return f"head_dim: {d} (a power of 2 >= 32 only)"
+    return None
+
+
+class PersistentStep:
+    """One bucket's persistent step: its schedule, device tables and scratch (allocated here,
+    once, outside any graph), and the launch. See the module docstring for the arguments;
+    programs: default the SM count on a GPU, 1 elsewhere; tiles: the schedule's tile sizes;
+    num_warps: per program; prefetch: L2 prefetch distance in units (default_prefetch);
+    spin_limit: counter reads before a wait gives up (the watchdog, ERR_STALL); gemv: the GEMV
+    tiles' arithmetic, "dot" (tl.dot over 16-row tiles) or "fma" (multiply-add and a reduction
+    over K, 1..FMA_MAX_ROWS rows); "auto": fma up to FMA_MAX_ROWS rows."""
+
+    def __init__(self, weights, kv_caches, cos_sin: torch.Tensor, *, geometry: Geometry, rows: int, eps: float,
+                 programs: int | None = None, tiles: Tiles = Tiles(), max_context_len: int = 4096,
+                 num_warps: int = 4, prefetch: int | None = None, spin_limit: int = SPIN_LIMIT,
+                 gemv: str = "auto"):
+        why = unsupported(weights, kv_caches, rows)
+        if why is not None:
+            raise ValueError(f"persistent step: {why}")
+        dev = weights.embed.device
+        if programs is None:
+            programs = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
+        if dev.type != "cuda" and programs != 1:
+            raise ValueError(f"programs: {programs}; off the GPU (the interpreter runs programs one after "
+                             f"another) only 1 can run a schedule with waits")
+        if isinstance(spin_limit, bool) or not isinstance(spin_limit, int) or spin_limit < 1:
+            raise ValueError(f"spin_limit: expected an int >= 1, got {spin_limit!r}")
+        self.spin_limit = spin_limit
+        if gemv not in ("auto", "dot", "fma") or (gemv == "fma" and rows > FMA_MAX_ROWS):
+            raise ValueError(f"gemv: expected 'auto', 'dot' or 'fma' (fma: at most {FMA_MAX_ROWS} rows), got "
+                             f"{gemv!r} at {rows} rows")
+        self.gemv = ("fma" if rows <= FMA_MAX_ROWS else "dot") if gemv == "auto" else gemv
+        if num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"num_warps: expected 1, 2, 4, 8 or 16, got {num_warps!r}")
+        self.device, self.dtype, self.geometry, self.rows, self.eps = dev, weights.embed.dtype, geometry, rows, eps
+        self.num_warps = num_warps
+        self.prefetch = default_prefetch(dev) if prefetch is None else prefetch
+        if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int) or not 0 <= self.prefetch <= 8 \
+                or (self.prefetch and dev.type != "cuda"):
+            raise ValueError(f"prefetch: expected an int in [0, 8] (0 off the GPU), got {self.prefetch!r}")
+        esize = weights.embed.element_size()
+        self.schedule: Schedule = build_schedule(geometry, rows, programs, tiles=tiles,
+                                                 max_context_len=max_context_len, elem_bytes=esize)
+        self._tensors = (weights, kv_caches, cos_sin)             # kept alive: the table points at them
+        base = weights.layers[0].qkv
+        self._base = base
+
+        def off(t):
+            if t is None:
+                return 0
+            delta = t.data_ptr() - base.data_ptr()
+            if delta % esize:
+                raise ValueError("weights: a tensor not aligned to its element size")
+            return delta // esize
+
+        table = [[off(x) for x in (layer.qkv, layer.qkv_bias, layer.o, layer.gate_up, layer.down, layer.input_norm,
+                                   layer.post_attn_norm, layer.q_norm, layer.k_norm, cache.k, cache.v)]
+                 for layer, cache in zip(weights.layers, kv_caches)]
+        self.woffs = torch.tensor(table, dtype=torch.int64, device=dev)                # [L, NF]
+        units = torch.tensor(self.schedule.units, dtype=torch.int64)                   # [N, 12]
+        for op, col in _OP_FIELD.items():                         # weight-relative -> base-relative
+            sel = (units[:, F_OP] == op) & (units[:, F_LAYER] < geometry.layers)
+            lay = units[sel, F_LAYER]
+            start = torch.tensor([r[col] for r in table], dtype=torch.int64)[lay]
+            units[sel, F_PF0] += start
+            units[sel, F_PF1] += torch.where(units[sel, F_PB1] > 0, start, torch.zeros_like(start))
+        sel = units[:, F_OP] == OP_HEAD
+        units[sel, F_PF0] += off(weights.lm_head)
+        units[:, F_PB0] -= units[:, F_PB0] % 16                    # bulk prefetch: multiples of 16 bytes
+        units[:, F_PB1] -= units[:, F_PB1] % 16
+        vec = 16 // esize                                          # elements in 16 bytes
+        self._align = vec if base.data_ptr() % 16 == 0 and all(o % vec == 0 for r in table for o in r) \
+            and bool((units[:, F_PF0] % vec == 0).all()) and bool((units[:, F_PF1] % vec == 0).all()) else 1
+        if self._align == 1:                                       # no bulk prefetch of unaligned tiles
+            units[:, F_PB0] = 0
+            units[:, F_PB1] = 0
+        self.units = units.to(dev)
+        self.starts = torch.tensor(self.schedule.starts, dtype=torch.int64, device=dev)
+        s, g = self.schedule, geometry
+        self.counters = torch.zeros(s.counters.count, dtype=torch.int32, device=dev)
+        b, dt = rows, self.dtype
+        self.residual = torch.zeros((b, g.hidden), dtype=dt, device=dev)
+        self.qkv = torch.zeros((b, g.qkv_rows), dtype=dt, device=dev)
+        self.att = torch.zeros((b, g.heads * g.head_dim), dtype=dt, device=dev)
+        self.mlp = torch.zeros((b, g.inter), dtype=dt, device=dev)
+        self.logits = torch.zeros((b, g.vocab), dtype=dt, device=dev)
+        f32 = dict(dtype=torch.float32, device=dev)
+        self.ss_o = torch.zeros((s.n_o, 16), **f32)
+        self.ss_d = torch.zeros((s.n_down, 16), **f32)
+        slots = max(1, b * g.kv_heads * s.splits * g.group)
+        self.part = torch.zeros((slots, g.head_dim), **f32)
+        self.lse = torch.zeros((slots,), **f32)
+        self.amax = torch.zeros((s.n_head, 16), **f32)
+        self.aidx = torch.zeros((s.n_head, 16), dtype=torch.int32, device=dev)
+        kc = kv_caches[0]
+        nhd = kc.layout == "NHD"
+        k = kc.k
+        self._kv = dict(PAGE=k.shape[1] if nhd else k.shape[2], S_PAGE=k.stride(0),
+                        S_SLOT=k.stride(1 if nhd else 2), S_HEAD=k.stride(2 if nhd else 1))
+        self._num_pages = k.shape[0]
+        # the driver refuses a cooperative grid it cannot keep resident (instead of a hang);
+        # GRAPHRT_PERSISTENT_COOPERATIVE=0 launches plainly (the grid is then one program per SM)
+        self.cooperative = dev.type == "cuda" and programs > 1 and os.environ.get(COOPERATIVE_ENV, "1") != "0"
+        layer0 = weights.layers[0]
+        self.constexprs = kernel_constexprs(self.schedule, gemv=self.gemv, prefetch=self.prefetch,
+                                            has_bias=layer0.qkv_bias is not None, qk_norm=layer0.q_norm is not None,
+                                            interpreter=dev.type != "cuda", fp32=self.dtype == torch.float32,
+                                            align=self._align, **self._kv)
+
+    @property
+    def programs(self) -> int:
+        return self.schedule.programs
+
+    def launch(self, tokens: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, out: torch.Tensor,
+               device_error: torch.Tensor) -> torch.Tensor:
+        """One decoder step of the bucket's rows (see the module docstring) -> out. Capturable."""
+        b = self.rows
+        for name, t, dt in (("tokens", tokens, torch.int64), ("seq_lens", seq_lens, torch.int32),
+                            ("out", out, torch.int64)):
+            if t.shape != (b,) or t.dtype != dt or t.device != self.device or not t.is_contiguous():
+                raise ValueError(f"{name}: expected contiguous [{b}] {dt} on {self.device}, got "
+                                 f"{tuple(t.shape)} {t.dtype} on {t.device}")
+        if block_table.dim() != 2 or block_table.shape[0] < b or block_table.dtype != torch.int32 \
+                or block_table.stride(1) != 1 or block_table.device != self.device:
+            raise ValueError(f"block_table: expected [>= {b}, W] int32 (unit column stride) on {self.device}, "
+                             f"got {tuple(block_table.shape)} {block_table.dtype} on {block_table.device}")
+        if device_error.dtype != torch.int32 or device_error.device != self.device:
+            raise ValueError(f"device_error: expected int32 on {self.device}, got {device_error.dtype} "
+                             f"on {device_error.device}")
+        s = self.schedule
+        weights, _, cos_sin = self._tensors
+        opts = {"launch_cooperative_grid": True} if self.cooperative else {}
+        _step_kernel[(s.programs,)](
+            self.units, self.starts, self.counters, device_error, self._base, self.woffs, weights.embed,
+            weights.final_norm, weights.lm_head, cos_sin, tokens, seq_lens, block_table, block_table.stride(0),
+            self._num_pages, out, self.logits, self.residual, self.qkv, self.att, self.mlp, self.ss_o, self.ss_d,
+            self.part, self.lse, self.amax, self.aidx, s.programs, float(self.eps),
+            self.geometry.head_dim ** -0.5 * 1.4426950408889634, SPIN=self.spin_limit, **self.constexprs,
+            num_warps=self.num_warps, **opts)
+        return out
+
+
+__all__ = ["PersistentStep", "unsupported", "default_prefetch", "kernel_constexprs", "PREFETCH_ENV", "FMA_MAX_ROWS"]

@@ -1,0 +1,288 @@
+"""The unit bodies of the persistent decode step (one @triton.jit function per kind of unit).
+
+Every body: its weight loads first, then the wait for its inputs (sync.wait_for), the work, the
+stores, then its signal. Activations written by other programs are read with ".cg" (L2).
+Scratch (kernels/persistent/step.py allocates it; model dtype unless said):
+    res [B, H]       the residual stream          qkv [B, (Hq + 2 Hkv) D]   qkv GEMM output
+    att [B, Hq D]    attention output             mlp [B, I]                silu(gate) * up
+    ss_o, ss_d [T, 16] float32: each O / DOWN tile's per-row sum of squares of its new columns
+    part [B Hkv S G, D], lse [B Hkv S G] float32: attention split partials
+    amax [NH, 16] float32, aidx [NH, 16] int32: each LM-head tile's per-row argmax
+Rounding follows the kernel sequence: each GEMM output, q, the new k, the attention output,
+silu(gate) * up and the residual are rounded to the model dtype where the sequence stores them.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from graphrt.kernels.persistent.gemv_tile import first_chunk, first_max_rows, gemv_acc, inv_from_parts, row_ss
+from graphrt.kernels.persistent.sync import arrive, signal, wait_for
+
+
+@triton.jit
+def residual_unit(n0, tile, x_rows, m_ok, w_tile, K: tl.constexpr, src_rows, res_ptr, ss_out,
+                  ctr_w, target, ctr_s, err_ptr, H: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                  BK: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN,
+                  FMA: tl.constexpr):
+    """O / DOWN: res[:, n0:n0+BN] = round(src[:, n0:n0+BN] + round(x @ w[n0:n0+BN].T)) (w_tile:
+    row n0 of w); the tile's per-row sum of squares of the new values into ss_out[tile]."""
+    rn = n0 + tl.arange(0, BN)
+    n_ok = rn < H
+    w_rows = w_tile + tl.arange(0, BN)[:, None] * K
+    w0 = first_chunk(w_rows, n_ok, K, BK)
+    wait_for(ctr_w, target, err_ptr, SPIN)
+    acc = gemv_acc(x_rows, m_ok, 1.0, w_tile, w_rows, n_ok, w0, K, BM, BN, BK, False, DOT_F32, PREC, FMA)
+    dt = res_ptr.dtype.element_ty
+    mask = m_ok[:, None] & n_ok[None, :]
+    old = tl.load(src_rows + rn[None, :], mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    new = (acc.to(dt).to(tl.float32) + old).to(dt)
+    rm = tl.arange(0, BM)
+    tl.store(res_ptr + rm[:, None] * H + rn[None, :], new, mask=mask)
+    nf = tl.where(mask, new.to(tl.float32), 0.0)
+    tl.store(ss_out + tile * BM + rm, tl.sum(nf * nf, axis=1))
+    signal(ctr_s)
+
+
+@triton.jit
+def qkv_unit(layer, n0, x_rows, m_ok, w_tile, bias_ptr, g_ptr, ss_parts, res_rows_first,
+             qkv_out, ctr_w, target, ctr_s, err_ptr, eps, H: tl.constexpr, QKVW: tl.constexpr,
+             NT: tl.constexpr, NTP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+             HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN,
+             FMA: tl.constexpr):
+    """qkv[:, n0:n0+BN] = round(rmsnorm(x) @ w[n0:n0+BN].T (+ bias)); layer 0's x is the
+    embedding rows (res_rows_first, sums of squares by a full pass), later layers' the residual
+    stream (sums of squares from the DOWN tiles' partials)."""
+    rn = n0 + tl.arange(0, BN)
+    n_ok = rn < QKVW
+    w_rows = w_tile + tl.arange(0, BN)[:, None] * H
+    w0 = first_chunk(w_rows, n_ok, H, BK)
+    wait_for(ctr_w, target, err_ptr, SPIN)
+    if layer == 0:
+        rows = res_rows_first
+        inv = tl.rsqrt(row_ss(rows, m_ok, H, BM, BK) / H + eps)
+    else:
+        rows = x_rows
+        inv = inv_from_parts(ss_parts, NT, NTP, BM, H, eps)
+    acc = gemv_acc(rows, m_ok, inv, g_ptr, w_rows, n_ok, w0, H, BM, BN, BK, True, DOT_F32, PREC, FMA)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    rm = tl.arange(0, BM)
+    tl.store(qkv_out + rm[:, None] * QKVW + rn[None, :], acc.to(qkv_out.dtype.element_ty),
+             mask=m_ok[:, None] & n_ok[None, :])
+    signal(ctr_s)
+
+
+@triton.jit
+def gate_up_unit(n0, x_rows, m_ok, g_tile, u_tile, g_ptr, ss_parts, mlp_out, ctr_w, target, ctr_s, err_ptr, eps,
+                 H: tl.constexpr, I: tl.constexpr, NT: tl.constexpr, NTP: tl.constexpr, BM: tl.constexpr,
+                 BN: tl.constexpr, BK: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr,
+                 SPIN, FMA: tl.constexpr):
+    """mlp[:, n0:n0+BN] = round(silu(round(gate)) * round(up)) of the normed residual stream
+    (g_tile / u_tile: gate_up rows n0 and I + n0)."""
+    rn = n0 + tl.arange(0, BN)
+    n_ok = rn < I
+    g_rows = g_tile + tl.arange(0, BN)[:, None] * H
+    u_rows = u_tile + tl.arange(0, BN)[:, None] * H
+    wg = first_chunk(g_rows, n_ok, H, BK)
+    wu = first_chunk(u_rows, n_ok, H, BK)
+    wait_for(ctr_w, target, err_ptr, SPIN)
+    inv = inv_from_parts(ss_parts, NT, NTP, BM, H, eps)
+    dt = mlp_out.dtype.element_ty
+    gate = gemv_acc(x_rows, m_ok, inv, g_ptr, g_rows, n_ok, wg, H, BM, BN, BK, True, DOT_F32, PREC, FMA)
+    up = gemv_acc(x_rows, m_ok, inv, g_ptr, u_rows, n_ok, wu, H, BM, BN, BK, True, DOT_F32, PREC, FMA)
+    gate = gate.to(dt).to(tl.float32)
+    up = up.to(dt).to(tl.float32)
+    y = gate / (1.0 + tl.exp(-gate)) * up
+    rm = tl.arange(0, BM)
+    tl.store(mlp_out + rm[:, None] * I + rn[None, :], y.to(dt), mask=m_ok[:, None] & n_ok[None, :])
+    signal(ctr_s)
+
+
+@triton.jit
+def head_unit(n0, tile, x_rows, m_ok, w_tile, g_ptr, ss_parts, logits_ptr, amax_ptr, aidx_ptr, out_ptr,
+              ctr_w, target, ctr_arr, err_ptr, eps, B: tl.constexpr, H: tl.constexpr, V: tl.constexpr,
+              NT: tl.constexpr, NTP: tl.constexpr, NH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+              BK: tl.constexpr, RT: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr,
+              SPIN, FMA: tl.constexpr):
+    """Logits of vocabulary rows [n0, n0 + BN) of the final-normed stream (model dtype), the tile's
+    per-row argmax; the last of the NH tiles to arrive writes out[b] = argmax of row b."""
+    rn = n0 + tl.arange(0, BN)
+    n_ok = rn < V
+    w_rows = w_tile + tl.arange(0, BN)[:, None] * H
+    w0 = first_chunk(w_rows, n_ok, H, BK)
+    wait_for(ctr_w, target, err_ptr, SPIN)
+    inv = inv_from_parts(ss_parts, NT, NTP, BM, H, eps)
+    acc = gemv_acc(x_rows, m_ok, inv, g_ptr, w_rows, n_ok, w0, H, BM, BN, BK, True, DOT_F32, PREC, FMA)
+    logit = acc.to(logits_ptr.dtype.element_ty)
+    rm = tl.arange(0, BM)
+    valid = m_ok[:, None] & n_ok[None, :]
+    tl.store(logits_ptr + rm[:, None] * V + rn[None, :], logit, mask=valid)
+    ids = rn[None, :] + rm[:, None] * 0
+    v, i = first_max_rows(logit.to(tl.float32), ids, valid)
+    tl.store(amax_ptr + tile * BM + rm, v)
+    tl.store(aidx_ptr + tile * BM + rm, i)
+    if arrive(ctr_arr) == NH - 1:                        # the last tile: reduce the NH tiles' answers
+        best_v = tl.full((BM,), float("-inf"), tl.float32)
+        best_i = tl.full((BM,), 2147483647, tl.int32)
+        for t0 in range(0, NH, RT):
+            t = t0 + tl.arange(0, RT)
+            ok = m_ok[:, None] & (t < NH)[None, :]
+            cv = tl.load(amax_ptr + t[None, :] * BM + rm[:, None], mask=ok, other=float("-inf"),
+                         cache_modifier=".cg")
+            ci = tl.load(aidx_ptr + t[None, :] * BM + rm[:, None], mask=ok, other=2147483647,
+                         cache_modifier=".cg")
+            v, i = first_max_rows(cv, ci, ok)             # this chunk's answer per row
+            # earlier chunks hold lower ids: a later chunk wins only with a NaN over a number,
+            # or a larger number
+            take = ((v != v) & (best_v == best_v)) | ((v == v) & (best_v == best_v) & (v > best_v)) \
+                | (best_i == 2147483647)                    # nothing yet (a row of -inf: id 0)
+            best_v = tl.where(take, v, best_v)
+            best_i = tl.where(take, i, best_i)
+        tl.store(out_ptr + rm, best_i.to(tl.int64), mask=rm < B)
+
+
+@triton.jit
+def attention_unit(b, kvh, sp, qkv_ptr, att_ptr, cs_ptr, qn_ptr, kn_ptr, k_ptr, v_ptr, bt_ptr, bt_stride,
+                   lens_ptr, num_pages, part_ptr, lse_ptr, ctr_w, target, ctr_arr, ctr_s, err_ptr, eps,
+                   qk_scale, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+                   S_PAGE: tl.constexpr, S_SLOT: tl.constexpr, S_HEAD: tl.constexpr, S: tl.constexpr,
+                   MERGE_S: tl.constexpr, BMA: tl.constexpr, GP: tl.constexpr, BKV: tl.constexpr,
+                   MIN_KEYS: tl.constexpr, QK_NORM: tl.constexpr, DOT_F32: tl.constexpr,
+                   PREC: tl.constexpr, SPIN):
+    """Row b, kv head kvh, split sp of S: RoPE (and Qwen3's q / k norm) of the group's q heads
+    and of the new k from the qkv scratch; the split's keys of the cache (positions < seq - 1),
+    split 0 also the new key (and it writes the new k, v into the cache); the partial (S > 1)
+    or the output (S == 1). The last split to arrive merges and signals."""
+    G: tl.constexpr = HQ // HKV
+    HALF: tl.constexpr = D // 2
+    QKVW: tl.constexpr = (HQ + 2 * HKV) * D
+    seq = tl.load(lens_ptr + b)
+    live = seq > 0
+    pos = tl.maximum(seq - 1, 0)                        # the new token's position = keys cached
+    n_blocks = tl.cdiv(pos, BKV)
+    if S > 1:
+        want = tl.minimum(tl.maximum(tl.cdiv(pos, MIN_KEYS), 1), S)
+        per = tl.maximum(tl.cdiv(n_blocks, want), 1)
+    else:
+        per = n_blocks
+    lo = sp * per * BKV
+    hi = tl.minimum(lo + per * BKV, pos)
+    page_new = tl.load(bt_ptr + b.to(tl.int64) * bt_stride + pos // PAGE)   # the new token's page
+    wait_for(ctr_w, target, err_ptr, SPIN)
+    m = tl.arange(0, BMA)
+    g_ok = m < G
+    j = tl.arange(0, HALF)
+    row = qkv_ptr + b.to(tl.int64) * QKVW
+    cs_row = cs_ptr + pos.to(tl.int64) * D
+    c = tl.load(cs_row + j)
+    s = tl.load(cs_row + HALF + j)
+    hq = kvh * G + m
+    qm = g_ok[:, None]
+    x1 = tl.load(row + hq[:, None] * D + j[None, :], mask=qm, other=0.0, cache_modifier=".cg").to(tl.float32)
+    x2 = tl.load(row + hq[:, None] * D + HALF + j[None, :], mask=qm, other=0.0,
+                 cache_modifier=".cg").to(tl.float32)
+    k1 = tl.load(row + (HQ + kvh) * D + j, cache_modifier=".cg").to(tl.float32)
+    k2 = tl.load(row + (HQ + kvh) * D + HALF + j, cache_modifier=".cg").to(tl.float32)
+    v1 = tl.load(row + (HQ + HKV + kvh) * D + j, cache_modifier=".cg")
+    v2 = tl.load(row + (HQ + HKV + kvh) * D + HALF + j, cache_modifier=".cg")
+    if QK_NORM:
+        qi = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / D + eps)[:, None]
+        x1 = x1 * qi * tl.load(qn_ptr + j).to(tl.float32)[None, :]
+        x2 = x2 * qi * tl.load(qn_ptr + HALF + j).to(tl.float32)[None, :]
+        ki = tl.rsqrt((tl.sum(k1 * k1, axis=0) + tl.sum(k2 * k2, axis=0)) / D + eps)
+        k1 = k1 * ki * tl.load(kn_ptr + j).to(tl.float32)
+        k2 = k2 * ki * tl.load(kn_ptr + HALF + j).to(tl.float32)
+    dt = att_ptr.dtype.element_ty
+    q1 = (x1 * c[None, :] - x2 * s[None, :]).to(dt)
+    q2 = (x2 * c[None, :] + x1 * s[None, :]).to(dt)
+    nk1 = (k1 * c - k2 * s).to(dt)
+    nk2 = (k2 * c + k1 * s).to(dt)
+    has_new = (sp == 0) & live
+    if has_new & (page_new >= 0) & (page_new < num_pages):   # the new k, v into the cache
+        dst = page_new.to(tl.int64) * S_PAGE + (pos % PAGE) * S_SLOT + kvh * S_HEAD
+        tl.store(k_ptr + dst + j, nk1.to(k_ptr.dtype.element_ty))
+        tl.store(k_ptr + dst + HALF + j, nk2.to(k_ptr.dtype.element_ty))
+        tl.store(v_ptr + dst + j, v1.to(v_ptr.dtype.element_ty))
+        tl.store(v_ptr + dst + HALF + j, v2.to(v_ptr.dtype.element_ty))
+    q1f = q1.to(tl.float32)
+    q2f = q2.to(tl.float32)
+    s_new = (tl.sum(q1f * nk1.to(tl.float32)[None, :], axis=1)
+             + tl.sum(q2f * nk2.to(tl.float32)[None, :], axis=1)) * qk_scale
+    newf = has_new.to(tl.float32)
+    m_i = tl.where(has_new, s_new, -1.0e30)
+    l_i = tl.zeros((BMA,), tl.float32) + newf
+    acc1 = newf * tl.zeros((BMA, HALF), tl.float32) + newf * v1.to(tl.float32)[None, :]
+    acc2 = newf * tl.zeros((BMA, HALF), tl.float32) + newf * v2.to(tl.float32)[None, :]
+    n = tl.arange(0, BKV)
+    for start in range(lo, hi, BKV):
+        kp = start + n
+        key_ok = kp < hi
+        page = tl.load(bt_ptr + b.to(tl.int64) * bt_stride + kp // PAGE, mask=key_ok, other=0)
+        off = page.to(tl.int64) * S_PAGE + (kp % PAGE) * S_SLOT + kvh * S_HEAD
+        kk1 = tl.load(k_ptr + off[:, None] + j[None, :], mask=key_ok[:, None], other=0.0)
+        kk2 = tl.load(k_ptr + off[:, None] + HALF + j[None, :], mask=key_ok[:, None], other=0.0)
+        vv1 = tl.load(v_ptr + off[:, None] + j[None, :], mask=key_ok[:, None], other=0.0)
+        vv2 = tl.load(v_ptr + off[:, None] + HALF + j[None, :], mask=key_ok[:, None], other=0.0)
+        if DOT_F32:
+            sc = tl.dot(q1f, tl.trans(kk1.to(tl.float32)), input_precision="ieee") \
+                + tl.dot(q2f, tl.trans(kk2.to(tl.float32)), input_precision="ieee")
+        else:
+            sc = tl.dot(q1, tl.trans(kk1.to(dt)), input_precision=PREC, out_dtype=tl.float32) \
+                + tl.dot(q2, tl.trans(kk2.to(dt)), input_precision=PREC, out_dtype=tl.float32)
+        sc = tl.where(key_ok[None, :], sc * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(sc - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if DOT_F32:
+            acc1 = acc1 * alpha[:, None] + tl.dot(p, vv1.to(tl.float32), input_precision="ieee")
+            acc2 = acc2 * alpha[:, None] + tl.dot(p, vv2.to(tl.float32), input_precision="ieee")
+        else:
+            acc1 = acc1 * alpha[:, None] + tl.dot(p.to(dt), vv1.to(dt), input_precision=PREC, out_dtype=tl.float32)
+            acc2 = acc2 * alpha[:, None] + tl.dot(p.to(dt), vv2.to(dt), input_precision=PREC, out_dtype=tl.float32)
+        m_i = m_new
+    inv_l = 1.0 / tl.maximum(l_i, 1e-30)
+    out_row = att_ptr + (b.to(tl.int64) * HQ + hq[:, None]) * D
+    if S == 1:
+        tl.store(out_row + j[None, :], (acc1 * inv_l[:, None]).to(dt), mask=qm)
+        tl.store(out_row + HALF + j[None, :], (acc2 * inv_l[:, None]).to(dt), mask=qm)
+        signal(ctr_s)
+    else:
+        pair = b * HKV + kvh
+        slot = ((pair * S + sp) * G + m).to(tl.int64)
+        tl.store(part_ptr + slot[:, None] * D + j[None, :], acc1 * inv_l[:, None], mask=qm)
+        tl.store(part_ptr + slot[:, None] * D + HALF + j[None, :], acc2 * inv_l[:, None], mask=qm)
+        tl.store(lse_ptr + slot, m_i + tl.log2(tl.maximum(l_i, 1e-30)), mask=g_ok)
+        if arrive(ctr_arr) == S - 1:                    # the last split: merge the S partials
+            tl.store(ctr_arr, 0)
+            g = tl.arange(0, GP)
+            mx = tl.full((GP,), -1.0e30, tl.float32)
+            wsum = tl.zeros((GP,), tl.float32)
+            o1 = tl.zeros((GP, HALF), tl.float32)
+            o2 = tl.zeros((GP, HALF), tl.float32)
+            for c0 in range(0, S, MERGE_S):
+                si = c0 + tl.arange(0, MERGE_S)
+                ok = (si[:, None] < S) & (g[None, :] < G)                       # [MERGE_S, GP]
+                sl = ((pair * S + si[:, None]) * G + g[None, :]).to(tl.int64)
+                lse = tl.load(lse_ptr + sl, mask=ok, other=float("-inf"), cache_modifier=".cg")
+                p1 = tl.load(part_ptr + sl[:, :, None] * D + j[None, None, :], mask=ok[:, :, None],
+                             other=0.0, cache_modifier=".cg")
+                p2 = tl.load(part_ptr + sl[:, :, None] * D + HALF + j[None, None, :], mask=ok[:, :, None],
+                             other=0.0, cache_modifier=".cg")
+                m_new = tl.maximum(mx, tl.max(lse, axis=0))
+                alpha = tl.exp2(mx - m_new)
+                w = tl.exp2(lse - m_new[None, :])
+                o1 = o1 * alpha[:, None] + tl.sum(w[:, :, None] * p1, axis=0)
+                o2 = o2 * alpha[:, None] + tl.sum(w[:, :, None] * p2, axis=0)
+                wsum = wsum * alpha + tl.sum(w, axis=0)
+                mx = m_new
+            inv_w = 1.0 / tl.maximum(wsum, 1e-30)
+            orow = att_ptr + (b.to(tl.int64) * HQ + kvh * G + g[:, None]) * D
+            om = (g < G)[:, None]
+            tl.store(orow + j[None, :], (o1 * inv_w[:, None]).to(dt), mask=om)
+            tl.store(orow + HALF + j[None, :], (o2 * inv_w[:, None]).to(dt), mask=om)
+            signal(ctr_s)
+
+
+__all__ = ["residual_unit", "qkv_unit", "gate_up_unit", "head_unit", "attention_unit"]

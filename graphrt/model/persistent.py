@@ -1,0 +1,104 @@
+"""The decode step as one persistent kernel (graphrt/kernels/persistent/) per bucket, and the choice.
+
+    plan = PersistentPlan.build(model, kv_caches, buckets, "persistent", max_context_len=...)
+    step = plan.get(rows)            # a PersistentStep, or None: the kernel sequence
+    step.launch(tokens, seq_lens, block_table, out, device_error)   # greedy tokens into out
+
+ModelRuntime's `decode_backend` (GRAPHRT_DECODE_BACKEND for "auto": the A/B switch of
+tools/bench_e2e.py and tools/profile_step.py):
+- "sequence" (the default): today's kernel sequence (`LlamaDecoder.decode_step`) everywhere.
+- "persistent": greedy decode blocks of buckets <= 16 rows run the persistent step where the
+  model is supported (`unsupported`: one rank, contiguous model-dtype weights and KV pages; FP8
+  and int4 weights keep the sequence), on CUDA and on CPU (the interpreter, one program).
+- "auto": on CUDA, per bucket, both greedy graphs are captured, timed (device µs per replay)
+  and dropped, and the persistent step is kept where it takes under MARGIN x the sequence's
+  (`choose`); on CPU: the sequence.
+Sampled, processed and mixed-chunk blocks, verify and prefill always run the kernel sequence.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from graphrt.kernels.persistent import Geometry, PersistentStep, unsupported as kernel_unsupported
+from graphrt.kernels.persistent.schedule import MAX_ROWS
+
+log = logging.getLogger("graphrt.model")
+
+ENV = "GRAPHRT_DECODE_BACKEND"
+SETTINGS = ("sequence", "persistent", "auto")
+MARGIN = 0.97                 # persistent must take under MARGIN x the sequence's step
+
+
+def resolve_setting(setting) -> str:
+    """"auto" -> GRAPHRT_DECODE_BACKEND when set (else "auto"); "sequence", "persistent", "auto";
+    ValueError naming the source otherwise."""
+    source = "decode_backend"
+    if setting == "auto":
+        setting, source = os.environ.get(ENV, "auto").strip().lower() or "auto", ENV
+    if not isinstance(setting, str) or setting.lower() not in SETTINGS:
+        raise ValueError(f"{source}: expected one of {SETTINGS}, got {setting!r}")
+    return setting.lower()
+
+
+def unsupported(model, kv_caches, rows: int) -> str | None:
+    """Why `model` (a LlamaDecoder) cannot run the persistent step at `rows` rows (None: it can)."""
+    if getattr(model, "tp", None) is not None:
+        return "tensor parallel (one rank only)"
+    return kernel_unsupported(model.weights, kv_caches, rows)
+
+
+def geometry(model) -> Geometry:
+    s = model.local_spec
+    return Geometry(s.num_layers, s.hidden_size, s.intermediate_size, s.num_heads, s.num_kv_heads, s.head_dim,
+                    s.vocab_size)
+
+
+def choose(timings_us: Mapping[tuple, float], rows: int) -> bool:
+    """The decision (pure): persistent where its step takes under MARGIN x the sequence's."""
+    return timings_us[(rows, "persistent")] < MARGIN * timings_us[(rows, "sequence")]
+
+
+@dataclass
+class PersistentPlan:
+    """Decode rows -> PersistentStep (rows not listed: the kernel sequence); source "off",
+    "fixed" or "measured"; candidates: the steps built (for "measured", `table` stays empty
+    until the runtime has timed them); timings_us[(rows, "persistent" / "sequence")]; skipped:
+    rows -> why the persistent step was not built."""
+    table: dict = field(default_factory=dict)
+    source: str = "off"
+    candidates: dict = field(default_factory=dict)
+    timings_us: dict = field(default_factory=dict)
+    skipped: dict = field(default_factory=dict)
+
+    def get(self, rows: int) -> PersistentStep | None:
+        return self.table.get(rows)
+
+    @classmethod
+    def build(cls, model, kv_caches, buckets, setting: str, *, max_context_len: int) -> "PersistentPlan":
+        """The persistent steps of every bucket <= 16 rows the model supports (setting
+        "persistent", or "auto" on CUDA: candidates the caller then measures); none for
+        "sequence" or "auto" off CUDA. Allocates each step's tables and scratch (outside graphs)."""
+        s = resolve_setting(setting)
+        cuda = model.weights.device.type == "cuda"
+        if s == "sequence" or (s == "auto" and not cuda):
+            return cls()
+        plan = cls(source="fixed" if s == "persistent" else "measured")
+        for rows in sorted({int(b) for b in buckets if b <= MAX_ROWS}):
+            why = unsupported(model, kv_caches, rows)
+            if why is None:
+                plan.candidates[rows] = PersistentStep(model.weights, kv_caches, model.cos_sin, geometry=geometry(model),
+                                                  rows=rows, eps=model.spec.rms_norm_eps,
+                                                  max_context_len=max_context_len)
+            else:
+                plan.skipped[rows] = why
+        if s == "persistent":
+            plan.table = dict(plan.candidates)
+        if plan.skipped:
+            log.info("graphrt: persistent decode step not built for rows %s", plan.skipped)
+        return plan
+
+
+__all__ = ["ENV", "MARGIN", "PersistentPlan", "choose", "geometry", "resolve_setting", "unsupported"]

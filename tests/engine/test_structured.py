@@ -1,0 +1,207 @@
+"""engine/structured.py + model/token_mask.py without the model: JSON schemas of varied features
+(nested objects, arrays with bounds, enums, patterns, optional fields, anyOf, bounded numbers),
+regexes and choices compiled by Grammars, then generated token by token from random logits
+through the device mask path (GrammarState.fill -> TokenMask.write -> TokenMask.apply -> the
+argmax); every completed output is checked by an independent validator (jsonschema, re,
+membership). Bad constraints: ValueError naming the field, one line."""
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import pytest
+import torch
+
+from _checkpoints import make_checkpoint_module
+from graphrt.checkpoint.tokenizer import load_tokenizer
+from graphrt.engine.params import SamplingParams, StructuredOutputsParams
+from graphrt.engine.structured import Grammars
+from graphrt.engine.token_bytes import token_bytes
+from graphrt.kernels.token_mask import reference_mask
+from graphrt.model.token_mask import TokenMask
+
+jsonschema = pytest.importorskip("jsonschema")
+VOCAB = 400                                     # the logits width: past the tokenizer's 384 ids
+EOS = 1
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tok")
+    make_checkpoint_module().build_tokenizer(out, vocab_size=384, seed=0)
+    tok = load_tokenizer(out)
+    table = token_bytes(tok, VOCAB)
+    assert table is not None
+    return Grammars(tok, table, vocab=VOCAB, eos_ids=[EOS]), table
+
+
+def _leaf(rng: random.Random, depth: int):
+    kind = rng.choice(["int", "num", "str", "bool", "enum", "pattern", "const", "null"]
+                      + (["obj", "arr", "anyof"] if depth < 2 else []))
+    if kind == "int":
+        lo = rng.randint(-50, 50)
+        return {"type": "integer", "minimum": lo, "maximum": lo + rng.randint(0, 500)}
+    if kind == "num":
+        return {"type": "number", "minimum": -10, "maximum": 10}
+    if kind == "str":
+        return {"type": "string", "minLength": rng.randint(0, 2), "maxLength": rng.randint(3, 8)}
+    if kind == "bool":
+        return {"type": "boolean"}
+    if kind == "enum":
+        return {"enum": rng.sample(["red", "green", "blue", "x y", "a\"b", "ü", "1"], rng.randint(1, 4))}
+    if kind == "pattern":
+        return {"type": "string", "pattern": rng.choice([r"^[a-z]{2,5}$", r"^\d{3}-\d{2}$", r"^(ab|cd)+x$",
+                                                         r"^[A-F0-9]{4}$"])}
+    if kind == "const":
+        return {"const": rng.choice(["k", 7, True])}
+    if kind == "null":
+        return {"type": "null"}
+    if kind == "obj":
+        return _object(rng, depth + 1)
+    if kind == "arr":
+        lo = rng.randint(0, 2)
+        return {"type": "array", "items": _leaf(rng, depth + 1), "minItems": lo, "maxItems": lo + rng.randint(0, 3)}
+    return {"anyOf": [_leaf(rng, depth + 1) for _ in range(rng.randint(2, 3))]}
+
+
+def _object(rng: random.Random, depth: int = 0) -> dict:
+    names = rng.sample(["id", "name", "tags", "price", "ok", "sub", "n", "kind", "when", "meta"], rng.randint(1, 4))
+    props = {n: _leaf(rng, depth) for n in names}
+    required = [n for n in names if rng.random() < 0.6]         # the rest optional
+    return {"type": "object", "properties": props, "required": required, "additionalProperties": False}
+
+
+def _generate(grammars, table, so, seed: int, max_steps: int = 160, kernel: bool = True):
+    """Tokens drawn from random logits through the mask path -> (text, completed). kernel=False:
+    the mask applied by the kernel's torch rule (the Triton interpreter costs ~15 ms a step)."""
+    state = grammars.state(grammars.compile(so), so.kind)
+    mask = TokenMask.allocate(2, VOCAB, "cpu")
+    g = torch.Generator().manual_seed(seed)
+    toks = []
+    for _ in range(max_steps):
+        bits = torch.empty((1, mask.words), dtype=torch.int32)
+        state.fill(bits, 0)
+        mask.write([1], bits, torch.ones(1, dtype=torch.int32))
+        logits = torch.randn(2, VOCAB, generator=g)
+        logits[:, EOS] -= 2.0                   # the end only sometimes when allowed: longer outputs
+        if kernel:
+            mask.apply(logits, torch.tensor([1, 0]))
+        else:
+            logits = reference_mask(logits, mask.bits, mask.active, torch.tensor([1, 0]))
+        tok = int(torch.argmax(logits[0]))
+        assert logits[0, tok] > float("-inf")
+        state.advance([tok])
+        if tok == EOS:
+            # surrogatepass: xgrammar's string rule admits UTF-8-encoded surrogates (ED A0..BF ..), one
+            # code point each (docs/structured-output.md); read that way the lengths agree with it
+            return b"".join(table[t] for t in toks).decode("utf-8", "surrogatepass"), True
+        toks.append(tok)
+    return b"".join(table[t] for t in toks).decode("utf-8", "replace"), False
+
+
+def test_200_json_schemas_validate(setup):
+    grammars, table = setup
+    rng = random.Random(0)
+    done = refused = 0
+    for i in range(220):
+        schema = _object(rng)
+        try:
+            grammars.compile(StructuredOutputsParams(json=schema))
+        except ValueError as e:                 # an unsupported feature: one line, naming the field
+            assert str(e).startswith("structured_outputs.json: ") and "\n" not in str(e)
+            refused += 1
+            continue
+        text, complete = _generate(grammars, table, StructuredOutputsParams(json=schema), seed=i, kernel=i < 3)
+        if complete:
+            jsonschema.validate(json.loads(text), schema)
+            done += 1
+    assert refused <= 10 and done >= 200, (done, refused)
+
+
+@pytest.mark.parametrize("pattern", [r"\d{3}-[a-z]{2,4}", r"(yes|no)!?", r"[A-Z][a-z]{1,6} \d{1,4}", r"0x[0-9a-f]{1,8}"])
+def test_regex_outputs_match(setup, pattern):
+    grammars, table = setup
+    for seed in range(6):
+        text, complete = _generate(grammars, table, StructuredOutputsParams(regex=pattern), seed, kernel=seed == 0)
+        assert complete and re.fullmatch(pattern, text), text
+
+
+def test_choice_outputs(setup):
+    grammars, table = setup
+    choices = ["alpha", "beta", "gamma delta", "{\"x\": 1}", "é"]
+    got = {_generate(grammars, table, StructuredOutputsParams(choice=choices), seed, kernel=False)[0]
+           for seed in range(12)}
+    assert got <= set(choices) and len(got) >= 2
+
+
+def test_grammar_and_json_object(setup):
+    grammars, table = setup
+    for seed in range(5):
+        text, complete = _generate(grammars, table, StructuredOutputsParams(grammar='root ::= "a" [0-9]+ "b"'), seed,
+                                   kernel=False)
+        assert complete and re.fullmatch(r"a[0-9]+b", text)
+        text, complete = _generate(grammars, table, StructuredOutputsParams(json_object=True), seed, max_steps=400,
+                                   kernel=False)
+        if complete:
+            assert isinstance(json.loads(text), dict)
+
+
+def test_eos_only_when_complete(setup):
+    grammars, _ = setup
+    state = grammars.state(grammars.compile(StructuredOutputsParams(regex="ab")))
+    bits = torch.empty((1, (VOCAB + 31) // 32), dtype=torch.int32)
+    state.fill(bits, 0)
+    assert not (int(bits[0, EOS // 32]) >> (EOS % 32)) & 1     # nothing drawn yet: no end
+    state.matcher.accept_string("ab")
+    state.fill(bits, 0)
+    allowed = [t for t in range(VOCAB) if (int(bits[0, t // 32]) >> (t % 32)) & 1]
+    assert allowed == [EOS]
+    for t in range(384, VOCAB):                  # padding ids past the tokenizer: never allowed
+        assert not (int(bits[0, t // 32]) >> (t % 32)) & 1
+
+
+def test_bad_constraints(setup):
+    grammars, _ = setup
+    for so, field in ((StructuredOutputsParams(json={"type": "object", "properties": {"a": {"type": "nope"}}}), "json"),
+                      (StructuredOutputsParams(regex="(unclosed"), "regex"),
+                      (StructuredOutputsParams(grammar="root ::= undefined_rule"), "grammar")):
+        with pytest.raises(ValueError, match=rf"^structured_outputs\.{field}: ") as e:
+            grammars.compile(so)
+        assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="exactly one"):
+        StructuredOutputsParams(regex="a", choice=["b"])
+    with pytest.raises(ValueError, match="exactly one"):
+        StructuredOutputsParams()
+    with pytest.raises(ValueError, match=r"structured_outputs\.json: not valid JSON"):
+        StructuredOutputsParams(json="{bad")
+    with pytest.raises(ValueError, match=r"structured_outputs\.choice"):
+        StructuredOutputsParams(choice=[])
+    with pytest.raises(ValueError, match=r"structured_outputs\.regex: .* at most"):
+        StructuredOutputsParams(regex="a" * 70000)
+    with pytest.raises(ValueError, match="unknown field"):
+        SamplingParams(structured_outputs={"jsn": {}})
+    with pytest.raises(ValueError, match="ignore_eos"):
+        SamplingParams(structured_outputs={"regex": "a"}, ignore_eos=True)
+    with pytest.raises(ValueError, match="min_tokens"):
+        SamplingParams(structured_outputs={"regex": "a"}, min_tokens=1)
+
+
+def test_compile_timeout_fails_alone(setup):
+    grammars, table = setup
+    slow = Grammars.__new__(Grammars)
+    slow.__dict__.update(grammars.__dict__)
+    slow.timeout_s = 0.0                        # nothing compiles in 0 s: that request fails alone
+    slow._cache = type(grammars._cache)()
+    with pytest.raises(ValueError, match=r"structured_outputs\.regex: the grammar did not compile within 0 s"):
+        slow.compile(StructuredOutputsParams(regex="[a-z]{1,40}@[a-z]{1,40}\\.(com|org|net)"))
+    text, complete = _generate(grammars, table, StructuredOutputsParams(regex="q[0-9]"), 0, kernel=False)   # others go on
+    assert complete and re.fullmatch("q[0-9]", text)
+
+
+def test_runtime_without_processing_refuses():
+    from types import SimpleNamespace
+    from graphrt.engine.sampling_extras import check_request
+    with pytest.raises(ValueError, match="^structured_outputs: needs logits processing"):
+        check_request(SimpleNamespace(processing=False), SamplingParams(structured_outputs={"regex": "a"}),
+                      None, (1,), VOCAB)

@@ -1,0 +1,73 @@
+"""Constrained decoding through the engine with the tiny random model on CPU: every constrained
+output matches its constraint (choice, regex, JSON schema), an unconstrained greedy neighbour in
+the same blocks equals its output alone, n > 1 and a cached prefix keep the constraint, a
+request whose constraint fails to compile fails alone (ValueError naming the field)."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from _checkpoints import write
+from graphrt import LLM, SamplingParams
+
+jsonschema = pytest.importorskip("jsonschema")
+CPU = dict(device="cpu", backend="reference", max_model_len=96)
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory):
+    path = write(tmp_path_factory, "so", arch="llama", dtype="float32", seed=11)
+    return LLM(path, max_batch=8, steps_per_graph=3, **CPU)
+
+
+def test_constrained_beside_free(llm):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0,
+              "maximum": 99}}, "required": ["ok", "n"], "additionalProperties": False}
+    free = SamplingParams(max_tokens=8, temperature=0)
+    params = [SamplingParams(max_tokens=12, temperature=0, structured_outputs={"choice": ["yes", "no", "maybe"]}),
+              SamplingParams(max_tokens=12, temperature=1.0, seed=4, structured_outputs={"regex": r"[a-c]{2}-\d"}),
+              free,
+              SamplingParams(max_tokens=24, temperature=0.7, seed=1, structured_outputs={"json": schema})]
+    outs = llm.generate(["tell me"] * len(params), params, use_tqdm=False)
+    assert outs[0].outputs[0].text in ("yes", "no", "maybe") and outs[0].outputs[0].finish_reason == "stop"
+    assert re.fullmatch(r"[a-c]{2}-\d", outs[1].outputs[0].text) and outs[1].outputs[0].finish_reason == "stop"
+    if outs[3].outputs[0].finish_reason == "stop":
+        jsonschema.validate(json.loads(outs[3].outputs[0].text), schema)
+    else:                                          # cut by max_tokens: a prefix of a valid object
+        assert outs[3].outputs[0].text.startswith('{"ok": ')
+    alone = llm.generate(["tell me"], [free], use_tqdm=False)[0]
+    assert outs[2].outputs[0].token_ids == alone.outputs[0].token_ids
+
+
+def test_n_samples_and_cached_prefix(llm):
+    p = SamplingParams(max_tokens=10, temperature=1.0, seed=9, n=3, structured_outputs={"regex": r"(ab|cd){1,3}!"})
+    prompt = "a shared prompt that fills more than one page of the cache, and then some"
+    for _ in range(2):                             # the second run finds the prompt's pages cached
+        out = llm.generate([prompt], [p], use_tqdm=False)[0]
+        assert len(out.outputs) == 3
+        for o in out.outputs:
+            assert re.fullmatch(r"(ab|cd){1,3}!", o.text), o.text
+
+
+def test_bad_grammar_fails_alone(llm):
+    with pytest.raises(ValueError, match=r"^structured_outputs\.regex: "):
+        llm.engine.add_request("x", SamplingParams(max_tokens=4, structured_outputs={"regex": "(["}))
+    out = llm.generate(["x"], [SamplingParams(max_tokens=6, temperature=0, structured_outputs={"choice": ["a", "b"]})],
+                       use_tqdm=False)[0]
+    assert out.outputs[0].text in ("a", "b")
+
+
+def test_with_ngram_speculation(llm, tmp_path_factory):
+    """Under n-gram speculation a block with a constrained row runs one plain step (no verify can
+    accept a token its mask forbids); a free greedy neighbour keeps speculating and equals its
+    output without speculation."""
+    spec = LLM(llm.engine.tokenizer.name_or_path, max_batch=4, steps_per_graph=3,
+               speculative={"method": "ngram", "num_tokens": 3}, **CPU)
+    free = SamplingParams(max_tokens=8, temperature=0)
+    outs = spec.generate(["to be or not to be", "to be or not"],
+                         [free, SamplingParams(max_tokens=10, temperature=0, structured_outputs={"regex": r"(to|be){2}"})],
+                         use_tqdm=False)
+    assert re.fullmatch(r"(to|be){2}", outs[1].outputs[0].text)
+    assert outs[0].outputs[0].token_ids == llm.generate(["to be or not to be"], [free], use_tqdm=False)[0].outputs[0].token_ids

@@ -1,0 +1,45 @@
+"""Constrained decoding on the GPU with captured graphs (the processed graphs' 1-step variant and
+the mask kernel inside them): a JSON-schema / regex / choice request beside a free greedy one;
+every constrained output validates, the free one equals its output alone; the mask kernel on
+CUDA equals its torch rule."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from _checkpoints import write
+from graphrt import LLM, SamplingParams
+from graphrt.kernels.token_mask import apply_token_mask, reference_mask, words
+
+pytestmark = pytest.mark.gpu
+jsonschema = pytest.importorskip("jsonschema")
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "tags": {"type": "array", "items": {
+    "enum": ["a", "b"]}, "minItems": 1, "maxItems": 3}}, "required": ["ok", "tags"], "additionalProperties": False}
+
+
+def test_mask_kernel_cuda():
+    g = torch.Generator(device="cuda").manual_seed(1)
+    v = 128256
+    bits = torch.randint(-2**31, 2**31 - 1, (8, words(v)), device="cuda", generator=g, dtype=torch.int64).to(torch.int32)
+    active = torch.tensor([1, 0, 1, 1, 0, 1, 0, 1], dtype=torch.int32, device="cuda")
+    logits = torch.randn(8, v, device="cuda", generator=g).to(torch.bfloat16)
+    assert torch.equal(apply_token_mask(logits.clone(), bits, active), reference_mask(logits, bits, active))
+
+
+def test_constrained_beside_free_graphs(tmp_path_factory):
+    path = write(tmp_path_factory, "so_gpu", arch="llama", dtype="bfloat16", seed=11)
+    llm = LLM(path, max_batch=8, steps_per_graph=4, max_model_len=256)
+    free = SamplingParams(max_tokens=24, temperature=0)
+    params = [free, SamplingParams(max_tokens=60, temperature=0.8, seed=1, structured_outputs={"json": SCHEMA}),
+              SamplingParams(max_tokens=16, temperature=0, structured_outputs={"regex": r"[a-c]{2}-\d{2}"}),
+              SamplingParams(max_tokens=8, temperature=0, structured_outputs={"choice": ["yes", "no"]})]
+    outs = llm.generate(["say something"] * 4, params, use_tqdm=False)
+    if outs[1].outputs[0].finish_reason == "stop":
+        jsonschema.validate(json.loads(outs[1].outputs[0].text), SCHEMA)
+    assert re.fullmatch(r"[a-c]{2}-\d{2}", outs[2].outputs[0].text)
+    assert outs[3].outputs[0].text in ("yes", "no")
+    alone = llm.generate(["say something"], [free], use_tqdm=False)[0]
+    assert outs[0].outputs[0].token_ids == alone.outputs[0].token_ids

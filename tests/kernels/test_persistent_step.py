@@ -1,0 +1,204 @@
+"""The persistent decode step (graphrt/kernels/persistent/step.py) with one program under
+TRITON_INTERPRET=1: against a float32 torch reference of the decoder step written here (no
+graphrt kernel), for Llama (GQA, 2 layers), Qwen2 (qkv bias) and Qwen3 (q / k norm), bs 1
+and 3 with a padding row, float32 and bfloat16 weights, NHD and HND pages; the K/V it
+appends, its greedy tokens, the counters left at zero, and bad input refused."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from graphrt.attention.kvcache import PagedKVCache
+from graphrt.kernels.persistent import Geometry, PersistentStep, Tiles, unsupported
+from graphrt.model import LlamaDecoder
+
+transformers = pytest.importorskip("transformers")
+V, PAGE, PAGES = 160, 16, 12
+
+
+def _model(kind="llama", dtype=torch.float32):
+    torch.manual_seed(0)
+    common = dict(vocab_size=V, hidden_size=128, intermediate_size=200, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=256,
+                  tie_word_embeddings=False)
+    cls = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}[kind]
+    hf = getattr(transformers, cls + "ForCausalLM")(getattr(transformers, cls + "Config")(**common)).eval()
+    if kind == "qwen3":                                     # non-trivial q / k norm weights
+        for layer in hf.model.layers:
+            layer.self_attn.q_norm.weight.data.uniform_(0.5, 1.5)
+            layer.self_attn.k_norm.weight.data.uniform_(0.5, 1.5)
+    return LlamaDecoder.from_hf(hf, dtype=dtype)
+
+
+def geometry(model) -> Geometry:
+    s = model.spec
+    return Geometry(s.num_layers, s.hidden_size, s.intermediate_size, s.num_heads, s.num_kv_heads, s.head_dim,
+                    s.vocab_size)
+
+
+def _caches(model, layout="NHD", seed=1):
+    s, g = model.spec, torch.Generator().manual_seed(seed)
+    shape = (PAGES, PAGE, s.num_kv_heads, s.head_dim) if layout == "NHD" else (PAGES, s.num_kv_heads, PAGE, s.head_dim)
+    return [PagedKVCache(torch.randn(shape, generator=g).to(model.dtype), torch.randn(shape, generator=g).to(model.dtype),
+                         layout=layout) for _ in range(s.num_layers)]
+
+
+def _kv_at(cache, page, slot):
+    """[Hkv, D] k and v of one slot."""
+    if cache.layout == "NHD":
+        return cache.k[page, slot], cache.v[page, slot]
+    return cache.k[page, :, slot], cache.v[page, :, slot]
+
+
+def reference_step(model, caches, table, lens, tokens):
+    """float32 torch decoder step: logits [B, V] of the live rows, and each live row's new
+    (k, v) per layer ([L][B] of ([Hkv, D], [Hkv, D])). Reads the caches' keys < seq - 1."""
+    s, w = model.spec, model.weights
+    eps, d, hq, hkv = s.rms_norm_eps, s.head_dim, s.num_heads, s.num_kv_heads
+    f = lambda t: None if t is None else t.float()              # noqa: E731
+    cs = model.cos_sin.float()
+
+    def rms(x, g):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * g.float()
+
+    def rope(x, pos):                                            # x [h, D]
+        c, sn = cs[pos, : d // 2], cs[pos, d // 2:]
+        x1, x2 = x[:, : d // 2], x[:, d // 2:]
+        return torch.cat([x1 * c - x2 * sn, x2 * c + x1 * sn], -1)
+
+    logits, new_kv = [], [[None] * len(lens) for _ in w.layers]
+    for b, (n, tok) in enumerate(zip(lens.tolist(), tokens.tolist())):
+        if n == 0:
+            logits.append(None)
+            continue
+        pos = n - 1
+        x = w.embed[tok].float()
+        for i, layer in enumerate(w.layers):
+            h = rms(x, layer.input_norm)
+            qkv = h @ layer.qkv.float().T + (0 if layer.qkv_bias is None else layer.qkv_bias.float())
+            q = qkv[: hq * d].view(hq, d)
+            k = qkv[hq * d:(hq + hkv) * d].view(hkv, d)
+            v = qkv[(hq + hkv) * d:].view(hkv, d)
+            if layer.q_norm is not None:
+                q, k = rms(q, layer.q_norm), rms(k, layer.k_norm)
+            q, k = rope(q, pos), rope(k, pos)
+            new_kv[i][b] = (k, v)
+            ks, vs = [], []
+            for p in range(pos):
+                kp, vp = _kv_at(caches[i], int(table[b, p // PAGE]), p % PAGE)
+                ks.append(kp.float())
+                vs.append(vp.float())
+            K = torch.stack(ks + [k]).transpose(0, 1).repeat_interleave(hq // hkv, 0)   # [Hq, n, D]
+            Vv = torch.stack(vs + [v]).transpose(0, 1).repeat_interleave(hq // hkv, 0)
+            a = F.scaled_dot_product_attention(q[:, None], K, Vv)[:, 0].reshape(-1)
+            x = x + a @ layer.o.float().T
+            gu = rms(x, layer.post_attn_norm) @ layer.gate_up.float().T
+            gate, up = gu[: s.intermediate_size], gu[s.intermediate_size:]
+            x = x + (F.silu(gate) * up) @ layer.down.float().T
+        logits.append(rms(x, w.final_norm) @ w.lm_head.float().T)
+    return logits, new_kv
+
+
+def _run(model, caches, lens, tokens, tiles=Tiles(splits=2, min_keys=64), gemv="auto"):
+    b = len(lens)
+    step = PersistentStep(model.weights, caches, model.cos_sin, geometry=geometry(model), rows=b,
+                          eps=model.spec.rms_norm_eps, tiles=tiles, gemv=gemv)
+    table = torch.arange(PAGES, dtype=torch.int32)[torch.randperm(PAGES, generator=torch.Generator().manual_seed(2))]
+    table = table[: 4 * b].view(b, 4).contiguous()
+    out = torch.full((b,), -1, dtype=torch.int64)
+    err = torch.zeros(1, dtype=torch.int32)
+    step.launch(tokens, lens, table, out, err)
+    return step, table, out, err
+
+
+CASES = [("llama", torch.float32, "NHD", [37], "fma"), ("llama", torch.float32, "HND", [5, 40, 0], "dot"),
+         ("qwen2", torch.float32, "NHD", [1, 17, 0], "fma"), ("qwen3", torch.float32, "NHD", [9, 33, 0], "dot")]
+
+
+@pytest.mark.parametrize("kind,dtype,layout,lens,gemv", CASES)
+def test_against_float32_reference(kind, dtype, layout, lens, gemv):
+    model = _model(kind, dtype)
+    caches = _caches(model, layout)
+    before = [(c.k.clone(), c.v.clone()) for c in caches]
+    lens_t = torch.tensor(lens, dtype=torch.int32)
+    tokens = torch.tensor([3, 150, 7][: len(lens)])
+    step, table, out, err = _run(model, caches, lens_t, tokens, gemv=gemv)
+    assert step.gemv == gemv
+    ref = [(c.__class__(k, v, layout=layout)) for c, (k, v) in zip(caches, before)]
+    logits, new_kv = reference_step(model, ref, table, lens_t, tokens)
+    assert int(err) == 0 and int(step.counters.abs().sum()) == 0       # counters back at zero
+    for b, n in enumerate(lens):
+        if n == 0:
+            continue
+        torch.testing.assert_close(step.logits[b].float(), logits[b], rtol=1e-4, atol=1e-4)
+        assert int(out[b]) == int(logits[b].argmax())
+        for i, c in enumerate(caches):
+            k, v = _kv_at(c, int(table[b, (n - 1) // PAGE]), (n - 1) % PAGE)
+            torch.testing.assert_close(k.float(), new_kv[i][b][0], rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(v.float(), new_kv[i][b][1], rtol=1e-4, atol=1e-4)
+    # nothing else in the caches changed
+    for c, (k0, _) in zip(caches, before):
+        changed = (c.k != k0).flatten(0, -3).any(-1).any(-1) if layout == "NHD" else \
+            (c.k != k0).transpose(1, 2).flatten(0, -3).any(-1).any(-1)
+        assert int(changed.sum()) <= sum(1 for n in lens if n > 0)
+
+
+def test_bf16_against_float32_reference():
+    model = _model("llama", torch.bfloat16)
+    caches = _caches(model)
+    lens = torch.tensor([5, 40, 0], dtype=torch.int32)
+    tokens = torch.tensor([3, 150, 7])
+    before = [PagedKVCache(c.k.clone(), c.v.clone()) for c in caches]
+    step, table, out, err = _run(model, caches, lens, tokens, gemv="dot")
+    logits, _ = reference_step(model, before, table, lens, tokens)
+    assert int(err) == 0 and int(step.counters.abs().sum()) == 0
+    for b in (0, 1):
+        torch.testing.assert_close(step.logits[b].float(), logits[b], rtol=0, atol=0.05)
+        top2 = logits[b].topk(2).values
+        if float(top2[0] - top2[1]) > 0.05:
+            assert int(out[b]) == int(logits[b].argmax())
+
+
+def test_splits_agree():
+    """S = 1, 2 and 3 splits of the keys: the same logits (float32)."""
+    model = _model()
+    lens, tokens = torch.tensor([40, 21], dtype=torch.int32), torch.tensor([4, 99])
+    got = []
+    for splits in (1, 2, 3):
+        step, _, out, _ = _run(model, _caches(model), lens, tokens, Tiles(splits=splits, min_keys=16, block_kv=16))
+        got.append(step.logits.clone())
+    torch.testing.assert_close(got[1], got[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[2], got[0], rtol=1e-5, atol=1e-5)
+
+
+def test_bad_input():
+    model = _model()
+    caches = _caches(model)
+    g = geometry(model)
+    with pytest.raises(ValueError, match="rows"):
+        PersistentStep(model.weights, caches, model.cos_sin, geometry=g, rows=17, eps=1e-5)
+    with pytest.raises(ValueError, match="programs"):
+        PersistentStep(model.weights, caches, model.cos_sin, geometry=g, rows=1, eps=1e-5, programs=4)
+    with pytest.raises(ValueError, match="num_warps"):
+        PersistentStep(model.weights, caches, model.cos_sin, geometry=g, rows=1, eps=1e-5, num_warps=3)
+    with pytest.raises(ValueError, match="gemv"):
+        PersistentStep(model.weights, caches, model.cos_sin, geometry=g, rows=5, eps=1e-5, gemv="fma")
+    with pytest.raises(ValueError, match="gemv"):
+        PersistentStep(model.weights, caches, model.cos_sin, geometry=g, rows=1, eps=1e-5, gemv="mma")
+    with pytest.raises(ValueError, match="spin_limit"):
+        PersistentStep(model.weights, caches, model.cos_sin, geometry=g, rows=1, eps=1e-5, spin_limit=0)
+    with pytest.raises(ValueError, match="prefetch"):
+        PersistentStep(model.weights, caches, model.cos_sin, geometry=g, rows=1, eps=1e-5, prefetch=1)
+    step = PersistentStep(model.weights, caches, model.cos_sin, geometry=g, rows=2, eps=1e-5)
+    ok = dict(tokens=torch.zeros(2, dtype=torch.int64), seq_lens=torch.ones(2, dtype=torch.int32),
+              block_table=torch.zeros((2, 4), dtype=torch.int32), out=torch.zeros(2, dtype=torch.int64),
+              device_error=torch.zeros(1, dtype=torch.int32))
+    for name, bad in (("tokens", torch.zeros(3, dtype=torch.int64)), ("seq_lens", torch.ones(2, dtype=torch.int64)),
+                      ("block_table", torch.zeros((1, 4), dtype=torch.int32)), ("out", torch.zeros(2, dtype=torch.int32)),
+                      ("device_error", torch.zeros(1, dtype=torch.int64))):
+        with pytest.raises(ValueError, match=name):
+            step.launch(**(ok | {name: bad}))
+    fp8 = [PagedKVCache(c.k.to(torch.float8_e4m3fn), c.v.to(torch.float8_e4m3fn), scale=torch.ones(2)) for c in caches]
+    assert "kv_caches" in unsupported(model.weights, fp8, 1)
+    assert "rows" in unsupported(model.weights, caches, 0)

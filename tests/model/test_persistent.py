@@ -1,0 +1,113 @@
+"""The persistent decode step inside ModelRuntime (graphrt/model/persistent.py): the setting
+(argument, GRAPHRT_DECODE_BACKEND), where it applies, the pure decision, and whole greedy
+decode blocks of a small random model (GQA, 2 layers) through ModelRuntime with
+decode_backend="persistent" against the kernel sequence ("sequence"): the same tokens and
+logits within float32 rounding (float32) or bf16 rounding (bf16), K = 2 steps a block.
+CPU, TRITON_INTERPRET=1 (one program)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graphrt import RuntimeConfig
+from graphrt.model import LlamaDecoder
+from graphrt.model.persistent import ENV, PersistentPlan, choose, resolve_setting, unsupported
+from graphrt.model.runtime import ModelRuntime
+
+transformers = pytest.importorskip("transformers")
+V = 160
+
+
+def _hf(kind="llama"):
+    torch.manual_seed(0)
+    common = dict(vocab_size=V, hidden_size=128, intermediate_size=200, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=256,
+                  tie_word_embeddings=False)
+    cls = {"llama": "Llama", "qwen2": "Qwen2"}[kind]
+    return getattr(transformers, cls + "ForCausalLM")(getattr(transformers, cls + "Config")(**common)).eval()
+
+
+def _config(dtype, buckets):
+    return RuntimeConfig(num_qo_heads=4, num_kv_heads=2, head_dim=64, page_size=16, max_context_len=64,
+                         buckets=buckets, dtype=dtype, backend="torch-splitkv", kv_pool_pages=16)
+
+
+def test_settings(monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    assert resolve_setting("auto") == "auto" and resolve_setting("Persistent") == "persistent"
+    monkeypatch.setenv(ENV, "sequence")
+    assert resolve_setting("auto") == "sequence" and resolve_setting("persistent") == "persistent"
+    monkeypatch.setenv(ENV, "fast")
+    with pytest.raises(ValueError, match=ENV):
+        resolve_setting("auto")
+    for bad in ("on", 1, None):
+        with pytest.raises(ValueError, match="decode_backend"):
+            resolve_setting(bad)
+    monkeypatch.delenv(ENV, raising=False)
+    with pytest.raises(ValueError, match="decode_backend"):
+        ModelRuntime(LlamaDecoder.from_hf(_hf()), _config("float32", [1]), "cpu", decode_backend="fused")
+
+
+def test_choose_keeps_the_sequence_on_a_tie():
+    t = {(1, "persistent"): 90.0, (1, "sequence"): 130.0, (4, "persistent"): 129.0, (4, "sequence"): 130.0}
+    assert choose(t, 1) and not choose(t, 4)
+
+
+def test_plan_where_it_applies(monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    model = LlamaDecoder.from_hf(_hf())
+    mrt = ModelRuntime(model, _config("float32", [1, 3, 32]), "cpu")
+    caches = mrt.kv_caches
+    assert PersistentPlan.build(model, caches, [1, 3, 32], "sequence", max_context_len=64).table == {}
+    assert PersistentPlan.build(model, caches, [1, 3, 32], "auto", max_context_len=64).table == {}          # CPU: the sequence
+    plan = PersistentPlan.build(model, caches, [1, 3, 32], "persistent", max_context_len=64)
+    assert sorted(plan.table) == [1, 3] and plan.source == "fixed" and plan.get(32) is None
+    from graphrt.model.fp8_weights import quantize_weights
+    fp8 = LlamaDecoder(model.spec, quantize_weights(model.weights, model.spec, "channel"))
+    assert "weights" in unsupported(fp8, caches, 1)
+    assert PersistentPlan.build(fp8, caches, [1], "persistent", max_context_len=64).table == {}
+
+
+def _decode(model, dtype, backend, steps=3, k=2):
+    """Prefill 3 prompts, then `steps` greedy blocks of K steps: tokens [steps, K, 3] and the last
+    step's float32 logits [steps, 3, V]."""
+    mrt = ModelRuntime(model, _config(dtype, [1, 3]), "cpu", keep_logits=True, steps_per_graph=k,
+                       decode_backend=backend)
+    prompts = [torch.arange(5) * 7 % V, torch.arange(11) * 3 % V, torch.arange(3) + 9]
+    table = torch.arange(12, dtype=torch.int32).view(3, 4)
+    mrt.prefill(prompts, table)
+    lens = torch.tensor([len(p) for p in prompts], dtype=torch.int32)
+    tok = torch.tensor([1, 2, 3])
+    toks, logits = [], []
+    for _ in range(steps):
+        lens += 1
+        out = mrt.decode(tok, table, lens).clone()                  # [K, 3]
+        toks.append(out)
+        logits.append(mrt.last_logits(3).clone())
+        tok, lens = out[-1], lens + (k - 1)
+    mrt.check_device_errors()
+    return torch.stack(toks), torch.stack(logits), mrt
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_persistent_equals_sequence_float32(kind, monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    model = LlamaDecoder.from_hf(_hf(kind))
+    ref_tok, ref, seq = _decode(model, "float32", "sequence", steps=2)
+    tok, got, mrt = _decode(model, "float32", "persistent", steps=2)
+    assert seq.persistent.table == {} and sorted(mrt.persistent.table) == [1, 3]
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    assert torch.equal(tok, ref_tok)
+    assert all(int(p.counters.abs().sum()) == 0 for p in mrt.persistent.table.values())
+
+
+def test_persistent_equals_sequence_bf16(monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    model = LlamaDecoder.from_hf(_hf(), dtype=torch.bfloat16)
+    ref_tok, ref, _ = _decode(model, "bfloat16", "sequence", steps=2)
+    tok, got, _ = _decode(model, "bfloat16", "persistent", steps=2)
+    torch.testing.assert_close(got, ref, rtol=0, atol=0.06)
+    top2 = ref.topk(2, dim=-1).values
+    clear = (top2[..., 0] - top2[..., 1]) > 0.1                      # blocks' last steps without a near tie
+    assert torch.equal(tok[:, -1][clear], ref_tok[:, -1][clear])
+    assert torch.equal(tok[:, 0], ref_tok[:, 0]) or not bool(clear.all())

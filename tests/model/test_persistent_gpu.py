@@ -1,0 +1,82 @@
+"""GPU tests of the persistent decode step inside ModelRuntime (graphrt/model/persistent.py):
+random bf16 weights at the Llama-3.2-1B shape (2 layers), buckets 1 / 4 / 16, captured graphs;
+decode_backend="persistent" against "sequence" on the same prompts, block after block with
+changing lengths (teacher-forced: both read the sequence's tokens): logits within bf16
+rounding, greedy tokens equal wherever the top-2 margin exceeds the logits' difference (the
+margins printed), counters back at zero, no device flag; K = 4 steps a block runs; "auto"
+measures both and prints its timings.
+
+Run on the GPU machine: python -m pytest -m gpu -q -s tests/model/test_persistent_gpu.py
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graphrt import RuntimeConfig
+from graphrt.model.runtime import ModelRuntime
+
+from _persistent_models import random_model
+
+pytestmark = pytest.mark.gpu
+
+
+def _model():
+    return random_model("1b", layers=2)
+
+
+def _runtime(model, backend, k, buckets=(1, 4, 16)):
+    cfg = RuntimeConfig(num_qo_heads=32, num_kv_heads=8, head_dim=64, page_size=16, max_context_len=2048,
+                        buckets=list(buckets), dtype="bfloat16", kv_pool_pages=16 * 2048 // 16 + 1)
+    mrt = ModelRuntime(model, cfg, "cuda", steps_per_graph=k, keep_logits=True, decode_backend=backend,
+                       splitk=1)
+    mrt.capture()
+    return mrt
+
+
+@pytest.mark.parametrize("rows", [1, 3, 16])
+def test_persistent_matches_the_sequence(rows):
+    model = _model()
+    seq, per = _runtime(model, "sequence", 1), _runtime(model, "persistent", 1)
+    assert per.persistent.get({1: 1, 3: 4, 16: 16}[rows]) is not None
+    gen = torch.Generator().manual_seed(rows)
+    lens0 = torch.randint(3, 1500, (rows,), generator=gen)
+    prompts = [torch.randint(0, 128256, (int(n),), generator=gen) for n in lens0]
+    table = torch.arange(rows * 128, dtype=torch.int32).view(rows, 128)
+    for m in (seq, per):
+        m.prefill(prompts, table)
+    lens = lens0.to(torch.int32)
+    tok = torch.randint(0, 128256, (rows,), generator=gen)
+    worst, checked = 0.0, 0
+    for block in range(64):
+        lens = lens + 1
+        a = seq.decode(tok, table, lens).clone()
+        b = per.decode(tok, table, lens).clone()
+        la, lb = seq.last_logits(rows).clone(), per.last_logits(rows).clone()
+        diff = (la - lb).abs().max(dim=-1).values                     # [rows]
+        worst = max(worst, float(diff.max()))
+        top2 = la.topk(2, dim=-1).values
+        clear = (top2[:, 0] - top2[:, 1]) > 2 * diff + 1e-3
+        checked += int(clear.sum())
+        assert torch.equal(a[0][clear], b[0][clear]), f"block {block}: tokens differ at a clear margin"
+        tok = a[0]
+    torch.testing.assert_close(lb, la, rtol=0, atol=0.05)
+    per.check_device_errors()
+    assert all(int(p.counters.abs().sum()) == 0 for p in per.persistent.table.values())
+    print(f"rows {rows}: max |logit diff| {worst:.4f}, {checked} of {64 * rows} tokens at a clear margin, equal")
+
+
+def test_k4_blocks_and_auto():
+    model = _model()
+    per = _runtime(model, "persistent", 4)
+    table = torch.arange(4 * 128, dtype=torch.int32).view(4, 128)
+    per.prefill([torch.arange(n) % 1000 for n in (5, 300, 900, 17)], table)
+    lens = torch.tensor([5, 300, 900, 17], dtype=torch.int32)
+    tok = torch.tensor([1, 2, 3, 4])
+    for _ in range(32):
+        out = per.decode(tok, table, lens + 1)                      # [4, 4]
+        tok, lens = out[-1].cpu(), lens + 4
+    per.check_device_errors()
+    auto = _runtime(model, "auto", 4)
+    print("auto:", auto.persistent.timings_us, "kept", sorted(auto.persistent.table))
+    assert set(auto.persistent.timings_us) == {(n, w) for n in (1, 4, 16) for w in ("sequence", "persistent")}

@@ -1,0 +1,159 @@
+"""`graphrt serve`'s bounds on what one request may take, on CPU with a live server on 127.0.0.1
+(graphrt/serve/bridge.py, completions.py, errors.py, protocol.py): admission counts engine
+sequences (prompts x n), so an 80-prompt x n=128 request is refused naming `n` and the limit
+before anything is queued, and one that does not fit beside the running ones is a 503; every
+request value an error quotes is clipped (the body and the log line stay small for a 3 MB model
+name or logit_bias key); errors name the field the client sent (chat's top_logprobs); a 4 MB
+text prompt leaves /health answering while it is tokenized."""
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import threading
+import time
+
+import pytest
+
+from _checkpoints import write
+from _serve_live import LiveServer
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+pytest.importorskip("transformers")
+
+from graphrt import LLM  # noqa: E402
+from graphrt.serve import ServeConfig, create_app  # noqa: E402
+ECHO_CHARS, MESSAGE_CHARS = 200, 2000                 # graphrt.serve.errors: a quoted value, a message
+
+NAME = "m"
+MAX_BATCH, MAX_WAITING = 4, 100                 # 104 sequences: 80 prompts fit, 80 x 128 samples do not
+CPU = dict(device="cpu", backend="reference", max_batch=MAX_BATCH, steps_per_graph=2, max_model_len=64)
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory):
+    return LLM(write(tmp_path_factory, "bounds", arch="llama", dtype="float32", seed=8), **CPU)
+
+
+@pytest.fixture(scope="module")
+def live(llm):
+    with LiveServer(create_app(llm, ServeConfig(served_model_name=NAME, max_waiting=MAX_WAITING))) as srv:
+        yield srv
+
+
+def post(live, path, body, *, timeout=60) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", live.port, timeout=timeout)
+    conn.request("POST", path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    out = r.status, r.read()
+    conn.close()
+    return out
+
+
+def error(resp, status: int, param) -> str:
+    code, body = resp
+    assert code == status, (code, body[:500])
+    e = json.loads(body)["error"]
+    assert e["code"] == status and e["param"] == param, e
+    return e["message"]
+
+
+def bridge(live):
+    return live.server.config.app.state.bridge
+
+
+def test_sequences_not_requests_are_admitted(live, llm):
+    added, add = [], llm.engine.add_request
+    llm.engine.add_request = lambda *a, **k: added.append(1) or add(*a, **k)
+    try:
+        body = {"model": NAME, "prompt": [[1, 2, 3]] * 80, "n": 128, "max_tokens": 1, "temperature": 1.0}
+        msg = error(post(live, "/v1/completions", body, timeout=30), 400, "n")
+        assert "10240 sequences" in msg and f"max_batch + max_waiting = {MAX_BATCH + MAX_WAITING}" in msg, msg
+        body.update(n=1, best_of=2)
+        assert "160 sequences" in error(post(live, "/v1/completions", body, timeout=30), 400, "best_of")
+        chat = {"model": NAME, "messages": [{"role": "user", "content": "Hi"}], "n": 105, "max_tokens": 1}
+        assert "105 sequences" in error(post(live, "/v1/chat/completions", chat, timeout=30), 400, "n")
+        assert added == [] and bridge(live).in_flight == 0          # nothing reached the engine
+    finally:
+        llm.engine.add_request = add
+    # 60 sequences in flight (a stream held open): 50 more do not fit now (503), 40 do
+    conn = http.client.HTTPConnection("127.0.0.1", live.port, timeout=60)
+    conn.request("POST", "/v1/completions", json.dumps({"model": NAME, "prompt": [1, 2, 3], "n": 60, "max_tokens": 8,
+                                                        "stream": True, "temperature": 1.0}).encode(),
+                 {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    assert r.status == 200 and r.readline().startswith(b"data: ")
+    assert bridge(live).in_flight == 60
+    msg = error(post(live, "/v1/completions", {"model": NAME, "prompt": [[1, 2]] * 10, "n": 5, "max_tokens": 1}), 503,
+                None)
+    assert "queue full" in msg and "60 sequences in flight" in msg, msg
+    assert bridge(live).in_flight == 60
+    long = {"model": NAME, "prompt": [[1, 2] * 40] * 4, "n": 10, "max_tokens": 1}    # admitted, then the engine's 400
+    assert "max_model_len" in error(post(live, "/v1/completions", long), 400, "prompt")
+    assert bridge(live).in_flight == 60
+    conn.close()                                                     # the stream's client goes: aborted
+    deadline = time.monotonic() + 30
+    while bridge(live).in_flight and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert bridge(live).in_flight == 0 and llm.engine.error is None
+
+
+def test_echoed_values_are_clipped_in_the_body_and_the_log(live, caplog):
+    huge = "x" * 3_000_000
+    cases = [("/v1/completions", {"model": huge, "prompt": "Hi"}, "model"),
+             ("/v1/completions", {"model": NAME, "prompt": "Hi", "logit_bias": {huge: 1.0}}, "logit_bias"),
+             ("/v1/completions", {"model": NAME, "prompt": "Hi", "logit_bias": {huge: "a"}}, "logit_bias"),
+             ("/v1/chat/completions", {"model": huge, "messages": [{"role": "user", "content": "Hi"}]}, "model")]
+    with caplog.at_level(logging.INFO, logger="graphrt.serve"):
+        for path, body, param in cases:
+            code, raw = post(live, path, body)
+            assert code == 400 and len(raw) < 2 * MESSAGE_CHARS, (code, len(raw))
+            e = json.loads(raw)["error"]
+            assert e["param"] == param and "clipped" in e["message"], e
+            assert "x" * (ECHO_CHARS - 1) in e["message"] and "x" * (ECHO_CHARS + 1) not in e["message"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "graphrt.serve"]
+    assert len(lines) >= len(cases) and max(map(len, lines)) < 2 * MESSAGE_CHARS
+
+
+def test_chat_errors_name_the_field_the_client_sent(live):
+    base = {"model": NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    msg = error(post(live, "/v1/chat/completions", base | {"logprobs": True, "top_logprobs": 21}), 400,
+                "top_logprobs")
+    assert msg.startswith("top_logprobs:"), msg
+    msg = error(post(live, "/v1/chat/completions", base | {"min_tokens": 1, "stop_token_ids": list(range(170))}), 400,
+                "stop_token_ids")
+    assert msg.startswith("stop_token_ids:"), msg
+
+
+def test_health_answers_while_a_4mb_prompt_is_tokenized(live, llm):
+    """The prompt is tokenized on the worker pool by a call that releases the GIL (then refused:
+    longer than the context), so /health, polled meanwhile, never waits for it."""
+    text = "Hello there, general graph runtime. " * (4_000_000 // 36)
+    done, took = threading.Event(), []
+
+    def big():
+        try:
+            t0 = time.monotonic()
+            code, raw = post(live, "/v1/completions", {"model": NAME, "prompt": text, "max_tokens": 1}, timeout=120)
+            took.append(time.monotonic() - t0)
+            assert code == 400 and b"max_model_len" in raw, raw[:300]
+        finally:
+            done.set()
+    t = threading.Thread(target=big, daemon=True)
+    t.start()
+    conn = http.client.HTTPConnection("127.0.0.1", live.port, timeout=60)
+    waits = []
+    while not done.is_set():
+        t0 = time.monotonic()
+        conn.request("GET", "/health")
+        r = conn.getresponse()
+        assert r.status == 200 and r.read()
+        waits.append(time.monotonic() - t0)
+        time.sleep(0.02)
+    conn.close()
+    t.join(60)
+    assert took and len(waits) > 10, (took, len(waits))
+    # holding the GIL, the tokenizer stalled /health for its whole run (seconds); released, a wait
+    # is short: 0.5 s, or a fifth of the request where a loaded machine stretches everything
+    assert max(waits) < max(0.5, 0.2 * took[0]), (max(waits), took)

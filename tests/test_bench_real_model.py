@@ -1,0 +1,50 @@
+"""tools/bench_real_model.py: bad flags exit 2 naming the flag; the whole tool end to end on CPU
+(--smoke) over a tiny Llama GGUF (tests/_gguf_files.py) writes its JSON and table."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from _checkpoints import write
+from _gguf_files import write_gguf
+
+TOOL = Path(__file__).resolve().parent.parent / "tools" / "bench_real_model.py"
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("bench_real_model", TOOL)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--gguf", "missing.gguf"], "--gguf"), (["--streams", "1,x"], "--streams"), (["--streams", "0"], "--streams"),
+    (["--prompts", "0"], "--prompts"), (["--tokens", "1"], "--tokens"), (["--max-tokens", "0"], "--max-tokens")])
+def test_bad_flags_exit_2_naming_the_flag(tmp_path, capsys, args, flag):
+    real = tmp_path / "m.gguf"
+    real.write_bytes(b"GGUF")
+    argv = args if args[0] == "--gguf" else ["--gguf", str(real), *args]
+    with pytest.raises(SystemExit) as e:
+        _tool().parse_args(argv)
+    assert e.value.code == 2 and flag in capsys.readouterr().err
+
+
+def test_smoke_on_cpu_writes_json_and_table(tmp_path_factory, tmp_path):
+    pytest.importorskip("transformers")
+    src = write(tmp_path_factory, "bench_real_src", arch="llama", dtype="float32", seed=6)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg.pop("rope_scaling")                           # transformers' GGUF reader skips rope_freqs
+    (src / "config.json").write_text(json.dumps(cfg))
+    gguf = write_gguf(src, tmp_path / "tiny.Q8_0.gguf", qtype="Q8_0")
+    out = tmp_path / "r.json"
+    assert _tool().main(["--gguf", str(gguf), "--smoke", "--device", "cpu", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["agreement"]["graphrt"]["of"] == 2 and res["agreement"]["graphrt"]["agree"] == 2
+    got = {(r["variant"], r["workload"], r["streams"]) for r in res["rates"]}
+    assert got == {(v, "chat", 1) for v in ("graphrt", "graphrt-ngram", "hf-generate")}
+    assert all(r["tokens_per_s_per_stream"] > 0 for r in res["rates"])
+    assert "| graphrt | chat |" in out.with_suffix(".md").read_text()
