@@ -93,7 +93,10 @@ def test_capture_measures_then_fixes_k(monkeypatch, replay_us, k):
     probe = GraphKey("decode", 1, steps=1)
     assert mrt.graphs.log[:3] == [("capture", probe), ("time", probe), ("drop", probe)]
     kept = [key for what, key in mrt.graphs.log[3:] if what == "capture"]
-    assert kept and all(key.steps == k for key in kept) and kept[0].bucket == 2   # largest first
+    assert kept and kept[0].bucket == 2                                # largest first
+    # every graph runs K steps but, at K > 1, the processed one-step blocks (constrained rows)
+    one = [key for key in kept if key.steps != k]
+    assert all(key.steps == 1 and key.processed for key in one) and len(one) == (4 if k > 1 else 0)
     assert mrt.k == k and mrt.steps.source == "measured" and mrt.steps.step_us == replay_us
     assert mrt.out_tokens.shape == (k, 2) and mrt.logprobs.token.shape[0] == k
     mrt.capture()                                                     # measured once
