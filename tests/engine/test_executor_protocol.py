@@ -15,7 +15,7 @@ from graphrt.config import RuntimeConfig
 from graphrt.engine.engine import Engine
 from graphrt.engine.params import SamplingParams
 from graphrt.worker.caps import Capabilities
-from graphrt.worker.launch import Block, Prefill, Result
+from graphrt.worker.launch import Block, Draw, Prefill, Result
 from graphrt.worker.protocol import Executor
 
 V, K, B = 97, 3, 4
@@ -186,6 +186,8 @@ def test_an_object_without_the_protocol_is_refused():
     (dict(mixed_tokens=-1), "mixed_tokens"),
     (dict(history_width=0), "history_width"),
     (dict(tensor_parallel=0), "tensor_parallel"),
+    (dict(structured=True), "structured"),                  # masks without processing
+    (dict(kernels="cuda"), "kernels"),
 ])
 def test_capabilities_refuse_bad_fields(kw, field):
     base = dict(config=FakeExecutor().caps.config, device=torch.device("cpu"), num_pages=8, vocab_size=V,
@@ -197,6 +199,8 @@ def test_capabilities_refuse_bad_fields(kw, field):
 @pytest.mark.parametrize("kw,field", [
     (dict(n=0), "n"), (dict(n=2, k=-1), "k"), (dict(n=2, k=2, chunk=True), "chunk"),
     (dict(n=2, logprobs=True), "logprobs"), (dict(n=2, draw="greedy"), "draw"),
+    (dict(n=2, steps=1), "steps"),                                        # one step: processed only
+    (dict(n=2, steps=2, draw=Draw(True, True)), "steps"), (dict(n=2, k=1, steps=1, draw=Draw(True, True)), "steps"),
 ])
 def test_block_launches_refuse_bad_fields(kw, field):
     with pytest.raises(ValueError, match=rf"^{field}:"):

@@ -59,6 +59,9 @@ def test_prefills_and_chunks_tp_cannot_run_are_refused_naming_the_field():
         ex.prefill(Prefill([torch.tensor([1, 2])], table, slots=[0], sampling=inputs, prompt_logprobs={0: 1}))
     with pytest.raises(ValueError, match=r"^mixed_tokens: "):
         ex.stage_chunk(0, torch.tensor([1, 2]), 0)
+    assert not ex.caps.structured
+    with pytest.raises(ValueError, match=r"^structured_outputs: .*\(tensor_parallel=2\)$"):
+        ex.write_token_mask([0], torch.zeros((1, 2), dtype=torch.int32), torch.ones(1, dtype=torch.int32))
 
 
 @pytest.mark.parametrize("kw,field", [
