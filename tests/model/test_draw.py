@@ -84,3 +84,24 @@ def test_key_normalises_what_a_graph_is_captured_for():
 def test_draw_refuses_non_bools(field):
     with pytest.raises(ValueError, match=rf"^draw.{field}: expected a bool"):
         Draw(**{field: 1})
+
+
+
+@pytest.mark.parametrize("filtered", [False, True])
+def test_processed_draws_apply_constrained_rows_masks_first(filtered):
+    """mask (model/token_mask.py): an active row draws only its allowed tokens, an inactive row
+    is untouched (its mask bits are not read)."""
+    from graphrt.model.token_mask import TokenMask
+    logits = _logits(4)
+    mask = TokenMask.allocate(B, V, "cpu")
+    bits = torch.zeros((2, mask.words), dtype=torch.int32)
+    bits[0, 7 // 32] = 1 << (7 % 32)                       # row 1: only token 7
+    bits[1, 30 // 32] = 1 << (30 % 32)                     # row 2: token 30, but not active
+    mask.write([1, 2], bits, torch.tensor([1, 0], dtype=torch.int32))
+    st, out = _state([V - 1] * B), torch.empty(B, dtype=torch.int64)
+    ref = logits.clone()
+    ref[:, V - 1] = float("-inf")
+    draw(logits, _rows(), Draw(sampled=True, processed=True, filtered=filtered), out, proc=st, sel=B,
+         live=torch.ones(B, dtype=torch.bool), mask=mask)
+    assert out[1] == 7
+    assert out[0] == ref[0].argmax() and out[2] == ref[2].argmax()
