@@ -242,6 +242,28 @@ def untie_if_present(spec: LlamaSpec, present: set[str]) -> tuple[LlamaSpec, boo
     return spec, False
 
 
+def nest_weights(out: dict, path: Path, spec: LlamaSpec, untie: bool,
+                 world_size: int) -> tuple[dict, LlamaSpec]:
+    """The quantized loaders' fused tensors as the decoder's weights: `out` maps (layer, field) or
+    (field,) to a tensor (or a quantized weight); absent optional fields (qkv_bias, q_norm, k_norm)
+    become None and a tied LM head is the embedding. Returns (weights, spec): the spec changes only
+    when an untied head is tied back (retie_or_warn)."""
+    weights = {"layers": [{} for _ in range(spec.num_layers)]}
+    for key, t in out.items():
+        if len(key) == 2:
+            weights["layers"][key[0]][key[1]] = t
+        else:
+            weights[key[0]] = t
+    for layer in weights["layers"]:
+        for f in ("qkv_bias", "q_norm", "k_norm"):
+            layer.setdefault(f, None)
+    if spec.tie_word_embeddings:
+        weights["lm_head"] = weights["embed"]
+    elif untie:
+        spec = retie_or_warn(path, spec, weights, world_size)
+    return weights, spec
+
+
 def retie_or_warn(path: Path, spec: LlamaSpec, weights: dict, world_size: int) -> LlamaSpec:
     """After an untied load of a tie_word_embeddings checkpoint (weights on the device): the
     same values as the embedding tie again (lm_head is the embed tensor, world_size 1); other

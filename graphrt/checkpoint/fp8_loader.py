@@ -29,7 +29,7 @@ import torch
 from graphrt.checkpoint.kv_scales import kv_scale_names, read_kv_scales
 from graphrt.checkpoint.files import (F8_KIND, FILE_DTYPES, Checkpoint, CheckpointError, FiniteCheck,
                                              TensorFiles, check_scale, eos_token_ids, expected_tensors,
-                                             retie_or_warn, warn_unused)
+                                             nest_weights, warn_unused)
 from graphrt.model.quant.fp8 import FP8, Fp8Weight, quantize_fp8
 from graphrt.model.quant.formats import LINEAR_FIELDS, Fp8Format, parse_quantization
 from graphrt.model.quant.shard import check_block_cut, shard_scale
@@ -138,7 +138,7 @@ def load_quantized(path: Path, raw: dict, arch: str, spec: LlamaSpec, quantizati
                    world_size: int) -> Checkpoint:
     """See the module docstring; arguments as `load_checkpoint`'s (raw: config.json; rd: the
     checkpoint's tensor files; untie: spec was untied for an lm_head.weight present with
-    tie_word_embeddings, see checkpoint_files.retie_or_warn)."""
+    tie_word_embeddings, see files.retie_or_warn)."""
     try:
         fmt = parse_quantization(raw, quantization)
     except ValueError as e:                          # the field is named; add the file
@@ -200,19 +200,7 @@ def load_quantized(path: Path, raw: dict, arch: str, spec: LlamaSpec, quantizati
         out[key] = Fp8Weight(data, scale, fmt.block if fmt.strategy == "block" else None)
     finite.raise_bad()                                   # one host sync for the whole checkpoint
     kv_scales = read_kv_scales(rd, spec.num_layers) if fmt.kv_scales else None
-    weights = {"layers": [{} for _ in range(spec.num_layers)]}
-    for key, t in out.items():
-        if len(key) == 2:
-            weights["layers"][key[0]][key[1]] = t
-        else:
-            weights[key[0]] = t
-    for layer in weights["layers"]:
-        for f in ("qkv_bias", "q_norm", "k_norm"):
-            layer.setdefault(f, None)
-    if spec.tie_word_embeddings:
-        weights["lm_head"] = weights["embed"]
-    elif untie:
-        spec = retie_or_warn(path, spec, weights, world_size)
+    weights, spec = nest_weights(out, path, spec, untie, world_size)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return Checkpoint(path, arch, spec, arch == "qwen3", weights, dtype, device,

@@ -24,7 +24,7 @@ import torch
 
 from graphrt.checkpoint import int4_awq, int4_ct, int4_gptq
 from graphrt.checkpoint.files import (FILE_DTYPES, Checkpoint, CheckpointError, FiniteCheck, TensorFiles,
-                                      eos_token_ids, expected_tensors, retie_or_warn, warn_unused)
+                                      eos_token_ids, expected_tensors, nest_weights, warn_unused)
 from graphrt.checkpoint.int4_config import Int4Format, parse_int4
 from graphrt.model.quant.int4 import cat_rows, quantize_int4
 from graphrt.model.spec import LlamaSpec
@@ -146,19 +146,7 @@ def load_int4(path: Path, raw: dict, arch: str, spec: LlamaSpec, quantization: s
         warnings.warn(f"graphrt: {path}: quantization_config.checkpoint_format is 'gptq' (v1: zeros stored "
                       f"minus one) but the symmetric zeros are stored as 8 (gptq_v2): read as gptq_v2",
                       stacklevel=3)
-    weights = {"layers": [{} for _ in range(spec.num_layers)]}
-    for key, t in out.items():
-        if len(key) == 2:
-            weights["layers"][key[0]][key[1]] = t
-        else:
-            weights[key[0]] = t
-    for layer in weights["layers"]:
-        for f in ("qkv_bias", "q_norm", "k_norm"):
-            layer.setdefault(f, None)
-    if spec.tie_word_embeddings:
-        weights["lm_head"] = weights["embed"]
-    elif untie:
-        spec = retie_or_warn(path, spec, weights, world_size)
+    weights, spec = nest_weights(out, path, spec, untie, world_size)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return Checkpoint(path, arch, spec, arch == "qwen3", weights, dtype, device,
