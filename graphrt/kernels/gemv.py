@@ -11,19 +11,6 @@ one kernel body (`_gemv_kernel`). The decoder's FP8 path no longer uses it for p
 per-channel weights (W8A8 through cuBLASLt measured faster: docs/fp8.md); it serves
 block-scaled weights and callers that pass float activations.
 
-Fused prologues and epilogue (flags of the same body; `gemv(..., norm=, silu=, residual=)`),
-for the decode step's launches that stream nothing (model/fuse.py chooses them per row count):
-- norm=g, eps: x is the un-normalized residual stream [M, K]; every program first reads its M
-  rows whole (M * K elements, from L2: small against its weight tile) for each row's
-  rsqrt(mean(x^2) + eps), then normalizes the x tiles as it loads them: x * inv * g rounded to
-  x's dtype, as `rms_norm` writes it (the sum of squares runs in BLOCK_K chunks: its float32
-  rounding may differ from rms_norm's by an ulp).
-- silu=True: x is a gate_up output [M, 2K] (gate columns, then up); the tile loaded is
-  silu(gate) * up in float32 rounded to x's dtype: exactly what `silu_mul` writes.
-- residual=r [M, N]: the product (+ bias) is rounded to x's dtype (the unfused GEMM's output),
-  added to r in float32 and stored into r in place (add_rms_norm's residual update); each
-  program reads and writes only its own [M, BLOCK_N] tile, so no program sees another's write.
-
 Runs on CPU tensors under TRITON_INTERPRET=1 (tests compare it with float32 torch).
 """
 from __future__ import annotations
@@ -58,60 +45,37 @@ CANDIDATES = (GemvConfig(16, 512, 4, 3), GemvConfig(16, 256, 4, 4), GemvConfig(3
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
-         config: GemvConfig = CANDIDATES[1], out: torch.Tensor | None = None,
-         norm: torch.Tensor | None = None, eps: float | None = None, silu: bool = False,
-         residual: torch.Tensor | None = None) -> torch.Tensor:
-    """y = x @ w.T (+ bias), optionally with the fused prologue / epilogue of the module docstring.
+         config: GemvConfig = CANDIDATES[1], out: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ w.T (+ bias).
 
-    x [M, K] (M <= 16; silu=True: [M, 2K], gate then up), w [N, K] row-major, bias [N] or None,
-    norm [K] (the RMSNorm weight, with eps) or None, all one dtype and device; returns (or
-    writes into `out`) [M, N] in x's dtype. residual [M, N] (unit column stride): the result
-    is residual + y, written into residual (returned; `out` not taken). norm and silu are
-    exclusive. Accumulates in float32. Capturable.
+    x [M, K] (M <= 16), w [N, K] row-major, bias [N] or None, all one dtype and device; returns
+    (or writes into `out`) [M, N] in x's dtype. Accumulates in float32. Capturable.
     """
     n, k = w.shape[0], w.shape[1] if w.dim() == 2 else -1
     m = x.shape[0]
     if not 1 <= m <= MAX_M:
         raise ValueError(f"x: {m} rows, the GEMV kernel takes 1..{MAX_M}")
-    want_k = 2 * k if silu else k
-    if w.dim() != 2 or w.stride(1) != 1 or x.dim() != 2 or x.shape[1] != want_k or x.stride(1) != 1:
-        raise ValueError(f"w: expected a row-major [N, K] weight and x [M, {'2K' if silu else 'K'}] with unit "
+    if w.dim() != 2 or w.stride(1) != 1 or x.dim() != 2 or x.shape[1] != k or x.stride(1) != 1:
+        raise ValueError(f"w: expected a row-major [N, K] weight and x [M, K] with unit "
                          f"column stride, got w {tuple(w.shape)} strides {w.stride()}, x {tuple(x.shape)} "
                          f"strides {x.stride()}")
     if bias is not None and bias.shape != (n,):
         raise ValueError(f"bias: expected [{n}], got {tuple(bias.shape)}")
-    if norm is not None:
-        if silu:
-            raise ValueError("norm: not taken with silu=True (one prologue per call)")
-        if norm.shape != (k,) or not norm.is_contiguous() or eps is None:
-            raise ValueError(f"norm: expected a contiguous [{k}] RMSNorm weight and an eps, got "
-                             f"{tuple(norm.shape)}, eps={eps!r}")
-    if residual is not None:
-        if out is not None:
-            raise ValueError("out: not taken with residual= (the result is written into residual)")
-        if residual.dim() != 2 or tuple(residual.shape) != (m, n) or residual.stride(1) != 1:
-            raise ValueError(f"residual: expected [{m}, {n}] with unit column stride, got "
-                             f"{tuple(residual.shape)} strides {residual.stride()}")
-        y = residual
-    else:
-        y = out if out is not None else torch.empty((m, n), dtype=x.dtype, device=x.device)
-    _launch(x, w, w, bias, y, k, config, grid_m=1, norm=norm, eps=eps, silu=silu,
-            add=residual is not None)
+    y = out if out is not None else torch.empty((m, n), dtype=x.dtype, device=x.device)
+    _launch(x, w, w, bias, y, k, config, grid_m=1)
     return y
 
 
-def _launch(x, w, scale, bias, y, k, c: GemvConfig, *, grid_m: int, block=None, scaled=False,
-            norm=None, eps=None, silu=False, add=False) -> None:
+def _launch(x, w, scale, bias, y, k, c: GemvConfig, *, grid_m: int, block=None, scaled=False) -> None:
     """The one launch of `_gemv_kernel` (placeholders for the pointers a flag leaves unread)."""
     m, n = x.shape[0], w.shape[0]
     sbn, sbk = block if block is not None else (1, 1)
     _gemv_kernel[(grid_m, triton.cdiv(n, c.block_n))](
-        x, w, scale, bias if bias is not None else scale, y, norm if norm is not None else scale,
+        x, w, scale, bias if bias is not None else scale, y,
         m, n, k, x.stride(0), w.stride(0), scale.stride(0) if scaled else 0, y.stride(0),
-        0.0 if eps is None else float(eps), BLOCK_M=MAX_M, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+        BLOCK_M=MAX_M, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
         SCALE_BN=sbn, SCALE_BK=sbk, SCALED=scaled, BLOCKWISE=block is not None,
-        HAS_BIAS=bias is not None, X_NORM=norm is not None, X_SILU=silu, ADD_RES=add,
-        DOT_F32=x.device.type != "cuda",
+        HAS_BIAS=bias is not None, DOT_F32=x.device.type != "cuda",
         num_warps=c.num_warps, num_stages=c.num_stages)
 
 
@@ -128,13 +92,11 @@ FP8_CANDIDATES = (GemvConfig(16, 128, 4, 4), GemvConfig(32, 128, 4, 4), GemvConf
 
 
 @triton.jit(do_not_specialize=["M"])
-def _gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, g_ptr, M, N, K, stride_x, stride_w, stride_s,
-                 stride_y, eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+def _gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_x, stride_w, stride_s,
+                 stride_y, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, SCALED: tl.constexpr,
-                 BLOCKWISE: tl.constexpr, HAS_BIAS: tl.constexpr, X_NORM: tl.constexpr,
-                 X_SILU: tl.constexpr, ADD_RES: tl.constexpr, DOT_F32: tl.constexpr):
-    """X_NORM: x rows RMS-normalized by g as loaded; X_SILU: x = silu(x[:, :K]) * x[:, K:];
-    ADD_RES: y = y_in + round(product) in place (y_ptr is the residual). See `gemv`.
+                 BLOCKWISE: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr):
+    """See `gemv` / `gemv_fp8`.
     DOT_F32: both dot operands in float32 (the CPU interpreter's tl.dot multiplies bf16's raw
     uint16 storage, Triton 3.9; the values are the same: x is rounded to its dtype first)."""
     pid_m = tl.program_id(0)          # M tiles vary fastest: they share a weight tile in L2
@@ -145,13 +107,6 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, g_ptr, M, N, K, stride_x, st
     n_ok = rn < N
     m_ok = rm < M
     x_rows = x_ptr + rm[:, None] * stride_x
-    if X_NORM:                        # each row's rsqrt(mean(x^2) + eps) over all K first
-        ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            xs = tl.load(x_rows + (k0 + rk)[None, :], mask=m_ok[:, None] & ((k0 + rk) < K)[None, :],
-                         other=0.0).to(tl.float32)
-            ss += tl.sum(xs * xs, axis=1)
-        inv = tl.rsqrt(ss / K + eps)                                       # [BM]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k_ok = (k0 + rk) < K
@@ -159,13 +114,6 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, g_ptr, M, N, K, stride_x, st
                     mask=n_ok[:, None] & k_ok[None, :], other=0.0)          # [BN, BK] fp8
         x_mask = m_ok[:, None] & k_ok[None, :]
         x = tl.load(x_rows + (k0 + rk)[None, :], mask=x_mask, other=0.0)   # [BM, BK]
-        if X_SILU:                    # x holds the gate tile; its up tile is K columns on
-            gate = x.to(tl.float32)
-            up = tl.load(x_rows + (K + k0 + rk)[None, :], mask=x_mask, other=0.0).to(tl.float32)
-            x = (gate / (1.0 + tl.exp(-gate)) * up).to(x_ptr.dtype.element_ty)
-        if X_NORM:
-            g = tl.load(g_ptr + k0 + rk, mask=k_ok, other=0.0).to(tl.float32)
-            x = (x.to(tl.float32) * inv[:, None] * g[None, :]).to(x_ptr.dtype.element_ty)
         if DOT_F32:
             part = tl.dot(x.to(tl.float32), tl.trans(w.to(x.dtype).to(tl.float32)), out_dtype=tl.float32)
         else:
@@ -181,9 +129,6 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, g_ptr, M, N, K, stride_x, st
         acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     y_at = y_ptr + rm[:, None] * stride_y + rn[None, :]
     y_mask = m_ok[:, None] & n_ok[None, :]
-    if ADD_RES:                       # the unfused GEMM's rounding, then add_rms_norm's add
-        prod = acc.to(x_ptr.dtype.element_ty).to(tl.float32)
-        acc = prod + tl.load(y_at, mask=y_mask, other=0.0).to(tl.float32)
     tl.store(y_at, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
 
 

@@ -50,13 +50,13 @@ def test_line_and_dict_name_every_phase():
 
 
 def test_line_names_the_measured_plans_and_other_excludes_them():
-    """The plans ModelRuntime measures inside its capture call (split-K, fused GEMVs, steps per
+    """The plans ModelRuntime measures inside its capture call (split-K, the decode backend, steps per
     graph) are named in the line and no longer count as "other"."""
     s = StartupTimes(t0=0.0, setup_s=0.5, weights_s=2.0, runtime_s=0.5, capture_s=4.0, engine_s=1.0, total_s=9.0,
-                     plans={"split-K": 0.45, "fused GEMVs": 0.05, "steps": 0.25})
+                     plans={"split-K": 0.45, "decode backend": 0.05, "steps": 0.25})
     s.from_capture([CaptureStats(4, 500.0, 2000.0, 0, GraphKey("decode", 4, steps=4))])
     line = s.line(pages=8, pool_bytes=2**30)
-    assert "plans 0.75 s (split-K 0.45 s, fused GEMVs 0.05 s, steps 0.25 s)" in line, line
+    assert "plans 0.75 s (split-K 0.45 s, decode backend 0.05 s, steps 0.25 s)" in line, line
     assert "other 1.75 s" in line, line          # 1.0 outside the phases + (4.0 - 2.0 - 0.5 - 0.75) in capture
     d = s.as_dict()
     assert d["plans_s"] == pytest.approx(0.75) and d["other_s"] == pytest.approx(1.75)

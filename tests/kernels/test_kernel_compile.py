@@ -48,18 +48,12 @@ build(norm._rms_norm_kernel, dict(x_ptr="*bf16", x_stride="i32", res_ptr="*bf16"
       dict(BLOCK=4096, ADD=True, SPLIT=1, COPY=True), 8)
 build(activation._silu_mul_kernel, dict(x_ptr="*bf16", x_stride="i32", out_ptr="*bf16",
       out_stride="i32", I="i32"), dict(BLOCK=1024), 4)
-# the GEMV: plain, and the fused variants of the decode step (model/fuse.py): qkv (norm, +- bias),
-# o (residual add), gate_up (norm), down (SiLU-mul + residual add)
-gv = dict(x_ptr="*bf16", w_ptr="*bf16", s_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16", g_ptr="*bf16",
-          M="i32", N="i32", K="i32", stride_x="i32", stride_w="i32", stride_s="i32", stride_y="i32",
-          eps="fp32")
-for (nrm, silu, add, bias), c in [((False, False, False, False), gemv.CANDIDATES[1]),
-                                  ((False, True, False, False), gemv.CANDIDATES[0])] + list(itertools.product(
-        [(True, False, False, False), (True, False, False, True), (False, False, True, False),
-         (False, True, True, False)], gemv.CANDIDATES)):                  # every config the plan times
+# the GEMV, with and without a bias, at every config the plan times
+gv = dict(x_ptr="*bf16", w_ptr="*bf16", s_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16",
+          M="i32", N="i32", K="i32", stride_x="i32", stride_w="i32", stride_s="i32", stride_y="i32")
+for bias, c in itertools.product((False, True), gemv.CANDIDATES):
     build(gemv._gemv_kernel, gv, dict(BLOCK_M=16, BLOCK_N=c.block_n, BLOCK_K=c.block_k, SCALE_BN=1, SCALE_BK=1,
-          SCALED=False, BLOCKWISE=False, HAS_BIAS=bias, X_NORM=nrm, X_SILU=silu, ADD_RES=add, DOT_F32=False),
-          c.num_warps, c.num_stages)
+          SCALED=False, BLOCKWISE=False, HAS_BIAS=bias, DOT_F32=False), c.num_warps, c.num_stages)
 '''
 
 
@@ -70,4 +64,4 @@ def test_kernels_compile_for_sm90():
     run = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-4000:]
-    assert run.stdout.count("ok ") == 33, run.stdout
+    assert run.stdout.count("ok ") == 23, run.stdout
