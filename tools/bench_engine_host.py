@@ -110,6 +110,9 @@ class StubExecutor:
     def check_device_errors(self) -> None:
         pass
 
+    def write_token_mask(self, slots, bits, active) -> None:
+        self.caps.refuse("structured_outputs", self.caps.structured, "the stub executor keeps no token masks")
+
     def measure_costs(self):
         """Graph costs under which speculation at k = 4 wins, above any host wall time per round
         or step here (so the policy's choice does not depend on this machine's speed)."""
