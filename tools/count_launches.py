@@ -9,8 +9,8 @@ block speculative; --methods picks rows). Inside what a GPU captures into a grap
 decode step; SpeculativeRunner._block, the rounds), which on CPU runs eagerly each time, every
 aten op that launches device work (views, reshapes, allocations and host reads are left out) and
 every Triton kernel launch is counted; over the decode steps or the rounds run, that is the
-launches per step and per round, by op. On CPU the attention of a decode step is the reference
-backend's (torch ops), not FlashInfer's: compare the rows' other ops, and rounds (whose attention
+launches per step and per round, by op. The model runs the GPU's Triton kernel set (interpreted);
+the attention of a decode step is the split-KV reference backend's (torch ops), not FlashInfer's: compare the rows' other ops, and rounds (whose attention
 is the same multi-query Triton kernel on either device). Compare two trees
 by running this tool in each (a count, not a speed: what each launch costs is the GPU's to say).
 
@@ -107,7 +107,10 @@ def tiny_head(target: Path, out: Path) -> Path:
 def measure(ckpt: str, *, spec: dict | None, tokens: int, steps: int) -> dict:
     import torch
     from graphrt import LLM, SamplingParams
-    kw = dict(device="cpu", max_batch=2, max_model_len=128, steps_per_graph=steps)
+    # the GPU's kernel set (Triton, interpreted) and the split-KV reference attention, not the CPU's
+    # torch kernel set: the count stands for the graph a GPU captures
+    kw = dict(device="cpu", max_batch=2, max_model_len=128, steps_per_graph=steps, kernels="triton",
+              backend="torch-splitkv")
     if spec is not None:
         kw |= dict(speculative=spec, spec_rounds=1)
     llm = LLM(ckpt, **kw)

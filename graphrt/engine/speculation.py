@@ -52,7 +52,10 @@ def load_draft(mrt, spec, *, dtype: str, target=None):
         raise ValueError(f"speculative.model: the draft's vocab_size {ck.spec.vocab_size} differs from "
                          f"the target's {vocab} (they must share a tokenizer)")
     c = mrt.config
-    model = build_model(ck, max_positions=c.max_context_len)
+    # the target's kernel set where it asked for Triton's (the default resolves per model: an FP8
+    # draft falls back to Triton by itself)
+    kernels = mrt.model.kernels if mrt.model.kernels == "triton" else None
+    model = build_model(ck, max_positions=c.max_context_len, kernels=kernels)
     s = ck.spec
     rc = c.replace(num_qo_heads=s.num_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim,
                    kv_cache_dtype="auto")   # the draft's own cache: model dtype (no scales to calibrate)
