@@ -127,8 +127,9 @@ def test_one_mixed_step_keeps_the_decode_logits_for_every_weight_and_kv_format(m
     mrt.mixed._staged = True
     empty = mrt.decode_slots(3, sampled=False, chunk=True).clone()
     assert torch.equal(empty[:, :2], plain[:, :2]) and torch.isfinite(mrt.last_logits(3)).all()
-    for c, (k, v) in zip(mrt.kv_caches, after_plain):
-        assert torch.equal(c.k, k) and torch.equal(c.v, v)
+    for c, (k, v) in zip(mrt.kv_caches, after_plain):        # a padding row's write would be O(1) off;
+        torch.testing.assert_close(c.k.float(), k.float(), rtol=1e-5, atol=1e-5)   # CPU BLAS rounds a
+        torch.testing.assert_close(c.v.float(), v.float(), rtol=1e-5, atol=1e-5)   # B + C row GEMM apart
 
 
 def test_a_short_chunk_pads_and_writes_only_its_tokens():
