@@ -21,6 +21,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from graphrt.model.quant.formats import module_list
+
 METHOD = "int4"                              # LLM(..., quantization="int4")
 RTN_GROUP = 128
 GROUPS = (32, 64, 128, -1)
@@ -65,19 +67,6 @@ def _group(field: str, g) -> int:
     return g
 
 
-def _names(q: dict, key: str) -> tuple[str, ...]:
-    names = q.get(key) or []
-    _need(isinstance(names, list) and all(isinstance(s, str) for s in names), key, names, "a list of module names")
-    for i, pat in enumerate(names):
-        if pat.startswith("re:"):
-            try:
-                re.compile(pat[3:])
-            except re.error as e:
-                raise ValueError(f"quantization_config.{key}[{i}]: {pat!r} is not a valid regular "
-                                 f"expression ({e})") from None
-    return tuple(names)
-
-
 def _gptq(q: dict) -> Int4Format:
     _need(q.get("bits") == 4, "bits", q.get("bits"), "4")
     g = _group("group_size", q.get("group_size"))
@@ -88,7 +77,7 @@ def _gptq(q: dict) -> Int4Format:
     _need(isinstance(sym, bool), "sym", sym, "true or false")
     desc = q.get("desc_act", False)
     _need(isinstance(desc, bool), "desc_act", desc, "true or false")
-    return Int4Format("gptq", g, sym, desc, fmt == "gptq", _names(q, "modules_to_not_convert"))
+    return Int4Format("gptq", g, sym, desc, fmt == "gptq", module_list(q, "modules_to_not_convert"))
 
 
 def _awq(q: dict) -> Int4Format:
@@ -99,7 +88,7 @@ def _awq(q: dict) -> Int4Format:
     _need(version == "gemm", "version", q.get("version"), "'gemm' (AutoAWQ's GEMM packing)")
     zp = q.get("zero_point", True)
     _need(isinstance(zp, bool), "zero_point", zp, "true or false")
-    return Int4Format("awq", g, not zp, False, False, _names(q, "modules_to_not_convert"))
+    return Int4Format("awq", g, not zp, False, False, module_list(q, "modules_to_not_convert"))
 
 
 def _compressed_tensors(q: dict) -> Int4Format:
@@ -127,7 +116,7 @@ def _compressed_tensors(q: dict) -> Int4Format:
           "null, 'group', 'weight' or 'static'")
     a = grp.get("input_activations")
     _need(a is None, f"config_groups.{name}.input_activations", a, "null (weight-only W4A16)")
-    return Int4Format("compressed-tensors", g, sym, actorder in ("group",), False, _names(q, "ignore"))
+    return Int4Format("compressed-tensors", g, sym, actorder in ("group",), False, module_list(q, "ignore"))
 
 
 def is_int4(raw: dict, quantization: str | None) -> bool:

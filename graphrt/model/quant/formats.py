@@ -101,11 +101,11 @@ def _compressed_tensors(q: dict) -> Fp8Format:
         f = f"config_groups.{name}.input_activations"
         _need(isinstance(a, dict) and a.get("type") == "float" and a.get("num_bits") == 8, f, a,
               "null or 8-bit float")
-    ignore = _module_list(q, "ignore")
+    ignore = module_list(q, "ignore")
     return Fp8Format("compressed-tensors", strategy, block, "weight_scale", ignore, kv is not None)
 
 
-def _module_list(q: dict, key: str) -> tuple[str, ...]:
+def module_list(q: dict, key: str) -> tuple[str, ...]:
     """A list of module names / `re:` patterns; each pattern must compile."""
     names = q.get(key) or []
     _need(isinstance(names, list) and all(isinstance(s, str) for s in names), key, names,
@@ -128,7 +128,7 @@ def _transformers_fp8(q: dict) -> Fp8Format:
     if bs is not None:
         _need(isinstance(bs, list) and len(bs) == 2 and all(type(b) is int and b > 0 for b in bs),
               "weight_block_size", bs, "[rows, cols] of positive ints or null")
-    skip = _module_list(q, "modules_to_not_convert")
+    skip = module_list(q, "modules_to_not_convert")
     return Fp8Format("fp8", "tensor" if bs is None else "block", None if bs is None else tuple(bs),
                      "weight_scale_inv", skip)
 
@@ -154,4 +154,4 @@ def parse_quantization(raw: dict, quantization: str | None = None) -> Fp8Format 
                      f"and 'awq'")
 
 
-__all__ = ["ALL_METHODS", "Fp8Format", "LINEAR_FIELDS", "METHODS", "parse_quantization"]
+__all__ = ["ALL_METHODS", "Fp8Format", "LINEAR_FIELDS", "METHODS", "module_list", "parse_quantization"]
