@@ -80,6 +80,33 @@ def get_metrics(live) -> dict[str, float]:
     return parse_metrics(r.read().decode())
 
 
+def health_waits_while(live, job, *, pause: float = 0.02) -> list[float]:
+    """Run job() on a thread and poll GET /health until it returns: every poll's wait in seconds
+    (each answered 200). An exception in job only ends the polling (threads do not raise into the
+    test): job records what it checked, and the test asserts on that record."""
+    done = threading.Event()
+
+    def run():
+        try:
+            job()
+        finally:
+            done.set()
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    conn = http.client.HTTPConnection("127.0.0.1", live.port, timeout=60)
+    waits = []
+    while not done.is_set():
+        t0 = time.monotonic()
+        conn.request("GET", "/health")
+        r = conn.getresponse()
+        assert r.status == 200 and r.read()
+        waits.append(time.monotonic() - t0)
+        time.sleep(pause)
+    conn.close()
+    t.join(60)
+    return waits
+
+
 def wait_for(cond, timeout=20.0) -> bool:
     """Poll cond() every 20 ms until true (True) or `timeout` seconds pass (False)."""
     deadline = time.monotonic() + timeout

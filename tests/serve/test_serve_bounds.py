@@ -10,13 +10,12 @@ from __future__ import annotations
 import http.client
 import json
 import logging
-import threading
 import time
 
 import pytest
 
 from _checkpoints import write
-from _serve_live import LiveServer
+from _serve_live import LiveServer, health_waits_while
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -130,29 +129,14 @@ def test_health_answers_while_a_4mb_prompt_is_tokenized(live, llm):
     """The prompt is tokenized on the worker pool by a call that releases the GIL (then refused:
     longer than the context), so /health, polled meanwhile, never waits for it."""
     text = "Hello there, general graph runtime. " * (4_000_000 // 36)
-    done, took = threading.Event(), []
+    took = []                                   # filled only once the 400 is seen
 
     def big():
-        try:
-            t0 = time.monotonic()
-            code, raw = post(live, "/v1/completions", {"model": NAME, "prompt": text, "max_tokens": 1}, timeout=120)
-            took.append(time.monotonic() - t0)
-            assert code == 400 and b"max_model_len" in raw, raw[:300]
-        finally:
-            done.set()
-    t = threading.Thread(target=big, daemon=True)
-    t.start()
-    conn = http.client.HTTPConnection("127.0.0.1", live.port, timeout=60)
-    waits = []
-    while not done.is_set():
         t0 = time.monotonic()
-        conn.request("GET", "/health")
-        r = conn.getresponse()
-        assert r.status == 200 and r.read()
-        waits.append(time.monotonic() - t0)
-        time.sleep(0.02)
-    conn.close()
-    t.join(60)
+        code, raw = post(live, "/v1/completions", {"model": NAME, "prompt": text, "max_tokens": 1}, timeout=120)
+        assert code == 400 and b"max_model_len" in raw, raw[:300]
+        took.append(time.monotonic() - t0)
+    waits = health_waits_while(live, big)
     assert took and len(waits) > 10, (took, len(waits))
     # holding the GIL, the tokenizer stalled /health for its whole run (seconds); released, a wait
     # is short: 0.5 s, or a fifth of the request where a loaded machine stretches everything
