@@ -390,4 +390,5 @@ def linearize(s: Schedule, policy: str = "eager", seed: int = 0) -> Schedule:
 
 
 __all__ = ["Geometry", "Tiles", "Counters", "Schedule", "build_schedule", "simulate", "linearize",
-           "default_splits", "FIELDS", "NO_WAIT", "MAX_ROWS", "OP_QKV", "OP_ATT", "OP_O", "OP_GU", "OP_DOWN", "OP_HEAD", "OP_NAMES"]
+           "default_splits", "FIELDS", "NO_WAIT", "MAX_ROWS", "OP_QKV", "OP_ATT", "OP_O", "OP_GU", "OP_DOWN",
+           "OP_HEAD", "OP_NAMES"]

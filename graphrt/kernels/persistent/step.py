@@ -73,20 +73,20 @@ def _fields(units_ptr, u, ok):
             tl.load(r + 13, mask=ok, other=0), tl.load(r + 14, mask=ok, other=0), tl.load(r + 15, mask=ok, other=0))
 
 
-@triton.jit(do_not_specialize=["SPIN"])
+@triton.jit(do_not_specialize=["SPIN", "programs", "nunits", "nhs"])
 def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, woffs_ptr, embed_ptr, fnorm_ptr,
                  cs_ptr, tok_ptr, lens_ptr, bt_ptr, bt_stride, num_pages, out_ptr, logits_ptr, res_ptr,
                  qkv_ptr, att_ptr, mlp_ptr, ss_o_ptr, ss_d_ptr, part_ptr, lse_ptr, amax_ptr, aidx_ptr, ts_ptr,
-                 programs, eps, qk_scale,
+                 programs, nunits, nhs, eps, qk_scale,
                  B: tl.constexpr, H: tl.constexpr, I: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
                  D: tl.constexpr, V: tl.constexpr, PAGE: tl.constexpr, S_PAGE: tl.constexpr,
                  S_SLOT: tl.constexpr, S_HEAD: tl.constexpr, S: tl.constexpr, MERGE_S: tl.constexpr,
                  NO: tl.constexpr, NOP: tl.constexpr, NDOWN: tl.constexpr, NDP: tl.constexpr,
-                 NHEAD: tl.constexpr, NHS: tl.constexpr, QKV_BN: tl.constexpr, O_BN: tl.constexpr, GU_BN: tl.constexpr,
+                 NHEAD: tl.constexpr, QKV_BN: tl.constexpr, O_BN: tl.constexpr, GU_BN: tl.constexpr,
                  DOWN_BN: tl.constexpr, HEAD_BN: tl.constexpr, BK: tl.constexpr, BKV: tl.constexpr,
                  MIN_KEYS: tl.constexpr, BMA: tl.constexpr, GP: tl.constexpr, RT: tl.constexpr,
                  ARR: tl.constexpr, HEAD_CTR: tl.constexpr, DONE: tl.constexpr, NCTR: tl.constexpr,
-                 NUNITS: tl.constexpr, HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, PREFETCH: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, PREFETCH: tl.constexpr,
                  DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN, ALIGN: tl.constexpr, XA: tl.constexpr,
                  FMA: tl.constexpr, TIMELINE: tl.constexpr):
     BM: tl.constexpr = 16
@@ -103,7 +103,7 @@ def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, woffs_ptr, embe
     lo = tl.load(starts_ptr + pid)
     hi = tl.load(starts_ptr + pid + 1)
     if TIMELINE:
-        tl.store(ts_ptr + (NUNITS + pid) * 4, timer(pid))
+        tl.store(ts_ptr + (nunits + pid) * 4, timer(pid))
     rm = tl.arange(0, BM)
     m_ok = rm < B
     emb_off = tl.maximum(tl.load(tok_ptr + rm, mask=m_ok, other=0), 0) * H     # [BM] the embedding rows
@@ -135,8 +135,8 @@ def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, woffs_ptr, embe
                      w_ptr + _woff(offs, 5, ALIGN), ss_d_ptr, qkv_ptr, ctr_w, target, ctr_s, count, err_ptr, ts,
                      eps, B, H, QKVW, NDOWN, NDP, BM, QKV_BN, QKV_BK, HAS_BIAS, DOT_F32, PREC, SPIN, FMA, TIMELINE)
         elif op == 2:                                            # ATT
-            attention_unit(a, b.to(tl.int32), c.to(tl.int32), qkv_ptr, att_ptr, cs_ptr, w_ptr + _woff(offs, 7, ALIGN),
-                           w_ptr + _woff(offs, 8, ALIGN), w_ptr + _woff(offs, 9, ALIGN),
+            attention_unit(a, b.to(tl.int32), c.to(tl.int32), qkv_ptr, att_ptr, cs_ptr,
+                           w_ptr + _woff(offs, 7, ALIGN), w_ptr + _woff(offs, 8, ALIGN), w_ptr + _woff(offs, 9, ALIGN),
                            w_ptr + _woff(offs, 10, ALIGN), bt_ptr, bt_stride, lens_ptr, num_pages, part_ptr, lse_ptr,
                            ctr_w, target, ctr_ptr + ARR + a * HKV + b, ctr_s, err_ptr, ts, eps, qk_scale, HQ, HKV,
                            D, PAGE, S_PAGE, S_SLOT, S_HEAD, S, MERGE_S, BMA, GP, BKV, MIN_KEYS, QK_NORM, DOT_F32,
@@ -150,25 +150,25 @@ def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, woffs_ptr, embe
                           ss_o_ptr, ctr_w, target, ctr_s, count, err_ptr, ts, H, BM, O_BN, O_BK, DOT_F32, PREC,
                           SPIN, FMA, TIMELINE)
         elif op == 4:                                            # GU
-            gate_up_unit(a, res_ptr, XA, m_ok, w_ptr, _aligned(w0, ALIGN), _aligned(w1, ALIGN), w_ptr + _woff(offs, 6, ALIGN),
-                         ss_o_ptr, mlp_ptr, ctr_w, target, ctr_s, count, err_ptr, ts, eps, B, H, I, NO, NOP, BM,
-                         GU_BN, GU_BK, DOT_F32, PREC, SPIN, FMA, TIMELINE)
+            gate_up_unit(a, res_ptr, XA, m_ok, w_ptr, _aligned(w0, ALIGN), _aligned(w1, ALIGN),
+                         w_ptr + _woff(offs, 6, ALIGN), ss_o_ptr, mlp_ptr, ctr_w, target, ctr_s, count, err_ptr, ts,
+                         eps, B, H, I, NO, NOP, BM, GU_BN, GU_BK, DOT_F32, PREC, SPIN, FMA, TIMELINE)
         elif op == 5:                                            # DOWN: residual += mlp @ down.T
             residual_unit(a, a // DOWN_BN, mlp_ptr, rm.to(tl.int64) * I, XA, m_ok, wt0, I, res_rows, res_ptr,
                           ss_d_ptr, ctr_w, target, ctr_s, count, err_ptr, ts, H, BM, DOWN_BN, DOWN_BK, DOT_F32,
                           PREC, SPIN, FMA, TIMELINE)
         elif op == 6:                                            # HEAD
-            best_v, best_i = head_unit(a, res_ptr, XA, m_ok, wt0, fnorm_ptr, ss_d_ptr, logits_ptr, amax_ptr, aidx_ptr,
-                                       out_ptr, best_v, best_i, c, ctr_w, target, ctr_ptr + HEAD_CTR, count,
-                                       err_ptr, ts, eps, B, H, V, NDOWN, NDP, NHEAD, NHS, BM, HEAD_BN, HEAD_BK, RT,
+            best_v, best_i = head_unit(a, res_ptr, XA, m_ok, wt0, fnorm_ptr, ss_d_ptr, logits_ptr, amax_ptr,
+                                       aidx_ptr, out_ptr, best_v, best_i, c, ctr_w, target, ctr_ptr + HEAD_CTR, count,
+                                       err_ptr, ts, eps, B, H, V, NDOWN, NDP, NHEAD, nhs, BM, HEAD_BN, HEAD_BK, RT,
                                        DOT_F32, PREC, SPIN, FMA, TIMELINE)
         if TIMELINE:
             tl.store(ts + 2, timer(pid))
         op, layer, a, b, c, wt, tgt, sg, cnt, w0, w1, p0, pb0, p1, pb1 = nxt
     tl.debug_barrier()
     if TIMELINE:
-        tl.store(ts_ptr + (NUNITS + pid) * 4 + 1, timer(pid))
-        tl.store(ts_ptr + (NUNITS + pid) * 4 + 3, pid.to(tl.int64))
+        tl.store(ts_ptr + (nunits + pid) * 4 + 1, timer(pid))
+        tl.store(ts_ptr + (nunits + pid) * 4 + 3, pid.to(tl.int64))
     if tl.atomic_add(ctr_ptr + DONE, 1, sem="acq_rel", scope="gpu") == programs - 1:
         cz = tl.arange(0, 1024)                                  # the last program: counters to zero
         for c0 in range(0, NCTR, 1024):
@@ -188,10 +188,10 @@ def kernel_constexprs(s: Schedule, *, gemv: str, prefetch: int, has_bias: bool, 
                 S_PAGE=S_PAGE, S_SLOT=S_SLOT, S_HEAD=S_HEAD, S=s.splits,
                 MERGE_S=max(1, min(sp, 2048 // (gp * (g.head_dim // 2)))), NO=s.n_o,
                 NOP=triton.next_power_of_2(s.n_o), NDOWN=s.n_down, NDP=triton.next_power_of_2(s.n_down),
-                NHEAD=s.n_head, NHS=s.head_programs, QKV_BN=t.qkv_bn, O_BN=t.o_bn, GU_BN=t.gu_bn, DOWN_BN=t.down_bn, HEAD_BN=t.head_bn,
+                NHEAD=s.n_head, QKV_BN=t.qkv_bn, O_BN=t.o_bn, GU_BN=t.gu_bn, DOWN_BN=t.down_bn, HEAD_BN=t.head_bn,
                 BK=t.block_k, BKV=t.block_kv, MIN_KEYS=t.min_keys,
                 BMA=max(16, gp), GP=gp, RT=64, ARR=c.arrivals, HEAD_CTR=c.head, DONE=c.done, NCTR=c.count,
-                NUNITS=len(s.units), HAS_BIAS=has_bias, QK_NORM=qk_norm, PREFETCH=prefetch, DOT_F32=interpreter,
+                HAS_BIAS=has_bias, QK_NORM=qk_norm, PREFETCH=prefetch, DOT_F32=interpreter,
                 PREC="ieee" if fp32 else "tf32", ALIGN=align, XA=xalign, FMA=s.rows if gemv == "fma" else 0,
                 TIMELINE=timeline)
 
@@ -366,7 +366,8 @@ class PersistentStep:
             self.units, self.starts, self.counters, device_error, self._base, self.woffs, weights.embed,
             weights.final_norm, cos_sin, tokens, seq_lens, block_table, block_table.stride(0),
             self._num_pages, out, self.logits, self.residual, self.qkv, self.att, self.mlp, self.ss_o, self.ss_d,
-            self.part, self.lse, self.amax, self.aidx, self.timeline, s.programs, float(self.eps),
+            self.part, self.lse, self.amax, self.aidx, self.timeline, s.programs, len(s.units), s.head_programs,
+            float(self.eps),
             self.geometry.head_dim ** -0.5 * 1.4426950408889634, SPIN=self.spin_limit, **self.constexprs,
             num_warps=self.num_warps, **opts)
         return out

@@ -118,7 +118,7 @@ def gate_up_unit(n0, res_ptr, XA: tl.constexpr, m_ok, w_ptr, g_off, u_off, g_ptr
 def head_unit(n0, res_ptr, XA: tl.constexpr, m_ok, w_tile, g_ptr, ss_parts, logits_ptr, amax_ptr, aidx_ptr,
               out_ptr, best_v, best_i, slot, ctr_w, target, ctr_arr, count, err_ptr, ts, eps, B: tl.constexpr,
               H: tl.constexpr, V: tl.constexpr, NT: tl.constexpr, NTP: tl.constexpr, NH: tl.constexpr,
-              NHS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, RT: tl.constexpr,
+              NHS, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, RT: tl.constexpr,
               DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN, FMA: tl.constexpr, TIMELINE: tl.constexpr):
     """Logits of vocabulary rows [n0, n0 + BN) of the final-normed stream (model dtype); returns
     the program's running per-row argmax (best_v, best_i [BM]) with this tile's folded in.
