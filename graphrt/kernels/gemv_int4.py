@@ -49,6 +49,8 @@ import torch
 import triton
 import triton.language as tl
 
+from graphrt.kernels.launch import pdl_options, pdl_prologue, use_pdl
+
 MAX_M = 16                     # activation rows per program (one tl.dot tile; the grid tiles larger M)
 
 
@@ -169,20 +171,29 @@ def int4_tile(words, zero, DTYPE: tl.constexpr, ASM: tl.constexpr):
         return tl.reshape(v, (B, R, 8 * W))
 
 
+@triton.jit
+def prefetch_l2(ptrs):
+    """prefetch.global.L2 at every pointer of the tensor (CUDA; the interpreter has no asm)."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1)
+
+
 @triton.jit(do_not_specialize=["M"])
 def _gemv_int4_kernel(x_ptr, q_ptr, s_ptr, z_ptr, p_ptr, b_ptr, y_ptr, M, N, K, k_split,
                       stride_x, stride_q, stride_s, stride_z, stride_ys, stride_ym, stride_yn,
                       BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, TG: tl.constexpr, LOG_TG: tl.constexpr,
                       GT: tl.constexpr, ONE_ROW: tl.constexpr,
                       HAS_ZERO: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr,
-                      PARTIAL: tl.constexpr, EVEN_K: tl.constexpr, ASM: tl.constexpr, DOT_F32: tl.constexpr):
+                      PARTIAL: tl.constexpr, EVEN_K: tl.constexpr, ASM: tl.constexpr, DOT_F32: tl.constexpr,
+                      PDL: tl.constexpr):
     """Program (m, n, s): rows [16m, +16) of x, rows [n * BLOCK_N, +BLOCK_N) of W, columns
     [s * k_split, +k_split); TG = 2^LOG_TG columns a group tile, GT group tiles a group. y
     element (s, m, n) at y + s * stride_ys + m * stride_ym + n * stride_yn. ONE_ROW: M == 1
-    (x's one row broadcast to the dot's 16). PARTIAL: float32 partial sums (no bias). EVEN_K:
+    (x's one row broadcast to the dot's 16). PARTIAL: partial sums, no bias. EVEN_K:
     k_split is a multiple of BLOCK_G * TG (no group-tile masks). DOT_F32: both dot
     operands in float32, IEEE products (float32 activations; and the interpreter, whose tl.dot
-    multiplies bf16's raw storage, Triton 3.9)."""
+    multiplies bf16's raw storage, Triton 3.9). PDL: launched as a programmatic dependent: the
+    first K step's weight rows are prefetched into L2 before waiting for the previous kernel
+    (weights are never written during a step; x and y are touched only after the wait)."""
     pid_m = tl.program_id(0)          # M tiles vary fastest: they share a weight tile in L2
     pid_n = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -202,6 +213,10 @@ def _gemv_int4_kernel(x_ptr, q_ptr, s_ptr, z_ptr, p_ptr, b_ptr, y_ptr, M, N, K, 
     acc = tl.zeros((BLOCK_G, BLOCK_N, BM), dtype=tl.float32)
     k_lo = pid_s * k_split
     k_hi = k_lo + k_split
+    if PDL:
+        first = q_ptr + rn_ld[None, :] * stride_q + ((k_lo + rg * TG) >> 3)[:, None]     # [BG, BN]
+        prefetch_l2(tl.where((k_lo + rg * TG < k_hi)[:, None], first, q_ptr))
+    pdl_prologue(PDL)
     for k0 in range(k_lo, k_hi, BLOCK_G * TG):
         k0 = tl.multiple_of(k0, TG)
         kg = k0 + rg * TG                                  # [BG] first column of each group tile
@@ -244,7 +259,7 @@ def _gemv_int4_kernel(x_ptr, q_ptr, s_ptr, z_ptr, p_ptr, b_ptr, y_ptr, M, N, K, 
     y_at = y_ptr + pid_s * stride_ys + rm[None, :] * stride_ym + rn[:, None] * stride_yn
     y_mask = m_ok[None, :] & n_ok[:, None]
     if PARTIAL:
-        tl.store(y_at, y, mask=y_mask)
+        tl.store(y_at, y.to(y_ptr.dtype.element_ty), mask=y_mask)
     else:
         if HAS_BIAS:
             y += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[:, None]
@@ -253,8 +268,9 @@ def _gemv_int4_kernel(x_ptr, q_ptr, s_ptr, z_ptr, p_ptr, b_ptr, y_ptr, M, N, K, 
 
 @triton.jit
 def _sum_splits_kernel(part_ptr, b_ptr, y_ptr, M, N, stride_ps, stride_y, S: tl.constexpr,
-                       BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr):
+                       BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
     """y[m, n] = sum over s of part[s, m, n] (+ bias[n]); grid (M, cdiv(N, BLOCK))."""
+    pdl_prologue(PDL)
     m = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < N
@@ -311,6 +327,7 @@ def _launch(x, qweight, scale, group_size, zero, perm, bias, dst, c: Int4GemvCon
     tg, split = tile_k(group_size), c.split_k
     k_split = k // split
     asm = x.device.type == "cuda" and x.dtype in (torch.bfloat16, torch.float16)
+    pdl = use_pdl(x)
     _gemv_int4_kernel[(triton.cdiv(m, MAX_M), triton.cdiv(n, c.block_n), split)](
         x, qweight, scale, zero if zero is not None else qweight.view(torch.uint8), perm if perm is not None else qweight,
         bias if bias is not None else scale, dst, m, n, k, k_split,
@@ -318,7 +335,8 @@ def _launch(x, qweight, scale, group_size, zero, perm, bias, dst, c: Int4GemvCon
         BLOCK_N=c.block_n, BLOCK_G=c.block_k // tg, TG=tg, LOG_TG=tg.bit_length() - 1, GT=group_size // tg,
         ONE_ROW=m == 1, HAS_ZERO=zero is not None, HAS_PERM=perm is not None,
         HAS_BIAS=bias is not None, PARTIAL=partial, EVEN_K=k_split % c.block_k == 0, ASM=asm,
-        DOT_F32=x.device.type != "cuda" or x.dtype == torch.float32, num_warps=c.num_warps, num_stages=c.num_stages)
+        DOT_F32=x.device.type != "cuda" or x.dtype == torch.float32, PDL=pdl, num_warps=c.num_warps,
+        num_stages=c.num_stages, **pdl_options(pdl))
 
 
 def gemv_int4(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, group_size: int, *,
@@ -344,27 +362,27 @@ def gemv_int4(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, group
         return y
     part = torch.empty((c.split_k, m, n), dtype=torch.float32, device=x.device)
     _launch(x, qweight, scale, group_size, zero, perm, None, part, c, (m * n, n, 1), True)
-    block = min(1024, triton.next_power_of_2(n))
+    block, pdl = min(1024, triton.next_power_of_2(n)), use_pdl(x)
     _sum_splits_kernel[(m, triton.cdiv(n, block))](
         part, bias if bias is not None else part, y, m, n, part.stride(0), y.stride(0), S=c.split_k,
-        BLOCK=block, HAS_BIAS=bias is not None, num_warps=4)
+        BLOCK=block, HAS_BIAS=bias is not None, PDL=pdl, num_warps=4, **pdl_options(pdl))
     return y
 
 
 def gemv_int4_partial(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, group_size: int,
                       acc: torch.Tensor, *, zero: torch.Tensor | None = None, perm: torch.Tensor | None = None,
                       config: Int4GemvConfig) -> None:
-    """Split-K partial sums without a reduce: writes float32 partial s of output (m, n) to
-    acc[S*m + s, S*n + s] (S = config.split_k; the SplitAcc layout of kernels/splitk.py, whose
-    reader sums the S). acc: float32 [>= S*M, S*N] with unit column stride; entries off that
-    diagonal are not written. Capturable."""
+    """Split-K partial sums without a reduce: writes partial s of output (m, n) (float32 sums,
+    stored in acc's dtype) to acc[S*m + s, S*n + s], S = config.split_k: the SplitAcc layout of
+    kernels/splitk.py, whose reader sums the S. acc: float32 or x's dtype, [>= S*M, S*N] with
+    unit column stride; entries off that diagonal are not written. Capturable."""
     m, n, k = _check(x, qweight, scale, group_size, zero, perm, None)
     _check_config(config, k, group_size)
     s = config.split_k
-    if acc.dtype != torch.float32 or acc.dim() != 2 or acc.stride(1) != 1 or acc.shape[1] != s * n \
-            or acc.shape[0] < s * m:
-        raise ValueError(f"acc: expected float32 [>= {s * m}, {s * n}] with unit column stride, got "
-                         f"{acc.dtype} {tuple(acc.shape)} strides {acc.stride()}")
+    if acc.dtype not in (torch.float32, x.dtype) or acc.dim() != 2 or acc.stride(1) != 1 \
+            or acc.shape[1] != s * n or acc.shape[0] < s * m or acc.device != x.device:
+        raise ValueError(f"acc: expected float32 or {x.dtype} [>= {s * m}, {s * n}] with unit column stride on "
+                         f"{x.device}, got {acc.dtype} {tuple(acc.shape)} strides {acc.stride()}")
     ld = acc.stride(0)
     _launch(x, qweight, scale, group_size, zero, perm, None, acc, config, (ld + 1, s * ld, s), True)
 

@@ -56,7 +56,7 @@ def test_gemv_int4_partial_is_a_split_acc():
     gemv_int4_partial(x, w4.qweight, w4.scale, 64, acc, zero=w4.zero, perm=w4.perm, config=cfg)
     got = SplitAcc(acc, 2, 3).reference()
     torch.testing.assert_close(got, x @ w4.dequantize().T, rtol=1e-4, atol=1e-4)
-    with pytest.raises(ValueError, match=r"acc: expected float32 \[>= 6, 80\]"):
+    with pytest.raises(ValueError, match=r"acc: expected float32 or torch.float32 \[>= 6, 80\]"):
         gemv_int4_partial(x, w4.qweight, w4.scale, 64, acc[:5], zero=w4.zero, perm=w4.perm, config=cfg)
 
 
