@@ -190,7 +190,8 @@ class Linear:
                      for c in FP8_CANDIDATES if w8.block is None or w8.block[1] % c.block_k == 0]
             if w8.block is None:
                 cands.append((CUBLAS, None, lambda x, w: scaled_mm_per_token(x, w, self.bias)))
-        copies = [self.weight] + [clone(self.weight) for _ in range(min(15, L2_BYTES // w_bytes))]
+        # enough copies to pass the L2 (an int4 1B-shape o weight is 2 MB: 60 copies)
+        copies = [self.weight] + [clone(self.weight) for _ in range(min(63, L2_BYTES // w_bytes))]
         dtype = self.weight.dtype if w8 is None and w4 is None else torch.bfloat16
         for m in batch_sizes:
             if m > MAX_M:
