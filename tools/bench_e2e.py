@@ -218,9 +218,9 @@ def int4_kernel_rows(model, batches, torch) -> list[dict]:
                           ("int4-sym", Linear(quantize_int4(w, 128, symmetric=True)))):
             lin.choose(batches)
             nbytes = w.numel() * 2 if kind == "bf16" else lin.weight.nbytes
-            default = default_config(w.shape[0], w.shape[1], 128).name if kind != "bf16" else None
             for m, times in lin.timings_us.items():
                 best = min(times, key=times.get)
+                default = default_config(w.shape[0], w.shape[1], 128, m).name if kind != "bf16" else None
                 rows.append(dict(shape=name, n=w.shape[0], k=w.shape[1], weights=kind, batch=m,
                                  best=best, best_us=times[best], floor_us=nbytes / bw * 1e6,
                                  best_over_floor=times[best] / (nbytes / bw * 1e6), times_us=times,

@@ -84,10 +84,10 @@ class Int4GemvConfig:
 # (bytes in flight), split-K across programs (a reduce launch).
 CANDIDATES = (
     Int4GemvConfig(16, 512, 4, 4), Int4GemvConfig(16, 1024, 8, 4), Int4GemvConfig(16, 1024, 4, 4),
-    Int4GemvConfig(16, 2048, 8, 3), Int4GemvConfig(16, 512, 4, 6), Int4GemvConfig(16, 256, 2, 4),
+    Int4GemvConfig(16, 2048, 8, 3), Int4GemvConfig(16, 1024, 8, 6), Int4GemvConfig(16, 256, 2, 4),
     Int4GemvConfig(32, 512, 4, 4), Int4GemvConfig(32, 1024, 8, 4), Int4GemvConfig(32, 256, 2, 5),
     Int4GemvConfig(64, 256, 4, 4), Int4GemvConfig(64, 512, 8, 3), Int4GemvConfig(16, 1024, 8, 4, 2),
-    Int4GemvConfig(32, 512, 4, 4, 2), Int4GemvConfig(16, 512, 4, 4, 4))
+    Int4GemvConfig(16, 512, 4, 4, 2), Int4GemvConfig(32, 512, 4, 4, 2), Int4GemvConfig(16, 512, 4, 4, 4))
 SMS = 132                      # H100 / H200 SXM streaming multiprocessors (default_config's target)
 
 
@@ -99,18 +99,24 @@ def tile_k(group_size: int) -> int:
     return bk
 
 
-def default_config(n: int, k: int, group_size: int) -> Int4GemvConfig:
-    """A pure choice by shape (M <= 16 costs about the same: the rows share one tensor-core tile):
-    32 rows and 512 columns a step on 4 warps where N / 32 programs fill the GPU twice over (the
-    qkv and gate_up shapes of 8B-class models), else 16 rows and 1024 columns a step on 8
-    warps (N / 16 programs, each streaming 8 KB a step); split-K 2 only where even N / 16
-    programs leave half the SMs idle and each split keeps 2 steps."""
+def default_config(n: int, k: int, group_size: int, m: int = 1) -> Int4GemvConfig:
+    """A pure choice by shape and rows (from the sm_90 machine code: instructions a code, shared
+    memory, registers; retune from tools/bench_e2e.py --int4-kernels):
+    - N / 32 programs fill the GPU twice over (the gate_up shapes): 32 rows and 512 columns a
+      step on 4 warps (3-4 programs an SM at 8 KB a step);
+    - else one row: 16 rows and 1024 columns a step on 8 warps (N / 16 programs, 8 KB a step,
+      the warps sharing 8 group tiles: K parallel inside the program); 2-16 rows: 512 columns
+      on 4 warps (the 16-row activation tile a step in shared memory would hold 1024 columns'
+      program to one an SM);
+    - split-K 2 only where even N / 16 programs leave half the SMs idle and each split keeps 2
+      steps."""
     if triton.cdiv(n, 32) >= 2 * SMS:
         return Int4GemvConfig(32, 512, 4, 4)
-    split = Int4GemvConfig(16, 1024, 8, 4, 2)
-    if triton.cdiv(n, 16) * 2 <= SMS and split.fits(k, group_size) and k >= 4 * split.block_k:
+    c = Int4GemvConfig(16, 1024, 8, 4) if m == 1 else Int4GemvConfig(16, 512, 4, 4)
+    split = Int4GemvConfig(c.block_n, c.block_k, c.num_warps, c.num_stages, 2)
+    if triton.cdiv(n, 16) * 2 <= SMS and split.fits(k, group_size) and k >= 4 * c.block_k:
         return split
-    return Int4GemvConfig(16, 1024, 8, 4)
+    return c
 
 
 # Packed-register unpacking (CUDA, inline PTX; sm_80+). Inputs (pack=2: each asm call sees one
@@ -347,12 +353,12 @@ def gemv_int4(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, group
 
     x [M, K] bfloat16 / float16 / float32 (unit column stride); returns (or writes into `out`)
     [M, N] in x's dtype; float32 accumulation. Any M (grid tiles of 16 rows; meant for M <= 16
-    to ~64). group_size: a multiple of 16. config: default `default_config(N, K, group_size)`.
+    to ~64). group_size: a multiple of 16. config: default `default_config(N, K, group_size, M)`.
     Capturable (split-K allocates its workspace per call from the caching allocator / the
     graph's pool).
     """
     m, n, k = _check(x, qweight, scale, group_size, zero, perm, bias)
-    c = config or default_config(n, k, group_size)
+    c = config or default_config(n, k, group_size, m)
     _check_config(c, k, group_size)
     y = out if out is not None else torch.empty((m, n), dtype=x.dtype, device=x.device)
     if out is not None and (out.shape != (m, n) or out.stride(1) != 1):

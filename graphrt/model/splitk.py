@@ -63,10 +63,11 @@ K_ALIGN = 16                # K / S must be a multiple of this (FP8 GEMM operand
 GEMMS = ("o", "down")
 
 
-def int4_split_config(w: Int4Weight, split: int) -> Int4GemvConfig:
-    """The int4 GEMV configuration of a split-S GEMM of w: its default tile, split_k = S."""
+def int4_split_config(w: Int4Weight, split: int, rows: int = 1) -> Int4GemvConfig:
+    """The int4 GEMV configuration of a split-S GEMM of w at `rows` activation rows: its default
+    tile, split_k = S (the tiles differ in block_k only, so K splits alike at any rows)."""
     n, k = w.shape
-    c = default_config(n, k, w.group_size)
+    c = default_config(n, k, w.group_size, rows)
     return Int4GemvConfig(c.block_n, c.block_k, c.num_warps, c.num_stages, split)
 
 
@@ -111,7 +112,7 @@ def split_matmul(x: torch.Tensor | Fp8Rows, w, split: int, *, unit: torch.Tensor
         m = x.shape[0]
         acc = torch.empty((split * m, split * n), dtype=x.dtype, device=x.device)
         gemv_int4_partial(x, w.qweight, w.scale, w.group_size, acc, zero=w.zero, perm=w.perm,
-                          config=int4_split_config(w, split))
+                          config=int4_split_config(w, split, m))
         return SplitAcc(acc, split, m)
     kk = k // split
     if isinstance(x, Fp8Rows):

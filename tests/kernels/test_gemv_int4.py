@@ -84,12 +84,13 @@ def test_default_config_is_a_pure_choice():
     big = default_config(28672, 4096, 128)             # 8B gate_up: 896 programs of 32 rows
     assert (big.block_n, big.split_k) == (32, 1)
     o = default_config(4096, 4096, 128)                 # 8B o: 256 programs of 16 rows
-    assert (o.block_n, o.split_k) == (16, 1)
+    assert (o.block_n, o.block_k, o.num_warps, o.split_k) == (16, 1024, 8, 1)
+    assert default_config(4096, 4096, 128, 16).block_k == 512      # 16 rows: a smaller x tile a step
     assert default_config(2048, 8192, 128).split_k == 1        # 1B down: 128 programs, K parallel inside
     assert default_config(1024, 4096, 128).split_k == 2        # 64 programs: split
     assert default_config(576, 1536, 64).split_k == 1          # 36 programs, but K too short to split
     for n, k, g in ((4096, 4096, 128), (28672, 4096, 128), (576, 1536, 64), (4096, 14336, 14336)):
-        assert default_config(n, k, g).fits(k, g)
+        assert default_config(n, k, g).fits(k, g) and default_config(n, k, g, 16).fits(k, g)
     assert all(c.fits(4096, 128) for c in CANDIDATES) and len(set(CANDIDATES)) == len(CANDIDATES)
     assert SMS > 0 and not Int4GemvConfig(16, 128, 4, 1, 3).fits(4096, 128)
 
