@@ -219,9 +219,10 @@ def _gemv_int4_kernel(x_ptr, q_ptr, s_ptr, z_ptr, p_ptr, b_ptr, y_ptr, M, N, K, 
     acc = tl.zeros((BLOCK_G, BLOCK_N, BM), dtype=tl.float32)
     k_lo = pid_s * k_split
     k_hi = k_lo + k_split
-    if PDL:
-        first = q_ptr + rn_ld[None, :] * stride_q + ((k_lo + rg * TG) >> 3)[:, None]     # [BG, BN]
-        prefetch_l2(tl.where((k_lo + rg * TG < k_hi)[:, None], first, q_ptr))
+    if PDL:          # the first K step's rows, two 32-byte sectors of each tile row (64 bytes at TG 128)
+        first = q_ptr + rn_ld[None, :, None] * stride_q + ((k_lo + rg * TG) >> 3)[:, None, None] \
+            + (tl.arange(0, 2) * (GW // 2))[None, None, :]                                  # [BG, BN, 2]
+        prefetch_l2(tl.where((k_lo + rg * TG < k_hi)[:, None, None], first, q_ptr))
     pdl_prologue(PDL)
     for k0 in range(k_lo, k_hi, BLOCK_G * TG):
         k0 = tl.multiple_of(k0, TG)
