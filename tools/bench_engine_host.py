@@ -91,9 +91,6 @@ class StubExecutor:
     def prefill(self, launch):
         return self._result(None if launch.slots is None else self._first[:len(launch.slots)][None])
 
-    def apply(self, update) -> None:
-        pass
-
     def stage_chunk(self, slot, tokens, start, *, table_row=None) -> None:
         raise ValueError("mixed_tokens: the stub carries no chunks")
 

@@ -15,9 +15,9 @@ config (graphrt/config.py's RuntimeConfig) is what the runtime serves; options
 the environment's GRAPHRT_* variables override them once, here (`mrt.options` is the result).
 
 The graphs read the runtime's persistent per-slot state `mrt.slots` (model/slots.py) in place:
-the public decode() copies its arguments into it first (the one explicit input copy); an engine
-writes it through its input batch (`mrt.slots.apply(update)`) and calls decode_slots(), which
-copies nothing. Each block advances the slots on the device: seq_lens by K, the current token,
+the public decode() copies its arguments into it first (the one explicit input copy); an engine's
+executor writes it through its input batch (`mrt.slots.apply(update)`) and calls decode_slots(),
+which copies nothing. Each block advances the slots on the device: seq_lens by K, the current token,
 the draw index of sampled rows, and the token history (token_history=True, for speculation).
 Capture and replay go through the one graph runner (attention/graphs.py), keyed
 GraphKey("decode", bucket, steps=K, sampled=..., filtered=...); speculative rounds

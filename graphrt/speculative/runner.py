@@ -13,7 +13,7 @@
 A block of R rounds is a pure device function of the per-slot state (model/slots.py: token
 history, tokens held, limit, block table, sampling rows, per-slot k) and this phase's scratch
 (buffers.py). `attach` shares a ModelRuntime's slots, graph runner (one pool, one capture
-set-up: attention/graphs.py) and device-error flags, so the engine's input batch is what the
+set-up: attention/graphs.py) and device-error flags, so the executor's input batch is what the
 rounds read and the decode graphs and the rounds advance one state; the standalone constructor
 allocates the same objects for itself. Each round: the n-gram kernel (or a DraftProposer,
 draft.py) proposes from each slot's token history, or an EAGLE-3 head's phase (eagle3/phase.py)

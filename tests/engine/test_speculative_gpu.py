@@ -84,7 +84,7 @@ def test_spec_block_launch_and_admission_make_no_host_sync(path):
     streams = [eng.add_request(x, p) for x in _prompts(3)]
     for _ in range(3):
         eng.step()                                   # admitted, prefilled, speculating
-    sched, batch = eng.scheduler, eng.batch
+    sched = eng.scheduler
     late = [eng.add_request(x, p) for x in _prompts(6)[3:]]
     eng._drain_inbox()
     assert len(sched.admit()) == 3                   # host: slots, pages, batch rows
@@ -98,11 +98,10 @@ def test_spec_block_launch_and_admission_make_no_host_sync(path):
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        for _ in range(6):                           # the admissions' rows and history are flushed here
+        for _ in range(6):                           # the admissions' rows and history: the first block's changes
             rows = sched.grow(rows)                  # the launch half of Engine._decode
-            batch.flush(ex.apply)
             go = sched.launch_block(rows)
-            ex.run(Block(go.n, k=ex.caps.spec_tokens, draw=Draw(filtered=go.filtered)))
+            ex.run(Block(go.n, k=ex.caps.spec_tokens, draw=Draw(filtered=go.filtered), changes=go.changes))
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
