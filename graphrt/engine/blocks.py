@@ -68,11 +68,11 @@ class BlockMixin:
         ctx = {id(r): r.context_ids for r, _, _ in work}   # [P] int64 arrays where possible
         part = [w for w in work if w[2] < len(ctx[id(w[0])])]
         if part:                                      # chunks that draw nothing yet
-            self.runtime.prefill(Prefill(
+            self._launch_prefill(
                 [_host(ctx[id(r)][a:e], np.int64) for r, a, e in part],
                 torch.from_numpy(s.block_table([r for r, _, _ in part])),
                 starts=[a for _, a, _ in part], after=[int(ctx[id(r)][e]) for r, _, e in part],
-                changes=s.take_changes(), **defer))   # after: the token each chunk's last position precedes
+                **defer)                              # after: the token each chunk's last position precedes
             for r, _, e in part:
                 s.prefilled(r, e)
         work = [w for w in work if w[2] == len(ctx[id(w[0])])]
@@ -98,8 +98,7 @@ class BlockMixin:
         own_reqs = [r for r, _, _ in own]
         if self.caps.processing:                      # every slot's processing rows
             fork |= extras.prefill_launch(reqs, self.vocab_size, own=own_reqs)
-        res = self.runtime.prefill(Prefill(prompts, table, starts=starts, slots=slots, sampling=inputs,
-                                           changes=s.take_changes(), **fork))
+        res = self._launch_prefill(prompts, table, starts=starts, slots=slots, sampling=inputs, **fork)
         if res.prompt_logprobs:
             extras.take_prompt_logprobs(res, own_reqs, self._token_text)
         for r, _, e in work:                          # res.tokens: [1, len(reqs)] device
@@ -115,6 +114,18 @@ class BlockMixin:
         pending.kind = "prefill"
         self._pending.append(pending)
         return True
+
+    def _launch_prefill(self, *args, **kw):
+        """executor.prefill(Prefill(*args, **kw)) carrying the scheduler's slot changes -> Result.
+        A launch that raises (one request's prefill failing) gives them back: the next launch
+        carries them again (Scheduler.restore_changes)."""
+        s = self.scheduler
+        changes = s.take_changes()
+        try:
+            return self.runtime.prefill(Prefill(*args, changes=changes, **kw))
+        except BaseException:
+            s.restore_changes(changes)
+            raise
 
     def _prefill_launches(self, work: list) -> list[list]:
         """The step's prefill work ((request, start, end)) as launches, each read back on its own

@@ -350,6 +350,12 @@ class Scheduler:
         out, self.changes = tuple(self.changes), []
         return out
 
+    def restore_changes(self, changes: tuple) -> None:
+        """A launch that carried `changes` failed: they go first in the next launch again (each
+        change writes absolute values, so one the executor applied before the failure, applied
+        twice, leaves the slots as once)."""
+        self.changes[:0] = changes
+
     def block_table(self, reqs) -> np.ndarray:
         """[m, W] int32 host block-table rows of `reqs` (each one's pages, then PAD_PAGE): a
         prefill's table, as its slots' rows hold them once the changes are applied."""

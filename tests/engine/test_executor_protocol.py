@@ -86,16 +86,15 @@ class FakeExecutor:
         self.calls.append(("run", block))
         assert block.k == 0 and not block.chunk and not block.draw.processed
         self.apply_changes(block.changes)
+        assert not any(self.seq[block.n:]), (block.n, self.seq)   # rows past n are padding
+        out = torch.zeros((K, block.n), dtype=torch.int64)        # a padding row draws nothing (0)
         for s in range(block.n):                      # a live row writes positions seq - 1 .. seq + K - 2
             if self.seq[s]:
                 assert len(self.pages[s]) * PAGE >= self.seq[s] + K - 1, (s, self.seq[s], self.pages[s])
                 self.seq[s] += K
-        assert not any(self.seq[block.n:]), (block.n, self.seq)   # rows past n are padding
-        out = torch.empty((K, block.n), dtype=torch.int64)
-        for s in range(block.n):
-            for j in range(K):
-                self._current[s] = (self._current[s] + 1) % V
-                out[j, s] = self._current[s]
+                for j in range(K):
+                    self._current[s] = (self._current[s] + 1) % V
+                    out[j, s] = self._current[s]
         return Result(out)
 
     def write_token_mask(self, slots, bits, active) -> None:
@@ -253,3 +252,29 @@ def test_prefill_launches_refuse_bad_fields():
         Prefill([torch.tensor([1, 2])], table, copies=((1, 2),))
     with pytest.raises(ValueError, match=r"^changes: dict is not a slot change"):
         Prefill([torch.tensor([1, 2])], table, changes=[{"slot": 0}])
+
+
+def test_a_prefill_that_raises_leaves_its_slot_changes_to_the_next_launch():
+    """One request's prefill fails before the executor applied what the launch carried: the
+    engine gives the changes back to the scheduler, the next launch carries them, and the
+    executor's mirror stays what the scheduler holds (a slot is activated only once freed)."""
+    ex = FakeExecutor()
+    real = ex.prefill
+
+    def prefill(launch):
+        if any(p.numel() == 6 for p in launch.prompts):
+            raise ValueError("prompt: refused for the test")
+        return real(launch)
+    ex.prefill = prefill
+    ex.prefill_graphed = lambda new_tokens: True         # one launch per request: A's, then B's
+    eng = _engine(ex)
+    params = SamplingParams(max_tokens=7, temperature=0.0, ignore_eos=True)
+    a, b = eng.add_request([5, 6, 7], params), eng.add_request([1, 2, 3, 4, 5, 6], params)
+    eng.step()                                           # B's launch carries A's activation, and raises
+    c = eng.add_request([9, 9], params)
+    outs = _drain(eng, [a, c])
+    with pytest.raises(ValueError, match="refused for the test"):
+        b.result()
+    assert [o.token_ids for o in outs] == [_expected([5, 6, 7], 7), _expected([9, 9], 7)]
+    ex.apply_changes(eng.scheduler.take_changes())
+    assert ex.seq == [0] * B and ex.pages == {}
