@@ -53,7 +53,7 @@ def _speculative(hf, prompts, max_tokens, table, k, rounds, cycle=None):
     got, rounds_run = [[int(t)] for t in first], [0, 0, 0]
     for b in range(40):
         kb = k if cycle is None else cycle[b % len(cycle)]
-        out, emitted, proposed = runner.run(3, k=kb)
+        out, emitted, proposed, _ = runner.run(3, k=kb)
         assert out.shape[-1] == kb + 1
         if int(emitted.sum()) == 0:
             break
@@ -136,6 +136,11 @@ def test_bad_input(hf):
     with pytest.raises(ValueError, match="ks:"):
         SpeculativeRunner(model, caches, SpeculativeConfig(num_tokens=4), buckets=(1,), max_len=64,
                           page_size=PAGE, ks=(2, 5))
+    for kw, field in ((dict(logprobs_width=-1), "logprobs_width"), (dict(logprobs_width=4), "logprobs_width"),
+                      (dict(logprobs_mode="softmax"), "logprobs_mode")):   # width 4: slots without processing
+        with pytest.raises(ValueError, match=field):
+            SpeculativeRunner(model, caches, SpeculativeConfig(num_tokens=4), buckets=(1,), max_len=64,
+                              page_size=PAGE, **kw)
 
 
 def test_seeded_sampling_is_batch_invariant_and_clear_slot_stops(hf):
@@ -155,7 +160,7 @@ def test_seeded_sampling_is_batch_invariant_and_clear_slot_stops(hf):
                             temperature=0.8, seed=1234 + i, step=1)
         got = [[] for _ in slots]
         for blk in range(6):
-            out, emitted, _ = runner.run(len(slots))
+            out, emitted, _, _ = runner.run(len(slots))
             if int(emitted.sum()) == 0:
                 break
             for r in range(2):
@@ -187,7 +192,7 @@ def test_top_k_needs_a_filtered_runner(hf):
         filt.set_slot(0, [1, 2], limit=10, block_table=row, temperature=1.0, top_p=0.0)
     model.prefill([torch.tensor([3, 4, 3, 4])], caches, row[None])   # K/V of all but the last
     filt.set_slot(0, [3, 4, 3, 4, 3], limit=9, block_table=row, temperature=1.0, top_k=1, seed=3)
-    out, emitted, _ = filt.run(1)                     # top_k = 1: sampling == greedy
+    out, emitted, _, _ = filt.run(1)                     # top_k = 1: sampling == greedy
     seq = [3, 4, 3, 4, 3] + out[0, 0, : int(emitted[0, 0])].tolist()
     with torch.no_grad():
         for i in range(5, len(seq)):
