@@ -227,7 +227,8 @@ def default_policy(executor, caps):
     except ImportError:
         log.warning("engine: graphrt/speculative/policy.py not found; speculating every block")
         return None
-    return SpecPolicy(costs, ks=caps.spec_ks, max_slots=caps.config.max_batch)
+    return SpecPolicy(costs, ks=caps.spec_ks, max_slots=caps.config.max_batch, rounds=caps.spec_rounds,
+                      steps=caps.steps_per_graph)
 
 
 __all__ = ["build_runner", "load_draft", "spec_columns", "column_logprobs", "observe", "spec_stats", "default_policy",
