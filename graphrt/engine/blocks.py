@@ -196,11 +196,13 @@ class BlockMixin:
         start = self._block_start()
         if k:
             go = s.launch_block(rows, block_tokens=self.rounds * (k + 1))
+            want_lp = go.processed and any(r.params.logprobs is not None for r in rows)
             # no draft catch-up for rows at their limit (forced): their proposals no longer matter
             out = ex.run(Block(go.n, k=k, draw=Draw(sampled=go.sampled, processed=go.processed, filtered=go.filtered),
-                               sync_draft=not forced, changes=go.changes))
+                               sync_draft=not forced, logprobs=want_lp, changes=go.changes))
             self.spec_counts["blocks"] += 1
-            pending = self._to_host(go.rows, out.tokens, out.emitted, out.proposed, start=start)
+            pending = self._to_host(go.rows, out.tokens, out.emitted, out.proposed, logprobs=out.logprobs,
+                                    start=start)
             pending.kind, pending.spec_k, pending.forced = "spec", k, forced
         else:
             go = s.launch_block(rows, block_tokens=1 if one else self.caps.steps_per_graph)

@@ -24,12 +24,9 @@ from graphrt.model.processing import (FOREVER, FREQUENCY, MIN_P, NEUTRAL, PRESEN
 def check_request(caps, params: SamplingParams, tokenizer, eos_ids, vocab: int):
     """The request's token rules (None when it needs no processing); ValueError naming the field
     when it needs logits processing the executor (its Capabilities `caps`) lacks, or more
-    log-probs than it keeps; under speculation, `logprobs` unless the rounds record them."""
+    log-probs than it keeps."""
     if not (params.processed or params.prompt_logprobs is not None):
         return None
-    if caps.speculative is not None and params.logprobs is not None and not caps.spec_logprobs:
-        raise ValueError("logprobs: not supported with speculative decoding yet (prompt_logprobs, the "
-                         "penalties, logit_bias, bad_words, min_tokens and min_p are)")
     if not caps.processing:
         default = SamplingParams()
         field = next(f for f in ("logprobs", "prompt_logprobs", "presence_penalty", "frequency_penalty",
@@ -37,7 +34,7 @@ def check_request(caps, params: SamplingParams, tokenizer, eos_ids, vocab: int):
                                  "structured_outputs")
                      if getattr(params, f) != getattr(default, f))
         raise ValueError(f"{field}: needs logits processing, which this engine's runtime does not "
-                         f"have (not supported with speculative decoding or tensor parallel yet)")
+                         f"have (not supported with tensor parallel yet)")
     width = caps.logprobs_width
     for f in ("logprobs", "prompt_logprobs"):
         if (getattr(params, f) or 0) > width:

@@ -56,7 +56,7 @@ class TPExecutor:
     def caps(self) -> Capabilities:
         c = self.local.caps
         tp = self.runtime.model.tp
-        return replace(c, speculative=None, spec_ks=(), spec_rounds=0, spec_logprobs=False, processing=False,
+        return replace(c, speculative=None, spec_ks=(), spec_rounds=0, processing=False,
                        logprobs_width=0, structured=False, mixed_tokens=0, draft_state=False,
                        tensor_parallel=1 if tp is None else tp.world_size)
 

@@ -69,7 +69,6 @@ class LocalExecutor:
                 model_key=f"{type(model).__name__}|{model.spec!r}|{rt.config!r}", steps_per_graph=rt.k,
                 speculative=None if spec is None else spec.config,
                 spec_ks=() if spec is None else tuple(spec.ks), spec_rounds=0 if spec is None else spec.rounds,
-                spec_logprobs=False,          # speculative rounds do not record log-probabilities (yet)
                 processing=rt.processing, logprobs_width=rt.logprobs.width if rt.processing else 0,
                 structured=rt.token_mask is not None,
                 mixed_tokens=0 if rt.mixed is None else rt.mixed.max_tokens,
@@ -140,7 +139,7 @@ class LocalExecutor:
                         f"speculative proposal counts {caps.spec_ks}")
             out = self._spec_block(block.n, k=block.k, filtered=d.filtered, processed=d.processed,
                                    sync_draft=block.sync_draft)
-            return Result(out.tokens, out.emitted, out.proposed)
+            return Result(out.tokens, out.emitted, out.proposed, logprobs=out.logprobs if block.logprobs else None)
         if d.processed:
             tokens = self._decode_block(block.n, sampled=True, processed=True, filtered=d.filtered,
                                         steps=block.steps)
