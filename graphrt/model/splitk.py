@@ -13,8 +13,8 @@ bf16 13.3 / 10.6 / 10.5 µs, 8B down FP8 20.3 / 17.2 / 17.3, 1B down bf16 14.2 /
 M = 16 S = 4 can lose again (more output rows); qkv and gate_up gain nothing (never split).
 
 S is static per captured graph (one fixed kernel), chosen once per ModelRuntime before its first
-capture (`plan_splitk`), by the setting `splitk` (ModelRuntime's argument) or, when that is
-"auto", the environment's GRAPHRT_SPLITK (the A/B switch of tools/profile_step.py and
+capture (`plan_splitk`), by the setting `splitk` (RuntimeOptions.splitk, model/options.py; the
+environment's GRAPHRT_SPLITK overrides it there: the A/B switch of tools/profile_step.py and
 tools/bench_e2e.py):
 - "auto" (default): on CUDA measured: for each decode bucket M <= MAX_ROWS, each of o and down
   and each S in SPLITS that divides the weight: the device µs of one CUDA graph holding that
@@ -38,7 +38,6 @@ int4 (block-scaled FP8, `Linear`) keep S = 1.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -50,12 +49,12 @@ from graphrt.kernels.fp8 import Fp8Rows, padded_rows, quantize_rows
 from graphrt.kernels.gemv_int4 import Int4GemvConfig, default_config, gemv_int4_partial
 from graphrt.kernels.norm import add_rms_norm
 from graphrt.kernels.splitk import SplitAcc
+from graphrt.model.options import splitk_setting
 from graphrt.model.quant.fp8 import Fp8Weight
 from graphrt.model.quant.int4 import Int4Weight
 
 log = logging.getLogger("graphrt.model")
 
-ENV = "GRAPHRT_SPLITK"
 SPLITS = (1, 2, 4)          # candidates of the measured choice
 MAX_ROWS = 64               # decode buckets above this keep S = 1
 MARGIN = 0.97               # S > 1 must take under MARGIN x S = 1's time
@@ -153,18 +152,9 @@ class SplitKPlan:
 
 
 def resolve_setting(setting) -> str | int:
-    """"auto" (-> GRAPHRT_SPLITK when set, else "auto"), 0, 1, 2 or 4 (ints or their strings)
-    -> "auto" or an int; ValueError otherwise."""
-    source = "splitk"
-    if setting == "auto":
-        setting, source = os.environ.get(ENV, "auto").strip().lower() or "auto", ENV
-    if setting == "auto":
-        return setting
-    if isinstance(setting, str) and setting.isdigit():
-        setting = int(setting)
-    if isinstance(setting, bool) or setting not in (0, 1, 2, 4):
-        raise ValueError(f"{source}: expected 'auto', 0, 1, 2 or 4, got {setting!r}")
-    return setting
+    """"auto", 0, 1, 2 or 4 (ints or their strings) -> "auto" or an int; ValueError naming
+    splitk otherwise (model/options.py's splitk_setting; no environment is read here)."""
+    return splitk_setting(setting)
 
 
 def plan_splitk(model, buckets, setting="auto") -> SplitKPlan:
@@ -220,5 +210,5 @@ def _measure(model, rows: int, gemm: str) -> dict[int, float]:
     return out
 
 
-__all__ = ["ENV", "MAX_ROWS", "SPLITS", "SplitKPlan", "choose_splits", "int4_split_config", "plan_splitk",
+__all__ = ["MAX_ROWS", "SPLITS", "SplitKPlan", "choose_splits", "int4_split_config", "plan_splitk",
            "resolve_setting", "split_matmul", "splittable"]
