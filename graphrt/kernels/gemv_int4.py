@@ -106,8 +106,8 @@ def default_config(n: int, k: int, group_size: int, m: int = 1) -> Int4GemvConfi
       step on 4 warps (3-4 programs an SM at 8 KB a step);
     - else one row: 16 rows and 1024 columns a step on 8 warps (N / 16 programs, 8 KB a step,
       the warps sharing 8 group tiles: K parallel inside the program); 2-16 rows: 512 columns
-      on 4 warps (the 16-row activation tile a step in shared memory would hold 1024 columns'
-      program to one an SM);
+      on 4 warps (at 1024 columns the pipeline's 16-row activation tiles take 120 KB of shared
+      memory: one program an SM);
     - split-K 2 only where even N / 16 programs leave half the SMs idle and each split keeps 2
       steps."""
     if triton.cdiv(n, 32) >= 2 * SMS:
