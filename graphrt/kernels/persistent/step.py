@@ -14,21 +14,19 @@ device_error [>= 1] int32 (sticky: ERR_STALL when a wait hit the watchdog).
 
 The kernel (`_step_kernel`): grid = `programs` (the SM count on a GPU, launched cooperatively
 so the driver refuses a grid that cannot be co-resident instead of letting it hang;
-GRAPHRT_PERSISTENT_COOPERATIVE=0 launches it plainly); program p
+cooperative=False launches it plainly); program p
 walks its units of the static schedule (schedule.py) in order, dispatching on the op
 (units.py). Pointers to per-layer tensors are one model-dtype base pointer plus an int64
 element offset per (layer, field) read from a device table (tables.py); each unit row also
 carries a later unit's weight tile, which a GPU program prefetches into L2 as the unit starts
-(`prefetch` units ahead, cp.async.bulk.prefetch; GRAPHRT_PERSISTENT_PREFETCH=N sets N, 0 = off).
-A program reads the next unit's row while it runs the current one. The last program to finish
-zeroes every counter for the next launch: no host reset, capturable in a CUDA graph.
+(`prefetch` units ahead, cp.async.bulk.prefetch; prefetch=0: off). A program reads the next
+unit's row while it runs the current one. The last program to finish zeroes every counter for
+the next launch: no host reset, capturable in a CUDA graph.
 
 With programs=1 (the CPU interpreter) the one program runs every unit in schedule order and
 no wait spins: tests compare it with a float32 reference and with the kernel sequence.
 """
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
@@ -39,8 +37,6 @@ from graphrt.kernels.persistent.sync import SPIN_LIMIT, prefetch_l2, timer
 from graphrt.kernels.persistent.tables import NF, build_tables
 from graphrt.kernels.persistent.units import attention_unit, gate_up_unit, head_unit, qkv_unit, residual_unit
 
-PREFETCH_ENV = "GRAPHRT_PERSISTENT_PREFETCH"
-COOPERATIVE_ENV = "GRAPHRT_PERSISTENT_COOPERATIVE"
 FMA_MAX_ROWS = 4            # the multiply-add GEMV below this many rows (tl.dot's tile is 16)
 PREFETCH_BYTES = 128 << 10  # L2 prefetch of a later unit's tile: at most this many bytes of it
 TS = 4                      # timeline int64 per unit row: start, waited, end, program
@@ -197,15 +193,10 @@ def kernel_constexprs(s: Schedule, *, gemv: str, prefetch: int, has_bias: bool, 
 
 
 def default_prefetch(device: torch.device) -> int:
-    """L2 prefetch distance in units: GRAPHRT_PERSISTENT_PREFETCH when set, else 1 on sm_90+
-    GPUs and 0 elsewhere (the interpreter cannot run the prefetch's inline PTX)."""
+    """The default L2 prefetch distance in units: 1 on sm_90+ GPUs, 0 elsewhere (the
+    interpreter cannot run the prefetch's inline PTX)."""
     if device.type != "cuda":
         return 0
-    env = os.environ.get(PREFETCH_ENV, "").strip()
-    if env:
-        if not env.isdigit() or int(env) > 8:
-            raise ValueError(f"{PREFETCH_ENV}: expected an int in [0, 8], got {env!r}")
-        return int(env)
     return 1 if torch.cuda.get_device_capability(device) >= (9, 0) else 0
 
 
@@ -250,15 +241,16 @@ class PersistentStep:
     prefetch_bytes: at most this much of each prefetched tile; spin_limit: counter reads before a
     wait gives up (the watchdog, ERR_STALL); gemv: the GEMV tiles' arithmetic, "dot" (tl.dot over
     16-row tiles) or "fma" (multiply-add, 1..FMA_MAX_ROWS rows); "auto": fma up to FMA_MAX_ROWS
-    rows; schedule: a prebuilt schedule of this geometry and rows (tests: `linearize`); timeline:
+    rows; cooperative: launch the grid cooperatively on a GPU (False: plainly, one program per
+    SM); schedule: a prebuilt schedule of this geometry and rows (tests: `linearize`); timeline:
     every launch records each unit's start / waited / end times (GPU global timer, ns) into
     `self.timeline` [units + programs, 4] int64 (timeline.py reads it)."""
 
     def __init__(self, weights, kv_caches, cos_sin: torch.Tensor, *, geometry: Geometry, rows: int, eps: float,
                  programs: int | None = None, tiles: Tiles = Tiles(), max_context_len: int = 4096,
                  num_warps: int = 8, prefetch: int | None = None, prefetch_bytes: int = PREFETCH_BYTES,
-                 spin_limit: int = SPIN_LIMIT, gemv: str = "auto", schedule: Schedule | None = None,
-                 timeline: bool = False):
+                 spin_limit: int = SPIN_LIMIT, gemv: str = "auto", cooperative: bool = True,
+                 schedule: Schedule | None = None, timeline: bool = False):
         why = unsupported(weights, kv_caches, rows)
         if why is not None:
             raise ValueError(f"persistent step: {why}")
@@ -331,8 +323,10 @@ class PersistentStep:
         xalign = _pow2_dividing(g.hidden, g.inter, g.heads * g.head_dim, weights.embed.data_ptr() // esize,
                                 cap=16 // esize)
         # the driver refuses a cooperative grid it cannot keep resident (instead of a hang);
-        # GRAPHRT_PERSISTENT_COOPERATIVE=0 launches plainly (the grid is then one program per SM)
-        self.cooperative = dev.type == "cuda" and programs > 1 and os.environ.get(COOPERATIVE_ENV, "1") != "0"
+        # cooperative=False launches plainly (the grid is then one program per SM)
+        if not isinstance(cooperative, bool):
+            raise ValueError(f"cooperative: expected a bool, got {cooperative!r}")
+        self.cooperative = dev.type == "cuda" and programs > 1 and cooperative
         layer0 = weights.layers[0]
         self.constexprs = kernel_constexprs(self.schedule, gemv=self.gemv, prefetch=self.prefetch,
                                             has_bias=layer0.qkv_bias is not None, qk_norm=layer0.q_norm is not None,
@@ -373,5 +367,5 @@ class PersistentStep:
         return out
 
 
-__all__ = ["PersistentStep", "unsupported", "default_prefetch", "kernel_constexprs", "PREFETCH_ENV", "FMA_MAX_ROWS",
-           "PREFETCH_BYTES", "TS"]
+__all__ = ["PersistentStep", "unsupported", "default_prefetch", "kernel_constexprs", "FMA_MAX_ROWS", "PREFETCH_BYTES",
+           "TS"]
