@@ -168,12 +168,10 @@ class BlockMixin:
         batch.flush(ex.apply)
         pacer = s.pacer if not chunk else None       # the pacer times plain blocks
         mark = pacer.start() if pacer is not None else None
-        k = self.spec.num_tokens if self.spec is not None else 0
+        # constrained rows (the scheduler's count, no scan): one step in two launches (_split_step)
+        masked = list(s.constrained.values()) if s.constrained else None
+        k = self.spec.num_tokens if self.spec is not None and masked is None else 0
         forced = False
-        one = any(r.grammar is not None for r in rows)   # constrained rows: one step, a fresh mask
-        if one:                                       # (the previous block's tokens were read: Engine._step)
-            k = 0
-            self._write_masks(rows)
         if k and self.policy is not None:             # speculate this block, or a plain one
             bucket = pick_bucket(self.caps.config.buckets, max(r.slot for r in rows) + 1)
             k = self.policy.choose([r.slot for r in rows], bucket=bucket).k
@@ -192,12 +190,14 @@ class BlockMixin:
             pending = self._to_host(go.rows, out.tokens, out.emitted, out.proposed, start=start)
             pending.kind, pending.spec_k, pending.forced = "spec", k, forced
         else:
-            go = s.launch_block(rows, block_tokens=1 if one else self.caps.steps_per_graph)
-            # processed: logits processing, + the block's log-probs (constrained rows: one step);
-            # chunk: + the prompt chunk
+            go = s.launch_block(rows, block_tokens=1 if masked else self.caps.steps_per_graph)
+            # processed: logits processing, + the block's log-probs; chunk: + the prompt chunk
             want_lp = go.processed and any(r.params.logprobs is not None for r in rows)
-            out = ex.run(Block(go.n, draw=Draw(sampled=go.sampled, processed=go.processed, filtered=go.filtered),
-                               chunk=chunk, steps=1 if one else None, logprobs=want_lp))
+            draw = Draw(sampled=go.sampled, processed=go.processed, filtered=go.filtered)
+            if masked:
+                out = self._split_step(go.n, draw, masked, want_lp)
+            else:
+                out = ex.run(Block(go.n, draw=draw, chunk=chunk, logprobs=want_lp))
             pending = self._to_host(go.rows, out.tokens, logprobs=out.logprobs, start=start)
             if self.spec is not None:
                 self.spec_counts["plain_blocks"] += 1
@@ -206,15 +206,32 @@ class BlockMixin:
             pacer.launched("block", mark)
         return True
 
+    def _split_step(self, n: int, draw: Draw, masked: list, logprobs: bool):
+        """One step over rows [0, n) holding constrained rows (`masked`), in two launches
+        (model/runtime.py's split steps): the forward; then, while it runs, every block in flight
+        is read back (each matcher sees every token drawn so far: its next mask depends on
+        them; streaming, stop checks and the matchers' work overlap the forward), the
+        constrained rows' next-token masks are written, and the draw is launched. -> the
+        draw's Result ([1, n] tokens). A row that finished meanwhile still draws (discarded)."""
+        ex = self.runtime
+        ex.run(Block(n, draw=draw, part="forward"))
+        while self._pending:
+            self._finish(self._pending.popleft())
+        self._write_masks(masked)
+        return ex.run(Block(n, draw=draw, part="draw", logprobs=logprobs))
+
     def _write_masks(self, reqs: list, *, prefill: bool = False) -> None:
-        """The allowed-token masks of the constrained requests among `reqs` into their slots
-        before a launch draws for them (engine/structured.py); a prefill also clears the flag of
-        a slot a constrained request held before."""
+        """The allowed-token masks of the live constrained requests among `reqs` into their
+        slots before a launch draws for them (structured.fill_masks; written through the
+        executor's write_token_mask); a prefill also clears the flag of a slot a constrained
+        request held before."""
         masked = self._masked_slots
-        rows = [r for r in reqs if r.grammar is not None or (prefill and r.slot in masked)]
+        rows = [r for r in reqs if (r.grammar is not None and r.slot >= 0 and r.finish_reason is None)
+                or (prefill and r.slot in masked)]
         if not rows:
             return
-        structured.write_masks(self.runtime, rows, self.vocab_size)
+        bits, active = structured.fill_masks(rows, self.vocab_size)
+        self.runtime.write_token_mask([r.slot for r in rows], bits, active)
         for r in rows:
             (masked.add if r.grammar is not None else masked.discard)(r.slot)
 

@@ -166,6 +166,10 @@ class Scheduler:
         self._free_slots = list(range(max_batch))   # a heap: the lowest free slot first
         self._admissions = 0
         self.num_preemptions = 0
+        # slot -> request: the decoding rows with a grammar (structured outputs), kept as rows
+        # start (activate) and stop drawing (their last block launched, finished, preempted), so
+        # the engine asks "any constrained row?" without a scan over the rows
+        self.constrained: dict[int, Request] = {}
 
     # ---- admission ----------------------------------------------------------------------------
     def pages_needed(self, prompt_len: int, max_tokens: int) -> int:
@@ -320,6 +324,8 @@ class Scheduler:
         from the next block, unless it has no tokens left to draw."""
         if req.launched >= req.params.max_tokens:
             return
+        if req.grammar is not None:
+            self.constrained[req.slot] = req
         p = req.params
         self.batch.activate(req.slot, seq_len=len(req.prompt) + req.launched, step=req.launched,
                             temperature=0.0 if p.greedy else p.temperature, top_k=max(p.top_k, 0),
@@ -412,6 +418,8 @@ class Scheduler:
             r.launched += added
             if r.launched >= p.max_tokens and not spec:
                 batch.deactivate(slot)
+                if r.grammar is not None:
+                    self.constrained.pop(slot, None)
         return Launch(n + 1, sampled, filtered, out, processed)
 
     def settle(self, req: Request, counted: int, emitted: int) -> None:
@@ -469,6 +477,7 @@ class Scheduler:
 
     def _free_slot(self, req: Request) -> None:
         self.slots[req.slot] = None
+        self.constrained.pop(req.slot, None)
         self.batch.deactivate(req.slot)
         self.batch.clear_pages(req.slot)
         heapq.heappush(self._free_slots, req.slot)

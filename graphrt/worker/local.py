@@ -134,7 +134,7 @@ class LocalExecutor:
             return Result(out.tokens, out.emitted, out.proposed)
         if d.processed:
             tokens = self._decode_block(block.n, sampled=True, processed=True, filtered=d.filtered,
-                                        steps=block.steps)
+                                        part=block.part)
             return Result(tokens, logprobs=self.runtime.logprobs.view(block.n) if block.logprobs else None)
         return Result(self._decode_block(block.n, sampled=d.sampled, chunk=block.chunk))
 
@@ -263,14 +263,17 @@ class LocalExecutor:
         self.runtime.slots.apply(update)
 
     def _decode_block(self, n: int, *, sampled: bool, processed: bool = False,
-                      filtered: bool = True, chunk: bool = False, steps: int | None = None) -> torch.Tensor:
+                      filtered: bool = True, chunk: bool = False, part: str | None = None) -> torch.Tensor | None:
         """K decode steps over slots [0, n) -> [K, n] int64 (a view, valid until the next block);
         processed: the logits-processing graph (then `runtime.logprobs` holds the block's), with
-        steps=1 a one-step block ([1, n]: constrained rows, whose masks change every token);
+        part "forward" / "draw" one step in two launches (constrained rows, whose masks change
+        every token: the forward -> None, then its draw -> [1, n]);
         filtered (with processed): some row uses top-k / top-p; chunk: the block's first step
         also prefills the prompt chunk staged by `stage_chunk` (not with processed)."""
         if chunk:
             return self.runtime.decode_slots(n, sampled=sampled, chunk=True)
+        if part == "draw":                               # the forward did the bookkeeping below
+            return self.runtime.decode_slots(n, sampled=True, processed=True, filtered=filtered, part="draw")
         if self._draft is not None:
             fresh = [s for s in range(n) if s not in self._draft_stale]
             if fresh:    # where each slot's draft K/V stops (device)
@@ -282,7 +285,7 @@ class LocalExecutor:
                     self._draft_since.index_copy_(0, idx, lens.index_select(0, idx))
             self._draft_stale.update(range(n))
         if processed:
-            return self.runtime.decode_slots(n, sampled=True, processed=True, filtered=filtered, steps=steps)
+            return self.runtime.decode_slots(n, sampled=True, processed=True, filtered=filtered, part=part)
         return self.runtime.decode_slots(n, sampled=sampled)
 
     def write_token_mask(self, slots: list[int], bits: torch.Tensor, active: torch.Tensor) -> None:

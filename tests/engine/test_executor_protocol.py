@@ -199,8 +199,9 @@ def test_capabilities_refuse_bad_fields(kw, field):
 @pytest.mark.parametrize("kw,field", [
     (dict(n=0), "n"), (dict(n=2, k=-1), "k"), (dict(n=2, k=2, chunk=True), "chunk"),
     (dict(n=2, logprobs=True), "logprobs"), (dict(n=2, draw="greedy"), "draw"),
-    (dict(n=2, steps=1), "steps"),                                        # one step: processed only
-    (dict(n=2, steps=2, draw=Draw(True, True)), "steps"), (dict(n=2, k=1, steps=1, draw=Draw(True, True)), "steps"),
+    (dict(n=2, part="forward"), "part"),                                  # a split step: processed only
+    (dict(n=2, part="both", draw=Draw(True, True)), "part"), (dict(n=2, k=1, part="draw", draw=Draw(True, True)), "part"),
+    (dict(n=2, part="forward", logprobs=True, draw=Draw(True, True)), "logprobs"),   # the draw records them
 ])
 def test_block_launches_refuse_bad_fields(kw, field):
     with pytest.raises(ValueError, match=rf"^{field}:"):
