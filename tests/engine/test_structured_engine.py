@@ -26,10 +26,12 @@ def test_constrained_beside_free(llm):
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0,
               "maximum": 99}}, "required": ["ok", "n"], "additionalProperties": False}
     free = SamplingParams(max_tokens=8, temperature=0)
+    sampled = SamplingParams(max_tokens=10, temperature=0.9, seed=5)
     params = [SamplingParams(max_tokens=12, temperature=0, structured_outputs={"choice": ["yes", "no", "maybe"]}),
               SamplingParams(max_tokens=12, temperature=1.0, seed=4, structured_outputs={"regex": r"[a-c]{2}-\d"}),
               free,
-              SamplingParams(max_tokens=24, temperature=0.7, seed=1, structured_outputs={"json": schema})]
+              SamplingParams(max_tokens=24, temperature=0.7, seed=1, structured_outputs={"json": schema}),
+              sampled]
     outs = llm.generate(["tell me"] * len(params), params, use_tqdm=False)
     assert outs[0].outputs[0].text in ("yes", "no", "maybe") and outs[0].outputs[0].finish_reason == "stop"
     assert re.fullmatch(r"[a-c]{2}-\d", outs[1].outputs[0].text) and outs[1].outputs[0].finish_reason == "stop"
@@ -37,8 +39,9 @@ def test_constrained_beside_free(llm):
         jsonschema.validate(json.loads(outs[3].outputs[0].text), schema)
     else:                                          # cut by max_tokens: a prefix of a valid object
         assert outs[3].outputs[0].text.startswith('{"ok": ')
-    alone = llm.generate(["tell me"], [free], use_tqdm=False)[0]
-    assert outs[2].outputs[0].token_ids == alone.outputs[0].token_ids
+    alone = llm.generate(["tell me"] * 2, [free, sampled], use_tqdm=False)   # K-step blocks, no masks
+    assert outs[2].outputs[0].token_ids == alone[0].outputs[0].token_ids
+    assert outs[4].outputs[0].token_ids == alone[1].outputs[0].token_ids
 
 
 def test_n_samples_and_cached_prefix(llm):
