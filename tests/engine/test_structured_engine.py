@@ -1,6 +1,6 @@
 """Constrained decoding through the engine with the tiny random model on CPU: every constrained
-output matches its constraint (choice, regex, JSON schema), an unconstrained greedy neighbour in
-the same blocks equals its output alone, n > 1 and a cached prefix keep the constraint, a
+output matches its constraint (choice, regex, JSON schema), unconstrained greedy and sampled
+neighbours in the same (split one-step) blocks equal their outputs alone (K-step blocks), n > 1 and a cached prefix keep the constraint, a
 request whose constraint fails to compile fails alone (ValueError naming the field)."""
 from __future__ import annotations
 
