@@ -1,7 +1,8 @@
 """Constrained decoding through the engine with the tiny random model on CPU: every constrained
-output matches its constraint (choice, regex, JSON schema), unconstrained greedy and sampled
-neighbours in the same (split one-step) blocks equal their outputs alone (K-step blocks), n > 1 and a cached prefix keep the constraint, a
-request whose constraint fails to compile fails alone (ValueError naming the field)."""
+output matches its constraint (choice, regex, JSON schema); unconstrained greedy and sampled
+neighbours in the same (split one-step) blocks equal their outputs alone (K-step blocks); n > 1
+and a cached prefix keep the constraint; a request whose constraint fails to compile fails alone
+(ValueError naming the field)."""
 from __future__ import annotations
 
 import json
