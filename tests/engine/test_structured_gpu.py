@@ -1,7 +1,8 @@
-"""Constrained decoding on the GPU with captured graphs (the processed graphs' 1-step variant and
-the mask kernel inside them): a JSON-schema / regex / choice request beside a free greedy one;
-every constrained output validates, the free one equals its output alone; the mask kernel on
-CUDA equals its torch rule."""
+"""Constrained decoding on the GPU with captured graphs (split steps: a forward graph and a
+processed draw graph per bucket, the mask kernel inside the draw): a JSON-schema / regex /
+choice request beside a free greedy one and a free sampled one; every constrained output
+validates, the free ones equal their outputs alone; the mask kernel on CUDA equals its torch
+rule."""
 from __future__ import annotations
 
 import json
@@ -12,6 +13,7 @@ import torch
 
 from _checkpoints import write
 from graphrt import LLM, SamplingParams
+from graphrt.attention.graphs import GraphKey
 from graphrt.kernels.token_mask import apply_token_mask, reference_mask, words
 
 pytestmark = pytest.mark.gpu
@@ -32,14 +34,20 @@ def test_mask_kernel_cuda():
 def test_constrained_beside_free_graphs(tmp_path_factory):
     path = write(tmp_path_factory, "so_gpu", arch="llama", dtype="bfloat16", seed=11)
     llm = LLM(path, max_batch=8, steps_per_graph=4, max_model_len=256)
+    keys = llm.runtime.runtime.graphs.keys()
+    for b in llm.runtime.runtime.config.buckets:               # the split step's graphs, captured
+        assert GraphKey("decode_forward", b) in keys
+        assert GraphKey("decode_draw", b, sampled=True, processed=True) in keys
     free = SamplingParams(max_tokens=24, temperature=0)
+    sampled = SamplingParams(max_tokens=24, temperature=0.9, seed=7)
     params = [free, SamplingParams(max_tokens=60, temperature=0.8, seed=1, structured_outputs={"json": SCHEMA}),
               SamplingParams(max_tokens=16, temperature=0, structured_outputs={"regex": r"[a-c]{2}-\d{2}"}),
-              SamplingParams(max_tokens=8, temperature=0, structured_outputs={"choice": ["yes", "no"]})]
-    outs = llm.generate(["say something"] * 4, params, use_tqdm=False)
+              SamplingParams(max_tokens=8, temperature=0, structured_outputs={"choice": ["yes", "no"]}), sampled]
+    outs = llm.generate(["say something"] * 5, params, use_tqdm=False)
     if outs[1].outputs[0].finish_reason == "stop":
         jsonschema.validate(json.loads(outs[1].outputs[0].text), SCHEMA)
     assert re.fullmatch(r"[a-c]{2}-\d{2}", outs[2].outputs[0].text)
     assert outs[3].outputs[0].text in ("yes", "no")
-    alone = llm.generate(["say something"], [free], use_tqdm=False)[0]
-    assert outs[0].outputs[0].token_ids == alone.outputs[0].token_ids
+    alone = llm.generate(["say something"] * 2, [free, sampled], use_tqdm=False)   # K-step blocks
+    assert outs[0].outputs[0].token_ids == alone[0].outputs[0].token_ids
+    assert outs[4].outputs[0].token_ids == alone[1].outputs[0].token_ids
