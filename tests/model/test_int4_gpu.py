@@ -112,7 +112,7 @@ def test_int4_greedy_equals_hf_over_dequantized_weights(request, tmp_path, kind)
     else:
         truth = write_int4(src, tmp_path / "q", "gptq", group_size=32, sym=False, act_order=True)
         hf.load_state_dict(truth, strict=False)
-        llm = LLM(tmp_path / "q", device="cuda", max_batch=8, steps_per_graph=4, max_model_len=1024)
+        llm = LLM(tmp_path / "q", device="cuda", max_batch=8, steps_per_graph=4, max_model_len=256)
     w = llm.checkpoint.weights["layers"][0]
     assert isinstance(w["gate_up"], Int4Weight) and (w["qkv"].perm is not None) == (kind != "quantize")
     hf = hf.cuda()
