@@ -100,7 +100,9 @@ def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None, q
                        processing=tp is None, logprobs_width=MAX_LOGPROBS,
                        kv_scales=kv_scales_for(ck, rc), prefill_graph_tokens=config.prefill_graph_tokens,
                        graphed_prefill=None if config.capture else False,
-                       mixed_prefill_tokens=config.mixed_prefill_tokens, plans=plans)
+                       mixed_prefill_tokens=config.mixed_prefill_tokens, plans=plans,
+                       # constrained rows under n-gram speculation: a mask per verified position
+                       mask_positions=1 + spec.num_tokens if spec is not None and spec.method == "ngram" else 1)
     runner = None
     if spec is not None:
         from graphrt.engine.speculation import build_runner

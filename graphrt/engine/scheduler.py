@@ -79,6 +79,7 @@ class Request:
     cumulative_logprob: float = 0.0   # sum of its delivered tokens' log-probs (with logprobs)
     prompt_array: np.ndarray | None = None   # [P] int64 host (read-only): the prompt's ids, converted once
     grammar: object = None            # constrained decoding: its matcher (engine/structured.py GrammarState)
+    ngram: object = None              # ... under n-gram speculation: its proposals predicted (NgramIndex)
 
     @property
     def context(self) -> list[int]:

@@ -161,6 +161,24 @@ class GrammarState:
         if self.extra is not None:
             out[row].bitwise_and_(self.extra)
 
+    def fill_along(self, drafts: list[int], out: torch.Tensor) -> int:
+        """Speculation: the masks along proposed tokens -> j, how many of them the grammar
+        accepts (those after the first it refuses are dropped). out [>= j + 1, W] int32 CPU:
+        row i <- the mask before drafts[i] (i < j), row j <- the mask after the j accepted ones
+        (the next token's: a rejection's or the bonus draw's); rows past j untouched. The
+        matcher ends where it began (rolled back)."""
+        m, j = self.matcher, 0
+        for t in drafts:
+            self.fill(out, j)
+            if m.is_terminated() or not (int(out[j, t >> 5]) >> (t & 31)) & 1 or not m.accept_token(t):
+                break
+            j += 1
+        else:
+            self.fill(out, j)
+        if j:
+            m.rollback(j)
+        return j
+
     @property
     def done(self) -> bool:
         return self.matcher.is_terminated()

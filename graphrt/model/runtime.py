@@ -150,7 +150,8 @@ class ModelRuntime:
                  processing: bool = False, logprobs_mode: str = "raw", logprobs_width: int = 20,
                  kv_scales: list[tuple[float, float]] | None = None, prefill_graph_tokens: int = 512,
                  graphed_prefill: bool | None = None, splitk: str | int = "auto",
-                 mixed_prefill_tokens: int = 0, plans: dict | None = None, decode_backend: str = "sequence"):
+                 mixed_prefill_tokens: int = 0, plans: dict | None = None, decode_backend: str = "sequence",
+                 mask_positions: int = 1):
         s = model.spec
         heads = getattr(model, "local_spec", s)  # a tensor-parallel rank's model: its own heads
         want = (heads.num_heads, heads.num_kv_heads, heads.head_dim)
@@ -184,6 +185,8 @@ class ModelRuntime:
             raise ValueError(f"logprobs_width: must be an int >= 0, got {logprobs_width!r}")
         self._logprobs_width = min(logprobs_width, s.vocab_size)   # top-n of a vocabulary holds at most V
         self.processing, self.logprobs_mode = processing, logprobs_mode
+        if isinstance(mask_positions, bool) or not isinstance(mask_positions, int) or mask_positions < 1:
+            raise ValueError(f"mask_positions: must be an int >= 1, got {mask_positions!r}")
         if num_pages is not None and (isinstance(num_pages, bool) or not isinstance(num_pages, int)
                                       or num_pages < 1):
             raise ValueError(f"num_pages: must be an int >= 1, got {num_pages!r}")
@@ -197,7 +200,9 @@ class ModelRuntime:
                                         history_width=config.max_context_len if token_history else None,
                                         vocab=s.vocab_size if processing else None)
         # constrained decoding's allowed-token masks (model/token_mask.py): read by the processed draws
-        self.token_mask = TokenMask.allocate(b, s.vocab_size, self.device) if processing else None
+        # (mask_positions: 1 + the most proposals a speculative round verifies under a grammar)
+        self.token_mask = (TokenMask.allocate(b, s.vocab_size, self.device, positions=mask_positions)
+                           if processing else None)
         self.buffers = StaticBuffers(config, self.device, block_table=self.slots.block_table,
                                      seq_lens=self.slots.seq_lens)   # the graphs read the slots
         self.backend = make_backend(config, self.kv_caches[0], self.device, name=backend)

@@ -6,6 +6,7 @@
     res = ex.run(Block(n=4, k=2, draw=Draw()))                        # speculative: [R, n, k + 1]
     ex.run(Block(n=4, draw=Draw(True, True), part="forward"))         # constrained rows: one step
     res = ex.run(Block(n=4, draw=Draw(True, True), part="draw"))      # in two launches: [1, n]
+    res = ex.run(Block(n=4, k=4, draw=Draw(True, True), rounds=1))    # constrained rows: one round
 
 A launch is plain host data (lists, CPU tensors, device tensors the engine drew), so a
 tensor-parallel driver can send the same description to every rank. A Result's tensors are
@@ -36,6 +37,8 @@ class Block:
     next over the same n, draws its tokens -> tokens [1, n].
     logprobs: the result carries the block's log-probabilities (draw.processed only; not with
     part "forward").
+    rounds: None, the executor's R; 1, one speculative round (k > 0, draw.processed: a block
+    holding constrained rows, Capabilities.spec_grammar) -> tokens [1, n, k + 1].
     sync_draft: with a proposer that keeps device state (Capabilities.draft_state), catch stale
     slots up first (False: rows at their limit, where the proposals no longer matter)."""
 
@@ -44,6 +47,7 @@ class Block:
     draw: Draw = Draw()
     chunk: bool = False
     part: str | None = None
+    rounds: int | None = None
     logprobs: bool = False
     sync_draft: bool = True
 
@@ -60,6 +64,9 @@ class Block:
             raise ValueError(f"part: expected None, 'forward' or 'draw', got {self.part!r}")
         if self.part is not None and (self.k or not self.draw.processed):
             raise ValueError(f"part: {self.part!r} only in a plain block (k = 0) with draw.processed")
+        if self.rounds is not None and (self.rounds != 1 or not self.k or not self.draw.processed):
+            raise ValueError(f"rounds: None (R) or 1 in a speculative block (k > 0) with draw.processed, "
+                             f"got {self.rounds!r}")
         if self.logprobs and (not self.draw.processed or self.part == "forward"):
             raise ValueError("logprobs: a block records log-probabilities only with draw.processed "
                              "(and a draw: not part 'forward')")

@@ -65,7 +65,7 @@ class LocalExecutor:
                 spec_ks=() if spec is None else tuple(spec.ks), spec_rounds=0 if spec is None else spec.rounds,
                 spec_logprobs=False,          # speculative rounds do not record log-probabilities (yet)
                 processing=rt.processing, logprobs_width=rt.logprobs.width if rt.processing else 0,
-                structured=rt.token_mask is not None,
+                structured=rt.token_mask is not None, spec_grammar=spec is not None and spec.grammar,
                 mixed_tokens=0 if rt.mixed is None else rt.mixed.max_tokens,
                 history_width=None if rt.slots.history is None else rt.slots.history.shape[1],
                 draft_state=self._draft is not None, shared_prefill=self._eagle is None, kernels=model.kernels,
@@ -129,8 +129,10 @@ class LocalExecutor:
             caps = self.caps
             caps.refuse("k", block.k in caps.spec_ks, f"{block.k} is not one of this executor's "
                         f"speculative proposal counts {caps.spec_ks}")
+            caps.refuse("rounds", block.rounds is None or caps.spec_grammar,
+                        "one-round blocks need grammar-checked n-gram proposals (spec_grammar)")
             out = self._spec_block(block.n, k=block.k, filtered=d.filtered, processed=d.processed,
-                                   sync_draft=block.sync_draft)
+                                   sync_draft=block.sync_draft, rounds=block.rounds)
             return Result(out.tokens, out.emitted, out.proposed)
         if d.processed:
             tokens = self._decode_block(block.n, sampled=True, processed=True, filtered=d.filtered,
@@ -302,19 +304,20 @@ class LocalExecutor:
         self.runtime.stage_chunk(slot, tokens, start, table_row=table_row)
 
     def _spec_block(self, n: int, *, k: int | None = None, filtered: bool = False, processed: bool = False,
-                   sync_draft: bool = True):
+                   sync_draft: bool = True, rounds: int | None = None):
         """R speculative rounds with k proposals a round (one of spec_ks; default the configured
         num_tokens) over slots [0, n) -> BlockOutput views (speculative/runner.py); filtered:
         some slot uses top_k / top_p; processed: some slot needs logits processing. sync_draft=False:
         no catch-up of stale draft K/V first (they stay stale: the draft proposes from what it
-        has, which acceptance keeps exact; for a block whose rows are at their limit)."""
+        has, which acceptance keeps exact; for a block whose rows are at their limit). rounds:
+        None (R) or 1 (constrained rows: SpeculativeRunner.grammar)."""
         if self.spec is None:
             raise ValueError("k: this executor was built without speculation (k must be 0)")
         if self._draft_stale and sync_draft:
             stale = sorted(s for s in self._draft_stale if s < n)
             self.spec.sync_draft(stale, since=self._draft_since)
             self._draft_stale.difference_update(stale)
-        return self.spec.run(n, k=k, filtered=filtered, processed=processed)
+        return self.spec.run(n, k=k, filtered=filtered, processed=processed, rounds=rounds)
 
     def measure_costs(self, *, replays: int = 10):
         """Device µs of one plain decode step and one speculative round per bucket and k in
