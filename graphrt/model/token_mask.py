@@ -36,15 +36,16 @@ class TokenMask:
     bits: torch.Tensor
     active: torch.Tensor
     rows: torch.Tensor            # [B, P] int64 device: b * P + j, the flat row of (slot b, position j)
+    first: torch.Tensor           # [B] int64 device: b * P, each slot's position 0 (contiguous)
 
     @classmethod
     def allocate(cls, max_batch: int, vocab: int, device, *, positions: int = 1) -> "TokenMask":
         if isinstance(positions, bool) or not isinstance(positions, int) or positions < 1:
             raise ValueError(f"positions: expected an int >= 1, got {positions!r}")
         b, p = max_batch, positions
+        rows = torch.arange(b * p, dtype=torch.int64, device=device).view(b, p)
         return cls(torch.full((b, p, words(vocab)), -1, dtype=torch.int32, device=device),
-                   torch.zeros((b, p), dtype=torch.int32, device=device),
-                   torch.arange(b * p, dtype=torch.int64, device=device).view(b, p))
+                   torch.zeros((b, p), dtype=torch.int32, device=device), rows, rows[:, 0].contiguous())
 
     @property
     def words(self) -> int:
@@ -86,7 +87,7 @@ class TokenMask:
             if isinstance(sel, int):
                 return apply_token_mask(logits, flat_bits[:sel], flat_active[:sel])
             return apply_token_mask(logits, flat_bits, flat_active, slots=sel)
-        rows = self.rows[:sel, 0] if isinstance(sel, int) else self.rows[:, 0].index_select(0, sel)
+        rows = self.first[:sel] if isinstance(sel, int) else self.first.index_select(0, sel)
         return apply_token_mask(logits, flat_bits, flat_active, slots=rows)
 
     def apply_verify(self, logits: torch.Tensor, size: int, k: int) -> torch.Tensor:
