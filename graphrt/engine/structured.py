@@ -25,6 +25,10 @@ While the forward runs the host reads the previous step's tokens back, advances 
 (`advance`), fills the next masks (`fill_masks`: tens of microseconds on xgrammar's precomputed
 per-state masks) and writes them ([m, W] int32, one copy); the draw that follows reads them.
 The matcher's work is thus off the device's critical path while it is shorter than a forward.
+Under n-gram speculation (engine/blocks.py `_grammar_round`) a block with constrained rows runs
+one round instead: each row's predicted proposal is walked by its matcher (`fill_along`: the
+masks before each proposal the grammar accepts and after the last, then rolled back) and the
+row's proposals are capped at the first one it refuses.
 """
 from __future__ import annotations
 
