@@ -88,7 +88,7 @@ def _generate(grammars, table, so, seed: int, max_steps: int = 160, kernel: bool
         if kernel:
             mask.apply(logits, torch.tensor([1, 0]))
         else:
-            logits = reference_mask(logits, mask.bits, mask.active, torch.tensor([1, 0]))
+            logits = reference_mask(logits, mask.bits[:, 0], mask.active[:, 0], torch.tensor([1, 0]))   # position 0
         tok = int(torch.argmax(logits[0]))
         assert logits[0, tok] > float("-inf")
         state.advance([tok])
