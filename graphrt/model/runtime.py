@@ -1,6 +1,7 @@
 """Whole-model decode through graphrt: a user's step function captured per bucket, K steps a graph.
 
-    mrt = ModelRuntime(model, config, device="cuda", steps_per_graph=4)   # keep_logits=False
+    mrt = ModelRuntime(model, config, "cuda", options=RuntimeOptions(steps_per_graph=4))
+    mrt = ModelRuntime(model, config, "cuda", steps_per_graph=4)   # the same: fields by keyword
     mrt.prefill(prompts, block_table)                      # eager; fills every layer's cache
     mrt.capture()
     tokens = mrt.decode(tokens, block_table, seq_lens)     # [K, n] greedy tokens, K steps, 1 replay
@@ -11,10 +12,14 @@
     mrt.decode_slots(n, sampled=True, processed=True, part="forward")   # one step split in two:
     tokens = mrt.decode_slots(n, sampled=True, processed=True, part="draw")   # [1, n] (masks between)
 
+config (graphrt/config.py's RuntimeConfig) is what the runtime serves; options
+(model/options.py's RuntimeOptions) is how it runs it: every knob below is one of its fields, and
+the environment's GRAPHRT_* variables override them once, here (`mrt.options` is the result).
+
 The graphs read the runtime's persistent per-slot state `mrt.slots` (model/slots.py) in place:
-the public decode() copies its arguments into it first (the one explicit input copy); an engine
-writes it through its input batch (`mrt.slots.apply(update)`) and calls decode_slots(), which
-copies nothing. Each block advances the slots on the device: seq_lens by K, the current token,
+the public decode() copies its arguments into it first (the one explicit input copy); an engine's
+executor writes it through its input batch (`mrt.slots.apply(update)`) and calls decode_slots(),
+which copies nothing. Each block advances the slots on the device: seq_lens by K, the current token,
 the draw index of sampled rows, and the token history (token_history=True, for speculation).
 Capture and replay go through the one graph runner (attention/graphs.py), keyed
 GraphKey("decode", bucket, steps=K, sampled=..., filtered=...); speculative rounds
@@ -49,8 +54,8 @@ one weight stream for both): `stage_chunk(slot, tokens, start)`, then
 
 Split-K (model/splitk.py): the o and down GEMMs of each decode bucket run split S (one GEMM of
 split views, summed by the add+RMSNorm that reads them), S per bucket fixed once before the first
-capture (`mrt.splitk`, a SplitKPlan): measured on CUDA by default, off on CPU; `splitk=` (0, 1,
-2, 4 or "auto") or, for "auto", GRAPHRT_SPLITK sets it.
+capture (`mrt.splitk`, a SplitKPlan): measured on CUDA by default, off on CPU; options.splitk
+(0, 1, 2, 4 or "auto"; GRAPHRT_SPLITK) sets it.
 
 `plans=` (model/plans.py, e.g. a graph cache's, from an earlier start's `measured_plans()`): the
 split-K table and "auto"'s K taken as measured instead of measuring them again (source "cached").
@@ -97,7 +102,8 @@ from graphrt.attention.graphs import GraphKey, GraphRunner
 from graphrt.attention.inputs import check_exclusive_writes, check_host_values, check_prefill, check_tables
 from graphrt.attention.kvcache import PagedKVCache
 from graphrt.attention.runtime import raise_device_errors, runtime_device
-from graphrt.config import RuntimeConfig, check_steps
+from graphrt.config import RuntimeConfig
+from graphrt.kernels.launch import pdl_scope
 from graphrt.kernels.transfer import to_device
 from graphrt.model.context import AttentionContext
 from graphrt.model.draw import Draw, DrawRows, draw
@@ -107,15 +113,14 @@ from graphrt.model import prefill_graphs
 from graphrt.model.prefill_graphs import PrefillGraphs
 from graphrt.model.sampling import SamplingInputs
 from graphrt.model.quant.kv import kv_scales as _kv_scale_tensor
-from graphrt.config import check_mixed_tokens
 from graphrt.model.mixed import MixedChunk
-from graphrt.model.persistent import PersistentPlan, choose as choose_persistent, \
-    resolve_setting as resolve_persistent
+from graphrt.model.options import RuntimeOptions
+from graphrt.model.persistent import PersistentPlan, choose as choose_persistent
 from graphrt.model.slots import SlotState
 from graphrt.model.token_mask import TokenMask
 from graphrt.model.plans import check_plans, plans_dict
 from graphrt.model.splitk import GEMMS as SPLITK_GEMMS, MAX_ROWS as SPLITK_MAX_ROWS, SplitKPlan, plan_splitk, \
-    resolve_setting, splittable
+    splittable
 from graphrt.model.steps import AUTO, AUTO_STEPS, StepsPlan, steps_for_step_us
 
 log = logging.getLogger("graphrt.model")
@@ -143,15 +148,18 @@ GREEDY_CHUNK, SAMPLED_CHUNK = DecodeKind(Draw(), chunk=True), DecodeKind(Draw(sa
 
 
 class ModelRuntime:
-    def __init__(self, model, config: RuntimeConfig, device="cuda", *, backend: str | None = None,
-                 steps_per_graph: int | str = 1, num_pages: int | None = None, sampling: bool = False,
-                 keep_logits: bool = False, prefill_chunk_tokens: int = 8192,
-                 fallback_to_one_step: bool = False, token_history: bool = False,
-                 processing: bool = False, logprobs_mode: str = "raw", logprobs_width: int = 20,
-                 kv_scales: list[tuple[float, float]] | None = None, prefill_graph_tokens: int = 512,
-                 graphed_prefill: bool | None = None, splitk: str | int = "auto",
-                 mixed_prefill_tokens: int = 0, plans: dict | None = None, decode_backend: str = "sequence",
-                 mask_positions: int = 1):
+    def __init__(self, model, config: RuntimeConfig, device="cuda", *, options: RuntimeOptions | None = None,
+                 kv_scales: list[tuple[float, float]] | None = None, plans: dict | None = None, **fields):
+        """config: what it serves (graphrt/config.py); options: how it runs (model/options.py;
+        default RuntimeOptions()); fields: RuntimeOptions fields by keyword, a shorthand for
+        options.replace(**fields). The environment's GRAPHRT_* variables then override them
+        (RuntimeOptions.with_env): `self.options` is what this runtime runs with. kv_scales: the
+        checkpoint's FP8 KV scales; plans: an earlier start's measured plans (model/plans.py)."""
+        if options is None:
+            options = RuntimeOptions()
+        if not isinstance(options, RuntimeOptions):
+            raise ValueError(f"options: expected a RuntimeOptions, got {type(options).__name__}")
+        opts = self.options = options.replace(**fields).with_env()
         s = model.spec
         heads = getattr(model, "local_spec", s)  # a tensor-parallel rank's model: its own heads
         want = (heads.num_heads, heads.num_kv_heads, heads.head_dim)
@@ -164,100 +172,72 @@ class ModelRuntime:
         if rope_rows is not None and config.max_context_len > rope_rows:
             raise ValueError(f"config: max_context_len={config.max_context_len} exceeds the model's "
                              f"RoPE table of max_positions={rope_rows}")
-        if isinstance(prefill_chunk_tokens, bool) or not isinstance(prefill_chunk_tokens, int) \
-                or prefill_chunk_tokens < 1:
-            raise ValueError(f"prefill_chunk_tokens: must be an int >= 1, got {prefill_chunk_tokens!r}")
-        check_steps(steps_per_graph)
+        tp = getattr(model, "tp", None)
         self.model, self.config = model, config
         # K: fixed, or "auto" at AUTO_STEPS until the first capture() measures (_plan_steps)
-        self.steps = (StepsPlan(AUTO_STEPS, "default") if steps_per_graph == AUTO
-                      else StepsPlan(steps_per_graph, "fixed"))
+        self.steps = (StepsPlan(AUTO_STEPS, "default") if opts.steps_per_graph == AUTO
+                      else StepsPlan(opts.steps_per_graph, "fixed"))
         self.k = self.steps.k
-        for name, flag in (("keep_logits", keep_logits), ("sampling", sampling),
-                           ("fallback_to_one_step", fallback_to_one_step), ("token_history", token_history),
-                           ("processing", processing)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name}: expected a bool, got {flag!r}")
-        self.keep_logits = keep_logits
-        if logprobs_mode not in ("raw", "processed"):
-            raise ValueError(f"logprobs_mode: expected 'raw' or 'processed', got {logprobs_mode!r}")
-        if isinstance(logprobs_width, bool) or not isinstance(logprobs_width, int) or logprobs_width < 0:
-            raise ValueError(f"logprobs_width: must be an int >= 0, got {logprobs_width!r}")
-        self._logprobs_width = min(logprobs_width, s.vocab_size)   # top-n of a vocabulary holds at most V
-        self.processing, self.logprobs_mode = processing, logprobs_mode
-        if isinstance(mask_positions, bool) or not isinstance(mask_positions, int) or mask_positions < 1:
-            raise ValueError(f"mask_positions: must be an int >= 1, got {mask_positions!r}")
-        if num_pages is not None and (isinstance(num_pages, bool) or not isinstance(num_pages, int)
-                                      or num_pages < 1):
-            raise ValueError(f"num_pages: must be an int >= 1, got {num_pages!r}")
+        self.keep_logits = opts.keep_logits
+        self._logprobs_width = min(opts.logprobs_width, s.vocab_size)   # top-n of a vocabulary holds at most V
+        self.processing, self.logprobs_mode = opts.processing, opts.logprobs_mode
         self.device = runtime_device(device)
-        pages = num_pages or config.pool_pages
+        pages = opts.num_pages or config.pool_pages
         self.kv_caches = [PagedKVCache.allocate(config, pages, self.device, seed=config.seed + i)
                           for i in range(s.num_layers)]
         self.kv_scale_source = self._set_kv_scales(kv_scales)   # None: not FP8
         b = config.max_batch
         self.slots = SlotState.allocate(b, config.max_pages_per_seq, self.device,
-                                        history_width=config.max_context_len if token_history else None,
-                                        vocab=s.vocab_size if processing else None)
+                                        history_width=config.max_context_len if opts.token_history else None,
+                                        vocab=s.vocab_size if opts.processing else None)
         # constrained decoding's allowed-token masks (model/token_mask.py): read by the processed draws
         # (mask_positions: 1 + the most proposals a speculative round verifies under a grammar)
-        self.token_mask = (TokenMask.allocate(b, s.vocab_size, self.device, positions=mask_positions)
-                           if processing else None)
+        self.token_mask = (TokenMask.allocate(b, s.vocab_size, self.device, positions=opts.mask_positions)
+                           if opts.processing else None)
         self.buffers = StaticBuffers(config, self.device, block_table=self.slots.block_table,
                                      seq_lens=self.slots.seq_lens)   # the graphs read the slots
-        self.backend = make_backend(config, self.kv_caches[0], self.device, name=backend)
+        self.backend = make_backend(config, self.kv_caches[0], self.device, name=opts.backend)
         # a tensor-parallel model's graphs hold NCCL collectives: the process group's watchdog
         # thread queries CUDA events during capture, which the default "global" mode would refuse
-        self.graphs = GraphRunner(self.device, capture_error_mode="global" if getattr(model, "tp", None)
-                                  is None else "thread_local")
+        self.graphs = GraphRunner(self.device, capture_error_mode="global" if tp is None else "thread_local",
+                                  warmup_steps=opts.graph_warmup, pdl=opts.pdl)
         self.lock = threading.RLock()  # held for a whole call: see the module docstring
-        self.prefill_chunk_tokens = prefill_chunk_tokens
-        if isinstance(prefill_graph_tokens, bool) or not isinstance(prefill_graph_tokens, int) \
-                or prefill_graph_tokens < 0:
-            raise ValueError(f"prefill_graph_tokens: must be an int >= 0 (0 = eager prefill), got "
-                             f"{prefill_graph_tokens!r}")
-        if graphed_prefill not in (None, True, False):
-            raise TypeError(f"graphed_prefill: expected None (auto), True or False, got {graphed_prefill!r}")
+        self.prefill_chunk_tokens = opts.prefill_chunk_tokens
+        graphed_prefill = opts.graphed_prefill
         if graphed_prefill is None:          # auto: where decode graphs are captured, one GPU (a
-            graphed_prefill = (self.device.type == "cuda" and prefill_graph_tokens > 0   # tensor-parallel
-                               and getattr(model, "tp", None) is None)                   # one: not yet run)
-        self.prefill_graphs = (PrefillGraphs(model, config, self.device, max_tokens=prefill_graph_tokens)
-                               if graphed_prefill and prefill_graph_tokens > 0 else None)
+            graphed_prefill = (self.device.type == "cuda" and opts.prefill_graph_tokens > 0   # tensor-parallel
+                               and tp is None)                                                 # one: not yet run)
+        self.prefill_graphs = (PrefillGraphs(model, config, self.device, max_tokens=opts.prefill_graph_tokens)
+                               if graphed_prefill and opts.prefill_graph_tokens > 0 else None)
         self._prefill_attention: PrefillAttention | None = None  # built on first prefill
-        if check_mixed_tokens(mixed_prefill_tokens) and getattr(model, "tp", None) is not None:
+        if opts.mixed_prefill_tokens and tp is not None:
             raise ValueError("mixed_prefill_tokens: not under tensor parallelism (use 0)")
         # a prompt chunk in the first step of a greedy / sampled decode block (model/mixed.py)
-        self.mixed = (MixedChunk(model, config, self.device, max_tokens=mixed_prefill_tokens)
-                      if mixed_prefill_tokens else None)
-        self.sampling = sampling  # capture() also captures the sampled graph of every bucket
-        if splitk != "auto":
-            resolve_setting(splitk)                       # ValueError now; "auto" reads the env later
-        self._splitk_setting = splitk
+        self.mixed = (MixedChunk(model, config, self.device, max_tokens=opts.mixed_prefill_tokens)
+                      if opts.mixed_prefill_tokens else None)
+        self.sampling = opts.sampling  # capture() also captures the sampled graph of every bucket
         self._plans = check_plans(plans)      # split-K / K measured by an earlier start (model/plans.py)
         self.splitk: SplitKPlan | None = None   # decode buckets' split-K: chosen once, before the first graph
         self.plan_seconds: dict[str, float] = {}  # host seconds of the measured plans at capture (start-up line)
-        if decode_backend != "auto":
-            resolve_persistent(decode_backend)           # ValueError now; "auto" reads the env later
-        self._persistent_setting = decode_backend
         self.persistent: PersistentPlan | None = None   # greedy buckets <= 16 rows: persistent step or sequence
         self._captured = False
         self.backend.setup([self.buffers.view(x) for x in reversed(config.buckets)])
         if self.backend.needs_host_inputs and self.steps.source == "default":   # "auto": one step
             self.steps = StepsPlan(1, "host planning")
         elif self.k > 1 and self.backend.needs_host_inputs:  # after setup: fallback too
-            if not fallback_to_one_step:
+            if not opts.fallback_to_one_step:
                 raise ValueError("steps_per_graph: backend plans on the host (planner 'host' or a "
                                  "device-planner fallback), which cannot run several steps in one "
                                  "graph; use steps_per_graph=1")
             reason = getattr(self.backend, "fallback_reason", None) or "host planning"
-            warnings.warn(f"graphrt: steps_per_graph={steps_per_graph} needs device planning ({reason}); "
+            warnings.warn(f"graphrt: steps_per_graph={opts.steps_per_graph} needs device planning ({reason}); "
                           f"running 1 step per graph with host planning", stacklevel=2)
             self.steps = StepsPlan(1, "host planning")
         self._logits = (torch.zeros((b, s.vocab_size), dtype=torch.float32, device=self.device)
                         if self.keep_logits else None)                              # last step's
         # a split step's logits, from its forward launch to its draw launch (processing only)
         self.split_logits = (torch.zeros((b, s.vocab_size), dtype=torch.float32, device=self.device)
-                             if processing else None)                                # [B, V] float32
+                             if opts.processing else None)                                # [B, V] float32
         self._split_rows: int | None = None    # n of the forward whose draw is still to launch
         self._set_steps(self.steps.k)
 
@@ -334,7 +314,7 @@ class ModelRuntime:
                       prompts, block_table, starts)
         prompts = [to_device(p, self.device) for p in prompts]          # CPU prompts: no host sync
         host_table = block_table if block_table.device.type == "cpu" else block_table.cpu()
-        with self.lock:
+        with self.lock, pdl_scope(self.options.pdl):     # the eager prefill's launches too
             calibrate = self.kv_scale_source == "pending"
             new_tokens = sum(p.numel() for p in prompts)
             if self.prefill_graphed(new_tokens, logits_rows=logits_rows, record=record):
@@ -466,14 +446,16 @@ class ModelRuntime:
         """Fix the decode buckets' split-K plan once (measured on CUDA: outside any capture)."""
         if self.splitk is None:
             t = time.perf_counter()
-            self.splitk = self._cached_splitk() or plan_splitk(self.model, self.config.buckets,
-                                                               self._splitk_setting)
+            with pdl_scope(self.options.pdl):         # the measured graphs launch as the step will
+                self.splitk = self._cached_splitk() or plan_splitk(self.model, self.config.buckets,
+                                                                   self.options.splitk)
             if self.splitk.source == "measured":
                 self.plan_seconds["split-K"] = time.perf_counter() - t
         if self.persistent is None:                      # measured ("auto" on CUDA) in capture()
-            self.persistent = PersistentPlan.build(self.model, self.kv_caches, self.config.buckets,
-                                                   self._persistent_setting,
-                                                   max_context_len=self.config.max_context_len)
+            o = self.options
+            self.persistent = PersistentPlan.build(self.model, self.kv_caches, self.config.buckets, o.decode_backend,
+                                                   max_context_len=self.config.max_context_len,
+                                                   cooperative=o.persistent_cooperative, prefetch=o.persistent_prefetch)
 
     def _measure_persistent(self) -> None:
         """decode_backend "auto" on CUDA (after K is fixed, outside any capture): per bucket with a
@@ -511,7 +493,7 @@ class ModelRuntime:
         rows exactly the buckets plan_splitk would measure and every factor fitting the o / down
         weights (splittable); else None (measured)."""
         table = self._plans["splitk"]
-        if table is None or resolve_setting(self._splitk_setting) != "auto" or self.device.type != "cuda" \
+        if table is None or self.options.splitk != "auto" or self.device.type != "cuda" \
                 or getattr(self.model, "tp", None) is not None:
             return None
         rows = {int(b) for b in self.config.buckets if b <= SPLITK_MAX_ROWS}

@@ -30,7 +30,7 @@ class Capabilities:
     steps_per_graph: K, the decode steps of one plain block; speculative: the
     SpeculativeConfig (None: no speculation); spec_ks: the proposal counts a speculative block
     may run (one graph family each; () without speculation); spec_rounds: R, rounds a
-    speculative block; spec_logprobs: speculative rounds record log-probabilities.
+    speculative block (its processed rounds record log-probabilities as plain blocks do).
 
     processing: logits processing (penalties, logit_bias, min_p, bad_words, min_tokens) and
     log-probabilities in decode and prefill; logprobs_width: the most log-probs a draw keeps (0
@@ -56,7 +56,6 @@ class Capabilities:
     speculative: SpeculativeConfig | None = None
     spec_ks: tuple[int, ...] = ()
     spec_rounds: int = 0
-    spec_logprobs: bool = False
     processing: bool = False
     logprobs_width: int = 0
     structured: bool = False

@@ -7,9 +7,12 @@
     ex.run(Block(n=4, draw=Draw(True, True), part="forward"))         # constrained rows: one step
     res = ex.run(Block(n=4, draw=Draw(True, True), part="draw"))      # in two launches: [1, n]
     res = ex.run(Block(n=4, k=4, draw=Draw(True, True), rounds=1))    # constrained rows: one round
+    res = ex.run(Block(n=4, changes=scheduler.take_changes()))        # slot changes applied first
 
 A launch is plain host data (lists, CPU tensors, device tensors the engine drew), so a
-tensor-parallel driver can send the same description to every rank. A Result's tensors are
+tensor-parallel driver can send the same description to every rank. Every launch carries the
+slot changes (changes.py) the scheduler recorded since the launch before it; the executor applies
+them to the slots before it runs the launch (the one host writer of the slots). A Result's tensors are
 device views valid until the next launch of the same kind (the engine copies them to the host
 without a sync). Pure host code.
 """
@@ -22,6 +25,7 @@ import torch
 from graphrt.model.draw import Draw   # how a launch's tokens are drawn (one rule, every phase)
 from graphrt.model.processing import ProcessRows
 from graphrt.model.sampling import SamplingInputs
+from graphrt.worker.changes import check_changes
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,8 @@ class Block:
     rounds: None, the executor's R; 1, one speculative round (k > 0, draw.processed: a block
     holding constrained rows, Capabilities.spec_grammar) -> tokens [1, n, k + 1].
     sync_draft: with a proposer that keeps device state (Capabilities.draft_state), catch stale
-    slots up first (False: rows at their limit, where the proposals no longer matter)."""
+    slots up first (False: rows at their limit, where the proposals no longer matter).
+    changes: slot changes (changes.py) applied to the slots before the block runs."""
 
     n: int
     k: int = 0
@@ -50,8 +55,10 @@ class Block:
     rounds: int | None = None
     logprobs: bool = False
     sync_draft: bool = True
+    changes: tuple = ()
 
     def __post_init__(self):
+        object.__setattr__(self, "changes", check_changes(self.changes))
         if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
             raise ValueError(f"n: expected an int >= 1, got {self.n!r}")
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 0:
@@ -87,7 +94,8 @@ class Prefill:
     copies: (src, dst) KV pages copied after the prefill (n > 1: a sample's copy of a shared
     prompt's partial last page). defer_check: the K/V-append guards' flags are read with the
     next block's tokens, not here. draft False: a draft model's prefill is left for later (the
-    slots start on plain decode)."""
+    slots start on plain decode). changes: slot changes (changes.py) applied to the slots before
+    the prefill runs."""
 
     prompts: list
     block_table: torch.Tensor
@@ -102,8 +110,10 @@ class Prefill:
     copies: tuple = ()
     defer_check: bool = False
     draft: bool = True
+    changes: tuple = ()
 
     def __post_init__(self):
+        object.__setattr__(self, "changes", check_changes(self.changes))
         m = len(self.prompts)
         if self.starts is not None and len(self.starts) != m:
             raise ValueError(f"starts: {len(self.starts)} for {m} prompts")

@@ -228,5 +228,5 @@ def test_runtime_without_processing_refuses():
     from types import SimpleNamespace
     from graphrt.engine.sampling_extras import check_request
     with pytest.raises(ValueError, match="^structured_outputs: needs logits processing"):
-        caps = SimpleNamespace(processing=False, speculative=None, spec_logprobs=False)   # Capabilities' fields read
+        caps = SimpleNamespace(processing=False, speculative=None)   # Capabilities' fields read
         check_request(caps, SamplingParams(structured_outputs={"regex": "a"}), None, (1,), VOCAB)

@@ -53,9 +53,6 @@ class MaskingExecutor:
     def capture(self) -> dict:
         return {}
 
-    def apply(self, update) -> None:
-        pass
-
     def stage_chunk(self, slot, tokens, start, *, table_row=None) -> None:
         raise AssertionError("caps.mixed_tokens is 0")
 

@@ -14,20 +14,18 @@ device_error [>= 1] int32 (sticky: ERR_STALL when a wait hit the watchdog).
 
 The kernel (`_step_kernel`): grid = `programs` (the SM count on a GPU, launched cooperatively
 so the driver refuses a grid that cannot be co-resident instead of letting it hang;
-GRAPHRT_PERSISTENT_COOPERATIVE=0 launches it plainly); program p
+cooperative=False launches it plainly); program p
 walks its units of the static schedule (schedule.py) in order, dispatching on the op
 (units.py). Pointers to per-layer tensors are one model-dtype base pointer plus an int64
 element offset per (layer, field) read from a device table; unit rows also carry the next
 units' weight-tile offsets and sizes, which a GPU program prefetches into L2 `prefetch` units
-ahead (cp.async.bulk.prefetch; GRAPHRT_PERSISTENT_PREFETCH=N sets N, 0 = off). The last program
+ahead (cp.async.bulk.prefetch; prefetch=N sets N, 0 = off). The last program
 to finish zeroes every counter for the next launch: no host reset, capturable in a CUDA graph.
 
 With programs=1 (the CPU interpreter) the one program runs every unit in schedule order and
 no wait spins: tests compare it with a float32 reference and with the kernel sequence.
 """
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
@@ -42,8 +40,6 @@ from graphrt.kernels.persistent.units import attention_unit, gate_up_unit, head_
 # the device table of per-layer offsets: one row per layer, these columns
 W_QKV, W_BIAS, W_O, W_GU, W_DOWN, W_IN, W_POST, W_QN, W_KN, W_KC, W_VC = range(11)
 NF = 11
-PREFETCH_ENV = "GRAPHRT_PERSISTENT_PREFETCH"
-COOPERATIVE_ENV = "GRAPHRT_PERSISTENT_COOPERATIVE"
 FMA_MAX_ROWS = 4            # the multiply-add GEMV below this many rows (tl.dot's tile is 16)
 _OP_FIELD = {OP_QKV: W_QKV, OP_O: W_O, OP_GU: W_GU, OP_DOWN: W_DOWN}
 
@@ -196,15 +192,10 @@ def kernel_constexprs(s: Schedule, *, gemv: str, prefetch: int, has_bias: bool, 
 
 
 def default_prefetch(device: torch.device) -> int:
-    """L2 prefetch distance in units: GRAPHRT_PERSISTENT_PREFETCH when set, else 1 on sm_90+
-    GPUs and 0 elsewhere (the interpreter cannot run the prefetch's inline PTX)."""
+    """The default L2 prefetch distance in units: 1 on sm_90+ GPUs, 0 elsewhere (the
+    interpreter cannot run the prefetch's inline PTX)."""
     if device.type != "cuda":
         return 0
-    env = os.environ.get(PREFETCH_ENV, "").strip()
-    if env:
-        if not env.isdigit() or int(env) > 8:
-            raise ValueError(f"{PREFETCH_ENV}: expected an int in [0, 8], got {env!r}")
-        return int(env)
     return 1 if torch.cuda.get_device_capability(device) >= (9, 0) else 0
 
 
@@ -240,12 +231,13 @@ class PersistentStep:
     num_warps: per program; prefetch: L2 prefetch distance in units (default_prefetch);
     spin_limit: counter reads before a wait gives up (the watchdog, ERR_STALL); gemv: the GEMV
     tiles' arithmetic, "dot" (tl.dot over 16-row tiles) or "fma" (multiply-add and a reduction
-    over K, 1..FMA_MAX_ROWS rows); "auto": fma up to FMA_MAX_ROWS rows."""
+    over K, 1..FMA_MAX_ROWS rows); "auto": fma up to FMA_MAX_ROWS rows; cooperative: launch the
+    grid cooperatively on a GPU (False: plainly, one program per SM)."""
 
     def __init__(self, weights, kv_caches, cos_sin: torch.Tensor, *, geometry: Geometry, rows: int, eps: float,
                  programs: int | None = None, tiles: Tiles = Tiles(), max_context_len: int = 4096,
                  num_warps: int = 4, prefetch: int | None = None, spin_limit: int = SPIN_LIMIT,
-                 gemv: str = "auto"):
+                 gemv: str = "auto", cooperative: bool = True):
         why = unsupported(weights, kv_caches, rows)
         if why is not None:
             raise ValueError(f"persistent step: {why}")
@@ -331,8 +323,10 @@ class PersistentStep:
                         S_SLOT=k.stride(1 if nhd else 2), S_HEAD=k.stride(2 if nhd else 1))
         self._num_pages = k.shape[0]
         # the driver refuses a cooperative grid it cannot keep resident (instead of a hang);
-        # GRAPHRT_PERSISTENT_COOPERATIVE=0 launches plainly (the grid is then one program per SM)
-        self.cooperative = dev.type == "cuda" and programs > 1 and os.environ.get(COOPERATIVE_ENV, "1") != "0"
+        # cooperative=False launches plainly (the grid is then one program per SM)
+        if not isinstance(cooperative, bool):
+            raise ValueError(f"cooperative: expected a bool, got {cooperative!r}")
+        self.cooperative = dev.type == "cuda" and programs > 1 and cooperative
         layer0 = weights.layers[0]
         self.constexprs = kernel_constexprs(self.schedule, gemv=self.gemv, prefetch=self.prefetch,
                                             has_bias=layer0.qkv_bias is not None, qk_norm=layer0.q_norm is not None,
@@ -372,4 +366,4 @@ class PersistentStep:
         return out
 
 
-__all__ = ["PersistentStep", "unsupported", "default_prefetch", "kernel_constexprs", "PREFETCH_ENV", "FMA_MAX_ROWS"]
+__all__ = ["PersistentStep", "unsupported", "default_prefetch", "kernel_constexprs", "FMA_MAX_ROWS"]
