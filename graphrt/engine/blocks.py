@@ -21,6 +21,7 @@ from graphrt.engine import sampling_extras as extras
 from graphrt.engine import structured
 from graphrt.engine.scheduler import Request
 from graphrt.engine.speculation import observe, spec_columns
+from graphrt.speculative.ngram import NgramIndex
 from graphrt.worker.launch import Block, Draw, Prefill
 
 
@@ -179,22 +180,38 @@ class BlockMixin:
                     return True
         pacer = s.pacer if not chunk else None       # the pacer times plain blocks
         mark = pacer.start() if pacer is not None else None
-        k = self.spec.num_tokens if self.spec is not None else 0
+        # constrained rows (the scheduler's count, no scan): one step in two launches (_split_step),
+        # or with grammar-checked n-gram proposals one speculative round (_grammar_round)
+        masked = list(s.constrained.values()) if s.constrained else None
+        speculate = self.spec is not None and (masked is None or self.caps.spec_grammar)
+        k = self.spec.num_tokens if speculate else 0
         forced = False
-        one = any(r.grammar is not None for r in rows)   # constrained rows: one step, a fresh mask
-        if one:                                       # (the previous block's tokens were read: Engine._step)
-            k = 0
-            self._write_masks(rows)
         if k and self.policy is not None:             # speculate this block, or a plain one
             bucket = pick_bucket(self.caps.config.buckets, max(r.slot for r in rows) + 1)
             k = self.policy.choose([r.slot for r in rows], bucket=bucket).k
-            if not k and any(r.launched >= r.params.max_tokens for r in rows):
-                k, forced = self.caps.spec_ks[0], True   # a row at its limit must not decode on: speculative
-                #   rounds stop it on the device (a row with 1..K - 1 draws left may run a K-step block:
-                #   its pages and the context reach max_tokens + K - 1, scheduler._block_end)
-            self._clock.launched(self.policy, bucket, k, self.rounds if k else self.caps.steps_per_graph)
+            if masked is not None:                    # one round at num_tokens (its graphs), or a split
+                k = self.spec.num_tokens if k else 0  # step; the clock times R-round blocks only
+                self._clock.interrupted()
+            else:
+                if not k and any(r.launched >= r.params.max_tokens for r in rows):
+                    k, forced = self.caps.spec_ks[0], True   # a row at its limit must not decode on: speculative
+                    #   rounds stop it on the device (a row with 1..K - 1 draws left may run a K-step block:
+                    #   its pages and the context reach max_tokens + K - 1, scheduler._block_end)
+                self._clock.launched(self.policy, bucket, k, self.rounds if k else self.caps.steps_per_graph)
         start = self._block_start()
-        if k:
+        if k and masked is not None:
+            rows = self._grammar_round(rows, k)
+            if not rows:
+                return False
+            go = s.launch_block(rows, block_tokens=k + 1)      # carries the rows' caps (SetSpecK)
+            want_lp = any(r.params.logprobs is not None for r in rows)
+            out = ex.run(Block(go.n, k=k, draw=Draw(sampled=go.sampled, processed=True, filtered=go.filtered),
+                               rounds=1, logprobs=want_lp, changes=go.changes))
+            self.spec_counts["blocks"] += 1
+            pending = self._to_host(go.rows, out.tokens, out.emitted, out.proposed, logprobs=out.logprobs,
+                                    start=start)
+            pending.kind, pending.spec_k = "spec", k
+        elif k:
             go = s.launch_block(rows, block_tokens=self.rounds * (k + 1))
             want_lp = go.processed and any(r.params.logprobs is not None for r in rows)
             # no draft catch-up for rows at their limit (forced): their proposals no longer matter
@@ -205,12 +222,14 @@ class BlockMixin:
                                     start=start)
             pending.kind, pending.spec_k, pending.forced = "spec", k, forced
         else:
-            go = s.launch_block(rows, block_tokens=1 if one else self.caps.steps_per_graph)
-            # processed: logits processing, + the block's log-probs (constrained rows: one step);
-            # chunk: + the prompt chunk
+            go = s.launch_block(rows, block_tokens=1 if masked else self.caps.steps_per_graph)
+            # processed: logits processing, + the block's log-probs; chunk: + the prompt chunk
             want_lp = go.processed and any(r.params.logprobs is not None for r in rows)
-            out = ex.run(Block(go.n, draw=Draw(sampled=go.sampled, processed=go.processed, filtered=go.filtered),
-                               chunk=chunk, steps=1 if one else None, logprobs=want_lp, changes=go.changes))
+            draw = Draw(sampled=go.sampled, processed=go.processed, filtered=go.filtered)
+            if masked:
+                out = self._split_step(go.n, draw, masked, want_lp, go.changes)
+            else:
+                out = ex.run(Block(go.n, draw=draw, chunk=chunk, logprobs=want_lp, changes=go.changes))
             pending = self._to_host(go.rows, out.tokens, logprobs=out.logprobs, start=start)
             if self.spec is not None:
                 self.spec_counts["plain_blocks"] += 1
@@ -219,15 +238,59 @@ class BlockMixin:
             pacer.launched("block", mark)
         return True
 
+    def _split_step(self, n: int, draw: Draw, masked: list, logprobs: bool, changes: tuple):
+        """One step over rows [0, n) holding constrained rows (`masked`), in two launches
+        (model/runtime.py's split steps): the forward (carrying the slot changes); then, while it
+        runs, every block in flight is read back (each matcher sees every token drawn so far:
+        its next mask depends on them; streaming, stop checks and the matchers' work overlap the
+        forward), the constrained rows' next-token masks are written, and the draw is launched
+        (changes recorded meanwhile go with the next launch). -> the draw's Result ([1, n]
+        tokens). A row that finished meanwhile still draws (discarded)."""
+        ex = self.runtime
+        ex.run(Block(n, draw=draw, part="forward", changes=changes))
+        while self._pending:
+            self._finish(self._pending.popleft())
+        self._write_masks(masked)
+        return ex.run(Block(n, draw=draw, part="draw", logprobs=logprobs))
+
+    def _grammar_round(self, rows: list, k: int) -> list:
+        """Before a one-round speculative block over `rows`, which hold constrained rows: every
+        block in flight is read (a proposal and its masks follow every token); each constrained
+        row's device proposal is predicted on the host (n-gram over prompt + tokens, the slot's
+        history: its NgramIndex), cut at the first token its grammar refuses (the slot's k is
+        capped there), and its masks before each kept proposal and after the last are written
+        (positions 0..kept; the verify applies them). -> the rows still decoding."""
+        while self._pending:
+            self._finish(self._pending.popleft())
+        rows = [r for r in rows if r.slot >= 0 and r.finish_reason is None]
+        live = list(self.scheduler.constrained.values())
+        if not rows or not live:
+            return rows
+        c = self.spec
+        bits = torch.full((len(live), k + 1, (self.vocab_size + 31) // 32), -1, dtype=torch.int32)
+        for i, r in enumerate(live):
+            index = r.ngram
+            if index is None:
+                index = r.ngram = NgramIndex(c.ngram_min, c.ngram_max)
+                index.extend(r.prompt)
+            index.extend(r.token_ids[len(index) - len(r.prompt):])
+            self.scheduler.cap_proposals(r, r.grammar.fill_along(index.propose(k), bits[i]))
+        self.runtime.write_token_mask([r.slot for r in live], bits, torch.ones(len(live), dtype=torch.int32))
+        self._masked_slots.update(r.slot for r in live)
+        return rows
+
     def _write_masks(self, reqs: list, *, prefill: bool = False) -> None:
-        """The allowed-token masks of the constrained requests among `reqs` into their slots
-        before a launch draws for them (engine/structured.py); a prefill also clears the flag of
-        a slot a constrained request held before."""
+        """The allowed-token masks of the live constrained requests among `reqs` into their
+        slots before a launch draws for them (structured.fill_masks; written through the
+        executor's write_token_mask); a prefill also clears the flag of a slot a constrained
+        request held before."""
         masked = self._masked_slots
-        rows = [r for r in reqs if r.grammar is not None or (prefill and r.slot in masked)]
+        rows = [r for r in reqs if (r.grammar is not None and r.slot >= 0 and r.finish_reason is None)
+                or (prefill and r.slot in masked)]
         if not rows:
             return
-        structured.write_masks(self.runtime, rows, self.vocab_size)
+        bits, active = structured.fill_masks(rows, self.vocab_size)
+        self.runtime.write_token_mask([r.slot for r in rows], bits, active)
         for r in rows:
             (masked.add if r.grammar is not None else masked.discard)(r.slot)
 

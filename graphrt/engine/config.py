@@ -266,15 +266,18 @@ class EngineConfig:
         variables override these when the runtime is built): every graph family the engine
         launches (sampled; with speculation the token history; one GPU: logits processing and
         log-probabilities up to MAX_LOGPROBS), K = 1 with a warning where the attention backend
-        plans on the host, this config's K, prefill graphs (none with capture=False) and
-        mixed prompt chunks."""
+        plans on the host, this config's K, prefill graphs (none with capture=False),
+        mixed prompt chunks, and with n-gram speculation a token mask per verified position
+        (constrained rows' grammar-checked proposals)."""
         from graphrt.model.options import RuntimeOptions   # here: graphrt.model imports the kernels,
         #                                                   after LLM has chosen Triton's mode
+        spec = self.speculative
         return RuntimeOptions(steps_per_graph=self.steps_per_graph, sampling=True, fallback_to_one_step=True,
-                              token_history=self.speculative is not None, processing=not tensor_parallel,
+                              token_history=spec is not None, processing=not tensor_parallel,
                               logprobs_width=MAX_LOGPROBS, prefill_graph_tokens=self.prefill_graph_tokens,
                               graphed_prefill=None if self.capture else False,
-                              mixed_prefill_tokens=self.mixed_prefill_tokens)
+                              mixed_prefill_tokens=self.mixed_prefill_tokens,
+                              mask_positions=1 + spec.num_tokens if spec is not None and spec.method == "ngram" else 1)
 
 
 __all__ = ["EngineConfig"]

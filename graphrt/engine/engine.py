@@ -282,10 +282,6 @@ class Engine(BlockMixin):
             if pacer is not None:
                 pacer.launched("chunk", mark, tokens=sum(e - a for _, a, e in work))
         rows = sched.decode_rows()
-        if rows and self._pending and any(r.grammar is not None for r in rows):
-            while self._pending:               # constrained rows: their matchers see every token
-                self._finish(self._pending.popleft())   # before the next draw's mask is written
-            rows = sched.decode_rows()
         if work or not rows:
             self._clock.interrupted()
         if rows:

@@ -42,7 +42,7 @@ from graphrt.engine.detokenizer import TextState
 from graphrt.engine.kv_manager import KVCacheManager
 from graphrt.engine.params import RequestOutput, SamplingParams
 from graphrt.model.slots import PAD_PAGE
-from graphrt.worker.changes import Activate, Deactivate, SetHistory, SetPages, SetProcessing, SetToken
+from graphrt.worker.changes import Activate, Deactivate, SetHistory, SetPages, SetProcessing, SetSpecK, SetToken
 
 
 @dataclass(eq=False)
@@ -83,6 +83,7 @@ class Request:
     cumulative_logprob: float = 0.0   # sum of its delivered tokens' log-probs (with logprobs)
     prompt_array: np.ndarray | None = None   # [P] int64 host (read-only): the prompt's ids, converted once
     grammar: object = None            # constrained decoding: its matcher (engine/structured.py GrammarState)
+    ngram: object = None              # ... under n-gram speculation: its proposals predicted (NgramIndex)
 
     @property
     def context(self) -> list[int]:
@@ -171,6 +172,10 @@ class Scheduler:
         self._free_slots = list(range(max_batch))   # a heap: the lowest free slot first
         self._admissions = 0
         self.num_preemptions = 0
+        # slot -> request: the decoding rows with a grammar (structured outputs), kept as rows
+        # start (activate) and stop drawing (their last block launched, finished, preempted), so
+        # the engine asks "any constrained row?" without a scan over the rows
+        self.constrained: dict[int, Request] = {}
 
     # ---- admission ----------------------------------------------------------------------------
     def pages_needed(self, prompt_len: int, max_tokens: int) -> int:
@@ -325,6 +330,8 @@ class Scheduler:
         from the next block, unless it has no tokens left to draw."""
         if req.launched >= req.params.max_tokens:
             return
+        if req.grammar is not None:
+            self.constrained[req.slot] = req
         p = req.params
         self.changes.append(Activate(req.slot, len(req.prompt) + req.launched, req.launched,
                                      0.0 if p.greedy else p.temperature, max(p.top_k, 0), p.top_p, req.seed,
@@ -343,6 +350,11 @@ class Scheduler:
         """req's slot's logits-processing row reset to `rows` (model/processing.py ProcessRows, one
         row: a row that starts decoding without a prefill of its own)."""
         self.changes.append(SetProcessing(req.slot, rows))
+
+    def cap_proposals(self, req: Request, k: int) -> None:
+        """req's slot verifies at most k proposals a speculative round from the next launch (a
+        constrained row: the proposals its grammar accepts)."""
+        self.changes.append(SetSpecK(req.slot, k))
 
     def take_changes(self) -> tuple:
         """The slot changes recorded since the last launch, in order, for the next launch to
@@ -461,6 +473,8 @@ class Scheduler:
             r.launched += added
             if r.launched >= p.max_tokens and not spec:
                 self.changes.append(Deactivate(slot))
+                if r.grammar is not None:
+                    self.constrained.pop(slot, None)
         return Launch(n + 1, sampled, filtered, out, processed, changes)
 
     def settle(self, req: Request, counted: int, emitted: int) -> None:
@@ -518,6 +532,7 @@ class Scheduler:
 
     def _free_slot(self, req: Request) -> None:
         self.slots[req.slot] = None
+        self.constrained.pop(req.slot, None)
         self.changes.append(Deactivate(req.slot, free=True))
         heapq.heappush(self._free_slots, req.slot)
         req.slot = -1

@@ -90,7 +90,9 @@ class RuntimeOptions:
     graph_warmup: runs of a step before its capture (attention/graphs.py); pdl: programmatic
     dependent launch of graphrt's Triton kernels (kernels/launch.py); persistent_cooperative:
     launch the persistent step cooperatively; persistent_prefetch: its L2 prefetch distance in
-    units (None: the device's default, kernels/persistent/step.py)."""
+    units (None: the device's default, kernels/persistent/step.py); mask_positions: allowed-token
+    masks a slot holds (model/token_mask.py: 1 + the most proposals a speculative round verifies
+    for a constrained row; 1 without speculation)."""
 
     backend: str | None = None
     steps_per_graph: int | str = 1
@@ -112,6 +114,7 @@ class RuntimeOptions:
     pdl: bool = True
     persistent_cooperative: bool = True
     persistent_prefetch: int | None = None
+    mask_positions: int = 1
 
     def __post_init__(self) -> None:
         if self.backend is not None and self.backend not in BACKENDS:
@@ -133,6 +136,7 @@ class RuntimeOptions:
         object.__setattr__(self, "decode_backend", decode_backend_setting(self.decode_backend))
         _int(self.graph_warmup, "graph_warmup", 1)
         _int(self.persistent_prefetch, "persistent_prefetch", 0, MAX_PREFETCH, none=True)
+        _int(self.mask_positions, "mask_positions", 1)
 
     def replace(self, **changes) -> "RuntimeOptions":
         """These options with `changes` (field names; ValueError naming an unknown one)."""

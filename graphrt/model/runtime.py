@@ -9,6 +9,8 @@
     tokens = mrt.decode_slots(n, sampled=False)            # the engine's path: no input copy
     tokens = mrt.decode_slots(n, sampled=True, processed=True)   # processing=True: penalties,
     tok, rank, ids, vals = mrt.logprobs.view(n)            # bias, bans, min_p + log-probabilities
+    mrt.decode_slots(n, sampled=True, processed=True, part="forward")   # one step split in two:
+    tokens = mrt.decode_slots(n, sampled=True, processed=True, part="draw")   # [1, n] (masks between)
 
 config (graphrt/config.py's RuntimeConfig) is what the runtime serves; options
 (model/options.py's RuntimeOptions) is how it runs it: every knob below is one of its fields, and
@@ -31,6 +33,12 @@ the result (greedy rows: its argmax), records log-probabilities of the drawn tok
 alternatives into `mrt.logprobs` (model/logprobs.py; of the raw logits, or with
 logprobs_mode="processed" of the distribution drawn from) and counts the drawn token. Blocks
 whose rows need none of it keep the greedy / sampled graphs, which do none of this work.
+
+Split steps (processing=True): a block with constrained rows runs one step as two launches,
+decode_slots(n, ..., part="forward") (the model, logits into `split_logits`; graph
+GraphKey("decode_forward", bucket)) then part="draw" (masks, processing, draw, slots advanced;
+GraphKey("decode_draw", bucket, filtered=...)), so the host can read the previous step's tokens,
+advance its grammar matchers and write the next masks while the forward runs (engine/blocks.py).
 
 A graph runs K decode steps: each step prepares the metadata + plan on the device (once for all
 layers), runs the model, takes the greedy argmax of its model-dtype logits (kernels/argmax.py's
@@ -122,18 +130,20 @@ log = logging.getLogger("graphrt.model")
 class DecodeKind:
     """One decode graph family: how its steps draw (model/draw.py's Draw, normalised by
     Draw.key), whether its first step also prefills a staged prompt chunk (model/mixed.py), and
-    how many steps it runs (None: K; 1: the processed block of constrained rows, whose masks the
-    host refills after every token: model/token_mask.py)."""
+    which part of a step it runs (None: K whole steps; "forward" / "draw": one step split in two
+    launches, for blocks with constrained rows: see "Split steps" in the module docstring)."""
 
     draw: Draw = Draw()
     chunk: bool = False
-    steps: int | None = None     # None: the runtime's K; 1: a processed block with constrained rows
+    part: str | None = None      # None: K steps; "forward": one step's model; "draw": its draw
 
 
 GREEDY, SAMPLED = DecodeKind(Draw()), DecodeKind(Draw(sampled=True))
 PROCESSED, PROCESSED_FILTERED = DecodeKind(Draw(True, True, False)), DecodeKind(Draw(True, True, True))
-PROCESSED_STEP = DecodeKind(PROCESSED.draw, steps=1)                    # constrained rows: one step a block
-PROCESSED_FILTERED_STEP = DecodeKind(PROCESSED_FILTERED.draw, steps=1)
+# a step split in two launches (constrained rows): the forward (draw-independent), then the processed draw
+FORWARD = DecodeKind(PROCESSED.draw, part="forward")
+DRAW, DRAW_FILTERED = DecodeKind(PROCESSED.draw, part="draw"), DecodeKind(PROCESSED_FILTERED.draw, part="draw")
+PARTS = (None, "forward", "draw")
 GREEDY_CHUNK, SAMPLED_CHUNK = DecodeKind(Draw(), chunk=True), DecodeKind(Draw(sampled=True), chunk=True)
 
 
@@ -181,7 +191,9 @@ class ModelRuntime:
                                         history_width=config.max_context_len if opts.token_history else None,
                                         vocab=s.vocab_size if opts.processing else None)
         # constrained decoding's allowed-token masks (model/token_mask.py): read by the processed draws
-        self.token_mask = TokenMask.allocate(b, s.vocab_size, self.device) if opts.processing else None
+        # (mask_positions: 1 + the most proposals a speculative round verifies under a grammar)
+        self.token_mask = (TokenMask.allocate(b, s.vocab_size, self.device, positions=opts.mask_positions)
+                           if opts.processing else None)
         self.buffers = StaticBuffers(config, self.device, block_table=self.slots.block_table,
                                      seq_lens=self.slots.seq_lens)   # the graphs read the slots
         self.backend = make_backend(config, self.kv_caches[0], self.device, name=opts.backend)
@@ -223,6 +235,10 @@ class ModelRuntime:
             self.steps = StepsPlan(1, "host planning")
         self._logits = (torch.zeros((b, s.vocab_size), dtype=torch.float32, device=self.device)
                         if self.keep_logits else None)                              # last step's
+        # a split step's logits, from its forward launch to its draw launch (processing only)
+        self.split_logits = (torch.zeros((b, s.vocab_size), dtype=torch.float32, device=self.device)
+                             if opts.processing else None)                                # [B, V] float32
+        self._split_rows: int | None = None    # n of the forward whose draw is still to launch
         self._set_steps(self.steps.k)
 
     def _set_steps(self, k: int) -> None:
@@ -341,52 +357,82 @@ class ModelRuntime:
 
     # ---- the decode phase: K steps over a bucket of slots (pure device work: capturable) -------
     def _steps(self, size: int, kind: DecodeKind = GREEDY) -> None:
-        """kind.steps decode steps (None: K; 1: a processed block with constrained rows) over slots
-        [0, size), each token drawn as kind.draw says (model/draw.py: the argmax of the model's
-        kernel set; the slots' sampling rows, advancing their draw index; processed: the slots'
-        allowed-token masks (constrained rows only) and logits processing first, log-probabilities
-        recorded, drawn tokens counted); kind.chunk: the first step also prefills the staged prompt
-        chunk (`self.mixed`). A greedy block of a bucket the persistent plan covers runs its step
-        and argmax as one launch (model/persistent.py)."""
-        st, view, how, chunk = self.slots, self.buffers.view(size), kind.draw, kind.chunk
-        tokens, seq = st.tokens[:size], view.seq_lens                       # [B] int64, [B] int32
-        rows = DrawRows(st.temperature[:size], st.top_k[:size], st.top_p[:size], st.seed[:size], st.step[:size])
-        ctx = AttentionContext(self.backend, view, self.kv_caches)
-        ops = self.model.ops                                                # the model's kernel set
-        split = (1, 1) if self.splitk is None else self.splitk.get(size)
-        opts = {} if split == (1, 1) else {"splitk": split}
+        """K decode steps over slots [0, size) (kind.part None), each token drawn as kind.draw
+        says (model/draw.py: the argmax of the model's kernel set; the slots' sampling rows,
+        advancing their draw index; processed: the slots' allowed-token masks (constrained rows
+        only) and logits processing first, log-probabilities recorded, drawn tokens counted);
+        kind.chunk: the first step also prefills the staged prompt chunk (`self.mixed`). A
+        greedy block of a bucket the persistent plan covers runs its step and argmax as one
+        launch (model/persistent.py). kind.part "forward": one step's model into `split_logits`;
+        "draw": that step's processed draw (the module docstring's "Split steps")."""
+        if kind.part == "forward":
+            self._forward(size, self.split_logits[:size])
+            return
+        if kind.part == "draw":
+            self._draw(size, kind.draw, 0, self.split_logits[:size], last=True)
+            return
+        view, how, chunk = self.buffers.view(size), kind.draw, kind.chunk
         # greedy blocks of a bucket the plan gives a persistent step: the step and its argmax, one launch
         greedy = not (how.sampled or how.processed or chunk)
         pstep = None if not greedy or self.persistent is None else self.persistent.get(size)
-        k = self.k if kind.steps is None else kind.steps
-        for step in range(k):
-            ctx.prepare()
-            out = self.out_tokens[step, :size]
+        ctx = AttentionContext(self.backend, view, self.kv_caches)
+        for step in range(self.k):
             if pstep is not None:                                            # model/persistent.py
+                ctx.prepare()
+                pstep.launch(self.slots.tokens[:size], view.seq_lens, view.block_table,
+                             self.out_tokens[step, :size], self.buffers.device_error)
                 logits = pstep.logits                                        # [B, vocab] model dtype
-                pstep.launch(tokens, seq, view.block_table, out, self.buffers.device_error)
-            elif chunk and step == 0:                                        # + the prompt chunk
-                logits = self.mixed.step(self.model, ctx, tokens, self.kv_caches, st.block_table,
-                                         self.buffers.device_error)
             else:
-                logits = self.model.decode_step(ctx, tokens, **opts)         # [B, vocab] model dtype
-            if how.processed:                    # the step's log-prob rows (the fused pass fills them)
-                src = draw(logits, rows, how, out, proc=st.proc, sel=size, live=seq > 0, mask=self.token_mask,
-                           logprob_rows=self.logprobs.rows(step, size), source=self.logprobs_mode)
-                if src is not None:
-                    self.logprobs.record(step, size, src, out)
-            elif pstep is None:                  # (the persistent step wrote its argmax)
-                draw(logits, rows, how, out, ops=ops)
-            # current token, history at index seq_len (speculation's input), seq_len + 1: one launch
-            ops.step_advance(out, tokens, seq, None if st.history is None else st.history[:size])
-            if step + 1 == k and self._logits is not None:
-                self._logits[:size].copy_(logits)                             # float32, on request
+                logits = self._forward(size, None, ctx=ctx, chunk=chunk and step == 0)
+            self._draw(size, how, step, logits, last=step + 1 == self.k, drawn=pstep is not None)
+
+    def _forward(self, size: int, into: torch.Tensor | None, *, ctx: AttentionContext | None = None,
+                 chunk: bool = False) -> torch.Tensor:
+        """One step's model over slots [0, size): the metadata + plan prepared on the device,
+        then the model on the slots' current tokens (chunk: with the staged prompt chunk) ->
+        [size, vocab] logits in the model dtype, or copied into `into` ([size, vocab] float32)
+        and that returned."""
+        st = self.slots
+        if ctx is None:
+            ctx = AttentionContext(self.backend, self.buffers.view(size), self.kv_caches)
+        ctx.prepare()
+        if chunk:                                                            # + the prompt chunk
+            logits = self.mixed.step(self.model, ctx, st.tokens[:size], self.kv_caches, st.block_table,
+                                     self.buffers.device_error)
+        else:
+            split = (1, 1) if self.splitk is None else self.splitk.get(size)
+            opts = {} if split == (1, 1) else {"splitk": split}
+            logits = self.model.decode_step(ctx, st.tokens[:size], **opts)  # [B, vocab] model dtype
+        return logits if into is None else into.copy_(logits)
+
+    def _draw(self, size: int, how: Draw, step: int, logits: torch.Tensor, *, last: bool,
+              drawn: bool = False) -> None:
+        """Step `step`'s tokens from logits [size, vocab] into out_tokens[step] as `how` says
+        (drawn: the persistent step wrote its argmax already), then the slots advance: current
+        token, history at index seq_len (speculation's input), seq_len + 1 (one launch)."""
+        st, seq = self.slots, self.buffers.view(size).seq_lens                # [B] int32
+        out = self.out_tokens[step, :size]
+        if how.processed:                        # the step's log-prob rows (the fused pass fills them)
+            rows = DrawRows(st.temperature[:size], st.top_k[:size], st.top_p[:size], st.seed[:size], st.step[:size])
+            src = draw(logits, rows, how, out, proc=st.proc, sel=size, live=seq > 0, mask=self.token_mask,
+                       logprob_rows=self.logprobs.rows(step, size), source=self.logprobs_mode)
+            if src is not None:
+                self.logprobs.record(step, size, src, out)
+        elif not drawn:
+            rows = DrawRows(st.temperature[:size], st.top_k[:size], st.top_p[:size], st.seed[:size], st.step[:size])
+            draw(logits, rows, how, out, ops=self.model.ops)
+        self.model.ops.step_advance(out, st.tokens[:size], seq, None if st.history is None else st.history[:size])
+        if last and self._logits is not None:
+            self._logits[:size].copy_(logits)                                 # float32, on request
 
     def _key(self, size: int, kind: DecodeKind = GREEDY) -> GraphKey:
         how = kind.draw
-        return GraphKey("decode", size, steps=self.k if kind.steps is None else kind.steps, sampled=how.sampled,
-                        filtered=how.filtered, processed=how.processed,
-                        chunk=self.mixed.max_tokens if kind.chunk else 0)
+        if kind.part == "forward":
+            return GraphKey("decode_forward", size)
+        if kind.part == "draw":
+            return GraphKey("decode_draw", size, sampled=True, filtered=how.filtered, processed=True)
+        return GraphKey("decode", size, steps=self.k, sampled=how.sampled, filtered=how.filtered,
+                        processed=how.processed, chunk=self.mixed.max_tokens if kind.chunk else 0)
 
     def _host_plan(self, size: int, seq_lens_cpu: torch.Tensor | None = None):
         """The graph runner's prepare hook: a host-planning backend plans from the lengths."""
@@ -532,7 +578,7 @@ class ModelRuntime:
             self._plan_steps()
             self._measure_persistent()
             kinds = ([GREEDY] + [SAMPLED] * self.sampling + [PROCESSED, PROCESSED_FILTERED] * self.processing
-                     + [PROCESSED_STEP, PROCESSED_FILTERED_STEP] * (self.processing and self.k > 1)
+                     + [FORWARD, DRAW, DRAW_FILTERED] * self.processing
                      + ([GREEDY_CHUNK] + [SAMPLED_CHUNK] * self.sampling if self.mixed is not None else []))
             for size in reversed(self.config.buckets):      # greedy / sampled blocks carry chunks
                 for kind in kinds:
@@ -549,14 +595,15 @@ class ModelRuntime:
 
     def _run(self, n: int, sampled: bool, seq_lens_cpu: torch.Tensor | None = None,
              processed: bool = False, filtered: bool = True, chunk: bool = False,
-             steps: int | None = None) -> torch.Tensor:
+             part: str | None = None) -> torch.Tensor | None:
         size = pick_bucket(self.config.buckets, n)
-        steps = None if steps == self.k else steps
-        kind = DecodeKind(Draw(sampled=sampled, processed=processed, filtered=filtered).key(), chunk, steps)
+        kind = DecodeKind(Draw(sampled=sampled, processed=processed, filtered=filtered).key(), chunk, part)
         self._plan_splitk()
         self.graphs.run(self._key(size, kind), lambda: self._steps(size, kind),
-                        prepare=self._host_plan(size, seq_lens_cpu))
-        return self.out_tokens[:, :n] if steps is None else self.out_tokens[:steps, :n]
+                        prepare=self._host_plan(size, seq_lens_cpu) if part != "draw" else None)
+        if part == "forward":
+            return None
+        return self.out_tokens[:, :n] if part is None else self.out_tokens[:1, :n]
 
     def _check_sampled(self, sampled: bool) -> None:
         if sampled and self._captured and not self.sampling:
@@ -610,6 +657,7 @@ class ModelRuntime:
             raise ValueError(f"out: expected [{self.k}, {n}] torch.int64 on {self.device}, got {got}")
         with self.lock:
             self.slots.load(n, tokens, block_table, seq_lens, sampling)   # the input copy
+            self._split_rows = None                                        # no split draw after this
             host_lens = seq_lens if seq_lens.device.type == "cpu" else None
             rows = self._run(n, sampling is not None, host_lens)
             return rows if out is None else out.copy_(rows)
@@ -624,8 +672,8 @@ class ModelRuntime:
         with self.lock:
             self.mixed.stage(slot, tokens, start, table_row=table_row, num_pages=self.num_pages)
 
-    def decode_slots(self, n: int, *, sampled: bool, processed: bool = False,
-                     filtered: bool = True, chunk: bool = False, steps: int | None = None) -> torch.Tensor:
+    def decode_slots(self, n: int, *, sampled: bool, processed: bool = False, filtered: bool = True,
+                     chunk: bool = False, part: str | None = None) -> torch.Tensor | None:
         """K decode steps over slots [0, n) as they stand in `self.slots` (the engine's path: no
         input copy, no host check, no sync except a host-planning backend reading seq_lens);
         returns [K, n] int64 tokens (a view of a static buffer, valid until the next block).
@@ -638,21 +686,31 @@ class ModelRuntime:
         advances the slots' token counts; with filtered=False (no row uses top-k / top-p) the
         one without the sampler's sort. chunk: the block's first step also prefills the chunk
         staged by `stage_chunk` (greedy / sampled blocks only; each staging runs once).
-        steps=1 (processed only): one step instead of K (a block with constrained rows, whose
-        allowed-token masks the host refills after every token: model/token_mask.py); returns
-        [1, n]."""
+
+        part (processed only; "Split steps" in the module docstring): "forward" runs one step's
+        model over the slots' current tokens into `split_logits` and returns None; "draw" then draws that step's
+        tokens (masks, processing, log-probs, counts) and advances the slots -> [1, n]. Between
+        the two the host may write the constrained rows' masks (TokenMask.write): the draw reads
+        them, the forward does not. A "draw" needs the "forward" of the same n just before it
+        (no other decode launch between: ValueError)."""
         self._check_sampled(sampled)
-        if steps is not None and steps != self.k and (steps != 1 or not processed):
-            raise ValueError(f"steps: {self.k} (K) or 1 with processed=True, got {steps!r}")
+        if part not in PARTS:
+            raise ValueError(f"part: expected one of {PARTS}, got {part!r}")
         if processed and not self.processing:
             raise ValueError("processed: this ModelRuntime was built with processing=False")
+        if part is not None and not processed:
+            raise ValueError(f"part: {part!r} splits a processed step (processed=True)")
         if chunk and (self.mixed is None or processed):
             raise ValueError("chunk: needs mixed_prefill_tokens > 0 and a greedy / sampled block "
                              "(not processed)")
         with self.lock:
+            if part == "draw" and self._split_rows != n:
+                raise ValueError(f"part: 'draw' over {n} rows needs the 'forward' over the same rows just "
+                                 f"before it (pending: {self._split_rows})")
+            self._split_rows = n if part == "forward" else None
             if chunk:
                 self.mixed.take()
-            return self._run(n, sampled, processed=processed, filtered=filtered, chunk=chunk, steps=steps)
+            return self._run(n, sampled, processed=processed, filtered=filtered, chunk=chunk, part=part)
 
     def last_logits(self, n: int) -> torch.Tensor:
         """[n, vocab] float32 logits of the last decode step of the bucket serving n rows

@@ -101,7 +101,7 @@ class SpeculativeRunner:
                  splits: int | None = None, draft: DraftProposer | None = None,
                  filtered: bool = False, slots: SlotState | None = None,
                  graphs: GraphRunner | None = None, device_error: torch.Tensor | None = None,
-                 eagle=None, ks=None, logprobs_width: int = 0, logprobs_mode: str = "raw"):
+                 eagle=None, ks=None, logprobs_width: int = 0, logprobs_mode: str = "raw", mask=None):
         if not isinstance(config, SpeculativeConfig):
             raise TypeError(f"config: expected a SpeculativeConfig, got {type(config).__name__}")
         if (config.method == "eagle3") != (eagle is not None):
@@ -161,6 +161,12 @@ class SpeculativeRunner:
         self.ks = ks
         self.bufs = {x: SpecBuffers.allocate(buckets[-1], x, rounds, self.device, logprobs_width=logprobs_width)
                      for x in ks}
+        # constrained rows (grammar-checked proposals): the slots' allowed-token masks at every
+        # verified position (model/token_mask.py), applied in processed rounds; n-gram proposals
+        # only (the engine predicts them on the host: `grammar`)
+        if mask is not None and mask.positions < kmax + 1:
+            raise ValueError(f"mask: {mask.positions} positions a slot, a round verifies up to {kmax + 1}")
+        self.mask = mask if config.method == "ngram" else None
         hkv = model.local_spec.num_kv_heads
         self.splits = {b: splits or default_splits(self.device, b, hkv, max_len) for b in buckets}
 
@@ -169,7 +175,9 @@ class SpeculativeRunner:
                draft: DraftProposer | None = None, filtered: bool = False,
                splits: int | None = None, eagle=None, ks=None) -> "SpeculativeRunner":
         """The rounds over a ModelRuntime's own slots (built with token_history=True), graph
-        runner and device-error flags: the phase the engine runs beside the decode graphs."""
+        runner and device-error flags: the phase the engine runs beside the decode graphs; with
+        n-gram proposals and a runtime whose token masks hold 1 + num_tokens positions
+        (ModelRuntime(mask_positions=...)), its masks too (`grammar`)."""
         c = mrt.config
         if mrt.slots.history is None:
             raise ValueError("mrt: build the ModelRuntime with token_history=True for speculation")
@@ -178,7 +186,17 @@ class SpeculativeRunner:
                    max_pages=c.max_pages_per_seq, rounds=rounds, device=mrt.device, splits=splits,
                    draft=draft, filtered=filtered, slots=mrt.slots, graphs=mrt.graphs,
                    device_error=mrt.buffers.device_error, eagle=eagle, ks=ks,
-                   logprobs_width=mrt.logprobs.width if mrt.processing else 0, logprobs_mode=mrt.logprobs_mode)
+                   logprobs_width=mrt.logprobs.width if mrt.processing else 0, logprobs_mode=mrt.logprobs_mode,
+                   mask=mrt.token_mask if mrt.token_mask is not None
+                   and mrt.token_mask.positions > config.num_tokens else None)
+
+    @property
+    def grammar(self) -> bool:
+        """Whether blocks may hold constrained rows: n-gram proposals (a pure function of the
+        slot's tokens, so the host predicts them and caps the slot's k at the first one its grammar
+        refuses) verified under the slots' masks at every position, in one-round blocks
+        (run(rounds=1): the host must see each round's tokens before the next masks exist)."""
+        return self.mask is not None
 
     @property
     def width(self) -> int:
@@ -241,7 +259,7 @@ class SpeculativeRunner:
         return self.slots.history[slot, :n].tolist()
 
     # ---- device side: the block of R rounds ----------------------------------------------------
-    def _round(self, size: int, r: int, k: int, how: Draw) -> None:
+    def _round(self, size: int, r: int, k: int, how: Draw, *, last: bool) -> None:
         """Round r of a block: propose, verify, accept (model/draw.py's Draw: how.processed, the
         slots' logits processing per verified position; how.filtered, acceptance within the
         sampler's kept set of top_k / top_p)."""
@@ -263,13 +281,15 @@ class SpeculativeRunner:
         record = self.eagle.verify_kwargs(size) if self.eagle is not None else {}
         logits = self.model.verify_step(tokens, cache_lens, self.kv_caches, table, self.device_error,
                                         splits=self.splits[size], **record)   # [B * (k + 1), V]
+        if how.processed and self.mask is not None:   # constrained rows: each position's mask
+            self.mask.apply_verify(logits, size, k)
         raw = logits
         if how.processed:                     # the slots' logits processing, per verified position
             logits = st.proc.process_verify(logits, size, proposals, step, temperature)
         kept = dict(top_k=st.top_k[:size], top_p=st.top_p[:size]) if how.filtered else {}
         judge(logits, proposals, v.count, temperature, st.seed[:size], step, v.accept, v.fallback,
               **kept)                                                # the sampler's kept set
-        last = r == self.rounds - 1           # the decode graphs' input: each slot's current token
+        # the last round's advance: the decode graphs' input, each slot's current token
         advance(v.accept, v.fallback, proposals, hist, num, limit, step, v.out_tokens[r], v.emitted[r],
                 current=st.tokens[:size] if last else None)
         if how.processed:                     # the emitted tokens counted for the penalties
@@ -279,6 +299,11 @@ class SpeculativeRunner:
                 self._record_logprobs(v.logprobs, r, raw, logits, out, size, how)
         if self.eagle is not None:                                   # the next round's proposals
             self.eagle.after(size, v.out_tokens[r], v.emitted[r], cache_lens, table, self.device_error)
+
+    def _block(self, size: int, k: int, how: Draw, rounds: int | None = None) -> None:
+        rounds = self.rounds if rounds is None else rounds
+        for r in range(rounds):               # the last round's advance leaves each slot's current
+            self._round(size, r, k, how, last=r == rounds - 1)      # token where decode reads it
 
     def _record_logprobs(self, lp, r: int, raw: torch.Tensor, processed: torch.Tensor, out: torch.Tensor,
                          size: int, how: Draw) -> None:
@@ -296,12 +321,9 @@ class SpeculativeRunner:
             src = drawn_from(processed, rep(st.temperature), rep(off_k), rep(off_p))
         lp.record(r, size * q, src, out.reshape(size * q).clamp_min(0))
 
-    def _block(self, size: int, k: int, how: Draw) -> None:
-        for r in range(self.rounds):          # the last round's advance leaves each slot's current
-            self._round(size, r, k, how)                             # token where decode reads it
 
-    def _key(self, size: int, k: int, how: Draw) -> GraphKey:
-        return GraphKey("spec", size, query_len=k + 1, steps=self.rounds, sampled=True,
+    def _key(self, size: int, k: int, how: Draw, rounds: int) -> GraphKey:
+        return GraphKey("spec", size, query_len=k + 1, steps=rounds, sampled=True,
                         filtered=how.filtered, processed=how.processed)
 
     def capture(self) -> None:
@@ -317,29 +339,42 @@ class SpeculativeRunner:
             self.draft.capture(self.graphs)
         scratch = list(self.kv_caches) + (list(self.draft.kv_caches) if self.draft else []) \
             + ([self.eagle.kv_cache] if self.eagle is not None else [])
+        # (rounds, k) families: R rounds at every k; with constrained rows (`grammar`), one round
+        # at num_tokens, processed only (a constrained row is processed)
+        families = [(self.rounds, k, p) for k in reversed(self.ks)
+                    for p in ((False, True) if st.proc is not None else (False,))]
+        if self.grammar and self.rounds > 1:
+            families.append((1, self.config.num_tokens, True))
         for size in reversed(self.buckets):
-            for k in reversed(self.ks):
+            for rounds, k, processed in families:
                 for filtered in (False, True) if self.filtered else (False,):
-                    for processed in (False, True) if st.proc is not None else (False,):
-                        how = Draw(sampled=True, processed=processed, filtered=filtered)
-                        key = self._key(size, k, how)
-                        if key not in self.graphs:
-                            kept = [(self.eagle.proposals[:size], 0)] if self.eagle is not None else []
-                            self.graphs.capture(
-                                key, lambda s=size, q=k, d=how: self._block(s, q, d),
-                                inputs=[(st.seq_lens[:size], 0), (st.limit[:size], 0),
-                                        (st.tokens[:size], 0)] + kept, scratch=scratch)
+                    how = Draw(sampled=True, processed=processed, filtered=filtered)
+                    key = self._key(size, k, how, rounds)
+                    if key not in self.graphs:
+                        kept = [(self.eagle.proposals[:size], 0)] if self.eagle is not None else []
+                        self.graphs.capture(
+                            key, lambda s=size, q=k, d=how, r=rounds: self._block(s, q, d, r),
+                            inputs=[(st.seq_lens[:size], 0), (st.limit[:size], 0),
+                                    (st.tokens[:size], 0)] + kept, scratch=scratch)
 
     def run(self, n: int, *, k: int | None = None, filtered: bool | None = None,
-            processed: bool = False) -> BlockOutput:
+            processed: bool = False, rounds: int | None = None) -> BlockOutput:
         """One block of R rounds with k proposals a round (one of `ks`; default num_tokens)
         over slots [0, n) (the smallest bucket >= n; slots past n in it must be empty).
         filtered: apply the slots' top_k / top_p (default: whether the runner supports them);
         processed: the slots' logits processing (model/processing.py) on the verified
-        positions, emitted tokens counted (slots with processing rows only). Returns a
-        BlockOutput of views (tokens [R, n, k + 1]; valid until the next run)."""
+        positions, emitted tokens counted (slots with processing rows only; with `grammar`, the
+        constrained rows' masks first). rounds: None (R), or 1 with `grammar` (processed, k =
+        num_tokens: a block holding constrained rows). Returns a BlockOutput of views (tokens
+        [rounds, n, k + 1]; valid until the next run)."""
         if processed and self.slots.proc is None:
             raise ValueError("processed: these slots have no logits-processing rows")
+        rounds = self.rounds if rounds is None else rounds
+        if rounds != self.rounds and (rounds != 1 or not self.grammar or not processed
+                                      or (k is not None and k != self.config.num_tokens)):
+            raise ValueError(f"rounds: {self.rounds} (R), or 1 for a processed block at k = num_tokens with "
+                             f"grammar-checked proposals (n-gram, masks of {self.config.num_tokens + 1} "
+                             f"positions), got {rounds!r}")
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.buckets[-1]:
             raise ValueError(f"n: must be an int in [1, {self.buckets[-1]}], got {n!r}")
         k = self.config.num_tokens if k is None else k
@@ -350,13 +385,13 @@ class SpeculativeRunner:
             raise ValueError("filtered: this runner was built with filtered=False")
         size = pick_bucket(list(self.buckets), n)
         how = Draw(sampled=True, processed=processed, filtered=filtered)
-        self.graphs.run(self._key(size, k, how), lambda: self._block(size, k, how))
+        self.graphs.run(self._key(size, k, how, rounds), lambda: self._block(size, k, how, rounds))
         b = self.bufs[k]
         lp = None
-        if processed and b.logprobs is not None:          # rows b * Q + j -> [R, n, Q(, N)]
+        if processed and b.logprobs is not None:          # rows b * Q + j -> [rounds, n, Q(, N)]
             q = k + 1
-            lp = tuple(t[:, :size * q].unflatten(1, (size, q))[:, :n] for t in b.logprobs.view(size * q))
-        return BlockOutput(b.out_tokens[:, :n], b.emitted[:, :n], b.proposed[:, :n], lp)
+            lp = tuple(t[:rounds, :size * q].unflatten(1, (size, q))[:, :n] for t in b.logprobs.view(size * q))
+        return BlockOutput(b.out_tokens[:rounds, :n], b.emitted[:rounds, :n], b.proposed[:rounds, :n], lp)
 
     def sync_draft(self, slots, since: torch.Tensor | None = None) -> None:
         """Catch the draft's K/V up over each slot's tokens but the current one (eager; reads the

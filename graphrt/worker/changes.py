@@ -73,7 +73,16 @@ class SetProcessing:
     rows: ProcessRows
 
 
-SLOT_CHANGES = (SetPages, Activate, Deactivate, SetToken, SetHistory, SetProcessing)
+@dataclass(frozen=True, slots=True)
+class SetSpecK:
+    """The most proposals a speculative round may verify for the row (its SPEC_K; Activate
+    sets it to the configured k): a constrained row's proposals capped at the first token its
+    grammar refuses, before a one-round block."""
+    slot: int
+    k: int
+
+
+SLOT_CHANGES = (SetPages, Activate, Deactivate, SetToken, SetHistory, SetProcessing, SetSpecK)
 
 
 def check_changes(changes) -> tuple:
@@ -87,5 +96,5 @@ def check_changes(changes) -> tuple:
     return tuple(changes)
 
 
-__all__ = ["Activate", "Deactivate", "SLOT_CHANGES", "SetHistory", "SetPages", "SetProcessing", "SetToken",
-           "check_changes"]
+__all__ = ["Activate", "Deactivate", "SLOT_CHANGES", "SetHistory", "SetPages", "SetProcessing", "SetSpecK",
+           "SetToken", "check_changes"]

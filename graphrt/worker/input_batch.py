@@ -28,7 +28,7 @@ import torch
 
 from graphrt.model.slots import (LIMIT, NUM_FLOATS, NUM_INTS, PAD_PAGE, SEQ, SPEC_K, STEP, TEMPERATURE,
                                  TOP_K, TOP_P, SlotUpdate)
-from graphrt.worker.changes import Activate, Deactivate, SetHistory, SetPages, SetProcessing, SetToken
+from graphrt.worker.changes import Activate, Deactivate, SetHistory, SetPages, SetProcessing, SetSpecK, SetToken
 
 
 class _Stage:
@@ -99,6 +99,8 @@ class InputBatch:
                 self.set_history(c.slot, c.tokens)
             elif t is SetProcessing:
                 self._proc.append((c.slot, c.rows))
+            elif t is SetSpecK:
+                self.set_spec_k(c.slot, c.k)
             else:
                 raise ValueError(f"changes: {t.__name__} is not a slot change")
 

@@ -53,9 +53,11 @@ class Executor(Protocol):
 
     def write_token_mask(self, slots: list[int], bits: torch.Tensor, active: torch.Tensor) -> None:
         """Constrained decoding (caps.structured): the allowed-token masks of `slots` (bits [m, W]
-        int32, W = ceil(vocab / 32); active [m] int32, 1 = constrained; CPU), read by the next
-        processed draws of those slots (a prefill's first draws, processed blocks); stream-ordered,
-        no sync. ValueError naming structured_outputs where caps.structured is False."""
+        int32, W = ceil(vocab / 32), or [m, p, W]: positions 0..p-1, the masks before each of a
+        speculative round's verified proposals and after the last (caps.spec_grammar); active
+        [m] int32, 1 = constrained; CPU), read by the next processed draws of those slots (a
+        prefill's first draws, processed blocks and rounds); stream-ordered, no sync.
+        ValueError naming structured_outputs where caps.structured is False."""
 
     def prefill_graphed(self, new_tokens: int) -> bool:
         """Whether a prefill of this many new tokens (no prompt log-probs) runs through prefill

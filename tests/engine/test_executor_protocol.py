@@ -219,6 +219,7 @@ def test_an_object_without_the_protocol_is_refused():
     (dict(history_width=0), "history_width"),
     (dict(tensor_parallel=0), "tensor_parallel"),
     (dict(structured=True), "structured"),                  # masks without processing
+    (dict(processing=True, structured=True, spec_grammar=True), "spec_grammar"),   # without speculation
     (dict(kernels="cuda"), "kernels"),
 ])
 def test_capabilities_refuse_bad_fields(kw, field):
@@ -231,8 +232,11 @@ def test_capabilities_refuse_bad_fields(kw, field):
 @pytest.mark.parametrize("kw,field", [
     (dict(n=0), "n"), (dict(n=2, k=-1), "k"), (dict(n=2, k=2, chunk=True), "chunk"),
     (dict(n=2, logprobs=True), "logprobs"), (dict(n=2, draw="greedy"), "draw"),
-    (dict(n=2, steps=1), "steps"),                                        # one step: processed only
-    (dict(n=2, steps=2, draw=Draw(True, True)), "steps"), (dict(n=2, k=1, steps=1, draw=Draw(True, True)), "steps"),
+    (dict(n=2, part="forward"), "part"),                                  # a split step: processed only
+    (dict(n=2, part="both", draw=Draw(True, True)), "part"), (dict(n=2, k=1, part="draw", draw=Draw(True, True)), "part"),
+    (dict(n=2, part="forward", logprobs=True, draw=Draw(True, True)), "logprobs"),   # the draw records them
+    (dict(n=2, rounds=1, draw=Draw(True, True)), "rounds"),               # one round: speculative only
+    (dict(n=2, k=2, rounds=2, draw=Draw(True, True)), "rounds"), (dict(n=2, k=2, rounds=1), "rounds"),
     (dict(n=2, changes=(3,)), "changes"), (dict(n=2, changes="SetPages"), "changes"),
 ])
 def test_block_launches_refuse_bad_fields(kw, field):

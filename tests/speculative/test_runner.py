@@ -141,6 +141,14 @@ def test_bad_input(hf):
         with pytest.raises(ValueError, match=field):
             SpeculativeRunner(model, caches, SpeculativeConfig(num_tokens=4), buckets=(1,), max_len=64,
                               page_size=PAGE, **kw)
+    # one-round blocks: only with grammar-checked proposals (token masks of 1 + num_tokens positions)
+    assert not runner.grammar
+    with pytest.raises(ValueError, match=r"^rounds: 1 \(R\), or 1 for a processed block"):
+        runner.run(1, rounds=2)
+    from graphrt.model.token_mask import TokenMask
+    with pytest.raises(ValueError, match=r"^mask: 4 positions a slot, a round verifies up to 5"):
+        SpeculativeRunner(model, caches, SpeculativeConfig(num_tokens=4), buckets=(1,), max_len=64,
+                          page_size=PAGE, mask=TokenMask.allocate(1, VOCAB, "cpu", positions=4))
 
 
 def test_seeded_sampling_is_batch_invariant_and_clear_slot_stops(hf):
