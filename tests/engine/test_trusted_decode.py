@@ -108,5 +108,5 @@ def test_host_planning_fallback_runs_one_step_per_graph_when_allowed(monkeypatch
     with pytest.warns(UserWarning, match="unknown plan layout"):
         mrt = ModelRuntime(model, rc, "cpu", steps_per_graph=4, fallback_to_one_step=True)
     assert mrt.k == 1
-    with pytest.raises(TypeError, match="fallback_to_one_step"):
+    with pytest.raises(ValueError, match="fallback_to_one_step: expected a bool"):
         ModelRuntime(model, rc, "cpu", fallback_to_one_step="yes")
