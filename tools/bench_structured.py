@@ -20,9 +20,12 @@ Cases (the first stream of each is the one the ratios read):
   free+free   two free streams
   free+json   a free stream beside a JSON-constrained one  free+json / free+free, its free stream
                                                            (target: <= 1.01)
+With --spec none ngram, also `json none / ngram` (and regex): the constrained stream's speedup
+from n-gram speculation (target: >= 1.3 on a trained model's JSON).
 A constrained row runs one step per block in two launches (forward, then the draw), its matcher
-advanced and its next mask written while the forward runs (docs/structured-output.md); the
-gap to `free` is what that costs. Writes OUT.json, OUT.md (the table) and OUT.png.
+advanced and its next mask written while the forward runs; under n-gram speculation one round
+with grammar-checked proposals (docs/structured-output.md); the gap to `free` is what that
+costs. Writes OUT.json, OUT.md (the table) and OUT.png.
 """
 from __future__ import annotations
 
@@ -144,6 +147,12 @@ def ratios(rows: list[dict]) -> list[dict]:
             if b is not None:
                 out.append({"model": r["model"], "spec": r["spec"], "what": f"{case} / {base}",
                             "ratio": r["tpot_ms"][i] / b["tpot_ms"][i]})
+        if r["spec"] == "ngram" and r["case"] in ("json", "regex"):   # speculation's gain for the stream
+            b = next((x for x in rows if x["case"] == r["case"] and x["model"] == r["model"] and x["spec"] == "none"),
+                     None)
+            if b is not None:
+                out.append({"model": r["model"], "spec": "ngram", "what": f"{r['case']} none / ngram",
+                            "ratio": b["tpot_ms"][0] / r["tpot_ms"][0]})
     return out
 
 
