@@ -389,9 +389,9 @@ class ModelRuntime:
                 logits = self.model.decode_step(ctx, tokens, **opts)         # [B, vocab] model dtype
             if how.processed:                    # the step's log-prob rows (the fused pass fills them)
                 src = draw(logits, rows, how, out, proc=st.proc, sel=size, live=seq > 0, mask=self.token_mask,
-                           logprob_rows=self.logprobs.rows(step, size), source=self.logprobs_mode)
+                           logprob_rows=self.logprobs.rows(step, size), source=self.logprobs_mode, ops=ops)
                 if src is not None:
-                    self.logprobs.record(step, size, src, out)
+                    self.logprobs.record(step, size, src, out, ops=ops)
             elif pstep is None:                  # (the persistent step wrote its argmax)
                 draw(logits, rows, how, out, ops=ops)
             # current token, history at index seq_len (speculation's input), seq_len + 1: one launch

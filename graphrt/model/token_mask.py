@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from graphrt.kernels.token_mask import apply_token_mask, words
+from graphrt.kernels.ops import KernelOps, default_ops
+from graphrt.kernels.reference_sample import words
 from graphrt.kernels.transfer import tensor_on, to_device
 
 
@@ -54,12 +55,14 @@ class TokenMask:
         self.bits.index_copy_(0, idx, to_device(bits, dev))
         self.active.index_copy_(0, idx, to_device(active, dev))
 
-    def apply(self, logits: torch.Tensor, sel) -> torch.Tensor:
+    def apply(self, logits: torch.Tensor, sel, *, ops: KernelOps | None = None) -> torch.Tensor:
         """logits [b, V] of slots `sel` (an int b: slots [0, b); or a [b] int64 device tensor):
-        disallowed tokens of active rows -> -inf, in place. Capturable."""
+        disallowed tokens of active rows -> -inf, in place (ops: the kernel set, None: Triton's).
+        Capturable."""
+        apply = default_ops(ops).apply_token_mask
         if isinstance(sel, int):
-            return apply_token_mask(logits, self.bits[:sel], self.active[:sel])
-        return apply_token_mask(logits, self.bits, self.active, slots=sel)
+            return apply(logits, self.bits[:sel], self.active[:sel])
+        return apply(logits, self.bits, self.active, slots=sel)
 
 
 __all__ = ["TokenMask"]

@@ -242,7 +242,7 @@ class SpeculativeRunner:
         logits = self.model.verify_step(tokens, cache_lens, self.kv_caches, table, self.device_error,
                                         splits=self.splits[size], **record)   # [B * (k + 1), V]
         if how.processed:                     # the slots' logits processing, per verified position
-            logits = st.proc.process_verify(logits, size, proposals, step, temperature)
+            logits = st.proc.process_verify(logits, size, proposals, step, temperature, ops=self.model.ops)
         kept = dict(top_k=st.top_k[:size], top_p=st.top_p[:size]) if how.filtered else {}
         judge(logits, proposals, v.count, temperature, st.seed[:size], step, v.accept, v.fallback,
               **kept)                                                # the sampler's kept set
