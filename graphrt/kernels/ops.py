@@ -6,7 +6,8 @@ resolved once when it is built, never probed per call.
     h = ops.rms_norm(x, w, eps)
 
 Both sets have the same functions with the same signatures and contracts (the references are
-the kernel tests' oracle): the layer loop's (kernels/reference.py) and those that draw a step's
+the kernel tests' oracle): the layer loop's (kernels/reference.py), the multi-query attention
+of verify steps, prompt pieces and mixed chunks (kernels/reference_attention.py), and those that draw a step's
 tokens: sampling, logits processing, log-probabilities, allowed-token masks
 (kernels/reference_sample.py; the RNG is Triton's Philox in torch, bit for bit, so both sets
 draw the same tokens from the same scores). `resolve_kernels` gives the default: "torch" on a
@@ -39,6 +40,9 @@ class KernelOps:
     rope_append_prefill: Callable
     argmax_into: Callable
     step_advance: Callable
+    # Q query tokens a row: verify steps, graphed prompt pieces, mixed chunks
+    query_layout: Callable
+    multiquery_attention: Callable
     # drawing a step's tokens (model/draw.py and the helpers it calls)
     sample_tokens: Callable
     kept_lengths: Callable
@@ -70,10 +74,11 @@ def kernel_ops(name: str) -> KernelOps:
     check_kernels(name)
     if name == "torch":
         from graphrt.kernels import reference as r
+        from graphrt.kernels import reference_attention as a
         from graphrt.kernels import reference_sample as d
         return KernelOps("torch", r.rms_norm, r.add_rms_norm, r.embed_rms_norm, r.silu_mul,
                          r.rope_append_decode, r.rope_append_prefill, r.argmax_into, r.step_advance,
-                         d.sample_tokens, d.kept_lengths, d.process_logits, d.process_draw, d.logprobs_into,
+                         a.query_layout, a.multiquery_attention, d.sample_tokens, d.kept_lengths, d.process_logits, d.process_draw, d.logprobs_into,
                          d.apply_token_mask)
     if name != "triton":
         raise ValueError(f"kernels: {name!r} is not one of {list(KERNELS)}")
@@ -81,13 +86,16 @@ def kernel_ops(name: str) -> KernelOps:
     from graphrt.kernels.activation import silu_mul
     from graphrt.kernels.argmax import argmax_into
     from graphrt.kernels.logits_process import logprobs_into, process_draw, process_logits
+    from graphrt.kernels.multiquery_attention import multiquery_attention
     from graphrt.kernels.norm import add_rms_norm, embed_rms_norm, rms_norm
+    from graphrt.kernels.query_layout import query_layout
     from graphrt.kernels.rope_append import rope_append_decode, rope_append_prefill
     from graphrt.kernels.sample import kept_lengths, sample_tokens
     from graphrt.kernels.step_advance import step_advance
     from graphrt.kernels.token_mask import apply_token_mask
     return KernelOps("triton", rms_norm, add_rms_norm, embed_rms_norm, silu_mul, rope_append_decode,
-                     rope_append_prefill, argmax_into, step_advance, sample_tokens, kept_lengths,
+                     rope_append_prefill, argmax_into, step_advance, query_layout, multiquery_attention,
+                     sample_tokens, kept_lengths,
                      process_logits, process_draw, logprobs_into, apply_token_mask)
 
 

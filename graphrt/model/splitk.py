@@ -42,8 +42,7 @@ from typing import Mapping
 import torch
 import torch.nn.functional as F
 
-from graphrt.kernels.fp8 import Fp8Rows, padded_rows, quantize_rows
-from graphrt.kernels.norm import add_rms_norm
+from graphrt.kernels.fp8_rows import Fp8Rows, padded_rows
 from graphrt.kernels.splitk import SplitAcc
 from graphrt.model.quant.fp8 import Fp8Weight
 
@@ -175,6 +174,7 @@ def choose_splits(timings_us: Mapping[tuple[int, str, int], float]) -> dict[int,
 def _measure(model, rows: int, gemm: str) -> dict[int, float]:
     """S -> device µs of one pass over the model's layers of (GEMM `gemm` split S, then its
     add + RMSNorm) at `rows` rows, in one CUDA graph (graph_us)."""
+    from graphrt.kernels.fp8 import quantize_rows
     from graphrt.kernels.timing import graph_us
     layers, eps = model.weights.layers, model.spec.rms_norm_eps
     ws = [getattr(layer, gemm) for layer in layers]
@@ -188,7 +188,7 @@ def _measure(model, rows: int, gemm: str) -> dict[int, float]:
         if all(splittable(w, s) for w in ws):
             def run(s=s):
                 for w in ws:
-                    add_rms_norm(model._mm(x, w, split=s), residual, norm, eps, fp8=fp8_out)
+                    model.ops.add_rms_norm(model._mm(x, w, split=s), residual, norm, eps, fp8=fp8_out)
             out[s] = graph_us(run, 1, 3)
     return out
 

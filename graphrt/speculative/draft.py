@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from graphrt.kernels.argmax import argmax_into
-from graphrt.kernels.multiquery_attention import default_splits
+from graphrt.kernels.mq_launch import default_splits
 from graphrt.kernels.transfer import to_device
 
 

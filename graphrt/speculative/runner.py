@@ -44,7 +44,7 @@ import torch
 
 from graphrt.attention.buckets import pick_bucket
 from graphrt.attention.graphs import GraphKey, GraphRunner
-from graphrt.kernels.multiquery_attention import default_splits
+from graphrt.kernels.mq_launch import default_splits
 from graphrt.model.draw import Draw
 from graphrt.model.slots import SlotState
 from graphrt.speculative.accept import advance, judge
