@@ -15,15 +15,15 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-INSTALL = 'pip install "graphrt[gpu]" (on a GPU machine) or pip install "triton>=3.0"'
+INSTALL = ('pip install "graphrt[gpu]" on a GPU machine; on a CPU, the test extra ("graphrt[test]") or '
+           'pip install "triton>=3.0" (graphrt itself runs on a CPU without it: kernels="torch")')
 
 
 class TritonMissing(ImportError):
     """Triton is not installed and a path that runs Triton kernels was asked for."""
 
     def __init__(self, what: str):
-        super().__init__(f"{what} needs Triton, which is not installed: {INSTALL} (a CPU runs "
-                         f"graphrt without it: kernels='torch', the default there)", name="triton")
+        super().__init__(f"{what} needs Triton, which is not installed: {INSTALL}", name="triton")
 
 
 def triton_installed() -> bool:
