@@ -67,11 +67,18 @@ def resolve_kernels(kernels, device) -> str:
     return kernels
 
 
-@functools.lru_cache(maxsize=None)
 def kernel_ops(name: str) -> KernelOps:
     """The kernel set `name` ("triton" or "torch"); ValueError otherwise. "triton" where Triton
-    is not installed: TritonMissing (an ImportError saying how to install it)."""
+    is not installed: TritonMissing (an ImportError saying how to install it). Built once per
+    name (the same object every call)."""
     check_kernels(name)
+    if name not in KERNELS:
+        raise ValueError(f"kernels: {name!r} is not one of {list(KERNELS)}")
+    return _build(name)
+
+
+@functools.lru_cache(maxsize=None)
+def _build(name: str) -> KernelOps:
     if name == "torch":
         from graphrt.kernels import reference as r
         from graphrt.kernels import reference_attention as a
@@ -80,8 +87,6 @@ def kernel_ops(name: str) -> KernelOps:
                          r.rope_append_decode, r.rope_append_prefill, r.argmax_into, r.step_advance,
                          a.query_layout, a.multiquery_attention, d.sample_tokens, d.kept_lengths, d.process_logits, d.process_draw, d.logprobs_into,
                          d.apply_token_mask)
-    if name != "triton":
-        raise ValueError(f"kernels: {name!r} is not one of {list(KERNELS)}")
     require_triton("kernels='triton'")
     from graphrt.kernels.activation import silu_mul
     from graphrt.kernels.argmax import argmax_into
