@@ -10,13 +10,16 @@ One pass finds it: for every candidate end e the kernel counts the matched suffi
 "for n from max_n down to min_n, most recent match" rule in one scan.
 
 Grid: one program per slot, BLOCK candidate ends at a time; no host sync (graph-capturable);
-runs on CPU under TRITON_INTERPRET=1. `ngram_propose_reference` is the plain-Python truth.
+runs on CPU under TRITON_INTERPRET=1. `ngram_propose_reference` is the plain-Python truth;
+the torch set's twin is speculative/reference.py's.
 """
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
+
+from graphrt.speculative.reference import check_ngram
 
 BLOCK = 256
 
@@ -59,20 +62,8 @@ def ngram_propose(tokens: torch.Tensor, lens: torch.Tensor, out: torch.Tensor, c
     (tokens held; clipped to W; 0 = empty slot), out [S, k] int64 (entries past count are 0),
     count [S] int32. One device; capturable in a CUDA graph.
     """
-    if tokens.dim() != 2 or tokens.dtype != torch.int32 or tokens.stride(1) != 1:
-        raise ValueError(f"tokens: expected [S, W] int32 with unit column stride, got "
-                         f"{tuple(tokens.shape)} {tokens.dtype}")
+    check_ngram(tokens, lens, out, count, min_n, max_n)
     s = tokens.shape[0]
-    if tuple(lens.shape) != (s,) or lens.dtype != torch.int32:
-        raise ValueError(f"lens: expected [{s}] int32, got {tuple(lens.shape)} {lens.dtype}")
-    if out.dim() != 2 or out.shape[0] != s or out.dtype != torch.int64 or not out.is_contiguous():
-        raise ValueError(f"out: expected contiguous [{s}, k] int64, got {tuple(out.shape)} {out.dtype}")
-    if tuple(count.shape) != (s,) or count.dtype != torch.int32:
-        raise ValueError(f"count: expected [{s}] int32, got {tuple(count.shape)} {count.dtype}")
-    if not 1 <= min_n <= max_n:
-        raise ValueError(f"min_n, max_n: need 1 <= min_n <= max_n, got {min_n}, {max_n}")
-    if len({t.device for t in (tokens, lens, out, count)}) != 1:
-        raise ValueError("tokens, lens, out, count: must be on one device")
     k = out.shape[1]
     _ngram_kernel[(s,)](tokens, tokens.stride(0), tokens.shape[1], lens, out, count, min_n,
                         K=k, MAX_N=max_n, BLOCK=min(BLOCK, triton.next_power_of_2(tokens.shape[1])),

@@ -27,7 +27,9 @@ the history and move the tokens held and the draw index; at the end of the block
 current token is refreshed for the decode graphs. The host reads `out`/`emitted` after the block
 (the engine asynchronously) and applies stop ids, stop strings and EOS; max_tokens is exact on
 the device (a slot never holds more than `limit` tokens). K/V written for rejected proposals lies
-past the slot's length and is overwritten by the next round.
+past the slot's length and is overwritten by the next round. The rounds' kernels (n-gram lookup,
+round inputs, acceptance, advance) are the target model's kernel set's (speculative/ops.py):
+Triton's, or their torch references on a model that runs the torch set (a CPU's default).
 
 Several k per bucket: `ks` (default `capture_ks(num_tokens)`: 1, 2, 4, 8 up to k, and k) are the
 proposal counts a block may run, one graph family per k (query length k + 1, scratch per k), so
@@ -47,12 +49,10 @@ from graphrt.attention.graphs import GraphKey, GraphRunner
 from graphrt.kernels.mq_launch import default_splits
 from graphrt.model.draw import Draw
 from graphrt.model.slots import SlotState
-from graphrt.speculative.accept import advance, judge
 from graphrt.speculative.buffers import SpecBuffers
 from graphrt.speculative.config import SpeculativeConfig
 from graphrt.speculative.draft import DraftProposer
-from graphrt.speculative.ngram import ngram_propose
-from graphrt.speculative.prologue import round_inputs
+from graphrt.speculative.ops import spec_ops
 
 
 def capture_ks(k: int) -> tuple[int, ...]:
@@ -117,6 +117,7 @@ class SpeculativeRunner:
             if isinstance(val, bool) or not isinstance(val, int) or val < 1:
                 raise ValueError(f"{name}: must be an int >= 1, got {val!r}")
         self.model, self.kv_caches, self.config = model, kv_caches, config
+        self.spec = spec_ops(model.kernels)          # the rounds' kernels: the target's kernel set's
         self.buckets, self.rounds, self.page_size = buckets, rounds, page_size
         self.max_pages = max_pages or -(-(max_len + config.num_tokens) // page_size)
         self.device = torch.device(device) if device is not None else kv_caches[0].device
@@ -233,10 +234,10 @@ class SpeculativeRunner:
         elif self.draft is not None:
             self.draft.propose(hist, num, limit, table, v.proposals, v.count, self.device_error)
         else:
-            ngram_propose(hist, num, v.proposals, v.count, min_n=c.ngram_min, max_n=c.ngram_max)
+            self.spec.ngram_propose(hist, num, v.proposals, v.count, min_n=c.ngram_min, max_n=c.ngram_max)
         # count capped by the slot's own k, tokens [B, k + 1] (the current token, then the
         # proposals), cache_lens (-1: inactive), proposed[r]: one launch (speculative/prologue.py)
-        tokens, cache_lens = round_inputs(hist, num, limit, st.spec_k[:size], proposals, v.count,
+        tokens, cache_lens = self.spec.round_inputs(hist, num, limit, st.spec_k[:size], proposals, v.count,
                                           v.proposed[r], full=self.eagle is not None)
         record = self.eagle.verify_kwargs(size) if self.eagle is not None else {}
         logits = self.model.verify_step(tokens, cache_lens, self.kv_caches, table, self.device_error,
@@ -244,11 +245,11 @@ class SpeculativeRunner:
         if how.processed:                     # the slots' logits processing, per verified position
             logits = st.proc.process_verify(logits, size, proposals, step, temperature, ops=self.model.ops)
         kept = dict(top_k=st.top_k[:size], top_p=st.top_p[:size]) if how.filtered else {}
-        judge(logits, proposals, v.count, temperature, st.seed[:size], step, v.accept, v.fallback,
-              **kept)                                                # the sampler's kept set
+        self.spec.judge(logits, proposals, v.count, temperature, st.seed[:size], step, v.accept, v.fallback,
+                        **kept)                                                # the sampler's kept set
         last = r == self.rounds - 1           # the decode graphs' input: each slot's current token
-        advance(v.accept, v.fallback, proposals, hist, num, limit, step, v.out_tokens[r], v.emitted[r],
-                current=st.tokens[:size] if last else None)
+        self.spec.advance(v.accept, v.fallback, proposals, hist, num, limit, step, v.out_tokens[r], v.emitted[r],
+                          current=st.tokens[:size] if last else None)
         if how.processed:                     # the emitted tokens counted for the penalties
             out = v.out_tokens[r]                                    # [B, Q], -1 past the emitted
             st.proc.counts[:size].scatter_add_(1, out.clamp_min(0), (out >= 0).to(torch.int32))

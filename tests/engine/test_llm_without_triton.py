@@ -2,8 +2,8 @@
 greedy, seeded sampling (top-k / top-p), log-probabilities (prompt ones too) and penalties, and
 gives the tokens and log-probabilities of the same requests run here, where Triton is installed,
 on the Triton kernel set (the interpreter: its sampler's Philox noise is what the torch set
-reproduces bit for bit). The process never imports Triton, and asking it for the Triton kernels
-is one ImportError naming the install line."""
+reproduces bit for bit); n-gram speculation there emits the seeded run's tokens. The process never
+imports Triton, and asking it for the Triton kernels is one ImportError naming the install line."""
 from __future__ import annotations
 
 import json
@@ -48,12 +48,13 @@ _BLOCKED = textwrap.dedent('''
     path, prompts, runs = sys.argv[1], __import__("json").loads(sys.argv[2]), __import__("json").loads(sys.argv[3])
 ''') + _RUN + textwrap.dedent('''
     out = run(path, prompts, runs)
+    spec = run(path, prompts, {"seeded": runs["seeded"]}, speculative={"method": "ngram", "num_tokens": 2})
     try:
         LLM(path, device="cpu", kernels="triton", max_model_len=64)
         missing = None
     except ImportError as e:
         missing = str(e)
-    print(json.dumps({"runs": out, "missing": missing, "imported": sys.modules.get("triton") is not None}))
+    print(json.dumps({"runs": out, "spec": spec, "missing": missing, "imported": sys.modules.get("triton") is not None}))
 ''')
 
 
@@ -87,5 +88,6 @@ def test_llm_on_a_cpu_without_triton_equals_the_triton_kernels(ckpt):
         for a, b in zip(blocked["runs"][name], here[name]):
             _close(a, b)
     greedy, seeded = blocked["runs"]["greedy"], blocked["runs"]["seeded"]
+    assert [x["tokens"] for x in blocked["spec"]["seeded"]] == [x["tokens"] for x in seeded]   # n-gram rounds
     assert all(len(x["tokens"]) == 6 for x in greedy + seeded) and greedy != seeded
     assert all(len(x["logprobs"]) == 4 and len(x["prompt_logprobs"]) > 0 for x in blocked["runs"]["logprobs"])
