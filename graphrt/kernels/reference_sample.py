@@ -17,8 +17,9 @@ Rules, as the kernels state them:
 - masks (kernels/token_mask.py): bit t % 32 of word t // 32; a disallowed token of an active row
   becomes -inf.
 Float sums (top-p mass, log-softmax normaliser) are whole-row torch sums where the kernels sum
-chunk-wise: a float32 rounding apart. No host sync; allocations are shaped by [R, V]. This module
-imports no Triton.
+chunk-wise: a float32 rounding apart. Eager, as the rest of the torch set: the draws read on the
+host which rows sample and how long their kept prefixes are, so the Philox noise is drawn only
+where a token can be drawn (a greedy batch draws none). This module imports no Triton.
 """
 from __future__ import annotations
 
@@ -113,14 +114,22 @@ def _kept(x: torch.Tensor, top: torch.Tensor, safe_t: torch.Tensor, top_k: torch
     return torch.where(top_p < 1.0, keep.sum(1), k)
 
 
-def _gumbel_pick(x, tok, inside, top, safe_t, seed, t) -> torch.Tensor:
-    """Gumbel-max over the `inside` entries of float32 x [R, N] with token ids tok [R, N] (or [N]):
-    the lowest id of the best score, BIG where a row has none."""
+def _gumbel_pick(x, tok, inside, top, safe_t, seed, t, sampled) -> torch.Tensor:
+    """Gumbel-max over the `inside` entries of float32 x [R, N] with token ids tok [R, N] (or [N])
+    in the `sampled` [R] rows: the lowest id of the best score; BIG where a row has none or is not
+    sampled. The noise is drawn for the sampled rows only (a host read of which: the torch set
+    runs eagerly), so a greedy batch costs no Philox pass."""
+    rows = sampled.nonzero()[:, 0]
+    pick = torch.full_like(top, BIG, dtype=torch.int64)
+    if rows.numel() == 0:
+        return pick
+    x, inside, top, safe_t, seed, t = (a.index_select(0, rows) for a in (x, inside, top, safe_t, seed, t))
+    tok = tok.index_select(0, rows) if tok.dim() == 2 else tok
     score = gumbel_score(x, top[:, None], safe_t[:, None], seed[:, None], t[:, None], tok)
     score = torch.where(inside, score, float("-inf"))
     best = score.max(1, keepdim=True).values
     tok = tok.expand_as(score)
-    return torch.where((score == best) & inside, tok, BIG).min(1).values
+    return pick.index_copy_(0, rows, torch.where((score == best) & inside, tok, BIG).min(1).values)
 
 
 def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
@@ -142,18 +151,20 @@ def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.
     t = step.index_select(0, slot).to(torch.int64) + r % q
     safe_t = _safe(temp)
     cols = torch.arange(v, device=dev)
+    sampled = temp > 0
     if filtered:
         vals, idx = torch.sort(logits, dim=-1, descending=True, stable=True)     # [N, V] each
         x = vals.float()
         top, best = x[:, 0], idx[:, 0]
         m = _kept(x, top, safe_t, top_k.index_select(0, slot), top_p.index_select(0, slot))
-        tok, inside = idx, cols[None, :] < m[:, None]
+        scan = max(1, int(torch.where(sampled, m, 0).max()))   # the longest kept prefix drawn from
+        x, tok, inside = x[:, :scan], idx[:, :scan], cols[None, :scan] < m[:, None]   # (a host read)
     else:
         x = logits.float()
         top, best = x.max(1).values, torch.argmax(logits, dim=-1)
         tok, inside = cols, torch.ones_like(x, dtype=torch.bool)
-    pick = _gumbel_pick(x, tok, inside, top, safe_t, seed.index_select(0, slot), t)
-    out.copy_(torch.where((temp > 0) & (pick < BIG), pick, best))
+    pick = _gumbel_pick(x, tok, inside, top, safe_t, seed.index_select(0, slot), t, sampled)
+    out.copy_(torch.where(sampled & (pick < BIG), pick, best))
     if advance:
         step.copy_(t + 1)
 
@@ -260,8 +271,9 @@ def process_draw(logits, counts, prompt, params, rule_ids, rule_vals, rule_until
     x, top = _processed(logits, counts, prompt, params, rule_ids, rule_vals, rule_until, step, temperature, None)
     safe_t = _safe(temperature)
     cols = torch.arange(v, device=x.device)
-    pick = _gumbel_pick(x, cols, torch.ones_like(x, dtype=torch.bool), top, safe_t, seed, step.to(torch.int64))
-    tok = torch.where((temperature > 0) & (pick < BIG), pick, torch.argmax(x, dim=-1))
+    sampled = temperature > 0
+    pick = _gumbel_pick(x, cols, torch.ones_like(x, dtype=torch.bool), top, safe_t, seed, step.to(torch.int64), sampled)
+    tok = torch.where(sampled & (pick < BIG), pick, torch.argmax(x, dim=-1))
     src = logits.float() if source == "raw" else x / safe_t[:, None]
     _logprobs(src, tok, lp_token, lp_rank, lp_ids, lp_vals)
     out.copy_(tok)
