@@ -8,6 +8,17 @@ import torch
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before any graphrt kernel is imported
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:  # an xdist worker: the machine's cores shared among the workers, not oversubscribed
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pyproject's addopts): one worker per core (at most 8) on a CPU-only machine; on a
+    CUDA machine one process, so the GPU tests neither share the card nor time each other."""
+    if HAS_CUDA:
+        return 0
+    return max(1, min(8, os.cpu_count() or 1))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,6 +1,7 @@
 """tools/bench_e2e.py --weights: the int4 kinds (RTN g128 asymmetric / symmetric / with the head),
 their streamed-bytes floor (packed codes + scales + zeros + the float LM head), and a bad kind
-as an argparse error (exit 2) naming the flag."""
+as an argparse error (exit 2) naming the flag; the --int4-kernels grid (one line per config, one
+column per shape and batch, the default and the fastest marked)."""
 from __future__ import annotations
 
 import subprocess
@@ -42,3 +43,22 @@ def test_bad_weights_kind_exits_2():
     out = subprocess.run([sys.executable, str(TOOLS / "bench_e2e.py"), "--weights", "bf16,int3"],
                          capture_output=True, text=True)
     assert out.returncode == 2 and "--weights: 'int3' is not one of" in out.stderr
+
+
+def test_int4_kernel_grid_marks_default_and_fastest(capsys):
+    rows = []
+    for shape in ("o", "down"):
+        for kind in ("bf16", "int4"):
+            times = {"cublas": 9.0, "triton-gemv-n16": 8.0} if kind == "bf16" else \
+                {"cublas": 30.0, "cfg-a": 3.5, "cfg-b": 3.0 if shape == "o" else 4.0}
+            best = min(times, key=times.get)
+            rows.append(dict(model="llama-3.1-8b", shape=shape, n=4096, k=4096, weights=kind, batch=1, best=best,
+                             best_us=times[best], floor_us=2.0, best_over_floor=times[best] / 2, times_us=times,
+                             default=None if kind == "bf16" else "cfg-a",
+                             default_us=None if kind == "bf16" else times["cfg-a"]))
+    bench_e2e.print_int4_grid(rows)
+    out = capsys.readouterr().out.splitlines()
+    grid = {line.split()[0]: line.split()[1:] for line in out if line.startswith(("cfg-", "dequantize"))}
+    assert grid["cfg-a"] == ["3.5*", "3.5!*"] and grid["cfg-b"] == ["3.0!", "4.0"]
+    assert grid["dequantize"] == ["+", "cublas", "30.0", "30.0"]
+    assert any(line.startswith("bf16 best / int4 default") and "2.29" in line for line in out)

@@ -60,14 +60,14 @@ def test_multi_step_refuses_every_host_planned_backend(monkeypatch):
 def test_model_capture_after_prefill_keeps_page_0(monkeypatch):
     transformers = pytest.importorskip("transformers")
     import graphrt.model.runtime as mr
-    from graphrt.attention.graphs import WARMUP_STEPS, CaptureStats, GraphRunner
+    from graphrt.attention.graphs import CaptureStats, GraphRunner
     from graphrt.model import LlamaDecoder
 
     class _WarmUpOnly(GraphRunner):  # the graph runner without CUDA: the warm-up runs eagerly
         enabled = property(lambda self: True)
 
         def _record(self, key, step, prepare):
-            for _ in range(WARMUP_STEPS):
+            for _ in range(self.warmup_steps):
                 step()
             return None, CaptureStats(key.bucket, 0.0, 0.0, 0, key)
 
@@ -151,8 +151,13 @@ def test_cuda_core_empty_rows_before_a_long_row_decode_correctly_on_cpu():
 
 
 def test_graph_warmup_runs_name_the_variable():
-    from graphrt.attention.graphs import _warmup_steps
-    assert _warmup_steps("1") == 1 and _warmup_steps("3") == 3
-    for bad in ("0", "-1", "two", ""):
-        with pytest.raises(ValueError, match="GRAPHRT_GRAPH_WARMUP: must be an int >= 1"):
-            _warmup_steps(bad)
+    from graphrt.attention.graphs import GraphRunner
+    from graphrt.model.options import env_overrides
+    assert env_overrides({"GRAPHRT_GRAPH_WARMUP": "1"}) == {"graph_warmup": 1}
+    assert GraphRunner("cpu", warmup_steps=3).warmup_steps == 3
+    for bad in ("0", "-1", "two"):
+        with pytest.raises(ValueError, match="GRAPHRT_GRAPH_WARMUP: expected an int >= 1"):
+            env_overrides({"GRAPHRT_GRAPH_WARMUP": bad})
+    for bad in (0, -1, "2", True):
+        with pytest.raises(ValueError, match="warmup_steps: must be an int >= 1"):
+            GraphRunner("cpu", warmup_steps=bad)

@@ -27,9 +27,10 @@ int4 weights (--weights int4, int4-sym, int4-head): qkv / o / gate_up / down as 
 layout (round-to-nearest, group 128, asymmetric; -sym: zero 8, no zeros streamed; -head: the LM
 head too, untied heads only); the floor counts the packed codes + fp16 scales + uint8 zeros + the
 bf16 LM head + KV. The step's GEMMs run int4_linear (the int4 GEMV, dequantized in registers, up
-to 64 rows). --int4-kernels adds a per-shape table: bf16 cuBLAS / GEMV against every int4 GEMV
-config and dequantize + cuBLAS (Linear.choose), each x its bytes floor. bf16, FP8 and int4 side by
-side in one run:
+to 64 rows). --int4-kernels adds a per-shape grid: every int4 GEMV config and dequantize + cuBLAS
+(one line each; columns: shape / batch; device µs per call from Linear.choose, weights rotated past
+the L2; default_config's pick and the fastest marked), the default's and the best's x bytes floor,
+and bf16's best (cuBLAS / GEMV) beside them. bf16, FP8 and int4 side by side in one run:
 
     python tools/bench_e2e.py --models llama-3.2-1b,llama-3.1-8b --weights bf16,fp8,int4 \
         --batches 1,16 --contexts 1024 --variants graphrt --no-prefill --int4-kernels
@@ -205,8 +206,10 @@ def fp8_kernel_rows(model, batches, torch) -> list[dict]:
 def int4_kernel_rows(model, batches, torch) -> list[dict]:
     """Per distinct decode GEMM shape: device µs of bf16 cuBLAS / GEMV configs and of every int4
     GEMV config / dequantize + cuBLAS (RTN g128 asymmetric and symmetric), from Linear.choose
-    (CUDA graph, weights rotated past the L2), with each one's bytes floor."""
+    (CUDA graph, weights rotated past the L2), with each one's bytes floor and the config
+    default_config picks (`default`)."""
     from benchlib import copy_bandwidth
+    from graphrt.kernels.gemv_int4 import default_config
     from graphrt.model.linear import Linear
     from graphrt.model.quant.int4 import quantize_int4
     bw, rows, layer = copy_bandwidth(torch), [], model.weights.layers[0]
@@ -217,11 +220,44 @@ def int4_kernel_rows(model, batches, torch) -> list[dict]:
             nbytes = w.numel() * 2 if kind == "bf16" else lin.weight.nbytes
             for m, times in lin.timings_us.items():
                 best = min(times, key=times.get)
+                default = default_config(w.shape[0], w.shape[1], 128, m).name if kind != "bf16" else None
                 rows.append(dict(shape=name, n=w.shape[0], k=w.shape[1], weights=kind, batch=m,
                                  best=best, best_us=times[best], floor_us=nbytes / bw * 1e6,
-                                 best_over_floor=times[best] / (nbytes / bw * 1e6), times_us=times))
+                                 best_over_floor=times[best] / (nbytes / bw * 1e6), times_us=times,
+                                 default=default, default_us=times.get(default)))
                 print(rows[-1], file=sys.stderr)
+            del lin
+            torch.cuda.empty_cache()
     return rows
+
+
+def print_int4_grid(rows: list[dict]) -> None:
+    """The int4 kernel table: one line per int4 GEMV config (and dequantize + cuBLAS), one column
+    per (shape, batch), device µs per call; * marks default_config's pick, ! the fastest; then
+    the default / best x floor and bf16's best for the same shape."""
+    for model in sorted({r["model"] for r in rows if r["weights"].startswith("int4")}):
+        for kind in ("int4", "int4-sym"):
+            mine = [r for r in rows if r["model"] == model and r["weights"] == kind]
+            if not mine:
+                continue
+            cols = [(r["shape"], r["batch"]) for r in mine]
+            print(f"\n{kind} GEMV, {model}: device us per call (weights past L2); * default_config, ! fastest")
+            print(f"{'config':<44}" + "".join(f"{f'{s}/{b}':>11}" for s, b in cols))
+            for name in sorted({c for r in mine for c in r["times_us"]}):
+                cells = []
+                for r in mine:
+                    us = r["times_us"].get(name)
+                    mark = ("!" if name == r["best"] else "") + ("*" if name == r["default"] else "")
+                    cells.append(f"{'-' if us is None else f'{us:.1f}{mark}':>11}")
+                print(f"{'dequantize + cublas' if name == 'cublas' else name:<44}" + "".join(cells))
+            for label, key in (("floor (bytes / copy bw)", "floor_us"), ("default x floor", None),
+                               ("best x floor", "best_over_floor")):
+                vals = [r[key] if key else (r["default_us"] or float("nan")) / r["floor_us"] for r in mine]
+                print(f"{label:<44}" + "".join(f"{v:>11.2f}" for v in vals))
+            bf = {(r["shape"], r["batch"]): r["best_us"] for r in rows if r["model"] == model and r["weights"] == "bf16"}
+            print(f"{'bf16 best (cuBLAS / GEMV)':<44}" + "".join(f"{bf.get(c, float('nan')):>11.1f}" for c in cols))
+            print(f"{'bf16 best / int4 default':<44}" + "".join(
+                f"{bf.get(c, float('nan')) / (r['default_us'] or float('nan')):>11.2f}" for c, r in zip(cols, mine)))
 
 
 def gemm_only_us(model, n: int, torch) -> float:
@@ -423,7 +459,10 @@ def print_table(result: dict) -> None:
               f"{r['device_over_floor']:>7.2f} {r['gemm_only_us']:>8.1f} {r['device_over_gemm_only']:>6.2f} "
               f"{r['achieved_tb_s']:>5.2f} {r['pct_copy_bw']:>4.0f} "
               f"{'yes' if r.get('persistent') else 'no':>4} {r['kernels_per_step'] if r.get('kernels_per_step') is not None else '-':>7}")
+    print_int4_grid(result.get("fp8_kernels", []))
     for r in result.get("fp8_kernels", []):
+        if r["weights"].startswith("int4"):
+            continue
         print(f"gemm {r['model']:<13} {r['shape']:<8} {r['n']:>6}x{r['k']:<6} {r['weights']:<9} bs {r['batch']:>3}: "
               f"best {r['best']:<28} {r['best_us']:>7.1f} us, floor {r['floor_us']:>6.1f} us, "
               f"x{r['best_over_floor']:.2f}")

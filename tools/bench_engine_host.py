@@ -7,7 +7,8 @@ Result(tokens [R, n, k + 1] int64 with -1 past each round's emitted count, emitt
 proposed [R, n] int32); the sticky device-error flag [1] int32; measure_costs -> StepCosts under
 which the policy speculates. The tokens are real text of a byte-level BPE built locally (so detokenization
 and stop strings do real work). All time measured is then the engine's host time: scheduler,
-input batch, policy and block clock, read-back, stop checks, detokenization, deltas, streams.
+input batch (the stub stages each launch's slot changes as the local executor does, then drops
+the update), policy and block clock, read-back, stop checks, detokenization, deltas, streams.
 
     python tools/bench_engine_host.py --out engine_host.json              # the whole table
     PYTHONPATH=/work/main python tools/bench_engine_host.py --out before.json   # another tree's engine
@@ -53,6 +54,7 @@ class StubExecutor:
         from graphrt.config import RuntimeConfig
         from graphrt.speculative.config import SpeculativeConfig
         from graphrt.worker.caps import Capabilities
+        from graphrt.worker.input_batch import InputBatch
         from graphrt.worker.launch import Result
         self._result = Result
         config = RuntimeConfig(num_qo_heads=8, num_kv_heads=8, head_dim=64, page_size=page_size,
@@ -67,6 +69,8 @@ class StubExecutor:
             history_width=config.max_context_len if method else None, draft_state=method == "draft",
             device_errors=True)
         self.error_flag = torch.zeros(1, dtype=torch.int32)
+        self._batch = InputBatch(max_batch=max_batch, max_pages_per_seq=config.max_pages_per_seq,
+                                 history_width=self.caps.history_width)
         b = max_batch
         text = torch.tensor(text_ids, dtype=torch.int64)
         need = VARIANTS * b * max(k_steps, rounds * (spec_k + 1))
@@ -88,16 +92,20 @@ class StubExecutor:
     def capture(self) -> dict:
         return {}
 
-    def prefill(self, launch):
-        return self._result(None if launch.slots is None else self._first[:len(launch.slots)][None])
+    def _stage(self, changes) -> None:
+        """A launch's slot changes staged as LocalExecutor._apply does (the update dropped)."""
+        self._batch.record(changes)
+        self._batch.flush(lambda update: None)
 
-    def apply(self, update) -> None:
-        pass
+    def prefill(self, launch):
+        self._stage(launch.changes)
+        return self._result(None if launch.slots is None else self._first[:len(launch.slots)][None])
 
     def stage_chunk(self, slot, tokens, start, *, table_row=None) -> None:
         raise ValueError("mixed_tokens: the stub carries no chunks")
 
     def run(self, block):
+        self._stage(block.changes)
         self._n += 1
         if not block.k:
             return self._result(self._decode[self._n % VARIANTS][:, :block.n])

@@ -5,9 +5,9 @@ kernel time per step grouped by kernel family, the launch count, and device time
 --weights: bf16, or an FP8 format of bench_e2e.with_weights (fp8 = per-channel W8A8, fp8-tensor,
 fp8-head = per-channel with an FP8 LM head, fp8-tensor(-head) = one scale per fused weight,
 fp8-block). Programmatic dependent launch of the
-element-wise kernels follows GRAPHRT_PDL (graphrt/kernels/launch.py); split-K of the o and down
-GEMMs follows GRAPHRT_SPLITK (graphrt/model/splitk.py: unset or auto = measured at capture, 1 =
-off, 2 / 4 = forced); the S used is printed and kept in the JSON.
+element-wise kernels follows GRAPHRT_PDL (RuntimeOptions.pdl, graphrt/model/options.py); split-K
+of the o and down GEMMs follows GRAPHRT_SPLITK (RuntimeOptions.splitk: unset or auto = measured at
+capture, 1 = off, 2 / 4 = forced); the S used is printed and kept in the JSON.
 --decode-backend persistent: the greedy step as one persistent launch (graphrt/model/persistent.py;
 its kernel is the "persistent" family), whether the bucket ran it printed and kept in the JSON.
 
@@ -60,7 +60,6 @@ def main(argv=None) -> int:
 
     from graphrt import RuntimeConfig
     from graphrt.model.runtime import ModelRuntime
-    import os
     model, _ = random_model(args.model, torch)
     model, _ = with_weights(model, args.weights, torch)
     torch.cuda.empty_cache()
@@ -121,8 +120,8 @@ def main(argv=None) -> int:
     step_us, total_us, launches, fam_us, fam_n, names = measure(plain)
     chunked = measure(mixed) if c else None
     split = list(mrt.splitk.get(rows))
-    out = {"model": args.model, "weights": args.weights, "backend": args.backend, "kv": args.kv, "pdl": "0" if os.environ.get("GRAPHRT_PDL") == "0" else "1",
-           "splitk_env": os.environ.get("GRAPHRT_SPLITK", "auto"), "splitk": split, "splitk_source": mrt.splitk.source,
+    out = {"model": args.model, "weights": args.weights, "backend": args.backend, "kv": args.kv, "pdl": "1" if mrt.options.pdl else "0",
+           "splitk_env": str(mrt.options.splitk), "splitk": split, "splitk_source": mrt.splitk.source,
            "decode_backend": args.decode_backend, "persistent": bool(mrt.persistent and mrt.persistent.get(rows)),
            "batch": n, "context": ctx, "device_us_per_step": step_us,
            "kernel_us_per_step": total_us, "launches_per_step": launches / args.replays,

@@ -1,6 +1,6 @@
 """The graphed-step runner: capture and replay of every phase's step, keyed by a descriptor.
 
-    graphs = GraphRunner(device)                          # capture_error_mode="thread_local" under TP
+    graphs = GraphRunner(device, warmup_steps=1, pdl=True)   # capture_error_mode="thread_local" under TP
     key = GraphKey("decode", bucket=4, steps=K, sampled=True)
     graphs.capture(key, step, inputs=[(seq_lens, 1), (block_table, 0)], scratch=kv_caches,
                    prepare=host_plan)                     # warm-up + capture, inputs restored
@@ -18,9 +18,11 @@ written once here:
   replay (a host-planning attention backend writes its plan into the captured workspace);
 - one memory pool for every graph (captured largest first by the callers), a warm-up on a side
   stream (compilation, first touch and allocator growth stay out of the graph): one run of the
-  step (GRAPHRT_GRAPH_WARMUP=N: N runs; each costs about as much host time as the capture itself:
-  a second took a warm 1B start's kernels phase from 1.04 to 1.48 s on the H200, and the GPU
-  tests pass with one; measured 2026-12-06);
+  step (warmup_steps=N: N runs, RuntimeOptions.graph_warmup / GRAPHRT_GRAPH_WARMUP; each costs
+  about as much host time as the capture itself: a second took a warm 1B start's kernels phase
+  from 1.04 to 1.48 s on the H200, and the GPU tests pass with one; measured 2026-12-06);
+- pdl: whether graphrt's Triton kernels launched by a warm-up, a capture or an eager run use
+  programmatic dependent launch (kernels/launch.py's pdl_scope around each; RuntimeOptions.pdl);
 - capture_error_mode: "thread_local" when other threads touch CUDA during capture (the NCCL
   process group's watchdog of a tensor-parallel model).
 On a CPU device nothing is captured: `run` calls the step eagerly (the same code path).
@@ -30,7 +32,6 @@ the phases' (a pure function); this module is only the mechanism.
 from __future__ import annotations
 
 import gc
-import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,15 +39,7 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
-
-def _warmup_steps(v: str) -> int:
-    """GRAPHRT_GRAPH_WARMUP: runs of a step before its capture (an int >= 1)."""
-    if not v.strip().isdigit() or int(v) < 1:
-        raise ValueError(f"GRAPHRT_GRAPH_WARMUP: must be an int >= 1, got {v!r}")
-    return int(v)
-
-
-WARMUP_STEPS = _warmup_steps(os.environ.get("GRAPHRT_GRAPH_WARMUP", "1"))
+from graphrt.kernels.launch_options import pdl_scope
 
 
 @dataclass(frozen=True)
@@ -82,13 +75,20 @@ class CaptureStats:
 
 
 class GraphRunner:
-    """Owns every captured graph of one runtime and their shared memory pool."""
+    """Owns every captured graph of one runtime and their shared memory pool. warmup_steps: runs
+    of a step before its capture (an int >= 1); pdl: graphrt's Triton kernels launched through
+    this runner use programmatic dependent launch where the device supports it."""
 
-    def __init__(self, device, *, capture_error_mode: str = "global"):
+    def __init__(self, device, *, capture_error_mode: str = "global", warmup_steps: int = 1, pdl: bool = True):
         if capture_error_mode not in ("global", "thread_local", "relaxed"):
             raise ValueError(f"capture_error_mode: {capture_error_mode!r} is not 'global', "
                              f"'thread_local' or 'relaxed'")
+        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 1:
+            raise ValueError(f"warmup_steps: must be an int >= 1, got {warmup_steps!r}")
+        if not isinstance(pdl, bool):
+            raise ValueError(f"pdl: expected a bool, got {pdl!r}")
         self.device, self.capture_error_mode = torch.device(device), capture_error_mode
+        self.warmup_steps, self.pdl = warmup_steps, pdl
         self._pool = None
         self._graphs: dict[GraphKey, torch.cuda.CUDAGraph] = {}
         self.stats: dict[GraphKey, CaptureStats] = {}
@@ -113,7 +113,7 @@ class GraphRunner:
             raise RuntimeError(f"{key}: already captured")
         if not self.enabled:
             return None
-        with _filled(inputs), _page0_kept(scratch):
+        with _filled(inputs), _page0_kept(scratch), pdl_scope(self.pdl):
             graph, stats = self._record(key, step, prepare)
         self._graphs[key] = graph
         self.stats[key] = stats
@@ -127,7 +127,7 @@ class GraphRunner:
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            for _ in range(WARMUP_STEPS):  # warm-up: compile, first-touch, allocator growth
+            for _ in range(self.warmup_steps):  # warm-up: compile, first-touch, allocator growth
                 if prepare is not None:
                     prepare()
                 step()
@@ -162,7 +162,8 @@ class GraphRunner:
         if prepare is not None:
             prepare()
         if key not in self._graphs:
-            step()
+            with pdl_scope(self.pdl):
+                step()
             return False
         self._graphs[key].replay()
         return True
@@ -220,4 +221,4 @@ def _page0_kept(caches):
             c.v[0].copy_(v0)
 
 
-__all__ = ["GraphRunner", "GraphKey", "CaptureStats", "WARMUP_STEPS"]
+__all__ = ["GraphRunner", "GraphKey", "CaptureStats"]

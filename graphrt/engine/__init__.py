@@ -7,7 +7,8 @@ token_bytes.py + detokenizer.py (text and stop strings), scheduler.py (admission
 (the loop, overlap, background thread), llm.py (the offline API),
 device.py (default device, Triton interpreter on CPU). Checkpoints (files, loaders, tokenizer,
 chat template, hub ids) are read by `graphrt.checkpoint`; the device is driven through
-`graphrt.worker`'s Executor protocol (the input batch, the local executor), below `parallel`.
+`graphrt.worker`'s Executor protocol (the local executor; every launch carries the scheduler's
+slot changes), below `parallel`.
 
 Names resolve on first access (PEP 562): importing the package loads no Triton kernel.
 """

@@ -1,7 +1,7 @@
 """The engine's blocks: launching a prefill or a decode block and reading its tokens back.
 
-A mixin of Engine (engine.py), which owns the state these methods use: the scheduler, the input
-batch, the executor (`runtime`, graphrt/worker's protocol) and its capabilities (`caps`), the
+A mixin of Engine (engine.py), which owns the state these methods use: the scheduler (whose slot
+changes every launch carries: worker/changes.py), the executor (`runtime`, graphrt/worker's protocol) and its capabilities (`caps`), the
 speculation policy and its clock, and `_pending`, the
 launched blocks whose tokens are not read yet (a deque of _Pending, oldest first). `_prefill`
 and `_decode` launch (and append to `_pending`); `_finish` reads one block back on the host:
@@ -21,6 +21,7 @@ from graphrt.engine import sampling_extras as extras
 from graphrt.engine import structured
 from graphrt.engine.scheduler import Request
 from graphrt.engine.speculation import observe, spec_columns
+from graphrt.speculative.ngram_rule import NgramIndex
 from graphrt.worker.launch import Block, Draw, Prefill
 
 
@@ -56,7 +57,7 @@ class BlockMixin:
     def _prefill(self, work: list) -> bool:
         """Prefill context positions [start, end) of admitted requests (their context: prompt,
         plus accepted tokens after a preemption); a request whose context is then complete
-        draws its next token into its slot and starts its row in the batch. -> drew any."""
+        draws its next token into its slot and starts its row (a slot change). -> drew any."""
         s = self.scheduler
         defer = {"defer_check": True} if self._error_flag is not None and self.device.type == "cuda" else {}
         #        ^ prefill graphs' K/V-append flags: read with the block's tokens, no sync here
@@ -68,11 +69,11 @@ class BlockMixin:
         ctx = {id(r): r.context_ids for r, _, _ in work}   # [P] int64 arrays where possible
         part = [w for w in work if w[2] < len(ctx[id(w[0])])]
         if part:                                      # chunks that draw nothing yet
-            self.runtime.prefill(Prefill(
+            self._launch_prefill(
                 [_host(ctx[id(r)][a:e], np.int64) for r, a, e in part],
-                torch.from_numpy(self.batch.block_table_host[[r.slot for r, _, _ in part]]),
+                torch.from_numpy(s.block_table([r for r, _, _ in part])),
                 starts=[a for _, a, _ in part], after=[int(ctx[id(r)][e]) for r, _, e in part],
-                **defer))                             # after: the token each chunk's last position precedes
+                **defer)                              # after: the token each chunk's last position precedes
             for r, _, e in part:
                 s.prefilled(r, e)
         work = [w for w in work if w[2] == len(ctx[id(w[0])])]
@@ -83,7 +84,7 @@ class BlockMixin:
         own = [w for w in work if w[0].shares is None]   # n > 1: a sample sharing a sibling's prefill
         prompts = [_host(ctx[id(r)][a:], np.int64) for r, a, _ in own]   # host: checked and
         #                                          copied to the device without a host sync (kernels/transfer.py)
-        table = torch.from_numpy(self.batch.block_table_host[[r.slot for r, _, _ in own]])   # [m, W] host
+        table = torch.from_numpy(s.block_table([r for r, _, _ in own]))   # [m, W] host
         fork = ({} if len(own) == len(work) else fork_args([r for r, _, _ in own], reqs)) | defer
         ps = [r.params for r in reqs]
         inputs = SamplingInputs(_host([0.0 if p.greedy else p.temperature for p in ps], np.float32),
@@ -98,13 +99,13 @@ class BlockMixin:
         own_reqs = [r for r, _, _ in own]
         if self.caps.processing:                      # every slot's processing rows
             fork |= extras.prefill_launch(reqs, self.vocab_size, own=own_reqs)
-        res = self.runtime.prefill(Prefill(prompts, table, starts=starts, slots=slots, sampling=inputs, **fork))
+        res = self._launch_prefill(prompts, table, starts=starts, slots=slots, sampling=inputs, **fork)
         if res.prompt_logprobs:
             extras.take_prompt_logprobs(res, own_reqs, self._token_text)
         for r, _, e in work:                          # res.tokens: [1, len(reqs)] device
             s.prefilled(r, e)
             if self.spec is not None:
-                self.batch.set_history(r.slot, r.context)  # the first token: written on the device
+                s.set_history(r)                      # the first token: written on the device
                 if self.policy is not None:
                     self.policy.admit(r.slot)
             r.launched += 1
@@ -114,6 +115,18 @@ class BlockMixin:
         pending.kind = "prefill"
         self._pending.append(pending)
         return True
+
+    def _launch_prefill(self, *args, **kw):
+        """executor.prefill(Prefill(*args, **kw)) carrying the scheduler's slot changes -> Result.
+        A launch that raises (one request's prefill failing) gives them back: the next launch
+        carries them again (Scheduler.restore_changes)."""
+        s = self.scheduler
+        changes = s.take_changes()
+        try:
+            return self.runtime.prefill(Prefill(*args, changes=changes, **kw))
+        except BaseException:
+            s.restore_changes(changes)
+            raise
 
     def _prefill_launches(self, work: list) -> list[list]:
         """The step's prefill work ((request, start, end)) as launches, each read back on its own
@@ -138,12 +151,12 @@ class BlockMixin:
         return groups + ([part] if part else [])
 
     def _decode(self, rows: list[Request], piece: tuple | None = None) -> None:
-        """One block over `rows`: pages for it (preempting if short), the batch's changes
-        applied to the slots, one launch (the slots advance on the device). piece: (request,
+        """One block over `rows`: pages for it (preempting if short), one launch carrying the
+        scheduler's slot changes (the executor applies them first; the slots advance on the device). piece: (request,
         start, end) context positions the block also prefills (Scheduler.mixed_piece; plain
         blocks only): [start, end) in its first step, or, when end is the end of the context,
         [start, end - 1) and the request's row decodes in this block from its last token."""
-        s, batch, ex = self.scheduler, self.batch, self.runtime
+        s, ex = self.scheduler, self.runtime
         if self.spec is not None and all(r.launched >= r.params.max_tokens for r in rows):
             return False                              # every row may be done: read the block in flight
         joining = piece[0] if piece is not None and piece[2] == len(piece[0].context) else None
@@ -156,48 +169,67 @@ class BlockMixin:
         if piece is not None:
             staged, chunk = self._mixed_chunk(piece, joining is not None)
             if staged and joining is not None:        # its last token is the row's current token
-                batch.set_token(joining.slot, joining.context[-1])
+                s.set_token(joining, joining.context[-1])
                 if self.caps.processing:              # its processing row, as a prefill writes it
-                    ex.apply(extras.processing_update(joining, self.vocab_size))
+                    s.set_processing(joining, extras.processing_rows(joining, self.vocab_size))
                 self._write_masks([joining], prefill=True)   # a constrained predecessor's mask flag off
                 s.activate(joining)
             elif joining is not None:
                 rows = [r for r in rows if r is not joining]
                 if not rows:
                     return True
-        batch.flush(ex.apply)
         pacer = s.pacer if not chunk else None       # the pacer times plain blocks
         mark = pacer.start() if pacer is not None else None
-        k = self.spec.num_tokens if self.spec is not None else 0
+        # constrained rows (the scheduler's count, no scan): one step in two launches (_split_step),
+        # or with grammar-checked n-gram proposals one speculative round (_grammar_round)
+        masked = list(s.constrained.values()) if s.constrained else None
+        speculate = self.spec is not None and (masked is None or self.caps.spec_grammar)
+        k = self.spec.num_tokens if speculate else 0
         forced = False
-        one = any(r.grammar is not None for r in rows)   # constrained rows: one step, a fresh mask
-        if one:                                       # (the previous block's tokens were read: Engine._step)
-            k = 0
-            self._write_masks(rows)
         if k and self.policy is not None:             # speculate this block, or a plain one
             bucket = pick_bucket(self.caps.config.buckets, max(r.slot for r in rows) + 1)
             k = self.policy.choose([r.slot for r in rows], bucket=bucket).k
-            if not k and any(r.launched >= r.params.max_tokens for r in rows):
-                k, forced = self.caps.spec_ks[0], True   # a row at its limit must not decode on: speculative
-                #   rounds stop it on the device (a row with 1..K - 1 draws left may run a K-step block:
-                #   its pages and the context reach max_tokens + K - 1, scheduler._block_end)
-            self._clock.launched(self.policy, bucket, k, self.rounds if k else self.caps.steps_per_graph)
+            if masked is not None:                    # one round at num_tokens (its graphs), or a split
+                k = self.spec.num_tokens if k else 0  # step; the clock times R-round blocks only
+                self._clock.interrupted()
+            else:
+                if not k and any(r.launched >= r.params.max_tokens for r in rows):
+                    k, forced = self.caps.spec_ks[0], True   # a row at its limit must not decode on: speculative
+                    #   rounds stop it on the device (a row with 1..K - 1 draws left may run a K-step block:
+                    #   its pages and the context reach max_tokens + K - 1, scheduler._block_end)
+                self._clock.launched(self.policy, bucket, k, self.rounds if k else self.caps.steps_per_graph)
         start = self._block_start()
-        if k:
+        if k and masked is not None:
+            rows = self._grammar_round(rows, k)
+            if not rows:
+                return False
+            go = s.launch_block(rows, block_tokens=k + 1)      # carries the rows' caps (SetSpecK)
+            want_lp = any(r.params.logprobs is not None for r in rows)
+            out = ex.run(Block(go.n, k=k, draw=Draw(sampled=go.sampled, processed=True, filtered=go.filtered),
+                               rounds=1, logprobs=want_lp, changes=go.changes))
+            self.spec_counts["blocks"] += 1
+            pending = self._to_host(go.rows, out.tokens, out.emitted, out.proposed, logprobs=out.logprobs,
+                                    start=start)
+            pending.kind, pending.spec_k = "spec", k
+        elif k:
             go = s.launch_block(rows, block_tokens=self.rounds * (k + 1))
+            want_lp = go.processed and any(r.params.logprobs is not None for r in rows)
             # no draft catch-up for rows at their limit (forced): their proposals no longer matter
             out = ex.run(Block(go.n, k=k, draw=Draw(sampled=go.sampled, processed=go.processed, filtered=go.filtered),
-                               sync_draft=not forced))
+                               sync_draft=not forced, logprobs=want_lp, changes=go.changes))
             self.spec_counts["blocks"] += 1
-            pending = self._to_host(go.rows, out.tokens, out.emitted, out.proposed, start=start)
+            pending = self._to_host(go.rows, out.tokens, out.emitted, out.proposed, logprobs=out.logprobs,
+                                    start=start)
             pending.kind, pending.spec_k, pending.forced = "spec", k, forced
         else:
-            go = s.launch_block(rows, block_tokens=1 if one else self.caps.steps_per_graph)
-            # processed: logits processing, + the block's log-probs (constrained rows: one step);
-            # chunk: + the prompt chunk
+            go = s.launch_block(rows, block_tokens=1 if masked else self.caps.steps_per_graph)
+            # processed: logits processing, + the block's log-probs; chunk: + the prompt chunk
             want_lp = go.processed and any(r.params.logprobs is not None for r in rows)
-            out = ex.run(Block(go.n, draw=Draw(sampled=go.sampled, processed=go.processed, filtered=go.filtered),
-                               chunk=chunk, steps=1 if one else None, logprobs=want_lp))
+            draw = Draw(sampled=go.sampled, processed=go.processed, filtered=go.filtered)
+            if masked:
+                out = self._split_step(go.n, draw, masked, want_lp, go.changes)
+            else:
+                out = ex.run(Block(go.n, draw=draw, chunk=chunk, logprobs=want_lp, changes=go.changes))
             pending = self._to_host(go.rows, out.tokens, logprobs=out.logprobs, start=start)
             if self.spec is not None:
                 self.spec_counts["plain_blocks"] += 1
@@ -206,15 +238,59 @@ class BlockMixin:
             pacer.launched("block", mark)
         return True
 
+    def _split_step(self, n: int, draw: Draw, masked: list, logprobs: bool, changes: tuple):
+        """One step over rows [0, n) holding constrained rows (`masked`), in two launches
+        (model/runtime.py's split steps): the forward (carrying the slot changes); then, while it
+        runs, every block in flight is read back (each matcher sees every token drawn so far:
+        its next mask depends on them; streaming, stop checks and the matchers' work overlap the
+        forward), the constrained rows' next-token masks are written, and the draw is launched
+        (changes recorded meanwhile go with the next launch). -> the draw's Result ([1, n]
+        tokens). A row that finished meanwhile still draws (discarded)."""
+        ex = self.runtime
+        ex.run(Block(n, draw=draw, part="forward", changes=changes))
+        while self._pending:
+            self._finish(self._pending.popleft())
+        self._write_masks(masked)
+        return ex.run(Block(n, draw=draw, part="draw", logprobs=logprobs))
+
+    def _grammar_round(self, rows: list, k: int) -> list:
+        """Before a one-round speculative block over `rows`, which hold constrained rows: every
+        block in flight is read (a proposal and its masks follow every token); each constrained
+        row's device proposal is predicted on the host (n-gram over prompt + tokens, the slot's
+        history: its NgramIndex), cut at the first token its grammar refuses (the slot's k is
+        capped there), and its masks before each kept proposal and after the last are written
+        (positions 0..kept; the verify applies them). -> the rows still decoding."""
+        while self._pending:
+            self._finish(self._pending.popleft())
+        rows = [r for r in rows if r.slot >= 0 and r.finish_reason is None]
+        live = list(self.scheduler.constrained.values())
+        if not rows or not live:
+            return rows
+        c = self.spec
+        bits = torch.full((len(live), k + 1, (self.vocab_size + 31) // 32), -1, dtype=torch.int32)
+        for i, r in enumerate(live):
+            index = r.ngram
+            if index is None:
+                index = r.ngram = NgramIndex(c.ngram_min, c.ngram_max)
+                index.extend(r.prompt)
+            index.extend(r.token_ids[len(index) - len(r.prompt):])
+            self.scheduler.cap_proposals(r, r.grammar.fill_along(index.propose(k), bits[i]))
+        self.runtime.write_token_mask([r.slot for r in live], bits, torch.ones(len(live), dtype=torch.int32))
+        self._masked_slots.update(r.slot for r in live)
+        return rows
+
     def _write_masks(self, reqs: list, *, prefill: bool = False) -> None:
-        """The allowed-token masks of the constrained requests among `reqs` into their slots
-        before a launch draws for them (engine/structured.py); a prefill also clears the flag of
-        a slot a constrained request held before."""
+        """The allowed-token masks of the live constrained requests among `reqs` into their
+        slots before a launch draws for them (structured.fill_masks; written through the
+        executor's write_token_mask); a prefill also clears the flag of a slot a constrained
+        request held before."""
         masked = self._masked_slots
-        rows = [r for r in reqs if r.grammar is not None or (prefill and r.slot in masked)]
+        rows = [r for r in reqs if (r.grammar is not None and r.slot >= 0 and r.finish_reason is None)
+                or (prefill and r.slot in masked)]
         if not rows:
             return
-        structured.write_masks(self.runtime, rows, self.vocab_size)
+        bits, active = structured.fill_masks(rows, self.vocab_size)
+        self.runtime.write_token_mask([r.slot for r in rows], bits, active)
         for r in rows:
             (masked.add if r.grammar is not None else masked.discard)(r.slot)
 
@@ -232,7 +308,7 @@ class BlockMixin:
             self.scheduler.kv.check_writable(req.pages, a, e)   # never a shared or cached page
             if stop > a:
                 self.runtime.stage_chunk(req.slot, _host(req.context[a:stop], np.int64), a,
-                                         table_row=self.batch.block_table_host[req.slot])
+                                         table_row=self.scheduler.block_table([req])[0])
         except Exception as err:                      # this request's chunk only
             self._fail(req, err)
             return False, False

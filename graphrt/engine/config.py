@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from graphrt.config import (BACKENDS, KV_CACHE_DTYPES, STEPS_AUTO as AUTO, RuntimeConfig, check_mixed_tokens,
                             check_steps, max_steps)
 from graphrt.engine.pacing import check_max_stall
+from graphrt.engine.params import MAX_LOGPROBS
 from graphrt.kernels.ops import check_kernels
 from graphrt.speculative.config import SpeculativeConfig
 
@@ -259,6 +260,24 @@ class EngineConfig:
                              head_dim=spec.head_dim, page_size=self.page_size, max_context_len=ctx,
                              buckets={"max": self.max_batch}, dtype=dtype, backend=backend,
                              kv_pool_pages=1 + pages, kv_cache_dtype=self.kv_cache_dtype)
+
+    def runtime_options(self, *, tensor_parallel: bool = False):
+        """How the engine's ModelRuntime runs (model/options.py; the environment's GRAPHRT_*
+        variables override these when the runtime is built): every graph family the engine
+        launches (sampled; with speculation the token history; one GPU: logits processing and
+        log-probabilities up to MAX_LOGPROBS), K = 1 with a warning where the attention backend
+        plans on the host, this config's K, prefill graphs (none with capture=False),
+        mixed prompt chunks, and with n-gram speculation a token mask per verified position
+        (constrained rows' grammar-checked proposals)."""
+        from graphrt.model.options import RuntimeOptions   # here: graphrt.model imports the kernels,
+        #                                                   after LLM has chosen Triton's mode
+        spec = self.speculative
+        return RuntimeOptions(steps_per_graph=self.steps_per_graph, sampling=True, fallback_to_one_step=True,
+                              token_history=spec is not None, processing=not tensor_parallel,
+                              logprobs_width=MAX_LOGPROBS, prefill_graph_tokens=self.prefill_graph_tokens,
+                              graphed_prefill=None if self.capture else False,
+                              mixed_prefill_tokens=self.mixed_prefill_tokens,
+                              mask_positions=1 + spec.num_tokens if spec is not None and spec.method == "ngram" else 1)
 
 
 __all__ = ["EngineConfig"]

@@ -13,8 +13,8 @@ read. While the GPU runs block N+1 the host waits for block N's tokens (a non-bl
 an event), detokenizes them, checks stops, streams deltas, frees finished requests' pages and
 admits (and prefills) new requests; block N+1 reads the runtime's per-slot device state in place
 (model/slots.py: input tokens, lengths, block table, sampling rows, token history), which the
-input batch updates with only what changed (worker/input_batch.py) and the graphs advance on the
-device (by K, or by each row's accepted count).
+executor updates with only what changed (the scheduler's slot changes, worker/changes.py, carried
+by each launch) and the graphs advance on the device (by K, or by each row's accepted count).
 
 Speculation (EngineConfig.speculative): a block is R rounds of propose -> verify -> accept on
 the device (speculative/runner.py) at the k the policy chose (or a plain K-step block); each row emits 1..k+1 tokens a round, read back with the
@@ -69,7 +69,6 @@ from graphrt.engine.scheduler import Request, Scheduler
 from graphrt.engine.pacing import PrefillPacer, check_max_stall
 from graphrt.engine.speculation import BlockClock, default_policy, spec_stats
 from graphrt.engine.stream import RequestStream
-from graphrt.worker.input_batch import InputBatch
 from graphrt.worker.protocol import check_executor
 
 log = logging.getLogger("graphrt.engine")
@@ -97,13 +96,11 @@ class Engine(BlockMixin):
         self._error_flag = runtime.error_flag if caps.device_errors else None
         self.vocab_size, self.max_model_len, self.overlap = caps.vocab_size, max_model_len, overlap
         self.spec, self.rounds = spec, caps.spec_rounds
-        self.batch = InputBatch(max_batch=c.max_batch, max_pages_per_seq=c.max_pages_per_seq,
-                                pin=self.device.type == "cuda", history_width=caps.history_width)
         seed_key, budget = prefill_options(caps, enable_prefix_caching, max_num_batched_tokens)
         self.scheduler = Scheduler(max_batch=c.max_batch, page_size=c.page_size,
                                    max_pages_per_seq=c.max_pages_per_seq, num_pages=caps.num_pages - 1,
                                    steps_per_graph=caps.steps_per_graph, eos_token_ids=tuple(eos_token_ids),
-                                   batch=self.batch, spec_k=caps.spec_tokens,
+                                   spec_k=caps.spec_tokens,
                                    spec_rounds=self.rounds, cache_seed=seed_key,
                                    max_num_batched_tokens=budget)
         check_max_stall(max_prefill_stall)
@@ -285,10 +282,6 @@ class Engine(BlockMixin):
             if pacer is not None:
                 pacer.launched("chunk", mark, tokens=sum(e - a for _, a, e in work))
         rows = sched.decode_rows()
-        if rows and self._pending and any(r.grammar is not None for r in rows):
-            while self._pending:               # constrained rows: their matchers see every token
-                self._finish(self._pending.popleft())   # before the next draw's mask is written
-            rows = sched.decode_rows()
         if work or not rows:
             self._clock.interrupted()
         if rows:

@@ -94,13 +94,8 @@ def _build_runtime(path, device, config: EngineConfig, dtype: str, *, tp=None, q
         from graphrt.parallel.shard import shard_runtime_config
         rc = shard_runtime_config(rc, tp.world_size)
     spec = config.speculative
-    from graphrt.engine.params import MAX_LOGPROBS
-    mrt = ModelRuntime(model, rc, device, steps_per_graph=config.steps_per_graph, sampling=True,
-                       fallback_to_one_step=True, token_history=spec is not None,
-                       processing=tp is None, logprobs_width=MAX_LOGPROBS,
-                       kv_scales=kv_scales_for(ck, rc), prefill_graph_tokens=config.prefill_graph_tokens,
-                       graphed_prefill=None if config.capture else False,
-                       mixed_prefill_tokens=config.mixed_prefill_tokens, plans=plans)
+    mrt = ModelRuntime(model, rc, device, options=config.runtime_options(tensor_parallel=tp is not None),
+                       kv_scales=kv_scales_for(ck, rc), plans=plans)
     runner = None
     if spec is not None:
         from graphrt.engine.speculation import build_runner

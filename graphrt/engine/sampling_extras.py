@@ -1,7 +1,7 @@
 """The engine side of logits processing and log-probabilities (the device side: model/processing.py,
 model/logprobs.py).
 
-- `check_request`, `prefill_launch`, `take_prompt_logprobs`, `processing_update`, `attach`: the
+- `check_request`, `prefill_launch`, `take_prompt_logprobs`, `processing_rows`, `attach`: the
   engine's calls (add_request, a prefill, its prompt log-probs, a row joining a block, a delta).
 - `token_rules`: a request's logit_bias, bad_words and min_tokens as the slots' token rules
   (id, value, until), checked when the request is added (ValueError naming the field).
@@ -19,18 +19,14 @@ from __future__ import annotations
 from graphrt.engine.params import Logprob, SamplingParams
 from graphrt.model.processing import (FOREVER, FREQUENCY, MIN_P, NEUTRAL, PRESENCE, REPETITION, RULE_WIDTH,
                                      ProcessRows)
-from graphrt.model.slots import SlotUpdate
 
 
 def check_request(caps, params: SamplingParams, tokenizer, eos_ids, vocab: int):
     """The request's token rules (None when it needs no processing); ValueError naming the field
     when it needs logits processing the executor (its Capabilities `caps`) lacks, or more
-    log-probs than it keeps; under speculation, `logprobs` unless the rounds record them."""
+    log-probs than it keeps."""
     if not (params.processed or params.prompt_logprobs is not None):
         return None
-    if caps.speculative is not None and params.logprobs is not None and not caps.spec_logprobs:
-        raise ValueError("logprobs: not supported with speculative decoding yet (prompt_logprobs, the "
-                         "penalties, logit_bias, bad_words, min_tokens and min_p are)")
     if not caps.processing:
         default = SamplingParams()
         field = next(f for f in ("logprobs", "prompt_logprobs", "presence_penalty", "frequency_penalty",
@@ -38,7 +34,7 @@ def check_request(caps, params: SamplingParams, tokenizer, eos_ids, vocab: int):
                                  "structured_outputs")
                      if getattr(params, f) != getattr(default, f))
         raise ValueError(f"{field}: needs logits processing, which this engine's runtime does not "
-                         f"have (not supported with speculative decoding or tensor parallel yet)")
+                         f"have (not supported with tensor parallel yet)")
     width = caps.logprobs_width
     for f in ("logprobs", "prompt_logprobs"):
         if (getattr(params, f) or 0) > width:
@@ -66,11 +62,11 @@ def take_prompt_logprobs(result, own, text) -> None:
         r.prompt_lp = prompt_logprob_dicts(res, r.prompt, r.params.prompt_logprobs, text)
 
 
-def processing_update(req, vocab: int) -> SlotUpdate:
+def processing_rows(req, vocab: int) -> ProcessRows:
     """A request whose row starts decoding inside a decode block (no prefill of its own): its
-    slot's processing row as a prefill writes it, as a SlotUpdate for Executor.apply (the slot's
-    previous request must leave nothing a later processed block would apply to this one)."""
-    return SlotUpdate.processing_rows([req.slot], _process_rows([req], vocab))
+    slot's processing row as a prefill writes it (Scheduler.set_processing: the slot's previous
+    request must leave nothing a later processed block would apply to this one)."""
+    return _process_rows([req], vocab)
 
 
 def _process_rows(reqs, vocab: int) -> ProcessRows:
@@ -169,4 +165,4 @@ def prompt_logprob_dicts(result, prompt: list[int], n: int, text) -> list[dict[i
                      for s in range(len(tok_lp))]
 
 
-__all__ = ["ProcessRows", "check_request", "prefill_launch", "take_prompt_logprobs", "processing_update", "attach", "token_rules", "process_row", "logprob_dicts", "prompt_logprob_dicts", "TokenText"]
+__all__ = ["ProcessRows", "check_request", "prefill_launch", "take_prompt_logprobs", "processing_rows", "attach", "token_rules", "process_row", "logprob_dicts", "prompt_logprob_dicts", "TokenText"]

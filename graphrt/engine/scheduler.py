@@ -1,7 +1,10 @@
 """Admission, decode slots, KV growth and preemption, and what each generated token does.
 
-Host-only decisions (the engine runs the device work; kv_manager.py counts pages;
-worker/input_batch.py stages the rows on the device):
+Host-only decisions (the engine runs the device work; kv_manager.py counts pages). The scheduler
+writes no slot state: each change to a slot's device row (pages, activation, deactivation,
+current token, history, processing row) is recorded as a worker/changes.py record in `changes`,
+and the next launch carries what was recorded since the last one (`take_changes`; a block's
+`Launch.changes`), for the executor to apply before it runs the launch:
 - Blocks: K decode steps (K tokens per row), or with speculation R rounds of k proposals (up
   to R * (k + 1) tokens per row, how many is known only when the block's counts are read).
 - Admission (FIFO): a waiting request is admitted when a slot is free and the free pages cover
@@ -36,9 +39,10 @@ from typing import NamedTuple
 import numpy as np
 
 from graphrt.engine.detokenizer import TextState
-from graphrt.worker.input_batch import InputBatch
 from graphrt.engine.kv_manager import KVCacheManager
 from graphrt.engine.params import RequestOutput, SamplingParams
+from graphrt.model.slots import PAD_PAGE
+from graphrt.worker.changes import Activate, Deactivate, SetHistory, SetPages, SetProcessing, SetSpecK, SetToken
 
 
 @dataclass(eq=False)
@@ -79,6 +83,7 @@ class Request:
     cumulative_logprob: float = 0.0   # sum of its delivered tokens' log-probs (with logprobs)
     prompt_array: np.ndarray | None = None   # [P] int64 host (read-only): the prompt's ids, converted once
     grammar: object = None            # constrained decoding: its matcher (engine/structured.py GrammarState)
+    ngram: object = None              # ... under n-gram speculation: its proposals predicted (NgramIndex)
 
     @property
     def context(self) -> list[int]:
@@ -118,12 +123,14 @@ class _Joined:
 class Launch(NamedTuple):
     """A block about to launch: rows [0, n) served; sampled: some row samples; filtered: some
     sampled row uses top_k / top_p; rows: (request, slot, epoch, draws counted) per row;
-    processed: some row needs logits processing (SamplingParams.processed)."""
+    processed: some row needs logits processing (SamplingParams.processed); changes: the slot
+    changes recorded since the last launch (worker/changes.py), for the block to carry."""
     n: int
     sampled: bool
     filtered: bool
     rows: list
     processed: bool = False
+    changes: tuple = ()
 
 
 def _whole_prompt(req: Request) -> bool:
@@ -133,11 +140,10 @@ def _whole_prompt(req: Request) -> bool:
 
 
 class Scheduler:
-    """Owns the KV cache manager, the waiting queue, the slots and the input batch's rows."""
+    """Owns the KV cache manager, the waiting queue, the slots and the record of their changes."""
 
     def __init__(self, *, max_batch: int, page_size: int, max_pages_per_seq: int, num_pages: int,
-                 steps_per_graph: int, eos_token_ids: tuple[int, ...], batch: InputBatch,
-                 spec_k: int = 0, spec_rounds: int = 0, cache_seed: str | None = None,
+                 steps_per_graph: int, eos_token_ids: tuple[int, ...], spec_k: int = 0, spec_rounds: int = 0, cache_seed: str | None = None,
                  max_num_batched_tokens: int | None = None):
         """cache_seed: turns the prefix cache on (it names the model, prefix_cache.py);
         max_num_batched_tokens: prompt tokens prefilled between two decode blocks while some
@@ -160,12 +166,16 @@ class Scheduler:
         # that the speculation policy may run instead)
         self.block_tokens = max(spec_rounds * (spec_k + 1), steps_per_graph) if spec_k else steps_per_graph
         self.max_pages_per_seq = max_pages_per_seq
-        self.batch = batch
+        self.changes: list = []                      # slot changes since the last launch (take_changes)
         self.waiting: deque[Request] = deque()
         self.slots: list[Request | None] = [None] * max_batch
         self._free_slots = list(range(max_batch))   # a heap: the lowest free slot first
         self._admissions = 0
         self.num_preemptions = 0
+        # slot -> request: the decoding rows with a grammar (structured outputs), kept as rows
+        # start (activate) and stop drawing (their last block launched, finished, preempted), so
+        # the engine asks "any constrained row?" without a scan over the rows
+        self.constrained: dict[int, Request] = {}
 
     # ---- admission ----------------------------------------------------------------------------
     def pages_needed(self, prompt_len: int, max_tokens: int) -> int:
@@ -215,7 +225,7 @@ class Scheduler:
                 req.cached_pages = len(req.prompt) // self.page_size
             if req.num_cached_tokens is None:
                 req.num_cached_tokens = req.computed
-            self.batch.set_pages(slot, 0, pages)
+            self._set_pages(slot, 0, pages)
             self.prefilling.append(req)
             running += 1
             out.append(req)
@@ -320,11 +330,60 @@ class Scheduler:
         from the next block, unless it has no tokens left to draw."""
         if req.launched >= req.params.max_tokens:
             return
+        if req.grammar is not None:
+            self.constrained[req.slot] = req
         p = req.params
-        self.batch.activate(req.slot, seq_len=len(req.prompt) + req.launched, step=req.launched,
-                            temperature=0.0 if p.greedy else p.temperature, top_k=max(p.top_k, 0),
-                            top_p=p.top_p, seed=req.seed, limit=len(req.prompt) + p.max_tokens,
-                            spec_k=self.spec_k)
+        self.changes.append(Activate(req.slot, len(req.prompt) + req.launched, req.launched,
+                                     0.0 if p.greedy else p.temperature, max(p.top_k, 0), p.top_p, req.seed,
+                                     len(req.prompt) + p.max_tokens, self.spec_k))
+
+    def set_history(self, req: Request) -> None:
+        """Speculation: req's slot's token history becomes its context (its prefill's first
+        draw is written on the device, after it)."""
+        self.changes.append(SetHistory(req.slot, req.context))
+
+    def set_token(self, req: Request, token: int) -> None:
+        """req's slot's current token (a row that decodes from its last context token)."""
+        self.changes.append(SetToken(req.slot, token))
+
+    def set_processing(self, req: Request, rows) -> None:
+        """req's slot's logits-processing row reset to `rows` (model/processing.py ProcessRows, one
+        row: a row that starts decoding without a prefill of its own)."""
+        self.changes.append(SetProcessing(req.slot, rows))
+
+    def cap_proposals(self, req: Request, k: int) -> None:
+        """req's slot verifies at most k proposals a speculative round from the next launch (a
+        constrained row: the proposals its grammar accepts)."""
+        self.changes.append(SetSpecK(req.slot, k))
+
+    def take_changes(self) -> tuple:
+        """The slot changes recorded since the last launch, in order, for the next launch to
+        carry (the executor applies them before it runs it); the record starts empty again."""
+        out, self.changes = tuple(self.changes), []
+        return out
+
+    def restore_changes(self, changes: tuple) -> None:
+        """A launch that carried `changes` failed: they go first in the next launch again (each
+        change writes absolute values, so one the executor applied before the failure, applied
+        twice, leaves the slots as once)."""
+        self.changes[:0] = changes
+
+    def block_table(self, reqs) -> np.ndarray:
+        """[m, W] int32 host block-table rows of `reqs` (each one's pages, then PAD_PAGE): a
+        prefill's table, as its slots' rows hold them once the changes are applied."""
+        table = np.full((len(reqs), self.max_pages_per_seq), PAD_PAGE, dtype=np.int32)
+        for i, r in enumerate(reqs):
+            table[i, :len(r.pages)] = r.pages
+        return table
+
+    def _set_pages(self, slot: int, col: int, pages) -> None:
+        """block_table[slot, col:col + len(pages)] = pages, recorded (ValueError past the row)."""
+        if not pages:
+            return
+        end = col + len(pages)
+        if end > self.max_pages_per_seq:
+            raise ValueError(f"pages: columns [{col}, {end}) exceed max_pages_per_seq={self.max_pages_per_seq}")
+        self.changes.append(SetPages(slot, col, tuple(pages)))
 
     # ---- decode blocks ------------------------------------------------------------------------
     def decode_rows(self) -> list[Request]:
@@ -354,11 +413,11 @@ class Scheduler:
         new = self.kv.allocate(total) if total <= self.kv.num_free else None
         if new is None:
             return self._grow_preempting(rows)
-        i, batch = 0, self.batch
+        i = 0
         for r, m in short:
             got = new[i:i + m]
             i += m
-            batch.set_pages(r.slot, len(r.pages), got)
+            self._set_pages(r.slot, len(r.pages), got)
             r.pages.extend(got)
         return rows
 
@@ -375,7 +434,7 @@ class Scheduler:
                     break
             if r.slot >= 0:
                 col = len(r.pages)
-                self.batch.set_pages(r.slot, col, kv.grow(r.pages, tokens))
+                self._set_pages(r.slot, col, kv.grow(r.pages, tokens))
         return [r for r in rows if r.slot >= 0]
 
     def preempt(self, req: Request) -> None:
@@ -389,13 +448,15 @@ class Scheduler:
         self.waiting.appendleft(req)
 
     def launch_block(self, rows: list[Request], *, block_tokens: int | None = None) -> Launch:
-        """A block over `rows` is about to launch (after the batch's flush): K more draws each
-        (rows with none left stop decoding from the next block), or with speculation up to
-        R * (k + 1) (the device stops a row at its limit). Returns (n: rows [0, n) the block
-        serves, whether any row samples / filters, (request, slot, epoch, draws counted) per row).
-        block_tokens: the most draws a row makes in this block (default: block_tokens; K for a
-        plain block run under speculation)."""
-        k, batch, spec = block_tokens or self.block_tokens, self.batch, self.spec_k > 0
+        """A block over `rows` is about to launch: K more draws each (rows with none left stop
+        decoding from the next block: their Deactivate goes to the next launch), or with
+        speculation up to R * (k + 1) (the device stops a row at its limit). Returns (n: rows
+        [0, n) the block serves, whether any row samples / filters, (request, slot, epoch, draws
+        counted) per row, whether any row is processed, the slot changes recorded before it for
+        the block to carry). block_tokens: the most draws a row makes in this block (default:
+        block_tokens; K for a plain block run under speculation)."""
+        changes = self.take_changes()
+        k, spec = block_tokens or self.block_tokens, self.spec_k > 0
         n, sampled, filtered, processed, out = 0, False, False, False, []
         if self.record:
             self.launches.append(("decode", ",".join(r.request_id for r in rows), k))
@@ -411,8 +472,10 @@ class Scheduler:
             out.append((r, slot, r.epoch, added))
             r.launched += added
             if r.launched >= p.max_tokens and not spec:
-                batch.deactivate(slot)
-        return Launch(n + 1, sampled, filtered, out, processed)
+                self.changes.append(Deactivate(slot))
+                if r.grammar is not None:
+                    self.constrained.pop(slot, None)
+        return Launch(n + 1, sampled, filtered, out, processed, changes)
 
     def settle(self, req: Request, counted: int, emitted: int) -> None:
         """A speculative block's counts came back: the request drew `emitted` of the `counted`
@@ -469,8 +532,8 @@ class Scheduler:
 
     def _free_slot(self, req: Request) -> None:
         self.slots[req.slot] = None
-        self.batch.deactivate(req.slot)
-        self.batch.clear_pages(req.slot)
+        self.constrained.pop(req.slot, None)
+        self.changes.append(Deactivate(req.slot, free=True))
         heapq.heappush(self._free_slots, req.slot)
         req.slot = -1
         if req.prefilling:

@@ -76,8 +76,10 @@ def spec_columns(block, counts: dict) -> list[list[int]]:
     """A speculative block's tokens per column (host tensors: tokens [R, cols, k + 1], emitted
     and proposed [R, cols]): the emitted ones, rounds in order; the block's proposal / acceptance
     counts of its rows are added to `counts`, and its per-column counts kept in
-    `block.col_counts` (for `observe`). Three tolist() calls, then list slices: at these sizes
-    (R * cols <= a few hundred) each numpy call costs more than the whole walk (loop thread,
+    `block.col_counts` (for `observe`); its log-probs (block.logprobs: [R, cols, k + 1(, N)] host
+    tensors, or None) are laid out as a plain block's, [S, cols(, N)] with each column's emitted
+    tokens first in order (`column_logprobs`). Three tolist() calls, then list slices: at these
+    sizes (R * cols <= a few hundred) each numpy call costs more than the whole walk (loop thread,
     once per block)."""
     toks, em = block.tokens.tolist(), block.emitted.tolist()     # [R][cols][k + 1], [R][cols]
     cols = []
@@ -94,7 +96,26 @@ def spec_columns(block, counts: dict) -> list[list[int]]:
         counts[key] += sum(values[c] for c in live)
     by_k = counts.setdefault("by_k", {})                   # blocks finished per k (the policy's mix)
     by_k[block.spec_k] = by_k.get(block.spec_k, 0) + 1
+    if block.logprobs is not None:
+        block.logprobs = column_logprobs(block.logprobs, block.emitted)
     return cols
+
+
+def column_logprobs(lp: tuple, emitted: torch.Tensor) -> tuple:
+    """A speculative block's log-probs (token [R, cols, Q], rank [R, cols, Q], ids [R, cols, Q, N],
+    vals [R, cols, Q, N] host tensors; entry (r, c, j) of round r's j-th token) -> the plain block
+    layout [S = R * Q, cols(, N)]: column c's emitted tokens (emitted [R, cols], rounds in order,
+    the first emitted[r, c] of each) first, in the order spec_columns lists them."""
+    r, cols, q = lp[0].shape
+    keep = torch.arange(q)[None, None, :] < emitted[:, :, None]              # [R, cols, Q]
+    flat = keep.permute(1, 0, 2).reshape(cols, r * q)                       # [cols, R * Q]
+    order = torch.argsort((~flat).to(torch.int8), dim=1, stable=True)       # kept entries first
+    out = []
+    for t in lp:
+        x = t.transpose(0, 1).reshape(cols, r * q, *t.shape[3:])             # [cols, R * Q(, N)]
+        idx = order if x.dim() == 2 else order[:, :, None].expand(-1, -1, x.shape[2])
+        out.append(x.gather(1, idx).transpose(0, 1))                         # [R * Q, cols(, N)]
+    return tuple(out)
 
 
 def _col_counts(em: list, prop: list) -> tuple[list[int], ...]:
@@ -206,8 +227,9 @@ def default_policy(executor, caps):
     except ImportError:
         log.warning("engine: graphrt/speculative/policy.py not found; speculating every block")
         return None
-    return SpecPolicy(costs, ks=caps.spec_ks, max_slots=caps.config.max_batch)
+    return SpecPolicy(costs, ks=caps.spec_ks, max_slots=caps.config.max_batch, rounds=caps.spec_rounds,
+                      steps=caps.steps_per_graph)
 
 
-__all__ = ["build_runner", "load_draft", "spec_columns", "observe", "spec_stats", "default_policy",
+__all__ = ["build_runner", "load_draft", "spec_columns", "column_logprobs", "observe", "spec_stats", "default_policy",
            "BlockClock"]

@@ -1,12 +1,13 @@
 """Constrained decoding on the host: grammars compiled off the engine thread, one matcher per
-request, the allowed-token masks written into the runtime's slots (model/token_mask.py).
+request, the allowed-token masks filled for the engine to write through its executor
+(Executor.write_token_mask -> model/token_mask.py).
 
     grammars = Grammars(tokenizer, table, vocab=V, eos_ids=(2,))   # one per engine
     compiled = grammars.compile(params.structured_outputs)    # add_request's thread; cached;
                                                               # ValueError naming the field
-    state = GrammarState(compiled)                            # per request (each of n samples)
+    state = grammars.state(compiled, kind)                    # per request (each of n samples)
     state.advance(tokens)                                     # after a block's tokens are read
-    state.fill(row)                                           # [W] int32: the next token's mask
+    bits, active = fill_masks(reqs, vocab)                    # [m, W] / [m] int32: next masks
 
 Library: xgrammar (GrammarCompiler / GrammarMatcher): the ecosystem's standard (vLLM's and
 SGLang's default), installed with graphrt; its bitmask layout is the one the device applies
@@ -18,11 +19,16 @@ grammar does not compile in time fails alone (ValueError naming the field; the c
 worker until it ends, and its result is cached for a later request). Compiled grammars are kept
 in an LRU of CACHE_SIZE entries keyed by the constraint's canonical text.
 
-How the engine draws (engine/blocks.py): a block with a constrained row runs ONE step (the
-mask changes with every token) and is launched only after the previous block's tokens are read
-(the matcher must see them first): the host work per token is reading the token back,
-`advance` and `fill` (tens of microseconds on xgrammar's precomputed per-state masks) and one
-[m, W] int32 copy to the device.
+How the engine draws (engine/blocks.py `_split_step`): a block with a constrained row runs ONE
+step (the mask changes with every token), in two launches: the step's forward, then its draw.
+While the forward runs the host reads the previous step's tokens back, advances each matcher
+(`advance`), fills the next masks (`fill_masks`: tens of microseconds on xgrammar's precomputed
+per-state masks) and writes them ([m, W] int32, one copy); the draw that follows reads them.
+The matcher's work is thus off the device's critical path while it is shorter than a forward.
+Under n-gram speculation (engine/blocks.py `_grammar_round`) a block with constrained rows runs
+one round instead: each row's predicted proposal is walked by its matcher (`fill_along`: the
+masks before each proposal the grammar accepts and after the last, then rolled back) and the
+row's proposals are capped at the first one it refuses.
 """
 from __future__ import annotations
 
@@ -159,23 +165,41 @@ class GrammarState:
         if self.extra is not None:
             out[row].bitwise_and_(self.extra)
 
+    def fill_along(self, drafts: list[int], out: torch.Tensor) -> int:
+        """Speculation: the masks along proposed tokens -> j, how many of them the grammar
+        accepts (those after the first it refuses are dropped). out [>= j + 1, W] int32 CPU:
+        row i <- the mask before drafts[i] (i < j), row j <- the mask after the j accepted ones
+        (the next token's: a rejection's or the bonus draw's); rows past j untouched. The
+        matcher ends where it began (rolled back)."""
+        m, j = self.matcher, 0
+        for t in drafts:
+            self.fill(out, j)
+            if m.is_terminated() or not (int(out[j, t >> 5]) >> (t & 31)) & 1 or not m.accept_token(t):
+                break
+            j += 1
+        else:
+            self.fill(out, j)
+        if j:
+            m.rollback(j)
+        return j
+
     @property
     def done(self) -> bool:
         return self.matcher.is_terminated()
 
 
-def write_masks(ex, reqs, vocab: int) -> None:
-    """Before a launch that draws for `reqs` (a prefill's first draws or a processed block):
-    each constrained request's next-token mask and active flag 1, each other request's flag 0,
-    into the executor's slots (one copy; vocab: the model's logits width)."""
-    words = (vocab + 31) // 32
-    bits = torch.full((len(reqs), words), -1, dtype=torch.int32)
+def fill_masks(reqs, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The next-token masks of `reqs` (requests: `.grammar` a GrammarState or None) -> (bits
+    [m, W] int32, active [m] int32), CPU: a constrained request's row filled by its matcher and
+    flag 1, any other request's row all ones and flag 0 (vocab: the model's logits width). The
+    engine writes them through its executor (Executor.write_token_mask)."""
+    bits = torch.full((len(reqs), (vocab + 31) // 32), -1, dtype=torch.int32)
     active = torch.zeros(len(reqs), dtype=torch.int32)
     for i, r in enumerate(reqs):
         if r.grammar is not None:
             r.grammar.fill(bits, i)
             active[i] = 1
-    ex.write_token_mask([r.slot for r in reqs], bits, active)
+    return bits, active
 
 
-__all__ = ["Grammars", "GrammarState", "write_masks", "COMPILE_TIMEOUT_S", "CACHE_SIZE"]
+__all__ = ["Grammars", "GrammarState", "fill_masks", "COMPILE_TIMEOUT_S", "CACHE_SIZE"]

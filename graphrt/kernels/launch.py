@@ -7,37 +7,24 @@ previous kernel's memory before it reads or writes anything, then lets the next 
 scheduled early. A kernel launched without PDL executes both as no-ops.
 
     kernel[grid](..., PDL=on, **pdl_options(on))      # on = use_pdl(tensor)
+    with pdl_scope(False):                            # launches in here: no PDL
+        graphs.capture(...)
 
-`use_pdl`: CUDA tensors on compute capability >= 9.0, unless the environment sets
-GRAPHRT_PDL=0 (read at each launch, i.e. at capture for graphed steps: the A/B switch of
-tools/profile_step.py; on the H200 PDL took the 8B bf16 step's gaps between kernels from 197
-to 119 µs). The CPU interpreter never uses it.
+`use_pdl`: CUDA tensors on compute capability >= 9.0, unless the launch runs inside
+`pdl_scope(False)` (the graph runner, attention/graphs.py, opens one around every warm-up,
+capture and eager run with its `pdl` setting: RuntimeOptions.pdl, or GRAPHRT_PDL=0 through
+model/options.py, the A/B switch of tools/profile_step.py; on the H200 PDL took the 8B bf16
+step's gaps between kernels from 197 to 119 µs). The setting is read at each launch, i.e. at
+capture for graphed steps. The CPU interpreter never uses it. The host side (pdl_scope, use_pdl,
+pdl_options) lives in kernels/launch_options.py, which imports no Triton (the graph runner opens
+scopes on every device); it is re-exported here.
 """
 from __future__ import annotations
 
-import functools
-import os
-
-import torch
 import triton
 import triton.language as tl
 
-
-@functools.lru_cache(maxsize=None)
-def _capable(index: int) -> bool:
-    return torch.cuda.get_device_capability(index) >= (9, 0)
-
-
-def use_pdl(t: torch.Tensor) -> bool:
-    """Launch kernels over `t` with PDL?"""
-    if t.device.type != "cuda" or os.environ.get("GRAPHRT_PDL", "1") == "0":
-        return False
-    return _capable(t.device.index if t.device.index is not None else torch.cuda.current_device())
-
-
-def pdl_options(on: bool) -> dict:
-    """Launch keyword arguments for a PDL launch (none otherwise)."""
-    return {"launch_pdl": True} if on else {}
+from graphrt.kernels.launch_options import pdl_options, pdl_scope, use_pdl
 
 
 @triton.jit
@@ -47,4 +34,4 @@ def pdl_prologue(PDL: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
-__all__ = ["pdl_options", "pdl_prologue", "use_pdl"]
+__all__ = ["pdl_options", "pdl_prologue", "pdl_scope", "use_pdl"]

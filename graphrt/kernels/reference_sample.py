@@ -89,8 +89,8 @@ def check_mask_args(logits, bits, active, slots) -> None:
         raise ValueError(f"active: expected [{bits.shape[0]}] int32, got {tuple(active.shape)} {active.dtype}")
     if slots is None and r > bits.shape[0]:
         raise ValueError(f"logits: {r} rows, the mask has {bits.shape[0]} (pass slots)")
-    if slots is not None and (slots.dim() != 1 or slots.shape[0] != r):
-        raise ValueError(f"slots: expected [{r}], got {tuple(slots.shape)}")
+    if slots is not None and (slots.dim() != 1 or slots.shape[0] != r or (r and slots.stride(0) != 1)):
+        raise ValueError(f"slots: expected [{r}] contiguous, got {tuple(slots.shape)} strides {slots.stride()}")
     for name, t in (("bits", bits), ("active", active), ("slots", slots)):
         if t is not None and t.device != logits.device:
             raise ValueError(f"{name}: on {t.device}, expected the logits' device {logits.device}")

@@ -25,8 +25,8 @@ copy and cuBLAS (prefill-sized M); see SCALED_MM_MIN_M.
 
 int4 weights (W4A16, `Int4Weight`, `int4_linear`): on CPU the float32 dequantized weight (the
 reference path); on CUDA the int4 GEMV (`gemv_int4`: codes unpacked in registers, group scales
-on the float32 partial sums, split-K for small N) for M <= INT4_GEMV_MAX_M, and above that one
-dequantizing kernel into a model-dtype copy, then cuBLAS (prefill-sized M).
+on the float32 partial sums, split-K inside a program) for M <= INT4_GEMV_MAX_M, and above that
+one dequantizing kernel into a model-dtype copy, then cuBLAS (prefill-sized M).
 """
 from __future__ import annotations
 
@@ -183,7 +183,7 @@ class Linear:
                 return Int4Weight(w.qweight.clone(), w.scale.clone(), w.group_size,
                                   None if w.zero is None else w.zero.clone(), w.perm)
             cands = [(c.name, c, lambda x, w, c=c: int4_linear(x, w, self.bias, config=c))
-                     for c in INT4_CANDIDATES if g % c.block_k == 0 and k % (c.split_k * c.block_k) == 0]
+                     for c in INT4_CANDIDATES if c.fits(k, g)]
             cands.append((CUBLAS, None, lambda x, w: int4_dequant_mm(x, w, self.bias)))
         elif w8 is None:
             w_bytes = self.weight.numel() * self.weight.element_size()
@@ -200,7 +200,8 @@ class Linear:
                      for c in FP8_CANDIDATES if w8.block is None or w8.block[1] % c.block_k == 0]
             if w8.block is None:
                 cands.append((CUBLAS, None, lambda x, w: scaled_mm_per_token(x, w, self.bias)))
-        copies = [self.weight] + [clone(self.weight) for _ in range(min(15, L2_BYTES // w_bytes))]
+        # enough copies to pass the L2 (an int4 1B-shape o weight is 2 MB: 60 copies)
+        copies = [self.weight] + [clone(self.weight) for _ in range(min(63, L2_BYTES // w_bytes))]
         dtype = self.weight.dtype if w8 is None and w4 is None else torch.bfloat16
         for m in batch_sizes:
             if m > MAX_M:

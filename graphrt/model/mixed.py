@@ -14,7 +14,7 @@ in the same block (engine/blocks.py), so the block's first step draws the reques
     ... inside a decode graph's first step (model/runtime.py, GraphKey(..., chunk=C)):
     logits = mc.step(model, ctx, tokens, kv_caches, block_table, error)   # [B, V]
 
-The chunk's K/V go to `block_table[slot]`, the runtime's slot table (the engine's input batch):
+The chunk's K/V go to `block_table[slot]`, the runtime's slot table (the executor's input batch):
 the slot's row is read on the device, never copied per block. Capture and warm-up run with
 n = 0 (nothing written). Each staged chunk is replayed once (`take`): a second replay of the same
 staging is refused.

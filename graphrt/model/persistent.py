@@ -1,11 +1,13 @@
 """The decode step as one persistent kernel (graphrt/kernels/persistent/) per bucket, and the choice.
 
-    plan = PersistentPlan.build(model, kv_caches, buckets, "persistent", max_context_len=...)
+    plan = PersistentPlan.build(model, kv_caches, buckets, "persistent", max_context_len=...,
+                                cooperative=True, prefetch=None)     # RuntimeOptions' persistent_*
     step = plan.get(rows)            # a PersistentStep, or None: the kernel sequence
     step.launch(tokens, seq_lens, block_table, out, device_error)   # greedy tokens into out
 
-ModelRuntime's `decode_backend` (GRAPHRT_DECODE_BACKEND for "auto": the A/B switch of
-tools/bench_e2e.py and tools/profile_step.py):
+ModelRuntime's `decode_backend` (RuntimeOptions.decode_backend, model/options.py; the
+environment's GRAPHRT_DECODE_BACKEND overrides it there: the A/B switch of tools/bench_e2e.py and
+tools/profile_step.py):
 - "sequence" (the default): today's kernel sequence (`LlamaDecoder.decode_step`) everywhere.
 - "persistent": greedy decode blocks of buckets <= 16 rows run the persistent step where the
   model is supported (`unsupported`: one rank, contiguous model-dtype weights and KV pages; FP8
@@ -18,31 +20,24 @@ Sampled, processed and mixed-chunk blocks, verify and prefill always run the ker
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping
 
 from graphrt.kernels.persistent.schedule import MAX_ROWS, Geometry
+from graphrt.model.options import decode_backend_setting
 
 if TYPE_CHECKING:       # the kernel (Triton) is imported where a step is built: CUDA, or asked for
     from graphrt.kernels.persistent.step import PersistentStep
 
 log = logging.getLogger("graphrt.model")
 
-ENV = "GRAPHRT_DECODE_BACKEND"
-SETTINGS = ("sequence", "persistent", "auto")
 MARGIN = 0.97                 # persistent must take under MARGIN x the sequence's step
 
 
 def resolve_setting(setting) -> str:
-    """"auto" -> GRAPHRT_DECODE_BACKEND when set (else "auto"); "sequence", "persistent", "auto";
-    ValueError naming the source otherwise."""
-    source = "decode_backend"
-    if setting == "auto":
-        setting, source = os.environ.get(ENV, "auto").strip().lower() or "auto", ENV
-    if not isinstance(setting, str) or setting.lower() not in SETTINGS:
-        raise ValueError(f"{source}: expected one of {SETTINGS}, got {setting!r}")
-    return setting.lower()
+    """"sequence", "persistent" or "auto" (any case) -> it in lower case; ValueError naming
+    decode_backend otherwise (model/options.py; no environment is read here)."""
+    return decode_backend_setting(setting)
 
 
 def unsupported(model, kv_caches, rows: int) -> str | None:
@@ -80,10 +75,13 @@ class PersistentPlan:
         return self.table.get(rows)
 
     @classmethod
-    def build(cls, model, kv_caches, buckets, setting: str, *, max_context_len: int) -> "PersistentPlan":
+    def build(cls, model, kv_caches, buckets, setting: str, *, max_context_len: int, cooperative: bool = True,
+              prefetch: int | None = None) -> "PersistentPlan":
         """The persistent steps of every bucket <= 16 rows the model supports (setting
         "persistent", or "auto" on CUDA: candidates the caller then measures); none for
-        "sequence" or "auto" off CUDA. Allocates each step's tables and scratch (outside graphs)."""
+        "sequence" or "auto" off CUDA. Allocates each step's tables and scratch (outside graphs).
+        cooperative / prefetch: PersistentStep's (a cooperative launch; the L2 prefetch distance,
+        None: the device's default); off CUDA the step never prefetches."""
         s = resolve_setting(setting)
         cuda = model.weights.device.type == "cuda"
         if s == "sequence" or (s == "auto" and not cuda):
@@ -95,7 +93,8 @@ class PersistentPlan:
             if why is None:
                 plan.candidates[rows] = PersistentStep(model.weights, kv_caches, model.cos_sin, geometry=geometry(model),
                                                   rows=rows, eps=model.spec.rms_norm_eps,
-                                                  max_context_len=max_context_len)
+                                                  max_context_len=max_context_len, cooperative=cooperative,
+                                                  prefetch=prefetch if cuda else None)
             else:
                 plan.skipped[rows] = why
         if s == "persistent":
@@ -105,4 +104,4 @@ class PersistentPlan:
         return plan
 
 
-__all__ = ["ENV", "MARGIN", "PersistentPlan", "choose", "geometry", "resolve_setting", "unsupported"]
+__all__ = ["MARGIN", "PersistentPlan", "choose", "geometry", "resolve_setting", "unsupported"]

@@ -1,6 +1,7 @@
 """Whole-model decode through graphrt: a user's step function captured per bucket, K steps a graph.
 
-    mrt = ModelRuntime(model, config, device="cuda", steps_per_graph=4)   # keep_logits=False
+    mrt = ModelRuntime(model, config, "cuda", options=RuntimeOptions(steps_per_graph=4))
+    mrt = ModelRuntime(model, config, "cuda", steps_per_graph=4)   # the same: fields by keyword
     mrt.prefill(prompts, block_table)                      # eager; fills every layer's cache
     mrt.capture()
     tokens = mrt.decode(tokens, block_table, seq_lens)     # [K, n] greedy tokens, K steps, 1 replay
@@ -8,11 +9,17 @@
     tokens = mrt.decode_slots(n, sampled=False)            # the engine's path: no input copy
     tokens = mrt.decode_slots(n, sampled=True, processed=True)   # processing=True: penalties,
     tok, rank, ids, vals = mrt.logprobs.view(n)            # bias, bans, min_p + log-probabilities
+    mrt.decode_slots(n, sampled=True, processed=True, part="forward")   # one step split in two:
+    tokens = mrt.decode_slots(n, sampled=True, processed=True, part="draw")   # [1, n] (masks between)
+
+config (graphrt/config.py's RuntimeConfig) is what the runtime serves; options
+(model/options.py's RuntimeOptions) is how it runs it: every knob below is one of its fields, and
+the environment's GRAPHRT_* variables override them once, here (`mrt.options` is the result).
 
 The graphs read the runtime's persistent per-slot state `mrt.slots` (model/slots.py) in place:
-the public decode() copies its arguments into it first (the one explicit input copy); an engine
-writes it through its input batch (`mrt.slots.apply(update)`) and calls decode_slots(), which
-copies nothing. Each block advances the slots on the device: seq_lens by K, the current token,
+the public decode() copies its arguments into it first (the one explicit input copy); an engine's
+executor writes it through its input batch (`mrt.slots.apply(update)`) and calls decode_slots(),
+which copies nothing. Each block advances the slots on the device: seq_lens by K, the current token,
 the draw index of sampled rows, and the token history (token_history=True, for speculation).
 Capture and replay go through the one graph runner (attention/graphs.py), keyed
 GraphKey("decode", bucket, steps=K, sampled=..., filtered=...); speculative rounds
@@ -26,6 +33,12 @@ the result (greedy rows: its argmax), records log-probabilities of the drawn tok
 alternatives into `mrt.logprobs` (model/logprobs.py; of the raw logits, or with
 logprobs_mode="processed" of the distribution drawn from) and counts the drawn token. Blocks
 whose rows need none of it keep the greedy / sampled graphs, which do none of this work.
+
+Split steps (processing=True): a block with constrained rows runs one step as two launches,
+decode_slots(n, ..., part="forward") (the model, logits into `split_logits`; graph
+GraphKey("decode_forward", bucket)) then part="draw" (masks, processing, draw, slots advanced;
+GraphKey("decode_draw", bucket, filtered=...)), so the host can read the previous step's tokens,
+advance its grammar matchers and write the next masks while the forward runs (engine/blocks.py).
 
 A graph runs K decode steps: each step prepares the metadata + plan on the device (once for all
 layers), runs the model, takes the greedy argmax of its model-dtype logits (kernels/argmax.py's
@@ -41,8 +54,8 @@ one weight stream for both): `stage_chunk(slot, tokens, start)`, then
 
 Split-K (model/splitk.py): the o and down GEMMs of each decode bucket run split S (one GEMM of
 split views, summed by the add+RMSNorm that reads them), S per bucket fixed once before the first
-capture (`mrt.splitk`, a SplitKPlan): measured on CUDA by default, off on CPU; `splitk=` (0, 1,
-2, 4 or "auto") or, for "auto", GRAPHRT_SPLITK sets it.
+capture (`mrt.splitk`, a SplitKPlan): measured on CUDA by default, off on CPU; options.splitk
+(0, 1, 2, 4 or "auto"; GRAPHRT_SPLITK) sets it.
 
 `plans=` (model/plans.py, e.g. a graph cache's, from an earlier start's `measured_plans()`): the
 split-K table and "auto"'s K taken as measured instead of measuring them again (source "cached").
@@ -89,7 +102,8 @@ from graphrt.attention.graphs import GraphKey, GraphRunner
 from graphrt.attention.inputs import check_exclusive_writes, check_host_values, check_prefill, check_tables
 from graphrt.attention.kvcache import PagedKVCache
 from graphrt.attention.runtime import raise_device_errors, runtime_device
-from graphrt.config import RuntimeConfig, check_steps
+from graphrt.config import RuntimeConfig
+from graphrt.kernels.launch_options import pdl_scope
 from graphrt.kernels.transfer import to_device
 from graphrt.model.context import AttentionContext
 from graphrt.model.draw import Draw, DrawRows, draw
@@ -99,15 +113,14 @@ from graphrt.model import prefill_graphs
 from graphrt.model.prefill_graphs import PrefillGraphs
 from graphrt.model.sampling import SamplingInputs
 from graphrt.model.quant.kv import kv_scales as _kv_scale_tensor
-from graphrt.config import check_mixed_tokens
 from graphrt.model.mixed import MixedChunk
-from graphrt.model.persistent import PersistentPlan, choose as choose_persistent, \
-    resolve_setting as resolve_persistent
+from graphrt.model.options import RuntimeOptions
+from graphrt.model.persistent import PersistentPlan, choose as choose_persistent
 from graphrt.model.slots import SlotState
 from graphrt.model.token_mask import TokenMask
 from graphrt.model.plans import check_plans, plans_dict
 from graphrt.model.splitk import GEMMS as SPLITK_GEMMS, MAX_ROWS as SPLITK_MAX_ROWS, SplitKPlan, plan_splitk, \
-    resolve_setting, splittable
+    splittable
 from graphrt.model.steps import AUTO, AUTO_STEPS, StepsPlan, steps_for_step_us
 
 log = logging.getLogger("graphrt.model")
@@ -117,30 +130,36 @@ log = logging.getLogger("graphrt.model")
 class DecodeKind:
     """One decode graph family: how its steps draw (model/draw.py's Draw, normalised by
     Draw.key), whether its first step also prefills a staged prompt chunk (model/mixed.py), and
-    how many steps it runs (None: K; 1: the processed block of constrained rows, whose masks the
-    host refills after every token: model/token_mask.py)."""
+    which part of a step it runs (None: K whole steps; "forward" / "draw": one step split in two
+    launches, for blocks with constrained rows: see "Split steps" in the module docstring)."""
 
     draw: Draw = Draw()
     chunk: bool = False
-    steps: int | None = None     # None: the runtime's K; 1: a processed block with constrained rows
+    part: str | None = None      # None: K steps; "forward": one step's model; "draw": its draw
 
 
 GREEDY, SAMPLED = DecodeKind(Draw()), DecodeKind(Draw(sampled=True))
 PROCESSED, PROCESSED_FILTERED = DecodeKind(Draw(True, True, False)), DecodeKind(Draw(True, True, True))
-PROCESSED_STEP = DecodeKind(PROCESSED.draw, steps=1)                    # constrained rows: one step a block
-PROCESSED_FILTERED_STEP = DecodeKind(PROCESSED_FILTERED.draw, steps=1)
+# a step split in two launches (constrained rows): the forward (draw-independent), then the processed draw
+FORWARD = DecodeKind(PROCESSED.draw, part="forward")
+DRAW, DRAW_FILTERED = DecodeKind(PROCESSED.draw, part="draw"), DecodeKind(PROCESSED_FILTERED.draw, part="draw")
+PARTS = (None, "forward", "draw")
 GREEDY_CHUNK, SAMPLED_CHUNK = DecodeKind(Draw(), chunk=True), DecodeKind(Draw(sampled=True), chunk=True)
 
 
 class ModelRuntime:
-    def __init__(self, model, config: RuntimeConfig, device="cuda", *, backend: str | None = None,
-                 steps_per_graph: int | str = 1, num_pages: int | None = None, sampling: bool = False,
-                 keep_logits: bool = False, prefill_chunk_tokens: int = 8192,
-                 fallback_to_one_step: bool = False, token_history: bool = False,
-                 processing: bool = False, logprobs_mode: str = "raw", logprobs_width: int = 20,
-                 kv_scales: list[tuple[float, float]] | None = None, prefill_graph_tokens: int = 512,
-                 graphed_prefill: bool | None = None, splitk: str | int = "auto",
-                 mixed_prefill_tokens: int = 0, plans: dict | None = None, decode_backend: str = "sequence"):
+    def __init__(self, model, config: RuntimeConfig, device="cuda", *, options: RuntimeOptions | None = None,
+                 kv_scales: list[tuple[float, float]] | None = None, plans: dict | None = None, **fields):
+        """config: what it serves (graphrt/config.py); options: how it runs (model/options.py;
+        default RuntimeOptions()); fields: RuntimeOptions fields by keyword, a shorthand for
+        options.replace(**fields). The environment's GRAPHRT_* variables then override them
+        (RuntimeOptions.with_env): `self.options` is what this runtime runs with. kv_scales: the
+        checkpoint's FP8 KV scales; plans: an earlier start's measured plans (model/plans.py)."""
+        if options is None:
+            options = RuntimeOptions()
+        if not isinstance(options, RuntimeOptions):
+            raise ValueError(f"options: expected a RuntimeOptions, got {type(options).__name__}")
+        opts = self.options = options.replace(**fields).with_env()
         s = model.spec
         heads = getattr(model, "local_spec", s)  # a tensor-parallel rank's model: its own heads
         want = (heads.num_heads, heads.num_kv_heads, heads.head_dim)
@@ -153,93 +172,73 @@ class ModelRuntime:
         if rope_rows is not None and config.max_context_len > rope_rows:
             raise ValueError(f"config: max_context_len={config.max_context_len} exceeds the model's "
                              f"RoPE table of max_positions={rope_rows}")
-        if isinstance(prefill_chunk_tokens, bool) or not isinstance(prefill_chunk_tokens, int) \
-                or prefill_chunk_tokens < 1:
-            raise ValueError(f"prefill_chunk_tokens: must be an int >= 1, got {prefill_chunk_tokens!r}")
-        check_steps(steps_per_graph)
+        tp = getattr(model, "tp", None)
         self.model, self.config = model, config
         # K: fixed, or "auto" at AUTO_STEPS until the first capture() measures (_plan_steps)
-        self.steps = (StepsPlan(AUTO_STEPS, "default") if steps_per_graph == AUTO
-                      else StepsPlan(steps_per_graph, "fixed"))
+        self.steps = (StepsPlan(AUTO_STEPS, "default") if opts.steps_per_graph == AUTO
+                      else StepsPlan(opts.steps_per_graph, "fixed"))
         self.k = self.steps.k
-        for name, flag in (("keep_logits", keep_logits), ("sampling", sampling),
-                           ("fallback_to_one_step", fallback_to_one_step), ("token_history", token_history),
-                           ("processing", processing)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name}: expected a bool, got {flag!r}")
-        self.keep_logits = keep_logits
-        if logprobs_mode not in ("raw", "processed"):
-            raise ValueError(f"logprobs_mode: expected 'raw' or 'processed', got {logprobs_mode!r}")
-        if isinstance(logprobs_width, bool) or not isinstance(logprobs_width, int) or logprobs_width < 0:
-            raise ValueError(f"logprobs_width: must be an int >= 0, got {logprobs_width!r}")
-        self._logprobs_width = min(logprobs_width, s.vocab_size)   # top-n of a vocabulary holds at most V
-        self.processing, self.logprobs_mode = processing, logprobs_mode
-        if num_pages is not None and (isinstance(num_pages, bool) or not isinstance(num_pages, int)
-                                      or num_pages < 1):
-            raise ValueError(f"num_pages: must be an int >= 1, got {num_pages!r}")
+        self.keep_logits = opts.keep_logits
+        self._logprobs_width = min(opts.logprobs_width, s.vocab_size)   # top-n of a vocabulary holds at most V
+        self.processing, self.logprobs_mode = opts.processing, opts.logprobs_mode
         self.device = runtime_device(device)
-        pages = num_pages or config.pool_pages
+        pages = opts.num_pages or config.pool_pages
         self.kv_caches = [PagedKVCache.allocate(config, pages, self.device, seed=config.seed + i)
                           for i in range(s.num_layers)]
         self.kv_scale_source = self._set_kv_scales(kv_scales)   # None: not FP8
         b = config.max_batch
         self.slots = SlotState.allocate(b, config.max_pages_per_seq, self.device,
-                                        history_width=config.max_context_len if token_history else None,
-                                        vocab=s.vocab_size if processing else None)
+                                        history_width=config.max_context_len if opts.token_history else None,
+                                        vocab=s.vocab_size if opts.processing else None)
         # constrained decoding's allowed-token masks (model/token_mask.py): read by the processed draws
-        self.token_mask = TokenMask.allocate(b, s.vocab_size, self.device) if processing else None
+        # (mask_positions: 1 + the most proposals a speculative round verifies under a grammar)
+        self.token_mask = (TokenMask.allocate(b, s.vocab_size, self.device, positions=opts.mask_positions)
+                           if opts.processing else None)
         self.buffers = StaticBuffers(config, self.device, block_table=self.slots.block_table,
                                      seq_lens=self.slots.seq_lens)   # the graphs read the slots
-        self.backend = make_backend(config, self.kv_caches[0], self.device, name=backend)
+        self.backend = make_backend(config, self.kv_caches[0], self.device, name=opts.backend)
         # a tensor-parallel model's graphs hold NCCL collectives: the process group's watchdog
         # thread queries CUDA events during capture, which the default "global" mode would refuse
-        self.graphs = GraphRunner(self.device, capture_error_mode="global" if getattr(model, "tp", None)
-                                  is None else "thread_local")
+        self.graphs = GraphRunner(self.device, capture_error_mode="global" if tp is None else "thread_local",
+                                  warmup_steps=opts.graph_warmup, pdl=opts.pdl)
         self.lock = threading.RLock()  # held for a whole call: see the module docstring
-        self.prefill_chunk_tokens = prefill_chunk_tokens
-        if isinstance(prefill_graph_tokens, bool) or not isinstance(prefill_graph_tokens, int) \
-                or prefill_graph_tokens < 0:
-            raise ValueError(f"prefill_graph_tokens: must be an int >= 0 (0 = eager prefill), got "
-                             f"{prefill_graph_tokens!r}")
-        if graphed_prefill not in (None, True, False):
-            raise TypeError(f"graphed_prefill: expected None (auto), True or False, got {graphed_prefill!r}")
+        self.prefill_chunk_tokens = opts.prefill_chunk_tokens
+        graphed_prefill = opts.graphed_prefill
         if graphed_prefill is None:          # auto: where decode graphs are captured, one GPU (a
-            graphed_prefill = (self.device.type == "cuda" and prefill_graph_tokens > 0   # tensor-parallel
-                               and getattr(model, "tp", None) is None)                   # one: not yet run)
-        self.prefill_graphs = (PrefillGraphs(model, config, self.device, max_tokens=prefill_graph_tokens)
-                               if graphed_prefill and prefill_graph_tokens > 0 else None)
+            graphed_prefill = (self.device.type == "cuda" and opts.prefill_graph_tokens > 0   # tensor-parallel
+                               and tp is None)                                                 # one: not yet run)
+        self.prefill_graphs = (PrefillGraphs(model, config, self.device, max_tokens=opts.prefill_graph_tokens)
+                               if graphed_prefill and opts.prefill_graph_tokens > 0 else None)
         self._prefill_attention: PrefillAttention | None = None  # built on first prefill
-        if check_mixed_tokens(mixed_prefill_tokens) and getattr(model, "tp", None) is not None:
+        if opts.mixed_prefill_tokens and tp is not None:
             raise ValueError("mixed_prefill_tokens: not under tensor parallelism (use 0)")
         # a prompt chunk in the first step of a greedy / sampled decode block (model/mixed.py)
-        self.mixed = (MixedChunk(model, config, self.device, max_tokens=mixed_prefill_tokens)
-                      if mixed_prefill_tokens else None)
-        self.sampling = sampling  # capture() also captures the sampled graph of every bucket
-        if splitk != "auto":
-            resolve_setting(splitk)                       # ValueError now; "auto" reads the env later
-        self._splitk_setting = splitk
+        self.mixed = (MixedChunk(model, config, self.device, max_tokens=opts.mixed_prefill_tokens)
+                      if opts.mixed_prefill_tokens else None)
+        self.sampling = opts.sampling  # capture() also captures the sampled graph of every bucket
         self._plans = check_plans(plans)      # split-K / K measured by an earlier start (model/plans.py)
         self.splitk: SplitKPlan | None = None   # decode buckets' split-K: chosen once, before the first graph
         self.plan_seconds: dict[str, float] = {}  # host seconds of the measured plans at capture (start-up line)
-        if decode_backend != "auto":
-            resolve_persistent(decode_backend)           # ValueError now; "auto" reads the env later
-        self._persistent_setting = decode_backend
         self.persistent: PersistentPlan | None = None   # greedy buckets <= 16 rows: persistent step or sequence
         self._captured = False
         self.backend.setup([self.buffers.view(x) for x in reversed(config.buckets)])
         if self.backend.needs_host_inputs and self.steps.source == "default":   # "auto": one step
             self.steps = StepsPlan(1, "host planning")
         elif self.k > 1 and self.backend.needs_host_inputs:  # after setup: fallback too
-            if not fallback_to_one_step:
+            if not opts.fallback_to_one_step:
                 raise ValueError("steps_per_graph: backend plans on the host (planner 'host' or a "
                                  "device-planner fallback), which cannot run several steps in one "
                                  "graph; use steps_per_graph=1")
             reason = getattr(self.backend, "fallback_reason", None) or "host planning"
-            warnings.warn(f"graphrt: steps_per_graph={steps_per_graph} needs device planning ({reason}); "
+            warnings.warn(f"graphrt: steps_per_graph={opts.steps_per_graph} needs device planning ({reason}); "
                           f"running 1 step per graph with host planning", stacklevel=2)
             self.steps = StepsPlan(1, "host planning")
         self._logits = (torch.zeros((b, s.vocab_size), dtype=torch.float32, device=self.device)
                         if self.keep_logits else None)                              # last step's
+        # a split step's logits, from its forward launch to its draw launch (processing only)
+        self.split_logits = (torch.zeros((b, s.vocab_size), dtype=torch.float32, device=self.device)
+                             if opts.processing else None)                                # [B, V] float32
+        self._split_rows: int | None = None    # n of the forward whose draw is still to launch
         self._set_steps(self.steps.k)
 
     def _set_steps(self, k: int) -> None:
@@ -315,7 +314,7 @@ class ModelRuntime:
                       prompts, block_table, starts)
         prompts = [to_device(p, self.device) for p in prompts]          # CPU prompts: no host sync
         host_table = block_table if block_table.device.type == "cpu" else block_table.cpu()
-        with self.lock:
+        with self.lock, pdl_scope(self.options.pdl):     # the eager prefill's launches too
             calibrate = self.kv_scale_source == "pending"
             new_tokens = sum(p.numel() for p in prompts)
             if self.prefill_graphed(new_tokens, logits_rows=logits_rows, record=record):
@@ -358,52 +357,82 @@ class ModelRuntime:
 
     # ---- the decode phase: K steps over a bucket of slots (pure device work: capturable) -------
     def _steps(self, size: int, kind: DecodeKind = GREEDY) -> None:
-        """kind.steps decode steps (None: K; 1: a processed block with constrained rows) over slots
-        [0, size), each token drawn as kind.draw says (model/draw.py: the argmax of the model's
-        kernel set; the slots' sampling rows, advancing their draw index; processed: the slots'
-        allowed-token masks (constrained rows only) and logits processing first, log-probabilities
-        recorded, drawn tokens counted); kind.chunk: the first step also prefills the staged prompt
-        chunk (`self.mixed`). A greedy block of a bucket the persistent plan covers runs its step
-        and argmax as one launch (model/persistent.py)."""
-        st, view, how, chunk = self.slots, self.buffers.view(size), kind.draw, kind.chunk
-        tokens, seq = st.tokens[:size], view.seq_lens                       # [B] int64, [B] int32
-        rows = DrawRows(st.temperature[:size], st.top_k[:size], st.top_p[:size], st.seed[:size], st.step[:size])
-        ctx = AttentionContext(self.backend, view, self.kv_caches)
-        ops = self.model.ops                                                # the model's kernel set
-        split = (1, 1) if self.splitk is None else self.splitk.get(size)
-        opts = {} if split == (1, 1) else {"splitk": split}
+        """K decode steps over slots [0, size) (kind.part None), each token drawn as kind.draw
+        says (model/draw.py: the argmax of the model's kernel set; the slots' sampling rows,
+        advancing their draw index; processed: the slots' allowed-token masks (constrained rows
+        only) and logits processing first, log-probabilities recorded, drawn tokens counted);
+        kind.chunk: the first step also prefills the staged prompt chunk (`self.mixed`). A
+        greedy block of a bucket the persistent plan covers runs its step and argmax as one
+        launch (model/persistent.py). kind.part "forward": one step's model into `split_logits`;
+        "draw": that step's processed draw (the module docstring's "Split steps")."""
+        if kind.part == "forward":
+            self._forward(size, self.split_logits[:size])
+            return
+        if kind.part == "draw":
+            self._draw(size, kind.draw, 0, self.split_logits[:size], last=True)
+            return
+        view, how, chunk = self.buffers.view(size), kind.draw, kind.chunk
         # greedy blocks of a bucket the plan gives a persistent step: the step and its argmax, one launch
         greedy = not (how.sampled or how.processed or chunk)
         pstep = None if not greedy or self.persistent is None else self.persistent.get(size)
-        k = self.k if kind.steps is None else kind.steps
-        for step in range(k):
-            ctx.prepare()
-            out = self.out_tokens[step, :size]
+        ctx = AttentionContext(self.backend, view, self.kv_caches)
+        for step in range(self.k):
             if pstep is not None:                                            # model/persistent.py
+                ctx.prepare()
+                pstep.launch(self.slots.tokens[:size], view.seq_lens, view.block_table,
+                             self.out_tokens[step, :size], self.buffers.device_error)
                 logits = pstep.logits                                        # [B, vocab] model dtype
-                pstep.launch(tokens, seq, view.block_table, out, self.buffers.device_error)
-            elif chunk and step == 0:                                        # + the prompt chunk
-                logits = self.mixed.step(self.model, ctx, tokens, self.kv_caches, st.block_table,
-                                         self.buffers.device_error)
             else:
-                logits = self.model.decode_step(ctx, tokens, **opts)         # [B, vocab] model dtype
-            if how.processed:                    # the step's log-prob rows (the fused pass fills them)
-                src = draw(logits, rows, how, out, proc=st.proc, sel=size, live=seq > 0, mask=self.token_mask,
-                           logprob_rows=self.logprobs.rows(step, size), source=self.logprobs_mode, ops=ops)
-                if src is not None:
-                    self.logprobs.record(step, size, src, out, ops=ops)
-            elif pstep is None:                  # (the persistent step wrote its argmax)
-                draw(logits, rows, how, out, ops=ops)
-            # current token, history at index seq_len (speculation's input), seq_len + 1: one launch
-            ops.step_advance(out, tokens, seq, None if st.history is None else st.history[:size])
-            if step + 1 == k and self._logits is not None:
-                self._logits[:size].copy_(logits)                             # float32, on request
+                logits = self._forward(size, None, ctx=ctx, chunk=chunk and step == 0)
+            self._draw(size, how, step, logits, last=step + 1 == self.k, drawn=pstep is not None)
+
+    def _forward(self, size: int, into: torch.Tensor | None, *, ctx: AttentionContext | None = None,
+                 chunk: bool = False) -> torch.Tensor:
+        """One step's model over slots [0, size): the metadata + plan prepared on the device,
+        then the model on the slots' current tokens (chunk: with the staged prompt chunk) ->
+        [size, vocab] logits in the model dtype, or copied into `into` ([size, vocab] float32)
+        and that returned."""
+        st = self.slots
+        if ctx is None:
+            ctx = AttentionContext(self.backend, self.buffers.view(size), self.kv_caches)
+        ctx.prepare()
+        if chunk:                                                            # + the prompt chunk
+            logits = self.mixed.step(self.model, ctx, st.tokens[:size], self.kv_caches, st.block_table,
+                                     self.buffers.device_error)
+        else:
+            split = (1, 1) if self.splitk is None else self.splitk.get(size)
+            opts = {} if split == (1, 1) else {"splitk": split}
+            logits = self.model.decode_step(ctx, st.tokens[:size], **opts)  # [B, vocab] model dtype
+        return logits if into is None else into.copy_(logits)
+
+    def _draw(self, size: int, how: Draw, step: int, logits: torch.Tensor, *, last: bool,
+              drawn: bool = False) -> None:
+        """Step `step`'s tokens from logits [size, vocab] into out_tokens[step] as `how` says
+        (drawn: the persistent step wrote its argmax already), then the slots advance: current
+        token, history at index seq_len (speculation's input), seq_len + 1 (one launch)."""
+        st, seq = self.slots, self.buffers.view(size).seq_lens                # [B] int32
+        out = self.out_tokens[step, :size]
+        if how.processed:                        # the step's log-prob rows (the fused pass fills them)
+            rows = DrawRows(st.temperature[:size], st.top_k[:size], st.top_p[:size], st.seed[:size], st.step[:size])
+            src = draw(logits, rows, how, out, proc=st.proc, sel=size, live=seq > 0, mask=self.token_mask,
+                       logprob_rows=self.logprobs.rows(step, size), source=self.logprobs_mode, ops=self.model.ops)
+            if src is not None:
+                self.logprobs.record(step, size, src, out, ops=self.model.ops)
+        elif not drawn:
+            rows = DrawRows(st.temperature[:size], st.top_k[:size], st.top_p[:size], st.seed[:size], st.step[:size])
+            draw(logits, rows, how, out, ops=self.model.ops)
+        self.model.ops.step_advance(out, st.tokens[:size], seq, None if st.history is None else st.history[:size])
+        if last and self._logits is not None:
+            self._logits[:size].copy_(logits)                                 # float32, on request
 
     def _key(self, size: int, kind: DecodeKind = GREEDY) -> GraphKey:
         how = kind.draw
-        return GraphKey("decode", size, steps=self.k if kind.steps is None else kind.steps, sampled=how.sampled,
-                        filtered=how.filtered, processed=how.processed,
-                        chunk=self.mixed.max_tokens if kind.chunk else 0)
+        if kind.part == "forward":
+            return GraphKey("decode_forward", size)
+        if kind.part == "draw":
+            return GraphKey("decode_draw", size, sampled=True, filtered=how.filtered, processed=True)
+        return GraphKey("decode", size, steps=self.k, sampled=how.sampled, filtered=how.filtered,
+                        processed=how.processed, chunk=self.mixed.max_tokens if kind.chunk else 0)
 
     def _host_plan(self, size: int, seq_lens_cpu: torch.Tensor | None = None):
         """The graph runner's prepare hook: a host-planning backend plans from the lengths."""
@@ -417,14 +446,16 @@ class ModelRuntime:
         """Fix the decode buckets' split-K plan once (measured on CUDA: outside any capture)."""
         if self.splitk is None:
             t = time.perf_counter()
-            self.splitk = self._cached_splitk() or plan_splitk(self.model, self.config.buckets,
-                                                               self._splitk_setting)
+            with pdl_scope(self.options.pdl):         # the measured graphs launch as the step will
+                self.splitk = self._cached_splitk() or plan_splitk(self.model, self.config.buckets,
+                                                                   self.options.splitk)
             if self.splitk.source == "measured":
                 self.plan_seconds["split-K"] = time.perf_counter() - t
         if self.persistent is None:                      # measured ("auto" on CUDA) in capture()
-            self.persistent = PersistentPlan.build(self.model, self.kv_caches, self.config.buckets,
-                                                   self._persistent_setting,
-                                                   max_context_len=self.config.max_context_len)
+            o = self.options
+            self.persistent = PersistentPlan.build(self.model, self.kv_caches, self.config.buckets, o.decode_backend,
+                                                   max_context_len=self.config.max_context_len,
+                                                   cooperative=o.persistent_cooperative, prefetch=o.persistent_prefetch)
 
     def _measure_persistent(self) -> None:
         """decode_backend "auto" on CUDA (after K is fixed, outside any capture): per bucket with a
@@ -462,7 +493,7 @@ class ModelRuntime:
         rows exactly the buckets plan_splitk would measure and every factor fitting the o / down
         weights (splittable); else None (measured)."""
         table = self._plans["splitk"]
-        if table is None or resolve_setting(self._splitk_setting) != "auto" or self.device.type != "cuda" \
+        if table is None or self.options.splitk != "auto" or self.device.type != "cuda" \
                 or getattr(self.model, "tp", None) is not None:
             return None
         rows = {int(b) for b in self.config.buckets if b <= SPLITK_MAX_ROWS}
@@ -547,7 +578,7 @@ class ModelRuntime:
             self._plan_steps()
             self._measure_persistent()
             kinds = ([GREEDY] + [SAMPLED] * self.sampling + [PROCESSED, PROCESSED_FILTERED] * self.processing
-                     + [PROCESSED_STEP, PROCESSED_FILTERED_STEP] * (self.processing and self.k > 1)
+                     + [FORWARD, DRAW, DRAW_FILTERED] * self.processing
                      + ([GREEDY_CHUNK] + [SAMPLED_CHUNK] * self.sampling if self.mixed is not None else []))
             for size in reversed(self.config.buckets):      # greedy / sampled blocks carry chunks
                 for kind in kinds:
@@ -564,14 +595,15 @@ class ModelRuntime:
 
     def _run(self, n: int, sampled: bool, seq_lens_cpu: torch.Tensor | None = None,
              processed: bool = False, filtered: bool = True, chunk: bool = False,
-             steps: int | None = None) -> torch.Tensor:
+             part: str | None = None) -> torch.Tensor | None:
         size = pick_bucket(self.config.buckets, n)
-        steps = None if steps == self.k else steps
-        kind = DecodeKind(Draw(sampled=sampled, processed=processed, filtered=filtered).key(), chunk, steps)
+        kind = DecodeKind(Draw(sampled=sampled, processed=processed, filtered=filtered).key(), chunk, part)
         self._plan_splitk()
         self.graphs.run(self._key(size, kind), lambda: self._steps(size, kind),
-                        prepare=self._host_plan(size, seq_lens_cpu))
-        return self.out_tokens[:, :n] if steps is None else self.out_tokens[:steps, :n]
+                        prepare=self._host_plan(size, seq_lens_cpu) if part != "draw" else None)
+        if part == "forward":
+            return None
+        return self.out_tokens[:, :n] if part is None else self.out_tokens[:1, :n]
 
     def _check_sampled(self, sampled: bool) -> None:
         if sampled and self._captured and not self.sampling:
@@ -625,6 +657,7 @@ class ModelRuntime:
             raise ValueError(f"out: expected [{self.k}, {n}] torch.int64 on {self.device}, got {got}")
         with self.lock:
             self.slots.load(n, tokens, block_table, seq_lens, sampling)   # the input copy
+            self._split_rows = None                                        # no split draw after this
             host_lens = seq_lens if seq_lens.device.type == "cpu" else None
             rows = self._run(n, sampling is not None, host_lens)
             return rows if out is None else out.copy_(rows)
@@ -639,8 +672,8 @@ class ModelRuntime:
         with self.lock:
             self.mixed.stage(slot, tokens, start, table_row=table_row, num_pages=self.num_pages)
 
-    def decode_slots(self, n: int, *, sampled: bool, processed: bool = False,
-                     filtered: bool = True, chunk: bool = False, steps: int | None = None) -> torch.Tensor:
+    def decode_slots(self, n: int, *, sampled: bool, processed: bool = False, filtered: bool = True,
+                     chunk: bool = False, part: str | None = None) -> torch.Tensor | None:
         """K decode steps over slots [0, n) as they stand in `self.slots` (the engine's path: no
         input copy, no host check, no sync except a host-planning backend reading seq_lens);
         returns [K, n] int64 tokens (a view of a static buffer, valid until the next block).
@@ -653,21 +686,31 @@ class ModelRuntime:
         advances the slots' token counts; with filtered=False (no row uses top-k / top-p) the
         one without the sampler's sort. chunk: the block's first step also prefills the chunk
         staged by `stage_chunk` (greedy / sampled blocks only; each staging runs once).
-        steps=1 (processed only): one step instead of K (a block with constrained rows, whose
-        allowed-token masks the host refills after every token: model/token_mask.py); returns
-        [1, n]."""
+
+        part (processed only; "Split steps" in the module docstring): "forward" runs one step's
+        model over the slots' current tokens into `split_logits` and returns None; "draw" then draws that step's
+        tokens (masks, processing, log-probs, counts) and advances the slots -> [1, n]. Between
+        the two the host may write the constrained rows' masks (TokenMask.write): the draw reads
+        them, the forward does not. A "draw" needs the "forward" of the same n just before it
+        (no other decode launch between: ValueError)."""
         self._check_sampled(sampled)
-        if steps is not None and steps != self.k and (steps != 1 or not processed):
-            raise ValueError(f"steps: {self.k} (K) or 1 with processed=True, got {steps!r}")
+        if part not in PARTS:
+            raise ValueError(f"part: expected one of {PARTS}, got {part!r}")
         if processed and not self.processing:
             raise ValueError("processed: this ModelRuntime was built with processing=False")
+        if part is not None and not processed:
+            raise ValueError(f"part: {part!r} splits a processed step (processed=True)")
         if chunk and (self.mixed is None or processed):
             raise ValueError("chunk: needs mixed_prefill_tokens > 0 and a greedy / sampled block "
                              "(not processed)")
         with self.lock:
+            if part == "draw" and self._split_rows != n:
+                raise ValueError(f"part: 'draw' over {n} rows needs the 'forward' over the same rows just "
+                                 f"before it (pending: {self._split_rows})")
+            self._split_rows = n if part == "forward" else None
             if chunk:
                 self.mixed.take()
-            return self._run(n, sampled, processed=processed, filtered=filtered, chunk=chunk, steps=steps)
+            return self._run(n, sampled, processed=processed, filtered=filtered, chunk=chunk, part=part)
 
     def last_logits(self, n: int) -> torch.Tensor:
         """[n, vocab] float32 logits of the last decode step of the bucket serving n rows

@@ -4,7 +4,7 @@ One object per runtime (`ModelRuntime.slots`), rows = decode slots (B = max_batc
 b rows reads the first b). The decode graphs (K steps) and the speculative graphs (R rounds)
 read it in place and advance it on the device (seq_lens by K or by the accepted count, the draw
 index, the current token, the token history): nothing is copied into it per block. The host
-writes it only through `apply(SlotUpdate)` (the engine's InputBatch stages what changed) or
+writes it only through `apply(SlotUpdate)` (the executor's InputBatch stages what changed) or
 through ModelRuntime.decode's explicit input copy.
 
 Device tensors (the runtime's device):

@@ -13,8 +13,8 @@ bf16 13.3 / 10.6 / 10.5 µs, 8B down FP8 20.3 / 17.2 / 17.3, 1B down bf16 14.2 /
 M = 16 S = 4 can lose again (more output rows); qkv and gate_up gain nothing (never split).
 
 S is static per captured graph (one fixed kernel), chosen once per ModelRuntime before its first
-capture (`plan_splitk`), by the setting `splitk` (ModelRuntime's argument) or, when that is
-"auto", the environment's GRAPHRT_SPLITK (the A/B switch of tools/profile_step.py and
+capture (`plan_splitk`), by the setting `splitk` (RuntimeOptions.splitk, model/options.py; the
+environment's GRAPHRT_SPLITK overrides it there: the A/B switch of tools/profile_step.py and
 tools/bench_e2e.py):
 - "auto" (default): on CUDA measured: for each decode bucket M <= MAX_ROWS, each of o and down
   and each S in SPLITS that divides the weight: the device µs of one CUDA graph holding that
@@ -27,28 +27,35 @@ tools/bench_e2e.py):
   first start also compiles the S = 2 / 4 norm kernels into Triton's cache. On CPU: off.
 - 0 or 1: off (S = 1 everywhere); 2 or 4: that S for o and down at every bucket M <= MAX_ROWS
   (S = 1 where K is not a multiple of 16 * S: see `splittable`).
+int4 weights (`Int4Weight`) split inside the int4 GEMV instead of by views: its programs for K
+range s write partial s straight into the same SplitAcc layout (`gemv_int4_partial`, the GEMV's
+default tile with split_k = S; S must leave each split whole group tiles), so the plan measures
+and applies S for them like for the others.
 Buckets above MAX_ROWS, verify and prefill steps, tensor-parallel models (their o / down
-outputs are all-reduced) and weights other than plain tensors and per-tensor / per-channel FP8
-(block-scaled FP8, `Linear`) keep S = 1.
+outputs are all-reduced) and weights other than plain tensors, per-tensor / per-channel FP8 and
+int4 (block-scaled FP8, `Linear`) keep S = 1.
 """
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import torch
 import torch.nn.functional as F
 
 from graphrt.kernels.fp8_rows import Fp8Rows, padded_rows
 from graphrt.kernels.splitk import SplitAcc
+from graphrt.model.options import splitk_setting
 from graphrt.model.quant.fp8 import Fp8Weight
+from graphrt.model.quant.int4 import Int4Weight
+
+if TYPE_CHECKING:       # the int4 GEMV (Triton) is imported where a split GEMM runs it
+    from graphrt.kernels.gemv_int4 import Int4GemvConfig
 
 log = logging.getLogger("graphrt.model")
 
-ENV = "GRAPHRT_SPLITK"
 SPLITS = (1, 2, 4)          # candidates of the measured choice
 MAX_ROWS = 64               # decode buckets above this keep S = 1
 MARGIN = 0.97               # S > 1 must take under MARGIN x S = 1's time
@@ -56,11 +63,23 @@ K_ALIGN = 16                # K / S must be a multiple of this (FP8 GEMM operand
 GEMMS = ("o", "down")
 
 
+def int4_split_config(w: Int4Weight, split: int, rows: int = 1) -> Int4GemvConfig:
+    """The int4 GEMV configuration of a split-S GEMM of w at `rows` activation rows: its default
+    tile, split_k = S (the tiles differ in block_k only, so K splits alike at any rows)."""
+    from graphrt.kernels.gemv_int4 import Int4GemvConfig, default_config   # Triton's (split-K runs it)
+    n, k = w.shape
+    c = default_config(n, k, w.group_size, rows)
+    return Int4GemvConfig(c.block_n, c.block_k, c.num_warps, c.num_stages, split)
+
+
 def splittable(w, split: int) -> bool:
-    """Can the GEMM of weight w (a contiguous [N, K] tensor or a per-tensor / per-channel
-    Fp8Weight) run split S = split by a view? S = 1 always can."""
+    """Can the GEMM of weight w (a contiguous [N, K] tensor, a per-tensor / per-channel
+    Fp8Weight, or an Int4Weight) run split S = split? S = 1 always can."""
     if split == 1:
         return True
+    if isinstance(w, Int4Weight):
+        return isinstance(split, int) and not isinstance(split, bool) and split > 1 \
+            and int4_split_config(w, split).fits(w.shape[1], w.group_size)
     if isinstance(w, Fp8Weight):
         if w.block is not None:
             return False
@@ -75,7 +94,8 @@ def split_matmul(x: torch.Tensor | Fp8Rows, w, split: int, *, unit: torch.Tensor
                  out_dtype: torch.dtype = torch.bfloat16) -> SplitAcc:
     """x [M, K] @ w[N, K].T as one GEMM of split S views -> SplitAcc (acc [S*M, S*N], or
     [padded_rows(S*M), S*N] for FP8). x: a contiguous float tensor with a float weight
-    (F.linear; acc in x's dtype), or Fp8Rows (data [Mp, K] contiguous, scale [M]) with a
+    (F.linear; acc in x's dtype) or an Int4Weight (the int4 GEMV's split-K partials, each summed
+    in float32 and stored in x's dtype), or Fp8Rows (data [Mp, K] contiguous, scale [M]) with a
     per-tensor / per-channel Fp8Weight (torch._scaled_mm with unit scales, or the weight's
     tensor_scale; acc in out_dtype; the row and channel scales travel in the SplitAcc). unit:
     a float32 1.0 scalar on the device (FP8 only). The FP8 activation's view keeps its rows
@@ -84,8 +104,18 @@ def split_matmul(x: torch.Tensor | Fp8Rows, w, split: int, *, unit: torch.Tensor
     n, k = w.shape
     if isinstance(split, bool) or not isinstance(split, int) or not splittable(w, split):
         raise ValueError(f"split: S={split!r} needs a contiguous weight (plain or per-tensor / per-channel "
-                         f"FP8) with K divisible by S and K / S a multiple of {K_ALIGN}; got weight "
-                         f"[{n}, {k}] {type(w).__name__}")
+                         f"FP8) with K divisible by S and K / S a multiple of {K_ALIGN}, or an int4 weight whose "
+                         f"K splits into whole group tiles; got weight [{n}, {k}] {type(w).__name__}")
+    if isinstance(w, Int4Weight):
+        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != k or not x.is_contiguous():
+            raise ValueError(f"x: an int4 weight's split GEMM takes a contiguous float [M, {k}] tensor, got "
+                             f"{getattr(x, 'shape', type(x).__name__)}")
+        m = x.shape[0]
+        acc = torch.empty((split * m, split * n), dtype=x.dtype, device=x.device)
+        from graphrt.kernels.gemv_int4 import gemv_int4_partial
+        gemv_int4_partial(x, w.qweight, w.scale, w.group_size, acc, zero=w.zero, perm=w.perm,
+                          config=int4_split_config(w, split, m))
+        return SplitAcc(acc, split, m)
     kk = k // split
     if isinstance(x, Fp8Rows):
         if not isinstance(w, Fp8Weight):
@@ -125,18 +155,9 @@ class SplitKPlan:
 
 
 def resolve_setting(setting) -> str | int:
-    """"auto" (-> GRAPHRT_SPLITK when set, else "auto"), 0, 1, 2 or 4 (ints or their strings)
-    -> "auto" or an int; ValueError otherwise."""
-    source = "splitk"
-    if setting == "auto":
-        setting, source = os.environ.get(ENV, "auto").strip().lower() or "auto", ENV
-    if setting == "auto":
-        return setting
-    if isinstance(setting, str) and setting.isdigit():
-        setting = int(setting)
-    if isinstance(setting, bool) or setting not in (0, 1, 2, 4):
-        raise ValueError(f"{source}: expected 'auto', 0, 1, 2 or 4, got {setting!r}")
-    return setting
+    """"auto", 0, 1, 2 or 4 (ints or their strings) -> "auto" or an int; ValueError naming
+    splitk otherwise (model/options.py's splitk_setting; no environment is read here)."""
+    return splitk_setting(setting)
 
 
 def plan_splitk(model, buckets, setting="auto") -> SplitKPlan:
@@ -193,5 +214,5 @@ def _measure(model, rows: int, gemm: str) -> dict[int, float]:
     return out
 
 
-__all__ = ["ENV", "MAX_ROWS", "SPLITS", "SplitKPlan", "choose_splits", "plan_splitk", "resolve_setting",
-           "split_matmul", "splittable"]
+__all__ = ["MAX_ROWS", "SPLITS", "SplitKPlan", "choose_splits", "int4_split_config", "plan_splitk",
+           "resolve_setting", "split_matmul", "splittable"]

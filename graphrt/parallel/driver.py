@@ -3,7 +3,7 @@
 TPDriver broadcasts one call (a name in CALLS, its arguments) to the workers, then runs it on
 rank 0's own target; `follow` is a worker's loop running each call on its target. The target is
 a bare ModelRuntime (prefill, decode, capture: the tests' and tools' path) or a LocalExecutor
-(capture, apply, prefill, run: the engine's, through TPExecutor in executor.py).
+(capture, prefill, run: the engine's, through TPExecutor in executor.py).
 
     # on every rank (inside launch.launch's fn), with its own sharded ModelRuntime `mrt`:
     if ctx.rank == 0:
@@ -76,7 +76,7 @@ def _fill(x, runtime, received: list):
     return x
 
 
-CALLS = ("prefill", "decode", "capture", "apply", "run")   # a ModelRuntime's or a LocalExecutor's
+CALLS = ("prefill", "decode", "capture", "run")   # a ModelRuntime's or a LocalExecutor's
 
 
 def _run(target, runtime, name: str, args: tuple, kwargs: dict):

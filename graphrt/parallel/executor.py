@@ -5,8 +5,9 @@
     ex.run(Block(n, draw=Draw(sampled=True)))   # broadcast, then run on every rank
     follow(local, ctx.control, runtime=local.runtime)            # ranks 1..n-1 (driver.py)
 
-Every call that changes device state (capture, apply, prefill, run) is broadcast by the
-TPDriver (driver.py) and run by every rank's LocalExecutor; queries of host state
+Every call that changes device state (capture, prefill, run: each launch with the slot changes
+it carries, applied by every rank's own input batch) is broadcast by the TPDriver (driver.py)
+and run by every rank's LocalExecutor; queries of host state
 (prefill_graphed, the error flag, check_device_errors) are answered by rank 0's alone: every rank
 runs the same inputs, so its guards see what the others' see.
 
@@ -22,7 +23,6 @@ from dataclasses import replace
 
 import torch
 
-from graphrt.model.slots import SlotUpdate
 from graphrt.parallel.driver import TPDriver
 from graphrt.worker.caps import Capabilities
 from graphrt.worker.launch import Block, Prefill, Result
@@ -56,7 +56,7 @@ class TPExecutor:
     def caps(self) -> Capabilities:
         c = self.local.caps
         tp = self.runtime.model.tp
-        return replace(c, speculative=None, spec_ks=(), spec_rounds=0, spec_logprobs=False, processing=False,
+        return replace(c, speculative=None, spec_ks=(), spec_rounds=0, processing=False,
                        logprobs_width=0, structured=False, mixed_tokens=0, draft_state=False,
                        tensor_parallel=1 if tp is None else tp.world_size)
 
@@ -67,10 +67,6 @@ class TPExecutor:
 
     def capture(self) -> dict:
         return self.driver.call("capture")
-
-    def apply(self, update: SlotUpdate) -> None:
-        """The input batch's staged update (host tensors, pickled to the workers) on every rank."""
-        self.driver.call("apply", update)
 
     def stage_chunk(self, slot: int, tokens: torch.Tensor, start: int, *, table_row=None) -> None:
         self.caps.refuse("mixed_tokens", False, "prompt chunks inside decode blocks are not supported "

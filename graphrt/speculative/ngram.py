@@ -10,8 +10,9 @@ One pass finds it: for every candidate end e the kernel counts the matched suffi
 "for n from max_n down to min_n, most recent match" rule in one scan.
 
 Grid: one program per slot, BLOCK candidate ends at a time; no host sync (graph-capturable);
-runs on CPU under TRITON_INTERPRET=1. `ngram_propose_reference` is the plain-Python truth;
-the torch set's twin is speculative/reference.py's.
+runs on CPU under TRITON_INTERPRET=1. `ngram_propose_reference` is the plain-Python truth and
+`NgramIndex` the engine's incremental host copy of the rule (ngram_rule.py, no Triton; re-exported
+here); the torch set's twin is speculative/reference.py's.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from graphrt.speculative.ngram_rule import NgramIndex, ngram_propose_reference
 from graphrt.speculative.reference import check_ngram
 
 BLOCK = 256
@@ -70,17 +72,4 @@ def ngram_propose(tokens: torch.Tensor, lens: torch.Tensor, out: torch.Tensor, c
                         KB=triton.next_power_of_2(k))
 
 
-def ngram_propose_reference(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
-    """The proposal for one token list, by the rule as stated (longest n first, latest match)."""
-    size = len(tokens)
-    for n in range(max_n, min_n - 1, -1):
-        if n > size:
-            continue
-        suffix = tokens[size - n:]
-        for e in range(size - 2, n - 2, -1):           # occurrence t[e-n+1 .. e], e <= L - 2
-            if tokens[e - n + 1: e + 1] == suffix:
-                return tokens[e + 1: e + 1 + k]
-    return []
-
-
-__all__ = ["ngram_propose", "ngram_propose_reference"]
+__all__ = ["ngram_propose", "ngram_propose_reference", "NgramIndex"]

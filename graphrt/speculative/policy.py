@@ -13,7 +13,8 @@ round_us(bucket, k) = verify_us[bucket][k + 1] + k * draft_us[bucket] + propose_
 a plain decode step emits one token per slot in decode_us[bucket]. For the batch of slots S in
 a bucket, speculation with k yields sum_s E(a_s, k) / round_us tokens per µs against
 |S| / decode_us: the policy runs the k that maximises it, and plain decode unless some k beats
-plain by `margin` (hysteresis: once on, it stays on while it is at least as fast). Every slot
+plain by `margin` (hysteresis: once on, it stays on while it is at least as fast; a newly
+admitted request ends it, since its rows must pass the turn-on test, switch included). Every slot
 then proposes up to k (a capped slot would only emit fewer tokens at the same cost); a slot's
 own choice (`Decision.slot_pref`) is the same rule for it alone at this bucket's costs, which is
 the decision itself at batch size 1.
@@ -21,8 +22,12 @@ the decision itself at batch size 1.
 Measurement: after a spec block with k proposals a round, a slot's accepted count A over R rounds
 gives tokens per round T = 1 + A / R; the effective acceptance a_block solves E(a, k) = T (rounds
 without a proposal count as rejections, so the fit reproduces what the slot got at this k).
-a is an exponential average over rounds (weight 1 - (1 - ema)^R per block), starting from
-`prior` weighted as `prior_rounds` rounds. While the batch runs plain decode nothing is measured:
+a is an exponential average over rounds (weight 1 - (1 - ema)^R per block), starting from the
+engine-wide acceptance weighted as `prior_rounds` rounds. The engine-wide acceptance (what a new
+request's choices and `start_k` read until it measures) is a running mean of every slot's a_block
+weighted by rounds, over at most 1 / start_ema rounds (50), starting from `prior` weighted as
+`prior_rounds` rounds: a noisy block of one slot moves it by rounds / 50, not to its own value.
+While the batch runs plain decode nothing is measured:
 after `probe_every` plain blocks of a slot the next choice is a probe (the smallest k, one block);
 a probe that still says "off" doubles that slot's interval (up to `probe_max`), so probing costs
 at most (round_us(k_min) / decode_us - 1) / probe_every of the plain speed.
@@ -32,7 +37,11 @@ bookkeeping of a round's variable tokens, a draft model's catch-up after plain b
 engine reports each block's wall time per unit (`observe_wall(bucket, k, us)`: µs per round at
 k, per step for k = 0, from the loop's cadence); once a (bucket, k) has one, the choice uses the
 larger of it (an exponential average, weight `wall_ema`) and the graph cost, so a k whose blocks
-run slower than their graphs stops being chosen. Host Python only (a few
+run slower than their graphs stops being chosen. A k not yet run at a bucket is priced at its
+graph cost times the largest wall / graph ratio measured for a speculative k there: what the
+engine adds around a round applies to every k, and a graph cost alone makes an untried k look
+cheaper than the tried ones (the engine-loop simulation, tests/speculative/_spec_sim.py, fell to
+0.95x of plain through choices of an untried k = 4 near break-even). Host Python only (a few
 µs per block), one owner of the per-slot state; decisions are pure functions tested on CPU.
 """
 from __future__ import annotations
@@ -133,8 +142,9 @@ class StepCosts:
 
 class RealizedCosts:
     """StepCosts with each (bucket, k) cost raised to its realized wall time where measured
-    (wall[(bucket, k)]: µs per round at k >= 1, per step at k = 0). The same step_us / round_us /
-    ks / decode_us interface as StepCosts."""
+    (wall[(bucket, k)]: µs per round at k >= 1, per step at k = 0); a speculative k without one
+    at a bucket where other ks have one is raised by their largest wall / graph ratio. The same
+    step_us / round_us / ks / decode_us interface as StepCosts."""
 
     def __init__(self, base: StepCosts, wall: Mapping[tuple[int, int], float]):
         self.base, self.wall = base, wall
@@ -147,7 +157,12 @@ class RealizedCosts:
         return max(self.base.step_us(bucket), self.wall.get((bucket, 0), 0.0))
 
     def round_us(self, bucket: int, k: int) -> float:
-        return max(self.base.round_us(bucket, k), self.wall.get((bucket, k), 0.0))
+        base = self.base.round_us(bucket, k)
+        wall = self.wall.get((bucket, k))
+        if wall is None:                  # unmeasured: the bucket's measured spec ks' wall / graph ratio
+            ratios = [us / self.base.round_us(b, kk) for (b, kk), us in self.wall.items() if b == bucket and kk]
+            return base * max([1.0] + ratios)
+        return max(base, wall)
 
 
 class Decision(NamedTuple):
@@ -200,7 +215,7 @@ class SpecPolicy:
     def __init__(self, costs: StepCosts, *, ks: Sequence[int], max_slots: int, prior: float = 0.5,
                  prior_rounds: int = 2, ema: float = 0.1, margin: float = 0.02,
                  probe_every: int = 8, probe_max: int = 64, wall_ema: float = 0.25,
-                 rounds: int = 4, steps: int = 4, probe_budget: float = 0.01, start_ema: float = 0.3):
+                 rounds: int = 4, steps: int = 4, probe_budget: float = 0.01, start_ema: float = 0.02):
         if not isinstance(costs, StepCosts):
             raise TypeError(f"costs: expected a StepCosts, got {type(costs).__name__}")
         ks = tuple(sorted(set(ks)))
@@ -227,6 +242,7 @@ class SpecPolicy:
         self._switch: dict[int, float] = {}   # bucket -> µs a plain -> spec switch costs (EMA)
         self._credit = 0.0                    # µs of probing the plain blocks so far have paid for
         self._start = prior                   # engine-wide acceptance: a new slot's choices until it measures
+        self._start_w = float(prior_rounds)   # rounds behind it (a running mean over at most 1 / start_ema)
         self._slots: dict[int, _Slot] = {}
         self._on = False                  # the last choice ran speculation (hysteresis)
         self._min_bucket = min(costs.decode_us)
@@ -246,9 +262,12 @@ class SpecPolicy:
         return self._slots[slot]
 
     def admit(self, slot: int) -> None:
-        """A new request in `slot`: its acceptance starts at the prior."""
+        """A new request in `slot`: its acceptance starts at the engine-wide estimate (worth
+        prior_rounds rounds); the hysteresis ends (the next spec block must pass the turn-on
+        test: the new row's draft, if any, needs a catch-up or was prefilled for it)."""
         self._check(slot)
-        self._slots[slot] = _Slot(self.prior, 0, 0, self.probe_every)
+        self._slots[slot] = _Slot(self._start, 0, 0, self.probe_every)
+        self._on = False                  # a new row: speculating again must pass the turn-on test
 
     def release(self, slot: int) -> None:
         self._check(slot)
@@ -279,7 +298,8 @@ class SpecPolicy:
         if rounds == 0:
             return
         a_block = fit_acceptance(1.0 + accepted / rounds, k)
-        self._start += self.start_ema * (a_block - self._start)
+        self._start_w = min(self._start_w + rounds, 1.0 / self.start_ema) if self.start_ema else self._start_w + rounds
+        self._start += rounds / self._start_w * (a_block - self._start)
         if s.measured_rounds == 0:                        # the prior counts as prior_rounds rounds
             w = rounds / (rounds + self.prior_rounds)
         else:

@@ -13,7 +13,7 @@
 A block of R rounds is a pure device function of the per-slot state (model/slots.py: token
 history, tokens held, limit, block table, sampling rows, per-slot k) and this phase's scratch
 (buffers.py). `attach` shares a ModelRuntime's slots, graph runner (one pool, one capture
-set-up: attention/graphs.py) and device-error flags, so the engine's input batch is what the
+set-up: attention/graphs.py) and device-error flags, so the executor's input batch is what the
 rounds read and the decode graphs and the rounds advance one state; the standalone constructor
 allocates the same objects for itself. Each round: the n-gram kernel (or a DraftProposer,
 draft.py) proposes from each slot's token history, or an EAGLE-3 head's phase (eagle3/phase.py)
@@ -24,7 +24,11 @@ per slot in one forward (`model.verify_step`; with EAGLE-3 it records its hidden
 after acceptance the head drafts the next round's proposals from them), `judge` + `advance`
 accept and write the emitted tokens into
 the history and move the tokens held and the draw index; at the end of the block each slot's
-current token is refreshed for the decode graphs. The host reads `out`/`emitted` after the block
+current token is refreshed for the decode graphs. A processed block (logits processing) also
+records each emitted token's log-probability, rank and top N from its verified position's
+logits (model/logprobs.py's rule, the one plain decoding's processed graphs use: the raw
+logits, or with logprobs_mode "processed" the distribution drawn from), so a request's
+log-probs are plain decoding's whether or not it speculates. The host reads `out`/`emitted` after the block
 (the engine asynchronously) and applies stop ids, stop strings and EOS; max_tokens is exact on
 the device (a slot never holds more than `limit` tokens). K/V written for rejected proposals lies
 past the slot's length and is overwritten by the next round. The rounds' kernels (n-gram lookup,
@@ -48,6 +52,7 @@ from graphrt.attention.buckets import pick_bucket
 from graphrt.attention.graphs import GraphKey, GraphRunner
 from graphrt.kernels.mq_launch import default_splits
 from graphrt.model.draw import Draw
+from graphrt.model.processing import drawn_from
 from graphrt.model.slots import SlotState
 from graphrt.speculative.buffers import SpecBuffers
 from graphrt.speculative.config import SpeculativeConfig
@@ -65,10 +70,14 @@ def capture_ks(k: int) -> tuple[int, ...]:
 
 class BlockOutput(NamedTuple):
     """Views of one block's outputs (valid until the next run), n slots: tokens [R, n, k + 1]
-    int64 (-1 past each round's emitted tokens), emitted [R, n] int32, proposed [R, n] int32."""
+    int64 (-1 past each round's emitted tokens), emitted [R, n] int32, proposed [R, n] int32;
+    logprobs (processed blocks of a runner with a log-prob width, else None): (token [R, n, k + 1]
+    float32, rank [R, n, k + 1] int32, top ids [R, n, k + 1, N] int64, top values [R, n, k + 1, N]
+    float32) of each round's tokens (entries past the emitted ones unread)."""
     tokens: torch.Tensor
     emitted: torch.Tensor
     proposed: torch.Tensor
+    logprobs: tuple | None = None
 
 
 class SpeculativeRunner:
@@ -81,7 +90,10 @@ class SpeculativeRunner:
     second graph per bucket and k whose acceptance draws from the sampler's kept set,
     `judge(top_k=, top_p=)`: a sort per verified row; run with run(n, filtered=True); off: slots
     must not use them); ks: the proposal counts a block may run (each <= config.num_tokens,
-    which is always included; default capture_ks).
+    which is always included; default capture_ks); logprobs_width: the N alternatives a processed
+    block records per emitted token (0: none; needs slots with processing rows); logprobs_mode:
+    "raw" (of the model's logits) or "processed" (of the distribution drawn from), as the
+    ModelRuntime's.
     slots / graphs / device_error: shared state (see `attach`); allocated here when None."""
 
     def __init__(self, model, kv_caches, config: SpeculativeConfig, *, buckets, max_len: int,
@@ -89,7 +101,7 @@ class SpeculativeRunner:
                  splits: int | None = None, draft: DraftProposer | None = None,
                  filtered: bool = False, slots: SlotState | None = None,
                  graphs: GraphRunner | None = None, device_error: torch.Tensor | None = None,
-                 eagle=None, ks=None):
+                 eagle=None, ks=None, logprobs_width: int = 0, logprobs_mode: str = "raw", mask=None):
         if not isinstance(config, SpeculativeConfig):
             raise TypeError(f"config: expected a SpeculativeConfig, got {type(config).__name__}")
         if (config.method == "eagle3") != (eagle is not None):
@@ -128,6 +140,14 @@ class SpeculativeRunner:
             raise ValueError(f"slots: need a token history, >= {buckets[-1]} rows and "
                              f"{self.max_pages} block-table columns")
         self.slots = slots
+        if isinstance(logprobs_width, bool) or not isinstance(logprobs_width, int) or logprobs_width < 0:
+            raise ValueError(f"logprobs_width: must be an int >= 0, got {logprobs_width!r}")
+        if logprobs_width and slots.proc is None:
+            raise ValueError(f"logprobs_width: {logprobs_width} needs slots with processing rows "
+                             "(log-probs are recorded by processed blocks)")
+        if logprobs_mode not in ("raw", "processed"):
+            raise ValueError(f"logprobs_mode: expected 'raw' or 'processed', got {logprobs_mode!r}")
+        self.logprobs_mode = logprobs_mode
         self.graphs = graphs if graphs is not None else GraphRunner(self.device)
         self.device_error = (device_error if device_error is not None else
                              torch.zeros(1, dtype=torch.int32, device=self.device))
@@ -140,7 +160,14 @@ class SpeculativeRunner:
         if any(isinstance(x, bool) or not isinstance(x, int) or not 1 <= x <= kmax for x in ks):
             raise ValueError(f"ks: expected ints in [1, num_tokens={kmax}], got {ks}")
         self.ks = ks
-        self.bufs = {x: SpecBuffers.allocate(buckets[-1], x, rounds, self.device) for x in ks}
+        self.bufs = {x: SpecBuffers.allocate(buckets[-1], x, rounds, self.device, logprobs_width=logprobs_width)
+                     for x in ks}
+        # constrained rows (grammar-checked proposals): the slots' allowed-token masks at every
+        # verified position (model/token_mask.py), applied in processed rounds; n-gram proposals
+        # only (the engine predicts them on the host: `grammar`)
+        if mask is not None and mask.positions < kmax + 1:
+            raise ValueError(f"mask: {mask.positions} positions a slot, a round verifies up to {kmax + 1}")
+        self.mask = mask if config.method == "ngram" else None
         hkv = model.local_spec.num_kv_heads
         self.splits = {b: splits or default_splits(self.device, b, hkv, max_len) for b in buckets}
 
@@ -149,7 +176,9 @@ class SpeculativeRunner:
                draft: DraftProposer | None = None, filtered: bool = False,
                splits: int | None = None, eagle=None, ks=None) -> "SpeculativeRunner":
         """The rounds over a ModelRuntime's own slots (built with token_history=True), graph
-        runner and device-error flags: the phase the engine runs beside the decode graphs."""
+        runner and device-error flags: the phase the engine runs beside the decode graphs; with
+        n-gram proposals and a runtime whose token masks hold 1 + num_tokens positions
+        (ModelRuntime(mask_positions=...)), its masks too (`grammar`)."""
         c = mrt.config
         if mrt.slots.history is None:
             raise ValueError("mrt: build the ModelRuntime with token_history=True for speculation")
@@ -157,7 +186,18 @@ class SpeculativeRunner:
                    max_len=mrt.slots.history.shape[1], page_size=c.page_size,
                    max_pages=c.max_pages_per_seq, rounds=rounds, device=mrt.device, splits=splits,
                    draft=draft, filtered=filtered, slots=mrt.slots, graphs=mrt.graphs,
-                   device_error=mrt.buffers.device_error, eagle=eagle, ks=ks)
+                   device_error=mrt.buffers.device_error, eagle=eagle, ks=ks,
+                   logprobs_width=mrt.logprobs.width if mrt.processing else 0, logprobs_mode=mrt.logprobs_mode,
+                   mask=mrt.token_mask if mrt.token_mask is not None
+                   and mrt.token_mask.positions > config.num_tokens else None)
+
+    @property
+    def grammar(self) -> bool:
+        """Whether blocks may hold constrained rows: n-gram proposals (a pure function of the
+        slot's tokens, so the host predicts them and caps the slot's k at the first one its grammar
+        refuses) verified under the slots' masks at every position, in one-round blocks
+        (run(rounds=1): the host must see each round's tokens before the next masks exist)."""
+        return self.mask is not None
 
     @property
     def width(self) -> int:
@@ -220,7 +260,7 @@ class SpeculativeRunner:
         return self.slots.history[slot, :n].tolist()
 
     # ---- device side: the block of R rounds ----------------------------------------------------
-    def _round(self, size: int, r: int, k: int, how: Draw) -> None:
+    def _round(self, size: int, r: int, k: int, how: Draw, *, last: bool) -> None:
         """Round r of a block: propose, verify, accept (model/draw.py's Draw: how.processed, the
         slots' logits processing per verified position; how.filtered, acceptance within the
         sampler's kept set of top_k / top_p)."""
@@ -238,30 +278,53 @@ class SpeculativeRunner:
         # count capped by the slot's own k, tokens [B, k + 1] (the current token, then the
         # proposals), cache_lens (-1: inactive), proposed[r]: one launch (speculative/prologue.py)
         tokens, cache_lens = self.spec.round_inputs(hist, num, limit, st.spec_k[:size], proposals, v.count,
-                                          v.proposed[r], full=self.eagle is not None)
+                                                    v.proposed[r], full=self.eagle is not None)
         record = self.eagle.verify_kwargs(size) if self.eagle is not None else {}
         logits = self.model.verify_step(tokens, cache_lens, self.kv_caches, table, self.device_error,
                                         splits=self.splits[size], **record)   # [B * (k + 1), V]
+        if how.processed and self.mask is not None:   # constrained rows: each position's mask
+            self.mask.apply_verify(logits, size, k, ops=self.model.ops)
+        raw = logits
         if how.processed:                     # the slots' logits processing, per verified position
             logits = st.proc.process_verify(logits, size, proposals, step, temperature, ops=self.model.ops)
         kept = dict(top_k=st.top_k[:size], top_p=st.top_p[:size]) if how.filtered else {}
         self.spec.judge(logits, proposals, v.count, temperature, st.seed[:size], step, v.accept, v.fallback,
                         **kept)                                                # the sampler's kept set
-        last = r == self.rounds - 1           # the decode graphs' input: each slot's current token
+        # the last round's advance: the decode graphs' input, each slot's current token
         self.spec.advance(v.accept, v.fallback, proposals, hist, num, limit, step, v.out_tokens[r], v.emitted[r],
                           current=st.tokens[:size] if last else None)
         if how.processed:                     # the emitted tokens counted for the penalties
             out = v.out_tokens[r]                                    # [B, Q], -1 past the emitted
             st.proc.counts[:size].scatter_add_(1, out.clamp_min(0), (out >= 0).to(torch.int32))
+            if v.logprobs is not None:        # each emitted token's log-probs at its position
+                self._record_logprobs(v.logprobs, r, raw, logits, out, size, how)
         if self.eagle is not None:                                   # the next round's proposals
             self.eagle.after(size, v.out_tokens[r], v.emitted[r], cache_lens, table, self.device_error)
 
-    def _block(self, size: int, k: int, how: Draw) -> None:
-        for r in range(self.rounds):          # the last round's advance leaves each slot's current
-            self._round(size, r, k, how)                             # token where decode reads it
+    def _block(self, size: int, k: int, how: Draw, rounds: int | None = None) -> None:
+        rounds = self.rounds if rounds is None else rounds
+        for r in range(rounds):               # the last round's advance leaves each slot's current
+            self._round(size, r, k, how, last=r == rounds - 1)      # token where decode reads it
 
-    def _key(self, size: int, k: int, how: Draw) -> GraphKey:
-        return GraphKey("spec", size, query_len=k + 1, steps=self.rounds, sampled=True,
+    def _record_logprobs(self, lp, r: int, raw: torch.Tensor, processed: torch.Tensor, out: torch.Tensor,
+                         size: int, how: Draw) -> None:
+        """Round r's log-probs into lp (LogprobBuffers, rows b * Q + j): of raw [size * Q, V]
+        (model dtype; mode "raw") or of the distribution drawn from (processed [size * Q, V]
+        float32 / temperature within the kept set: model/processing.py drawn_from), at the
+        emitted tokens out [size, Q] (-1 past them: recorded at token 0, unread)."""
+        q = out.shape[1]
+        src = raw
+        if self.logprobs_mode == "processed":
+            st = self.slots
+            rep = lambda t: t[:size].repeat_interleave(q)
+            off_k = torch.zeros_like(st.top_k[:size]) if not how.filtered else st.top_k[:size]
+            off_p = torch.ones_like(st.top_p[:size]) if not how.filtered else st.top_p[:size]
+            src = drawn_from(processed, rep(st.temperature), rep(off_k), rep(off_p), ops=self.model.ops)
+        lp.record(r, size * q, src, out.reshape(size * q).clamp_min(0), ops=self.model.ops)
+
+
+    def _key(self, size: int, k: int, how: Draw, rounds: int) -> GraphKey:
+        return GraphKey("spec", size, query_len=k + 1, steps=rounds, sampled=True,
                         filtered=how.filtered, processed=how.processed)
 
     def capture(self) -> None:
@@ -277,29 +340,42 @@ class SpeculativeRunner:
             self.draft.capture(self.graphs)
         scratch = list(self.kv_caches) + (list(self.draft.kv_caches) if self.draft else []) \
             + ([self.eagle.kv_cache] if self.eagle is not None else [])
+        # (rounds, k) families: R rounds at every k; with constrained rows (`grammar`), one round
+        # at num_tokens, processed only (a constrained row is processed)
+        families = [(self.rounds, k, p) for k in reversed(self.ks)
+                    for p in ((False, True) if st.proc is not None else (False,))]
+        if self.grammar and self.rounds > 1:
+            families.append((1, self.config.num_tokens, True))
         for size in reversed(self.buckets):
-            for k in reversed(self.ks):
+            for rounds, k, processed in families:
                 for filtered in (False, True) if self.filtered else (False,):
-                    for processed in (False, True) if st.proc is not None else (False,):
-                        how = Draw(sampled=True, processed=processed, filtered=filtered)
-                        key = self._key(size, k, how)
-                        if key not in self.graphs:
-                            kept = [(self.eagle.proposals[:size], 0)] if self.eagle is not None else []
-                            self.graphs.capture(
-                                key, lambda s=size, q=k, d=how: self._block(s, q, d),
-                                inputs=[(st.seq_lens[:size], 0), (st.limit[:size], 0),
-                                        (st.tokens[:size], 0)] + kept, scratch=scratch)
+                    how = Draw(sampled=True, processed=processed, filtered=filtered)
+                    key = self._key(size, k, how, rounds)
+                    if key not in self.graphs:
+                        kept = [(self.eagle.proposals[:size], 0)] if self.eagle is not None else []
+                        self.graphs.capture(
+                            key, lambda s=size, q=k, d=how, r=rounds: self._block(s, q, d, r),
+                            inputs=[(st.seq_lens[:size], 0), (st.limit[:size], 0),
+                                    (st.tokens[:size], 0)] + kept, scratch=scratch)
 
     def run(self, n: int, *, k: int | None = None, filtered: bool | None = None,
-            processed: bool = False) -> BlockOutput:
+            processed: bool = False, rounds: int | None = None) -> BlockOutput:
         """One block of R rounds with k proposals a round (one of `ks`; default num_tokens)
         over slots [0, n) (the smallest bucket >= n; slots past n in it must be empty).
         filtered: apply the slots' top_k / top_p (default: whether the runner supports them);
         processed: the slots' logits processing (model/processing.py) on the verified
-        positions, emitted tokens counted (slots with processing rows only). Returns a
-        BlockOutput of views (tokens [R, n, k + 1]; valid until the next run)."""
+        positions, emitted tokens counted (slots with processing rows only; with `grammar`, the
+        constrained rows' masks first). rounds: None (R), or 1 with `grammar` (processed, k =
+        num_tokens: a block holding constrained rows). Returns a BlockOutput of views (tokens
+        [rounds, n, k + 1]; valid until the next run)."""
         if processed and self.slots.proc is None:
             raise ValueError("processed: these slots have no logits-processing rows")
+        rounds = self.rounds if rounds is None else rounds
+        if rounds != self.rounds and (rounds != 1 or not self.grammar or not processed
+                                      or (k is not None and k != self.config.num_tokens)):
+            raise ValueError(f"rounds: {self.rounds} (R), or 1 for a processed block at k = num_tokens with "
+                             f"grammar-checked proposals (n-gram, masks of {self.config.num_tokens + 1} "
+                             f"positions), got {rounds!r}")
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.buckets[-1]:
             raise ValueError(f"n: must be an int in [1, {self.buckets[-1]}], got {n!r}")
         k = self.config.num_tokens if k is None else k
@@ -310,9 +386,13 @@ class SpeculativeRunner:
             raise ValueError("filtered: this runner was built with filtered=False")
         size = pick_bucket(list(self.buckets), n)
         how = Draw(sampled=True, processed=processed, filtered=filtered)
-        self.graphs.run(self._key(size, k, how), lambda: self._block(size, k, how))
+        self.graphs.run(self._key(size, k, how, rounds), lambda: self._block(size, k, how, rounds))
         b = self.bufs[k]
-        return BlockOutput(b.out_tokens[:, :n], b.emitted[:, :n], b.proposed[:, :n])
+        lp = None
+        if processed and b.logprobs is not None:          # rows b * Q + j -> [rounds, n, Q(, N)]
+            q = k + 1
+            lp = tuple(t[:rounds, :size * q].unflatten(1, (size, q))[:, :n] for t in b.logprobs.view(size * q))
+        return BlockOutput(b.out_tokens[:rounds, :n], b.emitted[:rounds, :n], b.proposed[:rounds, :n], lp)
 
     def sync_draft(self, slots, since: torch.Tensor | None = None) -> None:
         """Catch the draft's K/V up over each slot's tokens but the current one (eager; reads the

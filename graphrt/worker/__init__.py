@@ -3,7 +3,8 @@
 caps.py (Capabilities: what an executor can do, read once), launch.py (the launch descriptions
 Prefill, Block and Draw, and the one Result type), protocol.py (the Executor protocol the engine
 drives), local.py (LocalExecutor: the protocol over one process's ModelRuntime and speculative
-runner), input_batch.py (the host stager of the slots' rows: SlotUpdate for `Executor.apply`).
+runner), changes.py (the slot changes the scheduler records and every launch carries),
+input_batch.py (the executor's host stager of the slots' rows: what the changes changed, as SlotUpdates).
 The tensor-parallel executor (graphrt/parallel/executor.py) implements the same protocol one
 layer up.
 
@@ -14,7 +15,9 @@ from importlib import import_module
 _EXPORTS = {"Capabilities": "graphrt.worker.caps", "Draw": "graphrt.worker.launch",
             "Block": "graphrt.worker.launch", "Prefill": "graphrt.worker.launch", "Result": "graphrt.worker.launch",
             "Executor": "graphrt.worker.protocol", "check_executor": "graphrt.worker.protocol",
-            "LocalExecutor": "graphrt.worker.local", "InputBatch": "graphrt.worker.input_batch"}
+            "LocalExecutor": "graphrt.worker.local", "InputBatch": "graphrt.worker.input_batch",
+            **{n: "graphrt.worker.changes" for n in ("Activate", "Deactivate", "SetHistory", "SetPages",
+                                                     "SetProcessing", "SetToken")}}
 
 __all__ = list(_EXPORTS)
 

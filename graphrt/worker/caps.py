@@ -30,12 +30,15 @@ class Capabilities:
     steps_per_graph: K, the decode steps of one plain block; speculative: the
     SpeculativeConfig (None: no speculation); spec_ks: the proposal counts a speculative block
     may run (one graph family each; () without speculation); spec_rounds: R, rounds a
-    speculative block; spec_logprobs: speculative rounds record log-probabilities.
+    speculative block (its processed rounds record log-probabilities as plain blocks do).
 
     processing: logits processing (penalties, logit_bias, min_p, bad_words, min_tokens) and
     log-probabilities in decode and prefill; logprobs_width: the most log-probs a draw keeps (0
     without processing); structured: per-slot allowed-token masks for constrained decoding
-    (`Executor.write_token_mask`, read by the processed draws; needs processing); mixed_tokens: C > 0, a plain block may carry a prompt chunk of up to C
+    (`Executor.write_token_mask`, read by the processed draws; needs processing); spec_grammar:
+    speculative blocks may hold constrained rows (n-gram proposals, each slot capped at its
+    grammar-checked ones, verified under masks of 1 + spec_tokens positions: Block(k=spec_tokens,
+    rounds=1)); mixed_tokens: C > 0, a plain block may carry a prompt chunk of up to C
     tokens in its first step (0: none); history_width: the token history's width (None: no
     history kept); draft_state: the proposer keeps per-slot device state of its own (a draft
     model's K/V), caught up after plain blocks; shared_prefill: samples of one prompt (n > 1) may
@@ -53,10 +56,10 @@ class Capabilities:
     speculative: SpeculativeConfig | None = None
     spec_ks: tuple[int, ...] = ()
     spec_rounds: int = 0
-    spec_logprobs: bool = False
     processing: bool = False
     logprobs_width: int = 0
     structured: bool = False
+    spec_grammar: bool = False
     mixed_tokens: int = 0
     history_width: int | None = None
     draft_state: bool = False
@@ -87,6 +90,8 @@ class Capabilities:
             raise ValueError(f"kernels: {self.kernels!r} is not one of {list(KERNELS)}")
         if self.structured and not self.processing:
             raise ValueError("structured: allowed-token masks without processing (the processed draws read them)")
+        if self.spec_grammar and (not self.structured or self.speculative is None):
+            raise ValueError("spec_grammar: needs structured and speculative")
         if self.history_width is not None and (isinstance(self.history_width, bool)
                                                or not isinstance(self.history_width, int) or self.history_width < 1):
             raise ValueError(f"history_width: expected None or an int >= 1, got {self.history_width!r}")

@@ -1,6 +1,7 @@
-"""The engine's input batch: the host-side manager of the runtime's per-slot device state.
+"""The executor's input batch: the host-side manager of the runtime's per-slot device state.
 
     batch = InputBatch(max_batch=64, max_pages_per_seq=512, pin=True)
+    batch.record(launch.changes)                 # the scheduler's slot changes (changes.py), or:
     batch.set_pages(slot, col, pages)            # admission, page growth (host mirror + dirty)
     batch.activate(slot, seq_len=.., step=.., temperature=.., top_k=.., top_p=.., seed=..,
                    limit=.., spec_k=..)          # the row decodes from the next block
@@ -14,8 +15,9 @@
 The device rows themselves are the runtime's SlotState (model/slots.py: one owner); this object
 keeps a host mirror of every row (numpy) and the set of dirty cells / rows, and `flush` packs
 them into pinned buffers (two sets, each reused only after the copies that read it passed)
-handed to `apply` (SlotState.apply, or the tensor-parallel driver that broadcasts the same update
-to every rank). Nothing is re-staged per block: rows are written when a request is admitted,
+handed to `apply` (SlotState.apply). It belongs to the executor (worker/local.py: one per rank),
+the one host writer of the slots: the engine's scheduler only describes its changes (changes.py),
+which ride with each launch. Nothing is re-staged per block: rows are written when a request is admitted,
 grows a page, stops drawing or leaves; seq_lens, the draw index, the current token and the token
 history advance on the device inside the graphs.
 """
@@ -26,6 +28,7 @@ import torch
 
 from graphrt.model.slots import (LIMIT, NUM_FLOATS, NUM_INTS, PAD_PAGE, SEQ, SPEC_K, STEP, TEMPERATURE,
                                  TOP_K, TOP_P, SlotUpdate)
+from graphrt.worker.changes import Activate, Deactivate, SetHistory, SetPages, SetProcessing, SetSpecK, SetToken
 
 
 class _Stage:
@@ -56,7 +59,7 @@ class _Stage:
 class InputBatch:
     """max_batch rows of max_pages_per_seq pages; pin: stage in pinned memory (a CUDA runtime)
     with an event guarding each staging set; history_width: the slots' token-history width
-    (None: they keep none). Host only; owned by the engine loop."""
+    (None: they keep none). Host only; owned by the executor."""
 
     def __init__(self, *, max_batch: int, max_pages_per_seq: int, pin: bool = False,
                  history_width: int | None = None):
@@ -71,11 +74,36 @@ class InputBatch:
         self._dirty_rows: set[int] = set()
         self._history: list[tuple[int, list[int]]] = []   # (slot, tokens from column 0)
         self._tokens: dict[int, int] = {}                    # slot -> its current token
+        self._proc: list = []                                # (slot, ProcessRows) to reset
         self.history_width = history_width           # the slots' token-history width (speculation)
         self._stages = [_Stage(pin), _Stage(pin)]
         self._flip = 0
 
     # ---- host writes (recorded, copied by flush) ----------------------------------------------
+    def record(self, changes) -> None:
+        """Each slot change (changes.py), in order, as the calls below."""
+        for c in changes:
+            t = type(c)
+            if t is SetPages:
+                self.set_pages(c.slot, c.col, c.pages)
+            elif t is Activate:
+                self.activate(c.slot, seq_len=c.seq_len, step=c.step, temperature=c.temperature, top_k=c.top_k,
+                              top_p=c.top_p, seed=c.seed, limit=c.limit, spec_k=c.spec_k)
+            elif t is Deactivate:
+                self.deactivate(c.slot)
+                if c.free:
+                    self.clear_pages(c.slot)
+            elif t is SetToken:
+                self.set_token(c.slot, c.token)
+            elif t is SetHistory:
+                self.set_history(c.slot, c.tokens)
+            elif t is SetProcessing:
+                self._proc.append((c.slot, c.rows))
+            elif t is SetSpecK:
+                self.set_spec_k(c.slot, c.k)
+            else:
+                raise ValueError(f"changes: {t.__name__} is not a slot change")
+
     def set_pages(self, slot: int, col: int, pages: list[int]) -> None:
         """block_table[slot, col:col + len(pages)] = pages."""
         if not pages:
@@ -130,11 +158,17 @@ class InputBatch:
     # ---- the update ---------------------------------------------------------------------------
     @property
     def dirty(self) -> bool:
-        return bool(self._dirty_cells or self._dirty_rows or self._history or self._tokens)
+        return bool(self._dirty_cells or self._dirty_rows or self._history or self._tokens or self._proc)
 
     def flush(self, apply) -> None:
         """Stage every recorded change and hand it to apply(SlotUpdate) (stream-ordered
-        non-blocking copies on the device side, no sync); nothing when nothing changed."""
+        non-blocking copies on the device side, no sync): the processing rows to reset first
+        (one update each), then one update of the rest; nothing when nothing changed."""
+        if not self.dirty:
+            return
+        proc, self._proc = self._proc, []
+        for slot, rows in proc:
+            apply(SlotUpdate.processing_rows([slot], rows))
         if not self.dirty:
             return
         cells = self._dirty_cells

@@ -4,10 +4,15 @@
     res = ex.prefill(Prefill(prompts, table, starts=[0, 64], after=[17, 9]))    # chunks: no draw
     res = ex.run(Block(n=4, draw=Draw(sampled=True)))                 # plain: res.tokens [K, n]
     res = ex.run(Block(n=4, k=2, draw=Draw()))                        # speculative: [R, n, k + 1]
-    res = ex.run(Block(n=4, draw=Draw(True, True), steps=1))          # constrained rows: [1, n]
+    ex.run(Block(n=4, draw=Draw(True, True), part="forward"))         # constrained rows: one step
+    res = ex.run(Block(n=4, draw=Draw(True, True), part="draw"))      # in two launches: [1, n]
+    res = ex.run(Block(n=4, k=4, draw=Draw(True, True), rounds=1))    # constrained rows: one round
+    res = ex.run(Block(n=4, changes=scheduler.take_changes()))        # slot changes applied first
 
 A launch is plain host data (lists, CPU tensors, device tensors the engine drew), so a
-tensor-parallel driver can send the same description to every rank. A Result's tensors are
+tensor-parallel driver can send the same description to every rank. Every launch carries the
+slot changes (changes.py) the scheduler recorded since the launch before it; the executor applies
+them to the slots before it runs the launch (the one host writer of the slots). A Result's tensors are
 device views valid until the next launch of the same kind (the engine copies them to the host
 without a sync). Pure host code.
 """
@@ -20,6 +25,7 @@ import torch
 from graphrt.model.draw import Draw   # how a launch's tokens are drawn (one rule, every phase)
 from graphrt.model.processing import ProcessRows
 from graphrt.model.sampling import SamplingInputs
+from graphrt.worker.changes import check_changes
 
 
 @dataclass(frozen=True)
@@ -29,21 +35,30 @@ class Block:
 
     chunk: the block's first step also prefills the prompt chunk staged by `stage_chunk`
     (plain blocks of a runtime with mixed_tokens only; not with draw.processed).
-    steps: None, the runtime's K; 1, one step (draw.processed plain blocks only: constrained rows,
-    whose allowed-token masks the engine rewrites after every token) -> tokens [1, n].
-    logprobs: the result carries the block's log-probabilities (draw.processed only).
+    part: None, the whole block; "forward" / "draw", one step in two launches (draw.processed
+    plain blocks only: constrained rows, whose allowed-token masks the engine writes after
+    every token, between the two): "forward" runs the step's model (Result(None)); "draw", launched
+    next over the same n, draws its tokens -> tokens [1, n].
+    logprobs: the result carries the block's log-probabilities (draw.processed only; not with
+    part "forward").
+    rounds: None, the executor's R; 1, one speculative round (k > 0, draw.processed: a block
+    holding constrained rows, Capabilities.spec_grammar) -> tokens [1, n, k + 1].
     sync_draft: with a proposer that keeps device state (Capabilities.draft_state), catch stale
-    slots up first (False: rows at their limit, where the proposals no longer matter)."""
+    slots up first (False: rows at their limit, where the proposals no longer matter).
+    changes: slot changes (changes.py) applied to the slots before the block runs."""
 
     n: int
     k: int = 0
     draw: Draw = Draw()
     chunk: bool = False
-    steps: int | None = None
+    part: str | None = None
+    rounds: int | None = None
     logprobs: bool = False
     sync_draft: bool = True
+    changes: tuple = ()
 
     def __post_init__(self):
+        object.__setattr__(self, "changes", check_changes(self.changes))
         if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
             raise ValueError(f"n: expected an int >= 1, got {self.n!r}")
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 0:
@@ -52,10 +67,16 @@ class Block:
             raise ValueError(f"draw: expected a Draw, got {type(self.draw).__name__}")
         if self.chunk and (self.k or self.draw.processed):
             raise ValueError("chunk: only in a plain block without logits processing")
-        if self.steps is not None and (self.steps != 1 or self.k or not self.draw.processed):
-            raise ValueError(f"steps: None (K) or 1 in a plain block with draw.processed, got {self.steps!r}")
-        if self.logprobs and not self.draw.processed:
-            raise ValueError("logprobs: a block records log-probabilities only with draw.processed")
+        if self.part not in (None, "forward", "draw"):
+            raise ValueError(f"part: expected None, 'forward' or 'draw', got {self.part!r}")
+        if self.part is not None and (self.k or not self.draw.processed):
+            raise ValueError(f"part: {self.part!r} only in a plain block (k = 0) with draw.processed")
+        if self.rounds is not None and (self.rounds != 1 or not self.k or not self.draw.processed):
+            raise ValueError(f"rounds: None (R) or 1 in a speculative block (k > 0) with draw.processed, "
+                             f"got {self.rounds!r}")
+        if self.logprobs and (not self.draw.processed or self.part == "forward"):
+            raise ValueError("logprobs: a block records log-probabilities only with draw.processed "
+                             "(and a draw: not part 'forward')")
 
 
 @dataclass(frozen=True)
@@ -73,7 +94,8 @@ class Prefill:
     copies: (src, dst) KV pages copied after the prefill (n > 1: a sample's copy of a shared
     prompt's partial last page). defer_check: the K/V-append guards' flags are read with the
     next block's tokens, not here. draft False: a draft model's prefill is left for later (the
-    slots start on plain decode)."""
+    slots start on plain decode). changes: slot changes (changes.py) applied to the slots before
+    the prefill runs."""
 
     prompts: list
     block_table: torch.Tensor
@@ -88,8 +110,10 @@ class Prefill:
     copies: tuple = ()
     defer_check: bool = False
     draft: bool = True
+    changes: tuple = ()
 
     def __post_init__(self):
+        object.__setattr__(self, "changes", check_changes(self.changes))
         m = len(self.prompts)
         if self.starts is not None and len(self.starts) != m:
             raise ValueError(f"starts: {len(self.starts)} for {m} prompts")

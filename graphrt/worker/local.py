@@ -5,12 +5,13 @@
     caps = ex.caps                                                  # Capabilities (caps.py)
     first = ex.prefill(Prefill(prompts, table, slots=slots, sampling=inputs)).tokens   # [1, m]
     ex.prefill(Prefill(pieces, table, starts=starts, after=after))   # chunks that draw nothing
-    ex.apply(update)                                                # SlotUpdate (model/slots.py)
-    tokens = ex.run(Block(n, draw=Draw(sampled=True))).tokens      # [K, n]: K decode steps
+    tokens = ex.run(Block(n, draw=Draw(sampled=True), changes=changes)).tokens   # [K, n]: K steps
     out = ex.run(Block(n, k=2))                                     # R rounds: tokens, emitted, proposed
 
-Every call is a pure function of the runtime's slot state (model/slots.py) plus its arguments,
-so the tensor-parallel executor (graphrt/parallel/executor.py) replays the same call on every
+The executor is the one host writer of the runtime's slots: its InputBatch (input_batch.py)
+records the slot changes (changes.py) each launch carries and stages them into the slots before
+the launch runs. Every call is a pure function of the runtime's slot state (model/slots.py) plus
+its arguments, so the tensor-parallel executor (graphrt/parallel/executor.py) replays the same call on every
 rank: a single-GPU engine imports nothing from graphrt/parallel/. `runtime` (the ModelRuntime)
 and `spec` (the SpeculativeRunner or None) are this implementation's, for tools and tests; the
 engine reads `caps` and calls the protocol only.
@@ -31,8 +32,8 @@ from graphrt.model.logprobs import PromptLogprobs, token_logprobs
 from graphrt.model.draw import Draw, DrawRows, draw
 from graphrt.model.processing import ProcessRows
 from graphrt.model.sampling import SamplingInputs
-from graphrt.model.slots import SlotUpdate
 from graphrt.worker.caps import Capabilities
+from graphrt.worker.input_batch import InputBatch
 from graphrt.worker.launch import Block, Prefill, Result
 
 log = logging.getLogger("graphrt.worker")
@@ -47,6 +48,11 @@ class LocalExecutor:
             raise ValueError("spec: the speculative runner must share the runtime's slots "
                              "(SpeculativeRunner.attach)")
         self.runtime, self.spec = runtime, spec
+        c, history = runtime.config, runtime.slots.history
+        # the host mirror and stager of the slots' rows: written only from the launches' changes
+        self.batch = InputBatch(max_batch=c.max_batch, max_pages_per_seq=c.max_pages_per_seq,
+                                pin=runtime.device.type == "cuda",
+                                history_width=None if history is None else history.shape[1])
         self._draft_stale: set[int] = set()   # slots whose draft K/V misses plain-block tokens
         self._draft_since = torch.zeros_like(runtime.slots.seq_lens)   # [B] their lengths then (device)
         self._caps: Capabilities | None = None
@@ -63,9 +69,8 @@ class LocalExecutor:
                 model_key=f"{type(model).__name__}|{model.spec!r}|{rt.config!r}", steps_per_graph=rt.k,
                 speculative=None if spec is None else spec.config,
                 spec_ks=() if spec is None else tuple(spec.ks), spec_rounds=0 if spec is None else spec.rounds,
-                spec_logprobs=False,          # speculative rounds do not record log-probabilities (yet)
                 processing=rt.processing, logprobs_width=rt.logprobs.width if rt.processing else 0,
-                structured=rt.token_mask is not None,
+                structured=rt.token_mask is not None, spec_grammar=spec is not None and spec.grammar,
                 mixed_tokens=0 if rt.mixed is None else rt.mixed.max_tokens,
                 history_width=None if rt.slots.history is None else rt.slots.history.shape[1],
                 draft_state=self._draft is not None, shared_prefill=self._eagle is None, kernels=model.kernels,
@@ -111,7 +116,8 @@ class LocalExecutor:
 
     def prefill(self, launch: Prefill) -> Result:
         """A prefill (launch.py): pieces that draw nothing (launch.slots None: `_prefill_pieces`)
-        or prompts whose slots draw their next token (`_prefill_slots`)."""
+        or prompts whose slots draw their next token (`_prefill_slots`), after its slot changes."""
+        self._apply(launch.changes)
         if not launch.draws:
             self._prefill_pieces(launch.prompts, launch.block_table, starts=launch.starts, after=launch.after,
                                  defer_check=launch.defer_check)
@@ -123,18 +129,22 @@ class LocalExecutor:
         return Result(first[None], logprobs=lp if launch.logprobs else None, prompt_logprobs=plp)
 
     def run(self, block: Block) -> Result:
-        """One block (launch.py): k = 0, K plain decode steps; k > 0, R speculative rounds."""
+        """One block (launch.py): k = 0, K plain decode steps; k > 0, R speculative rounds; after
+        its slot changes."""
         d = block.draw
+        self._apply(block.changes)
         if block.k:
             caps = self.caps
             caps.refuse("k", block.k in caps.spec_ks, f"{block.k} is not one of this executor's "
                         f"speculative proposal counts {caps.spec_ks}")
+            caps.refuse("rounds", block.rounds is None or caps.spec_grammar,
+                        "one-round blocks need grammar-checked n-gram proposals (spec_grammar)")
             out = self._spec_block(block.n, k=block.k, filtered=d.filtered, processed=d.processed,
-                                   sync_draft=block.sync_draft)
-            return Result(out.tokens, out.emitted, out.proposed)
+                                   sync_draft=block.sync_draft, rounds=block.rounds)
+            return Result(out.tokens, out.emitted, out.proposed, logprobs=out.logprobs if block.logprobs else None)
         if d.processed:
             tokens = self._decode_block(block.n, sampled=True, processed=True, filtered=d.filtered,
-                                        steps=block.steps)
+                                        part=block.part)
             return Result(tokens, logprobs=self.runtime.logprobs.view(block.n) if block.logprobs else None)
         return Result(self._decode_block(block.n, sampled=d.sampled, chunk=block.chunk))
 
@@ -260,19 +270,25 @@ class LocalExecutor:
             eagle.prefill(hidden, prompts, first, block_table, slots, self.spec.device_error, starts=starts)
         return first, first_lp, prompt_lp
 
-    def apply(self, update: SlotUpdate) -> None:
-        """An input batch's staged changes into the slots (SlotState.apply)."""
-        self.runtime.slots.apply(update)
+    def _apply(self, changes: tuple) -> None:
+        """A launch's slot changes (changes.py) into the slots: recorded by the input batch, staged
+        (what changed only) and copied (SlotState.apply: stream-ordered, no sync)."""
+        if changes:
+            self.batch.record(changes)
+        self.batch.flush(self.runtime.slots.apply)
 
     def _decode_block(self, n: int, *, sampled: bool, processed: bool = False,
-                      filtered: bool = True, chunk: bool = False, steps: int | None = None) -> torch.Tensor:
+                      filtered: bool = True, chunk: bool = False, part: str | None = None) -> torch.Tensor | None:
         """K decode steps over slots [0, n) -> [K, n] int64 (a view, valid until the next block);
         processed: the logits-processing graph (then `runtime.logprobs` holds the block's), with
-        steps=1 a one-step block ([1, n]: constrained rows, whose masks change every token);
+        part "forward" / "draw" one step in two launches (constrained rows, whose masks change
+        every token: the forward -> None, then its draw -> [1, n]);
         filtered (with processed): some row uses top-k / top-p; chunk: the block's first step
         also prefills the prompt chunk staged by `stage_chunk` (not with processed)."""
         if chunk:
             return self.runtime.decode_slots(n, sampled=sampled, chunk=True)
+        if part == "draw":                               # the forward did the bookkeeping below
+            return self.runtime.decode_slots(n, sampled=True, processed=True, filtered=filtered, part="draw")
         if self._draft is not None:
             fresh = [s for s in range(n) if s not in self._draft_stale]
             if fresh:    # where each slot's draft K/V stops (device)
@@ -284,12 +300,13 @@ class LocalExecutor:
                     self._draft_since.index_copy_(0, idx, lens.index_select(0, idx))
             self._draft_stale.update(range(n))
         if processed:
-            return self.runtime.decode_slots(n, sampled=True, processed=True, filtered=filtered, steps=steps)
+            return self.runtime.decode_slots(n, sampled=True, processed=True, filtered=filtered, part=part)
         return self.runtime.decode_slots(n, sampled=sampled)
 
     def write_token_mask(self, slots: list[int], bits: torch.Tensor, active: torch.Tensor) -> None:
-        """The allowed-token masks of `slots` (bits [m, W] int32, active [m] int32, CPU; TokenMask.write),
-        read by the next draws of those slots (a prefill's first draw, the processed blocks)."""
+        """The allowed-token masks of `slots` (bits [m, W] or [m, p, W] int32, active [m] int32,
+        CPU; TokenMask.write), read by the next draws of those slots (a prefill's first draw, the
+        processed blocks, a one-round block's verify)."""
         self.caps.refuse("structured_outputs", self.caps.structured,
                          "this runtime was built with processing=False")
         self.runtime.token_mask.write(slots, bits, active)
@@ -301,19 +318,20 @@ class LocalExecutor:
         self.runtime.stage_chunk(slot, tokens, start, table_row=table_row)
 
     def _spec_block(self, n: int, *, k: int | None = None, filtered: bool = False, processed: bool = False,
-                   sync_draft: bool = True):
+                   sync_draft: bool = True, rounds: int | None = None):
         """R speculative rounds with k proposals a round (one of spec_ks; default the configured
         num_tokens) over slots [0, n) -> BlockOutput views (speculative/runner.py); filtered:
         some slot uses top_k / top_p; processed: some slot needs logits processing. sync_draft=False:
         no catch-up of stale draft K/V first (they stay stale: the draft proposes from what it
-        has, which acceptance keeps exact; for a block whose rows are at their limit)."""
+        has, which acceptance keeps exact; for a block whose rows are at their limit). rounds:
+        None (R) or 1 (constrained rows: SpeculativeRunner.grammar)."""
         if self.spec is None:
             raise ValueError("k: this executor was built without speculation (k must be 0)")
         if self._draft_stale and sync_draft:
             stale = sorted(s for s in self._draft_stale if s < n)
             self.spec.sync_draft(stale, since=self._draft_since)
             self._draft_stale.difference_update(stale)
-        return self.spec.run(n, k=k, filtered=filtered, processed=processed)
+        return self.spec.run(n, k=k, filtered=filtered, processed=processed, rounds=rounds)
 
     def measure_costs(self, *, replays: int = 10):
         """Device µs of one plain decode step and one speculative round per bucket and k in

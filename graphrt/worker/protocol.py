@@ -2,10 +2,9 @@
 
     ex.capture()                                  # every phase's graphs; K ("auto") fixed here
     caps = ex.caps                                # Capabilities, read once (caps.py)
-    ex.apply(update)                              # SlotUpdate: the slots' staged row changes
     ex.stage_chunk(slot, tokens, start)           # a prompt chunk for the next Block(chunk=True)
     res = ex.prefill(Prefill(...))                # launch.py: Result
-    res = ex.run(Block(n, k, draw))               # a plain or speculative block: Result
+    res = ex.run(Block(n, k, draw, changes=...))  # a plain or speculative block: Result
     ex.check_device_errors()                      # raise what the sticky guard flags name
 
 Implementations: LocalExecutor (worker/local.py: one process, one device) and TPExecutor
@@ -15,7 +14,9 @@ do is a Capabilities field, refused where a request or a config asks for it.
 
 Every call is a pure function of the executor's slot rows (model/slots.py) and its arguments,
 so a tensor-parallel driver can replay the same call on every rank. The slot rows have one host
-writer: the executor (through `apply`, and the draws its own launches write on the device).
+writer: the executor. The engine's scheduler describes its slot changes (worker/changes.py) and
+each launch (Prefill, Block) carries those recorded since the last one; the executor applies them
+(its InputBatch) before it runs the launch, and its launches' draws advance the rows on the device.
 """
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from graphrt.model.slots import SlotUpdate
 from graphrt.worker.caps import Capabilities
 from graphrt.worker.launch import Block, Prefill, Result
 
@@ -39,24 +39,25 @@ class Executor(Protocol):
         """Capture every phase's graphs (a no-op where nothing is captured) -> {key: stats};
         K ("auto") and so `caps` are final after it."""
 
-    def apply(self, update: SlotUpdate) -> None:
-        """Scatter an input batch's staged row changes into the slots (stream-ordered, no sync)."""
-
     def stage_chunk(self, slot: int, tokens: torch.Tensor, start: int, *, table_row=None) -> None:
         """Stage CPU [m] int64 prompt tokens (m <= caps.mixed_tokens) at positions [start,
         start + m) of `slot` for the next Block(chunk=True); ValueError names the field."""
 
     def prefill(self, launch: Prefill) -> Result:
-        """Run a prefill (launch.py's Prefill) -> Result (tokens [1, m] when it draws)."""
+        """Apply launch.changes to the slots, then run a prefill (launch.py's Prefill) -> Result
+        (tokens [1, m] when it draws)."""
 
     def run(self, block: Block) -> Result:
-        """Run one block (launch.py's Block) -> Result of device views."""
+        """Apply block.changes to the slots, then run one block (launch.py's Block) -> Result of
+        device views."""
 
     def write_token_mask(self, slots: list[int], bits: torch.Tensor, active: torch.Tensor) -> None:
         """Constrained decoding (caps.structured): the allowed-token masks of `slots` (bits [m, W]
-        int32, W = ceil(vocab / 32); active [m] int32, 1 = constrained; CPU), read by the next
-        processed draws of those slots (a prefill's first draws, processed blocks); stream-ordered,
-        no sync. ValueError naming structured_outputs where caps.structured is False."""
+        int32, W = ceil(vocab / 32), or [m, p, W]: positions 0..p-1, the masks before each of a
+        speculative round's verified proposals and after the last (caps.spec_grammar); active
+        [m] int32, 1 = constrained; CPU), read by the next processed draws of those slots (a
+        prefill's first draws, processed blocks and rounds); stream-ordered, no sync.
+        ValueError naming structured_outputs where caps.structured is False."""
 
     def prefill_graphed(self, new_tokens: int) -> bool:
         """Whether a prefill of this many new tokens (no prompt log-probs) runs through prefill
@@ -74,7 +75,7 @@ class Executor(Protocol):
 def check_executor(executor) -> Executor:
     """`executor` when it implements the protocol, else ValueError naming what is missing."""
     if not isinstance(executor, Executor):
-        missing = [n for n in ("caps", "error_flag", "capture", "apply", "stage_chunk", "prefill", "run", "write_token_mask",
+        missing = [n for n in ("caps", "error_flag", "capture", "stage_chunk", "prefill", "run", "write_token_mask",
                                "prefill_graphed", "measure_costs", "check_device_errors")
                    if not hasattr(executor, n)]
         raise ValueError(f"executor: {type(executor).__name__} does not implement graphrt.worker.Executor "

@@ -24,6 +24,7 @@ from graphrt import DecodeRuntime, PagedKVCache, load_config
 from graphrt.attention.reference import reference_decode
 from graphrt.attention.verify import rel_error
 from graphrt.kernels.decode_attention import DecodeScratch, decode_attention
+from graphrt.kernels.launch import pdl_scope
 from graphrt.model.quant.kv import quantize_kv
 
 pytestmark = pytest.mark.gpu
@@ -63,8 +64,7 @@ def _batch(cfg, lens, pages, gen):
 @pytest.mark.parametrize("splits", [1, 8, 33])
 @pytest.mark.parametrize("kv", ["bf16", "fp8"])
 @pytest.mark.parametrize("pdl", ["1", "0"])
-def test_kernel_graph_replays_with_changing_lengths(splits, kv, pdl, monkeypatch):
-    monkeypatch.setenv("GRAPHRT_PDL", pdl)                     # read at launch, i.e. at capture
+def test_kernel_graph_replays_with_changing_lengths(splits, kv, pdl):
     cfg = load_config(CONFIG).replace(max_context_len=8192, kv_cache_dtype="fp8" if kv == "fp8" else "auto")
     cache, gen, b = _cache(cfg), torch.Generator().manual_seed(splits), 16
     q, table, lens = _batch(cfg, [1] * b, 4096, gen)
@@ -72,10 +72,11 @@ def test_kernel_graph_replays_with_changing_lengths(splits, kv, pdl, monkeypatch
     scratch = DecodeScratch.allocate([(b, splits)], num_kv_heads=cfg.num_kv_heads, group=cfg.group_size,
                                      head_dim=cfg.head_dim, device="cuda")
     run = lambda: decode_attention(q, cache, table, lens, max_splits=splits, scratch=scratch, out=out)  # noqa: E731
-    run()                                                      # compile outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
+    with pdl_scope(pdl == "1"):                                # read at launch, i.e. at capture
+        run()                                                  # compile outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run()
     for i, ls in enumerate(LENGTH_SETS):
         ls = (ls * b)[:b]
         lens.copy_(torch.tensor(ls, dtype=torch.int32))

@@ -1,6 +1,6 @@
 """GPU tests of the engine core (H200, bf16, CUDA graphs): a pool too small for the batch preempts
-and every request still matches HF's greedy tokens (up to bf16 ties); the block launch (input
-batch flush, trusted decode, device advance) makes no host sync; the pool sized from memory.
+and every request still matches HF's greedy tokens (up to bf16 ties); the block launch (its
+slot changes applied, trusted decode, device advance) makes no host sync; the pool sized from memory.
 
 Run on the GPU machine: python -m pytest -m gpu -q tests/engine/test_engine_core_gpu.py -s
 """
@@ -48,16 +48,15 @@ def test_block_launch_makes_no_host_sync(path):
                                                                        ignore_eos=True)) for i in range(6)]
     for _ in range(3):
         eng.step()                                   # admitted, prefilled, decoding
-    sched, batch = eng.scheduler, eng.batch
+    sched = eng.scheduler
     rows = sched.decode_rows()
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         for _ in range(6):                           # pages grow, rows are written and advanced
             rows = sched.grow(rows)                  # the launch half of Engine._decode
-            batch.flush(llm.runtime.apply)
             go = sched.launch_block(rows)
-            llm.runtime.run(Block(go.n, draw=Draw(sampled=go.sampled)))   # the slots advance on the device
+            llm.runtime.run(Block(go.n, draw=Draw(sampled=go.sampled), changes=go.changes))   # slots advance on the device
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()

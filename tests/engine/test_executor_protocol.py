@@ -2,7 +2,10 @@
 
 The fake draws deterministic tokens (a prefill's first token from the context's length and last
 token, then +1 a step, mod V), so every request's whole output is known in advance; it has no
-attribute beyond the protocol's, so an engine that probed for anything else would fail here.
+attribute beyond the protocol's, so an engine that probed for anything else would fail here. It
+keeps its own mirror of the slots from the slot changes each launch carries (the engine writes
+no slot state): a prefill's block-table rows are rows of that mirror, every live row of a block
+holds the pages the block writes, and once the engine is idle every slot is free again.
 What it lacks (logits processing, speculation) is declared in its Capabilities and refused where a
 request asks for it, with a ValueError naming the field.
 """
@@ -15,10 +18,11 @@ from graphrt.config import RuntimeConfig
 from graphrt.engine.engine import Engine
 from graphrt.engine.params import SamplingParams
 from graphrt.worker.caps import Capabilities
+from graphrt.worker.changes import Activate, Deactivate, SetPages
 from graphrt.worker.launch import Block, Draw, Prefill, Result
 from graphrt.worker.protocol import Executor
 
-V, K, B = 97, 3, 4
+V, K, B, PAGE = 97, 3, 4, 4
 
 
 def _first(context_len: int, last: int) -> int:
@@ -29,25 +33,45 @@ class FakeExecutor:
     """The Executor protocol with no device: `calls` records (name, launch) per call."""
 
     def __init__(self, **caps):
-        config = RuntimeConfig(num_qo_heads=2, num_kv_heads=2, head_dim=64, page_size=4, max_context_len=64,
+        config = RuntimeConfig(num_qo_heads=2, num_kv_heads=2, head_dim=64, page_size=PAGE, max_context_len=64,
                                buckets={"max": B}, dtype="float32", backend="reference")
         self.caps = Capabilities(config=config, device=torch.device("cpu"), num_pages=64, vocab_size=V,
                                  model_key="fake", steps_per_graph=K, **caps)
         self.error_flag = None
         self.calls: list = []
         self._current = [0] * B                       # each slot's current token
+        self.seq = [0] * B                            # the slots' mirror, from the launches' changes:
+        self.pages: dict[int, list[int]] = {}         # seq_len (0: padding) and pages per slot
 
     def capture(self) -> dict:
         return {}
 
-    def apply(self, update) -> None:
-        self.calls.append(("apply", update))
+    def apply_changes(self, changes) -> None:
+        for c in changes:
+            if isinstance(c, SetPages):
+                row = self.pages.setdefault(c.slot, [])
+                assert c.col == len(row), (c, row)    # pages are appended in order
+                row.extend(c.pages)
+            elif isinstance(c, Activate):
+                assert c.slot in self.pages and self.seq[c.slot] == 0, c
+                self.seq[c.slot] = c.seq_len
+            elif isinstance(c, Deactivate):
+                self.seq[c.slot] = 0
+                if c.free:
+                    self.pages.pop(c.slot, None)
+            else:
+                raise AssertionError(f"no token history / processing here: {c}")
 
     def stage_chunk(self, slot, tokens, start, *, table_row=None) -> None:
         raise AssertionError("caps.mixed_tokens is 0: no chunk may be staged")
 
     def prefill(self, launch: Prefill) -> Result:
         self.calls.append(("prefill", launch))
+        self.apply_changes(launch.changes)
+        held = {tuple(p) for p in self.pages.values()}
+        for row in launch.block_table.tolist():      # each row: a slot's pages, then padding
+            pages = [x for x in row if x >= 0]
+            assert row[:len(pages)] == pages and tuple(pages) in held, row
         if not launch.draws:
             return Result(None)
         starts = launch.starts or [0] * len(launch.prompts)
@@ -61,11 +85,16 @@ class FakeExecutor:
     def run(self, block: Block) -> Result:
         self.calls.append(("run", block))
         assert block.k == 0 and not block.chunk and not block.draw.processed
-        out = torch.empty((K, block.n), dtype=torch.int64)
-        for s in range(block.n):
-            for j in range(K):
-                self._current[s] = (self._current[s] + 1) % V
-                out[j, s] = self._current[s]
+        self.apply_changes(block.changes)
+        assert not any(self.seq[block.n:]), (block.n, self.seq)   # rows past n are padding
+        out = torch.zeros((K, block.n), dtype=torch.int64)        # a padding row draws nothing (0)
+        for s in range(block.n):                      # a live row writes positions seq - 1 .. seq + K - 2
+            if self.seq[s]:
+                assert len(self.pages[s]) * PAGE >= self.seq[s] + K - 1, (s, self.seq[s], self.pages[s])
+                self.seq[s] += K
+                for j in range(K):
+                    self._current[s] = (self._current[s] + 1) % V
+                    out[j, s] = self._current[s]
         return Result(out)
 
     def write_token_mask(self, slots, bits, active) -> None:
@@ -125,10 +154,13 @@ def test_requests_run_to_completion_through_the_protocol_only(overlap):
         assert out.token_ids == _expected(p, m), (p, out.token_ids)
         assert out.finish_reason == "length"
     names = {name for name, _ in ex.calls}
-    assert names == {"apply", "prefill", "run"}
+    assert names == {"prefill", "run"}
     blocks = [b for name, b in ex.calls if name == "run"]
     assert any(b.draw.sampled for b in blocks)              # the sampling request's blocks
+    assert any(b.changes for b in blocks) and any(launch.changes for name, launch in ex.calls if name == "prefill")
     assert eng.stats()["running"] == 0 and eng.stats()["pages_used"] == 0
+    ex.apply_changes(eng.scheduler.take_changes())          # what the next launch would carry
+    assert ex.seq == [0] * B and ex.pages == {}             # every slot freed
 
 
 def test_a_stop_token_ends_a_request_inside_a_block():
@@ -187,6 +219,7 @@ def test_an_object_without_the_protocol_is_refused():
     (dict(history_width=0), "history_width"),
     (dict(tensor_parallel=0), "tensor_parallel"),
     (dict(structured=True), "structured"),                  # masks without processing
+    (dict(processing=True, structured=True, spec_grammar=True), "spec_grammar"),   # without speculation
     (dict(kernels="cuda"), "kernels"),
 ])
 def test_capabilities_refuse_bad_fields(kw, field):
@@ -199,8 +232,12 @@ def test_capabilities_refuse_bad_fields(kw, field):
 @pytest.mark.parametrize("kw,field", [
     (dict(n=0), "n"), (dict(n=2, k=-1), "k"), (dict(n=2, k=2, chunk=True), "chunk"),
     (dict(n=2, logprobs=True), "logprobs"), (dict(n=2, draw="greedy"), "draw"),
-    (dict(n=2, steps=1), "steps"),                                        # one step: processed only
-    (dict(n=2, steps=2, draw=Draw(True, True)), "steps"), (dict(n=2, k=1, steps=1, draw=Draw(True, True)), "steps"),
+    (dict(n=2, part="forward"), "part"),                                  # a split step: processed only
+    (dict(n=2, part="both", draw=Draw(True, True)), "part"), (dict(n=2, k=1, part="draw", draw=Draw(True, True)), "part"),
+    (dict(n=2, part="forward", logprobs=True, draw=Draw(True, True)), "logprobs"),   # the draw records them
+    (dict(n=2, rounds=1, draw=Draw(True, True)), "rounds"),               # one round: speculative only
+    (dict(n=2, k=2, rounds=2, draw=Draw(True, True)), "rounds"), (dict(n=2, k=2, rounds=1), "rounds"),
+    (dict(n=2, changes=(3,)), "changes"), (dict(n=2, changes="SetPages"), "changes"),
 ])
 def test_block_launches_refuse_bad_fields(kw, field):
     with pytest.raises(ValueError, match=rf"^{field}:"):
@@ -217,3 +254,31 @@ def test_prefill_launches_refuse_bad_fields():
         Prefill([torch.tensor([1, 2])], table, starts=[0, 1])
     with pytest.raises(ValueError, match=r"^slots: a prefill that draws nothing"):
         Prefill([torch.tensor([1, 2])], table, copies=((1, 2),))
+    with pytest.raises(ValueError, match=r"^changes: dict is not a slot change"):
+        Prefill([torch.tensor([1, 2])], table, changes=[{"slot": 0}])
+
+
+def test_a_prefill_that_raises_leaves_its_slot_changes_to_the_next_launch():
+    """One request's prefill fails before the executor applied what the launch carried: the
+    engine gives the changes back to the scheduler, the next launch carries them, and the
+    executor's mirror stays what the scheduler holds (a slot is activated only once freed)."""
+    ex = FakeExecutor()
+    real = ex.prefill
+
+    def prefill(launch):
+        if any(p.numel() == 6 for p in launch.prompts):
+            raise ValueError("prompt: refused for the test")
+        return real(launch)
+    ex.prefill = prefill
+    ex.prefill_graphed = lambda new_tokens: True         # one launch per request: A's, then B's
+    eng = _engine(ex)
+    params = SamplingParams(max_tokens=7, temperature=0.0, ignore_eos=True)
+    a, b = eng.add_request([5, 6, 7], params), eng.add_request([1, 2, 3, 4, 5, 6], params)
+    eng.step()                                           # B's launch carries A's activation, and raises
+    c = eng.add_request([9, 9], params)
+    outs = _drain(eng, [a, c])
+    with pytest.raises(ValueError, match="refused for the test"):
+        b.result()
+    assert [o.token_ids for o in outs] == [_expected([5, 6, 7], 7), _expected([9, 9], 7)]
+    ex.apply_changes(eng.scheduler.take_changes())
+    assert ex.seq == [0] * B and ex.pages == {}

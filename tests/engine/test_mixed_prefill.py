@@ -237,10 +237,9 @@ def test_a_cache_pinned_before_the_field_matches_it_off(tmp_path):
 def test_the_piece_choice_is_a_pure_function_of_the_scheduler_state():
     from types import SimpleNamespace as NS
 
-    from graphrt.worker.input_batch import InputBatch
     from graphrt.engine.scheduler import Scheduler
     s = Scheduler(max_batch=4, page_size=4, max_pages_per_seq=16, num_pages=32, steps_per_graph=2,
-                  eos_token_ids=(), batch=InputBatch(max_batch=4, max_pages_per_seq=16), max_num_batched_tokens=8)
+                  eos_token_ids=(), max_num_batched_tokens=8)
     plain, processed = NS(processed=False, prompt_logprobs=None), NS(processed=True, prompt_logprobs=None)
 
     def req(n, computed=0, params=plain, shares=None):

@@ -61,7 +61,7 @@ def test_a_preempted_request_resumes_at_its_accepted_position(path, monkeypatch)
     """At every (re)activation, a request's prefill ran over prompt + its accepted tokens and
     its row starts at seq_len = that + 1 (the drawn token) with draw index len(accepted) + 1;
     after a preemption nothing launched but not accepted is kept."""
-    from graphrt.worker.input_batch import SEQ, STEP
+    from graphrt.worker.changes import Activate
     prompts = [[3 + i, 40, 41 + i, 7, 9, 11, 13 + i, 2] for i in range(4)]
     params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
     llm = LLM(path, max_batch=4, steps_per_graph=3, num_pages=6, **CPU)
@@ -85,9 +85,10 @@ def test_a_preempted_request_resumes_at_its_accepted_position(path, monkeypatch)
         accepted = len(req.token_ids)
         assert prefilled[-1].count(len(req.prompt) + accepted) >= 1, (prefilled[-1], accepted)
         assert req.launched == accepted + 1, (req.request_id, req.launched, accepted)
-        ints = sched.batch._ints
-        assert int(ints[SEQ, req.slot]) == len(req.prompt) + accepted + 1, (req.request_id, int(ints[SEQ, req.slot]))
-        assert int(ints[STEP, req.slot]) == accepted + 1
+        row = sched.changes[-1]                            # the row the next launch carries
+        assert isinstance(row, Activate) and row.slot == req.slot
+        assert row.seq_len == len(req.prompt) + accepted + 1, (req.request_id, row.seq_len)
+        assert row.step == accepted + 1
         if req.preemptions:
             assert req.token_ids == at_preempt[req.request_id]    # resumed where it was preempted
             resumed.append((req.request_id, accepted))

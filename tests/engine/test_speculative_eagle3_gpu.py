@@ -95,16 +95,15 @@ def test_eagle3_block_launch_makes_no_host_sync(path, head):
     streams = [eng.add_request(x, p) for x in _prompts(3)]
     for _ in range(3):
         eng.step()                                   # admitted, prefilled (head too), speculating
-    sched, batch = eng.scheduler, eng.batch
+    sched = eng.scheduler
     rows = sched.decode_rows()
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         for _ in range(6):
             rows = sched.grow(rows)                  # the launch half of Engine._decode
-            batch.flush(ex.apply)
             go = sched.launch_block(rows)
-            ex.run(Block(go.n, k=ex.caps.spec_tokens, draw=Draw(filtered=go.filtered)))
+            ex.run(Block(go.n, k=ex.caps.spec_tokens, draw=Draw(filtered=go.filtered), changes=go.changes))
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()

@@ -119,6 +119,9 @@ def test_draft_greedy_equals_plain_greedy_and_streams_several_tokens(path, plain
             assert st["spec_acceptance_rate"] > 0.8
             sizes = [len(d.token_ids) for d in llm.engine.add_request(prompts[0], p)]
             assert max(sizes) > 1 and sum(sizes) == 12   # several tokens per delta
+            lp = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=2)   # from the verify
+            _same_logprobs(llm.generate(prompts[:1], lp, use_tqdm=False), plain.generate(prompts[:1], lp,
+                                                                                          use_tqdm=False))
 
 
 def test_bad_speculative_configs_name_the_field(path):
@@ -190,7 +193,7 @@ def test_seeded_sampling_with_speculation_does_not_depend_on_the_batch(ngram):
 
 def test_logits_processing_under_speculation_equals_plain_decoding(plain, ngram):
     """Penalties, bias, bans and min_tokens on the verified positions (ProcessState.process_verify):
-    the same tokens as plain decoding; logprobs are refused naming the field."""
+    the same tokens as plain decoding."""
     from graphrt import SamplingParams
     prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 9, 9, 9, 9]]
     params = [SamplingParams(max_tokens=9, temperature=0, ignore_eos=True, repetition_penalty=1.4,
@@ -199,8 +202,46 @@ def test_logits_processing_under_speculation_equals_plain_decoding(plain, ngram)
                              min_p=0.05, top_k=20)]
     want = [o.token_ids for o in plain.generate(prompts, params)]
     assert [o.token_ids for o in ngram.generate(prompts, params)] == want
-    with pytest.raises(ValueError, match="^logprobs: .*speculative"):
-        ngram.engine.add_request([1, 2, 3], SamplingParams(max_tokens=4, logprobs=0))
+
+
+def _same_logprobs(got, want, tol=1e-4):
+    """The same tokens; per generated token the same log-prob entries (the token and the top n:
+    ids and ranks), values within tol; the same cumulative log-prob."""
+    for x, y in zip(got, want):
+        assert x.token_ids == y.token_ids and len(y.logprobs) == len(y.token_ids)
+        _close_entries(x.logprobs, y.logprobs, tol)
+        assert abs(x.outputs[0].cumulative_logprob - y.outputs[0].cumulative_logprob) < tol * len(y.token_ids)
+
+
+def _close_entries(got, want, tol):
+    assert len(got) == len(want)
+    for i, (ex, ey) in enumerate(zip(got, want)):
+        assert sorted(ex) == sorted(ey), i
+        for t in ey:
+            assert ex[t].rank == ey[t].rank and abs(ex[t].logprob - ey[t].logprob) < tol, (i, t)
+
+
+def test_generated_logprobs_under_speculation_equal_plain_decodings(plain, ngram):
+    """logprobs on generated tokens with n-gram speculation: each token's log-prob, rank and top n
+    come from its verified position's logits (accepted proposals and bonus tokens alike), equal to
+    plain decoding's; greedy and seeded sampled requests, with penalties, beside a request without
+    log-probs, through LLM.generate and a stream of several tokens per delta."""
+    prompts = [[5, 9, 14, 5, 9, 14, 5, 9], [7, 7, 7, 7], [20, 21, 22, 23, 20, 21]]
+    params = [SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, logprobs=3),
+              SamplingParams(max_tokens=8, temperature=0.8, seed=5, ignore_eos=True, logprobs=1,
+                             presence_penalty=0.2),
+              SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)]
+    want = plain.generate(prompts, params, use_tqdm=False)
+    before = ngram.engine.stats()
+    got = ngram.generate(prompts, params, use_tqdm=False)
+    after = ngram.engine.stats()
+    assert after["spec_accepted"] > before["spec_accepted"]       # accepted positions among those checked
+    _same_logprobs(got[:2], want[:2])
+    assert got[2].token_ids == want[2].token_ids and got[2].logprobs is None
+    deltas = list(ngram.engine.add_request(prompts[0], params[0]))
+    assert [t for d in deltas for t in d.token_ids] == want[0].token_ids
+    _close_entries([e for d in deltas for e in d.logprobs], want[0].logprobs, 1e-4)
+    assert max(len(d.token_ids) for d in deltas) > 1            # several tokens (and entries) per delta
 
 
 def test_the_policy_is_told_each_blocks_wall_time_and_output_is_unchanged(plain, path):

@@ -88,7 +88,7 @@ def _generate(grammars, table, so, seed: int, max_steps: int = 160, kernel: bool
         if kernel:
             mask.apply(logits, torch.tensor([1, 0]))
         else:
-            logits = reference_mask(logits, mask.bits, mask.active, torch.tensor([1, 0]))
+            logits = reference_mask(logits, mask.bits[:, 0], mask.active[:, 0], torch.tensor([1, 0]))   # position 0
         tok = int(torch.argmax(logits[0]))
         assert logits[0, tok] > float("-inf")
         state.advance([tok])
@@ -161,6 +161,31 @@ def test_eos_only_when_complete(setup):
         assert not (int(bits[0, t // 32]) >> (t % 32)) & 1
 
 
+def test_masks_along_proposals(setup):
+    """GrammarState.fill_along: the rows equal the masks filled token by token (before each
+    accepted proposal, then after the last), the count stops at the first proposal the grammar
+    refuses, and the matcher ends where it began."""
+    grammars, table = setup
+    state = grammars.state(grammars.compile(StructuredOutputsParams(regex="(ab|cd)+x")))
+    ids = {t.decode(): i for i, t in enumerate(table) if t in (b"a", b"b", b"c", b"d", b"x")}
+    w = (VOCAB + 31) // 32
+    a, b, c, x = ids["a"], ids["b"], ids["c"], ids["x"]
+    for drafts, kept in (([a, b, c], 3), ([a, b, x, a], 3), ([a, c], 1), ([b], 0), ([], 0)):
+        out = torch.full((len(drafts) + 1, w), 7, dtype=torch.int32)
+        assert state.fill_along(drafts, out) == kept
+        ref = grammars.state(grammars.compile(StructuredOutputsParams(regex="(ab|cd)+x")))
+        want = torch.empty((1, w), dtype=torch.int32)
+        for i in range(kept + 1):
+            ref.fill(want, 0)
+            assert torch.equal(out[i], want[0]), (drafts, i)
+            if i < kept:
+                ref.advance([drafts[i]])
+        assert (out[kept + 1:] == 7).all()                          # rows past the kept: untouched
+        again = torch.empty((1, w), dtype=torch.int32)
+        state.fill(again, 0)                                        # rolled back: the first mask again
+        assert torch.equal(again[0], out[0]) and state.accepted == 0
+
+
 def test_bad_constraints(setup):
     grammars, _ = setup
     for so, field in ((StructuredOutputsParams(json={"type": "object", "properties": {"a": {"type": "nope"}}}), "json"),
@@ -203,5 +228,5 @@ def test_runtime_without_processing_refuses():
     from types import SimpleNamespace
     from graphrt.engine.sampling_extras import check_request
     with pytest.raises(ValueError, match="^structured_outputs: needs logits processing"):
-        caps = SimpleNamespace(processing=False, speculative=None, spec_logprobs=False)   # Capabilities' fields read
+        caps = SimpleNamespace(processing=False, speculative=None)   # Capabilities' fields read
         check_request(caps, SamplingParams(structured_outputs={"regex": "a"}), None, (1,), VOCAB)

@@ -1,14 +1,15 @@
 """The persistent step's static schedule (graphrt/kernels/persistent/schedule.py), pure Python:
 every unit present once, each program's list in the global order, the counter protocol run
-on the host for 1..many programs (no deadlock, every wait met exactly), 8B / 1B geometries,
-and bad arguments refused."""
+on the host for 1..many programs (no deadlock, every wait met exactly), waits an earlier unit
+of the program met dropped and signals batched per run, one-program linearizations of a
+many-program schedule, 8B / 1B geometries, and bad arguments refused."""
 from __future__ import annotations
 
 import pytest
 
-from graphrt.kernels.persistent.schedule import (F_OP, F_TARGET, F_WAIT, NO_WAIT, OP_ATT, OP_DOWN, OP_GU, OP_HEAD,
-                                                 OP_O, OP_QKV, Geometry, Tiles, build_schedule, default_splits,
-                                                 simulate)
+from graphrt.kernels.persistent.schedule import (F_C, F_COUNT, F_LAYER, F_OP, F_SIGNAL, F_TARGET, F_WAIT, NO_WAIT,
+                                                 OP_ATT, OP_DOWN, OP_GU, OP_HEAD, OP_O, OP_QKV, Geometry, Tiles,
+                                                 build_schedule, default_splits, linearize, simulate)
 
 TINY = Geometry(layers=2, hidden=128, inter=200, heads=4, kv_heads=2, head_dim=32, vocab=160)
 B1 = Geometry(layers=16, hidden=2048, inter=8192, heads=32, kv_heads=8, head_dim=64, vocab=128256)
@@ -52,7 +53,52 @@ def test_first_layer_waits_for_nothing():
     s = build_schedule(TINY, 1, 1)
     first = [u for u in s.units if u[F_OP] == OP_QKV and u[1] == 0]
     assert all(u[F_WAIT] == NO_WAIT and u[F_TARGET] == 0 for u in first)
-    assert all(u[F_WAIT] != NO_WAIT for u in s.units if not (u[F_OP] == OP_QKV and u[1] == 0))
+
+
+@pytest.mark.parametrize("programs", [1, 3, 7])
+def test_waits_dropped_and_signals_batched(programs):
+    """Per program: the first unit of each phase (but layer 0's qkv) waits, the rest of the
+    phase's units there do not; non-attention units signal once per run of one counter, by the
+    run's length; each program's last head tile carries a distinct answer slot."""
+    s = build_schedule(TINY, 2, programs, tiles=Tiles(splits=2))
+    rank = {OP_QKV: 0, OP_ATT: 1, OP_O: 2, OP_GU: 3, OP_DOWN: 4, OP_HEAD: 5}
+    slots = []
+    for p in range(programs):
+        lst = s.program_units(p)
+        seen = set()
+        for u in lst:
+            phase = (u[F_LAYER], rank[u[F_OP]])
+            first = phase not in seen and not (u[F_OP] == OP_QKV and u[F_LAYER] == 0) and u[F_OP] != OP_ATT
+            if u[F_OP] != OP_ATT:
+                assert (u[F_WAIT] != NO_WAIT) == first, (p, u)
+            seen.add(phase)
+        for u in lst:                                      # counts: every unit counted once
+            assert u[F_COUNT] >= 0
+        runs = {}
+        for u in lst:
+            if u[F_OP] != OP_ATT:
+                runs[u[F_SIGNAL]] = runs.get(u[F_SIGNAL], 0) + 1
+        for sig, n in runs.items():
+            assert sum(u[F_COUNT] for u in lst if u[F_OP] != OP_ATT and u[F_SIGNAL] == sig) == n
+        assert all(u[F_COUNT] == 1 for u in lst if u[F_OP] == OP_ATT)
+        heads = [u for u in lst if u[F_OP] == OP_HEAD]
+        if heads:
+            assert heads[-1][F_COUNT] == len(heads) and all(u[F_COUNT] == 0 for u in heads[:-1])
+            slots.append(heads[-1][F_C])
+    assert sorted(slots) == list(range(s.head_programs)) and s.head_programs == min(programs, s.n_head)
+    simulate(s)
+
+
+@pytest.mark.parametrize("policy", ["eager", "random"])
+def test_linearize_keeps_the_protocol(policy):
+    s = build_schedule(TINY, 2, 5, tiles=Tiles(splits=3))
+    one = linearize(s, policy, seed=4)
+    assert one.programs == 1 and one.starts == (0, len(s.units)) and sorted(one.units) == sorted(s.units)
+    assert simulate(one) == simulate(s)
+    if policy == "eager":                                  # later phases run as early as they may
+        assert one.units != s.units
+    with pytest.raises(ValueError, match="policy"):
+        linearize(s, "lifo")
 
 
 @pytest.mark.parametrize("g", [B1, B8], ids=["1b", "8b"])

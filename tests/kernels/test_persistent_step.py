@@ -2,7 +2,9 @@
 TRITON_INTERPRET=1: against a float32 torch reference of the decoder step written here (no
 graphrt kernel), for Llama (GQA, 2 layers), Qwen2 (qkv bias) and Qwen3 (q / k norm), bs 1
 and 3 with a padding row, float32 and bfloat16 weights, NHD and HND pages; the K/V it
-appends, its greedy tokens, the counters left at zero, and bad input refused."""
+appends, its greedy tokens, the counters left at zero, and bad input refused. The units in
+the orders a many-program grid may interleave them (schedule.linearize) give the same bits:
+the dependency counters are sufficient, not just deadlock-free."""
 from __future__ import annotations
 
 import pytest
@@ -11,6 +13,7 @@ import torch.nn.functional as F
 
 from graphrt.attention.kvcache import PagedKVCache
 from graphrt.kernels.persistent import Geometry, PersistentStep, Tiles, unsupported
+from graphrt.kernels.persistent.schedule import build_schedule, linearize
 from graphrt.model import LlamaDecoder
 
 transformers = pytest.importorskip("transformers")
@@ -100,10 +103,10 @@ def reference_step(model, caches, table, lens, tokens):
     return logits, new_kv
 
 
-def _run(model, caches, lens, tokens, tiles=Tiles(splits=2, min_keys=64), gemv="auto"):
+def _run(model, caches, lens, tokens, tiles=Tiles(splits=2, min_keys=64), gemv="auto", schedule=None):
     b = len(lens)
     step = PersistentStep(model.weights, caches, model.cos_sin, geometry=geometry(model), rows=b,
-                          eps=model.spec.rms_norm_eps, tiles=tiles, gemv=gemv)
+                          eps=model.spec.rms_norm_eps, tiles=tiles, gemv=gemv, schedule=schedule)
     table = torch.arange(PAGES, dtype=torch.int32)[torch.randperm(PAGES, generator=torch.Generator().manual_seed(2))]
     table = table[: 4 * b].view(b, 4).contiguous()
     out = torch.full((b,), -1, dtype=torch.int64)
@@ -172,6 +175,26 @@ def test_splits_agree():
     torch.testing.assert_close(got[2], got[0], rtol=1e-5, atol=1e-5)
 
 
+def test_interleavings_agree():
+    """One program running the units of a 5-program schedule in the order its programs could
+    interleave them on a GPU (later layers and phases as early as the counters allow; a random
+    interleaving): the schedule order's logits, tokens and appended K/V, bit for bit. A missing
+    dependency or a scratch buffer overwritten before its last read would change them."""
+    model = _model("llama", torch.bfloat16)
+    lens, tokens = torch.tensor([40, 21, 0], dtype=torch.int32), torch.tensor([4, 99, 7])
+    tiles = Tiles(splits=2, min_keys=16, block_kv=16)
+    five = build_schedule(geometry(model), 3, 5, tiles=tiles)
+    got = []
+    for schedule in (None, linearize(five, "eager"), linearize(five, "random", seed=1)):
+        caches = _caches(model)
+        step, _, out, err = _run(model, caches, lens, tokens, tiles, schedule=schedule)
+        assert int(err) == 0 and int(step.counters.abs().sum()) == 0
+        got.append((step.logits[:2].clone(), out[:2].clone(), [(c.k.clone(), c.v.clone()) for c in caches]))
+    for logits, out, kv in got[1:]:
+        assert torch.equal(logits, got[0][0]) and torch.equal(out, got[0][1])
+        assert all(torch.equal(k, k0) and torch.equal(v, v0) for (k, v), (k0, v0) in zip(kv, got[0][2]))
+
+
 def test_bad_input():
     model = _model()
     caches = _caches(model)
@@ -190,6 +213,13 @@ def test_bad_input():
         PersistentStep(model.weights, caches, model.cos_sin, geometry=g, rows=1, eps=1e-5, spin_limit=0)
     with pytest.raises(ValueError, match="prefetch"):
         PersistentStep(model.weights, caches, model.cos_sin, geometry=g, rows=1, eps=1e-5, prefetch=1)
+    with pytest.raises(ValueError, match="prefetch_bytes"):
+        PersistentStep(model.weights, caches, model.cos_sin, geometry=g, rows=1, eps=1e-5, prefetch_bytes=-1)
+    with pytest.raises(ValueError, match="timeline"):
+        PersistentStep(model.weights, caches, model.cos_sin, geometry=g, rows=1, eps=1e-5, timeline=True)
+    with pytest.raises(ValueError, match="schedule"):
+        PersistentStep(model.weights, caches, model.cos_sin, geometry=g, rows=1, eps=1e-5,
+                       schedule=build_schedule(g, 2, 1))
     step = PersistentStep(model.weights, caches, model.cos_sin, geometry=g, rows=2, eps=1e-5)
     ok = dict(tokens=torch.zeros(2, dtype=torch.int64), seq_lens=torch.ones(2, dtype=torch.int32),
               block_table=torch.zeros((2, 4), dtype=torch.int32), out=torch.zeros(2, dtype=torch.int64),

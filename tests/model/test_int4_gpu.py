@@ -1,6 +1,7 @@
-"""GPU tests of int4 weights (W4A16): the int4 GEMV (default and four other configs: tensor-core and
-FMA rows, split-K; act-order,
-asymmetric / symmetric, Llama-3.1-8B shapes) and the dequantize + cuBLAS path against float32 over
+"""GPU tests of int4 weights (W4A16): the int4 GEMV (its packed-register unpacking; the default and
+five other configs: 16 / 32 / 64 rows, 2 warps, split-K; one row, 16 rows and two M tiles;
+act-order, asymmetric / symmetric, group 128 / 32 / per channel, Llama-3.1-8B shapes; bf16, fp16
+and float32 activations; split-K partials) and the dequantize + cuBLAS path against float32 over
 the dequantized weight; then decode graphs over a small checkpoint written as GPTQ act-order
 (tests/_int4_checkpoints.py, group 32) and over an 8B-shaped 1-layer checkpoint with
 `quantization="int4"` (RTN g128): greedy tokens
@@ -17,7 +18,8 @@ import torch
 from _checkpoints import assert_greedy_matches_hf, write
 from _int4_checkpoints import write_int4
 from graphrt import LLM, SamplingParams
-from graphrt.kernels.gemv_int4 import CANDIDATES, Int4GemvConfig, default_config, gemv_int4
+from graphrt.kernels.gemv_int4 import CANDIDATES, Int4GemvConfig, default_config, gemv_int4, gemv_int4_partial
+from graphrt.kernels.splitk import SplitAcc
 from graphrt.model.linear import INT4_GEMV_MAX_M, int4_linear
 from graphrt.model.quant.int4 import Int4Weight, quantize_int4
 
@@ -49,10 +51,9 @@ def test_gemv_int4_8b_shapes_match_float32(name, group, sym, perm):
     for m in (1, 16, 33):
         x = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
         ref = x.float() @ wf.T
-        picks = (Int4GemvConfig(32, 128, 4, 4), Int4GemvConfig(16, 128, 4, 4, 2),     # wider tile, split-K,
-                 Int4GemvConfig(16, 128, 4, 4, 1, 1), Int4GemvConfig(16, 128, 4, 4, 2, 4))   # FMA rows 1 / 4
-        configs = [None] + [c for c in picks if c in CANDIDATES and w4.group_size % c.block_k == 0
-                            and k % (c.split_k * c.block_k) == 0]
+        picks = (Int4GemvConfig(16, 512, 4, 4), Int4GemvConfig(32, 1024, 8, 4), Int4GemvConfig(64, 256, 4, 4),
+                 Int4GemvConfig(16, 256, 2, 4), Int4GemvConfig(16, 1024, 8, 4, 2))
+        configs = [None] + [c for c in picks if c in CANDIDATES and c.fits(k, w4.group_size)]
         for c in configs:
             _close(gemv_int4(x, w4.qweight, w4.scale, w4.group_size, zero=w4.zero, perm=w4.perm, config=c), ref)
     x = torch.randn(INT4_GEMV_MAX_M + 36, k, device="cuda", generator=gen).bfloat16()   # dequantize + cuBLAS
@@ -62,19 +63,42 @@ def test_gemv_int4_8b_shapes_match_float32(name, group, sym, perm):
     print(f"{name} g{group} sym={sym} perm={perm}: default {default_config(n, k, w4.group_size).name}")
 
 
-def test_gemv_int4_captured_in_a_graph():
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_gemv_int4_other_activation_dtypes(dtype):
+    """fp16: the fp16 packed unpacking (magic 1024); float32: shifts and masks, IEEE dot."""
     w4 = quantize_int4(torch.randn(4096, 4096, device="cuda") * 0.02, 128)
-    x = torch.randn(2, 4096, device="cuda").bfloat16()
-    out = torch.empty(2, 4096, device="cuda", dtype=torch.bfloat16)
-    cfg = default_config(4096, 4096, 128)
-    assert cfg.split_k > 1                                       # the workspace path
-    gemv_int4(x, w4.qweight, w4.scale, 128, zero=w4.zero, config=cfg, out=out)
+    for sym in (False, True):
+        zero = None if sym else w4.zero
+        wf = Int4Weight(w4.qweight, w4.scale, 128, zero).dequantize()
+        for m in (1, 5):
+            x = torch.randn(m, 4096, device="cuda").to(dtype)
+            y = gemv_int4(x, w4.qweight, w4.scale, 128, zero=zero)
+            assert y.dtype == dtype
+            _close(y, x.float() @ wf.T)
+
+
+@pytest.mark.parametrize("m", [1, 16])
+def test_gemv_int4_captured_in_a_graph(m):
+    w4 = quantize_int4(torch.randn(4096, 4096, device="cuda") * 0.02, 128)
+    x = torch.randn(m, 4096, device="cuda").bfloat16()
+    out = torch.empty(m, 4096, device="cuda", dtype=torch.bfloat16)
+    acc = torch.empty(2 * m, 2 * 4096, device="cuda", dtype=torch.bfloat16)
+    cfgs = (default_config(4096, 4096, 128), Int4GemvConfig(16, 1024, 8, 4, 2))   # the workspace path
+
+    def step():
+        for c in cfgs:
+            gemv_int4(x, w4.qweight, w4.scale, 128, zero=w4.zero, config=c, out=out)
+        gemv_int4_partial(x, w4.qweight, w4.scale, 128, acc, zero=w4.zero, config=cfgs[1])
+    step()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        gemv_int4(x, w4.qweight, w4.scale, 128, zero=w4.zero, config=cfg, out=out)
+        step()
     x.copy_(torch.randn_like(x))
     g.replay()
-    _close(out, x.float() @ w4.dequantize().T)
+    ref = x.float() @ w4.dequantize().T
+    _close(out, ref)
+    got = SplitAcc(acc, 2, m).reference()                        # two partials, each rounded to bf16
+    assert float((got - ref).norm() / ref.norm()) < 1e-2
 
 
 def _prompts(n, gen, vocab):
@@ -112,7 +136,7 @@ def test_int4_greedy_equals_hf_over_dequantized_weights(request, tmp_path, kind)
     else:
         truth = write_int4(src, tmp_path / "q", "gptq", group_size=32, sym=False, act_order=True)
         hf.load_state_dict(truth, strict=False)
-        llm = LLM(tmp_path / "q", device="cuda", max_batch=8, steps_per_graph=4, max_model_len=1024)
+        llm = LLM(tmp_path / "q", device="cuda", max_batch=8, steps_per_graph=4, max_model_len=256)
     w = llm.checkpoint.weights["layers"][0]
     assert isinstance(w["gate_up"], Int4Weight) and (w["qkv"].perm is not None) == (kind != "quantize")
     hf = hf.cuda()

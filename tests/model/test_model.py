@@ -255,7 +255,7 @@ def test_chunked_prefill_through_prefill_attention_equals_hf(chunk):
         torch.testing.assert_close(got[r], ref, rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="prefill_chunk_tokens"):
         ModelRuntime(model, cfg, "cpu", prefill_chunk_tokens=0)
-    with pytest.raises(TypeError, match="keep_logits: expected a bool"):
+    with pytest.raises(ValueError, match="keep_logits: expected a bool"):
         ModelRuntime(model, cfg, "cpu", keep_logits="yes")
-    with pytest.raises(TypeError, match="sampling: expected a bool"):
+    with pytest.raises(ValueError, match="sampling: expected a bool"):
         ModelRuntime(model, cfg, "cpu", sampling=1)

@@ -1,5 +1,5 @@
 """The persistent decode step inside ModelRuntime (graphrt/model/persistent.py): the setting
-(argument, GRAPHRT_DECODE_BACKEND), where it applies, the pure decision, and whole greedy
+(argument; GRAPHRT_DECODE_BACKEND overrides it through RuntimeOptions), where it applies, the pure decision, and whole greedy
 decode blocks of a small random model (GQA, 2 layers) through ModelRuntime with
 decode_backend="persistent" against the kernel sequence ("sequence"): the same tokens and
 logits within float32 rounding (float32) or bf16 rounding (bf16), K = 2 steps a block.
@@ -11,7 +11,7 @@ import torch
 
 from graphrt import RuntimeConfig
 from graphrt.model import LlamaDecoder
-from graphrt.model.persistent import ENV, PersistentPlan, choose, resolve_setting, unsupported
+from graphrt.model.persistent import PersistentPlan, choose, resolve_setting, unsupported
 from graphrt.model.runtime import ModelRuntime
 
 transformers = pytest.importorskip("transformers")
@@ -33,17 +33,12 @@ def _config(dtype, buckets):
 
 
 def test_settings(monkeypatch):
-    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setenv("GRAPHRT_DECODE_BACKEND", "sequence")               # read by RuntimeOptions only
     assert resolve_setting("auto") == "auto" and resolve_setting("Persistent") == "persistent"
-    monkeypatch.setenv(ENV, "sequence")
-    assert resolve_setting("auto") == "sequence" and resolve_setting("persistent") == "persistent"
-    monkeypatch.setenv(ENV, "fast")
-    with pytest.raises(ValueError, match=ENV):
-        resolve_setting("auto")
     for bad in ("on", 1, None):
         with pytest.raises(ValueError, match="decode_backend"):
             resolve_setting(bad)
-    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.delenv("GRAPHRT_DECODE_BACKEND")
     with pytest.raises(ValueError, match="decode_backend"):
         ModelRuntime(LlamaDecoder.from_hf(_hf()), _config("float32", [1]), "cpu", decode_backend="fused")
 
@@ -54,7 +49,7 @@ def test_choose_keeps_the_sequence_on_a_tie():
 
 
 def test_plan_where_it_applies(monkeypatch):
-    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.delenv("GRAPHRT_DECODE_BACKEND", raising=False)
     model = LlamaDecoder.from_hf(_hf())
     mrt = ModelRuntime(model, _config("float32", [1, 3, 32]), "cpu")
     caches = mrt.kv_caches
@@ -91,7 +86,7 @@ def _decode(model, dtype, backend, steps=3, k=2):
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 def test_persistent_equals_sequence_float32(kind, monkeypatch):
-    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.delenv("GRAPHRT_DECODE_BACKEND", raising=False)
     model = LlamaDecoder.from_hf(_hf(kind))
     ref_tok, ref, seq = _decode(model, "float32", "sequence", steps=2)
     tok, got, mrt = _decode(model, "float32", "persistent", steps=2)
@@ -102,7 +97,7 @@ def test_persistent_equals_sequence_float32(kind, monkeypatch):
 
 
 def test_persistent_equals_sequence_bf16(monkeypatch):
-    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.delenv("GRAPHRT_DECODE_BACKEND", raising=False)
     model = LlamaDecoder.from_hf(_hf(), dtype=torch.bfloat16, kernels="triton")   # the Triton kernel sequence: same bf16 roundings
     ref_tok, ref, _ = _decode(model, "bfloat16", "sequence", steps=2)
     tok, got, _ = _decode(model, "bfloat16", "persistent", steps=2)

@@ -1,8 +1,8 @@
 """GPU tests of the persistent decode step inside ModelRuntime (graphrt/model/persistent.py):
 random bf16 weights at the Llama-3.2-1B shape (2 layers), buckets 1 / 4 / 16, captured graphs;
 decode_backend="persistent" against "sequence" on the same prompts, block after block with
-changing lengths (teacher-forced: both read the sequence's tokens): logits within bf16
-rounding, greedy tokens equal wherever the top-2 margin exceeds the logits' difference (the
+changing lengths (teacher-forced: both read the sequence's tokens): logits within a few bf16
+steps, greedy tokens equal wherever the top-2 margin exceeds the logits' difference (the
 margins printed), counters back at zero, no device flag; K = 4 steps a block runs; "auto"
 measures both and prints its timings.
 
@@ -26,8 +26,11 @@ def _model():
 
 
 def _runtime(model, backend, k, buckets=(1, 4, 16)):
+    # a capturable attention backend: with the default ("reference", eager only) capture() captures
+    # nothing and plans nothing (the persistent plan would be built at the first decode instead)
     cfg = RuntimeConfig(num_qo_heads=32, num_kv_heads=8, head_dim=64, page_size=16, max_context_len=2048,
-                        buckets=list(buckets), dtype="bfloat16", kv_pool_pages=16 * 2048 // 16 + 1)
+                        buckets=list(buckets), dtype="bfloat16", backend="flashinfer",
+                        kv_pool_pages=16 * 2048 // 16 + 1)
     mrt = ModelRuntime(model, cfg, "cuda", steps_per_graph=k, keep_logits=True, decode_backend=backend,
                        splitk=1)
     mrt.capture()
@@ -60,7 +63,9 @@ def test_persistent_matches_the_sequence(rows):
         checked += int(clear.sum())
         assert torch.equal(a[0][clear], b[0][clear]), f"block {block}: tokens differ at a clear margin"
         tok = a[0]
-    torch.testing.assert_close(lb, la, rtol=0, atol=0.05)
+    # logits here are ~N(0, 45^2) (a unit-variance tied embedding): a bf16 step there is 0.25-0.5,
+    # and the two paths sum the GEMVs in different orders
+    torch.testing.assert_close(lb, la, rtol=0.02, atol=0.25)
     per.check_device_errors()
     assert all(int(p.counters.abs().sum()) == 0 for p in per.persistent.table.values())
     print(f"rows {rows}: max |logit diff| {worst:.4f}, {checked} of {64 * rows} tokens at a clear margin, equal")

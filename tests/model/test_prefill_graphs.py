@@ -119,7 +119,7 @@ def test_padding_writes_no_kv_and_bad_pages_are_refused():
                                    hidden_out=torch.zeros((5, 256)))
     with pytest.raises(ValueError, match="prefill_graph_tokens"):
         _runtime(hf, prefill_graph_tokens=-1)
-    with pytest.raises(TypeError, match="graphed_prefill"):
+    with pytest.raises(ValueError, match="graphed_prefill"):
         _runtime(hf, graphed_prefill="yes")
 
 

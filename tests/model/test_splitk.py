@@ -1,9 +1,10 @@
 """Split-K of the o and down GEMMs (graphrt/model/splitk.py): the GEMM of split views read by
 add_rms_norm equals the unsplit GEMM's path (float32 within float32 rounding, bf16 and W8A8 FP8
-per-tensor / per-channel within their output rounding) for S = 2, 4 at M = 1, 3, 16; K that S
-cannot split is refused by split_matmul and falls back to S = 1 in a plan; the plan's settings
-(argument, GRAPHRT_SPLITK); a whole decode step of a small random model with S = 2 / 4 equals
-S = 1 within float32 rounding (float32 and FP8 weights). CPU, TRITON_INTERPRET=1."""
+per-tensor / per-channel within their output rounding) for S = 2, 4 at M = 1, 3, 16, and so do
+an int4 weight's split-K partials (the int4 GEMV's); K that S cannot split is refused by
+split_matmul and falls back to S = 1 in a plan; the plan's settings (argument; GRAPHRT_SPLITK
+overrides it through RuntimeOptions); a whole decode step of a small random model with S = 2 / 4
+equals S = 1 within float32 rounding (float32, FP8 and int4 weights). CPU, TRITON_INTERPRET=1."""
 from __future__ import annotations
 
 import pytest
@@ -14,10 +15,11 @@ from graphrt import RuntimeConfig
 from graphrt.kernels.fp8 import quantize_rows
 from graphrt.kernels.norm import add_rms_norm
 from graphrt.model import LlamaDecoder
-from graphrt.model.linear import fp8_matmul
+from graphrt.model.linear import fp8_matmul, int4_linear
 from graphrt.model.quant import quantize_fp8
+from graphrt.model.quant.int4 import Int4Weight, quantize_int4
 from graphrt.model.runtime import ModelRuntime
-from graphrt.model.splitk import (ENV, SplitKPlan, choose_splits, plan_splitk, resolve_setting, split_matmul,
+from graphrt.model.splitk import (SplitKPlan, choose_splits, plan_splitk, resolve_setting, split_matmul,
                                   splittable)
 
 EPS = 1e-5
@@ -77,11 +79,37 @@ def test_fp8_split_gemm_through_add_rms_norm_equals_unsplit(s, m, strategy, out_
     assert float(diff.max()) <= float(rows2.dequantize().abs().max()) / 8      # at most an e4m3 step
 
 
+@pytest.mark.parametrize("s", [2, 4])
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int4_split_gemm_through_add_rms_norm_equals_unsplit(s, m, dtype):
+    """The int4 GEMV's split-K partials (group 64, act-order) in the SplitAcc layout, in x's dtype."""
+    x, w, res, norm = _data(m, 96, 512, dtype, seed=20 + m)
+    w4 = quantize_int4(w.float(), 64)
+    w4 = Int4Weight(w4.qweight, w4.scale, 64, w4.zero, torch.randperm(512, generator=torch.Generator().manual_seed(m))
+                    .to(torch.int32))
+    acc = split_matmul(x, w4, s)
+    assert acc.acc.shape == (s * m, s * 96) and acc.shape == (m, 96) and acc.acc.dtype == dtype
+    exact = x.float() @ w4.dequantize().T
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(acc.reference(), exact, **tol)
+    (r1, o1), (r2, o2) = _both(acc, int4_linear(x, w4), res, norm)
+    torch.testing.assert_close(r1.float(), r2.float(), **tol)
+    torch.testing.assert_close(o1.float(), o2.float(), **tol)
+
+
 def test_unsplittable_k_is_refused_and_falls_back():
     x, w, _, _ = _data(2, 64, 96)                          # 96 / 2 = 48 ok, 96 / 4 = 24 not a multiple of 16
     assert splittable(w, 2) and not splittable(w, 4) and splittable(w, 1)
     assert not splittable(w, 5) and not splittable(w.t(), 2)                    # 96 % 5, non-contiguous
     assert not splittable(quantize_fp8(w, "block", block=(32, 32)), 2)
+    w4 = quantize_int4(w, 32)                              # group tiles of 32: 96 = 3 x 32 splits in 3 only
+    assert splittable(w4, 1) and not splittable(w4, 2) and not splittable(w4, 4)
+    assert splittable(quantize_int4(torch.randn(64, 128), 32), 4)
+    with pytest.raises(ValueError, match="split: S=2 .* int4"):
+        split_matmul(x, w4, 2)
+    with pytest.raises(ValueError, match="x: an int4 weight's split GEMM"):
+        split_matmul(quantize_rows(torch.randn(2, 128)), quantize_int4(torch.randn(64, 128), 32), 2)
     with pytest.raises(ValueError, match="split: S=4"):
         split_matmul(x, w, 4)
     with pytest.raises(ValueError, match="x: expected a contiguous"):
@@ -93,13 +121,8 @@ def test_unsplittable_k_is_refused_and_falls_back():
 
 
 def test_settings_and_environment(monkeypatch):
-    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setenv("GRAPHRT_SPLITK", "2")                               # read by RuntimeOptions only
     assert resolve_setting("auto") == "auto" and resolve_setting(2) == 2 and resolve_setting("4") == 4
-    monkeypatch.setenv(ENV, "2")
-    assert resolve_setting("auto") == 2 and resolve_setting(1) == 1          # the argument wins
-    monkeypatch.setenv(ENV, "3")
-    with pytest.raises(ValueError, match=ENV):
-        resolve_setting("auto")
     for bad in (3, True, "two", 8):
         with pytest.raises(ValueError, match="splitk"):
             resolve_setting(bad)
@@ -126,15 +149,13 @@ def _hf(inter=256):
 
 
 def test_plan(monkeypatch):
-    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setenv("GRAPHRT_SPLITK", "4")               # the plan reads its setting only
     model = LlamaDecoder.from_hf(_hf(inter=224))             # down K = 224: S = 2 (112), not 4 (56)
     assert plan_splitk(model, [1, 2, 128]) == SplitKPlan()  # CPU "auto": off
     assert plan_splitk(model, [1, 2, 128], 1).table == {}
     p2, p4 = plan_splitk(model, [1, 2, 128], 2), plan_splitk(model, [1, 64, 65], 4)
     assert p2.source == "fixed" and p2.table == {1: (2, 2), 2: (2, 2)}      # 128 > MAX_ROWS: S = 1
     assert p4.table == {1: (4, 1), 64: (4, 1)} and p4.get(65) == (1, 1)
-    monkeypatch.setenv(ENV, "4")
-    assert plan_splitk(model, [8]).table == {8: (4, 1)}
 
 
 def _logits(model, splitk, steps=3):
@@ -155,13 +176,16 @@ def _logits(model, splitk, steps=3):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("weights", ["float32", "channel", "tensor"])
+@pytest.mark.parametrize("weights", ["float32", "channel", "tensor", "int4"])
 def test_decode_step_split_equals_unsplit(weights, monkeypatch):
-    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.delenv("GRAPHRT_SPLITK", raising=False)
     from graphrt.model.fp8_weights import quantize_weights
+    from graphrt.model.int4_weights import quantize_weights_int4
     hf = _hf()
     model = LlamaDecoder.from_hf(hf, kernels="triton")      # add+RMSNorm's Triton kernel sums the partials
-    if weights != "float32":
+    if weights == "int4":                                    # unsplit: float32 over the dequantized weight
+        model = LlamaDecoder(model.spec, quantize_weights_int4(model.weights, group_size=32), kernels="triton")
+    elif weights != "float32":
         model = LlamaDecoder(model.spec, quantize_weights(model.weights, model.spec, weights))
     ref, plan1 = _logits(model, 1)
     assert plan1.table == {}

@@ -1,8 +1,8 @@
 """GPU tests of split-K for the o and down GEMMs (graphrt/model/splitk.py) at Llama-3.1-8B shapes
-(H200): the split GEMM (cuBLAS F.linear / cuBLASLt torch._scaled_mm over split views) read by
-add_rms_norm equals the unsplit path within bf16 rounding, eagerly and replayed from a CUDA graph
-with fresh inputs; the measured plan over a few random 8B layers (timings printed: pytest -s);
-a ModelRuntime decode graph with S = 2 against S = 1.
+(H200): the split GEMM (cuBLAS F.linear / cuBLASLt torch._scaled_mm over split views; the int4
+GEMV's split-K partials) read by add_rms_norm equals the unsplit path within bf16 rounding,
+eagerly and replayed from a CUDA graph with fresh inputs; the measured plan over a few random 8B
+layers (timings printed: pytest -s); a ModelRuntime decode graph with S = 2 against S = 1.
 
 Run on the GPU machine: python -m pytest -m gpu -q -s tests/model/test_splitk_gpu.py
 """
@@ -16,7 +16,9 @@ import torch
 from graphrt.kernels.fp8 import quantize_rows
 from graphrt.kernels.norm import add_rms_norm
 from graphrt.kernels.timing import capture
+from graphrt.model.linear import int4_linear
 from graphrt.model.quant import quantize_fp8
+from graphrt.model.quant.int4 import quantize_int4
 from graphrt.model.splitk import SPLITS, plan_splitk, split_matmul
 
 pytestmark = pytest.mark.gpu
@@ -30,6 +32,8 @@ def _rel(a, b) -> float:
 
 def _weight(kind, n, k, gen):
     w = torch.randn(n, k, generator=gen, device="cuda") * 0.02
+    if kind == "int4":
+        return quantize_int4(w, 128)
     return w.bfloat16() if kind == "bf16" else quantize_fp8(w, kind.split("-")[1])
 
 
@@ -38,6 +42,8 @@ def _path(kind, w, split, unit):
     def gemm(x):
         if kind == "bf16":
             return torch.nn.functional.linear(x, w) if split == 1 else split_matmul(x, w, split)
+        if kind == "int4":
+            return int4_linear(x, w) if split == 1 else split_matmul(x, w, split)
         xq = quantize_rows(x)
         if split == 1:
             from graphrt.model.linear import fp8_matmul
@@ -46,7 +52,7 @@ def _path(kind, w, split, unit):
     return gemm
 
 
-@pytest.mark.parametrize("kind", ["bf16", "fp8-tensor", "fp8-channel"])
+@pytest.mark.parametrize("kind", ["bf16", "fp8-tensor", "fp8-channel", "int4"])
 @pytest.mark.parametrize("name", list(SHAPES))
 @pytest.mark.parametrize("m", [1, 16])
 def test_split_gemm_and_add_rms_norm_in_a_graph(kind, name, m):
@@ -88,19 +94,22 @@ def _random_8b(layers, weights="bf16", vocab=4096):
                      num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0,
                      tie_word_embeddings=False, attention_bias=False, max_position_embeddings=4096)
     w = random_weights(spec, dtype=torch.bfloat16, device="cuda")
-    if weights != "bf16":
+    if weights == "int4":
+        from graphrt.model.int4_weights import quantize_weights_int4
+        w = quantize_weights_int4(w)
+    elif weights != "bf16":
         w = quantize_weights(w, spec, weights)
     return LlamaDecoder(spec, w)
 
 
-@pytest.mark.parametrize("weights", ["bf16", "channel"])
+@pytest.mark.parametrize("weights", ["bf16", "channel", "int4"])
 def test_measured_plan_on_8b_layers(weights, monkeypatch):
     """The measured choice over 8 random 8B layers: S in SPLITS, never slower than S = 1 by
     its own timings; the host time it took (scale by 32 / 8 for the whole model)."""
     monkeypatch.delenv("GRAPHRT_SPLITK", raising=False)
     model = _random_8b(8, weights)
     buckets = [1, 2, 4, 8, 16, 32, 64, 128]
-    plan_splitk(model, [1], "auto")                                 # first-use costs (compiles) apart
+    plan_splitk(model, [1, 2], "auto")                              # first-use costs (compiles) apart
     t0 = time.perf_counter()
     plan = plan_splitk(model, buckets, "auto")
     took = time.perf_counter() - t0
@@ -114,7 +123,7 @@ def test_measured_plan_on_8b_layers(weights, monkeypatch):
     assert took < 2.0
 
 
-@pytest.mark.parametrize("weights", ["bf16", "channel"])
+@pytest.mark.parametrize("weights", ["bf16", "channel", "int4"])
 def test_decode_graph_split_equals_unsplit(weights, monkeypatch):
     """Greedy-free check: the float logits of decode graphs with S = 2 and the measured plan
     against S = 1, over both buckets, from the same prefill and fed tokens."""
@@ -144,6 +153,6 @@ def test_decode_graph_split_equals_unsplit(weights, monkeypatch):
                 steps.append(mrt.last_logits(n).clone())
         out[splitk] = steps
         del mrt
-    tol = 3e-2 if weights == "bf16" else 1e-1    # W8A8: per-row e4m3 rounding amplifies bf16 noise
+    tol = 3e-2 if weights in ("bf16", "int4") else 1e-1    # W8A8: per-row e4m3 rounding amplifies bf16 noise
     for a, b, c in zip(out[2], out[1], out["auto"]):
         assert _rel(a, b) < tol and _rel(c, b) < tol, (_rel(a, b), _rel(c, b))

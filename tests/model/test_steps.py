@@ -94,9 +94,11 @@ def test_capture_measures_then_fixes_k(monkeypatch, replay_us, k):
     assert mrt.graphs.log[:3] == [("capture", probe), ("time", probe), ("drop", probe)]
     kept = [key for what, key in mrt.graphs.log[3:] if what == "capture"]
     assert kept and kept[0].bucket == 2                                # largest first
-    # every graph runs K steps but, at K > 1, the processed one-step blocks (constrained rows)
-    one = [key for key in kept if key.steps != k]
-    assert all(key.steps == 1 and key.processed for key in one) and len(one) == (4 if k > 1 else 0)
+    # every decode graph runs K steps; per bucket a split step (constrained rows) adds its
+    # forward and its two processed draws (model/runtime.py)
+    assert all(key.steps == k for key in kept if key.phase == "decode")
+    split = sorted((key.phase, key.filtered) for key in kept if key.phase != "decode" and key.bucket == 2)
+    assert split == [("decode_draw", False), ("decode_draw", True), ("decode_forward", False)]
     assert mrt.k == k and mrt.steps.source == "measured" and mrt.steps.step_us == replay_us
     assert mrt.out_tokens.shape == (k, 2) and mrt.logprobs.token.shape[0] == k
     mrt.capture()                                                     # measured once

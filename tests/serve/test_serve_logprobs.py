@@ -1,7 +1,8 @@
 """Log-probabilities and logits processing over HTTP on CPU (`openai` client, live server): the
 request shapes lm-eval's OpenAI-completions loglikelihood sends (echo + logprobs, max_tokens 0 or
 1, prompt as text or token ids) return HF float32's prompt log-probabilities; chat logprobs
-streamed and not; penalties / logit_bias accepted and applied; bad values 400 naming the field."""
+streamed and not; a speculative server's prompt and generated log-probabilities; penalties /
+logit_bias accepted and applied; bad values 400 naming the field."""
 from __future__ import annotations
 
 import pytest
@@ -151,10 +152,11 @@ def test_n_and_several_prompts_with_echo_and_logprobs(llm, hf, client):
     assert len(best.choices) == 1 and best.choices[0].logprobs is None
 
 
-def test_loglikelihood_requests_on_a_speculative_server(ckpt, hf):
+def test_logprobs_on_a_speculative_server(ckpt, hf):
     """echo + logprobs with max_tokens 0 (lm-eval's loglikelihood) needs only the prompt's
-    log-probs, which a speculative engine computes from the prefill: served, equal to HF's;
-    log-probs of generated tokens under speculation stay a 400 naming `logprobs`."""
+    log-probs, from the prefill; generated tokens' log-probs (completions `logprobs`, chat
+    `logprobs` / `top_logprobs`, streamed and not) come from the verify's logits: each equal to
+    HF float32's log-softmax over the whole sequence, top alternatives included."""
     spec = LLM(ckpt, device="cpu", max_batch=2, steps_per_graph=2, max_model_len=96,
                speculative={"method": "ngram", "num_tokens": 2})
     with LiveServer(create_app(spec, ServeConfig(served_model_name=NAME, max_waiting=4))) as srv:
@@ -165,7 +167,32 @@ def test_loglikelihood_requests_on_a_speculative_server(ckpt, hf):
         lp = r.choices[0].logprobs
         assert lp.token_logprobs[0] is None and len(lp.token_logprobs) == len(ids)
         assert all(abs(lp.token_logprobs[i] - float(logp[i - 1, ids[i]])) < 1e-4 for i in range(1, len(ids)))
-        with pytest.raises(openai.BadRequestError) as e:
-            client.completions.create(model=NAME, prompt=ids, echo=True, logprobs=2, max_tokens=2)
-        assert e.value.body["param"] == "logprobs"
+        before = spec.engine.stats()["spec_accepted"]
+        prompt = ids * 3                                 # a repeated prompt: the n-gram proposer finds matches
+        r = client.completions.create(model=NAME, prompt=prompt, echo=True, logprobs=2, max_tokens=8, temperature=0,
+                                      extra_body={"ignore_eos": True, "return_token_ids": True})
+        out, lp = r.choices[0].token_ids, r.choices[0].logprobs
+        logp = _logp(hf, prompt + out)
+        assert len(out) == 8 and len(lp.token_logprobs) == len(prompt) + 8
+        for j, tok in enumerate(out):                    # the generated tokens' entries
+            row, at = logp[len(prompt) - 1 + j], len(prompt) + j
+            assert abs(lp.token_logprobs[at] - float(row[tok])) < 1e-4, j
+            assert abs(max(lp.top_logprobs[at].values()) - float(row.max())) < 1e-4, j   # keyed by text
+        msgs = [{"role": "user", "content": "the graph token the graph token the graph token"}]
+        args = dict(model=NAME, messages=msgs, max_tokens=6, temperature=0, logprobs=True, top_logprobs=2,
+                    extra_body={"ignore_eos": True, "return_token_ids": True})
+        r = client.chat.completions.create(**args)
+        content, out = r.choices[0].logprobs.content, r.choices[0].token_ids
+        chat = spec.tokenizer(spec.tokenizer.apply_chat_template(msgs, add_generation_prompt=True,
+                                                                 tokenize=False)).input_ids
+        logp = _logp(hf, chat + out)
+        assert len(content) == len(out) == 6
+        for j, (e, tok) in enumerate(zip(content, out)):
+            row = logp[len(chat) - 1 + j]
+            assert abs(e.logprob - float(row[tok])) < 1e-4 and e.token == spec.tokenizer.decode([tok]), j
+            assert [round(t.logprob, 4) for t in e.top_logprobs] == [round(float(v), 4) for v in torch.topk(row, 2).values]
+        chunks = list(client.chat.completions.create(stream=True, **args))
+        streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+        assert [(e.token, round(e.logprob, 4)) for e in streamed] == [(e.token, round(e.logprob, 4)) for e in content]
+        assert spec.engine.stats()["spec_accepted"] > before   # accepted positions among those checked
     assert spec.engine.error is None

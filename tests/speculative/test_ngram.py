@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graphrt.speculative.ngram import ngram_propose, ngram_propose_reference
+from graphrt.speculative.ngram import NgramIndex, ngram_propose, ngram_propose_reference
 
 
 def _run(rows: list[list[int]], width: int, k: int, min_n: int, max_n: int):
@@ -62,3 +62,21 @@ def test_bad_input():
         ngram_propose(buf, lens, out.int(), count, min_n=1, max_n=2)
     with pytest.raises(ValueError, match="min_n"):
         ngram_propose(buf, lens, out, count, min_n=3, max_n=2)
+
+
+@pytest.mark.parametrize("min_n,max_n", [(1, 3), (2, 4), (1, 1)])
+def test_host_index_follows_the_rule_as_its_list_grows(min_n, max_n):
+    """NgramIndex (the engine's host prediction of a slot's proposal) equals the rule after every
+    extension of a growing list, and refuses bad n-gram bounds."""
+    gen = torch.Generator().manual_seed(min_n * 7 + max_n)
+    for vocab in (2, 4, 30):
+        index, toks = NgramIndex(min_n, max_n), []
+        for _ in range(25):
+            new = torch.randint(0, vocab, (int(torch.randint(0, 6, (1,), generator=gen)),), generator=gen).tolist()
+            index.extend(new)
+            toks += new
+            for k in (1, 3, 6):
+                assert index.propose(k) == ngram_propose_reference(toks, k, min_n, max_n), (toks, k)
+        assert len(index) == len(toks)
+    with pytest.raises(ValueError, match="min_n, max_n"):
+        NgramIndex(3, 2)

@@ -1,6 +1,7 @@
 """Speculative rounds end to end on CPU (float32, tiny random Llama): greedy speculative output
 equals plain greedy decoding (ModelRuntime) token for token, max_tokens is exact, the verify
-forward matches decode-step logits, and bad input is refused."""
+forward matches decode-step logits, processed rounds record each emitted token's log-probs as
+HF's log-softmax gives them, and bad input is refused."""
 from __future__ import annotations
 
 import pytest
@@ -10,6 +11,7 @@ from _spec_helpers import PAGE, POOL, VOCAB, hf_greedy, page_table, runtime_conf
 from graphrt.attention.kvcache import PagedKVCache
 from graphrt.model import LlamaDecoder
 from graphrt.model.runtime import ModelRuntime
+from graphrt.model.slots import SlotState
 from graphrt.speculative import SpeculativeConfig, SpeculativeRunner
 
 transformers = pytest.importorskip("transformers")
@@ -51,7 +53,7 @@ def _speculative(hf, prompts, max_tokens, table, k, rounds, cycle=None):
     got, rounds_run = [[int(t)] for t in first], [0, 0, 0]
     for b in range(40):
         kb = k if cycle is None else cycle[b % len(cycle)]
-        out, emitted, proposed = runner.run(3, k=kb)
+        out, emitted, proposed, _ = runner.run(3, k=kb)
         assert out.shape[-1] == kb + 1
         if int(emitted.sum()) == 0:
             break
@@ -134,6 +136,19 @@ def test_bad_input(hf):
     with pytest.raises(ValueError, match="ks:"):
         SpeculativeRunner(model, caches, SpeculativeConfig(num_tokens=4), buckets=(1,), max_len=64,
                           page_size=PAGE, ks=(2, 5))
+    for kw, field in ((dict(logprobs_width=-1), "logprobs_width"), (dict(logprobs_width=4), "logprobs_width"),
+                      (dict(logprobs_mode="softmax"), "logprobs_mode")):   # width 4: slots without processing
+        with pytest.raises(ValueError, match=field):
+            SpeculativeRunner(model, caches, SpeculativeConfig(num_tokens=4), buckets=(1,), max_len=64,
+                              page_size=PAGE, **kw)
+    # one-round blocks: only with grammar-checked proposals (token masks of 1 + num_tokens positions)
+    assert not runner.grammar
+    with pytest.raises(ValueError, match=r"^rounds: 1 \(R\), or 1 for a processed block"):
+        runner.run(1, rounds=2)
+    from graphrt.model.token_mask import TokenMask
+    with pytest.raises(ValueError, match=r"^mask: 4 positions a slot, a round verifies up to 5"):
+        SpeculativeRunner(model, caches, SpeculativeConfig(num_tokens=4), buckets=(1,), max_len=64,
+                          page_size=PAGE, mask=TokenMask.allocate(1, VOCAB, "cpu", positions=4))
 
 
 def test_seeded_sampling_is_batch_invariant_and_clear_slot_stops(hf):
@@ -153,7 +168,7 @@ def test_seeded_sampling_is_batch_invariant_and_clear_slot_stops(hf):
                             temperature=0.8, seed=1234 + i, step=1)
         got = [[] for _ in slots]
         for blk in range(6):
-            out, emitted, _ = runner.run(len(slots))
+            out, emitted, _, _ = runner.run(len(slots))
             if int(emitted.sum()) == 0:
                 break
             for r in range(2):
@@ -185,8 +200,57 @@ def test_top_k_needs_a_filtered_runner(hf):
         filt.set_slot(0, [1, 2], limit=10, block_table=row, temperature=1.0, top_p=0.0)
     model.prefill([torch.tensor([3, 4, 3, 4])], caches, row[None])   # K/V of all but the last
     filt.set_slot(0, [3, 4, 3, 4, 3], limit=9, block_table=row, temperature=1.0, top_k=1, seed=3)
-    out, emitted, _ = filt.run(1)                     # top_k = 1: sampling == greedy
+    out, emitted, _, _ = filt.run(1)                     # top_k = 1: sampling == greedy
     seq = [3, 4, 3, 4, 3] + out[0, 0, : int(emitted[0, 0])].tolist()
     with torch.no_grad():
         for i in range(5, len(seq)):
             assert seq[i] == int(hf(torch.tensor([seq[:i]])).logits[0, -1].argmax())
+
+
+@pytest.mark.parametrize("mode", ["raw", "processed"])
+def test_processed_rounds_record_each_emitted_tokens_logprobs(hf, mode):
+    """A processed block records, for every emitted token (accepted proposals and the bonus /
+    fallback token alike), its log-probability, rank and top N at its verified position: equal to
+    HF's log-softmax over the full recomputation (raw: of the logits; processed: of the logits /
+    temperature, what the sampler draws from), greedy and seeded-sampled slots side by side."""
+    prompts, table, width, temps = sample_prompts()[:2], page_table(), 4, (0.0, 0.8)
+    model = LlamaDecoder.from_hf(hf)
+    caches = [PagedKVCache.allocate(runtime_config(), POOL, "cpu", seed=5 + i) for i in range(2)]
+    first = model.prefill(prompts, caches, table[:2]).argmax(-1)
+    slots = SlotState.allocate(4, 8, "cpu", history_width=128, vocab=VOCAB)
+    runner = SpeculativeRunner(model, caches, SpeculativeConfig(num_tokens=2, ngram_min=1, ngram_max=3),
+                               buckets=(1, 2, 4), max_len=128, page_size=PAGE, max_pages=8, rounds=2, slots=slots,
+                               logprobs_width=width, logprobs_mode=mode)
+    for i, p in enumerate(prompts):
+        runner.set_slot(i, p.tolist(), append=first[i:i + 1], limit=len(p) + 11, block_table=table[i],
+                        temperature=temps[i], seed=40 + i, step=1)
+    got = [[] for _ in prompts]                             # (token, logprob, rank, ids, vals)
+    accepted = 0
+    for _ in range(8):
+        out, emitted, proposed, lp = runner.run(2, k=2, processed=True)
+        assert lp is not None and lp[0].shape == (2, 2, 3) and lp[2].shape == (2, 2, 3, width)
+        if int(emitted.sum()) == 0:
+            break
+        accepted += int((emitted - 1).clamp_min(0).sum())
+        for r in range(2):
+            for i in range(2):
+                for j in range(int(emitted[r, i])):
+                    got[i].append((int(out[r, i, j]), float(lp[0][r, i, j]), int(lp[1][r, i, j]),
+                                   lp[2][r, i, j].tolist(), lp[3][r, i, j].clone()))
+    assert accepted > 0                                     # accepted positions are among those checked
+    plain = runner.run(2, k=2)                              # an unprocessed block records none
+    assert plain.logprobs is None
+    for i, p in enumerate(prompts):
+        assert len(got[i]) == 10
+        seq = p.tolist() + [int(first[i])] + [t for t, *_ in got[i]]
+        with torch.no_grad():
+            logits = hf(torch.tensor([seq])).logits[0].float()
+        t_eff = temps[i] if mode == "processed" and temps[i] > 0 else 1.0
+        ref = torch.log_softmax(logits / t_eff, -1)
+        for n, (tok, lp_tok, rank, ids, vals) in enumerate(got[i]):
+            row = ref[len(p) + n]                           # predicts token n + 1 of the output
+            assert abs(lp_tok - float(row[tok])) < 1e-4, (i, n)
+            assert rank == 1 + int((row > row[tok] + 1e-5).sum()), (i, n)
+            top = torch.topk(row, width)
+            assert ids == top.indices.tolist(), (i, n)
+            torch.testing.assert_close(vals, top.values, atol=1e-4, rtol=0)

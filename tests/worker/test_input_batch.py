@@ -1,15 +1,16 @@
 """worker/input_batch.py: the runtime's slot state (model/slots.py) equals a dense reference
 after random admissions, growths, deactivations, history writes and device advances; only what
-changed is staged."""
+changed is staged; the slot changes a launch carries (worker/changes.py), recorded, stage the same."""
 from __future__ import annotations
 
 import random
 
 import numpy as np
+import pytest
 import torch
 
 from graphrt.worker.input_batch import InputBatch
-from graphrt.model.slots import SlotState
+from graphrt.model.slots import SlotState, SlotUpdate
 
 
 def test_device_rows_follow_random_updates():
@@ -90,3 +91,46 @@ def test_flush_without_changes_does_nothing_and_pages_past_the_row_are_refused()
         assert "max_pages_per_seq=3" in str(e)
     else:
         raise AssertionError("expected a ValueError")
+
+
+def test_recorded_slot_changes_stage_what_the_calls_stage():
+    """record(changes) (worker/changes.py: what a launch carries) leaves the slots as the
+    InputBatch calls it stands for; a processing-row reset goes out as its own update first."""
+    from graphrt.model.processing import ProcessRows
+    from graphrt.worker.changes import Activate, Deactivate, SetHistory, SetPages, SetProcessing, SetToken
+    b, w, v = 4, 5, 30
+    rows = ProcessRows.build([{"params": [0.5, 0.0, 1.0, 0.0], "rules": [(2, 1.0, 10)], "prompt": [1],
+                               "output": [9, 9]}], v)
+    via_calls, via_changes = InputBatch(max_batch=b, max_pages_per_seq=w, history_width=8), \
+        InputBatch(max_batch=b, max_pages_per_seq=w, history_width=8)
+    states = [SlotState.allocate(b, w, torch.device("cpu"), history_width=8, vocab=v) for _ in range(2)]
+    for st in states:
+        st.proc.counts[2, 4] = 5
+    via_calls.set_pages(1, 0, [7, 8])
+    via_calls.set_pages(1, 2, [9])
+    via_calls.set_pages(3, 0, [4])
+    via_calls.activate(1, seq_len=6, step=2, temperature=0.7, top_k=3, top_p=0.9, seed=11, limit=20, spec_k=2)
+    via_calls.activate(3, seq_len=2, step=0, temperature=0.0, top_k=0, top_p=1.0, seed=5)
+    via_calls.set_history(1, [1, 2, 3, 4, 5])
+    via_calls.set_token(2, 17)
+    via_calls.deactivate(3)
+    via_calls.clear_pages(3)
+    via_calls.flush(states[0].apply)
+    states[0].apply(SlotUpdate.processing_rows([2], rows))
+    updates = []
+    via_changes.record((SetPages(1, 0, (7, 8)), SetPages(1, 2, (9,)), SetPages(3, 0, (4,)),
+                        Activate(1, 6, 2, 0.7, 3, 0.9, 11, 20, 2), Activate(3, 2, 0, 0.0, 0, 1.0, 5),
+                        SetHistory(1, [1, 2, 3, 4, 5]), SetToken(2, 17), Deactivate(3, free=True),
+                        SetProcessing(2, rows)))
+    assert via_changes.dirty
+    via_changes.flush(lambda u: (updates.append(u), states[1].apply(u)))
+    assert len(updates) == 2 and updates[0].proc_slots == (2,)   # the processing reset first
+    assert not via_changes.dirty
+    a, c = states
+    for name in ("block_table", "ints", "floats", "seed", "tokens", "history"):
+        assert torch.equal(getattr(a, name), getattr(c, name)), name
+    assert torch.equal(a.proc.counts, c.proc.counts) and int(c.proc.counts[2, 4]) == 0 and int(c.proc.counts[2, 9]) == 2
+    assert np.array_equal(via_calls.block_table_host, via_changes.block_table_host)
+    assert via_changes.block_table_host[3].tolist() == [-1] * w         # freed: the mirror's row cleared
+    with pytest.raises(ValueError, match=r"^changes: tuple is not a slot change"):
+        via_changes.record([(1, 0, [2])])

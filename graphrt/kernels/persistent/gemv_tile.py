@@ -1,22 +1,33 @@
 """The GEMV tile of the persistent step: [BM, BN] = x[BM, K] @ w[BN, K]^T in float32.
 
-    w = first_chunk(w_rows, n_ok, K, BK)          # issued before the unit waits for x
+    wa = weight_chunk(w_rows, n_ok, 0, K, BK)          # the first DEPTH = 3 chunks: issued
+    wb = weight_chunk(w_rows, n_ok, BK, K, BK)         # before the unit waits for x, so its
+    wc = weight_chunk(w_rows, n_ok, 2 * BK, K, BK)     # weight stream starts at once
     ... wait ...
-    acc = gemv_acc(x_rows, m_ok, inv, g_ptr, w_rows, n_ok, w, K, BK, NORM, DOT_F32, PREC)
+    acc = gemv(x_ptr, x_off, XA, m_ok, inv, g_ptr, w_rows, n_ok, wa, wb, wc, K, BM, BN, BK, NORM, FMA, ...)
 
-w_rows: [BN, 1] pointers to BN weight rows (row-major, K contiguous); x_rows: [BM, 1]
-pointers to the activation rows (rows m_ok live). FMA = 0: one tl.dot per chunk (BM = 16 rows,
-the tensor cores' smallest tile); FMA = n (1..4): rows 0 .. n - 1 by multiply-add and a
-reduction over K, the form for 1-4 live rows. The K loop keeps one weight chunk in flight
-ahead of the one it multiplies (register double buffering); the first chunk is loaded by the
-caller before it waits, so a unit's weight stream starts before its inputs are ready.
-NORM: x is the residual stream, normalised as it is loaded: round(x * inv * g) in x's dtype
+w_rows: [BN, 1] pointers to BN weight rows (row-major, K contiguous); the activation rows start
+at x_ptr + x_off (x_off [BM] int64 element offsets, each a multiple of XA, a power of 2 the
+vectorised loads may assume; rows m_ok live). The K loop keeps DEPTH weight chunks in
+flight ahead of the one it multiplies (loaded into registers, three iterations early) and the
+activation chunk one iteration early, so neither the HBM nor the L2 latency sits between two
+chunks. Chunks: [BN, BK] with BN * BK the same element count for every tile (one register budget).
+
+FMA = n (1..4 live rows): multiply-add into a [BN, BK] float32 accumulator per row, reduced over
+K once at the end (no shuffle or barrier inside the loop); the activation chunk is loaded in the
+weight chunk's own layout (a [BN, BK] broadcast: each warp reads the same L1 lines, no layout
+conversion). FMA = 0: one tl.dot per chunk over 16 rows (the tensor cores' smallest tile).
+NORM: x is the residual stream, normalised as it is used: round(x * inv * g) in x's dtype
 (inv [BM] the rows' rsqrt(mean(x^2) + eps), g the RMSNorm weight), as `rms_norm` writes it.
 
-Weight formats: `dequant` turns a loaded chunk into the dot's input dtype. Model-dtype weights
-(bf16 / fp16 / float32) are the format implemented; an FP8 (per-channel scale: the scale
+Activations written by other programs of the same launch are read with plain (L1) loads: every
+consumer reaches them through an acquire (sync.wait_for), which invalidates the SM's L1 (PTX
+memory model; sm_70+ emits CCTL.IVALL), so no line cached before the producer's release is hit.
+
+Weight formats: `dequant` turns a loaded chunk into float32 / the dot's input dtype. Model-dtype
+weights (bf16 / fp16 / float32) are the format implemented; an FP8 (per-channel scale: the scale
 multiplies the finished tile) or int4 (packed nibbles + group scales) variant replaces
-`first_chunk` / `dequant` and the byte count of the schedule's prefetch, not the loop.
+`weight_chunk` / `dequant` and the byte count of the schedule's prefetch, not the loop.
 
 Also `first_max_rows`: torch.argmax's rule (first NaN, else the maximum, lowest id among ties;
 kernels/argmax.py's `first_max`) along axis 1 of a [R, C] tile, one answer per row.
@@ -28,9 +39,10 @@ import triton.language as tl
 
 
 @triton.jit
-def first_chunk(w_rows, n_ok, K: tl.constexpr, BK: tl.constexpr):
-    rk = tl.arange(0, BK)
-    return tl.load(w_rows + rk[None, :], mask=n_ok[:, None] & (rk < K)[None, :], other=0.0,
+def weight_chunk(w_rows, n_ok, k0, K: tl.constexpr, BK: tl.constexpr):
+    """[BN, BK] weight columns k0 .. k0 + BK of the tile's rows (0 past K or past the last row)."""
+    kk = k0 + tl.arange(0, BK)
+    return tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & (kk < K)[None, :], other=0.0,
                    eviction_policy="evict_first")
 
 
@@ -41,37 +53,142 @@ def dequant(w, x):
 
 
 @triton.jit
-def gemv_acc(x_rows, m_ok, inv, g_ptr, w_rows, n_ok, w_first, K: tl.constexpr, BM: tl.constexpr,
-             BN: tl.constexpr, BK: tl.constexpr, NORM: tl.constexpr, DOT_F32: tl.constexpr,
-             PREC: tl.constexpr, FMA: tl.constexpr):
-    rk = tl.arange(0, BK)
+def _bcast(ptr, rn, k0, K: tl.constexpr, BK: tl.constexpr):
+    """Columns k0 .. k0 + BK of one row at ptr, broadcast over BN rows: [BN, BK]."""
+    kk = k0 + tl.arange(0, BK)
+    return tl.load(ptr + rn[:, None] * 0 + kk[None, :], mask=(rn >= 0)[:, None] & (kk < K)[None, :], other=0.0)
+
+
+@triton.jit
+def _rows(rows, m_ok, k0, K: tl.constexpr, BK: tl.constexpr):
+    """Columns k0 .. k0 + BK of the BM rows whose [BM, 1] pointers are `rows`: [BM, BK]."""
+    kk = k0 + tl.arange(0, BK)
+    return tl.load(rows + kk[None, :], mask=m_ok[:, None] & (kk < K)[None, :], other=0.0)
+
+
+@triton.jit
+def _normed(x, inv, g, NORM: tl.constexpr):
+    """float32 x, or round(x * inv * g) in x's dtype as float32 (NORM)."""
+    if NORM:
+        return (x.to(tl.float32) * inv * g.to(tl.float32)).to(x.dtype).to(tl.float32)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _row_of(v, rm, m):
+    """Element m of a [BM] vector (a scalar)."""
+    return tl.sum(tl.where(rm == m, v, 0), axis=0)
+
+
+@triton.jit
+def _mult(o, XA: tl.constexpr):
+    """o, declared a multiple of XA (vectorised loads; o // XA * XA: the compiler's alignment
+    analysis keeps it, where tl.multiple_of on a reduced scalar is lost)."""
+    if XA > 1:
+        o = (o // XA) * XA
+    return o
+
+
+@triton.jit
+def gemv(x_ptr, x_off, XA: tl.constexpr, m_ok, inv, g_ptr, w_rows, n_ok, wa, wb, wc, K: tl.constexpr,
+         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NORM: tl.constexpr, FMA: tl.constexpr,
+         DOT_F32: tl.constexpr, PREC: tl.constexpr):
+    """[BM, BN] float32 = norm(x) @ w.T (see the module docstring); wa, wb, wc: chunks 0, 1, 2."""
     rm = tl.arange(0, BM)
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    w = w_first
-    for k0 in tl.range(0, K, BK, loop_unroll_factor=1):
-        kn = k0 + BK + rk                                            # the next chunk, in flight
-        w_next = tl.load(w_rows + kn[None, :], mask=n_ok[:, None] & (kn < K)[None, :], other=0.0,
-                         eviction_policy="evict_first")
-        k_ok = (k0 + rk) < K
-        x = tl.load(x_rows + (k0 + rk)[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0,
-                    cache_modifier=".cg")
+    rn = tl.arange(0, BN)
+    if FMA > 0:
+        p0 = x_ptr + _mult(_row_of(x_off, rm, 0), XA)
+        p1 = x_ptr + _mult(_row_of(x_off, rm, 1), XA)
+        p2 = x_ptr + _mult(_row_of(x_off, rm, 2), XA)
+        p3 = x_ptr + _mult(_row_of(x_off, rm, 3), XA)
+        inv0 = _row_of(inv, rm, 0)
+        inv1 = _row_of(inv, rm, 1)
+        inv2 = _row_of(inv, rm, 2)
+        inv3 = _row_of(inv, rm, 3)
+        acc0 = tl.zeros((BN, BK), tl.float32)
+        acc1 = tl.zeros((BN, BK), tl.float32)
+        acc2 = tl.zeros((BN, BK), tl.float32)
+        acc3 = tl.zeros((BN, BK), tl.float32)
+        x0 = _bcast(p0, rn, 0, K, BK)
+        x1 = x0
+        x2 = x0
+        x3 = x0
+        if FMA > 1:
+            x1 = _bcast(p1, rn, 0, K, BK)
+        if FMA > 2:
+            x2 = _bcast(p2, rn, 0, K, BK)
+        if FMA > 3:
+            x3 = _bcast(p3, rn, 0, K, BK)
+        g = x0
         if NORM:
-            g = tl.load(g_ptr + k0 + rk, mask=k_ok, other=0.0).to(tl.float32)
-            x = (x.to(tl.float32) * inv[:, None] * g[None, :]).to(x.dtype)
-        wq = dequant(w, x)
-        if FMA > 0:    # rows 0 .. FMA - 1 by multiply-add and a reduction over K (no tensor core:
-            wf = wq.to(tl.float32)                  # at 1-4 rows tl.dot's 16-row tile is idle work)
-            xf = x.to(tl.float32)
-            for m in tl.static_range(FMA):
-                xm = tl.sum(tl.where(rm[:, None] == m, xf, 0.0), axis=0)              # [BK] row m
-                part = tl.sum(wf * xm[None, :], axis=1)                               # [BN]
-                acc += tl.where(rm[:, None] == m, part[None, :], 0.0)
-        elif DOT_F32:  # the CPU interpreter's tl.dot multiplies bf16's raw storage (Triton 3.9)
-            acc += tl.dot(x.to(tl.float32), tl.trans(wq.to(tl.float32)), input_precision="ieee")
-        else:
-            acc += tl.dot(x, tl.trans(wq), input_precision=PREC, out_dtype=tl.float32)
-        w = w_next
-    return acc
+            g = _bcast(g_ptr, rn, 0, K, BK)
+        for k0 in tl.range(0, K, BK, loop_unroll_factor=1):
+            wd = weight_chunk(w_rows, n_ok, k0 + 3 * BK, K, BK)           # DEPTH chunks ahead
+            y0 = _bcast(p0, rn, k0 + BK, K, BK)                         # the next activations
+            y1 = y0
+            y2 = y0
+            y3 = y0
+            if FMA > 1:
+                y1 = _bcast(p1, rn, k0 + BK, K, BK)
+            if FMA > 2:
+                y2 = _bcast(p2, rn, k0 + BK, K, BK)
+            if FMA > 3:
+                y3 = _bcast(p3, rn, k0 + BK, K, BK)
+            h = g
+            if NORM:
+                h = _bcast(g_ptr, rn, k0 + BK, K, BK)
+            wf = wa.to(tl.float32)
+            acc0 += wf * _normed(x0, inv0, g, NORM)
+            if FMA > 1:
+                acc1 += wf * _normed(x1, inv1, g, NORM)
+            if FMA > 2:
+                acc2 += wf * _normed(x2, inv2, g, NORM)
+            if FMA > 3:
+                acc3 += wf * _normed(x3, inv3, g, NORM)
+            wa = wb
+            wb = wc
+            wc = wd
+            x0 = y0
+            x1 = y1
+            x2 = y2
+            x3 = y3
+            g = h
+        acc = tl.where(rm[:, None] == 0, tl.sum(acc0, axis=1)[None, :], 0.0)
+        if FMA > 1:
+            acc += tl.where(rm[:, None] == 1, tl.sum(acc1, axis=1)[None, :], 0.0)
+        if FMA > 2:
+            acc += tl.where(rm[:, None] == 2, tl.sum(acc2, axis=1)[None, :], 0.0)
+        if FMA > 3:
+            acc += tl.where(rm[:, None] == 3, tl.sum(acc3, axis=1)[None, :], 0.0)
+        return acc
+    else:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        rk = tl.arange(0, BK)
+        rows = x_ptr + _mult(x_off, XA)[:, None]
+        x = _rows(rows, m_ok, 0, K, BK)
+        g = rk
+        if NORM:
+            g = tl.load(g_ptr + rk, mask=rk < K, other=0.0)
+        for k0 in tl.range(0, K, BK, loop_unroll_factor=1):
+            wd = weight_chunk(w_rows, n_ok, k0 + 3 * BK, K, BK)           # DEPTH chunks ahead
+            y = _rows(rows, m_ok, k0 + BK, K, BK)                          # the next activations
+            h = g
+            if NORM:
+                h = tl.load(g_ptr + k0 + BK + rk, mask=k0 + BK + rk < K, other=0.0)
+                xn = (x.to(tl.float32) * inv[:, None] * g.to(tl.float32)[None, :]).to(x.dtype)
+            else:
+                xn = x
+            wq = dequant(wa, xn)
+            if DOT_F32:  # the CPU interpreter's tl.dot multiplies bf16's raw storage (Triton 3.9)
+                acc += tl.dot(xn.to(tl.float32), tl.trans(wq.to(tl.float32)), input_precision="ieee")
+            else:
+                acc += tl.dot(xn, tl.trans(wq), input_precision=PREC, out_dtype=tl.float32)
+            wa = wb
+            wb = wc
+            wc = wd
+            x = y
+            g = h
+        return acc
 
 
 @triton.jit
@@ -80,19 +197,20 @@ def row_ss(x_rows, m_ok, K: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
     rk = tl.arange(0, BK)
     ss = tl.zeros((BM,), dtype=tl.float32)
     for k0 in tl.range(0, K, BK, loop_unroll_factor=1):
-        x = tl.load(x_rows + (k0 + rk)[None, :], mask=m_ok[:, None] & ((k0 + rk) < K)[None, :], other=0.0,
-                    cache_modifier=".cg").to(tl.float32)
+        x = tl.load(x_rows + (k0 + rk)[None, :], mask=m_ok[:, None] & ((k0 + rk) < K)[None, :],
+                    other=0.0).to(tl.float32)
         ss += tl.sum(x * x, axis=1)
     return ss
 
 
 @triton.jit
-def inv_from_parts(ss_ptr, NT: tl.constexpr, NTP: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, eps):
-    """Rows' rsqrt(mean(x^2) + eps) from NT tiles' partial sums of squares ss[t, m] ([NT, BM])."""
+def inv_from_parts(ss_ptr, NT: tl.constexpr, NTP: tl.constexpr, BM: tl.constexpr, B: tl.constexpr,
+                   H: tl.constexpr, eps):
+    """Rows' rsqrt(mean(x^2) + eps) from NT tiles' partial sums of squares ss[t, m] ([NT, BM];
+    the B live rows read)."""
     t = tl.arange(0, NTP)
     m = tl.arange(0, BM)
-    parts = tl.load(ss_ptr + t[:, None] * BM + m[None, :], mask=(t < NT)[:, None], other=0.0,
-                    cache_modifier=".cg")
+    parts = tl.load(ss_ptr + t[:, None] * BM + m[None, :], mask=(t < NT)[:, None] & (m < B)[None, :], other=0.0)
     return tl.rsqrt(tl.sum(parts, axis=0) / H + eps)
 
 
@@ -110,4 +228,14 @@ def first_max_rows(v, ids, valid):
     return tl.where(any_nan, float("nan"), m), tok
 
 
-__all__ = ["first_chunk", "dequant", "gemv_acc", "row_ss", "inv_from_parts", "first_max_rows"]
+@triton.jit
+def better(v, i, bv, bi):
+    """Whether the candidates (v, i) beat (bv, bi) elementwise under torch.argmax's rule, in any
+    order: a NaN over a number, then the larger value, then (equal, or both NaN) the lower id."""
+    vn = v != v
+    bn = bv != bv
+    same = (vn & bn) | (~vn & ~bn & (v == bv))
+    return (vn & ~bn) | (~vn & ~bn & (v > bv)) | (same & (i < bi))
+
+
+__all__ = ["weight_chunk", "dequant", "gemv", "row_ss", "inv_from_parts", "first_max_rows", "better"]

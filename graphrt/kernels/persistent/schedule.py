@@ -20,24 +20,35 @@ Units of one decoder layer l, in this order (the kernel's ops, kernels/persisten
     O     a tile of o_bn rows of o: residual[:, tile] += round(product) in place (layer 0: the
           embedding rows + product), and each row's partial sum of squares of the new tile.
           Waits ATT[l] == rows * kv_heads; signals RES1[l].
-    GU    gate rows [n, n + gu_bn) and up rows [I + n, ...): RMSNorm prologue (the sums of
-          squares from the O tiles), silu(gate) * up into the MLP scratch. Waits RES1[l];
-          signals MLP[l].
+    GU    gate rows [n, n + gu_bn) and up rows [I + n, ...) (one GEMV of 2 gu_bn rows, gate and
+          up interleaved): RMSNorm prologue (the sums of squares from the O tiles), silu(gate) *
+          up into the MLP scratch. Waits RES1[l]; signals MLP[l].
     DOWN  a tile of down_bn rows of down: the residual add and sums of squares as O. Waits
           MLP[l]; signals RES2[l].
 
 then HEAD tiles of head_bn vocabulary rows: the final RMSNorm prologue, logits (model dtype) and
-each row's tile argmax; the last tile to arrive reduces them into the greedy tokens. HEAD waits
-RES2[L - 1].
+each row's argmax over the program's tiles; each program's last tile stores it and arrives, and
+the last to arrive reduces the programs' answers into the greedy tokens. HEAD waits RES2[L - 1].
 
 Every wait is on units earlier in the global order, and each program's list keeps that order,
 so with all programs resident the step cannot deadlock (the earliest unfinished unit always has
 its inputs); with one program the list is the global order and no wait ever spins. Units of a
 phase are dealt round-robin over the programs, continuing where the phase before stopped.
+Within a program, a wait an earlier unit already met is dropped, and a run of units signalling
+the same counter signals once, by the run's length (F_COUNT); a later phase never waits on a
+counter of its own phase, so the batching cannot deadlock. `simulate` runs the protocol on the
+host; `linearize` turns a many-program schedule into one program's list in an order a GPU could
+interleave it (tests run the kernel with it: the counters are sufficient, not just live).
+
+The split count S (the KV splits of each row's kv head) follows the program count by default
+(`default_splits`): schedules for different grids then reduce attention in different orders,
+and their logits differ in the last bits; with the same S every grid computes each value with
+the same operations in the same order (the GPU tests compare grids at a fixed S bit for bit).
 
 Counters (int32, global memory, all zero between launches: the last program to finish zeroes
 them): per layer QKV[l][0..Hkv), ATT[l], RES1[l], MLP[l], RES2[l]; then the split arrivals
-ARR[b * Hkv + g], the LM-head tiles' arrival, and DONE (programs finished).
+ARR[b * Hkv + g], the LM-head tiles' arrival (each program adds its head tiles once, after
+its last), and DONE (programs finished).
 """
 from __future__ import annotations
 
@@ -50,9 +61,10 @@ def _cdiv(a: int, b: int) -> int:
 
 OP_QKV, OP_ATT, OP_O, OP_GU, OP_DOWN, OP_HEAD = 1, 2, 3, 4, 5, 6
 OP_NAMES = {OP_QKV: "qkv", OP_ATT: "attention", OP_O: "o", OP_GU: "gate_up", OP_DOWN: "down", OP_HEAD: "lm_head"}
-# one unit row: what the kernel reads per unit (int64)
-F_OP, F_LAYER, F_A, F_B, F_C, F_WAIT, F_TARGET, F_SIGNAL, F_PF0, F_PB0, F_PF1, F_PB1 = range(12)
-FIELDS = 12
+# one unit row (int64; FIELDS = 16: 128 bytes): what the kernel reads per unit
+(F_OP, F_LAYER, F_A, F_B, F_C, F_WAIT, F_TARGET, F_SIGNAL, F_COUNT, F_W0, F_W1, F_WB,
+ F_P0, F_PB0, F_P1, F_PB1) = range(16)
+FIELDS = 16
 NO_WAIT = -1        # F_WAIT of a unit that waits for nothing (F_TARGET 0)
 MAX_ROWS = 16       # decode rows of one step (the GEMV tile's M)
 
@@ -91,8 +103,9 @@ class Geometry:
 @dataclass(frozen=True)
 class Tiles:
     """Output rows per GEMV unit of each weight (powers of 2, >= 16; qkv_bn divides head_dim),
-    block_k: the K columns of one weight load of a 16-row tile (a tile of n rows loads block_k *
-    16 / n columns: the same registers; block_k >= every tile's rows); splits: KV splits per (row, kv head) (0: chosen
+    block_k: the K columns of one weight chunk of a 16-row tile (a tile of n rows loads block_k *
+    16 / n columns: the same registers; a gate_up tile is 2 gu_bn rows, gate and up interleaved;
+    block_k >= every tile's rows); splits: KV splits per (row, kv head) (0: chosen
     by `build_schedule` to give about one attention unit per program); block_kv: keys per
     attention block; min_keys: keys per split at least (a multiple of block_kv)."""
     qkv_bn: int = 16
@@ -102,7 +115,7 @@ class Tiles:
     head_bn: int = 32
     block_k: int = 256
     splits: int = 0
-    block_kv: int = 32
+    block_kv: int = 64
     min_keys: int = 256
 
     def check(self, g: Geometry) -> None:
@@ -110,7 +123,7 @@ class Tiles:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 16 or v & (v - 1):
                 raise ValueError(f"tiles.{name}: expected a power of 2 >= 16, got {v!r}")
-        widest = max(self.qkv_bn, self.o_bn, self.gu_bn, self.down_bn, self.head_bn)
+        widest = max(self.qkv_bn, self.o_bn, 2 * self.gu_bn, self.down_bn, self.head_bn)
         if self.block_k < widest:
             raise ValueError(f"tiles.block_k: {self.block_k} below the widest tile's {widest} rows")
         if g.head_dim % self.qkv_bn:
@@ -164,9 +177,10 @@ class Counters:
 
 @dataclass(frozen=True)
 class Schedule:
-    """units: FIELDS-int rows (lists), grouped by program; starts: P + 1 offsets; counters: the
+    """units: FIELDS-int rows (tuples), grouped by program; starts: P + 1 offsets; counters: the
     layout; splits: S of the attention units; tile counts of each GEMV (n_qkv, n_o, n_gu,
-    n_down, n_head)."""
+    n_down, n_head); head_programs: the programs holding LM-head tiles (each one's last head
+    tile carries its answer slot 0 .. head_programs - 1 in F_C)."""
     geometry: Geometry
     tiles: Tiles
     rows: int
@@ -180,6 +194,7 @@ class Schedule:
     n_gu: int
     n_down: int
     n_head: int
+    head_programs: int
 
     def program_units(self, p: int) -> tuple:
         return self.units[self.starts[p]:self.starts[p + 1]]
@@ -204,10 +219,9 @@ def _group_of_row(g: Geometry, r: int) -> int:
 def build_schedule(g: Geometry, rows: int, programs: int, *, tiles: Tiles = Tiles(),
                    max_context_len: int = 4096, elem_bytes: int = 2) -> Schedule:
     """The step's units for `rows` decode rows (1..16) over `programs` programs (>= 1).
-    elem_bytes: bytes per weight element (the L2 prefetch sizes of F_PB0 / F_PB1);
-    max_context_len: bounds the default split count. F_PF0 / F_PF1 hold the weight tile's
-    first element as (weight field, element offset within that weight); the launcher adds the
-    weight's own offset (kernels/persistent/step.py)."""
+    elem_bytes: bytes per weight element (F_WB); max_context_len: bounds the default split
+    count. F_W0 / F_W1 hold the unit's weight tile as an element offset within its weight (the
+    launcher adds the weight's own offset and fills the prefetch fields F_P*, step.py)."""
     if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= MAX_ROWS:
         raise ValueError(f"rows: expected an int in [1, {MAX_ROWS}], got {rows!r}")
     if isinstance(programs, bool) or not isinstance(programs, int) or programs < 1:
@@ -222,28 +236,32 @@ def build_schedule(g: Geometry, rows: int, programs: int, *, tiles: Tiles = Tile
     per_group = (g.group + 2) * g.head_dim // tiles.qkv_bn          # qkv tiles of one KV group
     phases = []                                                      # lists of unit rows
 
-    def unit(op, layer, a=0, b=0, cc=0, wait=NO_WAIT, target=0, signal=NO_WAIT, pf=(), pb=()):
-        pf, pb = list(pf) + [0, 0], list(pb) + [0, 0]
-        return (op, layer, a, b, cc, wait, target, signal, pf[0], pb[0], pf[1], pb[1])
+    def unit(op, layer, a=0, b=0, cc=0, wait=NO_WAIT, target=0, signal=NO_WAIT, w=(), wb=0):
+        w = list(w) + [0, 0]
+        row = [0] * FIELDS
+        row[F_OP], row[F_LAYER], row[F_A], row[F_B], row[F_C] = op, layer, a, b, cc
+        row[F_WAIT], row[F_TARGET], row[F_SIGNAL], row[F_COUNT] = wait, target, signal, 1
+        row[F_W0], row[F_W1], row[F_WB] = w[0], w[1], wb
+        return row
 
     for l in range(L):
         w_prev = (c.res2(l - 1), n_down) if l else (NO_WAIT, 0)
         phases.append([unit(OP_QKV, l, n0, wait=w_prev[0], target=w_prev[1], signal=c.qkv(l, _group_of_row(g, n0)),
-                            pf=[n0 * H], pb=[min(tiles.qkv_bn, g.qkv_rows - n0) * H * elem_bytes])
+                            w=[n0 * H], wb=min(tiles.qkv_bn, g.qkv_rows - n0) * H * elem_bytes)
                        for n0 in range(0, g.qkv_rows, tiles.qkv_bn)])
         phases.append([unit(OP_ATT, l, b, kvh, sp, wait=c.qkv(l, kvh), target=per_group, signal=c.att(l))
                        for b in range(rows) for kvh in range(g.kv_heads) for sp in range(splits)])
         phases.append([unit(OP_O, l, n0, wait=c.att(l), target=rows * g.kv_heads, signal=c.res1(l),
-                            pf=[n0 * K_ATT], pb=[min(tiles.o_bn, H - n0) * K_ATT * elem_bytes])
+                            w=[n0 * K_ATT], wb=min(tiles.o_bn, H - n0) * K_ATT * elem_bytes)
                        for n0 in range(0, H, tiles.o_bn)])
         phases.append([unit(OP_GU, l, n0, wait=c.res1(l), target=n_o, signal=c.mlp(l),
-                            pf=[n0 * H, (I + n0) * H], pb=[min(tiles.gu_bn, I - n0) * H * elem_bytes] * 2)
+                            w=[n0 * H, (I + n0) * H], wb=min(tiles.gu_bn, I - n0) * H * elem_bytes)
                        for n0 in range(0, I, tiles.gu_bn)])
         phases.append([unit(OP_DOWN, l, n0, wait=c.mlp(l), target=n_gu, signal=c.res2(l),
-                            pf=[n0 * I], pb=[min(tiles.down_bn, H - n0) * I * elem_bytes])
+                            w=[n0 * I], wb=min(tiles.down_bn, H - n0) * I * elem_bytes)
                        for n0 in range(0, H, tiles.down_bn)])
     phases.append([unit(OP_HEAD, L, n0, n0 // tiles.head_bn, wait=c.res2(L - 1), target=n_down, signal=c.head,
-                        pf=[n0 * H], pb=[min(tiles.head_bn, g.vocab - n0) * H * elem_bytes])
+                        w=[n0 * H], wb=min(tiles.head_bn, g.vocab - n0) * H * elem_bytes)
                    for n0 in range(0, g.vocab, tiles.head_bn)])
     per_program = [[] for _ in range(programs)]
     nxt = 0
@@ -251,50 +269,129 @@ def build_schedule(g: Geometry, rows: int, programs: int, *, tiles: Tiles = Tile
         for u in phase:
             per_program[nxt].append(u)
             nxt = (nxt + 1) % programs
-    units, starts = [], [0]
+    units, starts, slots = [], [0], 0
     for lst in per_program:
-        units += lst
+        _elide_and_batch(lst)
+        heads = [u for u in lst if u[F_OP] == OP_HEAD]
+        if heads:
+            heads[-1][F_C] = slots
+            slots += 1
+        units += [tuple(u) for u in lst]
         starts.append(len(units))
     return Schedule(g, tiles, rows, programs, splits, tuple(units), tuple(starts), c,
-                    n_qkv, n_o, n_gu, n_down, n_head)
+                    n_qkv, n_o, n_gu, n_down, n_head, slots)
+
+
+def _elide_and_batch(lst: list) -> None:
+    """One program's unit rows, in place: a wait an earlier unit of the program already met
+    (the same counter, a target no higher) is dropped (F_WAIT NO_WAIT, F_TARGET 0: counters only
+    grow within a launch, and the earlier acquire already ordered this unit's reads); a run of
+    consecutive units signalling the same counter signals once, at its last unit, by the run's
+    length (F_COUNT; 0 on the others). Attention units keep their own arrival (count 1): the
+    last split of a row's kv head merges."""
+    met: dict[int, int] = {}
+    for u in lst:
+        if u[F_WAIT] == NO_WAIT:
+            continue
+        if met.get(u[F_WAIT], -1) >= u[F_TARGET]:
+            u[F_WAIT], u[F_TARGET] = NO_WAIT, 0
+        else:
+            met[u[F_WAIT]] = u[F_TARGET]
+    i = 0
+    while i < len(lst):
+        j = i
+        if lst[i][F_OP] != OP_ATT:
+            while j + 1 < len(lst) and lst[j + 1][F_OP] != OP_ATT and lst[j + 1][F_SIGNAL] == lst[i][F_SIGNAL]:
+                j += 1
+        for k in range(i, j):
+            lst[k][F_COUNT] = 0
+        lst[j][F_COUNT] = j - i + 1
+        i = j + 1
+
+
+def _step_protocol(s: Schedule, u, ctr: list, arrivals: dict) -> None:
+    """Apply unit row u's signal to the host counters (simulate / linearize)."""
+    if u[F_OP] == OP_ATT:
+        key = (u[F_LAYER], u[F_A], u[F_B])
+        arrivals[key] = arrivals.get(key, 0) + 1
+        if arrivals[key] == s.splits:
+            ctr[u[F_SIGNAL]] += 1
+    else:
+        ctr[u[F_SIGNAL]] += u[F_COUNT]
 
 
 def simulate(s: Schedule) -> list[int]:
     """Run the schedule's counter protocol on the host: programs take turns, each running its
     next unit when the unit's wait is met (an attention split signals only when it is the last
-    of its S to arrive; the LM-head tiles signal nothing). Returns the counters after the step
-    (before the in-kernel reset). RuntimeError if no program can move (a deadlock) or a wait
-    target is not met exactly by the end."""
+    of its S to arrive; other units add F_COUNT). Returns the counters after the step (before
+    the in-kernel reset). RuntimeError if no program can move (a deadlock) or a wait target is
+    not met exactly by the end."""
+    order = _run(s, lambda ready, units: ready[0])
     ctr = [0] * s.counters.count
-    pos = [s.starts[p] for p in range(s.programs)]
-    arrivals: dict[tuple, int] = {}
+    arrivals: dict = {}
     waits = []
-    while any(pos[p] < s.starts[p + 1] for p in range(s.programs)):
-        moved = False
-        for p in range(s.programs):
-            if pos[p] == s.starts[p + 1]:
-                continue
-            u = s.units[pos[p]]
-            if u[F_WAIT] != NO_WAIT and ctr[u[F_WAIT]] < u[F_TARGET]:
-                continue
-            if u[F_WAIT] != NO_WAIT:
-                waits.append((u[F_WAIT], u[F_TARGET]))
-            if u[F_OP] == OP_ATT:
-                key = (u[F_LAYER], u[F_A], u[F_B])
-                arrivals[key] = arrivals.get(key, 0) + 1
-                if arrivals[key] == s.splits:
-                    ctr[u[F_SIGNAL]] += 1
-            else:
-                ctr[u[F_SIGNAL]] += 1
-            pos[p] += 1
-            moved = True
-        if not moved:
-            raise RuntimeError(f"schedule deadlocks at units {pos}")
+    for i in order:
+        u = s.units[i]
+        if u[F_WAIT] != NO_WAIT:
+            waits.append((u[F_WAIT], u[F_TARGET]))
+        _step_protocol(s, u, ctr, arrivals)
     for idx, target in waits:
         if ctr[idx] != target:
             raise RuntimeError(f"counter {idx} ends at {ctr[idx]}, a unit waited for exactly {target}")
     return ctr
 
 
-__all__ = ["Geometry", "Tiles", "Counters", "Schedule", "build_schedule", "simulate", "default_splits",
-           "FIELDS", "NO_WAIT", "MAX_ROWS", "OP_QKV", "OP_ATT", "OP_O", "OP_GU", "OP_DOWN", "OP_HEAD", "OP_NAMES"]
+def _run(s: Schedule, pick) -> list[int]:
+    """The global unit indices in one execution order the protocol allows: each step runs the
+    next unit of the program `pick(ready, units)` chooses among those whose next unit's wait is
+    met (ready: program ids, ascending). RuntimeError on a deadlock."""
+    ctr = [0] * s.counters.count
+    pos = [s.starts[p] for p in range(s.programs)]
+    arrivals: dict = {}
+    order = []
+    while True:
+        live = [p for p in range(s.programs) if pos[p] < s.starts[p + 1]]
+        if not live:
+            return order
+        ready = [p for p in live if s.units[pos[p]][F_WAIT] == NO_WAIT
+                 or ctr[s.units[pos[p]][F_WAIT]] >= s.units[pos[p]][F_TARGET]]
+        if not ready:
+            raise RuntimeError(f"schedule deadlocks at units {pos}")
+        p = pick(ready, [s.units[pos[q]] for q in ready])
+        u = s.units[pos[p]]
+        _step_protocol(s, u, ctr, arrivals)
+        order.append(pos[p])
+        pos[p] += 1
+
+
+_PHASE = {OP_QKV: 0, OP_ATT: 1, OP_O: 2, OP_GU: 3, OP_DOWN: 4, OP_HEAD: 5}
+
+
+def linearize(s: Schedule, policy: str = "eager", seed: int = 0) -> Schedule:
+    """A one-program schedule running s's units (with s's waits and signal counts) in one order
+    s's programs could interleave them on a GPU: "eager" runs, at each step, the ready unit
+    latest in the global order (later layers and phases as early as the counters allow: a
+    missing dependency or a buffer reused too soon changes the result); "random" picks a ready
+    program at random (seeded). The kernel run with it on one program must give s's results
+    bit for bit (tests: the counters are sufficient)."""
+    if policy == "eager":
+        def pick(ready, units):
+            keys = [(u[F_LAYER], _PHASE[u[F_OP]]) for u in units]
+            return ready[max(range(len(ready)), key=lambda i: (keys[i], -i))]
+    elif policy == "random":
+        import random
+        rng = random.Random(seed)
+
+        def pick(ready, units):
+            return rng.choice(ready)
+    else:
+        raise ValueError(f"policy: expected 'eager' or 'random', got {policy!r}")
+    order = _run(s, pick)
+    units = tuple(s.units[i] for i in order)
+    return Schedule(s.geometry, s.tiles, s.rows, 1, s.splits, units, (0, len(units)), s.counters,
+                    s.n_qkv, s.n_o, s.n_gu, s.n_down, s.n_head, s.head_programs)
+
+
+__all__ = ["Geometry", "Tiles", "Counters", "Schedule", "build_schedule", "simulate", "linearize",
+           "default_splits", "FIELDS", "NO_WAIT", "MAX_ROWS", "OP_QKV", "OP_ATT", "OP_O", "OP_GU", "OP_DOWN",
+           "OP_HEAD", "OP_NAMES"]

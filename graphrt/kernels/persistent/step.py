@@ -14,46 +14,41 @@ device_error [>= 1] int32 (sticky: ERR_STALL when a wait hit the watchdog).
 
 The kernel (`_step_kernel`): grid = `programs` (the SM count on a GPU, launched cooperatively
 so the driver refuses a grid that cannot be co-resident instead of letting it hang;
-GRAPHRT_PERSISTENT_COOPERATIVE=0 launches it plainly); program p
+cooperative=False launches it plainly); program p
 walks its units of the static schedule (schedule.py) in order, dispatching on the op
 (units.py). Pointers to per-layer tensors are one model-dtype base pointer plus an int64
-element offset per (layer, field) read from a device table; unit rows also carry the next
-units' weight-tile offsets and sizes, which a GPU program prefetches into L2 `prefetch` units
-ahead (cp.async.bulk.prefetch; GRAPHRT_PERSISTENT_PREFETCH=N sets N, 0 = off). The last program
-to finish zeroes every counter for the next launch: no host reset, capturable in a CUDA graph.
+element offset per (layer, field) read from a device table (tables.py); each unit row also
+carries a later unit's weight tile, which a GPU program prefetches into L2 as the unit starts
+(`prefetch` units ahead, cp.async.bulk.prefetch; prefetch=0: off). A program reads the next
+unit's row while it runs the current one. The last program to finish zeroes every counter for
+the next launch: no host reset, capturable in a CUDA graph.
 
 With programs=1 (the CPU interpreter) the one program runs every unit in schedule order and
 no wait spins: tests compare it with a float32 reference and with the kernel sequence.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from graphrt.kernels.persistent.schedule import (FIELDS, MAX_ROWS, OP_ATT, OP_DOWN, OP_GU, OP_HEAD, OP_O, OP_QKV,
-                                                 F_LAYER, F_OP, F_PF0, F_PF1, F_PB0, F_PB1, Geometry, Schedule,
-                                                 Tiles, build_schedule)
-from graphrt.kernels.persistent.sync import SPIN_LIMIT, field, prefetch_l2
+from graphrt.kernels.persistent.schedule import FIELDS, MAX_ROWS, Geometry, Schedule, Tiles, build_schedule
+from graphrt.kernels.persistent.sync import SPIN_LIMIT, prefetch_l2, timer
+from graphrt.kernels.persistent.tables import NF, build_tables
 from graphrt.kernels.persistent.units import attention_unit, gate_up_unit, head_unit, qkv_unit, residual_unit
 
-# the device table of per-layer offsets: one row per layer, these columns
-W_QKV, W_BIAS, W_O, W_GU, W_DOWN, W_IN, W_POST, W_QN, W_KN, W_KC, W_VC = range(11)
-NF = 11
-PREFETCH_ENV = "GRAPHRT_PERSISTENT_PREFETCH"
-COOPERATIVE_ENV = "GRAPHRT_PERSISTENT_COOPERATIVE"
 FMA_MAX_ROWS = 4            # the multiply-add GEMV below this many rows (tl.dot's tile is 16)
-_OP_FIELD = {OP_QKV: W_QKV, OP_O: W_O, OP_GU: W_GU, OP_DOWN: W_DOWN}
+PREFETCH_BYTES = 128 << 10  # L2 prefetch of a later unit's tile: at most this many bytes of it
+TS = 4                      # timeline int64 per unit row: start, waited, end, program
 
 
 @triton.jit
 def _aligned(o, ALIGN: tl.constexpr):
     """An element offset known to be a multiple of ALIGN (16-byte aligned tensors and tiles:
-    vectorised weight loads)."""
+    vectorised weight loads; o // ALIGN * ALIGN: the alignment analysis keeps it, where
+    tl.multiple_of on a loaded or reduced scalar is lost)."""
     if ALIGN > 1:
-        o = tl.multiple_of(o, ALIGN)
+        o = (o // ALIGN) * ALIGN
     return o
 
 
@@ -63,11 +58,22 @@ def _woff(offs, k: tl.constexpr, ALIGN: tl.constexpr):
     return _aligned(tl.load(offs + k), ALIGN)
 
 
-@triton.jit(do_not_specialize=["SPIN"])
-def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, woffs_ptr, embed_ptr, fnorm_ptr, head_ptr,
+@triton.jit
+def _fields(units_ptr, u, ok):
+    """Unit row u's fields (schedule.F_*; 0 when not ok) as scalars."""
+    r = units_ptr + u * 16                                    # u: int64 (the starts table)
+    return (tl.load(r + 0, mask=ok, other=0), tl.load(r + 1, mask=ok, other=0), tl.load(r + 2, mask=ok, other=0),
+            tl.load(r + 3, mask=ok, other=0), tl.load(r + 4, mask=ok, other=0), tl.load(r + 5, mask=ok, other=0),
+            tl.load(r + 6, mask=ok, other=0), tl.load(r + 7, mask=ok, other=0), tl.load(r + 8, mask=ok, other=0),
+            tl.load(r + 9, mask=ok, other=0), tl.load(r + 10, mask=ok, other=0), tl.load(r + 12, mask=ok, other=0),
+            tl.load(r + 13, mask=ok, other=0), tl.load(r + 14, mask=ok, other=0), tl.load(r + 15, mask=ok, other=0))
+
+
+@triton.jit(do_not_specialize=["SPIN", "programs", "nunits", "nhs"])
+def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, woffs_ptr, embed_ptr, fnorm_ptr,
                  cs_ptr, tok_ptr, lens_ptr, bt_ptr, bt_stride, num_pages, out_ptr, logits_ptr, res_ptr,
-                 qkv_ptr, att_ptr, mlp_ptr, ss_o_ptr, ss_d_ptr, part_ptr, lse_ptr, amax_ptr, aidx_ptr,
-                 programs, eps, qk_scale,
+                 qkv_ptr, att_ptr, mlp_ptr, ss_o_ptr, ss_d_ptr, part_ptr, lse_ptr, amax_ptr, aidx_ptr, ts_ptr,
+                 programs, nunits, nhs, eps, qk_scale,
                  B: tl.constexpr, H: tl.constexpr, I: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
                  D: tl.constexpr, V: tl.constexpr, PAGE: tl.constexpr, S_PAGE: tl.constexpr,
                  S_SLOT: tl.constexpr, S_HEAD: tl.constexpr, S: tl.constexpr, MERGE_S: tl.constexpr,
@@ -77,108 +83,100 @@ def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, woffs_ptr, embe
                  MIN_KEYS: tl.constexpr, BMA: tl.constexpr, GP: tl.constexpr, RT: tl.constexpr,
                  ARR: tl.constexpr, HEAD_CTR: tl.constexpr, DONE: tl.constexpr, NCTR: tl.constexpr,
                  HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, PREFETCH: tl.constexpr,
-                 DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN, ALIGN: tl.constexpr,
-                 FMA: tl.constexpr, OPS: tl.constexpr):
+                 DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN, ALIGN: tl.constexpr, XA: tl.constexpr,
+                 FMA: tl.constexpr, TIMELINE: tl.constexpr):
     BM: tl.constexpr = 16
     QKVW: tl.constexpr = (HQ + 2 * HKV) * D
-    # K columns per weight chunk: BK for 16-row tiles, the same elements (registers) for wider ones
-    QKV_BK: tl.constexpr = BK * 16 // QKV_BN
-    O_BK: tl.constexpr = BK * 16 // O_BN
-    GU_BK: tl.constexpr = BK * 16 // GU_BN
-    DOWN_BK: tl.constexpr = BK * 16 // DOWN_BN
-    HEAD_BK: tl.constexpr = BK * 16 // HEAD_BN
+    # elements per weight chunk: BK columns of a 16-row tile (half that for 3-4 multiply-add rows:
+    # their accumulators hold the registers); wider tiles take fewer columns
+    CH: tl.constexpr = BK * 16 if FMA <= 2 else BK * 8
+    QKV_BK: tl.constexpr = CH // QKV_BN
+    O_BK: tl.constexpr = CH // O_BN
+    GU_BK: tl.constexpr = CH // (2 * GU_BN)
+    DOWN_BK: tl.constexpr = CH // DOWN_BN
+    HEAD_BK: tl.constexpr = CH // HEAD_BN
     pid = tl.program_id(0)
     lo = tl.load(starts_ptr + pid)
     hi = tl.load(starts_ptr + pid + 1)
-    f = tl.arange(0, 16)
-    fm = f < 12
+    if TIMELINE:
+        tl.store(ts_ptr + (nunits + pid) * 4, timer(pid))
     rm = tl.arange(0, BM)
     m_ok = rm < B
-    toks = tl.maximum(tl.load(tok_ptr + rm, mask=m_ok, other=0), 0)
-    emb_rows = embed_ptr + toks[:, None] * H                     # [BM, 1] the embedding rows
+    emb_off = tl.maximum(tl.load(tok_ptr + rm, mask=m_ok, other=0), 0) * H     # [BM] the embedding rows
+    emb_rows = embed_ptr + emb_off[:, None]
     res_rows = res_ptr + rm[:, None] * H                         # [BM, 1] the residual stream
-    if PREFETCH > 0:                                             # this program's first units
-        for u in range(lo, tl.minimum(lo + PREFETCH, hi)):
-            r = tl.load(units_ptr + u * 12 + f, mask=fm, other=0)
-            if field(r, f, 9) > 0:
-                prefetch_l2(w_ptr + field(r, f, 8), field(r, f, 9).to(tl.int32))
-            if field(r, f, 11) > 0:
-                prefetch_l2(w_ptr + field(r, f, 10), field(r, f, 11).to(tl.int32))
-    row = tl.load(units_ptr + lo * 12 + f, mask=fm & (f * 0 + lo < hi), other=0)
+    best_v = tl.full((BM,), float("-inf"), tl.float32)            # this program's LM-head argmax so far
+    best_i = tl.full((BM,), 2147483647, tl.int32)
+    op, layer, a, b, c, wt, tgt, sg, cnt, w0, w1, p0, pb0, p1, pb1 = _fields(units_ptr, lo, lo < hi)
     for u in range(lo, hi):
-        nxt = tl.load(units_ptr + (u + 1) * 12 + f, mask=fm & (f * 0 + u + 1 < hi), other=0)   # the next row, early
-        if PREFETCH > 0:
-            if u + PREFETCH < hi:
-                if PREFETCH == 1:
-                    r = nxt
-                else:
-                    r = tl.load(units_ptr + (u + PREFETCH) * 12 + f, mask=fm, other=0)
-                if field(r, f, 9) > 0:
-                    prefetch_l2(w_ptr + field(r, f, 8), field(r, f, 9).to(tl.int32))
-                if field(r, f, 11) > 0:
-                    prefetch_l2(w_ptr + field(r, f, 10), field(r, f, 11).to(tl.int32))
-        op = field(row, f, 0)
-        layer = field(row, f, 1)
-        a = field(row, f, 2).to(tl.int32)
-        ctr_w = ctr_ptr + tl.maximum(field(row, f, 5), 0)
-        target = field(row, f, 6).to(tl.int32)
-        ctr_s = ctr_ptr + tl.maximum(field(row, f, 7), 0)
+        nxt = _fields(units_ptr, u + 1, u + 1 < hi)               # the next row's fields, early
+        ts = ts_ptr + u * 4
+        if TIMELINE:
+            tl.store(ts, timer(pid))
+            tl.store(ts + 3, pid.to(tl.int64))
+        if PREFETCH > 0:                                         # a later unit's tile into L2
+            if pb0 > 0:
+                prefetch_l2(w_ptr + _aligned(p0, ALIGN), pb0.to(tl.int32))
+            if pb1 > 0:
+                prefetch_l2(w_ptr + _aligned(p1, ALIGN), pb1.to(tl.int32))
+        a = a.to(tl.int32)
+        ctr_w = ctr_ptr + tl.maximum(wt, 0)
+        target = tgt.to(tl.int32)
+        ctr_s = ctr_ptr + tl.maximum(sg, 0)
+        count = cnt.to(tl.int32)
         offs = woffs_ptr + layer * 11
-        wt0 = w_ptr + _aligned(field(row, f, 8), ALIGN)         # the unit's weight tile (gate for GU)
-        wt1 = w_ptr + _aligned(field(row, f, 10), ALIGN)        # GU: the up rows
-        if (OPS & 2) != 0:                                # QKV
-            if op == 1:
-                qkv_unit(layer, a, res_rows, m_ok, wt0, w_ptr + _woff(offs, 1, ALIGN),
-                         w_ptr + _woff(offs, 5, ALIGN), ss_d_ptr, emb_rows, qkv_ptr, ctr_w, target, ctr_s, err_ptr,
-                         eps, H, QKVW, NDOWN, NDP, BM, QKV_BN, QKV_BK, HAS_BIAS, DOT_F32, PREC, SPIN, FMA)
-        if (OPS & 4) != 0:                                # ATT
-            if op == 2:
-                b = a
-                kvh = field(row, f, 3).to(tl.int32)
-                sp = field(row, f, 4).to(tl.int32)
-                attention_unit(b, kvh, sp, qkv_ptr, att_ptr, cs_ptr, w_ptr + _woff(offs, 7, ALIGN),
-                               w_ptr + _woff(offs, 8, ALIGN), w_ptr + _woff(offs, 9, ALIGN), w_ptr + _woff(offs, 10, ALIGN),
-                               bt_ptr, bt_stride, lens_ptr, num_pages, part_ptr, lse_ptr, ctr_w, target,
-                               ctr_ptr + ARR + b * HKV + kvh, ctr_s, err_ptr, eps, qk_scale, HQ, HKV, D, PAGE,
-                               S_PAGE, S_SLOT, S_HEAD, S, MERGE_S, BMA, GP, BKV, MIN_KEYS, QK_NORM, DOT_F32,
-                               PREC, SPIN)
-        if (OPS & 8) != 0:                                # O: residual += attention @ o.T
-            if op == 3:
-                if layer == 0:
-                    src = emb_rows
-                else:
-                    src = res_rows
-                residual_unit(a, a // O_BN, att_ptr + rm[:, None] * (HQ * D), m_ok, wt0,
-                              HQ * D, src, res_ptr, ss_o_ptr, ctr_w, target, ctr_s, err_ptr, H, BM, O_BN, O_BK,
-                              DOT_F32, PREC, SPIN, FMA)
-        if (OPS & 16) != 0:                               # GU
-            if op == 4:
-                gate_up_unit(a, res_rows, m_ok, wt0, wt1, w_ptr + _woff(offs, 6, ALIGN), ss_o_ptr,
-                             mlp_ptr, ctr_w, target, ctr_s, err_ptr, eps, H, I, NO, NOP, BM, GU_BN, GU_BK, DOT_F32,
-                             PREC, SPIN, FMA)
-        if (OPS & 32) != 0:                               # DOWN: residual += mlp @ down.T
-            if op == 5:
-                residual_unit(a, a // DOWN_BN, mlp_ptr + rm[:, None] * I, m_ok, wt0, I,
-                              res_rows, res_ptr, ss_d_ptr, ctr_w, target, ctr_s, err_ptr, H, BM, DOWN_BN, DOWN_BK,
-                              DOT_F32, PREC, SPIN, FMA)
-        if (OPS & 64) != 0:                               # HEAD
-            if op == 6:
-                head_unit(a, a // HEAD_BN, res_rows, m_ok, wt0, fnorm_ptr, ss_d_ptr, logits_ptr, amax_ptr,
-                          aidx_ptr, out_ptr, ctr_w, target, ctr_ptr + HEAD_CTR, err_ptr, eps, B, H, V, NDOWN, NDP,
-                          NHEAD, BM, HEAD_BN, HEAD_BK, RT, DOT_F32, PREC, SPIN, FMA)
-        row = nxt
+        wt0 = w_ptr + _aligned(w0, ALIGN)                       # the unit's weight tile (gate for GU)
+        if op == 1:                                              # QKV
+            qkv_unit(layer, a, res_ptr, embed_ptr, emb_off, XA, m_ok, wt0, w_ptr + _woff(offs, 1, ALIGN),
+                     w_ptr + _woff(offs, 5, ALIGN), ss_d_ptr, qkv_ptr, ctr_w, target, ctr_s, count, err_ptr, ts,
+                     eps, B, H, QKVW, NDOWN, NDP, BM, QKV_BN, QKV_BK, HAS_BIAS, DOT_F32, PREC, SPIN, FMA, TIMELINE)
+        elif op == 2:                                            # ATT
+            attention_unit(a, b.to(tl.int32), c.to(tl.int32), qkv_ptr, att_ptr, cs_ptr,
+                           w_ptr + _woff(offs, 7, ALIGN), w_ptr + _woff(offs, 8, ALIGN), w_ptr + _woff(offs, 9, ALIGN),
+                           w_ptr + _woff(offs, 10, ALIGN), bt_ptr, bt_stride, lens_ptr, num_pages, part_ptr, lse_ptr,
+                           ctr_w, target, ctr_ptr + ARR + a * HKV + b, ctr_s, err_ptr, ts, eps, qk_scale, HQ, HKV,
+                           D, PAGE, S_PAGE, S_SLOT, S_HEAD, S, MERGE_S, BMA, GP, BKV, MIN_KEYS, QK_NORM, DOT_F32,
+                           PREC, SPIN, TIMELINE)
+        elif op == 3:                                            # O: residual += attention @ o.T
+            if layer == 0:
+                src = emb_rows
+            else:
+                src = res_rows
+            residual_unit(a, a // O_BN, att_ptr, rm.to(tl.int64) * (HQ * D), XA, m_ok, wt0, HQ * D, src, res_ptr,
+                          ss_o_ptr, ctr_w, target, ctr_s, count, err_ptr, ts, H, BM, O_BN, O_BK, DOT_F32, PREC,
+                          SPIN, FMA, TIMELINE)
+        elif op == 4:                                            # GU
+            gate_up_unit(a, res_ptr, XA, m_ok, w_ptr, _aligned(w0, ALIGN), _aligned(w1, ALIGN),
+                         w_ptr + _woff(offs, 6, ALIGN), ss_o_ptr, mlp_ptr, ctr_w, target, ctr_s, count, err_ptr, ts,
+                         eps, B, H, I, NO, NOP, BM, GU_BN, GU_BK, DOT_F32, PREC, SPIN, FMA, TIMELINE)
+        elif op == 5:                                            # DOWN: residual += mlp @ down.T
+            residual_unit(a, a // DOWN_BN, mlp_ptr, rm.to(tl.int64) * I, XA, m_ok, wt0, I, res_rows, res_ptr,
+                          ss_d_ptr, ctr_w, target, ctr_s, count, err_ptr, ts, H, BM, DOWN_BN, DOWN_BK, DOT_F32,
+                          PREC, SPIN, FMA, TIMELINE)
+        elif op == 6:                                            # HEAD
+            best_v, best_i = head_unit(a, res_ptr, XA, m_ok, wt0, fnorm_ptr, ss_d_ptr, logits_ptr, amax_ptr,
+                                       aidx_ptr, out_ptr, best_v, best_i, c, ctr_w, target, ctr_ptr + HEAD_CTR, count,
+                                       err_ptr, ts, eps, B, H, V, NDOWN, NDP, NHEAD, nhs, BM, HEAD_BN, HEAD_BK, RT,
+                                       DOT_F32, PREC, SPIN, FMA, TIMELINE)
+        if TIMELINE:
+            tl.store(ts + 2, timer(pid))
+        op, layer, a, b, c, wt, tgt, sg, cnt, w0, w1, p0, pb0, p1, pb1 = nxt
     tl.debug_barrier()
+    if TIMELINE:
+        tl.store(ts_ptr + (nunits + pid) * 4 + 1, timer(pid))
+        tl.store(ts_ptr + (nunits + pid) * 4 + 3, pid.to(tl.int64))
     if tl.atomic_add(ctr_ptr + DONE, 1, sem="acq_rel", scope="gpu") == programs - 1:
-        c = tl.arange(0, 1024)                                   # the last program: counters to zero
+        cz = tl.arange(0, 1024)                                  # the last program: counters to zero
         for c0 in range(0, NCTR, 1024):
-            tl.store(ctr_ptr + c0 + c, tl.zeros((1024,), tl.int32), mask=c0 + c < NCTR)
+            tl.store(ctr_ptr + c0 + cz, tl.zeros((1024,), tl.int32), mask=c0 + cz < NCTR)
 
 
 def kernel_constexprs(s: Schedule, *, gemv: str, prefetch: int, has_bias: bool, qk_norm: bool, interpreter: bool,
-                      fp32: bool, align: int, PAGE: int, S_PAGE: int, S_SLOT: int,
-                      S_HEAD: int) -> dict:
+                      fp32: bool, align: int, xalign: int, PAGE: int, S_PAGE: int, S_SLOT: int,
+                      S_HEAD: int, timeline: bool = False) -> dict:
     """The compile-time arguments of `_step_kernel` for schedule s (pure: the launch and the sm_90
-    compile test share it). PAGE / S_*: the KV pages' size and element strides (page, slot, head)."""
+    compile test share it). PAGE / S_*: the KV pages' size and element strides (page, slot, head);
+    align / xalign: the elements the weight offsets / activation rows are multiples of."""
     g, c, t = s.geometry, s.counters, s.tiles
     gp = triton.next_power_of_2(g.group)
     sp = triton.next_power_of_2(s.splits)
@@ -187,24 +185,18 @@ def kernel_constexprs(s: Schedule, *, gemv: str, prefetch: int, has_bias: bool, 
                 MERGE_S=max(1, min(sp, 2048 // (gp * (g.head_dim // 2)))), NO=s.n_o,
                 NOP=triton.next_power_of_2(s.n_o), NDOWN=s.n_down, NDP=triton.next_power_of_2(s.n_down),
                 NHEAD=s.n_head, QKV_BN=t.qkv_bn, O_BN=t.o_bn, GU_BN=t.gu_bn, DOWN_BN=t.down_bn, HEAD_BN=t.head_bn,
-                # tl.dot holds its 16-row A operand whole in every warp: half the columns a chunk
-                BK=t.block_k if gemv == "fma" else max(16, t.block_k // 2), BKV=t.block_kv, MIN_KEYS=t.min_keys,
+                BK=t.block_k, BKV=t.block_kv, MIN_KEYS=t.min_keys,
                 BMA=max(16, gp), GP=gp, RT=64, ARR=c.arrivals, HEAD_CTR=c.head, DONE=c.done, NCTR=c.count,
                 HAS_BIAS=has_bias, QK_NORM=qk_norm, PREFETCH=prefetch, DOT_F32=interpreter,
-                PREC="ieee" if fp32 else "tf32", ALIGN=align, FMA=s.rows if gemv == "fma" else 0,
-                OPS=127)   # bit op: the unit kinds compiled in (all; fewer: a register-use probe)
+                PREC="ieee" if fp32 else "tf32", ALIGN=align, XA=xalign, FMA=s.rows if gemv == "fma" else 0,
+                TIMELINE=timeline)
 
 
 def default_prefetch(device: torch.device) -> int:
-    """L2 prefetch distance in units: GRAPHRT_PERSISTENT_PREFETCH when set, else 1 on sm_90+
-    GPUs and 0 elsewhere (the interpreter cannot run the prefetch's inline PTX)."""
+    """The default L2 prefetch distance in units: 1 on sm_90+ GPUs, 0 elsewhere (the
+    interpreter cannot run the prefetch's inline PTX)."""
     if device.type != "cuda":
         return 0
-    env = os.environ.get(PREFETCH_ENV, "").strip()
-    if env:
-        if not env.isdigit() or int(env) > 8:
-            raise ValueError(f"{PREFETCH_ENV}: expected an int in [0, 8], got {env!r}")
-        return int(env)
     return 1 if torch.cuda.get_device_capability(device) >= (9, 0) else 0
 
 
@@ -233,23 +225,40 @@ def unsupported(weights, kv_caches, rows: int) -> str | None:
     return None
 
 
+def _pow2_dividing(*values: int, cap: int) -> int:
+    """The largest power of 2 <= cap dividing every value."""
+    a = cap
+    while a > 1 and any(v % a for v in values):
+        a //= 2
+    return a
+
+
 class PersistentStep:
     """One bucket's persistent step: its schedule, device tables and scratch (allocated here,
     once, outside any graph), and the launch. See the module docstring for the arguments;
     programs: default the SM count on a GPU, 1 elsewhere; tiles: the schedule's tile sizes;
-    num_warps: per program; prefetch: L2 prefetch distance in units (default_prefetch);
-    spin_limit: counter reads before a wait gives up (the watchdog, ERR_STALL); gemv: the GEMV
-    tiles' arithmetic, "dot" (tl.dot over 16-row tiles) or "fma" (multiply-add and a reduction
-    over K, 1..FMA_MAX_ROWS rows); "auto": fma up to FMA_MAX_ROWS rows."""
+    num_warps: per program; prefetch: L2 prefetch distance in units (default_prefetch) and
+    prefetch_bytes: at most this much of each prefetched tile; spin_limit: counter reads before a
+    wait gives up (the watchdog, ERR_STALL); gemv: the GEMV tiles' arithmetic, "dot" (tl.dot over
+    16-row tiles) or "fma" (multiply-add, 1..FMA_MAX_ROWS rows); "auto": fma up to FMA_MAX_ROWS
+    rows; cooperative: launch the grid cooperatively on a GPU (False: plainly, one program per
+    SM); schedule: a prebuilt schedule of this geometry and rows (tests: `linearize`); timeline:
+    every launch records each unit's start / waited / end times (GPU global timer, ns) into
+    `self.timeline` [units + programs, 4] int64 (timeline.py reads it)."""
 
     def __init__(self, weights, kv_caches, cos_sin: torch.Tensor, *, geometry: Geometry, rows: int, eps: float,
                  programs: int | None = None, tiles: Tiles = Tiles(), max_context_len: int = 4096,
-                 num_warps: int = 4, prefetch: int | None = None, spin_limit: int = SPIN_LIMIT,
-                 gemv: str = "auto"):
+                 num_warps: int = 8, prefetch: int | None = None, prefetch_bytes: int = PREFETCH_BYTES,
+                 spin_limit: int = SPIN_LIMIT, gemv: str = "auto", cooperative: bool = True,
+                 schedule: Schedule | None = None, timeline: bool = False):
         why = unsupported(weights, kv_caches, rows)
         if why is not None:
             raise ValueError(f"persistent step: {why}")
         dev = weights.embed.device
+        if schedule is not None:
+            if not isinstance(schedule, Schedule) or schedule.geometry != geometry or schedule.rows != rows:
+                raise ValueError(f"schedule: expected a Schedule of this geometry and rows={rows}")
+            programs = schedule.programs
         if programs is None:
             programs = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
         if dev.type != "cuda" and programs != 1:
@@ -264,6 +273,10 @@ class PersistentStep:
         self.gemv = ("fma" if rows <= FMA_MAX_ROWS else "dot") if gemv == "auto" else gemv
         if num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"num_warps: expected 1, 2, 4, 8 or 16, got {num_warps!r}")
+        if timeline not in (True, False) or (timeline and dev.type != "cuda"):
+            raise ValueError(f"timeline: expected a bool (True only on a GPU: the global timer), got {timeline!r}")
+        if isinstance(prefetch_bytes, bool) or not isinstance(prefetch_bytes, int) or prefetch_bytes < 0:
+            raise ValueError(f"prefetch_bytes: expected an int >= 0, got {prefetch_bytes!r}")
         self.device, self.dtype, self.geometry, self.rows, self.eps = dev, weights.embed.dtype, geometry, rows, eps
         self.num_warps = num_warps
         self.prefetch = default_prefetch(dev) if prefetch is None else prefetch
@@ -271,42 +284,14 @@ class PersistentStep:
                 or (self.prefetch and dev.type != "cuda"):
             raise ValueError(f"prefetch: expected an int in [0, 8] (0 off the GPU), got {self.prefetch!r}")
         esize = weights.embed.element_size()
-        self.schedule: Schedule = build_schedule(geometry, rows, programs, tiles=tiles,
-                                                 max_context_len=max_context_len, elem_bytes=esize)
+        self.schedule: Schedule = schedule or build_schedule(geometry, rows, programs, tiles=tiles,
+                                                             max_context_len=max_context_len, elem_bytes=esize)
         self._tensors = (weights, kv_caches, cos_sin)             # kept alive: the table points at them
-        base = weights.layers[0].qkv
-        self._base = base
-
-        def off(t):
-            if t is None:
-                return 0
-            delta = t.data_ptr() - base.data_ptr()
-            if delta % esize:
-                raise ValueError("weights: a tensor not aligned to its element size")
-            return delta // esize
-
-        table = [[off(x) for x in (layer.qkv, layer.qkv_bias, layer.o, layer.gate_up, layer.down, layer.input_norm,
-                                   layer.post_attn_norm, layer.q_norm, layer.k_norm, cache.k, cache.v)]
-                 for layer, cache in zip(weights.layers, kv_caches)]
-        self.woffs = torch.tensor(table, dtype=torch.int64, device=dev)                # [L, NF]
-        units = torch.tensor(self.schedule.units, dtype=torch.int64)                   # [N, 12]
-        for op, col in _OP_FIELD.items():                         # weight-relative -> base-relative
-            sel = (units[:, F_OP] == op) & (units[:, F_LAYER] < geometry.layers)
-            lay = units[sel, F_LAYER]
-            start = torch.tensor([r[col] for r in table], dtype=torch.int64)[lay]
-            units[sel, F_PF0] += start
-            units[sel, F_PF1] += torch.where(units[sel, F_PB1] > 0, start, torch.zeros_like(start))
-        sel = units[:, F_OP] == OP_HEAD
-        units[sel, F_PF0] += off(weights.lm_head)
-        units[:, F_PB0] -= units[:, F_PB0] % 16                    # bulk prefetch: multiples of 16 bytes
-        units[:, F_PB1] -= units[:, F_PB1] % 16
-        vec = 16 // esize                                          # elements in 16 bytes
-        self._align = vec if base.data_ptr() % 16 == 0 and all(o % vec == 0 for r in table for o in r) \
-            and bool((units[:, F_PF0] % vec == 0).all()) and bool((units[:, F_PF1] % vec == 0).all()) else 1
-        if self._align == 1:                                       # no bulk prefetch of unaligned tiles
-            units[:, F_PB0] = 0
-            units[:, F_PB1] = 0
-        self.units = units.to(dev)
+        self._base = weights.layers[0].qkv
+        woffs, units, self._align = build_tables(self.schedule, weights, kv_caches, prefetch=self.prefetch,
+                                                 prefetch_bytes=prefetch_bytes)
+        self.woffs = woffs.to(dev)                                 # [L, NF] int64
+        self.units = units.to(dev)                                 # [N, FIELDS] int64
         self.starts = torch.tensor(self.schedule.starts, dtype=torch.int64, device=dev)
         s, g = self.schedule, geometry
         self.counters = torch.zeros(s.counters.count, dtype=torch.int32, device=dev)
@@ -322,22 +307,31 @@ class PersistentStep:
         slots = max(1, b * g.kv_heads * s.splits * g.group)
         self.part = torch.zeros((slots, g.head_dim), **f32)
         self.lse = torch.zeros((slots,), **f32)
-        self.amax = torch.zeros((s.n_head, 16), **f32)
-        self.aidx = torch.zeros((s.n_head, 16), dtype=torch.int32, device=dev)
+        self.amax = torch.zeros((max(1, s.head_programs), 16), **f32)
+        self.aidx = torch.zeros((max(1, s.head_programs), 16), dtype=torch.int32, device=dev)
+        # [units + programs, TS] int64: per unit (start, waited, end, program), then per program
+        # (start, end, -, program); a 1-element dummy when off
+        self.timeline = torch.zeros((len(s.units) + s.programs, TS) if timeline else (1, TS), dtype=torch.int64,
+                                    device=dev)
         kc = kv_caches[0]
         nhd = kc.layout == "NHD"
         k = kc.k
         self._kv = dict(PAGE=k.shape[1] if nhd else k.shape[2], S_PAGE=k.stride(0),
                         S_SLOT=k.stride(1 if nhd else 2), S_HEAD=k.stride(2 if nhd else 1))
         self._num_pages = k.shape[0]
+        # activation rows (residual, attention, MLP scratch; embedding rows): their strides and bases
+        xalign = _pow2_dividing(g.hidden, g.inter, g.heads * g.head_dim, weights.embed.data_ptr() // esize,
+                                cap=16 // esize)
         # the driver refuses a cooperative grid it cannot keep resident (instead of a hang);
-        # GRAPHRT_PERSISTENT_COOPERATIVE=0 launches plainly (the grid is then one program per SM)
-        self.cooperative = dev.type == "cuda" and programs > 1 and os.environ.get(COOPERATIVE_ENV, "1") != "0"
+        # cooperative=False launches plainly (the grid is then one program per SM)
+        if not isinstance(cooperative, bool):
+            raise ValueError(f"cooperative: expected a bool, got {cooperative!r}")
+        self.cooperative = dev.type == "cuda" and programs > 1 and cooperative
         layer0 = weights.layers[0]
         self.constexprs = kernel_constexprs(self.schedule, gemv=self.gemv, prefetch=self.prefetch,
                                             has_bias=layer0.qkv_bias is not None, qk_norm=layer0.q_norm is not None,
                                             interpreter=dev.type != "cuda", fp32=self.dtype == torch.float32,
-                                            align=self._align, **self._kv)
+                                            align=self._align, xalign=xalign, timeline=timeline, **self._kv)
 
     @property
     def programs(self) -> int:
@@ -364,12 +358,14 @@ class PersistentStep:
         opts = {"launch_cooperative_grid": True} if self.cooperative else {}
         _step_kernel[(s.programs,)](
             self.units, self.starts, self.counters, device_error, self._base, self.woffs, weights.embed,
-            weights.final_norm, weights.lm_head, cos_sin, tokens, seq_lens, block_table, block_table.stride(0),
+            weights.final_norm, cos_sin, tokens, seq_lens, block_table, block_table.stride(0),
             self._num_pages, out, self.logits, self.residual, self.qkv, self.att, self.mlp, self.ss_o, self.ss_d,
-            self.part, self.lse, self.amax, self.aidx, s.programs, float(self.eps),
+            self.part, self.lse, self.amax, self.aidx, self.timeline, s.programs, len(s.units), s.head_programs,
+            float(self.eps),
             self.geometry.head_dim ** -0.5 * 1.4426950408889634, SPIN=self.spin_limit, **self.constexprs,
             num_warps=self.num_warps, **opts)
         return out
 
 
-__all__ = ["PersistentStep", "unsupported", "default_prefetch", "kernel_constexprs", "PREFETCH_ENV", "FMA_MAX_ROWS"]
+__all__ = ["PersistentStep", "unsupported", "default_prefetch", "kernel_constexprs", "FMA_MAX_ROWS", "PREFETCH_BYTES",
+           "TS"]

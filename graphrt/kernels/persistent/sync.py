@@ -1,13 +1,17 @@
 """Dependency counters of the persistent step, and the L2 prefetch of a unit's weights.
 
-    wait_for(ctr_ptr + i, target, err_ptr, SPIN)   # spin (acquire) until counter i >= target
-    signal(ctr_ptr + i)                            # every thread's stores, then +1 (release)
+    wait_for(ctr_ptr + i, target, err_ptr, SPIN, ts, TIMELINE)   # spin (acquire) until counter i >= target
+    signal(ctr_ptr + i, n)                         # every thread's stores, then +n (release)
 
 A counter is an int32 in global memory. The producer's threads finish their stores, meet at a
 CTA barrier, and one atomic add with release semantics (scope gpu) publishes them; the consumer
 spins on an atomic read with acquire semantics, then meets its own threads at a barrier before
 any of them reads the produced data (loaded with cache_modifier ".cg": from L2, never a stale
 L1 line). Triton runs a scalar atomic on one thread and broadcasts the result.
+
+A unit whose wait an earlier unit of the same program already met carries target 0 and skips
+the wait (no atomic at all); a program signals once per run of units that signal the same
+counter, adding the run's length (schedule.py).
 
 Watchdog: a wait gives up after SPIN reads and sets ERR_STALL in the sticky error word instead
 of hanging the GPU (the step's output is then garbage and the flag says so). With all programs
@@ -27,31 +31,44 @@ SPIN_LIMIT = 1 << 20              # reads of a counter before the watchdog trips
 
 
 @triton.jit
-def wait_for(ptr, target, err_ptr, SPIN):
-    """Spin until *ptr >= target (target <= 0: returns after one read), then a CTA barrier."""
-    seen = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
-    n = 0
-    while (seen < target) & (n < SPIN):
+def wait_for(ptr, target, err_ptr, SPIN, ts, TIMELINE: tl.constexpr):
+    """Spin until *ptr >= target, then a CTA barrier; target <= 0: returns at once (no read).
+    TIMELINE: the time it returns into ts[1] (the unit's timeline row)."""
+    if target > 0:
         seen = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
-        n += 1
-    if seen < target:
-        tl.atomic_or(err_ptr, 32)  # ERR_STALL
-    tl.debug_barrier()
+        n = 0
+        while (seen < target) & (n < SPIN):
+            seen = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
+            n += 1
+        if seen < target:
+            tl.atomic_or(err_ptr, 32)  # ERR_STALL
+        tl.debug_barrier()
+    if TIMELINE:
+        tl.store(ts + 1, timer(target))
 
 
 @triton.jit
-def signal(ptr):
-    """Publish this program's stores: CTA barrier, then *ptr += 1 with release semantics."""
-    tl.debug_barrier()
-    tl.atomic_add(ptr, 1, sem="release", scope="gpu")
+def signal(ptr, n):
+    """Publish this program's stores: CTA barrier, then *ptr += n with release semantics
+    (n <= 0: nothing)."""
+    if n > 0:
+        tl.debug_barrier()
+        tl.atomic_add(ptr, n, sem="release", scope="gpu")
 
 
 @triton.jit
-def arrive(ptr):
-    """*ptr += 1 (acquire-release) after a CTA barrier -> the value before: the last of n
-    arrivals sees n - 1 and may read every earlier arrival's stores."""
+def arrive(ptr, n):
+    """*ptr += n (acquire-release) after a CTA barrier -> the value before: the arrival that
+    brings the count to its total sees total - n and may read every earlier arrival's stores."""
     tl.debug_barrier()
-    return tl.atomic_add(ptr, 1, sem="acq_rel", scope="gpu")
+    return tl.atomic_add(ptr, n, sem="acq_rel", scope="gpu")
+
+
+@triton.jit
+def timer(x):
+    """The GPU's global nanosecond timer (int64; x: any int32 scalar, orders the read after it)."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [x], dtype=tl.int64, is_pure=False,
+                                     pack=1)
 
 
 @triton.jit
@@ -63,10 +80,4 @@ def prefetch_l2(ptr, nbytes):
         "=r,l,r", [ptr.to(tl.int64), nbytes], dtype=tl.int32, is_pure=False, pack=1)
 
 
-@triton.jit
-def field(row, f, k: tl.constexpr):
-    """Element k of a unit row held as a [FP] vector (f = arange(FP))."""
-    return tl.sum(tl.where(f == k, row, 0), axis=0)
-
-
-__all__ = ["ERR_STALL", "SPIN_LIMIT", "wait_for", "signal", "arrive", "prefetch_l2", "field"]
+__all__ = ["ERR_STALL", "SPIN_LIMIT", "wait_for", "signal", "arrive", "prefetch_l2", "timer"]

@@ -1,0 +1,171 @@
+"""How the engine launches blocks around constrained rows, against a pure-Python executor of the
+protocol (tests/engine/test_executor_protocol.py's kind, with logits processing and token masks).
+
+The fake draws a constrained slot's token as the allowed token (its last written mask) of the
+highest pseudo-random score, and any other slot's as its current token + 1, so a constrained
+output is valid only if every mask the engine wrote was filled after the matcher had seen every
+earlier token. Checked: while no constrained row decodes, blocks are whole K-step blocks with no
+mask written; while one decodes, every block is a split step, launched as forward, then the
+masks, then the draw (nothing else between); the scheduler's count of constrained rows follows
+the rows; K-step blocks come back once the constrained row is done; outputs validate."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from _checkpoints import make_checkpoint_module
+from graphrt.checkpoint.tokenizer import load_tokenizer
+from graphrt.config import RuntimeConfig
+from graphrt.engine.engine import Engine
+from graphrt.engine.params import SamplingParams
+from graphrt.kernels.token_mask import reference_mask
+from graphrt.worker.caps import Capabilities
+from graphrt.worker.launch import Block, Prefill, Result
+from graphrt.worker.protocol import Executor
+
+pytest.importorskip("xgrammar")
+K, B = 3, 4
+
+
+class MaskingExecutor:
+    """The Executor protocol, no device: `calls` records ("prefill" | "run" | "mask", launch or slots)."""
+
+    def __init__(self, vocab: int):
+        config = RuntimeConfig(num_qo_heads=2, num_kv_heads=2, head_dim=64, page_size=4, max_context_len=128,
+                               buckets={"max": B}, dtype="float32", backend="reference")
+        self.caps = Capabilities(config=config, device=torch.device("cpu"), num_pages=96, vocab_size=vocab,
+                                 model_key="fake", steps_per_graph=K, processing=True, structured=True)
+        self.error_flag, self.vocab, self.calls = None, vocab, []
+        self.current, self.length = [0] * B, [0] * B
+        self.bits = torch.full((B, (vocab + 31) // 32), -1, dtype=torch.int32)
+        self.active = torch.zeros(B, dtype=torch.int32)
+        self.forward: int | None = None                 # n of a split step's forward, until its draw
+
+    def _draw(self, slot: int) -> int:
+        score = ((torch.arange(self.vocab) * 7919 + self.length[slot] * 104729) % 1009).float()
+        score = reference_mask(score[None], self.bits, self.active, torch.tensor([slot]))[0]
+        tok = int(score.argmax()) if int(self.active[slot]) else (self.current[slot] + 1) % self.vocab
+        self.current[slot], self.length[slot] = tok, self.length[slot] + 1
+        return tok
+
+    def capture(self) -> dict:
+        return {}
+
+    def stage_chunk(self, slot, tokens, start, *, table_row=None) -> None:
+        raise AssertionError("caps.mixed_tokens is 0")
+
+    def prefill(self, launch: Prefill) -> Result:
+        self.calls.append(("prefill", launch))
+        assert self.forward is None, "a prefill between a split step's forward and its draw"
+        if not launch.draws:
+            return Result(None)
+        for slot, j in zip(launch.slots, launch.sources or range(len(launch.slots))):
+            self.length[slot] = (launch.starts[j] if launch.starts else 0) + launch.prompts[j].numel()
+        return Result(torch.tensor([[self._draw(s) for s in launch.slots]]))
+
+    def run(self, block: Block) -> Result:
+        self.calls.append(("run", block))
+        assert block.k == 0 and not block.chunk
+        if block.part == "forward":
+            assert self.forward is None and block.draw.processed
+            self.forward = block.n
+            return Result(None)
+        if block.part == "draw":
+            assert self.forward == block.n, "a draw without its forward"
+            self.forward = None
+            return Result(torch.tensor([[self._draw(s) for s in range(block.n)]]))
+        assert self.forward is None
+        out = torch.tensor([[self._draw(s) for s in range(block.n)] for _ in range(K)])
+        return Result(out)
+
+    def write_token_mask(self, slots, bits, active) -> None:
+        self.calls.append(("mask", list(slots)))
+        idx = torch.tensor(slots, dtype=torch.long)
+        self.bits.index_copy_(0, idx, bits)
+        self.active.index_copy_(0, idx, active)
+
+    def prefill_graphed(self, new_tokens: int) -> bool:
+        return False
+
+    def measure_costs(self):
+        return None
+
+    def check_device_errors(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tok_blocks")
+    make_checkpoint_module().build_tokenizer(out, vocab_size=384, seed=0)
+    return load_tokenizer(out)
+
+
+def _blocks(calls) -> list[str]:
+    """The decode launches as letters: W (a whole K-step block), F (forward), M (masks), D (draw)."""
+    out = []
+    for kind, x in calls:
+        if kind == "run":
+            out.append({None: "W", "forward": "F", "draw": "D"}[x.part])
+        elif kind == "mask":
+            out.append("M")
+        else:
+            out.append("P")
+    return out
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_launch_pattern_around_a_constrained_row(tokenizer, overlap):
+    ex = MaskingExecutor(len(tokenizer))
+    assert isinstance(ex, Executor)
+    eng = Engine(ex, tokenizer, eos_token_ids=(1,), max_model_len=100, overlap=overlap)
+    free = eng.add_request([5, 6, 7], SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
+    for _ in range(3):
+        eng.step()
+    before = len(ex.calls)
+    regex = r"(ab|cd){2,4}-[0-9]"
+    con = eng.add_request([9, 10], SamplingParams(max_tokens=30, temperature=0, structured_outputs={"regex": regex}))
+    counts = []
+    for _ in range(200):
+        busy = eng.step()
+        counts.append(len(eng.scheduler.constrained))
+        if not busy:
+            break
+    out = con.result().outputs[0]
+    text = out.text
+    assert re.fullmatch(regex, text), text
+    assert len(free.result().outputs[0].token_ids) == 40
+    letters = "".join(_blocks(ex.calls))
+    head, tail = "".join(_blocks(ex.calls[:before])), "".join(_blocks(ex.calls[before:]))
+    assert set(head) <= {"P", "W"} and "W" in head                  # free decoding: K-step blocks, no masks
+    # the constrained request: its prefill with its first mask, then split steps (F M D) only (the
+    # last one without masks: its row finished while that step's forward ran), then, once it is
+    # done, K-step blocks again
+    m = re.fullmatch(r"W*MP((?:FMD)+)(?:FD)?(W+)", tail)
+    assert m, letters
+    assert len(m.group(1)) // 3 == len(out.token_ids) - 1   # a split step per token after the first
+    assert max(counts) == 1 and counts[-1] == 0 and not eng.scheduler.constrained
+
+
+def test_two_constrained_rows_and_a_finished_one(tokenizer):
+    """Two constrained rows of different lengths beside a free one: the count drops to 1, then 0;
+    split steps continue while one is left; every output validates."""
+    ex = MaskingExecutor(len(tokenizer))
+    eng = Engine(ex, tokenizer, eos_token_ids=(1,), max_model_len=100)
+    streams = [eng.add_request([4, 4], SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)),
+               eng.add_request([8], SamplingParams(max_tokens=30, temperature=0, structured_outputs={"choice": ["yes", "no"]})),
+               eng.add_request([8, 9], SamplingParams(max_tokens=30, temperature=0,
+                                                       structured_outputs={"regex": r"[a-c]{6,9}!"}))]
+    seen = set()
+    for _ in range(200):
+        busy = eng.step()
+        seen.add(len(eng.scheduler.constrained))
+        if not busy:
+            break
+    outs = [s.result().outputs[0] for s in streams]
+    assert outs[1].text in ("yes", "no") and re.fullmatch(r"[a-c]{6,9}!", outs[2].text)
+    assert {0, 1, 2} <= seen
+    masks = [x for kind, x in ex.calls if kind == "mask"]
+    assert masks and all(set(m) <= {1, 2} for m in masks)           # only constrained slots get masks
