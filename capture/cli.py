@@ -165,6 +165,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"graphrt-capture: backend {args.backend or 'of ' + args.config} on CUDA needs FlashInfer, "
               f"which is not installed: {install_line()}", file=sys.stderr)
         return 2
+    from graphrt.kernels.triton_import import TritonMissing, require_triton
+    try:                                              # the prepare kernel: compiled, or interpreted on a CPU
+        require_triton("graphrt-capture (it runs and verifies graphrt's Triton prepare kernel)")
+    except TritonMissing as e:
+        print(f"graphrt-capture: {e}", file=sys.stderr)
+        return 2
     if device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before graphrt imports its kernels
     from graphrt import ConfigError, load_config

@@ -39,7 +39,7 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
-from graphrt.kernels.launch import pdl_scope
+from graphrt.kernels.launch_options import pdl_scope
 
 
 @dataclass(frozen=True)

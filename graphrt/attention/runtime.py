@@ -34,10 +34,7 @@ from graphrt.attention.buffers import BucketView, StaticBuffers
 from graphrt.config import RuntimeConfig
 from graphrt.attention.graphs import GraphKey, GraphRunner
 from graphrt.attention.inputs import check_exclusive_writes, check_inputs
-from graphrt.kernels import ERR_GRID, ERR_PAGE_ID, ERR_SEQ_LEN
-from graphrt.kernels.append_kv import ERR_KV_SLOT
-from graphrt.kernels.rope_append import ERR_POSITION
-from graphrt.kernels.persistent.sync import ERR_STALL
+from graphrt.kernels.flags import ERR_GRID, ERR_KV_SLOT, ERR_PAGE_ID, ERR_POSITION, ERR_SEQ_LEN, ERR_STALL
 from graphrt.attention.kvcache import PagedKVCache
 
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import torch
 
 from graphrt.attention.flashinfer_layout import nominal_spec
-from graphrt.kernels.prepare import BLOCK_P, BLOCK_T
 from graphrt.attention.reference import reference_decode
 
 # relative L2 error allowed against the float32 reference, by dtype
@@ -74,6 +73,7 @@ def make_plan(config, *, buckets=None, lengths=None) -> VerifyPlan:
 
 def cpu_step_cost(config, bucket: int) -> int:
     """Cost units of one eager CPU step of `bucket` (see CPU_BUDGET)."""
+    from graphrt.kernels.prepare import BLOCK_P, BLOCK_T     # the prepare kernel's (Triton) programs
     padded = nominal_spec(config.decode_kernel, bucket, config.page_size,
                           config.num_kv_heads).padded_batch_size
     programs = (bucket + -(-padded // BLOCK_T)) * -(-config.max_pages_per_seq // BLOCK_P)

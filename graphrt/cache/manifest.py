@@ -23,10 +23,9 @@ class CacheMismatchError(RuntimeError):
 def environment() -> dict:
     """Versions and device facts a cache is only valid for."""
     import torch
-    import triton
 
     import graphrt
-    env = {"graphrt": graphrt.__version__, "torch": torch.__version__, "triton": triton.__version__,
+    env = {"graphrt": graphrt.__version__, "torch": torch.__version__, "triton": triton_version(),
            "cuda": torch.version.cuda, "python": platform.python_version(), "gpu": None,
            "compute_capability": None, "flashinfer": None}
     env["flashinfer"] = flashinfer_version()
@@ -34,6 +33,20 @@ def environment() -> dict:
         env["gpu"] = torch.cuda.get_device_name()
         env["compute_capability"] = "%d.%d" % torch.cuda.get_device_capability()
     return env
+
+
+def triton_version() -> str | None:
+    """Triton's version (None: not installed, as on a CPU install); read without importing it
+    where it is not imported yet."""
+    import sys
+    mod = sys.modules.get("triton")
+    if mod is not None:
+        return mod.__version__
+    try:
+        from importlib.metadata import version
+        return version("triton")
+    except Exception:  # noqa: BLE001 - not installed
+        return None
 
 
 def flashinfer_version() -> str | None:

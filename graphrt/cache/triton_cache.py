@@ -25,13 +25,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import sysconfig
 import threading
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-
-import triton
 
 log = logging.getLogger("graphrt.cache")
 
@@ -41,7 +40,12 @@ KNOWN_TRITON = "3.4 to 3.9"
 
 def _hook():
     """triton.knobs.cache (whose `manager_class` Triton asks for a cache manager), or None where
-    this Triton has no such knob (before 3.4)."""
+    this Triton has no such knob (before 3.4) or Triton is not installed (a CPU install: no
+    kernel to compile, no cache to read)."""
+    try:
+        import triton
+    except ImportError:
+        return None
     knobs = getattr(triton, "knobs", None)
     cache = getattr(knobs, "cache", None)
     return cache if cache is not None and "manager_class" in dir(type(cache)) else None
@@ -217,7 +221,10 @@ def _write(base: Path, filename: str, data) -> str:
 
 
 def active() -> ReadThroughCache | None:
-    """The ReadThroughCache Triton uses now, or None (no read_through scope is open)."""
+    """The ReadThroughCache Triton uses now, or None (no read_through scope is open; none can be
+    where Triton is not imported yet: this imports nothing)."""
+    if sys.modules.get("triton") is None:
+        return None
     hook = _hook()
     return getattr(hook.manager_class, "graph_cache", None) if hook is not None else None
 
@@ -230,9 +237,10 @@ def read_through(pinned_dir: Path, private_dir: Path):
     The knob is process-wide: every thread's compilations in the block go through it."""
     hook = _hook()
     if hook is None:
-        log.warning("Triton %s has no cache-manager knob (triton.knobs.cache.manager_class, Triton >= 3.4; "
-                    "graphrt knows %s): kernels missing from the graph cache %s are compiled into it",
-                    triton.__version__, KNOWN_TRITON, pinned_dir)
+        if sys.modules.get("triton") is not None:     # (no Triton installed: nothing compiles)
+            log.warning("Triton %s has no cache-manager knob (triton.knobs.cache.manager_class, Triton >= 3.4; "
+                        "graphrt knows %s): kernels missing from the graph cache %s are compiled into it",
+                        sys.modules["triton"].__version__, KNOWN_TRITON, pinned_dir)
         yield None
         return
     if active() is not None:

@@ -21,7 +21,7 @@ from graphrt.engine import sampling_extras as extras
 from graphrt.engine import structured
 from graphrt.engine.scheduler import Request
 from graphrt.engine.speculation import observe, spec_columns
-from graphrt.speculative.ngram import NgramIndex
+from graphrt.speculative.ngram_rule import NgramIndex
 from graphrt.worker.launch import Block, Draw, Prefill
 
 

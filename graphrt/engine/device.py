@@ -35,14 +35,16 @@ def resolve_device(device) -> torch.device:
 def check_device_support(device: torch.device, dtype: str | None) -> None:
     """What a device can run, checked before anything loads. CPU: float32 only (the interpreted
     kernels and the torch references are float32; bf16 / fp16 there diverge from float32): a
-    ValueError naming dtype. CUDA: FlashInfer must be installed (FlashInferMissing, an
-    ImportError with the install line)."""
+    ValueError naming dtype. CUDA: FlashInfer and Triton must be installed (FlashInferMissing /
+    TritonMissing, ImportErrors with the install line; a CPU needs neither)."""
     if device.type == "cpu" and dtype not in (None, "float32"):
         raise ValueError(f"dtype: {dtype!r} on the CPU; graphrt runs float32 only there "
                          f"(leave dtype out, or use device='cuda')")
     if device.type == "cuda":
         from graphrt.attention.flashinfer_import import require_flashinfer
+        from graphrt.kernels.triton_import import require_triton
         require_flashinfer(f"device {str(device)!r}")
+        require_triton(f"device {str(device)!r}")
 
 
 def available_bytes(device: torch.device) -> int:

@@ -15,9 +15,13 @@ from __future__ import annotations
 
 def load_eagle3_phase(mrt, spec):
     """spec.draft_model's EAGLE-3 head as an Eagle3Phase over caches indexed like mrt's.
-    ValueError naming speculative.model when the head cannot be read or does not fit."""
+    ValueError naming speculative.model when the head cannot be read or does not fit;
+    TritonMissing where Triton is not installed (the head's kernels are Triton's)."""
     from graphrt.attention.kvcache import PagedKVCache
     from graphrt.checkpoint.hf_files import CheckpointError
+    from graphrt.kernels.triton_import import require_triton
+    require_triton("speculative.method 'eagle3' (its head runs graphrt's Triton kernels; 'ngram' and "
+                   "'draft' run on a CPU without it)")
     from graphrt.speculative.eagle3 import Eagle3Drafter, Eagle3Head, load_eagle3
     from graphrt.speculative.eagle3.phase import Eagle3Phase
     model, c = mrt.model, mrt.config

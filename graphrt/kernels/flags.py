@@ -8,11 +8,13 @@ imports the other: this module imports nothing.
     ERR_GRID      4   a request's work tiles did not fit the captured grid (kernels/prepare.py)
     ERR_KV_SLOT   8   a K/V slot past the block table's width or height (the write is skipped)
     ERR_POSITION 16   a position outside the RoPE table (q written as zeros, K/V not written)
+    ERR_STALL    32   a persistent-step wait hit its spin bound (kernels/persistent/sync.py)
 """
 ERR_SEQ_LEN = 1
 ERR_PAGE_ID = 2
 ERR_GRID = 4
 ERR_KV_SLOT = 8
 ERR_POSITION = 16
+ERR_STALL = 32
 
-__all__ = ["ERR_SEQ_LEN", "ERR_PAGE_ID", "ERR_GRID", "ERR_KV_SLOT", "ERR_POSITION"]
+__all__ = ["ERR_SEQ_LEN", "ERR_PAGE_ID", "ERR_GRID", "ERR_KV_SLOT", "ERR_POSITION", "ERR_STALL"]

@@ -18,66 +18,18 @@ float32 arithmetic before the cast, so the cast is exact on the GPU and in the C
 Data rows are padded to a multiple of 16 (`padded_rows`; the pad rows are never written and never
 read back: the GEMM's pad output rows are dropped).
 
-Capturable in a CUDA graph (no host reads); runs on CPU under TRITON_INTERPRET=1.
+Capturable in a CUDA graph (no host reads); runs on CPU under TRITON_INTERPRET=1. The types the
+kernels exchange (Fp8Rows, ScaledAcc) live in kernels/fp8_rows.py, which imports no Triton.
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from graphrt.kernels.fp8_rows import (FP8, FP8_MAX, ROW_ALIGN, SCALE_FLOOR, Fp8Rows, ScaledAcc, check_scaled,
+                                      new_rows, padded_rows)
 from graphrt.kernels.launch import pdl_options, pdl_prologue, use_pdl
-
-FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0
-SCALE_FLOOR = 1e-12          # an all-zero row gets scale 1e-12 (data 0)
-ROW_ALIGN = 16               # FP8 GEMM operand rows are padded to this
-
-
-def padded_rows(m: int) -> int:
-    return -(-m // ROW_ALIGN) * ROW_ALIGN
-
-
-@dataclass(frozen=True)
-class Fp8Rows:
-    """Row-quantized activations: row r of x is data[r].float() * scale[r].
-    data [padded_rows(M), K] float8_e4m3fn (rows >= M unwritten), scale [M] float32, one device."""
-    data: torch.Tensor
-    scale: torch.Tensor
-
-    @property
-    def rows(self) -> int:
-        return self.scale.shape[0]
-
-    def dequantize(self) -> torch.Tensor:
-        """[M, K] float32 (the reference)."""
-        return self.data[: self.rows].float() * self.scale[:, None]
-
-
-@dataclass(frozen=True)
-class ScaledAcc:
-    """An FP8 GEMM's output before its scales: value[m, n] = acc[m, n] * row_scale[m] *
-    col_scale[n] (+ bias[n]). acc [M, N] (model dtype, unit stride along N), row_scale [M]
-    float32, col_scale [N] float32 or None (a per-tensor weight scale, applied by the GEMM),
-    bias [N] (model dtype) or None."""
-    acc: torch.Tensor
-    row_scale: torch.Tensor
-    col_scale: torch.Tensor | None
-    bias: torch.Tensor | None = None
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.acc.shape
-
-    def reference(self) -> torch.Tensor:
-        """[M, N] float32 (torch)."""
-        y = self.acc.float() * self.row_scale[:, None]
-        if self.col_scale is not None:
-            y = y * self.col_scale[None, :]
-        return y if self.bias is None else y + self.bias.float()
-
 
 @triton.jit
 def round_e4m3(x):
@@ -144,12 +96,6 @@ def _apply_scales_kernel(y_ptr, y_stride, rs_ptr, cs_ptr, b_ptr, out_ptr, out_st
     tl.store(out_ptr + r * out_stride + cols, y.to(out_ptr.dtype.element_ty), mask=m)
 
 
-def new_rows(m: int, k: int, device) -> Fp8Rows:
-    """Uninitialised Fp8Rows for M rows of K (data rows padded; no kernel launched)."""
-    return Fp8Rows(torch.empty((padded_rows(m), k), dtype=FP8, device=device),
-                   torch.empty((m,), dtype=torch.float32, device=device))
-
-
 def row_warps(block: int) -> int:
     return min(16, max(1, block // 1024))
 
@@ -187,22 +133,6 @@ def quantize_tiles(y: torch.Tensor, partial_amax: torch.Tensor, block: int) -> F
     return out
 
 
-def check_scaled(name: str, a: ScaledAcc, rows: int, cols: int) -> None:
-    """ValueError naming `name` unless `a` is a ScaledAcc of [rows, cols] with matching scales."""
-    ok = (isinstance(a, ScaledAcc) and a.acc.dim() == 2 and tuple(a.acc.shape) == (rows, cols)
-          and a.acc.stride(1) == 1 and a.row_scale.dtype == torch.float32
-          and tuple(a.row_scale.shape) == (rows,)
-          and (a.col_scale is None or (a.col_scale.dtype == torch.float32 and a.col_scale.is_contiguous()
-                                       and tuple(a.col_scale.shape) == (cols,)))
-          and (a.bias is None or tuple(a.bias.shape) == (cols,)))
-    if not ok:
-        got = (tuple(a.acc.shape), tuple(a.row_scale.shape),
-               None if a.col_scale is None else tuple(a.col_scale.shape)) \
-            if isinstance(a, ScaledAcc) else type(a).__name__
-        raise ValueError(f"{name}: expected a ScaledAcc of acc [{rows}, {cols}] (unit column stride), "
-                         f"row_scale [{rows}] and col_scale [{cols}] (or None) float32, got {got}")
-
-
 def apply_scales(a: ScaledAcc, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """ScaledAcc -> [M, N] in acc's dtype (unless `out`): acc * row_scale * col_scale (+ bias)."""
     m, n = a.acc.shape
@@ -218,5 +148,5 @@ def apply_scales(a: ScaledAcc, *, out: torch.Tensor | None = None) -> torch.Tens
     return out
 
 
-__all__ = ["FP8", "FP8_MAX", "Fp8Rows", "ScaledAcc", "apply_scales", "check_scaled", "new_rows",
-           "padded_rows", "quantize_rows", "quantize_store", "quantize_tiles", "round_e4m3", "row_warps"]
+__all__ = ["FP8", "FP8_MAX", "ROW_ALIGN", "SCALE_FLOOR", "Fp8Rows", "ScaledAcc", "apply_scales", "check_scaled",
+           "new_rows", "padded_rows", "quantize_rows", "quantize_store", "quantize_tiles", "round_e4m3", "row_warps"]

@@ -34,6 +34,7 @@ import triton.language as tl
 
 from graphrt.kernels.argmax import BIG as _BIG, chunk_size, first_max   # _BIG: above every token id
 from graphrt.kernels.launch import pdl_options, pdl_prologue, use_pdl
+from graphrt.kernels.reference_sample import check_rows, check_source, check_state
 from graphrt.kernels.sample import gumbel_score
 
 CHUNK = 2048                                   # tokens per program on the GPU
@@ -282,22 +283,13 @@ class _Parts:
         self.keys = torch.empty((r, s, max(w, 1)), **i64)
 
 
-def _check_rows(r: int, **tensors) -> None:
-    for name, t in tensors.items():
-        if t.shape[0] != r or (t.dim() == 1 and not t.is_contiguous()) or (t.dim() == 2 and t.stride(1) != 1):
-            raise ValueError(f"{name}: expected {r} rows, contiguous along the vocabulary, got "
-                             f"{tuple(t.shape)} strides {t.stride()}")
-
-
 def _first(logits, counts, prompt, params, rule_ids, rule_vals, rule_until, bias, step, temperature, slots,
            chunk, stats: bool, width: int, rank, x_all: bool):
     """_rules + _penalize (raw log-softmax partials with `stats`; top-W keys never: the W slots
     of parts.keys are for _second) -> (x [R, V] float32, parts, S, CHUNK)."""
     r, v = logits.shape
-    _check_rows(r, logits=logits, step=step, temperature=temperature)
-    if params.stride(1) != 1 or counts.stride(1) != 1 or prompt.stride(1) != 1 or not rule_ids.is_contiguous() \
-            or not rule_vals.is_contiguous() or not rule_until.is_contiguous() or not bias.is_contiguous():
-        raise ValueError("process: params / counts / prompt / rule tables / bias must be contiguous rows")
+    check_rows(r, logits=logits, step=step, temperature=temperature)
+    check_state(counts, prompt, params, rule_ids, rule_vals, rule_until, bias)
     dev = logits.device
     ch = chunk_size(v, dev, chunk, CHUNK)
     s = triton.cdiv(v, ch)
@@ -353,9 +345,8 @@ def process_draw(logits, counts, prompt, params, rule_ids, rule_vals, rule_until
     r, v = logits.shape
     if r == 0:
         return torch.empty((0, v), dtype=torch.float32, device=logits.device)
-    if source not in ("raw", "processed"):
-        raise ValueError(f"source: expected 'raw' or 'processed', got {source!r}")
-    _check_rows(r, temperature=temperature, seed=seed, live=live, out=out, lp_token=lp_token, lp_rank=lp_rank,
+    check_source(source)
+    check_rows(r, temperature=temperature, seed=seed, live=live, out=out, lp_token=lp_token, lp_rank=lp_rank,
                 lp_ids=lp_ids, lp_vals=lp_vals)
     w, raw = lp_ids.shape[1], source == "raw"
     x, parts, s, ch = _first(logits, counts, prompt, params, rule_ids, rule_vals, rule_until, bias, step,
@@ -380,7 +371,7 @@ def logprobs_into(src, targets, lp_token, lp_rank, lp_ids, lp_vals, *, chunk: in
     r, v = src.shape
     if r == 0:
         return
-    _check_rows(r, src=src, targets=targets, lp_token=lp_token, lp_rank=lp_rank, lp_ids=lp_ids, lp_vals=lp_vals)
+    check_rows(r, src=src, targets=targets, lp_token=lp_token, lp_rank=lp_rank, lp_ids=lp_ids, lp_vals=lp_vals)
     w, dev = lp_ids.shape[1], src.device
     ch = chunk_size(v, dev, chunk, CHUNK)
     s = triton.cdiv(v, ch)

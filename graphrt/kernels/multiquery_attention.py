@@ -16,7 +16,8 @@ merges them (split-KV for small batches at long context). Everything is read fro
 tensors (kv_lens, block_table) with a grid fixed by static shapes: no plan, no host sync, so it
 can be captured in a CUDA graph. Rows with kv_lens 0 (padding) produce zeros. Page ids are not
 checked here: the caller's block table must be valid for every position < kv_lens.
-Runs on CPU under TRITON_INTERPRET=1.
+Runs on CPU under TRITON_INTERPRET=1. Its launch shapes and argument check are kernels/mq_launch.py's
+(no Triton), re-exported here.
 
 FP8 KV cache (float8_e4m3fn pages, q in the model dtype): the kernel reads the [2] float32
 (k, v) per-tensor scales from the device; k is converted to q's dtype in registers and
@@ -28,6 +29,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from graphrt.kernels.mq_launch import (MAX_TILE_ROWS, check_multiquery, default_splits, piece_block_n,
+                                       piece_launch, query_tiles)
 
 LOG2E = 1.4426950408889634
 
@@ -118,43 +122,6 @@ def _combine_kernel(part_ptr, lse_ptr, out_ptr, splits, D: tl.constexpr, SB: tl.
     tl.store(out_ptr + r.to(tl.int64) * D + d, o.to(out_ptr.dtype.element_ty))
 
 
-def default_splits(device: torch.device, batch: int, num_kv_heads: int, max_kv_len: int,
-                   *, block_n: int = 64) -> int:
-    """Static split count: about two waves of programs on the GPU (132 SMs on an H200 assumed
-    from the device's count), at most one split per 4 key blocks; 1 on CPU."""
-    if device.type != "cuda":
-        return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    want = triton.cdiv(2 * sms, max(1, batch * num_kv_heads))
-    return max(1, min(want, triton.cdiv(max_kv_len, 4 * block_n)))
-
-
-def piece_block_n(q_tokens: int) -> int:
-    """BLOCK_N (keys per loop iteration) for a prompt piece of q_tokens query tokens."""
-    return 128 if q_tokens >= 64 else 64
-
-
-def piece_launch(device: torch.device, q_tokens: int, group: int, num_kv_heads: int,
-                 max_kv_len: int) -> tuple[int, int]:
-    """(splits, block_n) of a captured prompt piece: q_tokens query tokens of one row, G = group
-    query heads per KV head, keys up to max_kv_len. Measured on an H100 (Llama-3.2-1B heads, 16
-    layers' distinct caches a graph, `tools/bench_prefill_attention.py --sweep`): at 64 and 128
-    tokens 128-key blocks and about one wave of programs beat 64-key blocks and two waves at 0,
-    2k and 4k cached keys (64 tokens after 4032: 25.2 against 34.6 us a layer, FlashInfer's
-    batch prefill 25.5), since each program's few key blocks left its loads unpipelined and
-    every split writes a partial the combine reads back. Outside 64..128 tokens: the earlier
-    rule (64-key blocks below 64 tokens, two waves). One wave: as many splits as fill the SMs
-    once without a partial second wave (tiles x KV heads x splits <= SMs; 8 and 4 splits of the
-    1B shape's 16 and 32 tile-heads on 132 SMs, the sweep's fastest)."""
-    block_n = piece_block_n(q_tokens)
-    tiles = query_tiles(q_tokens, group)[2]
-    if device.type != "cuda" or not 64 <= q_tokens <= 128:
-        return default_splits(device, tiles, num_kv_heads, max_kv_len, block_n=block_n), block_n
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    cap = triton.cdiv(max_kv_len, 4 * block_n)                # at most one split per 4 key blocks
-    return max(1, min(sms // (tiles * num_kv_heads), cap)), block_n
-
-
 def multiquery_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor,
                          kv_lens: torch.Tensor, *, q_lens: torch.Tensor | None = None, splits: int = 1,
                          out: torch.Tensor | None = None, block_n: int | None = None,
@@ -172,41 +139,15 @@ def multiquery_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor,
     else 4) and num_stages (Triton's software pipelining of the key loop; default Triton's):
     launch configuration only, the same arithmetic per key block.
     """
+    out = check_multiquery(q, kv_cache, block_table, kv_lens, q_lens=q_lens, splits=splits, out=out,
+                           block_n=block_n, num_warps=num_warps, num_stages=num_stages)
     kc, vc = kv_cache.as_tuple()
     nhd = kv_cache.layout == "NHD"
     hkv, d = (kc.shape[2], kc.shape[3]) if nhd else (kc.shape[1], kc.shape[3])
     page_size = kc.shape[1] if nhd else kc.shape[2]
     fp8 = kc.dtype == torch.float8_e4m3fn
-    q_ok = q.dtype in (torch.bfloat16, torch.float16, torch.float32) if fp8 else q.dtype == kc.dtype
-    if q.dim() != 4 or q.shape[3] != d or q.shape[2] % hkv or not q.is_contiguous() or not q_ok:
-        want = "bfloat16/float16/float32 (FP8 cache)" if fp8 else str(kc.dtype)
-        raise ValueError(f"q: expected contiguous [B, Q, Hq, {d}] {want} with Hq a multiple of "
-                         f"{hkv}, got {tuple(q.shape)} {q.dtype}")
     scale = getattr(kv_cache, "scale", None)
-    if fp8 and scale is None:
-        raise ValueError("kv_cache: float8_e4m3fn pages need the cache's [2] float32 scale")
     b, nq, hq, _ = q.shape
-    if block_table.dim() != 2 or block_table.shape[0] < b or block_table.dtype != torch.int32 \
-            or block_table.stride(1) != 1:
-        raise ValueError(f"block_table: expected [>= {b}, W] int32, got {tuple(block_table.shape)} "
-                         f"{block_table.dtype}")
-    if kv_lens.shape != (b,) or kv_lens.dtype != torch.int32:
-        raise ValueError(f"kv_lens: expected [{b}] int32, got {tuple(kv_lens.shape)} {kv_lens.dtype}")
-    if q_lens is not None and (not isinstance(q_lens, torch.Tensor) or q_lens.shape != (b,)
-                               or q_lens.dtype != torch.int32 or q_lens.device != q.device):
-        raise ValueError(f"q_lens: expected [{b}] int32 on {q.device}, got "
-                         f"{getattr(q_lens, 'shape', q_lens)!r} {getattr(q_lens, 'dtype', '')}")
-    if isinstance(splits, bool) or not isinstance(splits, int) or splits < 1:
-        raise ValueError(f"splits: must be an int >= 1, got {splits!r}")
-    for name, v, ok in (("block_n", block_n, (16, 32, 64, 128, 256)), ("num_warps", num_warps, (1, 2, 4, 8, 16)),
-                        ("num_stages", num_stages, range(1, 9))):
-        if v is not None and (isinstance(v, bool) or v not in ok):
-            raise ValueError(f"{name}: expected one of {list(ok)} or None, got {v!r}")
-    if out is None:
-        out = torch.empty_like(q)
-    elif out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous():
-        raise ValueError(f"out: expected contiguous {tuple(q.shape)} {q.dtype}, got "
-                         f"{tuple(out.shape)} {out.dtype}")
     tile_t, block_m, n_tiles = query_tiles(nq, hq // hkv)
     block_n = block_n or 64
     split = splits > 1
@@ -226,19 +167,5 @@ def multiquery_attention(q: torch.Tensor, kv_cache, block_table: torch.Tensor,
     return out
 
 
-MAX_TILE_ROWS = 128     # (token, head) rows of one program's query tile
-
-
-def query_tiles(q_tokens: int, group: int) -> tuple[int, int, int]:
-    """(tokens per tile, tile rows BLOCK_M, tiles per row) for Q = q_tokens query tokens and G =
-    group query heads per KV head: one tile of all Q tokens while Q * G <= 128 rows (the verify
-    step), else tiles of 128 // G tokens (a prefill chunk)."""
-    if q_tokens < 1 or group < 1 or group > MAX_TILE_ROWS:
-        raise ValueError(f"q_tokens, group: expected >= 1 and group <= {MAX_TILE_ROWS}, got {q_tokens}, {group}")
-    if q_tokens * group <= MAX_TILE_ROWS:
-        return q_tokens, max(16, triton.next_power_of_2(q_tokens * group)), 1
-    tile_t = MAX_TILE_ROWS // group
-    return tile_t, MAX_TILE_ROWS, triton.cdiv(q_tokens, tile_t)
-
-
-__all__ = ["multiquery_attention", "default_splits", "piece_block_n", "piece_launch", "query_tiles"]
+__all__ = ["multiquery_attention", "default_splits", "piece_block_n", "piece_launch", "query_tiles",
+           "MAX_TILE_ROWS"]

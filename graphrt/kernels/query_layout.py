@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from graphrt.kernels.mq_launch import check_query_layout
+
 
 @triton.jit(do_not_specialize=["n_rows", "offset"])
 def _query_layout_kernel(cache_lens_ptr, q_lens_ptr, positions_ptr, rows_ptr, kv_lens_ptr, n_rows, offset,
@@ -51,18 +53,7 @@ def query_layout(cache_lens: torch.Tensor, nq: int, q_lens: torch.Tensor | None 
     real), offset: host int >= 0 added to every live row's cache length -> (positions [B * Q]
     int32, rows [B * Q] int32, kv_lens [B] int32), new tensors on cache_lens' device (see the
     module docstring)."""
-    b = cache_lens.shape[0] if cache_lens.dim() == 1 else -1
-    if b < 0 or cache_lens.dtype != torch.int32 or not cache_lens.is_contiguous():
-        raise ValueError(f"cache_lens: expected a contiguous [B] int32 tensor, got {tuple(cache_lens.shape)} "
-                         f"{cache_lens.dtype}")
-    if isinstance(nq, bool) or not isinstance(nq, int) or nq < 1:
-        raise ValueError(f"nq: must be an int >= 1, got {nq!r}")
-    if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < 2 ** 30:
-        raise ValueError(f"offset: must be an int in [0, 2**30), got {offset!r}")
-    if q_lens is not None and (tuple(q_lens.shape) != (b,) or q_lens.dtype != torch.int32
-                               or not q_lens.is_contiguous() or q_lens.device != cache_lens.device):
-        raise ValueError(f"q_lens: expected a contiguous [{b}] int32 tensor on {cache_lens.device}, got "
-                         f"{tuple(q_lens.shape)} {q_lens.dtype} on {q_lens.device}")
+    b = check_query_layout(cache_lens, nq, q_lens, offset)
     dev = cache_lens.device
     positions = torch.empty(b * nq, dtype=torch.int32, device=dev)
     rows = torch.empty(b * nq, dtype=torch.int32, device=dev)

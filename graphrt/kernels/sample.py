@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from graphrt.kernels.argmax import BIG as _BIG, argmax_into   # _BIG: the lowest-id tie rule's neutral element
+from graphrt.kernels.reference_sample import check_sample_args
 
 BLOCK = 1024
 
@@ -164,19 +165,8 @@ def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.
     S * Q rows, the sampling tensors S (one per slot); row s * Q + j draws with slot s's
     sampling row at draw index step[s] + j, exactly as if each were expanded to its Q rows.
     """
-    q = rows_per_slot
-    if isinstance(q, bool) or not isinstance(q, int) or q < 1:
-        raise ValueError(f"rows_per_slot: must be an int >= 1, got {q!r}")
-    if q > 1 and advance:
-        raise ValueError("rows_per_slot: a verify's draws (Q > 1) do not advance step")
-    n = logits.shape[0]
-    if n % q:
-        raise ValueError(f"rows_per_slot: {q} does not divide the {n} logits rows")
-    for name, t, m in (("temperature", temperature, n // q), ("top_k", top_k, n // q), ("top_p", top_p, n // q),
-                       ("seed", seed, n // q), ("step", step, n // q), ("out", out, n)):
-        if t.dim() != 1 or t.shape[0] != m or not t.is_contiguous():
-            raise ValueError(f"{name}: expected a contiguous [{m}] tensor, got "
-                             f"{tuple(t.shape)} strides {t.stride()}")
+    q = check_sample_args(logits, temperature, top_k, top_p, seed, step, out, advance=advance,
+                          rows_per_slot=rows_per_slot)
     if filtered:
         vals, idx = torch.sort(logits, dim=-1, descending=True, stable=True)   # [B, V] each
     else:

@@ -12,7 +12,8 @@ row is not read nor written (one load of its flag). Tokens at or beyond W * 32 n
 
 grid (R, ceil(V / CHUNK)): one program per chunk of CHUNK logits of a row. No host sync, no
 data-dependent shape. Where Triton cannot run over the tensor (a CPU tensor without
-TRITON_INTERPRET=1) the same rule runs in torch.
+TRITON_INTERPRET=1) the same rule runs in torch (kernels/reference_sample.py, the torch
+kernel set's `apply_token_mask` and the tests' reference).
 """
 from __future__ import annotations
 
@@ -23,13 +24,9 @@ import triton
 import triton.language as tl
 
 from graphrt.kernels.launch import pdl_options, pdl_prologue, use_pdl
+from graphrt.kernels.reference_sample import check_mask_args, reference_mask, words
 
 CHUNK = 4096                        # logits per program on the GPU (128 words of the mask)
-
-
-def words(vocab: int) -> int:
-    """Mask words (int32) per row for a vocabulary of `vocab` ids: ceil(vocab / 32)."""
-    return (vocab + 31) // 32
 
 
 @triton.jit
@@ -51,39 +48,13 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def reference_mask(logits: torch.Tensor, bits: torch.Tensor, active: torch.Tensor,
-                   slots: torch.Tensor | None = None) -> torch.Tensor:
-    """The rule in torch (the tests' reference and the CPU fallback): a new tensor."""
-    r, v = logits.shape
-    rows = torch.arange(r, device=logits.device) if slots is None else slots.to(torch.long)
-    b = bits.index_select(0, rows)                                              # [R, W]
-    tok = torch.arange(v, device=logits.device)
-    allowed = ((b[:, tok // 32] >> (tok % 32)) & 1) != 0                        # [R, V]
-    on = active.index_select(0, rows) != 0
-    return torch.where(on[:, None] & ~allowed, torch.full_like(logits, float("-inf")), logits)
-
-
 def apply_token_mask(logits: torch.Tensor, bits: torch.Tensor, active: torch.Tensor,
                      slots: torch.Tensor | None = None) -> torch.Tensor:
     """Set the logits of disallowed tokens of active rows to -inf, in place; returns logits.
     slots: [R] int64 (the logits' device), the mask row of each logits row (default: row r).
     ValueError naming the argument on a shape / dtype / device mismatch. Capturable."""
-    if logits.dim() != 2 or logits.stride(1) != 1:
-        raise ValueError(f"logits: expected [R, V] contiguous along V, got {tuple(logits.shape)} "
-                         f"strides {logits.stride()}")
+    check_mask_args(logits, bits, active, slots)
     r, v = logits.shape
-    if bits.dim() != 2 or bits.dtype != torch.int32 or bits.shape[1] < words(v) or bits.stride(1) != 1:
-        raise ValueError(f"bits: expected [B, >= {words(v)}] int32 contiguous, got {tuple(bits.shape)} "
-                         f"{bits.dtype}")
-    if active.dim() != 1 or active.dtype != torch.int32 or active.shape[0] != bits.shape[0]:
-        raise ValueError(f"active: expected [{bits.shape[0]}] int32, got {tuple(active.shape)} {active.dtype}")
-    if slots is None and r > bits.shape[0]:
-        raise ValueError(f"logits: {r} rows, the mask has {bits.shape[0]} (pass slots)")
-    if slots is not None and (slots.dim() != 1 or slots.shape[0] != r or (r and slots.stride(0) != 1)):
-        raise ValueError(f"slots: expected [{r}] contiguous, got {tuple(slots.shape)} strides {slots.stride()}")
-    for name, t in (("bits", bits), ("active", active), ("slots", slots)):
-        if t is not None and t.device != logits.device:
-            raise ValueError(f"{name}: on {t.device}, expected the logits' device {logits.device}")
     if r == 0:
         return logits
     if logits.device.type != "cuda" and not _interpreting():

@@ -16,8 +16,6 @@ import torch
 
 from graphrt.attention.backends.base import AttentionBackend
 from graphrt.attention.buffers import BucketView
-from graphrt.kernels.append_kv import append_kv
-from graphrt.kernels.rope_append import rope_append_decode
 from graphrt.attention.kvcache import PagedKVCache
 
 
@@ -41,6 +39,7 @@ class AttentionContext:
 
     def write_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v [B, Hkv, D]: the current token's K/V, written at slot seq_len - 1 of each row."""
+        from graphrt.kernels.append_kv import append_kv          # Triton: imported where it runs
         cache = self.kv_caches[layer]
         append_kv(k.contiguous(), v.contiguous(), cache, self.view.block_table,
                   self.view.seq_lens, self.view.device_error, kv_scale=cache.scale)
@@ -51,6 +50,7 @@ class AttentionContext:
         """qkv [B, (Hq + 2*Hkv) * D] (fused GEMM output) -> rotated q [B, Hq, D]; rotated k and
         v go to slot seq_len - 1 of each row in the layer's cache (kernels/rope_append.py).
         cos_sin: [max_positions, D] float32 (model/rope.py); q_norm, k_norm: [D] (Qwen3)."""
+        from graphrt.kernels.rope_append import rope_append_decode   # Triton (LlamaDecoder: its kernel set's)
         cache = self.kv_caches[layer]   # FP8 pages: x / cache.scale stored in e4m3
         return rope_append_decode(qkv, cos_sin, cache, self.view.block_table,
                                   self.view.seq_lens, self.view.device_error,

@@ -5,8 +5,9 @@
 
 A decode step (model/runtime.py), a prefill's first token (worker/local.py) and a speculative
 round's acceptance (speculative/runner.py: `how.processed`, `how.filtered`) read the same Draw.
-The kernels, by what the Draw says:
-- greedy (not sampled, not processed): argmax (kernels/argmax.py, or the model's kernel set's);
+The kernels, by what the Draw says (each from the model's kernel set, kernels/ops.py: the Triton
+kernels or their torch references):
+- greedy (not sampled, not processed): argmax (kernels/argmax.py);
 - sampled: the seeded sampler over the rows' temperature / top_k / top_p (kernels/sample.py);
 - processed: constrained rows' allowed-token masks (model/token_mask.py), then the rows' logits
   processing (model/processing.py: penalties, logit_bias,
@@ -22,8 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from graphrt.kernels.argmax import argmax_into
-from graphrt.kernels.sample import sample_tokens
+from graphrt.kernels.ops import KernelOps, default_ops
 from graphrt.model.processing import drawn_from
 
 
@@ -66,7 +66,7 @@ class DrawRows:
 
 def draw(logits: torch.Tensor, rows: DrawRows, how: Draw, out: torch.Tensor, *, proc=None, sel=None,
          live: torch.Tensor | None = None, logprob_rows=None, source: str = "raw", mask=None,
-         ops=None) -> torch.Tensor | None:
+         ops: KernelOps | None = None) -> torch.Tensor | None:
     """One token per row of logits [B, V] (model dtype or float32) into out [B] int64.
 
     proc / sel (how.processed): the ProcessState and the rows' slots (an int B: slots [0, B); or
@@ -75,25 +75,27 @@ def draw(logits: torch.Tensor, rows: DrawRows, how: Draw, out: torch.Tensor, *, 
     source: "raw" (log-probs of the model's logits) or the processed distribution's.
     mask (how.processed): the runtime's TokenMask (model/token_mask.py); its constrained rows of
     sel get their disallowed tokens set to -inf in logits first (None: no constrained rows).
-    ops: the model's kernel set (kernels/ops.py) whose argmax a greedy draw runs (None: Triton's).
+    ops: the model's kernel set (kernels/ops.py) every kernel here comes from (None: Triton's).
     Returns the [B, V] logits the caller reads log-probabilities from (processed draws that
     did not record them: LogprobBuffers.record / model.logprobs.token_logprobs), else None."""
+    ops = default_ops(ops)
     if how.processed:
         if mask is not None:                                     # constrained rows: disallowed -> -inf
-            mask.apply(logits, sel)
+            mask.apply(logits, sel, ops=ops)
         if not how.filtered and logprob_rows is not None:       # process, draw, log-probs, count: fused
-            proc.draw(logits, sel, rows.seed, rows.step, rows.temperature, live, out, logprob_rows, source=source)
+            proc.draw(logits, sel, rows.seed, rows.step, rows.temperature, live, out, logprob_rows, source=source,
+                      ops=ops)
             return None
-        x = proc.process(logits, sel, rows.step, rows.temperature)                 # [B, V] float32
-        src = logits if source == "raw" else drawn_from(x, rows.temperature, rows.top_k, rows.top_p)
-        sample_tokens(x, rows.temperature, rows.top_k, rows.top_p, rows.seed, rows.step, out,
-                      filtered=how.filtered)
+        x = proc.process(logits, sel, rows.step, rows.temperature, ops=ops)         # [B, V] float32
+        src = logits if source == "raw" else drawn_from(x, rows.temperature, rows.top_k, rows.top_p, ops=ops)
+        ops.sample_tokens(x, rows.temperature, rows.top_k, rows.top_p, rows.seed, rows.step, out,
+                          filtered=how.filtered)
         proc.count(sel, out, live)
         return src
     if how.sampled:
-        sample_tokens(logits.contiguous(), rows.temperature, rows.top_k, rows.top_p, rows.seed, rows.step, out)
+        ops.sample_tokens(logits.contiguous(), rows.temperature, rows.top_k, rows.top_p, rows.seed, rows.step, out)
     else:
-        (argmax_into if ops is None else ops.argmax_into)(logits, out)            # greedy
+        ops.argmax_into(logits, out)                                                # greedy
     return None
 
 

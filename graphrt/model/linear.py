@@ -12,7 +12,7 @@ captured, so every captured graph holds one fixed kernel. Without a choice (CPU,
 M > 16) the call is `torch.nn.functional.linear` (cuBLAS on CUDA).
 
 W8A8 (the decoder's FP8 path, `fp8_matmul`): the activation arrives already quantized per row
-(`graphrt.kernels.fp8.Fp8Rows`, written by the RMSNorm / SiLU-mul / quantize kernel that
+(`graphrt.kernels.fp8_rows.Fp8Rows`, written by the RMSNorm / SiLU-mul / quantize kernel that
 produced it); one `torch._scaled_mm` with unit per-tensor scales (cuBLASLt's fast FP8 kernel;
 row-wise scales select a kernel 1.4-3x slower) yields the unscaled product, and the row and
 channel scales travel with it (`ScaledAcc`) into the kernel that reads it next.
@@ -33,12 +33,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from graphrt.kernels.fp8 import Fp8Rows, ScaledAcc
+from typing import TYPE_CHECKING
+
+from graphrt.kernels.fp8_rows import Fp8Rows, ScaledAcc
 from graphrt.kernels.timing import graph_us
-from graphrt.kernels.gemv import CANDIDATES, FP8_CANDIDATES, MAX_M, GemvConfig, gemv, gemv_fp8
-from graphrt.kernels.gemv_int4 import CANDIDATES as INT4_CANDIDATES, Int4GemvConfig, dequantize_int4, gemv_int4
 from graphrt.model.quant.fp8 import FP8, FP8_MAX, Fp8Weight
 from graphrt.model.quant.int4 import Int4Weight
+
+if TYPE_CHECKING:        # the GEMV kernels (Triton) are imported where a CUDA path runs them
+    from graphrt.kernels.gemv import GemvConfig
+    from graphrt.kernels.gemv_int4 import Int4GemvConfig
 
 CUBLAS = "cublas"
 L2_BYTES = 128 << 20  # > the H100/H200 L2 (50-60 MB) with margin
@@ -89,6 +93,7 @@ def int4_linear(x: torch.Tensor, w: Int4Weight, bias: torch.Tensor | None = None
         y = F.linear(x.float(), w.dequantize(torch.float32), None if bias is None else bias.float())
         return y.to(x.dtype)
     if x.shape[0] <= INT4_GEMV_MAX_M:
+        from graphrt.kernels.gemv_int4 import gemv_int4
         return gemv_int4(x, w.qweight, w.scale, w.group_size, zero=w.zero, perm=w.perm, bias=bias,
                          config=config)
     return int4_dequant_mm(x, w, bias)
@@ -97,6 +102,7 @@ def int4_linear(x: torch.Tensor, w: Int4Weight, bias: torch.Tensor | None = None
 def int4_dequant_mm(x: torch.Tensor, w: Int4Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """CUDA: one dequantizing kernel into a [N, K] copy in x's dtype, then cuBLAS (act-order:
     x's columns gathered into the stored order first). [M, N] in x's dtype; capturable."""
+    from graphrt.kernels.gemv_int4 import dequantize_int4
     wd = dequantize_int4(w.qweight, w.scale, w.group_size, zero=w.zero, dtype=x.dtype)
     xs = x if w.perm is None else x.index_select(1, w.perm)
     return F.linear(xs, wd, bias)
@@ -110,6 +116,7 @@ def fp8_linear(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None, 
         return y.to(x.dtype)
     m = x.shape[0]
     if m < SCALED_MM_MIN_M or (w.block is not None and m < PREFILL_DEQUANT_M):
+        from graphrt.kernels.gemv import FP8_CANDIDATES, gemv_fp8
         return gemv_fp8(x, w.data, w.scale, bias, block=w.block,
                         config=config or FP8_CANDIDATES[0])
     if w.block is not None:              # prefill-sized M: one dequantized copy, then cuBLAS
@@ -155,6 +162,7 @@ class Linear:
             return fp8_linear(x, self.weight, self.bias, config=cfg)
         if cfg is None:
             return F.linear(x, self.weight, self.bias)
+        from graphrt.kernels.gemv import gemv                      # a choice is made on CUDA only
         return gemv(x, self.weight, self.bias, config=cfg)
 
     def choose(self, batch_sizes, *, reps: int = 20, repeats: int = 5) -> dict[int, str]:
@@ -166,6 +174,8 @@ class Linear:
         w4 = self.weight if isinstance(self.weight, Int4Weight) else None
         if self.weight.device.type != "cuda":
             return {}
+        from graphrt.kernels.gemv import CANDIDATES, FP8_CANDIDATES, MAX_M, gemv, gemv_fp8
+        from graphrt.kernels.gemv_int4 import CANDIDATES as INT4_CANDIDATES
         if w4 is not None:           # int4: the GEMV configs that fit the groups, and dequant + cuBLAS
             w_bytes, k, g = w4.nbytes, w4.shape[1], w4.group_size
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from graphrt.kernels.fp8 import Fp8Rows, ScaledAcc, apply_scales, padded_rows, quantize_rows
+from graphrt.kernels.fp8_rows import Fp8Rows, ScaledAcc, padded_rows
 from graphrt.kernels.ops import KernelOps, kernel_ops, resolve_kernels
 from graphrt.kernels.transfer import tensor_on, to_device
 from graphrt.model.linear import fp8_matmul, linear
@@ -48,6 +48,13 @@ from graphrt.model.rope import cos_sin_cache
 from graphrt.model.splitk import split_matmul, splittable
 from graphrt.model.spec import LlamaSpec, shard_spec
 from graphrt.model.weights import LayerWeights, ModelWeights, fuse_hf_state_dict
+
+
+def _quantize_rows(x: torch.Tensor) -> Fp8Rows:
+    """kernels/fp8.py's quantize_rows (Triton: only W8A8 weights reach it, and they run the Triton
+    kernel set; imported here so a model on the torch set imports no Triton)."""
+    from graphrt.kernels.fp8 import quantize_rows
+    return quantize_rows(x)
 
 
 class LlamaDecoder:
@@ -62,7 +69,9 @@ class LlamaDecoder:
     kernels: the per-layer kernels' implementation (kernels/ops.py), fixed here: "triton", "torch"
     (the kernels' torch references), or None / "auto": torch on a CPU, triton on CUDA, and triton
     wherever a weight is W8A8 FP8 (the torch set reads no FP8 activations; "torch" there is a
-    ValueError). `self.ops` is the chosen set, `self.kernels` its name.
+    ValueError). `self.ops` is the chosen set, `self.kernels` its name. "Capturable" below is the
+    Triton set's property: the torch set runs eagerly (its multi-query attention reads the rows'
+    lengths on the host).
     """
 
     def __init__(self, spec: LlamaSpec, weights: ModelWeights, *, max_positions: int | None = None,
@@ -140,16 +149,20 @@ class LlamaDecoder:
         is scaled first: each rank's activation rows carry their own scales."""
         if self.tp is None:
             return x
-        return self.tp.all_reduce(apply_scales(x) if isinstance(x, ScaledAcc) else x)
+        if isinstance(x, ScaledAcc):                                 # W8A8: the Triton set's FP8 kernels
+            from graphrt.kernels.fp8 import apply_scales
+            x = apply_scales(x)
+        return self.tp.all_reduce(x)
 
     def _logits(self, h) -> torch.Tensor:
         """h [T, H] final-normed (a tensor, or Fp8Rows for a W8A8 LM head) -> [T, V] logits in
         the model dtype (every rank: all of V)."""
         head = self.weights.lm_head
         if self._fp8_in(head) and not isinstance(h, Fp8Rows):
-            h = quantize_rows(h)                                     # prefill's last rows
+            h = _quantize_rows(h)                                    # prefill's last rows
         local = self._mm(h, head)
         if isinstance(local, ScaledAcc):
+            from graphrt.kernels.fp8 import apply_scales
             local = apply_scales(local)
         return local if self.tp is None else self.tp.gather_logits(local, self.spec.vocab_size)
 
@@ -186,7 +199,7 @@ class LlamaDecoder:
                 rec[i].copy_(residual)                               # (else the norm kernel stored it)
             qkv = self._mm(h, layer.qkv, layer.qkv_bias)            # (this rank's heads)
             a = attend(i, rope(i, qkv, layer))                       # [T, Hq * D]
-            o = self._reduce(self._mm(quantize_rows(a) if fp8(layer.o) else a, layer.o, split=split_o))
+            o = self._reduce(self._mm(_quantize_rows(a) if fp8(layer.o) else a, layer.o, split=split_o))
             h = ops.add_rms_norm(o, residual, layer.post_attn_norm, eps, fp8=fp8(layer.gate_up))
             m = ops.silu_mul(self._mm(h, layer.gate_up), fp8=fp8(layer.down))
             nxt = layers[i + 1].qkv if i + 1 < len(layers) else (w.lm_head if fp8_head else None)
@@ -314,15 +327,14 @@ class LlamaDecoder:
         rope_append launch for all of them, the decode rows' attention with the step's plan, the
         chunk's with the multi-query kernel (`splits`, `block_n`) -> [B, vocab] logits of the
         decode rows (model dtype). No host sync: capturable."""
-        from graphrt.kernels.multiquery_attention import multiquery_attention
         b, c = tokens.shape[0], chunk_tokens.shape[0]
         hq, d = self.local_spec.num_heads, self.local_spec.head_dim
 
         def attend(i, q):                                            # q [B + C, Hq, D]
             out = torch.empty_like(q)
             ctx.attention(i, q[:b], out=out[:b])
-            multiquery_attention(q[b:].view(1, c, hq, d), kv_caches[i], table, kv_lens, q_lens=q_lens,
-                                 splits=splits, block_n=block_n, out=out[b:].view(1, c, hq, d))
+            self.ops.multiquery_attention(q[b:].view(1, c, hq, d), kv_caches[i], table, kv_lens, q_lens=q_lens,
+                                          splits=splits, block_n=block_n, out=out[b:].view(1, c, hq, d))
             return out.view(b + c, hq * d)
 
         h = self._layers(torch.cat([tokens, chunk_tokens]),
@@ -336,17 +348,15 @@ class LlamaDecoder:
         """The layer loop over tokens [B, Q] at positions cache_lens + offset + j (live rows) ->
         final-normed hidden states [B * Q, H] (Fp8Rows with fp8_head and a W8A8 LM head); q_lens
         None: every token real, else [B] int32 real tokens per row."""
-        from graphrt.kernels.multiquery_attention import multiquery_attention
-        from graphrt.kernels.query_layout import query_layout
         b, nq = tokens.shape
-        positions, rows, kv_lens = query_layout(                     # [B * Q], [B * Q] (-1: padding), [B]
+        positions, rows, kv_lens = self.ops.query_layout(            # [B * Q], [B * Q] (-1: padding), [B]
             cache_lens.to(torch.int32).contiguous(), nq,
             None if q_lens is None else q_lens.to(torch.int32).contiguous(), offset=offset)
         hq, d = self.local_spec.num_heads, self.local_spec.head_dim
 
         def attend(i, q):                                            # q [B * Q, Hq, D]
-            o = multiquery_attention(q.view(b, nq, hq, d), kv_caches[i], block_table, kv_lens,
-                                     q_lens=q_lens, splits=splits, block_n=block_n)
+            o = self.ops.multiquery_attention(q.view(b, nq, hq, d), kv_caches[i], block_table, kv_lens,
+                                              q_lens=q_lens, splits=splits, block_n=block_n)
             return o.view(b * nq, hq * d)
 
         return self._layers(tokens.reshape(-1), self._prefill_rope(positions, rows, kv_caches, block_table,

@@ -19,17 +19,18 @@ from dataclasses import dataclass
 
 import torch
 
-from graphrt.kernels.logits_process import logprobs_into
+from graphrt.kernels.ops import KernelOps, default_ops
 
 
-def token_logprobs(logp_source: torch.Tensor, targets: torch.Tensor, width: int):
+def token_logprobs(logp_source: torch.Tensor, targets: torch.Tensor, width: int, *, ops: KernelOps | None = None):
     """logp_source [R, V] float, targets [R] int64 -> (logprob [R] float32, rank [R] int32,
     top ids [R, width] int64, top logprobs [R, width] float32; descending, ties to the lowest
-    id). Fused chunked passes (kernels/logits_process.py). Capturable (no sync)."""
+    id). Fused chunked passes (kernels/logits_process.py; ops: the kernel set, None: Triton's).
+    Capturable (no sync)."""
     r, dev = logp_source.shape[0], logp_source.device
     out = (torch.empty(r, dtype=torch.float32, device=dev), torch.empty(r, dtype=torch.int32, device=dev),
            torch.empty((r, width), dtype=torch.int64, device=dev), torch.empty((r, width), dtype=torch.float32, device=dev))
-    logprobs_into(logp_source.contiguous(), targets.contiguous(), *out)
+    default_ops(ops).logprobs_into(logp_source.contiguous(), targets.contiguous(), *out)
     return out
 
 
@@ -61,9 +62,11 @@ class LogprobBuffers:
         [size, N]) views, the outputs a fused processed step writes (ProcessState.draw)."""
         return self.token[step, :size], self.rank[step, :size], self.top_ids[step, :size], self.top_vals[step, :size]
 
-    def record(self, step: int, size: int, logp_source: torch.Tensor, tokens: torch.Tensor) -> None:
-        """Step `step`'s rows [0, size): logp_source [size, V], tokens [size] int64 drawn."""
-        logprobs_into(logp_source.contiguous(), tokens.contiguous(), *self.rows(step, size))
+    def record(self, step: int, size: int, logp_source: torch.Tensor, tokens: torch.Tensor, *,
+               ops: KernelOps | None = None) -> None:
+        """Step `step`'s rows [0, size): logp_source [size, V], tokens [size] int64 drawn (ops:
+        the kernel set, None: Triton's)."""
+        default_ops(ops).logprobs_into(logp_source.contiguous(), tokens.contiguous(), *self.rows(step, size))
 
     def view(self, n: int) -> tuple[torch.Tensor, ...]:
         """(token [K, n], rank [K, n], top_ids [K, n, N], top_vals [K, n, N]) views."""
@@ -77,10 +80,10 @@ class PromptLogprobs:
     asked. `__call__(i, start, logits)` takes row i's logits [n, V] float32 of positions start ..
     start + n - 1 (each predicts the next prompt token; the last position's is skipped).
     `result(i)` -> (logprob [T_i - 1], rank [T_i - 1], top ids [T_i - 1, n], top logprobs) on CPU,
-    for prompt tokens 1 .. T_i - 1."""
+    for prompt tokens 1 .. T_i - 1. ops: the kernel set (None: Triton's)."""
 
-    def __init__(self, prompts: list[torch.Tensor], want: dict[int, int]):
-        self.prompts, self.want = prompts, dict(want)
+    def __init__(self, prompts: list[torch.Tensor], want: dict[int, int], *, ops: KernelOps | None = None):
+        self.prompts, self.want, self.ops = prompts, dict(want), ops
         self._parts: dict[int, list] = {i: [] for i in want}
 
     def __call__(self, i: int, start: int, logits: torch.Tensor) -> None:
@@ -89,7 +92,7 @@ class PromptLogprobs:
         if stop <= start:
             return
         targets = p[start + 1: stop + 1].to(logits.device)
-        self._parts[i].append(token_logprobs(logits[: stop - start], targets, self.want[i]))
+        self._parts[i].append(token_logprobs(logits[: stop - start], targets, self.want[i], ops=self.ops))
 
     def result(self, i: int):
         parts = self._parts[i]

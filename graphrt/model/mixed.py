@@ -30,7 +30,7 @@ import torch
 
 from graphrt.attention.inputs import check_host_values
 from graphrt.config import check_mixed_tokens
-from graphrt.kernels.multiquery_attention import piece_launch
+from graphrt.kernels.mq_launch import piece_launch
 from graphrt.kernels.transfer import copy_into
 
 SLOT, START, LEN = range(3)    # the first entries of `buf`

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
-from graphrt.kernels.persistent import Geometry, PersistentStep, unsupported as kernel_unsupported
-from graphrt.kernels.persistent.schedule import MAX_ROWS
+from graphrt.kernels.persistent.schedule import MAX_ROWS, Geometry
 from graphrt.model.options import decode_backend_setting
+
+if TYPE_CHECKING:       # the kernel (Triton) is imported where a step is built: CUDA, or asked for
+    from graphrt.kernels.persistent.step import PersistentStep
 
 log = logging.getLogger("graphrt.model")
 
@@ -42,6 +44,7 @@ def unsupported(model, kv_caches, rows: int) -> str | None:
     """Why `model` (a LlamaDecoder) cannot run the persistent step at `rows` rows (None: it can)."""
     if getattr(model, "tp", None) is not None:
         return "tensor parallel (one rank only)"
+    from graphrt.kernels.persistent.step import unsupported as kernel_unsupported
     return kernel_unsupported(model.weights, kv_caches, rows)
 
 
@@ -83,6 +86,7 @@ class PersistentPlan:
         cuda = model.weights.device.type == "cuda"
         if s == "sequence" or (s == "auto" and not cuda):
             return cls()
+        from graphrt.kernels.persistent.step import PersistentStep
         plan = cls(source="fixed" if s == "persistent" else "measured")
         for rows in sorted({int(b) for b in buckets if b <= MAX_ROWS}):
             why = unsupported(model, kv_caches, rows)

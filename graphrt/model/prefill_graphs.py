@@ -35,7 +35,7 @@ import torch
 
 from graphrt.attention.buckets import pick_bucket
 from graphrt.attention.graphs import GraphKey, GraphRunner
-from graphrt.kernels.multiquery_attention import piece_launch
+from graphrt.kernels.mq_launch import piece_launch
 from graphrt.kernels.transfer import copy_into
 
 MIN_BUCKET = 16

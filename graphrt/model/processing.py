@@ -18,9 +18,10 @@ bad words (value -inf) and min_tokens (-inf on stop / end-of-sequence ids, until
 Order per draw (`process`): repetition penalty, presence / frequency penalties, token rules; then
 (sampled rows only) min_p at the row's temperature: tokens with p < min_p * p_max become -inf.
 The sampler (kernels/sample.py) then applies temperature, top-k and top-p to the result.
-The rule runs fused in a few chunked passes (kernels/logits_process.py; `_process` below is its
-float32 torch statement, the tests' reference); a decode step whose rows use no top-k / top-p
-(`draw`) also draws, records log-probabilities and counts the token in the same passes.
+The rule runs fused in a few chunked passes (kernels/logits_process.py; its float32 torch
+statement, kernels/reference_sample.py, is the tests' reference and the torch kernel set's: each
+call takes the model's kernel set, `ops`); a decode step whose rows use no top-k / top-p (`draw`)
+also draws, records log-probabilities and counts the token in the same passes.
 
 Speculative verification (`process_verify`, called by speculative/runner.py's processed rounds
 before `accept.judge`) gives the target distribution of each verified position after the same
@@ -33,8 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from graphrt.kernels.logits_process import process_draw, process_logits
-from graphrt.kernels.sample import kept_lengths
+from graphrt.kernels.ops import KernelOps, default_ops
 from graphrt.kernels.transfer import to_device
 
 PRESENCE, FREQUENCY, REPETITION, MIN_P = range(4)      # rows of `params`
@@ -138,17 +138,18 @@ class ProcessState:
         return torch.zeros((rows, self.vocab), dtype=torch.float32, device=self.counts.device)
 
     def process(self, logits: torch.Tensor, sel, step: torch.Tensor,
-                temperature: torch.Tensor) -> torch.Tensor:
+                temperature: torch.Tensor, *, ops: KernelOps | None = None) -> torch.Tensor:
         """logits [b, V] (any float dtype) of slots `sel` (an int b: slots [0, b); or a [b] int64
         index tensor) -> [b, V] float32 processed logits. step [b] int32 (each row's draw index),
-        temperature [b] float32 (0 = greedy: min_p not applied). Capturable."""
+        temperature [b] float32 (0 = greedy: min_p not applied). ops: the kernel set (kernels/ops.py;
+        None: Triton's), as for `draw` and `process_verify`. Capturable."""
         slots = None if isinstance(sel, int) else sel.to(self.counts.device)
-        return process_logits(logits, self.counts, self.prompt, self.params, self.rule_ids, self.rule_vals,
+        return default_ops(ops).process_logits(logits, self.counts, self.prompt, self.params, self.rule_ids, self.rule_vals,
                               self.rule_until, self._bias(self.counts.shape[0]), step, temperature, slots=slots)
 
     def draw(self, logits: torch.Tensor, size: int, seed: torch.Tensor, step: torch.Tensor,
              temperature: torch.Tensor, live: torch.Tensor, out: torch.Tensor, logprob_rows, *,
-             source: str) -> torch.Tensor:
+             source: str, ops: KernelOps | None = None) -> torch.Tensor:
         """One processed decode step of slots [0, size) with no top-k / top-p row, fused
         (kernels/logits_process.py): process logits [size, V] (model dtype), draw into out
         [size] int64 (kernels/sample.py's rule; step [size] int32 += 1), record log-probabilities
@@ -157,12 +158,12 @@ class ProcessState:
         live [size] bool row's token. seed [size] int64, temperature [size] float32. Returns the
         processed [size, V] float32 (source "raw": greedy rows unwritten). Capturable."""
         tok_lp, rank, ids, vals = logprob_rows
-        return process_draw(logits, self.counts, self.prompt, self.params, self.rule_ids, self.rule_vals,
+        return default_ops(ops).process_draw(logits, self.counts, self.prompt, self.params, self.rule_ids, self.rule_vals,
                             self.rule_until, self._bias(self.counts.shape[0]), seed, step, temperature, live,
                             out, tok_lp, rank, ids, vals, source=source)
 
     def process_verify(self, logits: torch.Tensor, size: int, proposals: torch.Tensor, step: torch.Tensor,
-                       temperature: torch.Tensor) -> torch.Tensor:
+                       temperature: torch.Tensor, *, ops: KernelOps | None = None) -> torch.Tensor:
         """The same processing for a speculative verify: logits [size * Q, V] of slots [0, size),
         row b * Q + j the distribution after proposals x_0 .. x_{j-1} (proposals [size, Q - 1]
         int64), drawn at index step[b] + j: counted as if those proposals had been drawn. step
@@ -175,7 +176,7 @@ class ProcessState:
         rep = lambda t: t[:b].repeat_interleave(q, dim=0)
         draw = (step[:, None] + torch.arange(q, dtype=step.dtype, device=step.device)).reshape(b * q)
         bias = torch.zeros((b * q, v), dtype=torch.float32, device=logits.device)
-        return process_logits(logits, counts, rep(self.prompt), self.params[:, :b].repeat_interleave(q, dim=1),
+        return default_ops(ops).process_logits(logits, counts, rep(self.prompt), self.params[:, :b].repeat_interleave(q, dim=1),
                               rep(self.rule_ids), rep(self.rule_vals), rep(self.rule_until), bias, draw,
                               temperature.repeat_interleave(q))
 
@@ -189,29 +190,12 @@ class ProcessState:
             self.counts.view(-1).index_add_(0, at, add[:, 0])
 
 
-def _process(x, counts, prompt, params, ids, vals, until, step, temperature) -> torch.Tensor:
-    """The float32 torch rule that kernels/logits_process.py fuses (the tests' reference).
-    x [R, V] float32, counts [R, V] int32, prompt [R, V] bool, params [NUM_PARAMS, R], rules
-    [R, L] each, step [R] int32, temperature [R] float32 -> processed [R, V] float32."""
-    seen = counts > 0
-    rep = params[REPETITION][:, None]
-    x = torch.where(seen | prompt, torch.where(x > 0, x / rep, x * rep), x)
-    x = x - params[PRESENCE][:, None] * seen - params[FREQUENCY][:, None] * counts
-    live = (ids >= 0) & (step[:, None] < until)
-    x = x.scatter_add(1, ids.clamp_min(0), torch.where(live, vals, 0.0))
-    min_p = params[MIN_P]
-    cut = torch.where((min_p > 0) & (temperature > 0), torch.log(min_p.clamp_min(1e-30)), -torch.inf)
-    top = x.max(dim=-1, keepdim=True).values
-    safe_t = torch.where(temperature > 0, temperature, 1.0)[:, None]
-    return torch.where((x - top) / safe_t < cut[:, None], -torch.inf, x)
-
-
 def drawn_from(x: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-               top_p: torch.Tensor) -> torch.Tensor:
+               top_p: torch.Tensor, *, ops: KernelOps | None = None) -> torch.Tensor:
     """The distribution the sampler draws from, as logits: processed x [R, V] float32 divided by
     the temperature [R] (greedy rows: x), -inf outside the kept set of top_k [R] int32 / top_p [R]
-    float32 (the sampler's own rule). Capturable."""
-    order, kept = kept_lengths(x, temperature, top_k, top_p)                 # [R, V], [R]
+    float32 (the sampler's own rule; ops: the kernel set, None: Triton's). Capturable."""
+    order, kept = default_ops(ops).kept_lengths(x, temperature, top_k, top_p)                 # [R, V], [R]
     rank = torch.arange(x.shape[1], device=x.device)[None, :]
     inside = torch.zeros_like(x, dtype=torch.bool).scatter_(1, order, rank < kept[:, None])
     return torch.where(inside, x / torch.where(temperature > 0, temperature, 1.0)[:, None], -torch.inf)

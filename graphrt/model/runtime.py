@@ -103,7 +103,7 @@ from graphrt.attention.inputs import check_exclusive_writes, check_host_values, 
 from graphrt.attention.kvcache import PagedKVCache
 from graphrt.attention.runtime import raise_device_errors, runtime_device
 from graphrt.config import RuntimeConfig
-from graphrt.kernels.launch import pdl_scope
+from graphrt.kernels.launch_options import pdl_scope
 from graphrt.kernels.transfer import to_device
 from graphrt.model.context import AttentionContext
 from graphrt.model.draw import Draw, DrawRows, draw
@@ -415,9 +415,9 @@ class ModelRuntime:
         if how.processed:                        # the step's log-prob rows (the fused pass fills them)
             rows = DrawRows(st.temperature[:size], st.top_k[:size], st.top_p[:size], st.seed[:size], st.step[:size])
             src = draw(logits, rows, how, out, proc=st.proc, sel=size, live=seq > 0, mask=self.token_mask,
-                       logprob_rows=self.logprobs.rows(step, size), source=self.logprobs_mode)
+                       logprob_rows=self.logprobs.rows(step, size), source=self.logprobs_mode, ops=self.model.ops)
             if src is not None:
-                self.logprobs.record(step, size, src, out)
+                self.logprobs.record(step, size, src, out, ops=self.model.ops)
         elif not drawn:
             rows = DrawRows(st.temperature[:size], st.top_k[:size], st.top_p[:size], st.seed[:size], st.step[:size])
             draw(logits, rows, how, out, ops=self.model.ops)

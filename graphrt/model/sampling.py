@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from graphrt.kernels.sample import sample_tokens
+from graphrt.kernels.ops import KernelOps, default_ops
 from graphrt.kernels.transfer import to_device
 
 _DTYPES = {"temperature": torch.float32, "top_k": torch.int32, "top_p": torch.float32,
@@ -71,22 +71,24 @@ class SamplingBuffers:
             getattr(self, f.name)[:n].copy_(getattr(inputs, f.name), non_blocking=True)
         self.temperature[n:].zero_()
 
-    def sample(self, logits: torch.Tensor, out: torch.Tensor) -> None:
-        """logits [B, V] float32 -> out [B] int64; advances step (capturable)."""
-        sample_tokens(logits, self.temperature, self.top_k, self.top_p, self.seed, self.step, out)
+    def sample(self, logits: torch.Tensor, out: torch.Tensor, *, ops: KernelOps | None = None) -> None:
+        """logits [B, V] float32 -> out [B] int64; advances step (capturable). ops: the kernel
+        set that draws (kernels/ops.py; None: Triton's)."""
+        default_ops(ops).sample_tokens(logits, self.temperature, self.top_k, self.top_p, self.seed, self.step, out)
 
 
 
-def sample_eager(logits: torch.Tensor, inputs: SamplingInputs) -> torch.Tensor:
+def sample_eager(logits: torch.Tensor, inputs: SamplingInputs, *, ops: KernelOps | None = None) -> torch.Tensor:
     """Outside a graph (e.g. a prefill's first token): logits [n, V] float32 -> [n] int64 tokens
-    on logits' device; `inputs` is left unchanged (its step is copied, not advanced)."""
+    on logits' device; `inputs` is left unchanged (its step is copied, not advanced). ops: the
+    kernel set that draws (None: Triton's)."""
     n, dev = logits.shape[0], logits.device
     inputs.check(n, dev)
     out = torch.empty(n, dtype=torch.int64, device=dev)
     args = {f.name: to_device(getattr(inputs, f.name), dev) for f in fields(inputs)}   # no host sync
     args["step"] = args["step"].clone()
-    sample_tokens(logits.contiguous(), args["temperature"], args["top_k"], args["top_p"],
-                  args["seed"], args["step"], out)
+    default_ops(ops).sample_tokens(logits.contiguous(), args["temperature"], args["top_k"], args["top_p"],
+                                   args["seed"], args["step"], out)
     return out
 
 

@@ -40,18 +40,19 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import torch
 import torch.nn.functional as F
 
-from graphrt.kernels.fp8 import Fp8Rows, padded_rows, quantize_rows
-from graphrt.kernels.gemv_int4 import Int4GemvConfig, default_config, gemv_int4_partial
-from graphrt.kernels.norm import add_rms_norm
+from graphrt.kernels.fp8_rows import Fp8Rows, padded_rows
 from graphrt.kernels.splitk import SplitAcc
 from graphrt.model.options import splitk_setting
 from graphrt.model.quant.fp8 import Fp8Weight
 from graphrt.model.quant.int4 import Int4Weight
+
+if TYPE_CHECKING:       # the int4 GEMV (Triton) is imported where a split GEMM runs it
+    from graphrt.kernels.gemv_int4 import Int4GemvConfig
 
 log = logging.getLogger("graphrt.model")
 
@@ -65,6 +66,7 @@ GEMMS = ("o", "down")
 def int4_split_config(w: Int4Weight, split: int, rows: int = 1) -> Int4GemvConfig:
     """The int4 GEMV configuration of a split-S GEMM of w at `rows` activation rows: its default
     tile, split_k = S (the tiles differ in block_k only, so K splits alike at any rows)."""
+    from graphrt.kernels.gemv_int4 import Int4GemvConfig, default_config   # Triton's (split-K runs it)
     n, k = w.shape
     c = default_config(n, k, w.group_size, rows)
     return Int4GemvConfig(c.block_n, c.block_k, c.num_warps, c.num_stages, split)
@@ -110,6 +112,7 @@ def split_matmul(x: torch.Tensor | Fp8Rows, w, split: int, *, unit: torch.Tensor
                              f"{getattr(x, 'shape', type(x).__name__)}")
         m = x.shape[0]
         acc = torch.empty((split * m, split * n), dtype=x.dtype, device=x.device)
+        from graphrt.kernels.gemv_int4 import gemv_int4_partial
         gemv_int4_partial(x, w.qweight, w.scale, w.group_size, acc, zero=w.zero, perm=w.perm,
                           config=int4_split_config(w, split, m))
         return SplitAcc(acc, split, m)
@@ -192,6 +195,7 @@ def choose_splits(timings_us: Mapping[tuple[int, str, int], float]) -> dict[int,
 def _measure(model, rows: int, gemm: str) -> dict[int, float]:
     """S -> device µs of one pass over the model's layers of (GEMM `gemm` split S, then its
     add + RMSNorm) at `rows` rows, in one CUDA graph (graph_us)."""
+    from graphrt.kernels.fp8 import quantize_rows
     from graphrt.kernels.timing import graph_us
     layers, eps = model.weights.layers, model.spec.rms_norm_eps
     ws = [getattr(layer, gemm) for layer in layers]
@@ -205,7 +209,7 @@ def _measure(model, rows: int, gemm: str) -> dict[int, float]:
         if all(splittable(w, s) for w in ws):
             def run(s=s):
                 for w in ws:
-                    add_rms_norm(model._mm(x, w, split=s), residual, norm, eps, fp8=fp8_out)
+                    model.ops.add_rms_norm(model._mm(x, w, split=s), residual, norm, eps, fp8=fp8_out)
             out[s] = graph_us(run, 1, 3)
     return out
 

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from graphrt.kernels.token_mask import apply_token_mask, words
+from graphrt.kernels.ops import KernelOps, default_ops
+from graphrt.kernels.reference_sample import words
 from graphrt.kernels.transfer import tensor_on, to_device
 
 
@@ -79,25 +80,28 @@ class TokenMask:
             self.bits[:, :p].index_copy_(0, idx, to_device(bits.contiguous(), dev))
         self.active.index_copy_(0, idx, to_device(active[:, None].expand(m, self.positions).contiguous(), dev))
 
-    def apply(self, logits: torch.Tensor, sel) -> torch.Tensor:
+    def apply(self, logits: torch.Tensor, sel, *, ops: KernelOps | None = None) -> torch.Tensor:
         """logits [b, V] of slots `sel` (an int b: slots [0, b); or a [b] int64 device tensor),
-        position 0: disallowed tokens of active rows -> -inf, in place. Capturable."""
+        position 0: disallowed tokens of active rows -> -inf, in place (ops: the kernel set,
+        kernels/ops.py; None: Triton's). Capturable."""
+        apply = default_ops(ops).apply_token_mask
         flat_bits, flat_active = self.bits.view(-1, self.words), self.active.view(-1)
         if self.positions == 1:
             if isinstance(sel, int):
-                return apply_token_mask(logits, flat_bits[:sel], flat_active[:sel])
-            return apply_token_mask(logits, flat_bits, flat_active, slots=sel)
+                return apply(logits, flat_bits[:sel], flat_active[:sel])
+            return apply(logits, flat_bits, flat_active, slots=sel)
         rows = self.first[:sel] if isinstance(sel, int) else self.first.index_select(0, sel)
-        return apply_token_mask(logits, flat_bits, flat_active, slots=rows)
+        return apply(logits, flat_bits, flat_active, slots=rows)
 
-    def apply_verify(self, logits: torch.Tensor, size: int, k: int) -> torch.Tensor:
+    def apply_verify(self, logits: torch.Tensor, size: int, k: int, *, ops: KernelOps | None = None) -> torch.Tensor:
         """logits [size * (k + 1), V] of a verify over slots [0, size) (row b * (k + 1) + j: slot
-        b's position j, j <= k < P): disallowed tokens of active rows -> -inf, in place.
-        Capturable (one small index copy, then one launch)."""
+        b's position j, j <= k < P): disallowed tokens of active rows -> -inf, in place (ops: as
+        `apply`). Capturable (one small index copy, then one launch)."""
         if not 0 <= k < self.positions:
             raise ValueError(f"k: {k} proposals need positions {k + 1}, the mask holds {self.positions}")
         rows = self.rows[:size, :k + 1].reshape(-1)                       # [size * (k + 1)] int64
-        return apply_token_mask(logits, self.bits.view(-1, self.words), self.active.view(-1), slots=rows)
+        return default_ops(ops).apply_token_mask(logits, self.bits.view(-1, self.words), self.active.view(-1),
+                                                 slots=rows)
 
 
 __all__ = ["TokenMask"]

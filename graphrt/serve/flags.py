@@ -176,6 +176,9 @@ def preflight(args, engine_cfg) -> None:
                          f"use --device cpu or leave --device out")
     if device == "cuda" and not flashinfer_installed():
         raise ValueError(f"--device cuda: graphrt needs FlashInfer on CUDA, which is not installed: {install_line()}")
+    from graphrt.kernels.triton_import import INSTALL, triton_installed
+    if device == "cuda" and not triton_installed():
+        raise ValueError(f"--device cuda: graphrt needs Triton on CUDA, which is not installed: {INSTALL}")
     if device == "cpu" and engine_cfg.dtype not in (None, "float32"):
         raise ValueError(f"--dtype {engine_cfg.dtype}: on a CPU graphrt runs float32 only; "
                          f"use --dtype float32 or auto")

@@ -19,6 +19,7 @@ batch, whether or not it speculates.
 one comparison launch) writes accept [B, Q] and fallback [B, Q]; `advance` (grid B) takes the
 accepted prefix, clips it to the slot's token limit and writes the tokens into the slot's token
 buffer, moving num_tokens and step. No host sync: capturable. Runs on CPU under TRITON_INTERPRET=1.
+The torch set's twins, and the argument checks both call, are speculative/reference.py's.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import triton
 import triton.language as tl
 
 from graphrt.kernels.sample import sample_tokens
+from graphrt.speculative.reference import check_advance, check_judge
 
 
 @triton.jit(do_not_specialize=["width", "n_rows"])
@@ -88,11 +90,6 @@ def _rows_per_program(device: torch.device, n: int) -> int:
     return 1 if device.type == "cuda" else min(64, triton.next_power_of_2(n))
 
 
-def _need(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(msg)
-
-
 def judge(logits: torch.Tensor, proposals: torch.Tensor, count: torch.Tensor,
           temperature: torch.Tensor, seed: torch.Tensor, step: torch.Tensor,
           accept: torch.Tensor, fallback: torch.Tensor, *, top_k: torch.Tensor | None = None,
@@ -107,32 +104,13 @@ def judge(logits: torch.Tensor, proposals: torch.Tensor, count: torch.Tensor,
     either is given (a sort per verified row); None: no row uses them. One device.
     """
     b, q = accept.shape
-    _need(accept.dtype == torch.int32 and accept.is_contiguous(), "accept: expected contiguous [B, Q] int32")
-    _need(tuple(fallback.shape) == (b, q) and fallback.dtype == torch.int64 and fallback.is_contiguous(),
-          f"fallback: expected contiguous [{b}, {q}] int64, got {tuple(fallback.shape)} {fallback.dtype}")
-    logits = logits.reshape(b * q, -1)
-    _need(logits.is_contiguous() and logits.is_floating_point(),
-          f"logits: expected contiguous [B * Q = {b * q}, V] floats, got {tuple(logits.shape)}")
-    _need(q >= 2 and tuple(proposals.shape) == (b, q - 1) and proposals.dtype == torch.int64
-          and proposals.is_contiguous(),
-          f"proposals: expected contiguous [{b}, {q - 1}] int64 (Q >= 2), got "
-          f"{tuple(proposals.shape)} {proposals.dtype}")
-    filtered = top_k is not None or top_p is not None
+    logits, filtered, k_arg, p_arg = check_judge(logits, proposals, count, temperature, seed, step, accept,
+                                                 fallback, top_k, top_p)
     dev = logits.device
-    if filtered:
-        top_k = torch.zeros(b, dtype=torch.int32, device=dev) if top_k is None else top_k
-        top_p = torch.ones(b, dtype=torch.float32, device=dev) if top_p is None else top_p
-    for name, t, dt in (("count", count, torch.int32), ("temperature", temperature, torch.float32),
-                        ("seed", seed, torch.int64), ("step", step, torch.int32),
-                        ("top_k", top_k, torch.int32), ("top_p", top_p, torch.float32)):
-        if t is not None:
-            _need(tuple(t.shape) == (b,) and t.dtype == dt, f"{name}: expected [{b}] {dt}, got "
-                  f"{tuple(t.shape)} {t.dtype}")
-
     # row b * Q + j draws with slot b's sampling row at draw index step[b] + j (the sampler reads
     # the [B] rows per slot: no [B * Q] copies)
-    sample_tokens(logits, temperature, top_k if filtered else step, top_p if filtered else temperature,
-                  seed, step, fallback.view(b * q), advance=False, filtered=filtered, rows_per_slot=q)
+    sample_tokens(logits, temperature, k_arg, p_arg, seed, step, fallback.view(b * q), advance=False,
+                  filtered=filtered, rows_per_slot=q)
     rows = _rows_per_program(dev, b)
     _accept_kernel[(triton.cdiv(b, rows),)](fallback, proposals, count, accept, b, Q=q,
                                            QB=triton.next_power_of_2(q), ROWS=rows)
@@ -153,20 +131,8 @@ def advance(accept: torch.Tensor, fallback: torch.Tensor, proposals: torch.Tenso
     (token_buf[b, num_tokens[b] - 1]: the last emitted one, or the one it held), for the decode
     graphs that read it; an empty slot's entry is left as it is.
     """
+    check_advance(accept, fallback, proposals, token_buf, num_tokens, limit, step, out_tokens, emitted, current)
     b, q = accept.shape
-    _need(token_buf.dim() == 2 and token_buf.shape[0] == b and token_buf.dtype == torch.int32
-          and token_buf.stride(1) == 1, f"token_buf: expected [{b}, W] int32, got "
-          f"{tuple(token_buf.shape)} {token_buf.dtype}")
-    for name, t in (("num_tokens", num_tokens), ("limit", limit), ("step", step), ("emitted", emitted)):
-        _need(tuple(t.shape) == (b,) and t.dtype == torch.int32, f"{name}: expected [{b}] int32, "
-              f"got {tuple(t.shape)} {t.dtype}")
-    _need(tuple(out_tokens.shape) == (b, q) and out_tokens.dtype == torch.int64
-          and out_tokens.is_contiguous(), f"out_tokens: expected contiguous [{b}, {q}] int64, got "
-          f"{tuple(out_tokens.shape)} {out_tokens.dtype}")
-    _need(current is None or (tuple(current.shape) == (b,) and current.dtype == torch.int64
-                              and current.is_contiguous() and current.device == accept.device),
-          f"current: expected contiguous [{b}] int64 on {accept.device}, got "
-          f"{None if current is None else (tuple(current.shape), current.dtype, str(current.device))}")
     rows = _rows_per_program(accept.device, b)
     _advance_kernel[(triton.cdiv(b, rows),)](
         accept, fallback, proposals, token_buf, token_buf.stride(0), token_buf.shape[1], b,

@@ -12,60 +12,17 @@ the one position the draft has not seen (the last accepted proposal), and otherw
 the same K/V. Every position below n - 2 holds the K/V of accepted tokens, so rejected
 proposals need no rollback: their K/V lies past the new length and is overwritten. Fixed shapes,
 no host sync: it runs inside the runner's captured graph. Greedy proposals are point masses, so
-`accept.judge`'s rule (accept x with probability p(x)) keeps sampling exact.
+`accept.judge`'s rule (accept x with probability p(x)) keeps sampling exact. The round's inputs
+(draft_prep.py) and the argmax are the draft model's kernel set's (speculative/ops.py,
+kernels/ops.py).
 """
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
-from graphrt.kernels.argmax import argmax_into
-from graphrt.kernels.multiquery_attention import default_splits
+from graphrt.kernels.mq_launch import default_splits
 from graphrt.kernels.transfer import to_device
-
-
-@triton.jit(do_not_specialize=["width", "n_rows"])
-def _draft_prep_kernel(hist_ptr, hist_stride, width, num_ptr, limit_ptr, toks_ptr, base_ptr, count_ptr, n_rows,
-                       K: tl.constexpr, ROWS: tl.constexpr):
-    b = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    live = b < n_rows
-    b = tl.where(live, b, 0)
-    n = tl.load(num_ptr + b, mask=live, other=0)
-    act = (n > 0) & (n < tl.load(limit_ptr + b, mask=live, other=0))
-    row = hist_ptr + b.to(tl.int64) * hist_stride
-    for j in tl.static_range(2):                      # tokens n - 2, n - 1 (clamped into the row)
-        at = tl.minimum(tl.maximum(n - 2 + j, 0), width - 1)
-        tl.store(toks_ptr + b * 2 + j, tl.load(row + at, mask=live, other=0).to(tl.int64), mask=live)
-    tl.store(base_ptr + b, tl.where(act, n - 2, -1), mask=live)
-    tl.store(count_ptr + b, tl.where(act, K, 0), mask=live)
-
-
-def draft_prep(history: torch.Tensor, num_tokens: torch.Tensor, limit: torch.Tensor, k: int, count: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A draft round's inputs in one launch (as torch ops: about fifteen small launches, each a
-    graph node). history [B, W] int32 (unit column stride), num_tokens / limit [B] int32, k:
-    proposals a round -> (tokens [B, 2] int64: history[b, n - 2], history[b, n - 1] (indices
-    clamped into [0, W)), base [B] int32: n - 2 for an active slot (0 < n < limit), else -1);
-    count [B] int32 <- k for an active slot, else 0 (in place). Capturable."""
-    b = num_tokens.shape[0]
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k: must be an int >= 1, got {k!r}")
-    if history.dim() != 2 or history.shape[0] != b or history.dtype != torch.int32 or history.stride(1) != 1:
-        raise ValueError(f"history: expected [{b}, W] int32 with unit column stride, got "
-                         f"{tuple(history.shape)} {history.dtype}")
-    for name, t in (("num_tokens", num_tokens), ("limit", limit), ("count", count)):
-        if tuple(t.shape) != (b,) or t.dtype != torch.int32 or not t.is_contiguous() or t.device != history.device:
-            raise ValueError(f"{name}: expected a contiguous [{b}] int32 tensor on {history.device}, got "
-                             f"{tuple(t.shape)} {t.dtype} on {t.device}")
-    dev = history.device
-    toks = torch.empty((b, 2), dtype=torch.int64, device=dev)
-    base = torch.empty(b, dtype=torch.int32, device=dev)
-    if b:
-        rows = 1 if dev.type == "cuda" else min(64, triton.next_power_of_2(b))
-        _draft_prep_kernel[(triton.cdiv(b, rows),)](history, history.stride(0), history.shape[1], num_tokens, limit,
-                                                    toks, base, count, b, K=k, ROWS=rows)
-    return toks, base
+from graphrt.speculative.ops import spec_ops
 
 
 class DraftProposer:
@@ -133,13 +90,13 @@ class DraftProposer:
         k = proposals.shape[1]
         if not 1 <= k <= self.k:
             raise ValueError(f"proposals: width {k} must be in [1, k={self.k}]")
-        toks, base = draft_prep(token_buf, num_tokens, limit, k, count)  # one launch
+        toks, base = spec_ops(self.model.kernels).draft_prep(token_buf, num_tokens, limit, k, count)  # one launch
         b = toks.shape[0]
         for j in range(k):                   # step j >= 1 feeds d_j at n + j - 1 = base + j + 1
             logits = self.model.verify_step(toks, base, self.kv_caches, block_table, error,
                                             splits=self.splits, offset=0 if j == 0 else j + 1)   # [B * q, V]
-            argmax_into(logits.view(b, toks.shape[1], -1)[:, -1], proposals[:, j])   # rows strided by q * V
+            self.model.ops.argmax_into(logits.view(b, toks.shape[1], -1)[:, -1], proposals[:, j])   # rows strided by q * V
             toks = proposals[:, j:j + 1]                                 # its column: no copy
 
 
-__all__ = ["DraftProposer", "draft_prep"]
+__all__ = ["DraftProposer"]

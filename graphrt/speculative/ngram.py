@@ -10,13 +10,18 @@ One pass finds it: for every candidate end e the kernel counts the matched suffi
 "for n from max_n down to min_n, most recent match" rule in one scan.
 
 Grid: one program per slot, BLOCK candidate ends at a time; no host sync (graph-capturable);
-runs on CPU under TRITON_INTERPRET=1. `ngram_propose_reference` is the plain-Python truth.
+runs on CPU under TRITON_INTERPRET=1. `ngram_propose_reference` is the plain-Python truth and
+`NgramIndex` the engine's incremental host copy of the rule (ngram_rule.py, no Triton; re-exported
+here); the torch set's twin is speculative/reference.py's.
 """
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
+
+from graphrt.speculative.ngram_rule import NgramIndex, ngram_propose_reference
+from graphrt.speculative.reference import check_ngram
 
 BLOCK = 256
 
@@ -59,73 +64,12 @@ def ngram_propose(tokens: torch.Tensor, lens: torch.Tensor, out: torch.Tensor, c
     (tokens held; clipped to W; 0 = empty slot), out [S, k] int64 (entries past count are 0),
     count [S] int32. One device; capturable in a CUDA graph.
     """
-    if tokens.dim() != 2 or tokens.dtype != torch.int32 or tokens.stride(1) != 1:
-        raise ValueError(f"tokens: expected [S, W] int32 with unit column stride, got "
-                         f"{tuple(tokens.shape)} {tokens.dtype}")
+    check_ngram(tokens, lens, out, count, min_n, max_n)
     s = tokens.shape[0]
-    if tuple(lens.shape) != (s,) or lens.dtype != torch.int32:
-        raise ValueError(f"lens: expected [{s}] int32, got {tuple(lens.shape)} {lens.dtype}")
-    if out.dim() != 2 or out.shape[0] != s or out.dtype != torch.int64 or not out.is_contiguous():
-        raise ValueError(f"out: expected contiguous [{s}, k] int64, got {tuple(out.shape)} {out.dtype}")
-    if tuple(count.shape) != (s,) or count.dtype != torch.int32:
-        raise ValueError(f"count: expected [{s}] int32, got {tuple(count.shape)} {count.dtype}")
-    if not 1 <= min_n <= max_n:
-        raise ValueError(f"min_n, max_n: need 1 <= min_n <= max_n, got {min_n}, {max_n}")
-    if len({t.device for t in (tokens, lens, out, count)}) != 1:
-        raise ValueError("tokens, lens, out, count: must be on one device")
     k = out.shape[1]
     _ngram_kernel[(s,)](tokens, tokens.stride(0), tokens.shape[1], lens, out, count, min_n,
                         K=k, MAX_N=max_n, BLOCK=min(BLOCK, triton.next_power_of_2(tokens.shape[1])),
                         KB=triton.next_power_of_2(k))
-
-
-def ngram_propose_reference(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
-    """The proposal for one token list, by the rule as stated (longest n first, latest match)."""
-    size = len(tokens)
-    for n in range(max_n, min_n - 1, -1):
-        if n > size:
-            continue
-        suffix = tokens[size - n:]
-        for e in range(size - 2, n - 2, -1):           # occurrence t[e-n+1 .. e], e <= L - 2
-            if tokens[e - n + 1: e + 1] == suffix:
-                return tokens[e + 1: e + 1 + k]
-    return []
-
-
-class NgramIndex:
-    """The same rule on the host, incremental, for one token list that only grows (a request's
-    prompt + accepted tokens): `extend` indexes each n-gram (min_n <= n <= max_n) by its latest
-    end, one token behind (an occurrence must end before the last token); `propose(k)` looks the
-    suffixes up, longest first. O(max_n) per token and per proposal, where the reference scans
-    the whole list. The engine predicts a slot's device proposal with it (the slot's token
-    history is the same list) to check it against the request's grammar before the round."""
-
-    def __init__(self, min_n: int, max_n: int):
-        if not 1 <= min_n <= max_n:
-            raise ValueError(f"min_n, max_n: need 1 <= min_n <= max_n, got {min_n}, {max_n}")
-        self.min_n, self.max_n = min_n, max_n
-        self.tokens: list[int] = []
-        self._last: dict[tuple, int] = {}              # n-gram -> its latest end e (<= len - 2)
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def extend(self, new) -> None:
-        t, last = self.tokens, self._last
-        for tok in new:
-            t.append(tok)
-            e = len(t) - 2                             # n-grams ending at e: now before the last token
-            for n in range(self.min_n, min(self.max_n, e + 1) + 1):
-                last[tuple(t[e - n + 1:e + 1])] = e
-
-    def propose(self, k: int) -> list[int]:
-        """ngram_propose_reference(self.tokens, k, min_n, max_n)."""
-        t, size = self.tokens, len(self.tokens)
-        for n in range(min(self.max_n, size), self.min_n - 1, -1):
-            e = self._last.get(tuple(t[size - n:]))
-            if e is not None:
-                return t[e + 1:e + 1 + k]
-        return []
 
 
 __all__ = ["ngram_propose", "ngram_propose_reference", "NgramIndex"]

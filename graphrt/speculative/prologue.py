@@ -12,13 +12,16 @@ with n = tokens held (counting the current one) and limit = the most it may hold
 Torch ops would take about a dozen small launches for this (compare, gather, concatenate,
 select, casts); inside a captured round each is a graph node that costs the device a few
 microseconds at small models. One program per slot on the GPU (many per program in the CPU
-interpreter); no host sync: capturable. Runs on CPU under TRITON_INTERPRET=1.
+interpreter); no host sync: capturable. Runs on CPU under TRITON_INTERPRET=1. The torch set's
+twin is speculative/reference.py's.
 """
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
+
+from graphrt.speculative.reference import check_round_inputs
 
 
 @triton.jit(do_not_specialize=["width", "n_rows"])
@@ -58,22 +61,8 @@ def round_inputs(history: torch.Tensor, num_tokens: torch.Tensor, limit: torch.T
     history [B, W] int32 (unit column stride; row b's tokens), num_tokens / limit / cap / count /
     proposed [B] int32 contiguous, proposals [B, k] int64 contiguous (k >= 1). One device.
     """
+    check_round_inputs(history, num_tokens, limit, cap, proposals, count, proposed, full)
     b = num_tokens.shape[0]
-    if history.dim() != 2 or history.shape[0] != b or history.dtype != torch.int32 or history.stride(1) != 1:
-        raise ValueError(f"history: expected [{b}, W] int32 with unit column stride, got "
-                         f"{tuple(history.shape)} {history.dtype}")
-    for name, t in (("num_tokens", num_tokens), ("limit", limit), ("cap", cap), ("count", count),
-                    ("proposed", proposed)):
-        if tuple(t.shape) != (b,) or t.dtype != torch.int32 or not t.is_contiguous():
-            raise ValueError(f"{name}: expected a contiguous [{b}] int32 tensor, got {tuple(t.shape)} {t.dtype}")
-    if proposals.dim() != 2 or proposals.shape[0] != b or proposals.shape[1] < 1 \
-            or proposals.dtype != torch.int64 or not proposals.is_contiguous():
-        raise ValueError(f"proposals: expected a contiguous [{b}, k >= 1] int64 tensor, got "
-                         f"{tuple(proposals.shape)} {proposals.dtype}")
-    if len({t.device for t in (history, num_tokens, limit, cap, proposals, count, proposed)}) != 1:
-        raise ValueError("history, num_tokens, limit, cap, proposals, count, proposed: must be on one device")
-    if not isinstance(full, bool):
-        raise ValueError(f"full: expected a bool, got {full!r}")
     k, dev = proposals.shape[1], proposals.device
     tokens = torch.empty((b, k + 1), dtype=torch.int64, device=dev)
     cache_lens = torch.empty(b, dtype=torch.int32, device=dev)

@@ -31,7 +31,9 @@ logits, or with logprobs_mode "processed" the distribution drawn from), so a req
 log-probs are plain decoding's whether or not it speculates. The host reads `out`/`emitted` after the block
 (the engine asynchronously) and applies stop ids, stop strings and EOS; max_tokens is exact on
 the device (a slot never holds more than `limit` tokens). K/V written for rejected proposals lies
-past the slot's length and is overwritten by the next round.
+past the slot's length and is overwritten by the next round. The rounds' kernels (n-gram lookup,
+round inputs, acceptance, advance) are the target model's kernel set's (speculative/ops.py):
+Triton's, or their torch references on a model that runs the torch set (a CPU's default).
 
 Several k per bucket: `ks` (default `capture_ks(num_tokens)`: 1, 2, 4, 8 up to k, and k) are the
 proposal counts a block may run, one graph family per k (query length k + 1, scratch per k), so
@@ -48,16 +50,14 @@ import torch
 
 from graphrt.attention.buckets import pick_bucket
 from graphrt.attention.graphs import GraphKey, GraphRunner
-from graphrt.kernels.multiquery_attention import default_splits
+from graphrt.kernels.mq_launch import default_splits
 from graphrt.model.draw import Draw
 from graphrt.model.processing import drawn_from
 from graphrt.model.slots import SlotState
-from graphrt.speculative.accept import advance, judge
 from graphrt.speculative.buffers import SpecBuffers
 from graphrt.speculative.config import SpeculativeConfig
 from graphrt.speculative.draft import DraftProposer
-from graphrt.speculative.ngram import ngram_propose
-from graphrt.speculative.prologue import round_inputs
+from graphrt.speculative.ops import spec_ops
 
 
 def capture_ks(k: int) -> tuple[int, ...]:
@@ -129,6 +129,7 @@ class SpeculativeRunner:
             if isinstance(val, bool) or not isinstance(val, int) or val < 1:
                 raise ValueError(f"{name}: must be an int >= 1, got {val!r}")
         self.model, self.kv_caches, self.config = model, kv_caches, config
+        self.spec = spec_ops(model.kernels)          # the rounds' kernels: the target's kernel set's
         self.buckets, self.rounds, self.page_size = buckets, rounds, page_size
         self.max_pages = max_pages or -(-(max_len + config.num_tokens) // page_size)
         self.device = torch.device(device) if device is not None else kv_caches[0].device
@@ -273,25 +274,25 @@ class SpeculativeRunner:
         elif self.draft is not None:
             self.draft.propose(hist, num, limit, table, v.proposals, v.count, self.device_error)
         else:
-            ngram_propose(hist, num, v.proposals, v.count, min_n=c.ngram_min, max_n=c.ngram_max)
+            self.spec.ngram_propose(hist, num, v.proposals, v.count, min_n=c.ngram_min, max_n=c.ngram_max)
         # count capped by the slot's own k, tokens [B, k + 1] (the current token, then the
         # proposals), cache_lens (-1: inactive), proposed[r]: one launch (speculative/prologue.py)
-        tokens, cache_lens = round_inputs(hist, num, limit, st.spec_k[:size], proposals, v.count,
-                                          v.proposed[r], full=self.eagle is not None)
+        tokens, cache_lens = self.spec.round_inputs(hist, num, limit, st.spec_k[:size], proposals, v.count,
+                                                    v.proposed[r], full=self.eagle is not None)
         record = self.eagle.verify_kwargs(size) if self.eagle is not None else {}
         logits = self.model.verify_step(tokens, cache_lens, self.kv_caches, table, self.device_error,
                                         splits=self.splits[size], **record)   # [B * (k + 1), V]
         if how.processed and self.mask is not None:   # constrained rows: each position's mask
-            self.mask.apply_verify(logits, size, k)
+            self.mask.apply_verify(logits, size, k, ops=self.model.ops)
         raw = logits
         if how.processed:                     # the slots' logits processing, per verified position
-            logits = st.proc.process_verify(logits, size, proposals, step, temperature)
+            logits = st.proc.process_verify(logits, size, proposals, step, temperature, ops=self.model.ops)
         kept = dict(top_k=st.top_k[:size], top_p=st.top_p[:size]) if how.filtered else {}
-        judge(logits, proposals, v.count, temperature, st.seed[:size], step, v.accept, v.fallback,
-              **kept)                                                # the sampler's kept set
+        self.spec.judge(logits, proposals, v.count, temperature, st.seed[:size], step, v.accept, v.fallback,
+                        **kept)                                                # the sampler's kept set
         # the last round's advance: the decode graphs' input, each slot's current token
-        advance(v.accept, v.fallback, proposals, hist, num, limit, step, v.out_tokens[r], v.emitted[r],
-                current=st.tokens[:size] if last else None)
+        self.spec.advance(v.accept, v.fallback, proposals, hist, num, limit, step, v.out_tokens[r], v.emitted[r],
+                          current=st.tokens[:size] if last else None)
         if how.processed:                     # the emitted tokens counted for the penalties
             out = v.out_tokens[r]                                    # [B, Q], -1 past the emitted
             st.proc.counts[:size].scatter_add_(1, out.clamp_min(0), (out >= 0).to(torch.int32))
@@ -318,8 +319,8 @@ class SpeculativeRunner:
             rep = lambda t: t[:size].repeat_interleave(q)
             off_k = torch.zeros_like(st.top_k[:size]) if not how.filtered else st.top_k[:size]
             off_p = torch.ones_like(st.top_p[:size]) if not how.filtered else st.top_p[:size]
-            src = drawn_from(processed, rep(st.temperature), rep(off_k), rep(off_p))
-        lp.record(r, size * q, src, out.reshape(size * q).clamp_min(0))
+            src = drawn_from(processed, rep(st.temperature), rep(off_k), rep(off_p), ops=self.model.ops)
+        lp.record(r, size * q, src, out.reshape(size * q).clamp_min(0), ops=self.model.ops)
 
 
     def _key(self, size: int, k: int, how: Draw, rounds: int) -> GraphKey:

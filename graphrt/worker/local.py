@@ -205,7 +205,8 @@ class LocalExecutor:
         later speculative block catches the draft up from there, as after plain blocks; a
         request that never speculates never runs its draft)."""
         want = dict(prompt_logprobs or {})
-        collect = PromptLogprobs(prompts, want) if want else None
+        ops = self.runtime.model.ops                      # the model's kernel set draws (kernels/ops.py)
+        collect = PromptLogprobs(prompts, want, ops=ops) if want else None
         extra = {"on_logits": collect, "logits_rows": frozenset(want)} if collect is not None else {}
         if starts is not None and any(starts):
             if want:
@@ -239,9 +240,10 @@ class LocalExecutor:
         src = draw(logits, rows, Draw(sampled=True, processed=processing is not None, filtered=True), first,
                    proc=st.proc, sel=idx, source=self.runtime.logprobs_mode,
                    mask=None if processing is None else self.runtime.token_mask,
-                   live=None if processing is None else torch.ones(len(slots), dtype=torch.bool, device=dev))
+                   live=None if processing is None else torch.ones(len(slots), dtype=torch.bool, device=dev),
+                   ops=ops)
         if src is not None:
-            first_lp = tuple(t[None] for t in token_logprobs(src, first, self.caps.logprobs_width))
+            first_lp = tuple(t[None] for t in token_logprobs(src, first, self.caps.logprobs_width, ops=ops))
         st.tokens.index_copy_(0, idx, first)
         src = sources if sources is not None else range(len(slots))
         if st.history is not None:

@@ -1,4 +1,5 @@
-"""kernels/logits_process.py against the float32 torch rule (model/processing.py `_process`),
+"""kernels/logits_process.py against the float32 torch rule (kernels/reference_sample.py's
+process_logits, the torch kernel set's; tests/kernels/test_reference_sample.py compares the rest),
 kernels/sample.py's unsorted draw and torch log_softmax: random rows with repetition penalties on
 both signs, zero counts, min_p on and off, greedy rows, -inf entries, live / expired / duplicate
 token rules; several chunks a row. CPU (interpreter) and, marked gpu, the 8B vocabulary in a
@@ -11,10 +12,16 @@ import torch
 
 from graphrt.kernels.logits_process import logprobs_into, process_draw, process_logits
 from graphrt.kernels.sample import sample_tokens
-from graphrt.model.processing import FOREVER, _process
+from graphrt.kernels.reference_sample import process_logits as torch_rule
+from graphrt.model.processing import FOREVER
 from _sm90 import compile_for_sm90
 
 W = 20
+
+
+def _process(x, counts, prompt, params, ids, vals, until, step, temp):
+    """The torch rule over rows [0, R) of the state (float32 [R, V])."""
+    return torch_rule(x, counts, prompt, params, ids, vals, until, torch.zeros_like(x, dtype=torch.float32), step, temp)
 
 
 def _rows(r: int, v: int, device="cpu", seed: int = 0, dtype=torch.float32):
@@ -45,8 +52,8 @@ def _rows(r: int, v: int, device="cpu", seed: int = 0, dtype=torch.float32):
 
 
 def _equal_but_summed_duplicates(got: torch.Tensor, want: torch.Tensor, row: int = 0, token: int = 3) -> None:
-    """Exactly equal, except the element that two finite rules hit (want adds them one at a time,
-    got their sum: a float32 rounding apart)."""
+    """Exactly equal; the element that two finite rules hit to float32 rounding (both sum the
+    rules before adding them, in an order that may differ)."""
     torch.testing.assert_close(got[row, token], want[row, token], rtol=1e-6, atol=1e-6)
     got, want = got.clone(), want.clone()
     got[row, token] = want[row, token] = 0.0

@@ -18,7 +18,7 @@ from graphrt.kernels.step_advance import _step_advance_kernel
 from graphrt.kernels.query_layout import _query_layout_kernel
 from graphrt.speculative.accept import _accept_kernel, _advance_kernel
 from graphrt.speculative.eagle3.propose import _round_prep_kernel
-from graphrt.speculative.draft import _draft_prep_kernel
+from graphrt.speculative.draft_prep import _draft_prep_kernel
 cases = [
     (_round_inputs_kernel, {"hist_ptr": "*i32", "hist_stride": "i32", "width": "i32", "n_rows": "i32",
                             "num_ptr": "*i32", "limit_ptr": "*i32", "cap_ptr": "*i32", "prop_ptr": "*i64",

@@ -1,4 +1,4 @@
-"""The speculative rounds' inputs in one launch each (eagle3/propose.py round_prep, draft.py draft_prep)
+"""The speculative rounds' inputs in one launch each (eagle3/propose.py round_prep, draft_prep.py draft_prep)
 against the torch ops they replace: idle slots (emitted 0 or cache_lens -1; empty or finished),
 every accepted count, q = 1 (the first draft after a prompt)."""
 from __future__ import annotations
@@ -41,9 +41,9 @@ def test_round_prep_names_the_bad_field():
 
 @pytest.mark.parametrize("b, k", [(1, 1), (5, 4), (70, 3)])
 def test_draft_prep_equals_the_torch_ops(b, k):
-    """The draft-model proposer's round inputs (speculative/draft.py draft_prep) against the torch
+    """The draft-model proposer's round inputs (speculative/draft_prep.py) against the torch
     ops they replace: active iff 0 < n < limit, tokens n - 2 and n - 1 of the history."""
-    from graphrt.speculative.draft import draft_prep
+    from graphrt.speculative.draft_prep import draft_prep
     g = torch.Generator().manual_seed(b * 10 + k)
     w = 40
     history = torch.randint(0, 1000, (b, w), generator=g, dtype=torch.int32)

@@ -1,10 +1,13 @@
 """Attention backends behind one interface (see base.py); FlashInfer ones import it lazily.
 
 triton-decode is graphrt's own one-launch split-KV decode kernel (CUDA and CPU, FP8 KV too);
-torch is the torch path's (a CPU's default: no Triton, no plan)."""
+torch is the torch path's (a CPU's default: no Triton, no plan); every other backend launches
+Triton kernels (the prepare kernel at least): without Triton installed it is TritonMissing."""
 from __future__ import annotations
 
 from graphrt.attention.backends.base import AttentionBackend
+
+_TRITON_BACKENDS = ("reference", "flashinfer", "flashinfer-hostplan", "xqa", "torch-splitkv", "triton-decode")
 
 
 def make_backend(config, kv_cache, device, *, name: str | None = None,
@@ -12,6 +15,9 @@ def make_backend(config, kv_cache, device, *, name: str | None = None,
     """Backend named `name` (default: config.backend). 'auto' must be resolved before this.
     parity_sets: device-planner parity checks per bucket (FlashInfer; default 4)."""
     name = name or config.backend
+    if name in _TRITON_BACKENDS:               # they launch graphrt's Triton kernels
+        from graphrt.kernels.triton_import import require_triton
+        require_triton(f"backend {name!r} (a CPU without Triton runs backend 'torch')")
     if name == "reference":
         from graphrt.attention.backends.reference import ReferenceBackend
         return ReferenceBackend(config, kv_cache, device)

@@ -1,9 +1,17 @@
 """The decode step as one persistent Triton kernel (schedule.py: the static work units and their
 counters; sync.py: the counters' wait / signal; gemv_tile.py, units.py: the unit bodies;
-step.py: the kernel and its launcher, `PersistentStep`)."""
+step.py: the kernel and its launcher, `PersistentStep`). The schedule is host code (no Triton);
+the kernel modules load on first use of their names, so importing the package imports no Triton."""
+from graphrt.kernels.flags import ERR_STALL
 from graphrt.kernels.persistent.schedule import Geometry, Schedule, Tiles, build_schedule, simulate
-from graphrt.kernels.persistent.step import PersistentStep, unsupported
-from graphrt.kernels.persistent.sync import ERR_STALL
+
+
+def __getattr__(name):
+    if name in ("PersistentStep", "unsupported"):
+        from graphrt.kernels.persistent import step
+        return getattr(step, name)
+    raise AttributeError(f"module 'graphrt.kernels.persistent' has no attribute {name!r}")
+
 
 __all__ = ["Geometry", "Schedule", "Tiles", "build_schedule", "simulate", "PersistentStep", "unsupported",
            "ERR_STALL"]

@@ -54,7 +54,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import triton
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
 
 OP_QKV, OP_ATT, OP_O, OP_GU, OP_DOWN, OP_HEAD = 1, 2, 3, 4, 5, 6
 OP_NAMES = {OP_QKV: "qkv", OP_ATT: "attention", OP_O: "o", OP_GU: "gate_up", OP_DOWN: "down", OP_HEAD: "lm_head"}
@@ -200,8 +203,8 @@ class Schedule:
 def default_splits(g: Geometry, rows: int, programs: int, max_context_len: int, min_keys: int) -> int:
     """KV splits per (row, kv head): about one attention unit per program, at most one split per
     min_keys keys of the longest context, 1..64."""
-    want = triton.cdiv(programs, rows * g.kv_heads)
-    return max(1, min(want, triton.cdiv(max_context_len, min_keys), 64))
+    want = _cdiv(programs, rows * g.kv_heads)
+    return max(1, min(want, _cdiv(max_context_len, min_keys), 64))
 
 
 def _group_of_row(g: Geometry, r: int) -> int:
@@ -227,9 +230,9 @@ def build_schedule(g: Geometry, rows: int, programs: int, *, tiles: Tiles = Tile
     splits = tiles.splits or default_splits(g, rows, programs, max_context_len, tiles.min_keys)
     c = Counters(g.layers, g.kv_heads, rows)
     L, H, I, K_ATT = g.layers, g.hidden, g.inter, g.heads * g.head_dim
-    n_qkv, n_o = triton.cdiv(g.qkv_rows, tiles.qkv_bn), triton.cdiv(H, tiles.o_bn)
-    n_gu, n_down = triton.cdiv(I, tiles.gu_bn), triton.cdiv(H, tiles.down_bn)
-    n_head = triton.cdiv(g.vocab, tiles.head_bn)
+    n_qkv, n_o = _cdiv(g.qkv_rows, tiles.qkv_bn), _cdiv(H, tiles.o_bn)
+    n_gu, n_down = _cdiv(I, tiles.gu_bn), _cdiv(H, tiles.down_bn)
+    n_head = _cdiv(g.vocab, tiles.head_bn)
     per_group = (g.group + 2) * g.head_dim // tiles.qkv_bn          # qkv tiles of one KV group
     phases = []                                                      # lists of unit rows
 

@@ -25,7 +25,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-ERR_STALL = 32                    # device_error bit: a persistent-step wait hit its spin bound
+from graphrt.kernels.flags import ERR_STALL
+
 SPIN_LIMIT = 1 << 20              # reads of a counter before the watchdog trips (about a second)
 
 

@@ -61,8 +61,9 @@ def calibrate_layer(scale: torch.Tensor, qkv, *, num_q_heads: int, num_kv_heads:
     """Set one layer's [2] float32 (k, v) scale in place from its prefill qkv (a tensor or the FP8
     GEMM's ScaledAcc): bound / 448 each (kv_amax), floored at 1e-6. Call it before the layer's
     first K/V write (one host read: prefill is eager)."""
-    from graphrt.kernels.fp8 import ScaledAcc, apply_scales
-    if isinstance(qkv, ScaledAcc):
+    from graphrt.kernels.fp8_rows import ScaledAcc
+    if isinstance(qkv, ScaledAcc):                     # W8A8 weights: the Triton set's scale kernel
+        from graphrt.kernels.fp8 import apply_scales
         qkv = apply_scales(qkv)
     ka, va = kv_amax(qkv, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                      k_norm=k_norm, eps=eps)

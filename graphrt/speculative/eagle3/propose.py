@@ -27,7 +27,7 @@ import triton.language as tl
 
 from graphrt.kernels.argmax import argmax_into
 from graphrt.kernels.decode_attention import DecodeScratch, default_max_splits, device_sms
-from graphrt.kernels.multiquery_attention import default_splits
+from graphrt.kernels.mq_launch import default_splits
 from graphrt.speculative.eagle3.head import last_positions
 
 
