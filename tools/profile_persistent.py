@@ -84,7 +84,7 @@ def main(argv=None) -> int:
     tokens = torch.randint(0, s.vocab_size, (n,), generator=gen, device="cuda")
     out = torch.zeros(n, dtype=torch.int64, device="cuda")
     err = torch.zeros(1, dtype=torch.int32, device="cuda")
-    bw = copy_bandwidth(torch) / 2                                             # bytes read per second
+    bw = copy_bandwidth(torch)         # the floor's bandwidth: bytes moved by a copy (read + written) per second, as bench_e2e
     dev = torch.cuda.get_device_properties(0)
     results = []
     for warps, bk, pf, pfb, sp in itertools.product(args.num_warps, args.block_k, args.prefetch,

@@ -100,21 +100,31 @@ def tile_k(group_size: int) -> int:
 
 
 def default_config(n: int, k: int, group_size: int, m: int = 1) -> Int4GemvConfig:
-    """A pure choice by shape and rows (from the sm_90 machine code: instructions a code, shared
-    memory, registers; retune from tools/bench_e2e.py --int4-kernels):
-    - N / 32 programs fill the GPU twice over (the gate_up shapes): 32 rows and 512 columns a
-      step on 4 warps (3-4 programs an SM at 8 KB a step);
-    - else one row: 16 rows and 1024 columns a step on 8 warps (N / 16 programs, 8 KB a step,
-      the warps sharing 8 group tiles: K parallel inside the program); 2-16 rows: 512 columns
-      on 4 warps (at 1024 columns the pipeline's 16-row activation tiles take 120 KB of shared
-      memory: one program an SM);
-    - split-K 2 only where even N / 16 programs leave half the SMs idle and each split keeps 2
-      steps."""
-    if triton.cdiv(n, 32) >= 2 * SMS:
-        return Int4GemvConfig(32, 512, 4, 4)
-    c = Int4GemvConfig(16, 1024, 8, 4) if m == 1 else Int4GemvConfig(16, 512, 4, 4)
+    """A pure choice by shape and rows, read off the measured grid (`tools/bench_e2e.py
+    --int4-kernels`, H100, 2026-12-07: docs/results/step_persistent_int4_h100.log; the fastest
+    candidate per Llama-3.2-1B / 3.1-8B GEMM, or one within ~5% of it):
+    - N / 32 programs fill the GPU twice over (the gate_up shapes): one row, 32 rows and 512
+      columns a step on 4 warps; 2-16 rows, 16 rows and 256 columns on 2 warps (more programs
+      an SM: the 16-row activation tiles stay small);
+    - else one row: 16 rows a program on 4 warps, 1024 columns a step where the programs are
+      few (N / 16 <= 1.5 x the SMs) or K is long (>= 8192), else 512; 2-16 rows: 512 columns on
+      4 warps (at 1024 columns the 16-row activation tiles take 120 KB of shared memory: one
+      program an SM), 32 rows a program where K is long (the split-K plan then halves K);
+    - split-K 2 only where even N / block_n programs leave half the SMs idle and each split
+      keeps 2 steps."""
+    wide = triton.cdiv(n, 32) >= 2 * SMS
+    long_k = k >= 8192
+    if m == 1:
+        if wide:
+            return Int4GemvConfig(32, 512, 4, 4)
+        few = 2 * triton.cdiv(n, 16) <= 3 * SMS
+        c = Int4GemvConfig(16, 1024 if few or long_k else 512, 4, 4)
+    else:
+        if wide:
+            return Int4GemvConfig(16, 256, 2, 4)
+        c = Int4GemvConfig(32 if long_k else 16, 512, 4, 4)
     split = Int4GemvConfig(c.block_n, c.block_k, c.num_warps, c.num_stages, 2)
-    if triton.cdiv(n, 16) * 2 <= SMS and split.fits(k, group_size) and k >= 4 * c.block_k:
+    if triton.cdiv(n, c.block_n) * 2 <= SMS and split.fits(k, group_size) and k >= 4 * c.block_k:
         return split
     return c
 

@@ -83,8 +83,12 @@ def test_default_config_is_a_pure_choice():
     assert tile_k(32) == 32 and tile_k(4096) == 128 and tile_k(96) == 32
     big = default_config(28672, 4096, 128)             # 8B gate_up: 896 programs of 32 rows
     assert (big.block_n, big.split_k) == (32, 1)
+    assert (default_config(28672, 4096, 128, 16).block_n, default_config(28672, 4096, 128, 16).block_k) == (16, 256)
     o = default_config(4096, 4096, 128)                 # 8B o: 256 programs of 16 rows
-    assert (o.block_n, o.block_k, o.num_warps, o.split_k) == (16, 1024, 8, 1)
+    assert (o.block_n, o.block_k, o.num_warps, o.split_k) == (16, 512, 4, 1)
+    assert default_config(2048, 2048, 128).block_k == 1024     # 1B o: 128 programs, a longer K step each
+    assert default_config(4096, 14336, 128).block_k == 1024    # 8B down: long K
+    assert default_config(4096, 14336, 128, 16).block_n == 32  # 16 rows, long K: 32 rows a program
     assert default_config(4096, 4096, 128, 16).block_k == 512      # 16 rows: a smaller x tile a step
     assert default_config(2048, 8192, 128).split_k == 1        # 1B down: 128 programs, K parallel inside
     assert default_config(1024, 4096, 128).split_k == 2        # 64 programs: split
