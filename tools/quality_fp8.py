@@ -10,6 +10,8 @@ Variants (one graphrt ModelRuntime each, the same kernels as the engine):
   fp8         weights quantized per channel while loading (`quantization="fp8"`: W8A8)
   fp8-kv      model-dtype weights, FP8 (e4m3) KV cache (`kv_cache_dtype="fp8"`)
   fp8+fp8-kv  both
+  int4        weights quantized while loading (`quantization="int4"`: round-to-nearest, group 128,
+              or 64 / 32 where 128 does not divide a weight's columns; W4A16); not a default variant
 The FP8 KV scales are calibrated by the runtime's first prefill, here a batch of training-split
 files (never the held-out text), then fixed; the scales chosen are printed.
 
@@ -45,7 +47,7 @@ import eval_ppl  # noqa: E402  (held-out sequences, prefill / decode NLL)
 import train_tiny  # noqa: E402  (the corpus split)
 
 VARIANTS = {"bf16": (None, "auto"), "fp8": ("fp8", "auto"), "fp8-kv": (None, "fp8"),
-            "fp8+fp8-kv": ("fp8", "fp8")}          # name -> (quantization, kv_cache_dtype)
+            "fp8+fp8-kv": ("fp8", "fp8"), "int4": ("int4", "auto")}   # name -> (quantization, kv_cache_dtype)
 GATES = {"fp8": 1.01, "fp8+fp8-kv": 1.02}         # perplexity ratio over bf16, at most
 
 
@@ -120,7 +122,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
-    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--variants", default=",".join(v for v in VARIANTS if v != "int4"))
     p.add_argument("--max-files", type=int, default=64)
     p.add_argument("--window", type=int, default=512)
     p.add_argument("--rows", type=int, default=8, help="sequences per batch (the runtime's bucket)")
