@@ -16,11 +16,16 @@ K=1: FlashInfer's plan() on the host every step), and HF generate (bf16, static 
 rate = (tokens - 1) / (time(tokens) - time(1 token)) over the same prompts, so prefill and
 first-token costs cancel. Two workloads: chat (PROMPTS) and quote (ask the model to repeat a
 passage: where n-gram lookup pays). Writes JSON (--out) and a markdown table (--out with .md).
+Part 3, with --llama-bench BIN (llama.cpp's `llama-bench`, built with CUDA): llama.cpp's own batch-1
+generation rate on the same file, `BIN -m FILE -ngl 99 -p 0 -n --tokens -r 5 -o json` (all layers
+on the GPU, its defaults otherwise), the mean of its repetitions, as the table's `llama.cpp` row at
+1 stream (llama-bench times generation alone: compare with the decode rates above).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -167,12 +172,34 @@ def rates(args, tok, llm, save) -> dict:
     return out
 
 
+def llama_bench(binary: Path, gguf: Path, tokens: int, timeout_s: float = 300) -> dict:
+    """llama.cpp's batch-1 generation rate on `gguf`: {"tokens_per_s", "stdev", "command", "build"}
+    or {"error": ...} (one line: a missing binary, a failed run or unreadable output)."""
+    cmd = [str(binary), "-m", str(gguf), "-ngl", "99", "-p", "0", "-n", str(tokens), "-r", "5", "-o", "json"]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        rows = json.loads(r.stdout) if r.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError, json.JSONDecodeError) as e:
+        return {"error": f"{type(e).__name__}: {e}"[:300], "command": " ".join(cmd)}
+    if not rows:
+        return {"error": f"rc {r.returncode}: {(r.stderr.strip().splitlines() or ['no output'])[-1][:300]}",
+                "command": " ".join(cmd)}
+    row = rows[-1]
+    return {"tokens_per_s": float(row["avg_ts"]), "stdev": float(row.get("stddev_ts", 0.0)), "command": " ".join(cmd),
+            "build": f"{row.get('build_commit', '?')} ({row.get('build_number', '?')})",
+            "backend": row.get("backends", row.get("backend", "?")), "gpu": row.get("gpu_info", "?")}
+
+
 def table(res: dict) -> str:
     lines = ["| variant | workload | " + " | ".join(f"{s} stream(s) tok/s" for s in res["streams"]) + " |",
              "|---|---|" + "---|" * len(res["streams"])]
     for key in sorted({(r["variant"], r["workload"]) for r in res["rates"]}):
         vals = {r["streams"]: r["tokens_per_s_per_stream"] for r in res["rates"] if (r["variant"], r["workload"]) == key}
         lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(f"{vals.get(s, float('nan')):.1f}" for s in res["streams"]) + " |")
+    lc = res.get("llama_cpp")
+    if isinstance(lc, dict) and "tokens_per_s" in lc:
+        lines.append("| llama.cpp (llama-bench tg) | generation | " + " | ".join(
+            f"{lc['tokens_per_s']:.1f}" if s == 1 else "-" for s in res["streams"]) + " |")
     lines += ["", "| greedy vs HF float32 | prompts equal | margins at divergences |", "|---|---|---|"]
     for name, r in res["agreement"].items():
         m = [round(p["hf_f32_margin"], 4) for p in r["prompts"] if not p["agree"]]
@@ -190,8 +217,12 @@ def parse_args(argv=None):
     p.add_argument("--streams", default="1,8", help="part 2's concurrent streams (comma list)")
     p.add_argument("--no-rates", dest="do_rates", action="store_false", help="part 1 only")
     p.add_argument("--smoke", action="store_true", help="2 prompts, 4 tokens, 1 stream, chat only, no HF bf16: a CPU check")
+    p.add_argument("--llama-bench", type=Path, default=None,
+                   help="llama.cpp's llama-bench binary (CUDA build): its batch-1 generation rate on the same file")
     p.add_argument("--out", default="real_model.json")
     a = p.parse_args(argv)
+    if a.llama_bench is not None and not a.llama_bench.is_file():
+        p.error(f"--llama-bench: {a.llama_bench} is not a file")
     if not a.gguf.is_file():
         p.error(f"--gguf: {a.gguf} is not a file")
     try:
@@ -239,6 +270,10 @@ def main(argv=None) -> int:
     if args.do_rates:
         rates(args, tok, llm, save)
     llm.shutdown()
+    if args.llama_bench is not None:
+        res["llama_cpp"] = llama_bench(args.llama_bench, args.gguf, args.tokens)
+        print(f"llama.cpp: {res['llama_cpp']}", flush=True)
+        save()
     md = table(res)
     out.with_suffix(".md").write_text(md + "\n")
     print(md)

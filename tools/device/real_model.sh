@@ -4,7 +4,10 @@
 # copies the part it carries to /tmp/gguf; the call that completes the set joins them, checks the
 # SHA-256 and runs tools/bench_real_model.py (greedy agreement on 24 prompts: graphrt bf16, HF
 # float32, HF bf16; decode tokens/s per stream at 1 and 8 streams: graphrt none / n-gram /
-# host-planned, HF generate) into $OUT/real_model.{json,md} (~4 min).
+# host-planned, HF generate) into $OUT/real_model.{json,md} (~4 min). With llama.cpp's llama-bench
+# (a CUDA build for sm_90, docs/DEVELOPING.md) carried in .llamacpp/ (llama-bench or llama-bench.xz;
+# kept in /tmp/llamacpp for later calls) its batch-1 generation rate on the same file joins the table,
+# with the cuBLAS / CUDA runtime of torch's wheels on the library path.
 #   bash .device/bootstrap.sh bash tools/device/real_model.sh      (carry .device and .gguf/smollm2.gguf.part.NN)
 NAME=real_model; DEADLINE=${DEADLINE:-560}; . tools/device/lib.sh   # logs, pack, cap, say
 G=/tmp/gguf; F=$G/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -18,6 +21,15 @@ if [ ! -f "$F" ]; then
 fi
 echo "$SHA  $F" | sha256sum -c --quiet || { say "SHA-256 mismatch: parts missing or out of order"; rm -f "$F"; exit 1; }
 say "GGUF ready ($(stat -c %s "$F") bytes)"
-timeout $(cap 520) python tools/bench_real_model.py --gguf "$F" --out "$OUT/real_model.json" > "$L/bench.log" 2>&1
+LC=/tmp/llamacpp; mkdir -p "$LC"; cp .llamacpp/llama-bench* "$LC"/ 2>/dev/null
+[ -f "$LC/llama-bench.xz" ] && xz -df "$LC/llama-bench.xz"
+LB=()
+if [ -f "$LC/llama-bench" ]; then
+  chmod +x "$LC/llama-bench"
+  NV=$(python -c "import os, nvidia; print(' '.join(sorted({r for p in nvidia.__path__ for r, _, fs in os.walk(p) if any(f.startswith(('libcublas', 'libcudart')) for f in fs)})))" 2>/dev/null)
+  export LD_LIBRARY_PATH="$(echo $NV | tr ' ' ':')${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  LB=(--llama-bench "$LC/llama-bench"); say "llama-bench: $("$LC/llama-bench" --version 2>&1 | tail -1)"
+fi
+timeout $(cap 520) python tools/bench_real_model.py --gguf "$F" "${LB[@]}" --out "$OUT/real_model.json" > "$L/bench.log" 2>&1
 say "bench_real_model rc=$?"
 tail -40 "$L/bench.log"; pack; cat "$S"
