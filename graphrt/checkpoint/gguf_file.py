@@ -1,8 +1,8 @@
-"""A GGUF file (llama.cpp's format) read through the `gguf` package: where it is, its metadata
-checked field by field, and the config.json it stands for.
+"""A GGUF file (llama.cpp's format): where it is, its metadata checked field by field, and the
+config.json it stands for (the header read by gguf_header.py; the `gguf` package's types).
 
     file = find_gguf(path)          # "model.gguf", or a directory holding one .gguf and no config.json; else None
-    g = open_gguf(file)             # GGUFFile: the reader, metadata getters with one-line errors
+    g = open_gguf(file)             # GGUFFile: the header, metadata getters with one-line errors
     raw, arch = g.config()          # a config.json-shaped dict (transformers' names) and 'llama' | 'qwen2' | 'qwen3'
 
 The metadata keys are llama.cpp's (`{arch}.block_count`, `tokenizer.ggml.tokens`, ...), read as
@@ -15,7 +15,7 @@ divisors) is matched against the llama3 rope_scaling it was computed from. Every
 `CheckpointError` line naming the file and the key or tensor.
 
 open_gguf keeps the last file it opened (keyed by path, size and mtime): LLM() reads the dtype,
-the weights and the tokenizer from one file, and the reader parses every metadata array on open.
+the weights and the tokenizer from one file, and opening parses every metadata array.
 """
 from __future__ import annotations
 
@@ -67,17 +67,19 @@ def _open(file: Path, size: int, mtime_ns: int) -> "GGUFFile":
 
 
 class GGUFFile:
-    """One GGUF file: `reader` (gguf.GGUFReader, memory-mapped; host only), `tensors` by GGUF name,
-    typed metadata getters. Opening checks that every tensor's data lies inside the file."""
+    """One GGUF file: `fields` (metadata: key -> value), `tensors` by GGUF name (gguf_header's
+    TensorInfo: memory-mapped data; host only), typed metadata getters. Opening checks that every
+    tensor's data lies inside the file."""
 
     def __init__(self, file: Path):
-        from gguf import GGUFReader
+        from graphrt.checkpoint.gguf_header import read_header
         self.file = Path(file)
         with reading(self.file, "not a readable GGUF file (truncated or corrupt?)"):
-            self.reader = GGUFReader(str(self.file))
+            header = read_header(self.file)
         size = os.path.getsize(self.file)
-        self.tensors = {t.name: t for t in self.reader.tensors}
-        for t in self.reader.tensors:
+        self.fields = header.fields
+        self.tensors = {t.name: t for t in header.tensors}
+        for t in header.tensors:
             if t.data_offset + t.n_bytes > size:
                 raise CheckpointError(f"{self.file}: truncated: tensor {t.name!r} needs bytes up to "
                                       f"{t.data_offset + t.n_bytes}, the file has {size}")
@@ -85,18 +87,16 @@ class GGUFFile:
 
     # --- metadata
     def has(self, key: str) -> bool:
-        return key in self.reader.fields
+        return key in self.fields
 
     def get(self, key: str, kind: type, default=...):
         """The value of metadata `key` as `kind` (int, float, bool, str, list); `default` when
         absent (no default: CheckpointError naming the key)."""
-        field = self.reader.fields.get(key)
-        if field is None:
+        if key not in self.fields:
             if default is ...:
                 raise CheckpointError(f"{self.file}: metadata {key!r}: missing")
             return default
-        with reading(self.file, f"metadata {key!r}"):
-            value = field.contents()
+        value = self.fields[key]
         ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value, ok = float(value), True
