@@ -1,7 +1,7 @@
 """Bad arguments of GPU-only benchmark tools are refused on any machine: one line naming the flag,
 exit 2, before a GPU is asked for (tools/bench_eagle3_step.py --profile, tools/bench_step_parts.py
 --attn-q, tools/bench_prefill_attention.py --layers, tools/profile_persistent.py --batch /
---num-warps / --prefetch)."""
+--num-warps / --prefetch / --stages)."""
 from __future__ import annotations
 
 import subprocess
@@ -21,6 +21,7 @@ TOOLS = Path(__file__).resolve().parent.parent / "tools"
     ("profile_persistent.py", ["--batch", "17"], "--batch"),
     ("profile_persistent.py", ["--num-warps", "8,x"], "--num-warps"),
     ("profile_persistent.py", ["--prefetch", "-1"], "--prefetch"),
+    ("profile_persistent.py", ["--stages", "4,-2"], "--stages"),
 ])
 def test_bad_flag_exits_2_naming_it(tool, args, flag, tmp_path):
     r = subprocess.run([sys.executable, str(TOOLS / tool), *args], capture_output=True, text=True, timeout=120,

@@ -8,10 +8,13 @@ at its start, when its wait returned, and at its end (timeline.py). Per unit kin
 µs (summed over the programs), µs per unit, the wait share, bytes streamed and the rate while
 streaming (one program's GB/s), and the step's span, the programs' busy share, the aggregate
 rate and each layer's average window. A comma list in --num-warps / --block-k / --prefetch /
---prefetch-bytes / --splits runs every combination (each one compiles the kernel twice).
+--prefetch-bytes / --splits / --stages runs every combination (each one compiles the kernel
+twice); --stages N streams the GEMV weights through a shared-memory ring of N chunks (0: three
+chunks in registers, the default; kernels/persistent/gemv_ring.py).
 
     python tools/profile_persistent.py --model llama-3.2-1b --batch 1 --context 1024 --out persistent_1b.json
     python tools/profile_persistent.py --model llama-3.1-8b --num-warps 4,8 --block-k 128,256
+    python tools/profile_persistent.py --model llama-3.2-1b --stages 0,2,4,6,8,12 --out stages_1b.json
 """
 from __future__ import annotations
 
@@ -46,6 +49,8 @@ def parse_args(argv=None):
     p.add_argument("--prefetch-bytes", default=str(128 << 10),
                    help="at most this much of a tile prefetched (comma list)")
     p.add_argument("--splits", default="0", help="KV splits per (row, kv head), 0 = the default (comma list)")
+    p.add_argument("--stages", default="0",
+                   help="GEMV weight chunks in a shared-memory ring, 0 = three in registers (comma list)")
     p.add_argument("--replays", type=int, default=20, help="steps per timed graph")
     p.add_argument("--out", default="profile_persistent.json")
     args = p.parse_args(argv)
@@ -60,6 +65,7 @@ def parse_args(argv=None):
     args.prefetch = _ints(p, args.prefetch, "prefetch", 0)
     args.prefetch_bytes = _ints(p, args.prefetch_bytes, "prefetch-bytes", 0)
     args.splits = _ints(p, args.splits, "splits", 0)
+    args.stages = _ints(p, args.stages, "stages", 0)
     return args
 
 
@@ -87,11 +93,11 @@ def main(argv=None) -> int:
     bw = copy_bandwidth(torch)         # the floor's bandwidth: bytes moved by a copy (read + written) per second, as bench_e2e
     dev = torch.cuda.get_device_properties(0)
     results = []
-    for warps, bk, pf, pfb, sp in itertools.product(args.num_warps, args.block_k, args.prefetch,
-                                                    args.prefetch_bytes, args.splits):
-        cfg = dict(num_warps=warps, block_k=bk, prefetch=pf, prefetch_bytes=pfb, splits=sp)
+    for warps, bk, pf, pfb, sp, st in itertools.product(args.num_warps, args.block_k, args.prefetch,
+                                                        args.prefetch_bytes, args.splits, args.stages):
+        cfg = dict(num_warps=warps, block_k=bk, prefetch=pf, prefetch_bytes=pfb, splits=sp, stages=st)
         kw = dict(geometry=geometry(model), rows=n, eps=s.rms_norm_eps, tiles=Tiles(block_k=bk, splits=sp),
-                  max_context_len=ctx + 64, num_warps=warps, prefetch=pf, prefetch_bytes=pfb)
+                  max_context_len=ctx + 64, num_warps=warps, prefetch=pf, prefetch_bytes=pfb, stages=st)
         try:
             step = PersistentStep(model.weights, caches, model.cos_sin, **kw)
             step_us = graph_us(lambda: step.launch(tokens, lens, table, out, err), args.replays, 5)

@@ -21,6 +21,7 @@ field was given as. Unset or empty: the field stands. ENV lists them:
 - GRAPHRT_PDL: pdl (0 or 1)
 - GRAPHRT_PERSISTENT_COOPERATIVE: persistent_cooperative (0 or 1)
 - GRAPHRT_PERSISTENT_PREFETCH: persistent_prefetch (an int in [0, 8])
+- GRAPHRT_PERSISTENT_STAGES: persistent_stages (an int in [0, 16])
 A bad value raises ValueError naming the variable and what it allows. Pure host code.
 """
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from graphrt.config import BACKENDS, check_mixed_tokens, check_steps
+from graphrt.kernels.persistent.schedule import MAX_STAGES
 
 SPLITK_SETTINGS = ("auto", 0, 1, 2, 4)
 DECODE_BACKENDS = ("sequence", "persistent", "auto")
@@ -90,7 +92,9 @@ class RuntimeOptions:
     graph_warmup: runs of a step before its capture (attention/graphs.py); pdl: programmatic
     dependent launch of graphrt's Triton kernels (kernels/launch.py); persistent_cooperative:
     launch the persistent step cooperatively; persistent_prefetch: its L2 prefetch distance in
-    units (None: the device's default, kernels/persistent/step.py); mask_positions: allowed-token
+    units (None: the device's default, kernels/persistent/step.py); persistent_stages: its GEMV
+    weight stream, 0 three chunks in flight in registers, N a shared-memory ring of N chunks
+    (kernels/persistent/gemv_ring.py); mask_positions: allowed-token
     masks a slot holds (model/token_mask.py: 1 + the most proposals a speculative round verifies
     for a constrained row; 1 without speculation)."""
 
@@ -114,6 +118,7 @@ class RuntimeOptions:
     pdl: bool = True
     persistent_cooperative: bool = True
     persistent_prefetch: int | None = None
+    persistent_stages: int = 0
     mask_positions: int = 1
 
     def __post_init__(self) -> None:
@@ -136,6 +141,7 @@ class RuntimeOptions:
         object.__setattr__(self, "decode_backend", decode_backend_setting(self.decode_backend))
         _int(self.graph_warmup, "graph_warmup", 1)
         _int(self.persistent_prefetch, "persistent_prefetch", 0, MAX_PREFETCH, none=True)
+        _int(self.persistent_stages, "persistent_stages", 0, MAX_STAGES)
         _int(self.mask_positions, "mask_positions", 1)
 
     def replace(self, **changes) -> "RuntimeOptions":
@@ -176,6 +182,7 @@ ENV = {
     "GRAPHRT_PDL": ("pdl", _flag),
     "GRAPHRT_PERSISTENT_COOPERATIVE": ("persistent_cooperative", _flag),
     "GRAPHRT_PERSISTENT_PREFETCH": ("persistent_prefetch", _env_int(0, MAX_PREFETCH)),
+    "GRAPHRT_PERSISTENT_STAGES": ("persistent_stages", _env_int(0, MAX_STAGES)),
 }
 
 

@@ -1,7 +1,7 @@
 """The decode step as one persistent kernel (graphrt/kernels/persistent/) per bucket, and the choice.
 
     plan = PersistentPlan.build(model, kv_caches, buckets, "persistent", max_context_len=...,
-                                cooperative=True, prefetch=None)     # RuntimeOptions' persistent_*
+                                cooperative=True, prefetch=None, stages=0)   # RuntimeOptions' persistent_*
     step = plan.get(rows)            # a PersistentStep, or None: the kernel sequence
     step.launch(tokens, seq_lens, block_table, out, device_error)   # greedy tokens into out
 
@@ -76,12 +76,13 @@ class PersistentPlan:
 
     @classmethod
     def build(cls, model, kv_caches, buckets, setting: str, *, max_context_len: int, cooperative: bool = True,
-              prefetch: int | None = None) -> "PersistentPlan":
+              prefetch: int | None = None, stages: int = 0) -> "PersistentPlan":
         """The persistent steps of every bucket <= 16 rows the model supports (setting
         "persistent", or "auto" on CUDA: candidates the caller then measures); none for
         "sequence" or "auto" off CUDA. Allocates each step's tables and scratch (outside graphs).
-        cooperative / prefetch: PersistentStep's (a cooperative launch; the L2 prefetch distance,
-        None: the device's default); off CUDA the step never prefetches."""
+        cooperative / prefetch / stages: PersistentStep's (a cooperative launch; the L2 prefetch
+        distance, None: the device's default; the GEMV weight chunks in a shared-memory ring, 0:
+        three in registers); off CUDA the step never prefetches."""
         s = resolve_setting(setting)
         cuda = model.weights.device.type == "cuda"
         if s == "sequence" or (s == "auto" and not cuda):
@@ -94,7 +95,7 @@ class PersistentPlan:
                 plan.candidates[rows] = PersistentStep(model.weights, kv_caches, model.cos_sin, geometry=geometry(model),
                                                   rows=rows, eps=model.spec.rms_norm_eps,
                                                   max_context_len=max_context_len, cooperative=cooperative,
-                                                  prefetch=prefetch if cuda else None)
+                                                  prefetch=prefetch if cuda else None, stages=stages)
             else:
                 plan.skipped[rows] = why
         if s == "persistent":

@@ -455,7 +455,8 @@ class ModelRuntime:
             o = self.options
             self.persistent = PersistentPlan.build(self.model, self.kv_caches, self.config.buckets, o.decode_backend,
                                                    max_context_len=self.config.max_context_len,
-                                                   cooperative=o.persistent_cooperative, prefetch=o.persistent_prefetch)
+                                                   cooperative=o.persistent_cooperative, prefetch=o.persistent_prefetch,
+                                                   stages=o.persistent_stages)
 
     def _measure_persistent(self) -> None:
         """decode_backend "auto" on CUDA (after K is fixed, outside any capture): per bucket with a

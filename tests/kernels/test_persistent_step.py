@@ -4,7 +4,9 @@ graphrt kernel), for Llama (GQA, 2 layers), Qwen2 (qkv bias) and Qwen3 (q / k no
 and 3 with a padding row, float32 and bfloat16 weights, NHD and HND pages; the K/V it
 appends, its greedy tokens, the counters left at zero, and bad input refused. The units in
 the orders a many-program grid may interleave them (schedule.linearize) give the same bits:
-the dependency counters are sufficient, not just deadlock-free."""
+the dependency counters are sufficient, not just deadlock-free. The shared-memory weight ring
+(stages > 0, gemv_ring.py) gives the register form's bits (its pipelining is the sm_90 build's,
+tests/kernels/test_persistent_compile.py)."""
 from __future__ import annotations
 
 import pytest
@@ -103,10 +105,10 @@ def reference_step(model, caches, table, lens, tokens):
     return logits, new_kv
 
 
-def _run(model, caches, lens, tokens, tiles=Tiles(splits=2, min_keys=64), gemv="auto", schedule=None):
+def _run(model, caches, lens, tokens, tiles=Tiles(splits=2, min_keys=64), gemv="auto", schedule=None, stages=0):
     b = len(lens)
     step = PersistentStep(model.weights, caches, model.cos_sin, geometry=geometry(model), rows=b,
-                          eps=model.spec.rms_norm_eps, tiles=tiles, gemv=gemv, schedule=schedule)
+                          eps=model.spec.rms_norm_eps, tiles=tiles, gemv=gemv, schedule=schedule, stages=stages)
     table = torch.arange(PAGES, dtype=torch.int32)[torch.randperm(PAGES, generator=torch.Generator().manual_seed(2))]
     table = table[: 4 * b].view(b, 4).contiguous()
     out = torch.full((b,), -1, dtype=torch.int64)
@@ -195,6 +197,25 @@ def test_interleavings_agree():
         assert all(torch.equal(k, k0) and torch.equal(v, v0) for (k, v), (k0, v0) in zip(kv, got[0][2]))
 
 
+@pytest.mark.parametrize("kind,lens,gemv,stages", [("llama", [5, 40, 0], "dot", 2), ("qwen2", [1, 17, 0], "fma", 5)])
+def test_ring_equals_registers(kind, lens, gemv, stages):
+    """stages > 0: the same float32 operations in the same order as the register form, with the
+    wait, the RMSNorm factors and the first activation chunk inside the GEMV loop's first
+    iteration: its logits, tokens and appended K/V bit for bit (bf16; layer 0's QKV normalises
+    the embedding rows, later layers' the residual stream, through one ring loop)."""
+    model = _model(kind, torch.bfloat16)
+    lens_t, tokens = torch.tensor(lens, dtype=torch.int32), torch.tensor([3, 150, 7])
+    got = []
+    for st in (0, stages):
+        caches = _caches(model)
+        step, _, out, err = _run(model, caches, lens_t, tokens, gemv=gemv, stages=st)
+        assert int(err) == 0 and int(step.counters.abs().sum()) == 0 and step.stages == st
+        got.append((step.logits.clone(), out.clone(), [(c.k.clone(), c.v.clone()) for c in caches]))
+    (logits, out, kv), (logits0, out0, kv0) = got[1], got[0]
+    assert torch.equal(logits, logits0) and torch.equal(out, out0)
+    assert all(torch.equal(k, k0) and torch.equal(v, v0) for (k, v), (k0, v0) in zip(kv, kv0))
+
+
 def test_bad_input():
     model = _model()
     caches = _caches(model)
@@ -215,6 +236,12 @@ def test_bad_input():
         PersistentStep(model.weights, caches, model.cos_sin, geometry=g, rows=1, eps=1e-5, prefetch=1)
     with pytest.raises(ValueError, match="prefetch_bytes"):
         PersistentStep(model.weights, caches, model.cos_sin, geometry=g, rows=1, eps=1e-5, prefetch_bytes=-1)
+    for bad in (-1, 17, True, 2.0):
+        with pytest.raises(ValueError, match="stages"):
+            PersistentStep(model.weights, caches, model.cos_sin, geometry=g, rows=1, eps=1e-5, stages=bad)
+    with pytest.raises(ValueError, match="stages: 16 chunks"):                   # 16 x 64 KB: above the ring's bound
+        PersistentStep(model.weights, caches, model.cos_sin, geometry=g, rows=1, eps=1e-5, stages=16,
+                       tiles=Tiles(block_k=1024))
     with pytest.raises(ValueError, match="timeline"):
         PersistentStep(model.weights, caches, model.cos_sin, geometry=g, rows=1, eps=1e-5, timeline=True)
     with pytest.raises(ValueError, match="schedule"):

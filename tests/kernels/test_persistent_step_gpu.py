@@ -8,7 +8,9 @@ changing lengths, eagerly and replayed 2000 times from a CUDA graph, every count
 and no watchdog flag. The default S follows the grid (schedule.default_splits): grids at their
 own default S agree within bf16 rounding of the attention merge, tokens equal at a clear margin.
 A step whose wait can never be met sets ERR_STALL and returns (the watchdog) instead of hanging;
-the timeline (timeline=True) stamps every unit in order and gives the same logits.
+the timeline (timeline=True) stamps every unit in order and gives the same logits. The
+shared-memory weight ring (stages > 0: the wait inside the GEMV loop, after the ring's first
+chunks) on the full grid gives the register form's bits, and its spin has the same watchdog.
 
 Run on the GPU machine: python -m pytest -m gpu -q -s tests/kernels/test_persistent_step_gpu.py
 """
@@ -41,12 +43,13 @@ def _step(model, caches, rows, programs, **kw):
                           eps=model.spec.rms_norm_eps, programs=programs, max_context_len=MAX_LEN, **kw)
 
 
-def _compare(model, rows, programs_a, programs_b, launches, prefetch, splits=4):
-    """Launch two steps of `programs_a` / `programs_b` programs on the same inputs, both with S =
-    splits: equal bit for bit."""
+def _compare(model, rows, programs_a, programs_b, launches, prefetch, splits=4, stages=(0, 0)):
+    """Launch two steps of `programs_a` / `programs_b` programs (GEMV weight rings of stages[0] /
+    stages[1] chunks) on the same inputs, both with S = splits: equal bit for bit."""
     caches_one, caches_grid = _caches(model, rows), _caches(model, rows)
-    one = _step(model, caches_one, rows, programs_a, prefetch=prefetch, tiles=Tiles(splits=splits))
-    grid = _step(model, caches_grid, rows, programs_b, prefetch=prefetch, tiles=Tiles(splits=splits))
+    one = _step(model, caches_one, rows, programs_a, prefetch=prefetch, tiles=Tiles(splits=splits), stages=stages[0])
+    grid = _step(model, caches_grid, rows, programs_b, prefetch=prefetch, tiles=Tiles(splits=splits),
+                 stages=stages[1])
     table = torch.arange(rows * MAX_LEN // PAGE, dtype=torch.int32, device="cuda").view(rows, -1)
     gen = torch.Generator(device="cuda").manual_seed(rows)
     err = torch.zeros(1, dtype=torch.int32, device="cuda")
@@ -79,6 +82,14 @@ def test_grid_equals_one_program():
 @pytest.mark.parametrize("name,rows,prefetch", [("1b", 1, 1), ("1b", 16, 1), ("8b", 1, 1), ("8b", 16, 1)])
 def test_grids_agree(name, rows, prefetch):
     _compare(random_model(name), rows, _sms() // 3 + 1, _sms(), 20, prefetch)
+
+
+@pytest.mark.parametrize("rows,stages", [(1, 8), (4, 4), (16, 8)])
+def test_ring_equals_registers(rows, stages):
+    """The shared-memory ring on the full grid: the same float32 operations as the register form,
+    so the same bits; a read before its wait (a weight-stream prologue that took an activation
+    with it) would differ."""
+    _compare(random_model("1b"), rows, _sms(), _sms(), 20, prefetch=1, stages=(0, stages))
 
 
 def test_split_counts_agree_closely():
@@ -170,10 +181,12 @@ def test_graph_replays_many_times():
     assert int(step.counters.abs().sum()) == 0 and int(err) == 0
 
 
-def test_watchdog_flags_a_stall():
+@pytest.mark.parametrize("stages", [0, 8])
+def test_watchdog_flags_a_stall(stages):
     model = random_model("1b")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    step = _step(model, _caches(model, 1), 1, sms, spin_limit=1000, tiles=Tiles(splits=4))   # a build shared above
+    step = _step(model, _caches(model, 1), 1, sms, spin_limit=1000, tiles=Tiles(splits=4),   # a build shared above
+                 stages=stages)
     step.units[-1, F_TARGET] = 1 << 30                     # a wait no producer can meet
     table = torch.arange(MAX_LEN // PAGE, dtype=torch.int32, device="cuda").view(1, -1)
     err = torch.zeros(1, dtype=torch.int32, device="cuda")

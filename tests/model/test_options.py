@@ -48,7 +48,8 @@ def _config():
     ("prefill_graph_tokens", -1), ("prefill_graph_tokens", 1.5), ("graphed_prefill", 1), ("graphed_prefill", "yes"),
     ("splitk", 3), ("splitk", True), ("mixed_prefill_tokens", -1), ("decode_backend", "fused"),
     ("graph_warmup", 0), ("graph_warmup", True), ("pdl", 1), ("persistent_cooperative", "0"),
-    ("persistent_prefetch", 9), ("persistent_prefetch", -1),
+    ("persistent_prefetch", 9), ("persistent_prefetch", -1), ("persistent_stages", 17), ("persistent_stages", True),
+    ("persistent_stages", None),
 ])
 def test_a_bad_field_is_refused_naming_it(field, value):
     with pytest.raises(ValueError, match=rf"^{field}:"):
@@ -58,7 +59,8 @@ def test_a_bad_field_is_refused_naming_it(field, value):
 def test_defaults_and_normalised_values():
     o = RuntimeOptions()
     assert (o.steps_per_graph, o.splitk, o.decode_backend, o.graph_warmup, o.pdl, o.persistent_cooperative,
-            o.persistent_prefetch, o.graphed_prefill) == (1, "auto", "sequence", 1, True, True, None, None)
+            o.persistent_prefetch, o.persistent_stages, o.graphed_prefill) == (1, "auto", "sequence", 1, True, True,
+                                                                                None, 0, None)
     o = RuntimeOptions(splitk="2", decode_backend="Persistent", steps_per_graph="auto")
     assert o.splitk == 2 and o.decode_backend == "persistent" and o.steps_per_graph == "auto"
     assert o.replace(pdl=False).pdl is False and o.replace() is o
@@ -68,9 +70,10 @@ def test_defaults_and_normalised_values():
 
 def test_the_environment_overrides_fields(clean_env):
     env = {"GRAPHRT_SPLITK": "4", "GRAPHRT_DECODE_BACKEND": "AUTO", "GRAPHRT_GRAPH_WARMUP": "2",
-           "GRAPHRT_PDL": "0", "GRAPHRT_PERSISTENT_COOPERATIVE": "0", "GRAPHRT_PERSISTENT_PREFETCH": "3"}
+           "GRAPHRT_PDL": "0", "GRAPHRT_PERSISTENT_COOPERATIVE": "0", "GRAPHRT_PERSISTENT_PREFETCH": "3",
+           "GRAPHRT_PERSISTENT_STAGES": "6"}
     assert env_overrides(env) == {"splitk": 4, "decode_backend": "auto", "graph_warmup": 2, "pdl": False,
-                                  "persistent_cooperative": False, "persistent_prefetch": 3}
+                                  "persistent_cooperative": False, "persistent_prefetch": 3, "persistent_stages": 6}
     assert set(ENV) == set(env)
     given = RuntimeOptions(splitk=1, decode_backend="persistent", pdl=True)
     o = given.with_env(env)
@@ -85,6 +88,7 @@ def test_the_environment_overrides_fields(clean_env):
     ("GRAPHRT_SPLITK", "3", "'auto', 0, 1, 2 or 4"), ("GRAPHRT_DECODE_BACKEND", "fast", "sequence"),
     ("GRAPHRT_GRAPH_WARMUP", "0", "an int >= 1"), ("GRAPHRT_PDL", "off", "0 or 1"),
     ("GRAPHRT_PERSISTENT_COOPERATIVE", "yes", "0 or 1"), ("GRAPHRT_PERSISTENT_PREFETCH", "9", r"\[0, 8\]"),
+    ("GRAPHRT_PERSISTENT_STAGES", "17", r"\[0, 16\]"),
 ])
 def test_a_bad_variable_is_refused_naming_it_and_its_values(var, value, allowed):
     with pytest.raises(ValueError, match=rf"^{var}: expected .*{allowed}"):
@@ -122,12 +126,15 @@ def test_model_runtime_reads_the_environment_once_at_construction(clean_env):
 def test_the_persistent_knobs_reach_the_step(clean_env):
     clean_env.setenv("GRAPHRT_PERSISTENT_COOPERATIVE", "0")
     clean_env.setenv("GRAPHRT_PERSISTENT_PREFETCH", "2")
+    clean_env.setenv("GRAPHRT_PERSISTENT_STAGES", "3")
     mrt = ModelRuntime(_model(), _config(), "cpu", decode_backend="persistent")
     assert (mrt.options.persistent_cooperative, mrt.options.persistent_prefetch) == (False, 2)
+    assert mrt.options.persistent_stages == 3
     mrt._plan_splitk()
     step = mrt.persistent.get(1)
     assert mrt.persistent.source == "fixed" and step is not None
     assert step.prefetch == 0 and not step.cooperative        # off the GPU: no prefetch, one program
+    assert step.stages == 3 and step.constexprs["STAGES"] == 3
 
 
 def test_the_engine_builds_its_options():

@@ -2,7 +2,8 @@
 (argument; GRAPHRT_DECODE_BACKEND overrides it through RuntimeOptions), where it applies, the pure decision, and whole greedy
 decode blocks of a small random model (GQA, 2 layers) through ModelRuntime with
 decode_backend="persistent" against the kernel sequence ("sequence"): the same tokens and
-logits within float32 rounding (float32) or bf16 rounding (bf16), K = 2 steps a block.
+logits within float32 rounding (float32) or bf16 rounding (bf16), K = 2 steps a block; also
+with the GEMV weights through a shared-memory ring (RuntimeOptions.persistent_stages).
 CPU, TRITON_INTERPRET=1 (one program)."""
 from __future__ import annotations
 
@@ -63,11 +64,11 @@ def test_plan_where_it_applies(monkeypatch):
     assert PersistentPlan.build(fp8, caches, [1], "persistent", max_context_len=64).table == {}
 
 
-def _decode(model, dtype, backend, steps=3, k=2):
+def _decode(model, dtype, backend, steps=3, k=2, stages=0):
     """Prefill 3 prompts, then `steps` greedy blocks of K steps: tokens [steps, K, 3] and the last
     step's float32 logits [steps, 3, V]."""
     mrt = ModelRuntime(model, _config(dtype, [1, 3]), "cpu", keep_logits=True, steps_per_graph=k,
-                       decode_backend=backend)
+                       decode_backend=backend, persistent_stages=stages)
     prompts = [torch.arange(5) * 7 % V, torch.arange(11) * 3 % V, torch.arange(3) + 9]
     table = torch.arange(12, dtype=torch.int32).view(3, 4)
     mrt.prefill(prompts, table)
@@ -84,13 +85,15 @@ def _decode(model, dtype, backend, steps=3, k=2):
     return torch.stack(toks), torch.stack(logits), mrt
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
-def test_persistent_equals_sequence_float32(kind, monkeypatch):
+@pytest.mark.parametrize("kind,stages", [("llama", 0), ("qwen2", 0), ("llama", 4)])
+def test_persistent_equals_sequence_float32(kind, stages, monkeypatch):
     monkeypatch.delenv("GRAPHRT_DECODE_BACKEND", raising=False)
+    monkeypatch.delenv("GRAPHRT_PERSISTENT_STAGES", raising=False)
     model = LlamaDecoder.from_hf(_hf(kind))
     ref_tok, ref, seq = _decode(model, "float32", "sequence", steps=2)
-    tok, got, mrt = _decode(model, "float32", "persistent", steps=2)
+    tok, got, mrt = _decode(model, "float32", "persistent", steps=2, stages=stages)
     assert seq.persistent.table == {} and sorted(mrt.persistent.table) == [1, 3]
+    assert all(p.stages == stages for p in mrt.persistent.table.values())
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
     assert torch.equal(tok, ref_tok)
     assert all(int(p.counters.abs().sum()) == 0 for p in mrt.persistent.table.values())

@@ -1,6 +1,7 @@
 """The decode step as one persistent Triton kernel (schedule.py: the static work units and their
-counters; sync.py: the counters' wait / signal; gemv_tile.py, units.py: the unit bodies;
-step.py: the kernel and its launcher, `PersistentStep`). The schedule is host code (no Triton);
+counters; sync.py: the counters' wait / signal; units.py with gemv_tile.py (weights in
+registers) or gemv_ring.py (a shared-memory ring): the unit bodies; step.py: the kernel and its
+launcher, `PersistentStep`). The schedule is host code (no Triton);
 the kernel modules load on first use of their names, so importing the package imports no Triton."""
 from graphrt.kernels.flags import ERR_STALL
 from graphrt.kernels.persistent.schedule import Geometry, Schedule, Tiles, build_schedule, simulate

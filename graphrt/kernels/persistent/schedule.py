@@ -67,6 +67,7 @@ OP_NAMES = {OP_QKV: "qkv", OP_ATT: "attention", OP_O: "o", OP_GU: "gate_up", OP_
 FIELDS = 16
 NO_WAIT = -1        # F_WAIT of a unit that waits for nothing (F_TARGET 0)
 MAX_ROWS = 16       # decode rows of one step (the GEMV tile's M)
+MAX_STAGES = 16     # GEMV weight chunks in flight in a shared-memory ring (the launch's `stages`) at most
 
 
 @dataclass(frozen=True)

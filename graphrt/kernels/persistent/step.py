@@ -19,8 +19,10 @@ walks its units of the static schedule (schedule.py) in order, dispatching on th
 (units.py). Pointers to per-layer tensors are one model-dtype base pointer plus an int64
 element offset per (layer, field) read from a device table (tables.py); each unit row also
 carries a later unit's weight tile, which a GPU program prefetches into L2 as the unit starts
-(`prefetch` units ahead, cp.async.bulk.prefetch; prefetch=0: off). A program reads the next
-unit's row while it runs the current one. The last program to finish zeroes every counter for
+(`prefetch` units ahead, cp.async.bulk.prefetch; prefetch=0: off). The GEMV units stream
+their weight chunks through registers, three in flight (stages=0, gemv_tile.py), or through a
+shared-memory ring of `stages` chunks (gemv_ring.py). A program reads the next unit's row
+while it runs the current one. The last program to finish zeroes every counter for
 the next launch: no host reset, capturable in a CUDA graph.
 
 With programs=1 (the CPU interpreter) the one program runs every unit in schedule order and
@@ -32,12 +34,15 @@ import torch
 import triton
 import triton.language as tl
 
-from graphrt.kernels.persistent.schedule import FIELDS, MAX_ROWS, Geometry, Schedule, Tiles, build_schedule
+from graphrt.kernels.persistent.schedule import FIELDS, MAX_ROWS, MAX_STAGES, Geometry, Schedule, Tiles, build_schedule
 from graphrt.kernels.persistent.sync import SPIN_LIMIT, prefetch_l2, timer
 from graphrt.kernels.persistent.tables import NF, build_tables
 from graphrt.kernels.persistent.units import attention_unit, gate_up_unit, head_unit, qkv_unit, residual_unit
 
 FMA_MAX_ROWS = 4            # the multiply-add GEMV below this many rows (tl.dot's tile is 16)
+# the shared-memory ring (stages > 0) at most: with one more chunk (the dot's activation operand)
+# and the kernel's scratch it stays within the 227 KB an H100 / H200 SM gives one program
+RING_BYTES = 160 << 10
 PREFETCH_BYTES = 128 << 10  # L2 prefetch of a later unit's tile: at most this many bytes of it
 TS = 4                      # timeline int64 per unit row: start, waited, end, program
 
@@ -84,7 +89,7 @@ def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, woffs_ptr, embe
                  ARR: tl.constexpr, HEAD_CTR: tl.constexpr, DONE: tl.constexpr, NCTR: tl.constexpr,
                  HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, PREFETCH: tl.constexpr,
                  DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN, ALIGN: tl.constexpr, XA: tl.constexpr,
-                 FMA: tl.constexpr, TIMELINE: tl.constexpr):
+                 FMA: tl.constexpr, STAGES: tl.constexpr, TIMELINE: tl.constexpr):
     BM: tl.constexpr = 16
     QKVW: tl.constexpr = (HQ + 2 * HKV) * D
     # elements per weight chunk: BK columns of a 16-row tile (half that for 3-4 multiply-add rows:
@@ -108,7 +113,7 @@ def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, woffs_ptr, embe
     best_v = tl.full((BM,), float("-inf"), tl.float32)            # this program's LM-head argmax so far
     best_i = tl.full((BM,), 2147483647, tl.int32)
     op, layer, a, b, c, wt, tgt, sg, cnt, w0, w1, p0, pb0, p1, pb1 = _fields(units_ptr, lo, lo < hi)
-    for u in range(lo, hi):
+    for u in tl.range(lo, hi, disable_licm=STAGES > 0):      # the ring: see gemv_ring.py
         nxt = _fields(units_ptr, u + 1, u + 1 < hi)               # the next row's fields, early
         ts = ts_ptr + u * 4
         if TIMELINE:
@@ -129,7 +134,8 @@ def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, woffs_ptr, embe
         if op == 1:                                              # QKV
             qkv_unit(layer, a, res_ptr, embed_ptr, emb_off, XA, m_ok, wt0, w_ptr + _woff(offs, 1, ALIGN),
                      w_ptr + _woff(offs, 5, ALIGN), ss_d_ptr, qkv_ptr, ctr_w, target, ctr_s, count, err_ptr, ts,
-                     eps, B, H, QKVW, NDOWN, NDP, BM, QKV_BN, QKV_BK, HAS_BIAS, DOT_F32, PREC, SPIN, FMA, TIMELINE)
+                     eps, B, H, QKVW, NDOWN, NDP, BM, QKV_BN, QKV_BK, HAS_BIAS, DOT_F32, PREC, SPIN, FMA, STAGES,
+                     TIMELINE)
         elif op == 2:                                            # ATT
             attention_unit(a, b.to(tl.int32), c.to(tl.int32), qkv_ptr, att_ptr, cs_ptr,
                            w_ptr + _woff(offs, 7, ALIGN), w_ptr + _woff(offs, 8, ALIGN), w_ptr + _woff(offs, 9, ALIGN),
@@ -144,20 +150,20 @@ def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, woffs_ptr, embe
                 src = res_rows
             residual_unit(a, a // O_BN, att_ptr, rm.to(tl.int64) * (HQ * D), XA, m_ok, wt0, HQ * D, src, res_ptr,
                           ss_o_ptr, ctr_w, target, ctr_s, count, err_ptr, ts, H, BM, O_BN, O_BK, DOT_F32, PREC,
-                          SPIN, FMA, TIMELINE)
+                          SPIN, FMA, STAGES, TIMELINE)
         elif op == 4:                                            # GU
             gate_up_unit(a, res_ptr, XA, m_ok, w_ptr, _aligned(w0, ALIGN), _aligned(w1, ALIGN),
                          w_ptr + _woff(offs, 6, ALIGN), ss_o_ptr, mlp_ptr, ctr_w, target, ctr_s, count, err_ptr, ts,
-                         eps, B, H, I, NO, NOP, BM, GU_BN, GU_BK, DOT_F32, PREC, SPIN, FMA, TIMELINE)
+                         eps, B, H, I, NO, NOP, BM, GU_BN, GU_BK, DOT_F32, PREC, SPIN, FMA, STAGES, TIMELINE)
         elif op == 5:                                            # DOWN: residual += mlp @ down.T
             residual_unit(a, a // DOWN_BN, mlp_ptr, rm.to(tl.int64) * I, XA, m_ok, wt0, I, res_rows, res_ptr,
                           ss_d_ptr, ctr_w, target, ctr_s, count, err_ptr, ts, H, BM, DOWN_BN, DOWN_BK, DOT_F32,
-                          PREC, SPIN, FMA, TIMELINE)
+                          PREC, SPIN, FMA, STAGES, TIMELINE)
         elif op == 6:                                            # HEAD
             best_v, best_i = head_unit(a, res_ptr, XA, m_ok, wt0, fnorm_ptr, ss_d_ptr, logits_ptr, amax_ptr,
                                        aidx_ptr, out_ptr, best_v, best_i, c, ctr_w, target, ctr_ptr + HEAD_CTR, count,
                                        err_ptr, ts, eps, B, H, V, NDOWN, NDP, NHEAD, nhs, BM, HEAD_BN, HEAD_BK, RT,
-                                       DOT_F32, PREC, SPIN, FMA, TIMELINE)
+                                       DOT_F32, PREC, SPIN, FMA, STAGES, TIMELINE)
         if TIMELINE:
             tl.store(ts + 2, timer(pid))
         op, layer, a, b, c, wt, tgt, sg, cnt, w0, w1, p0, pb0, p1, pb1 = nxt
@@ -173,10 +179,11 @@ def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, woffs_ptr, embe
 
 def kernel_constexprs(s: Schedule, *, gemv: str, prefetch: int, has_bias: bool, qk_norm: bool, interpreter: bool,
                       fp32: bool, align: int, xalign: int, PAGE: int, S_PAGE: int, S_SLOT: int,
-                      S_HEAD: int, timeline: bool = False) -> dict:
+                      S_HEAD: int, timeline: bool = False, stages: int = 0) -> dict:
     """The compile-time arguments of `_step_kernel` for schedule s (pure: the launch and the sm_90
     compile test share it). PAGE / S_*: the KV pages' size and element strides (page, slot, head);
-    align / xalign: the elements the weight offsets / activation rows are multiples of."""
+    align / xalign: the elements the weight offsets / activation rows are multiples of; stages:
+    the GEMV weight chunks in flight in shared memory (0: three in registers)."""
     g, c, t = s.geometry, s.counters, s.tiles
     gp = triton.next_power_of_2(g.group)
     sp = triton.next_power_of_2(s.splits)
@@ -189,7 +196,13 @@ def kernel_constexprs(s: Schedule, *, gemv: str, prefetch: int, has_bias: bool, 
                 BMA=max(16, gp), GP=gp, RT=64, ARR=c.arrivals, HEAD_CTR=c.head, DONE=c.done, NCTR=c.count,
                 HAS_BIAS=has_bias, QK_NORM=qk_norm, PREFETCH=prefetch, DOT_F32=interpreter,
                 PREC="ieee" if fp32 else "tf32", ALIGN=align, XA=xalign, FMA=s.rows if gemv == "fma" else 0,
-                TIMELINE=timeline)
+                STAGES=stages, TIMELINE=timeline)
+
+
+def chunk_bytes(tiles: Tiles, fma_rows: int, elem_bytes: int) -> int:
+    """Bytes of one GEMV weight chunk (the kernel's CH elements: block_k columns of a 16-row tile,
+    half that for 3-4 multiply-add rows), the unit of the shared-memory ring."""
+    return tiles.block_k * (16 if fma_rows <= 2 else 8) * elem_bytes
 
 
 def default_prefetch(device: torch.device) -> int:
@@ -242,15 +255,17 @@ class PersistentStep:
     wait gives up (the watchdog, ERR_STALL); gemv: the GEMV tiles' arithmetic, "dot" (tl.dot over
     16-row tiles) or "fma" (multiply-add, 1..FMA_MAX_ROWS rows); "auto": fma up to FMA_MAX_ROWS
     rows; cooperative: launch the grid cooperatively on a GPU (False: plainly, one program per
-    SM); schedule: a prebuilt schedule of this geometry and rows (tests: `linearize`); timeline:
-    every launch records each unit's start / waited / end times (GPU global timer, ns) into
-    `self.timeline` [units + programs, 4] int64 (timeline.py reads it)."""
+    SM); stages: the GEMV weight stream, 0 (default): three chunks in flight in registers
+    (gemv_tile.py), 1..MAX_STAGES: a shared-memory ring of that many chunks filled by cp.async
+    (gemv_ring.py; at most RING_BYTES); schedule: a prebuilt schedule of this geometry and rows
+    (tests: `linearize`); timeline: every launch records each unit's start / waited / end times
+    (GPU global timer, ns) into `self.timeline` [units + programs, 4] int64 (timeline.py reads it)."""
 
     def __init__(self, weights, kv_caches, cos_sin: torch.Tensor, *, geometry: Geometry, rows: int, eps: float,
                  programs: int | None = None, tiles: Tiles = Tiles(), max_context_len: int = 4096,
                  num_warps: int = 8, prefetch: int | None = None, prefetch_bytes: int = PREFETCH_BYTES,
                  spin_limit: int = SPIN_LIMIT, gemv: str = "auto", cooperative: bool = True,
-                 schedule: Schedule | None = None, timeline: bool = False):
+                 stages: int = 0, schedule: Schedule | None = None, timeline: bool = False):
         why = unsupported(weights, kv_caches, rows)
         if why is not None:
             raise ValueError(f"persistent step: {why}")
@@ -284,6 +299,13 @@ class PersistentStep:
                 or (self.prefetch and dev.type != "cuda"):
             raise ValueError(f"prefetch: expected an int in [0, 8] (0 off the GPU), got {self.prefetch!r}")
         esize = weights.embed.element_size()
+        if isinstance(stages, bool) or not isinstance(stages, int) or not 0 <= stages <= MAX_STAGES:
+            raise ValueError(f"stages: expected an int in [0, {MAX_STAGES}] (0: registers), got {stages!r}")
+        ring = stages * chunk_bytes(tiles, rows if self.gemv == "fma" else 0, esize)
+        if ring > RING_BYTES:
+            raise ValueError(f"stages: {stages} chunks of block_k={tiles.block_k} take {ring} bytes of shared "
+                             f"memory, above {RING_BYTES}")
+        self.stages = stages
         self.schedule: Schedule = schedule or build_schedule(geometry, rows, programs, tiles=tiles,
                                                              max_context_len=max_context_len, elem_bytes=esize)
         self._tensors = (weights, kv_caches, cos_sin)             # kept alive: the table points at them
@@ -331,7 +353,8 @@ class PersistentStep:
         self.constexprs = kernel_constexprs(self.schedule, gemv=self.gemv, prefetch=self.prefetch,
                                             has_bias=layer0.qkv_bias is not None, qk_norm=layer0.q_norm is not None,
                                             interpreter=dev.type != "cuda", fp32=self.dtype == torch.float32,
-                                            align=self._align, xalign=xalign, timeline=timeline, **self._kv)
+                                            align=self._align, xalign=xalign, timeline=timeline, stages=stages,
+                                            **self._kv)
 
     @property
     def programs(self) -> int:
@@ -367,5 +390,5 @@ class PersistentStep:
         return out
 
 
-__all__ = ["PersistentStep", "unsupported", "default_prefetch", "kernel_constexprs", "FMA_MAX_ROWS", "PREFETCH_BYTES",
-           "TS"]
+__all__ = ["PersistentStep", "unsupported", "default_prefetch", "kernel_constexprs", "chunk_bytes", "FMA_MAX_ROWS",
+           "MAX_STAGES", "PREFETCH_BYTES", "RING_BYTES", "TS"]

@@ -13,6 +13,12 @@ A unit whose wait an earlier unit of the same program already met carries target
 the wait (no atomic at all); a program signals once per run of units that signal the same
 counter, adding the run's length (schedule.py).
 
+`wait_in_loop`: the same wait for a unit that waits inside its GEMV loop (the shared-memory
+weight ring, gemv_ring.py): Triton's software pipeliner does not pipeline a loop that holds
+another loop, so on the GPU the spin is one inline-PTX loop (`spin_acquire`: every thread polls
+with relaxed loads, then one acquire load, so each thread's later reads are ordered after the
+producers' release without a CTA barrier); the interpreter runs `wait_for`.
+
 Watchdog: a wait gives up after SPIN reads and sets ERR_STALL in the sticky error word instead
 of hanging the GPU (the step's output is then garbage and the flag says so). With all programs
 co-resident and the schedule's order (schedule.py) no correct step comes near the bound.
@@ -48,6 +54,33 @@ def wait_for(ptr, target, err_ptr, SPIN, ts, TIMELINE: tl.constexpr):
 
 
 @triton.jit
+def spin_acquire(ptr, target, SPIN):
+    """Every thread reads *ptr (ld.relaxed.gpu) until it is >= target or SPIN reads have been made,
+    then once more with ld.acquire.gpu -> that last value (int32; >= target unless the watchdog
+    ran out: counters only grow within a launch). One inline-PTX loop (GPU only)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; .reg .b32 n; mov.b32 n, 0; "
+        "SPIN_POLL: ld.relaxed.gpu.global.b32 $0, [$1]; add.s32 n, n, 1; setp.lt.s32 p, $0, $2; "
+        "@!p bra SPIN_SEEN; setp.lt.s32 p, n, $3; @p bra SPIN_POLL; "
+        "SPIN_SEEN: ld.acquire.gpu.global.b32 $0, [$1]; }",
+        "=r,l,r,r", [ptr.to(tl.int64, bitcast=True), target, SPIN], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def wait_in_loop(ptr, target, err_ptr, SPIN, ts, TIMELINE: tl.constexpr, INTERP: tl.constexpr):
+    """wait_for without a loop in the Triton IR (the GPU: `spin_acquire`, every thread acquires;
+    INTERP, the interpreter: wait_for itself)."""
+    if INTERP:
+        wait_for(ptr, target, err_ptr, SPIN, ts, TIMELINE)
+    else:
+        if target > 0:
+            if spin_acquire(ptr, target, SPIN) < target:
+                tl.atomic_or(err_ptr, 32)  # ERR_STALL
+        if TIMELINE:
+            tl.store(ts + 1, timer(target))
+
+
+@triton.jit
 def signal(ptr, n):
     """Publish this program's stores: CTA barrier, then *ptr += n with release semantics
     (n <= 0: nothing)."""
@@ -80,4 +113,5 @@ def prefetch_l2(ptr, nbytes):
         "=r,l,r", [ptr.to(tl.int64), nbytes], dtype=tl.int32, is_pure=False, pack=1)
 
 
-__all__ = ["ERR_STALL", "SPIN_LIMIT", "wait_for", "signal", "arrive", "prefetch_l2", "timer"]
+__all__ = ["ERR_STALL", "SPIN_LIMIT", "wait_for", "wait_in_loop", "spin_acquire", "signal", "arrive", "prefetch_l2",
+           "timer"]

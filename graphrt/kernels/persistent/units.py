@@ -1,9 +1,11 @@
 """The unit bodies of the persistent decode step (one @triton.jit function per kind of unit).
 
 Every body: its weight loads first, then the wait for its inputs (sync.wait_for), the work, the
-stores, then its signal. Activations written by other programs are read after an acquire (plain
-loads: the acquire invalidated the SM's L1; the rare reductions over other programs' partials
-read with ".cg", from L2).
+stores, then its signal (STAGES > 0, the GEMV units: the weights stream through a shared-memory
+ring instead of registers, and the wait moves into the GEMV loop after the ring's first STAGES
+chunks are issued: gemv_ring.py). Activations written by other programs are read after an
+acquire (plain loads: the acquire invalidated the SM's L1; the rare reductions over other
+programs' partials read with ".cg", from L2).
 Scratch (kernels/persistent/step.py allocates it; model dtype unless said):
     res [B, H]       the residual stream          qkv [B, (Hq + 2 Hkv) D]   qkv GEMM output
     att [B, Hq D]    attention output             mlp [B, I]                silu(gate) * up
@@ -18,6 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from graphrt.kernels.persistent.gemv_ring import gemv_ring
 from graphrt.kernels.persistent.gemv_tile import better, first_max_rows, gemv, inv_from_parts, row_ss, weight_chunk
 from graphrt.kernels.persistent.sync import arrive, signal, wait_for
 
@@ -33,17 +36,21 @@ def _chunks(w_rows, n_ok, K: tl.constexpr, BK: tl.constexpr):
 def residual_unit(n0, tile, x_ptr, x_off, XA: tl.constexpr, m_ok, w_tile, K: tl.constexpr, src_rows, res_ptr,
                   ss_out, ctr_w, target, ctr_s, count, err_ptr, ts, H: tl.constexpr, BM: tl.constexpr,
                   BN: tl.constexpr, BK: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN,
-                  FMA: tl.constexpr, TIMELINE: tl.constexpr):
+                  FMA: tl.constexpr, STAGES: tl.constexpr, TIMELINE: tl.constexpr):
     """O / DOWN: res[:, n0:n0+BN] = round(src[:, n0:n0+BN] + round(x @ w[n0:n0+BN].T)) (w_tile:
     row n0 of w; x rows at x_ptr + x_off); the tile's per-row sum of squares of the new values
     into ss_out[tile]."""
     rn = n0 + tl.arange(0, BN)
     n_ok = rn < H
     w_rows = w_tile + tl.arange(0, BN)[:, None] * K
-    wa, wb, wc = _chunks(w_rows, n_ok, K, BK)
-    wait_for(ctr_w, target, err_ptr, SPIN, ts, TIMELINE)
-    acc = gemv(x_ptr, x_off, XA, m_ok, 1.0, x_ptr, w_rows, n_ok, wa, wb, wc, K, BM, BN, BK, False, FMA,
-               DOT_F32, PREC)
+    if STAGES == 0:
+        wa, wb, wc = _chunks(w_rows, n_ok, K, BK)
+        wait_for(ctr_w, target, err_ptr, SPIN, ts, TIMELINE)
+        acc = gemv(x_ptr, x_off, XA, m_ok, 1.0, x_ptr, w_rows, n_ok, wa, wb, wc, K, BM, BN, BK, False, FMA,
+                   DOT_F32, PREC)
+    else:
+        acc = gemv_ring(x_ptr, x_off, XA, m_ok, 1.0, False, False, ss_out, 1, 1, 1, 0.0, x_ptr, w_rows, n_ok, ctr_w,
+                        target, err_ptr, SPIN, ts, K, BM, BN, BK, FMA, DOT_F32, PREC, STAGES, TIMELINE)
     dt = res_ptr.dtype.element_ty
     mask = m_ok[:, None] & n_ok[None, :]
     old = tl.load(src_rows + rn[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -60,24 +67,35 @@ def qkv_unit(layer, n0, res_ptr, emb_ptr, emb_off, XA: tl.constexpr, m_ok, w_til
              qkv_out, ctr_w, target, ctr_s, count, err_ptr, ts, eps, B: tl.constexpr, H: tl.constexpr,
              QKVW: tl.constexpr, NT: tl.constexpr, NTP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
              BK: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN,
-             FMA: tl.constexpr, TIMELINE: tl.constexpr):
+             FMA: tl.constexpr, STAGES: tl.constexpr, TIMELINE: tl.constexpr):
     """qkv[:, n0:n0+BN] = round(rmsnorm(x) @ w[n0:n0+BN].T (+ bias)); layer 0's x is the
     embedding rows (emb_ptr + emb_off, sums of squares by a full pass), later layers' the
     residual stream (sums of squares from the DOWN tiles' partials)."""
     rn = n0 + tl.arange(0, BN)
     n_ok = rn < QKVW
     w_rows = w_tile + tl.arange(0, BN)[:, None] * H
-    wa, wb, wc = _chunks(w_rows, n_ok, H, BK)
-    wait_for(ctr_w, target, err_ptr, SPIN, ts, TIMELINE)
     rm = tl.arange(0, BM)
-    if layer == 0:
-        inv = tl.rsqrt(row_ss(emb_ptr + emb_off[:, None], m_ok, H, BM, BK) / H + eps)
-        acc = gemv(emb_ptr, emb_off, XA, m_ok, inv, g_ptr, w_rows, n_ok, wa, wb, wc, H, BM, BN, BK, True, FMA,
-                   DOT_F32, PREC)
-    else:
-        inv = inv_from_parts(ss_parts, NT, NTP, BM, B, H, eps)
-        acc = gemv(res_ptr, rm.to(tl.int64) * H, XA, m_ok, inv, g_ptr, w_rows, n_ok, wa, wb, wc, H, BM, BN, BK,
-                   True, FMA, DOT_F32, PREC)
+    if STAGES == 0:
+        wa, wb, wc = _chunks(w_rows, n_ok, H, BK)
+        wait_for(ctr_w, target, err_ptr, SPIN, ts, TIMELINE)
+        if layer == 0:
+            inv = tl.rsqrt(row_ss(emb_ptr + emb_off[:, None], m_ok, H, BM, BK) / H + eps)
+            acc = gemv(emb_ptr, emb_off, XA, m_ok, inv, g_ptr, w_rows, n_ok, wa, wb, wc, H, BM, BN, BK, True, FMA,
+                       DOT_F32, PREC)
+        else:
+            inv = inv_from_parts(ss_parts, NT, NTP, BM, B, H, eps)
+            acc = gemv(res_ptr, rm.to(tl.int64) * H, XA, m_ok, inv, g_ptr, w_rows, n_ok, wa, wb, wc, H, BM, BN, BK,
+                       True, FMA, DOT_F32, PREC)
+    else:                                              # one ring loop for both sources of x
+        x_base = res_ptr
+        x_off = rm.to(tl.int64) * H
+        inv = tl.full((BM,), 1.0, tl.float32)
+        if layer == 0:                                 # the embedding rows: their norm needs no wait
+            x_base = emb_ptr
+            x_off = emb_off
+            inv = tl.rsqrt(row_ss(emb_ptr + emb_off[:, None], m_ok, H, BM, BK) / H + eps)
+        acc = gemv_ring(x_base, x_off, XA, m_ok, inv, layer != 0, True, ss_parts, NT, NTP, B, eps, g_ptr, w_rows,
+                        n_ok, ctr_w, target, err_ptr, SPIN, ts, H, BM, BN, BK, FMA, DOT_F32, PREC, STAGES, TIMELINE)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(qkv_out + rm[:, None] * QKVW + rn[None, :], acc.to(qkv_out.dtype.element_ty),
@@ -89,7 +107,8 @@ def qkv_unit(layer, n0, res_ptr, emb_ptr, emb_off, XA: tl.constexpr, m_ok, w_til
 def gate_up_unit(n0, res_ptr, XA: tl.constexpr, m_ok, w_ptr, g_off, u_off, g_ptr, ss_parts, mlp_out, ctr_w, target,
                  ctr_s, count, err_ptr, ts, eps, B: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
                  NT: tl.constexpr, NTP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                 DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN, FMA: tl.constexpr, TIMELINE: tl.constexpr):
+                 DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN, FMA: tl.constexpr, STAGES: tl.constexpr,
+                 TIMELINE: tl.constexpr):
     """mlp[:, n0:n0+BN] = round(silu(round(gate)) * round(up)) of the normed residual stream
     (w_ptr + g_off / u_off: gate_up rows n0 and I + n0, element offsets), one GEMV over 2 BN
     rows: gate row n0 + i at 2 i, up row n0 + i at 2 i + 1."""
@@ -98,13 +117,18 @@ def gate_up_unit(n0, res_ptr, XA: tl.constexpr, m_ok, w_ptr, g_off, u_off, g_ptr
     n_ok = rn < I
     # (arithmetic, not a select: the alignment analysis keeps a multiple of 8 through it)
     w_rows = w_ptr + (g_off + (r % 2) * (u_off - g_off) + (r // 2) * H)[:, None]
-    wa, wb, wc = _chunks(w_rows, n_ok, H, BK)
-    wait_for(ctr_w, target, err_ptr, SPIN, ts, TIMELINE)
-    inv = inv_from_parts(ss_parts, NT, NTP, BM, B, H, eps)
     rm = tl.arange(0, BM)
+    if STAGES == 0:
+        wa, wb, wc = _chunks(w_rows, n_ok, H, BK)
+        wait_for(ctr_w, target, err_ptr, SPIN, ts, TIMELINE)
+        inv = inv_from_parts(ss_parts, NT, NTP, BM, B, H, eps)
+        acc = gemv(res_ptr, rm.to(tl.int64) * H, XA, m_ok, inv, g_ptr, w_rows, n_ok, wa, wb, wc, H, BM, 2 * BN, BK,
+                   True, FMA, DOT_F32, PREC)
+    else:
+        acc = gemv_ring(res_ptr, rm.to(tl.int64) * H, XA, m_ok, 1.0, True, True, ss_parts, NT, NTP, B, eps, g_ptr,
+                        w_rows, n_ok, ctr_w, target, err_ptr, SPIN, ts, H, BM, 2 * BN, BK, FMA, DOT_F32, PREC, STAGES,
+                        TIMELINE)
     dt = mlp_out.dtype.element_ty
-    acc = gemv(res_ptr, rm.to(tl.int64) * H, XA, m_ok, inv, g_ptr, w_rows, n_ok, wa, wb, wc, H, BM, 2 * BN, BK,
-               True, FMA, DOT_F32, PREC)
     gate, up = tl.split(tl.reshape(acc, (BM, BN, 2)))
     gate = gate.to(dt).to(tl.float32)
     up = up.to(dt).to(tl.float32)
@@ -119,7 +143,8 @@ def head_unit(n0, res_ptr, XA: tl.constexpr, m_ok, w_tile, g_ptr, ss_parts, logi
               out_ptr, best_v, best_i, slot, ctr_w, target, ctr_arr, count, err_ptr, ts, eps, B: tl.constexpr,
               H: tl.constexpr, V: tl.constexpr, NT: tl.constexpr, NTP: tl.constexpr, NH: tl.constexpr,
               NHS, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, RT: tl.constexpr,
-              DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN, FMA: tl.constexpr, TIMELINE: tl.constexpr):
+              DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN, FMA: tl.constexpr, STAGES: tl.constexpr,
+              TIMELINE: tl.constexpr):
     """Logits of vocabulary rows [n0, n0 + BN) of the final-normed stream (model dtype); returns
     the program's running per-row argmax (best_v, best_i [BM]) with this tile's folded in.
     count > 0 (the program's last tile): the program's answer into amax / aidx[slot], its count
@@ -128,12 +153,17 @@ def head_unit(n0, res_ptr, XA: tl.constexpr, m_ok, w_tile, g_ptr, ss_parts, logi
     rn = n0 + tl.arange(0, BN)
     n_ok = rn < V
     w_rows = w_tile + tl.arange(0, BN)[:, None] * H
-    wa, wb, wc = _chunks(w_rows, n_ok, H, BK)
-    wait_for(ctr_w, target, err_ptr, SPIN, ts, TIMELINE)
-    inv = inv_from_parts(ss_parts, NT, NTP, BM, B, H, eps)
     rm = tl.arange(0, BM)
-    acc = gemv(res_ptr, rm.to(tl.int64) * H, XA, m_ok, inv, g_ptr, w_rows, n_ok, wa, wb, wc, H, BM, BN, BK, True,
-               FMA, DOT_F32, PREC)
+    if STAGES == 0:
+        wa, wb, wc = _chunks(w_rows, n_ok, H, BK)
+        wait_for(ctr_w, target, err_ptr, SPIN, ts, TIMELINE)
+        inv = inv_from_parts(ss_parts, NT, NTP, BM, B, H, eps)
+        acc = gemv(res_ptr, rm.to(tl.int64) * H, XA, m_ok, inv, g_ptr, w_rows, n_ok, wa, wb, wc, H, BM, BN, BK, True,
+                   FMA, DOT_F32, PREC)
+    else:
+        acc = gemv_ring(res_ptr, rm.to(tl.int64) * H, XA, m_ok, 1.0, True, True, ss_parts, NT, NTP, B, eps, g_ptr,
+                        w_rows, n_ok, ctr_w, target, err_ptr, SPIN, ts, H, BM, BN, BK, FMA, DOT_F32, PREC, STAGES,
+                        TIMELINE)
     logit = acc.to(logits_ptr.dtype.element_ty)
     valid = m_ok[:, None] & n_ok[None, :]
     tl.store(logits_ptr + rm[:, None] * V + rn[None, :], logit, mask=valid)
