@@ -8,6 +8,7 @@ checkpoints: int4_config.py parses quantization_config, int4_gptq.py / int4_awq.
 read GPTQ / AWQ / compressed-tensors layouts, int4_packing.py their shared unpacking; or a float
 checkpoint quantized while loading), kv_scales.py (FP8 KV scales), decoder.py (fused weights -> LlamaDecoder), tokenizer.py + chat_template.py (tokenizer.json
 and the chat template without transformers), hub.py (Hugging Face repo ids -> local snapshots),
-gguf_file.py + gguf_tensors.py + gguf_tokenizer.py (llama.cpp GGUF files: metadata -> config,
-tensors dequantized under HF names, the tokenizer from the metadata; docs/gguf.md).
+gguf_file.py + gguf_tensors.py + gguf_quants.py + gguf_tokenizer.py (llama.cpp GGUF files: metadata
+-> config, tensors dequantized under HF names (gguf_quants.py: the block types in torch), the
+tokenizer from the metadata; docs/gguf.md).
 """

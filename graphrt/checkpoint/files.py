@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from graphrt.checkpoint.gguf_file import find_gguf, open_gguf
-from graphrt.checkpoint.hf_files import CheckpointError, check_config, eos_ids, present, read_json, reading
+from graphrt.checkpoint.hf_files import (CheckpointError, check_config, copy_into, eos_ids, present, read_json,
+                                         reading)
 from graphrt.model.spec import LlamaSpec
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
@@ -38,8 +39,9 @@ class Checkpoint:
     """A loaded checkpoint. weights: {"layers": [dict per layer (fused names)], "embed",
     "final_norm", "lm_head"}, every tensor on `device` in `dtype` (linear fields may be
     `Fp8Weight`s). eos_token_ids from generation_config.json / config.json; nbytes and load_s
-    describe the tensor copy (config_s: reading config.json, the start-up line's). With world_size > 1, `spec` is the whole model's and `weights` hold
-    rank's tensor-parallel shard (graphrt/parallel/shard.py), nbytes only the bytes that rank read.
+    describe the tensor copy (nbytes: the weights placed, in `dtype`; config_s: reading config.json,
+    the start-up line's). With world_size > 1, `spec` is the whole model's and `weights` hold
+    rank's tensor-parallel shard (graphrt/parallel/shard.py), nbytes only the bytes that rank placed.
     kv_scales: the checkpoint's FP8 KV cache scales, ((k, v) per layer), or None
     (graphrt/checkpoint/kv_scales.py)."""
 
@@ -213,14 +215,17 @@ class TensorFiles:
             return f, tuple(sl.get_shape()), sl.get_dtype()
 
     def tensor(self, name: str, rows: tuple[int, int] | None = None,
-               cols: tuple[int, int] | None = None) -> torch.Tensor:
-        """The tensor on the host (CPU), or only rows [a, b) / columns [a, b) of it."""
+               cols: tuple[int, int] | None = None, *, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The tensor on the host (CPU), or only rows [a, b) / columns [a, b) of it; with `out` (a
+        tensor of that shape, any dtype and device) copied into it, and `out` returned."""
         f, h = self._handle(name)
         with reading(f, f"tensor {name!r} data"):
             if rows is None and cols is None:
-                return h.get_tensor(name)
-            sl = h.get_slice(name)
-            return sl[rows[0]:rows[1]] if rows is not None else sl[:, cols[0]:cols[1]]
+                t = h.get_tensor(name)
+            else:
+                sl = h.get_slice(name)
+                t = sl[rows[0]:rows[1]] if rows is not None else sl[:, cols[0]:cols[1]]
+        return t if out is None else copy_into(out, t, f, name)
 
 
 def warn_unused(path: Path, present: set[str], used: set[str], why: str = "") -> list[str]:

@@ -187,4 +187,15 @@ def reading(file: Path, what: str = ""):
         raise CheckpointError(f"{file}: {where}{type(e).__name__}: {_one_line(e)}") from None
 
 
-__all__ = ["CheckpointError", "MAX_BYTES", "present", "check_size", "read_json", "check_config", "eos_ids", "reading"]
+def copy_into(out, t, file: Path, name: str):
+    """Tensor `t` copied into `out` (a reader's caller's destination: any dtype, any device) and
+    `out` returned; a shape that differs is one CheckpointError naming the tensor (copy_ would
+    broadcast some silently)."""
+    if tuple(out.shape) != tuple(t.shape):
+        raise CheckpointError(f"{file}: tensor {name!r}: read shape {list(t.shape)}, its destination has "
+                              f"{list(out.shape)}")
+    return out.copy_(t)
+
+
+__all__ = ["CheckpointError", "MAX_BYTES", "present", "check_size", "read_json", "check_config", "eos_ids", "reading",
+           "copy_into"]

@@ -147,21 +147,19 @@ def load_checkpoint(path, *, device="cpu", dtype: torch.dtype | None = None, ran
             dest = _destination(weights, placed[name][1], local.vocab_size)
             dest[b - a:].zero_()
             if b > a:
-                t = files.tensor(name, rows=(a, b))
-                dest[: b - a].copy_(t)
+                t = files.tensor(name, rows=(a, b), out=dest[: b - a])
                 nbytes += t.numel() * t.element_size()
-                finite.add(name, f, dest[: b - a])
+                finite.add(name, f, t)
             continue
         cut = owned_slice(expected[name][0], placed[name][0], rank)
-        if cut is None:
-            t = files.tensor(name)                    # one tensor on the host at a time
+        dest = _destination(weights, placed[name][1], placed[name][0][0])
+        if cut is None:                               # one tensor on the host at a time, read into dest
+            t = files.tensor(name, out=dest)
         else:                                         # only this rank's block is read
             dim, a, b = cut
-            t = files.tensor(name, **{"rows" if dim == 0 else "cols": (a, b)})
-        dest = _destination(weights, placed[name][1], t.shape[0])
-        dest.copy_(t)
+            t = files.tensor(name, **{"rows" if dim == 0 else "cols": (a, b)}, out=dest)
         nbytes += t.numel() * t.element_size()
-        finite.add(name, f, dest)
+        finite.add(name, f, t)
     finite.raise_bad()                                # one host sync for the whole checkpoint
     if untie:
         spec = retie_or_warn(path, spec, weights, world_size)
