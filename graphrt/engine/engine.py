@@ -132,6 +132,7 @@ class Engine(BlockMixin):
         self._lock = threading.Lock()                 # ids and seeds (add_request from any thread)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._closed = False                        # close(): no new requests
         self._wake = threading.Event()
         self._tokens_generated = 0                     # streamed tokens, all requests
         self._step_lock = threading.Lock()             # one step at a time (streams on many threads)
@@ -152,6 +153,8 @@ class Engine(BlockMixin):
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params: expected SamplingParams, got {type(params).__name__}")
         self._check_alive()
+        if self._closed:                               # a reader may still step it: its streams end
+            raise RuntimeError("engine: closed (LLM.shutdown() or Engine.close()); create a new LLM")
         ids, ids_array = self._prompt_ids(prompt)
         if len(ids) >= self.max_model_len:
             raise ValueError(f"prompt: {len(ids)} tokens leave no room to generate in max_model_len "
@@ -306,6 +309,8 @@ class Engine(BlockMixin):
                     continue
                 self._requests[item.request_id] = item
                 self.scheduler.waiting.append(item)
+            elif kind == "abort_all":
+                self._abort_every_request()
             else:
                 req = self._requests.pop(item, None)
                 if req is not None:
@@ -456,10 +461,35 @@ class Engine(BlockMixin):
         with self._step_lock:                          # readers may step the engine from now on
             if self.error is None:
                 self._drain_inbox()
-                for req in list(self._requests.values()):
-                    req.sink(self.scheduler.abort(req))
-                self._requests.clear()
+                self._abort_every_request()
                 while self._pending:                   # blocks in flight: their rows are finished
+                    self._finish(self._pending.popleft())
+
+    def _abort_every_request(self) -> None:
+        """End every admitted request ("abort" delta, pages back); the step lock held."""
+        for req in list(self._requests.values()):
+            req.sink(self.scheduler.abort(req))
+        self._requests.clear()
+
+    def abort_all(self) -> None:
+        """Abort every request queued or running, as abort() of each: applied by the next step
+        (the engine's thread, or a reader stepping it)."""
+        self._inbox.put(("abort_all", None))
+        self._wake.set()
+
+    def close(self) -> None:
+        """End the engine for good: every request queued or running ends with finish_reason
+        "abort" (a reader blocked on its stream returns; pages back), the thread stops, and
+        add_request raises RuntimeError from now on. Idempotent; shutdown() instead only stops
+        the thread (the engine can be stepped or started again)."""
+        self._closed = True
+        self.abort_all()
+        self.shutdown()
+        with self._step_lock:                          # a reader mid-step finishes its step first
+            if self.error is None:
+                self._drain_inbox()
+                self._abort_every_request()
+                while self._pending:
                     self._finish(self._pending.popleft())
 
     @property

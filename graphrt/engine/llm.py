@@ -11,7 +11,7 @@
     llm = LLM(model=path, tensor_parallel_size=2, max_num_seqs=8)            # vLLM's names (vllm_args.py)
     stream = llm.engine.add_request("Hi", params)          # streaming (see engine.py)
     llm = LLM(path, tensor_parallel=2)                     # one process per GPU (graphrt/parallel)
-    llm.shutdown()                                         # ends the tensor-parallel workers
+    llm.shutdown()                                         # ends requests in flight, the workers
     llm = LLM(path, quantization="fp8")                    # FP8 weights from a float checkpoint
     llm = LLM(path, quantization="int4")                   # int4 (RTN, group 128) from a float one: docs/int4.md
     llm = LLM(path, kv_cache_dtype="fp8")                  # FP8 (e4m3) KV cache: docs/fp8.md
@@ -267,7 +267,13 @@ class LLM:
         return self.tokenizer
 
     def shutdown(self) -> None:
-        """End the tensor-parallel workers (no-op for tensor_parallel=1); idempotent."""
+        """End the LLM: every request in flight ends (a generate() or chat() running on another
+        thread returns, its unfinished outputs with finish_reason "abort"; pages back), the
+        engine's thread stops, the tensor-parallel workers end, and later generate / chat calls
+        raise RuntimeError. Idempotent."""
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.close()
         if self._workers is not None:
             self._workers.close(self.runtime)
 

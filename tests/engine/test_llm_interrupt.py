@@ -141,3 +141,30 @@ def test_shutdown_with_a_request_in_flight_ends_it_and_returns(llm, want):
     assert took < 10, took
     assert pages_full(llm) and engine.stats()["running"] == 0
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)] == want   # still serves
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+def test_llm_shutdown_ends_a_generate_running_on_another_thread(llm, threaded):
+    if threaded:
+        llm.engine.start()
+    long = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    got, errors = [], []
+
+    def job():
+        try:
+            got.extend(llm.generate(PROMPTS, long, use_tqdm=False))
+        except BaseException as e:              # noqa: BLE001 (reported below)
+            errors.append(e)
+    worker = threading.Thread(target=job, daemon=True)
+    worker.start()
+    assert wait_until(lambda: llm.engine.scheduler.has_work, 30.0)
+    time.sleep(0.2)                             # some tokens in
+    llm.shutdown()
+    worker.join(20)
+    assert not worker.is_alive(), "generate still runs after LLM.shutdown()"
+    assert not errors, repr(errors[:1])
+    assert [o.finish_reason for o in got] == ["abort", "abort"] and all(len(o.token_ids) < 40 for o in got)
+    assert pages_full(llm) and not llm.engine.threaded
+    with pytest.raises(RuntimeError, match="closed"):
+        llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    llm.shutdown()                              # idempotent
