@@ -45,8 +45,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from graphrt.kernels.persistent.gemv_tile import (_bcast, _mult, _normed, _row_of, _rows, dequant, inv_from_parts,
-                                                   weight_chunk)
+from graphrt.kernels.persistent.gemv_tile import (aligned_mult, bcast_row, dequant, inv_from_parts, normed, row_of,
+                                                   rows_chunk, weight_chunk)
 from graphrt.kernels.persistent.sync import wait_in_loop
 
 
@@ -73,10 +73,10 @@ def gemv_ring(x_ptr, x_off, XA: tl.constexpr, m_ok, inv, parts, NORM: tl.constex
     gt = g_ptr.dtype.element_ty
     iv = tl.zeros((BM,), tl.float32)                                    # set after the wait
     if FMA > 0:
-        p0 = x_ptr + _mult(_row_of(x_off, rm, 0), XA)
-        p1 = x_ptr + _mult(_row_of(x_off, rm, 1), XA)
-        p2 = x_ptr + _mult(_row_of(x_off, rm, 2), XA)
-        p3 = x_ptr + _mult(_row_of(x_off, rm, 3), XA)
+        p0 = x_ptr + aligned_mult(row_of(x_off, rm, 0), XA)
+        p1 = x_ptr + aligned_mult(row_of(x_off, rm, 1), XA)
+        p2 = x_ptr + aligned_mult(row_of(x_off, rm, 2), XA)
+        p3 = x_ptr + aligned_mult(row_of(x_off, rm, 3), XA)
         inv0 = tl.full((), 0.0, tl.float32)
         inv1 = inv0
         inv2 = inv0
@@ -95,40 +95,40 @@ def gemv_ring(x_ptr, x_off, XA: tl.constexpr, m_ok, inv, parts, NORM: tl.constex
             if k0 == 0:                                                   # the wait, then what it guards
                 wait_in_loop(ctr_w, target, err_ptr, SPIN, ts, TIMELINE, DOT_F32)
                 iv = _inv(inv, parts, NORM, ss_parts, NT, NTP, BM, B, K, eps)
-                inv0 = _row_of(iv, rm, 0)
-                inv1 = _row_of(iv, rm, 1)
-                inv2 = _row_of(iv, rm, 2)
-                inv3 = _row_of(iv, rm, 3)
-                x0 = _bcast(p0, rn, 0, K, BK)
+                inv0 = row_of(iv, rm, 0)
+                inv1 = row_of(iv, rm, 1)
+                inv2 = row_of(iv, rm, 2)
+                inv3 = row_of(iv, rm, 3)
+                x0 = bcast_row(p0, rn, 0, K, BK)
                 if FMA > 1:
-                    x1 = _bcast(p1, rn, 0, K, BK)
+                    x1 = bcast_row(p1, rn, 0, K, BK)
                 if FMA > 2:
-                    x2 = _bcast(p2, rn, 0, K, BK)
+                    x2 = bcast_row(p2, rn, 0, K, BK)
                 if FMA > 3:
-                    x3 = _bcast(p3, rn, 0, K, BK)
+                    x3 = bcast_row(p3, rn, 0, K, BK)
                 if NORM:
-                    g = _bcast(g_ptr, rn, 0, K, BK)
-            y0 = _bcast(p0, rn, k0 + BK, K, BK)                         # the next activations
+                    g = bcast_row(g_ptr, rn, 0, K, BK)
+            y0 = bcast_row(p0, rn, k0 + BK, K, BK)                         # the next activations
             y1 = y0
             y2 = y0
             y3 = y0
             if FMA > 1:
-                y1 = _bcast(p1, rn, k0 + BK, K, BK)
+                y1 = bcast_row(p1, rn, k0 + BK, K, BK)
             if FMA > 2:
-                y2 = _bcast(p2, rn, k0 + BK, K, BK)
+                y2 = bcast_row(p2, rn, k0 + BK, K, BK)
             if FMA > 3:
-                y3 = _bcast(p3, rn, k0 + BK, K, BK)
+                y3 = bcast_row(p3, rn, k0 + BK, K, BK)
             h = g
             if NORM:
-                h = _bcast(g_ptr, rn, k0 + BK, K, BK)
+                h = bcast_row(g_ptr, rn, k0 + BK, K, BK)
             wf = w.to(tl.float32)
-            acc0 += wf * _normed(x0, inv0, g, NORM)
+            acc0 += wf * normed(x0, inv0, g, NORM)
             if FMA > 1:
-                acc1 += wf * _normed(x1, inv1, g, NORM)
+                acc1 += wf * normed(x1, inv1, g, NORM)
             if FMA > 2:
-                acc2 += wf * _normed(x2, inv2, g, NORM)
+                acc2 += wf * normed(x2, inv2, g, NORM)
             if FMA > 3:
-                acc3 += wf * _normed(x3, inv3, g, NORM)
+                acc3 += wf * normed(x3, inv3, g, NORM)
             x0 = y0
             x1 = y1
             x2 = y2
@@ -145,7 +145,7 @@ def gemv_ring(x_ptr, x_off, XA: tl.constexpr, m_ok, inv, parts, NORM: tl.constex
     else:
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         rk = tl.arange(0, BK)
-        rows = x_ptr + _mult(x_off, XA)[:, None]
+        rows = x_ptr + aligned_mult(x_off, XA)[:, None]
         x = tl.zeros((BM, BK), dt)
         g = tl.zeros((BK,), gt)
         for k0 in tl.range(0, K, BK, num_stages=NS, loop_unroll_factor=1):
@@ -153,10 +153,10 @@ def gemv_ring(x_ptr, x_off, XA: tl.constexpr, m_ok, inv, parts, NORM: tl.constex
             if k0 == 0:                                                   # the wait, then what it guards
                 wait_in_loop(ctr_w, target, err_ptr, SPIN, ts, TIMELINE, DOT_F32)
                 iv = _inv(inv, parts, NORM, ss_parts, NT, NTP, BM, B, K, eps)
-                x = _rows(rows, m_ok, 0, K, BK)
+                x = rows_chunk(rows, m_ok, 0, K, BK)
                 if NORM:
                     g = tl.load(g_ptr + rk, mask=rk < K, other=0.0)
-            y = _rows(rows, m_ok, k0 + BK, K, BK)                          # the next activations
+            y = rows_chunk(rows, m_ok, k0 + BK, K, BK)                          # the next activations
             h = g
             if NORM:
                 h = tl.load(g_ptr + k0 + BK + rk, mask=k0 + BK + rk < K, other=0.0)

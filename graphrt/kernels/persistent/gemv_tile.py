@@ -53,21 +53,21 @@ def dequant(w, x):
 
 
 @triton.jit
-def _bcast(ptr, rn, k0, K: tl.constexpr, BK: tl.constexpr):
+def bcast_row(ptr, rn, k0, K: tl.constexpr, BK: tl.constexpr):
     """Columns k0 .. k0 + BK of one row at ptr, broadcast over BN rows: [BN, BK]."""
     kk = k0 + tl.arange(0, BK)
     return tl.load(ptr + rn[:, None] * 0 + kk[None, :], mask=(rn >= 0)[:, None] & (kk < K)[None, :], other=0.0)
 
 
 @triton.jit
-def _rows(rows, m_ok, k0, K: tl.constexpr, BK: tl.constexpr):
+def rows_chunk(rows, m_ok, k0, K: tl.constexpr, BK: tl.constexpr):
     """Columns k0 .. k0 + BK of the BM rows whose [BM, 1] pointers are `rows`: [BM, BK]."""
     kk = k0 + tl.arange(0, BK)
     return tl.load(rows + kk[None, :], mask=m_ok[:, None] & (kk < K)[None, :], other=0.0)
 
 
 @triton.jit
-def _normed(x, inv, g, NORM: tl.constexpr):
+def normed(x, inv, g, NORM: tl.constexpr):
     """float32 x, or round(x * inv * g) in x's dtype as float32 (NORM)."""
     if NORM:
         return (x.to(tl.float32) * inv * g.to(tl.float32)).to(x.dtype).to(tl.float32)
@@ -75,13 +75,13 @@ def _normed(x, inv, g, NORM: tl.constexpr):
 
 
 @triton.jit
-def _row_of(v, rm, m):
+def row_of(v, rm, m):
     """Element m of a [BM] vector (a scalar)."""
     return tl.sum(tl.where(rm == m, v, 0), axis=0)
 
 
 @triton.jit
-def _mult(o, XA: tl.constexpr):
+def aligned_mult(o, XA: tl.constexpr):
     """o, declared a multiple of XA (vectorised loads; o // XA * XA: the compiler's alignment
     analysis keeps it, where tl.multiple_of on a reduced scalar is lost)."""
     if XA > 1:
@@ -97,54 +97,54 @@ def gemv(x_ptr, x_off, XA: tl.constexpr, m_ok, inv, g_ptr, w_rows, n_ok, wa, wb,
     rm = tl.arange(0, BM)
     rn = tl.arange(0, BN)
     if FMA > 0:
-        p0 = x_ptr + _mult(_row_of(x_off, rm, 0), XA)
-        p1 = x_ptr + _mult(_row_of(x_off, rm, 1), XA)
-        p2 = x_ptr + _mult(_row_of(x_off, rm, 2), XA)
-        p3 = x_ptr + _mult(_row_of(x_off, rm, 3), XA)
-        inv0 = _row_of(inv, rm, 0)
-        inv1 = _row_of(inv, rm, 1)
-        inv2 = _row_of(inv, rm, 2)
-        inv3 = _row_of(inv, rm, 3)
+        p0 = x_ptr + aligned_mult(row_of(x_off, rm, 0), XA)
+        p1 = x_ptr + aligned_mult(row_of(x_off, rm, 1), XA)
+        p2 = x_ptr + aligned_mult(row_of(x_off, rm, 2), XA)
+        p3 = x_ptr + aligned_mult(row_of(x_off, rm, 3), XA)
+        inv0 = row_of(inv, rm, 0)
+        inv1 = row_of(inv, rm, 1)
+        inv2 = row_of(inv, rm, 2)
+        inv3 = row_of(inv, rm, 3)
         acc0 = tl.zeros((BN, BK), tl.float32)
         acc1 = tl.zeros((BN, BK), tl.float32)
         acc2 = tl.zeros((BN, BK), tl.float32)
         acc3 = tl.zeros((BN, BK), tl.float32)
-        x0 = _bcast(p0, rn, 0, K, BK)
+        x0 = bcast_row(p0, rn, 0, K, BK)
         x1 = x0
         x2 = x0
         x3 = x0
         if FMA > 1:
-            x1 = _bcast(p1, rn, 0, K, BK)
+            x1 = bcast_row(p1, rn, 0, K, BK)
         if FMA > 2:
-            x2 = _bcast(p2, rn, 0, K, BK)
+            x2 = bcast_row(p2, rn, 0, K, BK)
         if FMA > 3:
-            x3 = _bcast(p3, rn, 0, K, BK)
+            x3 = bcast_row(p3, rn, 0, K, BK)
         g = x0
         if NORM:
-            g = _bcast(g_ptr, rn, 0, K, BK)
+            g = bcast_row(g_ptr, rn, 0, K, BK)
         for k0 in tl.range(0, K, BK, loop_unroll_factor=1):
             wd = weight_chunk(w_rows, n_ok, k0 + 3 * BK, K, BK)           # DEPTH chunks ahead
-            y0 = _bcast(p0, rn, k0 + BK, K, BK)                         # the next activations
+            y0 = bcast_row(p0, rn, k0 + BK, K, BK)                         # the next activations
             y1 = y0
             y2 = y0
             y3 = y0
             if FMA > 1:
-                y1 = _bcast(p1, rn, k0 + BK, K, BK)
+                y1 = bcast_row(p1, rn, k0 + BK, K, BK)
             if FMA > 2:
-                y2 = _bcast(p2, rn, k0 + BK, K, BK)
+                y2 = bcast_row(p2, rn, k0 + BK, K, BK)
             if FMA > 3:
-                y3 = _bcast(p3, rn, k0 + BK, K, BK)
+                y3 = bcast_row(p3, rn, k0 + BK, K, BK)
             h = g
             if NORM:
-                h = _bcast(g_ptr, rn, k0 + BK, K, BK)
+                h = bcast_row(g_ptr, rn, k0 + BK, K, BK)
             wf = wa.to(tl.float32)
-            acc0 += wf * _normed(x0, inv0, g, NORM)
+            acc0 += wf * normed(x0, inv0, g, NORM)
             if FMA > 1:
-                acc1 += wf * _normed(x1, inv1, g, NORM)
+                acc1 += wf * normed(x1, inv1, g, NORM)
             if FMA > 2:
-                acc2 += wf * _normed(x2, inv2, g, NORM)
+                acc2 += wf * normed(x2, inv2, g, NORM)
             if FMA > 3:
-                acc3 += wf * _normed(x3, inv3, g, NORM)
+                acc3 += wf * normed(x3, inv3, g, NORM)
             wa = wb
             wb = wc
             wc = wd
@@ -164,14 +164,14 @@ def gemv(x_ptr, x_off, XA: tl.constexpr, m_ok, inv, g_ptr, w_rows, n_ok, wa, wb,
     else:
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         rk = tl.arange(0, BK)
-        rows = x_ptr + _mult(x_off, XA)[:, None]
-        x = _rows(rows, m_ok, 0, K, BK)
+        rows = x_ptr + aligned_mult(x_off, XA)[:, None]
+        x = rows_chunk(rows, m_ok, 0, K, BK)
         g = rk
         if NORM:
             g = tl.load(g_ptr + rk, mask=rk < K, other=0.0)
         for k0 in tl.range(0, K, BK, loop_unroll_factor=1):
             wd = weight_chunk(w_rows, n_ok, k0 + 3 * BK, K, BK)           # DEPTH chunks ahead
-            y = _rows(rows, m_ok, k0 + BK, K, BK)                          # the next activations
+            y = rows_chunk(rows, m_ok, k0 + BK, K, BK)                          # the next activations
             h = g
             if NORM:
                 h = tl.load(g_ptr + k0 + BK + rk, mask=k0 + BK + rk < K, other=0.0)
@@ -238,4 +238,5 @@ def better(v, i, bv, bi):
     return (vn & ~bn) | (~vn & ~bn & (v > bv)) | (same & (i < bi))
 
 
-__all__ = ["weight_chunk", "dequant", "gemv", "row_ss", "inv_from_parts", "first_max_rows", "better"]
+__all__ = ["aligned_mult", "bcast_row", "better", "dequant", "first_max_rows", "gemv", "inv_from_parts", "normed", "row_of",
+           "row_ss", "rows_chunk", "weight_chunk"]
