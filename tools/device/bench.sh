@@ -51,7 +51,7 @@ attention)
   timeout $(cap 100) python tools/bench_prefill_attention.py --out "$L/bench_prefill_attention.json" \
     > "$L/bench_prefill_attention.log" 2>&1; say "bench_prefill_attention rc=$?"; pack ;;
 spec)
-  DIR=/tmp/fam; rm -rf "$DIR"; train_family "$DIR"
+  DIR=/tmp/fam; [ "${KEEP_FAMILY:-0}" = 1 ] || rm -rf "$DIR"; train_family "$DIR"   # KEEP_FAMILY=1: suite_par's, when warm
   timeout $(cap 220) python tools/bench_spec.py --trained "$DIR" --methods none,ngram,draft,eagle3 --prompts 6 \
     --out "$L/bench_spec_trained.json" --png "$L/bench_spec_trained.png" > "$L/bench_spec_trained.log" 2>&1
   say "bench_spec --trained rc=$?"; grep -E "tok/s/stream|^(none|ngram|draft|eagle3) " "$L/bench_spec_trained.log" | tee -a "$S"; pack

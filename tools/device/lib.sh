@@ -34,6 +34,7 @@ fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader > "$L/gpu.txt" 2>&1
 # the trained family into DIR: target (50 s) + draft (8 s), then an EAGLE-3 head (35 s); logs in $L
 train_family() {
+  [ -f "$1/target/config.json" ] && [ -f "$1/draft/config.json" ] && say "train_tiny: kept $1 (trained by an earlier call)" ||
   timeout $(cap 100) python tools/train_tiny.py --out "$1" --models draft,target --time-budget-s draft=8,target=50 \
     > "$L/train_tiny.log" 2>&1; say "train_tiny rc=$?"
   timeout $(cap 80) python tools/train_eagle3.py --target "$1/target" --out "$1/eagle3" --time-budget-s 35 \

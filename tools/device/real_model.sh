@@ -21,14 +21,21 @@ if [ ! -f "$F" ]; then
 fi
 echo "$SHA  $F" | sha256sum -c --quiet || { say "SHA-256 mismatch: parts missing or out of order"; rm -f "$F"; exit 1; }
 say "GGUF ready ($(stat -c %s "$F") bytes)"
-LC=/tmp/llamacpp; mkdir -p "$LC"; cp .llamacpp/llama-bench* "$LC"/ 2>/dev/null
+LC=/tmp/llamacpp; mkdir -p "$LC"; cp .llamacpp/* "$LC"/ 2>/dev/null
+# llama-bench.xz may travel in parts (llama-bench.xz.part.NN, one per call): joined once xz finds them whole
+if [ ! -f "$LC/llama-bench" ] && [ ! -f "$LC/llama-bench.xz" ] && ls "$LC"/llama-bench.xz.part.* > /dev/null 2>&1; then
+  cat "$LC"/llama-bench.xz.part.* > "$LC/llama-bench.xz"
+  xz -t "$LC/llama-bench.xz" 2> /dev/null || { say "llama-bench: $(ls "$LC"/llama-bench.xz.part.* | wc -l) part(s), not yet whole"; rm -f "$LC/llama-bench.xz"; }
+fi
 [ -f "$LC/llama-bench.xz" ] && xz -df "$LC/llama-bench.xz"
 LB=()
 if [ -f "$LC/llama-bench" ]; then
   chmod +x "$LC/llama-bench"
+  # its libraries (cuBLAS, the CUDA runtime: torch's wheels; libgomp where carried beside it) for it alone
   NV=$(python -c "import os, nvidia; print(' '.join(sorted({r for p in nvidia.__path__ for r, _, fs in os.walk(p) if any(f.startswith(('libcublas', 'libcudart')) for f in fs)})))" 2>/dev/null)
-  export LD_LIBRARY_PATH="$(echo $NV | tr ' ' ':')${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  LB=(--llama-bench "$LC/llama-bench"); say "llama-bench: $("$LC/llama-bench" --version 2>&1 | tail -1)"
+  printf '#!/bin/sh\nLD_LIBRARY_PATH="%s:%s${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "%s" "$@"\n' \
+    "$(echo $NV | tr ' ' ':')" "$LC" "$LC/llama-bench" > "$LC/run-llama-bench"; chmod +x "$LC/run-llama-bench"
+  LB=(--llama-bench "$LC/run-llama-bench"); say "llama-bench: $("$LC/run-llama-bench" --version 2>&1 | tail -2 | tr '\n' ' ')"
 fi
 timeout $(cap 520) python tools/bench_real_model.py --gguf "$F" "${LB[@]}" --out "$OUT/real_model.json" > "$L/bench.log" 2>&1
 say "bench_real_model rc=$?"

@@ -32,7 +32,8 @@ count = collections.Counter(line.split("::")[0] for line in out.splitlines() if 
 skip = ("test_steps_gpu.py", "test_steps_auto_gpu.py", "test_trained_models.py")
 heavy = {"test_speculative_eagle3_gpu.py": 160, "test_speculative_gpu.py": 130, "test_cache.py": 150,
          "test_engine_gpu.py": 110, "test_mixed_prefill_gpu.py": 90, "test_serve_gpu.py": 90,
-         "test_engine_core_gpu.py": 80, "test_vllm_api_gpu.py": 60}
+         "test_engine_core_gpu.py": 80, "test_vllm_api_gpu.py": 60,
+         "test_persistent_step_gpu.py": 150, "test_persistent_gpu.py": 120}
 files = sorted((f for f in count if not f.endswith(skip)),
                key=lambda f: -heavy.get(f.rsplit("/", 1)[-1], 5 * count[f]))
 load = [0] * par
