@@ -90,7 +90,15 @@ def test_generated_logprobs_under_speculation_match_plain_and_hf(path, hf, metho
     llm = LLM(path, speculative=spec, spec_rounds=4, **ARGS)
     llm.engine.policy = None                                  # every block speculates
     got = llm.generate(prompts, p, use_tqdm=False)
-    assert llm.engine.stats()["spec_accepted"] > 0
+    st = llm.engine.stats()
+    print(f"\n{method} with logprobs: {st['spec_rounds']} rounds, {st['spec_accepted']} proposals accepted")
+    assert st["spec_rounds"] > 0
+    if method == "draft":
+        # the target drafting for itself: accepted positions' columns are checked below. n-gram on
+        # a random model may see none accepted in 3 x 24 tokens (the H100 run: 0); its rejected
+        # rounds still emit tokens through the verify's bonus column (accepted n-gram columns: the CPU
+        # test test_generated_logprobs_under_speculation_equal_plain_decodings)
+        assert st["spec_accepted"] > 0
     worst_hf = worst_plain = 0.0
     for pr, a, b in zip(prompts, plain, got):
         assert len(b.logprobs) == len(b.token_ids) == 24
