@@ -16,7 +16,7 @@ import torch
 from graphrt import RuntimeConfig
 from graphrt.model.runtime import ModelRuntime
 
-from _persistent_models import random_model
+from _persistent_models import assert_logits_close, random_model
 
 pytestmark = pytest.mark.gpu
 
@@ -63,18 +63,11 @@ def test_persistent_matches_the_sequence(rows):
         checked += int(clear.sum())
         assert torch.equal(a[0][clear], b[0][clear]), f"block {block}: tokens differ at a clear margin"
         tok = a[0]
-    # logits here are ~N(0, 45^2) (a unit-variance tied embedding), a row's largest near 200, where a
-    # bf16 step is 1.0; the two paths sum the GEMVs in different orders and round the hidden state
-    # at different points, which moves every logit by a share of that step (the H100 run: at most
-    # 1.0-1.31 over 128k logits, 3-4% of them beyond 0.25): within two steps at the row's largest
-    # |logit|, and no drift (the mean difference a small share of the mean |logit|)
-    d = (lb.float() - la.float()).abs()
-    step = torch.exp2(torch.floor(torch.log2(la.float().abs().amax(dim=-1, keepdim=True))) - 7)
-    assert bool((d <= 2 * step).all()), f"max |logit diff| {float(d.max()):.4f} over 2 bf16 steps"
-    assert float(d.mean()) <= 0.01 * float(la.float().abs().mean()), f"mean |logit diff| {float(d.mean()):.4f}"
+    d = assert_logits_close(lb, la)                                # bf16 steps at the row scale
     per.check_device_errors()
     assert all(int(p.counters.abs().sum()) == 0 for p in per.persistent.table.values())
-    print(f"rows {rows}: max |logit diff| {worst:.4f} (last block: mean {float(d.mean()):.4f}), {checked} of {64 * rows} tokens at a clear margin, equal")
+    print(f"rows {rows}: max |logit diff| {worst:.4f} (last block, first rows: {[round(x, 3) for x in d.tolist()][:4]}), "
+          f"{checked} of {64 * rows} tokens at a clear margin, equal")
 
 
 def test_k4_blocks_and_auto():
