@@ -206,6 +206,7 @@ class _Slot:
     measured_rounds: int        # rounds observed so far
     plain_blocks: int = 0       # plain blocks since the last measurement
     interval: int = 0           # plain blocks before the next probe
+    owed_us: float = 0.0        # its draft's prefill, skipped at admission: paid by its first spec block
 
 
 class SpecPolicy:
@@ -215,7 +216,8 @@ class SpecPolicy:
     def __init__(self, costs: StepCosts, *, ks: Sequence[int], max_slots: int, prior: float = 0.5,
                  prior_rounds: int = 2, ema: float = 0.1, margin: float = 0.02,
                  probe_every: int = 8, probe_max: int = 64, wall_ema: float = 0.25,
-                 rounds: int = 4, steps: int = 4, probe_budget: float = 0.01, start_ema: float = 0.02):
+                 rounds: int = 4, steps: int = 4, probe_budget: float = 0.01, start_ema: float = 0.02,
+                 prior_trusted: bool = True):
         if not isinstance(costs, StepCosts):
             raise TypeError(f"costs: expected a StepCosts, got {type(costs).__name__}")
         ks = tuple(sorted(set(ks)))
@@ -231,6 +233,8 @@ class SpecPolicy:
                         ("steps", steps)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}: must be an int >= 1, got {v!r}")
+        if not isinstance(prior_trusted, bool):
+            raise ValueError(f"prior_trusted: expected a bool, got {prior_trusted!r}")
         if probe_max < probe_every:
             raise ValueError(f"probe_max: {probe_max} is below probe_every={probe_every}")
         self.graph_costs, self.ks, self.max_slots = costs, ks, max_slots
@@ -244,6 +248,8 @@ class SpecPolicy:
         self._start = prior                   # engine-wide acceptance: a new slot's choices until it measures
         self._start_w = float(prior_rounds)   # rounds behind it (a running mean over at most 1 / start_ema)
         self._slots: dict[int, _Slot] = {}
+        self.prior_trusted = prior_trusted   # False: until a round is measured, rows start plain
+        self._measured = 0                   # rounds observed engine-wide
         self._on = False                  # the last choice ran speculation (hysteresis)
         self._min_bucket = min(costs.decode_us)
         self._bucket_ks: dict[int, tuple[int, ...]] = {}   # bucket -> _ks (graph costs are frozen)
@@ -295,8 +301,10 @@ class SpecPolicy:
             raise ValueError(f"accepted: {accepted} exceeds proposed={proposed} or rounds * k={rounds * k}")
         if k not in self.ks:
             raise ValueError(f"k: {k} is not one of the policy's ks {self.ks}")
+        s.owed_us = 0.0                                   # the block's catch-up prefilled its draft
         if rounds == 0:
             return
+        self._measured += rounds
         a_block = fit_acceptance(1.0 + accepted / rounds, k)
         self._start_w = min(self._start_w + rounds, 1.0 / self.start_ema) if self.start_ema else self._start_w + rounds
         self._start += rounds / self._start_w * (a_block - self._start)
@@ -317,6 +325,14 @@ class SpecPolicy:
         """A plain decode block ran for these slots (nothing measured: counts toward a probe)."""
         for slot in slots:
             self._state(slot).plain_blocks += 1
+
+    def owe(self, slot: int, us: float) -> None:
+        """The slot's draft prefill was skipped at admission (start_k said plain) and would cost
+        `us` µs: charged to the first probe or turn-on that includes the slot, on top of the
+        measured switch (a catch-up), until a spec block of the slot pays it."""
+        if isinstance(us, bool) or not isinstance(us, (int, float)) or not 0 <= us < float("inf"):
+            raise ValueError(f"us: must be a finite number >= 0, got {us!r}")
+        self._state(slot).owed_us += float(us)
 
     def observe_wall(self, bucket: int, k: int, us: float) -> None:
         """A block at `bucket` with k proposals a round (0: plain) took `us` µs of wall time per
@@ -352,6 +368,8 @@ class SpecPolicy:
         a catch-up, of the order of that prefill) the start must pay it back over the same horizon
         as turning speculation on in `choose` (probe_every blocks of `rounds` rounds), else 0: near
         break-even a draft prefill per request costs more than speculation gains."""
+        if not (self.prior_trusted or self._measured):
+            return 0                                     # nothing measured: plain until a probe pays
         ks = self._ks(bucket)
         k, rate = best_k([self._start], self.costs, bucket, ks, margin=self.margin)
         switch = self._switch.get(bucket)
@@ -404,7 +422,9 @@ class SpecPolicy:
         if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < len(slots):
             raise ValueError(f"bucket: must be an int >= len(slots)={len(slots)}, got {bucket!r}")
         states = [self._state(s) for s in slots]
-        accepts = [s.accept if s.measured_rounds else self._start for s in states]
+        start = self._start if (self.prior_trusted or self._measured) else 0.0
+        accepts = [s.accept if s.measured_rounds else start for s in states]
+        switch = self._switch.get(bucket, 0.0) + sum(s.owed_us for s in states)
         ks = self._ks(bucket)
         # batch_rate / best_k's arithmetic, each slot's expected tokens and each cost computed once
         step, round_us = self._table(bucket, ks)
@@ -415,9 +435,9 @@ class SpecPolicy:
             r = sum(tokens[kk]) / round_us[kk]
             if r > rate and r >= plain * (1.0 + margin):
                 k, rate = kk, r
-        if k and not self._on and self._switch.get(bucket):      # turning on pays its switch back
+        if k and not self._on and switch:                 # turning on pays its switch back
             gain = self.probe_every * self.rounds * round_us[k] * (1.0 - plain / rate)
-            if gain < self._switch[bucket]:
+            if gain < switch:
                 k, rate = 0, plain
         pref = []                                         # each slot's best_k alone
         one, bar = 1 / step, (1 / step) * (1.0 + self.margin)
@@ -434,7 +454,7 @@ class SpecPolicy:
             self._credit += self.probe_budget * self.steps * step
             if any(s.plain_blocks >= s.interval for s in states):
                 r = sum(tokens[ks[0]]) / round_us[ks[0]]
-                cost = self.switch_us(bucket) + max(0.0, self.rounds * round_us[ks[0]]
+                cost = switch + max(0.0, self.rounds * round_us[ks[0]]
                                                     * (1.0 - r / plain))
                 if self._credit >= cost:                      # probing stays within its budget
                     self._credit -= cost

@@ -136,6 +136,9 @@ def run(method: str, a: float, bs: int, *, waves: int, tokens: int, costs: Costs
             unprefilled = skip
             if skip:
                 stale = [True] * bs
+                if hasattr(pol, "owe"):                       # what the engine tells it: the skipped prefill
+                    for s in range(bs):
+                        pol.owe(s, costs.draft_prefill_us / bs)
             else:
                 now.t += costs.draft_prefill_us
                 stats["draft_prefills"] += 1

@@ -341,6 +341,44 @@ def test_a_new_request_starts_on_speculation_only_if_it_pays_the_draft_prefill_b
     assert pol2.start_k(1) > 0                                 # high acceptance pays it back
 
 
+def test_an_untrusted_prior_starts_plain_and_a_skipped_draft_prefill_is_charged_to_the_first_probe():
+    """prior_trusted=False: before any round is measured engine-wide, rows start on plain decode
+    (start_k 0, choose k 0 though the prior alone would speculate); a probe runs only once the
+    plain blocks' credit covers the prefill the rows' drafts skipped (owe) on top of its loss;
+    a spec block of the slot pays what it owed; once measured, the engine-wide acceptance rules."""
+    c = StepCosts(decode_us={1: 470.0}, verify_us={1: {2: 520.0}})
+    trusting = SpecPolicy(c, ks=(1,), max_slots=1, prior=0.5)
+    trusting.admit(0)
+    assert trusting.start_k(1) == 1 and trusting.choose([0], 1).k == 1
+    pol = SpecPolicy(c, ks=(1,), max_slots=1, prior=0.5, prior_trusted=False, probe_every=2,
+                     probe_budget=0.1, rounds=4, steps=4)
+    pol.admit(0)
+    assert pol.start_k(1) == 0
+    pol.owe(0, 3000.0)
+    ks = []
+    for _ in range(12):
+        d = pol.choose([0], 1)
+        ks.append(d.k)
+        assert d.k == 0 or d.probe
+        pol.observe_plain([0]) if d.k == 0 else None
+        if d.k:
+            break
+    # credit 0.1 x 4 x 470 = 188 µs a plain block: the 3000 µs owed plus the probe's loss
+    # (4 x 520 x (1 - 470 / 520) = 200 µs) take 17 blocks, not the 2 of probe_every
+    assert ks == [0] * 12, ks
+    pol2 = SpecPolicy(c, ks=(1,), max_slots=1, prior=0.5, prior_trusted=False, probe_every=2,
+                      probe_budget=0.1, rounds=4, steps=4)
+    pol2.admit(0)
+    first = next(i for i in range(12) if (pol2.choose([0], 1).k or pol2.observe_plain([0])))
+    assert 2 <= first <= 3                                   # nothing owed: the loss alone
+    pol.observe(0, proposed=4, accepted=4, rounds=4, k=1)    # the slot speculated: its debt paid
+    assert pol._state(0).owed_us == 0.0 and pol.start_k(1) == 1 and pol.choose([0], 1).k == 1
+    with pytest.raises(ValueError, match="us"):
+        pol.owe(0, -1.0)
+    with pytest.raises(ValueError, match="prior_trusted"):
+        SpecPolicy(c, ks=(1,), max_slots=1, prior_trusted=1)
+
+
 def test_the_engine_loop_simulation_is_never_below_097x_plain_on_the_measured_tables():
     """The policy in a CPU simulation of the engine loop (tests/speculative/_spec_sim.py: the real
     SpecPolicy and BlockClock, host and device costs, draft prefills and catch-ups, seeded
