@@ -102,12 +102,16 @@ class BlockMixin:
         res = self._launch_prefill(prompts, table, starts=starts, slots=slots, sampling=inputs, **fork)
         if res.prompt_logprobs:
             extras.take_prompt_logprobs(res, own_reqs, self._token_text)
-        for r, _, e in work:                          # res.tokens: [1, len(reqs)] device
+        owed = fork.get("draft") is False and self.policy is not None   # the drafts' prefill skipped
+        per_token = self.policy.graph_costs.draft_prefill_us if owed else 0.0
+        for r, a, e in work:                          # res.tokens: [1, len(reqs)] device
             s.prefilled(r, e)
             if self.spec is not None:
                 s.set_history(r)                      # the first token: written on the device
                 if self.policy is not None:
                     self.policy.admit(r.slot)
+                    if owed:                          # its first spec block's catch-up prefills it
+                        self.policy.owe(r.slot, (e - a) * per_token)
             r.launched += 1
             s.activate(r)
         pending = self._to_host([(r, i, r.epoch, 1) for i, r in enumerate(reqs)], res.tokens,

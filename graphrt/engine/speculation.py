@@ -227,8 +227,13 @@ def default_policy(executor, caps):
     except ImportError:
         log.warning("engine: graphrt/speculative/policy.py not found; speculating every block")
         return None
+    # a draft model: the prior is not trusted (rows start plain until a probe, paid from 3% of the
+    # plain blocks' time with the drafts' skipped prefill on top, measures the acceptance): a cold
+    # start with a poor draft otherwise pays its prefill and a dozen exploratory blocks
+    # (docs/NOTES.md, "a cold start that cannot lose")
+    draft = caps.draft_state
     return SpecPolicy(costs, ks=caps.spec_ks, max_slots=caps.config.max_batch, rounds=caps.spec_rounds,
-                      steps=caps.steps_per_graph)
+                      steps=caps.steps_per_graph, prior_trusted=not draft, probe_budget=0.03 if draft else 0.01)
 
 
 __all__ = ["build_runner", "load_draft", "spec_columns", "column_logprobs", "observe", "spec_stats", "default_policy",

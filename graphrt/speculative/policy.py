@@ -79,12 +79,15 @@ def _positive(name: str, value) -> float:
 class StepCosts:
     """Measured device µs per bucket (batch size of the captured graph): decode_us[b] one plain
     decode step; verify_us[b][q] one target verify of q = k + 1 tokens per slot; draft_us[b] one
-    draft-model step (method "draft"; empty for n-gram); propose_us the proposer's work a round."""
+    draft-model step (method "draft"; empty for n-gram); propose_us the proposer's work a round;
+    draft_prefill_us: a draft model's prefill per prompt token (0: none, or not measured), what a
+    row whose draft prefill was skipped owes its first spec block (SpecPolicy.owe)."""
 
     decode_us: Mapping[int, float]
     verify_us: Mapping[int, Mapping[int, float]]
     draft_us: Mapping[int, float] = field(default_factory=dict)
     propose_us: float = 0.0
+    draft_prefill_us: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.decode_us:
@@ -99,8 +102,10 @@ class StepCosts:
                 _positive(f"verify_us[{b}][{q}]", v)
         for b, us in self.draft_us.items():
             _positive(f"draft_us[{b}]", us)
-        if not (isinstance(self.propose_us, (int, float)) and self.propose_us >= 0):
-            raise ValueError(f"propose_us: must be a number >= 0, got {self.propose_us!r}")
+        for name in ("propose_us", "draft_prefill_us"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
+                raise ValueError(f"{name}: must be a finite number >= 0, got {v!r}")
 
     def ks(self, bucket: int) -> tuple[int, ...]:
         """The k values with a measured verify cost at this bucket."""

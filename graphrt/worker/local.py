@@ -352,7 +352,19 @@ class LocalExecutor:
                 decode[b] = _time_us(lambda: rt.decode_slots(b, sampled=False), replays) / rt.k
                 verify[b] = {k + 1: _time_us(lambda k=k: spec.run(b, k=k, filtered=False), replays) / spec.rounds
                              for k in spec.ks}
-        return StepCosts(decode_us=decode, verify_us=verify)
+            draft_prefill = self._draft_prefill_us() if self._draft is not None else 0.0
+        return StepCosts(decode_us=decode, verify_us=verify, draft_prefill_us=draft_prefill)
+
+    def _draft_prefill_us(self, tokens: int = 256) -> float:
+        """Device µs per token of the draft model's prefill of one `tokens`-token prompt (at most
+        its context), timed at start-up, before any request: it writes the draft's K/V of the
+        first pages, which a request's own draft prefill or catch-up writes before it reads them."""
+        draft, cfg = self._draft, self.runtime.config     # the draft shares the target's pages
+        n = max(1, min(tokens, cfg.max_context_len - 1))
+        page = cfg.page_size
+        prompt = torch.zeros(n, dtype=torch.int64, device=self.runtime.device)
+        table = torch.arange(-(-n // page), dtype=torch.int32).view(1, -1)
+        return _time_us(lambda: draft.prefill([prompt], table), 3) / n
 
     def check_device_errors(self) -> None:
         """Raise DeviceInputError naming the guard that flagged (ModelRuntime.check_device_errors)."""

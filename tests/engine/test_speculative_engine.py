@@ -244,6 +244,44 @@ def test_generated_logprobs_under_speculation_equal_plain_decodings(plain, ngram
     assert max(len(d.token_ids) for d in deltas) > 1            # several tokens (and entries) per delta
 
 
+def test_a_draft_model_with_an_untrusted_prior_starts_plain_and_owes_its_skipped_prefill(plain, path, monkeypatch):
+    """default_policy's rule for a draft model (speculation.default_policy: prior not trusted):
+    nothing measured yet, so new rows start on plain decode, their drafts' prefill is skipped
+    and owed to the policy (each prompt's tokens x StepCosts.draft_prefill_us) until a spec block
+    catches the draft up; the output is plain decoding's whatever the policy then chooses."""
+    from graphrt.engine.speculation import default_policy
+    from graphrt.speculative.policy import SpecPolicy, StepCosts
+    llm = LLM(path, max_batch=4, steps_per_graph=3, spec_rounds=2,
+              speculative={"method": "draft", "num_tokens": 3, "model": str(path)}, **CPU)
+    ex = llm.runtime
+    buckets, ks = ex.caps.config.buckets, ex.caps.spec_ks
+    costs = StepCosts(decode_us={b: 100.0 for b in buckets}, verify_us={b: {k + 1: 110.0 for k in ks} for b in buckets},
+                      draft_prefill_us=5.0)
+    monkeypatch.setattr(ex, "measure_costs", lambda **kw: costs)     # a CPU executor measures nothing
+    pol = llm.engine.policy = default_policy(ex, ex.caps)
+    assert isinstance(pol, SpecPolicy) and not pol.prior_trusted and pol.probe_budget == 0.03
+    owed, real = [], pol.owe
+    monkeypatch.setattr(pol, "owe", lambda slot, us: (owed.append(us), real(slot, us)))
+    prompts = _prompts(3)
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    _same(llm.generate(prompts, params, use_tqdm=False), plain.generate(prompts, params, use_tqdm=False))
+    assert sorted(owed) == sorted(5.0 * len(p) for p in prompts)
+
+
+def test_the_draft_prefill_cost_is_timed_per_token_on_the_first_pages(path, monkeypatch):
+    """LocalExecutor._draft_prefill_us (measure_costs, CUDA): one draft prefill of a prompt of
+    `tokens` (at most the context) into the first pages, its time per token; the prefill itself
+    runs here on the CPU with the timer replaced."""
+    import graphrt.worker.local as local
+    llm = LLM(path, max_batch=2, steps_per_graph=3, spec_rounds=2,
+              speculative={"method": "draft", "num_tokens": 3, "model": str(path)}, **CPU)
+    seen = []
+    monkeypatch.setattr(local, "_time_us", lambda fn, reps: (fn(), seen.append(reps), 480.0)[-1])
+    assert llm.runtime._draft_prefill_us(tokens=16) == pytest.approx(30.0) and seen == [3]
+    longest = llm.runtime.runtime.config.max_context_len - 1                         # a prompt and one token
+    assert llm.runtime._draft_prefill_us(tokens=1000) == pytest.approx(480.0 / longest)
+
+
 def test_the_policy_is_told_each_blocks_wall_time_and_output_is_unchanged(plain, path):
     """A SpecPolicy (made-up graph costs: the engine on CPU has no captured graphs) hears each
     block's wall time per round / per step from the loop (speculation.BlockClock); the tokens are
