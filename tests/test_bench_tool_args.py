@@ -22,6 +22,7 @@ TOOLS = Path(__file__).resolve().parent.parent / "tools"
     ("profile_persistent.py", ["--num-warps", "8,x"], "--num-warps"),
     ("profile_persistent.py", ["--prefetch", "-1"], "--prefetch"),
     ("profile_persistent.py", ["--stages", "4,-2"], "--stages"),
+    ("profile_persistent.py", ["--programs-per-sm", "0"], "--programs-per-sm"),
 ])
 def test_bad_flag_exits_2_naming_it(tool, args, flag, tmp_path):
     r = subprocess.run([sys.executable, str(TOOLS / tool), *args], capture_output=True, text=True, timeout=120,

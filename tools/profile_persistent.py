@@ -51,6 +51,9 @@ def parse_args(argv=None):
     p.add_argument("--splits", default="0", help="KV splits per (row, kv head), 0 = the default (comma list)")
     p.add_argument("--stages", default="0",
                    help="GEMV weight chunks in a shared-memory ring, 0 = three in registers (comma list)")
+    p.add_argument("--programs-per-sm", default="1",
+                   help="programs in the grid per SM (2 with --num-warps 4: two co-resident programs an SM; "
+                        "the cooperative launch refuses a grid that cannot be resident) (comma list)")
     p.add_argument("--replays", type=int, default=20, help="steps per timed graph")
     p.add_argument("--out", default="profile_persistent.json")
     args = p.parse_args(argv)
@@ -66,6 +69,7 @@ def parse_args(argv=None):
     args.prefetch_bytes = _ints(p, args.prefetch_bytes, "prefetch-bytes", 0)
     args.splits = _ints(p, args.splits, "splits", 0)
     args.stages = _ints(p, args.stages, "stages", 0)
+    args.programs_per_sm = _ints(p, args.programs_per_sm, "programs-per-sm", 1)
     return args
 
 
@@ -93,11 +97,14 @@ def main(argv=None) -> int:
     bw = copy_bandwidth(torch)         # the floor's bandwidth: bytes moved by a copy (read + written) per second, as bench_e2e
     dev = torch.cuda.get_device_properties(0)
     results = []
-    for warps, bk, pf, pfb, sp, st in itertools.product(args.num_warps, args.block_k, args.prefetch,
-                                                        args.prefetch_bytes, args.splits, args.stages):
-        cfg = dict(num_warps=warps, block_k=bk, prefetch=pf, prefetch_bytes=pfb, splits=sp, stages=st)
+    for warps, bk, pf, pfb, sp, st, per_sm in itertools.product(args.num_warps, args.block_k, args.prefetch,
+                                                                args.prefetch_bytes, args.splits, args.stages,
+                                                                args.programs_per_sm):
+        cfg = dict(num_warps=warps, block_k=bk, prefetch=pf, prefetch_bytes=pfb, splits=sp, stages=st,
+                   programs_per_sm=per_sm)
         kw = dict(geometry=geometry(model), rows=n, eps=s.rms_norm_eps, tiles=Tiles(block_k=bk, splits=sp),
-                  max_context_len=ctx + 64, num_warps=warps, prefetch=pf, prefetch_bytes=pfb, stages=st)
+                  max_context_len=ctx + 64, num_warps=warps, prefetch=pf, prefetch_bytes=pfb, stages=st,
+                  programs=per_sm * dev.multi_processor_count)
         try:
             step = PersistentStep(model.weights, caches, model.cos_sin, **kw)
             step_us = graph_us(lambda: step.launch(tokens, lens, table, out, err), args.replays, 5)
