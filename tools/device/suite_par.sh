@@ -9,21 +9,34 @@
 #  3. the trained-family quality gate (tests/test_trained_models.py) on it.
 # Logs in $OUT/suite_par.tgz, one line per part in the summary (printed last).
 #   DEADLINE=560 bash .device/bootstrap.sh bash tools/device/suite_par.sh
+# SHARD=i/n: the files dealt to n x PAR groups, this call runs the i-th PAR of them; the timed tests
+# run in shard 1, the family trains and its gate runs in shard n (on an H100 the whole suite takes
+# ~11 min of groups: SHARD=1/2 then SHARD=2/2, two calls on one warm machine).
 NAME=suite_par; DEADLINE=${DEADLINE:-560}; . tools/device/lib.sh   # logs, pack, cap, say
-PAR=${PAR:-4}; DIR=/tmp/fam; rm -rf "$DIR"
+PAR=${PAR:-4}; DIR=/tmp/fam
+SHARD=${SHARD:-1/1}; SI=${SHARD%/*}; SN=${SHARD#*/}
+if ! [[ "$SI" =~ ^[0-9]+$ && "$SN" =~ ^[0-9]+$ ]] || [ "$SI" -lt 1 ] || [ "$SI" -gt "$SN" ]; then
+  echo "suite_par.sh: SHARD must be i/n with 1 <= i <= n (got '$SHARD')" >&2; exit 2
+fi
+FIRST=$([ "$SI" = 1 ] && echo 1 || echo 0); LAST=$([ "$SI" = "$SN" ] && echo 1 || echo 0)
+[ "$LAST" = 1 ] && rm -rf "$DIR"
+say "shard $SHARD"
 # the server's GPU tests skip at collection when its packages do not import: say so first
 python -c "import fastapi, uvicorn, openai; print('serve packages import:', fastapi.__version__, uvicorn.__version__, openai.__version__)" \
   2>&1 | tail -1 | tee -a "$S"
-timeout $(cap 240) python -m pytest -m gpu -q -rfEs --tb=short -p no:cacheprovider --timeout 200 \
-  tests/model/test_steps_gpu.py tests/engine/test_steps_auto_gpu.py > "$L/timed.log" 2>&1
-say "timed tests rc=$?: $(grep -E "passed|failed" "$L/timed.log" | tail -1)"
-( timeout 100 python tools/train_tiny.py --out "$DIR" --models draft,target --time-budget-s draft=8,target=50 \
+if [ "$FIRST" = 1 ]; then
+  timeout $(cap 240) python -m pytest -m gpu -q -rfEs --tb=short -p no:cacheprovider --timeout 200 \
+    tests/model/test_steps_gpu.py tests/engine/test_steps_auto_gpu.py > "$L/timed.log" 2>&1
+  say "timed tests rc=$?: $(grep -E "passed|failed" "$L/timed.log" | tail -1)"
+fi
+TRAIN=""
+[ "$LAST" = 1 ] && ( timeout 100 python tools/train_tiny.py --out "$DIR" --models draft,target --time-budget-s draft=8,target=50 \
     > "$L/train_tiny.log" 2>&1; echo "train_tiny rc=$?" >> "$L/train_tiny.log" ) &
-TRAIN=$!
+[ "$LAST" = 1 ] && TRAIN=$!
 # every GPU test file but the timed ones and the trained gate, dealt to the least loaded group by
 # an estimate of its seconds (heaviest first: the engine's speculative files and the cache's
 # capture test take minutes each, most other files well under one)
-python - "$L" "$PAR" <<'PY'
+python - "$L" "$((PAR * SN))" <<'PY'
 import subprocess, sys, collections
 L, par = sys.argv[1], int(sys.argv[2])
 out = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "--collect-only", "-q", "-p", "no:cacheprovider",
@@ -43,15 +56,15 @@ for f in files:
     open(f"{L}/group{g}.txt", "a").write(f + "\n")
 print("estimated seconds per group:", load)
 PY
-PIDS=""
-for g in $(seq 0 $((PAR - 1))); do
+PIDS=""; MINE=$(seq $(((SI - 1) * PAR)) $((SI * PAR - 1)))
+for g in $MINE; do
   [ -f "$L/group$g.txt" ] || continue
-  timeout $(cap 420) python -m pytest -m gpu -q -rfEs --tb=short -p no:cacheprovider --timeout 300 \
+  timeout $(cap 480) python -m pytest -m gpu -q -rfEs --tb=short -p no:cacheprovider --timeout 300 \
     $(cat "$L/group$g.txt") > "$L/gpu_group$g.log" 2>&1 &
   PIDS="$PIDS $!"
 done
 for p in $PIDS; do wait $p; done
-for g in $(seq 0 $((PAR - 1))); do
+for g in $MINE; do
   [ -f "$L/gpu_group$g.log" ] && say "group $g: $(grep -E "passed|failed|error" "$L/gpu_group$g.log" | tail -1)"
 done
 grep -hE "^(FAILED|ERROR)" "$L"/gpu_group*.log | cut -c1-300 | tee -a "$S"; pack
@@ -62,8 +75,10 @@ if [ -n "$AGAIN" ]; then
   say "failed or errored in the groups, run again alone: $(grep -E "passed|failed|error" "$L/gpu_again_alone.log" | tail -1)"
   grep -hE "^(FAILED|ERROR)" "$L/gpu_again_alone.log" | cut -c1-300 | tee -a "$S"; pack
 fi
-wait $TRAIN; say "$(tail -1 "$L/train_tiny.log")"
-GRAPHRT_TRAINED_DIR=$DIR timeout $(cap 90) python -m pytest -m gpu -q -s -rfEs --tb=short -p no:cacheprovider \
-  tests/test_trained_models.py > "$L/trained.log" 2>&1
-say "trained-family tests rc=$?: $(grep -E "passed|failed" "$L/trained.log" | tail -1)"; pack
+if [ "$LAST" = 1 ]; then
+  wait $TRAIN; say "$(tail -1 "$L/train_tiny.log")"
+  GRAPHRT_TRAINED_DIR=$DIR timeout $(cap 90) python -m pytest -m gpu -q -s -rfEs --tb=short -p no:cacheprovider \
+    tests/test_trained_models.py > "$L/trained.log" 2>&1
+  say "trained-family tests rc=$?: $(grep -E "passed|failed" "$L/trained.log" | tail -1)"; pack
+fi
 cat "$S"
