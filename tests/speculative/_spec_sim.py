@@ -234,14 +234,17 @@ def run(method: str, a: float, bs: int, *, waves: int, tokens: int, costs: Costs
     return stats
 
 
-def table(acceptances, batches, *, seeds: int, waves: int, tokens: int, costs: Costs) -> list[dict]:
-    """One row per (bs, a): the draft method's tokens/s over plain decode's (x_plain), mean of seeds."""
+def table(acceptances, batches, *, seeds: int, waves: int, tokens: int, costs: Costs,
+          policy_kw=None) -> list[dict]:
+    """One row per (bs, a): the draft method's tokens/s over plain decode's (x_plain), mean of seeds;
+    policy_kw: SpecPolicy keywords."""
     rows = []
     for bs in batches:
         base = sum(run("none", 0.0, bs, waves=waves, tokens=tokens, costs=costs, seed=s)["tok_s"]
                    for s in range(seeds)) / seeds
         for a in acceptances:
-            rs = [run("draft", a, bs, waves=waves, tokens=tokens, costs=costs, seed=s) for s in range(seeds)]
+            rs = [run("draft", a, bs, waves=waves, tokens=tokens, costs=costs, seed=s, policy_kw=policy_kw)
+                  for s in range(seeds)]
             tok = sum(r["tok_s"] for r in rs) / seeds
             by_k: dict = {}
             for r in rs:
@@ -266,11 +269,20 @@ def main() -> None:
     ap.add_argument("--catchup-us", type=float, default=Costs.catchup_us)
     ap.add_argument("--costs", metavar="JSON", help="graph costs from a GPU run of tools/bench_spec.py --trained "
                     "(e.g. docs/results/spec_trained_h100.json); default: the engine_gaps H200 table")
+    ap.add_argument("--policy", default="{}", metavar="JSON",
+                    help='SpecPolicy keywords, e.g. \'{"prior_trusted": false, "probe_budget": 0.03}\' '
+                         "(engine.speculation.default_policy's for a draft model)")
     ap.add_argument("--json", help="write the rows here")
     a = ap.parse_args()
+    try:
+        policy_kw = json.loads(a.policy)
+    except json.JSONDecodeError as e:
+        ap.error(f"--policy: not JSON ({e})")
+    if not isinstance(policy_kw, dict):
+        ap.error(f"--policy: expected a JSON object, got {a.policy!r}")
     costs = trained_costs(a.costs, catchup_us=a.catchup_us) if a.costs else Costs(catchup_us=a.catchup_us)
     accs = [round(0.1 * i, 1) for i in range(1, 10)]
-    rows = table(accs, (1, 4), seeds=a.seeds, waves=a.waves, tokens=a.tokens, costs=costs)
+    rows = table(accs, (1, 4), seeds=a.seeds, waves=a.waves, tokens=a.tokens, costs=costs, policy_kw=policy_kw)
     print(f"{'bs':>3} {'a':>4} {'x plain':>8} {'spec':>6} {'plain':>6} {'forced':>6} {'catchup':>7} "
           f"{'dprefill':>8}  by_k")
     for r in rows:
