@@ -125,8 +125,8 @@ class LocalExecutor:
         first, lp, plp = self._prefill_slots(
             launch.prompts, launch.block_table, launch.slots, launch.sampling, processing=launch.processing,
             prompt_logprobs=launch.prompt_logprobs, starts=launch.starts, sources=launch.sources,
-            copies=launch.copies, defer_check=launch.defer_check, draft=launch.draft)
-        return Result(first[None], logprobs=lp if launch.logprobs else None, prompt_logprobs=plp)
+            copies=launch.copies, defer_check=launch.defer_check, draft=launch.draft, logprobs=launch.logprobs)
+        return Result(first[None], logprobs=lp, prompt_logprobs=plp)
 
     def run(self, block: Block) -> Result:
         """One block (launch.py): k = 0, K plain decode steps; k > 0, R speculative rounds; after
@@ -180,7 +180,7 @@ class LocalExecutor:
                        sampling: SamplingInputs, *, processing: ProcessRows | None = None,
                        prompt_logprobs: dict[int, int] | None = None, starts=None,
                        sources: list[int] | None = None, copies: list[tuple[int, int]] = (),
-                       defer_check: bool = False, draft: bool = True) -> tuple:
+                       defer_check: bool = False, draft: bool = True, logprobs: bool = False) -> tuple:
         """Prefill each prompt (row i of block_table, from position starts[i], default 0), draw
         each slot's next token with sampling's row i (its step is not advanced) from the last
         logits of prompt sources[i] (default: slot i's own prompt, i < m) and write it as the
@@ -196,8 +196,8 @@ class LocalExecutor:
         proposals are accepted, never a token.
 
         processing (a processing runtime): the slots' processing rows are reset to it first and
-        the first draws are processed, counted and their log-probabilities returned (device
-        views); prompt_logprobs {row i: n}: those rows' prompt log-probabilities (CPU,
+        the first draws are processed and counted; logprobs: their log-probabilities returned
+        (device views; else None); prompt_logprobs {row i: n}: those rows' prompt log-probabilities (CPU,
         synchronous; whole prompts only).
         defer_check: the target's prefill as ModelRuntime.prefill's (an EAGLE-3 target's too).
         draft=False (a draft model, no sources or copies): the draft's prefill is left out and
@@ -242,7 +242,7 @@ class LocalExecutor:
                    mask=None if processing is None else self.runtime.token_mask,
                    live=None if processing is None else torch.ones(len(slots), dtype=torch.bool, device=dev),
                    ops=ops)
-        if src is not None:
+        if src is not None and logprobs:              # only where a request asked: [m, V] read four times
             first_lp = tuple(t[None] for t in token_logprobs(src, first, self.caps.logprobs_width, ops=ops))
         st.tokens.index_copy_(0, idx, first)
         src = sources if sources is not None else range(len(slots))
