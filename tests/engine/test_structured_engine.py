@@ -89,3 +89,29 @@ def test_with_ngram_speculation(llm, tmp_path_factory):
     assert re.fullmatch(r"(to|be){2}", outs[1].outputs[0].text)
     for got, ref in zip(outs, want):
         assert got.outputs[0].token_ids == ref.outputs[0].token_ids
+
+
+def test_a_prefill_applies_the_mask_only_where_it_draws_a_constrained_row(llm, monkeypatch):
+    """The executor keeps which slots' mask flags are on (write_token_mask): a prefill whose rows
+    are all free launches no mask kernel; one with a constrained row does, and its first token
+    obeys the constraint."""
+    from graphrt.model.token_mask import TokenMask
+    ex = llm.engine.runtime
+    calls = []
+    real = TokenMask.apply
+    monkeypatch.setattr(TokenMask, "apply",
+                        lambda self, logits, sel, **kw: (calls.append(sel), real(self, logits, sel, **kw))[1])
+    prefill = ex._prefill_slots
+    seen = []
+    monkeypatch.setattr(ex, "_prefill_slots", lambda *a, **kw: (seen.append(len(calls)), prefill(*a, **kw))[1])
+    free = SamplingParams(max_tokens=1, temperature=0)
+    llm.generate(["tell me"] * 2, [free, free], use_tqdm=False)
+    assert seen and len(calls) == 0            # (earlier requests' slots may keep their flags: not drawn here)
+    choice = SamplingParams(max_tokens=12, temperature=0, structured_outputs={"choice": ["yes", "no"]})
+    out = llm.generate(["tell me"] * 2, [free, choice], use_tqdm=False)
+    assert len(calls) >= 1 and out[1].outputs[0].text in ("yes", "no")
+    calls.clear()
+    llm.generate(["tell me"], [free], use_tqdm=False)
+    # the slot the choice held keeps its flag until a prefill there clears it; a free row drawn
+    # anywhere launches no mask either way
+    assert len(calls) == 0
