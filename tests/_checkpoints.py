@@ -4,14 +4,19 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-_TOOL = Path(__file__).resolve().parent.parent / "tools" / "make_checkpoint.py"
+TOOLS = Path(__file__).resolve().parent.parent / "tools"
 
 
-def make_checkpoint_module():
-    spec = importlib.util.spec_from_file_location("make_checkpoint", _TOOL)
+def tool_module(name: str):
+    """tools/<name>.py loaded as a module (the tools are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def make_checkpoint_module():
+    return tool_module("make_checkpoint")
 
 
 def write(tmp_path_factory, name: str, **kw) -> Path:

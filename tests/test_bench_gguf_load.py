@@ -2,20 +2,17 @@
 synthetic GGUF (per-type rows bit-equal to the gguf package, the whole-file rows) writes its JSON."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-TOOL = Path(__file__).resolve().parent.parent / "tools" / "bench_gguf_load.py"
+from _checkpoints import tool_module
+
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("bench_gguf_load", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return tool_module("bench_gguf_load")
 
 
 @pytest.mark.parametrize("args, flag", [

@@ -2,23 +2,17 @@
 (--smoke) over a tiny Llama GGUF (tests/_gguf_files.py) writes its JSON and table."""
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-from _checkpoints import write
+from _checkpoints import tool_module, write
 from _gguf_files import write_gguf
 
-TOOL = Path(__file__).resolve().parent.parent / "tools" / "bench_real_model.py"
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("bench_real_model", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return tool_module("bench_real_model")
 
 
 @pytest.mark.parametrize("args, flag", [

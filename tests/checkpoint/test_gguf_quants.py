@@ -6,8 +6,6 @@ a destination (`out`, float32 directly or cast); a type without a torch dequanti
 through the package; bad input is one ValueError naming it."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import gguf
 import numpy as np
@@ -15,20 +13,17 @@ import pytest
 import torch
 
 import graphrt.checkpoint.gguf_quants as gq
+from _checkpoints import tool_module
 from _real_model import smollm2_gguf  # noqa: F401 (a fixture)
 from graphrt.checkpoint.gguf_file import GGUFFile, open_gguf
 from graphrt.checkpoint.gguf_tensors import GGUFTensors, unpermute_rope_rows
 from graphrt.checkpoint.hf_files import CheckpointError
 
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "bench_gguf_load.py"
 KINDS = sorted(gq.BLOCKS)
 
 
 def _random_blocks():
-    spec = importlib.util.spec_from_file_location("bench_gguf_load", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.random_blocks
+    return tool_module("bench_gguf_load").random_blocks
 
 
 random_blocks = _random_blocks()

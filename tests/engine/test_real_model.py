@@ -7,12 +7,11 @@ n-gram / draft (the model as its own draft) speculation greedy-identical to plai
 generations (10 tokens at most): on CPU each token runs the whole 30-layer model."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 
+from _checkpoints import tool_module
 from _real_model import smollm2_gguf  # noqa: F401 (a fixture)
 from graphrt import LLM, SamplingParams
 
@@ -27,11 +26,7 @@ IM_END = 2            # the file's eos: <|im_end|>
 
 
 def _bench():
-    path = Path(__file__).resolve().parents[2] / "tools" / "bench_real_model.py"
-    spec = importlib.util.spec_from_file_location("bench_real_model", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return tool_module("bench_real_model")
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ starts the real CLI in a subprocess)."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import socket
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from _checkpoints import write
+from _checkpoints import tool_module, write
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -269,9 +268,7 @@ def test_bench_serve_cpu_smoke(tmp_path_factory, tmp_path):
     """The benchmark end to end on CPU: the real `graphrt serve` subprocess (its start-up log),
     streaming clients at N = 1, 2, and the HF generate baseline; every request completes."""
     ckpt = write(tmp_path_factory, "bench", arch="llama", dtype="float32", seed=5)
-    spec = importlib.util.spec_from_file_location("bench_serve", ROOT / "tools" / "bench_serve.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = tool_module("bench_serve")
     res = bench.main(["--model", str(ckpt), "--device", "cpu", "--variants", "graphrt,graphrt-hostplan,hf",
                       "--concurrency", "1,2", "--requests", "1", "--output-len", "4", "--prompt-lens", "3,9",
                       "--out-dir", str(tmp_path), "--name", "smoke", "--time-budget-s", "120"])
