@@ -7,7 +7,8 @@
     mask.apply(logits, slots_dev)                  # a prefill's first draws: logits row i = slot i
     mask.apply_verify(logits, size, k)             # a verify: row b * (k + 1) + j = slot b, position j
 
-Device tensors (the runtime's device), written only through `write`:
+Device tensors (the runtime's device), written only through `write` (which also keeps `on`, the
+host's set of constrained slots, so an eager draw knows whether it needs `apply`):
     bits   [B, P, W] int32  W = ceil(V / 32); bit t % 32 of word t // 32 = token t allowed (the
                             layout of xgrammar's `fill_next_token_bitmask`); position j is the
                             mask after j tokens past the slot's current one: a decode draw reads
@@ -23,7 +24,7 @@ speculative rounds read them in place (kernels/token_mask.py, one launch per ste
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -38,6 +39,7 @@ class TokenMask:
     active: torch.Tensor
     rows: torch.Tensor            # [B, P] int64 device: b * P + j, the flat row of (slot b, position j)
     first: torch.Tensor           # [B] int64 device: b * P, each slot's position 0 (contiguous)
+    on: set = field(default_factory=set, compare=False, repr=False)   # host: the slots whose `active` flag `write` set to 1
 
     @classmethod
     def allocate(cls, max_batch: int, vocab: int, device, *, positions: int = 1) -> "TokenMask":
@@ -79,6 +81,13 @@ class TokenMask:
         else:
             self.bits[:, :p].index_copy_(0, idx, to_device(bits.contiguous(), dev))
         self.active.index_copy_(0, idx, to_device(active[:, None].expand(m, self.positions).contiguous(), dev))
+        for slot, flag in zip(slots, active.tolist()):
+            (self.on.add if flag else self.on.discard)(slot)
+
+    def any_on(self, slots) -> bool:
+        """Whether some of `slots` (host ints) is constrained: a draw over only the others needs
+        no `apply` (their rows would be untouched)."""
+        return not self.on.isdisjoint(slots)
 
     def apply(self, logits: torch.Tensor, sel, *, ops: KernelOps | None = None) -> torch.Tensor:
         """logits [b, V] of slots `sel` (an int b: slots [0, b); or a [b] int64 device tensor),

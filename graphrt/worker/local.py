@@ -54,7 +54,6 @@ class LocalExecutor:
                                 pin=runtime.device.type == "cuda",
                                 history_width=None if history is None else history.shape[1])
         self._draft_stale: set[int] = set()   # slots whose draft K/V misses plain-block tokens
-        self._constrained: set[int] = set()   # slots whose token-mask flag is on (write_token_mask)
         self._draft_since = torch.zeros_like(runtime.slots.seq_lens)   # [B] their lengths then (device)
         self._caps: Capabilities | None = None
 
@@ -238,10 +237,10 @@ class LocalExecutor:
         rows = DrawRows(*(to_device(t, dev) for t in (sampling.temperature, sampling.top_k, sampling.top_p,
                                                       sampling.seed)), to_device(sampling.step, dev).clone())
         first = torch.empty(len(slots), dtype=torch.int64, device=dev)              # [m] device
+        tm = self.runtime.token_mask                      # no constrained row drawn here: no mask launch
         src = draw(logits, rows, Draw(sampled=True, processed=processing is not None, filtered=True), first,
                    proc=st.proc, sel=idx, source=self.runtime.logprobs_mode,
-                   mask=self.runtime.token_mask if processing is not None and self._constrained.intersection(slots)
-                   else None,                     # no constrained row drawn here: no mask launch
+                   mask=tm if processing is not None and tm is not None and tm.any_on(slots) else None,
                    live=None if processing is None else torch.ones(len(slots), dtype=torch.bool, device=dev),
                    ops=ops)
         if src is not None and logprobs:              # only where a request asked: [m, V] read four times
@@ -312,8 +311,6 @@ class LocalExecutor:
         self.caps.refuse("structured_outputs", self.caps.structured,
                          "this runtime was built with processing=False")
         self.runtime.token_mask.write(slots, bits, active)
-        for slot, on in zip(slots, active.tolist()):
-            (self._constrained.add if on else self._constrained.discard)(slot)
 
     def stage_chunk(self, slot: int, tokens: torch.Tensor, start: int, *, table_row=None) -> None:
         """The next `run(Block(..., chunk=True))` also prefills `tokens` (CPU [m] int64, m <=

@@ -58,3 +58,18 @@ def test_bad_writes_and_positions_name_the_field():
     for bad in (0, True, 1.5):
         with pytest.raises(ValueError, match=r"^positions:"):
             TokenMask.allocate(B, V, "cpu", positions=bad)
+
+
+def test_the_host_knows_which_slots_are_constrained():
+    """`on` follows what `write` set (flag 1 adds a slot, 0 removes it; a refused write changes
+    nothing): `any_on` tells an eager draw whether it needs `apply`."""
+    mask = TokenMask.allocate(B, V, "cpu", positions=P)
+    bits = torch.zeros((2, W), dtype=torch.int32)
+    assert not mask.any_on(range(B))
+    mask.write([3, 1], bits, torch.tensor([1, 0], dtype=torch.int32))
+    assert mask.on == {3} and mask.any_on([0, 3]) and not mask.any_on([0, 1, 2])
+    mask.write([3], bits[:1], torch.tensor([0], dtype=torch.int32))
+    assert not mask.any_on(range(B))
+    with pytest.raises(ValueError, match="active"):
+        mask.write([2], bits[:1], torch.ones(2, dtype=torch.int32))
+    assert not mask.on and int(mask.active.sum()) == 0

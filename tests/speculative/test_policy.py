@@ -377,6 +377,9 @@ def test_an_untrusted_prior_starts_plain_and_a_skipped_draft_prefill_is_charged_
         pol.owe(0, -1.0)
     with pytest.raises(ValueError, match="prior_trusted"):
         SpecPolicy(c, ks=(1,), max_slots=1, prior_trusted=1)
+    for bad in (-1.0, float("inf"), True, "5"):
+        with pytest.raises(ValueError, match="draft_prefill_us"):
+            StepCosts(decode_us={1: 470.0}, verify_us={1: {2: 520.0}}, draft_prefill_us=bad)
 
 
 def test_the_engine_loop_simulation_is_never_below_097x_plain_on_the_measured_tables():
