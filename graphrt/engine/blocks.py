@@ -54,6 +54,8 @@ def _host(values: list, dtype) -> torch.Tensor:
 class BlockMixin:
     """Engine's block launches and read-backs (see the module docstring)."""
 
+    PREFILL_MERGE_TOKENS = 128     # prefill groups launched together while their new tokens fit
+
     def _prefill(self, work: list) -> bool:
         """Prefill context positions [start, end) of admitted requests (their context: prompt,
         plus accepted tokens after a preemption); a request whose context is then complete
@@ -139,8 +141,11 @@ class BlockMixin:
         the requests whose context this step completes go one prefill group (samples sharing a
         prefill) per launch, fewest new tokens first, so a short prompt's first token streams
         when its own prefill ends, not when the step's last one does; chunks that draw nothing
-        go last, in one launch. Else (eager prefill, one batched pass; prompt log-probs; one
-        item) the work as one launch."""
+        go last, in one launch. Adjacent groups ride one launch while its new tokens stay within
+        PREFILL_MERGE_TOKENS: a launch costs its host about a millisecond whatever it holds, and a
+        piece that short prefills in less (prompts cached but their last tokens: one launch each
+        made a bs-4 generate's prefills 2.8 -> 13.7 ms on an H100). Else (eager prefill, one
+        batched pass; prompt log-probs; one item) the work as one launch."""
         def new_tokens(items):                        # a sample sharing its owner's prefill runs none
             return sum(e - a for r, a, e in items if r.shares is None)
         if len(work) < 2 or not self.runtime.prefill_graphed(new_tokens(work)) \
@@ -151,8 +156,13 @@ class BlockMixin:
         leads = {id(w[0]) for w in done}
         if any(w[0].shares is not None and id(w[0].shares) not in leads for w in done):
             return [work]                             # a sample without its prefill's owner: as it came
-        groups = sorted(prefill_groups(done), key=new_tokens)   # stable: ties keep their order
-        return groups + ([part] if part else [])
+        launches, merge = [], self.PREFILL_MERGE_TOKENS
+        for g in sorted(prefill_groups(done), key=new_tokens):   # stable: ties keep their order
+            if launches and new_tokens(launches[-1]) + new_tokens(g) <= merge:
+                launches[-1] = launches[-1] + g
+            else:
+                launches.append(g)
+        return launches + ([part] if part else [])
 
     def _decode(self, rows: list[Request], piece: tuple | None = None) -> None:
         """One block over `rows`: pages for it (preempting if short), one launch carrying the

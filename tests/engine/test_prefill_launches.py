@@ -32,6 +32,7 @@ def plain(path):
 @pytest.fixture()
 def split(path, monkeypatch):
     llm = LLM(path, max_batch=4, steps_per_graph=2, **CPU)
+    llm.engine.PREFILL_MERGE_TOKENS = 0               # every group its own launch (the rule below)
     asked = []
     monkeypatch.setattr(llm.engine.runtime, "prefill_graphed", lambda n: asked.append(n) or n <= 2048)
     calls = []
@@ -154,14 +155,15 @@ def test_the_grouping_rule_on_its_own():
     """BlockMixin._prefill_launches over hand-made work: the order, and the guards that keep one launch."""
     from types import SimpleNamespace
     from graphrt.engine.blocks import BlockMixin
-    graphs = SimpleNamespace(runtime=SimpleNamespace(prefill_graphed=lambda n: n <= 2048))
+    graphs = SimpleNamespace(runtime=SimpleNamespace(prefill_graphed=lambda n: n <= 2048), PREFILL_MERGE_TOKENS=0)
 
     def launches(eng, work):
         return BlockMixin._prefill_launches(eng, work)
     chunk, long, short = _item(30, done=False), _item(20), _item(5)
     assert launches(graphs, [chunk, long, short]) == [[short], [long], [chunk]]   # the chunk last
     work = [long, short]
-    assert launches(SimpleNamespace(runtime=SimpleNamespace(prefill_graphed=lambda n: False)), work) == [work]   # eager
+    assert launches(SimpleNamespace(runtime=SimpleNamespace(prefill_graphed=lambda n: False), PREFILL_MERGE_TOKENS=0),
+                    work) == [work]   # eager
     big = [long, _item(2040)]
     assert launches(graphs, big) == [big]                                         # over 2048: eager, batched
     logprobs = [long, _item(5, logprobs=0)]
@@ -171,3 +173,32 @@ def test_the_grouping_rule_on_its_own():
     assert launches(graphs, orphan) == [orphan]
     together = [long, owner, _item(8, shares=owner[0])]
     assert launches(graphs, together) == [[owner, together[2]], [long]]           # 8 new tokens, once
+
+
+def test_short_groups_share_a_launch():
+    """Adjacent groups (fewest new tokens first) ride one launch while its new tokens stay within
+    PREFILL_MERGE_TOKENS; a group past it starts a launch of its own; chunks still go last."""
+    from types import SimpleNamespace
+    from graphrt.engine.blocks import BlockMixin
+    eng = SimpleNamespace(runtime=SimpleNamespace(prefill_graphed=lambda n: n <= 2048), PREFILL_MERGE_TOKENS=128)
+    a, b, c, d, chunk = _item(100), _item(20), _item(5), _item(300), _item(30, done=False)
+    assert BlockMixin._prefill_launches(eng, [a, b, c, d, chunk]) == [[c, b, a], [d], [chunk]]
+    e, f = _item(4), _item(125)
+    assert BlockMixin._prefill_launches(eng, [d, e, f]) == [[e], [f], [d]]      # 4 + 125 > 128
+
+
+def test_cached_prompts_prefill_in_one_launch(path):
+    """The engine's default: prompts whose pieces are short (here all; again with their pages
+    cached: a few tokens each) prefill in one launch, and their tokens equal the split launches'."""
+    llm = LLM(path, max_batch=4, steps_per_graph=2, **CPU)
+    llm.engine.runtime.prefill_graphed = lambda n: n <= 2048
+    calls = []
+    inner = llm.engine._prefill
+    llm.engine._prefill = lambda work: calls.append(len(work)) or inner(work)
+    items = [(list(range(20, 40)), GREEDY), (list(range(5, 10)), SEEDED), (list(range(50, 62)), GREEDY)]
+    got, _ = _run(llm, items)
+    assert calls == [3]
+    calls.clear()
+    again, _ = _run(llm, items)
+    assert calls == [3]
+    assert [o.token_ids for o in again] == [o.token_ids for o in got]
