@@ -21,7 +21,10 @@ Cases (the first stream of each is the one the ratios read):
   free+json   a free stream beside a JSON-constrained one  free+json / free+free, its free stream
                                                            (target: <= 1.01)
 With --spec none ngram, also `json none / ngram` (and regex): the constrained stream's speedup
-from n-gram speculation (target: >= 1.3 on a trained model's JSON).
+from n-gram speculation (target: >= 1.3 on a trained model's JSON). --spec none-serial: no
+speculation, and each split step's forward launched by the next block (after the host's loop)
+instead of right after the previous draw: `json none-serial / none` is what launching it ahead
+gains.
 A constrained row runs one step per block in two launches (forward, then the draw), its matcher
 advanced and its next mask written while the forward runs; under n-gram speculation one round
 with grammar-checked proposals (docs/structured-output.md); the gap to `free` is what that
@@ -103,8 +106,9 @@ def timed(engine, prompts: list, params: list) -> list[tuple[float, int]]:
 def bench_model(path, a, spec: str) -> list[dict]:
     import torch
     from graphrt import LLM, SamplingParams
-    kw = {} if spec == "none" else {"speculative": {"method": "ngram", "num_tokens": 4}}
+    kw = {"speculative": {"method": "ngram", "num_tokens": 4}} if spec == "ngram" else {}
     llm = LLM(str(path), device=a.device, max_batch=2, max_model_len=a.prompt_len + a.tokens + 64, **kw)
+    llm.engine.RUN_AHEAD = spec != "none-serial"
     vocab = llm.engine.vocab_size
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(8, min(vocab, 4096), (a.prompt_len,), generator=gen).tolist() for _ in range(2)]
@@ -147,6 +151,12 @@ def ratios(rows: list[dict]) -> list[dict]:
             if b is not None:
                 out.append({"model": r["model"], "spec": r["spec"], "what": f"{case} / {base}",
                             "ratio": r["tpot_ms"][i] / b["tpot_ms"][i]})
+        if r["spec"] == "none-serial" and r["case"] in ("json", "regex", "free+json"):   # the forward ahead's gain
+            b = next((x for x in rows if x["case"] == r["case"] and x["model"] == r["model"] and x["spec"] == "none"),
+                     None)
+            if b is not None:
+                out.append({"model": r["model"], "spec": "none", "what": f"{r['case']} serial / ahead",
+                            "ratio": r["tpot_ms"][0] / b["tpot_ms"][0]})
         if r["spec"] == "ngram" and r["case"] in ("json", "regex"):   # speculation's gain for the stream
             b = next((x for x in rows if x["case"] == r["case"] and x["model"] == r["model"] and x["spec"] == "none"),
                      None)
@@ -164,7 +174,7 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=192)
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--spec", nargs="+", default=["none"], choices=["none", "ngram"])
+    p.add_argument("--spec", nargs="+", default=["none"], choices=["none", "none-serial", "ngram"])
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", default="structured")

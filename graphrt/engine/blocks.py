@@ -45,6 +45,14 @@ class _Pending:
     start: object = None                  # Engine.time_blocks: a timing event recorded before the launch
 
 
+@dataclass
+class _Ahead:
+    """The forward of a split step launched ahead of its draw (BlockMixin._run_ahead): the rows it
+    ran (their ids, in order), and the timing event recorded before it (or None)."""
+    ids: tuple
+    start: object = None
+
+
 def _host(values: list, dtype) -> torch.Tensor:
     """A host tensor of a list of numbers (through numpy: a third of torch.tensor's time on
     short lists, half on a prompt's)."""
@@ -55,6 +63,7 @@ class BlockMixin:
     """Engine's block launches and read-backs (see the module docstring)."""
 
     PREFILL_MERGE_TOKENS = 128     # prefill groups launched together while their new tokens fit
+    RUN_AHEAD = True               # a split step's next forward launched right after its draw (_run_ahead)
 
     def _prefill(self, work: list) -> bool:
         """Prefill context positions [start, end) of admitted requests (their context: prompt,
@@ -198,6 +207,10 @@ class BlockMixin:
         # or with grammar-checked n-gram proposals one speculative round (_grammar_round)
         masked = list(s.constrained.values()) if s.constrained else None
         speculate = self.spec is not None and (masked is None or self.caps.spec_grammar)
+        ahead, self._ahead = self._ahead, None        # a split step's forward launched already: this
+        if ahead is not None and (chunk or speculate or masked is None   # block's, if it is the same
+                                  or ahead.ids != tuple(map(id, rows))):  # step; else dropped (a forward
+            ahead = None                              # advances no slot: its step never happened)
         k = self.spec.num_tokens if speculate else 0
         forced = False
         if k and self.policy is not None:             # speculate this block, or a plain one
@@ -212,7 +225,7 @@ class BlockMixin:
                     #   rounds stop it on the device (a row with 1..K - 1 draws left may run a K-step block:
                     #   its pages and the context reach max_tokens + K - 1, scheduler._block_end)
                 self._clock.launched(self.policy, bucket, k, self.rounds if k else self.caps.steps_per_graph)
-        start = self._block_start()
+        start = self._block_start() if ahead is None else ahead.start
         if k and masked is not None:
             rows = self._grammar_round(rows, k)
             if not rows:
@@ -236,32 +249,61 @@ class BlockMixin:
                                     start=start)
             pending.kind, pending.spec_k, pending.forced = "spec", k, forced
         else:
-            go = s.launch_block(rows, block_tokens=1 if masked else self.caps.steps_per_graph)
+            go = s.launch_block(rows, block_tokens=1 if masked else self.caps.steps_per_graph,
+                                carry=ahead is None)
             # processed: logits processing, + the block's log-probs; chunk: + the prompt chunk
             want_lp = go.processed and any(r.params.logprobs is not None for r in rows)
             draw = Draw(sampled=go.sampled, processed=go.processed, filtered=go.filtered)
             if masked:
-                out = self._split_step(go.n, draw, masked, want_lp, go.changes)
+                out = self._split_step(go.n, draw, masked, want_lp, go.changes, forward=ahead is None)
             else:
                 out = ex.run(Block(go.n, draw=draw, chunk=chunk, logprobs=want_lp, changes=go.changes))
             pending = self._to_host(go.rows, out.tokens, logprobs=out.logprobs, start=start)
             if self.spec is not None:
                 self.spec_counts["plain_blocks"] += 1
         self._pending.append(pending)
+        if masked and not k and self.overlap and self.spec is None and self.RUN_AHEAD:
+            self._run_ahead()
         if pacer is not None:
             pacer.launched("block", mark)
         return True
 
-    def _split_step(self, n: int, draw: Draw, masked: list, logprobs: bool, changes: tuple):
+    def _run_ahead(self) -> None:
+        """After a split step's draw: the next step's forward, launched now (its rows' pages grown,
+        the slot changes recorded so far carried), so that the device runs it while the host reads
+        the draw's tokens back and goes round its loop; the next block's draw takes it up if it is
+        the same step over the same rows (`_ahead`), else it is dropped. Not while requests wait
+        to be admitted (their prefill would drop it)."""
+        s = self.scheduler
+        if s.waiting or not s.constrained or not self._inbox.empty():
+            return
+        rows = s.decode_rows()
+        rows = s.grow(rows) if rows else rows
+        if not rows:
+            return
+        start = self._block_start()
+        changes = s.take_changes()
+        try:
+            self.runtime.run(Block(max(r.slot for r in rows) + 1, draw=Draw(sampled=True, processed=True),
+                                   part="forward", changes=changes))
+        except BaseException:
+            s.restore_changes(changes)
+            raise
+        self._ahead = _Ahead(tuple(map(id, rows)), start)
+
+    def _split_step(self, n: int, draw: Draw, masked: list, logprobs: bool, changes: tuple, *,
+                    forward: bool = True):
         """One step over rows [0, n) holding constrained rows (`masked`), in two launches
-        (model/runtime.py's split steps): the forward (carrying the slot changes); then, while it
-        runs, every block in flight is read back (each matcher sees every token drawn so far:
-        its next mask depends on them; streaming, stop checks and the matchers' work overlap the
-        forward), the constrained rows' next-token masks are written, and the draw is launched
-        (changes recorded meanwhile go with the next launch). -> the draw's Result ([1, n]
-        tokens). A row that finished meanwhile still draws (discarded)."""
+        (model/runtime.py's split steps): the forward (carrying the slot changes; forward=False:
+        launched ahead already, `_run_ahead`); then, while it runs, every block in flight is read
+        back (each matcher sees every token drawn so far: its next mask depends on them;
+        streaming, stop checks and the matchers' work overlap the forward), the constrained rows'
+        next-token masks are written, and the draw is launched (changes recorded meanwhile go
+        with the next launch). -> the draw's Result ([1, n] tokens). A row that finished
+        meanwhile still draws (discarded)."""
         ex = self.runtime
-        ex.run(Block(n, draw=draw, part="forward", changes=changes))
+        if forward:
+            ex.run(Block(n, draw=draw, part="forward", changes=changes))
         while self._pending:
             self._finish(self._pending.popleft())
         self._write_masks(masked)

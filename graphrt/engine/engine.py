@@ -143,6 +143,7 @@ class Engine(BlockMixin):
         self._token_text = extras.TokenText(self._decode_text)        # Logprob.decoded_token
         self._grammars: Grammars | None = None         # built with the first constrained request
         self._masked_slots: set[int] = set()           # slots whose mask flag is on (loop thread)
+        self._ahead = None                             # a split step's forward launched before its draw (blocks._Ahead)
 
     # ---- requests (any thread) ----------------------------------------------------------------
     def add_request(self, prompt, params: SamplingParams | None = None, *,
@@ -277,6 +278,7 @@ class Engine(BlockMixin):
             piece = sched.mixed_piece(self.mixed_tokens, rows) if rows else None
         work = [] if piece is not None else sched.prefill_work()
         if work:
+            self._ahead = None                 # a split step's forward launched ahead: dropped (blocks.py)
             pacer = sched.pacer   # paced only while rows decode (a chunk the streams wait for)
             pacer = pacer if pacer is not None and sched.decode_rows() else None
             mark = pacer.start() if pacer is not None else None
@@ -386,6 +388,7 @@ class Engine(BlockMixin):
                 pass
         self._requests.clear()
         self._pending.clear()
+        self._ahead = None
         if self._thread is threading.current_thread():
             self._thread = None                       # the loop ends; streams stop waiting on it
         self.dead.set()

@@ -447,15 +447,17 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(req)
 
-    def launch_block(self, rows: list[Request], *, block_tokens: int | None = None) -> Launch:
+    def launch_block(self, rows: list[Request], *, block_tokens: int | None = None, carry: bool = True) -> Launch:
         """A block over `rows` is about to launch: K more draws each (rows with none left stop
         decoding from the next block: their Deactivate goes to the next launch), or with
         speculation up to R * (k + 1) (the device stops a row at its limit). Returns (n: rows
         [0, n) the block serves, whether any row samples / filters, (request, slot, epoch, draws
         counted) per row, whether any row is processed, the slot changes recorded before it for
         the block to carry). block_tokens: the most draws a row makes in this block (default:
-        block_tokens; K for a plain block run under speculation)."""
-        changes = self.take_changes()
+        block_tokens; K for a plain block run under speculation). carry=False: the launch carries no
+        changes (the draw of a step whose forward was launched already: those recorded since wait for
+        the next launch)."""
+        changes = self.take_changes() if carry else ()
         k, spec = block_tokens or self.block_tokens, self.spec_k > 0
         n, sampled, filtered, processed, out = 0, False, False, False, []
         if self.record:

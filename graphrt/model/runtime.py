@@ -315,6 +315,7 @@ class ModelRuntime:
         prompts = [to_device(p, self.device) for p in prompts]          # CPU prompts: no host sync
         host_table = block_table if block_table.device.type == "cpu" else block_table.cpu()
         with self.lock, pdl_scope(self.options.pdl):     # the eager prefill's launches too
+            self._split_rows = None                       # a split step's forward before it is dropped
             calibrate = self.kv_scale_source == "pending"
             new_tokens = sum(p.numel() for p in prompts)
             if self.prefill_graphed(new_tokens, logits_rows=logits_rows, record=record):
@@ -693,7 +694,8 @@ class ModelRuntime:
         tokens (masks, processing, log-probs, counts) and advances the slots -> [1, n]. Between
         the two the host may write the constrained rows' masks (TokenMask.write): the draw reads
         them, the forward does not. A "draw" needs the "forward" of the same n just before it
-        (no other decode launch between: ValueError)."""
+        (no other decode launch nor prefill between: ValueError); a forward never drawn changes
+        no slot (dropped: its step never happened)."""
         self._check_sampled(sampled)
         if part not in PARTS:
             raise ValueError(f"part: expected one of {PARTS}, got {part!r}")

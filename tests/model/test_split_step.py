@@ -101,3 +101,23 @@ def test_bad_parts_name_the_field(model):
     mrt.decode_slots(2, sampled=True, processed=True)                 # a whole block: the forward is void
     with pytest.raises(ValueError, match=r"^part: 'draw'"):
         mrt.decode_slots(2, sampled=True, processed=True, part="draw")
+
+
+def test_a_forward_never_drawn_changes_no_slot(model):
+    """The engine launches a split step's next forward ahead of its draw and drops it when a
+    prefill comes first: a forward advances no slot, so after a dropped one the next step's tokens
+    and state equal those of a runtime that never ran it; a prefill between a forward and its
+    draw voids the forward (the draw is refused)."""
+    dropped, clean = _loaded(model), _loaded(model)
+    before = _state(dropped)
+    dropped.decode_slots(2, sampled=True, processed=True, part="forward")
+    assert all(torch.equal(a, b) for a, b in zip(_state(dropped), before))
+    for mrt in (dropped, clean):
+        mrt.decode_slots(2, sampled=True, processed=True, part="forward")
+    assert torch.equal(dropped.decode_slots(2, sampled=True, processed=True, part="draw"),
+                       clean.decode_slots(2, sampled=True, processed=True, part="draw"))
+    assert all(torch.equal(a, b) for a, b in zip(_state(dropped), _state(clean)))
+    dropped.decode_slots(2, sampled=True, processed=True, part="forward")
+    dropped.prefill([torch.tensor([3, 4])], torch.tensor([[4]], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"^part: 'draw' over 2 rows needs the 'forward'"):
+        dropped.decode_slots(2, sampled=True, processed=True, part="draw")
