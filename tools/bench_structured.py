@@ -27,8 +27,9 @@ instead of right after the previous draw: `json none-serial / none` is what laun
 gains.
 A constrained row runs one step per block in two launches (forward, then the draw), its matcher
 advanced and its next mask written while the forward runs; under n-gram speculation one round
-with grammar-checked proposals (docs/structured-output.md); the gap to `free` is what that
-costs. Writes OUT.json, OUT.md (the table) and OUT.png.
+with grammar-checked proposals; where its model agrees with its grammar, whole unmasked K-step
+blocks (docs/structured-output.md: a random-weight shape almost never does); the gap to `free`
+is what that costs. Writes OUT.json, OUT.md (the table) and OUT.png.
 """
 from __future__ import annotations
 

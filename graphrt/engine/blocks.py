@@ -43,6 +43,8 @@ class _Pending:
     error: torch.Tensor | None = None     # [1] int32 host: the runtime's sticky device-guard flags
     col_counts: tuple | None = None       # a spec block's per-column counts (speculation.spec_columns)
     start: object = None                  # Engine.time_blocks: a timing event recorded before the launch
+    free: bool = False                    # a K-step block whose constrained rows ran unmasked (FreeRun)
+    argmax: torch.Tensor | None = None    # a split step's [1, cols] argmax before masks (host)
 
 
 @dataclass
@@ -64,6 +66,7 @@ class BlockMixin:
 
     PREFILL_MERGE_TOKENS = 128     # prefill groups launched together while their new tokens fit
     RUN_AHEAD = True               # a split step's next forward launched right after its draw (_run_ahead)
+    FREE_RUN = True                # constrained rows may decode unmasked (engine/structured.py FreeRun)
 
     def _prefill(self, work: list) -> bool:
         """Prefill context positions [start, end) of admitted requests (their context: prompt,
@@ -206,6 +209,10 @@ class BlockMixin:
         # constrained rows (the scheduler's count, no scan): one step in two launches (_split_step),
         # or with grammar-checked n-gram proposals one speculative round (_grammar_round)
         masked = list(s.constrained.values()) if s.constrained else None
+        free = masked is not None and self.spec is None and all(r.grammar.unmasked for r in masked)
+        if free:                                      # every constrained row runs unmasked: a whole
+            self._unmask(masked)                      # K-step block, its tokens checked when read
+            masked = None
         speculate = self.spec is not None and (masked is None or self.caps.spec_grammar)
         ahead, self._ahead = self._ahead, None        # a split step's forward launched already: this
         if ahead is not None and (chunk or speculate or masked is None   # block's, if it is the same
@@ -258,7 +265,9 @@ class BlockMixin:
                 out = self._split_step(go.n, draw, masked, want_lp, go.changes, forward=ahead is None)
             else:
                 out = ex.run(Block(go.n, draw=draw, chunk=chunk, logprobs=want_lp, changes=go.changes))
-            pending = self._to_host(go.rows, out.tokens, logprobs=out.logprobs, start=start)
+            pending = self._to_host(go.rows, out.tokens, logprobs=out.logprobs, start=start,
+                                    argmax=out.argmax if masked else None)
+            pending.free = free
             if self.spec is not None:
                 self.spec_counts["plain_blocks"] += 1
         self._pending.append(pending)
@@ -275,8 +284,8 @@ class BlockMixin:
         the same step over the same rows (`_ahead`), else it is dropped. Not while requests wait
         to be admitted (their prefill would drop it)."""
         s = self.scheduler
-        if s.waiting or not s.constrained or not self._inbox.empty():
-            return
+        if s.waiting or not self._inbox.empty() or all(r.grammar.unmasked for r in s.constrained.values()):
+            return                                    # (none constrained, or all unmasked: a K-step block)
         rows = s.decode_rows()
         rows = s.grow(rows) if rows else rows
         if not rows:
@@ -334,6 +343,25 @@ class BlockMixin:
         self.runtime.write_token_mask([r.slot for r in live], bits, torch.ones(len(live), dtype=torch.int32))
         self._masked_slots.update(r.slot for r in live)
         return rows
+
+    def _unmask(self, reqs: list) -> None:
+        """Before a K-step block whose constrained rows `reqs` run unmasked: the mask flags of
+        those still on, off (a processed block would apply them at every step)."""
+        on = [r.slot for r in reqs if r.slot in self._masked_slots]
+        if on:
+            words = (self.vocab_size + 31) // 32
+            self.runtime.write_token_mask(on, torch.full((len(on), words), -1, dtype=torch.int32),
+                                          torch.zeros(len(on), dtype=torch.int32))
+            self._masked_slots.difference_update(on)
+
+    def _set_back(self, req: Request) -> None:
+        """req's unmasked tokens were refused by its grammar after the ones accepted: its row
+        decodes again from its last accepted token (Scheduler.resume), masked; its draws in
+        flight are discarded (its epoch moves on)."""
+        req.epoch += 1
+        req.launched = len(req.token_ids)
+        req.grammar.free.refused()
+        self.scheduler.resume(req)
 
     def _write_masks(self, reqs: list, *, prefill: bool = False) -> None:
         """The allowed-token masks of the live constrained requests among `reqs` into their
@@ -393,7 +421,7 @@ class BlockMixin:
         return event
 
     def _to_host(self, rows, tokens: torch.Tensor, emitted=None, proposed=None, *, logprobs=None,
-                 start=None) -> _Pending:
+                 start=None, argmax=None) -> _Pending:
         """The block's outputs (and the runtime's device-guard flags) copied to the host
         without a sync; valid once the pending's event completed. start: the block's timing event
         (_block_start): the pending's event then times too, and _finish adds the block's device
@@ -403,12 +431,15 @@ class BlockMixin:
             return _Pending(rows, tokens.clone(), None, *(None if t is None else t.clone()
                                                           for t in (emitted, proposed)),
                             logprobs=None if logprobs is None else tuple(t.clone() for t in logprobs),
-                            error=None if flag is None else flag.clone())
-        host = [None if t is None else t.to("cpu", non_blocking=True) for t in (tokens, emitted, proposed, flag)]
+                            error=None if flag is None else flag.clone(),
+                            argmax=None if argmax is None else argmax.clone())
+        host = [None if t is None else t.to("cpu", non_blocking=True)
+                for t in (tokens, emitted, proposed, flag, argmax)]
         lp = None if logprobs is None else tuple(t.to("cpu", non_blocking=True) for t in logprobs)
         event = torch.cuda.Event(enable_timing=start is not None)
         event.record()
-        return _Pending(rows, host[0], event, host[1], host[2], logprobs=lp, error=host[3], start=start)
+        return _Pending(rows, host[0], event, host[1], host[2], logprobs=lp, error=host[3], start=start,
+                        argmax=host[4])
 
     def _finish(self, block: _Pending) -> None:
         """A block's tokens -> stop checks, deltas, finished requests' pages freed."""
@@ -433,10 +464,23 @@ class BlockMixin:
             try:
                 if self.spec is not None:
                     sched.settle(req, counted, len(cols[col]))
+                tokens, refused, g = cols[col], False, req.grammar
+                if g is not None and g.free is not None:   # FreeRun: unmasked tokens checked; a
+                    if block.free:                    # masked step's raw argmax, whether allowed
+                        j = g.prefix(tokens)
+                        refused = j < len(tokens)
+                        if refused:
+                            tokens = tokens[:j]
+                        else:
+                            g.free.kept()
+                    elif block.argmax is not None:
+                        g.free.masked(g.allows(int(block.argmax[0, col])))
                 held = len(req.token_ids)
-                delta = accept(req, cols[col])
-                if req.grammar is not None:           # the matcher sees each accepted token
-                    req.grammar.advance(req.token_ids[held:])
+                delta = accept(req, tokens)
+                if g is not None:                     # the matcher sees each accepted token
+                    g.advance(req.token_ids[held:])
+                if refused and req.finish_reason is None:
+                    self._set_back(req)               # from its last accepted token, masked
                 if req.finish_reason is not None:     # pages back before the final delta is seen
                     self.scheduler.release(req)
                     self._requests.pop(req.request_id, None)

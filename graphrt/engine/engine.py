@@ -64,7 +64,7 @@ from graphrt.engine.group import GroupSink, child_params, child_seeds, prefill_g
 from graphrt.engine.token_bytes import token_bytes
 from graphrt.engine.params import RequestOutput, SamplingParams
 from graphrt.engine import sampling_extras as extras
-from graphrt.engine.structured import Grammars
+from graphrt.engine.structured import Grammars, unmasked_ok
 from graphrt.engine.scheduler import Request, Scheduler
 from graphrt.engine.pacing import PrefillPacer, check_max_stall
 from graphrt.engine.speculation import BlockClock, default_policy, spec_stats
@@ -175,12 +175,15 @@ class Engine(BlockMixin):
             seeds = child_seeds(params, lambda: self._rng.randrange(2**63))
         rules = extras.check_request(self.caps, child, self.tokenizer, self.scheduler.eos, self.vocab_size)
         compiled = self._compile(child) if child.structured_outputs is not None else None
+        free = self.spec is None and self.FREE_RUN and unmasked_ok(child)   # constrained rows: unmasked runs
+        grammar = lambda: None if compiled is None else self._grammars.state(   # noqa: E731 (one per sample)
+            compiled, child.structured_outputs.kind, free=free)
         stream = RequestStream(self, rid, prompt=prompt if isinstance(prompt, str) else None)
         text = lambda: TextState(self.tokenizer, child.stop, decode=self._decode_text, table=self._token_bytes)
         if len(seeds) == 1:
             req = Request(rid, ids, params, seeds[0], text(), stream.put, prompt_array=ids_array)
             req.rules = rules
-            req.grammar = None if compiled is None else self._grammars.state(compiled, child.structured_outputs.kind)
+            req.grammar = grammar()
             self._inbox.put(("add", req))
         else:
             if rid in self._groups:
@@ -193,7 +196,7 @@ class Engine(BlockMixin):
             for i, (cid, seed) in enumerate(zip(cids, seeds)):
                 req = Request(cid, ids, child, seed, text(), group.sink(i), sibling=first, prompt_array=ids_array)
                 req.rules = rules
-                req.grammar = None if compiled is None else self._grammars.state(compiled, child.structured_outputs.kind)
+                req.grammar = grammar()
                 first = first or req
                 self._inbox.put(("add", req))
         self._wake.set()

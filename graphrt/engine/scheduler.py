@@ -337,6 +337,13 @@ class Scheduler:
                                      0.0 if p.greedy else p.temperature, max(p.top_k, 0), p.top_p, req.seed,
                                      len(req.prompt) + p.max_tokens, self.spec_k))
 
+    def resume(self, req: Request) -> None:
+        """req's row decodes again from its last accepted token, its draws launched since
+        discarded (the caller moved req.epoch and req.launched back): a constrained row whose
+        unmasked tokens its grammar refused (engine/structured.py FreeRun)."""
+        self.activate(req)
+        self.changes.append(SetToken(req.slot, req.token_ids[-1]))
+
     def set_history(self, req: Request) -> None:
         """Speculation: req's slot's token history becomes its context (its prefill's first
         draw is written on the device, after it)."""
@@ -466,7 +473,7 @@ class Scheduler:
             slot = r.slot
             n = slot if slot > n else n
             p = r.params
-            processed = processed or p.processed
+            processed = processed or (p.processed and not (r.grammar is not None and r.grammar.unmasked))
             if not p.greedy:
                 sampled = True
                 filtered = filtered or p.top_k > 0 or p.top_p < 1.0

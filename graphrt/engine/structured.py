@@ -125,10 +125,68 @@ class Grammars:
             return c.compile_grammar("root ::= " + " | ".join(json.dumps(x) for x in so.choice))
         return c.compile_grammar(so.grammar)
 
-    def state(self, compiled, kind: str = "") -> "GrammarState":
-        """A fresh matcher over `compiled` (kind: the constraint's, StructuredOutputsParams.kind)."""
+    def state(self, compiled, kind: str = "", *, free: bool = False) -> "GrammarState":
+        """A fresh matcher over `compiled` (kind: the constraint's, StructuredOutputsParams.kind;
+        free: the request's row may decode unmasked once its model agrees with its grammar,
+        FreeRun: see `unmasked_ok`)."""
         extra = self._json_bits if kind in ("json", "json_object") else None
-        return GrammarState(self._xgr, compiled, self.words, extra)
+        return GrammarState(self._xgr, compiled, self.words, extra, free=FreeRun() if free else None)
+
+
+def unmasked_ok(params) -> bool:
+    """Whether a constrained request's row may decode unmasked (FreeRun): its tokens are then
+    exactly the masked ones wherever its grammar accepts them. True when the draw is the argmax
+    (greedy), or a plain temperature draw (the sampler's Gumbel-max over all tokens picks an
+    allowed token exactly when the masked draw, with the same noise, picks the same one), and
+    nothing else reads the unmasked logits or depends on discarded tokens: no top-k / top-p /
+    min_p (they renormalise over what the mask leaves), log-probabilities, penalties, logit
+    bias, bad words or min_tokens (SamplingParams.processed but for the constraint)."""
+    p = params
+    plain = p.greedy or (p.top_k <= 0 and p.top_p >= 1.0)
+    return (plain and p.logprobs is None and p.presence_penalty == 0 and p.frequency_penalty == 0
+            and p.repetition_penalty == 1 and p.min_p <= 0 and not p.logit_bias and not p.bad_words
+            and p.min_tokens == 0)
+
+
+class FreeRun:
+    """When a constrained row decodes unmasked (host; one per eligible request).
+
+    Masked (split steps, one token a step), each step's raw argmax is checked against the mask it
+    was drawn under (`GrammarState.allows`): after `need` steps in a row whose argmax the grammar
+    allowed, the row runs free: whole K-step blocks with no mask, no split launches, beside the
+    other rows; its matcher then checks each block's tokens (`GrammarState.prefix`), keeps the
+    longest prefix the grammar accepts and, at a refused token, the engine sets the row back to
+    it (its tokens in flight discarded) and the row draws that position masked. Each refusal
+    doubles `need` (NEED .. NEED_MAX), so a model that keeps straying from its grammar stays
+    masked; a free block kept whole halves it again."""
+
+    NEED, NEED_MAX = 4, 256
+
+    def __init__(self):
+        self.free = False
+        self.need = self.NEED
+        self.agreed = 0                       # masked steps in a row whose argmax was allowed
+
+    def masked(self, agreed: bool) -> None:
+        """A masked step's token read back; agreed: its raw argmax was allowed."""
+        self.agreed = self.agreed + 1 if agreed else 0
+        if self.agreed >= self.need:
+            self.free = True
+
+    def kept(self) -> None:
+        """A free block's tokens were all accepted."""
+        self.need = max(self.NEED, self.need // 2)
+
+    def refused(self) -> None:
+        """A free block's token was refused: masked again, for longer before the next try."""
+        self.free, self.agreed = False, 0
+        self.need = min(self.NEED_MAX, self.need * 2)
+
+
+def _bit_list(bits: torch.Tensor) -> list[bool]:
+    """[W] int32 bits -> a list of 32 W bools (token t allowed), for per-token checks."""
+    words = bits.to(torch.int64) & 0xFFFFFFFF
+    return ((words[:, None] >> torch.arange(32)) & 1).view(-1).bool().tolist()
 
 
 def _without_control_bytes(table: list[bytes], vocab: int) -> torch.Tensor:
@@ -145,10 +203,53 @@ class GrammarState:
     """One request's matcher over its compiled grammar (host); `failed` once a token was refused
     (the mask makes that impossible unless a logit_bias banned every allowed token)."""
 
-    def __init__(self, xgr, compiled, words: int, extra: torch.Tensor | None = None):
+    def __init__(self, xgr, compiled, words: int, extra: torch.Tensor | None = None, *,
+                 free: FreeRun | None = None):
         self.matcher = xgr.GrammarMatcher(compiled)
         self.words, self.extra = words, extra  # extra: [W] int32 bits AND-ed into every mask
         self.accepted = 0                     # tokens the matcher has taken
+        self.free = free                      # FreeRun, or None: always masked
+        self._extra_ok = None if extra is None else _bit_list(extra)
+
+    @property
+    def unmasked(self) -> bool:
+        """Whether the row's next block runs unmasked (FreeRun)."""
+        return self.free is not None and self.free.free
+
+    def allows(self, token: int) -> bool:
+        """Whether the grammar accepts `token` next (the matcher unchanged)."""
+        m = self.matcher
+        if m.is_terminated() or (self._extra_ok is not None and not self._extra_ok[token]):
+            return False
+        if not m.accept_token(token):
+            return False
+        m.rollback(1)
+        return True
+
+    def prefix(self, tokens: list[int]) -> int:
+        """How many of `tokens` (an unmasked block's, in order) the grammar accepts before the
+        first it refuses (all of them when it ends meanwhile: the tokens after its end are the
+        request's stop and beyond). The matcher ends where it began."""
+        m, ok, j = self.matcher, self._extra_ok, 0
+        for t in tokens:
+            if m.is_terminated():
+                break
+            if (ok is not None and not ok[t]) or not m.accept_token(t):
+                break
+            j += 1
+        if j:
+            m.rollback(j)
+        return len(tokens) if j < len(tokens) and self._ends_at(tokens, j) else j
+
+    def _ends_at(self, tokens: list[int], j: int) -> bool:
+        """Whether the grammar had ended before tokens[j] (the matcher rolled back: replayed)."""
+        m = self.matcher
+        for t in tokens[:j]:
+            m.accept_token(t)
+        done = m.is_terminated()
+        if j:
+            m.rollback(j)
+        return done
 
     def advance(self, tokens: list[int]) -> None:
         """Feed the request's new tokens; ValueError when the grammar refuses one."""
@@ -205,4 +306,4 @@ def fill_masks(reqs, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     return bits, active
 
 
-__all__ = ["Grammars", "GrammarState", "fill_masks", "COMPILE_TIMEOUT_S", "CACHE_SIZE"]
+__all__ = ["Grammars", "GrammarState", "FreeRun", "unmasked_ok", "fill_masks", "COMPILE_TIMEOUT_S", "CACHE_SIZE"]

@@ -37,7 +37,8 @@ whose rows need none of it keep the greedy / sampled graphs, which do none of th
 Split steps (processing=True): a block with constrained rows runs one step as two launches,
 decode_slots(n, ..., part="forward") (the model, logits into `split_logits`; graph
 GraphKey("decode_forward", bucket)) then part="draw" (masks, processing, draw, slots advanced;
-GraphKey("decode_draw", bucket, filtered=...)), so the host can read the previous step's tokens,
+GraphKey("decode_draw", bucket, filtered=...); also each row's argmax before masks and processing
+into `split_argmax`), so the host can read the previous step's tokens,
 advance its grammar matchers and write the next masks while the forward runs (engine/blocks.py).
 
 A graph runs K decode steps: each step prepares the metadata + plan on the device (once for all
@@ -238,6 +239,9 @@ class ModelRuntime:
         # a split step's logits, from its forward launch to its draw launch (processing only)
         self.split_logits = (torch.zeros((b, s.vocab_size), dtype=torch.float32, device=self.device)
                              if opts.processing else None)                                # [B, V] float32
+        # ... and each row's argmax before masks and processing (the draw's; engine/structured.py FreeRun)
+        self.split_argmax = (torch.zeros(b, dtype=torch.int64, device=self.device)
+                             if opts.processing else None)                                # [B] int64
         self._split_rows: int | None = None    # n of the forward whose draw is still to launch
         self._set_steps(self.steps.k)
 
@@ -370,6 +374,7 @@ class ModelRuntime:
             self._forward(size, self.split_logits[:size])
             return
         if kind.part == "draw":
+            self.model.ops.argmax_into(self.split_logits[:size], self.split_argmax[:size])
             self._draw(size, kind.draw, 0, self.split_logits[:size], last=True)
             return
         view, how, chunk = self.buffers.view(size), kind.draw, kind.chunk

@@ -143,13 +143,16 @@ class Result:
     emitted / proposed: a speculative block's [R, n] int32 counts (None otherwise).
     logprobs: (token [S, cols] float32, rank [S, cols] int32, ids [S, cols, N] int64, vals
     [S, cols, N] float32) when the launch asked for them, else None.
-    prompt_logprobs: {row: (logprob [P - 1], rank, ids, vals)} CPU (Prefill.prompt_logprobs)."""
+    prompt_logprobs: {row: (logprob [P - 1], rank, ids, vals)} CPU (Prefill.prompt_logprobs).
+    argmax: a split step's draw (part "draw"): [1, n] int64, each row's argmax before masks and
+    processing (whether a constrained row's model agreed with its grammar); None otherwise."""
 
     tokens: torch.Tensor | None
     emitted: torch.Tensor | None = None
     proposed: torch.Tensor | None = None
     logprobs: tuple | None = None
     prompt_logprobs: dict = field(default_factory=dict)
+    argmax: torch.Tensor | None = None
 
 
 __all__ = ["Draw", "Block", "Prefill", "Result"]

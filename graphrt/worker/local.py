@@ -145,7 +145,9 @@ class LocalExecutor:
         if d.processed:
             tokens = self._decode_block(block.n, sampled=True, processed=True, filtered=d.filtered,
                                         part=block.part)
-            return Result(tokens, logprobs=self.runtime.logprobs.view(block.n) if block.logprobs else None)
+            best = self.runtime.split_argmax[:block.n][None] if block.part == "draw" else None
+            return Result(tokens, logprobs=self.runtime.logprobs.view(block.n) if block.logprobs else None,
+                          argmax=best)
         return Result(self._decode_block(block.n, sampled=d.sampled, chunk=block.chunk))
 
     def _prefill_pieces(self, prompts: list[torch.Tensor], block_table: torch.Tensor, *, starts=None,

@@ -1,0 +1,243 @@
+"""Constrained rows decoding unmasked (engine/structured.py FreeRun) against a scripted executor
+of the protocol: the fake "model" prefers, at each position, the next token of a script (the
+split draw reports that preference as its argmax); the script follows the grammar for a while,
+then strays. Checked: after FreeRun.NEED masked steps whose argmax the grammar allowed the row
+runs whole K-step blocks with no mask; at the first token its grammar refuses the row is set back
+(Activate + SetToken to its last accepted token, draws in flight discarded) and draws that
+position masked; every output equals the always-masked engine's, token for token, and
+validates. Also GrammarState.allows / prefix against xgrammar's own masks, the FreeRun rule and
+which sampling parameters may run unmasked."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from _checkpoints import make_checkpoint_module
+from graphrt.checkpoint.tokenizer import load_tokenizer
+from graphrt.engine.engine import Engine
+from graphrt.engine.params import SamplingParams, StructuredOutputsParams
+from graphrt.engine.structured import FreeRun, Grammars, unmasked_ok
+from graphrt.engine.token_bytes import token_bytes
+from graphrt.kernels.token_mask import reference_mask
+from graphrt.worker.changes import Activate, SetToken
+from graphrt.worker.launch import Result
+from _masking import MaskingExecutor
+
+pytest.importorskip("xgrammar")
+REGEX = r"(ab|cd){3,12}-[0-9]"
+
+
+class ScriptedExecutor(MaskingExecutor):
+    """MaskingExecutor whose rows all draw the argmax of a score that puts `script` (token ids,
+    indexed by the row's generated position) first, under the row's mask when its flag is on;
+    applies Activate / SetToken (a set-back row's position and token); a split draw also
+    returns each row's unmasked argmax."""
+
+    def __init__(self, vocab: int, script: list[int], prompt_len: int):
+        super().__init__(vocab)
+        self.script, self.prompt_len, self.changes = script, prompt_len, []
+
+    def _score(self, slot: int) -> torch.Tensor:
+        score = ((torch.arange(self.vocab) * 7919 + self.length[slot] * 104729) % 1009).float()
+        i = self.length[slot] - self.prompt_len
+        if 0 <= i < len(self.script):
+            score[self.script[i]] = 5000.0
+        return score
+
+    def _draw(self, slot: int) -> int:
+        score = reference_mask(self._score(slot)[None], self.bits, self.active, torch.tensor([slot]))[0]
+        tok = int(score.argmax())
+        self.current[slot], self.length[slot] = tok, self.length[slot] + 1
+        return tok
+
+    def run(self, block):
+        for c in block.changes:
+            self.changes.append(c)
+            if isinstance(c, Activate):
+                self.length[c.slot] = c.seq_len
+            elif isinstance(c, SetToken):
+                self.current[c.slot] = c.token
+        if block.part == "draw":
+            best = torch.tensor([[int(self._score(s).argmax()) for s in range(block.n)]])
+            res = super().run(block)
+            return Result(res.tokens, argmax=best)
+        return super().run(block)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tok_free")
+    make_checkpoint_module().build_tokenizer(out, vocab_size=384, seed=0)
+    return load_tokenizer(out)
+
+
+def _script(tokenizer, text: str) -> list[int]:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return list(ids.ids if hasattr(ids, "ids") else ids)
+
+
+def _serve(tokenizer, free: bool, script_text: str, *, temperature=0.0, with_free_row=True):
+    prompt = [9, 10]
+    ex = ScriptedExecutor(len(tokenizer), _script(tokenizer, script_text) + [1], len(prompt))   # + its end
+    eng = Engine(ex, tokenizer, eos_token_ids=(1,), max_model_len=120)
+    eng.FREE_RUN = free
+    streams = []
+    if with_free_row:
+        streams.append(eng.add_request([5, 6, 7], SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)))
+    streams.append(eng.add_request(prompt, SamplingParams(max_tokens=60, temperature=temperature, seed=5,
+                                                          structured_outputs={"regex": REGEX})))
+    letters = []
+    for _ in range(400):
+        con = len(eng.scheduler.constrained)
+        n = len(ex.calls)
+        busy = eng.step()
+        letters += [(con, x.part) for kind, x in ex.calls[n:] if kind == "run"]
+        if not busy:
+            break
+    outs = [s.result().outputs[0] for s in streams]
+    return outs, ex, letters
+
+
+@pytest.mark.parametrize("script", ["abababcdcdabcdabab-7", "ababcdcdcdabxyabab-7", "abcdzz"])
+def test_unmasked_runs_equal_masked_decoding(tokenizer, script):
+    """A script that follows the grammar to its end (free blocks kept whole), one that strays in
+    the middle (set back, masked, then free again or not) and one that strays early: the
+    outputs equal the always-masked engine's; K-step blocks ran while the constrained row
+    decoded where the script agreed long enough."""
+    got, ex, letters = _serve(tokenizer, True, script)
+    want, ex0, letters0 = _serve(tokenizer, False, script)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    text = got[-1].text
+    assert re.fullmatch(REGEX, text), text
+    whole = sum(1 for con, part in letters if con and part is None)
+    assert sum(1 for con, part in letters0 if con and part is None) == 0      # masked: split steps only
+    backs = [c for c in ex.changes if isinstance(c, SetToken)]
+    if script.startswith("abababcd"):
+        assert whole >= 2 and not backs                                          # free to the end
+    elif "xy" in script:
+        assert whole >= 1 and backs                                              # free, refused, set back
+
+
+def test_sampled_rows_equal_too(tokenizer):
+    """A temperature row (no top-k / top-p): the same tokens with and without unmasked runs (the
+    fake's draw is the argmax; the engine's bookkeeping of draw indices is what is checked)."""
+    got, _, _ = _serve(tokenizer, True, "ababcdcdcdabxyabab-7", temperature=0.8)
+    want, _, _ = _serve(tokenizer, False, "ababcdcdcdabxyabab-7", temperature=0.8)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+
+
+def test_free_run_rule():
+    f = FreeRun()
+    for _ in range(FreeRun.NEED - 1):
+        f.masked(True)
+    assert not f.free
+    f.masked(False)
+    f.masked(True)
+    assert not f.free and f.agreed == 1
+    for _ in range(FreeRun.NEED - 1):
+        f.masked(True)
+    assert f.free
+    f.refused()
+    assert not f.free and f.need == 2 * FreeRun.NEED
+    for _ in range(20):
+        f.refused()
+    assert f.need == FreeRun.NEED_MAX
+    f.kept()
+    assert f.need == FreeRun.NEED_MAX // 2
+
+
+def test_which_params_may_run_unmasked():
+    so = {"regex": "a+"}
+    assert unmasked_ok(SamplingParams(temperature=0, structured_outputs=so))
+    assert unmasked_ok(SamplingParams(temperature=0.7, structured_outputs=so))
+    assert unmasked_ok(SamplingParams(temperature=0, top_p=0.5, structured_outputs=so))      # greedy anyway
+    for bad in (dict(temperature=0.7, top_p=0.9), dict(temperature=0.7, top_k=5), dict(min_p=0.1),
+                dict(logprobs=2), dict(presence_penalty=0.5), dict(repetition_penalty=1.2),
+                dict(logit_bias={3: 1.0}), dict(bad_words=["x"])):
+        assert not unmasked_ok(SamplingParams(**({"temperature": 0} | bad), structured_outputs=so)), bad
+
+
+def test_allows_and_prefix_agree_with_the_masks(tokenizer):
+    """allows(t) is the bit xgrammar's mask (and, for JSON, the control-byte rule) gives t;
+    prefix() stops at the first refused token, counts everything after the grammar's end, and
+    leaves the matcher where it was."""
+    vocab = 400
+    table = token_bytes(tokenizer, vocab)
+    grammars = Grammars(tokenizer, table, vocab=vocab, eos_ids=[1])
+    for so in (StructuredOutputsParams(regex=REGEX), StructuredOutputsParams(json={"type": "object", "properties": {
+            "a": {"type": "string"}}, "required": ["a"]})):
+        st = grammars.state(grammars.compile(so), so.kind)
+        bits = torch.empty((1, (vocab + 31) // 32), dtype=torch.int32)
+        g = torch.Generator().manual_seed(1)
+        toks = []
+        for _ in range(40):
+            st.fill(bits, 0)
+            allowed = [(int(bits[0, t >> 5]) >> (t & 31)) & 1 == 1 for t in range(vocab)]
+            assert [st.allows(t) for t in range(vocab)] == allowed
+            choice = [t for t in range(vocab) if allowed[t]]
+            tok = choice[int(torch.randint(len(choice), (1,), generator=g))]
+            toks.append(tok)
+            st.advance([tok])
+            if st.done:
+                break
+        fresh = grammars.state(grammars.compile(so), so.kind)
+        before = torch.empty_like(bits)
+        fresh.fill(before, 0)
+        assert fresh.prefix(toks) == len(toks)
+        assert fresh.prefix(toks + [5, 6, 7]) == len(toks) + 3 if st.done else True
+        bad = next(t for t in range(2, vocab) if not fresh.allows(t))
+        assert fresh.prefix([bad] + toks) == 0
+        if len(toks) > 2:
+            fresh.advance(toks[:2])
+            wrong = next(t for t in range(2, vocab) if not fresh.allows(t))
+            fresh2 = grammars.state(grammars.compile(so), so.kind)
+            assert fresh2.prefix(toks[:2] + [wrong] + toks[2:]) == 2
+        after = torch.empty_like(bits)
+        fresh2 = grammars.state(grammars.compile(so), so.kind)
+        fresh2.prefix(toks)
+        fresh2.fill(after, 0)
+        assert torch.equal(before, after)
+
+
+@pytest.fixture(scope="module")
+def tiny_llm(tmp_path_factory):
+    pytest.importorskip("transformers")
+    from _checkpoints import write
+    from graphrt import LLM
+    path = write(tmp_path_factory, "free_run", shape="tiny", arch="llama")
+    return LLM(path, device="cpu", backend="reference", max_batch=2, max_model_len=96, page_size=4,
+               steps_per_graph=4)
+
+
+def test_the_model_runtime_path(tiny_llm):
+    """Through LLM on CPU (the runtime's split draw reports its argmax; Activate / SetToken set a
+    row back in the real slots): a grammar the random model's greedy output mostly follows (its
+    own text, then a forced end), greedy and sampled, beside a free row: the same tokens as the
+    always-masked engine's."""
+    eng = tiny_llm.engine
+    own = tiny_llm.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=24, temperature=0, ignore_eos=True),
+                            use_tqdm=False)[0].outputs[0].text
+    forced = own[:len(own) // 2] + "zz"
+
+    def run(flag, so, temperature):
+        eng.FREE_RUN = flag
+        ps = [SamplingParams(max_tokens=30, temperature=0, ignore_eos=True),
+              SamplingParams(max_tokens=40, temperature=temperature, seed=3, structured_outputs=so)]
+        kinds = []
+        inner = eng.runtime.run
+        eng.runtime.run = lambda b: kinds.append(b.part) or inner(b)
+        try:
+            outs = tiny_llm.generate([[1, 2, 3], [5, 6, 7, 8]], ps, use_tqdm=False)
+        finally:
+            eng.runtime.run = inner
+            eng.FREE_RUN = True
+        return [o.outputs[0].token_ids for o in outs], kinds
+    for so in ({"choice": [forced, "other"]}, {"regex": "[a-z ]{5,60}"}):
+        for t in (0.0, 0.9):
+            got, kinds = run(True, so, t)
+            want, kinds0 = run(False, so, t)
+            assert got == want, (so, t)
+            if "regex" in so and t == 0:                  # the model's words fit it: unmasked blocks ran
+                assert kinds.count(None) > kinds0.count(None), (kinds, kinds0)
