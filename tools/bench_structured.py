@@ -20,6 +20,9 @@ Cases (the first stream of each is the one the ratios read):
   free+free   two free streams
   free+json   a free stream beside a JSON-constrained one  free+json / free+free, its free stream
                                                            (target: <= 1.01)
+  text        one stream constrained to printable ASCII    text / free   (a constraint a model of
+  free+text   a free stream beside it                      free+text / free+free   ASCII text
+                                                           follows: it decodes unmasked, FreeRun)
 With --spec none ngram, also `json none / ngram` (and regex): the constrained stream's speedup
 from n-gram speculation (target: >= 1.3 on a trained model's JSON). --spec none-serial: no
 speculation, and each split step's forward launched by the next block (after the host's loop)
@@ -55,10 +58,13 @@ SCHEMA = {"type": "object", "properties": {
         "required": ["id", "name", "kind"], "additionalProperties": False}}},
     "required": ["items"], "additionalProperties": False}
 REGEX = r"([a-z]{3,8} ){40,80}[a-z]+\."
-STREAMS = {"free": None, "json": {"json": SCHEMA}, "regex": {"regex": REGEX}}
+TEXT = r"[ -~\n\t]{1,100000}"       # printable ASCII, newlines, tabs: what a code / prose model writes
+STREAMS = {"free": None, "json": {"json": SCHEMA}, "regex": {"regex": REGEX}, "text": {"regex": TEXT}}
 CASES = {"free": ["free"], "json": ["json"], "regex": ["regex"], "free+free": ["free", "free"],
-         "free+json": ["free", "json"]}
-RATIOS = [("json", "free", 0), ("regex", "free", 0), ("free+json", "free+free", 0)]
+         "free+json": ["free", "json"], "text": ["text"], "free+text": ["free", "text"]}
+DEFAULT_CASES = ["free", "json", "regex", "free+free", "free+json"]
+RATIOS = [("json", "free", 0), ("regex", "free", 0), ("free+json", "free+free", 0), ("text", "free", 0),
+          ("free+text", "free+free", 0)]
 
 
 def _fail(msg: str) -> int:
@@ -176,7 +182,7 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--spec", nargs="+", default=["none"], choices=["none", "none-serial", "ngram"])
-    p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    p.add_argument("--cases", nargs="+", default=DEFAULT_CASES, choices=list(CASES))
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", default="structured")
     a = p.parse_args(argv)
