@@ -14,11 +14,13 @@
 #   bash .device/bootstrap.sh bash tools/device/bench.sh fp8         # FP8 weights / KV: speed and quality
 #   bash .device/bootstrap.sh bash tools/device/bench.sh int4        # int4 GPU tests, bf16 / FP8 / int4 step rows
 #                                                                    # (INT4_KERNELS=1: + the int4 GEMM table)
+#   bash .device/bootstrap.sh bash tools/device/bench.sh structured  # constrained decoding: GPU tests, 1B shape
+#                                                                    # free / JSON TPOT, the trained target's text
 # Tensor parallelism needs two GPUs: tools/device/tp.sh.
 Q=${1:-}
 case "$Q" in
-  step|attention|spec|serve|prefill|startup|fp8|int4) ;;
-  *) echo "bench.sh: the question must be one of step, attention, spec, serve, prefill, startup, fp8, int4 (got '$Q')" >&2
+  step|attention|spec|serve|prefill|startup|fp8|int4|structured) ;;
+  *) echo "bench.sh: the question must be one of step, attention, spec, serve, prefill, startup, fp8, int4, structured (got '$Q')" >&2
      exit 2 ;;
 esac
 NAME=bench_$Q; DEADLINE=${DEADLINE:-540}; . tools/device/lib.sh   # logs, pack, cap, say
@@ -95,5 +97,17 @@ int4)
   e2e int4_step 190 --models llama-3.1-8b,llama-3.2-1b --weights bf16,fp8,int4 --batches 1,16 --contexts 1024 \
     --variants graphrt $([ "${INT4_KERNELS:-0}" = 1 ] && echo --int4-kernels)
   grep -E "^gemm" "$L/int4_step.log" | tee -a "$S" ;;
+structured)
+  timeout $(cap 150) python -m pytest -m gpu -q -rfEs --tb=short -p no:cacheprovider tests/engine/test_structured_gpu.py \
+    > "$L/structured_gpu_tests.log" 2>&1
+  say "structured GPU tests rc=$?: $(tail -1 "$L/structured_gpu_tests.log")"; pack
+  timeout $(cap 200) python tools/bench_structured.py --shapes 1b --workdir /tmp/bs --tokens 160 --reps 3 \
+    --spec none none-serial --out "$L/structured_1b" > "$L/structured_1b.log" 2>&1
+  say "bench_structured 1B rc=$?"; grep -E " / | serial " "$L/structured_1b.log" | tee -a "$S"; pack
+  DIR=/tmp/fam; [ -f "$DIR/target/config.json" ] || timeout $(cap 80) python tools/train_tiny.py --out "$DIR" \
+    --models target --time-budget-s target=50 > "$L/train_tiny.log" 2>&1
+  timeout $(cap 150) python tools/bench_structured.py "$DIR/target" --tokens 160 --reps 3 --spec none \
+    --cases free text free+free free+text json --out "$L/structured_target" > "$L/structured_target.log" 2>&1
+  say "bench_structured target rc=$?"; grep -E " / " "$L/structured_target.log" | tee -a "$S"; pack ;;
 esac
 pack; cat "$S"
