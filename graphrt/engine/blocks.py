@@ -183,6 +183,7 @@ class BlockMixin:
         blocks only): [start, end) in its first step, or, when end is the end of the context,
         [start, end - 1) and the request's row decodes in this block from its last token."""
         s, ex = self.scheduler, self.runtime
+        ahead, self._ahead = self._ahead, None        # a split step's forward launched before (_run_ahead)
         if self.spec is not None and all(r.launched >= r.params.max_tokens for r in rows):
             return False                              # every row may be done: read the block in flight
         joining = piece[0] if piece is not None and piece[2] == len(piece[0].context) else None
@@ -214,10 +215,10 @@ class BlockMixin:
             self._unmask(masked)                      # K-step block, its tokens checked when read
             masked = None
         speculate = self.spec is not None and (masked is None or self.caps.spec_grammar)
-        ahead, self._ahead = self._ahead, None        # a split step's forward launched already: this
-        if ahead is not None and (chunk or speculate or masked is None   # block's, if it is the same
-                                  or ahead.ids != tuple(map(id, rows))):  # step; else dropped (a forward
-            ahead = None                              # advances no slot: its step never happened)
+        if ahead is not None and (chunk or speculate or masked is None or s.changes   # this block's, if
+                                  or ahead.ids != tuple((id(r), r.epoch) for r in rows)):   # the same step
+            ahead = None                              # with nothing changed since; else dropped (a forward
+            #                                           advances no slot: its step never happened)
         k = self.spec.num_tokens if speculate else 0
         forced = False
         if k and self.policy is not None:             # speculate this block, or a plain one
@@ -282,9 +283,10 @@ class BlockMixin:
         the slot changes recorded so far carried), so that the device runs it while the host reads
         the draw's tokens back and goes round its loop; the next block's draw takes it up if it is
         the same step over the same rows (`_ahead`), else it is dropped. Not while requests wait
-        to be admitted (their prefill would drop it)."""
+        to be admitted or prefilled (their prefill would drop it)."""
         s = self.scheduler
-        if s.waiting or not self._inbox.empty() or all(r.grammar.unmasked for r in s.constrained.values()):
+        if (s.waiting and s.free_slots) or s.prefilling or not self._inbox.empty() \
+                or all(r.grammar.unmasked for r in s.constrained.values()):
             return                                    # (none constrained, or all unmasked: a K-step block)
         rows = s.decode_rows()
         rows = s.grow(rows) if rows else rows
@@ -298,7 +300,7 @@ class BlockMixin:
         except BaseException:
             s.restore_changes(changes)
             raise
-        self._ahead = _Ahead(tuple(map(id, rows)), start)
+        self._ahead = _Ahead(tuple((id(r), r.epoch) for r in rows), start)
 
     def _split_step(self, n: int, draw: Draw, masked: list, logprobs: bool, changes: tuple, *,
                     forward: bool = True):

@@ -86,6 +86,12 @@ class Request:
     ngram: object = None              # ... under n-gram speculation: its proposals predicted (NgramIndex)
 
     @property
+    def processed(self) -> bool:
+        """Whether its draws need the logits-processing graphs: SamplingParams.processed, but for
+        a constrained row decoding unmasked (engine/structured.py FreeRun)."""
+        return self.params.processed and not (self.grammar is not None and self.grammar.unmasked)
+
+    @property
     def context(self) -> list[int]:
         """What a prefill runs over: the prompt, plus the accepted tokens after a preemption."""
         return self.prompt + self.token_ids if self.token_ids else self.prompt
@@ -176,6 +182,11 @@ class Scheduler:
         # start (activate) and stop drawing (their last block launched, finished, preempted), so
         # the engine asks "any constrained row?" without a scan over the rows
         self.constrained: dict[int, Request] = {}
+
+    @property
+    def free_slots(self) -> int:
+        """Slots no request holds."""
+        return len(self._free_slots)
 
     # ---- admission ----------------------------------------------------------------------------
     def pages_needed(self, prompt_len: int, max_tokens: int) -> int:
@@ -280,7 +291,7 @@ class Scheduler:
         stream's gap). None also when no row decodes, a row or the request
         needs logits processing (its graph carries no chunk), or the request is prefilled
         whole or shares pages with a sample of its group."""
-        if not self.prefilling or not rows or any(r.params.processed for r in rows):
+        if not self.prefilling or not rows or any(r.processed for r in rows):
             return None
         r = self.prefilling[0]
         left = len(r.prompt) + len(r.token_ids) - r.computed
@@ -473,7 +484,7 @@ class Scheduler:
             slot = r.slot
             n = slot if slot > n else n
             p = r.params
-            processed = processed or (p.processed and not (r.grammar is not None and r.grammar.unmasked))
+            processed = processed or r.processed
             if not p.greedy:
                 sampled = True
                 filtered = filtered or p.top_k > 0 or p.top_p < 1.0

@@ -78,11 +78,15 @@ class Grammars:
             except ValueError as e:
                 raise ValueError(f"structured_outputs: not supported for this tokenizer ({_one_line(e)})") from None
         self.vocab, self.timeout_s = vocab, timeout_s
+        # ids the matcher never accepts (special tokens but the stop ids, ids past the tokenizer's):
+        # unmasked tokens are refused on sight (xgrammar warns on each one it is given)
+        self._never = frozenset(info.special_token_ids) - frozenset(info.stop_token_ids)
         self.words = (vocab + 31) // 32
         # JSON forbids raw control characters (U+0000..U+001F) in strings, which xgrammar's JSON
         # grammar lets through; compact JSON has none outside strings either: JSON constraints
         # also ban every token holding such a byte ([W] int32, the same bit layout)
         self._json_bits = _without_control_bytes(table, vocab) if table is not None else None
+        self._json_ok = None                          # the same as a list of bools (unmasked runs)
         self._compiler = xgr.GrammarCompiler(info, max_threads=COMPILE_WORKERS, cache_enabled=False)
         self._pool = ThreadPoolExecutor(COMPILE_WORKERS, thread_name_prefix="graphrt-grammar")
         self._cache: OrderedDict = OrderedDict()      # key -> Future[CompiledGrammar]
@@ -130,7 +134,14 @@ class Grammars:
         free: the request's row may decode unmasked once its model agrees with its grammar,
         FreeRun: see `unmasked_ok`)."""
         extra = self._json_bits if kind in ("json", "json_object") else None
-        return GrammarState(self._xgr, compiled, self.words, extra, free=FreeRun() if free else None)
+        ok = None
+        if free and extra is not None:                # per-token checks of unmasked tokens: built once
+            with self._lock:
+                if self._json_ok is None:
+                    self._json_ok = _bit_list(extra)
+            ok = self._json_ok
+        return GrammarState(self._xgr, compiled, self.words, extra, free=FreeRun() if free else None, extra_ok=ok,
+                            never=self._never)
 
 
 def unmasked_ok(params) -> bool:
@@ -204,12 +215,14 @@ class GrammarState:
     (the mask makes that impossible unless a logit_bias banned every allowed token)."""
 
     def __init__(self, xgr, compiled, words: int, extra: torch.Tensor | None = None, *,
-                 free: FreeRun | None = None):
+                 free: FreeRun | None = None, extra_ok: list | None = None, never: frozenset = frozenset()):
         self.matcher = xgr.GrammarMatcher(compiled)
         self.words, self.extra = words, extra  # extra: [W] int32 bits AND-ed into every mask
         self.accepted = 0                     # tokens the matcher has taken
         self.free = free                      # FreeRun, or None: always masked
-        self._extra_ok = None if extra is None else _bit_list(extra)
+        self._extra_ok = extra_ok             # `extra` as [V] bools (built on first use when not given)
+        self._never = never                   # ids the matcher never accepts (Grammars._never)
+        self._bits: torch.Tensor | None = None    # [W] int32: the mask `fill` wrote last
 
     @property
     def unmasked(self) -> bool:
@@ -217,29 +230,31 @@ class GrammarState:
         return self.free is not None and self.free.free
 
     def allows(self, token: int) -> bool:
-        """Whether the grammar accepts `token` next (the matcher unchanged)."""
-        m = self.matcher
-        if m.is_terminated() or (self._extra_ok is not None and not self._extra_ok[token]):
-            return False
-        if not m.accept_token(token):
-            return False
-        m.rollback(1)
-        return True
+        """Whether the mask `fill` wrote last allows `token` (a masked step's raw argmax, read
+        back before the matcher takes the step's token: the mask it was drawn under)."""
+        bits = self._bits
+        return bits is not None and (int(bits[token >> 5]) >> (token & 31)) & 1 == 1
 
     def prefix(self, tokens: list[int]) -> int:
         """How many of `tokens` (an unmasked block's, in order) the grammar accepts before the
         first it refuses (all of them when it ends meanwhile: the tokens after its end are the
         request's stop and beyond). The matcher ends where it began."""
-        m, ok, j = self.matcher, self._extra_ok, 0
+        m, ok, j, ended = self.matcher, self._ok(), 0, False
         for t in tokens:
             if m.is_terminated():
+                ended = True
                 break
-            if (ok is not None and not ok[t]) or not m.accept_token(t):
+            if t in self._never or (ok is not None and not ok[t]) or not m.accept_token(t):
                 break
             j += 1
         if j:
             m.rollback(j)
-        return len(tokens) if j < len(tokens) and self._ends_at(tokens, j) else j
+        return len(tokens) if ended else j
+
+    def _ok(self) -> list | None:
+        if self._extra_ok is None and self.extra is not None:
+            self._extra_ok = _bit_list(self.extra)
+        return self._extra_ok
 
     def _ends_at(self, tokens: list[int], j: int) -> bool:
         """Whether the grammar had ended before tokens[j] (the matcher rolled back: replayed)."""
@@ -268,6 +283,7 @@ class GrammarState:
         self.matcher.fill_next_token_bitmask(out, row)
         if self.extra is not None:
             out[row].bitwise_and_(self.extra)
+        self._bits = out[row]
 
     def fill_along(self, drafts: list[int], out: torch.Tensor) -> int:
         """Speculation: the masks along proposed tokens -> j, how many of them the grammar

@@ -32,31 +32,47 @@ REGEX = r"(ab|cd){3,12}-[0-9]"
 class ScriptedExecutor(MaskingExecutor):
     """MaskingExecutor whose rows all draw the argmax of a score that puts `script` (token ids,
     indexed by the row's generated position) first, under the row's mask when its flag is on;
-    applies Activate / SetToken (a set-back row's position and token); a split draw also
-    returns each row's unmasked argmax."""
+    a sampled row's score also gets noise keyed by (seed, draw index, token) times its
+    temperature (Gumbel-max's shape: the draw index must be the one of its position); applies
+    Activate / SetToken (a set-back row's position, draw index and token); a split draw also
+    returns each row's argmax without the mask."""
 
     def __init__(self, vocab: int, script: list[int], prompt_len: int):
         super().__init__(vocab)
         self.script, self.prompt_len, self.changes = script, prompt_len, []
+        self.step, self.temp, self.seed = [0] * len(self.length), [0.0] * len(self.length), [0] * len(self.length)
 
     def _score(self, slot: int) -> torch.Tensor:
         score = ((torch.arange(self.vocab) * 7919 + self.length[slot] * 104729) % 1009).float()
         i = self.length[slot] - self.prompt_len
         if 0 <= i < len(self.script):
-            score[self.script[i]] = 5000.0
+            score[self.script[i]] += 1500.0
+        if self.temp[slot] > 0:
+            g = torch.Generator().manual_seed(self.seed[slot] * 1000003 + self.step[slot])
+            score += self.temp[slot] * 3000.0 * torch.rand(self.vocab, generator=g)
         return score
 
     def _draw(self, slot: int) -> int:
         score = reference_mask(self._score(slot)[None], self.bits, self.active, torch.tensor([slot]))[0]
         tok = int(score.argmax())
         self.current[slot], self.length[slot] = tok, self.length[slot] + 1
+        self.step[slot] += self.temp[slot] > 0
         return tok
+
+    def prefill(self, launch):
+        if launch.sampling is not None:
+            for i, slot in enumerate(launch.slots):
+                sp = launch.sampling
+                self.temp[slot], self.seed[slot] = float(sp.temperature[i]), int(sp.seed[i])
+                self.step[slot] = int(sp.step[i])
+        return super().prefill(launch)
 
     def run(self, block):
         for c in block.changes:
             self.changes.append(c)
             if isinstance(c, Activate):
-                self.length[c.slot] = c.seq_len
+                self.length[c.slot], self.step[c.slot] = c.seq_len, c.step
+                self.temp[c.slot], self.seed[c.slot] = c.temperature, c.seed
             elif isinstance(c, SetToken):
                 self.current[c.slot] = c.token
         if block.part == "draw":
@@ -120,12 +136,15 @@ def test_unmasked_runs_equal_masked_decoding(tokenizer, script):
         assert whole >= 1 and backs                                              # free, refused, set back
 
 
-def test_sampled_rows_equal_too(tokenizer):
-    """A temperature row (no top-k / top-p): the same tokens with and without unmasked runs (the
-    fake's draw is the argmax; the engine's bookkeeping of draw indices is what is checked)."""
-    got, _, _ = _serve(tokenizer, True, "ababcdcdcdabxyabab-7", temperature=0.8)
-    want, _, _ = _serve(tokenizer, False, "ababcdcdcdabxyabab-7", temperature=0.8)
+@pytest.mark.parametrize("temperature", [0.3, 0.8])
+def test_sampled_rows_equal_too(tokenizer, temperature):
+    """A temperature row (no top-k / top-p), its noise keyed by its draw index: the same tokens
+    with and without unmasked runs, set-backs included (a set-back row draws its refused
+    position again with that position's index)."""
+    got, ex, _ = _serve(tokenizer, True, "ababcdcdcdabxyabab-7", temperature=temperature)
+    want, _, _ = _serve(tokenizer, False, "ababcdcdcdabxyabab-7", temperature=temperature)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert re.fullmatch(REGEX, got[-1].text), got[-1].text
 
 
 def test_free_run_rule():
@@ -159,16 +178,19 @@ def test_which_params_may_run_unmasked():
         assert not unmasked_ok(SamplingParams(**({"temperature": 0} | bad), structured_outputs=so)), bad
 
 
-def test_allows_and_prefix_agree_with_the_masks(tokenizer):
-    """allows(t) is the bit xgrammar's mask (and, for JSON, the control-byte rule) gives t;
-    prefix() stops at the first refused token, counts everything after the grammar's end, and
-    leaves the matcher where it was."""
+def test_allows_and_prefix_agree_with_the_masks(tokenizer, capfd):
+    """allows(t) reads the mask fill() wrote last (the one a masked step was drawn under);
+    prefix() accepts exactly the tokens those masks allow, in order (xgrammar's mask and, for
+    JSON, the control-byte rule), stops at the first refused one (special tokens refused on
+    sight, without xgrammar's warning), counts everything after the grammar's end, and leaves
+    the matcher where it was."""
     vocab = 400
     table = token_bytes(tokenizer, vocab)
     grammars = Grammars(tokenizer, table, vocab=vocab, eos_ids=[1])
     for so in (StructuredOutputsParams(regex=REGEX), StructuredOutputsParams(json={"type": "object", "properties": {
             "a": {"type": "string"}}, "required": ["a"]})):
-        st = grammars.state(grammars.compile(so), so.kind)
+        st = grammars.state(grammars.compile(so), so.kind, free=True)
+        assert not any(st.allows(t) for t in range(vocab))                 # no mask filled yet
         bits = torch.empty((1, (vocab + 31) // 32), dtype=torch.int32)
         g = torch.Generator().manual_seed(1)
         toks = []
@@ -178,27 +200,25 @@ def test_allows_and_prefix_agree_with_the_masks(tokenizer):
             assert [st.allows(t) for t in range(vocab)] == allowed
             choice = [t for t in range(vocab) if allowed[t]]
             tok = choice[int(torch.randint(len(choice), (1,), generator=g))]
+            probe = grammars.state(grammars.compile(so), so.kind, free=True)
+            assert probe.prefix(toks + [tok]) == len(toks) + 1                 # what the masks allow
+            refused = next(t for t in range(vocab) if not allowed[t])
+            assert probe.prefix(toks + [refused]) == len(toks)
             toks.append(tok)
             st.advance([tok])
             if st.done:
                 break
-        fresh = grammars.state(grammars.compile(so), so.kind)
+        fresh = grammars.state(grammars.compile(so), so.kind, free=True)
         before = torch.empty_like(bits)
         fresh.fill(before, 0)
         assert fresh.prefix(toks) == len(toks)
         assert fresh.prefix(toks + [5, 6, 7]) == len(toks) + 3 if st.done else True
-        bad = next(t for t in range(2, vocab) if not fresh.allows(t))
-        assert fresh.prefix([bad] + toks) == 0
-        if len(toks) > 2:
-            fresh.advance(toks[:2])
-            wrong = next(t for t in range(2, vocab) if not fresh.allows(t))
-            fresh2 = grammars.state(grammars.compile(so), so.kind)
-            assert fresh2.prefix(toks[:2] + [wrong] + toks[2:]) == 2
+        for special in (0, 5, 390):                                        # bos, a special, past the tokenizer
+            assert fresh.prefix([special] + toks) == 0
         after = torch.empty_like(bits)
-        fresh2 = grammars.state(grammars.compile(so), so.kind)
-        fresh2.prefix(toks)
-        fresh2.fill(after, 0)
+        fresh.fill(after, 0)
         assert torch.equal(before, after)
+    assert "cannot accept" not in capfd.readouterr().err
 
 
 @pytest.fixture(scope="module")

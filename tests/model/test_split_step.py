@@ -121,3 +121,15 @@ def test_a_forward_never_drawn_changes_no_slot(model):
     dropped.prefill([torch.tensor([3, 4])], torch.tensor([[4]], dtype=torch.int32))
     with pytest.raises(ValueError, match=r"^part: 'draw' over 2 rows needs the 'forward'"):
         dropped.decode_slots(2, sampled=True, processed=True, part="draw")
+
+
+def test_the_draw_reports_the_argmax_before_masks(model):
+    """split_argmax: each row's argmax of the forward's logits, before the mask and processing
+    (slot 0's mask allows only even tokens: its draw is even, its reported argmax need not be)."""
+    mrt = _loaded(model)
+    for _ in range(3):
+        mrt.decode_slots(2, sampled=True, processed=True, part="forward")
+        want = mrt.split_logits[:2].argmax(-1)
+        out = mrt.decode_slots(2, sampled=True, processed=True, part="draw")
+        assert torch.equal(mrt.split_argmax[:2], want)
+        assert int(out[0, 0]) % 2 == 0
