@@ -243,7 +243,8 @@ def test_the_piece_choice_is_a_pure_function_of_the_scheduler_state():
     plain, processed = NS(processed=False, prompt_logprobs=None), NS(processed=True, prompt_logprobs=None)
 
     def req(n, computed=0, params=plain, shares=None):
-        return NS(prompt=list(range(n)), token_ids=[], computed=computed, params=params, shares=shares)
+        return NS(prompt=list(range(n)), token_ids=[], computed=computed, params=params, shares=shares,
+                  processed=params.processed)                         # Request.processed
     row = req(3)
     budget = {"v": 8}
     s.prefill_budget = lambda: budget["v"]
