@@ -11,7 +11,10 @@ n-gram with 4 proposals), one LLM at steps_per_graph "auto" (the engine's defaul
 on the engine's thread, each stream read by a thread of its own that stamps every delta. A
 stream's TPOT is (last delta - first delta) / the tokens after the first delta; each case runs
 --reps times (cases interleaved, after one warm-up round that also compiles the grammars) and
-the median is kept. Prompts: --prompt-len random ids. Every stream is greedy.
+the median is kept. Prompts: --prompt-len random ids, or with --chat an instruction through the
+model's chat template (a JSON list of items like SCHEMA's; for the text cases a list of words),
+so that a real model writes what its constraint wants. Every stream is greedy. A model may also
+be a .gguf file.
 
 Cases (the first stream of each is the one the ratios read):
   free        one free stream (ignore_eos)
@@ -62,6 +65,8 @@ TEXT = r"[ -~\n\t]{1,100000}"       # printable ASCII, newlines, tabs: what a co
 STREAMS = {"free": None, "json": {"json": SCHEMA}, "regex": {"regex": REGEX}, "text": {"regex": TEXT}}
 CASES = {"free": ["free"], "json": ["json"], "regex": ["regex"], "free+free": ["free", "free"],
          "free+json": ["free", "json"], "text": ["text"], "free+text": ["free", "text"]}
+CHAT = ("Write a JSON object with a key \"items\": a list of 12 objects, each with an integer \"id\", "
+        "a \"name\" of 4 to 12 letters and a \"kind\" (report, note or memo). Reply with JSON only.")
 DEFAULT_CASES = ["free", "json", "regex", "free+free", "free+json"]
 RATIOS = [("json", "free", 0), ("regex", "free", 0), ("free+json", "free+free", 0), ("text", "free", 0),
           ("free+text", "free+free", 0)]
@@ -119,6 +124,9 @@ def bench_model(path, a, spec: str) -> list[dict]:
     vocab = llm.engine.vocab_size
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(8, min(vocab, 4096), (a.prompt_len,), generator=gen).tolist() for _ in range(2)]
+    if a.chat:                                        # the model's chat template over an instruction
+        ids = llm.tokenizer.apply_chat_template([{"role": "user", "content": CHAT}], add_generation_prompt=True)
+        prompts = [list(ids), list(ids)]
 
     def params(name):
         so = STREAMS[name]
@@ -183,6 +191,7 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--spec", nargs="+", default=["none"], choices=["none", "none-serial", "ngram"])
     p.add_argument("--cases", nargs="+", default=DEFAULT_CASES, choices=list(CASES))
+    p.add_argument("--chat", action="store_true", help="prompts: an instruction through the chat template")
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", default="structured")
     a = p.parse_args(argv)
@@ -194,8 +203,8 @@ def main(argv=None) -> int:
     if a.tokens < 2 or a.reps < 1 or a.prompt_len < 1:
         return _fail(f"--tokens (>= 2), --reps (>= 1), --prompt-len (>= 1): got {a.tokens}, {a.reps}, {a.prompt_len}")
     for m in a.models:
-        if not Path(m, "config.json").is_file():
-            return _fail(f"models: {m} is not a checkpoint directory (no config.json)")
+        if not Path(m, "config.json").is_file() and not (m.endswith(".gguf") and Path(m).is_file()):
+            return _fail(f"models: {m} is not a checkpoint directory (no config.json) nor a .gguf file")
     workdir = Path(a.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     models = [Path(m) for m in a.models] + [checkpoint(workdir, SHAPES[s], a.device) for s in shapes]
