@@ -18,10 +18,9 @@ from graphrt.attention.buckets import pick_bucket
 from graphrt.model.sampling import SamplingInputs
 from graphrt.engine.group import fork_args, fork_owners, prefill_groups
 from graphrt.engine import sampling_extras as extras
-from graphrt.engine import structured
+from graphrt.engine.constrained import ConstrainedMixin
 from graphrt.engine.scheduler import Request
 from graphrt.engine.speculation import observe, spec_columns
-from graphrt.speculative.ngram_rule import NgramIndex
 from graphrt.worker.launch import Block, Draw, Prefill
 
 
@@ -47,26 +46,17 @@ class _Pending:
     argmax: torch.Tensor | None = None    # a split step's [1, cols] argmax before masks (host)
 
 
-@dataclass
-class _Ahead:
-    """The forward of a split step launched ahead of its draw (BlockMixin._run_ahead): the rows it
-    ran (their ids, in order), and the timing event recorded before it (or None)."""
-    ids: tuple
-    start: object = None
-
-
 def _host(values: list, dtype) -> torch.Tensor:
     """A host tensor of a list of numbers (through numpy: a third of torch.tensor's time on
     short lists, half on a prompt's)."""
     return torch.from_numpy(np.array(values, dtype=dtype))
 
 
-class BlockMixin:
-    """Engine's block launches and read-backs (see the module docstring)."""
+class BlockMixin(ConstrainedMixin):
+    """Engine's block launches and read-backs (see the module docstring); constrained rows'
+    launches: engine/constrained.py."""
 
     PREFILL_MERGE_TOKENS = 128     # prefill groups launched together while their new tokens fit
-    RUN_AHEAD = True               # a split step's next forward launched right after its draw (_run_ahead)
-    FREE_RUN = True                # constrained rows may decode unmasked (engine/structured.py FreeRun)
 
     def _prefill(self, work: list) -> bool:
         """Prefill context positions [start, end) of admitted requests (their context: prompt,
@@ -209,16 +199,9 @@ class BlockMixin:
         mark = pacer.start() if pacer is not None else None
         # constrained rows (the scheduler's count, no scan): one step in two launches (_split_step),
         # or with grammar-checked n-gram proposals one speculative round (_grammar_round)
-        masked = list(s.constrained.values()) if s.constrained else None
-        free = masked is not None and self.spec is None and all(r.grammar.unmasked for r in masked)
-        if free:                                      # every constrained row runs unmasked: a whole
-            self._unmask(masked)                      # K-step block, its tokens checked when read
-            masked = None
+        masked, free = self._masked_rows()           # free: every constrained row runs unmasked
         speculate = self.spec is not None and (masked is None or self.caps.spec_grammar)
-        if ahead is not None and (chunk or speculate or masked is None or s.changes   # this block's, if
-                                  or ahead.ids != tuple((id(r), r.epoch) for r in rows)):   # the same step
-            ahead = None                              # with nothing changed since; else dropped (a forward
-            #                                           advances no slot: its step never happened)
+        ahead = self._matching_ahead(ahead, rows, split=masked is not None and not chunk and not speculate)
         k = self.spec.num_tokens if speculate else 0
         forced = False
         if k and self.policy is not None:             # speculate this block, or a plain one
@@ -277,108 +260,6 @@ class BlockMixin:
         if pacer is not None:
             pacer.launched("block", mark)
         return True
-
-    def _run_ahead(self) -> None:
-        """After a split step's draw: the next step's forward, launched now (its rows' pages grown,
-        the slot changes recorded so far carried), so that the device runs it while the host reads
-        the draw's tokens back and goes round its loop; the next block's draw takes it up if it is
-        the same step over the same rows (`_ahead`), else it is dropped. Not while requests wait
-        to be admitted or prefilled (their prefill would drop it)."""
-        s = self.scheduler
-        if (s.waiting and s.free_slots) or s.prefilling or not self._inbox.empty() \
-                or all(r.grammar.unmasked for r in s.constrained.values()):
-            return                                    # (none constrained, or all unmasked: a K-step block)
-        rows = s.decode_rows()
-        rows = s.grow(rows) if rows else rows
-        if not rows:
-            return
-        start = self._block_start()
-        changes = s.take_changes()
-        try:
-            self.runtime.run(Block(max(r.slot for r in rows) + 1, draw=Draw(sampled=True, processed=True),
-                                   part="forward", changes=changes))
-        except BaseException:
-            s.restore_changes(changes)
-            raise
-        self._ahead = _Ahead(tuple((id(r), r.epoch) for r in rows), start)
-
-    def _split_step(self, n: int, draw: Draw, masked: list, logprobs: bool, changes: tuple, *,
-                    forward: bool = True):
-        """One step over rows [0, n) holding constrained rows (`masked`), in two launches
-        (model/runtime.py's split steps): the forward (carrying the slot changes; forward=False:
-        launched ahead already, `_run_ahead`); then, while it runs, every block in flight is read
-        back (each matcher sees every token drawn so far: its next mask depends on them;
-        streaming, stop checks and the matchers' work overlap the forward), the constrained rows'
-        next-token masks are written, and the draw is launched (changes recorded meanwhile go
-        with the next launch). -> the draw's Result ([1, n] tokens). A row that finished
-        meanwhile still draws (discarded)."""
-        ex = self.runtime
-        if forward:
-            ex.run(Block(n, draw=draw, part="forward", changes=changes))
-        while self._pending:
-            self._finish(self._pending.popleft())
-        self._write_masks(masked)
-        return ex.run(Block(n, draw=draw, part="draw", logprobs=logprobs))
-
-    def _grammar_round(self, rows: list, k: int) -> list:
-        """Before a one-round speculative block over `rows`, which hold constrained rows: every
-        block in flight is read (a proposal and its masks follow every token); each constrained
-        row's device proposal is predicted on the host (n-gram over prompt + tokens, the slot's
-        history: its NgramIndex), cut at the first token its grammar refuses (the slot's k is
-        capped there), and its masks before each kept proposal and after the last are written
-        (positions 0..kept; the verify applies them). -> the rows still decoding."""
-        while self._pending:
-            self._finish(self._pending.popleft())
-        rows = [r for r in rows if r.slot >= 0 and r.finish_reason is None]
-        live = list(self.scheduler.constrained.values())
-        if not rows or not live:
-            return rows
-        c = self.spec
-        bits = torch.full((len(live), k + 1, (self.vocab_size + 31) // 32), -1, dtype=torch.int32)
-        for i, r in enumerate(live):
-            index = r.ngram
-            if index is None:
-                index = r.ngram = NgramIndex(c.ngram_min, c.ngram_max)
-                index.extend(r.prompt)
-            index.extend(r.token_ids[len(index) - len(r.prompt):])
-            self.scheduler.cap_proposals(r, r.grammar.fill_along(index.propose(k), bits[i]))
-        self.runtime.write_token_mask([r.slot for r in live], bits, torch.ones(len(live), dtype=torch.int32))
-        self._masked_slots.update(r.slot for r in live)
-        return rows
-
-    def _unmask(self, reqs: list) -> None:
-        """Before a K-step block whose constrained rows `reqs` run unmasked: the mask flags of
-        those still on, off (a processed block would apply them at every step)."""
-        on = [r.slot for r in reqs if r.slot in self._masked_slots]
-        if on:
-            words = (self.vocab_size + 31) // 32
-            self.runtime.write_token_mask(on, torch.full((len(on), words), -1, dtype=torch.int32),
-                                          torch.zeros(len(on), dtype=torch.int32))
-            self._masked_slots.difference_update(on)
-
-    def _set_back(self, req: Request) -> None:
-        """req's unmasked tokens were refused by its grammar after the ones accepted: its row
-        decodes again from its last accepted token (Scheduler.resume), masked; its draws in
-        flight are discarded (its epoch moves on)."""
-        req.epoch += 1
-        req.launched = len(req.token_ids)
-        req.grammar.free.refused()
-        self.scheduler.resume(req)
-
-    def _write_masks(self, reqs: list, *, prefill: bool = False) -> None:
-        """The allowed-token masks of the live constrained requests among `reqs` into their
-        slots before a launch draws for them (structured.fill_masks; written through the
-        executor's write_token_mask); a prefill also clears the flag of a slot a constrained
-        request held before."""
-        masked = self._masked_slots
-        rows = [r for r in reqs if (r.grammar is not None and r.slot >= 0 and r.finish_reason is None)
-                or (prefill and r.slot in masked)]
-        if not rows:
-            return
-        bits, active = structured.fill_masks(rows, self.vocab_size)
-        self.runtime.write_token_mask([r.slot for r in rows], bits, active)
-        for r in rows:
-            (masked.add if r.grammar is not None else masked.discard)(r.slot)
 
     def _mixed_chunk(self, piece: tuple, joining: bool) -> tuple[bool, bool]:
         """Stage `piece` ((request, start, end)) for the next block -> (taken, a chunk staged):
@@ -467,16 +348,8 @@ class BlockMixin:
                 if self.spec is not None:
                     sched.settle(req, counted, len(cols[col]))
                 tokens, refused, g = cols[col], False, req.grammar
-                if g is not None and g.free is not None:   # FreeRun: unmasked tokens checked; a
-                    if block.free:                    # masked step's raw argmax, whether allowed
-                        j = g.prefix(tokens)
-                        refused = j < len(tokens)
-                        if refused:
-                            tokens = tokens[:j]
-                        else:
-                            g.free.kept()
-                    elif block.argmax is not None:
-                        g.free.masked(g.allows(int(block.argmax[0, col])))
+                if g is not None and g.free is not None:      # unmasked tokens checked (FreeRun)
+                    tokens, refused = self._checked(g, block, col, tokens)
                 held = len(req.token_ids)
                 delta = accept(req, tokens)
                 if g is not None:                     # the matcher sees each accepted token

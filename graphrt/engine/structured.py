@@ -19,7 +19,7 @@ grammar does not compile in time fails alone (ValueError naming the field; the c
 worker until it ends, and its result is cached for a later request). Compiled grammars are kept
 in an LRU of CACHE_SIZE entries keyed by the constraint's canonical text.
 
-How the engine draws (engine/blocks.py `_split_step`): a block with a constrained row runs ONE
+How the engine draws (engine/constrained.py `_split_step`): a block with a constrained row runs ONE
 step (the mask changes with every token), in two launches: the step's forward, then its draw.
 While the forward runs the host reads the previous step's tokens back, advances each matcher
 (`advance`), fills the next masks (`fill_masks`: tens of microseconds on xgrammar's precomputed
@@ -28,7 +28,7 @@ The matcher's work is thus off the device's critical path while it is shorter th
 With overlap, the next step's forward is launched right after the draw (`_run_ahead`), so the
 device also runs through the host's loop between two steps; a prefill drops it (a forward
 advances no slot: the step never happened).
-Under n-gram speculation (engine/blocks.py `_grammar_round`) a block with constrained rows runs
+Under n-gram speculation (engine/constrained.py `_grammar_round`) a block with constrained rows runs
 one round instead: each row's predicted proposal is walked by its matcher (`fill_along`: the
 masks before each proposal the grammar accepts and after the last, then rolled back) and the
 row's proposals are capped at the first one it refuses.

@@ -39,7 +39,7 @@ decode_slots(n, ..., part="forward") (the model, logits into `split_logits`; gra
 GraphKey("decode_forward", bucket)) then part="draw" (masks, processing, draw, slots advanced;
 GraphKey("decode_draw", bucket, filtered=...); also each row's argmax before masks and processing
 into `split_argmax`), so the host can read the previous step's tokens,
-advance its grammar matchers and write the next masks while the forward runs (engine/blocks.py).
+advance its grammar matchers and write the next masks while the forward runs (engine/constrained.py).
 
 A graph runs K decode steps: each step prepares the metadata + plan on the device (once for all
 layers), runs the model, takes the greedy argmax of its model-dtype logits (kernels/argmax.py's
