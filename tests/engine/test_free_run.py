@@ -42,11 +42,19 @@ class ScriptedExecutor(MaskingExecutor):
         self.script, self.prompt_len, self.changes = script, prompt_len, []
         self.step, self.temp, self.seed = [0] * len(self.length), [0.0] * len(self.length), [0] * len(self.length)
 
-    def _score(self, slot: int) -> torch.Tensor:
+    def _logits(self, slot: int) -> torch.Tensor:
+        """What the "model" computes from the row's position (a forward's work)."""
         score = ((torch.arange(self.vocab) * 7919 + self.length[slot] * 104729) % 1009).float()
         i = self.length[slot] - self.prompt_len
         if 0 <= i < len(self.script):
             score[self.script[i]] += 1500.0
+        return score
+
+    def _score(self, slot: int) -> torch.Tensor:
+        """The draw's score: a split step's forward's logits (kept from its launch: a draw paired
+        with a stale forward draws from the old position), + the sampler's noise."""
+        snap = getattr(self, "snap", None)
+        score = snap[slot].clone() if snap is not None and slot < len(snap) else self._logits(slot)
         if self.temp[slot] > 0:
             g = torch.Generator().manual_seed(self.seed[slot] * 1000003 + self.step[slot])
             score += self.temp[slot] * 3000.0 * torch.rand(self.vocab, generator=g)
@@ -60,6 +68,7 @@ class ScriptedExecutor(MaskingExecutor):
         return tok
 
     def prefill(self, launch):
+        self.snap = None                                # a forward launched ahead: dropped
         if launch.sampling is not None:
             for i, slot in enumerate(launch.slots):
                 sp = launch.sampling
@@ -75,10 +84,14 @@ class ScriptedExecutor(MaskingExecutor):
                 self.temp[c.slot], self.seed[c.slot] = c.temperature, c.seed
             elif isinstance(c, SetToken):
                 self.current[c.slot] = c.token
+        if block.part == "forward":
+            self.snap = [self._logits(s) for s in range(block.n)]
         if block.part == "draw":
-            best = torch.tensor([[int(self._score(s).argmax()) for s in range(block.n)]])
+            best = torch.tensor([[int(self.snap[s].argmax()) for s in range(block.n)]])
             res = super().run(block)
+            self.snap = None
             return Result(res.tokens, argmax=best)
+        self.snap = None if block.part is None else self.snap
         return super().run(block)
 
 
@@ -261,3 +274,24 @@ def test_the_model_runtime_path(tiny_llm):
             assert got == want, (so, t)
             if "regex" in so and t == 0:                  # the model's words fit it: unmasked blocks ran
                 assert kinds.count(None) > kinds0.count(None), (kinds, kinds0)
+
+
+def test_a_forward_ahead_is_drawn_only_for_its_own_step():
+    """ConstrainedMixin._matching_ahead: the forward launched ahead is taken up only by a split
+    step over the same rows at the same epochs with no slot change recorded since (a set-back
+    or any other change after it would make its logits stale); otherwise it is dropped."""
+    from types import SimpleNamespace
+    from graphrt.engine.constrained import ConstrainedMixin, _Ahead
+    a, b = SimpleNamespace(epoch=0), SimpleNamespace(epoch=0)
+    eng = SimpleNamespace(scheduler=SimpleNamespace(changes=[]))
+    match = lambda ahead, rows, split=True: ConstrainedMixin._matching_ahead(eng, ahead, rows, split=split)  # noqa: E731
+    ahead = _Ahead(((id(a), 0), (id(b), 0)))
+    assert match(ahead, [a, b]) is ahead
+    assert match(None, [a, b]) is None
+    assert match(ahead, [a, b], split=False) is None                  # a K-step, chunk or speculative block
+    assert match(ahead, [a]) is None and match(ahead, [b, a]) is None   # other rows
+    b.epoch = 1
+    assert match(ahead, [a, b]) is None                               # b set back or preempted since
+    b.epoch = 0
+    eng.scheduler.changes.append(SetToken(1, 5))
+    assert match(ahead, [a, b]) is None                               # a slot change recorded since
