@@ -45,3 +45,9 @@ def test_bad_flags_exit_2_naming_them(args, flag, capsys):
 def test_a_model_that_is_not_a_checkpoint_is_refused(tmp_path, capsys):
     assert bench_structured.main([str(tmp_path)]) == 2
     assert "models:" in capsys.readouterr().err
+    assert bench_structured.main([str(tmp_path / "missing.gguf"), "--chat"]) == 2       # a .gguf that is not there
+    err = capsys.readouterr().err
+    assert "models:" in err and "missing.gguf" in err and len(err.strip().splitlines()) == 1
+    with pytest.raises(SystemExit) as e:                                               # an unknown --spec
+        bench_structured.main(["--shapes", "tiny", "--spec", "eagle"])
+    assert e.value.code == 2

@@ -126,6 +126,8 @@ def _serve(tokenizer, free: bool, script_text: str, *, temperature=0.0, with_fre
         if not busy:
             break
     outs = [s.result().outputs[0] for s in streams]
+    a = eng.scheduler.allocator                       # every page back, set-backs included
+    assert not eng._pending and all(a.refcount(p) == 0 for p in range(1, a.num_pages + 1))
     return outs, ex, letters
 
 
@@ -295,3 +297,40 @@ def test_a_forward_ahead_is_drawn_only_for_its_own_step():
     b.epoch = 0
     eng.scheduler.changes.append(SetToken(1, 5))
     assert match(ahead, [a, b]) is None                               # a slot change recorded since
+
+
+def test_a_grammar_check_that_raises_fails_its_request_alone(tokenizer, monkeypatch):
+    """One constrained request whose unmasked tokens' check raises (a matcher fault) fails with
+    that error while a free request and another constrained one stream on to their ends; the
+    engine keeps serving and every page comes back."""
+    from graphrt.engine.structured import GrammarState
+    prompt = [9, 10]
+    ex = ScriptedExecutor(len(tokenizer), _script(tokenizer, "abababcdcdabcdabab-7") + [1], len(prompt))
+    eng = Engine(ex, tokenizer, eos_token_ids=(1,), max_model_len=120)
+    real = GrammarState.prefix
+    victims = []
+
+    def prefix(self, tokens):
+        if self is victims[0]:
+            raise RuntimeError("matcher fault")
+        return real(self, tokens)
+    monkeypatch.setattr(GrammarState, "prefix", prefix)
+    so = {"regex": REGEX}
+    free = eng.add_request([5, 6, 7], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))
+    bad = eng.add_request(prompt, SamplingParams(max_tokens=40, temperature=0, structured_outputs=so))
+    good = eng.add_request(prompt, SamplingParams(max_tokens=40, temperature=0, structured_outputs=so))
+    eng._drain_inbox()
+    victims.append(next(r for r in eng.scheduler.waiting if r.request_id == bad.request_id).grammar)
+    for _ in range(400):
+        if not eng.step():
+            break
+    with pytest.raises(RuntimeError, match="matcher fault"):
+        bad.result()
+    assert len(free.result().outputs[0].token_ids) == 30
+    assert re.fullmatch(REGEX, good.result().outputs[0].text)
+    a = eng.scheduler.allocator
+    assert all(a.refcount(p) == 0 for p in range(1, a.num_pages + 1))
+    again = eng.add_request(prompt, SamplingParams(max_tokens=40, temperature=0, structured_outputs=so))
+    while eng.step():
+        pass
+    assert re.fullmatch(REGEX, again.result().outputs[0].text)

@@ -137,3 +137,23 @@ def test_two_constrained_rows_and_a_finished_one(tokenizer):
     assert {0, 1, 2} <= seen
     masks = [x for kind, x in ex.calls if kind == "mask"]
     assert masks and all(set(m) <= {1, 2} for m in masks)           # only constrained slots get masks
+
+
+def test_no_forward_ahead_while_a_prompt_prefills_in_chunks(tokenizer):
+    """A long prompt prefilled in chunks beside a constrained row: each chunk's prefill would drop
+    a forward launched ahead, so none is launched while a prompt is being prefilled (at most the
+    one in flight when the prompt arrived is dropped); the outputs validate."""
+    ex = MaskingExecutor(len(tokenizer))
+    eng = Engine(ex, tokenizer, eos_token_ids=(1,), max_model_len=100, max_num_batched_tokens=4)
+    con = eng.add_request([9, 10], SamplingParams(max_tokens=30, temperature=0,
+                                                   structured_outputs={"regex": r"(ab|cd){6,12}-[0-9]"}))
+    for _ in range(4):
+        eng.step()
+    long = eng.add_request(list(range(20, 60)), SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    for _ in range(300):
+        if not eng.step():
+            break
+    assert re.fullmatch(r"(ab|cd){6,12}-[0-9]", con.result().outputs[0].text)
+    assert len(long.result().outputs[0].token_ids) == 4
+    prefills = sum(1 for kind, x in ex.calls if kind == "prefill")
+    assert prefills >= 8 and ex.dropped <= 1                        # 40 tokens in chunks of 4
