@@ -250,7 +250,7 @@ class BlockMixin(ConstrainedMixin):
             else:
                 out = ex.run(Block(go.n, draw=draw, chunk=chunk, logprobs=want_lp, changes=go.changes))
             pending = self._to_host(go.rows, out.tokens, logprobs=out.logprobs, start=start,
-                                    argmax=out.argmax if masked else None)
+                                    argmax=out.argmax if masked and any(r.grammar.free for r in masked) else None)
             pending.free = free
             if self.spec is not None:
                 self.spec_counts["plain_blocks"] += 1

@@ -143,7 +143,7 @@ class Engine(BlockMixin):
         self._token_text = extras.TokenText(self._decode_text)        # Logprob.decoded_token
         self._grammars: Grammars | None = None         # built with the first constrained request
         self._masked_slots: set[int] = set()           # slots whose mask flag is on (loop thread)
-        self._ahead = None                             # a split step's forward launched before its draw (blocks._Ahead)
+        self._ahead = None                             # a split step's forward launched before its draw (constrained._Ahead)
 
     # ---- requests (any thread) ----------------------------------------------------------------
     def add_request(self, prompt, params: SamplingParams | None = None, *,
@@ -281,7 +281,7 @@ class Engine(BlockMixin):
             piece = sched.mixed_piece(self.mixed_tokens, rows) if rows else None
         work = [] if piece is not None else sched.prefill_work()
         if work:
-            self._ahead = None                 # a split step's forward launched ahead: dropped (blocks.py)
+            self._ahead = None                 # a split step's forward launched ahead: dropped (constrained.py)
             pacer = sched.pacer   # paced only while rows decode (a chunk the streams wait for)
             pacer = pacer if pacer is not None and sched.decode_rows() else None
             mark = pacer.start() if pacer is not None else None

@@ -256,16 +256,6 @@ class GrammarState:
             self._extra_ok = _bit_list(self.extra)
         return self._extra_ok
 
-    def _ends_at(self, tokens: list[int], j: int) -> bool:
-        """Whether the grammar had ended before tokens[j] (the matcher rolled back: replayed)."""
-        m = self.matcher
-        for t in tokens[:j]:
-            m.accept_token(t)
-        done = m.is_terminated()
-        if j:
-            m.rollback(j)
-        return done
-
     def advance(self, tokens: list[int]) -> None:
         """Feed the request's new tokens; ValueError when the grammar refuses one."""
         m = self.matcher
