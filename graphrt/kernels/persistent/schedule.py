@@ -218,9 +218,12 @@ def _group_of_row(g: Geometry, r: int) -> int:
 
 
 def build_schedule(g: Geometry, rows: int, programs: int, *, tiles: Tiles = Tiles(),
-                   max_context_len: int = 4096, elem_bytes: int = 2) -> Schedule:
+                   max_context_len: int = 4096, elem_bytes: float = 2,
+                   head_elem_bytes: float | None = None) -> Schedule:
     """The step's units for `rows` decode rows (1..16) over `programs` programs (>= 1).
-    elem_bytes: bytes per weight element (F_WB); max_context_len: bounds the default split
+    elem_bytes: bytes per weight element of the layers' linears (F_WB, the L2 prefetch: 2 bf16,
+    1 FP8, 0.5 int4; scales are not counted), head_elem_bytes: the LM head's (None: elem_bytes);
+    max_context_len: bounds the default split
     count. F_W0 / F_W1 hold the unit's weight tile as an element offset within its weight (the
     launcher adds the weight's own offset and fills the prefetch fields F_P*, step.py)."""
     if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= MAX_ROWS:
@@ -228,6 +231,10 @@ def build_schedule(g: Geometry, rows: int, programs: int, *, tiles: Tiles = Tile
     if isinstance(programs, bool) or not isinstance(programs, int) or programs < 1:
         raise ValueError(f"programs: expected an int >= 1, got {programs!r}")
     tiles.check(g)
+    hb = elem_bytes if head_elem_bytes is None else head_elem_bytes
+    for name, v in (("elem_bytes", elem_bytes), ("head_elem_bytes", hb)):
+        if isinstance(v, bool) or v not in (0.5, 1, 2, 4):
+            raise ValueError(f"{name}: expected 0.5, 1, 2 or 4 bytes, got {v!r}")
     splits = tiles.splits or default_splits(g, rows, programs, max_context_len, tiles.min_keys)
     c = Counters(g.layers, g.kv_heads, rows)
     L, H, I, K_ATT = g.layers, g.hidden, g.inter, g.heads * g.head_dim
@@ -248,21 +255,21 @@ def build_schedule(g: Geometry, rows: int, programs: int, *, tiles: Tiles = Tile
     for l in range(L):
         w_prev = (c.res2(l - 1), n_down) if l else (NO_WAIT, 0)
         phases.append([unit(OP_QKV, l, n0, wait=w_prev[0], target=w_prev[1], signal=c.qkv(l, _group_of_row(g, n0)),
-                            w=[n0 * H], wb=min(tiles.qkv_bn, g.qkv_rows - n0) * H * elem_bytes)
+                            w=[n0 * H], wb=int(min(tiles.qkv_bn, g.qkv_rows - n0) * H * elem_bytes))
                        for n0 in range(0, g.qkv_rows, tiles.qkv_bn)])
         phases.append([unit(OP_ATT, l, b, kvh, sp, wait=c.qkv(l, kvh), target=per_group, signal=c.att(l))
                        for b in range(rows) for kvh in range(g.kv_heads) for sp in range(splits)])
         phases.append([unit(OP_O, l, n0, wait=c.att(l), target=rows * g.kv_heads, signal=c.res1(l),
-                            w=[n0 * K_ATT], wb=min(tiles.o_bn, H - n0) * K_ATT * elem_bytes)
+                            w=[n0 * K_ATT], wb=int(min(tiles.o_bn, H - n0) * K_ATT * elem_bytes))
                        for n0 in range(0, H, tiles.o_bn)])
         phases.append([unit(OP_GU, l, n0, wait=c.res1(l), target=n_o, signal=c.mlp(l),
-                            w=[n0 * H, (I + n0) * H], wb=min(tiles.gu_bn, I - n0) * H * elem_bytes)
+                            w=[n0 * H, (I + n0) * H], wb=int(min(tiles.gu_bn, I - n0) * H * elem_bytes))
                        for n0 in range(0, I, tiles.gu_bn)])
         phases.append([unit(OP_DOWN, l, n0, wait=c.mlp(l), target=n_gu, signal=c.res2(l),
-                            w=[n0 * I], wb=min(tiles.down_bn, H - n0) * I * elem_bytes)
+                            w=[n0 * I], wb=int(min(tiles.down_bn, H - n0) * I * elem_bytes))
                        for n0 in range(0, H, tiles.down_bn)])
     phases.append([unit(OP_HEAD, L, n0, n0 // tiles.head_bn, wait=c.res2(L - 1), target=n_down, signal=c.head,
-                        w=[n0 * H], wb=min(tiles.head_bn, g.vocab - n0) * H * elem_bytes)
+                        w=[n0 * H], wb=int(min(tiles.head_bn, g.vocab - n0) * H * hb))
                    for n0 in range(0, g.vocab, tiles.head_bn)])
     per_program = [[] for _ in range(programs)]
     nxt = 0

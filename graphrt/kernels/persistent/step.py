@@ -34,15 +34,23 @@ import torch
 import triton
 import triton.language as tl
 
+from graphrt.kernels.persistent.formats import FMT_MODEL, WeightFormat, weight_format
 from graphrt.kernels.persistent.schedule import FIELDS, MAX_ROWS, MAX_STAGES, Geometry, Schedule, Tiles, build_schedule
 from graphrt.kernels.persistent.sync import SPIN_LIMIT, prefetch_l2, timer
+from graphrt.kernels.persistent import tables
 from graphrt.kernels.persistent.tables import NF, build_tables
+from graphrt.kernels.persistent.gemv_tile import QuantRows
 from graphrt.kernels.persistent.units import attention_unit, gate_up_unit, head_unit, qkv_unit, residual_unit
 
 FMA_MAX_ROWS = 4            # the multiply-add GEMV below this many rows (tl.dot's tile is 16)
 # the shared-memory ring (stages > 0) at most: with one more chunk (the dot's activation operand)
 # and the kernel's scratch it stays within the 227 KB an H100 / H200 SM gives one program
 RING_BYTES = 160 << 10
+# the offset table's scale columns (tables.py; each weight's zero column 4 further on)
+W_SQKV = tl.constexpr(tables.W_SQKV)
+W_SO = tl.constexpr(tables.W_SO)
+W_SGU = tl.constexpr(tables.W_SGU)
+W_SDOWN = tl.constexpr(tables.W_SDOWN)
 PREFETCH_BYTES = 128 << 10  # L2 prefetch of a later unit's tile: at most this many bytes of it
 TS = 4                      # timeline int64 per unit row: start, waited, end, program
 
@@ -74,8 +82,19 @@ def _fields(units_ptr, u, ok):
             tl.load(r + 13, mask=ok, other=0), tl.load(r + 14, mask=ok, other=0), tl.load(r + 15, mask=ok, other=0))
 
 
+@triton.jit
+def _quant(s_ptr, z_ptr, offs, k: tl.constexpr, FMT: tl.constexpr, GS: tl.constexpr, HZ: tl.constexpr):
+    """The format of a layer's weight whose scale offset is column k of its offset table row
+    (its zero offset: column k + 4), scales and zeros at row 0 (model dtype: unused)."""
+    if FMT == 0:
+        return QuantRows(s_ptr, z_ptr, FMT, GS, HZ)
+    else:
+        return QuantRows(s_ptr + tl.load(offs + k), z_ptr + tl.load(offs + k + 4), FMT, GS, HZ)
+
+
 @triton.jit(do_not_specialize=["SPIN", "programs", "nunits", "nhs"])
-def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, woffs_ptr, embed_ptr, fnorm_ptr,
+def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, q_ptr, s_ptr, z_ptr, hs_ptr, hz_ptr, woffs_ptr,
+                 embed_ptr, fnorm_ptr,
                  cs_ptr, tok_ptr, lens_ptr, bt_ptr, bt_stride, num_pages, out_ptr, logits_ptr, res_ptr,
                  qkv_ptr, att_ptr, mlp_ptr, ss_o_ptr, ss_d_ptr, part_ptr, lse_ptr, amax_ptr, aidx_ptr, ts_ptr,
                  programs, nunits, nhs, eps, qk_scale,
@@ -89,17 +108,27 @@ def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, woffs_ptr, embe
                  ARR: tl.constexpr, HEAD_CTR: tl.constexpr, DONE: tl.constexpr, NCTR: tl.constexpr,
                  HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, PREFETCH: tl.constexpr,
                  DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN, ALIGN: tl.constexpr, XA: tl.constexpr,
-                 FMA: tl.constexpr, STAGES: tl.constexpr, TIMELINE: tl.constexpr):
+                 FMA: tl.constexpr, STAGES: tl.constexpr, TIMELINE: tl.constexpr, FMT: tl.constexpr,
+                 HFMT: tl.constexpr, GS: tl.constexpr, HZ: tl.constexpr, QA: tl.constexpr, GK: tl.constexpr,
+                 NF: tl.constexpr):
     BM: tl.constexpr = 16
     QKVW: tl.constexpr = (HQ + 2 * HKV) * D
     # elements per weight chunk: BK columns of a 16-row tile (half that for 3-4 multiply-add rows:
     # their accumulators hold the registers); wider tiles take fewer columns
     CH: tl.constexpr = BK * 16 if FMA <= 2 else BK * 8
-    QKV_BK: tl.constexpr = CH // QKV_BN
-    O_BK: tl.constexpr = CH // O_BN
-    GU_BK: tl.constexpr = CH // (2 * GU_BN)
-    DOWN_BK: tl.constexpr = CH // DOWN_BN
-    HEAD_BK: tl.constexpr = CH // HEAD_BN
+    # (int4: a chunk lies in one group, at most GK columns; GK is large for the other formats)
+    QKV_BK: tl.constexpr = min(CH // QKV_BN, GK)
+    O_BK: tl.constexpr = min(CH // O_BN, GK)
+    GU_BK: tl.constexpr = min(CH // (2 * GU_BN), GK)
+    DOWN_BK: tl.constexpr = min(CH // DOWN_BN, GK)
+    HEAD_BK: tl.constexpr = min(CH // HEAD_BN, GK) if HFMT == 2 else CH // HEAD_BN
+    # the layers' linear weights: model-dtype tiles from w_ptr, quantized ones (FP8 bytes, int4
+    # words) from q_ptr, element offsets of their own type (QA: 16 bytes of them)
+    lw_ptr = w_ptr if FMT == 0 else q_ptr
+    LA: tl.constexpr = ALIGN if FMT == 0 else QA
+    hw_ptr = w_ptr if HFMT == 0 else q_ptr
+    HA: tl.constexpr = ALIGN if HFMT == 0 else QA
+    head_q = QuantRows(hs_ptr, hz_ptr, HFMT, GS, HZ)
     pid = tl.program_id(0)
     lo = tl.load(starts_ptr + pid)
     hi = tl.load(starts_ptr + pid + 1)
@@ -120,22 +149,29 @@ def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, woffs_ptr, embe
             tl.store(ts, timer(pid))
             tl.store(ts + 3, pid.to(tl.int64))
         if PREFETCH > 0:                                         # a later unit's tile into L2
-            if pb0 > 0:
-                prefetch_l2(w_ptr + _aligned(p0, ALIGN), pb0.to(tl.int32))
-            if pb1 > 0:
-                prefetch_l2(w_ptr + _aligned(p1, ALIGN), pb1.to(tl.int32))
+            if FMT == 0:
+                if pb0 > 0:
+                    prefetch_l2(w_ptr + _aligned(p0, ALIGN), pb0.to(tl.int32))
+                if pb1 > 0:
+                    prefetch_l2(w_ptr + _aligned(p1, ALIGN), pb1.to(tl.int32))
+            else:                                                # quantized: byte offsets from w_ptr
+                wb_ptr = w_ptr.to(tl.pointer_type(tl.int8), bitcast=True)
+                if pb0 > 0:
+                    prefetch_l2(wb_ptr + _aligned(p0, 16), pb0.to(tl.int32))
+                if pb1 > 0:
+                    prefetch_l2(wb_ptr + _aligned(p1, 16), pb1.to(tl.int32))
         a = a.to(tl.int32)
         ctr_w = ctr_ptr + tl.maximum(wt, 0)
         target = tgt.to(tl.int32)
         ctr_s = ctr_ptr + tl.maximum(sg, 0)
         count = cnt.to(tl.int32)
-        offs = woffs_ptr + layer * 11
-        wt0 = w_ptr + _aligned(w0, ALIGN)                       # the unit's weight tile (gate for GU)
+        offs = woffs_ptr + layer * NF
+        wt0 = lw_ptr + _aligned(w0, LA)                         # the unit's weight tile (gate for GU)
         if op == 1:                                              # QKV
             qkv_unit(layer, a, res_ptr, embed_ptr, emb_off, XA, m_ok, wt0, w_ptr + _woff(offs, 1, ALIGN),
                      w_ptr + _woff(offs, 5, ALIGN), ss_d_ptr, qkv_ptr, ctr_w, target, ctr_s, count, err_ptr, ts,
                      eps, B, H, QKVW, NDOWN, NDP, BM, QKV_BN, QKV_BK, HAS_BIAS, DOT_F32, PREC, SPIN, FMA, STAGES,
-                     TIMELINE)
+                     TIMELINE, _quant(s_ptr, z_ptr, offs, W_SQKV, FMT, GS, HZ))
         elif op == 2:                                            # ATT
             attention_unit(a, b.to(tl.int32), c.to(tl.int32), qkv_ptr, att_ptr, cs_ptr,
                            w_ptr + _woff(offs, 7, ALIGN), w_ptr + _woff(offs, 8, ALIGN), w_ptr + _woff(offs, 9, ALIGN),
@@ -150,20 +186,21 @@ def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, woffs_ptr, embe
                 src = res_rows
             residual_unit(a, a // O_BN, att_ptr, rm.to(tl.int64) * (HQ * D), XA, m_ok, wt0, HQ * D, src, res_ptr,
                           ss_o_ptr, ctr_w, target, ctr_s, count, err_ptr, ts, H, BM, O_BN, O_BK, DOT_F32, PREC,
-                          SPIN, FMA, STAGES, TIMELINE)
+                          SPIN, FMA, STAGES, TIMELINE, _quant(s_ptr, z_ptr, offs, W_SO, FMT, GS, HZ))
         elif op == 4:                                            # GU
-            gate_up_unit(a, res_ptr, XA, m_ok, w_ptr, _aligned(w0, ALIGN), _aligned(w1, ALIGN),
+            gate_up_unit(a, res_ptr, XA, m_ok, lw_ptr, _aligned(w0, LA), _aligned(w1, LA),
                          w_ptr + _woff(offs, 6, ALIGN), ss_o_ptr, mlp_ptr, ctr_w, target, ctr_s, count, err_ptr, ts,
-                         eps, B, H, I, NO, NOP, BM, GU_BN, GU_BK, DOT_F32, PREC, SPIN, FMA, STAGES, TIMELINE)
+                         eps, B, H, I, NO, NOP, BM, GU_BN, GU_BK, DOT_F32, PREC, SPIN, FMA, STAGES, TIMELINE,
+                         _quant(s_ptr, z_ptr, offs, W_SGU, FMT, GS, HZ))
         elif op == 5:                                            # DOWN: residual += mlp @ down.T
             residual_unit(a, a // DOWN_BN, mlp_ptr, rm.to(tl.int64) * I, XA, m_ok, wt0, I, res_rows, res_ptr,
                           ss_d_ptr, ctr_w, target, ctr_s, count, err_ptr, ts, H, BM, DOWN_BN, DOWN_BK, DOT_F32,
-                          PREC, SPIN, FMA, STAGES, TIMELINE)
+                          PREC, SPIN, FMA, STAGES, TIMELINE, _quant(s_ptr, z_ptr, offs, W_SDOWN, FMT, GS, HZ))
         elif op == 6:                                            # HEAD
-            best_v, best_i = head_unit(a, res_ptr, XA, m_ok, wt0, fnorm_ptr, ss_d_ptr, logits_ptr, amax_ptr,
-                                       aidx_ptr, out_ptr, best_v, best_i, c, ctr_w, target, ctr_ptr + HEAD_CTR, count,
-                                       err_ptr, ts, eps, B, H, V, NDOWN, NDP, NHEAD, nhs, BM, HEAD_BN, HEAD_BK, RT,
-                                       DOT_F32, PREC, SPIN, FMA, STAGES, TIMELINE)
+            best_v, best_i = head_unit(a, res_ptr, XA, m_ok, hw_ptr + _aligned(w0, HA), fnorm_ptr, ss_d_ptr,
+                                       logits_ptr, amax_ptr, aidx_ptr, out_ptr, best_v, best_i, c, ctr_w, target,
+                                       ctr_ptr + HEAD_CTR, count, err_ptr, ts, eps, B, H, V, NDOWN, NDP, NHEAD, nhs, BM,
+                                       HEAD_BN, HEAD_BK, RT, DOT_F32, PREC, SPIN, FMA, STAGES, TIMELINE, head_q)
         if TIMELINE:
             tl.store(ts + 2, timer(pid))
         op, layer, a, b, c, wt, tgt, sg, cnt, w0, w1, p0, pb0, p1, pb1 = nxt
@@ -179,11 +216,13 @@ def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, woffs_ptr, embe
 
 def kernel_constexprs(s: Schedule, *, gemv: str, prefetch: int, has_bias: bool, qk_norm: bool, interpreter: bool,
                       fp32: bool, align: int, xalign: int, PAGE: int, S_PAGE: int, S_SLOT: int,
-                      S_HEAD: int, timeline: bool = False, stages: int = 0) -> dict:
+                      S_HEAD: int, timeline: bool = False, stages: int = 0,
+                      fmt: WeightFormat = WeightFormat(FMT_MODEL, FMT_MODEL), qalign: int = 0) -> dict:
     """The compile-time arguments of `_step_kernel` for schedule s (pure: the launch and the sm_90
     compile test share it). PAGE / S_*: the KV pages' size and element strides (page, slot, head);
-    align / xalign: the elements the weight offsets / activation rows are multiples of; stages:
-    the GEMV weight chunks in flight in shared memory (0: three in registers)."""
+    align / xalign / qalign: the elements the model-dtype offsets / activation rows / quantized
+    weight offsets are multiples of (qalign 0: align); stages: the GEMV weight chunks in flight in
+    shared memory (0: three in registers); fmt: the weights' format (formats.py)."""
     g, c, t = s.geometry, s.counters, s.tiles
     gp = triton.next_power_of_2(g.group)
     sp = triton.next_power_of_2(s.splits)
@@ -196,13 +235,15 @@ def kernel_constexprs(s: Schedule, *, gemv: str, prefetch: int, has_bias: bool, 
                 BMA=max(16, gp), GP=gp, RT=64, ARR=c.arrivals, HEAD_CTR=c.head, DONE=c.done, NCTR=c.count,
                 HAS_BIAS=has_bias, QK_NORM=qk_norm, PREFETCH=prefetch, DOT_F32=interpreter,
                 PREC="ieee" if fp32 else "tf32", ALIGN=align, XA=xalign, FMA=s.rows if gemv == "fma" else 0,
-                STAGES=stages, TIMELINE=timeline)
+                STAGES=stages, TIMELINE=timeline, FMT=fmt.fmt, HFMT=fmt.head_fmt, GS=fmt.group, HZ=fmt.has_zero,
+                QA=qalign or align, GK=fmt.chunk_cap, NF=NF)
 
 
-def chunk_bytes(tiles: Tiles, fma_rows: int, elem_bytes: int) -> int:
+def chunk_bytes(tiles: Tiles, fma_rows: int, elem_bytes: float) -> int:
     """Bytes of one GEMV weight chunk (the kernel's CH elements: block_k columns of a 16-row tile,
-    half that for 3-4 multiply-add rows), the unit of the shared-memory ring."""
-    return tiles.block_k * (16 if fma_rows <= 2 else 8) * elem_bytes
+    half that for 3-4 multiply-add rows; int4's chunks may be narrower), the unit of the
+    shared-memory ring, at most."""
+    return int(tiles.block_k * (16 if fma_rows <= 2 else 8) * elem_bytes)
 
 
 def default_prefetch(device: torch.device) -> int:
@@ -214,21 +255,26 @@ def default_prefetch(device: torch.device) -> int:
 
 
 def unsupported(weights, kv_caches, rows: int) -> str | None:
-    """Why the persistent step cannot run this model at `rows` rows (None: it can): model-dtype
-    contiguous tensors only (no FP8 weights or FP8 KV pages yet), 1..16 rows, head_dim a power of
-    2 >= 32 (the qkv tile never spans two heads)."""
+    """Why the persistent step cannot run this model at `rows` rows (None: it can), one line: 1..16
+    rows; the embedding, norms and biases contiguous in the model dtype; the linear weights in one
+    format of formats.py (model dtype, FP8 per-channel / per-tensor, int4 without act-order; the
+    LM head in the model dtype or that format); KV pages in the model dtype (no FP8 KV); head_dim
+    a power of 2 >= 32 (the qkv tile never spans two heads)."""
     if not 1 <= rows <= MAX_ROWS:
         return f"rows: {rows} outside 1..{MAX_ROWS}"
     dt = weights.embed.dtype
     if dt not in (torch.bfloat16, torch.float16, torch.float32):
         return f"dtype: {dt} (bfloat16, float16 or float32 only)"
-    tensors = [weights.embed, weights.final_norm, weights.lm_head]
+    tensors = [weights.embed, weights.final_norm]
     for layer in weights.layers:
-        tensors += [layer.input_norm, layer.post_attn_norm, layer.qkv, layer.o, layer.gate_up, layer.down]
+        tensors += [layer.input_norm, layer.post_attn_norm]
         tensors += [t for t in (layer.qkv_bias, layer.q_norm, layer.k_norm) if t is not None]
     for t in tensors:
         if not isinstance(t, torch.Tensor) or t.dtype != dt or not t.is_contiguous():
-            return f"weights: a {type(t).__name__} that is not a contiguous {dt} tensor (FP8 / int4: not yet)"
+            return f"weights: a {type(t).__name__} that is not a contiguous {dt} tensor"
+    fmt = weight_format(weights)
+    if isinstance(fmt, str):
+        return fmt
     for c in kv_caches:
         if c.k.dtype != dt or c.k.stride() != c.v.stride() or c.k.stride(3) != 1:
             return f"kv_caches: {c.k.dtype} pages (the model dtype {dt} only)"
@@ -299,21 +345,27 @@ class PersistentStep:
                 or (self.prefetch and dev.type != "cuda"):
             raise ValueError(f"prefetch: expected an int in [0, 8] (0 off the GPU), got {self.prefetch!r}")
         esize = weights.embed.element_size()
+        self.format: WeightFormat = weight_format(weights)
+        wbytes = self.format.elem_bytes(esize)
         if isinstance(stages, bool) or not isinstance(stages, int) or not 0 <= stages <= MAX_STAGES:
             raise ValueError(f"stages: expected an int in [0, {MAX_STAGES}] (0: registers), got {stages!r}")
-        ring = stages * chunk_bytes(tiles, rows if self.gemv == "fma" else 0, esize)
+        ring = stages * chunk_bytes(tiles, rows if self.gemv == "fma" else 0, max(wbytes, self.format.head_elem_bytes(esize)))
         if ring > RING_BYTES:
             raise ValueError(f"stages: {stages} chunks of block_k={tiles.block_k} take {ring} bytes of shared "
                              f"memory, above {RING_BYTES}")
         self.stages = stages
-        self.schedule: Schedule = schedule or build_schedule(geometry, rows, programs, tiles=tiles,
-                                                             max_context_len=max_context_len, elem_bytes=esize)
+        self.schedule: Schedule = schedule or build_schedule(
+            geometry, rows, programs, tiles=tiles, max_context_len=max_context_len, elem_bytes=wbytes,
+            head_elem_bytes=self.format.head_elem_bytes(esize))
         self._tensors = (weights, kv_caches, cos_sin)             # kept alive: the table points at them
-        self._base = weights.layers[0].qkv
-        woffs, units, self._align = build_tables(self.schedule, weights, kv_caches, prefetch=self.prefetch,
-                                                 prefetch_bytes=prefetch_bytes)
-        self.woffs = woffs.to(dev)                                 # [L, NF] int64
-        self.units = units.to(dev)                                 # [N, FIELDS] int64
+        t = build_tables(self.schedule, weights, kv_caches, self.format, prefetch=self.prefetch,
+                         prefetch_bytes=prefetch_bytes)
+        self._bases, self._align = t.bases, t.align
+        head = weights.lm_head                                     # its scales / zeros (quantized head)
+        self._head_sz = (head.scale, head.zero if self.format.has_zero else t.bases.z) \
+            if self.format.head_fmt != FMT_MODEL else (t.bases.s, t.bases.z)
+        self.woffs = t.woffs.to(dev)                               # [L, NF] int64
+        self.units = t.units.to(dev)                               # [N, FIELDS] int64
         self.starts = torch.tensor(self.schedule.starts, dtype=torch.int64, device=dev)
         s, g = self.schedule, geometry
         self.counters = torch.zeros(s.counters.count, dtype=torch.int32, device=dev)
@@ -354,7 +406,7 @@ class PersistentStep:
                                             has_bias=layer0.qkv_bias is not None, qk_norm=layer0.q_norm is not None,
                                             interpreter=dev.type != "cuda", fp32=self.dtype == torch.float32,
                                             align=self._align, xalign=xalign, timeline=timeline, stages=stages,
-                                            **self._kv)
+                                            fmt=self.format, qalign=t.qalign, **self._kv)
 
     @property
     def programs(self) -> int:
@@ -379,8 +431,10 @@ class PersistentStep:
         s = self.schedule
         weights, _, cos_sin = self._tensors
         opts = {"launch_cooperative_grid": True} if self.cooperative else {}
+        b_ = self._bases
         _step_kernel[(s.programs,)](
-            self.units, self.starts, self.counters, device_error, self._base, self.woffs, weights.embed,
+            self.units, self.starts, self.counters, device_error, b_.w, b_.q, b_.s, b_.z, *self._head_sz,
+            self.woffs, weights.embed,
             weights.final_norm, cos_sin, tokens, seq_lens, block_table, block_table.stride(0),
             self._num_pages, out, self.logits, self.residual, self.qkv, self.att, self.mlp, self.ss_o, self.ss_d,
             self.part, self.lse, self.amax, self.aidx, self.timeline, s.programs, len(s.units), s.head_programs,

@@ -12,7 +12,9 @@ Scratch (kernels/persistent/step.py allocates it; model dtype unless said):
     ss_o, ss_d [T, 16] float32: each O / DOWN tile's per-row sum of squares of its new columns
     part [B Hkv S G, D], lse [B Hkv S G] float32: attention split partials
     amax [NHS, 16] float32, aidx [NHS, 16] int32: each LM-head program's per-row argmax
-Rounding follows the kernel sequence: each GEMM output, q, the new k, the attention output,
+The GEMV units take their weights' format as a QuantRows (gemv_tile.py: model dtype, FP8 with
+row scales, int4 with group scales and zeros); FP8's row scales are loaded with the first
+chunks and multiply the finished tile. Rounding follows the kernel sequence: each GEMM output, q, the new k, the attention output,
 silu(gate) * up and the residual are rounded to the model dtype where the sequence stores them.
 """
 from __future__ import annotations
@@ -21,36 +23,49 @@ import triton
 import triton.language as tl
 
 from graphrt.kernels.persistent.gemv_ring import gemv_ring
-from graphrt.kernels.persistent.gemv_tile import better, first_max_rows, gemv, inv_from_parts, row_ss, weight_chunk
+from graphrt.kernels.persistent.gemv_tile import (QuantRows, better, first_max_rows, gemv, inv_from_parts, row_scales,
+                                                   row_ss, scale_tile, tile_rows, weight_chunk)
 from graphrt.kernels.persistent.sync import arrive, signal, wait_for
 
 
 @triton.jit
-def _chunks(w_rows, n_ok, K: tl.constexpr, BK: tl.constexpr):
+def _chunks(w_rows, n_ok, K: tl.constexpr, BK: tl.constexpr, q: QuantRows):
     """The GEMV's first three weight chunks (issued before the unit waits)."""
-    return (weight_chunk(w_rows, n_ok, 0, K, BK), weight_chunk(w_rows, n_ok, BK, K, BK),
-            weight_chunk(w_rows, n_ok, 2 * BK, K, BK))
+    return (weight_chunk(w_rows, n_ok, 0, K, BK, q), weight_chunk(w_rows, n_ok, BK, K, BK, q),
+            weight_chunk(w_rows, n_ok, 2 * BK, K, BK, q))
+
+
+@triton.jit
+def _rows(w_tile, K: tl.constexpr, BN: tl.constexpr, q: QuantRows):
+    """[BN, 1] pointers to the first element (int4: word) of BN consecutive weight rows from w_tile."""
+    if q.FMT == 2:
+        return w_tile + tl.arange(0, BN)[:, None] * (K // 8)
+    else:
+        return w_tile + tl.arange(0, BN)[:, None] * K
 
 
 @triton.jit
 def residual_unit(n0, tile, x_ptr, x_off, XA: tl.constexpr, m_ok, w_tile, K: tl.constexpr, src_rows, res_ptr,
                   ss_out, ctr_w, target, ctr_s, count, err_ptr, ts, H: tl.constexpr, BM: tl.constexpr,
                   BN: tl.constexpr, BK: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN,
-                  FMA: tl.constexpr, STAGES: tl.constexpr, TIMELINE: tl.constexpr):
+                  FMA: tl.constexpr, STAGES: tl.constexpr, TIMELINE: tl.constexpr, q: QuantRows):
     """O / DOWN: res[:, n0:n0+BN] = round(src[:, n0:n0+BN] + round(x @ w[n0:n0+BN].T)) (w_tile:
-    row n0 of w; x rows at x_ptr + x_off); the tile's per-row sum of squares of the new values
-    into ss_out[tile]."""
+    row n0 of w; x rows at x_ptr + x_off; q: w's format, its scales from row 0); the tile's
+    per-row sum of squares of the new values into ss_out[tile]."""
     rn = n0 + tl.arange(0, BN)
     n_ok = rn < H
-    w_rows = w_tile + tl.arange(0, BN)[:, None] * K
+    w_rows = _rows(w_tile, K, BN, q)
+    q = tile_rows(q, rn, K)
+    cs = row_scales(q, n_ok)
     if STAGES == 0:
-        wa, wb, wc = _chunks(w_rows, n_ok, K, BK)
+        wa, wb, wc = _chunks(w_rows, n_ok, K, BK, q)
         wait_for(ctr_w, target, err_ptr, SPIN, ts, TIMELINE)
         acc = gemv(x_ptr, x_off, XA, m_ok, 1.0, x_ptr, w_rows, n_ok, wa, wb, wc, K, BM, BN, BK, False, FMA,
-                   DOT_F32, PREC)
+                   DOT_F32, PREC, q)
     else:
         acc = gemv_ring(x_ptr, x_off, XA, m_ok, 1.0, False, False, ss_out, 1, 1, 1, 0.0, x_ptr, w_rows, n_ok, ctr_w,
-                        target, err_ptr, SPIN, ts, K, BM, BN, BK, FMA, DOT_F32, PREC, STAGES, TIMELINE)
+                        target, err_ptr, SPIN, ts, K, BM, BN, BK, FMA, DOT_F32, PREC, STAGES, TIMELINE, q)
+    acc = scale_tile(acc, cs, q)
     dt = res_ptr.dtype.element_ty
     mask = m_ok[:, None] & n_ok[None, :]
     old = tl.load(src_rows + rn[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -67,25 +82,27 @@ def qkv_unit(layer, n0, res_ptr, emb_ptr, emb_off, XA: tl.constexpr, m_ok, w_til
              qkv_out, ctr_w, target, ctr_s, count, err_ptr, ts, eps, B: tl.constexpr, H: tl.constexpr,
              QKVW: tl.constexpr, NT: tl.constexpr, NTP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
              BK: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN,
-             FMA: tl.constexpr, STAGES: tl.constexpr, TIMELINE: tl.constexpr):
+             FMA: tl.constexpr, STAGES: tl.constexpr, TIMELINE: tl.constexpr, q: QuantRows):
     """qkv[:, n0:n0+BN] = round(rmsnorm(x) @ w[n0:n0+BN].T (+ bias)); layer 0's x is the
     embedding rows (emb_ptr + emb_off, sums of squares by a full pass), later layers' the
-    residual stream (sums of squares from the DOWN tiles' partials)."""
+    residual stream (sums of squares from the DOWN tiles' partials). q: w's format."""
     rn = n0 + tl.arange(0, BN)
     n_ok = rn < QKVW
-    w_rows = w_tile + tl.arange(0, BN)[:, None] * H
+    w_rows = _rows(w_tile, H, BN, q)
+    q = tile_rows(q, rn, H)
+    cs = row_scales(q, n_ok)
     rm = tl.arange(0, BM)
     if STAGES == 0:
-        wa, wb, wc = _chunks(w_rows, n_ok, H, BK)
+        wa, wb, wc = _chunks(w_rows, n_ok, H, BK, q)
         wait_for(ctr_w, target, err_ptr, SPIN, ts, TIMELINE)
         if layer == 0:
             inv = tl.rsqrt(row_ss(emb_ptr + emb_off[:, None], m_ok, H, BM, BK) / H + eps)
             acc = gemv(emb_ptr, emb_off, XA, m_ok, inv, g_ptr, w_rows, n_ok, wa, wb, wc, H, BM, BN, BK, True, FMA,
-                       DOT_F32, PREC)
+                       DOT_F32, PREC, q)
         else:
             inv = inv_from_parts(ss_parts, NT, NTP, BM, B, H, eps)
             acc = gemv(res_ptr, rm.to(tl.int64) * H, XA, m_ok, inv, g_ptr, w_rows, n_ok, wa, wb, wc, H, BM, BN, BK,
-                       True, FMA, DOT_F32, PREC)
+                       True, FMA, DOT_F32, PREC, q)
     else:                                              # one ring loop for both sources of x
         x_base = res_ptr
         x_off = rm.to(tl.int64) * H
@@ -95,7 +112,8 @@ def qkv_unit(layer, n0, res_ptr, emb_ptr, emb_off, XA: tl.constexpr, m_ok, w_til
             x_off = emb_off
             inv = tl.rsqrt(row_ss(emb_ptr + emb_off[:, None], m_ok, H, BM, BK) / H + eps)
         acc = gemv_ring(x_base, x_off, XA, m_ok, inv, layer != 0, True, ss_parts, NT, NTP, B, eps, g_ptr, w_rows,
-                        n_ok, ctr_w, target, err_ptr, SPIN, ts, H, BM, BN, BK, FMA, DOT_F32, PREC, STAGES, TIMELINE)
+                        n_ok, ctr_w, target, err_ptr, SPIN, ts, H, BM, BN, BK, FMA, DOT_F32, PREC, STAGES, TIMELINE, q)
+    acc = scale_tile(acc, cs, q)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(qkv_out + rm[:, None] * QKVW + rn[None, :], acc.to(qkv_out.dtype.element_ty),
@@ -108,26 +126,32 @@ def gate_up_unit(n0, res_ptr, XA: tl.constexpr, m_ok, w_ptr, g_off, u_off, g_ptr
                  ctr_s, count, err_ptr, ts, eps, B: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
                  NT: tl.constexpr, NTP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                  DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN, FMA: tl.constexpr, STAGES: tl.constexpr,
-                 TIMELINE: tl.constexpr):
+                 TIMELINE: tl.constexpr, q: QuantRows):
     """mlp[:, n0:n0+BN] = round(silu(round(gate)) * round(up)) of the normed residual stream
-    (w_ptr + g_off / u_off: gate_up rows n0 and I + n0, element offsets), one GEMV over 2 BN
-    rows: gate row n0 + i at 2 i, up row n0 + i at 2 i + 1."""
+    (w_ptr + g_off / u_off: gate_up rows n0 and I + n0, element offsets (int4: words); q:
+    gate_up's format), one GEMV over 2 BN rows: gate row n0 + i at 2 i, up row n0 + i at 2 i + 1."""
     r = tl.arange(0, 2 * BN)
     rn = n0 + r // 2
     n_ok = rn < I
     # (arithmetic, not a select: the alignment analysis keeps a multiple of 8 through it)
-    w_rows = w_ptr + (g_off + (r % 2) * (u_off - g_off) + (r // 2) * H)[:, None]
+    if q.FMT == 2:
+        w_rows = w_ptr + (g_off + (r % 2) * (u_off - g_off) + (r // 2) * (H // 8))[:, None]
+    else:
+        w_rows = w_ptr + (g_off + (r % 2) * (u_off - g_off) + (r // 2) * H)[:, None]
+    q = tile_rows(q, rn + (r % 2) * I, H)
+    cs = row_scales(q, n_ok)
     rm = tl.arange(0, BM)
     if STAGES == 0:
-        wa, wb, wc = _chunks(w_rows, n_ok, H, BK)
+        wa, wb, wc = _chunks(w_rows, n_ok, H, BK, q)
         wait_for(ctr_w, target, err_ptr, SPIN, ts, TIMELINE)
         inv = inv_from_parts(ss_parts, NT, NTP, BM, B, H, eps)
         acc = gemv(res_ptr, rm.to(tl.int64) * H, XA, m_ok, inv, g_ptr, w_rows, n_ok, wa, wb, wc, H, BM, 2 * BN, BK,
-                   True, FMA, DOT_F32, PREC)
+                   True, FMA, DOT_F32, PREC, q)
     else:
         acc = gemv_ring(res_ptr, rm.to(tl.int64) * H, XA, m_ok, 1.0, True, True, ss_parts, NT, NTP, B, eps, g_ptr,
                         w_rows, n_ok, ctr_w, target, err_ptr, SPIN, ts, H, BM, 2 * BN, BK, FMA, DOT_F32, PREC, STAGES,
-                        TIMELINE)
+                        TIMELINE, q)
+    acc = scale_tile(acc, cs, q)
     dt = mlp_out.dtype.element_ty
     gate, up = tl.split(tl.reshape(acc, (BM, BN, 2)))
     gate = gate.to(dt).to(tl.float32)
@@ -144,26 +168,30 @@ def head_unit(n0, res_ptr, XA: tl.constexpr, m_ok, w_tile, g_ptr, ss_parts, logi
               H: tl.constexpr, V: tl.constexpr, NT: tl.constexpr, NTP: tl.constexpr, NH: tl.constexpr,
               NHS, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, RT: tl.constexpr,
               DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN, FMA: tl.constexpr, STAGES: tl.constexpr,
-              TIMELINE: tl.constexpr):
-    """Logits of vocabulary rows [n0, n0 + BN) of the final-normed stream (model dtype); returns
+              TIMELINE: tl.constexpr, q: QuantRows):
+    """Logits of vocabulary rows [n0, n0 + BN) of the final-normed stream (model dtype; q: the
+    head's format); returns
     the program's running per-row argmax (best_v, best_i [BM]) with this tile's folded in.
     count > 0 (the program's last tile): the program's answer into amax / aidx[slot], its count
     tiles arrive, and the arrival that completes the NH reduces the NHS programs' answers into
     out[b] = argmax of row b (torch.argmax's rule: order-independent, `better`)."""
     rn = n0 + tl.arange(0, BN)
     n_ok = rn < V
-    w_rows = w_tile + tl.arange(0, BN)[:, None] * H
+    w_rows = _rows(w_tile, H, BN, q)
+    q = tile_rows(q, rn, H)
+    cs = row_scales(q, n_ok)
     rm = tl.arange(0, BM)
     if STAGES == 0:
-        wa, wb, wc = _chunks(w_rows, n_ok, H, BK)
+        wa, wb, wc = _chunks(w_rows, n_ok, H, BK, q)
         wait_for(ctr_w, target, err_ptr, SPIN, ts, TIMELINE)
         inv = inv_from_parts(ss_parts, NT, NTP, BM, B, H, eps)
         acc = gemv(res_ptr, rm.to(tl.int64) * H, XA, m_ok, inv, g_ptr, w_rows, n_ok, wa, wb, wc, H, BM, BN, BK, True,
-                   FMA, DOT_F32, PREC)
+                   FMA, DOT_F32, PREC, q)
     else:
         acc = gemv_ring(res_ptr, rm.to(tl.int64) * H, XA, m_ok, 1.0, True, True, ss_parts, NT, NTP, B, eps, g_ptr,
                         w_rows, n_ok, ctr_w, target, err_ptr, SPIN, ts, H, BM, BN, BK, FMA, DOT_F32, PREC, STAGES,
-                        TIMELINE)
+                        TIMELINE, q)
+    acc = scale_tile(acc, cs, q)
     logit = acc.to(logits_ptr.dtype.element_ty)
     valid = m_ok[:, None] & n_ok[None, :]
     tl.store(logits_ptr + rm[:, None] * V + rn[None, :], logit, mask=valid)
