@@ -45,8 +45,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from graphrt.kernels.persistent.gemv_tile import (QuantRows, aligned_mult, bcast_row, dequant, dequant_f32,
-                                                   inv_from_parts, normed, row_of, rows_chunk, scale_part, weight_chunk)
+from graphrt.kernels.persistent.gemv_tile import (aligned_mult, bcast_row, dequant, dequant_f32, inv_from_parts,
+                                                   normed, row_of, rows_chunk, scale_part, weight_chunk)
 from graphrt.kernels.persistent.sync import wait_in_loop
 
 
@@ -65,9 +65,9 @@ def gemv_ring(x_ptr, x_off, XA: tl.constexpr, m_ok, inv, parts, NORM: tl.constex
               NTP: tl.constexpr, B: tl.constexpr, eps, g_ptr, w_rows, n_ok, ctr_w, target, err_ptr, SPIN, ts,
               K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FMA: tl.constexpr,
               DOT_F32: tl.constexpr, PREC: tl.constexpr, STAGES: tl.constexpr, TIMELINE: tl.constexpr,
-              q: QuantRows):
+              s_rows, z_rows, FMT: tl.constexpr, GS: tl.constexpr, HZ: tl.constexpr):
     """[BM, BN] float32 = norm(x) @ w.T after waiting for *ctr_w >= target (see the module docstring;
-    q: the weights' format, gemv_tile.py: the same chunks, dequantization and scales)."""
+    s_rows .. HZ: the weights' format, gemv_tile.py: the same chunks, dequantization and scales)."""
     NS: tl.constexpr = STAGES + 1
     rm = tl.arange(0, BM)
     rn = tl.arange(0, BN)
@@ -93,7 +93,7 @@ def gemv_ring(x_ptr, x_off, XA: tl.constexpr, m_ok, inv, parts, NORM: tl.constex
         x3 = x0
         g = tl.zeros((BN, BK), gt)
         for k0 in tl.range(0, K, BK, num_stages=NS, loop_unroll_factor=1):
-            w = weight_chunk(w_rows, n_ok, k0, K, BK, q)                   # the ring: STAGES chunks ahead
+            w = weight_chunk(w_rows, n_ok, k0, K, BK, s_rows, z_rows, FMT, GS, HZ)    # the ring
             if k0 == 0:                                                   # the wait, then what it guards
                 wait_in_loop(ctr_w, target, err_ptr, SPIN, ts, TIMELINE, DOT_F32)
                 iv = _inv(inv, parts, NORM, ss_parts, NT, NTP, BM, B, K, eps)
@@ -123,7 +123,7 @@ def gemv_ring(x_ptr, x_off, XA: tl.constexpr, m_ok, inv, parts, NORM: tl.constex
             h = g
             if NORM:
                 h = bcast_row(g_ptr, rn, k0 + BK, K, BK)
-            wf = dequant_f32(w, q, dt, DOT_F32)
+            wf = dequant_f32(w, FMT, dt, DOT_F32)
             acc0 += wf * normed(x0, inv0, g, NORM)
             if FMA > 1:
                 acc1 += wf * normed(x1, inv1, g, NORM)
@@ -151,7 +151,7 @@ def gemv_ring(x_ptr, x_off, XA: tl.constexpr, m_ok, inv, parts, NORM: tl.constex
         x = tl.zeros((BM, BK), dt)
         g = tl.zeros((BK,), gt)
         for k0 in tl.range(0, K, BK, num_stages=NS, loop_unroll_factor=1):
-            w = weight_chunk(w_rows, n_ok, k0, K, BK, q)                   # the ring: STAGES chunks ahead
+            w = weight_chunk(w_rows, n_ok, k0, K, BK, s_rows, z_rows, FMT, GS, HZ)    # the ring
             if k0 == 0:                                                   # the wait, then what it guards
                 wait_in_loop(ctr_w, target, err_ptr, SPIN, ts, TIMELINE, DOT_F32)
                 iv = _inv(inv, parts, NORM, ss_parts, NT, NTP, BM, B, K, eps)
@@ -165,12 +165,12 @@ def gemv_ring(x_ptr, x_off, XA: tl.constexpr, m_ok, inv, parts, NORM: tl.constex
                 xn = (x.to(tl.float32) * iv[:, None] * g.to(tl.float32)[None, :]).to(x.dtype)
             else:
                 xn = x
-            wq = dequant(w, xn, q, DOT_F32)
+            wq = dequant(w, xn, FMT, DOT_F32)
             if DOT_F32:  # the CPU interpreter's tl.dot multiplies bf16's raw storage (Triton 3.9)
                 acc += scale_part(tl.dot(xn.to(tl.float32), tl.trans(wq.to(tl.float32)), input_precision="ieee"),
-                                  w, q)
+                                  w, FMT)
             else:
-                acc += scale_part(tl.dot(xn, tl.trans(wq), input_precision=PREC, out_dtype=tl.float32), w, q)
+                acc += scale_part(tl.dot(xn, tl.trans(wq), input_precision=PREC, out_dtype=tl.float32), w, FMT)
             x = y
             g = h
         return acc

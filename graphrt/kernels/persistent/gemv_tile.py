@@ -33,6 +33,9 @@ what a chunk is (`weight_chunk`), how it becomes the product's operand (`dequant
   fp16 / float32 hold every e4m3 value) in registers; the unit multiplies the finished
   [BM, BN] float32 tile by the rows' scales (`row_scales` / `scale_tile`, loaded with the first
   chunks, before the wait). Activations stay in the model dtype (W8A16), see step.py.
+The format travels as explicit arguments (s_rows, z_rows: [BN] pointers to each weight row's
+first scale / zero; FMT, GS (int4's group size), HZ (int4 zeros) constexprs), the model-dtype
+build compiling to the code it had before the formats existed.
 - 2, int4 (graphrt's layout, model/quant/int4.py): the chunk is (words [BN, BK / 8] int32,
   scale [BN] float32, zero [BN] int32) of one group (BK divides the group size: the step caps
   the chunk width); `int4_tile` (kernels/gemv_int4.py) unpacks q - zero, exact small integers in
@@ -45,40 +48,28 @@ kernels/argmax.py's `first_max`) along axis 1 of a [R, C] tile, one answer per r
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import triton
 import triton.language as tl
 
 from graphrt.kernels.gemv_int4 import int4_tile
 
 
-class QuantRows(NamedTuple):
-    """A GEMV tile's weight format (built inside the kernel): s_rows / z_rows [BN] pointers to
-    each weight row's first scale / zero (FP8: its scale; int4: group 0's scale and zero; unused
-    otherwise); FMT (0 model dtype, 1 FP8, 2 int4); GS: int4's group size; HZ: int4 with zeros
-    (else zero 8)."""
-    s_rows: tl.tensor
-    z_rows: tl.tensor
-    FMT: tl.constexpr
-    GS: tl.constexpr
-    HZ: tl.constexpr
-
-
 @triton.jit
-def weight_chunk(w_rows, n_ok, k0, K: tl.constexpr, BK: tl.constexpr, q: QuantRows):
+def weight_chunk(w_rows, n_ok, k0, K: tl.constexpr, BK: tl.constexpr, s_rows, z_rows, FMT: tl.constexpr,
+                 GS: tl.constexpr, HZ: tl.constexpr):
     """Weight columns k0 .. k0 + BK of the tile's rows (0 past K or past the last row): a [BN, BK]
     tensor (model dtype, FP8), or for int4 (words [BN, BK / 8] int32, the chunk's group scale
     [BN] float32, its zero [BN] int32). w_rows: [BN, 1] pointers to each row's first element
-    (int4: first word); q: the format (QuantRows)."""
-    if q.FMT == 2:
+    (int4: first word); s_rows / z_rows: [BN] pointers to each row's first scale / zero (int4;
+    unused otherwise); FMT, GS, HZ: the format, int4's group size and whether it has zeros."""
+    if FMT == 2:
         kw = k0 // 8 + tl.arange(0, BK // 8)
         words = tl.load(w_rows + kw[None, :], mask=n_ok[:, None] & (kw < K // 8)[None, :], other=0,
                         eviction_policy="evict_first")
         g_ok = n_ok & (k0 < K)
-        s = tl.load(q.s_rows + k0 // q.GS, mask=g_ok, other=0.0).to(tl.float32)
-        if q.HZ:
-            z = tl.load(q.z_rows + k0 // q.GS, mask=g_ok, other=0).to(tl.int32)
+        s = tl.load(s_rows + k0 // GS, mask=g_ok, other=0.0).to(tl.float32)
+        if HZ:
+            z = tl.load(z_rows + k0 // GS, mask=g_ok, other=0).to(tl.int32)
         else:
             z = tl.full(s.shape, 8, tl.int32)
         return words, s, z
@@ -99,10 +90,10 @@ def _int4_codes(w, DT: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
-def dequant(w, x, q: QuantRows, DOT_F32: tl.constexpr):
+def dequant(w, x, FMT: tl.constexpr, DOT_F32: tl.constexpr):
     """A loaded weight chunk as the dot's input (x's dtype): a conversion for model-dtype and FP8
     weights (exact for FP8), q - zero for int4 (its scale goes on the partial: `scale_part`)."""
-    if q.FMT == 2:
+    if FMT == 2:
         ASM: tl.constexpr = (not DOT_F32) and (x.dtype == tl.bfloat16 or x.dtype == tl.float16)
         return _int4_codes(w, x.dtype, ASM)
     else:
@@ -110,11 +101,11 @@ def dequant(w, x, q: QuantRows, DOT_F32: tl.constexpr):
 
 
 @triton.jit
-def dequant_f32(w, q: QuantRows, DT: tl.constexpr, DOT_F32: tl.constexpr):
+def dequant_f32(w, FMT: tl.constexpr, DT: tl.constexpr, DOT_F32: tl.constexpr):
     """A loaded weight chunk as float32 [BN, BK] for the multiply-add: the value itself (model
     dtype; FP8 before its row scale), (q - zero) * scale for int4. DT: the activations' dtype
     (int4's packed unpacking on CUDA)."""
-    if q.FMT == 2:
+    if FMT == 2:
         ASM: tl.constexpr = (not DOT_F32) and (DT == tl.bfloat16 or DT == tl.float16)
         words, s, z = w
         return _int4_codes(w, DT, ASM).to(tl.float32) * s[:, None]
@@ -123,10 +114,10 @@ def dequant_f32(w, q: QuantRows, DT: tl.constexpr, DOT_F32: tl.constexpr):
 
 
 @triton.jit
-def scale_part(part, w, q: QuantRows):
+def scale_part(part, w, FMT: tl.constexpr):
     """A chunk's [BM, BN] float32 dot product with its scale applied: int4's group scale per
     weight row; the product itself otherwise."""
-    if q.FMT == 2:
+    if FMT == 2:
         words, s, z = w
         return part * s[None, :]
     else:
@@ -134,25 +125,19 @@ def scale_part(part, w, q: QuantRows):
 
 
 @triton.jit
-def tile_rows(q: QuantRows, rows, K: tl.constexpr):
-    """q with its scale / zero pointers (one weight's row 0) moved to the rows [BN] (int) of a tile."""
-    G: tl.constexpr = K // q.GS if q.FMT == 2 else 1
-    return QuantRows(q.s_rows + rows * G, q.z_rows + rows * G, q.FMT, q.GS, q.HZ)
-
-
-@triton.jit
-def row_scales(q: QuantRows, n_ok):
-    """FP8: the tile rows' float32 scales [BN] (0 past the last row); else 1.0 (unused)."""
-    if q.FMT == 1:
-        return tl.load(q.s_rows, mask=n_ok, other=0.0)
+def row_scales(s_rows, n_ok, FMT: tl.constexpr):
+    """FP8: the tile rows' float32 scales [BN] (s_rows [BN] pointers; 0 past the last row); else
+    1.0 (unused)."""
+    if FMT == 1:
+        return tl.load(s_rows, mask=n_ok, other=0.0)
     else:
         return 1.0
 
 
 @triton.jit
-def scale_tile(acc, cs, q: QuantRows):
+def scale_tile(acc, cs, FMT: tl.constexpr):
     """The finished [BM, BN] float32 tile times FP8's row scales cs [BN] (other formats: acc)."""
-    if q.FMT == 1:
+    if FMT == 1:
         return acc * cs[None, :]
     else:
         return acc
@@ -198,9 +183,11 @@ def aligned_mult(o, XA: tl.constexpr):
 @triton.jit
 def gemv(x_ptr, x_off, XA: tl.constexpr, m_ok, inv, g_ptr, w_rows, n_ok, wa, wb, wc, K: tl.constexpr,
          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NORM: tl.constexpr, FMA: tl.constexpr,
-         DOT_F32: tl.constexpr, PREC: tl.constexpr, q: QuantRows):
+         DOT_F32: tl.constexpr, PREC: tl.constexpr, s_rows, z_rows, FMT: tl.constexpr, GS: tl.constexpr,
+         HZ: tl.constexpr):
     """[BM, BN] float32 = norm(x) @ w.T (see the module docstring); wa, wb, wc: chunks 0, 1, 2
-    (`weight_chunk`); q: the weights' format (FP8: before the row scales, `scale_tile`)."""
+    (`weight_chunk`, with s_rows .. HZ: the weights' format; FP8: before the row scales,
+    `scale_tile`)."""
     rm = tl.arange(0, BM)
     rn = tl.arange(0, BN)
     if FMA > 0:
@@ -230,7 +217,7 @@ def gemv(x_ptr, x_off, XA: tl.constexpr, m_ok, inv, g_ptr, w_rows, n_ok, wa, wb,
         if NORM:
             g = bcast_row(g_ptr, rn, 0, K, BK)
         for k0 in tl.range(0, K, BK, loop_unroll_factor=1):
-            wd = weight_chunk(w_rows, n_ok, k0 + 3 * BK, K, BK, q)        # DEPTH chunks ahead
+            wd = weight_chunk(w_rows, n_ok, k0 + 3 * BK, K, BK, s_rows, z_rows, FMT, GS, HZ)   # DEPTH ahead
             y0 = bcast_row(p0, rn, k0 + BK, K, BK)                         # the next activations
             y1 = y0
             y2 = y0
@@ -244,7 +231,7 @@ def gemv(x_ptr, x_off, XA: tl.constexpr, m_ok, inv, g_ptr, w_rows, n_ok, wa, wb,
             h = g
             if NORM:
                 h = bcast_row(g_ptr, rn, k0 + BK, K, BK)
-            wf = dequant_f32(wa, q, x0.dtype, DOT_F32)
+            wf = dequant_f32(wa, FMT, x0.dtype, DOT_F32)
             acc0 += wf * normed(x0, inv0, g, NORM)
             if FMA > 1:
                 acc1 += wf * normed(x1, inv1, g, NORM)
@@ -277,7 +264,7 @@ def gemv(x_ptr, x_off, XA: tl.constexpr, m_ok, inv, g_ptr, w_rows, n_ok, wa, wb,
         if NORM:
             g = tl.load(g_ptr + rk, mask=rk < K, other=0.0)
         for k0 in tl.range(0, K, BK, loop_unroll_factor=1):
-            wd = weight_chunk(w_rows, n_ok, k0 + 3 * BK, K, BK, q)        # DEPTH chunks ahead
+            wd = weight_chunk(w_rows, n_ok, k0 + 3 * BK, K, BK, s_rows, z_rows, FMT, GS, HZ)   # DEPTH ahead
             y = rows_chunk(rows, m_ok, k0 + BK, K, BK)                          # the next activations
             h = g
             if NORM:
@@ -285,12 +272,12 @@ def gemv(x_ptr, x_off, XA: tl.constexpr, m_ok, inv, g_ptr, w_rows, n_ok, wa, wb,
                 xn = (x.to(tl.float32) * inv[:, None] * g.to(tl.float32)[None, :]).to(x.dtype)
             else:
                 xn = x
-            wq = dequant(wa, xn, q, DOT_F32)
+            wq = dequant(wa, xn, FMT, DOT_F32)
             if DOT_F32:  # the CPU interpreter's tl.dot multiplies bf16's raw storage (Triton 3.9)
                 acc += scale_part(tl.dot(xn.to(tl.float32), tl.trans(wq.to(tl.float32)), input_precision="ieee"),
-                                  wa, q)
+                                  wa, FMT)
             else:
-                acc += scale_part(tl.dot(xn, tl.trans(wq), input_precision=PREC, out_dtype=tl.float32), wa, q)
+                acc += scale_part(tl.dot(xn, tl.trans(wq), input_precision=PREC, out_dtype=tl.float32), wa, FMT)
             wa = wb
             wb = wc
             wc = wd
@@ -346,6 +333,6 @@ def better(v, i, bv, bi):
     return (vn & ~bn) | (~vn & ~bn & (v > bv)) | (same & (i < bi))
 
 
-__all__ = ["QuantRows", "aligned_mult", "bcast_row", "better", "dequant", "dequant_f32", "first_max_rows", "gemv",
+__all__ = ["aligned_mult", "bcast_row", "better", "dequant", "dequant_f32", "first_max_rows", "gemv",
            "inv_from_parts", "normed", "row_of", "row_scales", "row_ss", "rows_chunk", "scale_part", "scale_tile",
-           "tile_rows", "weight_chunk"]
+           "weight_chunk"]

@@ -39,18 +39,15 @@ from graphrt.kernels.persistent.schedule import FIELDS, MAX_ROWS, MAX_STAGES, Ge
 from graphrt.kernels.persistent.sync import SPIN_LIMIT, prefetch_l2, timer
 from graphrt.kernels.persistent import tables
 from graphrt.kernels.persistent.tables import NF, build_tables
-from graphrt.kernels.persistent.gemv_tile import QuantRows
 from graphrt.kernels.persistent.units import attention_unit, gate_up_unit, head_unit, qkv_unit, residual_unit
 
 FMA_MAX_ROWS = 4            # the multiply-add GEMV below this many rows (tl.dot's tile is 16)
 # the shared-memory ring (stages > 0) at most: with one more chunk (the dot's activation operand)
 # and the kernel's scratch it stays within the 227 KB an H100 / H200 SM gives one program
 RING_BYTES = 160 << 10
-# the offset table's scale columns (tables.py; each weight's zero column 4 further on)
-W_SQKV = tl.constexpr(tables.W_SQKV)
-W_SO = tl.constexpr(tables.W_SO)
-W_SGU = tl.constexpr(tables.W_SGU)
-W_SDOWN = tl.constexpr(tables.W_SDOWN)
+# the offset table's scale and zero columns (tables.py)
+W_SQKV, W_SO, W_SGU, W_SDOWN = (tl.constexpr(c) for c in (tables.W_SQKV, tables.W_SO, tables.W_SGU, tables.W_SDOWN))
+W_ZQKV, W_ZO, W_ZGU, W_ZDOWN = (tl.constexpr(c) for c in (tables.W_ZQKV, tables.W_ZO, tables.W_ZGU, tables.W_ZDOWN))
 PREFETCH_BYTES = 128 << 10  # L2 prefetch of a later unit's tile: at most this many bytes of it
 TS = 4                      # timeline int64 per unit row: start, waited, end, program
 
@@ -83,13 +80,13 @@ def _fields(units_ptr, u, ok):
 
 
 @triton.jit
-def _quant(s_ptr, z_ptr, offs, k: tl.constexpr, FMT: tl.constexpr, GS: tl.constexpr, HZ: tl.constexpr):
-    """The format of a layer's weight whose scale offset is column k of its offset table row
-    (its zero offset: column k + 4), scales and zeros at row 0 (model dtype: unused)."""
+def _qoff(offs, k: tl.constexpr, FMT: tl.constexpr):
+    """Column k of a layer's offset-table row where the linears are quantized (a scale or zero
+    offset, tables.py), else 0 (no load)."""
     if FMT == 0:
-        return QuantRows(s_ptr, z_ptr, FMT, GS, HZ)
+        return 0
     else:
-        return QuantRows(s_ptr + tl.load(offs + k), z_ptr + tl.load(offs + k + 4), FMT, GS, HZ)
+        return tl.load(offs + k)
 
 
 @triton.jit(do_not_specialize=["SPIN", "programs", "nunits", "nhs"])
@@ -128,7 +125,6 @@ def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, q_ptr, s_ptr, z
     LA: tl.constexpr = ALIGN if FMT == 0 else QA
     hw_ptr = w_ptr if HFMT == 0 else q_ptr
     HA: tl.constexpr = ALIGN if HFMT == 0 else QA
-    head_q = QuantRows(hs_ptr, hz_ptr, HFMT, GS, HZ)
     pid = tl.program_id(0)
     lo = tl.load(starts_ptr + pid)
     hi = tl.load(starts_ptr + pid + 1)
@@ -171,7 +167,7 @@ def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, q_ptr, s_ptr, z
             qkv_unit(layer, a, res_ptr, embed_ptr, emb_off, XA, m_ok, wt0, w_ptr + _woff(offs, 1, ALIGN),
                      w_ptr + _woff(offs, 5, ALIGN), ss_d_ptr, qkv_ptr, ctr_w, target, ctr_s, count, err_ptr, ts,
                      eps, B, H, QKVW, NDOWN, NDP, BM, QKV_BN, QKV_BK, HAS_BIAS, DOT_F32, PREC, SPIN, FMA, STAGES,
-                     TIMELINE, _quant(s_ptr, z_ptr, offs, W_SQKV, FMT, GS, HZ))
+                     TIMELINE, s_ptr + _qoff(offs, W_SQKV, FMT), z_ptr + _qoff(offs, W_ZQKV, FMT), FMT, GS, HZ)
         elif op == 2:                                            # ATT
             attention_unit(a, b.to(tl.int32), c.to(tl.int32), qkv_ptr, att_ptr, cs_ptr,
                            w_ptr + _woff(offs, 7, ALIGN), w_ptr + _woff(offs, 8, ALIGN), w_ptr + _woff(offs, 9, ALIGN),
@@ -186,21 +182,24 @@ def _step_kernel(units_ptr, starts_ptr, ctr_ptr, err_ptr, w_ptr, q_ptr, s_ptr, z
                 src = res_rows
             residual_unit(a, a // O_BN, att_ptr, rm.to(tl.int64) * (HQ * D), XA, m_ok, wt0, HQ * D, src, res_ptr,
                           ss_o_ptr, ctr_w, target, ctr_s, count, err_ptr, ts, H, BM, O_BN, O_BK, DOT_F32, PREC,
-                          SPIN, FMA, STAGES, TIMELINE, _quant(s_ptr, z_ptr, offs, W_SO, FMT, GS, HZ))
+                          SPIN, FMA, STAGES, TIMELINE, s_ptr + _qoff(offs, W_SO, FMT), z_ptr + _qoff(offs, W_ZO, FMT),
+                          FMT, GS, HZ)
         elif op == 4:                                            # GU
             gate_up_unit(a, res_ptr, XA, m_ok, lw_ptr, _aligned(w0, LA), _aligned(w1, LA),
                          w_ptr + _woff(offs, 6, ALIGN), ss_o_ptr, mlp_ptr, ctr_w, target, ctr_s, count, err_ptr, ts,
                          eps, B, H, I, NO, NOP, BM, GU_BN, GU_BK, DOT_F32, PREC, SPIN, FMA, STAGES, TIMELINE,
-                         _quant(s_ptr, z_ptr, offs, W_SGU, FMT, GS, HZ))
+                         s_ptr + _qoff(offs, W_SGU, FMT), z_ptr + _qoff(offs, W_ZGU, FMT), FMT, GS, HZ)
         elif op == 5:                                            # DOWN: residual += mlp @ down.T
             residual_unit(a, a // DOWN_BN, mlp_ptr, rm.to(tl.int64) * I, XA, m_ok, wt0, I, res_rows, res_ptr,
                           ss_d_ptr, ctr_w, target, ctr_s, count, err_ptr, ts, H, BM, DOWN_BN, DOWN_BK, DOT_F32,
-                          PREC, SPIN, FMA, STAGES, TIMELINE, _quant(s_ptr, z_ptr, offs, W_SDOWN, FMT, GS, HZ))
+                          PREC, SPIN, FMA, STAGES, TIMELINE, s_ptr + _qoff(offs, W_SDOWN, FMT),
+                          z_ptr + _qoff(offs, W_ZDOWN, FMT), FMT, GS, HZ)
         elif op == 6:                                            # HEAD
             best_v, best_i = head_unit(a, res_ptr, XA, m_ok, hw_ptr + _aligned(w0, HA), fnorm_ptr, ss_d_ptr,
                                        logits_ptr, amax_ptr, aidx_ptr, out_ptr, best_v, best_i, c, ctr_w, target,
                                        ctr_ptr + HEAD_CTR, count, err_ptr, ts, eps, B, H, V, NDOWN, NDP, NHEAD, nhs, BM,
-                                       HEAD_BN, HEAD_BK, RT, DOT_F32, PREC, SPIN, FMA, STAGES, TIMELINE, head_q)
+                                       HEAD_BN, HEAD_BK, RT, DOT_F32, PREC, SPIN, FMA, STAGES, TIMELINE, hs_ptr, hz_ptr,
+                                       HFMT, GS, HZ)
         if TIMELINE:
             tl.store(ts + 2, timer(pid))
         op, layer, a, b, c, wt, tgt, sg, cnt, w0, w1, p0, pb0, p1, pb1 = nxt
@@ -349,7 +348,8 @@ class PersistentStep:
         wbytes = self.format.elem_bytes(esize)
         if isinstance(stages, bool) or not isinstance(stages, int) or not 0 <= stages <= MAX_STAGES:
             raise ValueError(f"stages: expected an int in [0, {MAX_STAGES}] (0: registers), got {stages!r}")
-        ring = stages * chunk_bytes(tiles, rows if self.gemv == "fma" else 0, max(wbytes, self.format.head_elem_bytes(esize)))
+        ring = stages * chunk_bytes(tiles, rows if self.gemv == "fma" else 0,
+                                    max(wbytes, self.format.head_elem_bytes(esize)))
         if ring > RING_BYTES:
             raise ValueError(f"stages: {stages} chunks of block_k={tiles.block_k} take {ring} bytes of shared "
                              f"memory, above {RING_BYTES}")

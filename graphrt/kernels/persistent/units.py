@@ -12,9 +12,10 @@ Scratch (kernels/persistent/step.py allocates it; model dtype unless said):
     ss_o, ss_d [T, 16] float32: each O / DOWN tile's per-row sum of squares of its new columns
     part [B Hkv S G, D], lse [B Hkv S G] float32: attention split partials
     amax [NHS, 16] float32, aidx [NHS, 16] int32: each LM-head program's per-row argmax
-The GEMV units take their weights' format as a QuantRows (gemv_tile.py: model dtype, FP8 with
-row scales, int4 with group scales and zeros); FP8's row scales are loaded with the first
-chunks and multiply the finished tile. Rounding follows the kernel sequence: each GEMM output, q, the new k, the attention output,
+The GEMV units take their weights' format (s_w / z_w: the weight's row-0 scale / zero pointers,
+FMT, GS, HZ; gemv_tile.py: model dtype, FP8 with row scales, int4 with group scales and
+zeros); FP8's row scales are loaded with the first chunks and multiply the finished tile.
+Rounding follows the kernel sequence: each GEMM output, q, the new k, the attention output,
 silu(gate) * up and the residual are rounded to the model dtype where the sequence stores them.
 """
 from __future__ import annotations
@@ -23,22 +24,24 @@ import triton
 import triton.language as tl
 
 from graphrt.kernels.persistent.gemv_ring import gemv_ring
-from graphrt.kernels.persistent.gemv_tile import (QuantRows, better, first_max_rows, gemv, inv_from_parts, row_scales,
-                                                   row_ss, scale_tile, tile_rows, weight_chunk)
+from graphrt.kernels.persistent.gemv_tile import (better, first_max_rows, gemv, inv_from_parts, row_scales, row_ss,
+                                                   scale_tile, weight_chunk)
 from graphrt.kernels.persistent.sync import arrive, signal, wait_for
 
 
 @triton.jit
-def _chunks(w_rows, n_ok, K: tl.constexpr, BK: tl.constexpr, q: QuantRows):
+def _chunks(w_rows, n_ok, K: tl.constexpr, BK: tl.constexpr, s_rows, z_rows, FMT: tl.constexpr, GS: tl.constexpr,
+            HZ: tl.constexpr):
     """The GEMV's first three weight chunks (issued before the unit waits)."""
-    return (weight_chunk(w_rows, n_ok, 0, K, BK, q), weight_chunk(w_rows, n_ok, BK, K, BK, q),
-            weight_chunk(w_rows, n_ok, 2 * BK, K, BK, q))
+    return (weight_chunk(w_rows, n_ok, 0, K, BK, s_rows, z_rows, FMT, GS, HZ),
+            weight_chunk(w_rows, n_ok, BK, K, BK, s_rows, z_rows, FMT, GS, HZ),
+            weight_chunk(w_rows, n_ok, 2 * BK, K, BK, s_rows, z_rows, FMT, GS, HZ))
 
 
 @triton.jit
-def _rows(w_tile, K: tl.constexpr, BN: tl.constexpr, q: QuantRows):
+def _rows(w_tile, K: tl.constexpr, BN: tl.constexpr, FMT: tl.constexpr):
     """[BN, 1] pointers to the first element (int4: word) of BN consecutive weight rows from w_tile."""
-    if q.FMT == 2:
+    if FMT == 2:
         return w_tile + tl.arange(0, BN)[:, None] * (K // 8)
     else:
         return w_tile + tl.arange(0, BN)[:, None] * K
@@ -48,24 +51,29 @@ def _rows(w_tile, K: tl.constexpr, BN: tl.constexpr, q: QuantRows):
 def residual_unit(n0, tile, x_ptr, x_off, XA: tl.constexpr, m_ok, w_tile, K: tl.constexpr, src_rows, res_ptr,
                   ss_out, ctr_w, target, ctr_s, count, err_ptr, ts, H: tl.constexpr, BM: tl.constexpr,
                   BN: tl.constexpr, BK: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN,
-                  FMA: tl.constexpr, STAGES: tl.constexpr, TIMELINE: tl.constexpr, q: QuantRows):
+                  FMA: tl.constexpr, STAGES: tl.constexpr, TIMELINE: tl.constexpr, s_w, z_w, FMT: tl.constexpr,
+                  GS: tl.constexpr, HZ: tl.constexpr):
     """O / DOWN: res[:, n0:n0+BN] = round(src[:, n0:n0+BN] + round(x @ w[n0:n0+BN].T)) (w_tile:
-    row n0 of w; x rows at x_ptr + x_off; q: w's format, its scales from row 0); the tile's
+    row n0 of w; x rows at x_ptr + x_off; s_w / z_w: w's row-0 scale / zero, FMT .. HZ its
+    format, gemv_tile.py); the tile's
     per-row sum of squares of the new values into ss_out[tile]."""
     rn = n0 + tl.arange(0, BN)
     n_ok = rn < H
-    w_rows = _rows(w_tile, K, BN, q)
-    q = tile_rows(q, rn, K)
-    cs = row_scales(q, n_ok)
+    w_rows = _rows(w_tile, K, BN, FMT)
+    G: tl.constexpr = K // GS if FMT == 2 else 1              # scales a row
+    s_rows = s_w + rn * G
+    z_rows = z_w + rn * G
+    cs = row_scales(s_rows, n_ok, FMT)
     if STAGES == 0:
-        wa, wb, wc = _chunks(w_rows, n_ok, K, BK, q)
+        wa, wb, wc = _chunks(w_rows, n_ok, K, BK, s_rows, z_rows, FMT, GS, HZ)
         wait_for(ctr_w, target, err_ptr, SPIN, ts, TIMELINE)
         acc = gemv(x_ptr, x_off, XA, m_ok, 1.0, x_ptr, w_rows, n_ok, wa, wb, wc, K, BM, BN, BK, False, FMA,
-                   DOT_F32, PREC, q)
+                   DOT_F32, PREC, s_rows, z_rows, FMT, GS, HZ)
     else:
         acc = gemv_ring(x_ptr, x_off, XA, m_ok, 1.0, False, False, ss_out, 1, 1, 1, 0.0, x_ptr, w_rows, n_ok, ctr_w,
-                        target, err_ptr, SPIN, ts, K, BM, BN, BK, FMA, DOT_F32, PREC, STAGES, TIMELINE, q)
-    acc = scale_tile(acc, cs, q)
+                        target, err_ptr, SPIN, ts, K, BM, BN, BK, FMA, DOT_F32, PREC, STAGES, TIMELINE, s_rows,
+                        z_rows, FMT, GS, HZ)
+    acc = scale_tile(acc, cs, FMT)
     dt = res_ptr.dtype.element_ty
     mask = m_ok[:, None] & n_ok[None, :]
     old = tl.load(src_rows + rn[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -82,27 +90,30 @@ def qkv_unit(layer, n0, res_ptr, emb_ptr, emb_off, XA: tl.constexpr, m_ok, w_til
              qkv_out, ctr_w, target, ctr_s, count, err_ptr, ts, eps, B: tl.constexpr, H: tl.constexpr,
              QKVW: tl.constexpr, NT: tl.constexpr, NTP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
              BK: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN,
-             FMA: tl.constexpr, STAGES: tl.constexpr, TIMELINE: tl.constexpr, q: QuantRows):
+             FMA: tl.constexpr, STAGES: tl.constexpr, TIMELINE: tl.constexpr, s_w, z_w, FMT: tl.constexpr,
+                  GS: tl.constexpr, HZ: tl.constexpr):
     """qkv[:, n0:n0+BN] = round(rmsnorm(x) @ w[n0:n0+BN].T (+ bias)); layer 0's x is the
     embedding rows (emb_ptr + emb_off, sums of squares by a full pass), later layers' the
-    residual stream (sums of squares from the DOWN tiles' partials). q: w's format."""
+    residual stream (sums of squares from the DOWN tiles' partials). s_w .. HZ: w's format."""
     rn = n0 + tl.arange(0, BN)
     n_ok = rn < QKVW
-    w_rows = _rows(w_tile, H, BN, q)
-    q = tile_rows(q, rn, H)
-    cs = row_scales(q, n_ok)
+    w_rows = _rows(w_tile, H, BN, FMT)
+    G: tl.constexpr = H // GS if FMT == 2 else 1              # scales a row
+    s_rows = s_w + rn * G
+    z_rows = z_w + rn * G
+    cs = row_scales(s_rows, n_ok, FMT)
     rm = tl.arange(0, BM)
     if STAGES == 0:
-        wa, wb, wc = _chunks(w_rows, n_ok, H, BK, q)
+        wa, wb, wc = _chunks(w_rows, n_ok, H, BK, s_rows, z_rows, FMT, GS, HZ)
         wait_for(ctr_w, target, err_ptr, SPIN, ts, TIMELINE)
         if layer == 0:
             inv = tl.rsqrt(row_ss(emb_ptr + emb_off[:, None], m_ok, H, BM, BK) / H + eps)
             acc = gemv(emb_ptr, emb_off, XA, m_ok, inv, g_ptr, w_rows, n_ok, wa, wb, wc, H, BM, BN, BK, True, FMA,
-                       DOT_F32, PREC, q)
+                       DOT_F32, PREC, s_rows, z_rows, FMT, GS, HZ)
         else:
             inv = inv_from_parts(ss_parts, NT, NTP, BM, B, H, eps)
             acc = gemv(res_ptr, rm.to(tl.int64) * H, XA, m_ok, inv, g_ptr, w_rows, n_ok, wa, wb, wc, H, BM, BN, BK,
-                       True, FMA, DOT_F32, PREC, q)
+                       True, FMA, DOT_F32, PREC, s_rows, z_rows, FMT, GS, HZ)
     else:                                              # one ring loop for both sources of x
         x_base = res_ptr
         x_off = rm.to(tl.int64) * H
@@ -112,8 +123,9 @@ def qkv_unit(layer, n0, res_ptr, emb_ptr, emb_off, XA: tl.constexpr, m_ok, w_til
             x_off = emb_off
             inv = tl.rsqrt(row_ss(emb_ptr + emb_off[:, None], m_ok, H, BM, BK) / H + eps)
         acc = gemv_ring(x_base, x_off, XA, m_ok, inv, layer != 0, True, ss_parts, NT, NTP, B, eps, g_ptr, w_rows,
-                        n_ok, ctr_w, target, err_ptr, SPIN, ts, H, BM, BN, BK, FMA, DOT_F32, PREC, STAGES, TIMELINE, q)
-    acc = scale_tile(acc, cs, q)
+                        n_ok, ctr_w, target, err_ptr, SPIN, ts, H, BM, BN, BK, FMA, DOT_F32, PREC, STAGES, TIMELINE,
+                        s_rows, z_rows, FMT, GS, HZ)
+    acc = scale_tile(acc, cs, FMT)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(qkv_out + rm[:, None] * QKVW + rn[None, :], acc.to(qkv_out.dtype.element_ty),
@@ -126,32 +138,34 @@ def gate_up_unit(n0, res_ptr, XA: tl.constexpr, m_ok, w_ptr, g_off, u_off, g_ptr
                  ctr_s, count, err_ptr, ts, eps, B: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
                  NT: tl.constexpr, NTP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                  DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN, FMA: tl.constexpr, STAGES: tl.constexpr,
-                 TIMELINE: tl.constexpr, q: QuantRows):
+                 TIMELINE: tl.constexpr, s_w, z_w, FMT: tl.constexpr, GS: tl.constexpr, HZ: tl.constexpr):
     """mlp[:, n0:n0+BN] = round(silu(round(gate)) * round(up)) of the normed residual stream
-    (w_ptr + g_off / u_off: gate_up rows n0 and I + n0, element offsets (int4: words); q:
-    gate_up's format), one GEMV over 2 BN rows: gate row n0 + i at 2 i, up row n0 + i at 2 i + 1."""
+    (w_ptr + g_off / u_off: gate_up rows n0 and I + n0, element offsets (int4: words); s_w ..
+    HZ: gate_up's format), one GEMV over 2 BN rows: gate row n0 + i at 2 i, up row n0 + i at 2 i + 1."""
     r = tl.arange(0, 2 * BN)
     rn = n0 + r // 2
     n_ok = rn < I
     # (arithmetic, not a select: the alignment analysis keeps a multiple of 8 through it)
-    if q.FMT == 2:
+    if FMT == 2:
         w_rows = w_ptr + (g_off + (r % 2) * (u_off - g_off) + (r // 2) * (H // 8))[:, None]
     else:
         w_rows = w_ptr + (g_off + (r % 2) * (u_off - g_off) + (r // 2) * H)[:, None]
-    q = tile_rows(q, rn + (r % 2) * I, H)
-    cs = row_scales(q, n_ok)
+    G: tl.constexpr = H // GS if FMT == 2 else 1              # scales a row
+    s_rows = s_w + (rn + (r % 2) * I) * G
+    z_rows = z_w + (rn + (r % 2) * I) * G
+    cs = row_scales(s_rows, n_ok, FMT)
     rm = tl.arange(0, BM)
     if STAGES == 0:
-        wa, wb, wc = _chunks(w_rows, n_ok, H, BK, q)
+        wa, wb, wc = _chunks(w_rows, n_ok, H, BK, s_rows, z_rows, FMT, GS, HZ)
         wait_for(ctr_w, target, err_ptr, SPIN, ts, TIMELINE)
         inv = inv_from_parts(ss_parts, NT, NTP, BM, B, H, eps)
         acc = gemv(res_ptr, rm.to(tl.int64) * H, XA, m_ok, inv, g_ptr, w_rows, n_ok, wa, wb, wc, H, BM, 2 * BN, BK,
-                   True, FMA, DOT_F32, PREC, q)
+                   True, FMA, DOT_F32, PREC, s_rows, z_rows, FMT, GS, HZ)
     else:
         acc = gemv_ring(res_ptr, rm.to(tl.int64) * H, XA, m_ok, 1.0, True, True, ss_parts, NT, NTP, B, eps, g_ptr,
                         w_rows, n_ok, ctr_w, target, err_ptr, SPIN, ts, H, BM, 2 * BN, BK, FMA, DOT_F32, PREC, STAGES,
-                        TIMELINE, q)
-    acc = scale_tile(acc, cs, q)
+                        TIMELINE, s_rows, z_rows, FMT, GS, HZ)
+    acc = scale_tile(acc, cs, FMT)
     dt = mlp_out.dtype.element_ty
     gate, up = tl.split(tl.reshape(acc, (BM, BN, 2)))
     gate = gate.to(dt).to(tl.float32)
@@ -168,30 +182,32 @@ def head_unit(n0, res_ptr, XA: tl.constexpr, m_ok, w_tile, g_ptr, ss_parts, logi
               H: tl.constexpr, V: tl.constexpr, NT: tl.constexpr, NTP: tl.constexpr, NH: tl.constexpr,
               NHS, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, RT: tl.constexpr,
               DOT_F32: tl.constexpr, PREC: tl.constexpr, SPIN, FMA: tl.constexpr, STAGES: tl.constexpr,
-              TIMELINE: tl.constexpr, q: QuantRows):
-    """Logits of vocabulary rows [n0, n0 + BN) of the final-normed stream (model dtype; q: the
-    head's format); returns
+              TIMELINE: tl.constexpr, s_w, z_w, FMT: tl.constexpr, GS: tl.constexpr, HZ: tl.constexpr):
+    """Logits of vocabulary rows [n0, n0 + BN) of the final-normed stream (model dtype; s_w ..
+    HZ: the head's format); returns
     the program's running per-row argmax (best_v, best_i [BM]) with this tile's folded in.
     count > 0 (the program's last tile): the program's answer into amax / aidx[slot], its count
     tiles arrive, and the arrival that completes the NH reduces the NHS programs' answers into
     out[b] = argmax of row b (torch.argmax's rule: order-independent, `better`)."""
     rn = n0 + tl.arange(0, BN)
     n_ok = rn < V
-    w_rows = _rows(w_tile, H, BN, q)
-    q = tile_rows(q, rn, H)
-    cs = row_scales(q, n_ok)
+    w_rows = _rows(w_tile, H, BN, FMT)
+    G: tl.constexpr = H // GS if FMT == 2 else 1              # scales a row
+    s_rows = s_w + rn * G
+    z_rows = z_w + rn * G
+    cs = row_scales(s_rows, n_ok, FMT)
     rm = tl.arange(0, BM)
     if STAGES == 0:
-        wa, wb, wc = _chunks(w_rows, n_ok, H, BK, q)
+        wa, wb, wc = _chunks(w_rows, n_ok, H, BK, s_rows, z_rows, FMT, GS, HZ)
         wait_for(ctr_w, target, err_ptr, SPIN, ts, TIMELINE)
         inv = inv_from_parts(ss_parts, NT, NTP, BM, B, H, eps)
         acc = gemv(res_ptr, rm.to(tl.int64) * H, XA, m_ok, inv, g_ptr, w_rows, n_ok, wa, wb, wc, H, BM, BN, BK, True,
-                   FMA, DOT_F32, PREC, q)
+                   FMA, DOT_F32, PREC, s_rows, z_rows, FMT, GS, HZ)
     else:
         acc = gemv_ring(res_ptr, rm.to(tl.int64) * H, XA, m_ok, 1.0, True, True, ss_parts, NT, NTP, B, eps, g_ptr,
                         w_rows, n_ok, ctr_w, target, err_ptr, SPIN, ts, H, BM, BN, BK, FMA, DOT_F32, PREC, STAGES,
-                        TIMELINE, q)
-    acc = scale_tile(acc, cs, q)
+                        TIMELINE, s_rows, z_rows, FMT, GS, HZ)
+    acc = scale_tile(acc, cs, FMT)
     logit = acc.to(logits_ptr.dtype.element_ty)
     valid = m_ok[:, None] & n_ok[None, :]
     tl.store(logits_ptr + rm[:, None] * V + rn[None, :], logit, mask=valid)
