@@ -10,8 +10,13 @@ environment's GRAPHRT_DECODE_BACKEND overrides it there: the A/B switch of tools
 tools/profile_step.py):
 - "sequence" (the default): today's kernel sequence (`LlamaDecoder.decode_step`) everywhere.
 - "persistent": greedy decode blocks of buckets <= 16 rows run the persistent step where the
-  model is supported (`unsupported`: one rank, contiguous model-dtype weights and KV pages; FP8
-  and int4 weights keep the sequence), on CUDA and on CPU (the interpreter, one program).
+  model is supported (`unsupported`: one rank; linear weights in the model dtype, FP8 with
+  per-channel / per-tensor scales, or int4 without act-order (kernels/persistent/formats.py);
+  model-dtype KV pages; what is refused keeps the sequence, the reason logged), on CUDA and on
+  CPU (the interpreter, one program). FP8 weights run W8A16 there (activations in the model
+  dtype, the e4m3 codes converted in registers, the channel scale on the finished tile) where the
+  sequence runs W8A8 (activations rounded to e4m3 per row): the two paths' logits differ by that
+  rounding, a few % of the largest logit, and greedy tokens only where their margin is smaller.
 - "auto": on CUDA, per bucket, both greedy graphs are captured, timed (device µs per replay)
   and dropped, and the persistent step is kept where it takes under MARGIN x the sequence's
   (`choose`); on CPU: the sequence.

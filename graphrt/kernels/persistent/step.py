@@ -5,8 +5,16 @@
     step.logits                                                      # [B, V] model dtype
 
 weights: a graphrt ModelWeights (embed, final_norm, lm_head, layers with input_norm,
-post_attn_norm, qkv, qkv_bias, q_norm, k_norm, o, gate_up, down; read by attribute), every
-tensor contiguous in one model dtype (bfloat16, float16 or float32); kv_caches: one paged cache
+post_attn_norm, qkv, qkv_bias, q_norm, k_norm, o, gate_up, down; read by attribute), the
+embedding, norms and biases contiguous in one model dtype (bfloat16, float16 or float32), the
+linear weights (qkv, o, gate_up, down) in one format of formats.py: the model dtype, FP8 e4m3
+with per-channel (or per-tensor) scales, or int4 (graphrt's layout, no act-order); the LM head
+in the model dtype or that format (`unsupported` says what is refused). FP8 runs W8A16: the
+activations stay in the model dtype, each e4m3 chunk converts exactly to it in registers and
+the channel scale multiplies the finished float32 tile, so the step computes the dequantized
+model (the kernel sequence's W8A8 GEMMs also round each activation row to e4m3: its logits
+differ from these by that rounding). int4 unpacks q - zero in registers and scales each
+group's partial (gemv_tile.py). kv_caches: one paged cache
 per layer (.k, .v, .layout "NHD" / "HND") in the model dtype; cos_sin [max_positions, D]
 float32 (graphrt.model.rope). Launch inputs (device): tokens [B] int64, seq_lens [B] int32
 counting the new token (0: a padding row), block_table [>= B, W] int32, out [B] int64,
@@ -16,8 +24,9 @@ The kernel (`_step_kernel`): grid = `programs` (the SM count on a GPU, launched 
 so the driver refuses a grid that cannot be co-resident instead of letting it hang;
 cooperative=False launches it plainly); program p
 walks its units of the static schedule (schedule.py) in order, dispatching on the op
-(units.py). Pointers to per-layer tensors are one model-dtype base pointer plus an int64
-element offset per (layer, field) read from a device table (tables.py); each unit row also
+(units.py). Pointers to per-layer tensors are one model-dtype base pointer (and, for quantized
+linears, a data, a scale and a zero base pointer) plus an int64 element offset per (layer,
+field) read from a device table (tables.py); each unit row also
 carries a later unit's weight tile, which a GPU program prefetches into L2 as the unit starts
 (`prefetch` units ahead, cp.async.bulk.prefetch; prefetch=0: off). The GEMV units stream
 their weight chunks through registers, three in flight (stages=0, gemv_tile.py), or through a
