@@ -1,6 +1,7 @@
 """tools/bench_e2e.py --weights: the int4 kinds (RTN g128 asymmetric / symmetric / with the head),
 their streamed-bytes floor (packed codes + scales + zeros + the float LM head), and a bad kind
-as an argparse error (exit 2) naming the flag; the --int4-kernels grid (one line per config, one
+as an argparse error (exit 2) naming the flag, as is an unknown --variants name (the persistent
+variants with FP8 / int4 weights parse); the --int4-kernels grid (one line per config, one
 column per shape and batch, the default and the fastest marked)."""
 from __future__ import annotations
 
@@ -37,6 +38,17 @@ def test_int4_weights_and_their_floor_bytes():
         head_bytes = (v * h // 2 + v * (h // 128) * (2 + zeros)) if head else v * h * 2
         assert nbytes == params // 2 + groups * (2 + zeros) + head_bytes
     assert bench_e2e.parse_args(["--weights", "bf16,fp8,int4"]).weights == "bf16,fp8,int4"
+
+
+def test_persistent_variants_with_quantized_weights_parse():
+    a = bench_e2e.parse_args(["--weights", "fp8,int4", "--variants", "graphrt,graphrt-persistent"])
+    assert a.weights == "fp8,int4" and a.variants == "graphrt,graphrt-persistent"
+
+
+def test_bad_variant_exits_2():
+    out = subprocess.run([sys.executable, str(TOOLS / "bench_e2e.py"), "--variants", "graphrt,graphrt-fused"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "--variants: 'graphrt-fused' is not one of" in out.stderr
 
 
 def test_bad_weights_kind_exits_2():

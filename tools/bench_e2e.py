@@ -51,10 +51,14 @@ With --count-kernels each row records the CUDA kernels per step (`kernels_per_st
 The decode step as one persistent kernel (graphrt/model/persistent.py): graphrt-persistent /
 graphrt-persistent-k4 run greedy buckets <= 16 rows with decode_backend="persistent" (1 / 4
 steps a graph; not in the default --variants), every other variant the kernel sequence; each row
-records whether its bucket ran the persistent step (`persistent`):
+records whether its bucket ran the persistent step (`persistent`). FP8 (per-channel / per-tensor
+scales; W8A16 in the persistent step) and int4 (no act-order) weights run it too; fp8-block keeps
+the sequence:
 
     python tools/bench_e2e.py --models llama-3.2-1b,llama-3.1-8b --batches 1,4,16 --contexts 1024 \
         --variants graphrt,graphrt-persistent --no-prefill
+    python tools/bench_e2e.py --models llama-3.1-8b --weights bf16,fp8,int4 --batches 1,16 \
+        --contexts 1024 --variants graphrt,graphrt-persistent --no-prefill
 
 Split-K of the o and down GEMMs follows GRAPHRT_SPLITK (graphrt/model/splitk.py: unset / auto =
 measured at capture, 1 = off, 2 / 4 = forced); each row records the (S_o, S_down) its bucket ran
@@ -114,6 +118,10 @@ def parse_args(argv=None):
     bad = [k for k in args.weights.split(",") if k not in kinds]
     if bad:
         p.error(f"--weights: {bad[0]!r} is not one of {kinds}")
+    variants = sorted(VARIANTS) + sorted(PERSISTENT_VARIANTS)
+    bad = [v for v in args.variants.split(",") if v not in variants]
+    if bad:
+        p.error(f"--variants: {bad[0]!r} is not one of {variants}")
     return args
 
 
@@ -481,7 +489,7 @@ def plot(result: dict, png: str) -> None:
     fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4), squeeze=False)
     for ax, (model, ctx) in zip(axes[0], keys):
         for wk in sorted({r.get("weights", "bf16") for r in rows}):
-            for variant in list(VARIANTS) + list(FUSE_VARIANTS):
+            for variant in list(VARIANTS) + list(PERSISTENT_VARIANTS):
                 pts = sorted((r["batch"], r["step_us"]) for r in rows if r["model"] == model and
                              r["context"] == ctx and r["variant"] == variant and r.get("weights", "bf16") == wk)
                 if pts:
