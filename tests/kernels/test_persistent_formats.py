@@ -2,7 +2,7 @@
 GEMV tile's FP8 / int4 variants, gemv_tile.py) under TRITON_INTERPRET=1, one program: FP8
 (per-channel and per-tensor scales, the LM head FP8 or bf16) and int4 (asymmetric group 32 with
 an int4 LM head, symmetric group 64), multiply-add and tl.dot GEMVs, against the float32 torch
-reference of test_persistent_step.py run over the dequantized weights (the persistent FP8 tile
+reference (tests/_persistent_reference.py) run over the dequantized weights (the persistent FP8 tile
 is W8A16: the activations stay in the model dtype, so the reference is the dequantized model
 itself); bf16 models within bf16 rounding; the shared-memory ring equal to the register form bit
 for bit; which weights are refused and why; the format's host pieces (chunk cap, the schedule's
@@ -22,7 +22,8 @@ from graphrt.model import LlamaDecoder
 from graphrt.model.fp8_weights import dequantize_weights, quantize_weights
 from graphrt.model.int4_weights import quantize_weights_int4
 from graphrt.model.quant.int4 import quantize_int4
-from test_persistent_step import PAGES, _caches, _kv_at, geometry, reference_step
+from _persistent_models import geometry
+from _persistent_reference import PAGE, PAGES, kv_at, paged_caches, reference_step
 
 transformers = pytest.importorskip("transformers")
 
@@ -64,7 +65,7 @@ CASES = [("fp8", "fma", FMT_FP8, FMT_FP8), ("fp8-tensor", "dot", FMT_FP8, FMT_MO
 def test_against_float32_reference_of_the_dequantized_weights(kind, gemv, fmt, head_fmt):
     model = _model()
     qw = _quantized(model, kind)
-    caches = _caches(model)
+    caches = paged_caches(model)
     before = [PagedKVCache(c.k.clone(), c.v.clone()) for c in caches]
     lens, tokens = torch.tensor([5, 40, 0], dtype=torch.int32), torch.tensor([3, 150, 7])
     step, table, out, err = _launch(model, qw, caches, lens, tokens, gemv=gemv)
@@ -76,7 +77,7 @@ def test_against_float32_reference_of_the_dequantized_weights(kind, gemv, fmt, h
         torch.testing.assert_close(step.logits[b].float(), logits[b], rtol=1e-4, atol=1e-4)
         assert int(out[b]) == int(logits[b].argmax())
         for i, c in enumerate(caches):
-            k, v = _kv_at(c, int(table[b, (int(lens[b]) - 1) // 16]), (int(lens[b]) - 1) % 16)
+            k, v = kv_at(c, int(table[b, (int(lens[b]) - 1) // PAGE]), (int(lens[b]) - 1) % PAGE)
             torch.testing.assert_close(k.float(), new_kv[i][b][0], rtol=1e-4, atol=1e-4)
             torch.testing.assert_close(v.float(), new_kv[i][b][1], rtol=1e-4, atol=1e-4)
 
@@ -87,7 +88,7 @@ def test_bf16_within_rounding(kind, gemv):
     bf16 rounding of the float32 reference over the dequantized weights."""
     model = _model(torch.bfloat16)
     qw = _quantized(model, kind)
-    caches = _caches(model)
+    caches = paged_caches(model)
     before = [PagedKVCache(c.k.clone(), c.v.clone()) for c in caches]
     lens, tokens = torch.tensor([5, 40, 0], dtype=torch.int32), torch.tensor([3, 150, 7])
     step, table, out, err = _launch(model, qw, caches, lens, tokens, gemv=gemv)
@@ -109,7 +110,7 @@ def test_ring_equals_registers_int4():
     lens, tokens = torch.tensor([5, 40], dtype=torch.int32), torch.tensor([3, 150])
     got = []
     for stages in (0, 3):
-        caches = _caches(model)
+        caches = paged_caches(model)
         step, _, out, err = _launch(model, qw, caches, lens, tokens, gemv="fma", stages=stages)
         assert int(err) == 0 and step.stages == stages
         got.append((step.logits.clone(), out.clone(), [(c.k.clone(), c.v.clone()) for c in caches]))
@@ -119,7 +120,7 @@ def test_ring_equals_registers_int4():
 
 def test_what_is_refused():
     model = _model()
-    caches = _caches(model)
+    caches = paged_caches(model)
     w, spec = model.weights, model.spec
     from dataclasses import replace
     block = quantize_weights(w, spec, "block", block=(32, 32))

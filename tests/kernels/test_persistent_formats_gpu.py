@@ -22,9 +22,9 @@ from graphrt.kernels.persistent import Tiles
 from graphrt.model import LlamaDecoder
 from graphrt.model.fp8_weights import dequantize_weights, quantize_weights
 from graphrt.model.int4_weights import quantize_weights_int4
-from _persistent_models import assert_logits_close, random_model
-from test_persistent_step import reference_step
-from test_persistent_step_gpu import MAX_LEN, PAGE, _caches, _compare, _sms, _step
+from _persistent_models import (MAX_LEN, PAGE, assert_logits_close, compare_grids, gpu_caches, make_step, random_model,
+                                sms)
+from _persistent_reference import reference_step
 
 pytestmark = pytest.mark.gpu
 TILES = Tiles(splits=4)                   # one split count: the builds below are shared
@@ -50,9 +50,9 @@ def _inputs(rows, lens, seed=0):
 def test_against_float32_reference(name, kind):
     model = quantized(name, kind)
     rows = 4
-    caches = _caches(model, rows)
+    caches = gpu_caches(model, rows)
     before = [c.__class__(c.k.clone(), c.v.clone()) for c in caches]
-    step = _step(model, caches, rows, _sms(), tiles=TILES)
+    step = make_step(model, caches, rows, sms(), tiles=TILES)
     table, lens, tokens = _inputs(rows, [40, 1, 17, 33])
     out = torch.zeros(rows, dtype=torch.int64, device="cuda")
     err = torch.zeros(1, dtype=torch.int32, device="cuda")
@@ -72,21 +72,21 @@ def test_against_float32_reference(name, kind):
 @pytest.mark.parametrize("name,kind,rows", [("1b", "fp8", 1), ("1b", "int4", 1), ("8b", "fp8", 16),
                                             ("8b", "int4-sym", 16)])
 def test_grids_agree(name, kind, rows):
-    _compare(quantized(name, kind), rows, _sms() // 3 + 1, _sms(), 20, prefetch=1)
+    compare_grids(quantized(name, kind), rows, sms() // 3 + 1, sms(), 20, prefetch=1)
 
 
 @pytest.mark.parametrize("kind", ["fp8", "int4"])
 def test_ring_equals_registers(kind):
-    _compare(quantized("1b", kind), 4, _sms(), _sms(), 10, prefetch=1, stages=(0, 8))
+    compare_grids(quantized("1b", kind), 4, sms(), sms(), 10, prefetch=1, stages=(0, 8))
 
 
 @pytest.mark.parametrize("kind", ["fp8", "int4"])
 def test_graph_replays(kind):
     model = quantized("1b", kind)
     rows = 4
-    caches = _caches(model, rows)
-    step = _step(model, caches, rows, _sms(), tiles=TILES)
-    ref = _step(model, caches, rows, _sms() // 3 + 1, tiles=TILES)
+    caches = gpu_caches(model, rows)
+    step = make_step(model, caches, rows, sms(), tiles=TILES)
+    ref = make_step(model, caches, rows, sms() // 3 + 1, tiles=TILES)
     table, lens, tokens = _inputs(rows, [100] * rows)
     out = torch.zeros(rows, dtype=torch.int64, device="cuda")
     err = torch.zeros(1, dtype=torch.int32, device="cuda")
@@ -125,7 +125,7 @@ def test_timing(name):
     for kind in ("bf16", "fp8", "int4"):
         model = quantized(name, kind)
         for rows in (1, 16):
-            step = _step(model, _caches(model, rows), rows, _sms(), tiles=TILES)
+            step = make_step(model, gpu_caches(model, rows), rows, sms(), tiles=TILES)
             table, lens, tokens = _inputs(rows, [1024] * rows)
             out = torch.zeros(rows, dtype=torch.int64, device="cuda")
             err = torch.zeros(1, dtype=torch.int32, device="cuda")

@@ -19,60 +19,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graphrt.attention.kvcache import PagedKVCache
-from graphrt.kernels.persistent import ERR_STALL, PersistentStep, Tiles
+from graphrt.kernels.persistent import ERR_STALL, Tiles
 from graphrt.kernels.persistent.schedule import F_TARGET
 from graphrt.kernels.persistent.timeline import summarize, unit_bytes
-from _persistent_models import SHAPES, assert_logits_close, geometry, random_model
+from _persistent_models import (MAX_LEN, PAGE, assert_logits_close, compare_grids as _compare, gpu_caches as _caches,
+                                make_step as _step, random_model, sms as _sms)
 
 pytestmark = pytest.mark.gpu
-PAGE, MAX_LEN = 16, 2048
-
-
-def _caches(model, rows):
-    s = model.spec
-    pages = rows * MAX_LEN // PAGE
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    shape = (pages, PAGE, s.num_kv_heads, s.head_dim)
-    return [PagedKVCache(torch.randn(shape, generator=gen, device="cuda").bfloat16(),
-                         torch.randn(shape, generator=gen, device="cuda").bfloat16()) for _ in range(s.num_layers)]
-
-
-def _step(model, caches, rows, programs, **kw):
-    return PersistentStep(model.weights, caches, model.cos_sin, geometry=geometry(model), rows=rows,
-                          eps=model.spec.rms_norm_eps, programs=programs, max_context_len=MAX_LEN, **kw)
-
-
-def _compare(model, rows, programs_a, programs_b, launches, prefetch, splits=4, stages=(0, 0)):
-    """Launch two steps of `programs_a` / `programs_b` programs (GEMV weight rings of stages[0] /
-    stages[1] chunks) on the same inputs, both with S = splits: equal bit for bit."""
-    caches_one, caches_grid = _caches(model, rows), _caches(model, rows)
-    one = _step(model, caches_one, rows, programs_a, prefetch=prefetch, tiles=Tiles(splits=splits), stages=stages[0])
-    grid = _step(model, caches_grid, rows, programs_b, prefetch=prefetch, tiles=Tiles(splits=splits),
-                 stages=stages[1])
-    table = torch.arange(rows * MAX_LEN // PAGE, dtype=torch.int32, device="cuda").view(rows, -1)
-    gen = torch.Generator(device="cuda").manual_seed(rows)
-    err = torch.zeros(1, dtype=torch.int32, device="cuda")
-    out1, out2 = (torch.zeros(rows, dtype=torch.int64, device="cuda") for _ in range(2))
-    for it in range(launches):                            # changing lengths, some padding rows
-        lens = torch.randint(0, MAX_LEN - 1, (rows,), generator=gen, device="cuda", dtype=torch.int32)
-        if it % 5 == 0:
-            lens[0] = 0
-        tokens = torch.randint(0, model.spec.vocab_size, (rows,), generator=gen, device="cuda")
-        one.launch(tokens, lens, table, out1, err)
-        grid.launch(tokens, lens, table, out2, err)
-        torch.cuda.synchronize()
-        live = lens > 0
-        assert torch.equal(one.logits[live], grid.logits[live]), f"launch {it}: logits differ"
-        assert torch.equal(out1[live], out2[live]), f"launch {it}: tokens differ"
-        assert int(grid.counters.abs().sum()) == 0 and int(one.counters.abs().sum()) == 0 and int(err) == 0
-    for c1, c2 in zip(caches_one, caches_grid):            # the appended K/V too
-        assert torch.equal(c1.k, c2.k) and torch.equal(c1.v, c2.v)
-
-
-def _sms() -> int:
-    return torch.cuda.get_device_properties(0).multi_processor_count
-
 
 def test_grid_equals_one_program():
     _compare(random_model("1b"), 4, 1, _sms(), 1, prefetch=1)       # one SM streams it all: seconds

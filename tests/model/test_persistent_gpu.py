@@ -13,28 +13,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graphrt import RuntimeConfig
-from graphrt.model.runtime import ModelRuntime
-
-from _persistent_models import assert_logits_close, random_model
+from _persistent_models import assert_logits_close, random_model, runtime as _runtime
 
 pytestmark = pytest.mark.gpu
 
 
 def _model():
     return random_model("1b", layers=2)
-
-
-def _runtime(model, backend, k, buckets=(1, 4, 16)):
-    # a capturable attention backend: with the default ("reference", eager only) capture() captures
-    # nothing and plans nothing (the persistent plan would be built at the first decode instead)
-    cfg = RuntimeConfig(num_qo_heads=32, num_kv_heads=8, head_dim=64, page_size=16, max_context_len=2048,
-                        buckets=list(buckets), dtype="bfloat16", backend="flashinfer",
-                        kv_pool_pages=16 * 2048 // 16 + 1)
-    mrt = ModelRuntime(model, cfg, "cuda", steps_per_graph=k, keep_logits=True, decode_backend=backend,
-                       splitk=1)
-    mrt.capture()
-    return mrt
 
 
 @pytest.mark.parametrize("rows", [1, 3, 16])

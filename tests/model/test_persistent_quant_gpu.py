@@ -18,8 +18,7 @@ import torch
 from graphrt.model import LlamaDecoder
 from graphrt.model.fp8_weights import quantize_weights
 from graphrt.model.int4_weights import quantize_weights_int4
-from _persistent_models import assert_logits_close, random_model
-from test_persistent_gpu import _runtime
+from _persistent_models import assert_logits_close, random_model, runtime
 
 pytestmark = pytest.mark.gpu
 
@@ -34,7 +33,7 @@ def _model(kind):
 @pytest.mark.parametrize("kind,rows", [("fp8", 1), ("fp8", 16), ("int4", 1), ("int4", 16)])
 def test_persistent_matches_the_sequence(kind, rows):
     model = _model(kind)
-    seq, per = _runtime(model, "sequence", 1), _runtime(model, "persistent", 1)
+    seq, per = runtime(model, "sequence", 1), runtime(model, "persistent", 1)
     assert per.persistent.get(rows) is not None, per.persistent.skipped
     gen = torch.Generator().manual_seed(rows)
     lens0 = torch.randint(3, 1500, (rows,), generator=gen)
