@@ -62,7 +62,7 @@ from graphrt.engine.detokenizer import TextState, make_decoder
 from graphrt.engine.failure import EngineDeadError, attributable
 from graphrt.engine.group import GroupSink, child_params, child_seeds, prefill_groups
 from graphrt.engine.token_bytes import token_bytes
-from graphrt.engine.params import RequestOutput, SamplingParams
+from graphrt.engine.params import SamplingParams
 from graphrt.engine import sampling_extras as extras
 from graphrt.engine.structured import Grammars, unmasked_ok
 from graphrt.engine.scheduler import Request, Scheduler
