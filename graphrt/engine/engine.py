@@ -175,7 +175,8 @@ class Engine(BlockMixin):
             seeds = child_seeds(params, lambda: self._rng.randrange(2**63))
         rules = extras.check_request(self.caps, child, self.tokenizer, self.scheduler.eos, self.vocab_size)
         compiled = self._compile(child) if child.structured_outputs is not None else None
-        free = self.spec is None and self.FREE_RUN and unmasked_ok(child)   # constrained rows: unmasked runs
+        free = ((self.spec is None or self.caps.spec_grammar) and self.FREE_RUN
+                and unmasked_ok(child))       # constrained rows: unmasked runs (n-gram speculation too)
         grammar = lambda: None if compiled is None else self._grammars.state(   # noqa: E731 (one per sample)
             compiled, child.structured_outputs.kind, free=free)
         stream = RequestStream(self, rid, prompt=prompt if isinstance(prompt, str) else None)
