@@ -43,7 +43,7 @@ class _Pending:
     col_counts: tuple | None = None       # a spec block's per-column counts (speculation.spec_columns)
     start: object = None                  # Engine.time_blocks: a timing event recorded before the launch
     free: bool = False                    # a K-step block whose constrained rows ran unmasked (FreeRun)
-    argmax: torch.Tensor | None = None    # a split step's [1, cols] argmax before masks (host)
+    argmax: torch.Tensor | None = None    # argmax before masks (host): a split step [1, cols], a grammar round [cols, k + 1]
 
 
 def _host(values: list, dtype) -> torch.Tensor:
@@ -227,7 +227,7 @@ class BlockMixin(ConstrainedMixin):
                                rounds=1, logprobs=want_lp, changes=go.changes))
             self.spec_counts["blocks"] += 1
             pending = self._to_host(go.rows, out.tokens, out.emitted, out.proposed, logprobs=out.logprobs,
-                                    start=start)
+                                    start=start, argmax=out.argmax if any(r.grammar.free for r in masked) else None)
             pending.kind, pending.spec_k = "spec", k
         elif k:
             go = s.launch_block(rows, block_tokens=self.rounds * (k + 1))
@@ -238,7 +238,7 @@ class BlockMixin(ConstrainedMixin):
             self.spec_counts["blocks"] += 1
             pending = self._to_host(go.rows, out.tokens, out.emitted, out.proposed, logprobs=out.logprobs,
                                     start=start)
-            pending.kind, pending.spec_k, pending.forced = "spec", k, forced
+            pending.kind, pending.spec_k, pending.forced, pending.free = "spec", k, forced, free
         else:
             go = s.launch_block(rows, block_tokens=1 if masked else self.caps.steps_per_graph,
                                 carry=ahead is None)

@@ -9,8 +9,10 @@ How a block holding constrained rows runs (docs/structured-output.md):
   block takes it up (`_matching_ahead`), or drops it (a forward advances no slot);
 - with grammar-checked n-gram proposals, one speculative round (`_grammar_round`);
 - unmasked (engine/structured.py FreeRun), when every constrained row's model has agreed with its
-  grammar: a whole K-step block with their mask flags off (`_unmask`); its tokens are checked
-  when read (`_checked`) and a row whose token was refused is set back (`_set_back`).
+  grammar (the raw argmax of split steps and of grammar rounds' verified positions): a whole
+  K-step block, or with n-gram speculation an R-round one, with their mask flags off (`_unmask`);
+  its tokens are checked when read (`_checked`) and a row whose token was refused is set back
+  (`_set_back`).
 """
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ class ConstrainedMixin:
         if not live:
             return None, False
         masked = list(live.values())
-        if self.spec is None and all(r.grammar.unmasked for r in masked):
+        if (self.spec is None or self.caps.spec_grammar) and all(r.grammar.unmasked for r in masked):
             self._unmask(masked)
             return None, True
         return masked, False
@@ -129,9 +131,15 @@ class ConstrainedMixin:
         return rows
 
     def _unmask(self, reqs: list) -> None:
-        """Before a K-step block whose constrained rows `reqs` run unmasked: the mask flags of
-        those still on, off (a processed block would apply them at every step)."""
+        """Before a K-step (or R-round speculative) block whose constrained rows `reqs` run
+        unmasked: the mask flags of those still on, off (a processed block would apply them at
+        every step), and, with speculation, each such row's proposal cap back to num_tokens (a
+        grammar round capped it at its grammar's)."""
         on = [r.slot for r in reqs if r.slot in self._masked_slots]
+        if on and self.spec is not None:
+            for r in reqs:
+                if r.slot in self._masked_slots:
+                    self.scheduler.cap_proposals(r, self.spec.num_tokens)
         if on:
             words = (self.vocab_size + 31) // 32
             self.runtime.write_token_mask(on, torch.full((len(on), words), -1, dtype=torch.int32),
@@ -171,6 +179,10 @@ class ConstrainedMixin:
             if j < len(tokens):
                 return tokens[:j], True
             g.free.kept()
+        elif block.argmax is not None and block.kind == "spec":     # a grammar round: per position
+            best = block.argmax[col].tolist()
+            for j in range(len(tokens)):
+                g.free.masked(g.allows(best[j], j))
         elif block.argmax is not None:
             g.free.masked(g.allows(int(block.argmax[0, col])))
         return tokens, False

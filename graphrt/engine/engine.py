@@ -62,7 +62,7 @@ from graphrt.engine.detokenizer import TextState, make_decoder
 from graphrt.engine.failure import EngineDeadError, attributable
 from graphrt.engine.group import GroupSink, child_params, child_seeds, prefill_groups
 from graphrt.engine.token_bytes import token_bytes
-from graphrt.engine.params import RequestOutput, SamplingParams
+from graphrt.engine.params import SamplingParams
 from graphrt.engine import sampling_extras as extras
 from graphrt.engine.structured import Grammars, unmasked_ok
 from graphrt.engine.scheduler import Request, Scheduler
@@ -175,7 +175,8 @@ class Engine(BlockMixin):
             seeds = child_seeds(params, lambda: self._rng.randrange(2**63))
         rules = extras.check_request(self.caps, child, self.tokenizer, self.scheduler.eos, self.vocab_size)
         compiled = self._compile(child) if child.structured_outputs is not None else None
-        free = self.spec is None and self.FREE_RUN and unmasked_ok(child)   # constrained rows: unmasked runs
+        free = ((self.spec is None or self.caps.spec_grammar) and self.FREE_RUN
+                and unmasked_ok(child))       # constrained rows: unmasked runs (n-gram speculation too)
         grammar = lambda: None if compiled is None else self._grammars.state(   # noqa: E731 (one per sample)
             compiled, child.structured_outputs.kind, free=free)
         stream = RequestStream(self, rid, prompt=prompt if isinstance(prompt, str) else None)

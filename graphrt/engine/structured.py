@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError as FutureTimeout
+from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
 
 import torch
 
@@ -223,16 +223,20 @@ class GrammarState:
         self._extra_ok = extra_ok             # `extra` as [V] bools (built on first use when not given)
         self._never = never                   # ids the matcher never accepts (Grammars._never)
         self._bits: torch.Tensor | None = None    # [W] int32: the mask `fill` wrote last
+        self._along: torch.Tensor | None = None   # [j + 1, W] int32: the masks `fill_along` wrote last
 
     @property
     def unmasked(self) -> bool:
         """Whether the row's next block runs unmasked (FreeRun)."""
         return self.free is not None and self.free.free
 
-    def allows(self, token: int) -> bool:
+    def allows(self, token: int, position: int | None = None) -> bool:
         """Whether the mask `fill` wrote last allows `token` (a masked step's raw argmax, read
-        back before the matcher takes the step's token: the mask it was drawn under)."""
-        bits = self._bits
+        back before the matcher takes the step's token: the mask it was drawn under); position j:
+        the mask of verified position j that `fill_along` wrote last (a grammar-checked round's,
+        j <= the proposals it kept)."""
+        bits = self._bits if position is None else (self._along[position] if self._along is not None
+                                                    and position < len(self._along) else None)
         return bits is not None and (int(bits[token >> 5]) >> (token & 31)) & 1 == 1
 
     def prefix(self, tokens: list[int]) -> int:
@@ -291,6 +295,7 @@ class GrammarState:
             self.fill(out, j)
         if j:
             m.rollback(j)
+        self._along = out[:j + 1]             # the round's masks (`allows` at a position)
         return j
 
     @property

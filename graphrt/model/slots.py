@@ -45,11 +45,16 @@ class SlotUpdate:
     """Staged changes to a SlotState (CPU tensors, pinned when the stager pins; or tensors on
     the state's device, e.g. a row whose last token a prefill drew there: `SlotState.row_update`).
 
-    i64 = [cells (m) | rows (s) | seeds (s) | history indices (h) | token rows (t) | tokens (t)],
-    i32 = [cell values (m) | ints (NUM_INTS * s, row-major [NUM_INTS, s]) | history tokens (h)],
+    i64 = [cells (m) | rows (s) | seeds (s) | history indices (h) | token rows (t) | tokens (t)
+           | int cells (c)],
+    i32 = [cell values (m) | ints (NUM_INTS * s, row-major [NUM_INTS, s]) | history tokens (h)
+           | int cell values (c)],
     f32 = [floats (NUM_FLOATS * s)]. cells and history indices are flat indices into block_table /
     history; token rows get their current token (a row that starts decoding from its last
-    context token, with no prefill draw before it). proc_slots / proc_rows: slots whose
+    context token, with no prefill draw before it); int cells are flat indices into ints
+    ([NUM_INTS, B]: field * B + slot), one field of a row whose other fields advance on the
+    device (a speculative row's SPEC_K: rewriting the whole row would move its SEQ / STEP back to
+    the host mirror's). proc_slots / proc_rows: slots whose
     logits-processing rows are reset to `proc_rows` (model/processing.py ProcessRows; a row that
     starts decoding without a prefill of its own), or () / None."""
 
@@ -62,6 +67,7 @@ class SlotUpdate:
     t: int = 0
     proc_slots: tuple = ()
     proc_rows: ProcessRows | None = None
+    c: int = 0
 
     @classmethod
     def processing_rows(cls, slots: list[int], rows: ProcessRows) -> "SlotUpdate":
@@ -186,10 +192,14 @@ class SlotState:
         if h:
             if self.history is None:
                 raise ValueError("update: history tokens given, but this state keeps no history")
-            self.history.view(-1).index_copy_(0, d64[m + 2 * s:m + 2 * s + h], d32[m + NUM_INTS * s:])
+            self.history.view(-1).index_copy_(0, d64[m + 2 * s:m + 2 * s + h],
+                                              d32[m + NUM_INTS * s:m + NUM_INTS * s + h])
         if u.t:
             at = m + 2 * s + h
             self.tokens.index_copy_(0, d64[at:at + u.t], d64[at + u.t:at + 2 * u.t])
+        if u.c:
+            at, at32 = m + 2 * s + h + 2 * u.t, m + NUM_INTS * s + h
+            self.ints.view(-1).index_copy_(0, d64[at:at + u.c], d32[at32:at32 + u.c])
         if u.proc_rows is not None:
             if self.proc is None:
                 raise ValueError("update: processing rows given, but this state keeps none (processing=False)")

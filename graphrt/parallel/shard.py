@@ -19,8 +19,6 @@ the vocabulary rows use `vocab_rows`.
 """
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from graphrt.model.spec import LlamaSpec, check_tp_size, owned_slice, shard_spec, vocab_rows

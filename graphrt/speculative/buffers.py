@@ -25,6 +25,9 @@ class SpecBuffers:
     emitted [R, B] int32: tokens emitted per slot and round (0 once a slot is done or empty);
     proposed [R, B] int32: proposals verified per slot and round (0 for inactive slots), so
       accepted proposals = emitted - 1 where emitted > 0 (acceptance rate for the stats);
+    argmax [B, Q] int64: a one-round block's argmax at each verified position before masks and
+      processing (grammar-checked blocks of constrained rows: whether each row's model agreed with
+      its grammar; written by those blocks only);
     logprobs: a LogprobBuffers of R steps x B * Q rows (row b * Q + j: verified position j of slot
       b, the log-probs of out_tokens[r, b, j] and the top N there), or None (no processing, or
       width 0); `view` keeps it whole (a bucket's rows are its first size * Q).
@@ -37,6 +40,7 @@ class SpecBuffers:
     out_tokens: torch.Tensor
     emitted: torch.Tensor
     proposed: torch.Tensor
+    argmax: torch.Tensor
     logprobs: LogprobBuffers | None = None
 
     @classmethod
@@ -51,7 +55,7 @@ class SpecBuffers:
         return cls(proposals=z(max_batch, k, dt=torch.int64), count=z(max_batch),
                    accept=z(max_batch, q), fallback=z(max_batch, q, dt=torch.int64),
                    out_tokens=z(rounds, max_batch, q, dt=torch.int64), emitted=z(rounds, max_batch),
-                   proposed=z(rounds, max_batch), logprobs=lp)
+                   proposed=z(rounds, max_batch), argmax=z(max_batch, q, dt=torch.int64), logprobs=lp)
 
     def view(self, size: int) -> "SpecBuffers":
         """The first `size` slots (views, no copies)."""

@@ -73,11 +73,14 @@ class BlockOutput(NamedTuple):
     int64 (-1 past each round's emitted tokens), emitted [R, n] int32, proposed [R, n] int32;
     logprobs (processed blocks of a runner with a log-prob width, else None): (token [R, n, k + 1]
     float32, rank [R, n, k + 1] int32, top ids [R, n, k + 1, N] int64, top values [R, n, k + 1, N]
-    float32) of each round's tokens (entries past the emitted ones unread)."""
+    float32) of each round's tokens (entries past the emitted ones unread); argmax (a one-round
+    block with grammar-checked proposals, else None): [n, k + 1] int64, each verified position's
+    argmax before masks and processing."""
     tokens: torch.Tensor
     emitted: torch.Tensor
     proposed: torch.Tensor
     logprobs: tuple | None = None
+    argmax: torch.Tensor | None = None
 
 
 class SpeculativeRunner:
@@ -260,10 +263,11 @@ class SpeculativeRunner:
         return self.slots.history[slot, :n].tolist()
 
     # ---- device side: the block of R rounds ----------------------------------------------------
-    def _round(self, size: int, r: int, k: int, how: Draw, *, last: bool) -> None:
+    def _round(self, size: int, r: int, k: int, how: Draw, *, last: bool, grammar: bool = False) -> None:
         """Round r of a block: propose, verify, accept (model/draw.py's Draw: how.processed, the
         slots' logits processing per verified position; how.filtered, acceptance within the
-        sampler's kept set of top_k / top_p)."""
+        sampler's kept set of top_k / top_p). grammar: a one-round block over constrained rows
+        (their masks applied), whose argmax before the masks is kept (SpecBuffers.argmax)."""
         c, st, v = self.config, self.slots, self.bufs[k].view(size)
         num, limit, hist, step = st.seq_lens[:size], st.limit[:size], st.history[:size], st.step[:size]
         temperature = st.temperature[:size]
@@ -283,6 +287,8 @@ class SpeculativeRunner:
         logits = self.model.verify_step(tokens, cache_lens, self.kv_caches, table, self.device_error,
                                         splits=self.splits[size], **record)   # [B * (k + 1), V]
         if how.processed and self.mask is not None:   # constrained rows: each position's mask
+            if grammar:                               # the model's own choice, before the mask
+                self.model.ops.argmax_into(logits, v.argmax.reshape(-1))
             self.mask.apply_verify(logits, size, k, ops=self.model.ops)
         raw = logits
         if how.processed:                     # the slots' logits processing, per verified position
@@ -303,8 +309,9 @@ class SpeculativeRunner:
 
     def _block(self, size: int, k: int, how: Draw, rounds: int | None = None) -> None:
         rounds = self.rounds if rounds is None else rounds
+        grammar = rounds == 1 and how.processed and self.grammar      # a block of constrained rows
         for r in range(rounds):               # the last round's advance leaves each slot's current
-            self._round(size, r, k, how, last=r == rounds - 1)      # token where decode reads it
+            self._round(size, r, k, how, last=r == rounds - 1, grammar=grammar)   # token where decode reads it
 
     def _record_logprobs(self, lp, r: int, raw: torch.Tensor, processed: torch.Tensor, out: torch.Tensor,
                          size: int, how: Draw) -> None:
@@ -392,7 +399,8 @@ class SpeculativeRunner:
         if processed and b.logprobs is not None:          # rows b * Q + j -> [rounds, n, Q(, N)]
             q = k + 1
             lp = tuple(t[:rounds, :size * q].unflatten(1, (size, q))[:, :n] for t in b.logprobs.view(size * q))
-        return BlockOutput(b.out_tokens[:rounds, :n], b.emitted[:rounds, :n], b.proposed[:rounds, :n], lp)
+        best = b.argmax[:n] if rounds == 1 and processed and self.grammar else None
+        return BlockOutput(b.out_tokens[:rounds, :n], b.emitted[:rounds, :n], b.proposed[:rounds, :n], lp, best)
 
     def sync_draft(self, slots, since: torch.Tensor | None = None) -> None:
         """Catch the draft's K/V up over each slot's tokens but the current one (eager; reads the

@@ -75,6 +75,7 @@ class InputBatch:
         self._history: list[tuple[int, list[int]]] = []   # (slot, tokens from column 0)
         self._tokens: dict[int, int] = {}                    # slot -> its current token
         self._proc: list = []                                # (slot, ProcessRows) to reset
+        self._spec_k: set[int] = set()                      # slots whose SPEC_K alone changed
         self.history_width = history_width           # the slots' token-history width (speculation)
         self._stages = [_Stage(pin), _Stage(pin)]
         self._flip = 0
@@ -132,10 +133,12 @@ class InputBatch:
         self._dirty_rows.add(slot)
 
     def set_spec_k(self, slot: int, k: int) -> None:
-        """Proposals a speculative round may verify for the row from the next block (policy)."""
+        """Proposals a speculative round may verify for the row from the next block (a
+        constrained row's cap): that one cell, not the row (its seq_len and draw index advance
+        on the device; the mirror's are the activation's)."""
         if self._ints[SPEC_K, slot] != k:
             self._ints[SPEC_K, slot] = k
-            self._dirty_rows.add(slot)
+            self._spec_k.add(slot)
 
     def deactivate(self, slot: int) -> None:
         """The row becomes padding (seq_len 0, limit 0) and stops advancing."""
@@ -158,7 +161,8 @@ class InputBatch:
     # ---- the update ---------------------------------------------------------------------------
     @property
     def dirty(self) -> bool:
-        return bool(self._dirty_cells or self._dirty_rows or self._history or self._tokens or self._proc)
+        return bool(self._dirty_cells or self._dirty_rows or self._history or self._tokens or self._proc
+                    or self._spec_k)
 
     def flush(self, apply) -> None:
         """Stage every recorded change and hand it to apply(SlotUpdate) (stream-ordered
@@ -179,12 +183,14 @@ class InputBatch:
         hist, width = self._history, self.history_width or 0
         h = sum(len(t) for _, t in hist)
         current, t = self._tokens, len(self._tokens)
+        spec = sorted(self._spec_k - self._dirty_rows)   # a row written whole carries its SPEC_K
         self._dirty_cells, self._history, self._tokens = [], [], {}
         self._dirty_rows.clear()
-        m, s = len(cells), len(rows)
+        self._spec_k.clear()
+        m, s, c = len(cells), len(rows), len(spec)
         stage = self._stages[self._flip]
         self._flip ^= 1
-        (i64, n64), (i32, n32), (f32, nf) = stage.take(m + 2 * s + h + 2 * t, m + NUM_INTS * s + h,
+        (i64, n64), (i32, n32), (f32, nf) = stage.take(m + 2 * s + h + 2 * t + c, m + NUM_INTS * s + h + c,
                                                        NUM_FLOATS * s)
         n64[:m] = cells
         n32[:m] = self.block_table_host.reshape(-1)[cells]
@@ -202,7 +208,11 @@ class InputBatch:
             at = m + 2 * s + h
             n64[at:at + t] = list(current)
             n64[at + t:at + 2 * t] = list(current.values())
-        apply(SlotUpdate(i64, i32, f32, m, s, h, t))
+        if c:
+            at, at32 = m + 2 * s + h + 2 * t, m + NUM_INTS * s + h
+            n64[at:at + c] = [SPEC_K * self.max_batch + slot for slot in spec]
+            n32[at32:at32 + c] = self._ints[SPEC_K, spec]
+        apply(SlotUpdate(i64, i32, f32, m, s, h, t, c=c))
         if stage.event is not None:
             stage.event.record()                      # behind the copies that read the stage
 

@@ -144,8 +144,10 @@ class Result:
     logprobs: (token [S, cols] float32, rank [S, cols] int32, ids [S, cols, N] int64, vals
     [S, cols, N] float32) when the launch asked for them, else None.
     prompt_logprobs: {row: (logprob [P - 1], rank, ids, vals)} CPU (Prefill.prompt_logprobs).
-    argmax: a split step's draw (part "draw"): [1, n] int64, each row's argmax before masks and
-    processing (whether a constrained row's model agreed with its grammar); None otherwise."""
+    argmax: each row's argmax before masks and processing (whether a constrained row's model
+    agreed with its grammar): a split step's draw (part "draw") [1, n] int64; a one-round
+    speculative block with grammar-checked proposals [n, k + 1] int64, per verified position;
+    None otherwise."""
 
     tokens: torch.Tensor | None
     emitted: torch.Tensor | None = None

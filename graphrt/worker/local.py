@@ -141,7 +141,8 @@ class LocalExecutor:
                         "one-round blocks need grammar-checked n-gram proposals (spec_grammar)")
             out = self._spec_block(block.n, k=block.k, filtered=d.filtered, processed=d.processed,
                                    sync_draft=block.sync_draft, rounds=block.rounds)
-            return Result(out.tokens, out.emitted, out.proposed, logprobs=out.logprobs if block.logprobs else None)
+            return Result(out.tokens, out.emitted, out.proposed, logprobs=out.logprobs if block.logprobs else None,
+                          argmax=out.argmax)
         if d.processed:
             tokens = self._decode_block(block.n, sampled=True, processed=True, filtered=d.filtered,
                                         part=block.part)

@@ -58,3 +58,53 @@ def test_constrained_beside_free_graphs(tmp_path_factory):
         assert margin < 0.25, f"the free row parts from its lone run at token {i} at a margin {margin:.3f}"
     else:
         assert got == alone.token_ids
+
+
+def _first_part(a: list, b: list) -> int | None:
+    """The first index where token lists a and b differ (None: equal)."""
+    i = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    return i if i is not None or len(a) == len(b) else min(len(a), len(b))
+
+
+def test_unmasked_runs_on_the_graphs(tmp_path_factory):
+    """Unmasked runs (engine/structured.py FreeRun) with captured graphs: the split draw graph
+    reports each row's argmax before its mask; a row whose model follows its grammar moves to
+    K-step blocks (launches with part None), and one whose token is refused is set back. Greedy
+    rows give the always-masked engine's tokens (a divergence only at a masked near-tie, read
+    from the masked run's log-probs)."""
+    path = write(tmp_path_factory, "so_free_gpu", arch="llama", dtype="bfloat16", seed=12)
+    llm = LLM(path, max_batch=4, steps_per_graph=4, max_model_len=256)
+    eng = llm.engine
+    # "json": a prompt whose greedy text on this checkpoint is printable ASCII (most prompts of a
+    # random model give partial UTF-8 bytes, which no grammar of text admits)
+    own = llm.generate(["json"], SamplingParams(max_tokens=24, temperature=0, ignore_eos=True),
+                       use_tqdm=False)[0].outputs[0].text
+    forced = own[:len(own) // 2] + "zz"
+
+    def run(flag, so, logprobs=None):
+        eng.FREE_RUN = flag
+        ps = [SamplingParams(max_tokens=30, temperature=0, ignore_eos=True),
+              SamplingParams(max_tokens=40, temperature=0, structured_outputs=so, logprobs=logprobs)]
+        kinds, inner = [], eng.runtime.run
+        eng.runtime.run = lambda b: kinds.append(b.part) or inner(b)
+        try:
+            outs = llm.generate(["hello", "json"], ps, use_tqdm=False)
+        finally:
+            eng.runtime.run = inner
+            eng.FREE_RUN = True
+        return outs[1].outputs[0], kinds
+
+    for so in ({"choice": [forced, "other"]}, {"regex": r"[ -~]{5,60}"}):
+        got, kinds = run(True, so)
+        want, kinds0 = run(False, so)
+        if "regex" in so:
+            assert re.fullmatch(r"[ -~]{5,60}", got.text), got.text
+        else:
+            assert got.text in (forced, "other"), got.text
+        i = _first_part(got.token_ids, want.token_ids)
+        if i is not None:
+            masked = run(False, so, logprobs=2)[0]
+            top2 = sorted(masked.logprobs[i].values(), key=lambda lp: -lp.logprob)[:2]
+            assert len(top2) == 2 and top2[0].logprob - top2[1].logprob < 0.25, (so, i, got.token_ids, want.token_ids)
+        if "regex" in so:                                  # printable text: the model's words fit it
+            assert kinds.count(None) > kinds0.count(None), (kinds, kinds0)

@@ -37,7 +37,7 @@ def _run(target_hf, draft_hf, prompts, max_tokens, k):
                         block_table=table[i])
     got, per_round = [[int(t)] for t in first], []
     for _ in range(30):
-        out, emitted, proposed, _ = runner.run(len(prompts))
+        out, emitted, proposed, _, _ = runner.run(len(prompts))
         if int(emitted.sum()) == 0:
             break
         for r in range(2):

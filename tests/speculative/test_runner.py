@@ -53,7 +53,7 @@ def _speculative(hf, prompts, max_tokens, table, k, rounds, cycle=None):
     got, rounds_run = [[int(t)] for t in first], [0, 0, 0]
     for b in range(40):
         kb = k if cycle is None else cycle[b % len(cycle)]
-        out, emitted, proposed, _ = runner.run(3, k=kb)
+        out, emitted, proposed, _, _ = runner.run(3, k=kb)
         assert out.shape[-1] == kb + 1
         if int(emitted.sum()) == 0:
             break
@@ -168,7 +168,7 @@ def test_seeded_sampling_is_batch_invariant_and_clear_slot_stops(hf):
                             temperature=0.8, seed=1234 + i, step=1)
         got = [[] for _ in slots]
         for blk in range(6):
-            out, emitted, _, _ = runner.run(len(slots))
+            out, emitted, _, _, _ = runner.run(len(slots))
             if int(emitted.sum()) == 0:
                 break
             for r in range(2):
@@ -200,7 +200,7 @@ def test_top_k_needs_a_filtered_runner(hf):
         filt.set_slot(0, [1, 2], limit=10, block_table=row, temperature=1.0, top_p=0.0)
     model.prefill([torch.tensor([3, 4, 3, 4])], caches, row[None])   # K/V of all but the last
     filt.set_slot(0, [3, 4, 3, 4, 3], limit=9, block_table=row, temperature=1.0, top_k=1, seed=3)
-    out, emitted, _, _ = filt.run(1)                     # top_k = 1: sampling == greedy
+    out, emitted, _, _, _ = filt.run(1)                     # top_k = 1: sampling == greedy
     seq = [3, 4, 3, 4, 3] + out[0, 0, : int(emitted[0, 0])].tolist()
     with torch.no_grad():
         for i in range(5, len(seq)):
@@ -227,7 +227,7 @@ def test_processed_rounds_record_each_emitted_tokens_logprobs(hf, mode):
     got = [[] for _ in prompts]                             # (token, logprob, rank, ids, vals)
     accepted = 0
     for _ in range(8):
-        out, emitted, proposed, lp = runner.run(2, k=2, processed=True)
+        out, emitted, proposed, lp, _ = runner.run(2, k=2, processed=True)
         assert lp is not None and lp[0].shape == (2, 2, 3) and lp[2].shape == (2, 2, 3, width)
         if int(emitted.sum()) == 0:
             break

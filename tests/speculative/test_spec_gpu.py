@@ -65,7 +65,7 @@ def test_graph_replay_matches_eager_and_never_syncs():
         got = []
         for _ in range(5):
             if replay:
-                out, emitted, _, _ = runner.run(3)
+                out, emitted, _, _, _ = runner.run(3)
             else:
                 torch.cuda.synchronize()
                 torch.cuda.set_sync_debug_mode("error")     # any host sync inside a block raises
@@ -102,7 +102,7 @@ def test_bf16_greedy_matches_hf_except_near_ties():
     first = runner.slots.history[:3].gather(1, (runner.slots.seq_lens[:3].long() - 1)[:, None])
     got = [[int(t)] for t in first.flatten().tolist()]
     for _ in range(40):
-        out, emitted, _, _ = runner.run(3)
+        out, emitted, _, _, _ = runner.run(3)
         if int(emitted.sum()) == 0:
             break
         for r in range(out.shape[0]):
