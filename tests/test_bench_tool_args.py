@@ -1,7 +1,7 @@
 """Bad arguments of GPU-only benchmark tools are refused on any machine: one line naming the flag,
 exit 2, before a GPU is asked for (tools/bench_eagle3_step.py --profile, tools/bench_step_parts.py
 --attn-q, tools/bench_prefill_attention.py --layers, tools/profile_persistent.py --batch /
---num-warps / --prefetch / --stages)."""
+--num-warps / --prefetch / --stages / --weights)."""
 from __future__ import annotations
 
 import subprocess
@@ -23,6 +23,7 @@ TOOLS = Path(__file__).resolve().parent.parent / "tools"
     ("profile_persistent.py", ["--prefetch", "-1"], "--prefetch"),
     ("profile_persistent.py", ["--stages", "4,-2"], "--stages"),
     ("profile_persistent.py", ["--programs-per-sm", "0"], "--programs-per-sm"),
+    ("profile_persistent.py", ["--weights", "bf16,int3"], "--weights"),
 ])
 def test_bad_flag_exits_2_naming_it(tool, args, flag, tmp_path):
     r = subprocess.run([sys.executable, str(TOOLS / tool), *args], capture_output=True, text=True, timeout=120,

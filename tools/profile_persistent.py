@@ -10,11 +10,15 @@ streaming (one program's GB/s), and the step's span, the programs' busy share, t
 rate and each layer's average window. A comma list in --num-warps / --block-k / --prefetch /
 --prefetch-bytes / --splits / --stages runs every combination (each one compiles the kernel
 twice); --stages N streams the GEMV weights through a shared-memory ring of N chunks (0: three
-chunks in registers, the default; kernels/persistent/gemv_ring.py).
+chunks in registers, the default; kernels/persistent/gemv_ring.py). --weights: the model's linear
+weights as bench_e2e's kinds (bf16; fp8, fp8-tensor, fp8-head, ...: FP8 e4m3, W8A16 in the step;
+int4, int4-sym, int4-head: graphrt's int4; fp8-block is refused by the step), one run each; the
+bytes per unit are the quantized tiles' (scales and zeros not counted).
 
     python tools/profile_persistent.py --model llama-3.2-1b --batch 1 --context 1024 --out persistent_1b.json
     python tools/profile_persistent.py --model llama-3.1-8b --num-warps 4,8 --block-k 128,256
     python tools/profile_persistent.py --model llama-3.2-1b --stages 0,2,4,6,8,12 --out stages_1b.json
+    python tools/profile_persistent.py --model llama-3.1-8b --weights bf16,fp8,int4 --out formats_8b.json
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ import json
 import statistics
 from pathlib import Path
 
-from bench_e2e import SHAPES, random_model
+from bench_e2e import INT4_KINDS, SHAPES, WEIGHT_KINDS, random_model, with_weights
 from benchlib import copy_bandwidth
 
 
@@ -54,6 +58,7 @@ def parse_args(argv=None):
     p.add_argument("--programs-per-sm", default="1",
                    help="programs in the grid per SM (2 with --num-warps 4: two co-resident programs an SM; "
                         "the cooperative launch refuses a grid that cannot be resident) (comma list)")
+    p.add_argument("--weights", default="bf16", help="comma list of weight kinds (bench_e2e's): bf16, fp8, int4, ...")
     p.add_argument("--replays", type=int, default=20, help="steps per timed graph")
     p.add_argument("--out", default="profile_persistent.json")
     args = p.parse_args(argv)
@@ -63,6 +68,11 @@ def parse_args(argv=None):
         p.error(f"--context: expected >= 1, got {args.context}")
     if args.replays < 1:
         p.error(f"--replays: expected >= 1, got {args.replays}")
+    kinds = ["bf16"] + sorted(WEIGHT_KINDS) + sorted(INT4_KINDS)
+    args.weights = args.weights.split(",")
+    bad = [k for k in args.weights if k not in kinds]
+    if bad:
+        p.error(f"--weights: {bad[0]!r} is not one of {kinds}")
     args.num_warps = _ints(p, args.num_warps, "num-warps", 1)
     args.block_k = _ints(p, args.block_k, "block-k", 16)
     args.prefetch = _ints(p, args.prefetch, "prefetch", 0)
@@ -82,8 +92,8 @@ def main(argv=None) -> int:
     from graphrt.kernels.timing import graph_us
     from graphrt.model.persistent import geometry
 
-    model, _ = random_model(args.model, torch)
-    s, n, ctx = model.spec, args.batch, args.context
+    base, _ = random_model(args.model, torch)
+    s, n, ctx = base.spec, args.batch, args.context
     per_row = -(-(ctx + 1) // 16)
     gen = torch.Generator(device="cuda").manual_seed(1)
     shape = (n * per_row, 16, s.num_kv_heads, s.head_dim)
@@ -97,10 +107,11 @@ def main(argv=None) -> int:
     bw = copy_bandwidth(torch)         # the floor's bandwidth: bytes moved by a copy (read + written) per second, as bench_e2e
     dev = torch.cuda.get_device_properties(0)
     results = []
-    for warps, bk, pf, pfb, sp, st, per_sm in itertools.product(args.num_warps, args.block_k, args.prefetch,
-                                                                args.prefetch_bytes, args.splits, args.stages,
-                                                                args.programs_per_sm):
-        cfg = dict(num_warps=warps, block_k=bk, prefetch=pf, prefetch_bytes=pfb, splits=sp, stages=st,
+    for wk, warps, bk, pf, pfb, sp, st, per_sm in itertools.product(args.weights, args.num_warps, args.block_k,
+                                                                    args.prefetch, args.prefetch_bytes, args.splits,
+                                                                    args.stages, args.programs_per_sm):
+        model, _ = with_weights(base, wk, torch)
+        cfg = dict(weights=wk, num_warps=warps, block_k=bk, prefetch=pf, prefetch_bytes=pfb, splits=sp, stages=st,
                    programs_per_sm=per_sm)
         kw = dict(geometry=geometry(model), rows=n, eps=s.rms_norm_eps, tiles=Tiles(block_k=bk, splits=sp),
                   max_context_len=ctx + 64, num_warps=warps, prefetch=pf, prefetch_bytes=pfb, stages=st,
@@ -142,7 +153,7 @@ def main(argv=None) -> int:
         for name, k in sorted(rep["kinds"].items(), key=lambda kv: -kv[1]["us"]):
             print(f"  {name:<10} {k['units']:>6} {k['us']:>10.0f} {k['us_per_unit']:>8.2f} "
                   f"{100 * k['wait_us'] / max(k['us'], 1e-9):>6.0f}% {k['bytes'] / 1e6:>8.1f} {k['gb_s']:>9.1f}")
-        del step, timed
+        del step, timed, model
         torch.cuda.empty_cache()
     Path(args.out).write_text(json.dumps(results, indent=1))
     print(f"wrote {args.out}")
