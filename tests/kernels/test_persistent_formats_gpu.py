@@ -1,7 +1,9 @@
 """GPU tests of the persistent decode step with quantized weights (graphrt/kernels/persistent/
 formats.py; gemv_tile.py's FP8 and int4 variants), random bf16 models at Llama-3.2-1B / 3.1-8B
 layer shapes (2 layers, the full vocabulary) quantized on the GPU: FP8 per-channel (the LM head
-FP8 where it is untied, 8B) and int4 group 128 (asymmetric; symmetric with an int4 LM head, 8B).
+FP8 where it is untied, 8B) and int4 group 128 (asymmetric, bf16 LM head; symmetric with an int4
+LM head, 8B, against the reference). The kernel builds are shared between the tests (one split
+count, the default prefetch) to keep the compile time down.
 Against a float32 torch reference of the step over the dequantized weights (short contexts: the
 reference walks the cache per position) within two bf16 steps of the logits; the full grid
 against a third as many programs at the same KV split count, bit for bit, launch after launch
@@ -46,7 +48,7 @@ def _inputs(rows, lens, seed=0):
     return table, torch.tensor(lens, dtype=torch.int32, device="cuda"), tokens
 
 
-@pytest.mark.parametrize("name,kind", [("1b", "fp8"), ("1b", "int4"), ("8b", "fp8"), ("8b", "int4-sym")])
+@pytest.mark.parametrize("name,kind", [("1b", "fp8"), ("1b", "int4"), ("8b", "int4-sym")])
 def test_against_float32_reference(name, kind):
     model = quantized(name, kind)
     rows = 4
@@ -69,8 +71,7 @@ def test_against_float32_reference(name, kind):
     print(f"{name} {kind}: max |logit diff| per row {[round(x, 3) for x in d.tolist()]}")
 
 
-@pytest.mark.parametrize("name,kind,rows", [("1b", "fp8", 1), ("1b", "int4", 1), ("8b", "fp8", 16),
-                                            ("8b", "int4-sym", 16)])
+@pytest.mark.parametrize("name,kind,rows", [("1b", "fp8", 1), ("1b", "int4", 1), ("8b", "fp8", 16), ("8b", "int4", 16)])
 def test_grids_agree(name, kind, rows):
     compare_grids(quantized(name, kind), rows, sms() // 3 + 1, sms(), 20, prefetch=1)
 
