@@ -1,7 +1,7 @@
 """The persistent decode step with quantized weights (graphrt/kernels/persistent/formats.py and the
 GEMV tile's FP8 / int4 variants, gemv_tile.py) under TRITON_INTERPRET=1, one program: FP8
 (per-channel and per-tensor scales, the LM head FP8 or bf16) and int4 (asymmetric group 32 with
-an int4 LM head, symmetric group 64), multiply-add and tl.dot GEMVs, against the float32 torch
+an int4 LM head, symmetric group 64, per channel: one group of each weight's K), multiply-add and tl.dot GEMVs, against the float32 torch
 reference (tests/_persistent_reference.py) run over the dequantized weights (the persistent FP8 tile
 is W8A16: the activations stay in the model dtype, so the reference is the dequantized model
 itself); bf16 models within bf16 rounding; the shared-memory ring equal to the register form bit
@@ -16,7 +16,8 @@ import torch
 
 from graphrt.attention.kvcache import PagedKVCache
 from graphrt.kernels.persistent import PersistentStep, Tiles, unsupported
-from graphrt.kernels.persistent.formats import FMT_FP8, FMT_INT4, FMT_MODEL, NO_CAP, WeightFormat, weight_format
+from graphrt.kernels.persistent.formats import (FMT_FP8, FMT_INT4, FMT_MODEL, NO_CAP, PER_CHANNEL, WeightFormat,
+                                               weight_format)
 from graphrt.kernels.persistent.schedule import F_OP, F_WB, OP_DOWN, OP_HEAD, build_schedule
 from graphrt.model import LlamaDecoder
 from graphrt.model.fp8_weights import dequantize_weights, quantize_weights
@@ -42,7 +43,8 @@ def _quantized(model, kind):
     return {"fp8": lambda: quantize_weights(w, spec, "channel", lm_head=True),
             "fp8-tensor": lambda: quantize_weights(w, spec, "fused-tensor"),
             "int4": lambda: quantize_weights_int4(w, group_size=32, lm_head=True),
-            "int4-sym": lambda: quantize_weights_int4(w, group_size=64, symmetric=True)}[kind]()
+            "int4-sym": lambda: quantize_weights_int4(w, group_size=64, symmetric=True),
+            "int4-channel": lambda: quantize_weights_int4(w, group_size=-1)}[kind]()
 
 
 def _launch(model, weights, caches, lens, tokens, gemv="auto", stages=0):
@@ -58,7 +60,8 @@ def _launch(model, weights, caches, lens, tokens, gemv="auto", stages=0):
 
 
 CASES = [("fp8", "fma", FMT_FP8, FMT_FP8), ("fp8-tensor", "dot", FMT_FP8, FMT_MODEL),
-         ("int4", "fma", FMT_INT4, FMT_INT4), ("int4-sym", "dot", FMT_INT4, FMT_MODEL)]
+         ("int4", "fma", FMT_INT4, FMT_INT4), ("int4-sym", "dot", FMT_INT4, FMT_MODEL),
+         ("int4-channel", "fma", FMT_INT4, FMT_MODEL)]
 
 
 @pytest.mark.parametrize("kind,gemv,fmt,head_fmt", CASES)
@@ -154,6 +157,8 @@ def test_format_host_pieces():
     assert f == WeightFormat(FMT_INT4, FMT_MODEL, group=64, has_zero=False, scale_dtype=torch.float16)
     assert f.chunk_cap == 64 and f.elem_bytes(4) == 0.5 and f.head_elem_bytes(4) == 4
     assert weight_format(model.weights).chunk_cap == NO_CAP
+    per_channel = weight_format(quantize_weights_int4(model.weights, group_size=-1))   # K = 128 and 192
+    assert per_channel.group == PER_CHANNEL and per_channel.chunk_cap == NO_CAP
     g = geometry(model)
     s = build_schedule(g, 1, 1, elem_bytes=0.5, head_elem_bytes=2)
     down = next(u for u in s.units if u[F_OP] == OP_DOWN)

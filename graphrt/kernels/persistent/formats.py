@@ -12,7 +12,8 @@ imports nothing from graphrt.model):
   Block-scaled FP8 weights are refused.
 - FMT_INT4: graphrt.model.quant.int4.Int4Weight: `qweight` int32 [N, K/8], `scale` [N, G]
   (one float dtype for every weight), `zero` uint8 [N, G] or None (for every weight alike),
-  `group_size` (one for every weight, a multiple of 16). Act-order weights (`perm`) are refused:
+  `group_size` (one for every weight, a multiple of 16; or every weight per channel, group_size =
+  its K: PER_CHANNEL). Act-order weights (`perm`) are refused:
   the GEMV would gather its activation columns through the permutation in every chunk.
 """
 from __future__ import annotations
@@ -24,12 +25,13 @@ import torch
 FMT_MODEL, FMT_FP8, FMT_INT4 = 0, 1, 2
 FORMAT_NAMES = {FMT_MODEL: "model dtype", FMT_FP8: "FP8", FMT_INT4: "int4"}
 NO_CAP = 1 << 16            # GK of formats without groups: no cap on a chunk's width
+PER_CHANNEL = 1 << 30       # int4 group size of per-channel weights (one group of K, any K below it)
 
 
 @dataclass(frozen=True)
 class WeightFormat:
     """fmt: the layers' linears' format; head_fmt: the LM head's (FMT_MODEL or fmt); group: int4's
-    group size (1 otherwise); has_zero: int4 with zero points (else zero 8); scale_dtype: the
+    group size (PER_CHANNEL: one group of every weight's K; 1 otherwise); has_zero: int4 with zero points (else zero 8); scale_dtype: the
     scales' dtype (None for model-dtype weights)."""
     fmt: int
     head_fmt: int
@@ -117,6 +119,8 @@ def weight_format(weights) -> WeightFormat | str:
     if fmt == FMT_FP8:
         return WeightFormat(fmt, head_fmt, scale_dtype=dtypes.pop())
     groups = {t.group_size for t in quant}
+    if len(groups) > 1 and all(t.group_size == t.shape[1] for t in quant):
+        groups = {PER_CHANNEL}                                   # per channel: one group of each K
     zeros = {t.zero is not None for t in quant}
     if len(groups) != 1:
         return f"weights: int4 group sizes {sorted(groups)} (one only)"
@@ -125,4 +129,4 @@ def weight_format(weights) -> WeightFormat | str:
     return WeightFormat(fmt, head_fmt, group=groups.pop(), has_zero=zeros.pop(), scale_dtype=dtypes.pop())
 
 
-__all__ = ["FMT_FP8", "FMT_INT4", "FMT_MODEL", "FORMAT_NAMES", "NO_CAP", "WeightFormat", "data_of", "weight_format"]
+__all__ = ["FMT_FP8", "FMT_INT4", "FMT_MODEL", "FORMAT_NAMES", "NO_CAP", "PER_CHANNEL", "WeightFormat", "data_of", "weight_format"]

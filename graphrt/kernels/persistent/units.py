@@ -60,7 +60,7 @@ def residual_unit(n0, tile, x_ptr, x_off, XA: tl.constexpr, m_ok, w_tile, K: tl.
     rn = n0 + tl.arange(0, BN)
     n_ok = rn < H
     w_rows = _rows(w_tile, K, BN, FMT)
-    G: tl.constexpr = K // GS if FMT == 2 else 1              # scales a row
+    G: tl.constexpr = (K + GS - 1) // GS if FMT == 2 else 1    # scales a row
     s_rows = s_w + rn * G
     z_rows = z_w + rn * G
     cs = row_scales(s_rows, n_ok, FMT)
@@ -98,7 +98,7 @@ def qkv_unit(layer, n0, res_ptr, emb_ptr, emb_off, XA: tl.constexpr, m_ok, w_til
     rn = n0 + tl.arange(0, BN)
     n_ok = rn < QKVW
     w_rows = _rows(w_tile, H, BN, FMT)
-    G: tl.constexpr = H // GS if FMT == 2 else 1              # scales a row
+    G: tl.constexpr = (H + GS - 1) // GS if FMT == 2 else 1    # scales a row
     s_rows = s_w + rn * G
     z_rows = z_w + rn * G
     cs = row_scales(s_rows, n_ok, FMT)
@@ -150,7 +150,7 @@ def gate_up_unit(n0, res_ptr, XA: tl.constexpr, m_ok, w_ptr, g_off, u_off, g_ptr
         w_rows = w_ptr + (g_off + (r % 2) * (u_off - g_off) + (r // 2) * (H // 8))[:, None]
     else:
         w_rows = w_ptr + (g_off + (r % 2) * (u_off - g_off) + (r // 2) * H)[:, None]
-    G: tl.constexpr = H // GS if FMT == 2 else 1              # scales a row
+    G: tl.constexpr = (H + GS - 1) // GS if FMT == 2 else 1    # scales a row
     s_rows = s_w + (rn + (r % 2) * I) * G
     z_rows = z_w + (rn + (r % 2) * I) * G
     cs = row_scales(s_rows, n_ok, FMT)
@@ -192,7 +192,7 @@ def head_unit(n0, res_ptr, XA: tl.constexpr, m_ok, w_tile, g_ptr, ss_parts, logi
     rn = n0 + tl.arange(0, BN)
     n_ok = rn < V
     w_rows = _rows(w_tile, H, BN, FMT)
-    G: tl.constexpr = H // GS if FMT == 2 else 1              # scales a row
+    G: tl.constexpr = (H + GS - 1) // GS if FMT == 2 else 1    # scales a row
     s_rows = s_w + rn * G
     z_rows = z_w + rn * G
     cs = row_scales(s_rows, n_ok, FMT)
