@@ -236,14 +236,20 @@ def test_allows_and_prefix_agree_with_the_masks(tokenizer, capfd):
     assert "cannot accept" not in capfd.readouterr().err
 
 
+TINY = dict(device="cpu", backend="reference", max_batch=2, max_model_len=96, page_size=4, steps_per_graph=4)
+
+
 @pytest.fixture(scope="module")
-def tiny_llm(tmp_path_factory):
+def tiny_path(tmp_path_factory):
     pytest.importorskip("transformers")
     from _checkpoints import write
+    return write(tmp_path_factory, "free_run", shape="tiny", arch="llama")
+
+
+@pytest.fixture(scope="module")
+def tiny_llm(tiny_path):
     from graphrt import LLM
-    path = write(tmp_path_factory, "free_run", shape="tiny", arch="llama")
-    return LLM(path, device="cpu", backend="reference", max_batch=2, max_model_len=96, page_size=4,
-               steps_per_graph=4)
+    return LLM(tiny_path, **TINY)
 
 
 def test_the_model_runtime_path(tiny_llm):
@@ -334,3 +340,51 @@ def test_a_grammar_check_that_raises_fails_its_request_alone(tokenizer, monkeypa
     while eng.step():
         pass
     assert re.fullmatch(REGEX, again.result().outputs[0].text)
+
+
+def _launches(eng, fn):
+    """fn()'s result and the (k, rounds, part) of every launch the engine made meanwhile."""
+    kinds, inner = [], eng.runtime.run
+    eng.runtime.run = lambda b: kinds.append((b.k, b.rounds, b.part)) or inner(b)
+    try:
+        return fn(), kinds
+    finally:
+        eng.runtime.run = inner
+
+
+def test_ngram_speculation_keeps_the_tokens_and_runs_unmasked(tiny_llm, tiny_path):
+    """Under n-gram speculation a constrained row's grammar rounds cap its proposals (SetSpecK)
+    on rows whose seq_len the device advanced: greedy and sampled constrained output equals the
+    engine's without speculation (it once drew from the activation's position after a cap
+    changed). With unmasked runs the grammar rounds' raw argmax per verified position moves a
+    row that follows its grammar to whole R-round speculative blocks, the same tokens."""
+    from graphrt import LLM
+    spec = LLM(tiny_path, speculative={"method": "ngram", "num_tokens": 3}, **TINY)
+    eng = spec.engine
+    assert eng.caps.spec_grammar
+    prompts = [[1, 2, 3], [5, 6, 7, 8], [9, 10]]
+    for regex in (r"[ -~]{5,60}", r"[a-z ]{5,60}"):
+        for t in (0.0, 0.9):
+            p = [SamplingParams(max_tokens=16, temperature=t, seed=5, structured_outputs={"regex": regex})] * 3
+            want = [o.outputs[0].token_ids for o in tiny_llm.generate(prompts, p, use_tqdm=False)]
+            for flag in (False, True):
+                eng.FREE_RUN = flag
+                try:
+                    outs, kinds = _launches(eng, lambda: spec.generate(prompts, p, use_tqdm=False))
+                finally:
+                    eng.FREE_RUN = True
+                assert [o.outputs[0].token_ids for o in outs] == want, (regex, t, flag)
+                assert all(re.fullmatch(regex, o.outputs[0].text) for o in outs)
+    # one row whose greedy text fits [a-z ]: agreement read from grammar rounds, then R-round blocks
+    p = SamplingParams(max_tokens=40, temperature=0, structured_outputs={"regex": "[a-z ]{5,60}"})
+    want = tiny_llm.generate([[5, 6, 7, 8]], p, use_tqdm=False)[0].outputs[0].token_ids
+    runs = {}
+    for flag in (False, True):
+        eng.FREE_RUN = flag
+        try:
+            out, kinds = _launches(eng, lambda: spec.generate([[5, 6, 7, 8]], p, use_tqdm=False)[0].outputs[0])
+        finally:
+            eng.FREE_RUN = True
+        assert out.token_ids == want, flag
+        runs[flag] = sum(1 for k, rounds, _ in kinds if k and rounds is None)
+    assert runs[True] > runs[False], runs

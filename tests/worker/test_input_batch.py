@@ -1,5 +1,6 @@
 """worker/input_batch.py: the runtime's slot state (model/slots.py) equals a dense reference
-after random admissions, growths, deactivations, history writes and device advances; only what
+after random admissions, growths, deactivations, history writes, proposal caps and device
+advances (a cap rewrites its one cell, never the row's advanced seq_len / step); only what
 changed is staged; the slot changes a launch carries (worker/changes.py), recorded, stage the same."""
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ def test_device_rows_follow_random_updates():
     samp = {}
     used = [0] * b
     cur = [0] * b                                     # each slot's current token
+    cap = [0] * b                                     # each slot's SPEC_K
     for it in range(200):
         op = rng.random()
         slot = rng.randrange(b)
@@ -46,15 +48,21 @@ def test_device_rows_follow_random_updates():
             if rng.random() < 0.5:                      # a row joining from its last context token
                 batch.set_token(slot, toks[-1])
                 cur[slot] = toks[-1]
-            seq[slot], step[slot], adv[slot], samp[slot] = s0, st, k, row
+            seq[slot], step[slot], adv[slot], samp[slot], cap[slot] = s0, st, k, row, 3
             samp[slot]["limit"] = s0 + 9
+            if rng.random() < 0.3:                      # capped in the same flush as its activation
+                cap[slot] = rng.randint(0, 3)
+                batch.set_spec_k(slot, cap[slot])
         elif op < 0.6:
             batch.deactivate(slot)
             seq[slot] = adv[slot] = 0
             samp.pop(slot, None)
-        elif op < 0.7:
+        elif op < 0.65:
             batch.clear_pages(slot)
             used[slot] = 0
+        elif op < 0.72 and seq[slot] > 0:                # a constrained row's proposal cap, after
+            cap[slot] = rng.randint(0, 3)                 # the device advanced it: only that cell
+            batch.set_spec_k(slot, cap[slot])
         else:
             batch.flush(slots.apply)
             n = rng.randint(1, b)
@@ -72,7 +80,7 @@ def test_device_rows_follow_random_updates():
             for r in live:
                 assert slots.block_table[r, :used[r]].tolist() == table[r, :used[r]].tolist()
                 assert slots.history[r].tolist() == hist[r].tolist()
-                assert slots.limit[r].item() == samp[r]["limit"] and slots.spec_k[r].item() == 3
+                assert slots.limit[r].item() == samp[r]["limit"] and slots.spec_k[r].item() == cap[r]
                 s = slots.sampling(b)
                 assert s.step[r].item() == step[r] and s.top_k[r].item() == samp[r]["top_k"]
                 assert s.seed[r].item() == samp[r]["seed"]
