@@ -27,10 +27,10 @@ Cases (the first stream of each is the one the ratios read):
   free+text   a free stream beside it                      free+text / free+free   ASCII text
                                                            follows: it decodes unmasked, FreeRun)
 With --spec none ngram, also `json none / ngram` (and regex): the constrained stream's speedup
-from n-gram speculation (target: >= 1.3 on a trained model's JSON). --spec none-serial: no
-speculation, and each split step's forward launched by the next block (after the host's loop)
-instead of right after the previous draw: `json none-serial / none` is what launching it ahead
-gains.
+from n-gram speculation (target: >= 1.3 on a trained model's JSON). --spec none-ahead: no
+speculation, and each split step's next forward launched right after the previous draw
+(Engine.RUN_AHEAD) instead of by the next block (after the host's loop, the default):
+`json none / none-ahead` (reported as `serial / ahead`) is what launching it ahead gains.
 A constrained row runs one step per block in two launches (forward, then the draw), its matcher
 advanced and its next mask written while the forward runs; under n-gram speculation one round
 with grammar-checked proposals; where its model agrees with its grammar, whole unmasked K-step
@@ -120,7 +120,7 @@ def bench_model(path, a, spec: str) -> list[dict]:
     from graphrt import LLM, SamplingParams
     kw = {"speculative": {"method": "ngram", "num_tokens": 4}} if spec == "ngram" else {}
     llm = LLM(str(path), device=a.device, max_batch=2, max_model_len=a.prompt_len + a.tokens + 64, **kw)
-    llm.engine.RUN_AHEAD = spec != "none-serial"
+    llm.engine.RUN_AHEAD = spec == "none-ahead"
     vocab = llm.engine.vocab_size
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(8, min(vocab, 4096), (a.prompt_len,), generator=gen).tolist() for _ in range(2)]
@@ -166,9 +166,9 @@ def ratios(rows: list[dict]) -> list[dict]:
             if b is not None:
                 out.append({"model": r["model"], "spec": r["spec"], "what": f"{case} / {base}",
                             "ratio": r["tpot_ms"][i] / b["tpot_ms"][i]})
-        if r["spec"] == "none-serial" and r["case"] in ("json", "regex", "free+json"):   # the forward ahead's gain
-            b = next((x for x in rows if x["case"] == r["case"] and x["model"] == r["model"] and x["spec"] == "none"),
-                     None)
+        if r["spec"] == "none" and r["case"] in ("json", "regex", "free+json"):   # the forward ahead's gain
+            b = next((x for x in rows if x["case"] == r["case"] and x["model"] == r["model"]
+                      and x["spec"] == "none-ahead"), None)
             if b is not None:
                 out.append({"model": r["model"], "spec": "none", "what": f"{r['case']} serial / ahead",
                             "ratio": r["tpot_ms"][0] / b["tpot_ms"][0]})
@@ -189,7 +189,7 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=192)
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--spec", nargs="+", default=["none"], choices=["none", "none-serial", "ngram"])
+    p.add_argument("--spec", nargs="+", default=["none"], choices=["none", "none-ahead", "ngram"])
     p.add_argument("--cases", nargs="+", default=DEFAULT_CASES, choices=list(CASES))
     p.add_argument("--chat", action="store_true", help="prompts: an instruction through the chat template")
     p.add_argument("--device", default="cuda")

@@ -44,11 +44,13 @@ def _blocks(calls) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("overlap", [True, False])
-def test_launch_pattern_around_a_constrained_row(tokenizer, overlap):
+@pytest.mark.parametrize("overlap,ahead", [(True, False), (True, True), (False, False)])
+def test_launch_pattern_around_a_constrained_row(tokenizer, overlap, ahead):
     ex = MaskingExecutor(len(tokenizer))
     assert isinstance(ex, Executor)
     eng = Engine(ex, tokenizer, eos_token_ids=(1,), max_model_len=100, overlap=overlap)
+    assert not eng.RUN_AHEAD                                        # the default
+    eng.RUN_AHEAD = ahead
     free = eng.add_request([5, 6, 7], SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
     for _ in range(3):
         eng.step()
@@ -83,6 +85,7 @@ def _serve(overlap: bool, tokenizer, late: bool):
     the constrained row decodes. -> (outputs' token ids, executor)."""
     ex = MaskingExecutor(len(tokenizer))
     eng = Engine(ex, tokenizer, eos_token_ids=(1,), max_model_len=100, overlap=overlap)
+    eng.RUN_AHEAD = True                                            # off by default (no measured gain)
     streams = [eng.add_request([5, 6, 7], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)),
                eng.add_request([9, 10], SamplingParams(max_tokens=40, temperature=0,
                                                         structured_outputs={"regex": r"(ab|cd){4,9}-[0-9]"}))]
@@ -145,6 +148,7 @@ def test_no_forward_ahead_while_a_prompt_prefills_in_chunks(tokenizer):
     one in flight when the prompt arrived is dropped); the outputs validate."""
     ex = MaskingExecutor(len(tokenizer))
     eng = Engine(ex, tokenizer, eos_token_ids=(1,), max_model_len=100, max_num_batched_tokens=4)
+    eng.RUN_AHEAD = True
     con = eng.add_request([9, 10], SamplingParams(max_tokens=30, temperature=0,
                                                    structured_outputs={"regex": r"(ab|cd){6,12}-[0-9]"}))
     for _ in range(4):

@@ -102,7 +102,7 @@ structured)
     > "$L/structured_gpu_tests.log" 2>&1
   say "structured GPU tests rc=$?: $(tail -1 "$L/structured_gpu_tests.log")"; pack
   timeout $(cap 200) python tools/bench_structured.py --shapes 1b --workdir /tmp/bs --tokens 160 --reps 3 \
-    --spec none none-serial --out "$L/structured_1b" > "$L/structured_1b.log" 2>&1
+    --spec none none-ahead --out "$L/structured_1b" > "$L/structured_1b.log" 2>&1
   say "bench_structured 1B rc=$?"; grep -E " / | serial " "$L/structured_1b.log" | tee -a "$S"; pack
   DIR=/tmp/fam; [ -f "$DIR/target/config.json" ] || timeout $(cap 80) python tools/train_tiny.py --out "$DIR" \
     --models target --time-budget-s target=50 > "$L/train_tiny.log" 2>&1

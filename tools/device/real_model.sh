@@ -43,6 +43,6 @@ timeout $(cap 520) python tools/bench_real_model.py --gguf "$F" "${LB[@]}" --out
 say "bench_real_model rc=$?"
 tail -40 "$L/bench.log"; pack
 # constrained decoding on a model that writes what its grammar wants (unmasked runs, FreeRun)
-timeout $(cap 200) python tools/bench_structured.py "$F" --chat --tokens 128 --reps 3 --spec none none-serial \
+timeout $(cap 200) python tools/bench_structured.py "$F" --chat --tokens 128 --reps 3 --spec none none-ahead \
   --cases free json text free+free free+json free+text --out "$L/structured_real" > "$L/structured_real.log" 2>&1
 say "bench_structured (real model) rc=$?"; grep -E " / | serial " "$L/structured_real.log" | tee -a "$S"; pack; cat "$S"
