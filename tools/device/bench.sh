@@ -91,11 +91,13 @@ fp8)
     --json "$L/quality_fp8.json" --check > "$L/quality_fp8.log" 2>&1
   say "quality_fp8 rc=$? (1: a gate failed; the log says which)"; grep -A8 "^variant" "$L/quality_fp8.log" | tee -a "$S"; pack ;;
 int4)
-  timeout $(cap 110) python -m pytest -m gpu -q -p no:cacheprovider tests/model/test_int4_gpu.py -s \
+  # the int4 GEMV and graphs; the persistent step's FP8 / int4 tiles (float32 reference, the sequence)
+  timeout $(cap 220) python -m pytest -m gpu -q -p no:cacheprovider tests/model/test_int4_gpu.py \
+    tests/model/test_persistent_quant_gpu.py tests/kernels/test_persistent_formats_gpu.py -k "not timing" -s \
     > "$L/int4_gpu_tests.log" 2>&1
-  say "int4 GPU tests rc=$?"; tail -4 "$L/int4_gpu_tests.log" | tee -a "$S"; pack
-  e2e int4_step 190 --models llama-3.1-8b,llama-3.2-1b --weights bf16,fp8,int4 --batches 1,16 --contexts 1024 \
-    --variants graphrt $([ "${INT4_KERNELS:-0}" = 1 ] && echo --int4-kernels)
+  say "int4 / persistent format GPU tests rc=$?"; tail -4 "$L/int4_gpu_tests.log" | tee -a "$S"; pack
+  e2e int4_step 240 --models llama-3.1-8b,llama-3.2-1b --weights bf16,fp8,int4 --batches 1,16 --contexts 1024 \
+    --variants graphrt,graphrt-persistent $([ "${INT4_KERNELS:-0}" = 1 ] && echo --int4-kernels)
   grep -E "^gemm" "$L/int4_step.log" | tee -a "$S" ;;
 structured)
   timeout $(cap 150) python -m pytest -m gpu -q -rfEs --tb=short -p no:cacheprovider tests/engine/test_structured_gpu.py \
