@@ -51,3 +51,16 @@ def test_a_model_that_is_not_a_checkpoint_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:                                               # an unknown --spec
         bench_structured.main(["--shapes", "tiny", "--spec", "eagle"])
     assert e.value.code == 2
+
+
+def test_ratios_name_what_launching_ahead_gains():
+    """`serial / ahead`: the default engine's TPOT (--spec none: the next forward launched by the
+    next block) over --spec none-ahead's (launched right after the draw), per case it applies to."""
+    row = lambda spec, case, t: {"model": "m", "spec": spec, "case": case, "tpot_ms": [t]}  # noqa: E731
+    rows = [row("none", "free", 1.0), row("none", "json", 1.2), row("none-ahead", "free", 1.0),
+            row("none-ahead", "json", 1.5)]
+    got = {(r["spec"], r["what"]): r["ratio"] for r in bench_structured.ratios(rows)}
+    assert got[("none", "json serial / ahead")] == pytest.approx(1.2 / 1.5)
+    assert got[("none", "json / free")] == pytest.approx(1.2)
+    assert got[("none-ahead", "json / free")] == pytest.approx(1.5)
+    assert not any("serial" in w for s, w in got if s == "none-ahead")
