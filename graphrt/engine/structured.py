@@ -25,9 +25,9 @@ While the forward runs the host reads the previous step's tokens back, advances 
 (`advance`), fills the next masks (`fill_masks`: tens of microseconds on xgrammar's precomputed
 per-state masks) and writes them ([m, W] int32, one copy); the draw that follows reads them.
 The matcher's work is thus off the device's critical path while it is shorter than a forward.
-With overlap, the next step's forward is launched right after the draw (`_run_ahead`), so the
-device also runs through the host's loop between two steps; a prefill drops it (a forward
-advances no slot: the step never happened).
+With overlap and Engine.RUN_AHEAD (off by default: no measured gain), the next step's forward is
+launched right after the draw (`_run_ahead`), so the device also runs through the host's loop
+between two steps; a prefill drops it (a forward advances no slot: the step never happened).
 Under n-gram speculation (engine/constrained.py `_grammar_round`) a block with constrained rows runs
 one round instead: each row's predicted proposal is walked by its matcher (`fill_along`: the
 masks before each proposal the grammar accepts and after the last, then rolled back) and the

@@ -129,7 +129,8 @@ def test_eos_only_when_complete(setup):
 def test_masks_along_proposals(setup):
     """GrammarState.fill_along: the rows equal the masks filled token by token (before each
     accepted proposal, then after the last), the count stops at the first proposal the grammar
-    refuses, and the matcher ends where it began."""
+    refuses, and the matcher ends where it began; allows(t, j) reads row j of the last call's
+    masks (a grammar round's verified position j: FreeRun's agreement), nothing past them."""
     grammars, table = setup
     state = grammars.state(grammars.compile(StructuredOutputsParams(regex="(ab|cd)+x")))
     ids = {t.decode(): i for i, t in enumerate(table) if t in (b"a", b"b", b"c", b"d", b"x")}
@@ -143,9 +144,12 @@ def test_masks_along_proposals(setup):
         for i in range(kept + 1):
             ref.fill(want, 0)
             assert torch.equal(out[i], want[0]), (drafts, i)
+            assert [state.allows(t, i) for t in range(VOCAB)] == \
+                [(int(want[0, t >> 5]) >> (t & 31)) & 1 == 1 for t in range(VOCAB)], (drafts, i)
             if i < kept:
                 ref.advance([drafts[i]])
         assert (out[kept + 1:] == 7).all()                          # rows past the kept: untouched
+        assert not any(state.allows(t, kept + 1) for t in range(VOCAB))   # no mask past them
         again = torch.empty((1, w), dtype=torch.int32)
         state.fill(again, 0)                                        # rolled back: the first mask again
         assert torch.equal(again[0], out[0]) and state.accepted == 0

@@ -108,3 +108,41 @@ def test_unmasked_runs_on_the_graphs(tmp_path_factory):
             assert len(top2) == 2 and top2[0].logprob - top2[1].logprob < 0.25, (so, i, got.token_ids, want.token_ids)
         if "regex" in so:                                  # printable text: the model's words fit it
             assert kinds.count(None) > kinds0.count(None), (kinds, kinds0)
+
+
+def test_unmasked_runs_under_ngram_speculation_on_the_graphs(tmp_path_factory):
+    """n-gram speculation with captured graphs: the one-round grammar blocks' graphs report each
+    verified position's argmax before the masks (SpecBuffers.argmax), so a row whose model
+    follows its grammar moves to whole R-round blocks (launches with k > 0 and rounds None while
+    it decodes); its greedy tokens are the always-masked engine's (grammar rounds only; a
+    divergence only at a masked near-tie, read from that run's log-probs)."""
+    path = write(tmp_path_factory, "so_free_spec_gpu", arch="llama", dtype="bfloat16", seed=12)
+    llm = LLM(path, max_batch=4, steps_per_graph=4, max_model_len=256, num_pages=64,
+              speculative={"method": "ngram", "num_tokens": 3})
+    eng = llm.engine
+    assert eng.caps.spec_grammar
+    eng.policy = None                                  # every block speculates: grammar rounds while masked
+    so = {"regex": r"[ -~]{5,60}"}
+
+    def run(flag, logprobs=None):
+        eng.FREE_RUN = flag
+        ps = [SamplingParams(max_tokens=30, temperature=0, ignore_eos=True),
+              SamplingParams(max_tokens=40, temperature=0, structured_outputs=so, logprobs=logprobs)]
+        kinds, inner = [], eng.runtime.run
+        eng.runtime.run = lambda b: kinds.append((b.k, b.rounds, len(eng.scheduler.constrained))) or inner(b)
+        try:
+            out = llm.generate(["hello", "json"], ps, use_tqdm=False)[1].outputs[0]
+        finally:
+            eng.runtime.run = inner
+            eng.FREE_RUN = True
+        assert re.fullmatch(r"[ -~]{5,60}", out.text), out.text
+        return out, sum(1 for k, rounds, con in kinds if k and rounds is None and con)
+
+    got, whole = run(True)
+    want, whole0 = run(False)
+    assert whole0 == 0 and whole > 0, (whole, whole0)
+    i = _first_part(got.token_ids, want.token_ids)
+    if i is not None:
+        masked = run(False, logprobs=2)[0]
+        top2 = sorted(masked.logprobs[i].values(), key=lambda x: -x.logprob)[:2]
+        assert len(top2) == 2 and top2[0].logprob - top2[1].logprob < 0.25, (i, got.token_ids, want.token_ids)

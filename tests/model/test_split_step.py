@@ -104,10 +104,10 @@ def test_bad_parts_name_the_field(model):
 
 
 def test_a_forward_never_drawn_changes_no_slot(model):
-    """The engine launches a split step's next forward ahead of its draw and drops it when a
-    prefill comes first: a forward advances no slot, so after a dropped one the next step's tokens
-    and state equal those of a runtime that never ran it; a prefill between a forward and its
-    draw voids the forward (the draw is refused)."""
+    """The engine may launch a split step's next forward ahead of its draw (Engine.RUN_AHEAD) and
+    drops it when a prefill comes first: a forward advances no slot, so after a dropped one the
+    next step's tokens and state equal those of a runtime that never ran it; a prefill between a
+    forward and its draw voids the forward (the draw is refused)."""
     dropped, clean = _loaded(model), _loaded(model)
     before = _state(dropped)
     dropped.decode_slots(2, sampled=True, processed=True, part="forward")
