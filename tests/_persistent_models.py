@@ -106,6 +106,27 @@ def sms() -> int:
     return torch.cuda.get_device_properties(0).multi_processor_count
 
 
+def teacher_forced(seq, per, rows: int, blocks: int):
+    """Both runtimes (the kernel sequence `seq`, the persistent step `per`) prefill the same random
+    prompts of `rows` rows (seeded by rows), then decode `blocks` blocks on the sequence's tokens,
+    lengths growing by one a block: yields (block, seq tokens, per tokens, seq logits, per logits),
+    the logits float32 [rows, V] copies."""
+    gen = torch.Generator().manual_seed(rows)
+    lens0 = torch.randint(3, 1500, (rows,), generator=gen)
+    prompts = [torch.randint(0, 128256, (int(n),), generator=gen) for n in lens0]
+    table = torch.arange(rows * 128, dtype=torch.int32).view(rows, 128)
+    for m in (seq, per):
+        m.prefill(prompts, table)
+    lens = lens0.to(torch.int32)
+    tok = torch.randint(0, 128256, (rows,), generator=gen)
+    for block in range(blocks):
+        lens = lens + 1
+        a = seq.decode(tok, table, lens).clone()
+        b = per.decode(tok, table, lens).clone()
+        yield block, a, b, seq.last_logits(rows).clone().float(), per.last_logits(rows).clone().float()
+        tok = a[0]
+
+
 def runtime(model, backend, k, buckets=(1, 4, 16)):
     """A captured bf16 ModelRuntime of a 1B-shaped model on the GPU (decode_backend `backend`, K = k),
     FlashInfer attention (with the default "reference" backend, eager only, capture()

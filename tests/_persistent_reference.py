@@ -72,3 +72,15 @@ def reference_step(model, caches, table, lens, tokens):
             x = x + (F.silu(gate) * up) @ layer.down.float().T
         logits.append(rms(x, w.final_norm) @ w.lm_head.float().T)
     return logits, new_kv
+
+
+def assert_bf16_step(step, out, err, logits, rows, atol: float = 0.05) -> None:
+    """A bf16 persistent step against the float32 reference `logits` [rows, V]: no device flag,
+    every counter back at zero, each row's logits within atol, its token the reference's argmax
+    wherever the reference's top-2 margin exceeds atol."""
+    assert int(err) == 0 and int(step.counters.abs().sum()) == 0
+    for b in rows:
+        torch.testing.assert_close(step.logits[b].float(), logits[b], rtol=0, atol=atol)
+        top2 = logits[b].topk(2).values
+        if float(top2[0] - top2[1]) > atol:
+            assert int(out[b]) == int(logits[b].argmax())

@@ -183,7 +183,8 @@ class InputBatch:
         hist, width = self._history, self.history_width or 0
         h = sum(len(t) for _, t in hist)
         current, t = self._tokens, len(self._tokens)
-        spec = sorted(self._spec_k - self._dirty_rows)   # a row written whole carries its SPEC_K
+        # caps alone (a row written whole carries its SPEC_K)
+        spec = sorted(self._spec_k - self._dirty_rows) if self._spec_k else []
         self._dirty_cells, self._history, self._tokens = [], [], {}
         self._dirty_rows.clear()
         self._spec_k.clear()

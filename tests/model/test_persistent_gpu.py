@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _persistent_models import assert_logits_close, random_model, runtime as _runtime
+from _persistent_models import assert_logits_close, random_model, runtime as _runtime, teacher_forced
 
 pytestmark = pytest.mark.gpu
 
@@ -27,27 +27,14 @@ def test_persistent_matches_the_sequence(rows):
     model = _model()
     seq, per = _runtime(model, "sequence", 1), _runtime(model, "persistent", 1)
     assert per.persistent.get({1: 1, 3: 4, 16: 16}[rows]) is not None
-    gen = torch.Generator().manual_seed(rows)
-    lens0 = torch.randint(3, 1500, (rows,), generator=gen)
-    prompts = [torch.randint(0, 128256, (int(n),), generator=gen) for n in lens0]
-    table = torch.arange(rows * 128, dtype=torch.int32).view(rows, 128)
-    for m in (seq, per):
-        m.prefill(prompts, table)
-    lens = lens0.to(torch.int32)
-    tok = torch.randint(0, 128256, (rows,), generator=gen)
     worst, checked = 0.0, 0
-    for block in range(64):
-        lens = lens + 1
-        a = seq.decode(tok, table, lens).clone()
-        b = per.decode(tok, table, lens).clone()
-        la, lb = seq.last_logits(rows).clone(), per.last_logits(rows).clone()
+    for block, a, b, la, lb in teacher_forced(seq, per, rows, 64):
         diff = (la - lb).abs().max(dim=-1).values                     # [rows]
         worst = max(worst, float(diff.max()))
         top2 = la.topk(2, dim=-1).values
         clear = (top2[:, 0] - top2[:, 1]) > 2 * diff + 1e-3
         checked += int(clear.sum())
         assert torch.equal(a[0][clear], b[0][clear]), f"block {block}: tokens differ at a clear margin"
-        tok = a[0]
     d = assert_logits_close(lb, la)                                # bf16 steps at the row scale
     per.check_device_errors()
     assert all(int(p.counters.abs().sum()) == 0 for p in per.persistent.table.values())

@@ -18,7 +18,7 @@ import torch
 from graphrt.model import LlamaDecoder
 from graphrt.model.fp8_weights import quantize_weights
 from graphrt.model.int4_weights import quantize_weights_int4
-from _persistent_models import assert_logits_close, random_model, runtime
+from _persistent_models import assert_logits_close, random_model, runtime, teacher_forced
 
 pytestmark = pytest.mark.gpu
 
@@ -35,20 +35,8 @@ def test_persistent_matches_the_sequence(kind, rows):
     model = _model(kind)
     seq, per = runtime(model, "sequence", 1), runtime(model, "persistent", 1)
     assert per.persistent.get(rows) is not None, per.persistent.skipped
-    gen = torch.Generator().manual_seed(rows)
-    lens0 = torch.randint(3, 1500, (rows,), generator=gen)
-    prompts = [torch.randint(0, 128256, (int(n),), generator=gen) for n in lens0]
-    table = torch.arange(rows * 128, dtype=torch.int32).view(rows, 128)
-    for m in (seq, per):
-        m.prefill(prompts, table)
-    lens = lens0.to(torch.int32)
-    tok = torch.randint(0, 128256, (rows,), generator=gen)
     worst, checked = 0.0, 0
-    for block in range(32):
-        lens = lens + 1
-        a = seq.decode(tok, table, lens).clone()
-        b = per.decode(tok, table, lens).clone()
-        la, lb = seq.last_logits(rows).clone().float(), per.last_logits(rows).clone().float()
+    for block, a, b, la, lb in teacher_forced(seq, per, rows, 32):
         diff = (la - lb).abs().max(dim=-1).values
         worst = max(worst, float(diff.max()))
         if kind == "fp8":
@@ -59,7 +47,6 @@ def test_persistent_matches_the_sequence(kind, rows):
         clear = (top2[:, 0] - top2[:, 1]) > 2 * diff + 1e-3
         checked += int(clear.sum())
         assert torch.equal(a[0][clear], b[0][clear]), f"block {block}: tokens differ at a clear margin"
-        tok = a[0]
     per.check_device_errors()
     assert all(int(p.counters.abs().sum()) == 0 for p in per.persistent.table.values())
     print(f"{kind} rows {rows}: max |logit diff| {worst:.4f}, {checked} of {32 * rows} tokens at a clear margin, "
