@@ -12,7 +12,9 @@ logit margin there is reported (a near-tie or not). The issue's bar: graphrt's a
 bf16's - 2.
 Part 2, decode tokens/s per stream at 1 and --streams concurrent streams: graphrt without
 speculation, with n-gram speculation (num_tokens 4), host-planned (backend flashinfer-hostplan,
-K=1: FlashInfer's plan() on the host every step), and HF generate (bf16, static cache). Decode
+K=1: FlashInfer's plan() on the host every step), the persistent decode step (the runtime's
+decode_backend "persistent", set through GRAPHRT_DECODE_BACKEND while its engine is built), and HF
+generate (bf16, static cache). Decode
 rate = (tokens - 1) / (time(tokens) - time(1 token)) over the same prompts, so prefill and
 first-token costs cancel. Two workloads: chat (PROMPTS) and quote (ask the model to repeat a
 passage: where n-gram lookup pays). Writes JSON (--out) and a markdown table (--out with .md).
@@ -111,6 +113,25 @@ def agreement(args, tok, llm) -> dict:
     return out
 
 
+def built(args, kw: dict):
+    """LLM(args.gguf) with keywords `kw`; its "env" entry (variables -> values) is set while the
+    engine is built (the runtime reads its overrides once, at construction), then restored."""
+    import os
+
+    from graphrt import LLM
+    env = kw.pop("env", {})
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return LLM(str(args.gguf), device=args.device, max_batch=max(args.streams), **kw)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def graphrt_rate(llm, prompts: list[list[int]], n: int) -> float:
     """Decode tokens/s per stream over `prompts` (one generate call, end-of-sequence ignored)."""
     from graphrt import SamplingParams
@@ -144,7 +165,6 @@ def rates(args, tok, llm, save) -> dict:
     """Part 2 (see the module doc); `llm`: the plain graphrt engine (reused); save(rows) after each point."""
     import torch
 
-    from graphrt import LLM
     workloads = {"chat": chat_ids(tok, PROMPTS),
                  "quote": chat_ids(tok, [f"Repeat this text exactly: {QUOTE}"] * len(PROMPTS))}
     if args.smoke:
@@ -152,9 +172,10 @@ def rates(args, tok, llm, save) -> dict:
     variants = {"graphrt": None, "graphrt-ngram": {"speculative": {"method": "ngram", "num_tokens": 4}}}
     if args.device == "cuda" and not args.smoke:
         variants["graphrt-hostplan"] = {"backend": "flashinfer-hostplan", "steps_per_graph": 1}
+        variants["graphrt-persistent"] = {"env": {"GRAPHRT_DECODE_BACKEND": "persistent"}}
     out = {}
     for name, kw in variants.items():
-        engine = llm if kw is None else LLM(str(args.gguf), device=args.device, max_batch=max(args.streams), **kw)
+        engine = llm if kw is None else built(args, dict(kw))
         for wl, prompts in workloads.items():
             for s in args.streams:
                 out[(name, wl, s)] = graphrt_rate(engine, prompts[:s], args.tokens)
