@@ -14,13 +14,15 @@
 #   bash .device/bootstrap.sh bash tools/device/bench.sh fp8         # FP8 weights / KV: speed and quality
 #   bash .device/bootstrap.sh bash tools/device/bench.sh int4        # int4 GPU tests, bf16 / FP8 / int4 step rows
 #                                                                    # (INT4_KERNELS=1: + the int4 GEMM table)
+#   bash .device/bootstrap.sh bash tools/device/bench.sh persistent  # its GPU tests, the step at the real model's
+#                                                                    # / 1B shapes, a launch-shape sweep at 1B
 #   bash .device/bootstrap.sh bash tools/device/bench.sh structured  # constrained decoding: GPU tests, 1B shape
 #                                                                    # free / JSON TPOT, the trained target's text
 # Tensor parallelism needs two GPUs: tools/device/tp.sh.
 Q=${1:-}
 case "$Q" in
-  step|attention|spec|serve|prefill|startup|fp8|int4|structured) ;;
-  *) echo "bench.sh: the question must be one of step, attention, spec, serve, prefill, startup, fp8, int4, structured (got '$Q')" >&2
+  step|attention|spec|serve|prefill|startup|fp8|int4|persistent|structured) ;;
+  *) echo "bench.sh: the question must be one of step, attention, spec, serve, prefill, startup, fp8, int4, persistent, structured (got '$Q')" >&2
      exit 2 ;;
 esac
 NAME=bench_$Q; DEADLINE=${DEADLINE:-540}; . tools/device/lib.sh   # logs, pack, cap, say
@@ -99,6 +101,18 @@ int4)
   e2e int4_step 240 --models llama-3.1-8b,llama-3.2-1b --weights bf16,fp8,int4 --batches 1,16 --contexts 1024 \
     --variants graphrt,graphrt-persistent $([ "${INT4_KERNELS:-0}" = 1 ] && echo --int4-kernels)
   grep -E "^gemm" "$L/int4_step.log" | tee -a "$S" ;;
+persistent)
+  # the persistent step's GPU tests (the fault of docs/NOTES.md: in one process, each test alone after a failure)
+  timeout $(cap 240) python -m pytest -m gpu -q -rfEs --tb=short -p no:cacheprovider tests/model/test_persistent_gpu.py \
+    tests/kernels/test_persistent_step_gpu.py tests/kernels/test_persistent_formats_gpu.py \
+    tests/model/test_persistent_quant_gpu.py -k "not timing" > "$L/persistent_gpu_tests.log" 2>&1
+  say "persistent GPU tests rc=$?: $(tail -1 "$L/persistent_gpu_tests.log")"; pack
+  e2e persistent_small 150 --models smollm2-135m,llama-3.2-1b --batches 1,16 --contexts 1024 \
+    --variants graphrt,graphrt-k4,graphrt-persistent
+  # launch shapes at the 1B shape, bs 1 (each configuration compiles: ~1 min)
+  timeout $(cap 300) python tools/profile_persistent.py --model llama-3.2-1b --batch 1 --num-warps 4,8 \
+    --programs-per-sm 2 --out "$L/persistent_sweep_1b.json" > "$L/persistent_sweep.log" 2>&1
+  say "profile_persistent sweep rc=$?"; grep -E "us|GB/s" "$L/persistent_sweep.log" | tail -12 | tee -a "$S"; pack ;;
 structured)
   timeout $(cap 150) python -m pytest -m gpu -q -rfEs --tb=short -p no:cacheprovider tests/engine/test_structured_gpu.py \
     > "$L/structured_gpu_tests.log" 2>&1
