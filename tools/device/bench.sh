@@ -109,9 +109,10 @@ persistent)
   say "persistent GPU tests rc=$?: $(tail -1 "$L/persistent_gpu_tests.log")"; pack
   e2e persistent_small 150 --models smollm2-135m,llama-3.2-1b --batches 1,16 --contexts 1024 \
     --variants graphrt,graphrt-k4,graphrt-persistent
-  # launch shapes at the 1B shape, bs 1 (each configuration compiles: ~1 min)
-  timeout $(cap 300) python tools/profile_persistent.py --model llama-3.2-1b --batch 1 --num-warps 4,8 \
-    --programs-per-sm 2 --out "$L/persistent_sweep_1b.json" > "$L/persistent_sweep.log" 2>&1
+  # the L2 prefetch off and two programs an SM at the 1B shape, bs 1 (each configuration compiles: ~1 min;
+  # the e2e rows above are the default's: prefetch 1, one program an SM)
+  timeout $(cap 300) python tools/profile_persistent.py --model llama-3.2-1b --batch 1 --prefetch 0 \
+    --programs-per-sm 1,2 --out "$L/persistent_sweep_1b.json" > "$L/persistent_sweep.log" 2>&1
   say "profile_persistent sweep rc=$?"; grep -E "us|GB/s" "$L/persistent_sweep.log" | tail -12 | tee -a "$S"; pack ;;
 structured)
   timeout $(cap 150) python -m pytest -m gpu -q -rfEs --tb=short -p no:cacheprovider tests/engine/test_structured_gpu.py \
