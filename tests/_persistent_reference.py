@@ -30,7 +30,6 @@ def reference_step(model, caches, table, lens, tokens):
     (k, v) per layer ([L][B] of ([Hkv, D], [Hkv, D])). Reads the caches' keys < seq - 1."""
     s, w = model.spec, model.weights
     eps, d, hq, hkv = s.rms_norm_eps, s.head_dim, s.num_heads, s.num_kv_heads
-    f = lambda t: None if t is None else t.float()              # noqa: E731
     cs = model.cos_sin.float()
 
     def rms(x, g):

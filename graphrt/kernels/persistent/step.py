@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 from graphrt.kernels.persistent.formats import FMT_MODEL, WeightFormat, weight_format
-from graphrt.kernels.persistent.schedule import FIELDS, MAX_ROWS, MAX_STAGES, Geometry, Schedule, Tiles, build_schedule
+from graphrt.kernels.persistent.schedule import MAX_ROWS, MAX_STAGES, Geometry, Schedule, Tiles, build_schedule
 from graphrt.kernels.persistent.sync import SPIN_LIMIT, prefetch_l2, timer
 from graphrt.kernels.persistent import tables
 from graphrt.kernels.persistent.tables import NF, build_tables
