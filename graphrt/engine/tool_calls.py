@@ -26,7 +26,7 @@ from graphrt.engine.params import MAX_GRAMMAR_CHARS, StructuredOutputsParams
 
 MAX_TOOLS = 128
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
-_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 
 def tool_format(tokenizer) -> str:
@@ -119,15 +119,30 @@ def _call(obj, fmt: str, names: set) -> tuple[str, str] | None:
     return obj["name"], json.dumps(args, ensure_ascii=False)
 
 
+def _hermes_blocks(text: str) -> tuple[list[str], str]:
+    """text -> (the inside of each `<tool_call>...</tool_call>` block, stripped; the text outside
+    them). Found left to right with str.find, in time linear in the text: the output is the
+    model's, which a client can steer (a regular expression here backtracked for seconds on a
+    `<tool_call>` followed by a few thousand spaces, on the server's event loop)."""
+    blocks, outside, at = [], [], 0
+    while (i := text.find(OPEN, at)) >= 0 and (j := text.find(CLOSE, i + len(OPEN))) >= 0:
+        outside.append(text[at:i])
+        blocks.append(text[i + len(OPEN):j].strip())
+        at = j + len(CLOSE)
+    outside.append(text[at:])
+    return blocks, "".join(outside)
+
+
 def parse_tool_calls(text: str, fmt: str, tools: list[dict]) -> tuple[str | None, list[tuple[str, str]]]:
     """The model's text -> (content, [(function name, arguments JSON text)]). Text that is not a
     well-formed call of a listed tool stays content."""
     names = {t["name"] for t in tools}
     if fmt == "hermes":
+        blocks, rest = _hermes_blocks(text)
         calls = []
-        for m in _HERMES.finditer(text):
+        for block in blocks:
             try:
-                c = _call(json.loads(m.group(1)), fmt, names)
+                c = _call(json.loads(block), fmt, names)
             except ValueError:
                 c = None
             if c is None:
@@ -135,8 +150,7 @@ def parse_tool_calls(text: str, fmt: str, tools: list[dict]) -> tuple[str | None
             calls.append(c)
         if not calls:
             return text, []
-        rest = _HERMES.sub("", text).strip()
-        return (rest or None), calls
+        return (rest.strip() or None), calls
     body = text.strip()
     if body.startswith("<|python_tag|>"):
         body = body[len("<|python_tag|>"):].strip()

@@ -99,6 +99,21 @@ def test_parse_formats():
     assert parse_tool_calls("plain", "hermes", tools) == ("plain", [])
 
 
+
+def test_parse_is_linear_in_hostile_output():
+    """A client can steer the output (a regex constraint with tool_choice auto): a `<tool_call>` and
+    4,000 spaces took a regular expression 17 s (thousands of unclosed marks: 8 s for 8,000), on
+    the server's event loop; the scan is linear, and finds what the regular expression found."""
+    import time
+    tools = check_tools(TOOLS)
+    call = '<tool_call>\n{"name": "tz", "arguments": {"z": "b"}}\n</tool_call>'
+    t0 = time.perf_counter()
+    for text in ("<tool_call>" + " " * 4000, "<tool_call>" * 8000, "x <tool_call>" * 8000 + " " * 4000 + call):
+        assert parse_tool_calls(text, "hermes", tools) == (text, [])     # an unclosed mark: no call
+    content, calls = parse_tool_calls("a " + call + " \t" * 4000 + call + " b", "hermes", tools)
+    assert content == "a " + " \t" * 4000 + " b" and calls == [("tz", '{"z": "b"}')] * 2
+    assert time.perf_counter() - t0 < 1.0
+
 def test_bad_tools(client):
     for kw, param in (({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools"),
                       ({"tools": [{"type": "code"}]}, "tools"),
