@@ -16,6 +16,7 @@ MAX_TEMPERATURE = 1e4       # past this the distribution is uniform to float32 p
 MAX_STOP_STRINGS = 256      # stop strings per request
 MAX_STOP_CHARS = 16384      # their total length in characters (the held-back tail is the longest - 1)
 MAX_BEST_OF = 128           # samples of one prompt (n, best_of)
+MAX_STOP_TOKEN_IDS = 1024   # stop_token_ids per request (each sample builds a set of them on the engine's thread)
 
 # vLLM SamplingParams fields graphrt does not implement (yet), with vLLM's default: accepted
 # only at that value (it changes nothing); any other value is a ValueError naming the field.
@@ -171,7 +172,7 @@ class SamplingParams:
     else >= 1 (the engine clamps it to the vocabulary: the same distribution); top_p in
     (0, 1]; seed None (the engine draws one) or an int in [0, 2**63); stop: strings that end
     the output (not included in its text), at most MAX_STOP_STRINGS of them and MAX_STOP_CHARS
-    characters in all; stop_token_ids: ids that end it (kept in token_ids);
+    characters in all; stop_token_ids: ids that end it (kept in token_ids), at most MAX_STOP_TOKEN_IDS;
     ignore_eos: do not stop at the model's end-of-sequence ids.
 
     Log-probabilities (RequestOutput.logprobs / .prompt_logprobs): logprobs None (off) or n in
@@ -252,7 +253,9 @@ class SamplingParams:
         object.__setattr__(self, "stop", tuple(stop))
         ids = self.stop_token_ids
         if not isinstance(ids, (list, tuple)):
-            raise ValueError(f"stop_token_ids: expected a list of ints, got {ids!r}")
+            raise ValueError(f"stop_token_ids: expected a list of ints, got {_short(ids)}")
+        if len(ids) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"stop_token_ids: at most {MAX_STOP_TOKEN_IDS} ids, got {len(ids)}")
         object.__setattr__(self, "stop_token_ids", tuple(_int("stop_token_ids", i, 0) for i in ids))
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos: expected a bool, got {self.ignore_eos!r}")
@@ -295,7 +298,7 @@ class SamplingParams:
         if isinstance(so, dict):
             unknown = sorted(set(so) - {f.name for f in fields(StructuredOutputsParams)})
             if unknown:
-                raise ValueError(f"structured_outputs: unknown field {unknown[0]!r} (fields: json, regex, "
+                raise ValueError(f"structured_outputs: unknown field {_short(unknown[0])} (fields: json, regex, "
                                  f"choice, grammar, json_object)")
             so = StructuredOutputsParams(**{k: v for k, v in so.items() if v is not None})
             object.__setattr__(self, "structured_outputs", so)
@@ -440,5 +443,5 @@ class RequestOutput:
 
 
 __all__ = ["SamplingParams", "StructuredOutputsParams", "MAX_GRAMMAR_CHARS", "RequestOutput", "CompletionOutput", "Logprob", "merge_delta", "MAX_TEMPERATURE",
-           "MAX_SEED", "MAX_STOP_STRINGS", "MAX_STOP_CHARS", "MAX_BEST_OF", "MAX_LOGPROBS", "MAX_LOGIT_BIAS",
+           "MAX_SEED", "MAX_STOP_STRINGS", "MAX_STOP_CHARS", "MAX_STOP_TOKEN_IDS", "MAX_BEST_OF", "MAX_LOGPROBS", "MAX_LOGIT_BIAS",
            "VLLM_DEFAULTS"]

@@ -60,7 +60,7 @@ class Generation:
     async def parse(self, request: Request, model_cls):
         """The request's JSON body as `model_cls`, parsed and validated on the worker pool (the
         body is read on the loop under limits.py's size and deadline)."""
-        return await self.bridge.run(parse_body, await request.body(), model_cls)
+        return await self.bridge.run(parse_body, await request.body(), model_cls, self.bridge.capacity)
 
     async def _off_loop(self, fn, arg, *, param: str):
         """fn(arg) on the worker pool; what it raises (other than an APIError) is a 400 naming
@@ -429,10 +429,11 @@ async def _collect(streams, request: Request) -> list[tuple[dict, list | None]] 
     return None
 
 
-def parse_body(raw: bytes, model_cls):
+def parse_body(raw: bytes, model_cls, most_prompts: int | None = None):
     """A JSON request body -> model_cls (pydantic); malformed JSON (nesting past the parser's
     depth included) is a 400, a body that does not fit the model the handler's 400 naming the
-    field (RequestValidationError, as FastAPI raises it)."""
+    field (RequestValidationError, as FastAPI raises it); most_prompts: a completions request's
+    prompts are refused past it before they are validated (protocol.py)."""
     try:
         data = json.loads(raw)
     except json.JSONDecodeError as e:
@@ -442,7 +443,7 @@ def parse_body(raw: bytes, model_cls):
     except UnicodeDecodeError as e:
         raise APIError.bad_request(f"malformed JSON body: not UTF-8 ({e.reason} at byte {e.start})") from None
     try:
-        return model_cls.model_validate(data)
+        return model_cls.model_validate(data, context={"prompts": most_prompts})
     except ValidationError as e:
         raise RequestValidationError(e.errors(include_url=False, include_context=False)) from None
     except RecursionError:

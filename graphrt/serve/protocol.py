@@ -10,21 +10,56 @@ ignore_eos, stop_token_ids, return_token_ids (the `openai` client sends them thr
 `extra_body`; token ids come back as `choices[i].token_ids`). logit_bias keys are token ids (as
 strings, OpenAI's JSON).
 `null` for a field with a default means the default (OpenAI marks them nullable; vLLM does this).
+
+Validation is bounded by the body's size, not by how many errors it holds: pydantic turns each
+error into Python objects while it holds the GIL (seconds for a 4 MB body of 800k bad list items,
+during which no other thread runs), so lists the engine caps are refused on their length before
+their items are looked at (stop, stop_token_ids, tools; logit_bias's entries), other lists stop
+at their first bad item (fail_fast), and an object's unknown fields past the first MAX_UNKNOWN
+are dropped before validation (one error each otherwise). A completions request's prompts are
+counted against the server's limit (validation context {"prompts": most}) before each is validated.
 """
 from __future__ import annotations
 
 import time
-from typing import Literal, Union
+from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
+from graphrt.engine.params import MAX_LOGIT_BIAS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
+from graphrt.engine.tool_calls import MAX_TOOLS
 from graphrt.serve.errors import APIError, clip
 from graphrt.serve.logprobs import ChatLogprobs, CompletionLogprobs
 
 
-class _Request(BaseModel):
+MAX_UNKNOWN = 4             # unknown fields of one object that are reported (the rest are dropped)
+TOO_MANY_PROMPTS = "at most {most} prompts per request (max_batch + max_waiting), got {got}"
+
+
+def _few(items):
+    """A list whose validation stops at its first bad item (one error, not one per item)."""
+    return Annotated[list[items], Field(fail_fast=True)]
+
+
+class _Strict(BaseModel):
+    """A request object: strict types, unknown fields refused (the first MAX_UNKNOWN of them named)."""
     model_config = ConfigDict(extra="forbid", strict=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _few_unknown(cls, data):
+        if not isinstance(data, dict) or len(data) <= MAX_UNKNOWN:
+            return data
+        fields, out, unknown = cls.model_fields, {}, 0
+        for k, v in data.items():
+            if k in fields or unknown < MAX_UNKNOWN:
+                out[k] = v
+                unknown += k not in fields
+        return out
+
+
+class _Request(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _null_is_default(cls, data):
@@ -43,10 +78,10 @@ class _Request(BaseModel):
     n: int = 1
     stream: bool = False
     stream_options: "StreamOptions | None" = None
-    stop: str | list[str] | None = None
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None = None
     seed: int | None = None
     user: str | None = None                    # metadata only; nothing to act on
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = None           # at most MAX_LOGIT_BIAS entries (_bias_size)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     # extensions (vLLM names)
@@ -55,9 +90,17 @@ class _Request(BaseModel):
     repetition_penalty: float = 1.0
     min_tokens: int = 0
     ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: Annotated[list[int], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     return_token_ids: bool = False             # add each choice's output token ids (vLLM's name)
     structured_outputs: dict | None = None     # vLLM's: {json | regex | choice | grammar | json_object}
+
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _bias_size(cls, v):
+        """A dict's length is not checked before its entries (pydantic), so it is checked here."""
+        if isinstance(v, dict) and len(v) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} entries, got {len(v)}")
+        return v
 
     def refuse_unsupported(self) -> None:
         """Raise a 400 for each field the engine cannot honour (instead of ignoring it)."""
@@ -84,8 +127,7 @@ def _is_int(key: str) -> bool:
     return True
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+class StreamOptions(_Strict):
     include_usage: bool = False
 
 
@@ -93,12 +135,21 @@ class CompletionRequest(_Request):
     """POST /v1/completions. prompt: a string, a list of token ids, or a list of either (several
     prompts: one engine request each, n choices each)."""
 
-    prompt: Union[str, list[int], list[str], list[list[int]]]
+    prompt: Union[str, _few(int), _few(str), _few(_few(int))]
     max_tokens: int | None = 16                # OpenAI's default for completions
     best_of: int | None = None
     echo: bool = False
     suffix: str | None = None
     logprobs: int | None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_count(cls, v, info: ValidationInfo):
+        """Several prompts: at most context["prompts"] of them, counted before each is validated."""
+        most = (info.context or {}).get("prompts")
+        if most is not None and isinstance(v, list) and v and isinstance(v[0], (str, list)) and len(v) > most:
+            raise PydanticCustomError("too_many", TOO_MANY_PROMPTS.format(most=most, got=len(v)))
+        return v
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
@@ -116,8 +167,7 @@ class CompletionRequest(_Request):
         p = self.prompt
         batch = p if isinstance(p, list) and p and isinstance(p[0], (str, list)) else [p]
         if len(batch) > most:
-            raise APIError.bad_request(f"prompt: at most {most} prompts per request (max_batch + max_waiting), "
-                                       f"got {len(batch)}", param="prompt")
+            raise APIError.bad_request("prompt: " + TOO_MANY_PROMPTS.format(most=most, got=len(batch)), param="prompt")
         for i, one in enumerate(batch):
             if len(one) == 0:
                 raise APIError.bad_request("prompt: empty" if len(batch) == 1 else f"prompt[{i}]: empty",
@@ -125,33 +175,29 @@ class CompletionRequest(_Request):
         return batch
 
 
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+class TextPart(_Strict):
     type: Literal["text"]
     text: str
 
 
-class ToolCallFunction(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+class ToolCallFunction(_Strict):
     name: str
     arguments: str                                # JSON text (OpenAI's)
 
 
-class ToolCall(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+class ToolCall(_Strict):
     id: str
     type: Literal["function"] = "function"
     function: ToolCallFunction
 
 
-class ChatMessage(BaseModel):
+class ChatMessage(_Strict):
     """A message of the conversation; an assistant's may carry tool_calls (content then may be
     null), a tool's answers one by tool_call_id."""
-    model_config = ConfigDict(extra="forbid", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | _few(TextPart) | None = None
     name: str | None = None
-    tool_calls: list[ToolCall] | None = None
+    tool_calls: _few(ToolCall) | None = None
     tool_call_id: str | None = None
 
     @model_validator(mode="after")
@@ -184,11 +230,11 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_Request):
     """POST /v1/chat/completions. max_tokens (or max_completion_tokens) None: up to the context."""
 
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, fail_fast=True)
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
-    tools: list | None = None
+    tools: Annotated[list, Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: str | dict | None = None
     response_format: dict | None = None
 

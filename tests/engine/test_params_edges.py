@@ -1,5 +1,5 @@
 """Values that reach the engine's tensors, at the edges of what they can hold (engine/params.py,
-engine/engine.py): temperature bounded, top_k past int32 clamped to the vocabulary (the same
+engine/engine.py): temperature bounded, stop_token_ids counted, top_k past int32 clamped to the vocabulary (the same
 tokens as top_k off), a tokenizer larger than the model's vocabulary refused per request."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from _checkpoints import make_checkpoint_module, write
 from graphrt import LLM, SamplingParams
-from graphrt.engine.params import MAX_TEMPERATURE
+from graphrt.engine.params import MAX_STOP_TOKEN_IDS, MAX_TEMPERATURE
 
 pytest.importorskip("transformers")
 CPU = dict(device="cpu", backend="reference", max_batch=2, steps_per_graph=2, max_model_len=40)
@@ -27,6 +27,9 @@ def llm(tmp_path_factory):
     (dict(top_k=1e20), "top_k: expected an int"),
     (dict(max_tokens=10**400), None),                 # an int: refused by the engine (max_model_len)
     (dict(seed=2**63), "seed: must be in"),
+    # each sample builds a set of them on the engine's thread (1.3M ids: 0.18 s a sample)
+    (dict(stop_token_ids=[1] * (MAX_STOP_TOKEN_IDS + 1)), f"stop_token_ids: at most {MAX_STOP_TOKEN_IDS} ids, got"),
+    (dict(stop_token_ids="x" * 10_000), "stop_token_ids: expected a list of ints, got 'x{36}[.]{3}$"),
 ])
 def test_out_of_range_values_name_the_field(llm, kwargs, match):
     if match is not None:

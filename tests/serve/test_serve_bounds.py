@@ -141,3 +141,53 @@ def test_health_answers_while_a_4mb_prompt_is_tokenized(live, llm):
     # holding the GIL, the tokenizer stalled /health for its whole run (seconds); released, a wait
     # is short: 0.5 s, or a fifth of the request where a loaded machine stretches everything
     assert max(waits) < max(0.5, 0.2 * took[0]), (max(waits), took)
+
+
+HOSTILE = [    # bodies of about 4 MB (the default limit) whose every item was one validation error
+    ("/v1/completions", {"prompt": "Hi", "stop_token_ids": ["x"] * 800_000}, "stop_token_ids"),
+    ("/v1/completions", {"prompt": "Hi", "stop": [7] * 800_000}, "stop"),
+    ("/v1/completions", {"prompt": "Hi", "logit_bias": {str(i): "a" for i in range(250_000)}}, "logit_bias"),
+    ("/v1/completions", {"prompt": [[1]] * 10 + [["x"]] * 500_000}, "prompt"),
+    ("/v1/completions", {"prompt": "Hi"} | {f"k{i}": 1 for i in range(300_000)}, "k0"),
+    ("/v1/chat/completions", {"messages": [{"role": "user"}] * 200_000}, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"} | {f"k{i}": 1 for i in range(300_000)}]},
+     "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": 1}] * 140_000}]},
+     "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "tools": [{}] * 1_000_000}, "tools"),
+]
+
+
+def test_a_body_of_errors_is_refused_at_its_first(live):
+    """pydantic builds each validation error's Python objects holding the GIL: 800k bad items (4 MB)
+    stalled every thread of the server 7.5 s. Lists the engine caps are refused on their length,
+    others stop at their first bad item, an object's unknown fields past the first few are dropped:
+    a few errors per body, a 400 naming the field, and /health answers meanwhile."""
+    from fastapi.exceptions import RequestValidationError
+    from graphrt.serve.completions import parse_body
+    from graphrt.serve.protocol import ChatCompletionRequest, CompletionRequest
+    bodies = []
+    for path, body, param in HOSTILE:
+        raw = json.dumps({"model": NAME} | body).encode()
+        assert len(raw) <= 4 * 2**20
+        cls = CompletionRequest if path == "/v1/completions" else ChatCompletionRequest
+        with pytest.raises(RequestValidationError) as e:
+            parse_body(raw, cls, MAX_BATCH + MAX_WAITING)
+        assert len(e.value.errors()) <= 8, (param, len(e.value.errors()))
+        bodies.append((path, raw, param))
+    bodies.append(("/v1/completions", json.dumps({"model": NAME, "prompt": [[1]] * 500_000}).encode(), "prompt"))
+    seen = []
+
+    def send():
+        t0 = time.monotonic()
+        for path, raw, param in bodies:
+            conn = http.client.HTTPConnection("127.0.0.1", live.port, timeout=60)
+            conn.request("POST", path, raw, {"Content-Type": "application/json"})
+            r = conn.getresponse()
+            seen.append(error((r.status, r.read()), 400, param))
+            conn.close()
+        seen.append(time.monotonic() - t0)
+    waits = health_waits_while(live, send)
+    assert len(seen) == len(bodies) + 1, seen
+    assert "at most 104 prompts" in seen[-2], seen[-2]
+    assert max(waits) < max(0.5, 0.2 * seen[-1]), (max(waits), seen[-1])
