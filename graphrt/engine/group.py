@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from graphrt.engine.params import CompletionOutput, RequestOutput, SamplingParams, merge_delta
+from graphrt.engine.params import CompletionOutput, RequestOutput, SamplingParams, join_deltas
 
 
 def child_params(params: SamplingParams) -> SamplingParams:
@@ -112,7 +112,7 @@ class GroupSink:
         self.child_ids, self._abort, self._done = child_ids, abort, done
         self.left = len(child_ids)
         self.ranked = params.samples > params.n
-        self.totals = [CompletionOutput(i) for i in range(len(child_ids))] if self.ranked else None
+        self.deltas = [[] for _ in child_ids] if self.ranked else None   # best_of > n: joined at the end
         self.failed = False
         self.cached = None                     # num_cached_tokens: sample 0's, else the first seen
         self.prompt_lp = None                  # prompt_logprobs, until sent once
@@ -147,10 +147,10 @@ class GroupSink:
                                           prompt=self.prompt, finished=self.left == 0,
                                           prompt_logprobs=self._take_prompt_lp(), num_cached_tokens=self.cached))
             return
-        merge_delta(self.totals[index], out)
+        self.deltas[index].append(out)
         if self.left == 0:
             try:
-                picked = best_of(self.totals, self.params.n,
+                picked = best_of([join_deltas(i, d) for i, d in enumerate(self.deltas)], self.params.n,
                                  keep_logprobs=self.params.logprobs is not None)
             except ValueError as e:
                 self.failed = True

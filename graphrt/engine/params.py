@@ -370,15 +370,20 @@ class CompletionOutput:
         return self.finish_reason is not None
 
 
-def merge_delta(total: CompletionOutput, d: CompletionOutput) -> None:
-    """Append the delta d to total (in place) (text, ids, logprobs; the latest cumulative / finish / stop)."""
-    total.text += d.text
-    total.token_ids.extend(d.token_ids)
-    if d.logprobs is not None:
-        total.logprobs = (total.logprobs or []) + list(d.logprobs)
-    if d.cumulative_logprob is not None:
-        total.cumulative_logprob = d.cumulative_logprob
-    total.finish_reason, total.stop_reason = d.finish_reason, d.stop_reason
+def join_deltas(index: int, deltas: list[CompletionOutput]) -> CompletionOutput:
+    """One completion's deltas, in order, as the whole completion `index` (text, ids and
+    logprobs concatenated once: appending each delta to a running total copies it again per
+    delta, O(length^2); the latest cumulative / finish / stop)."""
+    ids, entries = [], None
+    for d in deltas:
+        ids += d.token_ids
+        if d.logprobs is not None:
+            entries = [] if entries is None else entries
+            entries += d.logprobs
+    last = deltas[-1] if deltas else CompletionOutput(index)
+    cumulative = next((d.cumulative_logprob for d in reversed(deltas) if d.cumulative_logprob is not None), None)
+    return CompletionOutput(index, "".join(d.text for d in deltas), ids, cumulative, entries,
+                            last.finish_reason, last.stop_reason)
 
 
 class RequestOutput:
@@ -442,6 +447,6 @@ class RequestOutput:
                 f"finished={self.finished}, num_cached_tokens={self.num_cached_tokens})")
 
 
-__all__ = ["SamplingParams", "StructuredOutputsParams", "MAX_GRAMMAR_CHARS", "RequestOutput", "CompletionOutput", "Logprob", "merge_delta", "MAX_TEMPERATURE",
+__all__ = ["SamplingParams", "StructuredOutputsParams", "MAX_GRAMMAR_CHARS", "RequestOutput", "CompletionOutput", "Logprob", "join_deltas", "MAX_TEMPERATURE",
            "MAX_SEED", "MAX_STOP_STRINGS", "MAX_STOP_CHARS", "MAX_STOP_TOKEN_IDS", "MAX_BEST_OF", "MAX_LOGPROBS", "MAX_LOGIT_BIAS",
            "VLLM_DEFAULTS"]

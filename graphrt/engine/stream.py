@@ -14,7 +14,7 @@ import queue
 import signal
 import threading
 
-from graphrt.engine.params import CompletionOutput, RequestOutput, merge_delta
+from graphrt.engine.params import RequestOutput, join_deltas
 
 
 class RequestStream:
@@ -67,18 +67,13 @@ class RequestStream:
         """Read the stream to its end; the whole output: each completion's deltas joined (text,
         token_ids and logprobs concatenated; the last cumulative_logprob, finish and stop
         reasons), completions ordered by index."""
-        first, totals = None, {}
+        first, deltas = None, {}
         for d in self:
             first = first or d
             for o in d.outputs:
-                t = totals.get(o.index)
-                if t is None:
-                    totals[o.index] = CompletionOutput(o.index, o.text, list(o.token_ids), o.cumulative_logprob,
-                                                       None if o.logprobs is None else list(o.logprobs),
-                                                       o.finish_reason, o.stop_reason)
-                else:
-                    merge_delta(t, o)
-        return RequestOutput(first.request_id, first.prompt_token_ids, outputs=[totals[i] for i in sorted(totals)],
+                deltas.setdefault(o.index, []).append(o)
+        return RequestOutput(first.request_id, first.prompt_token_ids,
+                             outputs=[join_deltas(i, deltas[i]) for i in sorted(deltas)],
                              prompt=first.prompt, prompt_logprobs=first.prompt_logprobs, finished=True,
                              num_cached_tokens=first.num_cached_tokens)
 

@@ -5,10 +5,12 @@ an error after the headers were sent is one `data: {"error": ...}` event before 
 that disconnects (streaming: Starlette cancels the body iterator; non-streaming: an
 `http.disconnect` on the ASGI channel) aborts its request so the engine frees its pages.
 
-Parsing and validating the JSON body, building SamplingParams, tokenization and chat templating
-run on the bridge's worker pool, never on the event loop (a large request must not stall other
-streams or /health); text the tokenizer or the template refuses (a lone surrogate, a template's
-raise_exception) is a 400 naming the field. A request that fails in the engine: 400 if the
+Parsing and validating the JSON body, building SamplingParams, tokenization and chat templating,
+and building a whole (non-streamed) response run on the bridge's worker pool, never on the event
+loop (a large request, or n long choices with log-probs, must not stall other streams or /health);
+a choice's deltas are joined once at its end (appending each to a running total is quadratic).
+Text the tokenizer or the template refuses (a lone surrogate, a template's raise_exception) is a
+400 naming the field. A request that fails in the engine: 400 if the
 engine refused its values (ValueError), 500 otherwise. A chat stream's first chunk carries the
 role; every later content delta carries text (a delta whose text is still held back, e.g. part
 of a character or a possible stop string, is sent only for its token ids, with return_token_ids).
@@ -31,6 +33,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 from pydantic import ValidationError
 
+from graphrt.engine.params import join_deltas
 from graphrt.serve.bridge import AsyncEngine, DeltaStream
 from graphrt.serve.errors import APIError, clip, sse_error
 from graphrt.serve.logprobs import chat_logprobs, completion_logprobs, merge
@@ -161,6 +164,11 @@ class Generation:
         got = await _collect(streams, request)
         if got is None:
             return Response(status_code=499)
+        return await self.bridge.run(self._completion_body, rid, body, got, echoes,
+                                     _usage(streams, output=body.max_tokens != 0))
+
+    def _completion_body(self, rid: str, body: CompletionRequest, got, echoes, usage: Usage) -> Response:
+        """The whole response (worker pool: log-probs of n long choices take seconds to build)."""
         choices = []
         for k, (per, prompt_entries) in enumerate(got):
             for i, (text, ids, entries, reason) in sorted(per.items()):
@@ -169,7 +177,6 @@ class Generation:
                 choices.append(CompletionChoice(index=k * body.n + i, text=echoes[k].text + text, finish_reason=reason,
                                                 logprobs=echoes[k].logprobs(prompt_entries, ids, entries),
                                                 token_ids=ids if body.return_token_ids else None))
-        usage = _usage(streams, output=body.max_tokens != 0)
         return _json(CompletionResponse(id=rid, model=self.model_name, usage=usage, choices=choices))
 
     def _tooling(self, body: ChatCompletionRequest):
@@ -216,15 +223,19 @@ class Generation:
         got = await _collect(streams, request)
         if got is None:
             return Response(status_code=499)
+        return await self.bridge.run(self._chat_body, rid, body, got[0][0], calls, _usage(streams))
+
+    def _chat_body(self, rid: str, body: ChatCompletionRequest, per: dict, calls, usage: Usage) -> Response:
+        """The whole response (worker pool: log-probs of n long choices take seconds to build)."""
         choices = []
-        for i, (text, out_ids, entries, reason) in sorted(got[0][0].items()):
+        for i, (text, out_ids, entries, reason) in sorted(per.items()):
             content, tcs = calls.whole(text) if calls is not None and reason == "stop" else (text, [])
             choices.append(ChatChoice(index=i, message=AssistantMessage(content=content, tool_calls=tcs or None),
                                       finish_reason="tool_calls" if tcs else reason,
                                       logprobs=chat_logprobs(out_ids, entries, body.top_logprobs or 0, self.token_text)
                                       if body.logprobs else None,
                                       token_ids=out_ids if body.return_token_ids else None))
-        return _json(ChatCompletionResponse(id=rid, model=self.model_name, usage=_usage(streams), choices=choices))
+        return _json(ChatCompletionResponse(id=rid, model=self.model_name, usage=usage, choices=choices))
 
     # ---- streams ----------------------------------------------------------------------------------
     async def _completion_events(self, rid: str, streams, n: int, include_usage: bool, with_ids: bool,
@@ -394,17 +405,16 @@ async def _collect(streams, request: Request) -> list[tuple[dict, list | None]] 
     reason)}, the prompt's log-prob entries), or None if the client disconnected first (the
     requests are then aborted)."""
     async def gather(ds):
-        per: dict = {}
+        deltas: dict = {}                              # choice -> its deltas, joined once at the end
         prompt = None
         async for d in ds:
             prompt = d.prompt_logprobs if d.prompt_logprobs is not None else prompt
             for o in d.outputs:
                 if o.finish_reason == "abort":
                     raise APIError(503, "request aborted by the engine")
-                text, ids, entries, _ = per.get(o.index, ("", [], [], None))
-                per[o.index] = (text + o.text, ids + list(o.token_ids), entries + list(o.logprobs or []),
-                                o.finish_reason)
-        return per, prompt
+                deltas.setdefault(o.index, []).append(o)
+        joined = (join_deltas(i, parts) for i, parts in deltas.items())
+        return {o.index: (o.text, o.token_ids, o.logprobs or [], o.finish_reason) for o in joined}, prompt
 
     async def disconnected():
         while (await request.receive())["type"] != "http.disconnect":

@@ -191,3 +191,28 @@ def test_a_body_of_errors_is_refused_at_its_first(live):
     assert len(seen) == len(bodies) + 1, seen
     assert "at most 104 prompts" in seen[-2], seen[-2]
     assert max(waits) < max(0.5, 0.2 * seen[-1]), (max(waits), seen[-1])
+
+
+def test_health_answers_while_a_whole_response_is_built(live, monkeypatch):
+    """A whole response's log-probs take seconds for n long choices (0.6 s a choice of 4,096
+    tokens with top 20); made slow here (1 s each, so the test does not depend on this machine),
+    on the event loop they stalled /health for their whole run; on the worker pool they do not."""
+    import graphrt.serve.completions as completions
+    for name in ("chat_logprobs", "completion_logprobs"):
+        def slow(*a, _f=getattr(completions, name), **k):
+            time.sleep(1.0)
+            return _f(*a, **k)
+        monkeypatch.setattr(completions, name, slow)
+    got = []
+
+    def ask():
+        for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                                                    "logprobs": True, "top_logprobs": 2}),
+                           ("/v1/completions", {"prompt": "Hi", "logprobs": 2})):
+            t0 = time.monotonic()
+            code, raw = post(live, path, {"model": NAME, "max_tokens": 2} | body)
+            assert code == 200 and json.loads(raw)["choices"][0]["logprobs"], raw[:300]
+            got.append(time.monotonic() - t0)
+    waits = health_waits_while(live, ask)
+    assert len(got) == 2 and min(got) >= 1.0, got
+    assert max(waits) < 0.5, (max(waits), got)
