@@ -64,7 +64,7 @@ from graphrt.engine.group import GroupSink, child_params, child_seeds, prefill_g
 from graphrt.engine.token_bytes import token_bytes
 from graphrt.engine.params import SamplingParams
 from graphrt.engine import sampling_extras as extras
-from graphrt.engine.structured import Grammars, unmasked_ok
+from graphrt.engine.structured import COMPILE_TIMEOUT_S, Grammars, unmasked_ok
 from graphrt.engine.scheduler import Request, Scheduler
 from graphrt.engine.pacing import PrefillPacer, check_max_stall
 from graphrt.engine.speculation import BlockClock, default_policy, spec_stats
@@ -142,6 +142,7 @@ class Engine(BlockMixin):
         self._token_bytes = token_bytes(tokenizer, self.vocab_size)   # None: decode through the tokenizer
         self._token_text = extras.TokenText(self._decode_text)        # Logprob.decoded_token
         self._grammars: Grammars | None = None         # built with the first constrained request
+        self.compile_timeout_s = COMPILE_TIMEOUT_S     # a grammar compiling longer fails its request
         self._masked_slots: set[int] = set()           # slots whose mask flag is on (loop thread)
         self._ahead = None                             # a split step's forward launched before its draw (constrained._Ahead)
 
@@ -211,11 +212,23 @@ class Engine(BlockMixin):
         if not self.caps.structured:
             raise ValueError("structured_outputs: needs a runtime with logits processing (not supported "
                              "under tensor parallelism yet)")
+        return self._compiler().compile(params.structured_outputs)
+
+    def compile_ahead(self, params: SamplingParams):
+        """Start compiling the request's grammar without waiting (cached): a concurrent Future, or
+        None (no constraint, or none supported: add_request says why). A caller that must not hold
+        a thread while it compiles (the HTTP server's event loop) waits on it for up to
+        `compile_timeout_s`, then calls add_request, which finds it done (or fails it as late)."""
+        if params.structured_outputs is None or not self.caps.structured:
+            return None
+        return self._compiler().submit(params.structured_outputs)
+
+    def _compiler(self) -> Grammars:
         with self._lock:
-            if self._grammars is None:
+            if self._grammars is None:                 # seconds: xgrammar reads the vocabulary
                 self._grammars = Grammars(self.tokenizer, self._token_bytes, vocab=self.vocab_size,
-                                          eos_ids=sorted(self.scheduler.eos))
-        return self._grammars.compile(params.structured_outputs)
+                                          eos_ids=sorted(self.scheduler.eos), timeout_s=self.compile_timeout_s)
+        return self._grammars
 
     def abort(self, request_id: str) -> None:
         """Cancel a request (a no-op if it already finished); its stream ends with "abort".

@@ -5,6 +5,7 @@ request, the allowed-token masks filled for the engine to write through its exec
     grammars = Grammars(tokenizer, table, vocab=V, eos_ids=(2,))   # one per engine
     compiled = grammars.compile(params.structured_outputs)    # add_request's thread; cached;
                                                               # ValueError naming the field
+    fut = grammars.submit(params.structured_outputs)          # the same compile, not waited for
     state = grammars.state(compiled, kind)                    # per request (each of n samples)
     state.advance(tokens)                                     # after a block's tokens are read
     bits, active = fill_masks(reqs, vocab)                    # [m, W] / [m] int32: next masks
@@ -14,9 +15,12 @@ SGLang's default), installed with graphrt; its bitmask layout is the one the dev
 (kernels/token_mask.py). The vocabulary is the model's logits width (ids past the tokenizer's
 are never allowed).
 
-Compilation runs on a small thread pool with a time bound (COMPILE_TIMEOUT_S): a request whose
-grammar does not compile in time fails alone (ValueError naming the field; the compile keeps its
-worker until it ends, and its result is cached for a later request). Compiled grammars are kept
+Compilation runs on a small thread pool with a time bound (COMPILE_TIMEOUT_S, from the compile's
+submission): a request whose grammar does not compile in time fails alone (ValueError naming the
+field; a compile that never started is cancelled, one that runs keeps its worker until it ends
+(xgrammar cannot be interrupted) and its result is cached for a later request). `submit` starts
+a compile without waiting: a caller that must not hold a thread meanwhile (the HTTP server's
+event loop) waits on its Future, then `compile` finds it done or late. Compiled grammars are kept
 in an LRU of CACHE_SIZE entries keyed by the constraint's canonical text.
 
 How the engine draws (engine/constrained.py `_split_step`): a block with a constrained row runs ONE
@@ -37,8 +41,9 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor, TimeoutError as FutureTimeout
 
 import torch
 
@@ -89,32 +94,47 @@ class Grammars:
         self._json_ok = None                          # the same as a list of bools (unmasked runs)
         self._compiler = xgr.GrammarCompiler(info, max_threads=COMPILE_WORKERS, cache_enabled=False)
         self._pool = ThreadPoolExecutor(COMPILE_WORKERS, thread_name_prefix="graphrt-grammar")
-        self._cache: OrderedDict = OrderedDict()      # key -> Future[CompiledGrammar]
+        self._cache: OrderedDict = OrderedDict()      # key -> (Future[CompiledGrammar], monotonic start)
         self._lock = threading.Lock()
 
-    def compile(self, so: StructuredOutputsParams, *, field: str = "structured_outputs"):
-        """The compiled grammar of `so` (cached). ValueError naming `field` (and the constraint's
-        kind) when it is malformed, unsupported, or does not compile within timeout_s."""
+    def submit(self, so: StructuredOutputsParams) -> Future:
+        """`so`'s compile, without waiting: started now, or the one already started (cached)."""
+        return self._entry(so)[0]
+
+    def _entry(self, so: StructuredOutputsParams) -> tuple[Future, float]:
         key = so.key
         with self._lock:
-            fut = self._cache.get(key)
-            if fut is None:
-                fut = self._pool.submit(self._compile, so)
-                self._cache[key] = fut
+            entry = self._cache.get(key)
+            if entry is None:
+                entry = self._cache[key] = (self._pool.submit(self._compile, so), time.monotonic())
                 while len(self._cache) > CACHE_SIZE:
                     self._cache.popitem(last=False)
             else:
                 self._cache.move_to_end(key)
+        return entry
+
+    def compile(self, so: StructuredOutputsParams, *, field: str = "structured_outputs"):
+        """The compiled grammar of `so` (cached). ValueError naming `field` (and the constraint's
+        kind) when it is malformed, unsupported, or did not compile within timeout_s of its
+        compile's start (a caller that already waited for it, e.g. on an event loop, waits no more;
+        one that never started by then is cancelled: a backlog of slow grammars is not kept)."""
+        fut, started = self._entry(so)
         name = field if field != "structured_outputs" else f"structured_outputs.{so.kind}"
+        late = ValueError(f"{name}: the grammar did not compile within {self.timeout_s:g} s")
         try:
-            return fut.result(timeout=self.timeout_s)
-        except FutureTimeout:
-            raise ValueError(f"{name}: the grammar did not compile within {self.timeout_s:g} s") from None
+            return fut.result(timeout=max(0.0, started + self.timeout_s - time.monotonic()))
+        except (FutureTimeout, CancelledError):
+            if fut.cancel():
+                self._forget(so.key, fut)
+            raise late from None
         except Exception as e:
-            with self._lock:                          # not cached: a failure is cheap to repeat
-                if self._cache.get(key) is fut:
-                    del self._cache[key]
+            self._forget(so.key, fut)                 # not cached: a failure is cheap to repeat
             raise ValueError(f"{name}: {_one_line(e)}") from None
+
+    def _forget(self, key, fut: Future) -> None:
+        with self._lock:
+            if key in self._cache and self._cache[key][0] is fut:
+                del self._cache[key]
 
     def _compile(self, so: StructuredOutputsParams):
         c, kind = self._compiler, so.kind

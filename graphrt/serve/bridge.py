@@ -16,7 +16,9 @@ later).
 Work that takes the event loop's thread for long is run on a small worker pool (`run`): request
 parsing and validation, tokenization and chat templates, and the engine's add_request (its
 token-id scan of the prompt and the stop-string automaton), so that /health and every stream
-keep moving while a large request is taken in. At shutdown (`close_streams`) every open stream
+keep moving while a large request is taken in. A structured-output grammar compiles on the
+engine's compile pool while the event loop, not a worker, waits for it (engine.compile_ahead):
+slow grammars cannot take the pool that every other request needs. At shutdown (`close_streams`) every open stream
 ends with a 503 error and its request is aborted.
 """
 from __future__ import annotations
@@ -136,8 +138,7 @@ class AsyncEngine:
             raise APIError(503, "server: shutting down")
         rid = f"{kind}-{uuid.uuid4().hex}"
         loop = asyncio.get_running_loop()
-        added = loop.run_in_executor(self._pool, functools.partial(self.engine.add_request, prompt, params,
-                                                                   request_id=rid))
+        added = asyncio.ensure_future(self._add(prompt, params, rid))
         try:
             stream = await asyncio.shield(added)
         except asyncio.CancelledError:                 # the route was cancelled: abort once it is added
@@ -158,6 +159,16 @@ class AsyncEngine:
         if self.closing:                               # shutdown began while add_request ran
             ds._queue.put_nowait(APIError(503, "server: shutting down"))
         return rid, ds
+
+
+    async def _add(self, prompt, params, rid: str):
+        """engine.add_request on the worker pool, once the request's grammar (if any) compiled: that
+        wait is the event loop's (a slow grammar holds no worker of the pool, which every request's
+        parsing and tokenization need)."""
+        compiling = await self.run(self.engine.compile_ahead, params)
+        if compiling is not None:
+            await asyncio.wait([asyncio.wrap_future(compiling)], timeout=self.engine.compile_timeout_s)
+        return await self.run(functools.partial(self.engine.add_request, prompt, params, request_id=rid))
 
 
 class DeltaStream:

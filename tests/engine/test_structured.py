@@ -193,6 +193,40 @@ def test_compile_timeout_fails_alone(setup):
     assert complete and re.fullmatch("q[0-9]", text)
 
 
+
+def test_a_compile_that_never_started_is_cancelled_when_late(setup):
+    """A grammar queued behind slow ones past its time is cancelled, not compiled later for nobody
+    (a client sending many slow grammars built an unbounded backlog); the deadline counts from
+    the submission, so a caller that already waited (the server's event loop) waits no more."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+    grammars, _ = setup
+    one = Grammars.__new__(Grammars)
+    one.__dict__.update(grammars.__dict__)
+    one._cache, one._pool, one.timeout_s = type(grammars._cache)(), ThreadPoolExecutor(1), 0.3
+    release, ran = threading.Event(), []
+
+    def compile_(so):
+        ran.append(so.regex)
+        release.wait(30)
+        return grammars._compile(so)
+    one._compile = compile_
+    first, queued = StructuredOutputsParams(regex="a+"), StructuredOutputsParams(regex="b+")
+    running = one.submit(first)
+    waiting = one.submit(queued)
+    time.sleep(0.4)                             # both past their deadline: compile waits no more
+    t0 = time.monotonic()
+    for so in (first, queued):
+        with pytest.raises(ValueError, match=r"^structured_outputs\.regex: the grammar did not compile within 0\.3 s"):
+            one.compile(so)
+    assert time.monotonic() - t0 < 0.2
+    assert waiting.cancelled() and not running.cancelled()
+    release.set()
+    assert running.result(10) is not None and ran == ["a+"]
+    assert one.submit(first) is running and one.submit(queued) is not waiting   # the late one starts afresh
+    one._pool.shutdown()
+
 def test_runtime_without_processing_refuses():
     from types import SimpleNamespace
     from graphrt.engine.sampling_extras import check_request

@@ -216,3 +216,36 @@ def test_health_answers_while_a_whole_response_is_built(live, monkeypatch):
     waits = health_waits_while(live, ask)
     assert len(got) == 2 and min(got) >= 1.0, got
     assert max(waits) < 0.5, (max(waits), got)
+
+
+def test_slow_grammars_hold_no_worker(live, llm, monkeypatch):
+    """A request's grammar compiles on the engine's compile pool while the event loop waits for it.
+    Waiting on the worker pool instead, requests with slow grammars (one more than its workers)
+    held every worker for up to the compile timeout (10 s), and every other request's parsing and
+    tokenization waited; here a plain request is answered while they are still compiling."""
+    import threading
+    from graphrt.engine.structured import Grammars
+    release, compile_ = threading.Event(), Grammars._compile
+
+    def slow(self, so):
+        if so.key[1].startswith("slow"):
+            release.wait(30)
+        return compile_(self, so)
+    monkeypatch.setattr(Grammars, "_compile", slow)
+    got = []
+
+    def constrained(i):
+        got.append(post(live, "/v1/completions", {"model": NAME, "prompt": "Hi", "max_tokens": 2,
+                                                  "structured_outputs": {"regex": f"slow{i}[a-z]*"}})[0])
+    threads = [threading.Thread(target=constrained, args=(i,)) for i in range(bridge(live)._pool._max_workers + 1)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    code, raw = post(live, "/v1/completions", {"model": NAME, "prompt": "Hi", "max_tokens": 2})
+    took = time.monotonic() - t0
+    release.set()
+    for t in threads:
+        t.join(60)
+    assert code == 200 and took < 5.0, (code, took, raw[:200])
+    assert got == [200] * len(threads), got
