@@ -18,7 +18,8 @@ parsing and validation, tokenization and chat templates, and the engine's add_re
 token-id scan of the prompt and the stop-string automaton), so that /health and every stream
 keep moving while a large request is taken in. A structured-output grammar compiles on the
 engine's compile pool while the event loop, not a worker, waits for it (engine.compile_ahead):
-slow grammars cannot take the pool that every other request needs. At shutdown (`close_streams`) every open stream
+slow grammars cannot take the pool that every other request needs; the grammar of a request's
+tools is built on a pool of its own, also waited for on the event loop (`run_bounded`). At shutdown (`close_streams`) every open stream
 ends with a 503 error and its request is aborted.
 """
 from __future__ import annotations
@@ -34,6 +35,8 @@ from dataclasses import dataclass
 
 from graphrt.serve.errors import APIError
 from graphrt.serve.metrics import EngineStats, Metrics
+
+GRAMMAR_WORKERS = 2         # threads for the grammars of tools (run_bounded)
 
 
 @dataclass
@@ -60,13 +63,27 @@ class AsyncEngine:
         self._open: set[DeltaStream] = set()           # event-loop thread only
         n = workers or min(4, os.cpu_count() or 1)     # HF fast tokenizers release the GIL
         self._pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="graphrt-serve-work")
+        self._grammar_pool = ThreadPoolExecutor(max_workers=GRAMMAR_WORKERS, thread_name_prefix="graphrt-serve-grammar")
 
     async def run(self, fn, *args):
         """fn(*args) on the worker pool (what it raises is raised here)."""
         return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
 
+    async def run_bounded(self, fn, *args, timeout_s: float):
+        """fn(*args) on the grammar pool (apart from the worker pool), waited for on the event loop
+        for up to timeout_s, else TimeoutError: work that cannot be interrupted (xgrammar turning
+        a client's schema into a grammar) runs on, but holds none of the worker pool's threads; if
+        it never started it is cancelled."""
+        fut = asyncio.get_running_loop().run_in_executor(self._grammar_pool, functools.partial(fn, *args))
+        done, _ = await asyncio.wait([fut], timeout=timeout_s)
+        if not done:
+            fut.cancel()
+            raise TimeoutError(f"not done within {timeout_s:g} s")
+        return fut.result()
+
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._grammar_pool.shutdown(wait=False, cancel_futures=True)
 
     def close_streams(self) -> None:
         """Server shutdown (event-loop thread): refuse new requests; every open stream ends with a

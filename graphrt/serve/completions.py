@@ -179,6 +179,18 @@ class Generation:
                                                 token_ids=ids if body.return_token_ids else None))
         return _json(CompletionResponse(id=rid, model=self.model_name, usage=usage, choices=choices))
 
+    async def _tools(self, body: ChatCompletionRequest):
+        """_tooling, bounded as a grammar's compile is (a 47-character parameters schema, a string
+        pattern [a-z]{1,20000}, takes xgrammar 45 s): APIError 400 naming tools past the bound."""
+        if not body.tools:
+            return None, None
+        limit = self.bridge.engine.compile_timeout_s
+        try:
+            return await self.bridge.run_bounded(self._tooling, body, timeout_s=limit)
+        except TimeoutError:
+            raise APIError.bad_request(f"tools: the tool-call grammar was not built within {limit:g} s",
+                                       param="tools") from None
+
     def _tooling(self, body: ChatCompletionRequest):
         """(ToolCalls or None: how the output is read back, the tool_choice's constraint or None);
         APIError 400 naming tools / tool_choice."""
@@ -196,7 +208,7 @@ class Generation:
 
     async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
         self._check(body)
-        calls, tool_so = await self.bridge.run(self._tooling, body)
+        calls, tool_so = await self._tools(body)
         ids = await self._off_loop(self.chat_prompt_ids, body, param="messages")
         limit = body.token_limit
         if limit is None:                             # OpenAI: up to the context

@@ -114,6 +114,47 @@ def test_parse_is_linear_in_hostile_output():
     assert content == "a " + " \t" * 4000 + " b" and calls == [("tz", '{"z": "b"}')] * 2
     assert time.perf_counter() - t0 < 1.0
 
+
+def test_slow_tool_grammars_hold_no_worker(llm, client, monkeypatch):
+    """Turning a tool's parameters into a grammar has no bound in xgrammar (a 47-character schema,
+    a string pattern [a-z]{1,20000}, takes 45 s). It runs on a pool of its own, waited for on the
+    event loop up to the compile timeout (then a 400 naming tools): requests with slow tools (one
+    more than the worker pool has threads) held every worker, and a plain request waited."""
+    import threading
+    import time
+    import graphrt.engine.tool_calls as tool_calls
+    llm.tokenizer.chat_template = HERMES
+    release, build = threading.Event(), tool_calls.tool_constraint
+
+    def slow(tools, *a, **k):
+        if tools[0]["name"] == "slow":
+            release.wait(30)
+        return build(tools, *a, **k)
+    monkeypatch.setattr(tool_calls, "tool_constraint", slow)
+    monkeypatch.setattr(llm.engine, "compile_timeout_s", 1.0)
+    slow_tools = [{"type": "function", "function": {"name": "slow", "parameters": PARAMS}}]
+    refused = []
+
+    def ask():
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model=NAME, messages=MSG, tools=slow_tools, tool_choice="required",
+                                           max_tokens=4)
+        refused.append((e.value.body["param"], e.value.body["message"]))
+    threads = [threading.Thread(target=ask) for _ in range(5)]
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        r = client.chat.completions.create(model=NAME, messages=MSG, max_tokens=2)
+        took = time.monotonic() - t0
+        for t in threads:
+            t.join(30)
+    finally:
+        release.set()
+    assert r.choices[0].finish_reason in ("stop", "length") and took < 5.0, took
+    assert refused == [("tools", "tools: the tool-call grammar was not built within 1 s")] * len(threads), refused
+
 def test_bad_tools(client):
     for kw, param in (({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools"),
                       ({"tools": [{"type": "code"}]}, "tools"),
