@@ -59,6 +59,7 @@ def create_app(llm, config: ServeConfig | None = None, *, model_name: str | None
         try:
             yield
         finally:
+            gc.unfreeze()                          # collectable again at exit (nanobind checks for leaks)
             bridge.close()
             if started:
                 engine.shutdown()                      # ends requests still in flight ("abort")
