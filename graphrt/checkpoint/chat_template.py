@@ -51,7 +51,7 @@ def _generation_extension():
 
 def _message(m) -> dict:
     if not isinstance(m, dict):
-        raise TypeError(f"messages: expected dicts, got {m!r}")
+        raise TypeError(f"messages: expected dicts, got {type(m).__name__}")
     m = {k: v for k, v in m.items() if v is not None}
     reasoning = next((m[k] for k in REASONING_FIELDS if m.get(k) is not None), None)
     if reasoning is not None:

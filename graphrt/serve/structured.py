@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from graphrt.serve.errors import APIError
+from graphrt.serve.errors import APIError, clip
 
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
@@ -35,19 +35,19 @@ def _from_response_format(rf) -> dict | None:
     kind = rf.get("type")
     extra = sorted(set(rf) - {"type", "json_schema"})
     if extra:
-        raise _bad(f"unknown field {extra[0]!r}", "response_format")
+        raise _bad(f"unknown field {clip(extra[0])}", "response_format")
     if kind == "text":
         return None
     if kind == "json_object":
         return {"json_object": True}
     if kind != "json_schema":
-        raise _bad(f"type must be 'text', 'json_object' or 'json_schema', got {str(kind)[:40]!r}", "response_format")
+        raise _bad(f"type must be 'text', 'json_object' or 'json_schema', got {clip(kind)}", "response_format")
     js = rf.get("json_schema")
     if not isinstance(js, dict):
         raise _bad("json_schema: expected an object with 'name' and 'schema'", "response_format")
     unknown = sorted(set(js) - {"name", "description", "schema", "strict"})
     if unknown:
-        raise _bad(f"json_schema: unknown field {unknown[0]!r}", "response_format")
+        raise _bad(f"json_schema: unknown field {clip(unknown[0])}", "response_format")
     name = js.get("name")
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise _bad("json_schema.name: required, at most 64 characters of a-z, A-Z, 0-9, _ and -",
@@ -82,7 +82,7 @@ def constraint(body):
         if field == "structured_outputs":
             unknown = sorted(set(spec) - {"json", "regex", "choice", "grammar", "json_object"})
             if unknown:
-                raise ValueError(f"structured_outputs: unknown field {unknown[0]!r} (json, regex, choice, "
+                raise ValueError(f"structured_outputs: unknown field {clip(unknown[0])} (json, regex, choice, "
                                  f"grammar, json_object)")
         return StructuredOutputsParams(**spec)
     except (ValueError, TypeError) as e:

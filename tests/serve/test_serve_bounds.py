@@ -103,7 +103,15 @@ def test_echoed_values_are_clipped_in_the_body_and_the_log(live, caplog):
     cases = [("/v1/completions", {"model": huge, "prompt": "Hi"}, "model"),
              ("/v1/completions", {"model": NAME, "prompt": "Hi", "logit_bias": {huge: 1.0}}, "logit_bias"),
              ("/v1/completions", {"model": NAME, "prompt": "Hi", "logit_bias": {huge: "a"}}, "logit_bias"),
-             ("/v1/chat/completions", {"model": huge, "messages": [{"role": "user", "content": "Hi"}]}, "model")]
+             ("/v1/chat/completions", {"model": huge, "messages": [{"role": "user", "content": "Hi"}]}, "model"),
+             ("/v1/completions", {"model": NAME, "prompt": "Hi", "structured_outputs": {huge: 1}}, "structured_outputs"),
+             ("/v1/chat/completions", {"model": NAME, "messages": [{"role": "user", "content": "Hi"}],
+                                       "response_format": {"type": "text", huge: 1}}, "response_format"),
+             ("/v1/chat/completions", {"model": NAME, "messages": [{"role": "user", "content": "Hi"}],
+                                       "response_format": {"type": huge}}, "response_format"),
+             ("/v1/chat/completions", {"model": NAME, "messages": [{"role": "user", "content": "Hi"}],
+                                       "response_format": {"type": "json_schema", "json_schema": {huge: 1}}},
+              "response_format")]
     with caplog.at_level(logging.INFO, logger="graphrt.serve"):
         for path, body, param in cases:
             code, raw = post(live, path, body)
@@ -111,6 +119,9 @@ def test_echoed_values_are_clipped_in_the_body_and_the_log(live, caplog):
             e = json.loads(raw)["error"]
             assert e["param"] == param and "clipped" in e["message"], e
             assert "x" * (ECHO_CHARS - 1) in e["message"] and "x" * (ECHO_CHARS + 1) not in e["message"]
+        code, raw = post(live, "/v1/completions", {"model": NAME, "prompt": "Hi", "logit_bias": {"7" * 4000: 1.0}})
+        e = json.loads(raw)["error"]                        # a token id of 4,000 digits (int() takes 4,300)
+        assert code == 400 and e["param"] == "logit_bias" and len(e["message"]) < ECHO_CHARS, e
     lines = [r.getMessage() for r in caplog.records if r.name == "graphrt.serve"]
     assert len(lines) >= len(cases) and max(map(len, lines)) < 2 * MESSAGE_CHARS
 
