@@ -12,7 +12,7 @@ strings, OpenAI's JSON).
 `null` for a field with a default means the default (OpenAI marks them nullable; vLLM does this).
 
 Validation is bounded by the body's size, not by how many errors it holds: pydantic turns each
-error into Python objects while it holds the GIL (seconds for a 4 MB body of 800k bad list items,
+error into Python objects while it holds the GIL (1.6 s for a 4 MB body of 800k bad list items,
 during which no other thread runs), so lists the engine caps are refused on their length before
 their items are looked at (stop, stop_token_ids, tools; logit_bias's entries), other lists stop
 at their first bad item (fail_fast), and an object's unknown fields past the first MAX_UNKNOWN
@@ -99,7 +99,7 @@ class _Request(_Strict):
     def _bias_size(cls, v):
         """A dict's length is not checked before its entries (pydantic), so it is checked here."""
         if isinstance(v, dict) and len(v) > MAX_LOGIT_BIAS:
-            raise ValueError(f"at most {MAX_LOGIT_BIAS} entries, got {len(v)}")
+            raise PydanticCustomError("too_long", "at most {most} entries, got {got}", {"most": MAX_LOGIT_BIAS, "got": len(v)})
         return v
 
     def refuse_unsupported(self) -> None:

@@ -142,8 +142,8 @@ def test_best_of_ranks_by_cumulative_logprob():
 
 def test_best_of_joins_each_samples_deltas_once():
     """best_of > n holds every sample's deltas until the ranking (engine thread): appending each to
-    a running total copied the whole output again per delta (best_of 128 x 4,096 tokens: 2.3 s of
-    the engine's thread); joined once at the end it is linear."""
+    a running total copied the whole output again per delta (best_of 64 x 32k tokens: 7.9 s of the
+    engine's thread); joined once at the end it is linear."""
     import time
     from graphrt.engine.group import GroupSink
     from graphrt.engine.params import RequestOutput

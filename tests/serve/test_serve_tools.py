@@ -117,7 +117,7 @@ def test_parse_is_linear_in_hostile_output():
 
 def test_slow_tool_grammars_hold_no_worker(llm, client, monkeypatch):
     """Turning a tool's parameters into a grammar has no bound in xgrammar (a 47-character schema,
-    a string pattern [a-z]{1,20000}, takes 45 s). It runs on a pool of its own, waited for on the
+    a string pattern [a-z]{1,20000}, takes 22 s). It runs on a pool of its own, waited for on the
     event loop up to the compile timeout (then a 400 naming tools): requests with slow tools (one
     more than the worker pool has threads) held every worker, and a plain request waited."""
     import threading
