@@ -59,13 +59,14 @@ def create_app(llm, config: ServeConfig | None = None, *, model_name: str | None
             yield
         finally:
             bridge.close()
+            gen.close()                                # the tokenizer process, if one started
             if started:
                 engine.shutdown()                      # ends requests still in flight ("abort")
             gc.unfreeze()                              # collectable again (a process that goes on)
 
     app = FastAPI(title="graphrt", lifespan=lifespan)
     app.state.bridge, app.state.metrics, app.state.model_name = bridge, metrics, name
-    app.state.serve_config = config
+    app.state.serve_config, app.state.long_texts = config, gen.long_texts     # long_texts: tokenizer_process.py
     install_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=config.max_request_bytes, timeout_s=config.body_timeout_s)
     if config.api_key is not None:                 # added last: runs first, before the body is read

@@ -4,8 +4,9 @@ sequences (prompts x n), so an 80-prompt x n=128 request is refused naming `n` a
 before anything is queued, and one that does not fit beside the running ones is a 503; every
 request value an error quotes is clipped (the body and the log line stay small for a 3 MB model
 name or logit_bias key); errors name the field the client sent (chat's top_logprobs); a 4 MB
-text prompt leaves /health answering while it is tokenized, and should leave a running
-stream's gaps between chunks within twice their normal (not yet: the xfail's reason)."""
+text prompt leaves /health answering while it is tokenized, and a running stream's gaps between
+chunks within twice their normal (it is tokenized in a separate process, which returns only its
+token count: serve/tokenizer_process.py)."""
 from __future__ import annotations
 
 import gc
@@ -106,9 +107,13 @@ def test_sequences_not_requests_are_admitted(live, llm):
                 None)
     assert "queue full" in msg and "60 sequences in flight" in msg, msg
     assert bridge(live).in_flight == 60
-    long = {"model": NAME, "prompt": [[1, 2] * 40] * 4, "n": 10, "max_tokens": 1}    # admitted, then the engine's 400
-    assert "max_model_len" in error(post(live, "/v1/completions", long), 400, "prompt")
-    assert bridge(live).in_flight == 60
+    long = {"model": NAME, "prompt": [[1, 2] * 40] * 4, "n": 10, "max_tokens": 1}    # refused on its count,
+    llm.engine.add_request = lambda *a, **k: added.append(1) or add(*a, **k)         # before the engine scans it
+    try:
+        assert "80 tokens leave no room" in error(post(live, "/v1/completions", long), 400, "prompt")
+    finally:
+        llm.engine.add_request = add
+    assert bridge(live).in_flight == 60 and added == []
     conn.close()                                                     # the stream's client goes: aborted
     deadline = time.monotonic() + 30
     while bridge(live).in_flight and time.monotonic() < deadline:
@@ -144,8 +149,8 @@ def test_chat_errors_name_the_field_the_client_sent(live):
 
 
 def test_health_answers_while_a_4mb_prompt_is_tokenized(live, llm):
-    """The prompt is tokenized on the worker pool by a call that releases the GIL (then refused:
-    longer than the context), so /health, polled meanwhile, never waits for it."""
+    """The prompt is tokenized in the tokenizer process (then refused: longer than the context),
+    so /health, polled meanwhile, never waits for it."""
     text = BIG_PROMPT
     took = []                                   # filled only once the 400 is seen
 
@@ -161,14 +166,12 @@ def test_health_answers_while_a_4mb_prompt_is_tokenized(live, llm):
     assert max(waits) < max(0.5, 0.2 * took[0]), (max(waits), took)
 
 
-@pytest.mark.xfail(strict=True, reason="the batch call releases the GIL, but then freeing the 3.2M-token "
-                   "Encoding (~0.3 s) and the ids' list, copies and scans before the engine's length check "
-                   "(~0.2 s) hold it: one ~0.48 s gap")
 def test_stream_gaps_stay_near_normal_while_a_4mb_prompt_is_tokenized(long_live):
     """One stream runs; after BASE chunks (its normal gap: their median) the 4 MB prompt is sent
-    (tokenized on the worker pool, then refused: longer than the context). Every gap between the
-    stream's chunks that overlaps that request stays within twice the normal (see the floor): a
-    tokenizer holding the GIL stops the engine thread and the event loop for its whole run."""
+    (tokenized in the tokenizer process, then refused: longer than the context). Every gap between
+    the stream's chunks that overlaps that request stays within twice the normal (see the floor):
+    a tokenizer holding the GIL stops the engine thread and the event loop for its whole run, and
+    in the server even freeing the 3.2M-token encoding and copying its ids held it ~0.5 s."""
     BASE, AFTER = 40, 5                           # chunks before the big request, chunks after its reply
     body = json.dumps({"model": NAME, "prompt": BIG_PROMPT, "max_tokens": 1}).encode()   # encoded up front
     assert gc.get_freeze_count() > 0              # the app froze its start-up heap: no ~0.2 s full collections
