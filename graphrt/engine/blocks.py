@@ -37,7 +37,6 @@ class _Pending:
     proposed: torch.Tensor | None = None
     kind: str = "decode"                  # "prefill" | "decode" | "spec"
     spec_k: int = 0                       # a speculative block's k
-    forced: bool = False                  # a spec block the policy did not choose (rows at their limit)
     logprobs: tuple | None = None         # (token [S, cols], rank, ids [S, cols, N], vals) host
     error: torch.Tensor | None = None     # [1] int32 host: the runtime's sticky device-guard flags
     col_counts: tuple | None = None       # a spec block's per-column counts (speculation.spec_columns)
@@ -203,18 +202,13 @@ class BlockMixin(ConstrainedMixin):
         speculate = self.spec is not None and (masked is None or self.caps.spec_grammar)
         ahead = self._matching_ahead(ahead, rows, split=masked is not None and not chunk and not speculate)
         k = self.spec.num_tokens if speculate else 0
-        forced = False
         if k and self.policy is not None:             # speculate this block, or a plain one
             bucket = pick_bucket(self.caps.config.buckets, max(r.slot for r in rows) + 1)
             k = self.policy.choose([r.slot for r in rows], bucket=bucket).k
             if masked is not None:                    # one round at num_tokens (its graphs), or a split
                 k = self.spec.num_tokens if k else 0  # step; the clock times R-round blocks only
                 self._clock.interrupted()
-            else:
-                if not k and any(r.launched >= r.params.max_tokens for r in rows):
-                    k, forced = self.caps.spec_ks[0], True   # a row at its limit must not decode on: speculative
-                    #   rounds stop it on the device (a row with 1..K - 1 draws left may run a K-step block:
-                    #   its pages and the context reach max_tokens + K - 1, scheduler._block_end)
+            else:                                     # rows at their limit ride along: the device holds them
                 self._clock.launched(self.policy, bucket, k, self.rounds if k else self.caps.steps_per_graph)
         start = self._block_start() if ahead is None else ahead.start
         if k and masked is not None:
@@ -232,13 +226,12 @@ class BlockMixin(ConstrainedMixin):
         elif k:
             go = s.launch_block(rows, block_tokens=self.rounds * (k + 1))
             want_lp = go.processed and any(r.params.logprobs is not None for r in rows)
-            # no draft catch-up for rows at their limit (forced): their proposals no longer matter
             out = ex.run(Block(go.n, k=k, draw=Draw(sampled=go.sampled, processed=go.processed, filtered=go.filtered),
-                               sync_draft=not forced, logprobs=want_lp, changes=go.changes))
+                               logprobs=want_lp, changes=go.changes))
             self.spec_counts["blocks"] += 1
             pending = self._to_host(go.rows, out.tokens, out.emitted, out.proposed, logprobs=out.logprobs,
                                     start=start)
-            pending.kind, pending.spec_k, pending.forced, pending.free = "spec", k, forced, free
+            pending.kind, pending.spec_k, pending.free = "spec", k, free
         else:
             go = s.launch_block(rows, block_tokens=1 if masked else self.caps.steps_per_graph,
                                 carry=ahead is None)

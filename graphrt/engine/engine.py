@@ -62,7 +62,7 @@ from graphrt.engine.detokenizer import TextState, make_decoder
 from graphrt.engine.failure import EngineDeadError, attributable
 from graphrt.engine.group import GroupSink, child_params, child_seeds, prefill_groups
 from graphrt.engine.token_bytes import token_bytes
-from graphrt.engine.params import SamplingParams
+from graphrt.engine.params import SamplingParams, check_prompt_len
 from graphrt.engine import sampling_extras as extras
 from graphrt.engine.structured import COMPILE_TIMEOUT_S, Grammars, unmasked_ok
 from graphrt.engine.scheduler import Request, Scheduler
@@ -158,12 +158,7 @@ class Engine(BlockMixin):
         if self._closed:                               # a reader may still step it: its streams end
             raise RuntimeError("engine: closed (LLM.shutdown() or Engine.close()); create a new LLM")
         ids, ids_array = self._prompt_ids(prompt)
-        if len(ids) >= self.max_model_len:
-            raise ValueError(f"prompt: {len(ids)} tokens leave no room to generate in max_model_len "
-                             f"{self.max_model_len}")
-        if len(ids) + params.max_tokens > self.max_model_len:
-            raise ValueError(f"max_tokens: {params.max_tokens} + the prompt's {len(ids)} tokens exceed "
-                             f"max_model_len {self.max_model_len}")
+        check_prompt_len(len(ids), max_tokens=params.max_tokens, max_model_len=self.max_model_len)
         if params.top_k > self.vocab_size:              # the same distribution; fits the int32 row
             params = dataclasses.replace(params, top_k=self.vocab_size)
         need = self.scheduler.pages_needed(len(ids), params.max_tokens)

@@ -335,6 +335,18 @@ class SamplingParams:
         return self.n if self.best_of is None else self.best_of
 
 
+def check_prompt_len(n: int, *, max_tokens: int, max_model_len: int) -> None:
+    """ValueError naming the field when a prompt of `n` tokens cannot run in max_model_len:
+    `prompt` when it leaves no room to generate, `max_tokens` when that many more do not fit. A
+    count alone: the engine checks it on a prompt's ids, the server before it hands a prompt to the
+    engine (no pass over ids that cannot run) and on the count its tokenizer process returns in
+    place of a long text's ids."""
+    if n >= max_model_len:
+        raise ValueError(f"prompt: {n} tokens leave no room to generate in max_model_len {max_model_len}")
+    if n + max_tokens > max_model_len:
+        raise ValueError(f"max_tokens: {max_tokens} + the prompt's {n} tokens exceed max_model_len {max_model_len}")
+
+
 @dataclass(frozen=True)
 class Logprob:
     """One token's log-probability at one position: logprob (natural log), rank (1 = the most
@@ -447,6 +459,6 @@ class RequestOutput:
                 f"finished={self.finished}, num_cached_tokens={self.num_cached_tokens})")
 
 
-__all__ = ["SamplingParams", "StructuredOutputsParams", "MAX_GRAMMAR_CHARS", "RequestOutput", "CompletionOutput", "Logprob", "join_deltas", "MAX_TEMPERATURE",
+__all__ = ["SamplingParams", "check_prompt_len", "StructuredOutputsParams", "MAX_GRAMMAR_CHARS", "RequestOutput", "CompletionOutput", "Logprob", "join_deltas", "MAX_TEMPERATURE",
            "MAX_SEED", "MAX_STOP_STRINGS", "MAX_STOP_CHARS", "MAX_STOP_TOKEN_IDS", "MAX_BEST_OF", "MAX_LOGPROBS", "MAX_LOGIT_BIAS",
            "VLLM_DEFAULTS"]

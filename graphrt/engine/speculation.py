@@ -132,7 +132,7 @@ def observe(policy, block) -> None:
         return
     live = [(req.slot, c) for req, c, epoch, _ in block.rows
             if req.finish_reason is None and req.epoch == epoch and req.slot >= 0]
-    if block.kind == "decode" or getattr(block, "forced", False):   # a forced block measures nothing
+    if block.kind == "decode":
         policy.observe_plain([slot for slot, _ in live])
         return
     per = getattr(block, "col_counts", None)               # spec_columns' (same block), or anew

@@ -194,11 +194,13 @@ def argmax_into(logits: torch.Tensor, out: torch.Tensor, *, top: torch.Tensor | 
 
 
 def step_advance(out: torch.Tensor, tokens: torch.Tensor, seq_lens: torch.Tensor,
-                 history: torch.Tensor | None = None) -> None:
-    """kernels/step_advance.py's step_advance, in place: tokens <- out; where seq_lens > 0:
+                 history: torch.Tensor | None = None, limit: torch.Tensor | None = None) -> None:
+    """kernels/step_advance.py's step_advance, in place: rows at their limit (seq_lens >= limit
+    > 0) keep everything; elsewhere tokens <- out, and where seq_lens > 0 also
     history[b, min(seq_lens[b], H - 1)] <- out[b] and seq_lens[b] += 1."""
-    live = seq_lens > 0
-    tokens.copy_(out)
+    held = None if limit is None else (seq_lens > 0) & (limit > 0) & (seq_lens >= limit)
+    live = seq_lens > 0 if held is None else (seq_lens > 0) & ~held
+    tokens.copy_(out if held is None else torch.where(held, tokens, out))
     if history is not None and history.shape[0]:
         at = seq_lens.long().clamp(max=history.shape[1] - 1)[:, None]
         old = history.gather(1, at)

@@ -415,7 +415,8 @@ class ModelRuntime:
               drawn: bool = False) -> None:
         """Step `step`'s tokens from logits [size, vocab] into out_tokens[step] as `how` says
         (drawn: the persistent step wrote its argmax already), then the slots advance: current
-        token, history at index seq_len (speculation's input), seq_len + 1 (one launch)."""
+        token, history at index seq_len (speculation's input), seq_len + 1 (one launch); a row at its
+        token limit (the slot's `limit`, > 0) keeps its token and length."""
         st, seq = self.slots, self.buffers.view(size).seq_lens                # [B] int32
         out = self.out_tokens[step, :size]
         if how.processed:                        # the step's log-prob rows (the fused pass fills them)
@@ -427,7 +428,8 @@ class ModelRuntime:
         elif not drawn:
             rows = DrawRows(st.temperature[:size], st.top_k[:size], st.top_p[:size], st.seed[:size], st.step[:size])
             draw(logits, rows, how, out, ops=self.model.ops)
-        self.model.ops.step_advance(out, st.tokens[:size], seq, None if st.history is None else st.history[:size])
+        self.model.ops.step_advance(out, st.tokens[:size], seq, None if st.history is None else st.history[:size],
+                                    st.limit[:size])                 # rows at their limit hold
         if last and self._logits is not None:
             self._logits[:size].copy_(logits)                                 # float32, on request
 

@@ -9,11 +9,10 @@ config.max_request_bytes are refused with 413, bodies slower than config.body_ti
 (limits.py); request bodies are parsed off the event loop (completions.py); with config.api_key
 every route but /health needs `Authorization: Bearer <key>` (401 otherwise, auth.py); /health is
 503 once the engine died. The app starts the engine's background thread on start-up (unless it
-already runs) and stops it on shut-down if it started it. On start-up the heap so far is frozen
-(gc.freeze, as vLLM does): Python's full collections, which hold the GIL and which a request of
-many small JSON values sets off, then walk only what was allocated since (a 2.5 MB body of 500k
-one-token prompts stalled every thread 640 ms, 150 ms with the start-up heap frozen). The server around it (connection bound,
-header deadline, bounded shutdown): server.py.
+already runs) and stops it on shut-down if it started it; on start-up it also freezes the heap so
+far out of the garbage collector (gc.freeze: a full collection then scans only what requests
+allocate, not the modules and the model, which stalled every stream ~0.2 s). The server around
+it (connection bound, header deadline, bounded shutdown): server.py.
 """
 from __future__ import annotations
 
@@ -54,19 +53,20 @@ def create_app(llm, config: ServeConfig | None = None, *, model_name: str | None
         started = not engine.threaded
         if started:
             engine.start()
-        gc.collect()                               # the start-up heap (model, libraries) leaves the
-        gc.freeze()                                # collector's full passes: see the module's doc
-        try:
+        gc.collect()                                   # the start-up heap (modules, model, tokenizer) out of
+        gc.freeze()                                    # the collector's reach: a full collection scans only
+        try:                                           # what requests allocate (~0.2 s stalls before)
             yield
         finally:
-            gc.unfreeze()                          # collectable again at exit (nanobind checks for leaks)
             bridge.close()
+            gen.close()                                # the tokenizer process, if one started
             if started:
                 engine.shutdown()                      # ends requests still in flight ("abort")
+            gc.unfreeze()                              # collectable again (a process that goes on)
 
     app = FastAPI(title="graphrt", lifespan=lifespan)
     app.state.bridge, app.state.metrics, app.state.model_name = bridge, metrics, name
-    app.state.serve_config = config
+    app.state.serve_config, app.state.long_texts = config, gen.long_texts     # long_texts: tokenizer_process.py
     install_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=config.max_request_bytes, timeout_s=config.body_timeout_s)
     if config.api_key is not None:                 # added last: runs first, before the body is read

@@ -8,9 +8,12 @@ that disconnects (streaming: Starlette cancels the body iterator; non-streaming:
 Parsing and validating the JSON body, building SamplingParams, tokenization and chat templating,
 and building a whole (non-streamed) response run on the bridge's worker pool, never on the event
 loop (a large request, or n long choices with log-probs, must not stall other streams or /health);
-a choice's deltas are joined once at its end (appending each to a running total is quadratic).
-Text the tokenizer or the template refuses (a lone surrogate, a template's raise_exception) is a
-400 naming the field. A request that fails in the engine: 400 if the
+a text of MIN_CHARS characters or more (a prompt, a rendered conversation) is tokenized in a
+separate process instead (tokenizer_process.py: its ids, or only their count when the prompt cannot
+fit max_model_len); a choice's deltas are joined once at its end (appending each to a running total
+is quadratic). Text the tokenizer or the template refuses (a lone surrogate, a template's
+raise_exception) is a 400 naming the field, and so is a long text whose tokenizer process ended
+while it was tokenized. A request that fails in the engine: 400 if the
 engine refused its values (ValueError), 500 otherwise. A chat stream's first chunk carries the
 role; every later content delta carries text (a delta whose text is still held back, e.g. part
 of a character or a possible stop string, is sent only for its token ids, with return_token_ids).
@@ -38,6 +41,7 @@ from graphrt.serve.bridge import AsyncEngine, DeltaStream
 from graphrt.serve.errors import APIError, clip, sse_error
 from graphrt.serve.logprobs import chat_logprobs, completion_logprobs, merge
 from graphrt.serve.structured import constraint, relabel
+from graphrt.serve.tokenizer_process import TokenizerProcess, TokenizerProcessError, TokenizerRefused
 from graphrt.serve.tools import ToolCalls, fragments
 from graphrt.serve.protocol import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                        ChatCompletionResponse, ChatDelta, CompletionChoice, CompletionRequest, CompletionResponse,
@@ -47,12 +51,18 @@ DONE = "data: [DONE]\n\n"
 
 
 class Generation:
-    """What the routes need: the engine bridge, the tokenizer, the served name, the context limit."""
+    """What the routes need: the engine bridge, the tokenizer (and its process for long texts),
+    the served name, the context limit. `close` at the server's shut-down."""
 
     def __init__(self, bridge: AsyncEngine, tokenizer, *, model_name: str, max_model_len: int):
         self.bridge, self.tokenizer = bridge, tokenizer
         self.model_name, self.max_model_len = model_name, max_model_len
+        self.long_texts = TokenizerProcess(tokenizer)  # started by the first long text
         self._texts: dict[int, str] = {}               # token id -> its text (log-prob bodies)
+
+    def close(self) -> None:
+        """End the tokenizer process (if one runs) and its thread."""
+        self.long_texts.close()
 
     def token_text(self, tok: int) -> str:
         s = self._texts.get(tok)
@@ -73,11 +83,36 @@ class Generation:
         except APIError:
             raise
         except Exception as e:
-            raise APIError.bad_request(f"{param}: the tokenizer refused it: {type(e).__name__}: "
-                                       f"{_one_line(e)}", param=param) from None
+            raise _refused(param, type(e).__name__, e) from None
 
-    def _tokenize(self, text: str) -> list[int]:
-        return list(self.tokenizer(text).input_ids)
+    async def _tokenize_long(self, text: str, *, param: str, add_special_tokens: bool,
+                             limit: int) -> tuple[int, list[int] | None]:
+        """A long text's (token count, ids) from the tokenizer process; ids None when the count
+        exceeds `limit` (only the count came back). A 400 naming `param` when the tokenizer
+        refuses the text (as `_off_loop`) or its process ends meanwhile."""
+        try:
+            return await self.long_texts.encode(text, add_special_tokens=add_special_tokens, limit=max(limit, 0))
+        except TokenizerRefused as e:
+            raise _refused(param, e.kind, e.message) from None
+        except TokenizerProcessError as e:
+            raise APIError.bad_request(f"{param}: {e}", param=param) from None
+
+    def _tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """A text's ids in this process (worker pool)."""
+        ids = self.tokenizer(text, add_special_tokens=add_special_tokens).input_ids
+        return ids if type(ids) is list else list(ids)
+
+    async def _prompt(self, text: str, max_tokens: int) -> list[int]:
+        """A completions prompt's ids: in this process, or (a long text) from the tokenizer process,
+        which sends back only the count when the prompt cannot fit max_model_len with max_tokens:
+        then the engine's 400 (check_prompt_len) from that count."""
+        if not self.long_texts.takes(text):
+            return await self._off_loop(self._tokenize, text, param="prompt")
+        n, ids = await self._tokenize_long(text, param="prompt", add_special_tokens=True,
+                                           limit=self.max_model_len - max_tokens)
+        if ids is None:                                # past the limit: only the count came back
+            _check_len(n, max_tokens, self.max_model_len)
+        return ids
 
     # ---- request -> engine ------------------------------------------------------------------------
     def _check(self, body) -> None:
@@ -107,7 +142,9 @@ class Generation:
         except ValueError as e:
             raise APIError.from_value_error(e) from None
 
-    def chat_prompt_ids(self, body: ChatCompletionRequest) -> list[int]:
+    def chat_prompt(self, body: ChatCompletionRequest) -> list[int] | str:
+        """The conversation through the chat template (worker pool): its ids, or the rendered text
+        itself when it is long enough for the tokenizer process (`long_texts.takes`)."""
         if not getattr(self.tokenizer, "chat_template", None):
             raise APIError.bad_request("messages: the model's tokenizer has no chat template", param="messages")
         from graphrt.engine.tool_calls import template_messages
@@ -115,11 +152,10 @@ class Generation:
             msgs = template_messages([m.for_template() for m in body.messages])
         except ValueError as e:
             raise APIError.bad_request(" ".join(str(e).split()), param="messages") from None
-        ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
-                                                 tools=body.tools or None)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return list(ids)
+        text = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False,
+                                                  tools=body.tools or None)
+        # as tokenize=True does (graphrt's Tokenizer and transformers' both): no specials added
+        return text if self.long_texts.takes(text) else self._tokenize(text, add_special_tokens=False)
 
     async def _submit(self, prompts: list, params, *, kind: str, field: str) -> tuple[str, list[DeltaStream]]:
         """One engine request per prompt -> (the response id: the first's, their streams). Every
@@ -147,8 +183,9 @@ class Generation:
             if len(prompts) == 1 or params.samples > 1 else "prompt"
         self.bridge.check_size(len(prompts) * params.samples, field=field)    # before any tokenization
         texts = [p if isinstance(p, str) else None for p in prompts]
-        prompts = [await self._off_loop(self._tokenize, p, param="prompt") if isinstance(p, str) else p
-                   for p in prompts]
+        prompts = [await self._prompt(p, params.max_tokens) if isinstance(p, str) else p for p in prompts]
+        for p in prompts:                              # the count, before the engine's passes over the ids
+            _check_len(len(p), params.max_tokens, self.max_model_len)
         if body.echo:
             texts = [t if t is not None else await self.bridge.run(self.tokenizer.decode, p)
                      for p, t in zip(prompts, texts)]
@@ -209,18 +246,23 @@ class Generation:
     async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
         self._check(body)
         calls, tool_so = await self._tools(body)
-        ids = await self._off_loop(self.chat_prompt_ids, body, param="messages")
+        ids = await self._off_loop(self.chat_prompt, body, param="messages")
+        n = len(ids) if isinstance(ids, list) else None
         limit = body.token_limit
+        if n is None:                                 # a long text: its ids, or only their count past the limit
+            n, ids = await self._tokenize_long(ids, param="messages", add_special_tokens=False,
+                                               limit=self.max_model_len - (1 if limit is None else max(limit, 1)))
         if limit is None:                             # OpenAI: up to the context
-            limit = self.max_model_len - len(ids)
+            limit = self.max_model_len - n
             if limit < 1:
-                raise APIError.bad_request(f"messages: the conversation is {len(ids)} tokens, the context "
+                raise APIError.bad_request(f"messages: the conversation is {n} tokens, the context "
                                            f"(max_model_len) is {self.max_model_len}", param="messages")
         names = {"prompt": "messages", "logprobs": "top_logprobs"}       # engine field -> chat's
         if body.max_completion_tokens is not None:
             names["max_tokens"] = "max_completion_tokens"
         try:
             params = await self.bridge.run(self._params, body, limit, tool_so)
+            _check_len(n, params.max_tokens, self.max_model_len)   # the count (ids None: all that came back)
             rid, streams = await self._submit([ids], params, kind="chatcmpl", field="n")
         except APIError as e:
             if tool_so is not None and e.message.startswith("structured_outputs"):
@@ -479,8 +521,23 @@ def engine_error(e: Exception) -> APIError:
     return APIError(500, f"engine error: {type(e).__name__}: {_one_line(e)}")
 
 
-def _one_line(e: BaseException) -> str:
+def _one_line(e) -> str:
     return " ".join(str(e).split())[:500]
+
+
+def _refused(param: str, kind: str, message) -> APIError:
+    """400 naming `param`: the tokenizer or the template raised `kind` (an exception's type name)."""
+    return APIError.bad_request(f"{param}: the tokenizer refused it: {kind}: {_one_line(message)}", param=param)
+
+
+def _check_len(n: int, max_tokens: int, max_model_len: int) -> None:
+    """The engine's 400 (check_prompt_len) for a prompt of n tokens that cannot fit max_model_len
+    with max_tokens to generate."""
+    from graphrt.engine.params import check_prompt_len     # the engine package is heavy; import on use
+    try:
+        check_prompt_len(n, max_tokens=max_tokens, max_model_len=max_model_len)
+    except ValueError as e:
+        raise APIError.from_value_error(e) from None
 
 
 class SSEResponse(StreamingResponse):

@@ -160,7 +160,6 @@ class _Alternating:
         return SimpleNamespace(k=self.k if self.calls % 2 else 0)
 
     def observe(self, slot, *, proposed, accepted, rounds, k):
-        # k: the chosen k, or the smallest captured one where a plain block would overrun a limit
         assert 0 <= accepted <= proposed and 1 <= k <= self.k
         self.observed.append((slot, proposed, accepted, rounds))
 
@@ -178,6 +177,26 @@ def test_policy_plain_and_speculative_blocks_mix_exactly(plain, path):
     st = llm.engine.stats()
     assert st["spec_blocks"] > 0 and st["spec_plain_blocks"] > 0
     assert pol.observed and pol.plain and sorted(set(pol.admitted)) == [0, 1, 2]
+
+
+def test_rows_at_their_limit_ride_plain_blocks(plain, path):
+    """A policy that never speculates: rows reaching max_tokens at different times (mid-block too:
+    K = 3) stay in the plain blocks of their batch-mates, held at their limit on the device
+    (kernels/step_advance.py), instead of forcing speculative rounds; output equals plain's."""
+    llm = LLM(path, max_batch=4, steps_per_graph=3, speculative={"method": "ngram", "num_tokens": 3},
+              spec_rounds=2, **CPU)
+    pol = llm.engine.policy = _Alternating(3)
+    pol.choose = lambda slots, bucket: type("D", (), {"k": 0})()
+    prompts = _prompts(4)
+    params = [SamplingParams(max_tokens=m, temperature=0, ignore_eos=True) for m in (7, 20, 11, 25)]
+    _same(llm.generate(prompts, params, use_tqdm=False), plain.generate(prompts, params, use_tqdm=False))
+    st = llm.engine.stats()
+    assert st["spec_blocks"] == 0 and st["spec_plain_blocks"] > 0 and not pol.observed
+    # a row ending at the context's last position rides blocks past it: held there, it neither
+    # writes past its pages nor trips the device's length guard
+    prompts = [_prompts(1)[0], _prompts(8)[7]]                              # 8 and 2 tokens
+    params = [SamplingParams(max_tokens=m, temperature=0, ignore_eos=True) for m in (56, 62)]
+    _same(llm.generate(prompts, params, use_tqdm=False), plain.generate(prompts, params, use_tqdm=False))
 
 
 def test_seeded_sampling_with_speculation_does_not_depend_on_the_batch(ngram):

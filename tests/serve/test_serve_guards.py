@@ -27,7 +27,7 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("transformers")
 
 from graphrt import LLM  # noqa: E402
-from graphrt.engine.params import MAX_STOP_STRINGS  # noqa: E402
+from graphrt.engine.params import MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS  # noqa: E402
 from graphrt.serve import ServeConfig, create_app  # noqa: E402
 
 NAME = "m"
@@ -185,13 +185,15 @@ def test_connections_past_the_bound_are_refused_at_once_open_ones_unharmed(live)
 
 
 def test_health_answers_while_a_large_request_is_parsed(live, llm, monkeypatch):
-    """A body of 500k token ids (under the size cap; refused later as too long). Its JSON parse and
-    the engine's add_request (the prompt's id scan) are made slow (1 s each, for this body only) so
-    that the test does not depend on this machine's speed: on the event loop they would stall
-    /health for seconds; on the worker pool /health, polled meanwhile, answers at once."""
+    """A 3 MB body (a long `user` string, a short prompt, every token id a stop id). Its JSON parse
+    and the engine's add_request (the ids' scans) are made slow (1 s each, for this body only) so that
+    the test does not depend on this machine's speed: on the event loop they would stall /health
+    for seconds; on the worker pool /health, polled meanwhile, answers at once. (A prompt of ids
+    past max_model_len is refused on its count before add_request: test_serve_bounds.py.)"""
     vocab = llm.engine.vocab_size
-    ids = [i % vocab for i in range(500_000)]
-    body = json.dumps({"model": NAME, "prompt": ids, "max_tokens": 2}).encode()
+    ids = [i % vocab for i in range(MAX_STOP_TOKEN_IDS)]
+    body = json.dumps({"model": NAME, "prompt": ids[:8], "stop_token_ids": ids, "user": "u" * 3_000_000,
+                       "max_tokens": 2}).encode()
     assert len(body) < BIG
     loads, add = json.loads, llm.engine.add_request
 
@@ -200,19 +202,19 @@ def test_health_answers_while_a_large_request_is_parsed(live, llm, monkeypatch):
             time.sleep(1.0)
         return loads(s, *a, **k)
 
-    def slow_add(prompt, *a, **k):
-        if len(prompt) > 10_000:
+    def slow_add(prompt, params, *a, **k):
+        if len(params.stop_token_ids) == MAX_STOP_TOKEN_IDS:
             time.sleep(1.0)
-        return add(prompt, *a, **k)
+        return add(prompt, params, *a, **k)
     monkeypatch.setattr(json, "loads", slow_loads)
     monkeypatch.setattr(llm.engine, "add_request", slow_add)
-    took = []                                   # filled only once each 400 is seen
+    took = []                                   # filled only once each answer is seen
 
     def big():
         for _ in range(2):
             t0 = time.monotonic()
             status, resp = post(live, "/v1/completions", body)
-            assert status == 400 and b"max_model_len" in resp, resp[:300]
+            assert status == 200 and b'"finish_reason":"stop"' in resp, resp[:300]    # every id stops it
             took.append(time.monotonic() - t0)
     waits = health_waits_while(live, big, pause=0.01)
     assert len(took) == 2 and min(took) >= 2.0, took       # both slow parts ran
