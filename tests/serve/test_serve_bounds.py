@@ -335,12 +335,14 @@ def test_stream_gaps_stay_near_normal_while_a_4mb_prompt_is_tokenized(long_live)
     during = [g for a, g in gaps if a < t1 and a + g > t0]
     # the stream ran before, through and after the request (not a stream that ended first)
     assert chunks[0] < t0 and chunks[-1] > t1 and during, (len(chunks), len(during), t1 - t0)
-    # 2 x the median, or the median + 100 ms where that is more. The floor: a tokenizer that
+    # 2 x the median, or the median + 250 ms where that is more. The floor: a tokenizer that
     # releases the GIL still takes a core, and on 2 cores the engine's step then takes about twice
     # as long with jitter on top (seen: normal 23 ms, gaps up to ~100 ms), and a fast machine's
     # median of a few ms doubled is within a scheduler's or the collector's hiccup (a full
     # collection of the whole heap, ~0.2 s, is not: hence the frozen start-up heap). A tokenizer
-    # holding the GIL stalls the stream for the whole encode (seconds), far past either.
-    bound = max(2 * normal, normal + 0.1)
+    # holding the GIL stalls the stream for the whole encode (seconds), far past either, and the
+    # in-server path that freed the 3.2M-token encoding stalled it ~0.5 s. 250 ms, not 100: on a
+    # loaded 2-core machine (CI's, with another test beside) gaps of up to ~150 ms were seen.
+    bound = max(2 * normal, normal + 0.25)
     assert max(during) <= bound, (f"normal {normal * 1e3:.1f} ms, max {max(during) * 1e3:.1f} ms over "
                                   f"{len(during)} gaps, request {t1 - t0:.2f} s")
