@@ -36,7 +36,7 @@ MAX_GRAMMAR_CHARS = 65536   # a structured-output constraint's text (schema JSON
 MAX_CHOICES = 1024          # structured_outputs.choice entries
 
 
-def _short(value) -> str:
+def short_repr(value) -> str:
     """repr, cut to 40 characters (a 400-digit int in an error message helps nobody)."""
     r = repr(value)
     return r if len(r) <= 40 else r[:37] + "..."
@@ -44,9 +44,9 @@ def _short(value) -> str:
 
 def _int(name, value, lo, hi=None):
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name}: expected an int, got {_short(value)}")
+        raise ValueError(f"{name}: expected an int, got {short_repr(value)}")
     if value < lo or (hi is not None and value > hi):
-        raise ValueError(f"{name}: must be in [{lo}, {hi if hi is not None else 'inf'}], got {_short(value)}")
+        raise ValueError(f"{name}: must be in [{lo}, {hi if hi is not None else 'inf'}], got {short_repr(value)}")
     return value
 
 
@@ -76,7 +76,7 @@ def _vllm_names(cls):
                 raise ValueError(f"{name}: not a SamplingParams field (fields: {', '.join(sorted(own))})")
             value, default = kwargs.pop(name), VLLM_DEFAULTS[name]
             if not _is_default(value, default):
-                raise ValueError(f"{name}: not supported by graphrt yet (got {_short(value)}; only "
+                raise ValueError(f"{name}: not supported by graphrt yet (got {short_repr(value)}; only "
                                  f"vLLM's default {default!r} is accepted)")
         init(self, **kwargs)
 
@@ -125,19 +125,19 @@ class StructuredOutputsParams:
             v = getattr(self, name)
             if v is not None:
                 if not isinstance(v, str) or not v:
-                    raise ValueError(f"structured_outputs.{name}: expected a non-empty string, got {_short(v)}")
+                    raise ValueError(f"structured_outputs.{name}: expected a non-empty string, got {short_repr(v)}")
                 _size(name, len(v))
         if self.choice is not None:
             c = self.choice
             if not isinstance(c, (list, tuple)) or not c or not all(isinstance(x, str) and x for x in c):
                 raise ValueError(f"structured_outputs.choice: expected a non-empty list of non-empty strings, "
-                                 f"got {_short(c)}")
+                                 f"got {short_repr(c)}")
             if len(c) > MAX_CHOICES:
                 raise ValueError(f"structured_outputs.choice: at most {MAX_CHOICES} choices, got {len(c)}")
             _size("choice", sum(map(len, c)))
             object.__setattr__(self, "choice", tuple(c))
         if self.json_object is not None and not isinstance(self.json_object, bool):
-            raise ValueError(f"structured_outputs.json_object: expected true, got {_short(self.json_object)}")
+            raise ValueError(f"structured_outputs.json_object: expected true, got {short_repr(self.json_object)}")
 
     @property
     def kind(self) -> str:
@@ -230,7 +230,7 @@ class SamplingParams:
         for name in ("temperature", "top_p"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v):
-                raise ValueError(f"{name}: expected a finite number, got {_short(v)}")
+                raise ValueError(f"{name}: expected a finite number, got {short_repr(v)}")
         if self.temperature < 0:
             raise ValueError(f"temperature: must be >= 0, got {self.temperature}")
         if self.temperature > MAX_TEMPERATURE:
@@ -241,19 +241,19 @@ class SamplingParams:
             _int("seed", self.seed, 0, MAX_SEED)
             if self.seed + self.samples - 1 > MAX_SEED:
                 raise ValueError(f"seed: completion i uses seed + i, so seed must be <= {MAX_SEED} - "
-                                 f"{self.samples - 1} for best_of={self.samples}, got {_short(self.seed)}")
+                                 f"{self.samples - 1} for best_of={self.samples}, got {short_repr(self.seed)}")
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         if isinstance(stop, (list, tuple)) and len(stop) > MAX_STOP_STRINGS:   # before looking at each
             raise ValueError(f"stop: at most {MAX_STOP_STRINGS} stop strings, got {len(stop)}")
         if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
-            raise ValueError(f"stop: expected a non-empty string or a list of them, got {_short(self.stop)}")
+            raise ValueError(f"stop: expected a non-empty string or a list of them, got {short_repr(self.stop)}")
         chars = sum(map(len, stop))
         if chars > MAX_STOP_CHARS:
             raise ValueError(f"stop: at most {MAX_STOP_CHARS} characters in all, got {chars}")
         object.__setattr__(self, "stop", tuple(stop))
         ids = self.stop_token_ids
         if not isinstance(ids, (list, tuple)):
-            raise ValueError(f"stop_token_ids: expected a list of ints, got {_short(ids)}")
+            raise ValueError(f"stop_token_ids: expected a list of ints, got {short_repr(ids)}")
         if len(ids) > MAX_STOP_TOKEN_IDS:
             raise ValueError(f"stop_token_ids: at most {MAX_STOP_TOKEN_IDS} ids, got {len(ids)}")
         object.__setattr__(self, "stop_token_ids", tuple(_int("stop_token_ids", i, 0) for i in ids))
@@ -270,7 +270,7 @@ class SamplingParams:
                              ("repetition_penalty", 0.0, MAX_REPETITION_PENALTY), ("min_p", 0.0, 1.0)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v):
-                raise ValueError(f"{name}: expected a finite number, got {_short(v)}")
+                raise ValueError(f"{name}: expected a finite number, got {short_repr(v)}")
             if not lo <= v <= hi or (name == "repetition_penalty" and v == 0):
                 raise ValueError(f"{name}: must be in {'(' if name == 'repetition_penalty' else '['}"
                                  f"{lo:g}, {hi:g}], got {v}")
@@ -278,7 +278,7 @@ class SamplingParams:
         bias = self.logit_bias
         if bias is not None:
             if not isinstance(bias, dict):
-                raise ValueError(f"logit_bias: expected a dict {{token id: bias}}, got {_short(bias)}")
+                raise ValueError(f"logit_bias: expected a dict {{token id: bias}}, got {short_repr(bias)}")
             if len(bias) > MAX_LOGIT_BIAS:
                 raise ValueError(f"logit_bias: at most {MAX_LOGIT_BIAS} entries, got {len(bias)}")
             for tok, v in bias.items():
@@ -286,11 +286,11 @@ class SamplingParams:
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v) \
                         or abs(v) > MAX_BIAS:
                     raise ValueError(f"logit_bias: values must be numbers in [-{MAX_BIAS:g}, {MAX_BIAS:g}], "
-                                     f"got {_short(v)} for token {tok}")
+                                     f"got {short_repr(v)} for token {tok}")
             object.__setattr__(self, "logit_bias", {int(t): float(v) for t, v in bias.items()} or None)
         words = (self.bad_words,) if isinstance(self.bad_words, str) else self.bad_words
         if not isinstance(words, (list, tuple)) or not all(isinstance(w, str) and w for w in words):
-            raise ValueError(f"bad_words: expected a list of non-empty strings, got {_short(self.bad_words)}")
+            raise ValueError(f"bad_words: expected a list of non-empty strings, got {short_repr(self.bad_words)}")
         if len(words) > MAX_BAD_WORDS:
             raise ValueError(f"bad_words: at most {MAX_BAD_WORDS} words, got {len(words)}")
         object.__setattr__(self, "bad_words", tuple(words))
@@ -298,7 +298,7 @@ class SamplingParams:
         if isinstance(so, dict):
             unknown = sorted(set(so) - {f.name for f in fields(StructuredOutputsParams)})
             if unknown:
-                raise ValueError(f"structured_outputs: unknown field {_short(unknown[0])} (fields: json, regex, "
+                raise ValueError(f"structured_outputs: unknown field {short_repr(unknown[0])} (fields: json, regex, "
                                  f"choice, grammar, json_object)")
             so = StructuredOutputsParams(**{k: v for k, v in so.items() if v is not None})
             object.__setattr__(self, "structured_outputs", so)

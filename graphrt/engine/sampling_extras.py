@@ -16,7 +16,7 @@ token sequence (the last token, only after the others) is not supported.
 """
 from __future__ import annotations
 
-from graphrt.engine.params import Logprob, SamplingParams, _short
+from graphrt.engine.params import Logprob, SamplingParams, short_repr
 from graphrt.model.processing import (FOREVER, FREQUENCY, MIN_P, NEUTRAL, PRESENCE, REPETITION, RULE_WIDTH,
                                      ProcessRows)
 
@@ -92,7 +92,7 @@ def token_rules(params: SamplingParams, tokenizer, eos_ids, vocab: int) -> list[
     rules = []
     for tok, v in (params.logit_bias or {}).items():
         if tok >= vocab:
-            raise ValueError(f"logit_bias: token id {_short(tok)} outside the vocabulary [0, {vocab})")
+            raise ValueError(f"logit_bias: token id {short_repr(tok)} outside the vocabulary [0, {vocab})")
         rules.append((tok, v, FOREVER))
     _at_most(rules, "logit_bias")
     for word in params.bad_words:
