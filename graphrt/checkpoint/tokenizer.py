@@ -70,6 +70,13 @@ def _template_source(path: Path, config: dict):
     return source
 
 
+
+def backend_encoding(backend, text: str, add_special_tokens: bool = True):
+    """The `tokenizers` backend's Encoding of one text: the one encode call graphrt makes (the
+    batch call releases the GIL; the fast one keeps no offsets). Also the tokenizer process's
+    (serve/tokenizer_process.py), so both give the same ids."""
+    return backend.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0]
+
 class Tokenizer:
     """tokenizer.json + tokenizer_config.json (see the module doc). Host only. encode and decode
     go through the backend's batch calls, which release the GIL while the Rust code runs
@@ -189,7 +196,7 @@ class Tokenizer:
 
     # --- text <-> ids
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._backend.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
+        return backend_encoding(self._backend, text, add_special_tokens).ids
 
     def __call__(self, text: str, add_special_tokens: bool = True) -> Encoding:
         return Encoding(input_ids=self.encode(text, add_special_tokens))
@@ -260,4 +267,4 @@ def load_tokenizer(path):
         return AutoTokenizer.from_pretrained(str(path))
 
 
-__all__ = ["Encoding", "Tokenizer", "load_tokenizer"]
+__all__ = ["Encoding", "Tokenizer", "backend_encoding", "load_tokenizer"]

@@ -9,7 +9,7 @@ What runs where:
   interpreter (`python -c`, importing only this module: not the server's main script, which a
   multiprocessing spawn would run again) talking over a socket pair, with its own copy of the
   server's `tokenizers` backend (its tokenizer.json as `to_str()` gives it when the process starts:
-  the vocabulary with its added tokens). It encodes with the same batch call as
+  the vocabulary with its added tokens). It encodes through `backend_encoding` of
   graphrt/checkpoint/tokenizer.py, so the ids are identical, and replies with the ids as
   little-endian uint32 bytes, or, when their count exceeds the caller's limit, with the count
   alone: a 4 MB text's 3.2M ids never cross back. Freeing that encoding happens there too.
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from graphrt.checkpoint.tokenizer import Tokenizer
+from graphrt.checkpoint.tokenizer import Tokenizer, backend_encoding
 
 # Texts of this many characters or more go to the process. Below it the in-process GIL-held tail
 # (the ids' list and the Encoding's free, ~60 ns a token) is at most ~15 ms (~200k tokens of English;
@@ -198,7 +198,7 @@ def serve(fd: int) -> None:
         except EOFError:
             return
         try:
-            enc = backend.encode_batch([text], add_special_tokens=add_special_tokens)[0]
+            enc = backend_encoding(backend, text, add_special_tokens)
         except Exception as e:                  # what the in-process call raises too
             conn.send(("refused", type(e).__name__, str(e)))
             continue
